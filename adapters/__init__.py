@@ -1,0 +1,1 @@
+"""Translations between the outside world and the plugin: they translate, never decide."""

@@ -1,0 +1,1 @@
+"""The real Dynamo frontend: route extension, routing-hop adapter and discovery bridge."""

@@ -1,0 +1,1 @@
+"""NATS JetStream: discovery source, publishers and the embedded server launcher."""

@@ -1,0 +1,11 @@
+"""WorkerSet admission for the Dynamo LLM frontend.
+
+Admits the first configuration a frontend observes for each WorkerSet, keeps it until its last
+worker is gone, and reports incompatible cohorts, so rolling updates never mix configurations.
+"""
+
+from __future__ import annotations
+
+__all__ = ["__version__"]
+
+__version__ = "0.1.0"

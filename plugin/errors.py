@@ -1,0 +1,68 @@
+"""Every exception the plugin raises, in one tree.
+
+::
+
+    WorkersetAdmissionError
+    ├── UsageError                  the caller misused an API (a bug on our side or the host's)
+    │   └── ConfigError             settings that do not validate
+    ├── RemoteDataError             data from the wire that we refuse; state stays unchanged
+    │   ├── CardDecodeError         a card Dynamo 1.6.1 would refuse to decode
+    │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
+    └── ReceiverRetired             an admission receiver whose group's tenure has ended
+
+Caller misuse and bad remote data are different branches on purpose: the first is a defect to
+fix, the second is an everyday event to report and count.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CardDecodeError",
+    "ConfigError",
+    "InvalidRecordError",
+    "ReceiverRetired",
+    "RemoteDataError",
+    "UsageError",
+    "WorkersetAdmissionError",
+]
+
+
+class WorkersetAdmissionError(Exception):
+    """Root of every error raised by this package."""
+
+
+class UsageError(WorkersetAdmissionError):
+    """An API was called in a way it does not support."""
+
+
+class ConfigError(UsageError):
+    """Settings failed validation; the message names the setting and why."""
+
+
+class RemoteDataError(WorkersetAdmissionError):
+    """Data received from discovery was refused.
+
+    ``reason`` is a short, stable, machine-friendly token (used as a metric label and in the
+    replay output); ``detail`` is the human explanation.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class CardDecodeError(RemoteDataError):
+    """A model deployment card that Dynamo 1.6.1 would not decode."""
+
+
+class InvalidRecordError(RemoteDataError):
+    """A discovery record refused at the boundary (bad key, bad value, key/value disagreement)."""
+
+    def __init__(self, reason: str, detail: str = "", *, key: str | None = None) -> None:
+        self.key = key
+        super().__init__(reason, detail)
+
+
+class ReceiverRetired(WorkersetAdmissionError):  # noqa: N818 - named for what happened, like anyio's
+    """The admission receiver's group was succeeded or removed; it will never change again."""

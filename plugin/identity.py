@@ -1,0 +1,148 @@
+"""Identity types shared by the card boundary and the admission core.
+
+These are plain frozen dataclasses with no third-party imports, so the pure core can use them.
+Names follow Dynamo's discovery controller: a *group key* is (model name, WorkerSet key), an
+*instance key* is Dynamo's discovery path ``<ns>/<component>/<endpoint>/<id hex>[/<suffix>]``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "EndpointId",
+    "GroupKey",
+    "Registration",
+    "WorkerType",
+    "compact_json",
+    "instance_key",
+]
+
+
+def compact_json(value: Any) -> str:
+    """Serialize like ``serde_json::to_string``: no spaces, non-ASCII kept as is."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class WorkerType(str, enum.Enum):
+    """A worker's role in (dis)aggregated serving; the value is Dynamo's wire spelling."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    ENCODE = "encode"
+    AGGREGATED = "aggregated"
+
+    @property
+    def code(self) -> int:
+        """The byte Dynamo's mdcsum uses for this role (0 is reserved for "none")."""
+        return _WORKER_TYPE_CODES[self]
+
+
+_WORKER_TYPE_CODES = {
+    WorkerType.PREFILL: 1,
+    WorkerType.DECODE: 2,
+    WorkerType.ENCODE: 3,
+    WorkerType.AGGREGATED: 4,
+}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class EndpointId:
+    """A Dynamo endpoint: namespace, component, endpoint name."""
+
+    namespace: str
+    component: str
+    endpoint: str
+
+    def path(self) -> str:
+        return f"{self.namespace}/{self.component}/{self.endpoint}"
+
+
+def instance_key(endpoint: EndpointId, instance_id: int, model_suffix: str | None = None) -> str:
+    """Dynamo's per-instance path: lowercase hex id without padding, plus the LoRA suffix."""
+    key = f"{endpoint.path()}/{instance_id:x}"
+    return f"{key}/{model_suffix}" if model_suffix else key
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GroupKey:
+    """A WorkerSet plus the model it serves: the unit of admission.
+
+    ``worker_set`` is Dynamo's WorkerSet key, the compact JSON string of
+    ``[namespace, component, endpoint, "<model types joined by |>", "<effective worker type>"]``.
+    """
+
+    model: str
+    worker_set: str
+
+    @property
+    def id(self) -> str:
+        """Dynamo's group id: compact JSON of ``[model, worker_set]``."""
+        return compact_json([self.model, self.worker_set])
+
+    @classmethod
+    def build(
+        cls,
+        model: str,
+        endpoint: EndpointId,
+        model_types: str,
+        effective_worker_type: WorkerType,
+    ) -> GroupKey:
+        worker_set = compact_json(
+            [
+                endpoint.namespace,
+                endpoint.component,
+                endpoint.endpoint,
+                model_types,
+                effective_worker_type.value,
+            ]
+        )
+        return cls(model=model, worker_set=worker_set)
+
+    @classmethod
+    def from_id(cls, group_id: str) -> GroupKey:
+        model, worker_set = json.loads(group_id)
+        return cls(model=str(model), worker_set=str(worker_set))
+
+    @property
+    def endpoint(self) -> EndpointId:
+        ns, comp, ep, _types, _wt = json.loads(self.worker_set)
+        return EndpointId(ns, comp, ep)
+
+    @property
+    def worker_type(self) -> WorkerType:
+        return WorkerType(json.loads(self.worker_set)[4])
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One normalized, valid model registration, ready for the admission core.
+
+    Built at the discovery boundary (``card.normalize``) from a KV key and value. ``card`` is
+    the decoded, normalized card; the core treats it as opaque and only hands it on.
+    ``group`` is the group this card would materialize; for a LoRA card (``model_suffix`` set)
+    it is informational only, since adapters never create or keep a group.
+    """
+
+    key: str
+    endpoint: EndpointId
+    instance_id: int
+    model_suffix: str | None
+    group: GroupKey
+    mdc_checksum: str
+    lora_fingerprint: str
+    worker_type: WorkerType | None
+    needs: tuple[tuple[WorkerType, ...], ...]
+    taints: tuple[str, ...] = ()
+    card: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def is_lora(self) -> bool:
+        return self.model_suffix is not None
+
+    @property
+    def effective_worker_type(self) -> WorkerType:
+        return self.group.worker_type

@@ -1,0 +1,1 @@
+"""Tracing, metrics and logging helpers; exporter wiring is opt-in."""
