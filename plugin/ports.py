@@ -1,0 +1,102 @@
+"""Ports between the service and the outside world, as ``typing.Protocol`` classes.
+
+Adapters implement them (``adapters/nats`` for JetStream, tests with small fakes); the service
+depends only on these shapes. Sources deliver raw key/value entries and never decide anything:
+decoding and judging a record is the card boundary's job, deciding admission is the core's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "AdmissionPublisher",
+    "DiscoveryEntry",
+    "DiscoverySource",
+    "SourceDelete",
+    "SourceEvent",
+    "SourcePut",
+    "SourceSnapshot",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryEntry:
+    """One KV entry as the bucket holds it.
+
+    ``headers`` carries message headers when the transport has them (W3C ``traceparent`` for
+    example); ``received_at`` is the monotonic time the entry reached this process, and
+    ``published_at`` the wall-clock time the server stored it, when known.
+    """
+
+    key: str
+    value: bytes
+    revision: int
+    headers: Mapping[str, str] | None = None
+    received_at: float = 0.0
+    published_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSnapshot:
+    """A full listing of the bucket: every key not listed is gone.
+
+    Emitted once when the watch's initial values end, again after every reconnect or re-created
+    watch, and for periodic reconciliation.
+    """
+
+    entries: Sequence[DiscoveryEntry]
+    reason: Literal["initial", "reconnect", "periodic"] = "initial"
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePut:
+    """A live update: a key was created or overwritten."""
+
+    entry: DiscoveryEntry
+
+
+@dataclass(frozen=True, slots=True)
+class SourceDelete:
+    """A live removal: delete, purge, or a TTL-expiry marker (``operation`` says which)."""
+
+    key: str
+    revision: int
+    operation: Literal["delete", "purge", "expired"] = "delete"
+    headers: Mapping[str, str] | None = field(default=None)
+    received_at: float = 0.0
+
+
+SourceEvent = SourceSnapshot | SourcePut | SourceDelete
+
+
+@runtime_checkable
+class DiscoverySource(Protocol):
+    """Where discovery records come from (a JetStream KV bucket in production)."""
+
+    def events(self) -> AsyncIterator[SourceEvent]:
+        """Yield a snapshot first, then live updates; a new snapshot after each reconnect."""
+        ...
+
+    async def list_all(self) -> SourceSnapshot:
+        """Read the whole bucket now, for periodic reconciliation."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class AdmissionPublisher(Protocol):
+    """Where a frontend announces what it serves, so operators can gate rolling updates."""
+
+    async def publish_members(self, worker_namespace: str, members: Sequence[str]) -> None:
+        """Replace the record for one worker namespace with the instance keys served."""
+        ...
+
+    async def publish_capability(self) -> None: ...
+
+    async def withdraw_all(self) -> None:
+        """Remove every record this frontend published (on shutdown)."""
+        ...
