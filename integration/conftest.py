@@ -1,0 +1,29 @@
+"""Integration fixtures: a real nats-server with JetStream, on loopback, on a free port."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from natsfixture import NatsServer, restartable_server, shared_server
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """One server for the session (a container when Docker answers, else the local binary)."""
+    yield from shared_server(tmp_path_factory.mktemp("nats-session"))
+
+
+@pytest.fixture
+def nats_server_fn(tmp_path: Path) -> Iterator[NatsServer]:
+    """A private local server for one test; ``.handle`` restarts, kills or wipes it."""
+    yield from restartable_server(tmp_path)
+
+
+@pytest.fixture
+def bucket_name() -> str:
+    """A bucket name no other test uses, so tests can share the session server."""
+    return f"disc-{uuid.uuid4().hex[:12]}"

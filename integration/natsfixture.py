@@ -1,0 +1,115 @@
+"""The shared nats-server for integration tests: a container when Docker answers, else the binary.
+
+A session-wide server is shared by tests that only need a JetStream endpoint (each test uses its
+own bucket names); tests that stop, kill or wipe the server get their own restartable instance.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from workerset_admission.adapters.nats.embedded import (
+    EmbeddedNatsServer,
+    NatsServerNotFound,
+    find_nats_server_binary,
+)
+
+__all__ = ["NatsServer", "docker_answers", "restartable_server", "shared_server"]
+
+
+@dataclass(frozen=True, slots=True)
+class NatsServer:
+    """Where a test finds its server, and what kind it is."""
+
+    url: str
+    kind: Literal["container", "binary"]
+    version: str
+    handle: EmbeddedNatsServer | None = None
+
+
+def docker_answers() -> bool:
+    """True when a Docker engine responds; a missing engine is detected in about a millisecond."""
+    host = os.environ.get("DOCKER_HOST", "")
+    if host in ("", "unix:///var/run/docker.sock") and not Path("/var/run/docker.sock").exists():
+        return False
+    # docker-py leaks its socket when the engine refuses the connection; keep that warning
+    # (an error under this project's pytest settings) out of the test run.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            import docker  # type: ignore[import-untyped]
+
+            client = docker.from_env()
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+        except Exception:  # noqa: BLE001 - any failure means "no engine"
+            return False
+        finally:
+            gc.collect()
+
+
+def _announce(server: NatsServer, detail: str) -> None:
+    # Printed to the real stderr so it shows in CI logs even with output capture on.
+    print(
+        f"\n[nats fixture] {server.kind} nats-server {server.version} at {server.url} ({detail})",
+        file=sys.__stderr__,
+    )
+
+
+def _binary_or_skip() -> Path:
+    try:
+        return find_nats_server_binary()
+    except NatsServerNotFound as exc:
+        pytest.skip(f"no nats-server binary available: {exc}")
+
+
+@dataclass
+class _Container:
+    container: object
+    url: str
+
+
+def _start_container() -> _Container:
+    from testcontainers.community.nats import NatsContainer  # type: ignore[import-untyped]
+
+    container = NatsContainer(jetstream=True)
+    container.start()
+    return _Container(container=container, url=str(container.nats_uri()))
+
+
+def shared_server(tmp_dir: Path) -> Iterator[NatsServer]:
+    """Yield one server for the whole session and tear it down afterwards."""
+    if docker_answers():
+        started = _start_container()
+        server = NatsServer(url=started.url, kind="container", version="nats:latest")
+        _announce(server, "testcontainers")
+        try:
+            yield server
+        finally:
+            started.container.stop()  # type: ignore[attr-defined]
+        return
+    yield from restartable_server(tmp_dir)
+
+
+def restartable_server(tmp_dir: Path) -> Iterator[NatsServer]:
+    """Yield a local binary server whose handle can stop, kill, wipe and restart it."""
+    binary = _binary_or_skip()
+    handle = EmbeddedNatsServer(tmp_dir / "jetstream", binary=binary)
+    handle.start()
+    server = NatsServer(url=handle.url, kind="binary", version=handle.version(), handle=handle)
+    _announce(server, str(binary))
+    try:
+        yield server
+    finally:
+        handle.close()
