@@ -8,7 +8,8 @@
     ├── RemoteDataError             data from the wire that we refuse; state stays unchanged
     │   ├── CardDecodeError         a card Dynamo 1.6.1 would refuse to decode
     │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
-    └── ReceiverRetired             an admission receiver whose group's tenure has ended
+    ├── ReceiverRetired             an admission receiver whose group's tenure has ended
+    └── NoRoutableInstance          a routing hop with no instance both live and admitted
 
 Caller misuse and bad remote data are different branches on purpose: the first is a defect to
 fix, the second is an everyday event to report and count.
@@ -20,6 +21,7 @@ __all__ = [
     "CardDecodeError",
     "ConfigError",
     "InvalidRecordError",
+    "NoRoutableInstance",
     "ReceiverRetired",
     "RemoteDataError",
     "UsageError",
@@ -66,3 +68,23 @@ class InvalidRecordError(RemoteDataError):
 
 class ReceiverRetired(WorkersetAdmissionError):  # noqa: N818 - named for what happened, like anyio's
     """The admission receiver's group was succeeded or removed; it will never change again."""
+
+
+class NoRoutableInstance(WorkersetAdmissionError):
+    """A routing hop found no instance that is both live and admitted; it never widens the set.
+
+    ``group`` and ``generation`` name the binding (both ``None`` on the legacy explicit-endpoint
+    path); ``instance_id`` is set when the caller asked for one instance by id.
+    """
+
+    def __init__(
+        self, group: str | None, generation: int | None, instance_id: int | None = None
+    ) -> None:
+        self.group = group
+        self.generation = generation
+        self.instance_id = instance_id
+        where = f"group {group} generation {generation}" if group else "the explicit endpoint"
+        if instance_id is None:
+            super().__init__(f"no instance is both live and admitted for {where}")
+        else:
+            super().__init__(f"instance {instance_id:x} is not both live and admitted for {where}")

@@ -1,0 +1,161 @@
+"""Routing hops over a real Dynamo ``Client``: admitted routing, and the legacy explicit path.
+
+An :class:`AdmittedHop` sends a request with ``Client.direct`` to an instance that is both live
+(the client's own discovery watch) and admitted (the binding's admission receiver). It reads the
+receiver on every request, so compatible membership changes reach it without a rebuild; once the
+receiver is retired (a succession replaced the binding) it refuses every request with
+``ReceiverRetired``. An empty intersection is an error, never a reason to route to every
+instance. :class:`LegacyEndpointHop` is the separate, unadmitted path for an endpoint a caller
+names explicitly, outside discovery-managed topology.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Collection
+from typing import Any, Protocol
+
+from workerset_admission.errors import NoRoutableInstance, UsageError
+from workerset_admission.identity import GroupKey, WorkerType
+
+__all__ = [
+    "AdmissionView",
+    "AdmittedHop",
+    "DynamoClient",
+    "DynamoRuntime",
+    "HopBinding",
+    "LegacyEndpointHop",
+]
+
+
+class DynamoClient(Protocol):
+    """The part of ``dynamo.runtime.Client`` a hop uses."""
+
+    def instance_ids(self) -> list[int]: ...
+
+    async def direct(
+        self, request: Any, instance_id: int, annotated: bool | None = True, context: Any = None
+    ) -> AsyncIterator[Any]: ...
+
+
+class DynamoEndpoint(Protocol):
+    async def client(self) -> DynamoClient: ...
+
+
+class DynamoRuntime(Protocol):
+    """The part of ``dynamo.runtime.DistributedRuntime`` a hop uses."""
+
+    def endpoint(self, path: str) -> DynamoEndpoint: ...
+
+
+class HopBinding(Protocol):
+    """What a hop reads from a receiver's snapshot."""
+
+    @property
+    def group(self) -> GroupKey: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def admitted(self) -> Collection[int]: ...
+
+
+class AdmissionView(Protocol):
+    """An admission receiver as a hop sees it: ``current()`` raises once retired."""
+
+    def current(self) -> HopBinding: ...
+
+
+class AdmittedHop:
+    """Route only to instances that are live and admitted by one binding."""
+
+    def __init__(
+        self,
+        client: DynamoClient,
+        receiver: AdmissionView,
+        *,
+        role: WorkerType | None = None,
+    ) -> None:
+        first = receiver.current()
+        if role is not None and first.group.worker_type is not role:
+            raise UsageError(
+                f"a {role.value} hop was given the binding of a "
+                f"{first.group.worker_type.value} WorkerSet ({first.group.id})"
+            )
+        self._client = client
+        self._receiver = receiver
+        self._group = first.group
+        # The binding is (group, build generation): a hop never outlives the one it began with.
+        self._generation = first.generation
+        self._turn = itertools.count()
+
+    @classmethod
+    async def connect(
+        cls, runtime: DynamoRuntime, receiver: AdmissionView, *, role: WorkerType | None = None
+    ) -> AdmittedHop:
+        """Open a client on the binding's own endpoint and wrap it."""
+        endpoint = receiver.current().group.endpoint
+        client = await runtime.endpoint(
+            f"{endpoint.namespace}.{endpoint.component}.{endpoint.endpoint}"
+        ).client()
+        return cls(client, receiver, role=role)
+
+    @property
+    def group(self) -> GroupKey:
+        return self._group
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def routable(self) -> tuple[int, ...]:
+        """Live instances that the binding admits right now, sorted."""
+        binding = self._receiver.current()
+        admitted = set(binding.admitted)
+        return tuple(sorted(i for i in set(self._client.instance_ids()) if i in admitted))
+
+    def choose(self) -> int:
+        """Pick the next routable instance, round robin."""
+        candidates = self.routable()
+        if not candidates:
+            raise NoRoutableInstance(self._group.id, self._generation)
+        return candidates[next(self._turn) % len(candidates)]
+
+    async def generate(
+        self, request: Any, *, annotated: bool = True, context: Any = None
+    ) -> AsyncIterator[Any]:
+        """Send ``request`` to a routable instance and return Dynamo's response stream."""
+        return await self._client.direct(request, self.choose(), annotated, context)
+
+    async def direct(
+        self, request: Any, instance_id: int, *, annotated: bool = True, context: Any = None
+    ) -> AsyncIterator[Any]:
+        """Send to one named instance, only if it is routable now."""
+        if instance_id not in self.routable():
+            raise NoRoutableInstance(self._group.id, self._generation, instance_id)
+        return await self._client.direct(request, instance_id, annotated, context)
+
+
+class LegacyEndpointHop:
+    """The legacy explicit-endpoint path: every live instance, no admission.
+
+    For callers that name an endpoint directly rather than through discovery; discovery-managed
+    routing must use :class:`AdmittedHop`.
+    """
+
+    def __init__(self, client: DynamoClient) -> None:
+        self._client = client
+        self._turn = itertools.count()
+
+    def routable(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self._client.instance_ids())))
+
+    async def generate(
+        self, request: Any, *, annotated: bool = True, context: Any = None
+    ) -> AsyncIterator[Any]:
+        candidates = self.routable()
+        if not candidates:
+            raise NoRoutableInstance(None, None)
+        instance_id = candidates[next(self._turn) % len(candidates)]
+        return await self._client.direct(request, instance_id, annotated, context)
