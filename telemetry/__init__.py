@@ -1,1 +1,27 @@
-"""Tracing, metrics and logging helpers; exporter wiring is opt-in."""
+"""Tracing, metrics and logging helpers; exporter wiring is opt-in.
+
+Importing this package installs nothing: without ``setup_telemetry`` (or a host's own SDK)
+every span and instrument is an OpenTelemetry API no-op, and log records are left as they are.
+"""
+
+from __future__ import annotations
+
+from .facade import AdmissionStateSummary, AdmissionTelemetry, BuildScope, UpdateScope
+from .logs import JsonFormatter, configure_logging, install_log_correlation
+from .propagation import inject_headers, link_from_headers
+from .setup import DEFAULT_SERVICE_NAME, TelemetryHandle, setup_telemetry
+
+__all__ = [
+    "DEFAULT_SERVICE_NAME",
+    "AdmissionStateSummary",
+    "AdmissionTelemetry",
+    "BuildScope",
+    "JsonFormatter",
+    "TelemetryHandle",
+    "UpdateScope",
+    "configure_logging",
+    "inject_headers",
+    "install_log_correlation",
+    "link_from_headers",
+    "setup_telemetry",
+]

@@ -1,0 +1,684 @@
+"""The one object the service talks to for traces, metrics and the rejected-cohort ERROR log.
+
+Theory of operation
+-------------------
+The service applies discovery updates one at a time. Each goes through
+:meth:`AdmissionTelemetry.apply_update`, a context manager that opens the
+``apply discovery_update`` span (linked to the worker's own trace when the entry's headers carry
+W3C trace context), lets the service record the decision, and on exit counts the update and the
+publish-to-admission latency. The core's effects for that update go through
+:meth:`AdmissionTelemetry.effects`, which turns rejections into ERROR logs, span events and a
+counter, and commits, withdrawals and successions into short child spans. Builds run inside
+:meth:`AdmissionTelemetry.build_attempt`. Gauges read a state summary the service supplies
+through :meth:`AdmissionTelemetry.observe_state` only when a metric reader collects.
+
+Only the OpenTelemetry API is used: without an SDK every span is a cheap non-recording span and
+every instrument a no-op. Per-update spans can be switched off (``trace_updates=False``) or
+sampled by the SDK's sampler, since at tens of thousands of updates a second even a cheap span
+is a measurable share of the work. Every public method swallows its own failures: telemetry
+that breaks admission would be worse than no telemetry.
+
+Effects are the core's frozen dataclasses. They are read by attribute, and recognized by class
+name, so this module needs no import from the core (which must stay free of OpenTelemetry).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Final
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from .. import __version__
+from ..ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
+from . import names as n
+from .propagation import link_from_headers
+
+__all__ = [
+    "AdmissionStateSummary",
+    "AdmissionTelemetry",
+    "BuildScope",
+    "UpdateScope",
+]
+
+_log = logging.getLogger(__name__)
+
+# Lots of snapshot entries may carry trace context; a handful of links already shows where
+# the snapshot came from, and backends cap links per span anyway.
+_MAX_SNAPSHOT_LINKS: Final = 16
+_LATENCY_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+_BUILD_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+DEFAULT_DECISION: Final = "applied"
+"""The decision counted for an update whose scope never had ``record_decision`` called."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStateSummary:
+    """What the gauges report: groups per status, and the workers admitted across all groups."""
+
+    groups_by_status: Mapping[str, int] = field(default_factory=dict)
+    admitted_workers: int = 0
+
+
+def _group_id(group: object) -> str:
+    """Return a group's id for attributes: Dynamo's compact JSON id for a GroupKey, else str."""
+    group_id = getattr(group, "id", None)
+    return group_id if isinstance(group_id, str) else str(group)
+
+
+def _first(obj: object, *names: str) -> Any:
+    """Return the first of ``names`` that ``obj`` has set (the core may spell a field so)."""
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _attr_value(value: object) -> str | int | float | bool:
+    """Coerce to a type span attributes accept; ints and strings stay what they are."""
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    return str(value)
+
+
+class UpdateScope:
+    """One discovery update (or snapshot) being applied; returned by ``apply_update``.
+
+    Used as a context manager. ``record_decision`` may be called any number of times; the last
+    call wins, since the service may learn the final decision only after the core's effects.
+    """
+
+    __slots__ = (
+        "_attrs",
+        "_decision",
+        "_group",
+        "_operation",
+        "_published_at",
+        "_span",
+        "_telemetry",
+        "_token",
+    )
+
+    def __init__(
+        self,
+        telemetry: AdmissionTelemetry,
+        operation: str,
+        attrs: dict[str, Any],
+        links: Sequence[trace.Link],
+        published_at: float | None,
+        span_name: str,
+    ) -> None:
+        self._telemetry = telemetry
+        self._operation = operation
+        self._attrs = attrs
+        self._decision = DEFAULT_DECISION
+        self._group: str | None = None
+        self._published_at = published_at
+        self._span: Span | None = None
+        self._token: object = None
+        if telemetry.trace_updates:
+            try:
+                self._span = telemetry.tracer.start_span(
+                    span_name, kind=SpanKind.CONSUMER, attributes=attrs, links=links
+                )
+            except Exception:
+                _log.debug("could not start the update span", exc_info=True)
+
+    @property
+    def span(self) -> Span:
+        """The update's span (a non-recording one when update tracing is off)."""
+        return self._span if self._span is not None else trace.INVALID_SPAN
+
+    @property
+    def operation(self) -> str:
+        return self._operation
+
+    @property
+    def decision(self) -> str:
+        return self._decision
+
+    def record_decision(self, decision: str, group: object | None = None) -> None:
+        """Say what the core decided about this update, and for which group."""
+        self._decision = decision
+        if group is not None:
+            self._group = _group_id(group)
+        span = self._span
+        if span is not None and span.is_recording():
+            try:
+                span.set_attribute(n.ATTR_DECISION, decision)
+                if self._group is not None:
+                    span.set_attribute(n.ATTR_GROUP, self._group)
+            except Exception:
+                _log.debug("could not record the decision", exc_info=True)
+
+    def invalid_record(self, reason: str, detail: str = "", key: str | None = None) -> None:
+        """Report the update's record as refused (see ``AdmissionTelemetry.invalid_record``)."""
+        self._decision = "invalid"
+        self._telemetry.invalid_record(
+            key if key is not None else self._attrs.get(n.ATTR_DISCOVERY_KEY, ""),
+            reason,
+            detail,
+            span=self._span,
+        )
+
+    def __enter__(self) -> UpdateScope:
+        if self._span is not None:
+            try:
+                self._token = otel_context.attach(trace.set_span_in_context(self._span))
+            except Exception:
+                _log.debug("could not activate the update span", exc_info=True)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if exc is not None:
+                self._decision = "error"
+            self._telemetry._count_update(self._operation, self._decision, self._published_at)
+            span = self._span
+            if span is not None:
+                if exc is not None and span.is_recording():
+                    span.set_attribute(n.ATTR_DECISION, "error")
+                    span.set_attribute(n.ATTR_ERROR_TYPE, type(exc).__qualname__)
+                    span.record_exception(exc)
+                    span.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
+                if self._token is not None:
+                    otel_context.detach(self._token)  # type: ignore[arg-type]
+                    self._token = None
+                span.end()
+        except Exception:
+            _log.debug("could not close the update span", exc_info=True)
+
+
+class BuildScope:
+    """One pipeline build attempt; returned by ``build_attempt`` and used as a context manager.
+
+    The outcome is ``ok`` when the block ends normally, ``cancelled`` when it is cancelled,
+    ``failed`` (with ``error.type``) when it raises; ``set_outcome`` overrides it, for a build
+    that reports failure without raising.
+    """
+
+    __slots__ = ("_attrs", "_error_type", "_outcome", "_span", "_started", "_telemetry", "_token")
+
+    def __init__(self, telemetry: AdmissionTelemetry, attrs: dict[str, Any]) -> None:
+        self._telemetry = telemetry
+        self._attrs = attrs
+        self._outcome: str | None = None
+        self._error_type: str | None = None
+        self._span: Span | None = None
+        self._token: object = None
+        self._started = 0.0
+
+    @property
+    def span(self) -> Span:
+        return self._span if self._span is not None else trace.INVALID_SPAN
+
+    def set_outcome(self, outcome: str, error_type: str | None = None) -> None:
+        self._outcome = outcome
+        self._error_type = error_type
+
+    def __enter__(self) -> BuildScope:
+        self._started = time.perf_counter()
+        try:
+            self._span = self._telemetry.tracer.start_span(
+                n.SPAN_BUILD, kind=SpanKind.INTERNAL, attributes=self._attrs
+            )
+            self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        except Exception:
+            _log.debug("could not start the build span", exc_info=True)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            outcome, error_type = self._outcome, self._error_type
+            if exc is not None and outcome is None:
+                # CancelledError is a BaseException: a cancelled build is not a failed one.
+                cancelled = type(exc).__name__ == "CancelledError"
+                outcome = "cancelled" if cancelled else "failed"
+                error_type = None if cancelled else type(exc).__qualname__
+            outcome = outcome or "ok"
+            self._telemetry._count_build(outcome, time.perf_counter() - self._started)
+            span = self._span
+            if span is not None:
+                if span.is_recording():
+                    span.set_attribute(n.ATTR_BUILD_OUTCOME, outcome)
+                    if error_type is not None:
+                        span.set_attribute(n.ATTR_ERROR_TYPE, error_type)
+                        span.set_status(Status(StatusCode.ERROR, error_type))
+                    if isinstance(exc, Exception):
+                        span.record_exception(exc)
+                if self._token is not None:
+                    otel_context.detach(self._token)  # type: ignore[arg-type]
+                    self._token = None
+                span.end()
+        except Exception:
+            _log.debug("could not close the build span", exc_info=True)
+
+
+class AdmissionTelemetry:
+    """Traces, metrics and the rejected-cohort ERROR log for one admission service.
+
+    ``tracer_provider`` and ``meter_provider`` default to the global ones (no-ops until an SDK
+    is installed, for example by ``setup_telemetry``). ``bucket`` names the discovery bucket in
+    ``messaging.destination.name``. ``rejection_logger`` receives the ERROR records.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        bucket: str = "dynamo-discovery",
+        trace_updates: bool = True,
+        rejection_logger: logging.Logger | None = None,
+    ) -> None:
+        self.trace_updates = trace_updates
+        self.bucket = bucket
+        self.tracer = trace.get_tracer(
+            n.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
+        )
+        meter = metrics.get_meter(
+            n.INSTRUMENTATION_NAME, __version__, meter_provider=meter_provider
+        )
+        self._rejection_log = rejection_logger or logging.getLogger(f"{n.PREFIX}.admission")
+        self._state: Callable[[], AdmissionStateSummary] | None = None
+        self._update_attrs: dict[tuple[str, str], dict[str, str]] = {}
+
+        self._updates = meter.create_counter(
+            n.METRIC_UPDATES, unit="{update}", description="Discovery updates applied."
+        )
+        self._invalid = meter.create_counter(
+            n.METRIC_INVALID_RECORDS,
+            unit="{record}",
+            description="Discovery records refused at the boundary, by reason.",
+        )
+        self._rejected = meter.create_counter(
+            n.METRIC_REJECTED_COHORTS,
+            unit="{cohort}",
+            description="Cohorts newly rejected because their checksum differs from the incumbent.",
+        )
+        self._successions = meter.create_counter(
+            n.METRIC_SUCCESSIONS,
+            unit="{succession}",
+            description="WorkerSets whose incumbent cohort emptied and was succeeded.",
+        )
+        self._builds = meter.create_counter(
+            n.METRIC_BUILDS, unit="{build}", description="Pipeline build attempts, by outcome."
+        )
+        self._build_duration = meter.create_histogram(
+            n.METRIC_BUILD_DURATION,
+            unit="s",
+            description="Duration of pipeline build attempts.",
+            explicit_bucket_boundaries_advisory=_BUILD_BUCKETS,
+        )
+        self._latency = meter.create_histogram(
+            n.METRIC_ADMISSION_LATENCY,
+            unit="s",
+            description="Time from the server storing a discovery record to its being applied.",
+            explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS,
+        )
+        meter.create_observable_gauge(
+            n.METRIC_GROUPS,
+            callbacks=[self._observe_groups],
+            unit="{group}",
+            description="WorkerSet groups, by admission status.",
+        )
+        meter.create_observable_gauge(
+            n.METRIC_WORKERS_ADMITTED,
+            callbacks=[self._observe_admitted],
+            unit="{worker}",
+            description="Workers currently admitted for routing, across all groups.",
+        )
+
+    # --- discovery updates -------------------------------------------------------------------
+
+    def apply_update(
+        self, event: SourcePut | SourceDelete | SourceSnapshot | DiscoveryEntry
+    ) -> UpdateScope:
+        """Return a context manager around applying one discovery event: an UpdateScope."""
+        links: list[trace.Link] = []
+        published_at: float | None = None
+        attrs: dict[str, Any] = {
+            n.ATTR_MESSAGING_SYSTEM: "nats",
+            n.ATTR_MESSAGING_DESTINATION: self.bucket,
+            n.ATTR_MESSAGING_OPERATION_TYPE: "process",
+        }
+        span_name = n.SPAN_APPLY_UPDATE
+        try:
+            if isinstance(event, SourceSnapshot):
+                operation = "snapshot"
+                span_name = n.SPAN_APPLY_SNAPSHOT
+                attrs[n.ATTR_SNAPSHOT_ENTRIES] = len(event.entries)
+                attrs[n.ATTR_SNAPSHOT_REASON] = event.reason
+                if self.trace_updates:
+                    for entry in event.entries:
+                        link = link_from_headers(entry.headers)
+                        if link is not None:
+                            links.append(link)
+                            if len(links) >= _MAX_SNAPSHOT_LINKS:
+                                break
+            else:
+                if isinstance(event, SourceDelete):
+                    operation = event.operation
+                    key, revision, headers = event.key, event.revision, event.headers
+                else:
+                    entry = event.entry if isinstance(event, SourcePut) else event
+                    operation = "put"
+                    key, revision, headers = entry.key, entry.revision, entry.headers
+                    published_at = entry.published_at
+                attrs[n.ATTR_DISCOVERY_KEY] = key
+                attrs[n.ATTR_DISCOVERY_REVISION] = revision
+                if headers and self.trace_updates:
+                    link = link_from_headers(headers)
+                    if link is not None:
+                        links.append(link)
+            attrs[n.ATTR_DISCOVERY_OPERATION] = operation
+        except Exception:
+            # Something not shaped like a discovery event: count it, trace what we can.
+            _log.debug("unrecognized discovery event %r", type(event), exc_info=True)
+            operation = "unknown"
+        return UpdateScope(self, operation, attrs, links, published_at, span_name)
+
+    def invalid_record(
+        self, key: str, reason: str, detail: str = "", *, span: Span | None = None
+    ) -> None:
+        """Count a refused record by reason and note it on the current (or given) span."""
+        try:
+            self._invalid.add(1, {n.ATTR_REASON: reason})
+            target = span if span is not None else trace.get_current_span()
+            if target.is_recording():
+                target.add_event(
+                    n.EVENT_INVALID_RECORD,
+                    {n.ATTR_DISCOVERY_KEY: key, n.ATTR_REASON: reason, n.ATTR_DETAIL: detail},
+                )
+            _log.debug("invalid discovery record %s: %s %s", key, reason, detail)
+        except Exception:
+            _log.debug("could not report an invalid record", exc_info=True)
+
+    def _count_update(self, operation: str, decision: str, published_at: float | None) -> None:
+        labels = self._update_attrs.get((operation, decision))
+        if labels is None:
+            # Reusing one dict per combination spares an allocation per update on the hot path.
+            labels = {n.ATTR_DISCOVERY_OPERATION: operation, n.ATTR_DECISION: decision}
+            self._update_attrs[(operation, decision)] = labels
+        self._updates.add(1, labels)
+        if published_at is not None:
+            # The server's clock and ours differ a little; a negative age means "just now".
+            self._latency.record(max(0.0, time.time() - published_at))
+
+    # --- builds -------------------------------------------------------------------------------
+
+    def build_attempt(
+        self, group: object, checksum: str, generation: int, attempt: int = 1
+    ) -> BuildScope:
+        """Return a context manager around one build attempt (a :class:`BuildScope`)."""
+        attrs: dict[str, Any] = {}
+        try:
+            attrs = {
+                n.ATTR_GROUP: _group_id(group),
+                n.ATTR_CHECKSUM: checksum,
+                n.ATTR_GENERATION: int(generation),
+                n.ATTR_BUILD_ATTEMPT: int(attempt),
+            }
+        except Exception:
+            _log.debug("unusable build attributes", exc_info=True)
+        return BuildScope(self, attrs)
+
+    def _count_build(self, outcome: str, seconds: float) -> None:
+        labels = {n.ATTR_BUILD_OUTCOME: outcome}
+        self._builds.add(1, labels)
+        self._build_duration.record(seconds, labels)
+
+    # --- the core's effects -------------------------------------------------------------------
+
+    def effects(self, effects: Iterable[object]) -> None:
+        """Report what the core decided, one effect at a time.
+
+        Rejections, invalid records, commits, withdrawals and successions are reported; other
+        kinds (build requests, publications) are the service's to carry out, not to report.
+        """
+        for effect in effects:
+            self._effect(effect)
+
+    def _effect(self, effect: object) -> None:
+        try:
+            name = type(effect).__name__
+            if name not in _HANDLERS:
+                _HANDLERS[name] = _classify(name)
+            handler = _HANDLERS[name]
+            if handler is not None:
+                handler(self, effect)
+        except Exception:
+            _log.debug("could not report effect %r", type(effect), exc_info=True)
+
+    def cohort_rejected(
+        self,
+        *,
+        model: str,
+        worker_set: str,
+        incumbent_checksum: str,
+        rejected_checksum: str,
+        instance: str,
+    ) -> None:
+        """Log one newly rejected cohort at ERROR, note it on the current span, and count it.
+
+        The core already suppresses unchanged repeats; every call here is logged.
+        """
+        try:
+            fields = {
+                "model": model,
+                "worker_set": worker_set,
+                "incumbent_checksum": incumbent_checksum,
+                "rejected_checksum": rejected_checksum,
+                "instance": instance,
+            }
+            # The host forwards only the message text, so every field is in it as well.
+            self._rejection_log.error(
+                "rejected cohort: model=%s worker_set=%s incumbent_checksum=%s "
+                "rejected_checksum=%s instance=%s (its configuration differs from the "
+                "incumbent's; it is tracked but not admitted)",
+                model,
+                worker_set,
+                incumbent_checksum,
+                rejected_checksum,
+                instance,
+                extra=fields,
+            )
+            self._rejected.add(1, {n.ATTR_MODEL: model})
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.add_event(
+                    n.EVENT_COHORT_REJECTED,
+                    {
+                        n.ATTR_MODEL: model,
+                        n.ATTR_WORKER_SET: worker_set,
+                        n.ATTR_INCUMBENT_CHECKSUM: incumbent_checksum,
+                        n.ATTR_REJECTED_CHECKSUM: rejected_checksum,
+                        n.ATTR_INSTANCE: instance,
+                    },
+                )
+        except Exception:
+            _log.debug("could not report a rejected cohort", exc_info=True)
+
+    def group_committed(self, group: object, checksum: str, generation: int) -> None:
+        """Mark a group's build committed for routing, with a short span."""
+        self._instant_span(
+            n.SPAN_COMMIT,
+            {
+                n.ATTR_GROUP: _group_id(group),
+                n.ATTR_CHECKSUM: checksum,
+                n.ATTR_GENERATION: generation,
+            },
+        )
+
+    def group_withdrawn(self, group: object, checksum: str | None, generation: int | None) -> None:
+        """Mark a committed group taken out of routing, with a short span."""
+        attrs: dict[str, Any] = {n.ATTR_GROUP: _group_id(group)}
+        if checksum is not None:
+            attrs[n.ATTR_CHECKSUM] = checksum
+        if generation is not None:
+            attrs[n.ATTR_GENERATION] = generation
+        self._instant_span(n.SPAN_WITHDRAW, attrs)
+
+    def succession(
+        self,
+        group: object,
+        old_checksum: str | None,
+        new_checksum: str | None,
+        old_generation: int | None,
+        new_generation: int | None,
+    ) -> None:
+        """Count a WorkerSet whose incumbent was succeeded, and mark it with a short span."""
+        attrs: dict[str, Any] = {n.ATTR_GROUP: _group_id(group)}
+        model = getattr(group, "model", None)
+        for key, value in (
+            (n.ATTR_OLD_CHECKSUM, old_checksum),
+            (n.ATTR_NEW_CHECKSUM, new_checksum),
+            (n.ATTR_OLD_GENERATION, old_generation),
+            (n.ATTR_NEW_GENERATION, new_generation),
+        ):
+            if value is not None:
+                attrs[key] = _attr_value(value)
+        try:
+            self._successions.add(1, {n.ATTR_MODEL: str(model)} if model is not None else {})
+        except Exception:
+            _log.debug("could not count a succession", exc_info=True)
+        self._instant_span(n.SPAN_SUCCEED, attrs)
+
+    def _instant_span(self, name: str, attrs: dict[str, Any]) -> None:
+        try:
+            span = self.tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
+            span.end()
+        except Exception:
+            _log.debug("could not record span %s", name, exc_info=True)
+
+    # --- gauges -------------------------------------------------------------------------------
+
+    def observe_state(self, callback: Callable[[], AdmissionStateSummary]) -> None:
+        """Set the function the gauges call, at collection time, for the current state."""
+        self._state = callback
+
+    def _summary(self) -> AdmissionStateSummary | None:
+        if self._state is None:
+            return None
+        try:
+            return self._state()
+        except Exception:
+            _log.debug("the state callback failed", exc_info=True)
+            return None
+
+    def _observe_groups(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        if summary is None:
+            return []
+        counts = dict.fromkeys(n.GROUP_STATUSES, 0)
+        counts.update(summary.groups_by_status)
+        return [Observation(count, {n.ATTR_STATUS: status}) for status, count in counts.items()]
+
+    def _observe_admitted(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        return [] if summary is None else [Observation(summary.admitted_workers)]
+
+
+# --- effect dispatch ----------------------------------------------------------------------------
+
+
+def _on_rejection(telemetry: AdmissionTelemetry, effect: object) -> None:
+    group = _first(effect, "group", "group_key")
+    model = _first(effect, "model") or getattr(group, "model", "")
+    worker_set = _first(effect, "worker_set") or getattr(group, "worker_set", "")
+    telemetry.cohort_rejected(
+        model=str(model),
+        worker_set=str(worker_set),
+        incumbent_checksum=str(_first(effect, "incumbent_checksum", "incumbent") or ""),
+        rejected_checksum=str(_first(effect, "rejected_checksum", "checksum") or ""),
+        instance=str(_first(effect, "instance", "representative", "instance_key") or ""),
+    )
+
+
+def _on_invalid(telemetry: AdmissionTelemetry, effect: object) -> None:
+    telemetry.invalid_record(
+        str(_first(effect, "key") or ""),
+        str(_first(effect, "reason") or "invalid"),
+        str(_first(effect, "detail") or ""),
+    )
+
+
+def _on_commit(telemetry: AdmissionTelemetry, effect: object) -> None:
+    telemetry.group_committed(
+        _first(effect, "group", "group_key"),
+        str(_first(effect, "checksum", "mdc_checksum") or ""),
+        int(_first(effect, "generation") or 0),
+    )
+
+
+def _on_withdraw(telemetry: AdmissionTelemetry, effect: object) -> None:
+    telemetry.group_withdrawn(
+        _first(effect, "group", "group_key"),
+        _first(effect, "checksum", "mdc_checksum"),
+        _first(effect, "generation"),
+    )
+
+
+def _on_succession(telemetry: AdmissionTelemetry, effect: object) -> None:
+    telemetry.succession(
+        _first(effect, "group", "group_key"),
+        _first(effect, "old_checksum", "old_incumbent", "previous_checksum"),
+        _first(effect, "new_checksum", "new_incumbent", "successor_checksum"),
+        _first(effect, "old_generation", "previous_generation"),
+        _first(effect, "new_generation", "generation"),
+    )
+
+
+_Handler = Callable[[AdmissionTelemetry, object], None]
+
+# Class-name fragments of the core's effects, in the order they are tried.
+_CLASSIFIERS: Final[tuple[tuple[str, _Handler], ...]] = (
+    ("Invalid", _on_invalid),
+    ("InPlace", _on_invalid),
+    ("Reject", _on_rejection),
+    ("Success", _on_succession),
+    ("Commit", _on_commit),
+    ("Withdraw", _on_withdraw),
+)
+_HANDLERS: dict[str, _Handler | None] = {}
+
+
+def _classify(class_name: str) -> _Handler | None:
+    for fragment, handler in _CLASSIFIERS:
+        if fragment in class_name:
+            return handler
+    return None

@@ -1,0 +1,156 @@
+"""Logging helpers: trace-correlated records, plain or JSON output for the plugin's own tree.
+
+Nothing here runs at import. :func:`install_log_correlation` (called by the opt-in telemetry
+setup) stamps records of the ``workerset_admission`` logger tree with the current trace and span
+IDs; :func:`configure_logging` (called by ``serve``) gives that tree one handler of its own and
+never touches the root logger, which belongs to whoever hosts the plugin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, Literal, TextIO
+
+from opentelemetry import trace
+
+from ..errors import UsageError
+from .names import PREFIX
+
+__all__ = [
+    "LOGGER_NAME",
+    "SPAN_ID_FIELD",
+    "TRACE_FLAGS_FIELD",
+    "TRACE_ID_FIELD",
+    "JsonFormatter",
+    "configure_logging",
+    "install_log_correlation",
+]
+
+LOGGER_NAME = PREFIX
+# The same field names the OpenTelemetry logging instrumentation uses, so existing formats and
+# log pipelines that look for them keep working.
+TRACE_ID_FIELD = "otelTraceID"
+SPAN_ID_FIELD = "otelSpanID"
+TRACE_FLAGS_FIELD = "otelTraceSampled"
+
+_NO_TRACE = "0" * 32
+_NO_SPAN = "0" * 16
+_PLAIN_FORMAT = (
+    "%(asctime)s %(levelname)s %(name)s [trace_id=%(otelTraceID)s span_id=%(otelSpanID)s] "
+    "%(message)s"
+)
+# Attributes every LogRecord has; anything else on a record came from ``extra``.
+_STANDARD_FIELDS = frozenset(
+    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
+    | {"message", "asctime", "taskName", TRACE_ID_FIELD, SPAN_ID_FIELD, TRACE_FLAGS_FIELD}
+)
+_HANDLER_MARK = f"_{PREFIX}_handler"
+_install_lock = threading.Lock()
+
+
+def _in_tree(name: str) -> bool:
+    return name == LOGGER_NAME or name.startswith(LOGGER_NAME + ".")
+
+
+def _stamp(record: logging.LogRecord) -> None:
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:
+        record.otelTraceID = format(context.trace_id, "032x")
+        record.otelSpanID = format(context.span_id, "016x")
+        record.otelTraceSampled = context.trace_flags.sampled
+    else:
+        record.otelTraceID = _NO_TRACE
+        record.otelSpanID = _NO_SPAN
+        record.otelTraceSampled = False
+
+
+def install_log_correlation() -> Callable[[], None]:
+    """Stamp this package's log records with the current trace and span IDs.
+
+    Wraps the process's log record factory; records from other loggers pass through untouched.
+    Returns a function that undoes the installation (a no-op if someone replaced the factory
+    since, so their factory is never thrown away).
+    """
+    with _install_lock:
+        previous = logging.getLogRecordFactory()
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            if _in_tree(record.name):
+                # A log line must never fail because of tracing.
+                with contextlib.suppress(Exception):
+                    _stamp(record)
+            return record
+
+        logging.setLogRecordFactory(factory)
+
+    def uninstall() -> None:
+        with _install_lock:
+            if logging.getLogRecordFactory() is factory:
+                logging.setLogRecordFactory(previous)
+
+    return uninstall
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, trace IDs, and every ``extra``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "time": _dt.datetime.fromtimestamp(record.created, tz=_dt.timezone.utc).isoformat(),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        trace_id = getattr(record, TRACE_ID_FIELD, None)
+        if trace_id is not None:
+            payload["trace_id"] = trace_id
+            payload["span_id"] = getattr(record, SPAN_ID_FIELD, _NO_SPAN)
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD_FIELDS and key not in payload:
+                payload[key] = value
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str, ensure_ascii=False)
+
+
+def configure_logging(
+    fmt: Literal["plain", "json"] = "plain",
+    level: int | str = logging.INFO,
+    *,
+    stream: TextIO | None = None,
+) -> logging.Handler:
+    """Give the ``workerset_admission`` logger tree one handler writing to ``stream``.
+
+    Calling it again replaces the handler it installed before instead of adding another. The
+    tree stops propagating to the root logger so a host that logs too does not print each
+    line twice; the root logger itself is left alone.
+    """
+    if fmt not in ("plain", "json"):
+        raise UsageError(f"log format must be 'plain' or 'json', not {fmt!r}")
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    formatter: logging.Formatter
+    if fmt == "json":
+        formatter = JsonFormatter()
+    else:
+        formatter = logging.Formatter(
+            _PLAIN_FORMAT,
+            defaults={TRACE_ID_FIELD: _NO_TRACE, SPAN_ID_FIELD: _NO_SPAN},
+        )
+    handler.setFormatter(formatter)
+    setattr(handler, _HANDLER_MARK, True)
+
+    logger = logging.getLogger(LOGGER_NAME)
+    for old in [h for h in logger.handlers if getattr(h, _HANDLER_MARK, False)]:
+        logger.removeHandler(old)
+        old.close()
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+    return handler

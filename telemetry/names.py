@@ -1,0 +1,130 @@
+"""Every span name, attribute key and metric name the plugin emits, defined once.
+
+Semantic-convention keys are spelled as the OpenTelemetry conventions spell them; everything
+else lives under the one project prefix, so a backend query for ``workerset_admission.*`` finds
+all of it. Span names follow ``{verb} {object}`` and never carry a key or a checksum, which keeps
+their cardinality low.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "ATTR_BUILD_ATTEMPT",
+    "ATTR_BUILD_OUTCOME",
+    "ATTR_CHECKSUM",
+    "ATTR_DECISION",
+    "ATTR_DETAIL",
+    "ATTR_DISCOVERY_KEY",
+    "ATTR_DISCOVERY_OPERATION",
+    "ATTR_DISCOVERY_REVISION",
+    "ATTR_ERROR_TYPE",
+    "ATTR_GENERATION",
+    "ATTR_GROUP",
+    "ATTR_INCUMBENT_CHECKSUM",
+    "ATTR_INSTANCE",
+    "ATTR_MESSAGING_DESTINATION",
+    "ATTR_MESSAGING_OPERATION_TYPE",
+    "ATTR_MESSAGING_SYSTEM",
+    "ATTR_MODEL",
+    "ATTR_NEW_CHECKSUM",
+    "ATTR_NEW_GENERATION",
+    "ATTR_OLD_CHECKSUM",
+    "ATTR_OLD_GENERATION",
+    "ATTR_REASON",
+    "ATTR_REJECTED_CHECKSUM",
+    "ATTR_SNAPSHOT_ENTRIES",
+    "ATTR_SNAPSHOT_REASON",
+    "ATTR_STATUS",
+    "ATTR_WORKER_SET",
+    "EVENT_COHORT_REJECTED",
+    "EVENT_INVALID_RECORD",
+    "GROUP_STATUSES",
+    "INSTRUMENTATION_NAME",
+    "METRIC_ADMISSION_LATENCY",
+    "METRIC_BUILDS",
+    "METRIC_BUILD_DURATION",
+    "METRIC_GROUPS",
+    "METRIC_INVALID_RECORDS",
+    "METRIC_REJECTED_COHORTS",
+    "METRIC_SUCCESSIONS",
+    "METRIC_UPDATES",
+    "METRIC_WORKERS_ADMITTED",
+    "PREFIX",
+    "SPAN_APPLY_SNAPSHOT",
+    "SPAN_APPLY_UPDATE",
+    "SPAN_BUILD",
+    "SPAN_COMMIT",
+    "SPAN_SUCCEED",
+    "SPAN_WITHDRAW",
+]
+
+PREFIX: Final = "workerset_admission"
+INSTRUMENTATION_NAME: Final = "workerset_admission"
+
+# --- span names -------------------------------------------------------------------------------
+SPAN_APPLY_UPDATE: Final = "apply discovery_update"
+SPAN_APPLY_SNAPSHOT: Final = "apply discovery_snapshot"
+SPAN_BUILD: Final = "build worker_set"
+SPAN_COMMIT: Final = "commit worker_set"
+SPAN_WITHDRAW: Final = "withdraw worker_set"
+SPAN_SUCCEED: Final = "succeed worker_set"
+
+# --- span events ------------------------------------------------------------------------------
+EVENT_COHORT_REJECTED: Final = f"{PREFIX}.cohort_rejected"
+EVENT_INVALID_RECORD: Final = f"{PREFIX}.invalid_record"
+
+# --- semantic-convention attributes -----------------------------------------------------------
+ATTR_MESSAGING_SYSTEM: Final = "messaging.system"
+ATTR_MESSAGING_DESTINATION: Final = "messaging.destination.name"
+ATTR_MESSAGING_OPERATION_TYPE: Final = "messaging.operation.type"
+ATTR_ERROR_TYPE: Final = "error.type"
+
+# --- project attributes (also used as metric attribute keys) ---------------------------------
+ATTR_DISCOVERY_KEY: Final = f"{PREFIX}.discovery.key"
+ATTR_DISCOVERY_REVISION: Final = f"{PREFIX}.discovery.revision"
+ATTR_DISCOVERY_OPERATION: Final = f"{PREFIX}.discovery.operation"
+ATTR_SNAPSHOT_ENTRIES: Final = f"{PREFIX}.snapshot.entries"
+ATTR_SNAPSHOT_REASON: Final = f"{PREFIX}.snapshot.reason"
+ATTR_GROUP: Final = f"{PREFIX}.group"
+ATTR_MODEL: Final = f"{PREFIX}.model"
+ATTR_WORKER_SET: Final = f"{PREFIX}.worker_set"
+ATTR_DECISION: Final = f"{PREFIX}.decision"
+ATTR_CHECKSUM: Final = f"{PREFIX}.mdc_checksum"
+ATTR_GENERATION: Final = f"{PREFIX}.generation"
+ATTR_BUILD_ATTEMPT: Final = f"{PREFIX}.build.attempt"
+ATTR_BUILD_OUTCOME: Final = f"{PREFIX}.build.outcome"
+ATTR_INCUMBENT_CHECKSUM: Final = f"{PREFIX}.incumbent_checksum"
+ATTR_REJECTED_CHECKSUM: Final = f"{PREFIX}.rejected_checksum"
+ATTR_INSTANCE: Final = f"{PREFIX}.instance"
+ATTR_OLD_CHECKSUM: Final = f"{PREFIX}.succession.old_checksum"
+ATTR_NEW_CHECKSUM: Final = f"{PREFIX}.succession.new_checksum"
+ATTR_OLD_GENERATION: Final = f"{PREFIX}.succession.old_generation"
+ATTR_NEW_GENERATION: Final = f"{PREFIX}.succession.new_generation"
+ATTR_REASON: Final = f"{PREFIX}.reason"
+ATTR_DETAIL: Final = f"{PREFIX}.detail"
+ATTR_STATUS: Final = f"{PREFIX}.status"
+
+# --- metrics ----------------------------------------------------------------------------------
+METRIC_UPDATES: Final = f"{PREFIX}.discovery.updates"
+METRIC_INVALID_RECORDS: Final = f"{PREFIX}.discovery.invalid_records"
+METRIC_REJECTED_COHORTS: Final = f"{PREFIX}.cohorts.rejected"
+METRIC_SUCCESSIONS: Final = f"{PREFIX}.successions"
+METRIC_BUILDS: Final = f"{PREFIX}.builds"
+METRIC_BUILD_DURATION: Final = f"{PREFIX}.build.duration"
+METRIC_GROUPS: Final = f"{PREFIX}.groups"
+METRIC_WORKERS_ADMITTED: Final = f"{PREFIX}.workers.admitted"
+METRIC_ADMISSION_LATENCY: Final = f"{PREFIX}.admission.latency"
+
+# The group statuses the core's transition table knows; the gauge reports each of them (zero
+# included) so a status that empties shows 0 instead of a series that silently vanishes.
+GROUP_STATUSES: Final = (
+    "idle",
+    "queued",
+    "building",
+    "ready",
+    "retrying",
+    "blocked",
+    "blocked_ready",
+)

@@ -1,0 +1,272 @@
+"""The one opt-in function that installs the OpenTelemetry SDK and its exporters.
+
+Nothing in the package calls it at import: ``serve`` calls it, a host embedding the plugin may
+call it or wire its own SDK. It follows the standard environment variables:
+
+- ``OTEL_SDK_DISABLED=true`` turns everything off;
+- ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``: ``otlp`` (default), ``console`` or
+  ``none``;
+- ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or the per-signal ``..._TRACES_PROTOCOL`` /
+  ``..._METRICS_PROTOCOL``): ``http/protobuf`` (default) or ``grpc``;
+- ``OTEL_EXPORTER_OTLP_ENDPOINT`` and friends, ``OTEL_SERVICE_NAME``,
+  ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER`` / ``..._ARG``, ``OTEL_BSP_*``,
+  ``OTEL_METRIC_EXPORT_INTERVAL``: read by the SDK and the exporters themselves.
+
+Metrics can also be served in the Prometheus text format on a loopback port, through the
+OpenTelemetry Prometheus exporter, with a registry of our own (so two setups in one process,
+or a host's own prometheus_client metrics, never collide).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from .logs import install_log_correlation
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+__all__ = ["DEFAULT_SERVICE_NAME", "TelemetryHandle", "setup_telemetry"]
+
+DEFAULT_SERVICE_NAME = "workerset-admission"
+
+_log = logging.getLogger(__name__)
+_PROTOCOLS = ("http/protobuf", "grpc")
+_EXPORTERS = ("otlp", "console", "none")
+
+
+class TelemetryHandle:
+    """What ``setup_telemetry`` installed; ``shutdown()`` flushes and stops all of it.
+
+    ``tracer_provider`` / ``meter_provider`` are None when that signal is off; hand them to
+    ``AdmissionTelemetry`` (they are also the global providers when the setup set them).
+    ``prometheus_port`` is the port the metrics endpoint listens on, when one was asked for.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None,
+        meter_provider: MeterProvider | None,
+        prometheus_port: int | None,
+        closers: Sequence[Callable[[], None]],
+    ) -> None:
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.prometheus_port = prometheus_port
+        self._closers = list(closers)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def force_flush(self, timeout_millis: int = 10_000) -> bool:
+        """Export whatever is buffered now; False when an exporter did not finish in time."""
+        ok = True
+        for provider in (self.tracer_provider, self.meter_provider):
+            if provider is None:
+                continue
+            try:
+                ok = bool(provider.force_flush(timeout_millis)) and ok
+            except Exception:
+                _log.warning("telemetry flush failed", exc_info=True)
+                ok = False
+        return ok
+
+    def shutdown(self) -> None:
+        """Flush, stop the exporters and the metrics endpoint. Idempotent; never raises."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for provider in (self.tracer_provider, self.meter_provider):
+            if provider is None:
+                continue
+            try:
+                provider.shutdown()
+            except Exception:
+                _log.warning("telemetry shutdown failed", exc_info=True)
+        for close in reversed(self._closers):
+            _quietly(close)
+
+
+def _quietly(close: Callable[[], None]) -> None:
+    try:
+        close()
+    except Exception:
+        _log.warning("telemetry shutdown failed", exc_info=True)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() == "true"
+
+
+def _exporter_choice(signal: str) -> str:
+    value = os.environ.get(f"OTEL_{signal}_EXPORTER", "otlp").strip().lower() or "otlp"
+    if value not in _EXPORTERS:
+        raise ConfigError(
+            f"OTEL_{signal}_EXPORTER={value!r} is not supported; use one of {', '.join(_EXPORTERS)}"
+        )
+    return value
+
+
+def _protocol(signal: str) -> str:
+    value = (
+        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
+    if value not in _PROTOCOLS:
+        raise ConfigError(
+            f"OTLP protocol {value!r} is not supported; use one of {', '.join(_PROTOCOLS)}"
+        )
+    return value
+
+
+def _resource(service_name: str, attributes: Mapping[str, str] | None) -> Any:
+    from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
+
+    explicit: dict[str, Any] = dict(attributes or {})
+    # The operator's OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES beat the code's default name.
+    from_env = OTELResourceDetector().detect().attributes
+    if SERVICE_NAME not in explicit and SERVICE_NAME not in from_env:
+        explicit[SERVICE_NAME] = service_name
+    return Resource.create(explicit)
+
+
+def _span_exporter(choice: str) -> SpanExporter | None:
+    if choice == "none":
+        return None
+    if choice == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if _protocol("TRACES") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+
+        return GrpcSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+def _metric_reader(choice: str) -> MetricReader | None:
+    if choice == "none":
+        return None
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    if choice == "console":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+        return PeriodicExportingMetricReader(ConsoleMetricExporter())
+    if _protocol("METRICS") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+
+        return PeriodicExportingMetricReader(GrpcMetricExporter())
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    return PeriodicExportingMetricReader(OTLPMetricExporter())
+
+
+def _prometheus(host: str, port: int) -> tuple[MetricReader, int, Callable[[], None]]:
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError as exc:  # pragma: no cover - a dependency of the package
+        raise ConfigError(
+            "the Prometheus endpoint needs opentelemetry-exporter-prometheus"
+        ) from exc
+    registry = CollectorRegistry(auto_describe=True)
+    reader = PrometheusMetricReader(registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve Prometheus metrics on {host}:{port}: {exc}") from exc
+
+    def close() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return reader, int(server.server_port), close
+
+
+def setup_telemetry(
+    service_name: str = DEFAULT_SERVICE_NAME,
+    *,
+    resource_attributes: Mapping[str, str] | None = None,
+    span_exporters: Sequence[SpanExporter] | None = None,
+    metric_readers: Sequence[MetricReader] | None = None,
+    prometheus: tuple[str, int] | None = None,
+    set_global: bool = True,
+    log_correlation: bool = True,
+) -> TelemetryHandle:
+    """Install the SDK: tracer and meter providers, exporters, log correlation.
+
+    ``span_exporters`` / ``metric_readers`` replace the ones the environment would choose
+    (for tests, or a host with exporters of its own). ``prometheus=(host, port)`` also serves
+    metrics in the Prometheus text format (port 0 picks a free one, see the handle).
+    With ``set_global`` the providers become the process's global ones, unless the host
+    already installed its own, which are then left alone. Raises ``ConfigError`` for settings
+    that cannot work (an unknown exporter or protocol, a port already taken).
+    """
+    closers: list[Callable[[], None]] = []
+    if _env_flag("OTEL_SDK_DISABLED"):
+        return TelemetryHandle(None, None, None, closers)
+
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = _resource(service_name, resource_attributes)
+
+    exporters = list(span_exporters) if span_exporters is not None else []
+    if span_exporters is None:
+        exporter = _span_exporter(_exporter_choice("TRACES"))
+        if exporter is not None:
+            exporters.append(exporter)
+    readers = list(metric_readers) if metric_readers is not None else []
+    if metric_readers is None:
+        reader = _metric_reader(_exporter_choice("METRICS"))
+        if reader is not None:
+            readers.append(reader)
+
+    prometheus_port: int | None = None
+    if prometheus is not None:
+        reader, prometheus_port, close = _prometheus(*prometheus)
+        readers.append(reader)
+        closers.append(close)
+
+    tracer_provider: TracerProvider | None = None
+    if exporters:
+        tracer_provider = TracerProvider(resource=resource)
+        for exporter in exporters:
+            tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+    meter_provider: MeterProvider | None = None
+    if readers:
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+
+    if set_global:
+        # A host that installed its own SDK keeps it; overriding would only log a warning.
+        if tracer_provider is not None and isinstance(
+            trace.get_tracer_provider(), trace.ProxyTracerProvider
+        ):
+            trace.set_tracer_provider(tracer_provider)
+        if meter_provider is not None and type(metrics.get_meter_provider()).__name__ == (
+            "_ProxyMeterProvider"
+        ):
+            metrics.set_meter_provider(meter_provider)
+
+    if log_correlation:
+        closers.append(install_log_correlation())
+    return TelemetryHandle(tracer_provider, meter_provider, prometheus_port, closers)
