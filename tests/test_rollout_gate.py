@@ -1,0 +1,250 @@
+"""The rollout gate decides from serving-admission records alone."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+from workerset_admission.errors import InvalidRecordError, RemoteDataError
+from workerset_admission.rollout import (
+    CapabilityRecord,
+    NamespaceRecord,
+    Record,
+    evaluate_gate,
+    parse_record,
+    render_table,
+)
+
+MODEL = "llama"
+OLD = "prod-v1"
+NEW = "prod-v2"
+GOOD = "a" * 64
+BAD = "b" * 64
+
+
+def worker_set(namespace: str) -> str:
+    return json.dumps([namespace, "backend", "generate", "chat|completions", "aggregated"])
+
+
+def member(namespace: str, instance: int) -> str:
+    return f"{namespace}/backend/generate/{instance:x}"
+
+
+def served(
+    frontend: str,
+    namespace: str,
+    *,
+    checksum: str = GOOD,
+    instances: tuple[int, ...] = (1, 2),
+    model: str = MODEL,
+    generation: int = 1,
+    published_at: float | None = None,
+) -> Record:
+    members = [member(namespace, i) for i in instances]
+    value = {
+        "protocol": "v1",
+        "frontend": frontend,
+        "namespace": namespace,
+        "members": members,
+        "groups": [
+            {
+                "model": model,
+                "worker_set": worker_set(namespace),
+                "checksum": checksum,
+                "generation": generation,
+                "members": members,
+            }
+        ],
+    }
+    return parse_record(f"{frontend}.{namespace}", json.dumps(value).encode(), published_at)
+
+
+def present(frontend: str, published_at: float | None = None) -> Record:
+    value = {"protocol": "v1", "capability": True, "frontend": frontend}
+    return parse_record(f"{frontend}.capability", json.dumps(value).encode(), published_at)
+
+
+def gate(records: list[Record], **options: Any) -> Any:
+    return evaluate_gate(records, model=MODEL, namespace=NEW, **options)
+
+
+class TestParsing:
+    def test_a_namespace_record_keeps_its_groups_and_members(self) -> None:
+        record = served("fe-a", NEW)
+        assert isinstance(record, NamespaceRecord)
+        assert record.frontend == "fe-a"
+        assert record.namespace == NEW
+        assert record.members == (member(NEW, 1), member(NEW, 2))
+        assert record.groups is not None
+        assert [(g.model, g.checksum, g.generation) for g in record.groups] == [(MODEL, GOOD, 1)]
+
+    def test_a_capability_record_only_says_the_frontend_is_there(self) -> None:
+        record = present("fe-a")
+        assert record == CapabilityRecord(key="fe-a.capability", frontend="fe-a")
+
+    def test_a_members_only_record_takes_its_namespace_from_the_members(self) -> None:
+        value = {"protocol": "v1", "frontend": "fe-a", "members": [member(NEW, 7)]}
+        record = parse_record("k", json.dumps(value).encode())
+        assert isinstance(record, NamespaceRecord)
+        assert record.namespace == NEW
+        assert record.groups is None
+
+    @pytest.mark.parametrize(
+        ("raw", "reason"),
+        [
+            (b"\xff\xfe", "not_json"),
+            (b"{not json", "not_json"),
+            (b"[1, 2]", "not_object"),
+            (b'{"protocol": "v2", "frontend": "f", "members": []}', "protocol"),
+            (b'{"protocol": "v1", "members": []}', "no_frontend"),
+            (b'{"protocol": "v1", "frontend": "", "members": []}', "no_frontend"),
+            (b'{"protocol": "v1", "frontend": "f", "members": "x"}', "bad_members"),
+            (b'{"protocol": "v1", "frontend": "f", "members": [1]}', "bad_members"),
+            (b'{"protocol": "v1", "frontend": "f", "members": [], "groups": {}}', "bad_group"),
+            (
+                b'{"protocol": "v1", "frontend": "f", "members": [], "groups": [{"model": "m",'
+                b' "worker_set": "w", "generation": true}]}',
+                "bad_group",
+            ),
+            (
+                b'{"protocol": "v1", "frontend": "f", "members": [], "groups": [{"model": "",'
+                b' "worker_set": "w"}]}',
+                "bad_group",
+            ),
+            (b'{"protocol": "v1", "frontend": "f", "members": [], "namespace": 3}', "bad_field"),
+        ],
+    )
+    def test_bad_records_are_refused_with_a_reason_and_their_key(
+        self, raw: bytes, reason: str
+    ) -> None:
+        with pytest.raises(InvalidRecordError) as refused:
+            parse_record("some.key", raw)
+        assert refused.value.reason == reason
+        assert refused.value.key == "some.key"
+        assert isinstance(refused.value, RemoteDataError)
+
+
+class TestGate:
+    def test_opens_when_every_live_frontend_serves_the_new_namespace(self) -> None:
+        report = gate([served("fe-a", NEW), served("fe-b", NEW), present("fe-b")])
+        assert report.open
+        assert report.serving == ("fe-a", "fe-b")
+        assert report.missing == ()
+        assert report.reasons == ()
+
+    def test_stays_closed_while_one_live_frontend_lacks_the_new_namespace(self) -> None:
+        report = gate([served("fe-a", NEW), served("fe-b", OLD), present("fe-c")])
+        assert not report.open
+        assert report.missing == ("fe-b", "fe-c")
+        assert "fe-b, fe-c" in report.reasons[0]
+
+    def test_is_closed_when_no_frontend_is_live(self) -> None:
+        report = gate([])
+        assert not report.open
+        assert report.reasons == ("no live frontend publishes serving admissions",)
+
+    def test_a_frontend_whose_records_expired_is_not_counted(self) -> None:
+        # fe-b stopped publishing: the bucket no longer holds its records.
+        before = gate([served("fe-a", NEW), served("fe-b", OLD)])
+        after = gate([served("fe-a", NEW)])
+        assert not before.open
+        assert after.open
+        assert after.live == ("fe-a",)
+
+    def test_a_frontend_whose_newest_record_is_too_old_is_not_live(self) -> None:
+        records = [
+            served("fe-a", NEW, published_at=100.0),
+            served("fe-b", OLD, published_at=10.0),
+            present("fe-b", published_at=20.0),
+        ]
+        report = gate(records, now=105.0, stale_after=30.0)
+        assert report.open
+        assert report.stale == ("fe-b",)
+        assert report.live == ("fe-a",)
+
+    def test_a_fresh_capability_record_keeps_a_frontend_live(self) -> None:
+        records = [
+            served("fe-a", NEW, published_at=100.0),
+            served("fe-b", OLD, published_at=10.0),
+            present("fe-b", published_at=100.0),
+        ]
+        report = gate(records, now=105.0, stale_after=30.0)
+        assert not report.open
+        assert report.missing == ("fe-b",)
+
+    def test_an_empty_worker_set_does_not_count_as_serving(self) -> None:
+        report = gate([served("fe-a", NEW, instances=())])
+        assert not report.open
+        assert report.missing == ("fe-a",)
+
+    def test_another_model_in_the_new_namespace_does_not_count(self) -> None:
+        report = gate([served("fe-a", NEW, model="mistral")])
+        assert not report.open
+
+    def test_frontends_still_serving_the_previous_generation_are_listed_but_do_not_block(
+        self,
+    ) -> None:
+        records = [served("fe-a", NEW), served("fe-a", OLD), served("fe-b", NEW)]
+        report = gate(records)
+        assert report.open
+        assert report.previous == ("fe-a",)
+        assert report.frontends[0].previous_namespaces == (OLD,)
+
+    def test_previous_generations_can_be_limited_to_named_namespaces(self) -> None:
+        records = [served("fe-a", NEW), served("fe-a", OLD), served("fe-a", "canary")]
+        report = gate(records, previous_namespaces=[OLD])
+        assert report.frontends[0].previous_namespaces == (OLD,)
+
+    def test_a_disagreement_on_the_incumbent_is_reported_and_open_by_default(self) -> None:
+        records = [served("fe-a", NEW), served("fe-b", NEW), served("fe-c", NEW, checksum=BAD)]
+        report = gate(records)
+        assert report.open
+        assert len(report.disagreements) == 1
+        assert report.disagreements[0].worker_set == worker_set(NEW)
+        assert report.disagreements[0].incumbents == ((GOOD, ("fe-a", "fe-b")), (BAD, ("fe-c",)))
+
+    def test_a_disagreement_closes_the_gate_when_agreement_is_required(self) -> None:
+        records = [served("fe-a", NEW), served("fe-c", NEW, checksum=BAD)]
+        report = gate(records, require_agreement=True)
+        assert not report.open
+        assert "disagree" in report.reasons[0]
+
+    def test_an_expected_checksum_only_counts_frontends_with_that_incumbent(self) -> None:
+        records = [served("fe-a", NEW), served("fe-c", NEW, checksum=BAD)]
+        report = gate(records, expected_checksum=GOOD)
+        assert not report.open
+        assert report.missing == ("fe-c",)
+
+    def test_a_members_only_record_serves_by_namespace_with_the_model_unverified(self) -> None:
+        value = {"protocol": "v1", "frontend": "fe-a", "members": [member(NEW, 1)]}
+        record = parse_record("k", json.dumps(value).encode())
+        report = gate([record])
+        assert report.open
+        assert not report.frontends[0].model_verified
+        assert not gate([record], expected_checksum=GOOD).open
+
+    def test_the_answer_does_not_depend_on_record_order(self) -> None:
+        records = [
+            served("fe-a", NEW),
+            served("fe-b", OLD),
+            served("fe-c", NEW, checksum=BAD),
+            present("fe-d"),
+        ]
+        answers = {json.dumps(gate(list(p)).as_json()) for p in itertools.permutations(records)}
+        assert len(answers) == 1
+
+    def test_refused_records_are_carried_into_the_report(self) -> None:
+        report = gate([served("fe-a", NEW)], invalid=[("junk", "not_json")])
+        assert report.as_json()["invalid"] == [{"key": "junk", "reason": "not_json"}]
+
+
+def test_the_table_names_the_state_every_frontend_and_the_disagreement() -> None:
+    report = gate([served("fe-a", NEW), served("fe-b", OLD), served("fe-c", NEW, checksum=BAD)])
+    table = render_table(report)
+    assert "gate: CLOSED" in table
+    for frontend in ("fe-a", "fe-b", "fe-c"):
+        assert frontend in table
+    assert "disagreement on" in table
+    assert BAD in table
