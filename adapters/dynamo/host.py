@@ -1,0 +1,131 @@
+"""Run an asyncio service on its own thread and event loop, beside a host that owns the main one.
+
+The Dynamo frontend calls a route provider from inside its own uvloop and serves the routes from
+a thread pool; neither may wait on NATS. :class:`ServiceThread` starts the service on a private
+loop in a daemon thread, retries a failed start with backoff (the bucket may come up after the
+frontend), publishes the running service for synchronous readers, and stops it on request or
+when the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, Literal, Protocol, TypeVar
+
+__all__ = ["HostState", "RunningService", "ServiceThread"]
+
+_log = logging.getLogger(__name__)
+
+Phase = Literal["starting", "running", "retrying", "stopped"]
+
+
+class RunningService(Protocol):
+    async def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=RunningService)
+
+
+@dataclass(frozen=True, slots=True)
+class HostState(Generic[S]):
+    """What a synchronous reader sees: the phase, the service once running, the last error."""
+
+    phase: Phase
+    service: S | None = None
+    error: str | None = None
+    attempts: int = 0
+
+
+class ServiceThread(Generic[S]):
+    """Own one service's thread, loop and lifetime."""
+
+    def __init__(
+        self,
+        start: Callable[[], Awaitable[S]],
+        *,
+        name: str = "workerset-admission",
+        retry_delays: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0),
+    ) -> None:
+        self._start = start
+        self._name = name
+        self._retry_delays = retry_delays
+        self._state: HostState[S] = HostState("stopped")
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> HostState[S]:
+        # One attribute read: readers on other threads always see a whole, consistent state.
+        return self._state
+
+    def start(self) -> None:
+        """Start the thread (idempotent) and return at once; the service comes up behind it."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._state = HostState("starting")
+            self._ready = threading.Event()
+            self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
+            self._thread.start()
+            # The frontend exits through atexit; a daemon thread would otherwise die mid-publish.
+            atexit.register(self.stop)
+        self._ready.wait()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the service and join the thread (idempotent, safe from any thread)."""
+        with self._lock:
+            thread, loop, stop = self._thread, self._loop, self._stop
+            if thread is None:
+                return
+            self._thread = None
+        if loop is not None and stop is not None and not loop.is_closed():
+            # The loop may close between the check and the call; then there is nothing to stop.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout)
+        atexit.unregister(self.stop)
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._serve(loop))
+        finally:
+            loop.close()
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._stop = asyncio.Event()
+        self._ready.set()
+        attempts = 0
+        service: S | None = None
+        while service is None and not self._stop.is_set():
+            attempts += 1
+            try:
+                service = await self._start()
+            except Exception as exc:  # any start failure is retried; the error is shown
+                delay = self._retry_delays[min(attempts, len(self._retry_delays)) - 1]
+                _log.warning("%s failed to start (attempt %d): %s", self._name, attempts, exc)
+                self._state = HostState("retrying", error=str(exc), attempts=attempts)
+                await self._wait_stop(delay)
+        if service is not None:
+            self._state = HostState("running", service=service, attempts=attempts)
+            await self._stop.wait()
+            try:
+                await service.stop()
+            except Exception as exc:  # stopping must finish even when withdrawal fails
+                _log.warning("%s did not stop cleanly: %s", self._name, exc)
+        self._state = HostState("stopped", attempts=attempts)
+
+    async def _wait_stop(self, delay: float) -> None:
+        assert self._stop is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=delay)
