@@ -4,7 +4,9 @@
 
     WorkersetAdmissionError
     ├── UsageError                  the caller misused an API (a bug on our side or the host's)
-    │   └── ConfigError             settings that do not validate
+    │   ├── ConfigError             settings that do not validate
+    │   ├── TransitionRefused       a group status change the transition table does not allow
+    │   └── ReceiverClosed          an admission receiver used after its holder closed it
     ├── RemoteDataError             data from the wire that we refuse; state stays unchanged
     │   ├── CardDecodeError         a card Dynamo 1.6.1 would refuse to decode
     │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
@@ -22,8 +24,10 @@ __all__ = [
     "ConfigError",
     "InvalidRecordError",
     "NoRoutableInstance",
+    "ReceiverClosed",
     "ReceiverRetired",
     "RemoteDataError",
+    "TransitionRefused",
     "UsageError",
     "WorkersetAdmissionError",
 ]
@@ -39,6 +43,14 @@ class UsageError(WorkersetAdmissionError):
 
 class ConfigError(UsageError):
     """Settings failed validation; the message names the setting and why."""
+
+
+class TransitionRefused(UsageError):
+    """A group status change the transition table does not allow; the status is left as it was."""
+
+
+class ReceiverClosed(UsageError):
+    """An admission receiver was used after its holder called ``close()`` on it."""
 
 
 class RemoteDataError(WorkersetAdmissionError):
@@ -66,7 +78,7 @@ class InvalidRecordError(RemoteDataError):
         super().__init__(reason, detail)
 
 
-class ReceiverRetired(WorkersetAdmissionError):  # noqa: N818 - named for what happened, like anyio's
+class ReceiverRetired(WorkersetAdmissionError):
     """The admission receiver's group was succeeded or removed; it will never change again."""
 
 

@@ -1,0 +1,87 @@
+"""Inputs to the admission core: what happened, as frozen values.
+
+Discovery inputs carry :class:`~workerset_admission.identity.Registration` values that the card
+boundary has already decoded, validated and normalized; invalid records never get this far.
+Build and commit results carry the ``(group, mdc_checksum, generation)`` triple of the attempt
+they answer, so the core can fence out late results from an earlier attempt or tenure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from workerset_admission.identity import GroupKey, Registration
+
+__all__ = [
+    "BuildFinished",
+    "CommitFailed",
+    "Input",
+    "Snapshot",
+    "Tick",
+    "WorkerAdded",
+    "WorkerRemoved",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAdded:
+    """A model registration was put (created, re-sent, or changed in place)."""
+
+    registration: Registration
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRemoved:
+    """A model registration key was deleted, purged or expired; only the key is known."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A full listing of every valid registration: keys not listed are gone.
+
+    Applied as one point in time: listed registrations are added first (in listing order, so
+    new cohorts join in that order), then absent keys are removed. An incumbent that is still
+    listed under a different worker therefore survives a reconnect.
+    """
+
+    registrations: Sequence[Registration]
+
+
+@dataclass(frozen=True, slots=True)
+class BuildFinished:
+    """The outcome of one build attempt; ``error`` explains a failure."""
+
+    group: GroupKey
+    mdc_checksum: str
+    generation: int
+    ok: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitFailed:
+    """The service could not carry out a commit or a membership replacement.
+
+    ``phase="commit"`` answers a ``CommitGroup``; ``phase="replace"`` a later membership or
+    LoRA update of the committed group with this build generation.
+    """
+
+    group: GroupKey
+    mdc_checksum: str
+    generation: int
+    phase: Literal["commit", "replace"]
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The injected clock moved to ``now`` (seconds, any monotonic origin)."""
+
+    now: float
+
+
+Input = WorkerAdded | WorkerRemoved | Snapshot | BuildFinished | CommitFailed | Tick

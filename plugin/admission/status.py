@@ -1,0 +1,135 @@
+"""Group status: every state, every event and every allowed transition, in one place.
+
+Theory of operation
+-------------------
+
+A group (a WorkerSet plus its model) moves through a small lifecycle while the core decides what
+to serve. The core never assigns a status directly; it *processes an event* against this table,
+and an event the table does not list for the current state is refused with
+:class:`~workerset_admission.errors.TransitionRefused` while the status stays exactly as it was.
+A refusal is always a defect in the core, never a consequence of remote data, so it is raised
+rather than reported.
+
+States::
+
+    idle           no incumbent cohort: nothing reserved, nothing served
+    queued         an incumbent is reserved and waits for a build slot
+    building       one build attempt for the incumbent is in flight
+    ready          the last build succeeded and the group is committed (served)
+    retrying       the last build failed; a new attempt is due at a deadline
+    blocked        the commit of a successful build failed; a rebuild is due at a deadline
+    blocked_ready  a membership replacement failed; the last safe commit is still served and
+                   the replacement is retried at a deadline
+
+Events::
+
+    RESERVE         the first valid card (or the successor cohort) reserves the group
+    START_BUILD     a build slot was granted
+    BUILD_OK        the attempt in flight succeeded (fenced by checksum and generation)
+    BUILD_FAILED    the attempt in flight failed
+    RETRY_DUE       the retry deadline of a failed build or commit was reached
+    COMMIT_FAILED   the service could not commit a successful build
+    REPLACE_FAILED  the service could not apply a membership change to the committed group
+    REPLACE_DUE     the deadline to retry a failed replacement was reached
+    DRAIN           the incumbent cohort lost its last member: the tenure ends
+
+``DRAIN`` is accepted from every state but ``idle`` because a tenure can end at any point of
+its life; after it the core may at once ``RESERVE`` again for the successor cohort. Reservation
+happens on entry to ``queued``, not on a successful build, which is why a larger competing
+cohort never displaces an incumbent that is still building or retrying.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+from workerset_admission.errors import TransitionRefused
+
+__all__ = [
+    "TRANSITIONS",
+    "GroupStatus",
+    "StatusEvent",
+    "StatusMachine",
+]
+
+
+class GroupStatus(str, enum.Enum):
+    """Where a group is in its lifecycle; the value is the spelling used in output."""
+
+    IDLE = "idle"
+    QUEUED = "queued"
+    BUILDING = "building"
+    READY = "ready"
+    RETRYING = "retrying"
+    BLOCKED = "blocked"
+    BLOCKED_READY = "blocked_ready"
+
+    @property
+    def committed(self) -> bool:
+        """Whether a commit of this group is being served in this state."""
+        return self is GroupStatus.READY or self is GroupStatus.BLOCKED_READY
+
+
+class StatusEvent(str, enum.Enum):
+    """Something that happened to a group and may move its status."""
+
+    RESERVE = "reserve"
+    START_BUILD = "start_build"
+    BUILD_OK = "build_ok"
+    BUILD_FAILED = "build_failed"
+    RETRY_DUE = "retry_due"
+    COMMIT_FAILED = "commit_failed"
+    REPLACE_FAILED = "replace_failed"
+    REPLACE_DUE = "replace_due"
+    DRAIN = "drain"
+
+
+_S = GroupStatus
+_E = StatusEvent
+
+# (state, event) -> next state. Anything absent is refused.
+TRANSITIONS: Mapping[tuple[GroupStatus, StatusEvent], GroupStatus] = {
+    (_S.IDLE, _E.RESERVE): _S.QUEUED,
+    (_S.QUEUED, _E.START_BUILD): _S.BUILDING,
+    (_S.QUEUED, _E.DRAIN): _S.IDLE,
+    (_S.BUILDING, _E.BUILD_OK): _S.READY,
+    (_S.BUILDING, _E.BUILD_FAILED): _S.RETRYING,
+    (_S.BUILDING, _E.DRAIN): _S.IDLE,
+    (_S.READY, _E.COMMIT_FAILED): _S.BLOCKED,
+    (_S.READY, _E.REPLACE_FAILED): _S.BLOCKED_READY,
+    (_S.READY, _E.DRAIN): _S.IDLE,
+    (_S.RETRYING, _E.RETRY_DUE): _S.QUEUED,
+    (_S.RETRYING, _E.DRAIN): _S.IDLE,
+    (_S.BLOCKED, _E.RETRY_DUE): _S.QUEUED,
+    (_S.BLOCKED, _E.DRAIN): _S.IDLE,
+    (_S.BLOCKED_READY, _E.REPLACE_DUE): _S.READY,
+    (_S.BLOCKED_READY, _E.REPLACE_FAILED): _S.BLOCKED_READY,
+    (_S.BLOCKED_READY, _E.DRAIN): _S.IDLE,
+}
+
+
+class StatusMachine:
+    """The status of one group, changed only through :data:`TRANSITIONS`."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: GroupStatus = GroupStatus.IDLE) -> None:
+        self.state = state
+
+    def process(self, event: StatusEvent) -> GroupStatus:
+        """Apply ``event`` and return the new state, or raise and leave the state untouched."""
+        try:
+            new_state = TRANSITIONS[(self.state, event)]
+        except KeyError:
+            raise TransitionRefused(
+                f"can't handle event {event.value!r} in status {self.state.value!r}"
+            ) from None
+        self.state = new_state
+        return new_state
+
+    def allows(self, event: StatusEvent) -> bool:
+        return (self.state, event) in TRANSITIONS
+
+    def __repr__(self) -> str:
+        return f"StatusMachine({self.state.value})"

@@ -1,0 +1,73 @@
+"""Read-only views of the core's state, for status pages, ``replay`` and ``explain``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workerset_admission.admission.effects import LoraWorker
+from workerset_admission.admission.status import GroupStatus
+from workerset_admission.identity import GroupKey
+
+__all__ = ["CohortView", "GroupView", "MemberView", "PlacementView"]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberView:
+    """One registration in a cohort."""
+
+    key: str
+    instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CohortView:
+    """Workers sharing one ``mdc_checksum``, members sorted by instance id."""
+
+    mdc_checksum: str
+    members: tuple[MemberView, ...]
+
+    @property
+    def instance_ids(self) -> tuple[int, ...]:
+        return tuple(m.instance_id for m in self.members)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """One group: its incumbent, status, generations, receiver and cohorts in order.
+
+    ``cohorts[0]`` is the incumbent cohort when there is one; the rest are rejected, in
+    first-observation order. ``committed_generation`` identifies the served binding.
+    """
+
+    key: GroupKey
+    incumbent: str | None
+    status: GroupStatus
+    generation: int | None
+    committed_generation: int | None
+    receiver: int | None
+    admitted: tuple[int, ...]
+    cohorts: tuple[CohortView, ...]
+    attempt: int
+    deadline: float | None
+    lora: tuple[LoraWorker, ...]
+
+    @property
+    def rejected(self) -> tuple[CohortView, ...]:
+        return self.cohorts[1:]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementView:
+    """Where one registration key stands: its group, cohort position and whether it is served.
+
+    ``position`` is the cohort's index in the group's order (0 is the incumbent). For a LoRA
+    adapter, ``attached_to`` names the group it is projected into, if any.
+    """
+
+    key: str
+    group: GroupKey
+    mdc_checksum: str
+    is_lora: bool
+    position: int | None
+    admitted: bool
+    attached_to: GroupKey | None
