@@ -1,0 +1,169 @@
+"""One way to open a nats-py connection from settings: credentials, TLS, reconnect forever."""
+
+from __future__ import annotations
+
+import random
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.client import ReconnectToServerHandler, Server
+from workerset_admission.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_SERVERS",
+    "ConnectionCallbacks",
+    "NatsConnectOptions",
+    "connect",
+    "servers_from_text",
+]
+
+DEFAULT_SERVERS: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+
+ErrorCallback = Callable[[Exception], Awaitable[None]]
+EventCallback = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class NatsConnectOptions:
+    """How to reach and authenticate to NATS. Secrets are excluded from ``repr``."""
+
+    servers: tuple[str, ...] = DEFAULT_SERVERS
+    name: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    nkey_seed_file: Path | None = None
+    nkey_seed: str | None = field(default=None, repr=False)
+    creds_file: Path | None = None
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_hostname: str | None = None
+    connect_timeout: float = 2.0
+    reconnect_wait: float = 0.5
+    max_reconnect_wait: float = 5.0
+    ping_interval: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ConfigError("nats servers: at least one URL is required")
+        if (self.user is None) != (self.password is None):
+            raise ConfigError("nats user and password must be given together")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("nats TLS client certificate and key must be given together")
+        if self.nkey_seed is not None and self.nkey_seed_file is not None:
+            raise ConfigError("give the nkey seed either inline or as a file, not both")
+
+    @property
+    def uses_tls(self) -> bool:
+        return (
+            self.tls_ca_file is not None
+            or self.tls_cert_file is not None
+            or any(s.startswith("tls://") for s in self.servers)
+        )
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """Build the client TLS context, or ``None`` when TLS is not configured."""
+        if not self.uses_tls:
+            return None
+        try:
+            context = ssl.create_default_context(
+                cafile=str(self.tls_ca_file) if self.tls_ca_file else None
+            )
+            if self.tls_cert_file is not None and self.tls_key_file is not None:
+                context.load_cert_chain(str(self.tls_cert_file), str(self.tls_key_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"nats TLS files could not be loaded: {exc}") from exc
+        return context
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionCallbacks:
+    """Connection lifecycle hooks; nats-py requires coroutine functions."""
+
+    error: ErrorCallback | None = None
+    disconnected: EventCallback | None = None
+    reconnected: EventCallback | None = None
+    closed: EventCallback | None = None
+
+
+async def _quiet_error(_exc: Exception) -> None:
+    # nats-py's default error callback logs at ERROR for every refused reconnect attempt; the
+    # owner decides what is worth reporting.
+    return None
+
+
+def _backoff_handler(options: NatsConnectOptions) -> ReconnectToServerHandler:
+    """Pick the least-tried server and wait exponentially longer after each refused attempt."""
+
+    def choose(servers: list[Server], _info: dict[str, Any]) -> tuple[Server | None, float]:
+        if not servers:
+            return None, options.reconnect_wait
+        server = min(servers, key=lambda s: s.reconnects)
+        exponent = min(server.reconnects, 16)
+        delay = min(options.max_reconnect_wait, options.reconnect_wait * (2**exponent))
+        # Jitter spreads a fleet of frontends reconnecting to a restarted server.
+        return server, delay * (0.5 + random.random() / 2)
+
+    return choose
+
+
+async def connect(
+    options: NatsConnectOptions,
+    callbacks: ConnectionCallbacks | None = None,
+    *,
+    allow_reconnect: bool = True,
+) -> NatsClient:
+    """Connect with the configured credentials; once connected, reconnect forever.
+
+    The first connection is attempted once per server (raising on failure) so a caller with a
+    wrong URL or password hears about it at once instead of hanging.
+    """
+    callbacks = callbacks or ConnectionCallbacks()
+    kwargs: dict[str, Any] = {
+        "servers": list(options.servers),
+        "connect_timeout": options.connect_timeout,
+        "allow_reconnect": allow_reconnect,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": options.reconnect_wait,
+        "ping_interval": options.ping_interval,
+        "error_cb": callbacks.error or _quiet_error,
+        "reconnect_to_server_handler": _backoff_handler(options),
+    }
+    if options.name:
+        kwargs["name"] = options.name
+    if callbacks.disconnected is not None:
+        kwargs["disconnected_cb"] = callbacks.disconnected
+    if callbacks.reconnected is not None:
+        kwargs["reconnected_cb"] = callbacks.reconnected
+    if callbacks.closed is not None:
+        kwargs["closed_cb"] = callbacks.closed
+    if options.user is not None:
+        kwargs["user"] = options.user
+        kwargs["password"] = options.password
+    if options.token is not None:
+        kwargs["token"] = options.token
+    if options.nkey_seed_file is not None:
+        kwargs["nkeys_seed"] = str(options.nkey_seed_file)
+    if options.nkey_seed is not None:
+        kwargs["nkeys_seed_str"] = options.nkey_seed
+    if options.creds_file is not None:
+        kwargs["user_credentials"] = str(options.creds_file)
+    tls = options.tls_context()
+    if tls is not None:
+        kwargs["tls"] = tls
+        if options.tls_hostname:
+            kwargs["tls_hostname"] = options.tls_hostname
+    client: NatsClient = await nats.connect(**kwargs)
+    return client
+
+
+def servers_from_text(text: str | Sequence[str]) -> tuple[str, ...]:
+    """Split a comma-separated server list (or pass a sequence through), dropping blanks."""
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    return tuple(p.strip() for p in parts if p.strip())

@@ -1,0 +1,509 @@
+"""Discovery records from a JetStream KV bucket: one snapshot, then live puts and removals.
+
+The watch is a raw ordered push consumer (deliver ``last_per_subject``) on the bucket's stream,
+filtered to the model-card and endpoint-instance keys. It skips nats-py's ``KeyWatcher`` layer,
+which costs more than half of the client's CPU for the same messages (see the NATS reference
+notes). The end of the initial values is detected from the delivery metadata: the first message
+with nothing pending, or the first one newer than the stream's last sequence when the consumer
+was created (so a busy bucket cannot postpone the snapshot forever).
+
+On reconnect, on a closed connection, and when the stream behind the bucket disappears or is
+re-created (a wiped store), the watch is re-created and a new snapshot with reason
+``"reconnect"`` is emitted: a server restart with a fresh store would otherwise leave nats-py's
+ordered consumer silently waiting at the old sequence.
+
+Oversized values are passed through unchanged. The card boundary refuses them with a typed
+error carrying the key, so they are reported and counted in one place with every other invalid
+record; the source only translates and never decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
+from nats.js.errors import Error as JetStreamError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
+from workerset_admission.errors import UsageError
+from workerset_admission.ports import (
+    DiscoveryEntry,
+    SourceDelete,
+    SourceEvent,
+    SourcePut,
+    SourceSnapshot,
+)
+
+from .buckets import BucketSpec, ensure_bucket, stream_name
+from .connect import ConnectionCallbacks, NatsConnectOptions, connect
+
+__all__ = [
+    "DEFAULT_BUCKET",
+    "DEFAULT_KEY_PREFIXES",
+    "Connector",
+    "JetStreamDiscoverySource",
+]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_BUCKET: Final = "dynamo-discovery"
+DEFAULT_KEY_PREFIXES: Final = ("v1.mdc", "v1.instances")
+
+KV_OPERATION: Final = "KV-Operation"
+MARKER_REASON: Final = "Nats-Marker-Reason"
+
+Connector = Callable[[ConnectionCallbacks], Awaitable[NatsClient]]
+RemovalKind = Literal["delete", "purge", "expired"]
+
+# Server-placed markers (2.11+) name why the message went away; anything not listed is still a
+# removal, because a marker never carries a value.
+_MARKER_KINDS: Final[Mapping[str, RemovalKind]] = {
+    "MaxAge": "expired",
+    "Purge": "purge",
+    "Remove": "delete",
+}
+_OPERATION_KINDS: Final[Mapping[str, RemovalKind]] = {"DEL": "delete", "PURGE": "purge"}
+
+
+class _Wake:
+    """Queue item that only wakes the reader so it looks at the restart flag."""
+
+
+_WAKE: Final = _Wake()
+_RETRYABLE = (
+    NotFoundError,
+    ServiceUnavailableError,
+    NoRespondersError,
+    NatsTimeoutError,
+    asyncio.TimeoutError,
+    ConnectionClosedError,
+    JetStreamError,
+    OSError,
+)
+
+
+def removal_kind(headers: Mapping[str, str] | None) -> RemovalKind | None:
+    """Tell a put from a removal, and which removal, from a KV message's headers."""
+    if not headers:
+        return None
+    operation = headers.get(KV_OPERATION)
+    if operation is not None:
+        return _OPERATION_KINDS.get(operation)
+    reason = headers.get(MARKER_REASON)
+    if reason is not None:
+        return _MARKER_KINDS.get(reason, "purge")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    stream_seq: int
+    pending: int
+    timestamp_ns: int
+
+
+def parse_delivery(reply: str) -> _Delivery | None:
+    """Read stream sequence, pending count and timestamp from a JetStream ack subject."""
+    tokens = reply.split(".")
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>, or the newer form
+    # with domain and account hash after ACK and a random token at the end.
+    n = len(tokens)
+    try:
+        if n == 9:
+            return _Delivery(int(tokens[5]), int(tokens[8]), int(tokens[7]))
+        if n >= 11:
+            return _Delivery(int(tokens[7]), int(tokens[10]), int(tokens[9]))
+    except ValueError:
+        return None
+    return None
+
+
+class _Watch:
+    """One consumer incarnation: collects the initial values, then queues live events."""
+
+    def __init__(self, key_offset: int, queue_size: int, last_seq_at_start: int) -> None:
+        self.key_offset = key_offset
+        self.queue: asyncio.Queue[SourceEvent | _Wake] = asyncio.Queue(queue_size)
+        self.initial: dict[str, DiscoveryEntry | None] | None = {}
+        self.last_seq_at_start = last_seq_at_start
+        self.snapshot_done = asyncio.Event()
+        self.last_seen_seq = 0
+        self.stopped = False
+        self.subscription: JetStreamContext.PushSubscription | None = None
+
+    def finish_initial(self) -> None:
+        if self.initial is not None:
+            self.snapshot_entries = [e for e in self.initial.values() if e is not None]
+            self.initial = None
+            self.snapshot_done.set()
+
+    snapshot_entries: list[DiscoveryEntry]
+
+    async def on_message(self, msg: Msg) -> None:
+        if self.stopped:
+            return
+        delivery = parse_delivery(msg.reply) if msg.reply else None
+        if delivery is None:
+            return
+        self.last_seen_seq = delivery.stream_seq
+        key = msg.subject[self.key_offset :]
+        headers = msg.headers
+        kind = removal_kind(headers)
+        now = time.monotonic()
+        initial = self.initial
+        if initial is not None and delivery.stream_seq > self.last_seq_at_start > 0:
+            # Newer than anything that existed when the consumer was created: the initial
+            # values are complete and this message is already a live change.
+            self.finish_initial()
+            initial = None
+        if initial is not None:
+            if kind is None:
+                initial[key] = DiscoveryEntry(
+                    key=key,
+                    value=msg.data,
+                    revision=delivery.stream_seq,
+                    headers=headers,
+                    received_at=now,
+                    published_at=delivery.timestamp_ns / 1e9,
+                )
+            else:
+                initial[key] = None
+            if delivery.pending == 0:
+                self.finish_initial()
+            return
+        event: SourceEvent
+        if kind is None:
+            event = SourcePut(
+                DiscoveryEntry(
+                    key=key,
+                    value=msg.data,
+                    revision=delivery.stream_seq,
+                    headers=headers,
+                    received_at=now,
+                    published_at=delivery.timestamp_ns / 1e9,
+                )
+            )
+        else:
+            event = SourceDelete(
+                key=key,
+                revision=delivery.stream_seq,
+                operation=kind,
+                headers=headers,
+                received_at=now,
+            )
+        # A full queue blocks nats-py's delivery task; flow control then holds the server back,
+        # so memory stays bounded and nothing is lost.
+        await self.queue.put(event)
+
+    def wake(self) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self.queue.put_nowait(_WAKE)
+
+
+class JetStreamDiscoverySource:
+    """A :class:`~workerset_admission.ports.DiscoverySource` over a JetStream KV bucket.
+
+    ``events()`` may be iterated once; it owns the connection it opens and closes it when the
+    iteration ends. ``list_all()`` reads the bucket through the same connection when one is
+    open, or through a short-lived one otherwise.
+    """
+
+    def __init__(
+        self,
+        options: NatsConnectOptions | None = None,
+        *,
+        bucket: str = DEFAULT_BUCKET,
+        key_prefixes: Sequence[str] = DEFAULT_KEY_PREFIXES,
+        connector: Connector | None = None,
+        create_bucket: bool = False,
+        bucket_spec: BucketSpec | None = None,
+        queue_size: int = 8192,
+        health_interval: float = 10.0,
+        bind_retry_initial: float = 0.1,
+        bind_retry_max: float = 5.0,
+        request_timeout: float = 5.0,
+    ) -> None:
+        if options is None and connector is None:
+            raise UsageError("JetStreamDiscoverySource needs connect options or a connector")
+        if not key_prefixes:
+            raise UsageError("at least one key prefix is required")
+        if queue_size < 1 or health_interval <= 0 or bind_retry_initial <= 0:
+            raise UsageError("queue size and intervals must be positive")
+        self._options = options
+        self._connector = connector
+        self.bucket = bucket
+        self._subject_prefix = f"$KV.{bucket}."
+        self._filters = [f"{self._subject_prefix}{p}.>" for p in key_prefixes]
+        self._create_bucket = create_bucket
+        self._bucket_spec = bucket_spec or BucketSpec(name=bucket)
+        self._queue_size = queue_size
+        self._health_interval = health_interval
+        self._bind_retry_initial = bind_retry_initial
+        self._bind_retry_max = bind_retry_max
+        self._request_timeout = request_timeout
+        self._nc: NatsClient | None = None
+        self._watch: _Watch | None = None
+        self._restart: str | None = None
+        self._client_closed = False
+        self._closed = False
+        self._iterating = False
+        self._stream_created: object = None
+        self.restarts = 0
+
+    # -- connection --------------------------------------------------------------------------
+
+    async def _on_error(self, exc: Exception) -> None:
+        if isinstance(exc, NotFoundError) and self._watch is not None:
+            # The ordered consumer could not be re-created: the stream is gone.
+            self._request_restart("stream not found")
+
+    async def _on_reconnected(self) -> None:
+        self._request_restart("reconnected")
+
+    async def _on_closed(self) -> None:
+        if not self._closed:
+            self._client_closed = True
+            self._request_restart("connection closed")
+
+    def _request_restart(self, why: str) -> None:
+        if self._closed:
+            return
+        self._restart = why
+        watch = self._watch
+        if watch is not None:
+            watch.wake()
+            watch.snapshot_done.set()
+
+    # Callbacks change these flags while a coroutine is suspended; reading them through a method
+    # keeps the type checker from assuming they still hold the value seen before the await.
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _restart_reason(self) -> str | None:
+        return self._restart
+
+    def _callbacks(self) -> ConnectionCallbacks:
+        return ConnectionCallbacks(
+            error=self._on_error, reconnected=self._on_reconnected, closed=self._on_closed
+        )
+
+    async def _open_client(self, callbacks: ConnectionCallbacks | None) -> NatsClient:
+        callbacks = callbacks or ConnectionCallbacks()
+        if self._connector is not None:
+            return await self._connector(callbacks)
+        assert self._options is not None
+        return await connect(self._options, callbacks)
+
+    async def _client(self) -> NatsClient:
+        if self._nc is not None and (self._client_closed or self._nc.is_closed):
+            old, self._nc = self._nc, None
+            with contextlib.suppress(Exception):
+                await old.close()
+        self._client_closed = False
+        if self._nc is None:
+            self._nc = await self._open_client(self._callbacks())
+        return self._nc
+
+    # -- watch lifecycle ---------------------------------------------------------------------
+
+    async def _start_watch(self, nc: NatsClient) -> _Watch:
+        js = nc.jetstream(timeout=self._request_timeout)
+        stream = stream_name(self.bucket)
+        if self._create_bucket:
+            await ensure_bucket(js, self._bucket_spec)
+        info = await js.stream_info(stream)
+        watch = _Watch(len(self._subject_prefix), self._queue_size, info.state.last_seq)
+        self._stream_created = info.created
+        config = ConsumerConfig(
+            deliver_subject=nc.new_inbox(),
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE,
+            max_deliver=1,
+            flow_control=True,
+            idle_heartbeat=5.0,
+            mem_storage=True,
+            num_replicas=1,
+            filter_subjects=list(self._filters),
+        )
+        created = await nc.jsm(timeout=self._request_timeout).add_consumer(stream, config=config)
+        self._watch = watch
+        watch.subscription = await js.subscribe_bind(
+            stream=stream,
+            config=config,
+            consumer=created.name,
+            cb=watch.on_message,
+            ordered_consumer=True,
+        )
+        if created.num_pending == 0:
+            watch.finish_initial()
+        return watch
+
+    async def _stop_watch(self, watch: _Watch) -> None:
+        watch.stopped = True
+        if self._watch is watch:
+            self._watch = None
+        subscription = watch.subscription
+        watch.subscription = None
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _bind(self) -> _Watch | None:
+        """Connect and create the watch, retrying with backoff until the bucket exists.
+
+        Returns ``None`` once the source is closed.
+        """
+        delay = self._bind_retry_initial
+        attempts = 0
+        while not self._closed:
+            self._restart = None
+            try:
+                nc = await self._client()
+                return await self._start_watch(nc)
+            except _RETRYABLE as exc:
+                if self._is_closed():
+                    return None
+                attempts += 1
+                level = logging.WARNING if attempts % 10 == 0 else logging.DEBUG
+                _log.log(level, "binding bucket %s failed, retrying: %r", self.bucket, exc)
+            await asyncio.sleep(delay)
+            delay = min(self._bind_retry_max, delay * 2)
+        return None
+
+    async def _stream_changed(self, watch: _Watch) -> bool:
+        """Tell whether the stream behind the watch was deleted or re-created."""
+        nc = self._nc
+        if nc is None or not nc.is_connected:
+            return False
+        try:
+            info = await nc.jetstream(timeout=self._request_timeout).stream_info(
+                stream_name(self.bucket)
+            )
+        except NotFoundError:
+            return True
+        except _RETRYABLE:
+            return False
+        return info.created != self._stream_created or info.state.last_seq < watch.last_seen_seq
+
+    # -- the port ----------------------------------------------------------------------------
+
+    async def events(self) -> AsyncIterator[SourceEvent]:
+        """Yield one snapshot, then live changes; a new snapshot after every re-created watch."""
+        if self._iterating:
+            raise UsageError("events() may be iterated only once per source")
+        self._iterating = True
+        reason: Literal["initial", "reconnect"] = "initial"
+        try:
+            while not self._closed:
+                watch = await self._bind()
+                if watch is None:
+                    break
+                try:
+                    await watch.snapshot_done.wait()
+                    if self._restart_reason() is not None or self._is_closed():
+                        continue
+                    yield SourceSnapshot(entries=tuple(watch.snapshot_entries), reason=reason)
+                    reason = "reconnect"
+                    async for event in self._live(watch):
+                        yield event
+                    if self._restart_reason() is not None:
+                        self.restarts += 1
+                        _log.info("re-creating the %s watch: %s", self.bucket, self._restart)
+                finally:
+                    await self._stop_watch(watch)
+        finally:
+            await self._close_client()
+
+    async def _live(self, watch: _Watch) -> AsyncIterator[SourceEvent]:
+        queue = watch.queue
+        interval = self._health_interval
+        next_check = time.monotonic() + interval
+        while self._restart_reason() is None and not self._is_closed():
+            try:
+                item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout=interval)
+                except asyncio.TimeoutError:
+                    item = _WAKE
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + interval
+                if await self._stream_changed(watch):
+                    self._request_restart("stream deleted or re-created")
+            if isinstance(item, _Wake):
+                continue
+            yield item
+
+    async def list_all(self) -> SourceSnapshot:
+        """Read the whole bucket now through a separate consumer, for reconciliation."""
+        own: NatsClient | None = None
+        nc = self._nc
+        if nc is None or not nc.is_connected:
+            own = nc = await self._open_client(None)
+        watch: _Watch | None = None
+        try:
+            js = nc.jetstream(timeout=self._request_timeout)
+            stream = stream_name(self.bucket)
+            info = await js.stream_info(stream)
+            watch = _Watch(len(self._subject_prefix), 1, info.state.last_seq)
+            config = ConsumerConfig(
+                deliver_subject=nc.new_inbox(),
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                ack_policy=AckPolicy.NONE,
+                max_deliver=1,
+                flow_control=True,
+                idle_heartbeat=5.0,
+                mem_storage=True,
+                num_replicas=1,
+                filter_subjects=list(self._filters),
+            )
+            created = await nc.jsm(timeout=self._request_timeout).add_consumer(
+                stream, config=config
+            )
+            if created.num_pending == 0:
+                watch.finish_initial()
+            else:
+                watch.subscription = await js.subscribe_bind(
+                    stream=stream,
+                    config=config,
+                    consumer=created.name,
+                    cb=watch.on_message,
+                    ordered_consumer=True,
+                )
+                await asyncio.wait_for(watch.snapshot_done.wait(), timeout=60.0)
+            return SourceSnapshot(entries=tuple(watch.snapshot_entries), reason="periodic")
+        finally:
+            if watch is not None:
+                watch.stopped = True
+                if watch.subscription is not None:
+                    with contextlib.suppress(Exception):
+                        await watch.subscription.unsubscribe()
+            if own is not None:
+                await own.close()
+
+    async def close(self) -> None:
+        """Stop watching and close the connection; a running ``events()`` loop then ends."""
+        if self._closed:
+            return
+        self._closed = True
+        watch = self._watch
+        if watch is not None:
+            watch.wake()
+            watch.snapshot_done.set()
+        await self._close_client()
+
+    async def _close_client(self) -> None:
+        nc, self._nc = self._nc, None
+        if nc is not None and not nc.is_closed:
+            with contextlib.suppress(Exception):
+                await nc.close()

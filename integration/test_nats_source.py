@@ -1,0 +1,244 @@
+"""JetStreamDiscoverySource against a real nats-server: snapshot, live changes, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.js.api import KeyValueConfig
+from nats.js.kv import KeyValue
+from natsfixture import NatsServer
+from workerset_admission.adapters.nats.connect import NatsConnectOptions
+from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+class Collector:
+    """Runs a source's event loop in a task and hands events out one at a time."""
+
+    def __init__(self, source: JetStreamDiscoverySource) -> None:
+        self.source = source
+        self.queue: asyncio.Queue[SourceEvent] = asyncio.Queue()
+        self.state: dict[str, bytes] = {}
+        self.reasons: list[str] = []
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async for event in self.source.events():
+            await self.queue.put(event)
+
+    async def next(self, timeout: float = 10.0) -> SourceEvent:
+        event = await asyncio.wait_for(self.queue.get(), timeout)
+        self._apply(event)
+        return event
+
+    def _apply(self, event: SourceEvent) -> None:
+        # The state a consumer of the port would hold: a snapshot replaces everything.
+        if isinstance(event, SourceSnapshot):
+            self.reasons.append(event.reason)
+            self.state = {e.key: e.value for e in event.entries}
+        elif isinstance(event, SourcePut):
+            self.state[event.entry.key] = event.entry.value
+        else:
+            self.state.pop(event.key, None)
+
+    async def next_snapshot(self, timeout: float = 30.0) -> SourceSnapshot:
+        async with asyncio.timeout(timeout):
+            while True:
+                event = await self.next(timeout)
+                if isinstance(event, SourceSnapshot):
+                    return event
+
+    async def close(self) -> None:
+        await self.source.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(self.task, 10)
+
+
+@contextlib.asynccontextmanager
+async def kv_bucket(url: str, bucket: str, **config: object) -> AsyncIterator[KeyValue]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        yield await js.create_key_value(KeyValueConfig(bucket=bucket, **config))  # type: ignore[arg-type]
+    finally:
+        await nc.close()
+
+
+def source_for(url: str, bucket: str, **kwargs: object) -> JetStreamDiscoverySource:
+    return JetStreamDiscoverySource(
+        NatsConnectOptions(servers=(url,), reconnect_wait=0.1, max_reconnect_wait=0.5),
+        bucket=bucket,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+async def test_initial_values_become_one_snapshot_then_puts_and_removals_stream_live(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    async with kv_bucket(nats_server.url, bucket_name) as kv:
+        await kv.put("v1.mdc.ns.backend.generate.1", b'{"a":1}')
+        await kv.put("v1.instances.ns.backend.generate.1", b'{"b":1}')
+        await kv.put("v1.mdc.ns.backend.generate.2", b'{"a":2}')
+        await kv.delete("v1.mdc.ns.backend.generate.2")
+        await kv.put("other.key", b"ignored")
+        collector = Collector(source_for(nats_server.url, bucket_name))
+        try:
+            snapshot = await collector.next()
+            assert isinstance(snapshot, SourceSnapshot)
+            assert snapshot.reason == "initial"
+            assert {e.key: e.value for e in snapshot.entries} == {
+                "v1.mdc.ns.backend.generate.1": b'{"a":1}',
+                "v1.instances.ns.backend.generate.1": b'{"b":1}',
+            }
+
+            await kv.put("v1.mdc.ns.backend.generate.3", b'{"a":3}')
+            await kv.put("elsewhere.x", b"ignored")
+            await kv.delete("v1.mdc.ns.backend.generate.1")
+            await kv.purge("v1.instances.ns.backend.generate.1")
+
+            put = await collector.next()
+            assert isinstance(put, SourcePut)
+            assert put.entry.key == "v1.mdc.ns.backend.generate.3"
+            assert put.entry.value == b'{"a":3}'
+            assert put.entry.published_at is not None
+            deleted = await collector.next()
+            assert isinstance(deleted, SourceDelete)
+            assert (deleted.key, deleted.operation) == ("v1.mdc.ns.backend.generate.1", "delete")
+            purged = await collector.next()
+            assert isinstance(purged, SourceDelete)
+            assert (purged.key, purged.operation) == ("v1.instances.ns.backend.generate.1", "purge")
+            assert deleted.revision < purged.revision
+        finally:
+            await collector.close()
+
+
+async def test_an_empty_bucket_gives_an_empty_snapshot_at_once(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    async with kv_bucket(nats_server.url, bucket_name):
+        collector = Collector(source_for(nats_server.url, bucket_name))
+        try:
+            snapshot = await collector.next(timeout=5)
+            assert isinstance(snapshot, SourceSnapshot)
+            assert snapshot.entries == ()
+        finally:
+            await collector.close()
+
+
+async def test_a_key_that_ages_out_is_reported_as_expired(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    async with kv_bucket(nats_server.url, bucket_name, limit_marker_ttl=5) as kv:
+        collector = Collector(source_for(nats_server.url, bucket_name))
+        try:
+            await collector.next_snapshot()
+            await kv.create("v1.instances.ns.c.e.7", b"{}", msg_ttl=1)
+            put = await collector.next()
+            assert isinstance(put, SourcePut)
+            expired = await collector.next(timeout=15)
+            assert isinstance(expired, SourceDelete)
+            assert (expired.key, expired.operation) == ("v1.instances.ns.c.e.7", "expired")
+        finally:
+            await collector.close()
+
+
+async def test_values_over_any_size_and_odd_keys_are_passed_through_untouched(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    big = b"x" * 200_000
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        kv = await js.create_key_value(bucket=bucket_name)
+        await kv.put("v1.mdc.ns.c.e.big", big)
+        await kv.put("v1.mdc.ns.c.e.a:b@c", b"odd", validate_keys=False)
+        await kv.put("v1.mdc.ns.c.e.ä*", b"odder", validate_keys=False)
+        collector = Collector(source_for(nats_server.url, bucket_name))
+        try:
+            snapshot = await collector.next()
+            assert isinstance(snapshot, SourceSnapshot)
+            values = {e.key: e.value for e in snapshot.entries}
+            assert values == {
+                "v1.mdc.ns.c.e.big": big,
+                "v1.mdc.ns.c.e.a:b@c": b"odd",
+                "v1.mdc.ns.c.e.ä*": b"odder",
+            }
+        finally:
+            await collector.close()
+    finally:
+        await nc.close()
+
+
+async def test_list_all_reads_the_whole_bucket_for_reconciliation(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    async with kv_bucket(nats_server.url, bucket_name) as kv:
+        for i in range(50):
+            await kv.put(f"v1.mdc.ns.c.e.{i:x}", str(i).encode())
+        await kv.delete("v1.mdc.ns.c.e.0")
+        source = source_for(nats_server.url, bucket_name)
+        try:
+            listing = await source.list_all()
+            assert listing.reason == "periodic"
+            assert len(listing.entries) == 49
+            assert "v1.mdc.ns.c.e.0" not in {e.key for e in listing.entries}
+        finally:
+            await source.close()
+
+
+async def test_a_restart_with_the_same_store_gives_a_new_snapshot_and_loses_nothing(
+    nats_server_fn: NatsServer, bucket_name: str
+) -> None:
+    handle = nats_server_fn.handle
+    assert handle is not None
+    async with kv_bucket(nats_server_fn.url, bucket_name) as kv:
+        await kv.put("v1.mdc.ns.c.e.1", b"one")
+    collector = Collector(source_for(nats_server_fn.url, bucket_name))
+    try:
+        first = await collector.next_snapshot()
+        assert [e.key for e in first.entries] == ["v1.mdc.ns.c.e.1"]
+        await asyncio.to_thread(handle.restart, kill=True)
+        async with kv_bucket(nats_server_fn.url, bucket_name) as kv:
+            await kv.put("v1.mdc.ns.c.e.2", b"two")
+        async with asyncio.timeout(30):
+            while not (
+                collector.reasons.count("reconnect") and "v1.mdc.ns.c.e.2" in collector.state
+            ):
+                await collector.next()
+        assert collector.state == {"v1.mdc.ns.c.e.1": b"one", "v1.mdc.ns.c.e.2": b"two"}
+    finally:
+        await collector.close()
+
+
+async def test_a_restart_with_a_wiped_store_drops_the_stale_keys(
+    nats_server_fn: NatsServer, bucket_name: str
+) -> None:
+    handle = nats_server_fn.handle
+    assert handle is not None
+    async with kv_bucket(nats_server_fn.url, bucket_name) as kv:
+        await kv.put("v1.mdc.ns.c.e.1", b"stale")
+        await kv.put("v1.mdc.ns.c.e.2", b"stale")
+    collector = Collector(source_for(nats_server_fn.url, bucket_name))
+    try:
+        first = await collector.next_snapshot()
+        assert len(first.entries) == 2
+        await asyncio.to_thread(handle.restart, wipe=True)
+        async with kv_bucket(nats_server_fn.url, bucket_name) as kv:
+            await kv.put("v1.mdc.ns.c.e.3", b"fresh")
+        async with asyncio.timeout(30):
+            while True:
+                snapshot = await collector.next_snapshot()
+                keys = {e.key for e in snapshot.entries}
+                if "v1.mdc.ns.c.e.3" in keys or not keys:
+                    break
+        assert snapshot.reason == "reconnect"
+        assert "v1.mdc.ns.c.e.1" not in keys
+        assert "v1.mdc.ns.c.e.2" not in keys
+    finally:
+        await collector.close()
