@@ -18,6 +18,10 @@ __all__ = ["main"]
 _COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("workerset_admission.replay_cli", "replay a discovery trace offline and print the state"),
     "explain": ("workerset_admission.replay_cli", "explain why an instance is or is not admitted"),
+    "rollout": (
+        "workerset_admission.rollout_cli",
+        "gate a rolling update: is a worker namespace served by every live frontend",
+    ),
 }
 
 
