@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from workerset_admission.adapters.dynamo.hop import AdmittedHop
+from workerset_admission.admission import (
+    AdmissionCore,
+    BuildFinished,
+    Input,
+    StartBuild,
+    WorkerAdded,
+    WorkerRemoved,
+)
 from workerset_admission.errors import NoRoutableInstance, ReceiverRetired
-from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.identity import (
+    EndpointId,
+    GroupKey,
+    Registration,
+    WorkerType,
+    instance_key,
+)
+from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration]
 
@@ -22,6 +36,8 @@ runtime = pytest.importorskip(
 
 ENDPOINT = EndpointId("hopns", "backend", "generate")
 GROUP = GroupKey.build("hop-model", ENDPOINT, "chat|completions", WorkerType.AGGREGATED)
+OLD = "1" * 64
+NEW = "2" * 64
 
 
 @pytest.fixture
@@ -38,24 +54,48 @@ def file_discovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return store
 
 
-@dataclass(frozen=True, slots=True)
-class _Binding:
-    group: GroupKey
-    generation: int
-    admitted: Collection[int]
+class _Admission:
+    """The real core and admission channels, with every build succeeding at once."""
 
+    def __init__(self) -> None:
+        self.core = AdmissionCore()
+        self.channels = AdmissionChannels()
 
-class _Receiver:
-    """Stands in for a binding's receiver: a settable current value, retired for good."""
+    def apply(self, event: Input) -> None:
+        pending = [event]
+        while pending:
+            effects = self.core.apply(pending.pop(0))
+            self.channels.handle_all(effects)
+            pending.extend(
+                BuildFinished(e.group, e.mdc_checksum, e.generation, ok=True)
+                for e in effects
+                if isinstance(e, StartBuild)
+            )
 
-    def __init__(self, generation: int, admitted: Collection[int]) -> None:
-        self.value = _Binding(GROUP, generation, tuple(admitted))
-        self.retired = False
+    def add(self, instance_id: int, checksum: str) -> None:
+        self.apply(
+            WorkerAdded(
+                Registration(
+                    key=instance_key(ENDPOINT, instance_id),
+                    endpoint=ENDPOINT,
+                    instance_id=instance_id,
+                    model_suffix=None,
+                    group=GROUP,
+                    mdc_checksum=checksum,
+                    lora_fingerprint="",
+                    worker_type=WorkerType.AGGREGATED,
+                    needs=(),
+                )
+            )
+        )
 
-    def current(self) -> _Binding:
-        if self.retired:
-            raise ReceiverRetired(GROUP.id)
-        return self.value
+    def remove(self, instance_id: int) -> None:
+        self.apply(WorkerRemoved(instance_key(ENDPOINT, instance_id)))
+
+    def receiver(self) -> AdmissionReceiver:
+        receiver = self.channels.subscribe(GROUP)
+        assert receiver is not None
+        return receiver
 
 
 async def _start_worker(stack: list[Any]) -> int:
@@ -99,28 +139,32 @@ async def test_hop_routes_to_admitted_instances_across_membership_change_and_suc
             f"{ENDPOINT.namespace}.{ENDPOINT.component}.{ENDPOINT.endpoint}"
         ).client()
         await _wait_until(lambda: {a, b, c} <= set(client.instance_ids()))
-        first = _Receiver(generation=1, admitted=[a, b])
-        hop = AdmittedHop(client, first, role=WorkerType.AGGREGATED)
+        admission = _Admission()
+        admission.add(a, OLD)
+        admission.add(b, OLD)
+        admission.add(c, NEW)  # live, but a rejected cohort
+        hop = AdmittedHop(client, admission.receiver(), role=WorkerType.AGGREGATED)
+        first_generation = hop.generation
 
         assert await _served_by(hop, 12) == {a, b}
 
-        # A compatible membership change: the same hop, same generation, new admitted set.
-        first.value = _Binding(GROUP, 1, (a, c))
-        assert await _served_by(hop, 12) == {a, c}
-        assert hop.generation == 1
+        # A compatible membership change: b's card is gone (its endpoint still serves).
+        admission.remove(b)
+        assert await _served_by(hop, 12) == {a}
+        assert hop.generation == first_generation
 
-        # Succession: the old binding is retired, the successor admits only b.
-        first.retired = True
-        successor = _Receiver(generation=2, admitted=[b])
-        next_hop = await AdmittedHop.connect(frontend, successor)
-        await _wait_until(lambda: next_hop.routable() == (b,))
-
+        # The last incumbent leaves: c's cohort succeeds it under a fresh receiver.
+        admission.remove(a)
         with pytest.raises(ReceiverRetired):
             await hop.generate({"prompt": "x"})
-        assert await _served_by(next_hop, 6) == {b}
+        next_hop = await AdmittedHop.connect(frontend, admission.receiver())
+        await _wait_until(lambda: next_hop.routable() == (c,))
+        assert next_hop.generation > first_generation
+        assert await _served_by(next_hop, 6) == {c}
 
         # Admitted but no longer live: refused, never widened to the live instances.
-        successor.value = _Binding(GROUP, 2, (0xDEAD,))
+        stack[2][0].shutdown()
+        await _wait_until(lambda: c not in client.instance_ids())
         with pytest.raises(NoRoutableInstance):
             await next_hop.generate({"prompt": "x"})
     finally:

@@ -85,9 +85,9 @@ class AdmittedHop:
             )
         self._client = client
         self._receiver = receiver
+        # One receiver is one tenure of one group: a succession retires it rather than
+        # re-pointing it, so the hop can never reach a successor's instances.
         self._group = first.group
-        # The binding is (group, build generation): a hop never outlives the one it began with.
-        self._generation = first.generation
         self._turn = itertools.count()
 
     @classmethod
@@ -107,19 +107,23 @@ class AdmittedHop:
 
     @property
     def generation(self) -> int:
-        return self._generation
+        """The build generation currently serving; raises ``ReceiverRetired`` once retired."""
+        return self._receiver.current().generation
 
     def routable(self) -> tuple[int, ...]:
         """Live instances that the binding admits right now, sorted."""
-        binding = self._receiver.current()
-        admitted = set(binding.admitted)
+        return self._routable(self._receiver.current())
+
+    def _routable(self, binding: HopBinding) -> tuple[int, ...]:
+        admitted = binding.admitted
         return tuple(sorted(i for i in set(self._client.instance_ids()) if i in admitted))
 
     def choose(self) -> int:
         """Pick the next routable instance, round robin."""
-        candidates = self.routable()
+        binding = self._receiver.current()
+        candidates = self._routable(binding)
         if not candidates:
-            raise NoRoutableInstance(self._group.id, self._generation)
+            raise NoRoutableInstance(self._group.id, binding.generation)
         return candidates[next(self._turn) % len(candidates)]
 
     async def generate(
@@ -132,8 +136,9 @@ class AdmittedHop:
         self, request: Any, instance_id: int, *, annotated: bool = True, context: Any = None
     ) -> AsyncIterator[Any]:
         """Send to one named instance, only if it is routable now."""
-        if instance_id not in self.routable():
-            raise NoRoutableInstance(self._group.id, self._generation, instance_id)
+        binding = self._receiver.current()
+        if instance_id not in self._routable(binding):
+            raise NoRoutableInstance(self._group.id, binding.generation, instance_id)
         return await self._client.direct(request, instance_id, annotated, context)
 
 
