@@ -6,7 +6,13 @@ every span and instrument is an OpenTelemetry API no-op, and log records are lef
 
 from __future__ import annotations
 
-from .facade import AdmissionStateSummary, AdmissionTelemetry, BuildScope, UpdateScope
+from .facade import (
+    AdmissionStateSummary,
+    AdmissionTelemetry,
+    BuildScope,
+    UpdateScope,
+    decision_of,
+)
 from .logs import JsonFormatter, configure_logging, install_log_correlation
 from .propagation import inject_headers, link_from_headers
 from .setup import DEFAULT_SERVICE_NAME, TelemetryHandle, setup_telemetry
@@ -20,6 +26,7 @@ __all__ = [
     "TelemetryHandle",
     "UpdateScope",
     "configure_logging",
+    "decision_of",
     "inject_headers",
     "install_log_correlation",
     "link_from_headers",

@@ -18,8 +18,8 @@ sampled by the SDK's sampler, since at tens of thousands of updates a second eve
 is a measurable share of the work. Every public method swallows its own failures: telemetry
 that breaks admission would be worse than no telemetry.
 
-Effects are the core's frozen dataclasses. They are read by attribute, and recognized by class
-name, so this module needs no import from the core (which must stay free of OpenTelemetry).
+Effects are the core's frozen dataclasses, dispatched on their exact type. The import goes one
+way only: the core never imports telemetry.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from .. import __version__
+from ..admission import effects as fx
+from ..identity import GroupKey
 from ..ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
 from . import names as n
 from .propagation import link_from_headers
@@ -46,6 +48,7 @@ __all__ = [
     "AdmissionTelemetry",
     "BuildScope",
     "UpdateScope",
+    "decision_of",
 ]
 
 _log = logging.getLogger(__name__)
@@ -71,6 +74,9 @@ _LATENCY_BUCKETS: Final = (
 )
 _BUILD_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
+MUTATION_REFUSED: Final = "mutation_refused"
+"""The invalid-record reason counted for a registration key re-sent with another identity."""
+
 DEFAULT_DECISION: Final = "applied"
 """The decision counted for an update whose scope never had ``record_decision`` called."""
 
@@ -87,15 +93,6 @@ def _group_id(group: object) -> str:
     """Return a group's id for attributes: Dynamo's compact JSON id for a GroupKey, else str."""
     group_id = getattr(group, "id", None)
     return group_id if isinstance(group_id, str) else str(group)
-
-
-def _first(obj: object, *names: str) -> Any:
-    """Return the first of ``names`` that ``obj`` has set (the core may spell a field so)."""
-    for name in names:
-        value = getattr(obj, name, None)
-        if value is not None:
-            return value
-    return None
 
 
 def _attr_value(value: object) -> str | int | float | bool:
@@ -174,6 +171,19 @@ class UpdateScope:
                     span.set_attribute(n.ATTR_GROUP, self._group)
             except Exception:
                 _log.debug("could not record the decision", exc_info=True)
+
+    def effects(self, effects: Sequence[object]) -> None:
+        """Report the core's effects for this update and take the decision from them.
+
+        A decision recorded explicitly before wins over the one the effects imply.
+        """
+        if self._decision == DEFAULT_DECISION:
+            try:
+                decision, group = decision_of(effects)
+                self.record_decision(decision, group)
+            except Exception:
+                _log.debug("could not derive the decision", exc_info=True)
+        self._telemetry.effects(effects)
 
     def invalid_record(self, reason: str, detail: str = "", key: str | None = None) -> None:
         """Report the update's record as refused (see ``AdmissionTelemetry.invalid_record``)."""
@@ -475,10 +485,7 @@ class AdmissionTelemetry:
 
     def _effect(self, effect: object) -> None:
         try:
-            name = type(effect).__name__
-            if name not in _HANDLERS:
-                _HANDLERS[name] = _classify(name)
-            handler = _HANDLERS[name]
+            handler = _HANDLERS.get(type(effect))
             if handler is not None:
                 handler(self, effect)
         except Exception:
@@ -561,7 +568,10 @@ class AdmissionTelemetry:
         old_generation: int | None,
         new_generation: int | None,
     ) -> None:
-        """Count a WorkerSet whose incumbent was succeeded, and mark it with a short span."""
+        """Mark a WorkerSet whose incumbent cohort drained with a short span; count it if succeeded.
+
+        ``new_checksum`` is None when no cohort was left to take over.
+        """
         attrs: dict[str, Any] = {n.ATTR_GROUP: _group_id(group)}
         model = getattr(group, "model", None)
         for key, value in (
@@ -572,11 +582,41 @@ class AdmissionTelemetry:
         ):
             if value is not None:
                 attrs[key] = _attr_value(value)
-        try:
-            self._successions.add(1, {n.ATTR_MODEL: str(model)} if model is not None else {})
-        except Exception:
-            _log.debug("could not count a succession", exc_info=True)
+        if new_checksum is not None:
+            # A group whose last worker left has no successor: that is a withdrawal, not a
+            # succession, and counting it would make every scale-to-zero look like an update.
+            try:
+                self._successions.add(1, {n.ATTR_MODEL: str(model)} if model is not None else {})
+            except Exception:
+                _log.debug("could not count a succession", exc_info=True)
         self._instant_span(n.SPAN_SUCCEED, attrs)
+
+    def retry_scheduled(
+        self,
+        group: object,
+        checksum: str,
+        generation: int,
+        attempt: int,
+        delay: float,
+        error: str,
+    ) -> None:
+        """Note on the current span that a failed build will be retried after ``delay`` s."""
+        try:
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.add_event(
+                    n.EVENT_RETRY_SCHEDULED,
+                    {
+                        n.ATTR_GROUP: _group_id(group),
+                        n.ATTR_CHECKSUM: checksum,
+                        n.ATTR_GENERATION: generation,
+                        n.ATTR_BUILD_ATTEMPT: attempt,
+                        n.ATTR_RETRY_DELAY: float(delay),
+                        n.ATTR_DETAIL: error,
+                    },
+                )
+        except Exception:
+            _log.debug("could not report a retry", exc_info=True)
 
     def _instant_span(self, name: str, attrs: dict[str, Any]) -> None:
         try:
@@ -616,69 +656,78 @@ class AdmissionTelemetry:
 # --- effect dispatch ----------------------------------------------------------------------------
 
 
-def _on_rejection(telemetry: AdmissionTelemetry, effect: object) -> None:
-    group = _first(effect, "group", "group_key")
-    model = _first(effect, "model") or getattr(group, "model", "")
-    worker_set = _first(effect, "worker_set") or getattr(group, "worker_set", "")
+def _on_rejection(telemetry: AdmissionTelemetry, effect: fx.RejectionReported) -> None:
     telemetry.cohort_rejected(
-        model=str(model),
-        worker_set=str(worker_set),
-        incumbent_checksum=str(_first(effect, "incumbent_checksum", "incumbent") or ""),
-        rejected_checksum=str(_first(effect, "rejected_checksum", "checksum") or ""),
-        instance=str(_first(effect, "instance", "representative", "instance_key") or ""),
+        model=effect.model,
+        worker_set=effect.worker_set,
+        incumbent_checksum=effect.incumbent_checksum,
+        rejected_checksum=effect.rejected_checksum,
+        instance=effect.instance,
     )
 
 
-def _on_invalid(telemetry: AdmissionTelemetry, effect: object) -> None:
+def _on_mutation(telemetry: AdmissionTelemetry, effect: fx.MutationRefused) -> None:
     telemetry.invalid_record(
-        str(_first(effect, "key") or ""),
-        str(_first(effect, "reason") or "invalid"),
-        str(_first(effect, "detail") or ""),
+        effect.key,
+        MUTATION_REFUSED,
+        f"{effect.reason}: kept {effect.kept_group.id} {effect.kept_checksum}, "
+        f"offered {effect.offered_group.id} {effect.offered_checksum}",
     )
 
 
-def _on_commit(telemetry: AdmissionTelemetry, effect: object) -> None:
-    telemetry.group_committed(
-        _first(effect, "group", "group_key"),
-        str(_first(effect, "checksum", "mdc_checksum") or ""),
-        int(_first(effect, "generation") or 0),
-    )
+def _on_commit(telemetry: AdmissionTelemetry, effect: fx.CommitGroup) -> None:
+    telemetry.group_committed(effect.group, effect.mdc_checksum, effect.generation)
 
 
-def _on_withdraw(telemetry: AdmissionTelemetry, effect: object) -> None:
-    telemetry.group_withdrawn(
-        _first(effect, "group", "group_key"),
-        _first(effect, "checksum", "mdc_checksum"),
-        _first(effect, "generation"),
-    )
+def _on_withdraw(telemetry: AdmissionTelemetry, effect: fx.WithdrawGroup) -> None:
+    telemetry.group_withdrawn(effect.group, effect.mdc_checksum, effect.generation)
 
 
-def _on_succession(telemetry: AdmissionTelemetry, effect: object) -> None:
+def _on_succession(telemetry: AdmissionTelemetry, effect: fx.Succession) -> None:
     telemetry.succession(
-        _first(effect, "group", "group_key"),
-        _first(effect, "old_checksum", "old_incumbent", "previous_checksum"),
-        _first(effect, "new_checksum", "new_incumbent", "successor_checksum"),
-        _first(effect, "old_generation", "previous_generation"),
-        _first(effect, "new_generation", "generation"),
+        effect.group,
+        effect.old_checksum,
+        effect.new_checksum,
+        effect.old_generation,
+        effect.new_generation,
     )
 
 
-_Handler = Callable[[AdmissionTelemetry, object], None]
-
-# Class-name fragments of the core's effects, in the order they are tried.
-_CLASSIFIERS: Final[tuple[tuple[str, _Handler], ...]] = (
-    ("Invalid", _on_invalid),
-    ("InPlace", _on_invalid),
-    ("Reject", _on_rejection),
-    ("Success", _on_succession),
-    ("Commit", _on_commit),
-    ("Withdraw", _on_withdraw),
-)
-_HANDLERS: dict[str, _Handler | None] = {}
+def _on_retry(telemetry: AdmissionTelemetry, effect: fx.RetryScheduled) -> None:
+    telemetry.retry_scheduled(
+        effect.group,
+        effect.mdc_checksum,
+        effect.generation,
+        effect.attempt,
+        effect.delay,
+        effect.error,
+    )
 
 
-def _classify(class_name: str) -> _Handler | None:
-    for fragment, handler in _CLASSIFIERS:
-        if fragment in class_name:
-            return handler
-    return None
+# The effects worth reporting; the others (receivers, publications, build requests) are the
+# service's to carry out and show up in the spans of the work they cause.
+_HANDLERS: Final[dict[type, Callable[[AdmissionTelemetry, Any], None]]] = {
+    fx.RejectionReported: _on_rejection,
+    fx.MutationRefused: _on_mutation,
+    fx.CommitGroup: _on_commit,
+    fx.WithdrawGroup: _on_withdraw,
+    fx.Succession: _on_succession,
+    fx.RetryScheduled: _on_retry,
+}
+
+
+def decision_of(effects: Sequence[object]) -> tuple[str, GroupKey | None]:
+    """Summarize what the core's effects say about the one update that caused them.
+
+    ``admitted`` or ``rejected`` for a registration placed in the incumbent or another cohort,
+    ``removed`` for a departure, ``refused`` for a refused in-place change, ``updated`` for
+    any other change, ``unchanged`` for a duplicate.
+    """
+    for effect in effects:
+        if isinstance(effect, fx.WorkerPlaced):
+            return ("admitted" if effect.admitted else "rejected"), effect.group
+        if isinstance(effect, fx.WorkerDeparted):
+            return "removed", effect.group
+        if isinstance(effect, fx.MutationRefused):
+            return "refused", effect.kept_group
+    return ("updated" if effects else "unchanged"), None

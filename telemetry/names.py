@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from ..admission.status import GroupStatus
+
 __all__ = [
     "ATTR_BUILD_ATTEMPT",
     "ATTR_BUILD_OUTCOME",
@@ -34,12 +36,14 @@ __all__ = [
     "ATTR_OLD_GENERATION",
     "ATTR_REASON",
     "ATTR_REJECTED_CHECKSUM",
+    "ATTR_RETRY_DELAY",
     "ATTR_SNAPSHOT_ENTRIES",
     "ATTR_SNAPSHOT_REASON",
     "ATTR_STATUS",
     "ATTR_WORKER_SET",
     "EVENT_COHORT_REJECTED",
     "EVENT_INVALID_RECORD",
+    "EVENT_RETRY_SCHEDULED",
     "GROUP_STATUSES",
     "INSTRUMENTATION_NAME",
     "METRIC_ADMISSION_LATENCY",
@@ -74,6 +78,7 @@ SPAN_SUCCEED: Final = "succeed worker_set"
 # --- span events ------------------------------------------------------------------------------
 EVENT_COHORT_REJECTED: Final = f"{PREFIX}.cohort_rejected"
 EVENT_INVALID_RECORD: Final = f"{PREFIX}.invalid_record"
+EVENT_RETRY_SCHEDULED: Final = f"{PREFIX}.build_retry_scheduled"
 
 # --- semantic-convention attributes -----------------------------------------------------------
 ATTR_MESSAGING_SYSTEM: Final = "messaging.system"
@@ -95,6 +100,7 @@ ATTR_CHECKSUM: Final = f"{PREFIX}.mdc_checksum"
 ATTR_GENERATION: Final = f"{PREFIX}.generation"
 ATTR_BUILD_ATTEMPT: Final = f"{PREFIX}.build.attempt"
 ATTR_BUILD_OUTCOME: Final = f"{PREFIX}.build.outcome"
+ATTR_RETRY_DELAY: Final = f"{PREFIX}.build.retry_delay"
 ATTR_INCUMBENT_CHECKSUM: Final = f"{PREFIX}.incumbent_checksum"
 ATTR_REJECTED_CHECKSUM: Final = f"{PREFIX}.rejected_checksum"
 ATTR_INSTANCE: Final = f"{PREFIX}.instance"
@@ -117,14 +123,6 @@ METRIC_GROUPS: Final = f"{PREFIX}.groups"
 METRIC_WORKERS_ADMITTED: Final = f"{PREFIX}.workers.admitted"
 METRIC_ADMISSION_LATENCY: Final = f"{PREFIX}.admission.latency"
 
-# The group statuses the core's transition table knows; the gauge reports each of them (zero
+# Every status the core's transition table knows; the gauge reports each of them (zero
 # included) so a status that empties shows 0 instead of a series that silently vanishes.
-GROUP_STATUSES: Final = (
-    "idle",
-    "queued",
-    "building",
-    "ready",
-    "retrying",
-    "blocked",
-    "blocked_ready",
-)
+GROUP_STATUSES: Final = tuple(status.value for status in GroupStatus)

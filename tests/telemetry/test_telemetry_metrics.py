@@ -1,0 +1,162 @@
+"""Metrics the facade records: exact names, attribute sets and values."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import Harness
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
+from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
+from workerset_admission.telemetry import AdmissionStateSummary
+from workerset_admission.telemetry import names as n
+
+GROUP = GroupKey.build("llama", EndpointId("ns", "backend", "generate"), "chat", WorkerType.DECODE)
+
+
+def put(published_at: float | None = None) -> SourcePut:
+    return SourcePut(
+        DiscoveryEntry(key="v1.mdc.ns.b.g.1", value=b"", revision=1, published_at=published_at)
+    )
+
+
+def labels(**kwargs: str) -> frozenset[tuple[str, str]]:
+    return frozenset(kwargs.items())
+
+
+def test_updates_are_counted_by_operation_and_decision(harness: Harness) -> None:
+    for decision in ("admitted", "admitted", "rejected"):
+        with harness.telemetry.apply_update(put()) as update:
+            update.record_decision(decision, GROUP)
+    with harness.telemetry.apply_update(SourceDelete(key="k", revision=2)):
+        pass
+
+    points = harness.points("workerset_admission.discovery.updates")
+    op, dec = n.ATTR_DISCOVERY_OPERATION, n.ATTR_DECISION
+    assert {k: p.value for k, p in points.items()} == {
+        frozenset({(op, "put"), (dec, "admitted")}): 2,
+        frozenset({(op, "put"), (dec, "rejected")}): 1,
+        frozenset({(op, "delete"), (dec, "applied")}): 1,
+    }
+
+
+def test_invalid_records_are_counted_by_reason(harness: Harness) -> None:
+    harness.telemetry.invalid_record("k1", "bad_json")
+    harness.telemetry.invalid_record("k2", "bad_json")
+    harness.telemetry.invalid_record("k3", "identity_mismatch")
+    points = harness.points("workerset_admission.discovery.invalid_records")
+    assert {k: p.value for k, p in points.items()} == {
+        labels(**{n.ATTR_REASON: "bad_json"}): 2,
+        labels(**{n.ATTR_REASON: "identity_mismatch"}): 1,
+    }
+
+
+def test_builds_are_counted_by_outcome_and_timed_in_a_histogram(harness: Harness) -> None:
+    with harness.telemetry.build_attempt(GROUP, "a", 1):
+        pass
+    with harness.telemetry.build_attempt(GROUP, "a", 2) as build:
+        build.set_outcome("failed", "RuntimeError")
+
+    counts = harness.points("workerset_admission.builds")
+    outcome = n.ATTR_BUILD_OUTCOME
+    assert {k: p.value for k, p in counts.items()} == {
+        labels(**{outcome: "ok"}): 1,
+        labels(**{outcome: "failed"}): 1,
+    }
+    metric = harness.metrics()["workerset_admission.build.duration"]
+    assert metric.unit == "s"
+    durations = {frozenset(p.attributes.items()): p for p in metric.data.data_points}
+    for point in durations.values():
+        assert isinstance(point, HistogramDataPoint)
+        assert point.count == 1
+        assert point.sum >= 0.0
+        # Seconds-scale buckets, not the SDK's millisecond defaults.
+        assert 600.0 in point.explicit_bounds
+
+
+def test_publish_to_admission_latency_is_recorded_when_the_server_time_is_known(
+    harness: Harness,
+) -> None:
+    with harness.telemetry.apply_update(put(published_at=time.time() - 0.5)):
+        pass
+    with harness.telemetry.apply_update(put(published_at=None)):
+        pass
+    # A server clock slightly ahead of ours counts as "just now", never as a negative age.
+    with harness.telemetry.apply_update(put(published_at=time.time() + 60)):
+        pass
+
+    metric = harness.metrics()["workerset_admission.admission.latency"]
+    assert metric.unit == "s"
+    (point,) = metric.data.data_points
+    assert point.count == 2
+    assert point.min == 0.0
+    assert 0.5 <= point.max < 60
+
+
+def test_rejected_cohorts_and_successions_are_counted_by_model(harness: Harness) -> None:
+    harness.telemetry.cohort_rejected(
+        model="llama",
+        worker_set=GROUP.worker_set,
+        incumbent_checksum="a",
+        rejected_checksum="b",
+        instance="ns/backend/generate/1",
+    )
+    harness.telemetry.succession(GROUP, "a", "b", 1, 2)
+    model = labels(**{n.ATTR_MODEL: "llama"})
+    assert harness.points("workerset_admission.cohorts.rejected")[model].value == 1
+    assert harness.points("workerset_admission.successions")[model].value == 1
+
+
+def test_gauges_report_every_status_and_the_admitted_workers_from_the_state_callback(
+    harness: Harness,
+) -> None:
+    state = {"summary": AdmissionStateSummary({"ready": 3, "retrying": 1}, admitted_workers=12)}
+    harness.telemetry.observe_state(lambda: state["summary"])
+
+    groups = harness.points("workerset_admission.groups")
+    by_status = {dict(k)[n.ATTR_STATUS]: p.value for k, p in groups.items()}
+    assert by_status == dict.fromkeys(n.GROUP_STATUSES, 0) | {"ready": 3, "retrying": 1}
+    (admitted,) = harness.points("workerset_admission.workers.admitted").values()
+    assert isinstance(admitted, NumberDataPoint)
+    assert admitted.value == 12
+
+    # The gauges read the state at collection time, not when the callback was set.
+    state["summary"] = AdmissionStateSummary({"ready": 2}, admitted_workers=7)
+    (admitted,) = harness.points("workerset_admission.workers.admitted").values()
+    assert admitted.value == 7
+
+
+def test_without_a_state_callback_the_gauges_report_nothing(harness: Harness) -> None:
+    harness.telemetry.invalid_record("k", "bad_json")  # so that a collection has data at all
+    found = harness.metrics()
+    assert "workerset_admission.groups" not in found
+    assert "workerset_admission.workers.admitted" not in found
+
+
+def test_metric_names_units_and_kinds_are_as_documented(harness: Harness) -> None:
+    harness.telemetry.observe_state(lambda: AdmissionStateSummary({}, 0))
+    with harness.telemetry.apply_update(put(published_at=time.time())) as update:
+        update.record_decision("admitted")
+    with harness.telemetry.build_attempt(GROUP, "a", 1):
+        pass
+    harness.telemetry.invalid_record("k", "bad_json")
+    harness.telemetry.cohort_rejected(
+        model="m", worker_set="w", incumbent_checksum="a", rejected_checksum="b", instance="i"
+    )
+    harness.telemetry.succession(GROUP, "a", "b", 1, 2)
+
+    kinds = {name: type(m.data).__name__ for name, m in harness.metrics().items()}
+    assert kinds == {
+        "workerset_admission.discovery.updates": "Sum",
+        "workerset_admission.discovery.invalid_records": "Sum",
+        "workerset_admission.cohorts.rejected": "Sum",
+        "workerset_admission.successions": "Sum",
+        "workerset_admission.builds": "Sum",
+        "workerset_admission.build.duration": "Histogram",
+        "workerset_admission.admission.latency": "Histogram",
+        "workerset_admission.groups": "Gauge",
+        "workerset_admission.workers.admitted": "Gauge",
+    }
+    for metric in harness.metrics().values():
+        if type(metric.data).__name__ == "Sum":
+            assert metric.data.is_monotonic
