@@ -1,0 +1,242 @@
+"""Mirror Dynamo's file discovery store into the JetStream discovery bucket.
+
+Dynamo 1.6.1 workers on ``--discovery-backend file`` write one file per record; the plugin reads
+a NATS KV bucket. The bridge polls the store, and for each record file puts its bytes, unchanged,
+under the bucket key of DESIGN.md. A file that disappears, or whose owner stopped refreshing it
+for longer than the TTL, becomes a delete. The bridge translates and never judges a value: a
+record the plugin would refuse is forwarded and refused there, where the refusal is reported.
+
+It owns the ``v1.mdc.>`` and ``v1.instances.>`` keys of its bucket: on start it deletes the
+ones the store no longer holds (``prune``), so a restart after missed removals converges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+from nats.js.errors import NoKeysError
+from nats.js.kv import KeyValue
+from workerset_admission.adapters.dynamo.filestore import (
+    DEFAULT_FILE_TTL,
+    FileRecord,
+    FileStoreScan,
+    SkippedFile,
+    scan_file_store,
+)
+
+__all__ = [
+    "BridgeStats",
+    "BucketWriter",
+    "DiscoveryBridge",
+    "JetStreamBucketWriter",
+    "SyncPlan",
+    "bucket_key_for",
+    "plan_sync",
+]
+
+_log = logging.getLogger(__name__)
+
+RemovalReason = Literal["removed", "expired"]
+
+
+class BucketWriter(Protocol):
+    """The write side of the discovery bucket, as the bridge needs it."""
+
+    async def put(self, key: str, value: bytes) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def keys(self) -> list[str]:
+        """Every live key under ``v1.mdc.>`` and ``v1.instances.>``."""
+        ...
+
+
+class JetStreamBucketWriter:
+    """:class:`BucketWriter` over a nats-py KeyValue handle."""
+
+    _OWNED = ("v1.mdc.>", "v1.instances.>")
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def put(self, key: str, value: bytes) -> None:
+        await self._kv.put(key, value)
+
+    async def delete(self, key: str) -> None:
+        await self._kv.delete(key)
+
+    async def keys(self) -> list[str]:
+        try:
+            return list(await self._kv.keys(filters=list(self._OWNED)))
+        except NoKeysError:
+            return []
+
+
+_PLAIN_TOKEN_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def _escape_token(token: str) -> str:
+    # Reversible: every byte outside [A-Za-z0-9_-] becomes =XX, so '.' never splits a token.
+    return "".join(
+        chr(byte) if byte in _PLAIN_TOKEN_BYTES else f"={byte:02X}"
+        for byte in token.encode("utf-8")
+    )
+
+
+def bucket_key_for(record: FileRecord) -> str:
+    """Return the bucket key DESIGN.md gives a file record."""
+    tokens = [record.namespace, record.component, record.endpoint, f"{record.instance_id:x}"]
+    if record.model_suffix is not None:
+        tokens.append(record.model_suffix)
+    return ".".join(["v1", record.kind, *(_escape_token(t) for t in tokens)])
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPlan:
+    """What one pass must write so the bucket equals the live part of the store."""
+
+    puts: tuple[tuple[str, bytes], ...]
+    deletes: tuple[tuple[str, RemovalReason], ...]
+
+
+def plan_sync(
+    mirrored: Mapping[str, bytes | None],
+    scan: FileStoreScan,
+    *,
+    now: float,
+    ttl: float,
+    key_of: Callable[[FileRecord], str],
+) -> SyncPlan:
+    """Diff the bucket as last written (``None`` = value unknown) against one store scan.
+
+    A record older than ``ttl`` counts as expired even though its file is still there: Dynamo's
+    own readers treat it the same way, and only a live FileStore ever deletes such a file.
+    """
+    live: dict[str, bytes] = {}
+    stale: set[str] = set()
+    for record in scan.records:
+        key = key_of(record)
+        if now - record.mtime > ttl:
+            stale.add(key)
+        else:
+            live[key] = record.value
+    puts = tuple(
+        (key, value)
+        for key, value in sorted(live.items())
+        if key not in mirrored or mirrored[key] != value
+    )
+
+    def reason(key: str) -> RemovalReason:
+        return "expired" if key in stale else "removed"
+
+    deletes = tuple((key, reason(key)) for key in sorted(mirrored) if key not in live)
+    return SyncPlan(puts=puts, deletes=deletes)
+
+
+@dataclass(slots=True)
+class BridgeStats:
+    """Counters an operator can read (``workerset-admission bridge`` prints them on exit)."""
+
+    passes: int = 0
+    puts: int = 0
+    removed: int = 0
+    expired: int = 0
+    pruned: int = 0
+    write_errors: int = 0
+    skipped_files: dict[str, str] = field(default_factory=dict)
+
+
+class DiscoveryBridge:
+    """Poll a Dynamo file store and keep a bucket equal to its live records."""
+
+    def __init__(
+        self,
+        root: Path,
+        writer: BucketWriter,
+        *,
+        interval: float = 0.5,
+        ttl: float = DEFAULT_FILE_TTL,
+        prune: bool = True,
+        clock: Callable[[], float] = time.time,
+        scan: Callable[[Path], FileStoreScan] = scan_file_store,
+        key_of: Callable[[FileRecord], str] | None = None,
+    ) -> None:
+        self._root = root
+        self._writer = writer
+        self._interval = interval
+        self._ttl = ttl
+        self._prune = prune
+        # mtimes are wall-clock, so expiry compares against wall-clock time too.
+        self._clock = clock
+        self._scan = scan
+        self._key_of = key_of or bucket_key_for
+        self._mirrored: dict[str, bytes | None] = {}
+        self._started = False
+        self.stats = BridgeStats()
+
+    @property
+    def mirrored_keys(self) -> frozenset[str]:
+        return frozenset(self._mirrored)
+
+    async def _start(self) -> None:
+        if self._prune:
+            # Values unknown: every live record is written once, every other key deleted.
+            self._mirrored = dict.fromkeys(await self._writer.keys())
+        self._started = True
+
+    async def sync_once(self) -> SyncPlan:
+        """Run one pass: scan the store, write the difference, return what was planned."""
+        if not self._started:
+            await self._start()
+        scan = await asyncio.to_thread(self._scan, self._root)
+        self._note_skipped(scan.skipped)
+        plan = plan_sync(
+            self._mirrored, scan, now=self._clock(), ttl=self._ttl, key_of=self._key_of
+        )
+        for key, value in plan.puts:
+            if await self._write(self._writer.put(key, value), key):
+                self._mirrored[key] = value
+                self.stats.puts += 1
+        for key, reason in plan.deletes:
+            if await self._write(self._writer.delete(key), key):
+                known = self._mirrored.pop(key)
+                if known is None:
+                    self.stats.pruned += 1
+                elif reason == "expired":
+                    self.stats.expired += 1
+                else:
+                    self.stats.removed += 1
+        self.stats.passes += 1
+        return plan
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sync every ``interval`` seconds until ``stop`` is set."""
+        while not stop.is_set():
+            await self.sync_once()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self._interval)
+            except asyncio.TimeoutError:
+                continue
+
+    async def _write(self, operation: Awaitable[None], key: str) -> bool:
+        # A failed write leaves the mirror as it was, so the next pass retries the same change.
+        try:
+            await operation
+        except Exception as exc:  # the bucket being unreachable must not stop the bridge
+            self.stats.write_errors += 1
+            _log.warning("discovery bridge could not write %s: %s", key, exc)
+            return False
+        return True
+
+    def _note_skipped(self, skipped: tuple[SkippedFile, ...]) -> None:
+        for item in skipped:
+            name = f"v1/{item.kind}/{item.file_name}"
+            if self.stats.skipped_files.get(name) != item.reason:
+                _log.warning("discovery bridge skips %s: %s", name, item.reason)
+                self.stats.skipped_files[name] = item.reason

@@ -1,0 +1,196 @@
+"""The file-discovery bridge: puts, removals, expiry, pruning and retries, against a fake bucket."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, bucket_key_for
+from workerset_admission.adapters.dynamo.filestore import FileRecord
+
+NOW = 1_000_000.0
+
+
+@dataclass
+class _Bucket:
+    data: dict[str, bytes] = field(default_factory=dict)
+    log: list[tuple[str, str]] = field(default_factory=list)
+    failing: set[str] = field(default_factory=set)
+
+    async def put(self, key: str, value: bytes) -> None:
+        if key in self.failing:
+            raise ConnectionError("bucket unreachable")
+        self.data[key] = value
+        self.log.append(("put", key))
+
+    async def delete(self, key: str) -> None:
+        if key in self.failing:
+            raise ConnectionError("bucket unreachable")
+        self.data.pop(key, None)
+        self.log.append(("delete", key))
+
+    async def keys(self) -> list[str]:
+        return sorted(self.data)
+
+
+def _key(record: FileRecord) -> str:
+    return f"{record.kind}:{record.path}"
+
+
+class _Store:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def write(self, kind: str, path: str, value: bytes, *, age: float = 0.0) -> None:
+        target = self.root / "v1" / kind / quote(path, safe="")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(value)
+        os.utime(target, (NOW - age, NOW - age))
+
+    def remove(self, kind: str, path: str) -> None:
+        (self.root / "v1" / kind / quote(path, safe="")).unlink()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> _Store:
+    return _Store(tmp_path)
+
+
+def _bridge(store: _Store, bucket: _Bucket, *, prune: bool = True) -> DiscoveryBridge:
+    return DiscoveryBridge(store.root, bucket, clock=lambda: NOW, key_of=_key, prune=prune)
+
+
+async def test_new_records_are_put_once_and_refreshes_write_nothing(store: _Store) -> None:
+    bucket = _Bucket()
+    bridge = _bridge(store, bucket)
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+    store.write("instances", "ns/backend/generate/a1", b"endpoint")
+
+    await bridge.sync_once()
+    store.write("mdc", "ns/backend/generate/a1", b"card", age=1.0)  # the owner's mtime refresh
+    await bridge.sync_once()
+
+    assert bucket.data == {
+        "instances:ns/backend/generate/a1": b"endpoint",
+        "mdc:ns/backend/generate/a1": b"card",
+    }
+    assert len(bucket.log) == 2
+    assert bridge.stats.puts == 2
+
+
+async def test_a_changed_value_is_put_again(store: _Store) -> None:
+    bucket = _Bucket()
+    bridge = _bridge(store, bucket)
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+    await bridge.sync_once()
+
+    store.write("mdc", "ns/backend/generate/a1", b"tainted card")
+    await bridge.sync_once()
+
+    assert bucket.data == {"mdc:ns/backend/generate/a1": b"tainted card"}
+    assert bucket.log == [("put", "mdc:ns/backend/generate/a1")] * 2
+
+
+async def test_a_removed_file_is_deleted_from_the_bucket(store: _Store) -> None:
+    bucket = _Bucket()
+    bridge = _bridge(store, bucket)
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+    store.write("mdc", "ns/backend/generate/a1/my-lora", b"lora")
+    await bridge.sync_once()
+
+    store.remove("mdc", "ns/backend/generate/a1/my-lora")
+    await bridge.sync_once()
+
+    assert bucket.data == {"mdc:ns/backend/generate/a1": b"card"}
+    assert bridge.stats.removed == 1
+
+
+async def test_a_record_its_owner_stopped_refreshing_expires_and_returns_when_refreshed(
+    store: _Store,
+) -> None:
+    bucket = _Bucket()
+    bridge = _bridge(store, bucket)
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+    await bridge.sync_once()
+
+    store.write("mdc", "ns/backend/generate/a1", b"card", age=10.5)
+    await bridge.sync_once()
+    assert bucket.data == {}
+    assert bridge.stats.expired == 1
+
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+    await bridge.sync_once()
+    assert bucket.data == {"mdc:ns/backend/generate/a1": b"card"}
+
+
+async def test_an_already_stale_record_is_never_put(store: _Store) -> None:
+    bucket = _Bucket()
+    store.write("mdc", "ns/backend/generate/a1", b"card", age=60)
+
+    await _bridge(store, bucket).sync_once()
+
+    assert bucket.log == []
+
+
+async def test_start_prunes_keys_the_store_no_longer_holds(store: _Store) -> None:
+    bucket = _Bucket(
+        data={"mdc:ns/backend/generate/gone": b"old", "mdc:ns/backend/generate/a1": b"x"}
+    )
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+    bridge = _bridge(store, bucket)
+
+    await bridge.sync_once()
+
+    assert bucket.data == {"mdc:ns/backend/generate/a1": b"card"}
+    assert bridge.stats.pruned == 1
+
+
+async def test_without_pruning_foreign_keys_are_left_alone(store: _Store) -> None:
+    bucket = _Bucket(data={"mdc:other/writer/generate/b2": b"theirs"})
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+
+    await _bridge(store, bucket, prune=False).sync_once()
+
+    assert bucket.data["mdc:other/writer/generate/b2"] == b"theirs"
+
+
+async def test_a_failed_write_is_retried_on_the_next_pass(store: _Store) -> None:
+    bucket = _Bucket(failing={"mdc:ns/backend/generate/a1"})
+    bridge = _bridge(store, bucket)
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+
+    await bridge.sync_once()
+    assert bucket.data == {}
+    assert bridge.stats.write_errors == 1
+
+    bucket.failing.clear()
+    await bridge.sync_once()
+    assert bucket.data == {"mdc:ns/backend/generate/a1": b"card"}
+
+
+async def test_files_that_name_no_record_are_reported_once_and_skipped(store: _Store) -> None:
+    bucket = _Bucket()
+    bridge = _bridge(store, bucket)
+    store.write("mdc", "ns/backend/generate", b"three parts")
+
+    await bridge.sync_once()
+    await bridge.sync_once()
+
+    assert bucket.log == []
+    assert bridge.stats.skipped_files == {"v1/mdc/ns%2Fbackend%2Fgenerate": "bad_path_shape"}
+
+
+def test_bucket_keys_follow_the_design_wire_format() -> None:
+    def record(kind: str, ns: str, suffix: str | None) -> FileRecord:
+        return FileRecord(kind, "", ns, "backend", "generate", 0xAB12, suffix, b"", 0.0)  # type: ignore[arg-type]
+
+    assert bucket_key_for(record("mdc", "ns-1", None)) == "v1.mdc.ns-1.backend.generate.ab12"
+    assert bucket_key_for(record("instances", "a.b", None)) == (
+        "v1.instances.a=2Eb.backend.generate.ab12"
+    )
+    assert bucket_key_for(record("mdc", "ns", "my lora/ü")) == (
+        "v1.mdc.ns.backend.generate.ab12.my=20lora=2F=C3=BC"
+    )
