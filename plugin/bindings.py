@@ -1,0 +1,307 @@
+"""Routing-hop bindings: what a decode, prefill or encoder hop may route to, and how.
+
+A discovery-managed hop is bound to one committed group and identified by
+``(group, successful build generation)``. It routes only to instances that are both live (the
+endpoint's instance records) and admitted (its admission receiver), and it takes the routing
+mode, KV block size and the rest of its routing settings from the selected card its receiver
+carries, never from whatever endpoint card happens to be listed. When the receiver is retired
+the hop fails with ``ReceiverRetired``; it never widens to the endpoint's full instance list.
+
+Membership changes that keep the checksum flow through the same binding's receiver; a
+succession commits a new build generation, which makes a new binding even when the endpoint
+is unchanged.
+
+The explicit-endpoint constructor of Dynamo's public API is a different thing: a caller names
+an endpoint and takes every live instance. It is kept separate as
+:class:`LegacyExplicitEndpointBinding` so the two can never be confused.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from workerset_admission.admission.effects import CommitGroup, WithdrawGroup
+from workerset_admission.admission.topology import TopologyBinding, TopologySet, bind_topology
+from workerset_admission.errors import UsageError
+from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
+
+__all__ = [
+    "AdmittedHopBinding",
+    "BindingId",
+    "FrontendRouting",
+    "HopBindings",
+    "HopRole",
+    "LegacyExplicitEndpointBinding",
+    "LiveInstanceSet",
+    "LiveInstances",
+    "RoutingSettings",
+    "card_field",
+]
+
+
+def card_field(card: Any, name: str, default: Any = None) -> Any:
+    """Read one field of a normalized card, whether it is a mapping or an object."""
+    if card is None:
+        return default
+    if isinstance(card, Mapping):
+        return card.get(name, default)
+    return getattr(card, name, default)
+
+
+class HopRole(str, enum.Enum):
+    """The three discovery-managed hops of a request."""
+
+    DECODE = "decode"  # decode or aggregated serving
+    PREFILL = "prefill"
+    ENCODER = "encoder"
+
+    @classmethod
+    def for_worker_type(cls, worker_type: WorkerType) -> HopRole:
+        if worker_type is WorkerType.PREFILL:
+            return cls.PREFILL
+        if worker_type is WorkerType.ENCODE:
+            return cls.ENCODER
+        return cls.DECODE
+
+
+@dataclass(frozen=True, slots=True)
+class BindingId:
+    """A binding's identity: a succession changes it even when the endpoint does not."""
+
+    group: GroupKey
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendRouting:
+    """Frontend-local routing choices.
+
+    ``router_mode`` applies only to a card that advertises no router config; the policies and
+    the session affinity mode always stay the frontend's, as in Dynamo 1.6.1.
+    """
+
+    router_mode: str = "round_robin"
+    router_prefill_policy: Any = None
+    router_decode_policy: Any = None
+    session_affinity_mode: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingSettings:
+    """Routing settings resolved from the selected card (plus the frontend-local choices)."""
+
+    router_mode: str
+    kv_cache_block_size: int | None
+    router_config: Mapping[str, Any] | None = field(default=None, compare=False)
+    from_card: bool = False
+
+    @classmethod
+    def resolve(cls, card: Any, frontend: FrontendRouting) -> RoutingSettings:
+        advertised = card_field(card, "router_config")
+        block_size = card_field(card, "kv_cache_block_size")
+        if not isinstance(advertised, Mapping):
+            return cls(frontend.router_mode, block_size, None, False)
+        # The card's config wins wholesale, except the frontend-local knobs.
+        config = dict(advertised)
+        kv = dict(config.get("kv_router_config") or {})
+        if frontend.router_prefill_policy is not None:
+            kv["router_prefill_policy"] = frontend.router_prefill_policy
+        if frontend.router_decode_policy is not None:
+            kv["router_decode_policy"] = frontend.router_decode_policy
+        if kv:
+            config["kv_router_config"] = kv
+        if frontend.session_affinity_mode is not None:
+            config["session_affinity_mode"] = frontend.session_affinity_mode
+        mode = str(config.get("router_mode") or frontend.router_mode)
+        return cls(mode, block_size, config, True)
+
+
+class LiveInstances(Protocol):
+    """Which instances of an endpoint are live (from its instance records)."""
+
+    def live_ids(self, endpoint: EndpointId) -> frozenset[int]: ...
+
+
+class LiveInstanceSet:
+    """A simple in-memory :class:`LiveInstances`, fed from endpoint records."""
+
+    __slots__ = ("_live",)
+
+    def __init__(self) -> None:
+        self._live: dict[EndpointId, set[int]] = {}
+
+    def add(self, endpoint: EndpointId, instance_id: int) -> None:
+        self._live.setdefault(endpoint, set()).add(instance_id)
+
+    def remove(self, endpoint: EndpointId, instance_id: int) -> None:
+        ids = self._live.get(endpoint)
+        if ids is not None:
+            ids.discard(instance_id)
+            if not ids:
+                del self._live[endpoint]
+
+    def live_ids(self, endpoint: EndpointId) -> frozenset[int]:
+        return frozenset(self._live.get(endpoint, ()))
+
+
+class AdmittedHopBinding:
+    """A discovery-managed hop bound to one committed group and build generation."""
+
+    __slots__ = ("_endpoint", "_id", "_live", "_receiver", "_role", "_settings")
+
+    def __init__(
+        self,
+        role: HopRole,
+        receiver: AdmissionReceiver,
+        generation: int,
+        live: LiveInstances,
+        frontend: FrontendRouting | None = None,
+    ) -> None:
+        state = receiver.current()
+        self._role = role
+        self._receiver = receiver
+        self._id = BindingId(state.group, generation)
+        self._endpoint = state.group.endpoint
+        self._live = live
+        self._settings = RoutingSettings.resolve(state.card, frontend or FrontendRouting())
+
+    @property
+    def id(self) -> BindingId:
+        return self._id
+
+    @property
+    def role(self) -> HopRole:
+        return self._role
+
+    @property
+    def endpoint(self) -> EndpointId:
+        return self._endpoint
+
+    @property
+    def settings(self) -> RoutingSettings:
+        """Settings from the selected card at commit time; stable for the binding's life."""
+        return self._settings
+
+    @property
+    def receiver(self) -> AdmissionReceiver:
+        return self._receiver
+
+    def admitted(self) -> frozenset[int]:
+        """Admitted ids now; raises ``ReceiverRetired`` once the group's tenure ended."""
+        return self._receiver.current().admitted
+
+    def routable(self) -> frozenset[int]:
+        """Live and admitted: the only instances this hop may pick. Empty means none."""
+        return self._live.live_ids(self._endpoint) & self._receiver.current().admitted
+
+    def close(self) -> None:
+        self._receiver.close()
+
+    def __repr__(self) -> str:
+        return f"<AdmittedHopBinding {self._role.value} {self._id.group.id} g{self._id.generation}>"
+
+
+class LegacyExplicitEndpointBinding:
+    """The public explicit-endpoint path: every live instance of a named endpoint.
+
+    There is no admission here by design; it exists for callers that name an endpoint
+    themselves and is never used for discovery-managed topology.
+    """
+
+    __slots__ = ("_endpoint", "_live", "_settings")
+
+    def __init__(
+        self, endpoint: EndpointId, live: LiveInstances, settings: RoutingSettings
+    ) -> None:
+        self._endpoint = endpoint
+        self._live = live
+        self._settings = settings
+
+    @property
+    def endpoint(self) -> EndpointId:
+        return self._endpoint
+
+    @property
+    def settings(self) -> RoutingSettings:
+        return self._settings
+
+    def routable(self) -> frozenset[int]:
+        return self._live.live_ids(self._endpoint)
+
+
+class HopBindings:
+    """Every committed group's binding, driven by ``CommitGroup`` / ``WithdrawGroup`` effects.
+
+    ``handle`` expects the admission channels to have seen the same effect list first (the
+    channel of a committed group exists before its commit).
+    """
+
+    __slots__ = ("_bindings", "_channels", "_frontend", "_handoff", "_live")
+
+    def __init__(
+        self,
+        channels: AdmissionChannels,
+        live: LiveInstances,
+        frontend: FrontendRouting | None = None,
+    ) -> None:
+        self._channels = channels
+        self._live = live
+        self._frontend = frontend or FrontendRouting()
+        self._bindings: dict[GroupKey, AdmittedHopBinding] = {}
+        self._handoff: dict[GroupKey, bool] = {}
+
+    def handle(self, effect: object) -> None:
+        if isinstance(effect, CommitGroup):
+            receiver = self._channels.subscribe(effect.group)
+            if receiver is None or receiver.receiver_id != effect.receiver:
+                raise UsageError(f"no open admission channel {effect.receiver} to bind")
+            old = self._bindings.pop(effect.group, None)
+            if old is not None:
+                old.close()
+            role = HopRole.for_worker_type(effect.group.worker_type)
+            binding = AdmittedHopBinding(
+                role, receiver, effect.generation, self._live, self._frontend
+            )
+            self._bindings[effect.group] = binding
+            runtime_data = card_field(effect.card, "runtime_data") or {}
+            handoff = isinstance(runtime_data, Mapping) and (
+                runtime_data.get("encoder_result_handoff") is True
+            )
+            self._handoff[effect.group] = handoff
+        elif isinstance(effect, WithdrawGroup):
+            current = self._bindings.get(effect.group)
+            if current is not None and current.id.generation == effect.generation:
+                del self._bindings[effect.group]
+                del self._handoff[effect.group]
+                current.close()
+
+    def handle_all(self, effects: Iterable[object]) -> None:
+        for effect in effects:
+            self.handle(effect)
+
+    def binding(self, group: GroupKey) -> AdmittedHopBinding | None:
+        return self._bindings.get(group)
+
+    def bindings(self) -> list[AdmittedHopBinding]:
+        return [self._bindings[k] for k in sorted(self._bindings)]
+
+    def topology(self) -> Mapping[GroupKey, TopologyBinding]:
+        """Prefill and encoder targets for every committed group (facts section 8 rules)."""
+        return bind_topology(
+            TopologySet(key, b.id.generation, self._handoff[key])
+            for key, b in self._bindings.items()
+        )
+
+    def peer(self, group: GroupKey, role: HopRole) -> AdmittedHopBinding | None:
+        """Find the committed binding a group's hop of ``role`` routes to, if any."""
+        if role is HopRole.DECODE:
+            return self._bindings.get(group)
+        bound = self.topology().get(group)
+        if bound is None:
+            return None
+        target = bound.prefill_target if role is HopRole.PREFILL else bound.encoder_target
+        return None if target is None else self._bindings.get(target.group)
