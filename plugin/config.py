@@ -1,0 +1,368 @@
+"""Settings from defaults, a config file, environment variables and command-line flags.
+
+Precedence, lowest to highest: defaults < file (TOML or JSON) < environment
+(``WORKERSET_ADMISSION_<SETTING>``) < flags. Every setting is validated once, here; an invalid
+one raises :class:`~workerset_admission.errors.ConfigError` naming the setting and the rule,
+never echoing the rejected value (it may be a secret).
+
+A config file holds the settings by name, flat or grouped one level deep: ``[nats]`` with
+``servers = [...]`` is the same as ``nats_servers = [...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import os
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from workerset_admission.errors import ConfigError
+
+if TYPE_CHECKING:
+    from workerset_admission.adapters.nats.connect import NatsConnectOptions
+
+__all__ = [
+    "CONFIG_FILE_ENV",
+    "ENV_PREFIX",
+    "Settings",
+    "add_settings_arguments",
+    "default_frontend_id",
+    "flags_from_args",
+    "load_settings",
+]
+
+ENV_PREFIX = "WORKERSET_ADMISSION_"
+CONFIG_FILE_ENV = f"{ENV_PREFIX}CONFIG_FILE"
+
+_BUCKET_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_SUBJECT_TOKEN = re.compile(r"^[^\s.*>]+$")
+_DEFAULT_RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+
+
+def default_frontend_id() -> str:
+    """Return ``<hostname>-<pid>``: unique per process on one host, readable in a bucket."""
+    return f"{socket.gethostname() or 'frontend'}-{os.getpid()}"
+
+
+class Settings(BaseModel):
+    """Everything the plugin can be told; secrets are :class:`pydantic.SecretStr`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    # NATS connection. No servers means: run an embedded nats-server.
+    nats_servers: tuple[str, ...] = ()
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    nats_token: SecretStr | None = None
+    nats_nkey_seed_file: Path | None = None
+    nats_creds_file: Path | None = None
+    nats_tls_ca_file: Path | None = None
+    nats_tls_cert_file: Path | None = None
+    nats_tls_key_file: Path | None = None
+    nats_tls_hostname: str | None = None
+    embedded_store_dir: Path | None = None
+
+    # Buckets and subjects.
+    discovery_bucket: str = "dynamo-discovery"
+    admission_bucket: str = "frontend-model-admission"
+    status_subject: str = "workerset-admission.status"
+
+    # Which worker namespaces this frontend serves (Dynamo's namespace filter).
+    namespace_filter_mode: Literal["global", "exact", "prefix"] = "global"
+    namespace_filter: str | None = None
+    namespace_prefix_strict: bool = False
+
+    # Tokenizer overrides applied at the discovery boundary (not part of the checksum).
+    tokenizer_backend: str | None = None
+    tokenizer_fallback: bool | None = None
+
+    # Limits.
+    max_concurrent_builds: int = Field(default=8, ge=1, le=1024)
+    retry_delays: tuple[float, ...] = _DEFAULT_RETRY_DELAYS
+    max_value_bytes: int = Field(default=1024 * 1024, ge=256, le=64 * 1024 * 1024)
+    reconcile_interval: float = Field(default=30.0, gt=0, le=86400)
+
+    frontend_id: str = Field(default_factory=default_frontend_id)
+
+    # Telemetry switches; exporters are wired only when asked for.
+    tracing: bool = True
+    metrics: bool = True
+    log_format: Literal["plain", "json"] = "plain"
+    prometheus_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("nats_servers", mode="before")
+    @classmethod
+    def _split_servers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("nats_servers")
+    @classmethod
+    def _check_servers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            scheme, sep, rest = url.partition("://")
+            if not sep or scheme not in ("nats", "tls", "ws", "wss") or not rest:
+                raise ValueError("each server must be a nats://, tls://, ws:// or wss:// URL")
+        return value
+
+    @field_validator("retry_delays", mode="before")
+    @classmethod
+    def _split_delays(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("retry_delays")
+    @classmethod
+    def _check_delays(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not 1 <= len(value) <= 32:
+            raise ValueError("between 1 and 32 delays are required")
+        if any(not 0 < d <= 3600 for d in value):
+            raise ValueError("each delay must be above 0 and at most 3600 seconds")
+        if any(b < a for a, b in itertools.pairwise(value)):
+            raise ValueError("delays must not decrease")
+        return value
+
+    @field_validator("discovery_bucket", "admission_bucket")
+    @classmethod
+    def _check_bucket(cls, value: str) -> str:
+        if not _BUCKET_NAME.match(value):
+            raise ValueError("a bucket name uses only letters, digits, '_' and '-'")
+        return value
+
+    @field_validator("status_subject")
+    @classmethod
+    def _check_subject(cls, value: str) -> str:
+        if len(value) > 255 or not all(_SUBJECT_TOKEN.match(t) for t in value.split(".")):
+            raise ValueError(
+                "a subject is dot-separated non-empty tokens without spaces or wildcards"
+            )
+        return value
+
+    @field_validator("frontend_id")
+    @classmethod
+    def _check_frontend_id(cls, value: str) -> str:
+        if not value or len(value) > 128 or not value.isprintable():
+            raise ValueError("the frontend id must be 1 to 128 printable characters")
+        return value
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Settings:
+        if (self.nats_user is None) != (self.nats_password is None):
+            raise ValueError("nats_user and nats_password must be given together")
+        if (self.nats_tls_cert_file is None) != (self.nats_tls_key_file is None):
+            raise ValueError("nats_tls_cert_file and nats_tls_key_file must be given together")
+        methods = [
+            name
+            for name, given in (
+                ("user/password", self.nats_user is not None),
+                ("token", self.nats_token is not None),
+                ("nkey", self.nats_nkey_seed_file is not None),
+                ("creds", self.nats_creds_file is not None),
+            )
+            if given
+        ]
+        if len(methods) > 1:
+            raise ValueError(f"choose one NATS authentication method, not {' and '.join(methods)}")
+        if self.namespace_filter_mode == "global" and self.namespace_filter:
+            raise ValueError("namespace_filter needs namespace_filter_mode 'exact' or 'prefix'")
+        if self.namespace_filter_mode != "global" and not self.namespace_filter:
+            raise ValueError(f"namespace_filter_mode '{self.namespace_filter_mode}' needs a value")
+        if self.nats_servers and self.embedded_store_dir is not None:
+            raise ValueError("embedded_store_dir applies only when no nats_servers are set")
+        return self
+
+    @property
+    def embedded(self) -> bool:
+        """Tell whether an embedded nats-server should be started (no servers configured)."""
+        return not self.nats_servers
+
+    def redacted(self) -> dict[str, Any]:
+        """Return the settings as plain data with every secret masked, for display."""
+        shown: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                value = "**********"
+            elif isinstance(value, Path):
+                value = str(value)
+            shown[name] = value
+        return shown
+
+    def nats_connect_options(self, servers: Sequence[str] | None = None) -> NatsConnectOptions:
+        """Translate into the NATS adapter's connect options (``servers`` overrides)."""
+        from workerset_admission.adapters.nats.connect import NatsConnectOptions
+
+        chosen = tuple(servers) if servers is not None else self.nats_servers
+        return NatsConnectOptions(
+            servers=chosen,
+            name=f"workerset-admission {self.frontend_id}",
+            user=self.nats_user,
+            password=self.nats_password.get_secret_value() if self.nats_password else None,
+            token=self.nats_token.get_secret_value() if self.nats_token else None,
+            nkey_seed_file=self.nats_nkey_seed_file,
+            creds_file=self.nats_creds_file,
+            tls_ca_file=self.nats_tls_ca_file,
+            tls_cert_file=self.nats_tls_cert_file,
+            tls_key_file=self.nats_tls_key_file,
+            tls_hostname=self.nats_tls_hostname,
+        )
+
+
+_FIELDS = frozenset(Settings.model_fields)
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _env_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        field = name[len(ENV_PREFIX) :].lower()
+        if field not in _FIELDS:
+            # Other tools share the prefix (the config-file variable, for one): not ours.
+            continue
+        annotation = str(Settings.model_fields[field].annotation)
+        if "bool" in annotation and raw.strip().lower() in _TRUE | _FALSE:
+            found[field] = raw.strip().lower() in _TRUE
+        elif raw.strip() == "" and "None" in annotation:
+            found[field] = None
+        else:
+            found[field] = raw
+    return found
+
+
+def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if isinstance(value, Mapping):
+            for inner, inner_value in value.items():
+                flat[f"{name}_{str(inner).replace('-', '_')}"] = inner_value
+        else:
+            flat[name] = value
+    unknown = sorted(set(flat) - _FIELDS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown setting(s): {', '.join(unknown)}")
+    return flat
+
+
+def _toml_loads(text: str) -> Any:
+    # tomllib is standard from 3.11; on 3.10 the TOML form is simply not offered.
+    try:
+        module = importlib.import_module("tomllib")
+    except ModuleNotFoundError:
+        raise ConfigError("TOML config files need Python 3.11 or later; use JSON") from None
+    return module.loads(text)
+
+
+def _file_settings(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot be read ({exc.strerror})") from exc
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            data = json.loads(text)
+        elif suffix == ".toml":
+            data = _toml_loads(text.decode("utf-8"))
+        else:
+            raise ConfigError(f"config file {path}: use a .toml or .json file")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: not valid {suffix[1:].upper()}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: the top level must be a table/object")
+    return _flatten(data, f"config file {path}")
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors(include_input=False, include_url=False):
+        where = ".".join(str(p) for p in item["loc"]) or "settings"
+        message = str(item["msg"]).removeprefix("Value error, ")
+        lines.append(f"{where}: {message}")
+    return "invalid settings: " + "; ".join(lines)
+
+
+def load_settings(
+    *,
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | str | None = None,
+) -> Settings:
+    """Merge defaults, file, environment and flags (highest wins) and validate once.
+
+    ``env`` defaults to ``os.environ``. The file comes from ``config_file``, else from the
+    ``WORKERSET_ADMISSION_CONFIG_FILE`` variable, else there is none.
+    """
+    environ = os.environ if env is None else env
+    merged: dict[str, Any] = {}
+    path = config_file if config_file is not None else environ.get(CONFIG_FILE_ENV) or None
+    if path is not None:
+        merged.update(_file_settings(Path(path)))
+    merged.update(_env_settings(environ))
+    if flags:
+        given = {k: v for k, v in flags.items() if v is not None}
+        unknown = sorted(set(given) - _FIELDS)
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        merged.update(given)
+    try:
+        return Settings(**merged)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+# Flags every NATS-facing subcommand accepts: (flag, setting, help, kwargs).
+_FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
+    ("--config", "", "a TOML or JSON settings file", {}),
+    ("--nats-server", "nats_servers", "NATS server URL (repeat for several)", {"action": "append"}),
+    ("--nats-user", "nats_user", "NATS user name", {}),
+    ("--nats-password", "nats_password", "NATS password (prefer the environment)", {}),
+    ("--nats-token", "nats_token", "NATS token (prefer the environment)", {}),
+    ("--nats-nkey-seed-file", "nats_nkey_seed_file", "file holding an nkey seed", {}),
+    ("--nats-creds-file", "nats_creds_file", "NATS .creds file (JWT and seed)", {}),
+    ("--nats-tls-ca-file", "nats_tls_ca_file", "CA bundle for the server certificate", {}),
+    ("--nats-tls-cert-file", "nats_tls_cert_file", "client certificate (mutual TLS)", {}),
+    ("--nats-tls-key-file", "nats_tls_key_file", "client key (mutual TLS)", {}),
+    ("--nats-tls-hostname", "nats_tls_hostname", "server name to verify", {}),
+    ("--discovery-bucket", "discovery_bucket", "discovery KV bucket", {}),
+    ("--admission-bucket", "admission_bucket", "admission-record KV bucket", {}),
+    ("--frontend-id", "frontend_id", "this frontend's identity (default hostname-pid)", {}),
+)
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the shared connection and bucket flags to a subcommand parser."""
+    group = parser.add_argument_group("settings (override environment and config file)")
+    for flag, dest, help_text, extra in _FLAG_SPECS:
+        group.add_argument(flag, dest=dest or "config_file", help=help_text, default=None, **extra)
+
+
+def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Return the settings given as flags (unset flags are left out)."""
+    flags: dict[str, Any] = {}
+    for _flag, dest, _help, _extra in _FLAG_SPECS:
+        if dest and getattr(args, dest, None) is not None:
+            value = getattr(args, dest)
+            # Repeated flags and comma-separated lists mean the same thing.
+            flags[dest] = ",".join(value) if isinstance(value, list) else value
+    return flags

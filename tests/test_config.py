@@ -1,0 +1,158 @@
+"""Settings: sources, precedence, validation, and secrets kept out of sight."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from workerset_admission.config import (
+    Settings,
+    add_settings_arguments,
+    flags_from_args,
+    load_settings,
+)
+from workerset_admission.errors import ConfigError
+
+ENV = "WORKERSET_ADMISSION_"
+
+
+def test_defaults_follow_the_documented_values() -> None:
+    settings = load_settings(env={})
+    assert settings.discovery_bucket == "dynamo-discovery"
+    assert settings.admission_bucket == "frontend-model-admission"
+    assert settings.reconcile_interval == 30.0
+    assert settings.max_concurrent_builds == 8
+    assert settings.retry_delays == (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+    assert settings.embedded is True
+    host, _, pid = settings.frontend_id.rpartition("-")
+    assert host
+    assert pid.isdigit()
+
+
+def test_flags_beat_environment_which_beats_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "settings.toml"
+    config.write_text(
+        'discovery_bucket = "from-file"\n'
+        'admission_bucket = "file-admission"\n'
+        "reconcile_interval = 10\n"
+        "[nats]\n"
+        'servers = ["nats://file:4222"]\n'
+    )
+    env = {f"{ENV}DISCOVERY_BUCKET": "from-env", f"{ENV}RECONCILE_INTERVAL": "5"}
+    settings = load_settings(
+        env=env, config_file=config, flags={"discovery_bucket": "from-flag", "nats_user": None}
+    )
+    assert settings.discovery_bucket == "from-flag"
+    assert settings.reconcile_interval == 5.0
+    assert settings.admission_bucket == "file-admission"
+    assert settings.nats_servers == ("nats://file:4222",)
+
+
+def test_the_config_file_can_be_named_by_the_environment_and_be_json(tmp_path: Path) -> None:
+    config = tmp_path / "settings.json"
+    config.write_text(json.dumps({"nats_servers": ["nats://a:1", "tls://b:2"], "tracing": False}))
+    settings = load_settings(env={f"{ENV}CONFIG_FILE": str(config)})
+    assert settings.nats_servers == ("nats://a:1", "tls://b:2")
+    assert settings.tracing is False
+    assert settings.embedded is False
+
+
+def test_environment_lists_and_booleans_are_parsed() -> None:
+    settings = load_settings(
+        env={
+            f"{ENV}NATS_SERVERS": "nats://a:1, nats://b:2",
+            f"{ENV}RETRY_DELAYS": "0.5,1,1",
+            f"{ENV}METRICS": "off",
+            f"{ENV}NAMESPACE_PREFIX_STRICT": "yes",
+            "UNRELATED": "x",
+        }
+    )
+    assert settings.nats_servers == ("nats://a:1", "nats://b:2")
+    assert settings.retry_delays == (0.5, 1.0, 1.0)
+    assert settings.metrics is False
+    assert settings.namespace_prefix_strict is True
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"discovery_bucket": "bad.name"}, "discovery_bucket"),
+        ({"nats_servers": "localhost:4222"}, "nats_servers"),
+        ({"retry_delays": "4,2"}, "must not decrease"),
+        ({"retry_delays": "0"}, "above 0"),
+        ({"max_concurrent_builds": 0}, "max_concurrent_builds"),
+        ({"reconcile_interval": -1}, "reconcile_interval"),
+        ({"max_value_bytes": 10}, "max_value_bytes"),
+        ({"prometheus_port": 70000}, "prometheus_port"),
+        ({"log_format": "xml"}, "log_format"),
+        ({"status_subject": "a..b"}, "status_subject"),
+        ({"status_subject": "a.*"}, "status_subject"),
+        ({"frontend_id": ""}, "frontend_id"),
+        ({"namespace_filter_mode": "prefix"}, "needs a value"),
+        ({"namespace_filter": "dgd"}, "namespace_filter_mode"),
+        ({"nats_user": "u"}, "together"),
+        ({"nats_tls_cert_file": "c.pem"}, "together"),
+        ({"nats_token": "t", "nats_creds_file": "x.creds"}, "one NATS authentication"),
+        ({"embedded_store_dir": "/tmp/x", "nats_servers": "nats://a:1"}, "embedded_store_dir"),
+        ({"no_such_setting": 1}, "unknown setting"),
+    ],
+)
+def test_invalid_settings_raise_a_config_error_naming_the_problem(
+    overrides: dict[str, object], fragment: str
+) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        load_settings(env={}, flags=overrides)
+
+
+def test_errors_never_echo_a_rejected_secret() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env={f"{ENV}NATS_PASSWORD": "hunter2-secret"})
+    assert "hunter2-secret" not in str(caught.value)
+    assert "together" in str(caught.value)
+
+
+def test_secrets_are_masked_in_repr_and_in_the_redacted_view() -> None:
+    settings = load_settings(
+        env={f"{ENV}NATS_USER": "svc", f"{ENV}NATS_PASSWORD": "hunter2-secret"}
+    )
+    assert "hunter2-secret" not in repr(settings)
+    assert "hunter2-secret" not in json.dumps(settings.redacted())
+    options = settings.nats_connect_options(["nats://127.0.0.1:4222"])
+    assert options.password == "hunter2-secret"
+    assert "hunter2-secret" not in repr(options)
+
+
+def test_a_file_with_an_unknown_key_or_bad_syntax_is_refused(tmp_path: Path) -> None:
+    typo = tmp_path / "typo.toml"
+    typo.write_text("discovery_buckets = 'x'\n")
+    with pytest.raises(ConfigError, match="discovery_buckets"):
+        load_settings(env={}, config_file=typo)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_settings(env={}, config_file=broken)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_settings(env={}, config_file=tmp_path / "missing.toml")
+    odd = tmp_path / "settings.yaml"
+    odd.write_text("a: 1")
+    with pytest.raises(ConfigError, match=r"\.toml or \.json"):
+        load_settings(env={}, config_file=odd)
+
+
+def test_command_line_flags_reach_the_settings_and_repeat_into_lists(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser)
+    args = parser.parse_args(
+        ["--nats-server", "nats://a:1", "--nats-server", "nats://b:2", "--frontend-id", "fe-1"]
+    )
+    settings = load_settings(env={f"{ENV}FRONTEND_ID": "from-env"}, flags=flags_from_args(args))
+    assert settings.nats_servers == ("nats://a:1", "nats://b:2")
+    assert settings.frontend_id == "fe-1"
+
+
+def test_settings_are_immutable() -> None:
+    settings = Settings()
+    with pytest.raises(ValueError, match="frozen"):
+        settings.discovery_bucket = "other"  # type: ignore[misc]
