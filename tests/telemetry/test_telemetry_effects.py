@@ -1,0 +1,232 @@
+"""The facade given the core's real effects: ERROR logs, events, counters and spans."""
+
+from __future__ import annotations
+
+import logging
+
+from conftest import Harness
+from opentelemetry import trace
+from workerset_admission.admission import (
+    AdmissionCore,
+    BuildFinished,
+    CommitGroup,
+    MutationRefused,
+    RejectionReported,
+    RetryScheduled,
+    StartBuild,
+    WorkerAdded,
+    WorkerRemoved,
+)
+from workerset_admission.identity import EndpointId, GroupKey, Registration, WorkerType
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
+from workerset_admission.telemetry import decision_of, install_log_correlation
+from workerset_admission.telemetry import names as n
+
+ENDPOINT = EndpointId("ns", "backend", "generate")
+GROUP = GroupKey.build("llama", ENDPOINT, "chat", WorkerType.DECODE)
+FIELDS = ("model", "worker_set", "incumbent_checksum", "rejected_checksum", "instance")
+
+
+def registration(instance_id: int, checksum: str, group: GroupKey = GROUP) -> Registration:
+    return Registration(
+        key=f"ns/backend/generate/{instance_id:x}",
+        endpoint=ENDPOINT,
+        instance_id=instance_id,
+        model_suffix=None,
+        group=group,
+        mdc_checksum=checksum,
+        lora_fingerprint="",
+        worker_type=WorkerType.DECODE,
+        needs=(),
+    )
+
+
+def apply(harness: Harness, core: AdmissionCore, event: object) -> list[object]:
+    """Apply one discovery change the way the service does: inside an update scope."""
+    if isinstance(event, WorkerAdded):
+        source: SourcePut | SourceDelete = SourcePut(
+            DiscoveryEntry(key=event.registration.key, value=b"", revision=1)
+        )
+    else:
+        assert isinstance(event, WorkerRemoved)
+        source = SourceDelete(key=event.key, revision=2)
+    with harness.telemetry.apply_update(source) as update:
+        effects: list[object] = list(core.apply(event))  # type: ignore[arg-type]
+        update.effects(effects)
+    return effects
+
+
+def errors(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
+    return [r for r in records if r.levelno == logging.ERROR]
+
+
+def test_a_newly_rejected_cohort_is_logged_once_at_error_with_every_field_as_extra_and_in_text(
+    harness: Harness, rejection_records: list[logging.LogRecord]
+) -> None:
+    core = AdmissionCore()
+    apply(harness, core, WorkerAdded(registration(1, "aaaa")))
+    effects = apply(harness, core, WorkerAdded(registration(2, "bbbb")))
+    assert any(isinstance(e, RejectionReported) for e in effects)
+
+    (record,) = errors(rejection_records)
+    expected = {
+        "model": "llama",
+        "worker_set": GROUP.worker_set,
+        "incumbent_checksum": "aaaa",
+        "rejected_checksum": "bbbb",
+        "instance": "ns/backend/generate/2",
+    }
+    for field, value in expected.items():
+        assert getattr(record, field) == value
+        # The Dynamo host forwards only the message text, so each value is in it too.
+        assert f"{field}={value}" in record.getMessage()
+    assert record.name.startswith("workerset_admission")
+
+
+def test_repeats_of_a_rejected_cohort_are_not_logged_again(
+    harness: Harness, rejection_records: list[logging.LogRecord]
+) -> None:
+    core = AdmissionCore()
+    apply(harness, core, WorkerAdded(registration(1, "aaaa")))
+    apply(harness, core, WorkerAdded(registration(2, "bbbb")))
+    apply(harness, core, WorkerAdded(registration(3, "bbbb")))  # same cohort, bigger
+    apply(harness, core, WorkerAdded(registration(2, "bbbb")))  # a duplicate put
+    assert len(errors(rejection_records)) == 1
+    model = frozenset({(n.ATTR_MODEL, "llama")})
+    assert harness.points(n.METRIC_REJECTED_COHORTS)[model].value == 1
+
+
+def test_after_a_succession_the_remaining_disagreement_is_reported_against_the_new_incumbent(
+    harness: Harness, rejection_records: list[logging.LogRecord]
+) -> None:
+    core = AdmissionCore()
+    apply(harness, core, WorkerAdded(registration(1, "aaaa")))
+    apply(harness, core, WorkerAdded(registration(2, "bbbb")))
+    apply(harness, core, WorkerAdded(registration(3, "cccc")))
+    apply(harness, core, WorkerRemoved("ns/backend/generate/1"))
+
+    reports = [(r.incumbent_checksum, r.rejected_checksum) for r in errors(rejection_records)]  # type: ignore[attr-defined]
+    assert reports == [("aaaa", "bbbb"), ("aaaa", "cccc"), ("bbbb", "cccc")]
+    (succeed,) = harness.finished(n.SPAN_SUCCEED)
+    assert succeed.attributes is not None
+    assert succeed.attributes[n.ATTR_OLD_CHECKSUM] == "aaaa"
+    assert succeed.attributes[n.ATTR_NEW_CHECKSUM] == "bbbb"
+    model = frozenset({(n.ATTR_MODEL, "llama")})
+    assert harness.points(n.METRIC_SUCCESSIONS)[model].value == 1
+
+
+def test_the_rejection_is_an_event_on_the_apply_span_of_the_update_that_caused_it(
+    harness: Harness, rejection_records: list[logging.LogRecord]
+) -> None:
+    core = AdmissionCore()
+    apply(harness, core, WorkerAdded(registration(1, "aaaa")))
+    apply(harness, core, WorkerAdded(registration(2, "bbbb")))
+
+    first, second = harness.finished(n.SPAN_APPLY_UPDATE)
+    assert first.events == ()
+    (event,) = second.events
+    assert event.name == "workerset_admission.cohort_rejected"
+    assert dict(event.attributes or {}) == {
+        n.ATTR_MODEL: "llama",
+        n.ATTR_WORKER_SET: GROUP.worker_set,
+        n.ATTR_INCUMBENT_CHECKSUM: "aaaa",
+        n.ATTR_REJECTED_CHECKSUM: "bbbb",
+        n.ATTR_INSTANCE: "ns/backend/generate/2",
+    }
+    assert [s.attributes[n.ATTR_DECISION] for s in (first, second)] == ["admitted", "rejected"]  # type: ignore[index]
+
+
+def test_the_error_record_carries_the_trace_and_span_of_the_update_once_correlation_is_on(
+    harness: Harness, rejection_records: list[logging.LogRecord]
+) -> None:
+    core = AdmissionCore()
+    apply(harness, core, WorkerAdded(registration(1, "aaaa")))
+    uninstall = install_log_correlation()
+    try:
+        apply(harness, core, WorkerAdded(registration(2, "bbbb")))
+    finally:
+        uninstall()
+
+    (record,) = errors(rejection_records)
+    span = harness.finished(n.SPAN_APPLY_UPDATE)[-1]
+    assert record.otelTraceID == format(span.context.trace_id, "032x")  # type: ignore[attr-defined]
+    assert record.otelSpanID == format(span.context.span_id, "016x")  # type: ignore[attr-defined]
+
+
+def test_records_carry_no_trace_fields_until_correlation_is_installed(
+    rejection_records: list[logging.LogRecord],
+) -> None:
+    logging.getLogger("workerset_admission.admission").error("plain")
+    (record,) = errors(rejection_records)
+    assert not hasattr(record, "otelTraceID")
+
+
+def test_correlation_leaves_other_loggers_records_alone() -> None:
+    seen: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    other = logging.getLogger("somebody.else")
+    handler = Collect()
+    other.addHandler(handler)
+    uninstall = install_log_correlation()
+    try:
+        with trace.get_tracer("t").start_as_current_span("s"):
+            other.warning("hello")
+    finally:
+        uninstall()
+        other.removeHandler(handler)
+    assert not hasattr(seen[0], "otelTraceID")
+
+
+def test_a_full_build_cycle_gives_build_commit_and_retry_telemetry(harness: Harness) -> None:
+    core = AdmissionCore()
+    effects = apply(harness, core, WorkerAdded(registration(1, "aaaa")))
+    (start,) = [e for e in effects if isinstance(e, StartBuild)]
+
+    with harness.telemetry.build_attempt(start.group, start.mdc_checksum, start.generation) as b:
+        b.set_outcome("failed", "RuntimeError")
+    failed = core.apply(
+        BuildFinished(start.group, start.mdc_checksum, start.generation, ok=False, error="boom")
+    )
+    with harness.telemetry.build_attempt(start.group, start.mdc_checksum, start.generation):
+        harness.telemetry.effects(failed)
+    assert any(isinstance(e, RetryScheduled) for e in failed)
+
+    build_span = harness.finished(n.SPAN_BUILD)[-1]
+    (retry,) = build_span.events
+    assert retry.name == "workerset_admission.build_retry_scheduled"
+    assert retry.attributes is not None
+    assert retry.attributes[n.ATTR_BUILD_ATTEMPT] == 1
+    assert isinstance(retry.attributes[n.ATTR_RETRY_DELAY], float)
+
+    commit = CommitGroup(
+        GROUP, "aaaa", 9, receiver=1, members=(), admitted=frozenset(), representative="x"
+    )
+    harness.telemetry.effects([commit])
+    (commit_span,) = harness.finished(n.SPAN_COMMIT)
+    assert commit_span.attributes is not None
+    assert commit_span.attributes[n.ATTR_GENERATION] == 9
+
+
+def test_a_refused_in_place_change_counts_as_an_invalid_record(harness: Harness) -> None:
+    core = AdmissionCore()
+    apply(harness, core, WorkerAdded(registration(1, "aaaa")))
+    effects = apply(harness, core, WorkerAdded(registration(1, "ffff")))
+    assert any(isinstance(e, MutationRefused) for e in effects)
+
+    reason = frozenset({(n.ATTR_REASON, "mutation_refused")})
+    assert harness.points(n.METRIC_INVALID_RECORDS)[reason].value == 1
+    span = harness.finished(n.SPAN_APPLY_UPDATE)[-1]
+    assert span.attributes is not None
+    assert span.attributes[n.ATTR_DECISION] == "refused"
+
+
+def test_decisions_follow_from_the_effects_of_one_update() -> None:
+    core = AdmissionCore()
+    assert decision_of(core.apply(WorkerAdded(registration(1, "aaaa")))) == ("admitted", GROUP)
+    assert decision_of(core.apply(WorkerAdded(registration(2, "bbbb")))) == ("rejected", GROUP)
+    assert decision_of(core.apply(WorkerAdded(registration(2, "bbbb")))) == ("unchanged", None)
+    assert decision_of(core.apply(WorkerRemoved("ns/backend/generate/2"))) == ("removed", GROUP)
