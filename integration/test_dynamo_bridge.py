@@ -1,0 +1,238 @@
+"""Real Dynamo 1.6.1 workers on file discovery reach the JetStream bucket through the bridge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+from natsfixture import NatsServer
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
+from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+
+pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(90)]
+
+runtime = pytest.importorskip(
+    "dynamo.runtime",
+    reason="the Dynamo tests need ai-dynamo-runtime==1.6.1 (pip install ai-dynamo-runtime==1.6.1)",
+)
+llm = pytest.importorskip("dynamo.llm", reason="the Dynamo tests need ai-dynamo-runtime==1.6.1")
+
+NAMESPACE = "bridgens"
+
+# A worker process that registers a model and then never refreshes again once killed.
+_WORKER = """
+import asyncio, sys
+from dynamo.runtime import DistributedRuntime
+from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
+
+async def main():
+    drt = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
+    endpoint = drt.endpoint(sys.argv[1])
+    async def handler(request, context=None):
+        yield {}
+    serving = asyncio.ensure_future(endpoint.serve_endpoint(handler))
+    await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint,
+                         sys.argv[2], sys.argv[3], worker_type=WorkerType.Aggregated)
+    print(format(endpoint.connection_id(), "x"), flush=True)
+    await serving
+
+asyncio.run(main())
+"""
+
+
+def write_model_dir(directory: Path, *, context_length: int = 2048) -> Path:
+    """A model directory Dynamo accepts without weights: config, tokenizer, tokenizer config."""
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "max_position_embeddings": context_length,
+                "vocab_size": 32,
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+            }
+        )
+    )
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {c: 3 + i for i, c in enumerate("abcdefgh ")}
+    (directory / "tokenizer.json").write_text(
+        json.dumps(
+            {
+                "version": "1.0",
+                "truncation": None,
+                "padding": None,
+                "added_tokens": [],
+                "normalizer": None,
+                "pre_tokenizer": None,
+                "post_processor": None,
+                "decoder": None,
+                "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
+            }
+        )
+    )
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"model_max_length": context_length, "bos_token": "<s>", "eos_token": "</s>"})
+    )
+    return directory
+
+
+@pytest.fixture
+def file_discovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point every runtime this test starts at a private file store, on loopback only."""
+    store = tmp_path / "kv"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    for name, value in {
+        "DYN_FILE_KV": str(store),
+        "TMPDIR": str(scratch),
+        "DYN_TCP_RPC_HOST": "127.0.0.1",
+        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+        "DYN_SELF_HOST_METADATA": "0",
+        "DYN_LOG": "warn",
+    }.items():
+        monkeypatch.setenv(name, value)
+    return store
+
+
+@pytest.fixture
+async def bucket(nats_server: NatsServer, bucket_name: str) -> AsyncIterator[KeyValue]:
+    client = await nats.connect(nats_server.url)
+    try:
+        status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket_name))
+        yield status.kv
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def killed_worker(file_discovery: Path, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    model = write_model_dir(tmp_path / "killed-model")
+    process = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, f"{NAMESPACE}.doomed.generate", str(model), "doomed"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+async def _value(kv: KeyValue, key: str) -> bytes | None:
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return None
+    return entry.value
+
+
+async def _sync_until(bridge: DiscoveryBridge, condition: Any, seconds: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        await bridge.sync_once()
+        if await condition():
+            return
+        assert loop.time() < deadline, f"bridge did not converge within {seconds} s"
+        await asyncio.sleep(0.2)
+
+
+async def test_registrations_removals_and_expiry_of_dynamo_workers_reach_the_bucket(
+    file_discovery: Path, bucket: KeyValue, killed_worker: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    drt = runtime.DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
+    endpoint = drt.endpoint(f"{NAMESPACE}.backend.generate")
+
+    async def handler(request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
+        yield {}
+
+    serving = asyncio.ensure_future(endpoint.serve_endpoint(handler))
+    try:
+        model = write_model_dir(tmp_path / "model")
+        await llm.register_model(
+            llm.ModelInput.Tokens,
+            llm.ModelType.Chat | llm.ModelType.Completions,
+            endpoint,
+            str(model),
+            "bridged",
+            worker_type=llm.WorkerType.Aggregated,
+        )
+        worker = f"{endpoint.connection_id():x}"
+        model_key = f"v1.mdc.{NAMESPACE}.backend.generate.{worker}"
+        endpoint_key = f"v1.instances.{NAMESPACE}.backend.generate.{worker}"
+        bridge = DiscoveryBridge(file_discovery, JetStreamBucketWriter(bucket))
+
+        async def both_present() -> bool:
+            return None not in (await _value(bucket, model_key), await _value(bucket, endpoint_key))
+
+        await _sync_until(bridge, both_present, 20)
+        file_name = f"{NAMESPACE}%2Fbackend%2Fgenerate%2F{worker}"
+        assert (
+            await _value(bucket, model_key)
+            == (file_discovery / "v1" / "mdc" / file_name).read_bytes()
+        )
+        record = json.loads(await _value(bucket, model_key) or b"")
+        assert record["type"] == "Model"
+        assert f"{record['instance_id']:x}" == worker
+
+        # Removal: the worker withdraws its card; its endpoint record stays.
+        await llm.unregister_model(endpoint)
+
+        async def card_gone() -> bool:
+            return await _value(bucket, model_key) is None
+
+        await _sync_until(bridge, card_gone, 20)
+        assert await _value(bucket, endpoint_key) is not None
+        assert bridge.stats.removed == 1
+
+        # A clean shutdown deletes the worker's files at once; no live FileStore is left to
+        # sweep stale files, so what follows can only be the bridge's own expiry.
+        drt.shutdown()
+
+        async def endpoint_gone() -> bool:
+            return await _value(bucket, endpoint_key) is None
+
+        await _sync_until(bridge, endpoint_gone, 20)
+        assert bridge.stats.removed == 2
+
+        # Expiry: a killed worker leaves its files behind, unrefreshed, until the TTL passes.
+        assert killed_worker.stdout is not None
+        doomed = killed_worker.stdout.readline().strip()
+        doomed_key = f"v1.mdc.{NAMESPACE}.doomed.generate.{doomed}"
+
+        async def doomed_present() -> bool:
+            return await _value(bucket, doomed_key) is not None
+
+        await _sync_until(bridge, doomed_present, 20)
+        killed_worker.send_signal(signal.SIGKILL)
+        killed_worker.wait(10)
+
+        async def doomed_gone() -> bool:
+            return await _value(bucket, doomed_key) is None
+
+        await _sync_until(bridge, doomed_gone, 30)
+        assert (
+            file_discovery / "v1" / "mdc" / f"{NAMESPACE}%2Fdoomed%2Fgenerate%2F{doomed}"
+        ).exists()
+        assert bridge.stats.expired == 2  # its card and its endpoint record
+    finally:
+        drt.shutdown()
+        serving.cancel()
