@@ -20,13 +20,11 @@ from natsfixture import NatsServer
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 
-pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
-runtime = pytest.importorskip(
-    "dynamo.runtime",
-    reason="the Dynamo tests need ai-dynamo-runtime==1.6.1 (pip install ai-dynamo-runtime==1.6.1)",
+_NEEDS_DYNAMO = (
+    "the Dynamo tests need ai-dynamo-runtime==1.6.1 (pip install ai-dynamo-runtime==1.6.1)"
 )
-llm = pytest.importorskip("dynamo.llm", reason="the Dynamo tests need ai-dynamo-runtime==1.6.1")
 
 NAMESPACE = "bridgens"
 
@@ -155,9 +153,26 @@ async def _sync_until(bridge: DiscoveryBridge, condition: Any, seconds: float) -
         await asyncio.sleep(0.2)
 
 
+async def test_start_prunes_only_the_discovery_keys_the_store_no_longer_holds(
+    bucket: KeyValue, tmp_path: Path
+) -> None:
+    await bucket.put("v1.mdc.ns.backend.generate.dead", b"{}")
+    await bucket.put("v1.instances.ns.backend.generate.dead", b"{}")
+    await bucket.put("elsewhere.key", b"not ours")
+    bridge = DiscoveryBridge(tmp_path / "empty-store", JetStreamBucketWriter(bucket))
+
+    await bridge.sync_once()
+
+    assert await bucket.keys() == ["elsewhere.key"]
+    assert bridge.stats.pruned == 2
+
+
+@pytest.mark.dynamo
 async def test_registrations_removals_and_expiry_of_dynamo_workers_reach_the_bucket(
     file_discovery: Path, bucket: KeyValue, killed_worker: subprocess.Popen[str], tmp_path: Path
 ) -> None:
+    runtime = pytest.importorskip("dynamo.runtime", reason=_NEEDS_DYNAMO)
+    llm = pytest.importorskip("dynamo.llm", reason=_NEEDS_DYNAMO)
     drt = runtime.DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
     endpoint = drt.endpoint(f"{NAMESPACE}.backend.generate")
 

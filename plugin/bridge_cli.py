@@ -5,19 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
-__all__ = ["add_arguments", "run"]
+from workerset_admission.errors import ConfigError
 
-_DEFAULT_BUCKET = "dynamo-discovery"
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     from workerset_admission.adapters.dynamo.filestore import DEFAULT_FILE_TTL, default_store_root
+    from workerset_admission.config import add_settings_arguments
 
     parser.add_argument(
         "--file-kv",
@@ -25,12 +25,6 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"Dynamo's file store root (default: $DYN_FILE_KV, now {default_store_root()})",
     )
-    parser.add_argument(
-        "--servers",
-        default=os.environ.get("NATS_SERVER", "nats://127.0.0.1:4222"),
-        help="comma-separated NATS URLs (default: $NATS_SERVER or nats://127.0.0.1:4222)",
-    )
-    parser.add_argument("--bucket", default=_DEFAULT_BUCKET, help="discovery bucket name")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between passes")
     parser.add_argument(
         "--ttl",
@@ -45,24 +39,27 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         help="keep bucket keys the store does not hold at start (another writer shares it)",
     )
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
+    add_settings_arguments(parser)
 
 
 async def _bridge(args: argparse.Namespace) -> int:
     from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
     from workerset_admission.adapters.dynamo.filestore import default_store_root
     from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
-    from workerset_admission.adapters.nats.connect import (
-        NatsConnectOptions,
-        connect,
-        servers_from_text,
-    )
+    from workerset_admission.adapters.nats.connect import connect
+    from workerset_admission.config import flags_from_args, load_settings
 
+    settings = load_settings(flags=flags_from_args(args), config_file=args.config_file)
+    if settings.embedded:
+        raise ConfigError(
+            "the bridge writes the bucket the frontends read: give their NATS server "
+            "(--nats-server or WORKERSET_ADMISSION_NATS_SERVERS)"
+        )
     root: Path = args.file_kv or default_store_root()
-    client = await connect(
-        NatsConnectOptions(servers=servers_from_text(args.servers), name="workerset-bridge")
-    )
+    client = await connect(replace(settings.nats_connect_options(), name="workerset-bridge"))
     try:
-        status = await ensure_bucket(client.jetstream(), BucketSpec(name=args.bucket))
+        bucket = settings.discovery_bucket
+        status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket))
         bridge = DiscoveryBridge(
             root,
             JetStreamBucketWriter(status.kv),
@@ -77,7 +74,7 @@ async def _bridge(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            print(f"bridging {root} -> bucket {args.bucket}", file=sys.stderr, flush=True)
+            print(f"bridging {root} -> bucket {bucket}", file=sys.stderr, flush=True)
             await bridge.run(stop)
     finally:
         await client.close()
@@ -86,4 +83,8 @@ async def _bridge(args: argparse.Namespace) -> int:
 
 
 def run(name: str, args: argparse.Namespace) -> int:
-    return asyncio.run(_bridge(args))
+    try:
+        return asyncio.run(_bridge(args))
+    except ConfigError as exc:
+        print(f"workerset-admission bridge: {exc}", file=sys.stderr)
+        return 2

@@ -60,7 +60,8 @@ class BucketWriter(Protocol):
 class JetStreamBucketWriter:
     """:class:`BucketWriter` over a nats-py KeyValue handle."""
 
-    _OWNED = ("v1.mdc.>", "v1.instances.>")
+    # nats-py's ``keys(filters=...)`` matches substrings, not subject wildcards: filter here.
+    _OWNED = ("v1.mdc.", "v1.instances.")
 
     def __init__(self, kv: KeyValue) -> None:
         self._kv = kv
@@ -73,9 +74,10 @@ class JetStreamBucketWriter:
 
     async def keys(self) -> list[str]:
         try:
-            return list(await self._kv.keys(filters=list(self._OWNED)))
+            keys = await self._kv.keys()
         except NoKeysError:
             return []
+        return [key for key in keys if key.startswith(self._OWNED)]
 
 
 _PLAIN_TOKEN_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
