@@ -1,0 +1,731 @@
+"""The discovery boundary: KV keys and values in, normalized registrations out.
+
+This is where a discovery record becomes a :class:`~workerset_admission.identity.Registration`
+the admission core can use, with the same normalization 1.6.1's frontend applies before it
+computes ``mdcsum()``: namespace filter, card decoding, legacy prefill topology, tokenizer
+overrides, card shape validation, the LoRA suffix/card agreement, the group key, the checksum,
+the LoRA projection fingerprint, taints.
+
+KV keys mirror Dynamo's discovery paths with ``.`` as the separator so NATS subject filters
+work::
+
+    v1.mdc.<ns>.<component>.<endpoint>.<id hex>[.<lora suffix>]
+    v1.instances.<ns>.<component>.<endpoint>.<id hex>
+
+Each token is escaped reversibly: a byte outside ``[A-Za-z0-9_-]`` becomes ``=XX`` (uppercase
+hex of each UTF-8 byte). Only the canonical spelling is accepted, so a key has one meaning.
+
+Speed: registrations that share a card (a fleet) usually carry byte-identical ``card_json``
+text. The decoded card, its checksum and fingerprint are cached by those exact bytes (and by
+the tokenizer overrides), so each further record costs a small parse of the envelope only.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import blake3
+
+from ..errors import CardDecodeError, InvalidRecordError, UsageError
+from ..identity import EndpointId, GroupKey, Registration, WorkerType, instance_key
+from . import jsonio
+from .checksum import card_checksum
+from .model import PREFILL_BIT, DecodedCard, decode_card_value, model_type_names
+from .schema import Ctx
+
+__all__ = [
+    "DEFAULT_MAX_VALUE_SIZE",
+    "BoundarySettings",
+    "EndpointRecord",
+    "NamespaceFilter",
+    "ParsedKey",
+    "decode_endpoint_record",
+    "decode_model_record",
+    "encode_endpoint_record",
+    "encode_model_record",
+    "endpoint_kv_key",
+    "escape_token",
+    "lora_projection_fingerprint",
+    "model_kv_key",
+    "normalize_card",
+    "parse_key",
+    "unescape_token",
+]
+
+DEFAULT_MAX_VALUE_SIZE = 1 << 20
+MODEL_PREFIX = "v1.mdc."
+ENDPOINT_PREFIX = "v1.instances."
+
+_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_TOKEN_RE = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
+_HEX_ID_RE = re.compile(r"(?:0|[1-9a-f][0-9a-f]{0,15})")
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def escape_token(text: str) -> str:
+    """Escape one key token: bytes outside ``[A-Za-z0-9_-]`` become ``=XX``."""
+    if not text:
+        raise UsageError("a key token cannot be empty")
+    if text.isascii() and all(ord(c) in _PLAIN for c in text):
+        return text
+    return "".join(chr(b) if b in _PLAIN else f"={b:02X}" for b in text.encode("utf-8"))
+
+
+def unescape_token(token: str) -> str:
+    """Undo :func:`escape_token`; raise :class:`InvalidRecordError` unless canonical."""
+    if not _TOKEN_RE.fullmatch(token):
+        raise InvalidRecordError("bad_key", f"malformed key token {token!r}")
+    if "=" not in token:
+        return token
+    raw = bytearray()
+    pos = 0
+    while pos < len(token):
+        if token[pos] == "=":
+            raw.append(int(token[pos + 1 : pos + 3], 16))
+            pos += 3
+        else:
+            raw.append(ord(token[pos]))
+            pos += 1
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRecordError("bad_key", f"key token {token!r} is not UTF-8") from None
+    if escape_token(text) != token:
+        raise InvalidRecordError("bad_key", f"key token {token!r} is not canonically escaped")
+    return text
+
+
+def _check_instance_id(instance_id: int) -> None:
+    if isinstance(instance_id, bool) or not isinstance(instance_id, int):
+        raise UsageError("instance_id must be an int")
+    if not 0 <= instance_id < 1 << 64:
+        raise UsageError("instance_id must fit in u64")
+
+
+def model_kv_key(endpoint: EndpointId, instance_id: int, suffix: str | None = None) -> str:
+    """KV key of a model card record (with the LoRA suffix for an adapter card)."""
+    _check_instance_id(instance_id)
+    parts = [
+        "v1",
+        "mdc",
+        escape_token(endpoint.namespace),
+        escape_token(endpoint.component),
+        escape_token(endpoint.endpoint),
+        f"{instance_id:x}",
+    ]
+    if suffix:
+        parts.append(escape_token(suffix))
+    return ".".join(parts)
+
+
+def endpoint_kv_key(endpoint: EndpointId, instance_id: int) -> str:
+    """KV key of an endpoint liveness record."""
+    _check_instance_id(instance_id)
+    return ".".join(
+        [
+            "v1",
+            "instances",
+            escape_token(endpoint.namespace),
+            escape_token(endpoint.component),
+            escape_token(endpoint.endpoint),
+            f"{instance_id:x}",
+        ]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedKey:
+    """A decoded discovery KV key."""
+
+    kind: Literal["model", "endpoint"]
+    endpoint: EndpointId
+    instance_id: int
+    model_suffix: str | None = None
+    key: str = field(default="", compare=False)
+
+    @property
+    def instance_key(self) -> str:
+        """Dynamo's instance path ``ns/comp/ep/<hex>[/suffix]``."""
+        return instance_key(self.endpoint, self.instance_id, self.model_suffix)
+
+
+def parse_key(kv_key: str) -> ParsedKey:
+    """Parse a discovery KV key, or raise :class:`InvalidRecordError` (reason ``bad_key``)."""
+    if not isinstance(kv_key, str):
+        raise InvalidRecordError("bad_key", "a KV key must be a string")
+    parts = kv_key.split(".")
+    if len(parts) < 2 or parts[0] != "v1" or parts[1] not in ("mdc", "instances"):
+        raise InvalidRecordError("bad_key", f"not a discovery key: {kv_key!r}", key=kv_key)
+    kind: Literal["model", "endpoint"] = "model" if parts[1] == "mdc" else "endpoint"
+    allowed = (6, 7) if kind == "model" else (6,)
+    if len(parts) not in allowed:
+        raise InvalidRecordError("bad_key", f"wrong number of key tokens in {kv_key!r}", key=kv_key)
+    try:
+        ns, comp, ep = (unescape_token(p) for p in parts[2:5])
+        suffix = unescape_token(parts[6]) if len(parts) == 7 else None
+    except InvalidRecordError as exc:
+        raise InvalidRecordError(exc.reason, exc.detail, key=kv_key) from None
+    if not _HEX_ID_RE.fullmatch(parts[5]):
+        raise InvalidRecordError(
+            "bad_key", f"instance id {parts[5]!r} is not canonical lowercase hex", key=kv_key
+        )
+    return ParsedKey(kind, EndpointId(ns, comp, ep), int(parts[5], 16), suffix, kv_key)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+class NamespaceFilter(str, enum.Enum):
+    """How the frontend's namespace setting selects worker namespaces (1.6.1 rules)."""
+
+    GLOBAL = "global"
+    EXACT = "exact"
+    PREFIX = "prefix"
+
+
+@dataclass(frozen=True, slots=True)
+class BoundarySettings:
+    """Frontend-side settings that shape normalization.
+
+    ``namespace``: absent, empty or ``"dynamo"`` means every namespace (Dynamo's global
+    filter). ``namespace_prefix``: a literal prefix match instead; with ``prefix_strict`` only
+    the prefix itself or ``<prefix>-*`` match (worker generations). The tokenizer overrides
+    are written into ``runtime_config`` as 1.6.1's ``--tokenizer-backend`` /
+    ``--tokenizer-fallback`` do; they are not part of the checksum.
+    """
+
+    namespace: str | None = None
+    namespace_prefix: str | None = None
+    prefix_strict: bool = False
+    tokenizer_backend: str | None = None
+    tokenizer_fallback_enabled: bool | None = None
+    max_value_size: int = DEFAULT_MAX_VALUE_SIZE
+
+    def __post_init__(self) -> None:
+        if self.tokenizer_backend not in (None, "default", "fastokens", "basetenkenizer"):
+            raise UsageError(f"unknown tokenizer backend {self.tokenizer_backend!r}")
+        if self.max_value_size <= 0:
+            raise UsageError("max_value_size must be positive")
+
+    @property
+    def filter_kind(self) -> NamespaceFilter:
+        if self.namespace_prefix is not None:
+            return NamespaceFilter.PREFIX
+        if self.namespace in (None, "", "dynamo"):
+            return NamespaceFilter.GLOBAL
+        return NamespaceFilter.EXACT
+
+    def namespace_matches(self, namespace: str) -> bool:
+        kind = self.filter_kind
+        if kind is NamespaceFilter.GLOBAL:
+            return True
+        if kind is NamespaceFilter.EXACT:
+            return namespace == self.namespace
+        prefix = self.namespace_prefix or ""
+        if self.prefix_strict:
+            return namespace == prefix or namespace.startswith(prefix + "-")
+        return namespace.startswith(prefix)
+
+    @property
+    def overrides(self) -> tuple[str | None, bool | None]:
+        return (self.tokenizer_backend, self.tokenizer_fallback_enabled)
+
+
+# --------------------------------------------------------------------------- normalization
+
+
+def _sorted_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _sorted_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(item) for item in value]
+    return value
+
+
+def lora_projection_fingerprint(card: DecodedCard) -> str:
+    """1.6.1's LoRA projection fingerprint: blake3 of the key-sorted projection JSON."""
+    fields = card.fields
+    lora = fields["lora"]
+    projection = {
+        "aliases": list(fields["aliases"]),
+        "base_capacity": fields["runtime_config"]["max_gpu_lora_count"],
+        "display_name": fields["display_name"],
+        "lora": None
+        if lora is None
+        else {"name": lora["name"], "max_gpu_lora_count": lora["max_gpu_lora_count"]},
+    }
+    text = jsonio.dumps_compact(_sorted_keys(projection))
+    return blake3.blake3(text.encode()).hexdigest()
+
+
+_TOKENS_SURFACES = PREFILL_BIT | 0b111  # chat, completions, embedding, legacy prefill bit
+_TENSOR_BIT = 1 << 3
+
+
+def _validate_shape(card: DecodedCard, effective: str) -> None:
+    bits = card.model_type_bits
+    model_input = card.model_input
+    if not card.display_name:
+        raise CardDecodeError("invalid_card_shape", "model name must not be empty")
+    if effective == "prefill" and model_input != "Tokens":
+        raise CardDecodeError("invalid_card_shape", "a prefill worker requires Tokens input")
+    if card.worker_type == "encode" and bits == 0 and model_input != "Tokens":
+        raise CardDecodeError("invalid_card_shape", "an encode worker requires Tokens input")
+    if bits == 0 or model_input == "Text":
+        return
+    if model_input == "Tokens" and not bits & ~_TOKENS_SURFACES:
+        return
+    if model_input == "Tensor" and bits == _TENSOR_BIT:
+        return
+    raise CardDecodeError(
+        "invalid_card_shape",
+        f"unsupported model input {model_input} for model type {model_type_names(bits)!r}",
+    )
+
+
+def normalize_card(card: DecodedCard, settings: BoundarySettings) -> DecodedCard:
+    """Legacy prefill topology and tokenizer overrides, as 1.6.1 applies them before mdcsum."""
+    fields = card.fields
+    changed = False
+    if fields["worker_type"] is None and fields["model_type"] & PREFILL_BIT:
+        # N-2 prefill workers announced themselves only through the Prefill model-type bit.
+        fields = dict(fields)
+        fields["worker_type"] = "prefill"
+        if not fields["needs"]:
+            fields["needs"] = [["decode"]]
+        changed = True
+    backend, fallback = settings.overrides
+    if backend is not None or fallback is not None:
+        fields = dict(fields) if not changed else fields
+        runtime = dict(fields["runtime_config"])
+        if backend is not None:
+            runtime["tokenizer_backend"] = backend
+        if fallback is not None:
+            runtime["tokenizer_fallback_enabled"] = fallback
+        fields["runtime_config"] = runtime
+        changed = True
+    return DecodedCard(fields) if changed else card
+
+
+def _effective_worker_type(card: DecodedCard) -> str:
+    if card.worker_type is not None:
+        return card.worker_type
+    return "prefill" if card.model_type_bits & PREFILL_BIT else "aggregated"
+
+
+@dataclass(frozen=True, slots=True)
+class _CardFacts:
+    """Everything about a card that does not depend on the record carrying it."""
+
+    card: DecodedCard
+    checksum: str
+    fingerprint: str
+    model_types: str
+    effective: WorkerType
+    worker_type: WorkerType | None
+    needs: tuple[tuple[WorkerType, ...], ...]
+    taints: tuple[str, ...]
+
+
+def _card_facts(card: DecodedCard, settings: BoundarySettings) -> _CardFacts:
+    card = normalize_card(card, settings)
+    effective = _effective_worker_type(card)
+    _validate_shape(card, effective)
+    worker_type = card.worker_type
+    return _CardFacts(
+        card=card,
+        checksum=card_checksum(card),
+        fingerprint=lora_projection_fingerprint(card),
+        model_types=model_type_names(card.model_type_bits),
+        effective=WorkerType(effective),
+        worker_type=None if worker_type is None else WorkerType(worker_type),
+        needs=tuple(tuple(WorkerType(w) for w in alt) for alt in card.needs),
+        taints=tuple(sorted(card.fields["runtime_config"]["taints"])),
+    )
+
+
+# --------------------------------------------------------------------------- records
+
+
+_CACHE_LIMIT = 1024
+
+
+class _FactsCache:
+    """Decoded cards by exact card text and override settings (content addressed)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[
+            tuple[str, tuple[str | None, bool | None]], _CardFacts | CardDecodeError
+        ] = {}
+
+    def get(
+        self, key: tuple[str, tuple[str | None, bool | None]]
+    ) -> _CardFacts | CardDecodeError | None:
+        return self.entries.get(key)
+
+    def put(
+        self, key: tuple[str, tuple[str | None, bool | None]], value: _CardFacts | CardDecodeError
+    ) -> None:
+        if len(self.entries) >= _CACHE_LIMIT:
+            self.entries.pop(next(iter(self.entries)))
+        self.entries[key] = value
+
+
+_CACHE = _FactsCache()
+
+
+def _as_text(
+    raw: bytes | bytearray | memoryview | str, settings: BoundarySettings, key: str
+) -> str:
+    size = len(raw) if isinstance(raw, str) else len(bytes(raw))
+    if size > settings.max_value_size:
+        raise InvalidRecordError(
+            "value_too_large", f"value of {size} bytes exceeds {settings.max_value_size}", key=key
+        )
+    if isinstance(raw, str):
+        if len(raw.encode("utf-8", "surrogatepass")) > settings.max_value_size:
+            raise InvalidRecordError("value_too_large", "value exceeds the size limit", key=key)
+        return raw
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRecordError("invalid_utf8", str(exc), key=key) from None
+
+
+def _parse(text: str, key: str) -> Any:
+    try:
+        return jsonio.loads(text)
+    except jsonio.JsonError as exc:
+        raise InvalidRecordError(exc.reason, exc.detail, key=key) from None
+
+
+def _check_envelope(
+    obj: Any, parsed: ParsedKey, expected_type: str, fields: tuple[str, ...]
+) -> dict[str, Any]:
+    key = parsed.key
+    if not isinstance(obj, dict):
+        raise InvalidRecordError(
+            "invalid_record", "a discovery value must be a JSON object", key=key
+        )
+    if isinstance(obj, jsonio.DupDict):
+        for name in obj.dups:
+            if name == "type" or name in fields:
+                raise InvalidRecordError("duplicate_field", f"duplicate field `{name}`", key=key)
+    kind = obj.get("type")
+    if kind != expected_type:
+        raise InvalidRecordError(
+            "wrong_record_type", f"expected a {expected_type} record, got type {kind!r}", key=key
+        )
+    for name in ("namespace", "component", "endpoint"):
+        if not isinstance(obj.get(name), str):
+            raise InvalidRecordError("invalid_record", f"field `{name}` must be a string", key=key)
+    instance_id = obj.get("instance_id")
+    if (
+        isinstance(instance_id, bool)
+        or not isinstance(instance_id, int)
+        or not 0 <= instance_id < 1 << 64
+    ):
+        raise InvalidRecordError("invalid_record", "field `instance_id` must be a u64", key=key)
+    endpoint = parsed.endpoint
+    if (obj["namespace"], obj["component"], obj["endpoint"]) != (
+        endpoint.namespace,
+        endpoint.component,
+        endpoint.endpoint,
+    ) or instance_id != parsed.instance_id:
+        raise InvalidRecordError(
+            "identity_mismatch",
+            "the value's endpoint or instance id disagrees with its key",
+            key=key,
+        )
+    return obj
+
+
+_MODEL_FIELDS = ("namespace", "component", "endpoint", "instance_id", "card_json", "model_suffix")
+_CARD_MARK = '"card_json":'
+
+
+def _split_fast(text: str) -> tuple[str, str] | None:
+    """Split a record into (envelope with ``null`` for the card, card text), or None."""
+    start = text.find(_CARD_MARK)
+    if start < 0 or text.find(_CARD_MARK, start + 1) >= 0 or not text.endswith("}"):
+        return None
+    card_start = start + len(_CARD_MARK)
+    end = text.rfind(',"model_suffix":"')
+    if end < card_start:
+        end = len(text) - 1
+    envelope = text[:card_start] + "null" + text[end:]
+    return envelope, text[card_start:end]
+
+
+def _mentions_card(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "card_json" in item:
+                return True
+        elif isinstance(item, dict):
+            for name, sub in item.items():
+                if name != "card_json" and "card_json" in name:
+                    return True
+                stack.append(sub)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _decode_card_text(card_text: str, key: str, level: int) -> Any:
+    value = _parse(card_text, key)
+    if level + jsonio.depth_of(value) > jsonio.MAX_DEPTH:
+        raise InvalidRecordError("depth_limit", "recursion limit exceeded", key=key)
+    return value
+
+
+def _facts_for(
+    card_value: Any, check_strings: bool, settings: BoundarySettings, ctx: Ctx | None
+) -> _CardFacts:
+    card = decode_card_value(card_value, strict_dups=False, check_strings=check_strings, ctx=ctx)
+    return _card_facts(card, settings)
+
+
+def _reads_files(value: Any) -> bool:
+    router = value.get("router_config") if isinstance(value, dict) else None
+    if isinstance(router, dict):
+        kv = router.get("kv_router_config")
+        if isinstance(kv, dict):
+            return (
+                kv.get("router_policy_config") is not None
+                or kv.get("router_tracking_key_file") is not None
+            )
+    return isinstance(router, list)
+
+
+def _cached_facts(
+    card_text: str, settings: BoundarySettings, ctx: Ctx | None, key: str
+) -> _CardFacts:
+    cache_key = (card_text, settings.overrides)
+    cached = _CACHE.get(cache_key)
+    if cached is None:
+        card_value = _decode_card_text(card_text, key, 1)
+        try:
+            cached = _facts_for(card_value, False, settings, ctx)
+        except CardDecodeError as exc:
+            cached = exc
+        # A card naming router files is re-read every time, as 1.6.1 reads them per decode.
+        if ctx is None and not _reads_files(card_value):
+            _CACHE.put(cache_key, cached)
+    if isinstance(cached, CardDecodeError):
+        raise CardDecodeError(cached.reason, cached.detail)
+    return cached
+
+
+def decode_model_record(
+    parsed_key: ParsedKey,
+    raw: bytes | bytearray | memoryview | str | Mapping[str, Any],
+    settings: BoundarySettings | None = None,
+    *,
+    ctx: Ctx | None = None,
+) -> Registration | None:
+    """Decode and normalize one model card record; ``None`` when the namespace filter drops it.
+
+    Raises :class:`InvalidRecordError` (bad envelope, key/value disagreement, LoRA
+    disagreement) or :class:`CardDecodeError` (a card 1.6.1 refuses), never anything else.
+    ``ctx`` may supply a file reader for the router files a card names (tests).
+    """
+    settings = settings or BoundarySettings()
+    if parsed_key.kind != "model":
+        raise UsageError("decode_model_record needs a model key")
+    key = parsed_key.key or model_kv_key(
+        parsed_key.endpoint, parsed_key.instance_id, parsed_key.model_suffix
+    )
+    if not settings.namespace_matches(parsed_key.endpoint.namespace):
+        return None
+    facts: _CardFacts | None = None
+    if isinstance(raw, Mapping):
+        try:
+            envelope = jsonio.loads(jsonio.dumps_compact(dict(raw)))
+        except (TypeError, jsonio.JsonError) as exc:
+            raise InvalidRecordError("invalid_record", str(exc), key=key) from None
+        obj = _check_envelope(envelope, parsed_key, "Model", _MODEL_FIELDS)
+        card_value = obj.get("card_json")
+        if jsonio.depth_of(obj) > jsonio.MAX_DEPTH:
+            raise InvalidRecordError("depth_limit", "recursion limit exceeded", key=key)
+        check = True
+    else:
+        text = _as_text(raw, settings, key)
+        check = jsonio.has_lone_surrogate_escape(text)
+        split = None if check else _split_fast(text)
+        if split is not None:
+            envelope_text, card_text = split
+            envelope = _parse(envelope_text, key)
+            if (
+                isinstance(envelope, dict)
+                and "card_json" in envelope
+                and envelope["card_json"] is None
+                and not _mentions_card(envelope)
+            ):
+                obj = _check_envelope(envelope, parsed_key, "Model", _MODEL_FIELDS)
+                facts = _cached_facts(card_text, settings, ctx, key)
+                return _registration(obj, parsed_key, facts, key)
+        whole = _parse(text, key)
+        if jsonio.depth_of(whole) > jsonio.MAX_DEPTH:
+            raise InvalidRecordError("depth_limit", "recursion limit exceeded", key=key)
+        if check and jsonio.has_lone_surrogate(whole):
+            raise InvalidRecordError("invalid_string", "lone surrogate in hex escape", key=key)
+        obj = _check_envelope(whole, parsed_key, "Model", _MODEL_FIELDS)
+        card_value = obj.get("card_json")
+        check = False
+    if "card_json" not in obj:
+        raise InvalidRecordError("invalid_record", "missing field `card_json`", key=key)
+    if facts is None:
+        facts = _facts_for(card_value, check, settings, ctx)
+    return _registration(obj, parsed_key, facts, key)
+
+
+def _registration(
+    obj: dict[str, Any], parsed_key: ParsedKey, facts: _CardFacts, key: str
+) -> Registration:
+    suffix = obj.get("model_suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise InvalidRecordError("invalid_record", "field `model_suffix` must be a string", key=key)
+    if suffix != parsed_key.model_suffix:
+        raise InvalidRecordError(
+            "identity_mismatch", "the value's model_suffix disagrees with its key", key=key
+        )
+    if (suffix is not None) != (facts.card.fields["lora"] is not None):
+        raise InvalidRecordError(
+            "lora_mismatch", "LoRA discovery identity and card metadata disagree", key=key
+        )
+    group = GroupKey.build(
+        facts.card.display_name, parsed_key.endpoint, facts.model_types, facts.effective
+    )
+    return Registration(
+        key=parsed_key.instance_key,
+        endpoint=parsed_key.endpoint,
+        instance_id=parsed_key.instance_id,
+        model_suffix=suffix,
+        group=group,
+        mdc_checksum=facts.checksum,
+        lora_fingerprint=facts.fingerprint,
+        worker_type=facts.worker_type,
+        needs=facts.needs,
+        taints=facts.taints,
+        card=facts.card,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRecord:
+    """An endpoint liveness record: which instance serves an endpoint, and how to reach it."""
+
+    endpoint: EndpointId
+    instance_id: int
+    transport: Any = None
+    device_type: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def instance_key(self) -> str:
+        return instance_key(self.endpoint, self.instance_id)
+
+
+_ENDPOINT_FIELDS = ("namespace", "component", "endpoint", "instance_id", "transport", "device_type")
+
+
+def decode_endpoint_record(
+    parsed_key: ParsedKey,
+    raw: bytes | bytearray | memoryview | str | Mapping[str, Any],
+    settings: BoundarySettings | None = None,
+) -> EndpointRecord:
+    """Decode an endpoint liveness record; its identity must agree with its key."""
+    settings = settings or BoundarySettings()
+    if parsed_key.kind != "endpoint":
+        raise UsageError("decode_endpoint_record needs an endpoint key")
+    key = parsed_key.key or endpoint_kv_key(parsed_key.endpoint, parsed_key.instance_id)
+    if isinstance(raw, Mapping):
+        try:
+            value = jsonio.loads(jsonio.dumps_compact(dict(raw)))
+        except (TypeError, jsonio.JsonError) as exc:
+            raise InvalidRecordError("invalid_record", str(exc), key=key) from None
+    else:
+        value = _parse(_as_text(raw, settings, key), key)
+    if jsonio.depth_of(value) > jsonio.MAX_DEPTH:
+        raise InvalidRecordError("depth_limit", "recursion limit exceeded", key=key)
+    obj = _check_envelope(value, parsed_key, "Endpoint", _ENDPOINT_FIELDS)
+    device = obj.get("device_type")
+    if device is not None and not isinstance(device, str):
+        raise InvalidRecordError("invalid_record", "field `device_type` must be a string", key=key)
+    extra = {k: v for k, v in obj.items() if k not in _ENDPOINT_FIELDS and k != "type"}
+    return EndpointRecord(
+        parsed_key.endpoint, parsed_key.instance_id, obj.get("transport"), device, extra
+    )
+
+
+# --------------------------------------------------------------------------- encoders
+
+
+def _card_text(card: Mapping[str, Any] | str | bytes) -> str:
+    if isinstance(card, Mapping):
+        return jsonio.dumps_compact(dict(card))
+    text = card.decode("utf-8") if isinstance(card, bytes) else card
+    try:
+        value = jsonio.loads(text)
+    except jsonio.JsonError as exc:
+        raise UsageError(f"card text is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError("card text must be a JSON object")
+    return text.strip()
+
+
+def encode_model_record(
+    endpoint: EndpointId,
+    instance_id: int,
+    card_mapping: Mapping[str, Any] | str | bytes,
+    suffix: str | None = None,
+) -> bytes:
+    """A 1.6.1 ``DiscoveryInstance::Model`` value (compact JSON, 1.6.1 field order)."""
+    _check_instance_id(instance_id)
+    head = jsonio.dumps_compact(
+        {
+            "type": "Model",
+            "namespace": endpoint.namespace,
+            "component": endpoint.component,
+            "endpoint": endpoint.endpoint,
+            "instance_id": instance_id,
+        }
+    )
+    text = f"{head[:-1]},{_CARD_MARK}{_card_text(card_mapping)}"
+    if suffix:
+        text += f',"model_suffix":{json.dumps(suffix, ensure_ascii=False)}'
+    return (text + "}").encode("utf-8")
+
+
+def encode_endpoint_record(
+    endpoint: EndpointId,
+    instance_id: int,
+    transport: Any = None,
+    device_type: str | None = "cpu",
+    extra: Mapping[str, Any] | None = None,
+) -> bytes:
+    """A 1.6.1 ``DiscoveryInstance::Endpoint`` value."""
+    _check_instance_id(instance_id)
+    value: dict[str, Any] = {
+        "type": "Endpoint",
+        "component": endpoint.component,
+        "endpoint": endpoint.endpoint,
+        "namespace": endpoint.namespace,
+        "instance_id": instance_id,
+        "transport": transport
+        if transport is not None
+        else {"tcp": f"127.0.0.1:0/{instance_id:x}"},
+        "device_type": device_type,
+    }
+    value.update(extra or {})
+    return jsonio.dumps_compact(value).encode("utf-8")

@@ -1,0 +1,244 @@
+"""``mdcsum()`` of Dynamo 1.6.1, plus its slug and metadata-cache path helpers.
+
+The checksum is blake3 over a byte layout built from the decoded card (see ``_layout``); the
+field order and encodings follow 1.6.1 exactly, including the raw 32-byte digest of the
+router config's canonical re-serialization and the runtime-contract dimensions appended last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import blake3
+
+from . import jsonio
+from .model import DecodedCard, decode_card, decode_card_value, rust_trim
+from .paths import file_basename
+
+__all__ = [
+    "card_checksum",
+    "mdc_local_path",
+    "mdcsum",
+    "router_config_json",
+    "slug",
+]
+
+_WT_CODE = {None: 0, "prefill": 1, "decode": 2, "encode": 3, "aggregated": 4}
+_PROMPT_CONTEXT_DEBUG = {"oai_chat": "OaiChat", "llama3_date_time": "Llama3DateTime"}
+_SLOTS = ("model_info", "tokenizer", "prompt_formatter", "chat_template_file", "gen_config")
+_CONTRACT_TAG = b"\0dynamo/model-card/runtime-contract/v1\0"
+_VIDEO_CONTRACT = "vllm_nemotron_video_processor_contract"
+_TRUTHY_FLAGS = ("vllm_enable_tower_connector_lora", "vllm_inference_v1_generate")
+
+
+def _u32(value: int) -> bytes:
+    return struct.pack(">I", value)
+
+
+def _slot_checksum(slot: tuple[str, Any]) -> str:
+    _variant, content = slot
+    checked = content["file"] if "file" in content and "is_custom" in content else content
+    algo, digest = checked["checksum"]
+    return f"{algo}:{digest}"
+
+
+def _effective_context_length(fields: Mapping[str, Any]) -> int:
+    for value in (
+        fields["runtime_config"]["context_length"],
+        fields["architectural_max_context_length"],
+        fields["context_length"],
+    ):
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def _kv_router_json(kv: Mapping[str, Any]) -> dict[str, Any]:
+    # The order and skip rules of 1.6.1's KvRouterConfig serialization.
+    out: dict[str, Any] = {
+        "overlap_score_credit": kv["overlap_score_credit"],
+        "overlap_score_credit_decay": kv["overlap_score_credit_decay"],
+        "prefill_load_scale": kv["prefill_load_scale"],
+    }
+    if kv["decode_active_request_weight"] != 0.0:
+        out["decode_active_request_weight"] = kv["decode_active_request_weight"]
+    for name in (
+        "host_cache_hit_weight",
+        "disk_cache_hit_weight",
+        "router_temperature",
+        "use_kv_events",
+        "router_replica_sync",
+        "router_track_active_blocks",
+        "router_track_output_blocks",
+        "router_assume_kv_reuse",
+        "router_track_prefill_tokens",
+    ):
+        out[name] = kv[name]
+    if kv["router_tracking_hash"] != "public-xxh3-v1":
+        out["router_tracking_hash"] = kv["router_tracking_hash"]
+    for name in ("router_tracking_key_file", "router_tracking_key_id"):
+        if kv[name] is not None:
+            out[name] = kv[name]
+    out["router_prefill_load_model"] = kv["router_prefill_load_model"]
+    out["router_ttl_secs"] = kv["router_ttl_secs"]
+    out["router_queue_threshold"] = kv["router_queue_threshold"]
+    out["router_policy_config"] = kv["router_policy_config"]
+    out["router_event_threads"] = kv["router_event_threads"]
+    out["skip_initial_worker_wait"] = kv["skip_initial_worker_wait"]
+    out["router_queue_policy"] = kv["router_queue_policy"]
+    out["use_remote_indexer"] = kv["use_remote_indexer"]
+    out["serve_indexer"] = kv["serve_indexer"]
+    if kv["enable_session_prefix_index"]:
+        out["enable_session_prefix_index"] = True
+    if kv["shared_cache_multiplier"] is not None:
+        out["shared_cache_multiplier"] = kv["shared_cache_multiplier"]
+    out["shared_cache_type"] = kv["shared_cache_type"]
+    out["router_predicted_ttl_secs"] = kv["router_predicted_ttl_secs"]
+    if kv["conditional_disagg_enabled"]:
+        out["conditional_disagg_enabled"] = True
+    if kv["conditional_disagg_policy"] != "isl_bounding":
+        out["conditional_disagg_policy"] = kv["conditional_disagg_policy"]
+    if kv["conditional_disagg_eff_isl_threshold"] != 2048:
+        out["conditional_disagg_eff_isl_threshold"] = kv["conditional_disagg_eff_isl_threshold"]
+    if kv["conditional_disagg_eff_isl_ratio_threshold"] != 0.7:
+        out["conditional_disagg_eff_isl_ratio_threshold"] = kv[
+            "conditional_disagg_eff_isl_ratio_threshold"
+        ]
+    for name in (
+        "conditional_disagg_prefill_busy_threshold",
+        "conditional_disagg_decode_busy_threshold",
+    ):
+        if kv[name] is not None:
+            out[name] = kv[name]
+    return out
+
+
+def router_config_json(router: Mapping[str, Any]) -> str:
+    """The router config as 1.6.1 re-serializes it (the text its digest covers)."""
+    load = router["load_threshold_config"]
+    load_json = {k: v for k, v in load.items() if v is not None}
+    value = {
+        "router_mode": router["router_mode"],
+        "kv_router_config": _kv_router_json(router["kv_router_config"]),
+        "load_threshold_config": load_json,
+        "enforce_disagg": router["enforce_disagg"],
+        "session_affinity_ttl_secs": router["session_affinity_ttl_secs"],
+        "session_affinity_mode": router["session_affinity_mode"],
+    }
+    return jsonio.dumps_compact(value)
+
+
+def _truthy(value: Any) -> bool:
+    if value is True:
+        return True
+    if isinstance(value, str):
+        return rust_trim(value).lower() in ("1", "true", "yes", "on")
+    return False
+
+
+def _sorted_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _sorted_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(item) for item in value]
+    return value
+
+
+def _layout(card: DecodedCard) -> bytes:
+    fields = card.fields
+    out = bytearray(fields["display_name"].encode())
+    if fields["source_path"] is not None:
+        out += fields["source_path"].encode()
+    for slot in _SLOTS:
+        if fields[slot] is not None:
+            out += _slot_checksum(fields[slot]).encode()
+    extra = sorted((file_basename(f["path"]), f["checksum"][1]) for f in fields["extra_files"])
+    for name, digest in extra:
+        out += name.encode() + b"\0" + digest.encode()
+    if fields["prompt_context"] is not None:
+        debug = ", ".join(_PROMPT_CONTEXT_DEBUG[item] for item in fields["prompt_context"])
+        out += f"[{debug}]".encode()
+    out += _u32(_effective_context_length(fields))
+    out += _u32(fields["kv_cache_block_size"])
+    out.append(_WT_CODE[fields["worker_type"]])
+    out += _u32(len(fields["needs"]))
+    for alternative in fields["needs"]:
+        out += _u32(len(alternative))
+        out += bytes(_WT_CODE[item] for item in alternative)
+    if fields["router_config"] is not None:
+        out += blake3.blake3(router_config_json(fields["router_config"]).encode()).digest()
+    identity = fields["indexer_identity"]
+    if identity is not None:
+        out += _indexer_identity_bytes(identity)
+    if fields["aliases"]:
+        out += _u32(len(fields["aliases"]))
+        for alias in fields["aliases"]:
+            data = alias.encode()
+            out += _u32(len(data)) + data
+    runtime_data = fields["runtime_config"]["runtime_data"]
+    for flag in _TRUTHY_FLAGS:
+        if _truthy(runtime_data.get(flag)):
+            out += b"\0" + flag.encode() + b"\0true"
+    if _VIDEO_CONTRACT in runtime_data:
+        key = _VIDEO_CONTRACT.encode()
+        value = jsonio.dumps_compact(_sorted_keys(runtime_data[_VIDEO_CONTRACT])).encode()
+        out += _CONTRACT_TAG
+        out += struct.pack(">Q", len(key)) + key + struct.pack(">Q", len(value)) + value
+    return bytes(out)
+
+
+def _indexer_identity_bytes(identity: Mapping[str, Any]) -> bytes:
+    out = bytearray(b"\0indexer_identity\0")
+    for name in ("explicit", "overrides"):
+        entries = identity[name]
+        if entries is None:
+            out.append(0)
+            continue
+        out.append(1)
+        out += struct.pack("<I", len(entries))
+        for key in sorted(entries):
+            for part in (key, entries[key]):
+                data = part.encode()
+                out += struct.pack("<I", len(data)) + data
+    return bytes(out)
+
+
+def card_checksum(card: DecodedCard) -> str:
+    """``mdcsum()`` of an already decoded (and normalized) card."""
+    return blake3.blake3(_layout(card)).hexdigest()
+
+
+def mdcsum(card: str | bytes | bytearray | Mapping[str, Any]) -> str:
+    """Dynamo 1.6.1 ``ModelDeploymentCard::mdcsum()`` of a card given as JSON text or mapping.
+
+    Raises :class:`~workerset_admission.errors.CardDecodeError` for a card 1.6.1 refuses.
+    """
+    if isinstance(card, Mapping):
+        # A mapping has no duplicate keys; numbers keep their Python types.
+        decoded = decode_card_value(
+            json.loads(json.dumps(card)) if not isinstance(card, dict) else card,
+            strict_dups=True,
+            check_strings=True,
+        )
+    else:
+        decoded = decode_card(bytes(card) if isinstance(card, bytearray) else card)
+    return card_checksum(decoded)
+
+
+def slug(name: str) -> str:
+    """1.6.1 ``Slug::slugify``: lowercase, anything outside ``[a-z0-9_-]`` becomes ``_``."""
+    return "".join(
+        c if ("a" <= c <= "z" or "0" <= c <= "9" or c in "-_") else "_" for c in name.lower()
+    )
+
+
+def mdc_local_path(slug_text: str, checksum: str, home: str | None = None) -> str:
+    """``~/.cache/dynamo/mdc/by-slug/<slug>/<mdcsum>``, rooted as 1.6.1 roots it."""
+    root = home
+    if root is None:
+        root = os.environ.get("HOME") or os.environ.get("USERPROFILE") or "."
+    return f"{root}/.cache/dynamo/mdc/by-slug/{slug_text}/{checksum}"

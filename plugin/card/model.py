@@ -1,0 +1,558 @@
+"""The Dynamo 1.6.1 ModelDeploymentCard as a serde-faithful schema, and its decoder.
+
+The schema mirrors what the 1.6.1 frontend accepts (field order, required keys, defaults,
+aliases, value ranges, the array form of structs). Wire generations it still reads:
+
+* N (1.6.1): everything below, including ``indexer_identity`` and ``architectural_max_context_length``.
+* N-1: cards without ``architectural_max_context_length`` that carry the context length in the
+  top-level ``context_length`` field (1.6.1 reads it as a fallback and still writes it);
+  ``hf_chat_template_jinja`` as the old spelling of ``hf_chat_template``; ``overlap_score_weight``
+  as the old spelling of ``prefill_load_scale`` (accepted, ignored by 1.6.1 when decoding).
+* N-2: CheckedFile without ``size``; cards without ``worker_type`` that mark prefill workers with
+  the ``Prefill`` model-type bit (normalized at the discovery boundary, see ``normalize``);
+  ``enforce_disagg`` (accepted and ignored).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import CardDecodeError
+from . import jsonio
+from .schema import (
+    ANY,
+    BOOL,
+    F32,
+    F64,
+    STR,
+    U32,
+    U64,
+    USIZE,
+    Ctx,
+    EnumT,
+    ExtTagged,
+    Field,
+    MapT,
+    Opt,
+    Refused,
+    Seq,
+    Struct,
+    Type,
+    Validated,
+)
+
+__all__ = [
+    "MODEL_TYPE_NAMES",
+    "WORKER_TYPES",
+    "DecodedCard",
+    "decode_card",
+    "decode_card_value",
+    "model_type_names",
+]
+
+# ModelType bit order; the first name is the Display spelling, the second the as_vec spelling.
+MODEL_TYPE_NAMES: tuple[tuple[str, str], ...] = (
+    ("Chat", "chat"),
+    ("Completions", "completions"),
+    ("Embedding", "embedding"),
+    ("TensorBased", "tensor"),
+    ("Prefill", "prefill"),
+    ("Images", "images"),
+    ("Audios", "audios"),
+    ("Videos", "videos"),
+    ("Realtime", "realtime"),
+    ("Classify", "classify"),
+    ("Pooling", "pooling"),
+    ("Rerank", "rerank"),
+)
+_FLAG_BY_NAME = {name: 1 << bit for bit, (name, _) in enumerate(MODEL_TYPE_NAMES)}
+PREFILL_BIT = _FLAG_BY_NAME["Prefill"]
+WORKER_TYPES = ("prefill", "decode", "encode", "aggregated")
+
+# Rust's char::is_whitespace (Unicode White_Space), used by str::trim.
+_RUST_WS = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+def rust_trim(text: str) -> str:
+    return text.strip(_RUST_WS)
+
+
+class _ModelTypeT(Type):
+    """bitflags text: names or ``0x`` hex joined by ``|``; unknown bits are kept."""
+
+    expected = "a string value of `|` separated flags"
+
+    def decode(self, value: Any, level: int, ctx: Ctx) -> Any:
+        if not isinstance(value, str):
+            raise Refused("invalid_type", f"invalid type, expected {self.expected}")
+        text = rust_trim(value)
+        bits = 0
+        if not text:
+            return 0
+        for part in text.split("|"):
+            flag = rust_trim(part)
+            if not flag:
+                raise Refused("invalid_model_type", "encountered empty flag")
+            if flag.startswith("0x"):
+                digits = flag[2:]
+                # u16::from_str_radix: optional '+', then hex digits.
+                body = digits[1:] if digits.startswith("+") else digits
+                if not body or not all(c in "0123456789abcdefABCDEF" for c in body):
+                    raise Refused("invalid_model_type", f"invalid hex flag `{digits}`")
+                number = int(body, 16)
+                if number > 0xFFFF:
+                    raise Refused("invalid_model_type", f"invalid hex flag `{digits}`")
+                bits |= number
+            else:
+                bit = _FLAG_BY_NAME.get(flag)
+                if bit is None:
+                    raise Refused("invalid_model_type", f"unrecognized named flag `{flag}`")
+                bits |= bit
+        return bits
+
+
+def model_type_names(bits: int) -> str:
+    """``ModelType::as_vec().join("|")``: the known flags, lowercase, in bit order."""
+    return "|".join(short for bit, (_, short) in enumerate(MODEL_TYPE_NAMES) if bits >> bit & 1)
+
+
+_SLUG_RE = re.compile(r"[a-z0-9_-]*")
+
+
+def _check_slug(value: str, ctx: Ctx) -> str:
+    if not _SLUG_RE.fullmatch(value):
+        bad = next(c for c in value if not re.fullmatch(r"[a-z0-9_-]", c))
+        raise Refused(
+            "invalid_slug", f"Invalid char {bad!r}. String can only contain a-z, 0-9, - and _."
+        )
+    return value
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_checksum(value: str, ctx: Ctx) -> tuple[str, str]:
+    algo, sep, digest = value.partition(":")
+    if not sep or algo != "blake3":
+        raise Refused("invalid_checksum", f"invalid checksum algorithm {algo!r}")
+    if not _HEX64.fullmatch(digest):
+        raise Refused("invalid_checksum", "invalid checksum hash")
+    return (algo, digest)
+
+
+CHECKED_FILE = Struct(
+    "WireCheckedFile",
+    (
+        Field("path", STR),
+        Field("checksum", Validated(STR, _check_checksum)),
+        Field("size", Opt(U64), default=lambda: None),
+    ),
+)
+
+_CHAT_TEMPLATE = Struct("ChatTemplateFile", (Field("is_custom", BOOL), Field("file", CHECKED_FILE)))
+
+PROMPT_FORMATTER = ExtTagged(
+    {
+        "hf_tokenizer_config_json": CHECKED_FILE,
+        "hf_chat_template": _CHAT_TEMPLATE,
+        "hf_chat_template_json": _CHAT_TEMPLATE,
+    },
+    # N-1 spelling of the Jinja chat template slot.
+    aliases={"hf_chat_template_jinja": "hf_chat_template"},
+)
+
+_WORKER_TYPE = EnumT(WORKER_TYPES)
+
+LORA = Struct("LoraInfo", (Field("name", STR), Field("max_gpu_lora_count", Opt(U32))))
+
+_ENDPOINT_ID = Struct(
+    "EndpointId", (Field("namespace", STR), Field("component", STR), Field("name", STR))
+)
+
+
+def _none() -> None:
+    return None
+
+
+def _const(value: Any) -> Any:
+    return lambda: value
+
+
+RUNTIME_CONFIG = Struct(
+    "ModelRuntimeConfig",
+    (
+        Field("context_length", Opt(U32), default=_none),
+        Field("total_kv_blocks", Opt(U64), default=_none),
+        Field("max_num_seqs", Opt(U64), default=_none),
+        Field("max_num_batched_tokens", Opt(U64), default=_none),
+        Field("tool_call_parser", Opt(STR), default=_none),
+        Field("reasoning_parser", Opt(STR), default=_none),
+        Field(
+            "tool_call_arguments_format",
+            EnumT(("json_string", "json_object")),
+            default=_const("json_string"),
+        ),
+        Field(
+            "tokenizer_backend",
+            Opt(EnumT(("default", "fastokens", "basetenkenizer"))),
+            default=_none,
+        ),
+        Field("tokenizer_fallback_enabled", Opt(BOOL), default=_none),
+        Field("structural_tag", Opt(ANY), default=_none),
+        Field("structural_tag_mode", EnumT(("off", "on")), default=_const("off")),
+        Field("structural_tag_scope", EnumT(("auto", "always")), default=_const("auto")),
+        Field("structural_tag_schema", EnumT(("auto", "strict")), default=_const("auto")),
+        Field("exclude_tools_when_tool_choice_none", BOOL, default=_const(True)),
+        Field("data_parallel_start_rank", U32, default=_const(0)),
+        Field("data_parallel_size", U32, default=_const(1)),
+        Field("enable_local_indexer", BOOL, default=_const(True)),
+        Field("kv_event_publishing_enabled", Opt(BOOL), default=_none),
+        Field("kv_event_source_mode", Opt(STR), default=_none),
+        Field("kv_state_endpoint", Opt(_ENDPOINT_ID), default=_none),
+        Field("runtime_data", MapT(ANY), default=dict),
+        Field("disaggregated_endpoint", Opt(ANY), default=_none),
+        Field("enable_eagle", BOOL, default=_const(False)),
+        Field("taints", Seq(STR), default=list),
+        Field("stable_routing_id", Opt(STR), default=_none),
+        Field("topology_domains", MapT(STR), default=dict),
+        Field("kv_transfer_domain", Opt(STR), default=_none),
+        Field("kv_transfer_enforcement", Opt(EnumT(("required", "preferred"))), default=_none),
+        Field("kv_transfer_preferred_weight", Opt(F32), default=_none),
+        Field("max_gpu_lora_count", Opt(U32), default=_none),
+    ),
+)
+
+
+def _range(name: str, low: float, high: float) -> Any:
+    def check(value: Any, ctx: Ctx) -> Any:
+        if value is not None and not (math.isfinite(value) and low <= value <= high):
+            raise Refused("invalid_router_config", f"{name} must be between {low} and {high}")
+        return value
+
+    return check
+
+
+def _read(ctx: Ctx, path: str) -> bytes:
+    if ctx.read_file is not None:
+        return ctx.read_file(path)
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _policy_file(value: Any, ctx: Ctx) -> Any:
+    # 1.6.1 loads the named policy file while decoding; an unreadable file refuses the card.
+    if value is None:
+        return None
+    try:
+        data = _read(ctx, value)
+    except OSError as exc:
+        raise Refused(
+            "router_policy_config", f"failed to read router policy config {value}: {exc}"
+        ) from None
+    _check_policy_yaml(data, value)
+    return value
+
+
+def _check_policy_yaml(data: bytes, path: str) -> None:
+    try:
+        import yaml  # noqa: PLC0415 - optional, only needed for cards naming a policy file
+    except ImportError:  # pragma: no cover - pyyaml is present wherever policies are used
+        return
+    try:
+        text = data.decode("utf-8")
+        parsed = yaml.safe_load(text)
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise Refused(
+            "router_policy_config", f"invalid router policy config {path}: {exc}"
+        ) from None
+    if parsed is not None and not isinstance(parsed, dict):
+        raise Refused("router_policy_config", f"router policy config {path} is not a mapping")
+
+
+def _tracking_key_file(value: Any, ctx: Ctx) -> Any:
+    if value is None:
+        return None
+    try:
+        _read(ctx, value)
+    except OSError as exc:
+        raise Refused(
+            "router_tracking_key_file", f"failed to read tracking key {value}: {exc}"
+        ) from None
+    return value
+
+
+def _non_negative(name: str) -> Any:
+    def check(value: Any, ctx: Ctx) -> Any:
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise Refused("invalid_router_config", f"{name} must be greater than or equal to 0")
+        return value
+
+    return check
+
+
+def _durable_events(value: Any, ctx: Ctx) -> Any:
+    if value:
+        raise Refused("invalid_router_config", "durable_kv_events=true is not supported")
+    return value
+
+
+KV_ROUTER_CONFIG = Struct(
+    "KvRouterConfigSerde",
+    (
+        Field("overlap_score_credit", F64, default=_const(1.0)),
+        Field("overlap_score_credit_decay", F64, default=_const(0.0)),
+        Field("prefill_load_scale", F64, default=_const(1.0)),
+        Field("decode_active_request_weight", F64, default=_const(0.0)),
+        Field("overlap_score_weight", Opt(F64), default=_none),
+        Field(
+            "host_cache_hit_weight",
+            Validated(F64, _range("host_cache_hit_weight", 0, 1)),
+            default=_const(0.75),
+        ),
+        Field(
+            "disk_cache_hit_weight",
+            Validated(F64, _range("disk_cache_hit_weight", 0, 1)),
+            default=_const(0.25),
+        ),
+        Field(
+            "router_temperature",
+            Validated(F64, _non_negative("router_temperature")),
+            default=_const(0.0),
+        ),
+        Field("use_kv_events", BOOL, default=_const(True)),
+        Field("durable_kv_events", Validated(BOOL, _durable_events), default=_const(False)),
+        Field("router_replica_sync", BOOL, default=_const(False)),
+        Field("router_track_active_blocks", BOOL, default=_const(True)),
+        Field("router_track_output_blocks", BOOL, default=_const(False)),
+        Field("router_assume_kv_reuse", BOOL, default=_const(True)),
+        Field("router_track_prefill_tokens", BOOL, default=_const(True)),
+        Field(
+            "router_tracking_hash",
+            EnumT(("public-xxh3-v1", "keyed-xxh3-v1")),
+            default=_const("public-xxh3-v1"),
+        ),
+        Field("router_tracking_key_file", Validated(Opt(STR), _tracking_key_file), default=_none),
+        Field("router_tracking_key_id", Opt(STR), default=_none),
+        Field("router_prefill_load_model", EnumT(("none", "aic", "ais")), default=_const("none")),
+        Field("router_snapshot_threshold", Opt(U32), default=_none),
+        Field("router_reset_states", BOOL, default=_const(False)),
+        Field("router_ttl_secs", F64, default=_const(120.0)),
+        Field("router_queue_threshold", Opt(F64), default=_none),
+        Field("router_policy_config", Validated(Opt(STR), _policy_file), default=_none),
+        Field("router_event_threads", U32, default=_const(4)),
+        Field("skip_initial_worker_wait", BOOL, default=_const(False)),
+        Field("router_queue_policy", EnumT(("fcfs", "lcfs", "wspt")), default=_const("fcfs")),
+        Field("use_remote_indexer", BOOL, default=_const(False)),
+        Field("serve_indexer", BOOL, default=_const(False)),
+        Field("enable_session_prefix_index", BOOL, default=_const(False)),
+        Field(
+            "shared_cache_multiplier",
+            Validated(Opt(F64), _range("shared_cache_multiplier", 0, 1)),
+            default=_none,
+        ),
+        Field("shared_cache_type", EnumT(("none", "hicache")), default=_const("none")),
+        Field(
+            "router_predicted_ttl_secs",
+            Validated(Opt(F64), _non_negative("router_predicted_ttl_secs")),
+            default=_none,
+        ),
+        Field("conditional_disagg_enabled", BOOL, default=_const(False)),
+        Field(
+            "conditional_disagg_policy",
+            EnumT(("isl_bounding", "prefill_load", "isl_or_load")),
+            default=_const("isl_bounding"),
+        ),
+        Field("conditional_disagg_eff_isl_threshold", USIZE, default=_const(2048)),
+        Field(
+            "conditional_disagg_eff_isl_ratio_threshold",
+            Validated(F64, _range("conditional_disagg_eff_isl_ratio_threshold", 0, 1)),
+            default=_const(0.7),
+        ),
+        Field(
+            "conditional_disagg_prefill_busy_threshold",
+            Validated(Opt(F64), _non_negative("conditional_disagg_prefill_busy_threshold")),
+            default=_none,
+        ),
+        Field(
+            "conditional_disagg_decode_busy_threshold",
+            Validated(Opt(F64), _non_negative("conditional_disagg_decode_busy_threshold")),
+            default=_none,
+        ),
+    ),
+    deny_unknown=True,
+)
+
+LOAD_THRESHOLD_CONFIG = Struct(
+    "LoadThresholdConfig",
+    (
+        Field("active_decode_blocks_threshold", Opt(F64), default=_none),
+        Field("active_prefill_tokens_threshold", Opt(U64), default=_none),
+        Field("active_prefill_tokens_threshold_frac", Opt(F64), default=_none),
+    ),
+)
+
+ROUTER_MODES = (
+    "round_robin",
+    "random",
+    "power_of_two_choices",
+    "k_v",
+    "direct",
+    "least_loaded",
+    "device_aware_weighted",
+)
+
+ROUTER_CONFIG = Struct(
+    "RouterConfig",
+    (
+        Field("router_mode", EnumT(ROUTER_MODES)),
+        Field("kv_router_config", KV_ROUTER_CONFIG),
+        Field("load_threshold_config", LOAD_THRESHOLD_CONFIG),
+        Field("enforce_disagg", BOOL, default=_const(False)),
+        Field("session_affinity_ttl_secs", Opt(U64), default=_none),
+        Field("session_affinity_mode", EnumT(("hard", "soft")), default=_const("hard")),
+    ),
+)
+
+
+class _IdentityMap(Type):
+    expected = "a non-empty map of unique identity keys to strings"
+
+    def decode(self, value: Any, level: int, ctx: Ctx) -> Any:
+        if not isinstance(value, dict):
+            raise Refused("invalid_type", f"invalid type, expected {self.expected}")
+        if not value:
+            raise Refused(
+                "invalid_indexer_identity", "explicit identity map must contain at least one entry"
+            )
+        if isinstance(value, jsonio.DupDict):
+            raise Refused("invalid_indexer_identity", "identity keys must be unique")
+        return {key: STR.decode(item, level + 1, ctx) for key, item in value.items()}
+
+
+INDEXER_IDENTITY = Struct(
+    "IndexerIdentitySpec",
+    (
+        Field("explicit", Opt(_IdentityMap()), default=_none),
+        Field("overrides", Opt(_IdentityMap()), default=_none),
+    ),
+)
+
+MODEL_INFO = ExtTagged({"hf_config_json": CHECKED_FILE})
+TOKENIZER = ExtTagged({"hf_tokenizer_json": CHECKED_FILE, "tik_token_model": CHECKED_FILE})
+GEN_CONFIG = ExtTagged({"hf_generation_config_json": CHECKED_FILE})
+
+CARD = Struct(
+    "ModelDeploymentCard",
+    (
+        Field("display_name", STR),
+        Field("slug", Validated(STR, _check_slug)),
+        Field("source_path", Opt(STR), default=_none),
+        Field("model_info", Opt(MODEL_INFO)),
+        Field("tokenizer", Opt(TOKENIZER)),
+        Field("prompt_formatter", Opt(PROMPT_FORMATTER), default=_none),
+        Field("chat_template_file", Opt(PROMPT_FORMATTER), default=_none),
+        Field("gen_config", Opt(GEN_CONFIG), default=_none),
+        Field("prompt_context", Opt(Seq(EnumT(("oai_chat", "llama3_date_time")))), default=_none),
+        Field("architectural_max_context_length", Opt(U32), default=_none),
+        Field("context_length", Opt(U32), default=_none),
+        Field("kv_cache_block_size", U32),
+        Field("migration_limit", U32),
+        Field("model_type", _ModelTypeT()),
+        Field("model_input", EnumT(("Text", "Tokens", "Tensor"))),
+        Field("worker_type", Opt(_WORKER_TYPE), default=_none),
+        Field("needs", Seq(Seq(_WORKER_TYPE)), default=list),
+        Field("lora", Opt(LORA), default=_none),
+        Field("aliases", Seq(STR), default=list),
+        Field("user_data", Opt(ANY), default=_none),
+        Field(
+            "runtime_config", RUNTIME_CONFIG, default=lambda: RUNTIME_CONFIG.decode({}, 0, Ctx())
+        ),
+        Field("tensor_model_config", Opt(ANY), default=_none),
+        Field("media_decoder", Opt(ANY), default=_none),
+        Field("media_fetcher", Opt(ANY), default=_none),
+        Field("router_config", Opt(ROUTER_CONFIG), default=_none),
+        Field("indexer_identity", Opt(INDEXER_IDENTITY), default=_none),
+        Field("extra_files", Seq(CHECKED_FILE), default=list),
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedCard:
+    """A card as 1.6.1 decoded it: ``fields`` maps each card field to its decoded value.
+
+    Struct values are dicts in declaration order, enum variants ``(name, content)`` pairs,
+    ``model_type`` an int bit set, CheckedFile checksums ``(algo, hex)`` pairs.
+    """
+
+    fields: dict[str, Any]
+
+    @property
+    def display_name(self) -> str:
+        return str(self.fields["display_name"])
+
+    @property
+    def slug(self) -> str:
+        return str(self.fields["slug"])
+
+    @property
+    def model_type_bits(self) -> int:
+        return int(self.fields["model_type"])
+
+    @property
+    def model_input(self) -> str:
+        return str(self.fields["model_input"])
+
+    @property
+    def worker_type(self) -> str | None:
+        value = self.fields["worker_type"]
+        return None if value is None else str(value)
+
+    @property
+    def needs(self) -> list[list[str]]:
+        return [list(alt) for alt in self.fields["needs"]]
+
+    @property
+    def runtime_config(self) -> dict[str, Any]:
+        return dict(self.fields["runtime_config"])
+
+    @property
+    def lora(self) -> dict[str, Any] | None:
+        value = self.fields["lora"]
+        return None if value is None else dict(value)
+
+
+def decode_card_value(
+    value: Any, *, strict_dups: bool, check_strings: bool, ctx: Ctx | None = None
+) -> DecodedCard:
+    """Decode an already parsed card (see :func:`decode_card` for text)."""
+    context = ctx or Ctx()
+    context.strict_dups = strict_dups
+    context.check_strings = check_strings
+    try:
+        fields = CARD.decode(value, 0, context)
+    except Refused as exc:
+        raise CardDecodeError(exc.reason, exc.detail) from None
+    return DecodedCard(fields)
+
+
+def decode_card(text: str | bytes, ctx: Ctx | None = None) -> DecodedCard:
+    """Decode card JSON text exactly as ``ModelDeploymentCard.from_json_str`` would."""
+    try:
+        value = jsonio.loads(text)
+    except jsonio.JsonError as exc:
+        raise CardDecodeError(exc.reason, exc.detail) from None
+    raw = text.decode("utf-8", "replace") if isinstance(text, (bytes, bytearray)) else text
+    return decode_card_value(
+        value,
+        strict_dups=True,
+        check_strings=jsonio.has_lone_surrogate_escape(raw),
+        ctx=ctx,
+    )

@@ -1,0 +1,101 @@
+"""File names of CheckedFile paths, as 1.6.1 derives them for ``extra_files`` in mdcsum.
+
+A CheckedFile path is first parsed as a WHATWG URL (Rust's ``url`` crate); the name is the last
+path segment as the URL serializes it (percent-encoded, dot segments resolved). A string that
+is not a URL is a filesystem path and the name is ``Path::file_name``.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["file_basename"]
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+\-.]*:")
+_SPECIAL = {"http", "https", "ws", "wss", "ftp", "file"}
+# WHATWG path percent-encode set: C0 controls, space, ", #, <, >, ?, `, {, }, and non-ASCII.
+_PATH_ENCODE = (
+    set(range(0x21)) | {0x22, 0x23, 0x3C, 0x3E, 0x3F, 0x60, 0x7B, 0x7D} | set(range(0x7F, 0x100))
+)
+_C0_TAB_NL = re.compile(r"[\t\n\r]")
+
+
+def _encode_segment(segment: str) -> str:
+    out = []
+    for byte in segment.encode("utf-8", "surrogatepass"):
+        if byte in _PATH_ENCODE:
+            out.append(f"%{byte:02X}")
+        else:
+            out.append(chr(byte))
+    return "".join(out)
+
+
+def _is_single_dot(segment: str) -> bool:
+    return segment == "." or segment.lower() == "%2e"
+
+
+def _is_double_dot(segment: str) -> bool:
+    return segment.lower() in ("..", ".%2e", "%2e.", "%2e%2e")
+
+
+def _url_last_segment(scheme: str, rest: str) -> str | None:
+    special = scheme in _SPECIAL
+    if special:
+        rest = rest.replace("\\", "/")
+    if rest.startswith("//"):
+        after = rest[2:]
+        cut = len(after)
+        for stop in "/?#":
+            pos = after.find(stop)
+            if pos != -1:
+                cut = min(cut, pos)
+        path = after[cut:]
+    elif special:
+        path = "/" + rest.lstrip("/") if scheme != "file" else rest
+    elif rest.startswith("/"):
+        path = rest
+    else:
+        return None  # an opaque path has no segments
+    for stop in "?#":
+        pos = path.find(stop)
+        if pos != -1:
+            path = path[:pos]
+    segments: list[str] = []
+    parts = path.split("/")[1:] if path.startswith("/") else path.split("/")
+    for index, part in enumerate(parts):
+        last = index == len(parts) - 1
+        if _is_double_dot(part):
+            if segments:
+                segments.pop()
+            if last:
+                segments.append("")
+        elif _is_single_dot(part):
+            if last:
+                segments.append("")
+        else:
+            segments.append(_encode_segment(part))
+    if not segments:
+        return "" if special else None
+    return segments[-1]
+
+
+def _path_file_name(path: str) -> str:
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts:
+        return ""
+    last = parts[-1]
+    return "" if last == ".." else last
+
+
+def file_basename(path: str) -> str:
+    """The name 1.6.1 hashes for an ``extra_files`` entry ("" when there is none)."""
+    text = path.strip(
+        "\x00\x01\x02\x03\x04\x05\x06\x07\x08\t\n\x0b\x0c\r\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f "
+    )
+    text = _C0_TAB_NL.sub("", text)
+    match = _SCHEME.match(text)
+    if match:
+        scheme = match.group(0)[:-1].lower()
+        segment = _url_last_segment(scheme, text[match.end() :])
+        return segment or ""
+    return _path_file_name(path)
