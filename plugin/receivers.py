@@ -84,12 +84,13 @@ class AdmissionReceiver:
         return self._channel.retired
 
     def _check(self) -> None:
-        if self._closed:
-            raise ReceiverClosed(f"admission receiver {self.receiver_id} was closed")
+        # Retirement is news about the group and wins over a local close.
         if self._channel.retired:
             raise ReceiverRetired(
                 f"admission receiver {self.receiver_id} of group {self.group.id} is retired"
             )
+        if self._closed:
+            raise ReceiverClosed(f"admission receiver {self.receiver_id} was closed")
 
     def current(self) -> AdmissionState:
         """Return the latest state without waiting; raise once retired or closed."""

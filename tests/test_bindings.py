@@ -1,0 +1,187 @@
+"""Hop bindings: admitted and live only, settings from the selected card, new binding per tenure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from workerset_admission.admission import (
+    AdmissionCore,
+    BuildFinished,
+    Effect,
+    StartBuild,
+    WorkerAdded,
+    WorkerRemoved,
+)
+from workerset_admission.bindings import (
+    FrontendRouting,
+    HopBindings,
+    HopRole,
+    LegacyExplicitEndpointBinding,
+    LiveInstanceSet,
+    RoutingSettings,
+)
+from workerset_admission.errors import ReceiverRetired
+from workerset_admission.identity import (
+    EndpointId,
+    GroupKey,
+    Registration,
+    WorkerType,
+    instance_key,
+)
+from workerset_admission.receivers import AdmissionChannels
+
+EP = EndpointId("ns1", "workers", "generate")
+G = GroupKey.build("m", EP, "chat|completions", WorkerType.DECODE)
+KV_CARD = {
+    "kv_cache_block_size": 32,
+    "router_config": {"router_mode": "k_v", "kv_router_config": {"router_temperature": 0.0}},
+}
+
+
+def _reg(
+    instance_id: int,
+    checksum: str,
+    card: Any = None,
+    group: GroupKey = G,
+) -> Registration:
+    endpoint = group.endpoint
+    return Registration(
+        key=instance_key(endpoint, instance_id),
+        endpoint=endpoint,
+        instance_id=instance_id,
+        model_suffix=None,
+        group=group,
+        mdc_checksum=checksum,
+        lora_fingerprint="fp",
+        worker_type=group.worker_type,
+        needs=(),
+        card=card if card is not None else {"kv_cache_block_size": 16, "router_config": None},
+    )
+
+
+class Frontend:
+    """The core plus channels and bindings, wired the way a service wires them."""
+
+    def __init__(self) -> None:
+        self.core = AdmissionCore()
+        self.channels = AdmissionChannels()
+        self.live = LiveInstanceSet()
+        self.bindings = HopBindings(self.channels, self.live, FrontendRouting("round_robin"))
+
+    def run(self, effects: list[Effect]) -> list[Effect]:
+        self.channels.handle_all(effects)
+        self.bindings.handle_all(effects)
+        for start in [e for e in effects if isinstance(e, StartBuild)]:
+            self.run(
+                self.core.apply(
+                    BuildFinished(start.group, start.mdc_checksum, start.generation, True)
+                )
+            )
+        return effects
+
+    def add(self, registration: Registration, live: bool = True) -> None:
+        if live:
+            self.live.add(registration.endpoint, registration.instance_id)
+        self.run(self.core.apply(WorkerAdded(registration)))
+
+    def remove(self, registration: Registration) -> None:
+        self.run(self.core.apply(WorkerRemoved(registration.key)))
+
+
+def test_a_hop_routes_only_to_instances_both_live_and_admitted() -> None:
+    fe = Frontend()
+    fe.add(_reg(1, "A"))
+    fe.add(_reg(2, "A"), live=False)
+    fe.add(_reg(3, "B"))
+    binding = fe.bindings.binding(G)
+    assert binding is not None
+    assert binding.routable() == frozenset({1})
+    fe.live.add(EP, 2)
+    assert binding.routable() == frozenset({1, 2})
+
+
+def test_routing_settings_come_from_the_selected_card_only() -> None:
+    fe = Frontend()
+    fe.add(_reg(1, "A", card=KV_CARD))
+    fe.add(_reg(2, "B", card={"kv_cache_block_size": 64, "router_config": None}))
+    binding = fe.bindings.binding(G)
+    assert binding is not None
+    assert (binding.settings.router_mode, binding.settings.kv_cache_block_size) == ("k_v", 32)
+
+
+def test_a_card_without_router_config_takes_the_frontends_mode() -> None:
+    settings = RoutingSettings.resolve({"kv_cache_block_size": 16}, FrontendRouting("random"))
+    assert (settings.router_mode, settings.from_card) == ("random", False)
+
+
+def test_frontend_local_policies_override_the_cards_kv_router_config() -> None:
+    settings = RoutingSettings.resolve(
+        KV_CARD, FrontendRouting("random", router_prefill_policy="p", session_affinity_mode="soft")
+    )
+    assert settings.router_config is not None
+    assert settings.router_config["kv_router_config"]["router_prefill_policy"] == "p"
+    assert settings.router_config["session_affinity_mode"] == "soft"
+    assert settings.router_mode == "k_v"
+
+
+def test_compatible_membership_changes_keep_the_same_binding() -> None:
+    fe = Frontend()
+    fe.add(_reg(1, "A"))
+    first = fe.bindings.binding(G)
+    fe.add(_reg(2, "A"))
+    fe.remove(_reg(1, "A"))
+    assert fe.bindings.binding(G) is first
+    assert first is not None
+    assert first.routable() == frozenset({2})
+
+
+def test_a_succession_makes_a_new_binding_even_for_the_same_endpoint() -> None:
+    fe = Frontend()
+    fe.add(_reg(1, "A"))
+    fe.add(_reg(2, "B"))
+    old = fe.bindings.binding(G)
+    assert old is not None
+    fe.remove(_reg(1, "A"))
+    new = fe.bindings.binding(G)
+    assert new is not None
+    assert new.id.group == old.id.group == G
+    assert new.id.generation > old.id.generation
+    assert new.routable() == frozenset({2})
+    with pytest.raises(ReceiverRetired):
+        old.routable()
+
+
+def test_a_withdrawn_group_has_no_binding_and_never_falls_back_to_discovery() -> None:
+    fe = Frontend()
+    fe.add(_reg(1, "A"))
+    binding = fe.bindings.binding(G)
+    fe.remove(_reg(1, "A"))
+    fe.live.add(EP, 1)
+    assert fe.bindings.binding(G) is None
+    assert binding is not None
+    with pytest.raises(ReceiverRetired):
+        binding.routable()
+
+
+def test_prefill_and_encoder_hops_resolve_to_committed_admitted_bindings() -> None:
+    fe = Frontend()
+    prefill = GroupKey.build("m", EndpointId("ns1", "prefill", "generate"), "", WorkerType.PREFILL)
+    fe.add(_reg(1, "A"))
+    fe.add(_reg(7, "P", group=prefill))
+    fe.add(_reg(8, "Q", group=prefill))
+    peer = fe.bindings.peer(G, HopRole.PREFILL)
+    assert peer is not None
+    assert peer.role is HopRole.PREFILL
+    assert peer.routable() == frozenset({7})
+    assert fe.bindings.peer(G, HopRole.ENCODER) is None
+
+
+def test_the_legacy_explicit_endpoint_binding_takes_every_live_instance() -> None:
+    live = LiveInstanceSet()
+    for i in (1, 2, 3):
+        live.add(EP, i)
+    legacy = LegacyExplicitEndpointBinding(EP, live, RoutingSettings("round_robin", None))
+    assert legacy.routable() == frozenset({1, 2, 3})
+    live.remove(EP, 2)
+    assert legacy.routable() == frozenset({1, 3})
