@@ -29,6 +29,8 @@ from workerset_admission.adapters.dynamo.filestore import (
     SkippedFile,
     scan_file_store,
 )
+from workerset_admission.card import endpoint_kv_key, model_kv_key
+from workerset_admission.identity import EndpointId
 
 __all__ = [
     "BridgeStats",
@@ -80,23 +82,12 @@ class JetStreamBucketWriter:
         return [key for key in keys if key.startswith(self._OWNED)]
 
 
-_PLAIN_TOKEN_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-
-
-def _escape_token(token: str) -> str:
-    # Reversible: every byte outside [A-Za-z0-9_-] becomes =XX, so '.' never splits a token.
-    return "".join(
-        chr(byte) if byte in _PLAIN_TOKEN_BYTES else f"={byte:02X}"
-        for byte in token.encode("utf-8")
-    )
-
-
 def bucket_key_for(record: FileRecord) -> str:
     """Return the bucket key DESIGN.md gives a file record."""
-    tokens = [record.namespace, record.component, record.endpoint, f"{record.instance_id:x}"]
-    if record.model_suffix is not None:
-        tokens.append(record.model_suffix)
-    return ".".join(["v1", record.kind, *(_escape_token(t) for t in tokens)])
+    endpoint = EndpointId(record.namespace, record.component, record.endpoint)
+    if record.kind == "instances":
+        return endpoint_kv_key(endpoint, record.instance_id)
+    return model_kv_key(endpoint, record.instance_id, record.model_suffix)
 
 
 @dataclass(frozen=True, slots=True)

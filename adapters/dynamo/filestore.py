@@ -34,7 +34,7 @@ RecordKind = Literal["mdc", "instances"]
 DEFAULT_FILE_TTL = 10.0
 
 _KINDS: tuple[RecordKind, ...] = ("instances", "mdc")
-_HEX_ID = re.compile(r"[0-9a-f]{1,16}")
+_HEX_ID = re.compile(r"0|[1-9a-f][0-9a-f]{0,15}")
 # Dynamo stages a revision-0 insert as ``.tmp_<16 hex>`` and hard-links it into place.
 _TEMP_PREFIX = ".tmp_"
 

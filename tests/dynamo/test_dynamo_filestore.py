@@ -46,6 +46,7 @@ def test_staging_files_are_ignored_and_bad_names_are_reported_not_raised(tmp_pat
     (tmp_path / "v1" / "mdc" / ".tmp_0123456789abcdef").write_bytes(b"half written")
     _write(tmp_path, "mdc", "ns/backend/generate", b"three parts")
     _write(tmp_path, "mdc", "ns/backend/generate/XYZ", b"not hex")
+    _write(tmp_path, "mdc", "ns/backend/generate/00ab", b"padded hex")
     _write(tmp_path, "instances", "ns/backend/generate/abc/lora", b"suffix on an endpoint")
     _write(tmp_path, "mdc", "ns//generate/abc", b"empty segment")
     (tmp_path / "v1" / "mdc" / "%FF%FE").write_bytes(b"not utf-8")
@@ -56,6 +57,7 @@ def test_staging_files_are_ignored_and_bad_names_are_reported_not_raised(tmp_pat
     assert sorted((s.kind, s.reason) for s in scan.skipped) == [
         ("instances", "bad_path_shape"),
         ("mdc", "bad_file_name"),
+        ("mdc", "bad_instance_id"),
         ("mdc", "bad_instance_id"),
         ("mdc", "bad_path_shape"),
         ("mdc", "empty_path_segment"),
