@@ -12,14 +12,14 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TextIO
 
-from workerset_admission.errors import InvalidRecordError
+from workerset_admission.config import add_settings_arguments, flags_from_args, load_settings
+from workerset_admission.errors import ConfigError, InvalidRecordError
 from workerset_admission.rollout import (
     GateReport,
     Record,
@@ -30,6 +30,7 @@ from workerset_admission.rollout import (
 
 if TYPE_CHECKING:
     from nats.js.kv import KeyValue
+    from workerset_admission.adapters.nats.connect import NatsConnectOptions
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 DEFAULT_BUCKET = "frontend-model-admission"
-SERVERS_ENV = "WORKERSET_ADMISSION_NATS_SERVERS"
 
 EXIT_OPEN = 0
 EXIT_CLOSED = 1
@@ -186,21 +186,21 @@ async def wait_for_gate(
 class NatsRecordSource:
     """Reads the whole serving-admission bucket with one watch (initial values only)."""
 
-    def __init__(self, servers: Sequence[str], bucket: str = DEFAULT_BUCKET) -> None:
-        self._servers = tuple(servers)
+    def __init__(self, options: NatsConnectOptions, bucket: str = DEFAULT_BUCKET) -> None:
+        self._options = options
         self._bucket = bucket
 
     async def read(self) -> BucketRead:
         # Imported here so ``rollout --help`` and the pure gate never load nats-py.
         from nats.errors import Error as NatsError
         from nats.js.errors import BucketNotFoundError, NotFoundError
-        from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
+        from workerset_admission.adapters.nats.connect import connect
 
-        options = NatsConnectOptions(servers=self._servers, name="workerset-admission rollout")
         try:
-            client = await connect(options, allow_reconnect=False)
+            client = await connect(self._options, allow_reconnect=False)
         except (OSError, NatsError, asyncio.TimeoutError) as error:
-            return BucketRead(problem=f"cannot connect to {', '.join(self._servers)}: {error!r}")
+            servers = ", ".join(self._options.servers)
+            return BucketRead(problem=f"cannot connect to {servers}: {error!r}")
         try:
             kv = await client.jetstream(timeout=5).key_value(self._bucket)
             return BucketRead(entries=tuple(await _initial_entries(kv)))
@@ -236,6 +236,9 @@ def _timestamp(created: object) -> float | None:
 
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     del name
+    # The shared NATS flags: --nats-server (repeat it, or list several nodes of a cluster),
+    # credentials, TLS, --admission-bucket, --config.
+    add_settings_arguments(parser)
     parser.add_argument("--model", required=True, help="the model name being rolled out")
     parser.add_argument(
         "--namespace",
@@ -257,12 +260,6 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep the gate closed while frontends admitted different incumbents",
     )
-    parser.add_argument(
-        "--servers",
-        default=os.environ.get(SERVERS_ENV, "nats://127.0.0.1:4222"),
-        help=f"comma-separated NATS URLs, any node of a cluster (default: ${SERVERS_ENV})",
-    )
-    parser.add_argument("--bucket", default=DEFAULT_BUCKET, help="the serving-admission bucket")
     parser.add_argument(
         "--stale-after",
         type=float,
@@ -342,8 +339,14 @@ async def run_async(
 
 
 def run(name: str, args: argparse.Namespace) -> int:
-    del name
-    from workerset_admission.adapters.nats.connect import servers_from_text
+    from workerset_admission.adapters.nats.connect import DEFAULT_SERVERS
 
-    source = NatsRecordSource(servers_from_text(args.servers), args.bucket)
+    try:
+        settings = load_settings(flags=flags_from_args(args), config_file=args.config_file)
+        # A tool reads an existing deployment; with no servers configured, the local default.
+        options = settings.nats_connect_options(settings.nats_servers or DEFAULT_SERVERS)
+    except ConfigError as error:
+        print(f"workerset-admission {name}: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    source = NatsRecordSource(options, settings.admission_bucket)
     return asyncio.run(run_async(args, source))
