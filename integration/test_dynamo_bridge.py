@@ -251,3 +251,109 @@ async def test_registrations_removals_and_expiry_of_dynamo_workers_reach_the_buc
     finally:
         drt.shutdown()
         serving.cancel()
+
+
+def _dynamo_checksum(record_bytes: bytes) -> str:
+    """The checksum Dynamo 1.6.1 itself computes: the last part of the card's cache dir."""
+    from dynamo._core import ModelDeploymentCard
+
+    card = json.loads(record_bytes)["card_json"]
+    return Path(ModelDeploymentCard.from_json_str(json.dumps(card)).local_dir()).name
+
+
+async def _wait_for(condition: Any, seconds: float, what: str) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert loop.time() < deadline, f"{what} did not happen within {seconds} s"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.dynamo
+async def test_workers_registered_by_dynamo_are_admitted_under_dynamos_own_checksum(
+    file_discovery: Path,
+    nats_server: NatsServer,
+    bucket: KeyValue,
+    bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    runtime = pytest.importorskip("dynamo.runtime", reason=_NEEDS_DYNAMO)
+    llm = pytest.importorskip("dynamo.llm", reason=_NEEDS_DYNAMO)
+    from workerset_admission.adapters.nats.connect import NatsConnectOptions
+    from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+    from workerset_admission.service import AdmissionService
+
+    loop = asyncio.get_running_loop()
+    same = write_model_dir(tmp_path / "v1")
+    changed = write_model_dir(tmp_path / "v2", context_length=4096)
+    workers: list[tuple[Any, Any, int]] = []
+
+    async def worker(model: Path) -> int:
+        drt = runtime.DistributedRuntime(loop, "file", "tcp")
+        endpoint = drt.endpoint(f"{NAMESPACE}.backend.generate")
+
+        async def handler(request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
+            yield {}
+
+        serving = asyncio.ensure_future(endpoint.serve_endpoint(handler))
+        await llm.register_model(
+            llm.ModelInput.Tokens,
+            llm.ModelType.Chat | llm.ModelType.Completions,
+            endpoint,
+            str(model),
+            "rolling",
+            worker_type=llm.WorkerType.Aggregated,
+        )
+        instance_id = int(endpoint.connection_id())
+        workers.append((drt, serving, instance_id))
+        return instance_id
+
+    def card_file(instance_id: int) -> bytes:
+        name = f"{NAMESPACE}%2Fbackend%2Fgenerate%2F{instance_id:x}"
+        return (file_discovery / "v1" / "mdc" / name).read_bytes()
+
+    bridge = DiscoveryBridge(file_discovery, JetStreamBucketWriter(bucket), interval=0.1)
+    stop = asyncio.Event()
+    bridging = asyncio.create_task(bridge.run(stop))
+    service = AdmissionService(
+        JetStreamDiscoverySource(NatsConnectOptions(servers=(nats_server.url,)), bucket=bucket_name)
+    )
+    await service.start()
+    try:
+        first = await worker(same)
+        second = await worker(same)
+        incumbent = _dynamo_checksum(card_file(first))
+        assert _dynamo_checksum(card_file(second)) == incumbent
+
+        def admitted() -> Any:
+            groups = [g for g in service.snapshot().groups if g.group.model == "rolling"]
+            return groups and set(groups[0].admitted) == {first, second} and groups[0]
+
+        group = await _wait_for(admitted, 30, "admission of the first two workers")
+        assert group.incumbent == incumbent
+
+        # A rolling update of the same WorkerSet with a different configuration is rejected.
+        newcomer = await worker(changed)
+        rejected = _dynamo_checksum(card_file(newcomer))
+        assert rejected != incumbent
+
+        def rejected_cohort() -> Any:
+            [g] = [g for g in service.snapshot().groups if g.group.model == "rolling"]
+            return len(g.cohorts) == 2 and g
+
+        group = await _wait_for(rejected_cohort, 30, "the newcomer's cohort")
+        assert [(c.mdc_checksum, c.members) for c in group.cohorts] == [
+            (incumbent, tuple(sorted((first, second)))),
+            (rejected, (newcomer,)),
+        ]
+        assert set(group.admitted) == {first, second}
+    finally:
+        stop.set()
+        await bridging
+        await service.stop()
+        for drt, serving, _ in workers:
+            drt.shutdown()
+            serving.cancel()
