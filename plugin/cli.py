@@ -18,6 +18,18 @@ __all__ = ["main"]
 _COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("workerset_admission.replay_cli", "replay a discovery trace offline and print the state"),
     "explain": ("workerset_admission.replay_cli", "explain why an instance is or is not admitted"),
+    "register": (
+        "workerset_admission.nats_cli",
+        "register a worker's model card in the discovery bucket (kept alive until stopped)",
+    ),
+    "deregister": (
+        "workerset_admission.nats_cli",
+        "remove a worker's registration from the discovery bucket",
+    ),
+    "record": (
+        "workerset_admission.nats_cli",
+        "record a replay trace from the live discovery bucket",
+    ),
     "rollout": (
         "workerset_admission.rollout_cli",
         "gate a rolling update: is a worker namespace served by every live frontend",

@@ -42,6 +42,7 @@ class BucketSpec:
     history: int = 1
     limit_marker_ttl: float | None = 60.0
     max_value_size: int = -1
+    max_age: float | None = None
     storage: StorageType = StorageType.FILE
     replicas: int = 1
     description: str | None = None
@@ -55,6 +56,7 @@ class BucketSpec:
             storage=self.storage,
             replicas=self.replicas,
             limit_marker_ttl=self.limit_marker_ttl,
+            ttl=self.max_age,
         )
 
 
@@ -72,6 +74,11 @@ def _mismatches(spec: BucketSpec, info: StreamInfo) -> tuple[str, ...]:
     found: list[str] = []
     if config.max_msgs_per_subject not in (None, spec.history):
         found.append(f"history is {config.max_msgs_per_subject}, expected {spec.history}")
+    actual_age = config.max_age or None
+    if (spec.max_age or None) != actual_age and not (
+        spec.max_age and actual_age and abs(spec.max_age - actual_age) < 1e-3
+    ):
+        found.append(f"max age is {actual_age}, expected {spec.max_age}")
     wanted_marker = spec.limit_marker_ttl
     actual_marker = config.subject_delete_marker_ttl
     if (wanted_marker is None) != (actual_marker is None) or (

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -397,7 +397,7 @@ class JetStreamDiscoverySource:
 
     # -- the port ----------------------------------------------------------------------------
 
-    async def events(self) -> AsyncIterator[SourceEvent]:
+    async def events(self) -> AsyncGenerator[SourceEvent, None]:
         """Yield one snapshot, then live changes; a new snapshot after every re-created watch."""
         if self._iterating:
             raise UsageError("events() may be iterated only once per source")

@@ -1,0 +1,285 @@
+"""Register workers in the discovery bucket the way Dynamo workers do, with a self-expiring TTL.
+
+Each registration is written with a per-message TTL (server 2.11+, bucket created with
+``limit_marker_ttl``) and refreshed by a heartbeat task well before it runs out. A worker that
+crashes stops refreshing; the server then removes the key and leaves a marker that watchers see
+as an ``expired`` removal. A clean shutdown deletes the keys at once.
+
+A refresh is conditional on the key still holding this publisher's last revision, so a key that
+someone else deleted or took over is never brought back by a late heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import EllipsisType
+from typing import Any
+
+from nats.js.api import Header
+from nats.js.client import JetStreamContext
+from nats.js.errors import APIError, NotFoundError
+from workerset_admission.card import (
+    encode_endpoint_record,
+    encode_model_record,
+    endpoint_kv_key,
+    model_kv_key,
+)
+from workerset_admission.errors import UsageError
+from workerset_admission.identity import EndpointId
+
+from .buckets import BucketSpec, ensure_bucket, stream_name
+
+__all__ = ["DiscoveryPublisher", "Registration", "trace_headers"]
+
+_log = logging.getLogger(__name__)
+_WRONG_LAST_SEQUENCE = (10071, 10164)
+
+
+def trace_headers() -> dict[str, str]:
+    """Return W3C trace context headers for the current span (empty without a span or OTel)."""
+    carrier: dict[str, str] = {}
+    try:
+        from opentelemetry import propagate
+    except ImportError:  # pragma: no cover - the API is a dependency, but stay optional here
+        return carrier
+    with contextlib.suppress(Exception):
+        propagate.inject(carrier)
+    return carrier
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One key this publisher keeps alive."""
+
+    key: str
+    value: bytes
+    ttl: float | None
+    revision: int
+    headers: Mapping[str, str] | None = None
+
+
+class DiscoveryPublisher:
+    """Writes model-card and endpoint-instance registrations, and keeps them alive.
+
+    ``ttl`` (seconds, at least 1) is the default lifetime of a registration without a
+    heartbeat; ``None`` writes registrations that never expire. The heartbeat refreshes every
+    ``heartbeat`` seconds (default: a third of the TTL).
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        *,
+        bucket: str = "dynamo-discovery",
+        ttl: float | None = 10.0,
+        heartbeat: float | None = None,
+        create_bucket: bool = True,
+        bucket_spec: BucketSpec | None = None,
+        trace_context: bool = True,
+    ) -> None:
+        if ttl is not None and ttl < 1:
+            raise UsageError("a registration TTL is at least 1 second")
+        if heartbeat is not None and heartbeat <= 0:
+            raise UsageError("the heartbeat interval must be positive")
+        self._js = js
+        self.bucket = bucket
+        self._prefix = f"$KV.{bucket}."
+        self.ttl = ttl
+        self.heartbeat = heartbeat
+        self._create_bucket = create_bucket
+        self._bucket_spec = bucket_spec or BucketSpec(name=bucket)
+        self._trace_context = trace_context
+        self._ready = False
+        self._registrations: dict[str, Registration] = {}
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self.refreshes = 0
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self._registrations)
+
+    async def _ensure(self) -> None:
+        if not self._ready:
+            if self._create_bucket:
+                await ensure_bucket(self._js, self._bucket_spec)
+            self._ready = True
+
+    async def _write(
+        self,
+        key: str,
+        value: bytes,
+        ttl: float | None,
+        headers: Mapping[str, str] | None,
+        expected_revision: int | None = None,
+    ) -> int:
+        all_headers: dict[str, str] = {}
+        if self._trace_context:
+            all_headers.update(trace_headers())
+        if headers:
+            all_headers.update(headers)
+        if expected_revision is not None:
+            all_headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_revision)
+        ack = await self._js.publish(
+            self._prefix + key,
+            value,
+            headers=all_headers or None,
+            msg_ttl=None if ttl is None else float(math.ceil(ttl)),
+        )
+        seq: int = ack.seq
+        return seq
+
+    async def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        ttl: float | EllipsisType | None = ...,
+        headers: Mapping[str, str] | None = None,
+    ) -> int:
+        """Write one raw key (already escaped) and keep it alive; returns the revision."""
+        await self._ensure()
+        chosen = self.ttl if ttl is ... else ttl
+        assert chosen is None or isinstance(chosen, float | int)
+        if chosen is not None and chosen < 1:
+            raise UsageError("a registration TTL is at least 1 second")
+        revision = await self._write(key, value, chosen, headers)
+        self._registrations[key] = Registration(key, value, chosen, revision, headers)
+        self._ensure_heartbeat()
+        return revision
+
+    async def register(
+        self,
+        endpoint: EndpointId,
+        instance_id: int,
+        card: Mapping[str, Any] | str | bytes,
+        suffix: str | None = None,
+        *,
+        ttl: float | EllipsisType | None = ...,
+        headers: Mapping[str, str] | None = None,
+    ) -> str:
+        """Register a model card for an instance (a LoRA adapter when ``suffix`` is given)."""
+        key = model_kv_key(endpoint, instance_id, suffix)
+        value = encode_model_record(endpoint, instance_id, card, suffix)
+        await self.put(key, value, ttl=ttl, headers=headers)
+        return key
+
+    async def register_endpoint(
+        self,
+        endpoint: EndpointId,
+        instance_id: int,
+        *,
+        transport: Mapping[str, Any] | None = None,
+        ttl: float | EllipsisType | None = ...,
+        headers: Mapping[str, str] | None = None,
+    ) -> str:
+        """Register an endpoint instance (its liveness record)."""
+        key = endpoint_kv_key(endpoint, instance_id)
+        value = encode_endpoint_record(endpoint, instance_id, transport)
+        await self.put(key, value, ttl=ttl, headers=headers)
+        return key
+
+    async def deregister(
+        self,
+        endpoint: EndpointId,
+        instance_id: int,
+        suffix: str | None = None,
+        *,
+        endpoint_record: bool = False,
+    ) -> list[str]:
+        """Delete a model registration (and the endpoint record when asked); returns the keys."""
+        keys = [model_kv_key(endpoint, instance_id, suffix)]
+        if endpoint_record:
+            keys.append(endpoint_kv_key(endpoint, instance_id))
+        for key in keys:
+            await self.delete(key)
+        return keys
+
+    async def delete(self, key: str) -> None:
+        """Stop refreshing ``key`` and delete it from the bucket."""
+        await self._ensure()
+        self._registrations.pop(key, None)
+        await self._js.publish(self._prefix + key, b"", headers={"KV-Operation": "DEL"})
+
+    # -- heartbeat ---------------------------------------------------------------------------
+
+    def _interval(self) -> float | None:
+        ttls = [r.ttl for r in self._registrations.values() if r.ttl is not None]
+        if not ttls:
+            return None
+        return self.heartbeat if self.heartbeat is not None else max(0.2, min(ttls) / 3)
+
+    def _ensure_heartbeat(self) -> None:
+        if self._heartbeat_task is None and self._interval() is not None:
+            self._heartbeat_task = asyncio.get_running_loop().create_task(
+                self._beat(), name=f"discovery heartbeat {self.bucket}"
+            )
+
+    async def _beat(self) -> None:
+        while True:
+            interval = self._interval()
+            if interval is None:
+                self._heartbeat_task = None
+                return
+            await asyncio.sleep(interval)
+            for key, registration in list(self._registrations.items()):
+                if registration.ttl is None:
+                    continue
+                try:
+                    revision = await self._write(
+                        key,
+                        registration.value,
+                        registration.ttl,
+                        registration.headers,
+                        expected_revision=registration.revision,
+                    )
+                except APIError as exc:
+                    if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                        _log.warning("refreshing %s failed: %r", key, exc)
+                    elif await self._aged_out(key):
+                        # Our own key expired (an outage outlasted the TTL): write it again.
+                        with contextlib.suppress(Exception):
+                            revision = await self._write(
+                                key, registration.value, registration.ttl, registration.headers
+                            )
+                            self._registrations[key] = replace(registration, revision=revision)
+                    else:
+                        # Deleted or overwritten by someone else: theirs now, stop refreshing.
+                        _log.warning("registration %s changed elsewhere; no longer refreshed", key)
+                        self._registrations.pop(key, None)
+                    continue
+                except Exception as exc:  # a transient outage; the next beat tries again
+                    _log.warning("refreshing %s failed: %r", key, exc)
+                    continue
+                if self._registrations.get(key) is registration:
+                    self._registrations[key] = replace(registration, revision=revision)
+                    self.refreshes += 1
+
+    async def _aged_out(self, key: str) -> bool:
+        try:
+            last = await self._js.get_last_msg(stream_name(self.bucket), self._prefix + key)
+        except NotFoundError:
+            return True
+        headers = last.headers or {}
+        return headers.get("Nats-Marker-Reason") == "MaxAge"
+
+    async def stop_heartbeat(self) -> None:
+        """Stop refreshing without deleting anything (what a crash looks like from outside)."""
+        task, self._heartbeat_task = self._heartbeat_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def close(self, *, withdraw: bool = True) -> None:
+        """Stop the heartbeat and, unless ``withdraw`` is false, delete every registration."""
+        await self.stop_heartbeat()
+        if withdraw:
+            for key in list(self._registrations):
+                with contextlib.suppress(Exception):
+                    await self.delete(key)
+        self._registrations.clear()

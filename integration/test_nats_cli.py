@@ -1,0 +1,180 @@
+"""The register, deregister and record subcommands against a real nats-server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import nats
+import pytest
+from natsfixture import NatsServer
+from workerset_admission import nats_cli
+from workerset_admission.config import load_settings
+from workerset_admission.nats_cli import record_trace
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+CARD = {"display_name": "m", "service_name": "m"}
+WORKER = ["--namespace", "dgd-v1", "--component", "backend", "--endpoint", "generate"]
+
+
+def main(argv: list[str]) -> int:
+    """Run one subcommand through its own parser, as the dispatcher does."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command")
+    command, rest = argv[0], argv[1:]
+    sub = argparse.ArgumentParser(prog=command)
+    nats_cli.add_arguments(command, sub)
+    return nats_cli.run(command, sub.parse_args(rest))
+
+
+_RUN_REGISTER = (
+    "import sys, argparse\n"
+    "from workerset_admission import nats_cli\n"
+    "p = argparse.ArgumentParser()\n"
+    "nats_cli.add_arguments('register', p)\n"
+    "sys.exit(nats_cli.run('register', p.parse_args(sys.argv[1:])))\n"
+)
+
+
+class LineSink:
+    """A text sink that counts complete lines and wakes a waiter at a target count."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.target = 1
+        self.reached = asyncio.Event()
+
+    def write(self, chunk: str) -> int:
+        self.text += chunk
+        if self.text.count("\n") >= self.target:
+            self.reached.set()
+        return len(chunk)
+
+    def flush(self) -> None:
+        return None
+
+    async def wait_for_lines(self, count: int) -> None:
+        self.target = count
+        if self.text.count("\n") < count:
+            self.reached.clear()
+            await asyncio.wait_for(self.reached.wait(), 10)
+
+
+async def bucket_keys(url: str, bucket: str) -> list[str]:
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        try:
+            return sorted(await kv.keys())
+        except nats.js.errors.NoKeysError:
+            return []
+    finally:
+        await nc.close()
+
+
+def test_register_once_then_deregister_leaves_the_bucket_empty(
+    nats_server: NatsServer, bucket_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps(CARD))
+    common = ["--nats-server", nats_server.url, "--discovery-bucket", bucket_name, *WORKER]
+    assert main(["register", *common, "--card", str(card), "--instance-id", "0x1f", "--once"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["registered"] == [
+        "v1.mdc.dgd-v1.backend.generate.1f",
+        "v1.instances.dgd-v1.backend.generate.1f",
+    ]
+    assert asyncio.run(bucket_keys(nats_server.url, bucket_name)) == sorted(printed["registered"])
+
+    assert main(["deregister", *common, "--instance-id", "31", "--endpoint-record"]) == 0
+    assert asyncio.run(bucket_keys(nats_server.url, bucket_name)) == []
+
+
+def test_register_runs_until_interrupted_and_then_withdraws(
+    nats_server: NatsServer, bucket_name: str, tmp_path: Path
+) -> None:
+    card = tmp_path / "record.json"
+    card.write_text(json.dumps({"type": "Model", "card_json": CARD}))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _RUN_REGISTER,
+            "--nats-server",
+            nats_server.url,
+            "--discovery-bucket",
+            bucket_name,
+            *WORKER,
+            "--card",
+            str(card),
+            "--ttl",
+            "2",
+            "--no-endpoint-record",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+    )
+    with process:
+        try:
+            assert process.stdout is not None
+            registered = json.loads(process.stdout.readline())["registered"]
+            assert len(registered) == 1
+            assert registered[0].startswith("v1.mdc.dgd-v1.backend.generate.")
+            assert asyncio.run(bucket_keys(nats_server.url, bucket_name)) == registered
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert asyncio.run(bucket_keys(nats_server.url, bucket_name)) == []
+
+
+def test_a_missing_card_file_is_a_clear_error(
+    nats_server: NatsServer, bucket_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["register", "--nats-server", nats_server.url, *WORKER, "--card", str(tmp_path / "no")]
+    )
+    assert code == 2
+    assert "card file" in capsys.readouterr().err
+
+
+async def test_record_writes_a_snapshot_with_raw_text_then_live_lines(
+    nats_server: NatsServer, bucket_name: str, tmp_path: Path
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        kv = await nc.jetstream().create_key_value(bucket=bucket_name)
+        await kv.put("v1.mdc.a.b.c.1", b'{"type": "Model" }')
+        await kv.put("v1.mdc.a.b.c.2", b"\xff not utf-8")
+        settings = load_settings(
+            env={}, flags={"nats_servers": nats_server.url, "discovery_bucket": bucket_name}
+        )
+        sink = LineSink()
+        stop = asyncio.Event()
+        recorder = asyncio.create_task(record_trace(settings, sink, duration=20, stop=stop))  # type: ignore[arg-type]
+        await sink.wait_for_lines(1)
+        await kv.put("v1.instances.a.b.c.1", b"{}")
+        await kv.delete("v1.mdc.a.b.c.1")
+        await sink.wait_for_lines(3)
+        stop.set()
+        assert await asyncio.wait_for(recorder, 10) == 3
+    finally:
+        await nc.close()
+    lines = [json.loads(line) for line in sink.text.splitlines()]
+    assert lines[0]["kind"] == "snapshot"
+    values = {e["key"]: e["value"] for e in lines[0]["entries"]}
+    assert values["v1.mdc.a.b.c.1"] == '{"type": "Model" }'
+    assert values["v1.mdc.a.b.c.2"].encode("utf-8", "surrogateescape") == b"\xff not utf-8"
+    assert lines[1:] == [
+        {"kind": "put", "key": "v1.instances.a.b.c.1", "value": "{}"},
+        {"kind": "delete", "key": "v1.mdc.a.b.c.1"},
+    ]

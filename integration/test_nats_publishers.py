@@ -1,0 +1,183 @@
+"""Discovery and admission publishers against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.js.errors import KeyNotFoundError
+from natsfixture import NatsServer
+from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
+from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.adapters.nats.connect import NatsConnectOptions
+from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.card import parse_key
+from workerset_admission.identity import EndpointId
+from workerset_admission.ports import SourceDelete, SourcePut, SourceSnapshot
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+ENDPOINT = EndpointId("dgd-v1", "backend", "generate")
+CARD = {"display_name": "m", "service_name": "m"}
+
+
+@pytest.fixture
+async def client(nats_server: NatsServer) -> AsyncIterator[NatsClient]:
+    nc = await nats.connect(nats_server.url)
+    yield nc
+    await nc.close()
+
+
+async def test_a_registration_is_a_dynamo_model_record_under_its_escaped_key(
+    client: NatsClient, bucket_name: str
+) -> None:
+    publisher = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=None)
+    endpoint = EndpointId("team a", "backend", "generate")
+    key = await publisher.register(endpoint, 0xABC, CARD, suffix="my-lora")
+    endpoint_key = await publisher.register_endpoint(endpoint, 0xABC)
+    assert key == "v1.mdc.team=20a.backend.generate.abc.my-lora"
+    parsed = parse_key(key)
+    assert (parsed.endpoint, parsed.instance_id, parsed.model_suffix) == (
+        endpoint,
+        0xABC,
+        "my-lora",
+    )
+    kv = await client.jetstream().key_value(bucket_name)
+    record = json.loads((await kv.get(key)).value)
+    assert record["type"] == "Model"
+    assert record["instance_id"] == 0xABC
+    assert record["card_json"] == CARD
+    assert record["model_suffix"] == "my-lora"
+    assert json.loads((await kv.get(endpoint_key)).value)["type"] == "Endpoint"
+
+    await publisher.deregister(endpoint, 0xABC, "my-lora", endpoint_record=True)
+    with pytest.raises(KeyNotFoundError):
+        await kv.get(key)
+    with pytest.raises(KeyNotFoundError):
+        await kv.get(endpoint_key)
+    await publisher.close()
+
+
+async def test_a_heartbeat_keeps_a_registration_alive_and_a_crash_lets_it_expire(
+    nats_server: NatsServer, client: NatsClient, bucket_name: str
+) -> None:
+    publisher = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=1, heartbeat=0.3)
+    source = JetStreamDiscoverySource(
+        NatsConnectOptions(servers=(nats_server.url,)), bucket=bucket_name
+    )
+    events = source.events()
+    try:
+        key = await publisher.register(
+            ENDPOINT, 7, CARD, headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+        )
+        snapshot = await asyncio.wait_for(anext(events), 10)
+        assert isinstance(snapshot, SourceSnapshot)
+        assert [e.key for e in snapshot.entries] == [key]
+        assert (snapshot.entries[0].headers or {}).get("traceparent", "").startswith("00-111")
+        # Three TTLs pass; the heartbeat's refreshes arrive as puts, never as a removal.
+        refreshes: list[SourcePut] = []
+        async with asyncio.timeout(3):
+            while len(refreshes) < 5:
+                event = await anext(events)
+                assert isinstance(event, SourcePut), event
+                refreshes.append(event)
+        assert publisher.refreshes >= 5
+
+        await publisher.stop_heartbeat()
+        async with asyncio.timeout(10):
+            while True:
+                event = await anext(events)
+                if isinstance(event, SourceDelete):
+                    break
+        assert (event.key, event.operation) == (key, "expired")
+    finally:
+        await publisher.close()
+        await source.close()
+        await events.aclose()
+
+
+async def test_a_heartbeat_never_revives_a_key_deleted_elsewhere(
+    client: NatsClient, bucket_name: str
+) -> None:
+    publisher = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=3, heartbeat=0.2)
+    try:
+        key = await publisher.register(ENDPOINT, 9, CARD)
+        kv = await client.jetstream().key_value(bucket_name)
+        await kv.delete(key)
+        await asyncio.sleep(0.8)
+        with pytest.raises(KeyNotFoundError):
+            await kv.get(key)
+        assert key not in publisher.keys
+    finally:
+        await publisher.close()
+
+
+async def test_an_existing_bucket_is_bound_as_is_and_a_mismatch_is_reported(
+    client: NatsClient, bucket_name: str
+) -> None:
+    js = client.jetstream()
+    first = await ensure_bucket(js, BucketSpec(name=bucket_name, history=1))
+    assert first.created
+    again = await ensure_bucket(js, BucketSpec(name=bucket_name, history=1))
+    assert not again.created
+    assert again.mismatches == ()
+    other = await ensure_bucket(js, BucketSpec(name=bucket_name, history=5, limit_marker_ttl=None))
+    assert not other.created
+    assert any("history" in m for m in other.mismatches)
+    assert any("limit_marker_ttl" in m for m in other.mismatches)
+    info = await js.stream_info(f"KV_{bucket_name}")
+    assert info.config.max_msgs_per_subject == 1
+
+
+async def test_admission_records_are_coalesced_published_and_withdrawn(
+    client: NatsClient, bucket_name: str
+) -> None:
+    js = client.jetstream()
+    publisher = NatsAdmissionPublisher(js, "fe 1", bucket=bucket_name, min_interval=0.2)
+    await publisher.publish_capability()
+    for n in range(20):
+        await publisher.publish_members(
+            "dgd-v1", [f"dgd-v1/backend/generate/{i:x}" for i in range(n + 1)]
+        )
+    await publisher.publish_members(
+        "dgd-v2",
+        ["dgd-v2/backend/generate/a"],
+        groups=[
+            {
+                "model": "m",
+                "worker_set": "[]",
+                "checksum": "c",
+                "generation": 3,
+                "members": ["dgd-v2/backend/generate/a"],
+            }
+        ],
+    )
+    await asyncio.wait_for(publisher.flushed(), 5)
+    assert publisher.write_rounds <= 2
+
+    kv = await js.key_value(bucket_name)
+    keys = sorted(await kv.keys())
+    assert keys == ["v1.fe=201.capability", "v1.fe=201.members.dgd-v1", "v1.fe=201.members.dgd-v2"]
+    capability = json.loads((await kv.get("v1.fe=201.capability")).value)
+    assert capability == {"protocol": "v1", "capability": True, "frontend": "fe 1"}
+    v1 = json.loads((await kv.get("v1.fe=201.members.dgd-v1")).value)
+    assert v1["protocol"] == "v1"
+    assert v1["frontend"] == "fe 1"
+    assert v1["namespace"] == "dgd-v1"
+    assert len(v1["members"]) == 20
+    v2 = json.loads((await kv.get("v1.fe=201.members.dgd-v2")).value)
+    assert v2["groups"][0]["generation"] == 3
+
+    await publisher.publish_members("dgd-v1", [])
+    await asyncio.wait_for(publisher.flushed(), 5)
+    with pytest.raises(KeyNotFoundError):
+        await kv.get("v1.fe=201.members.dgd-v1")
+
+    await publisher.withdraw_all()
+    with pytest.raises(nats.js.errors.NoKeysError):
+        await kv.keys()

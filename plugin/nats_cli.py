@@ -1,0 +1,298 @@
+"""The NATS-side subcommands: ``register`` and ``deregister`` a worker, ``record`` a trace.
+
+``register`` publishes a model card (and the endpoint's liveness record) as a Dynamo worker
+would, then keeps it alive with a heartbeat until interrupted, when it deregisters; with
+``--once`` it writes and exits. ``record`` writes a replay trace from a live bucket: one
+snapshot line holding every value's raw text, then ``put`` and ``delete`` lines as they happen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from workerset_admission.config import (
+    Settings,
+    add_settings_arguments,
+    flags_from_args,
+    load_settings,
+)
+from workerset_admission.errors import ConfigError, WorkersetAdmissionError
+from workerset_admission.identity import EndpointId
+
+__all__ = ["add_arguments", "record_trace", "run", "trace_line"]
+
+
+def _instance_id(text: str) -> int:
+    base = 16 if text.lower().startswith("0x") else 10
+    try:
+        value = int(text, base)
+    except ValueError:
+        raise argparse.ArgumentTypeError("an instance id is a decimal or 0x-hex integer") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError("an instance id is an unsigned 64-bit integer")
+    return value
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("expected a positive number of seconds")
+    return value
+
+
+def _add_worker_arguments(parser: argparse.ArgumentParser, *, id_required: bool) -> None:
+    parser.add_argument("--namespace", required=True, help="worker namespace")
+    parser.add_argument("--component", required=True, help="worker component")
+    parser.add_argument("--endpoint", required=True, help="worker endpoint")
+    parser.add_argument(
+        "--instance-id",
+        type=_instance_id,
+        required=id_required,
+        help="instance id (decimal or 0x-hex)" + ("" if id_required else "; default random"),
+    )
+    parser.add_argument("--suffix", help="LoRA adapter suffix (registers an adapter card)")
+
+
+def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
+    add_settings_arguments(parser)
+    if name == "register":
+        _add_worker_arguments(parser, id_required=False)
+        parser.add_argument(
+            "--card",
+            type=Path,
+            required=True,
+            help="JSON file: a model deployment card, or a whole Model discovery record",
+        )
+        parser.add_argument(
+            "--ttl",
+            type=_positive,
+            default=10.0,
+            help="seconds a registration lives without a heartbeat (default 10)",
+        )
+        parser.add_argument(
+            "--heartbeat", type=_positive, help="seconds between refreshes (default ttl/3)"
+        )
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="write the registration without a TTL and exit (no heartbeat)",
+        )
+        parser.add_argument(
+            "--no-endpoint-record",
+            action="store_true",
+            help="register only the model card, not the endpoint's liveness record",
+        )
+    elif name == "deregister":
+        _add_worker_arguments(parser, id_required=True)
+        parser.add_argument(
+            "--endpoint-record",
+            action="store_true",
+            help="also delete the endpoint's liveness record",
+        )
+    elif name == "record":
+        parser.add_argument(
+            "--output", "-o", type=Path, help="trace file to write (default: standard output)"
+        )
+        parser.add_argument(
+            "--duration",
+            type=_positive,
+            help="stop after this many seconds (default: until interrupted)",
+        )
+    else:  # pragma: no cover - the dispatch table only routes the three names here
+        raise ValueError(name)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(flags=flags_from_args(args), config_file=args.config_file)
+
+
+def _servers(settings: Settings) -> tuple[str, ...]:
+    from workerset_admission.adapters.nats.connect import DEFAULT_SERVERS
+
+    # A tool talks to an existing server; with none configured, the conventional local one.
+    return settings.nats_servers or DEFAULT_SERVERS
+
+
+def _read_card(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"card file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"card file {path}: expected a JSON object")
+    if data.get("type") == "Model" and isinstance(data.get("card_json"), dict):
+        card: dict[str, Any] = data["card_json"]
+        return card
+    return data
+
+
+@contextlib.contextmanager
+def _interrupts(stop: asyncio.Event) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+            installed.append(signum)
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+
+async def _register(args: argparse.Namespace, settings: Settings) -> int:
+    from workerset_admission.adapters.nats.connect import connect
+    from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+
+    card = _read_card(args.card)
+    endpoint = EndpointId(args.namespace, args.component, args.endpoint)
+    instance_id = args.instance_id if args.instance_id is not None else secrets.randbits(63)
+    nc = await connect(settings.nats_connect_options(_servers(settings)))
+    try:
+        publisher = DiscoveryPublisher(
+            nc.jetstream(),
+            bucket=settings.discovery_bucket,
+            ttl=None if args.once else args.ttl,
+            heartbeat=args.heartbeat,
+        )
+        key = await publisher.register(endpoint, instance_id, card, args.suffix)
+        keys = [key]
+        if not args.no_endpoint_record:
+            keys.append(await publisher.register_endpoint(endpoint, instance_id))
+        print(json.dumps({"registered": keys, "instance_id": f"{instance_id:x}"}), flush=True)
+        if args.once:
+            return 0
+        stop = asyncio.Event()
+        with _interrupts(stop):
+            await stop.wait()
+        await publisher.close(withdraw=True)
+        print(json.dumps({"deregistered": keys}), flush=True)
+        return 0
+    finally:
+        await nc.close()
+
+
+async def _deregister(args: argparse.Namespace, settings: Settings) -> int:
+    from workerset_admission.adapters.nats.connect import connect
+    from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+
+    endpoint = EndpointId(args.namespace, args.component, args.endpoint)
+    nc = await connect(settings.nats_connect_options(_servers(settings)))
+    try:
+        publisher = DiscoveryPublisher(
+            nc.jetstream(), bucket=settings.discovery_bucket, create_bucket=False
+        )
+        keys = await publisher.deregister(
+            endpoint, args.instance_id, args.suffix, endpoint_record=args.endpoint_record
+        )
+        print(json.dumps({"deregistered": keys}), flush=True)
+        return 0
+    finally:
+        await nc.close()
+
+
+def _raw_text(value: bytes) -> str:
+    # Invalid UTF-8 survives as surrogate escapes, so the exact bytes can be rebuilt.
+    return value.decode("utf-8", errors="surrogateescape")
+
+
+def trace_line(event: object) -> dict[str, Any]:
+    """Translate one source event into a replay-trace object."""
+    from workerset_admission.ports import SourceDelete, SourcePut, SourceSnapshot
+
+    if isinstance(event, SourceSnapshot):
+        return {
+            "kind": "snapshot",
+            "entries": [{"key": e.key, "value": _raw_text(e.value)} for e in event.entries],
+        }
+    if isinstance(event, SourcePut):
+        return {"kind": "put", "key": event.entry.key, "value": _raw_text(event.entry.value)}
+    if isinstance(event, SourceDelete):
+        return {"kind": "delete", "key": event.key}
+    raise TypeError(f"not a source event: {event!r}")
+
+
+async def record_trace(
+    settings: Settings,
+    out: IO[str],
+    *,
+    duration: float | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Write a trace from the live discovery bucket until ``duration`` or ``stop``."""
+    from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+
+    source = JetStreamDiscoverySource(
+        settings.nats_connect_options(_servers(settings)), bucket=settings.discovery_bucket
+    )
+    stop = stop or asyncio.Event()
+    deadline = None if duration is None else time.monotonic() + duration
+    lines = 0
+    events = source.events()
+    try:
+        while not stop.is_set():
+            timeout = None if deadline is None else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                break
+            next_event = asyncio.ensure_future(anext(events))
+            stopped = asyncio.ensure_future(stop.wait())
+            done, _pending = await asyncio.wait(
+                {next_event, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            stopped.cancel()
+            if next_event not in done:
+                next_event.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await next_event
+                break
+            line = trace_line(next_event.result())
+            # ASCII escapes keep lone surrogates (invalid UTF-8 in a value) valid JSON text.
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+            out.flush()
+            lines += 1
+    finally:
+        await source.close()
+        await events.aclose()
+    return lines
+
+
+async def _record(args: argparse.Namespace, settings: Settings) -> int:
+    stop = asyncio.Event()
+    with _interrupts(stop), contextlib.ExitStack() as stack:
+        out: IO[str] = (
+            stack.enter_context(args.output.open("w", encoding="utf-8"))
+            if args.output
+            else sys.stdout
+        )
+        lines = await record_trace(settings, out, duration=args.duration, stop=stop)
+    print(f"recorded {lines} line(s)", file=sys.stderr)
+    return 0
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    from nats.errors import Error as NatsError
+
+    try:
+        settings = _settings(args)
+        handler = {"register": _register, "deregister": _deregister, "record": _record}[name]
+        return asyncio.run(handler(args, settings))
+    except WorkersetAdmissionError as exc:
+        print(f"workerset-admission {name}: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, asyncio.TimeoutError, NatsError) as exc:
+        print(f"workerset-admission {name}: cannot reach NATS: {exc!r}", file=sys.stderr)
+        return 1
