@@ -1,0 +1,1146 @@
+"""The live admission service: discovery source in, admission core, effects carried out.
+
+Theory of operation
+-------------------
+
+One :class:`AdmissionService` owns every task it runs in a single ``asyncio.TaskGroup``:
+
+* the *source loop* reads the :class:`~workerset_admission.ports.DiscoverySource` (a snapshot,
+  then live puts and removals, a new snapshot after every reconnect). Each entry is judged by
+  the card boundary: model records become :class:`~workerset_admission.identity.Registration`
+  inputs for the core, endpoint-instance records update the liveness index the routing hops
+  intersect with, and refused records are reported, counted and remembered in a bounded list
+  while the state stays as it was. A snapshot is one core step, so receivers hear about it
+  once;
+* the *timer loop* feeds the core a ``Tick`` from the monotonic clock whenever a retry it
+  scheduled falls due;
+* the *reconciliation loop* lists the whole bucket every ``reconcile_interval`` seconds and
+  applies the listing as a snapshot;
+* one *build task* per ``StartBuild`` effect runs the host's :class:`PipelineBuilder`; the core
+  already caps how many are in flight. ``CancelBuild`` cancels the task, and a result reaches
+  the core as ``BuildFinished`` carrying the attempt's checksum and generation, so the core can
+  fence out late answers;
+* the *publication loop* keeps the serving-admission records (one per worker namespace) in step
+  with the committed groups, coalescing bursts and retrying after failures;
+* the optional *status responder* answers status requests (JSON) on a NATS subject.
+
+Every core step runs synchronously on the event loop, and its effects are carried out before
+the next one starts, so the core, the receivers and the bindings never disagree for longer than
+one step. Stopping withdraws the publications, retires every receiver and cancels every build.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import heapq
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol
+
+from workerset_admission.admission import (
+    AdmissionCore,
+    BuildFinished,
+    CancelBuild,
+    CommitFailed,
+    CommitGroup,
+    CoreSettings,
+    Effect,
+    GroupView,
+    Input,
+    MutationRefused,
+    OpenReceiver,
+    PublishAdmissions,
+    RetireReceiver,
+    RetryScheduled,
+    Snapshot,
+    StartBuild,
+    Tick,
+    WithdrawGroup,
+    WorkerAdded,
+    WorkerRemoved,
+)
+from workerset_admission.admission.readiness import ReadinessUnit, evaluate_readiness
+from workerset_admission.bindings import (
+    AdmittedHopBinding,
+    FrontendRouting,
+    HopBindings,
+    RoutingSettings,
+)
+from workerset_admission.errors import RemoteDataError, UsageError
+from workerset_admission.identity import EndpointId, GroupKey, Registration, instance_key
+from workerset_admission.ports import (
+    AdmissionPublisher,
+    DiscoverySource,
+    SourceDelete,
+    SourceEvent,
+    SourcePut,
+    SourceSnapshot,
+)
+from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
+from workerset_admission.telemetry import AdmissionStateSummary, AdmissionTelemetry, UpdateScope
+
+if sys.version_info >= (3, 11):
+    from asyncio import TaskGroup
+else:  # pragma: no cover - exercised on Python 3.10 only
+    from taskgroup import TaskGroup  # type: ignore[import-not-found,unused-ignore]
+
+__all__ = [
+    "AdmissionService",
+    "BuildRequest",
+    "CardRecordDecoder",
+    "DefaultPipelineBuilder",
+    "GroupSnapshot",
+    "InvalidRecord",
+    "LivenessIndex",
+    "NatsStatusResponder",
+    "PipelineBuilder",
+    "ReadinessSnapshot",
+    "RecordDecoder",
+    "ServiceSettings",
+    "ServiceSnapshot",
+    "StatusResponder",
+    "default_decoder",
+]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_STATUS_SUBJECT = "workerset-admission.status"
+
+
+# --------------------------------------------------------------------------- settings and ports
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    """Tunables of the service; the defaults follow Dynamo 1.6.1's frontend."""
+
+    reconcile_interval: float = 30.0
+    max_concurrent_builds: int = 8
+    retry_delays: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+    invalid_history: int = 100
+    # The serving-admission records are rewritten at most this often, like Dynamo's publisher.
+    publish_interval: float = 0.2
+    publish_retry: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.reconcile_interval <= 0:
+            raise UsageError("reconcile_interval must be positive")
+        if self.invalid_history < 1:
+            raise UsageError("invalid_history must be at least 1")
+        if self.publish_interval < 0 or self.publish_retry <= 0:
+            raise UsageError("publication intervals must be positive")
+
+    def core_settings(self) -> CoreSettings:
+        return CoreSettings(
+            max_concurrent_builds=self.max_concurrent_builds, retry_delays=self.retry_delays
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BuildRequest:
+    """What a builder gets for one attempt: the incumbent's identity, card and receiver.
+
+    The receiver is the tenure's admission channel; a pipeline built from it keeps seeing
+    compatible membership changes without being rebuilt, and goes dark when the tenure ends.
+    """
+
+    group: GroupKey
+    mdc_checksum: str
+    generation: int
+    attempt: int
+    representative: str
+    card: Any
+    receiver: AdmissionReceiver
+    liveness: LivenessIndex
+
+
+class PipelineBuilder(Protocol):
+    """The host's pipeline construction for one incumbent.
+
+    ``build`` returns whatever the host wants to keep for the committed group (kept beside the
+    hop binding), raises to fail the attempt (the core retries with backoff), and is cancelled
+    when the tenure ends or the attempt becomes stale.
+    """
+
+    async def build(self, request: BuildRequest) -> object: ...
+
+
+class RecordDecoder(Protocol):
+    """The card boundary as the service uses it.
+
+    ``decode`` turns a put into a :class:`Registration` (a model card), an
+    ``(endpoint, instance id)`` pair (an endpoint-instance record), or ``None`` (a record this
+    frontend ignores, such as a namespace outside its filter). ``removal`` says what a deleted
+    key was: ``("model", registration key)``, ``("instance", key)`` or ``None``. Both raise
+    :class:`~workerset_admission.errors.RemoteDataError` for records they refuse.
+    """
+
+    def decode(self, key: str, value: bytes) -> Registration | tuple[EndpointId, int] | None: ...
+
+    def removal(self, key: str) -> tuple[str, str] | None: ...
+
+
+class DefaultPipelineBuilder:
+    """Builds nothing beyond the hop binding: checks the selected card yields routing settings.
+
+    The hop binding itself is made by the service when the build is committed, from the
+    group's receiver and selected card.
+    """
+
+    def __init__(self, frontend: FrontendRouting | None = None) -> None:
+        self._frontend = frontend or FrontendRouting()
+
+    async def build(self, request: BuildRequest) -> object:
+        return RoutingSettings.resolve(request.card, self._frontend)
+
+
+class StatusResponder(Protocol):
+    """Answers status requests until cancelled.
+
+    ``render(brief)`` gives the current status as JSON bytes; the brief form replaces member
+    lists with counts, for fleets whose full listing exceeds a message.
+    """
+
+    async def serve(self, render: Callable[[bool], bytes]) -> None: ...
+
+
+class NatsStatusResponder:
+    """A :class:`StatusResponder` over NATS request/reply on one subject."""
+
+    def __init__(self, nc: Any, subject: str = DEFAULT_STATUS_SUBJECT) -> None:
+        self._nc = nc
+        self.subject = subject
+
+    async def serve(self, render: Callable[[bool], bytes]) -> None:
+        nc = self._nc
+
+        async def on_request(msg: Any) -> None:
+            if not msg.reply:
+                return
+            try:
+                body = render(False)
+                if len(body) > nc.max_payload:
+                    body = render(True)
+                await msg.respond(body)
+            except Exception:
+                _log.warning("could not answer a status request", exc_info=True)
+
+        subscription = await nc.subscribe(self.subject, cb=on_request)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+
+class LivenessIndex:
+    """Live endpoint instances, from ``v1.instances`` records, for hops to intersect with.
+
+    A hop never routes to an admitted id that has no live endpoint record, and never to a live
+    instance that is not admitted.
+    """
+
+    __slots__ = ("_by_key", "_live", "_version", "_waiters")
+
+    def __init__(self) -> None:
+        self._live: dict[EndpointId, set[int]] = {}
+        self._by_key: dict[str, tuple[EndpointId, int]] = {}
+        self._version = 0
+        self._waiters: asyncio.Event | None = None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def live_ids(self, endpoint: EndpointId) -> frozenset[int]:
+        return frozenset(self._live.get(endpoint, ()))
+
+    def routable(self, endpoint: EndpointId, admitted: Iterable[int]) -> frozenset[int]:
+        """Admitted ids that also have a live endpoint instance."""
+        live = self._live.get(endpoint)
+        if not live:
+            return frozenset()
+        return frozenset(i for i in admitted if i in live)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def put(self, key: str, endpoint: EndpointId, instance_id: int) -> bool:
+        if self._by_key.get(key) == (endpoint, instance_id):
+            return False
+        self._discard(key)
+        self._by_key[key] = (endpoint, instance_id)
+        self._live.setdefault(endpoint, set()).add(instance_id)
+        self._bump()
+        return True
+
+    def remove(self, key: str) -> bool:
+        if not self._discard(key):
+            return False
+        self._bump()
+        return True
+
+    def replace(self, entries: Mapping[str, tuple[EndpointId, int]]) -> bool:
+        """Make the index exactly ``entries`` (a snapshot); report whether anything changed."""
+        if entries == self._by_key:
+            return False
+        self._by_key = dict(entries)
+        live: dict[EndpointId, set[int]] = {}
+        for endpoint, instance_id in entries.values():
+            live.setdefault(endpoint, set()).add(instance_id)
+        self._live = live
+        self._bump()
+        return True
+
+    async def changed(self, version: int) -> int:
+        """Wait until the index is newer than ``version``; return the new version."""
+        while self._version <= version:
+            if self._waiters is None:
+                self._waiters = asyncio.Event()
+            await self._waiters.wait()
+        return self._version
+
+    def _discard(self, key: str) -> bool:
+        old = self._by_key.pop(key, None)
+        if old is None:
+            return False
+        endpoint, instance_id = old
+        # Two records may name the same instance (re-registration under a new key).
+        if not any(v == old for v in self._by_key.values()):
+            ids = self._live.get(endpoint)
+            if ids is not None:
+                ids.discard(instance_id)
+                if not ids:
+                    del self._live[endpoint]
+        return True
+
+    def _bump(self) -> None:
+        self._version += 1
+        waiters, self._waiters = self._waiters, None
+        if waiters is not None:
+            waiters.set()
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+@dataclass(frozen=True, slots=True)
+class CohortSnapshot:
+    mdc_checksum: str
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSnapshot:
+    """One WorkerSet as the service serves it."""
+
+    group: GroupKey
+    incumbent: str | None
+    status: str
+    generation: int | None
+    committed_generation: int | None
+    receiver: int | None
+    admitted: tuple[int, ...]
+    routable: tuple[int, ...]
+    cohorts: tuple[CohortSnapshot, ...]
+
+    @property
+    def rejected(self) -> tuple[CohortSnapshot, ...]:
+        return self.cohorts[1:]
+
+    def to_json(self, brief: bool = False) -> dict[str, Any]:
+        def ids(values: tuple[int, ...]) -> list[int] | int:
+            return len(values) if brief else list(values)
+
+        return {
+            "group": self.group.id,
+            "model": self.group.model,
+            "worker_set": self.group.worker_set,
+            "incumbent": self.incumbent,
+            "status": self.status,
+            "generation": self.generation,
+            "committed_generation": self.committed_generation,
+            "receiver": self.receiver,
+            "admitted": ids(self.admitted),
+            "routable": ids(self.routable),
+            "cohorts": [
+                {"checksum": c.mdc_checksum, "members": ids(c.members)} for c in self.cohorts
+            ],
+            "rejected": [c.mdc_checksum for c in self.rejected],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReadinessSnapshot:
+    """Readiness of one model in one namespace, from its committed WorkerSets only."""
+
+    model: str
+    namespace: str
+    ready: bool
+    present: tuple[str, ...]
+    missing: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "namespace": self.namespace,
+            "ready": self.ready,
+            "present": list(self.present),
+            "missing": list(self.missing),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidRecord:
+    """A refused discovery record, kept in the bounded recent list."""
+
+    key: str
+    reason: str
+    detail: str
+    at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "reason": self.reason, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSnapshot:
+    """A consistent, immutable picture of the service for synchronous readers."""
+
+    health: str
+    synced: bool
+    groups: tuple[GroupSnapshot, ...]
+    readiness: tuple[ReadinessSnapshot, ...]
+    invalid_total: int
+    recent_invalid: tuple[InvalidRecord, ...]
+    live_instances: int
+    builds_in_flight: int
+    snapshots_applied: int
+
+    def group(self, key: GroupKey) -> GroupSnapshot | None:
+        for g in self.groups:
+            if g.group == key:
+                return g
+        return None
+
+    def to_json(self, brief: bool = False) -> dict[str, Any]:
+        return {
+            "health": self.health,
+            "synced": self.synced,
+            "groups": [g.to_json(brief) for g in self.groups],
+            "readiness": [r.to_json() for r in self.readiness],
+            "invalid_total": self.invalid_total,
+            "recent_invalid": [r.to_json() for r in self.recent_invalid],
+            "live_instances": self.live_instances,
+            "builds_in_flight": self.builds_in_flight,
+            "snapshots_applied": self.snapshots_applied,
+        }
+
+
+# --------------------------------------------------------------------------- the service
+
+
+@dataclass(slots=True)
+class _Build:
+    effect: StartBuild
+    task: asyncio.Task[None] | None = None
+    pipeline: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Committed:
+    generation: int
+    mdc_checksum: str
+    pipeline: object
+
+
+@dataclass(slots=True)
+class _Counters:
+    puts: int = 0
+    deletes: int = 0
+    snapshots: int = 0
+    invalid: int = 0
+    notifications: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class AdmissionService:
+    """Run WorkerSet admission over a discovery source; see the module docstring."""
+
+    def __init__(
+        self,
+        source: DiscoverySource,
+        *,
+        decoder: RecordDecoder | None = None,
+        builder: PipelineBuilder | None = None,
+        frontend: FrontendRouting | None = None,
+        publisher: AdmissionPublisher | None = None,
+        status: StatusResponder | None = None,
+        telemetry: AdmissionTelemetry | None = None,
+        settings: ServiceSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        handle_signals: bool = False,
+    ) -> None:
+        self.settings = settings or ServiceSettings()
+        self._source = source
+        self._decoder: RecordDecoder = decoder or default_decoder()
+        self._builder: PipelineBuilder = builder or DefaultPipelineBuilder(frontend)
+        self._publisher = publisher
+        self._status = status
+        self._telemetry = telemetry or AdmissionTelemetry()
+        self._telemetry.observe_state(self._state_summary)
+        self._clock = clock
+        self._handle_signals = handle_signals
+
+        self.core = AdmissionCore(self.settings.core_settings())
+        self.channels = AdmissionChannels()
+        self.liveness = LivenessIndex()
+        self._builds: dict[tuple[GroupKey, int], _Build] = {}
+        self._committed: dict[GroupKey, _Committed] = {}
+        self.hops = HopBindings(self.channels, self.liveness, frontend)
+        self._timers: list[float] = []
+        self._timer_wake = asyncio.Event()
+        self._publish_wake = asyncio.Event()
+        self._published: dict[str, tuple[str, ...]] = {}
+        self._capability_published = False
+        self._invalid: collections.deque[InvalidRecord] = collections.deque(
+            maxlen=self.settings.invalid_history
+        )
+        self.counters = _Counters()
+        self._synced = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._runner: asyncio.Task[None] | None = None
+        self._tg: TaskGroup | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._snapshot: ServiceSnapshot | None = None
+        self._failure: BaseException | None = None
+        self._shut_down = False
+        self._state_listeners: list[Callable[[], None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> AdmissionService:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start every task in the background and return at once."""
+        if self._runner is not None:
+            raise UsageError("the admission service was already started")
+        self._loop = asyncio.get_running_loop()
+        started = asyncio.Event()
+        self._runner = asyncio.create_task(self._run(started), name="workerset-admission")
+        await started.wait()
+
+    async def stop(self) -> None:
+        """Withdraw publications, retire receivers, cancel builds, and wait for every task."""
+        if self._runner is None:
+            return
+        self._stopping.set()
+        await self._stopped.wait()
+        runner = self._runner
+        if runner.done() and not runner.cancelled():
+            with contextlib.suppress(Exception):
+                runner.result()
+
+    async def run(self) -> None:
+        """Start, then run until stopped (or SIGINT/SIGTERM when ``handle_signals``)."""
+        await self.start()
+        try:
+            await self._stopped.wait()
+        finally:
+            await self.stop()
+        if self._failure is not None:
+            raise self._failure
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        """Wait until the first snapshot has been applied."""
+        await asyncio.wait_for(self._synced.wait(), timeout)
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None and not self._stopped.is_set()
+
+    async def _run(self, started: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if self._handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, self._stopping.set)
+                    installed.append(sig)
+        try:
+            async with TaskGroup() as tg:
+                self._tg = tg
+                loops = [
+                    tg.create_task(self._source_loop(), name="admission source"),
+                    tg.create_task(self._timer_loop(), name="admission timers"),
+                    tg.create_task(self._reconcile_loop(), name="admission reconcile"),
+                ]
+                if self._publisher is not None:
+                    loops.append(tg.create_task(self._publish_loop(), name="admission publish"))
+                if self._status is not None:
+                    loops.append(
+                        tg.create_task(
+                            self._status.serve(self.render_status), name="admission status"
+                        )
+                    )
+                started.set()
+                await self._stopping.wait()
+                await self._shutdown()
+                for task in loops:
+                    task.cancel()
+        except Exception as exc:
+            self._failure = exc
+            _log.error("the admission service stopped on an error", exc_info=exc)
+            # A crashed task group skipped the orderly shutdown: do what can be done offline.
+            await self._shutdown()
+        finally:
+            self._tg = None
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            started.set()
+            self._stopping.set()
+            self._stopped.set()
+
+    def _cancel_all(self) -> None:
+        for build in self._builds.values():
+            if build.task is not None:
+                build.task.cancel()
+        self._builds.clear()
+
+    async def _shutdown(self) -> None:
+        if self._shut_down:
+            return
+        self._shut_down = True
+        # Serving records first: an operator must never see this frontend claim a worker it no
+        # longer routes to.
+        if self._publisher is not None:
+            try:
+                await asyncio.wait_for(self._publisher.withdraw_all(), timeout=5.0)
+            except Exception:
+                _log.warning("could not withdraw the serving-admission records", exc_info=True)
+        for key, held in list(self._committed.items()):
+            self._withdraw(key, held.generation)
+        self._cancel_all()
+        for view in self.core.groups():
+            if view.receiver is not None:
+                sender = self.channels.sender(view.receiver)
+                if sender is not None:
+                    sender.retire()
+        try:
+            await self._source.close()
+        except Exception:
+            _log.debug("closing the discovery source failed", exc_info=True)
+        self._changed()
+
+    # -- host API ----------------------------------------------------------------------------
+
+    def receiver_for(self, group: GroupKey) -> AdmissionReceiver | None:
+        """Open a receiver on the group's current tenure; ``None`` when it has none."""
+        return self.channels.subscribe(group)
+
+    def bindings(self) -> list[AdmittedHopBinding]:
+        """Return the hop binding of every committed group, sorted by group."""
+        return self.hops.bindings()
+
+    def binding(self, group: GroupKey) -> AdmittedHopBinding | None:
+        return self.hops.binding(group)
+
+    def pipeline(self, group: GroupKey) -> object:
+        """Return what the builder made for the group's committed build (``None`` if none)."""
+        held = self._committed.get(group)
+        return None if held is None else held.pipeline
+
+    @property
+    def recent_invalid(self) -> tuple[InvalidRecord, ...]:
+        return tuple(self._invalid)
+
+    def snapshot(self) -> ServiceSnapshot:
+        """Return the current state, rebuilt only after a change; safe from any thread.
+
+        On the service's own loop the picture is rebuilt directly; from another thread (the
+        Dynamo frontend's HTTP handler pool) the rebuild runs on the loop and this waits for
+        it briefly, falling back to the last picture.
+        """
+        cached = self._snapshot
+        if cached is not None:
+            return cached
+        loop = self._loop
+        if loop is None or _on_loop(loop) or not loop.is_running():
+            return self._build_snapshot()
+        future = asyncio.run_coroutine_threadsafe(self._snapshot_async(), loop)
+        try:
+            return future.result(timeout=1.0)
+        except Exception:
+            future.cancel()
+            return self._snapshot or _EMPTY_SNAPSHOT
+
+    async def _snapshot_async(self) -> ServiceSnapshot:
+        return self.snapshot()
+
+    def render_status(self, brief: bool = False) -> bytes:
+        """Render the status as JSON bytes; ``brief`` gives counts instead of member lists."""
+        return json.dumps(self.snapshot().to_json(brief=brief), sort_keys=True).encode()
+
+    def wake_timers(self) -> None:
+        """Re-read the clock now (for hosts and tests that inject a clock that jumps)."""
+        self._timer_wake.set()
+
+    def on_state_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the loop) after each step that changed admission state."""
+        self._state_listeners.append(listener)
+
+    # -- the source loop ---------------------------------------------------------------------
+
+    async def _source_loop(self) -> None:
+        async for event in self._source.events():
+            if self._stopping.is_set():
+                break
+            self.handle_event(event)
+
+    def handle_event(self, event: SourceEvent) -> None:
+        """Apply one source event as one core step (exposed for tests and replay tools)."""
+        if isinstance(event, SourcePut):
+            self.counters.puts += 1
+            self._on_put(event)
+        elif isinstance(event, SourceDelete):
+            self.counters.deletes += 1
+            self._on_delete(event)
+        elif isinstance(event, SourceSnapshot):
+            self.counters.snapshots += 1
+            self._on_snapshot(event)
+        else:
+            raise UsageError(f"not a discovery event: {type(event).__name__}")
+
+    def _on_put(self, event: SourcePut) -> None:
+        entry = event.entry
+        with self._telemetry.apply_update(event) as scope:
+            try:
+                record = self._decoder.decode(entry.key, entry.value)
+            except RemoteDataError as exc:
+                self._refuse(entry.key, exc, scope)
+                return
+            if isinstance(record, Registration):
+                self._step([WorkerAdded(record)], scope)
+            elif record is not None:
+                endpoint, instance_id = record
+                if self.liveness.put(entry.key, endpoint, instance_id):
+                    self._changed()
+
+    def _on_delete(self, event: SourceDelete) -> None:
+        with self._telemetry.apply_update(event) as scope:
+            try:
+                removal = self._decoder.removal(event.key)
+            except RemoteDataError as exc:
+                self._refuse(event.key, exc, scope)
+                return
+            if removal is None:
+                return
+            kind, key = removal
+            if kind == "model":
+                self._step([WorkerRemoved(key)], scope)
+            elif self.liveness.remove(key):
+                self._changed()
+
+    def _on_snapshot(self, event: SourceSnapshot) -> None:
+        with self._telemetry.apply_update(event) as scope:
+            registrations: list[Registration] = []
+            live: dict[str, tuple[EndpointId, int]] = {}
+            decode = self._decoder.decode
+            for entry in event.entries:
+                try:
+                    record = decode(entry.key, entry.value)
+                except RemoteDataError as exc:
+                    self._refuse(entry.key, exc, None)
+                    continue
+                if isinstance(record, Registration):
+                    registrations.append(record)
+                elif record is not None:
+                    live[entry.key] = record
+            changed = self.liveness.replace(live)
+            self._step([Snapshot(registrations)], scope, force=changed)
+        if not self._synced.is_set():
+            self._synced.set()
+            self._changed()
+
+    def _refuse(self, key: str, exc: RemoteDataError, scope: UpdateScope | None) -> None:
+        self.counters.invalid += 1
+        self._invalid.append(InvalidRecord(key, exc.reason, exc.detail, self._clock()))
+        if scope is not None:
+            scope.invalid_record(exc.reason, exc.detail, key)
+        else:
+            self._telemetry.invalid_record(key, exc.reason, exc.detail)
+        self._changed()
+
+    # -- one core step and its effects ------------------------------------------------------
+
+    def _step(
+        self, inputs: Sequence[Input], scope: UpdateScope | None = None, *, force: bool = False
+    ) -> None:
+        effects = self.core.apply_many(inputs)
+        if scope is not None:
+            scope.effects(effects)
+        else:
+            self._telemetry.effects(effects)
+        self._carry_out(effects)
+        if effects or force:
+            self._changed()
+
+    def _carry_out(self, effects: list[Effect]) -> None:
+        refeed: list[Input] = []
+        publications = False
+        for effect in effects:
+            if isinstance(effect, (OpenReceiver, PublishAdmissions, RetireReceiver)):
+                self.channels.handle(effect)
+                if isinstance(effect, PublishAdmissions):
+                    self.counters.notifications += 1
+                    publications = publications or effect.group in self._committed
+            elif isinstance(effect, StartBuild):
+                self._start_build(effect)
+            elif isinstance(effect, CancelBuild):
+                build = self._builds.pop((effect.group, effect.generation), None)
+                if build is not None and build.task is not None:
+                    build.task.cancel()
+            elif isinstance(effect, CommitGroup):
+                failure = self._commit(effect)
+                if failure is not None:
+                    refeed.append(failure)
+                publications = True
+            elif isinstance(effect, WithdrawGroup):
+                self._withdraw(effect.group, effect.generation)
+                publications = True
+            elif isinstance(effect, RetryScheduled):
+                heapq.heappush(self._timers, effect.deadline)
+                self._timer_wake.set()
+            elif isinstance(effect, MutationRefused):
+                _log.warning(
+                    "refused an in-place change of %s: kept %s, offered %s",
+                    effect.key,
+                    effect.kept_checksum,
+                    effect.offered_checksum,
+                )
+        if publications:
+            self._publish_wake.set()
+        if refeed:
+            self._step([Tick(self._clock()), *refeed])
+
+    def _start_build(self, effect: StartBuild) -> None:
+        tg = self._tg
+        sender = self.channels.sender(effect.receiver)
+        if tg is None or sender is None or self._stopping.is_set():
+            return  # shutting down: the build would be cancelled at once anyway
+        build = _Build(effect)
+        self._builds[(effect.group, effect.generation)] = build
+        request = BuildRequest(
+            group=effect.group,
+            mdc_checksum=effect.mdc_checksum,
+            generation=effect.generation,
+            attempt=effect.attempt,
+            representative=effect.representative,
+            card=effect.card,
+            receiver=sender.subscribe(),
+            liveness=self.liveness,
+        )
+        build.task = tg.create_task(
+            self._run_build(build, request), name=f"build {effect.group.id} g{effect.generation}"
+        )
+
+    async def _run_build(self, build: _Build, request: BuildRequest) -> None:
+        effect = build.effect
+        ok, error = True, None
+        scope = self._telemetry.build_attempt(
+            effect.group, effect.mdc_checksum, effect.generation, effect.attempt
+        )
+        try:
+            with scope:
+                build.pipeline = await self._builder.build(request)
+        except asyncio.CancelledError:
+            request.receiver.close()
+            raise
+        except Exception as exc:  # any builder failure is a failed attempt
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+            _log.warning(
+                "pipeline build failed for %s (generation %d, attempt %d): %s",
+                effect.group.id,
+                effect.generation,
+                effect.attempt,
+                error,
+            )
+            request.receiver.close()
+        if self._builds.get((effect.group, effect.generation)) is not build:
+            return  # cancelled by the core while finishing: the result is stale
+        if not ok:
+            del self._builds[(effect.group, effect.generation)]
+        self._step(
+            [
+                Tick(self._clock()),
+                BuildFinished(effect.group, effect.mdc_checksum, effect.generation, ok, error),
+            ]
+        )
+
+    def _commit(self, effect: CommitGroup) -> CommitFailed | None:
+        build = self._builds.pop((effect.group, effect.generation), None)
+        pipeline = None if build is None else build.pipeline
+        try:
+            self.hops.handle(effect)
+        except Exception as exc:  # refused commit: the core retries the build
+            _log.warning("commit of %s failed: %s", effect.group.id, exc)
+            return CommitFailed(
+                effect.group,
+                effect.mdc_checksum,
+                effect.generation,
+                "commit",
+                f"{type(exc).__name__}: {exc}",
+            )
+        self._committed[effect.group] = _Committed(effect.generation, effect.mdc_checksum, pipeline)
+        return None
+
+    def _withdraw(self, group: GroupKey, generation: int) -> None:
+        held = self._committed.get(group)
+        if held is None or held.generation != generation:
+            return
+        del self._committed[group]
+        self.hops.handle(WithdrawGroup(group, held.mdc_checksum, generation))
+
+    def _changed(self) -> None:
+        self._snapshot = None
+        for listener in self._state_listeners:
+            try:
+                listener()
+            except Exception:  # noqa: PERF203 - one failing listener must not stop the rest
+                _log.debug("a state listener failed", exc_info=True)
+
+    # -- timers and reconciliation ----------------------------------------------------------
+
+    async def _timer_loop(self) -> None:
+        timers = self._timers
+        while True:
+            self._timer_wake.clear()
+            if not timers:
+                await self._timer_wake.wait()
+                continue
+            delay = timers[0] - self._clock()
+            if delay > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._timer_wake.wait(), delay)
+                continue
+            now = self._clock()
+            while timers and timers[0] <= now:
+                heapq.heappop(timers)
+            self._step([Tick(now)])
+
+    async def _reconcile_loop(self) -> None:
+        interval = self.settings.reconcile_interval
+        await self._synced.wait()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                listing = await self._source.list_all()
+            except Exception as exc:  # the live watch keeps going meanwhile
+                _log.warning("periodic reconciliation could not list the bucket: %s", exc)
+                continue
+            self.handle_event(listing)
+
+    # -- serving-admission publications -----------------------------------------------------
+
+    def serving_members(self) -> dict[str, tuple[str, ...]]:
+        """Instance keys this frontend serves, per worker namespace (committed groups only)."""
+        out: dict[str, set[str]] = {}
+        for key in self._committed:
+            view = self.core.group(key)
+            if view is None or not view.admitted:
+                continue
+            endpoint = key.endpoint
+            out.setdefault(endpoint.namespace, set()).update(
+                instance_key(endpoint, i) for i in view.admitted
+            )
+        return {ns: tuple(sorted(keys)) for ns, keys in out.items()}
+
+    async def _publish_loop(self) -> None:
+        publisher = self._publisher
+        assert publisher is not None
+        settings = self.settings
+        while True:
+            await self._publish_wake.wait()
+            self._publish_wake.clear()
+            try:
+                if not self._capability_published:
+                    await publisher.publish_capability()
+                    self._capability_published = True
+                wanted = self.serving_members()
+                for namespace in sorted(set(wanted) | set(self._published)):
+                    members = wanted.get(namespace, ())
+                    if self._published.get(namespace) == members:
+                        continue
+                    await publisher.publish_members(namespace, members)
+                    if members:
+                        self._published[namespace] = members
+                    else:
+                        self._published.pop(namespace, None)
+            except Exception as exc:  # NATS may be down; try again soon
+                _log.warning("could not publish serving admissions: %s", exc)
+                self._publish_wake.set()
+                await asyncio.sleep(settings.publish_retry)
+                continue
+            await asyncio.sleep(settings.publish_interval)
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def _build_snapshot(self) -> ServiceSnapshot:
+        groups = tuple(self._group_snapshot(v) for v in self.core.groups())
+        snap = ServiceSnapshot(
+            health=self._health(),
+            synced=self._synced.is_set(),
+            groups=groups,
+            readiness=self._readiness(),
+            invalid_total=self.counters.invalid,
+            recent_invalid=tuple(self._invalid),
+            live_instances=len(self.liveness),
+            builds_in_flight=self.core.builds_in_flight,
+            snapshots_applied=self.counters.snapshots,
+        )
+        self._snapshot = snap
+        return snap
+
+    def _state_summary(self) -> AdmissionStateSummary:
+        snap = self.snapshot()
+        by_status: dict[str, int] = {}
+        admitted = 0
+        for group in snap.groups:
+            by_status[group.status] = by_status.get(group.status, 0) + 1
+            if group.committed_generation is not None:
+                admitted += len(group.admitted)
+        return AdmissionStateSummary(by_status, admitted)
+
+    def _health(self) -> str:
+        if self._stopping.is_set():
+            return "shutting_down"
+        if not self._synced.is_set():
+            return "starting"
+        return "healthy"
+
+    def _group_snapshot(self, view: GroupView) -> GroupSnapshot:
+        routable = self.liveness.routable(view.key.endpoint, view.admitted)
+        return GroupSnapshot(
+            group=view.key,
+            incumbent=view.incumbent,
+            status=view.status.value,
+            generation=view.generation,
+            committed_generation=view.committed_generation,
+            receiver=view.receiver,
+            admitted=view.admitted,
+            routable=tuple(sorted(routable)),
+            cohorts=tuple(CohortSnapshot(c.mdc_checksum, c.instance_ids) for c in view.cohorts),
+        )
+
+    def _readiness(self) -> tuple[ReadinessSnapshot, ...]:
+        # One unit per committed WorkerSet, live = admitted and routable, as the frontend does.
+        units: dict[tuple[str, str], list[ReadinessUnit]] = {}
+        for key in self._committed:
+            view = self.core.group(key)
+            if view is None or not view.cohorts or not view.cohorts[0].members:
+                continue
+            reg = self.core.registration(view.cohorts[0].members[0].key)
+            if reg is None:
+                continue
+            live = len(self.liveness.routable(key.endpoint, view.admitted))
+            units.setdefault((key.model, key.endpoint.namespace), []).append(
+                ReadinessUnit(reg.worker_type, live, reg.needs)
+            )
+        out = []
+        for (model, namespace), group_units in sorted(units.items()):
+            verdict = evaluate_readiness(group_units)
+            out.append(
+                ReadinessSnapshot(
+                    model=model,
+                    namespace=namespace,
+                    ready=verdict.ready,
+                    present=tuple(r.value for r in verdict.present),
+                    missing=tuple(r.value for r in verdict.missing),
+                )
+            )
+        return tuple(out)
+
+
+_EMPTY_SNAPSHOT = ServiceSnapshot(
+    health="starting",
+    synced=False,
+    groups=(),
+    readiness=(),
+    invalid_total=0,
+    recent_invalid=(),
+    live_instances=0,
+    builds_in_flight=0,
+    snapshots_applied=0,
+)
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return threading.current_thread() is threading.main_thread() and not loop.is_running()
+
+
+class CardRecordDecoder:
+    """The default :class:`RecordDecoder`: the card boundary of :mod:`workerset_admission.card`.
+
+    Endpoint-instance records become ``(endpoint, instance id)`` pairs for the liveness index;
+    model records become registrations, their card decoded and hashed by the boundary (which
+    caches by card text, so a fleet sharing one card pays for it once).
+    """
+
+    def __init__(self, settings: Any = None) -> None:
+        from workerset_admission import card
+
+        self._card = card
+        self._settings = settings if settings is not None else card.BoundarySettings()
+
+    def decode(self, key: str, value: bytes) -> Registration | tuple[EndpointId, int] | None:
+        card = self._card
+        parsed = card.parse_key(key)
+        if parsed.kind == "endpoint":
+            record = card.decode_endpoint_record(parsed, value, self._settings)
+            return (record.endpoint, record.instance_id)
+        result: Registration | None = card.decode_model_record(parsed, value, self._settings)
+        if result is not None and not isinstance(result.card, Mapping):
+            # Hops read routing settings from the selected card as a mapping of card fields.
+            fields = getattr(result.card, "fields", None)
+            if isinstance(fields, Mapping):
+                result = dataclasses.replace(result, card=fields)
+        return result
+
+    def removal(self, key: str) -> tuple[str, str] | None:
+        parsed = self._card.parse_key(key)
+        if parsed.kind == "model":
+            return ("model", parsed.instance_key)
+        return ("instance", key)
+
+
+def default_decoder() -> RecordDecoder:
+    """Return the card boundary with its default settings."""
+    return CardRecordDecoder()

@@ -1,0 +1,498 @@
+"""The admission service against hand-written fake ports: no network, real core and boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from workerset_admission.card import (
+    encode_endpoint_record,
+    encode_model_record,
+    endpoint_kv_key,
+    model_kv_key,
+)
+from workerset_admission.errors import ReceiverRetired
+from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.ports import (
+    DiscoveryEntry,
+    SourceDelete,
+    SourceEvent,
+    SourcePut,
+    SourceSnapshot,
+)
+from workerset_admission.service import AdmissionService, BuildRequest, ServiceSettings
+
+EP = EndpointId("dgd-v1", "backend", "generate")
+
+CARD: dict[str, Any] = {
+    "display_name": "Qwen/Qwen3-0.6B",
+    "slug": "qwen_qwen3-0_6b",
+    "source_path": "Qwen/Qwen3-0.6B",
+    "model_info": None,
+    "tokenizer": None,
+    "context_length": 4096,
+    "kv_cache_block_size": 16,
+    "migration_limit": 0,
+    "model_type": "Chat | Completions",
+    "model_input": "Tokens",
+    "worker_type": "aggregated",
+    "needs": [],
+}
+
+
+def card(**changes: Any) -> dict[str, Any]:
+    out = copy.deepcopy(CARD)
+    out.update(changes)
+    return out
+
+
+OLD = card()
+NEW = card(kv_cache_block_size=32)
+
+
+def model_put(instance_id: int, card_json: dict[str, Any] = OLD, revision: int = 1) -> SourcePut:
+    key = model_kv_key(EP, instance_id)
+    return SourcePut(DiscoveryEntry(key, encode_model_record(EP, instance_id, card_json), revision))
+
+
+def model_entry(instance_id: int, card_json: dict[str, Any] = OLD) -> DiscoveryEntry:
+    return model_put(instance_id, card_json).entry
+
+
+def endpoint_entry(instance_id: int) -> DiscoveryEntry:
+    return DiscoveryEntry(
+        endpoint_kv_key(EP, instance_id), encode_endpoint_record(EP, instance_id), 1
+    )
+
+
+def model_delete(instance_id: int) -> SourceDelete:
+    return SourceDelete(model_kv_key(EP, instance_id), 2)
+
+
+class FakeSource:
+    """Events pushed by the test; ``list_all`` returns whatever the test set as the bucket."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[SourceEvent | None] = asyncio.Queue()
+        self.listing: list[DiscoveryEntry] = []
+        self.list_calls = 0
+        self.closed = False
+
+    async def events(self) -> AsyncIterator[SourceEvent]:
+        while True:
+            event = await self.queue.get()
+            if event is None:
+                return
+            yield event
+
+    async def list_all(self) -> SourceSnapshot:
+        self.list_calls += 1
+        return SourceSnapshot(tuple(self.listing), reason="periodic")
+
+    async def close(self) -> None:
+        self.closed = True
+        self.queue.put_nowait(None)
+
+
+class FakeBuilder:
+    """Builds finish when the test says so; ``fail_next`` makes attempts raise."""
+
+    def __init__(self, *, hold: bool = False) -> None:
+        self.hold = hold
+        self.requests: list[BuildRequest] = []
+        self.release = asyncio.Event()
+        self.fail_next = 0
+        self.cancelled = 0
+
+    async def build(self, request: BuildRequest) -> object:
+        self.requests.append(request)
+        try:
+            if self.hold:
+                await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        if self.fail_next:
+            self.fail_next -= 1
+            raise RuntimeError("metadata download failed")
+        return ("pipeline", request.generation)
+
+
+class FakePublisher:
+    def __init__(self) -> None:
+        self.records: dict[str, tuple[str, ...]] = {}
+        self.capability = False
+        self.withdrawn = False
+        self.calls = 0
+
+    async def publish_members(self, worker_namespace: str, members: Any) -> None:
+        self.calls += 1
+        self.records[worker_namespace] = tuple(members)
+
+    async def publish_capability(self) -> None:
+        self.capability = True
+
+    async def withdraw_all(self) -> None:
+        self.withdrawn = True
+        self.records.clear()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def settle(condition: Any, timeout: float = 5.0) -> None:
+    """Yield to the loop until ``condition()`` holds (bounded)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition never held")
+        await asyncio.sleep(0.005)
+
+
+def group_key() -> GroupKey:
+    return GroupKey.build(CARD["display_name"], EP, "chat|completions", _aggregated())
+
+
+def _aggregated() -> Any:
+    from workerset_admission.identity import WorkerType
+
+    return WorkerType.AGGREGATED
+
+
+@pytest.fixture
+def source() -> FakeSource:
+    return FakeSource()
+
+
+async def started(source: FakeSource, **kwargs: Any) -> AdmissionService:
+    svc = AdmissionService(source, **kwargs)
+    await svc.start()
+    return svc
+
+
+async def test_first_registration_is_admitted_and_committed_with_a_receiver(
+    source: FakeSource,
+) -> None:
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(0x1A), endpoint_entry(0x1A))))
+        await svc.wait_synced(5)
+        await settle(lambda: svc.binding(group_key()) is not None)
+        receiver = svc.receiver_for(group_key())
+        assert receiver is not None
+        assert receiver.current().admitted == {0x1A}
+        binding = svc.binding(group_key())
+        assert binding is not None
+        assert binding.routable() == {0x1A}
+        assert binding.settings.kv_cache_block_size == 16
+        group = svc.snapshot().group(group_key())
+        assert group is not None
+        assert group.status == "ready"
+        assert group.admitted == (0x1A,)
+    finally:
+        await svc.stop()
+
+
+async def test_a_conflicting_cohort_is_rejected_and_logged_once_at_error(
+    source: FakeSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    svc = await started(source)
+    try:
+        caplog.set_level(logging.ERROR)
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        for instance_id in (2, 3, 4):
+            source.queue.put_nowait(model_put(instance_id, NEW))
+        source.queue.put_nowait(model_put(2, NEW))  # a duplicate changes nothing
+        await settle(lambda: svc.counters.puts == 4)
+        errors = [r for r in caplog.records if "rejected cohort" in r.getMessage()]
+        assert len(errors) == 1
+        assert errors[0].levelno == logging.ERROR
+        group = svc.snapshot().group(group_key())
+        assert group is not None
+        assert group.admitted == (1,)
+        assert [c.members for c in group.rejected] == [(2, 3, 4)]
+        status = svc.snapshot().to_json()["groups"][0]
+        assert status["rejected"] == [group.rejected[0].mdc_checksum]
+    finally:
+        await svc.stop()
+
+
+async def test_an_invalid_record_is_counted_and_remembered_and_changes_nothing(
+    source: FakeSource,
+) -> None:
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        await svc.wait_synced(5)
+        before = svc.snapshot().groups
+        bad_value = SourcePut(DiscoveryEntry(model_kv_key(EP, 2), b"{not json", 3))
+        bad_key = SourcePut(DiscoveryEntry("v1.mdc.only", b"{}", 4))
+        source.queue.put_nowait(bad_value)
+        source.queue.put_nowait(bad_key)
+        await settle(lambda: svc.counters.invalid == 2)
+        assert [r.key for r in svc.recent_invalid] == [model_kv_key(EP, 2), "v1.mdc.only"]
+        assert all(r.reason for r in svc.recent_invalid)
+        assert svc.snapshot().groups == before
+        assert svc.running
+    finally:
+        await svc.stop()
+
+
+async def test_the_recent_invalid_list_is_bounded(source: FakeSource) -> None:
+    svc = await started(source, settings=ServiceSettings(invalid_history=3))
+    try:
+        for n in range(10):
+            source.queue.put_nowait(SourcePut(DiscoveryEntry(f"v1.mdc.bad{n}", b"", n)))
+        await settle(lambda: svc.counters.invalid == 10)
+        assert [r.key for r in svc.recent_invalid] == ["v1.mdc.bad7", "v1.mdc.bad8", "v1.mdc.bad9"]
+        assert svc.snapshot().invalid_total == 10
+    finally:
+        await svc.stop()
+
+
+async def test_a_snapshot_notifies_each_receiver_once(source: FakeSource) -> None:
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        await settle(lambda: svc.binding(group_key()) is not None)
+        receiver = svc.receiver_for(group_key())
+        assert receiver is not None
+        version = receiver.current().version
+        listing = tuple(model_entry(i) for i in range(1, 200))
+        source.queue.put_nowait(SourceSnapshot(listing, reason="reconnect"))
+        await settle(lambda: svc.counters.snapshots == 2)
+        state = receiver.current()
+        assert state.admitted == frozenset(range(1, 200))
+        assert state.version == version + 1
+    finally:
+        await svc.stop()
+
+
+async def test_an_unchanged_reconnect_snapshot_notifies_no_receiver(source: FakeSource) -> None:
+    svc = await started(source)
+    try:
+        listing = tuple(model_entry(i) for i in range(1, 20))
+        source.queue.put_nowait(SourceSnapshot(listing))
+        await settle(lambda: svc.binding(group_key()) is not None)
+        receiver = svc.receiver_for(group_key())
+        assert receiver is not None
+        version = receiver.current().version
+        notifications = svc.counters.notifications
+        source.queue.put_nowait(SourceSnapshot(listing, reason="reconnect"))
+        await settle(lambda: svc.counters.snapshots == 2)
+        assert receiver.current().version == version
+        assert svc.counters.notifications == notifications
+    finally:
+        await svc.stop()
+
+
+async def test_a_failed_build_is_retried_when_the_clock_reaches_its_deadline(
+    source: FakeSource,
+) -> None:
+    clock = FakeClock()
+    builder = FakeBuilder()
+    builder.fail_next = 1
+    svc = await started(source, builder=builder, clock=clock)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        await settle(
+            lambda: svc.snapshot().groups and svc.snapshot().groups[0].status == "retrying"
+        )
+        assert len(builder.requests) == 1
+        clock.now += 0.5
+        svc.wake_timers()
+        await asyncio.sleep(0.05)
+        assert len(builder.requests) == 1  # not yet due: the first delay is 1 s
+        clock.now += 0.6
+        svc.wake_timers()
+        await settle(lambda: svc.binding(group_key()) is not None)
+        assert [r.attempt for r in builder.requests] == [1, 2]
+        assert builder.requests[1].generation > builder.requests[0].generation
+    finally:
+        await svc.stop()
+
+
+async def test_drain_and_succession_give_a_new_receiver_and_generation_and_the_old_one_never_sees_new_ids(  # noqa: E501
+    source: FakeSource,
+) -> None:
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2))))
+        source.queue.put_nowait(model_put(3, NEW))
+        await settle(lambda: svc.binding(group_key()) is not None and svc.counters.puts == 1)
+        old_receiver = svc.receiver_for(group_key())
+        old_binding = svc.binding(group_key())
+        assert old_receiver is not None
+        assert old_binding is not None
+        source.queue.put_nowait(model_delete(1))
+        source.queue.put_nowait(model_delete(2))
+        await settle(lambda: (b := svc.binding(group_key())) is not None and b.id != old_binding.id)
+        new_binding = svc.binding(group_key())
+        assert new_binding is not None
+        assert new_binding.id.generation > old_binding.id.generation
+        assert new_binding.admitted() == {3}
+        assert new_binding.settings.kv_cache_block_size == 32
+        with pytest.raises(ReceiverRetired):
+            old_receiver.current()
+        with pytest.raises(ReceiverRetired):
+            old_binding.admitted()
+        # The same instance id coming back under the old configuration joins the new tenure's
+        # rejected cohort; the retired receiver still shows nothing.
+        source.queue.put_nowait(model_put(1, OLD))
+        await settle(lambda: svc.counters.puts == 2)
+        with pytest.raises(ReceiverRetired):
+            old_receiver.current()
+        assert new_binding.admitted() == {3}
+    finally:
+        await svc.stop()
+
+
+async def test_endpoint_liveness_is_intersected_with_admissions(source: FakeSource) -> None:
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(
+            SourceSnapshot((model_entry(1), model_entry(2), endpoint_entry(1), endpoint_entry(9)))
+        )
+        await settle(lambda: svc.binding(group_key()) is not None)
+        binding = svc.binding(group_key())
+        assert binding is not None
+        assert binding.routable() == {1}
+        source.queue.put_nowait(SourcePut(endpoint_entry(2)))
+        await settle(lambda: binding.routable() == {1, 2})
+        source.queue.put_nowait(SourceDelete(endpoint_kv_key(EP, 1), 9, "expired"))
+        await settle(lambda: binding.routable() == {2})
+        group = svc.snapshot().group(group_key())
+        assert group is not None
+        assert group.routable == (2,)
+        assert group.admitted == (1, 2)
+    finally:
+        await svc.stop()
+
+
+async def test_serving_admissions_are_published_and_withdrawn_on_stop(source: FakeSource) -> None:
+    publisher = FakePublisher()
+    svc = await started(source, publisher=publisher, settings=ServiceSettings(publish_interval=0))
+    source.queue.put_nowait(SourceSnapshot((model_entry(0x1A), model_entry(0x2B))))
+    source.queue.put_nowait(model_put(0x3C, NEW))
+    expected = ("dgd-v1/backend/generate/1a", "dgd-v1/backend/generate/2b")
+    await settle(lambda: publisher.records.get("dgd-v1") == expected)
+    assert publisher.capability
+    await svc.stop()
+    assert publisher.withdrawn
+    assert publisher.records == {}
+
+
+async def test_stop_cancels_builds_in_flight_and_retires_receivers(source: FakeSource) -> None:
+    builder = FakeBuilder(hold=True)
+    svc = await started(source, builder=builder)
+    source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+    await settle(lambda: len(builder.requests) == 1)
+    receiver = svc.receiver_for(group_key())
+    assert receiver is not None
+    await svc.stop()
+    assert builder.cancelled == 1
+    assert source.closed
+    with pytest.raises(ReceiverRetired):
+        receiver.current()
+    assert svc.snapshot().health == "shutting_down"
+
+
+async def test_a_build_still_running_when_its_tenure_ends_is_cancelled(source: FakeSource) -> None:
+    builder = FakeBuilder(hold=True)
+    svc = await started(source, builder=builder)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        await settle(lambda: len(builder.requests) == 1)
+        source.queue.put_nowait(model_delete(1))
+        await settle(lambda: builder.cancelled == 1)
+        group = svc.snapshot().group(group_key())
+        assert group is not None
+        assert group.status == "idle"
+    finally:
+        await svc.stop()
+
+
+async def test_periodic_reconciliation_removes_keys_missing_from_the_listing(
+    source: FakeSource,
+) -> None:
+    svc = await started(source, settings=ServiceSettings(reconcile_interval=0.05))
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2))))
+        source.listing = [model_entry(2)]
+        await settle(lambda: source.list_calls >= 1 and svc.counters.snapshots >= 2)
+        group = svc.snapshot().group(group_key())
+        assert group is not None
+        assert group.admitted == (2,)
+    finally:
+        await svc.stop()
+
+
+async def test_status_json_lists_groups_with_incumbent_generation_and_readiness(
+    source: FakeSource,
+) -> None:
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1), endpoint_entry(1))))
+        source.queue.put_nowait(model_put(2, NEW))
+        await settle(lambda: svc.binding(group_key()) is not None and svc.counters.puts == 1)
+        import json
+
+        status = json.loads(svc.render_status())
+        (group,) = status["groups"]
+        assert group["model"] == "Qwen/Qwen3-0.6B"
+        assert group["status"] == "ready"
+        assert group["admitted"] == [1]
+        assert group["incumbent"] == group["cohorts"][0]["checksum"]
+        assert group["cohorts"][1]["members"] == [2]
+        assert status["readiness"] == [
+            {
+                "model": "Qwen/Qwen3-0.6B",
+                "namespace": "dgd-v1",
+                "ready": True,
+                "present": ["aggregated"],
+                "missing": [],
+            }
+        ]
+        brief = json.loads(svc.render_status(brief=True))
+        assert brief["groups"][0]["admitted"] == 1
+    finally:
+        await svc.stop()
+
+
+async def test_the_snapshot_can_be_read_from_another_thread(source: FakeSource) -> None:
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        await settle(lambda: svc.binding(group_key()) is not None)
+        source.queue.put_nowait(model_put(2))
+        await settle(lambda: svc.counters.puts == 1)
+        seen: list[Any] = []
+        thread = threading.Thread(target=lambda: seen.append(svc.snapshot()))
+        thread.start()
+        await settle(lambda: bool(seen))
+        thread.join()
+        (group,) = seen[0].groups
+        assert group.admitted == (1, 2)
+    finally:
+        await svc.stop()
+
+
+async def test_starting_twice_is_refused(source: FakeSource) -> None:
+    from workerset_admission.errors import UsageError
+
+    svc = await started(source)
+    try:
+        with pytest.raises(UsageError):
+            await svc.start()
+    finally:
+        await svc.stop()
