@@ -25,6 +25,7 @@ way only: the core never imports telemetry.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,11 @@ _LATENCY_BUCKETS: Final = (
     10.0,
     30.0,
 )
+_PLACEHOLDERS: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+_SDK_RECHECK_EVERY: Final = 1024
+_MAX_CACHED_GROUP_IDS: Final = 4096
+# Enough latency samples for a faithful histogram at a cost that stays well under 1% of a core.
+_LATENCY_RECORDS_PER_SECOND: Final = 1000
 _BUILD_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 MUTATION_REFUSED: Final = "mutation_refused"
@@ -110,9 +116,8 @@ class UpdateScope:
     """
 
     __slots__ = (
-        "_attrs",
         "_decision",
-        "_group",
+        "_key",
         "_operation",
         "_published_at",
         "_span",
@@ -124,26 +129,17 @@ class UpdateScope:
         self,
         telemetry: AdmissionTelemetry,
         operation: str,
-        attrs: dict[str, Any],
-        links: Sequence[trace.Link],
+        key: str,
         published_at: float | None,
-        span_name: str,
+        span: Span | None,
     ) -> None:
         self._telemetry = telemetry
         self._operation = operation
-        self._attrs = attrs
+        self._key = key
         self._decision = DEFAULT_DECISION
-        self._group: str | None = None
         self._published_at = published_at
-        self._span: Span | None = None
+        self._span = span
         self._token: object = None
-        if telemetry.trace_updates:
-            try:
-                self._span = telemetry.tracer.start_span(
-                    span_name, kind=SpanKind.CONSUMER, attributes=attrs, links=links
-                )
-            except Exception:
-                _log.debug("could not start the update span", exc_info=True)
 
     @property
     def span(self) -> Span:
@@ -161,14 +157,13 @@ class UpdateScope:
     def record_decision(self, decision: str, group: object | None = None) -> None:
         """Say what the core decided about this update, and for which group."""
         self._decision = decision
-        if group is not None:
-            self._group = _group_id(group)
         span = self._span
+        # Attributes are built only for a span that keeps them: this runs for every update.
         if span is not None and span.is_recording():
             try:
                 span.set_attribute(n.ATTR_DECISION, decision)
-                if self._group is not None:
-                    span.set_attribute(n.ATTR_GROUP, self._group)
+                if group is not None:
+                    span.set_attribute(n.ATTR_GROUP, self._telemetry.group_id(group))
             except Exception:
                 _log.debug("could not record the decision", exc_info=True)
 
@@ -183,16 +178,14 @@ class UpdateScope:
                 self.record_decision(decision, group)
             except Exception:
                 _log.debug("could not derive the decision", exc_info=True)
-        self._telemetry.effects(effects)
+        if effects:
+            self._telemetry.effects(effects)
 
     def invalid_record(self, reason: str, detail: str = "", key: str | None = None) -> None:
         """Report the update's record as refused (see ``AdmissionTelemetry.invalid_record``)."""
         self._decision = "invalid"
         self._telemetry.invalid_record(
-            key if key is not None else self._attrs.get(n.ATTR_DISCOVERY_KEY, ""),
-            reason,
-            detail,
-            span=self._span,
+            key if key is not None else self._key, reason, detail, span=self._span
         )
 
     def __enter__(self) -> UpdateScope:
@@ -304,6 +297,8 @@ class AdmissionTelemetry:
     ``tracer_provider`` and ``meter_provider`` default to the global ones (no-ops until an SDK
     is installed, for example by ``setup_telemetry``). ``bucket`` names the discovery bucket in
     ``messaging.destination.name``. ``rejection_logger`` receives the ERROR records.
+    ``trace_updates=False`` skips the per-update span (counts and latency are still recorded);
+    with it on, the SDK's sampler (``OTEL_TRACES_SAMPLER``) decides which updates are kept.
     """
 
     def __init__(
@@ -317,6 +312,9 @@ class AdmissionTelemetry:
     ) -> None:
         self.trace_updates = trace_updates
         self.bucket = bucket
+        # An explicit provider is used as given; the global one is checked for an SDK.
+        self._sdk_seen = tracer_provider is not None
+        self._sdk_check_countdown = 1
         self.tracer = trace.get_tracer(
             n.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
         )
@@ -325,10 +323,19 @@ class AdmissionTelemetry:
         )
         self._rejection_log = rejection_logger or logging.getLogger(f"{n.PREFIX}.admission")
         self._state: Callable[[], AdmissionStateSummary] | None = None
-        self._update_attrs: dict[tuple[str, str], dict[str, str]] = {}
+        self._group_ids: dict[object, str] = {}
+        self._update_counts: dict[tuple[str, str], int] = {}
+        self._update_labels: dict[tuple[str, str], dict[str, str]] = {}
+        self._latency_seen = 0
+        self._latency_stride = 1
+        self._latency_window_start = time.time()
+        self._latency_window_seen = 0
 
-        self._updates = meter.create_counter(
-            n.METRIC_UPDATES, unit="{update}", description="Discovery updates applied."
+        meter.create_observable_counter(
+            n.METRIC_UPDATES,
+            callbacks=[self._observe_updates],
+            unit="{update}",
+            description="Discovery updates applied, by operation and decision.",
         )
         self._invalid = meter.create_counter(
             n.METRIC_INVALID_RECORDS,
@@ -379,27 +386,14 @@ class AdmissionTelemetry:
         self, event: SourcePut | SourceDelete | SourceSnapshot | DiscoveryEntry
     ) -> UpdateScope:
         """Return a context manager around applying one discovery event: an UpdateScope."""
-        links: list[trace.Link] = []
+        key = ""
         published_at: float | None = None
-        attrs: dict[str, Any] = {
-            n.ATTR_MESSAGING_SYSTEM: "nats",
-            n.ATTR_MESSAGING_DESTINATION: self.bucket,
-            n.ATTR_MESSAGING_OPERATION_TYPE: "process",
-        }
-        span_name = n.SPAN_APPLY_UPDATE
+        span: Span | None = None
         try:
             if isinstance(event, SourceSnapshot):
                 operation = "snapshot"
-                span_name = n.SPAN_APPLY_SNAPSHOT
-                attrs[n.ATTR_SNAPSHOT_ENTRIES] = len(event.entries)
-                attrs[n.ATTR_SNAPSHOT_REASON] = event.reason
-                if self.trace_updates:
-                    for entry in event.entries:
-                        link = link_from_headers(entry.headers)
-                        if link is not None:
-                            links.append(link)
-                            if len(links) >= _MAX_SNAPSHOT_LINKS:
-                                break
+                if self._tracing_updates():
+                    span = self._snapshot_span(event)
             else:
                 if isinstance(event, SourceDelete):
                     operation = event.operation
@@ -409,18 +403,76 @@ class AdmissionTelemetry:
                     operation = "put"
                     key, revision, headers = entry.key, entry.revision, entry.headers
                     published_at = entry.published_at
-                attrs[n.ATTR_DISCOVERY_KEY] = key
-                attrs[n.ATTR_DISCOVERY_REVISION] = revision
-                if headers and self.trace_updates:
-                    link = link_from_headers(headers)
-                    if link is not None:
-                        links.append(link)
-            attrs[n.ATTR_DISCOVERY_OPERATION] = operation
+                if self._tracing_updates():
+                    span = self._update_span(operation, key, revision, headers)
         except Exception:
-            # Something not shaped like a discovery event: count it, trace what we can.
+            # Something not shaped like a discovery event: count it, trace nothing.
             _log.debug("unrecognized discovery event %r", type(event), exc_info=True)
             operation = "unknown"
-        return UpdateScope(self, operation, attrs, links, published_at, span_name)
+        return UpdateScope(self, operation, key, published_at, span)
+
+    def _tracing_updates(self) -> bool:
+        if not self.trace_updates:
+            return False
+        if self._sdk_seen:
+            return True
+        # Without any SDK (the global provider is still the API's placeholder) a span would be
+        # a no-op that still costs microseconds per update, so none is made. A host may install
+        # its SDK later, and that cannot be undone: look again now and then, and once it is
+        # there, stop looking (the lookup reads the environment, too slow for every update).
+        self._sdk_check_countdown -= 1
+        if self._sdk_check_countdown > 0:
+            return False
+        self._sdk_check_countdown = _SDK_RECHECK_EVERY
+        self._sdk_seen = not isinstance(trace.get_tracer_provider(), _PLACEHOLDERS)
+        return self._sdk_seen
+
+    def _messaging_attributes(self, operation: str) -> dict[str, Any]:
+        return {
+            n.ATTR_MESSAGING_SYSTEM: "nats",
+            n.ATTR_MESSAGING_DESTINATION: self.bucket,
+            n.ATTR_MESSAGING_OPERATION_TYPE: "process",
+            n.ATTR_DISCOVERY_OPERATION: operation,
+        }
+
+    def _update_span(
+        self, operation: str, key: str, revision: int, headers: Mapping[str, str] | None
+    ) -> Span:
+        attrs = self._messaging_attributes(operation)
+        attrs[n.ATTR_DISCOVERY_KEY] = key
+        attrs[n.ATTR_DISCOVERY_REVISION] = revision
+        link = link_from_headers(headers) if headers else None
+        return self.tracer.start_span(
+            n.SPAN_APPLY_UPDATE,
+            kind=SpanKind.CONSUMER,
+            attributes=attrs,
+            links=(link,) if link is not None else (),
+        )
+
+    def _snapshot_span(self, snapshot: SourceSnapshot) -> Span:
+        attrs = self._messaging_attributes("snapshot")
+        attrs[n.ATTR_SNAPSHOT_ENTRIES] = len(snapshot.entries)
+        attrs[n.ATTR_SNAPSHOT_REASON] = snapshot.reason
+        links: list[trace.Link] = []
+        for entry in snapshot.entries:
+            link = link_from_headers(entry.headers)
+            if link is not None:
+                links.append(link)
+                if len(links) >= _MAX_SNAPSHOT_LINKS:
+                    break
+        return self.tracer.start_span(
+            n.SPAN_APPLY_SNAPSHOT, kind=SpanKind.CONSUMER, attributes=attrs, links=links
+        )
+
+    def group_id(self, group: object) -> str:
+        """Return a group's id for attributes, remembering it: a GroupKey's id is JSON work."""
+        ids = self._group_ids
+        found = ids.get(group)
+        if found is None:
+            if len(ids) >= _MAX_CACHED_GROUP_IDS:
+                ids.clear()  # groups come and go; a bounded cache beats an exact one
+            found = ids[group] = _group_id(group)
+        return found
 
     def invalid_record(
         self, key: str, reason: str, detail: str = "", *, span: Span | None = None
@@ -439,15 +491,40 @@ class AdmissionTelemetry:
             _log.debug("could not report an invalid record", exc_info=True)
 
     def _count_update(self, operation: str, decision: str, published_at: float | None) -> None:
-        labels = self._update_attrs.get((operation, decision))
-        if labels is None:
-            # Reusing one dict per combination spares an allocation per update on the hot path.
-            labels = {n.ATTR_DISCOVERY_OPERATION: operation, n.ATTR_DECISION: decision}
-            self._update_attrs[(operation, decision)] = labels
-        self._updates.add(1, labels)
+        # Plain dict arithmetic here; the SDK sees the totals only when a reader collects, which
+        # keeps a per-update SDK call (several microseconds each) off the hot path.
+        counts = self._update_counts
+        combo = (operation, decision)
+        counts[combo] = counts.get(combo, 0) + 1
         if published_at is not None:
-            # The server's clock and ours differ a little; a negative age means "just now".
-            self._latency.record(max(0.0, time.time() - published_at))
+            self._sample_latency(published_at)
+
+    def _sample_latency(self, published_at: float) -> None:
+        # Under a burst only every ``stride``-th update is timed, spread evenly through the burst,
+        # so recording stays near _LATENCY_RECORDS_PER_SECOND whatever the update rate.
+        self._latency_seen += 1
+        if self._latency_seen % self._latency_stride:
+            return
+        now = time.time()
+        # The server's clock and ours differ a little; a negative age means "just now".
+        self._latency.record(max(0.0, now - published_at))
+        elapsed = now - self._latency_window_start
+        # A short window, so the stride catches up with a burst within a tenth of a second.
+        if elapsed >= 0.1:
+            rate = (self._latency_seen - self._latency_window_seen) / elapsed
+            self._latency_stride = max(1, math.ceil(rate / _LATENCY_RECORDS_PER_SECOND))
+            self._latency_window_start = now
+            self._latency_window_seen = self._latency_seen
+
+    def _observe_updates(self, _options: CallbackOptions) -> Iterable[Observation]:
+        observations = []
+        for (operation, decision), count in self._update_counts.copy().items():
+            labels = self._update_labels.get((operation, decision))
+            if labels is None:
+                labels = {n.ATTR_DISCOVERY_OPERATION: operation, n.ATTR_DECISION: decision}
+                self._update_labels[(operation, decision)] = labels
+            observations.append(Observation(count, labels))
+        return observations
 
     # --- builds -------------------------------------------------------------------------------
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from conftest import Harness
 from opentelemetry import trace
+from telemetry_harness import Harness
 from workerset_admission.admission import (
     AdmissionCore,
     BuildFinished,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from conftest import Harness
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
+from telemetry_harness import Harness
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
 from workerset_admission.telemetry import AdmissionStateSummary

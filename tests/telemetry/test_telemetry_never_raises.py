@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from conftest import Harness
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from telemetry_harness import Harness
 from workerset_admission.admission import RejectionReported, Succession
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourcePut

@@ -135,3 +135,36 @@ def test_metrics_go_to_the_readers_given() -> None:
     (resource_metrics,) = data.resource_metrics
     assert resource_metrics.resource.attributes["service.name"] == "workerset-admission"
     handle.shutdown()
+
+
+def test_update_spans_start_once_a_global_sdk_is_installed_after_the_facade_was_made() -> None:
+    # Global providers can be set once per process, so this runs in a fresh interpreter.
+    probe = (
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import "
+        "InMemorySpanExporter\n"
+        "from workerset_admission.ports import DiscoveryEntry, SourcePut\n"
+        "from workerset_admission.telemetry import AdmissionTelemetry, setup_telemetry\n"
+        "telemetry = AdmissionTelemetry()\n"
+        "def updates(count):\n"
+        "    for i in range(count):\n"
+        "        with telemetry.apply_update(SourcePut(DiscoveryEntry('k', b'', i))):\n"
+        "            pass\n"
+        "updates(10)\n"
+        "spans = InMemorySpanExporter()\n"
+        "handle = setup_telemetry(span_exporters=[spans], metric_readers=[])\n"
+        "updates(3000)\n"
+        "handle.shutdown()\n"
+        "print(len(spans.get_finished_spans()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env=env,
+    )
+    # All but the first few updates after the install have spans: the facade looks for an SDK
+    # only now and then, to keep that lookup off the per-update path.
+    assert 1900 <= int(out.stdout.strip()) <= 3000

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import Harness, make_harness
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
+from telemetry_harness import Harness, make_harness
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
 from workerset_admission.telemetry import inject_headers
