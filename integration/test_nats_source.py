@@ -8,10 +8,15 @@ from collections.abc import AsyncIterator
 
 import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
-from workerset_admission.adapters.nats.connect import NatsConnectOptions
+from workerset_admission.adapters.nats.connect import (
+    ConnectionCallbacks,
+    NatsConnectOptions,
+    connect,
+)
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
 
@@ -240,5 +245,78 @@ async def test_a_restart_with_a_wiped_store_drops_the_stale_keys(
         assert snapshot.reason == "reconnect"
         assert "v1.mdc.ns.c.e.1" not in keys
         assert "v1.mdc.ns.c.e.2" not in keys
+    finally:
+        await collector.close()
+
+
+async def test_a_bucket_deleted_and_re_created_under_a_live_watch_is_noticed(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    async with kv_bucket(nats_server.url, bucket_name) as kv:
+        await kv.put("v1.mdc.ns.c.e.1", b"old")
+        await kv.put("v1.mdc.ns.c.e.2", b"old")
+    collector = Collector(source_for(nats_server.url, bucket_name, health_interval=0.3))
+    try:
+        first = await collector.next_snapshot()
+        assert len(first.entries) == 2
+        nc = await nats.connect(nats_server.url)
+        try:
+            js = nc.jetstream()
+            await js.delete_key_value(bucket_name)
+            kv = await js.create_key_value(KeyValueConfig(bucket=bucket_name))
+            await kv.put("v1.mdc.ns.c.e.3", b"new")
+        finally:
+            await nc.close()
+        async with asyncio.timeout(20):
+            while collector.state != {"v1.mdc.ns.c.e.3": b"new"}:
+                await collector.next()
+        assert collector.reasons == ["initial", "reconnect"]
+    finally:
+        await collector.close()
+
+
+async def test_a_connection_closed_for_good_is_replaced_by_a_new_one(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    clients: list[NatsClient] = []
+    options = NatsConnectOptions(servers=(nats_server.url,))
+
+    async def connector(callbacks: ConnectionCallbacks) -> NatsClient:
+        client = await connect(options, callbacks)
+        clients.append(client)
+        return client
+
+    async with kv_bucket(nats_server.url, bucket_name) as kv:
+        await kv.put("v1.mdc.ns.c.e.1", b"one")
+        collector = Collector(JetStreamDiscoverySource(connector=connector, bucket=bucket_name))
+        try:
+            await collector.next_snapshot()
+            await clients[0].close()
+            second = await collector.next_snapshot()
+            assert second.reason == "reconnect"
+            assert [e.key for e in second.entries] == ["v1.mdc.ns.c.e.1"]
+            assert len(clients) == 2
+            await kv.put("v1.mdc.ns.c.e.2", b"two")
+            put = await collector.next()
+            assert isinstance(put, SourcePut)
+            assert put.entry.key == "v1.mdc.ns.c.e.2"
+        finally:
+            await collector.close()
+        assert all(c.is_closed for c in clients)
+
+
+async def test_a_missing_bucket_is_waited_for_and_then_read(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    collector = Collector(
+        source_for(nats_server.url, bucket_name, bind_retry_initial=0.05, bind_retry_max=0.2)
+    )
+    try:
+        with pytest.raises(TimeoutError):
+            await collector.next(timeout=0.5)
+        async with kv_bucket(nats_server.url, bucket_name) as kv:
+            await kv.put("v1.instances.ns.c.e.1", b"{}")
+        snapshot = await collector.next_snapshot()
+        assert [e.key for e in snapshot.entries] == ["v1.instances.ns.c.e.1"]
     finally:
         await collector.close()

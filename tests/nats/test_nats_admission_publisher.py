@@ -1,0 +1,133 @@
+"""The admission publisher's coalescing, retry and withdrawal, over a small fake bucket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from nats.js.errors import NotFoundError
+from workerset_admission.adapters.nats.admission_publisher import (
+    NatsAdmissionPublisher,
+    admission_keys,
+)
+from workerset_admission.ports import AdmissionPublisher
+
+
+class FakeKV:
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.failures = 0
+
+    async def put(self, key: str, value: bytes) -> int:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("bucket unreachable")
+        self.data[key] = value
+        self.writes.append(("put", key))
+        return len(self.writes)
+
+    async def delete(self, key: str) -> bool:
+        self.data.pop(key, None)
+        self.writes.append(("delete", key))
+        return True
+
+
+class FakeJetStream:
+    def __init__(self) -> None:
+        self.kv = FakeKV()
+        self.created: list[Any] = []
+
+    async def stream_info(self, name: str) -> Any:
+        raise NotFoundError
+
+    async def create_key_value(self, config: Any) -> FakeKV:
+        self.created.append(config)
+        return self.kv
+
+
+def publisher(js: FakeJetStream, **kwargs: Any) -> NatsAdmissionPublisher:
+    kwargs.setdefault("min_interval", 0.01)
+    kwargs.setdefault("retry_interval", 0.01)
+    return NatsAdmissionPublisher(js, "fe/1", bucket="adm", **kwargs)  # type: ignore[arg-type]
+
+
+def test_it_satisfies_the_admission_publisher_port() -> None:
+    assert isinstance(publisher(FakeJetStream()), AdmissionPublisher)
+
+
+def test_keys_escape_the_frontend_and_namespace_and_name_the_frontend() -> None:
+    capability, member = admission_keys("fe/1")
+    assert capability == "v1.fe=2F1.capability"
+    assert member("ns.a") == "v1.fe=2F1.members.ns=2Ea"
+
+
+async def test_a_burst_of_changes_is_written_once_with_the_last_state() -> None:
+    js = FakeJetStream()
+    pub = publisher(js, min_interval=60.0)
+    for n in range(1, 51):
+        await pub.publish_members("ns", [f"ns/c/e/{i:x}" for i in range(n)])
+    await asyncio.wait_for(pub.flushed(), 5)
+    key = admission_keys("fe/1")[1]("ns")
+    assert js.kv.writes == [("put", key)]
+    record = json.loads(js.kv.data[key])
+    assert record["protocol"] == "v1"
+    assert record["frontend"] == "fe/1"
+    assert len(record["members"]) == 50
+    assert record["members"] == sorted(record["members"])
+    assert js.created[0].bucket == "adm"
+    await pub.withdraw_all()
+
+
+async def test_an_unchanged_record_is_not_written_again() -> None:
+    js = FakeJetStream()
+    pub = publisher(js)
+    await pub.publish_members("ns", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    await pub.publish_members("ns", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert len(js.kv.writes) == 1
+    await pub.withdraw_all()
+
+
+async def test_a_failed_write_is_retried_until_it_lands() -> None:
+    js = FakeJetStream()
+    js.kv.failures = 3
+    pub = publisher(js)
+    await pub.publish_capability()
+    await asyncio.wait_for(pub.flushed(), 5)
+    capability = admission_keys("fe/1")[0]
+    assert json.loads(js.kv.data[capability]) == {
+        "protocol": "v1",
+        "capability": True,
+        "frontend": "fe/1",
+    }
+    await pub.withdraw_all()
+
+
+async def test_withdrawal_deletes_every_record_and_ignores_later_changes() -> None:
+    js = FakeJetStream()
+    pub = publisher(js)
+    await pub.publish_capability()
+    await pub.publish_members("a", ["a/c/e/1"])
+    await pub.publish_members("b", ["b/c/e/2"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert len(js.kv.data) == 3
+    await pub.withdraw_all()
+    assert js.kv.data == {}
+    await pub.publish_members("c", ["c/c/e/3"])
+    await asyncio.sleep(0.05)
+    assert js.kv.data == {}
+
+
+async def test_an_emptied_namespace_loses_its_record() -> None:
+    js = FakeJetStream()
+    pub = publisher(js)
+    await pub.publish_members("a", ["a/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    await pub.publish_members("a", [])
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert js.kv.data == {}
+    assert js.kv.writes[-1][0] == "delete"
+    await pub.withdraw_all()

@@ -1,0 +1,156 @@
+"""The discovery source's message translation, without a server."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from nats.aio.msg import Msg
+from workerset_admission.adapters.nats.source import (
+    JetStreamDiscoverySource,
+    _Watch,
+    parse_delivery,
+    removal_kind,
+)
+from workerset_admission.errors import UsageError
+from workerset_admission.ports import SourceDelete, SourcePut
+
+PREFIX = "$KV.disc."
+
+
+def message(
+    key: str, seq: int, pending: int, data: bytes = b"{}", headers: dict[str, str] | None = None
+) -> Msg:
+    reply = f"$JS.ACK.KV_disc.consumer.1.{seq}.{seq}.1700000000000000000.{pending}"
+    return Msg(_client=None, subject=PREFIX + key, reply=reply, data=data, headers=headers)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("headers", "kind"),
+    [
+        (None, None),
+        ({}, None),
+        ({"traceparent": "00-x"}, None),
+        ({"KV-Operation": "DEL"}, "delete"),
+        ({"KV-Operation": "PURGE"}, "purge"),
+        ({"Nats-Marker-Reason": "MaxAge"}, "expired"),
+        ({"Nats-Marker-Reason": "Purge"}, "purge"),
+        ({"Nats-Marker-Reason": "Remove"}, "delete"),
+        ({"Nats-Marker-Reason": "SomethingNew"}, "purge"),
+    ],
+)
+def test_headers_tell_a_put_from_each_kind_of_removal(
+    headers: dict[str, str] | None, kind: str | None
+) -> None:
+    assert removal_kind(headers) == kind
+
+
+def test_both_ack_subject_forms_give_sequence_pending_and_time() -> None:
+    short = parse_delivery("$JS.ACK.KV_disc.c.1.42.7.1700000000000000000.3")
+    assert short is not None
+    assert (short.stream_seq, short.pending, short.timestamp_ns) == (42, 3, 1700000000000000000)
+    long = parse_delivery("$JS.ACK.domain.acchash.KV_disc.c.1.42.7.1700000000000000000.3.rnd")
+    assert long is not None
+    assert (long.stream_seq, long.pending) == (42, 3)
+
+
+@pytest.mark.parametrize("reply", ["", "inbox.1", "$JS.ACK.a.b.c.x.y.z.w", "$JS.ACK.a.b.c.d"])
+def test_an_unreadable_ack_subject_is_ignored(reply: str) -> None:
+    assert parse_delivery(reply) is None
+
+
+async def test_initial_values_collapse_to_the_latest_state_per_key_without_tombstones() -> None:
+    watch = _Watch(len(PREFIX), 16, last_seq_at_start=10)
+    await watch.on_message(message("v1.mdc.a", 3, 3, b"A"))
+    await watch.on_message(message("v1.mdc.b", 5, 2, b"B"))
+    await watch.on_message(message("v1.mdc.c", 6, 1, b"", {"KV-Operation": "DEL"}))
+    assert not watch.snapshot_done.is_set()
+    await watch.on_message(message("v1.mdc.a", 9, 0, b"A2", {"traceparent": "t"}))
+    assert watch.snapshot_done.is_set()
+    assert {e.key: e.value for e in watch.snapshot_entries} == {"v1.mdc.a": b"A2", "v1.mdc.b": b"B"}
+    newest = next(e for e in watch.snapshot_entries if e.key == "v1.mdc.a")
+    assert newest.revision == 9
+    assert newest.headers == {"traceparent": "t"}
+    assert newest.published_at == pytest.approx(1_700_000_000.0)
+    assert watch.queue.empty()
+
+
+async def test_a_message_newer_than_the_stream_at_start_ends_a_busy_snapshot() -> None:
+    watch = _Watch(len(PREFIX), 16, last_seq_at_start=4)
+    await watch.on_message(message("v1.mdc.a", 4, 50, b"A"))
+    await watch.on_message(message("v1.mdc.b", 5, 49, b"B"))
+    assert watch.snapshot_done.is_set()
+    assert [e.key for e in watch.snapshot_entries] == ["v1.mdc.a"]
+    live = watch.queue.get_nowait()
+    assert isinstance(live, SourcePut)
+    assert live.entry.key == "v1.mdc.b"
+
+
+async def test_live_messages_become_puts_and_removals_in_order() -> None:
+    watch = _Watch(len(PREFIX), 16, last_seq_at_start=0)
+    watch.finish_initial()
+    await watch.on_message(message("v1.instances.x", 1, 0, b"X"))
+    await watch.on_message(message("v1.instances.x", 2, 0, b"", {"Nats-Marker-Reason": "MaxAge"}))
+    await watch.on_message(message("v1.instances.y", 3, 0, b"", {"KV-Operation": "PURGE"}))
+    put = watch.queue.get_nowait()
+    expired = watch.queue.get_nowait()
+    purged = watch.queue.get_nowait()
+    assert isinstance(put, SourcePut)
+    assert put.entry.value == b"X"
+    assert isinstance(expired, SourceDelete)
+    assert (expired.key, expired.operation, expired.revision) == ("v1.instances.x", "expired", 2)
+    assert isinstance(purged, SourceDelete)
+    assert purged.operation == "purge"
+
+
+async def test_a_full_queue_holds_the_delivery_back_instead_of_dropping() -> None:
+    watch = _Watch(len(PREFIX), 1, last_seq_at_start=0)
+    watch.finish_initial()
+    await watch.on_message(message("v1.mdc.a", 1, 0))
+    blocked = asyncio.create_task(watch.on_message(message("v1.mdc.b", 2, 0)))
+    await asyncio.sleep(0)
+    assert not blocked.done()
+    first = watch.queue.get_nowait()
+    await asyncio.wait_for(blocked, 5)
+    second = watch.queue.get_nowait()
+    assert [first.entry.key, second.entry.key] == ["v1.mdc.a", "v1.mdc.b"]  # type: ignore[union-attr]
+
+
+async def test_a_stopped_watch_ignores_late_messages() -> None:
+    watch = _Watch(len(PREFIX), 4, last_seq_at_start=0)
+    watch.finish_initial()
+    watch.stopped = True
+    await watch.on_message(message("v1.mdc.a", 1, 0))
+    assert watch.queue.empty()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"options": None, "connector": None},
+        {"connector": object(), "key_prefixes": ()},
+        {"connector": object(), "queue_size": 0},
+        {"connector": object(), "health_interval": 0},
+    ],
+)
+def test_misconfigured_sources_are_refused(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(UsageError):
+        JetStreamDiscoverySource(**kwargs)
+
+
+async def test_events_may_be_iterated_only_once() -> None:
+    async def never(_callbacks: object) -> Any:
+        await asyncio.Event().wait()
+
+    source = JetStreamDiscoverySource(connector=never)
+    first = source.events()
+    task = asyncio.create_task(anext(first))
+    await asyncio.sleep(0)
+    with pytest.raises(UsageError):
+        await anext(source.events())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await source.close()
