@@ -1,0 +1,382 @@
+"""Offline replay of a discovery trace through the card boundary and the admission core.
+
+A trace is JSON Lines, one event per line (the format ``record`` writes)::
+
+    {"kind": "put", "key": "<KV key>", "value": <record object> | "<raw value text>"}
+    {"kind": "delete", "key": "<KV key>"}
+    {"kind": "snapshot", "entries": [{"key": ..., "value": ...}, ...]}
+    {"kind": "build", "group": "<group id>", "outcome": "ok" | "failed"}
+    {"kind": "tick", "seconds": <float>}
+
+Records are decoded exactly as the live service decodes them; a record the boundary refuses
+is listed under ``invalid`` and changes nothing (a refused value for a known key keeps the last
+valid one, in a snapshot too). Builds are simulated: a build that starts stays in flight when a
+later ``build`` line names its group (the first such line decides it); any other build succeeds
+at once, before the next line. ``tick`` advances the replay clock by ``seconds``; a retry runs
+when the clock reaches its deadline. Endpoint (liveness) records are validated but do not
+change admission, as in the live service.
+
+The result is deterministic: the same trace always renders to the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from workerset_admission.admission import (
+    AdmissionCore,
+    BuildFinished,
+    CancelBuild,
+    CoreSettings,
+    Effect,
+    GroupView,
+    Input,
+    MutationRefused,
+    RejectionReported,
+    Snapshot,
+    StartBuild,
+    Tick,
+    WorkerAdded,
+    WorkerRemoved,
+)
+from workerset_admission.card import BoundarySettings, decode_endpoint_record, decode_model_record
+from workerset_admission.card import parse_key as parse_kv_key
+from workerset_admission.errors import RemoteDataError, UsageError
+from workerset_admission.identity import GroupKey, Registration
+
+__all__ = [
+    "KeyHistory",
+    "ReplayResult",
+    "TraceError",
+    "explain",
+    "read_trace",
+    "render",
+    "replay",
+]
+
+_KINDS = ("put", "delete", "snapshot", "build", "tick")
+
+
+class TraceError(UsageError):
+    """A trace line that is not valid trace syntax (the file, not a record in it, is wrong)."""
+
+
+@dataclass(slots=True)
+class KeyHistory:
+    """What happened to one registration key during a replay, for ``explain``."""
+
+    kv_key: str
+    events: list[str] = field(default_factory=list)
+    refused: str | None = None
+    valid_seen: bool = False
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """The final core state plus what the replay saw along the way."""
+
+    core: AdmissionCore
+    rejections: list[RejectionReported]
+    invalid: list[tuple[str, str]]
+    history: dict[str, KeyHistory]
+    effects: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "groups": [_group_json(v) for v in self.core.groups()],
+            "rejections": [
+                {
+                    "model": r.model,
+                    "worker_set": r.worker_set,
+                    "incumbent_checksum": r.incumbent_checksum,
+                    "rejected_checksum": r.rejected_checksum,
+                    "instance": r.instance,
+                }
+                for r in self.rejections
+            ],
+            "invalid": [{"key": key, "reason": reason} for key, reason in self.invalid],
+        }
+
+
+def _group_json(view: GroupView) -> dict[str, Any]:
+    return {
+        "group": view.key.id,
+        "model": view.key.model,
+        "worker_set": view.key.worker_set,
+        "incumbent": view.incumbent,
+        "status": view.status.value,
+        "generation": view.generation,
+        "receiver": view.receiver,
+        "admitted": list(view.admitted),
+        "cohorts": [
+            {"checksum": c.mdc_checksum, "members": sorted(c.instance_ids)} for c in view.cohorts
+        ],
+    }
+
+
+def render(result: ReplayResult) -> str:
+    """Render the ``replay`` output: indented JSON, fixed key order, a trailing newline."""
+    return json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n"
+
+
+def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """Parse and check trace syntax; blank lines are skipped."""
+    events: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"line {number}: not JSON: {exc}") from None
+        if not isinstance(event, dict) or event.get("kind") not in _KINDS:
+            raise TraceError(f"line {number}: expected an object with kind in {_KINDS}")
+        kind = event["kind"]
+        if kind in ("put", "delete") and not isinstance(event.get("key"), str):
+            raise TraceError(f"line {number}: {kind} needs a string key")
+        if kind == "put" and "value" not in event:
+            raise TraceError(f"line {number}: put needs a value")
+        if kind == "snapshot" and not (
+            isinstance(event.get("entries"), list)
+            and all(isinstance(e, dict) and isinstance(e.get("key"), str) for e in event["entries"])
+        ):
+            raise TraceError(f"line {number}: snapshot needs a list of {{key, value}} entries")
+        if kind == "build" and (
+            not isinstance(event.get("group"), str) or event.get("outcome") not in ("ok", "failed")
+        ):
+            raise TraceError(f"line {number}: build needs a group id and outcome ok|failed")
+        if kind == "tick" and not (
+            isinstance(event.get("seconds"), (int, float))
+            and not isinstance(event.get("seconds"), bool)
+            and event["seconds"] >= 0
+        ):
+            raise TraceError(f"line {number}: tick needs non-negative seconds")
+        events.append(event)
+    return events
+
+
+class _Replayer:
+    def __init__(self, boundary: BoundarySettings, core_settings: CoreSettings) -> None:
+        self.core = AdmissionCore(core_settings)
+        self.boundary = boundary
+        self.rejections: list[RejectionReported] = []
+        self.invalid: list[tuple[str, str]] = []
+        self.history: dict[str, KeyHistory] = {}
+        self.in_flight: dict[GroupKey, tuple[str, int]] = {}
+        self.clock = 0.0
+        self.effects = 0
+        # group id -> line indexes of its build lines, to know if a build must wait
+        self.build_lines: dict[str, list[int]] = {}
+        self.line = 0
+        self.kv_key_of: dict[str, str] = {}
+
+    def _note(self, instance_key: str, kv_key: str, text: str) -> KeyHistory:
+        entry = self.history.get(instance_key)
+        if entry is None:
+            entry = self.history[instance_key] = KeyHistory(kv_key)
+        entry.events.append(f"line {self.line + 1}: {text}")
+        return entry
+
+    def _decode(self, kv_key: str, value: Any) -> Registration | str | None:
+        """Decode a record: a registration, the refusal reason, or ``None`` (nothing to do)."""
+        try:
+            parsed = parse_kv_key(kv_key)
+            raw = value if isinstance(value, (str, Mapping)) else json.dumps(value)
+            if parsed.kind == "endpoint":
+                decode_endpoint_record(parsed, raw, self.boundary)
+                return None
+            registration = decode_model_record(parsed, raw, self.boundary)
+        except RemoteDataError as exc:
+            self.invalid.append((kv_key, exc.reason))
+            self._note(
+                _instance_key_of(kv_key), kv_key, f"refused ({exc.reason})"
+            ).refused = exc.reason
+            return exc.reason
+        if registration is None:
+            self._note(parsed.instance_key, kv_key, "ignored by the namespace filter")
+            return None
+        self.kv_key_of[registration.key] = kv_key
+        self._note(registration.key, kv_key, f"valid record ({registration.mdc_checksum[:12]}…)")
+        self.history[registration.key].valid_seen = True
+        return registration
+
+    def run(self, events: Sequence[Mapping[str, Any]]) -> None:
+        for index, event in enumerate(events):
+            if event["kind"] == "build":
+                self.build_lines.setdefault(event["group"], []).append(index)
+        for index, event in enumerate(events):
+            self.line = index
+            kind = event["kind"]
+            if kind == "put":
+                decoded = self._decode(event["key"], event["value"])
+                if isinstance(decoded, Registration):
+                    self._apply(WorkerAdded(decoded))
+            elif kind == "delete":
+                self._delete(event["key"])
+            elif kind == "snapshot":
+                self._snapshot(event["entries"])
+            elif kind == "build":
+                self._build(event["group"], event["outcome"] == "ok")
+            else:
+                self.clock += float(event["seconds"])
+                self._apply(Tick(self.clock))
+
+    def _delete(self, kv_key: str) -> None:
+        try:
+            parsed = parse_kv_key(kv_key)
+        except RemoteDataError as exc:
+            self.invalid.append((kv_key, exc.reason))
+            return
+        if parsed.kind == "model":
+            if self.core.registration(parsed.instance_key) is not None:
+                self._note(parsed.instance_key, kv_key, "deleted")
+            self._apply(WorkerRemoved(parsed.instance_key))
+
+    def _snapshot(self, entries: Sequence[Mapping[str, Any]]) -> None:
+        listed: list[Registration] = []
+        for entry in entries:
+            decoded = self._decode(entry["key"], entry.get("value"))
+            if isinstance(decoded, Registration):
+                listed.append(decoded)
+            elif isinstance(decoded, str):
+                # A refused value for a listed key keeps the last valid one.
+                kept = self.core.registration(_instance_key_of(entry["key"]))
+                if kept is not None:
+                    listed.append(kept)
+        self._apply(Snapshot(listed))
+
+    def _build(self, group_id: str, ok: bool) -> None:
+        try:
+            key = GroupKey.from_id(group_id)
+        except (ValueError, TypeError):
+            return  # a group that cannot exist has no build in flight
+        flight = self.in_flight.get(key)
+        if flight is None:
+            return
+        checksum, generation = flight
+        self._apply(BuildFinished(key, checksum, generation, ok, None if ok else "failed (trace)"))
+
+    def _waits(self, group: GroupKey) -> bool:
+        return any(i > self.line for i in self.build_lines.get(group.id, ()))
+
+    def _apply(self, event: Input) -> None:
+        pending: list[Input] = [event]
+        while pending:
+            current = pending.pop(0)
+            # A result ends the simulated build it answers.
+            if isinstance(current, BuildFinished) and self.in_flight.get(current.group) == (
+                current.mdc_checksum,
+                current.generation,
+            ):
+                del self.in_flight[current.group]
+            effects = self.core.apply(current)
+            self.effects += len(effects)
+            pending.extend(self._observe(effects))
+
+    def _observe(self, effects: list[Effect]) -> list[Input]:
+        follow: list[Input] = []
+        for effect in effects:
+            if isinstance(effect, StartBuild):
+                self.in_flight[effect.group] = (effect.mdc_checksum, effect.generation)
+                if not self._waits(effect.group):
+                    follow.append(
+                        BuildFinished(effect.group, effect.mdc_checksum, effect.generation, True)
+                    )
+            elif isinstance(effect, CancelBuild):
+                if self.in_flight.get(effect.group) == (effect.mdc_checksum, effect.generation):
+                    del self.in_flight[effect.group]
+            elif isinstance(effect, RejectionReported):
+                self.rejections.append(effect)
+            elif isinstance(effect, MutationRefused):
+                kv_key = self.kv_key_of.get(effect.key, effect.key)
+                self.invalid.append((kv_key, "in_place_change"))
+                note = self._note(effect.key, kv_key, "in-place change refused")
+                note.refused = "in_place_change"
+        return follow
+
+
+def _instance_key_of(kv_key: str) -> str:
+    try:
+        return parse_kv_key(kv_key).instance_key
+    except RemoteDataError:
+        return kv_key
+
+
+def replay(
+    lines: Iterable[str],
+    boundary: BoundarySettings | None = None,
+    core_settings: CoreSettings | None = None,
+) -> ReplayResult:
+    """Replay a trace and return the final state, rejections and refused records."""
+    replayer = _Replayer(boundary or BoundarySettings(), core_settings or CoreSettings())
+    replayer.run(read_trace(lines))
+    return ReplayResult(
+        core=replayer.core,
+        rejections=replayer.rejections,
+        invalid=replayer.invalid,
+        history=replayer.history,
+        effects=replayer.effects,
+    )
+
+
+def explain(result: ReplayResult, instance: str) -> str:
+    """Say in words why ``instance`` (an instance key or a KV key) is or is not admitted."""
+    key = _instance_key_of(instance) if instance.startswith("v1.") else instance
+    core = result.core
+    history = result.history.get(key)
+    lines: list[str] = []
+    placement = core.placement(key)
+    if placement is None:
+        if history is None:
+            lines.append(f"{key} is not admitted: the trace never registers it.")
+        elif history.refused and not history.valid_seen:
+            lines.append(
+                f"{key} is not admitted: its record was refused ({history.refused}) "
+                "and no valid record for it was ever seen."
+            )
+        else:
+            lines.append(f"{key} is not admitted: its registration is no longer present.")
+    elif placement.is_lora:
+        if placement.attached_to is not None:
+            lines.append(
+                f"{key} is a LoRA adapter attached to the admitted worker of group "
+                f"{placement.attached_to.id}; it is served through that group's binding."
+            )
+        else:
+            lines.append(
+                f"{key} is a LoRA adapter that is not attached: its base worker is not in the "
+                "incumbent cohort of any group. Adapters never create or keep a group."
+            )
+    else:
+        view = core.group(placement.group)
+        assert view is not None
+        where = (
+            f"model {view.key.model!r}, WorkerSet {view.key.worker_set}; status "
+            f"{view.status.value}, generation {view.generation}, receiver {view.receiver}"
+        )
+        if placement.admitted:
+            lines.append(
+                f"{key} is admitted: its checksum {placement.mdc_checksum} is the incumbent "
+                f"cohort, the first configuration this frontend observed that still has workers "
+                f"({where})."
+            )
+        else:
+            assert placement.position is not None
+            lines.append(
+                f"{key} is not admitted: its checksum {placement.mdc_checksum} differs from "
+                f"the incumbent {view.incumbent}, which was observed first ({where}). Its cohort "
+                f"is number {placement.position + 1} of {len(view.cohorts)} in line; it can "
+                "only be served after every worker of the cohorts ahead of it is gone."
+            )
+    if history is not None:
+        if history.refused == "in_place_change":
+            lines.append(
+                "A later record for this key changed its WorkerSet or checksum in place; it was "
+                "refused and the first incarnation was kept."
+            )
+        lines.append("History:")
+        lines.extend(f"  {event}" for event in history.events)
+    return "\n".join(lines) + "\n"
