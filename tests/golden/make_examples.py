@@ -1,8 +1,9 @@
 """Write the bundled example traces in ``plugin/examples`` (run by hand, then review the output).
 
-``python tests/golden/make_examples.py`` rewrites every ``*.jsonl`` trace and its expected
-``*.expected.json`` replay output and ``*.explain.txt`` explanations. The golden tests replay
-the traces and compare byte for byte, so a change of behaviour shows up as a reviewed diff.
+``python tests/golden/make_examples.py`` rewrites every ``*.jsonl`` trace, its expected
+``*.expected.json`` replay output and its ``*.explain.json`` explanations (instance -> text).
+The golden tests replay the traces and compare byte for byte, so a change of behaviour shows
+up as a reviewed diff.
 """
 
 from __future__ import annotations
@@ -205,8 +206,10 @@ def main() -> None:
         (EXAMPLES / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
         result = replay(lines)
         (EXAMPLES / f"{name}.expected.json").write_text(render(result), encoding="utf-8")
-        text = "".join(f"$ explain {key}\n{explain(result, key)}" for key in explained)
-        (EXAMPLES / f"{name}.explain.txt").write_text(text, encoding="utf-8")
+        explanations = {key: explain(result, key) for key in explained}
+        (EXAMPLES / f"{name}.explain.json").write_text(
+            json.dumps(explanations, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
 
 
 if __name__ == "__main__":
