@@ -479,7 +479,7 @@ class AdmissionTelemetry:
     ) -> None:
         """Count a refused record by reason and note it on the current (or given) span."""
         try:
-            self._invalid.add(1, {n.ATTR_REASON: reason})
+            self._invalid.add(1, {n.LABEL_REASON: reason})
             target = span if span is not None else trace.get_current_span()
             if target.is_recording():
                 target.add_event(
@@ -521,7 +521,7 @@ class AdmissionTelemetry:
         for (operation, decision), count in self._update_counts.copy().items():
             labels = self._update_labels.get((operation, decision))
             if labels is None:
-                labels = {n.ATTR_DISCOVERY_OPERATION: operation, n.ATTR_DECISION: decision}
+                labels = {n.LABEL_OPERATION: operation, n.LABEL_DECISION: decision}
                 self._update_labels[(operation, decision)] = labels
             observations.append(Observation(count, labels))
         return observations
@@ -545,7 +545,7 @@ class AdmissionTelemetry:
         return BuildScope(self, attrs)
 
     def _count_build(self, outcome: str, seconds: float) -> None:
-        labels = {n.ATTR_BUILD_OUTCOME: outcome}
+        labels = {n.LABEL_OUTCOME: outcome}
         self._builds.add(1, labels)
         self._build_duration.record(seconds, labels)
 
@@ -601,7 +601,7 @@ class AdmissionTelemetry:
                 instance,
                 extra=fields,
             )
-            self._rejected.add(1, {n.ATTR_MODEL: model})
+            self._rejected.add(1, {n.LABEL_MODEL: model})
             span = trace.get_current_span()
             if span.is_recording():
                 span.add_event(
@@ -663,7 +663,7 @@ class AdmissionTelemetry:
             # A group whose last worker left has no successor: that is a withdrawal, not a
             # succession, and counting it would make every scale-to-zero look like an update.
             try:
-                self._successions.add(1, {n.ATTR_MODEL: str(model)} if model is not None else {})
+                self._successions.add(1, {n.LABEL_MODEL: str(model)} if model is not None else {})
             except Exception:
                 _log.debug("could not count a succession", exc_info=True)
         self._instant_span(n.SPAN_SUCCEED, attrs)
@@ -723,7 +723,7 @@ class AdmissionTelemetry:
             return []
         counts = dict.fromkeys(n.GROUP_STATUSES, 0)
         counts.update(summary.groups_by_status)
-        return [Observation(count, {n.ATTR_STATUS: status}) for status, count in counts.items()]
+        return [Observation(count, {n.LABEL_STATUS: status}) for status, count in counts.items()]
 
     def _observe_admitted(self, _options: CallbackOptions) -> Iterable[Observation]:
         summary = self._summary()

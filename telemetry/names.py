@@ -39,13 +39,18 @@ __all__ = [
     "ATTR_RETRY_DELAY",
     "ATTR_SNAPSHOT_ENTRIES",
     "ATTR_SNAPSHOT_REASON",
-    "ATTR_STATUS",
     "ATTR_WORKER_SET",
     "EVENT_COHORT_REJECTED",
     "EVENT_INVALID_RECORD",
     "EVENT_RETRY_SCHEDULED",
     "GROUP_STATUSES",
     "INSTRUMENTATION_NAME",
+    "LABEL_DECISION",
+    "LABEL_MODEL",
+    "LABEL_OPERATION",
+    "LABEL_OUTCOME",
+    "LABEL_REASON",
+    "LABEL_STATUS",
     "METRIC_ADMISSION_LATENCY",
     "METRIC_BUILDS",
     "METRIC_BUILD_DURATION",
@@ -86,7 +91,7 @@ ATTR_MESSAGING_DESTINATION: Final = "messaging.destination.name"
 ATTR_MESSAGING_OPERATION_TYPE: Final = "messaging.operation.type"
 ATTR_ERROR_TYPE: Final = "error.type"
 
-# --- project attributes (also used as metric attribute keys) ---------------------------------
+# --- project span attributes ------------------------------------------------------------------
 ATTR_DISCOVERY_KEY: Final = f"{PREFIX}.discovery.key"
 ATTR_DISCOVERY_REVISION: Final = f"{PREFIX}.discovery.revision"
 ATTR_DISCOVERY_OPERATION: Final = f"{PREFIX}.discovery.operation"
@@ -110,7 +115,16 @@ ATTR_OLD_GENERATION: Final = f"{PREFIX}.succession.old_generation"
 ATTR_NEW_GENERATION: Final = f"{PREFIX}.succession.new_generation"
 ATTR_REASON: Final = f"{PREFIX}.reason"
 ATTR_DETAIL: Final = f"{PREFIX}.detail"
-ATTR_STATUS: Final = f"{PREFIX}.status"
+
+# --- metric attributes ------------------------------------------------------------------------
+# Short on purpose: the metric name already carries the project prefix, and these become
+# Prometheus labels, which by convention are plain words.
+LABEL_OPERATION: Final = "operation"
+LABEL_DECISION: Final = "decision"
+LABEL_REASON: Final = "reason"
+LABEL_MODEL: Final = "model"
+LABEL_OUTCOME: Final = "outcome"
+LABEL_STATUS: Final = "status"
 
 # --- metrics ----------------------------------------------------------------------------------
 METRIC_UPDATES: Final = f"{PREFIX}.discovery.updates"

@@ -92,7 +92,7 @@ def test_repeats_of_a_rejected_cohort_are_not_logged_again(
     apply(harness, core, WorkerAdded(registration(3, "bbbb")))  # same cohort, bigger
     apply(harness, core, WorkerAdded(registration(2, "bbbb")))  # a duplicate put
     assert len(errors(rejection_records)) == 1
-    model = frozenset({(n.ATTR_MODEL, "llama")})
+    model = frozenset({("model", "llama")})
     assert harness.points(n.METRIC_REJECTED_COHORTS)[model].value == 1
 
 
@@ -111,7 +111,7 @@ def test_after_a_succession_the_remaining_disagreement_is_reported_against_the_n
     assert succeed.attributes is not None
     assert succeed.attributes[n.ATTR_OLD_CHECKSUM] == "aaaa"
     assert succeed.attributes[n.ATTR_NEW_CHECKSUM] == "bbbb"
-    model = frozenset({(n.ATTR_MODEL, "llama")})
+    model = frozenset({("model", "llama")})
     assert harness.points(n.METRIC_SUCCESSIONS)[model].value == 1
 
 
@@ -217,7 +217,7 @@ def test_a_refused_in_place_change_counts_as_an_invalid_record(harness: Harness)
     effects = apply(harness, core, WorkerAdded(registration(1, "ffff")))
     assert any(isinstance(e, MutationRefused) for e in effects)
 
-    reason = frozenset({(n.ATTR_REASON, "mutation_refused")})
+    reason = frozenset({("reason", "mutation_refused")})
     assert harness.points(n.METRIC_INVALID_RECORDS)[reason].value == 1
     span = harness.finished(n.SPAN_APPLY_UPDATE)[-1]
     assert span.attributes is not None

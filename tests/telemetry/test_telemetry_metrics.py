@@ -32,7 +32,7 @@ def test_updates_are_counted_by_operation_and_decision(harness: Harness) -> None
         pass
 
     points = harness.points("workerset_admission.discovery.updates")
-    op, dec = n.ATTR_DISCOVERY_OPERATION, n.ATTR_DECISION
+    op, dec = "operation", "decision"
     assert {k: p.value for k, p in points.items()} == {
         frozenset({(op, "put"), (dec, "admitted")}): 2,
         frozenset({(op, "put"), (dec, "rejected")}): 1,
@@ -46,8 +46,8 @@ def test_invalid_records_are_counted_by_reason(harness: Harness) -> None:
     harness.telemetry.invalid_record("k3", "identity_mismatch")
     points = harness.points("workerset_admission.discovery.invalid_records")
     assert {k: p.value for k, p in points.items()} == {
-        labels(**{n.ATTR_REASON: "bad_json"}): 2,
-        labels(**{n.ATTR_REASON: "identity_mismatch"}): 1,
+        labels(reason="bad_json"): 2,
+        labels(reason="identity_mismatch"): 1,
     }
 
 
@@ -58,10 +58,9 @@ def test_builds_are_counted_by_outcome_and_timed_in_a_histogram(harness: Harness
         build.set_outcome("failed", "RuntimeError")
 
     counts = harness.points("workerset_admission.builds")
-    outcome = n.ATTR_BUILD_OUTCOME
     assert {k: p.value for k, p in counts.items()} == {
-        labels(**{outcome: "ok"}): 1,
-        labels(**{outcome: "failed"}): 1,
+        labels(outcome="ok"): 1,
+        labels(outcome="failed"): 1,
     }
     metric = harness.metrics()["workerset_admission.build.duration"]
     assert metric.unit == "s"
@@ -102,7 +101,7 @@ def test_rejected_cohorts_and_successions_are_counted_by_model(harness: Harness)
         instance="ns/backend/generate/1",
     )
     harness.telemetry.succession(GROUP, "a", "b", 1, 2)
-    model = labels(**{n.ATTR_MODEL: "llama"})
+    model = labels(model="llama")
     assert harness.points("workerset_admission.cohorts.rejected")[model].value == 1
     assert harness.points("workerset_admission.successions")[model].value == 1
 
@@ -114,7 +113,7 @@ def test_gauges_report_every_status_and_the_admitted_workers_from_the_state_call
     harness.telemetry.observe_state(lambda: state["summary"])
 
     groups = harness.points("workerset_admission.groups")
-    by_status = {dict(k)[n.ATTR_STATUS]: p.value for k, p in groups.items()}
+    by_status = {dict(k)["status"]: p.value for k, p in groups.items()}
     assert by_status == dict.fromkeys(n.GROUP_STATUSES, 0) | {"ready": 3, "retrying": 1}
     (admitted,) = harness.points("workerset_admission.workers.admitted").values()
     assert isinstance(admitted, NumberDataPoint)
