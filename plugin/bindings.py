@@ -44,12 +44,24 @@ __all__ = [
 
 
 def card_field(card: Any, name: str, default: Any = None) -> Any:
-    """Read one field of a normalized card, whether it is a mapping or an object."""
+    """Read one field of a normalized card: a decoded card, a plain mapping, or an object."""
     if card is None:
         return default
     if isinstance(card, Mapping):
         return card.get(name, default)
+    fields = getattr(card, "fields", None)  # the card boundary's DecodedCard
+    if isinstance(fields, Mapping):
+        return fields.get(name, default)
     return getattr(card, name, default)
+
+
+def _encoder_handoff(card: Any) -> bool:
+    """Whether the card advertises encoder-result handoff (``runtime_data``, 1.6.1)."""
+    runtime = card_field(card, "runtime_config")
+    data = runtime.get("runtime_data") if isinstance(runtime, Mapping) else None
+    if not isinstance(data, Mapping):
+        data = card_field(card, "runtime_data")
+    return isinstance(data, Mapping) and data.get("encoder_result_handoff") is True
 
 
 class HopRole(str, enum.Enum):
@@ -267,11 +279,7 @@ class HopBindings:
                 role, receiver, effect.generation, self._live, self._frontend
             )
             self._bindings[effect.group] = binding
-            runtime_data = card_field(effect.card, "runtime_data") or {}
-            handoff = isinstance(runtime_data, Mapping) and (
-                runtime_data.get("encoder_result_handoff") is True
-            )
-            self._handoff[effect.group] = handoff
+            self._handoff[effect.group] = _encoder_handoff(effect.card)
         elif isinstance(effect, WithdrawGroup):
             current = self._bindings.get(effect.group)
             if current is not None and current.id.generation == effect.generation:

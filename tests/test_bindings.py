@@ -185,3 +185,41 @@ def test_the_legacy_explicit_endpoint_binding_takes_every_live_instance() -> Non
     assert legacy.routable() == frozenset({1, 2, 3})
     live.remove(EP, 2)
     assert legacy.routable() == frozenset({1, 3})
+
+
+def test_settings_resolve_from_a_decoded_card_of_the_card_boundary() -> None:
+    from workerset_admission.card import (
+        decode_model_record,
+        encode_model_record,
+        model_kv_key,
+        parse_key,
+    )
+
+    card = {
+        "display_name": "m",
+        "slug": "m",
+        "source_path": "m",
+        "model_info": None,
+        "tokenizer": None,
+        "context_length": 4096,
+        "kv_cache_block_size": 64,
+        "migration_limit": 0,
+        "model_type": "Chat | Completions",
+        "model_input": "Tokens",
+        "worker_type": "aggregated",
+        "needs": [],
+        "router_config": {
+            "router_mode": "k_v",
+            "kv_router_config": {},
+            "load_threshold_config": {},
+        },
+        "runtime_config": {"runtime_data": {"encoder_result_handoff": True}},
+    }
+    key = model_kv_key(EP, 5)
+    registration = decode_model_record(parse_key(key), encode_model_record(EP, 5, card))
+    assert registration is not None
+    settings = RoutingSettings.resolve(registration.card, FrontendRouting("random"))
+    assert (settings.router_mode, settings.kv_cache_block_size) == ("k_v", 64)
+    from workerset_admission.bindings import _encoder_handoff
+
+    assert _encoder_handoff(registration.card)
