@@ -51,8 +51,10 @@ class ServiceThread(Generic[S]):
         *,
         name: str = "workerset-admission",
         retry_delays: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0),
+        start_timeout: float = 15.0,
     ) -> None:
         self._start = start
+        self._start_timeout = start_timeout
         self._name = name
         self._retry_delays = retry_delays
         self._state: HostState[S] = HostState("stopped")
@@ -110,11 +112,15 @@ class ServiceThread(Generic[S]):
         while service is None and not self._stop.is_set():
             attempts += 1
             try:
-                service = await self._start()
+                service = await self._attempt()
             except Exception as exc:  # any start failure is retried; the error is shown
+                if isinstance(exc, asyncio.TimeoutError):
+                    error = f"start timed out after {self._start_timeout:g} s"
+                else:
+                    error = str(exc) or type(exc).__name__
                 delay = self._retry_delays[min(attempts, len(self._retry_delays)) - 1]
-                _log.warning("%s failed to start (attempt %d): %s", self._name, attempts, exc)
-                self._state = HostState("retrying", error=str(exc), attempts=attempts)
+                _log.warning("%s failed to start (attempt %d): %s", self._name, attempts, error)
+                self._state = HostState("retrying", error=error, attempts=attempts)
                 await self._wait_stop(delay)
         if service is not None:
             self._state = HostState("running", service=service, attempts=attempts)
@@ -124,6 +130,24 @@ class ServiceThread(Generic[S]):
             except Exception as exc:  # stopping must finish even when withdrawal fails
                 _log.warning("%s did not stop cleanly: %s", self._name, exc)
         self._state = HostState("stopped", attempts=attempts)
+
+    async def _attempt(self) -> S | None:
+        """Start once; ``None`` when a stop request came first (the attempt is abandoned)."""
+        assert self._stop is not None
+        # A start that hangs (an unreachable server) is given up like one that fails, so the
+        # health route can say why the service is not up.
+        starting = asyncio.ensure_future(asyncio.wait_for(self._start(), self._start_timeout))
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if starting.done():
+            return starting.result()
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting
+        return None
 
     async def _wait_stop(self, delay: float) -> None:
         assert self._stop is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
@@ -76,6 +77,39 @@ def test_stop_while_still_retrying_ends_the_thread() -> None:
     host = ServiceThread(start, retry_delays=(30.0,))
     host.start()
     _wait_for(host, "retrying")
+
+    host.stop()
+
+    assert host.state.phase == "stopped"
+
+
+def test_a_start_that_hangs_is_given_up_and_retried() -> None:
+    calls: list[int] = []
+
+    async def start() -> _Service:
+        calls.append(1)
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # never answers, like a connect to a silent server
+        return _Service()
+
+    host = ServiceThread(start, retry_delays=(0.01,), start_timeout=0.05)
+    host.start()
+
+    assert _wait_for(host, "running").attempts == 2
+    host.stop()
+
+
+def test_stop_during_a_hanging_start_abandons_it() -> None:
+    entered = threading.Event()
+
+    async def start() -> _Service:
+        entered.set()
+        await asyncio.Event().wait()
+        return _Service()
+
+    host = ServiceThread(start, start_timeout=60)
+    host.start()
+    assert entered.wait(10)
 
     host.stop()
 

@@ -1,0 +1,257 @@
+"""The Dynamo frontend route extension: admission state over the frontend's own HTTP server.
+
+Registered under the ``dynamo.frontend.routes`` entry-point group as ``workerset-admission``;
+an operator enables it with ``--frontend-route-extension workerset-admission`` or
+``DYN_FRONTEND_ROUTE_EXTENSIONS=workerset-admission``. The provider starts the admission service
+on its own thread and event loop (configured from ``WORKERSET_ADMISSION_*`` and the optional
+config file), stops it when the process exits, and returns three GET routes under
+:data:`ROUTE_PREFIX` (a built-in path collision would stop the frontend at startup):
+
+* ``/workerset-admission/v1/workersets``: every WorkerSet with its incumbent, status, build
+  generation, admitted and routable ids, and its cohorts (incumbent first, then the rejected);
+* ``/workerset-admission/v1/readiness``: readiness per model and namespace from the shared
+  evaluator, beside what the frontend itself reports for the model;
+* ``/workerset-admission/v1/health``: 200 once the service has applied its first discovery
+  snapshot, 503 while starting, retrying, draining or stopped (a readiness probe).
+
+Handlers are synchronous and only read the service's last immutable snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from nats.aio.client import Client as NatsClient
+from workerset_admission.adapters.dynamo.host import HostState, RunningService, ServiceThread
+from workerset_admission.config import Settings, load_settings
+from workerset_admission.errors import ConfigError
+from workerset_admission.service import AdmissionService, ServiceSnapshot
+
+__all__ = [
+    "HEALTH_PATH",
+    "READINESS_PATH",
+    "ROUTE_PREFIX",
+    "WORKERSETS_PATH",
+    "AdmissionRoutes",
+    "ExtensionContext",
+    "FrontendAdmission",
+    "Reply",
+    "frontend_routes",
+    "shared_host",
+    "start_admission",
+    "stop_shared_host",
+]
+
+_log = logging.getLogger(__name__)
+
+ROUTE_PREFIX = "/workerset-admission/v1"
+WORKERSETS_PATH = f"{ROUTE_PREFIX}/workersets"
+READINESS_PATH = f"{ROUTE_PREFIX}/readiness"
+HEALTH_PATH = f"{ROUTE_PREFIX}/health"
+
+
+class ExtensionContext(Protocol):
+    """The part of Dynamo's ``FrontendExtensionContext`` the handlers read."""
+
+    def is_cancelled(self) -> bool: ...
+
+    def is_model_ready_to_serve(self, model: str) -> bool: ...
+
+
+class SnapshotService(RunningService, Protocol):
+    def snapshot(self) -> ServiceSnapshot: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A handler's answer: HTTP status and a JSON-serializable body."""
+
+    status: int
+    body: dict[str, Any]
+
+
+class AdmissionRoutes:
+    """Answer the extension's routes from whatever state the host holds right now."""
+
+    def __init__(self, state: Callable[[], HostState[SnapshotService]]) -> None:
+        self._state = state
+
+    def _snapshot(self) -> tuple[HostState[SnapshotService], ServiceSnapshot | None]:
+        state = self._state()
+        return state, None if state.service is None else state.service.snapshot()
+
+    def workersets(self, ctx: ExtensionContext) -> Reply:
+        state, snap = self._snapshot()
+        if snap is None:
+            return Reply(503, _not_running(state))
+        return Reply(
+            200,
+            {
+                "health": snap.health,
+                "synced": snap.synced,
+                "workersets": [group.to_json() for group in snap.groups],
+                "invalid_total": snap.invalid_total,
+                "recent_invalid": [record.to_json() for record in snap.recent_invalid],
+            },
+        )
+
+    def readiness(self, ctx: ExtensionContext) -> Reply:
+        state, snap = self._snapshot()
+        if snap is None:
+            return Reply(503, _not_running(state))
+        models = []
+        for unit in snap.readiness:
+            answer = unit.to_json()
+            # Dynamo's own view, for comparison: it counts every registered worker set.
+            answer["frontend_ready"] = ctx.is_model_ready_to_serve(unit.model)
+            models.append(answer)
+        return Reply(200, {"synced": snap.synced, "models": models})
+
+    def health(self, ctx: ExtensionContext) -> Reply:
+        state, snap = self._snapshot()
+        if snap is None:
+            return Reply(503, _not_running(state))
+        if ctx.is_cancelled():
+            return Reply(503, {"status": "shutting_down"})
+        healthy = snap.health == "healthy"
+        body = {
+            "status": snap.health,
+            "synced": snap.synced,
+            "workersets": len(snap.groups),
+            "live_instances": snap.live_instances,
+        }
+        return Reply(200 if healthy else 503, body)
+
+    def frontend_routes(self) -> list[Any]:
+        """Wrap the handlers as Dynamo ``FrontendRoute`` objects."""
+        from dynamo.llm import FrontendRoute
+
+        table: list[tuple[str, Callable[[ExtensionContext], Reply]]] = [
+            (WORKERSETS_PATH, self.workersets),
+            (READINESS_PATH, self.readiness),
+            (HEALTH_PATH, self.health),
+        ]
+        return [FrontendRoute("GET", path, _frontend_handler(path, h)) for path, h in table]
+
+
+def _not_running(state: HostState[Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": state.phase, "attempts": state.attempts}
+    if state.error is not None:
+        body["error"] = state.error
+    return body
+
+
+def _frontend_handler(
+    path: str, handler: Callable[[ExtensionContext], Reply]
+) -> Callable[[Any], Any]:
+    from dynamo.llm import FrontendResponse
+
+    def answer(ctx: Any) -> Any:
+        try:
+            reply = handler(ctx)
+        except Exception as exc:  # a handler error must become a 500, never a frontend fault
+            _log.warning("route %s failed: %s", path, exc, exc_info=True)
+            return FrontendResponse(500, {"status": "error", "error": str(exc)})
+        return FrontendResponse(reply.status, reply.body)
+
+    return answer
+
+
+@dataclass(slots=True)
+class FrontendAdmission:
+    """The admission service as the frontend runs it, with the NATS connection it publishes on."""
+
+    service: AdmissionService
+    publisher_client: NatsClient
+
+    def snapshot(self) -> ServiceSnapshot:
+        return self.service.snapshot()
+
+    async def stop(self) -> None:
+        try:
+            await self.service.stop()
+        finally:
+            await self.publisher_client.close()
+
+
+async def start_admission(settings: Settings) -> FrontendAdmission:
+    """Connect, start the service over the discovery bucket, publish serving admissions."""
+    from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
+    from workerset_admission.adapters.nats.connect import connect
+    from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+    from workerset_admission.card import BoundarySettings
+    from workerset_admission.service import CardRecordDecoder, ServiceSettings
+
+    if settings.embedded:
+        raise ConfigError(
+            "the frontend reads the workers' discovery bucket: set "
+            "WORKERSET_ADMISSION_NATS_SERVERS to their NATS server"
+        )
+    options = settings.nats_connect_options()
+    boundary = BoundarySettings(
+        namespace=settings.namespace_filter if settings.namespace_filter_mode == "exact" else None,
+        namespace_prefix=(
+            settings.namespace_filter if settings.namespace_filter_mode == "prefix" else None
+        ),
+        prefix_strict=settings.namespace_prefix_strict,
+        tokenizer_backend=settings.tokenizer_backend,
+        tokenizer_fallback_enabled=settings.tokenizer_fallback,
+        max_value_size=settings.max_value_bytes,
+    )
+    client = await connect(replace(options, name=f"workerset-admission {settings.frontend_id}"))
+    try:
+        service = AdmissionService(
+            JetStreamDiscoverySource(options, bucket=settings.discovery_bucket),
+            decoder=CardRecordDecoder(boundary),
+            publisher=NatsAdmissionPublisher(
+                client.jetstream(), settings.frontend_id, bucket=settings.admission_bucket
+            ),
+            settings=ServiceSettings(
+                reconcile_interval=settings.reconcile_interval,
+                max_concurrent_builds=settings.max_concurrent_builds,
+                retry_delays=settings.retry_delays,
+            ),
+        )
+        await service.start()
+    except BaseException:
+        await client.close()
+        raise
+    return FrontendAdmission(service, client)
+
+
+async def _start_from_environment() -> SnapshotService:
+    return await start_admission(load_settings())
+
+
+_shared: ServiceThread[SnapshotService] | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_host() -> ServiceThread[SnapshotService]:
+    """Return the process's one admission service thread, starting it on first use."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = ServiceThread(_start_from_environment, name="workerset-admission")
+        host = _shared
+    host.start()
+    return host
+
+
+def stop_shared_host() -> None:
+    """Stop the process's admission service (also runs at interpreter exit)."""
+    global _shared
+    with _shared_lock:
+        host, _shared = _shared, None
+    if host is not None:
+        host.stop()
+
+
+def frontend_routes() -> list[Any]:
+    """Provide the extension's routes to Dynamo's loader; starts the service behind them."""
+    host = shared_host()
+    return AdmissionRoutes(lambda: host.state).frontend_routes()

@@ -1,0 +1,125 @@
+"""The route extension's handlers, called with a hand-made context and service snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workerset_admission.adapters.dynamo.host import HostState
+from workerset_admission.adapters.dynamo.routes import AdmissionRoutes
+from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.service import (
+    CohortSnapshot,
+    GroupSnapshot,
+    InvalidRecord,
+    ReadinessSnapshot,
+    ServiceSnapshot,
+)
+
+GROUP = GroupKey.build("m", EndpointId("ns", "backend", "generate"), "chat", WorkerType.AGGREGATED)
+
+
+def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceSnapshot:
+    return ServiceSnapshot(
+        health=health,
+        synced=synced,
+        groups=(
+            GroupSnapshot(
+                group=GROUP,
+                incumbent="a" * 64,
+                status="ready",
+                generation=3,
+                committed_generation=3,
+                receiver=2,
+                admitted=(1, 2),
+                routable=(1,),
+                cohorts=(CohortSnapshot("a" * 64, (1, 2)), CohortSnapshot("b" * 64, (7,))),
+            ),
+        ),
+        readiness=(ReadinessSnapshot("m", "ns", True, ("aggregated",), ()),),
+        invalid_total=1,
+        recent_invalid=(InvalidRecord("v1.mdc.x", "bad_key", "three tokens", 0.0),),
+        live_instances=2,
+        builds_in_flight=0,
+        snapshots_applied=1,
+    )
+
+
+@dataclass
+class _Service:
+    snap: ServiceSnapshot
+
+    def snapshot(self) -> ServiceSnapshot:
+        return self.snap
+
+    async def stop(self) -> None:
+        return None
+
+
+@dataclass
+class _Context:
+    cancelled: bool = False
+    ready_models: set[str] = field(default_factory=set)
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def is_model_ready_to_serve(self, model: str) -> bool:
+        return model in self.ready_models
+
+
+def _routes(state: HostState[_Service]) -> AdmissionRoutes:
+    return AdmissionRoutes(lambda: state)  # type: ignore[arg-type, return-value]
+
+
+def test_workersets_list_incumbent_generation_admitted_and_rejected_cohorts() -> None:
+    reply = _routes(HostState("running", _Service(_snapshot()))).workersets(_Context())
+
+    assert reply.status == 200
+    [workerset] = reply.body["workersets"]
+    assert workerset["group"] == GROUP.id
+    assert workerset["incumbent"] == "a" * 64
+    assert workerset["generation"] == 3
+    assert workerset["admitted"] == [1, 2]
+    assert workerset["routable"] == [1]
+    assert workerset["cohorts"] == [
+        {"checksum": "a" * 64, "members": [1, 2]},
+        {"checksum": "b" * 64, "members": [7]},
+    ]
+    assert "rejected" in workerset
+    assert reply.body["recent_invalid"] == [
+        {"key": "v1.mdc.x", "reason": "bad_key", "detail": "three tokens"}
+    ]
+
+
+def test_readiness_reports_the_evaluator_beside_the_frontends_own_view() -> None:
+    reply = _routes(HostState("running", _Service(_snapshot()))).readiness(_Context())
+
+    assert reply.status == 200
+    assert reply.body["models"] == [
+        {
+            "model": "m",
+            "namespace": "ns",
+            "ready": True,
+            "present": ["aggregated"],
+            "missing": [],
+            "frontend_ready": False,
+        }
+    ]
+
+
+def test_health_is_ok_only_once_synced_and_not_draining() -> None:
+    running = _routes(HostState("running", _Service(_snapshot())))
+    starting = _routes(HostState("running", _Service(_snapshot(health="starting", synced=False))))
+
+    assert running.health(_Context()).status == 200
+    assert starting.health(_Context()).status == 503
+    assert running.health(_Context(cancelled=True)).body == {"status": "shutting_down"}
+
+
+def test_every_route_answers_503_with_the_reason_while_the_service_is_not_running() -> None:
+    routes = _routes(HostState("retrying", error="connection refused", attempts=2))
+
+    for handler in (routes.workersets, routes.readiness, routes.health):
+        reply = handler(_Context())
+        assert reply.status == 503
+        assert reply.body == {"status": "retrying", "attempts": 2, "error": "connection refused"}
