@@ -18,6 +18,13 @@ __all__ = ["main"]
 _COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("workerset_admission.replay_cli", "replay a discovery trace offline and print the state"),
     "explain": ("workerset_admission.replay_cli", "explain why an instance is or is not admitted"),
+    "serve": ("workerset_admission.service_cli", "run the admission service (the main job)"),
+    "status": ("workerset_admission.service_cli", "ask a running service for its admission state"),
+    "demo": ("workerset_admission.service_cli", "play a rolling update and show each decision"),
+    "bridge": (
+        "workerset_admission.bridge_cli",
+        "mirror Dynamo's file discovery store into the NATS discovery bucket",
+    ),
     "register": (
         "workerset_admission.nats_cli",
         "register a worker's model card in the discovery bucket (kept alive until stopped)",

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import heapq
 import json
 import logging
@@ -42,7 +41,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
@@ -490,6 +489,7 @@ class AdmissionService:
         settings: ServiceSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         handle_signals: bool = False,
+        closers: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
         self.settings = settings or ServiceSettings()
         self._source = source
@@ -501,6 +501,8 @@ class AdmissionService:
         self._telemetry.observe_state(self._state_summary)
         self._clock = clock
         self._handle_signals = handle_signals
+        self._closers = tuple(closers)
+        self._effect_listeners: list[Callable[[Sequence[Effect]], None]] = []
 
         self.core = AdmissionCore(self.settings.core_settings())
         self.channels = AdmissionChannels()
@@ -655,6 +657,11 @@ class AdmissionService:
             await self._source.close()
         except Exception:
             _log.debug("closing the discovery source failed", exc_info=True)
+        for close in self._closers:
+            try:
+                await close()
+            except Exception:  # noqa: PERF203 - every resource gets its chance to close
+                _log.debug("closing a service resource failed", exc_info=True)
         self._changed()
 
     # -- host API ----------------------------------------------------------------------------
@@ -709,6 +716,10 @@ class AdmissionService:
     def wake_timers(self) -> None:
         """Re-read the clock now (for hosts and tests that inject a clock that jumps)."""
         self._timer_wake.set()
+
+    def on_effects(self, listener: Callable[[Sequence[Effect]], None]) -> None:
+        """Call ``listener`` with the effects of every core step, before they are carried out."""
+        self._effect_listeners.append(listener)
 
     def on_state_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the loop) after each step that changed admission state."""
@@ -802,6 +813,11 @@ class AdmissionService:
         self, inputs: Sequence[Input], scope: UpdateScope | None = None, *, force: bool = False
     ) -> None:
         effects = self.core.apply_many(inputs)
+        for listener in self._effect_listeners:
+            try:
+                listener(effects)
+            except Exception:  # noqa: PERF203 - a failing observer must not stop admission
+                _log.debug("an effect listener failed", exc_info=True)
         if scope is not None:
             scope.effects(effects)
         else:
@@ -1127,11 +1143,6 @@ class CardRecordDecoder:
             record = card.decode_endpoint_record(parsed, value, self._settings)
             return (record.endpoint, record.instance_id)
         result: Registration | None = card.decode_model_record(parsed, value, self._settings)
-        if result is not None and not isinstance(result.card, Mapping):
-            # Hops read routing settings from the selected card as a mapping of card fields.
-            fields = getattr(result.card, "fields", None)
-            if isinstance(fields, Mapping):
-                result = dataclasses.replace(result, card=fields)
         return result
 
     def removal(self, key: str) -> tuple[str, str] | None:

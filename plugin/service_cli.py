@@ -1,0 +1,398 @@
+"""``serve``, ``status`` and ``demo``: run the admission service, ask it, or watch it work.
+
+``serve`` is the main job. Without a NATS server in the settings it starts an embedded
+nats-server on loopback and says where it listens. ``status`` asks a running ``serve`` over NATS
+request/reply and prints a table (or the JSON). ``demo`` plays a rolling update against an
+embedded server, printing each admission decision as it is made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from workerset_admission.config import (
+    Settings,
+    add_settings_arguments,
+    flags_from_args,
+    load_settings,
+)
+from workerset_admission.errors import WorkersetAdmissionError
+
+__all__ = ["add_arguments", "render_status_table", "run"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_UNREACHABLE = 2
+
+
+def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
+    add_settings_arguments(parser)
+    if name == "serve":
+        parser.add_argument(
+            "--log-format", choices=("plain", "json"), default=None, help="log line format"
+        )
+        parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+        parser.add_argument(
+            "--telemetry",
+            action="store_true",
+            help="install the OpenTelemetry SDK with exporters chosen by the OTEL_* environment",
+        )
+        parser.add_argument(
+            "--store-dir",
+            type=Path,
+            default=None,
+            help="JetStream store of the embedded server (default: a temporary directory)",
+        )
+    elif name == "status":
+        parser.add_argument("--json", action="store_true", help="print the service's JSON")
+        parser.add_argument(
+            "--timeout", type=float, default=5.0, help="seconds to wait for an answer"
+        )
+        parser.add_argument("--subject", default=None, help="status subject of the service")
+    elif name == "demo":
+        parser.add_argument(
+            "--timeout", type=float, default=60.0, help="seconds each step may take at most"
+        )
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(
+            flags=flags_from_args(args), config_file=getattr(args, "config_file", None)
+        )
+    except WorkersetAdmissionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    commands: dict[str, Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]] = {
+        "serve": _serve,
+        "status": _status,
+        "demo": _demo,
+    }
+    try:
+        return asyncio.run(commands[name](settings, args))
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except WorkersetAdmissionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+# --------------------------------------------------------------------------- serve
+
+
+async def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    from workerset_admission.plugin import create_service
+    from workerset_admission.telemetry import configure_logging, setup_telemetry
+
+    configure_logging(args.log_format or settings.log_format, args.log_level.upper())
+    telemetry_handle = None
+    if args.telemetry:
+        prometheus = None
+        if settings.prometheus_port is not None:
+            prometheus = ("127.0.0.1", settings.prometheus_port)
+        telemetry_handle = setup_telemetry(prometheus=prometheus)
+    async with contextlib.AsyncExitStack() as stack:
+        servers: Sequence[str] | None = None
+        if settings.embedded:
+            from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
+
+            store = args.store_dir or settings.embedded_store_dir
+            server = await EmbeddedNatsServer(store).astart()
+            stack.push_async_callback(server.aclose)
+            servers = (server.url,)
+            _say(f"embedded nats-server listening on {server.url} (store {server.store_dir})")
+        service = await create_service(settings, servers=servers, handle_signals=True)
+        stack.push_async_callback(service.stop)
+        _say(
+            f"watching bucket {settings.discovery_bucket!r}; status on "
+            f"{settings.status_subject!r}; publishing to {settings.admission_bucket!r}"
+        )
+        await _with_progress(service.wait_synced(), "waiting for the first discovery snapshot")
+        snap = service.snapshot()
+        _say(f"synced: {len(snap.groups)} group(s), {snap.live_instances} live instance(s)")
+        await service.run()
+    if telemetry_handle is not None:
+        telemetry_handle.shutdown()
+    return EXIT_OK
+
+
+async def _with_progress(awaitable: Awaitable[Any], what: str, every: float = 2.0) -> Any:
+    """Await, printing a line every ``every`` seconds so a long wait never looks hung."""
+    task = asyncio.ensure_future(awaitable)
+    started = time.monotonic()
+    try:
+        while True:
+            done, _pending = await asyncio.wait({task}, timeout=every)
+            if done:
+                return task.result()
+            _say(f"{what}... ({time.monotonic() - started:.0f} s)")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _say(text: str, stream: TextIO | None = None) -> None:
+    print(text, file=stream or sys.stdout, flush=True)
+
+
+# --------------------------------------------------------------------------- status
+
+
+async def _status(settings: Settings, args: argparse.Namespace) -> int:
+    import nats.errors
+    from workerset_admission.adapters.nats.connect import connect
+
+    if settings.embedded:
+        print("error: no NATS server given (--nats-server or settings)", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    subject = args.subject or settings.status_subject
+    try:
+        nc = await asyncio.wait_for(connect(settings.nats_connect_options()), args.timeout)
+    except Exception as exc:
+        print(f"error: cannot reach NATS: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
+        reply = await nc.request(subject, b"", timeout=args.timeout)
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        print(f"error: no admission service answers on {subject!r}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    finally:
+        await nc.close()
+    status = json.loads(reply.data)
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        print(render_status_table(status))
+    return EXIT_OK
+
+
+def _short(checksum: object) -> str:
+    return "-" if checksum is None else str(checksum)[:12]
+
+
+def _ids(value: object) -> str:
+    if isinstance(value, list):
+        return ",".join(f"{i:x}" for i in value) if value else "-"
+    return f"{value} ids"
+
+
+def render_status_table(status: Mapping[str, Any]) -> str:
+    """Render a status reply as a plain-text table, one row per group."""
+    readiness = {(r["model"], r["namespace"]): r for r in status.get("readiness", [])}
+    headers = ("group", "incumbent", "status", "gen", "admitted", "rejected", "readiness")
+    rows: list[tuple[str, ...]] = []
+    for group in status.get("groups", []):
+        worker_set = json.loads(group["worker_set"])
+        namespace = worker_set[0]
+        ready = readiness.get((group["model"], namespace))
+        if ready is None:
+            ready_text = "-"
+        elif ready["ready"]:
+            ready_text = "ready"
+        else:
+            ready_text = "missing " + ",".join(ready["missing"]) if ready["missing"] else "no"
+        rejected = ", ".join(
+            f"{_short(c['checksum'])} ({_ids(c['members'])})" for c in group["cohorts"][1:]
+        )
+        rows.append(
+            (
+                f"{group['model']} @ {'/'.join(worker_set[:3])} [{worker_set[4]}]",
+                _short(group["incumbent"]),
+                group["status"],
+                "-" if group["generation"] is None else str(group["generation"]),
+                _ids(group["admitted"]),
+                rejected or "-",
+                ready_text,
+            )
+        )
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.append(
+        f"health: {status.get('health')}  groups: {len(rows)}  live instances: "
+        f"{status.get('live_instances', 0)}  invalid records: {status.get('invalid_total', 0)}"
+    )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def _demo_card(block_size: int) -> dict[str, Any]:
+    return {
+        "display_name": "Qwen/Qwen3-0.6B",
+        "slug": "qwen_qwen3-0_6b",
+        "source_path": "Qwen/Qwen3-0.6B",
+        "model_info": None,
+        "tokenizer": None,
+        "context_length": 4096,
+        "kv_cache_block_size": block_size,
+        "migration_limit": 0,
+        "model_type": "Chat | Completions",
+        "model_input": "Tokens",
+        "worker_type": "aggregated",
+        "needs": [],
+    }
+
+
+class _DecisionPrinter:
+    """Prints each admission effect as one line, as it happens."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def __call__(self, effects: Sequence[object]) -> None:
+        for effect in effects:
+            line = self._line(effect)
+            if line:
+                _say(f"  -> {line}", self._stream)
+
+    @staticmethod
+    def _line(effect: Any) -> str | None:
+        kind = type(effect).__name__
+        if kind == "WorkerPlaced":
+            verdict = "admitted" if effect.admitted else "NOT admitted (rejected cohort)"
+            return f"{effect.key} joins cohort {_short(effect.mdc_checksum)}: {verdict}"
+        if kind == "WorkerDeparted":
+            return f"{effect.key} left cohort {_short(effect.mdc_checksum)}"
+        if kind == "OpenReceiver":
+            return (
+                f"receiver #{effect.receiver} opened for incumbent "
+                f"{_short(effect.mdc_checksum)} (generation {effect.generation})"
+            )
+        if kind == "StartBuild":
+            return f"building the pipeline, generation {effect.generation}"
+        if kind == "CommitGroup":
+            return (
+                f"committed generation {effect.generation}: serving {_ids(sorted(effect.admitted))}"
+            )
+        if kind == "PublishAdmissions":
+            return f"receiver #{effect.receiver} admits {_ids(sorted(effect.admitted))}"
+        if kind == "RejectionReported":
+            return (
+                f"REJECTED cohort {_short(effect.rejected_checksum)} "
+                f"(incumbent {_short(effect.incumbent_checksum)}), e.g. {effect.instance}"
+            )
+        if kind == "WithdrawGroup":
+            return f"withdrew committed generation {effect.generation}"
+        if kind == "RetireReceiver":
+            return f"receiver #{effect.receiver} retired"
+        if kind == "Succession":
+            if effect.new_checksum is None:
+                return "the incumbent drained and no cohort is left"
+            return (
+                f"succession: {_short(effect.old_checksum)} -> {_short(effect.new_checksum)}, "
+                f"generation {effect.new_generation}"
+            )
+        return None
+
+
+async def _demo(settings: Settings, args: argparse.Namespace) -> int:
+    return await play_demo(settings, timeout=args.timeout, stream=sys.stdout)
+
+
+async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> int:
+    """Play the rolling-update demo against an embedded server; return the exit status."""
+    import nats
+    from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
+    from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+    from workerset_admission.errors import ReceiverRetired
+    from workerset_admission.identity import EndpointId
+    from workerset_admission.plugin import create_service
+    from workerset_admission.telemetry import configure_logging
+
+    configure_logging("plain", "ERROR", stream=stream)
+    endpoint = EndpointId("dgd", "backend", "generate")
+    old, new = _demo_card(16), _demo_card(32)
+
+    async def wait(condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + timeout
+        next_note = time.monotonic() + 2.0
+        while not condition():
+            if time.monotonic() > deadline:
+                raise WorkersetAdmissionError(f"timed out waiting until {what}")
+            if time.monotonic() > next_note:
+                _say(f"  ... still waiting until {what}", stream)
+                next_note = time.monotonic() + 2.0
+            await asyncio.sleep(0.02)
+
+    async with contextlib.AsyncExitStack() as stack:
+        server = await EmbeddedNatsServer().astart()
+        stack.push_async_callback(server.aclose)
+        _say(f"embedded nats-server on {server.url}", stream)
+        demo_settings = settings.model_copy(
+            update={"nats_servers": (server.url,), "frontend_id": "demo-frontend"}
+        )
+        service = await create_service(demo_settings)
+        stack.push_async_callback(service.stop)
+        service.on_effects(_DecisionPrinter(stream))
+        nc = await nats.connect(server.url)
+        stack.push_async_callback(nc.close)
+        workers = DiscoveryPublisher(nc.jetstream(), bucket=settings.discovery_bucket, ttl=None)
+        await _with_progress(service.wait_synced(), "waiting for the first snapshot")
+
+        def group() -> Any:
+            groups = service.snapshot().groups
+            return groups[0] if groups else None
+
+        _say("\n== 1. the v1 workers register (kv_cache_block_size 16)", stream)
+        for instance_id in (0x1A, 0x2B):
+            await workers.register_endpoint(endpoint, instance_id)
+            await workers.register(endpoint, instance_id, old)
+        await wait(
+            lambda: (
+                (g := group()) is not None and g.status == "ready" and g.admitted == (0x1A, 0x2B)
+            ),
+            "v1 is served",
+        )
+        g1 = group()
+        v1_receiver = service.receiver_for(g1.group)
+        assert v1_receiver is not None
+        _say(f"   serving {_ids(list(g1.admitted))} with generation {g1.generation}", stream)
+
+        _say("\n== 2. v2 workers arrive with a different configuration (block size 32)", stream)
+        for instance_id in (0x3C, 0x4D):
+            await workers.register_endpoint(endpoint, instance_id)
+            await workers.register(endpoint, instance_id, new)
+        await wait(
+            lambda: len(group().cohorts) == 2 and group().cohorts[1].members == (0x3C, 0x4D),
+            "the v2 cohort is tracked",
+        )
+        _say(
+            f"   still serving {_ids(list(group().admitted))}: the incumbent keeps the set", stream
+        )
+
+        _say("\n== 3. the v1 workers drain", stream)
+        for instance_id in (0x1A, 0x2B):
+            await workers.deregister(endpoint, instance_id, endpoint_record=True)
+        await wait(
+            lambda: (
+                group().status == "ready"
+                and group().admitted == (0x3C, 0x4D)
+                and service.snapshot().live_instances == 2
+            ),
+            "v2 is served",
+        )
+        g2 = group()
+        _say(f"   serving {_ids(list(g2.admitted))} with generation {g2.generation}", stream)
+        try:
+            v1_receiver.current()
+            retired = False
+        except ReceiverRetired:
+            retired = True
+        _say(f"   the v1 receiver is retired: {retired}; it never shows v2 ids", stream)
+        _say("\n== final status", stream)
+        _say(render_status_table(service.snapshot().to_json()), stream)
+        ok = retired and g2.generation is not None and g2.generation > (g1.generation or 0)
+    _say("\ndemo complete" if ok else "\ndemo finished with unexpected state", stream)
+    return EXIT_OK if ok else EXIT_FAILED
