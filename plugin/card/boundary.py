@@ -400,10 +400,14 @@ def _as_text(
 
 
 def _parse(text: str, key: str) -> Any:
+    # A record is parsed whole into serde_json values: every number is evaluated.
     try:
-        return jsonio.loads(text)
+        value = jsonio.loads(text)
     except jsonio.JsonError as exc:
         raise InvalidRecordError(exc.reason, exc.detail, key=key) from None
+    if jsonio.has_overflow(value):
+        raise InvalidRecordError("number_out_of_range", "number out of range", key=key)
+    return value
 
 
 def _check_envelope(

@@ -31,6 +31,7 @@ _WT_CODE = {None: 0, "prefill": 1, "decode": 2, "encode": 3, "aggregated": 4}
 _PROMPT_CONTEXT_DEBUG = {"oai_chat": "OaiChat", "llama3_date_time": "Llama3DateTime"}
 _SLOTS = ("model_info", "tokenizer", "prompt_formatter", "chat_template_file", "gen_config")
 _CONTRACT_TAG = b"\0dynamo/model-card/runtime-contract/v1\0"
+_INDEXER_TAG = b"dynamo/model-card/indexer-identity/v1"
 _VIDEO_CONTRACT = "vllm_nemotron_video_processor_contract"
 _TRUTHY_FLAGS = ("vllm_enable_tower_connector_lora", "vllm_inference_v1_generate")
 
@@ -192,8 +193,9 @@ def _layout(card: DecodedCard) -> bytes:
 
 
 def _indexer_identity_bytes(identity: Mapping[str, Any]) -> bytes:
-    out = bytearray(b"\0indexer_identity\0")
-    for name in ("explicit", "overrides"):
+    # Unlike the rest of the layout, these lengths are little-endian u32.
+    out = bytearray(_INDEXER_TAG)
+    for name in ("semantics", "routing_scope"):
         entries = identity[name]
         if entries is None:
             out.append(0)

@@ -26,10 +26,12 @@ __all__ = [
     "MAX_DEPTH",
     "DupDict",
     "JsonError",
+    "Overflow",
     "depth_of",
     "dumps_compact",
     "format_f64",
     "has_lone_surrogate",
+    "has_overflow",
     "loads",
     "serde_f64",
 ]
@@ -51,6 +53,18 @@ class JsonError(ValueError):
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}")
+
+
+class Overflow:
+    """A number literal serde_json refuses as out of range (kept so ignored keys can hold it)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Overflow({self.text!r})"
 
 
 class DupDict(dict):  # type: ignore[type-arg]
@@ -163,7 +177,7 @@ def _parse_int(text: str) -> int | float:
     if value > _U64_MAX or value < -(1 << 63):
         if value < 0 and -value <= _U64_MAX:
             return -float(-value)
-        return serde_f64(text)
+        return _parse_float(text)
     return value
 
 
@@ -171,9 +185,18 @@ def _refuse_constant(name: str) -> Any:
     raise JsonError("invalid_json", f"{name} is not a JSON value")
 
 
+def _parse_float(text: str) -> float | Overflow:
+    try:
+        return serde_f64(text)
+    except JsonError:
+        # serde_json skips an unknown key's value without evaluating it, so the refusal
+        # happens only where a typed field or a free-form value reads the number.
+        return Overflow(text)
+
+
 _DECODER = json.JSONDecoder(
     object_pairs_hook=_pairs,
-    parse_float=serde_f64,
+    parse_float=_parse_float,
     parse_int=_parse_int,
     parse_constant=_refuse_constant,
 )
@@ -214,6 +237,20 @@ def has_lone_surrogate(value: Any) -> bool:
                 if _SURROGATE.search(key):
                     return True
                 stack.append(sub)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def has_overflow(value: Any) -> bool:
+    """Whether a parsed value holds an out-of-range number anywhere."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Overflow):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
     return False

@@ -16,7 +16,6 @@ aliases, value ranges, the array form of structs). Wire generations it still rea
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -168,17 +167,20 @@ PROMPT_FORMATTER = ExtTagged(
     aliases={"hf_chat_template_jinja": "hf_chat_template"},
 )
 
+
+def _none() -> None:
+    return None
+
+
 _WORKER_TYPE = EnumT(WORKER_TYPES)
 
-LORA = Struct("LoraInfo", (Field("name", STR), Field("max_gpu_lora_count", Opt(U32))))
+LORA = Struct(
+    "LoraInfo", (Field("name", STR), Field("max_gpu_lora_count", Opt(U32), default=_none))
+)
 
 _ENDPOINT_ID = Struct(
     "EndpointId", (Field("namespace", STR), Field("component", STR), Field("name", STR))
 )
-
-
-def _none() -> None:
-    return None
 
 
 def _const(value: Any) -> Any:
@@ -262,7 +264,7 @@ def _policy_file(value: Any, ctx: Ctx) -> Any:
 
 def _check_policy_yaml(data: bytes, path: str) -> None:
     try:
-        import yaml  # noqa: PLC0415 - optional, only needed for cards naming a policy file
+        import yaml
     except ImportError:  # pragma: no cover - pyyaml is present wherever policies are used
         return
     try:
@@ -387,7 +389,23 @@ KV_ROUTER_CONFIG = Struct(
         ),
     ),
     deny_unknown=True,
+    validate=lambda kv, ctx: _check_tracking(kv),
 )
+
+
+def _check_tracking(kv: dict[str, Any]) -> None:
+    keyed = kv["router_tracking_hash"] == "keyed-xxh3-v1"
+    has_options = (
+        kv["router_tracking_key_file"] is not None or kv["router_tracking_key_id"] is not None
+    )
+    if keyed and kv["router_tracking_key_file"] is None:
+        raise Refused("invalid_router_config", "keyed-xxh3-v1 requires router_tracking_key_file")
+    if has_options and not keyed:
+        raise Refused(
+            "invalid_router_config",
+            "router tracking key options require router_tracking_hash=keyed-xxh3-v1",
+        )
+
 
 LOAD_THRESHOLD_CONFIG = Struct(
     "LoadThresholdConfig",
@@ -431,7 +449,9 @@ class _IdentityMap(Type):
             raise Refused(
                 "invalid_indexer_identity", "explicit identity map must contain at least one entry"
             )
-        if isinstance(value, jsonio.DupDict):
+        if any(not key for key in value):
+            raise Refused("invalid_indexer_identity", "identity key must not be empty")
+        if ctx.strict_dups and isinstance(value, jsonio.DupDict):
             raise Refused("invalid_indexer_identity", "identity keys must be unique")
         return {key: STR.decode(item, level + 1, ctx) for key, item in value.items()}
 
@@ -439,8 +459,8 @@ class _IdentityMap(Type):
 INDEXER_IDENTITY = Struct(
     "IndexerIdentitySpec",
     (
-        Field("explicit", Opt(_IdentityMap()), default=_none),
-        Field("overrides", Opt(_IdentityMap()), default=_none),
+        Field("semantics", Opt(_IdentityMap()), default=_none),
+        Field("routing_scope", Opt(_IdentityMap()), default=_none),
     ),
 )
 

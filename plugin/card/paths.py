@@ -1,8 +1,9 @@
 """File names of CheckedFile paths, as 1.6.1 derives them for ``extra_files`` in mdcsum.
 
-A CheckedFile path is first parsed as a WHATWG URL (Rust's ``url`` crate); the name is the last
-path segment as the URL serializes it (percent-encoded, dot segments resolved). A string that
-is not a URL is a filesystem path and the name is ``Path::file_name``.
+A CheckedFile path is first parsed as a WHATWG URL (Rust's ``url`` crate); the name is then
+``Path::file_name`` of the URL's serialized path (percent-encoded, dot segments resolved, so
+``https://h/a/b/`` names ``b`` and ``tok:en.json`` names ``en.json``). A string that is not a
+URL is a filesystem path and the name is its ``Path::file_name``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,15 @@ def _is_double_dot(segment: str) -> bool:
     return segment.lower() in ("..", ".%2e", "%2e.", "%2e%2e")
 
 
-def _url_last_segment(scheme: str, rest: str) -> str | None:
+def _encode_opaque(text: str) -> str:
+    out = []
+    for byte in text.encode("utf-8", "surrogatepass"):
+        out.append(f"%{byte:02X}" if byte < 0x20 or byte >= 0x7F else chr(byte))
+    return "".join(out)
+
+
+def _url_path(scheme: str, rest: str) -> str:
+    """The serialized path of a URL (dot segments resolved, percent-encoded)."""
     special = scheme in _SPECIAL
     if special:
         rest = rest.replace("\\", "/")
@@ -51,11 +60,16 @@ def _url_last_segment(scheme: str, rest: str) -> str | None:
                 cut = min(cut, pos)
         path = after[cut:]
     elif special:
-        path = "/" + rest.lstrip("/") if scheme != "file" else rest
+        path = "/" + rest.lstrip("/")
     elif rest.startswith("/"):
         path = rest
     else:
-        return None  # an opaque path has no segments
+        # An opaque path (``tok:en.json``, ``mailto:a@b``): kept as written, minus query/fragment.
+        for stop in "?#":
+            pos = rest.find(stop)
+            if pos != -1:
+                rest = rest[:pos]
+        return _encode_opaque(rest)
     for stop in "?#":
         pos = path.find(stop)
         if pos != -1:
@@ -74,9 +88,7 @@ def _url_last_segment(scheme: str, rest: str) -> str | None:
                 segments.append("")
         else:
             segments.append(_encode_segment(part))
-    if not segments:
-        return "" if special else None
-    return segments[-1]
+    return "/" + "/".join(segments)
 
 
 def _path_file_name(path: str) -> str:
@@ -96,6 +108,5 @@ def file_basename(path: str) -> str:
     match = _SCHEME.match(text)
     if match:
         scheme = match.group(0)[:-1].lower()
-        segment = _url_last_segment(scheme, text[match.end() :])
-        return segment or ""
+        return _path_file_name(_url_path(scheme, text[match.end() :]))
     return _path_file_name(path)

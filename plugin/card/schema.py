@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .jsonio import MAX_DEPTH, DupDict, depth_of, has_lone_surrogate
+from .jsonio import MAX_DEPTH, DupDict, Overflow, depth_of, has_lone_surrogate, has_overflow
 
 __all__ = [
     "ANY",
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class Refused(Exception):  # noqa: N818 - internal signal, converted to CardDecodeError
+class Refused(Exception):
     """A value the modelled serde type would not accept."""
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -67,6 +67,8 @@ class Ctx:
 
 
 def _kind(value: Any) -> str:
+    if isinstance(value, Overflow):
+        raise Refused("number_out_of_range", "number out of range")
     if value is None:
         return "null"
     if value is True or value is False:
@@ -144,9 +146,13 @@ class _Any(Type):
     """``serde_json::Value``: anything, within the nesting limit."""
 
     def decode(self, value: Any, level: int, ctx: Ctx) -> Any:
+        if isinstance(value, Overflow):
+            raise Refused("number_out_of_range", "number out of range")
         if isinstance(value, (dict, list)):
             if level + depth_of(value) > MAX_DEPTH:
                 raise Refused("depth_limit", "recursion limit exceeded")
+            if has_overflow(value):
+                raise Refused("number_out_of_range", "number out of range")
             if ctx.check_strings and has_lone_surrogate(value):
                 raise Refused("invalid_string", "lone surrogate in hex escape")
         elif isinstance(value, str) and ctx.check_strings and has_lone_surrogate(value):
