@@ -41,6 +41,7 @@ __all__ = [
     "nats_cluster",
     "node_config",
     "quiet_client",
+    "read_bucket",
 ]
 
 CLUSTER_NAME = "wsa-test"
@@ -142,6 +143,30 @@ async def quiet_client(urls: Sequence[str], **options: object) -> NATS:
     settings.update(options)
     client: NATS = await nats.connect(**settings)  # type: ignore[arg-type]
     return client
+
+
+async def read_bucket(urls: Sequence[str], bucket: str) -> dict[str, bytes] | None:
+    """Every key's current value, or None while the cluster cannot answer (an election)."""
+    try:
+        return await asyncio.wait_for(_read_bucket(urls, bucket), timeout=10)
+    except Exception:
+        return None
+
+
+async def _read_bucket(urls: Sequence[str], bucket: str) -> dict[str, bytes]:
+    client = await quiet_client(urls)
+    try:
+        kv = await client.jetstream(timeout=5).key_value(bucket)
+        watcher = await kv.watchall(ignore_deletes=True)
+        state: dict[str, bytes] = {}
+        try:
+            while (entry := await watcher.updates(timeout=5)) is not None:
+                state[entry.key] = entry.value or b""
+        finally:
+            await watcher.stop()
+        return state
+    finally:
+        await client.close()
 
 
 @dataclass(slots=True)

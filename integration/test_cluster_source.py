@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
-from clusterfixture import NatsCluster, nats_cluster, quiet_client
+from clusterfixture import NatsCluster, nats_cluster, quiet_client, read_bucket
 from nats.aio.client import Client as NatsClient
 from nats.js.kv import KeyValue
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket, stream_name
@@ -69,28 +69,8 @@ class TrackedConnector:
         return client.connected_url.port
 
 
-async def read_bucket(cluster: NatsCluster) -> dict[str, bytes]:
-    client = await quiet_client(cluster.urls)
-    try:
-        kv = await client.jetstream(timeout=5).key_value(BUCKET)
-        watcher = await kv.watchall(ignore_deletes=True)
-        state: dict[str, bytes] = {}
-        try:
-            while (entry := await watcher.updates(timeout=5)) is not None:
-                state[entry.key] = entry.value or b""
-        finally:
-            await watcher.stop()
-        return state
-    finally:
-        await client.close()
-
-
 async def bucket_state(cluster: NatsCluster) -> dict[str, bytes] | None:
-    """The bucket's content, or None while the cluster cannot answer (a leader election)."""
-    try:
-        return await asyncio.wait_for(read_bucket(cluster), timeout=10)
-    except Exception:
-        return None
+    return await read_bucket(cluster.urls, BUCKET)
 
 
 async def write(kv: KeyValue, index: int) -> None:
