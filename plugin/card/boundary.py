@@ -379,6 +379,7 @@ class _FactsCache:
 
 
 _CACHE = _FactsCache()
+_GROUPS: dict[tuple[str, EndpointId, str, WorkerType], GroupKey] = {}
 
 
 def _as_text(
@@ -405,7 +406,11 @@ def _parse(text: str, key: str) -> Any:
         value = jsonio.loads(text)
     except jsonio.JsonError as exc:
         raise InvalidRecordError(exc.reason, exc.detail, key=key) from None
-    if jsonio.has_overflow(value):
+    if isinstance(value, dict) and all(not isinstance(v, (dict, list)) for v in value.values()):
+        overflow = any(isinstance(v, jsonio.Overflow) for v in value.values())
+    else:
+        overflow = jsonio.has_overflow(value)
+    if overflow:
         raise InvalidRecordError("number_out_of_range", "number out of range", key=key)
     return value
 
@@ -466,23 +471,6 @@ def _split_fast(text: str) -> tuple[str, str] | None:
         end = len(text) - 1
     envelope = text[:card_start] + "null" + text[end:]
     return envelope, text[card_start:end]
-
-
-def _mentions_card(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "card_json" in item:
-                return True
-        elif isinstance(item, dict):
-            for name, sub in item.items():
-                if name != "card_json" and "card_json" in name:
-                    return True
-                stack.append(sub)
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
 
 
 def _decode_card_text(card_text: str, key: str, level: int) -> Any:
@@ -569,11 +557,12 @@ def decode_model_record(
         if split is not None:
             envelope_text, card_text = split
             envelope = _parse(envelope_text, key)
+            # The envelope must name the card exactly once, as the key we cut at.
             if (
                 isinstance(envelope, dict)
+                and envelope_text.count("card_json") == 1
                 and "card_json" in envelope
                 and envelope["card_json"] is None
-                and not _mentions_card(envelope)
             ):
                 obj = _check_envelope(envelope, parsed_key, "Model", _MODEL_FIELDS)
                 facts = _cached_facts(card_text, settings, ctx, key)

@@ -14,7 +14,10 @@ from .cards import cards
 
 core = pytest.importorskip("dynamo._core", reason="ai-dynamo-runtime is not installed")
 
-pytestmark = pytest.mark.conformance
+pytestmark = [
+    pytest.mark.conformance,
+    pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning"),
+]
 
 EXAMPLES = int(os.environ.get("CARD_CONFORMANCE_EXAMPLES", "1200"))
 
@@ -67,7 +70,8 @@ def test_checksums_and_refusals_match_dynamo_card_by_card(router_files: dict[str
 
     compare()
     assert compared[0] >= min(EXAMPLES, 1000)
-    assert mismatches == []
+    assert mismatches[:3] == []
+    assert len(mismatches) == 0
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

@@ -1,0 +1,136 @@
+"""Microseconds per card: decode + mdcsum versus json.loads + bare blake3 of the same bytes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import blake3
+from workerset_admission.card import (
+    BoundarySettings,
+    card_checksum,
+    decode_card,
+    decode_model_record,
+    encode_model_record,
+    model_kv_key,
+    parse_key,
+)
+from workerset_admission.card import model as card_model
+from workerset_admission.identity import EndpointId
+
+H = "ab" * 32
+
+
+def checked(path: str) -> dict[str, object]:
+    return {"path": path, "checksum": f"blake3:{H}", "size": 1234}
+
+
+MINIMAL = {
+    "display_name": "m",
+    "slug": "m",
+    "model_info": None,
+    "tokenizer": None,
+    "kv_cache_block_size": 16,
+    "migration_limit": 0,
+    "model_type": "Chat|Completions",
+    "model_input": "Tokens",
+}
+
+REALISTIC = {
+    **MINIMAL,
+    "display_name": "Qwen/Qwen3-8B",
+    "slug": "qwen_qwen3-8b",
+    "source_path": "Qwen/Qwen3-8B",
+    "model_info": {"hf_config_json": checked("hf://Qwen/Qwen3-8B/config.json")},
+    "tokenizer": {"hf_tokenizer_json": checked("hf://Qwen/Qwen3-8B/tokenizer.json")},
+    "prompt_formatter": {
+        "hf_tokenizer_config_json": checked("hf://Qwen/Qwen3-8B/tokenizer_config.json")
+    },
+    "gen_config": {
+        "hf_generation_config_json": checked("hf://Qwen/Qwen3-8B/generation_config.json")
+    },
+    "prompt_context": ["oai_chat"],
+    "architectural_max_context_length": 40960,
+    "context_length": 40960,
+    "worker_type": "decode",
+    "needs": [["prefill"]],
+    "runtime_config": {
+        "total_kv_blocks": 24000,
+        "max_num_seqs": 256,
+        "tool_call_parser": "hermes",
+        "reasoning_parser": "qwen3",
+        "data_parallel_size": 1,
+        "enable_local_indexer": True,
+        "taints": ["zone=a"],
+        "runtime_data": {"vllm_inference_v1_generate": "true"},
+    },
+    "router_config": {
+        "router_mode": "k_v",
+        "kv_router_config": {"router_temperature": 0.5, "router_ttl_secs": 120.0},
+        "load_threshold_config": {"active_decode_blocks_threshold": 0.85},
+    },
+    "extra_files": [checked("hf://Qwen/Qwen3-8B/preprocessor_config.json")],
+}
+
+
+def per_call_us(fn, payload, rounds: int) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    for _ in range(rounds):
+        fn(payload)
+    return (time.perf_counter() - start) / rounds * 1e6
+
+
+def bare(text: str) -> None:
+    json.loads(text)
+    blake3.blake3(text.encode()).hexdigest()
+
+
+def ours(text: str) -> None:
+    card_checksum(decode_card(text))
+
+
+def main() -> None:
+    rows = []
+    for name, card in (("minimal", MINIMAL), ("realistic", REALISTIC)):
+        text = json.dumps(card, separators=(",", ":"))
+        rounds = 3000
+        base = per_call_us(bare, text, rounds)
+        cold = per_call_us(ours, text, rounds)
+        endpoint = EndpointId("ns", "backend", "generate")
+        values = [
+            (parse_key(model_kv_key(endpoint, i + 1)), encode_model_record(endpoint, i + 1, card))
+            for i in range(rounds)
+        ]
+        settings = BoundarySettings()
+        start = time.perf_counter()
+        for key, value in values:
+            decode_model_record(key, value, settings)
+        cached = (time.perf_counter() - start) / rounds * 1e6
+        start = time.perf_counter()
+        for _key, value in values:
+            json.loads(value)
+        loads_record = (time.perf_counter() - start) / rounds * 1e6
+        rows.append(
+            {
+                "card": name,
+                "bytes": len(text),
+                "json_loads_plus_blake3_us": round(base, 2),
+                "decode_plus_mdcsum_us": round(cold, 2),
+                "record_json_loads_us": round(loads_record, 2),
+                "record_decode_shared_card_us": round(cached, 2),
+                "shared_card_rate_vs_json_loads": round(loads_record / cached, 3),
+            }
+        )
+    header = list(rows[0])
+    print(" | ".join(header))
+    for row in rows:
+        print(" | ".join(str(row[h]) for h in header))
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "bench_card.json").write_text(json.dumps(rows, indent=2))
+    _ = card_model
+
+
+if __name__ == "__main__":
+    main()
