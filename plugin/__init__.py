@@ -6,6 +6,9 @@ worker is gone, and reports incompatible cohorts, so rolling updates never mix c
 
 from __future__ import annotations
 
-__all__ = ["__version__"]
+from .card import mdcsum
+from .errors import CardDecodeError
+
+__all__ = ["CardDecodeError", "__version__", "mdcsum"]
 
 __version__ = "0.1.0"

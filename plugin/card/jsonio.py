@@ -168,7 +168,7 @@ def serde_f64(text: str) -> float:
     return _from_parts(negative, significand, exponent)
 
 
-def _parse_int(text: str) -> int | float:
+def _parse_int(text: str) -> int | float | Overflow:
     if len(text) < 19:
         if text == "-0":
             return -0.0

@@ -243,7 +243,7 @@ class ExtTagged(Type):
 
     def decode(self, value: Any, level: int, ctx: Ctx) -> Any:
         if isinstance(value, str):
-            name = self.aliases.get(value, value)
+            name: str = self.aliases.get(value, value)
             if name in self.variants:
                 raise Refused(
                     "invalid_type", "invalid type: unit variant, expected newtype variant"
@@ -254,7 +254,7 @@ class ExtTagged(Type):
         if len(value) != 1:
             raise Refused("invalid_enum", "expected an object with exactly one variant key")
         ((name, content),) = value.items()
-        canonical = self.aliases.get(name, name)
+        canonical: str = self.aliases.get(name, name)
         inner = self.variants.get(canonical)
         if inner is None:
             raise Refused("unknown_variant", f"unknown variant `{name}`")
