@@ -97,14 +97,11 @@ class ServiceThread(Generic[S]):
         atexit.unregister(self.stop)
 
     def _main(self) -> None:
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(self._serve(loop))
-        finally:
-            loop.close()
+        # asyncio.run also cancels what a client library left running before the loop closes.
+        asyncio.run(self._serve())
 
-    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._ready.set()
         attempts = 0
