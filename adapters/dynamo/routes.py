@@ -22,14 +22,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nats.aio.client import Client as NatsClient
 from workerset_admission.adapters.dynamo.host import HostState, RunningService, ServiceThread
-from workerset_admission.config import Settings, load_settings
-from workerset_admission.errors import ConfigError
-from workerset_admission.service import AdmissionService, ServiceSnapshot
+from workerset_admission.config import load_settings
+from workerset_admission.service import ServiceSnapshot
 
 __all__ = [
     "HEALTH_PATH",
@@ -38,11 +36,9 @@ __all__ = [
     "WORKERSETS_PATH",
     "AdmissionRoutes",
     "ExtensionContext",
-    "FrontendAdmission",
     "Reply",
     "frontend_routes",
     "shared_host",
-    "start_admission",
     "stop_shared_host",
 ]
 
@@ -161,70 +157,13 @@ def _frontend_handler(
     return answer
 
 
-@dataclass(slots=True)
-class FrontendAdmission:
-    """The admission service as the frontend runs it, with the NATS connection it publishes on."""
-
-    service: AdmissionService
-    publisher_client: NatsClient
-
-    def snapshot(self) -> ServiceSnapshot:
-        return self.service.snapshot()
-
-    async def stop(self) -> None:
-        try:
-            await self.service.stop()
-        finally:
-            await self.publisher_client.close()
-
-
-async def start_admission(settings: Settings) -> FrontendAdmission:
-    """Connect, start the service over the discovery bucket, publish serving admissions."""
-    from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
-    from workerset_admission.adapters.nats.connect import connect
-    from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-    from workerset_admission.card import BoundarySettings
-    from workerset_admission.service import CardRecordDecoder, ServiceSettings
-
-    if settings.embedded:
-        raise ConfigError(
-            "the frontend reads the workers' discovery bucket: set "
-            "WORKERSET_ADMISSION_NATS_SERVERS to their NATS server"
-        )
-    options = settings.nats_connect_options()
-    boundary = BoundarySettings(
-        namespace=settings.namespace_filter if settings.namespace_filter_mode == "exact" else None,
-        namespace_prefix=(
-            settings.namespace_filter if settings.namespace_filter_mode == "prefix" else None
-        ),
-        prefix_strict=settings.namespace_prefix_strict,
-        tokenizer_backend=settings.tokenizer_backend,
-        tokenizer_fallback_enabled=settings.tokenizer_fallback,
-        max_value_size=settings.max_value_bytes,
-    )
-    client = await connect(replace(options, name=f"workerset-admission {settings.frontend_id}"))
-    try:
-        service = AdmissionService(
-            JetStreamDiscoverySource(options, bucket=settings.discovery_bucket),
-            decoder=CardRecordDecoder(boundary),
-            publisher=NatsAdmissionPublisher(
-                client.jetstream(), settings.frontend_id, bucket=settings.admission_bucket
-            ),
-            settings=ServiceSettings(
-                reconcile_interval=settings.reconcile_interval,
-                max_concurrent_builds=settings.max_concurrent_builds,
-                retry_delays=settings.retry_delays,
-            ),
-        )
-        await service.start()
-    except BaseException:
-        await client.close()
-        raise
-    return FrontendAdmission(service, client)
-
-
 async def _start_from_environment() -> SnapshotService:
-    return await start_admission(load_settings())
+    from workerset_admission.plugin import create_service
+
+    # The same factory as ``workerset-admission serve``: discovery source, serving-admission
+    # publisher and status responder, all from WORKERSET_ADMISSION_* and the config file.
+    service: SnapshotService = await create_service(load_settings())
+    return service
 
 
 _shared: ServiceThread[SnapshotService] | None = None
