@@ -78,7 +78,7 @@ from workerset_admission.admission.inputs import (
 from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
 from workerset_admission.admission.views import CohortView, GroupView, MemberView, PlacementView
 from workerset_admission.errors import ConfigError, UsageError
-from workerset_admission.identity import EndpointId, GroupKey, Registration
+from workerset_admission.identity import GroupKey, Registration, instance_key
 
 __all__ = ["AdmissionCore", "CoreSettings"]
 
@@ -109,12 +109,16 @@ class CoreSettings:
 
 
 class _Cohort:
-    __slots__ = ("checksum", "members")
+    __slots__ = ("checksum", "ids", "members")
 
     def __init__(self, checksum: str) -> None:
         self.checksum = checksum
         # Insertion-ordered; membership, not order, matters inside a cohort.
         self.members: dict[str, Registration] = {}
+        # The members' instance ids, kept alongside so that publishing admissions is one C-level
+        # set copy instead of a Python loop. A group has one endpoint and a base card per
+        # instance, so ids are unique within a cohort.
+        self.ids: set[int] = set()
 
 
 class _Group:
@@ -158,6 +162,11 @@ class _Group:
         self.lora_dirty = False
 
 
+def _base_key(reg: Registration) -> str:
+    """Return the instance key of the base card an adapter rides on (a base card's own key)."""
+    return instance_key(reg.endpoint, reg.instance_id)
+
+
 def _representative(cohort: _Cohort) -> Registration:
     # Dynamo keeps members in a BTreeSet and takes the first: the smallest key.
     return cohort.members[min(cohort.members)]
@@ -168,11 +177,13 @@ class AdmissionCore:
 
     def __init__(self, settings: CoreSettings | None = None) -> None:
         self._settings = settings or CoreSettings()
-        self._groups: dict[GroupKey, _Group] = {}
+        # Keyed by (model, worker_set): hashing a plain tuple of strings is C-level, hashing
+        # the GroupKey dataclass is a Python call, and this lookup is on every input.
+        self._groups: dict[tuple[str, str], _Group] = {}
         self._regs: dict[str, Registration] = {}
         self._loras: dict[str, Registration] = {}
-        self._base_at: dict[tuple[EndpointId, int], str] = {}
-        self._adapters_at: dict[tuple[EndpointId, int], dict[str, Registration]] = {}
+        # Adapters by the instance key of the base card they ride on.
+        self._adapters_at: dict[str, dict[str, Registration]] = {}
         self._last_generation = 0
         self._last_receiver = 0
         self._now = 0.0
@@ -196,12 +207,19 @@ class AdmissionCore:
 
     def apply(self, event: Input) -> list[fx.Effect]:
         """Apply one input and return the effects, in the order to carry them out."""
-        handler = self._handlers.get(type(event))
-        if handler is None:
-            raise UsageError(f"not an admission input: {type(event).__name__}")
         out: list[fx.Effect] = []
         self._out = out
-        handler(event)
+        kind = type(event)
+        # The two discovery inputs are nearly all the traffic: skip the table for them.
+        if kind is WorkerAdded:
+            self._add(event.registration)  # type: ignore[union-attr]
+        elif kind is WorkerRemoved:
+            self._remove(event.key)  # type: ignore[union-attr]
+        else:
+            handler = self._handlers.get(kind)
+            if handler is None:
+                raise UsageError(f"not an admission input: {kind.__name__}")
+            handler(event)
         self._flush()
         return out
 
@@ -239,15 +257,15 @@ class AdmissionCore:
         return self._last_generation
 
     def group_keys(self) -> list[GroupKey]:
-        return sorted(self._groups)
+        return sorted(g.key for g in self._groups.values())
 
     def group(self, key: GroupKey) -> GroupView | None:
-        group = self._groups.get(key)
+        group = self._groups.get((key.model, key.worker_set))
         return None if group is None else self._view(group)
 
     def groups(self) -> list[GroupView]:
         """Every group ever seen (idle ones included), sorted by model then WorkerSet key."""
-        return [self._view(self._groups[key]) for key in sorted(self._groups)]
+        return [self._view(g) for g in sorted(self._groups.values(), key=lambda g: g.key)]
 
     def registration(self, key: str) -> Registration | None:
         """Return the registration held for ``key`` (base or LoRA): its first incarnation."""
@@ -261,7 +279,7 @@ class AdmissionCore:
         """Where ``key`` stands: cohort position, whether admitted, adapter attachment."""
         reg = self._regs.get(key)
         if reg is not None:
-            group = self._groups[reg.group]
+            group = self._group_of(reg)
             position = list(group.cohorts).index(reg.mdc_checksum)
             return PlacementView(
                 key=key,
@@ -275,7 +293,7 @@ class AdmissionCore:
         lora = self._loras.get(key)
         if lora is None:
             return None
-        host = self._admitted_host(lora.endpoint, lora.instance_id)
+        host = self._admitted_host(_base_key(lora))
         return PlacementView(
             key=key,
             group=lora.group,
@@ -341,25 +359,27 @@ class AdmissionCore:
         if old is not None:
             self._update_in_place(old, reg)
             return
-        group = self._groups.get(reg.group)
+        gk = reg.group
+        group = self._groups.get((gk.model, gk.worker_set))
         if group is None:
-            group = self._groups[reg.group] = _Group(reg.group)
+            group = self._groups[(gk.model, gk.worker_set)] = _Group(gk)
         checksum = reg.mdc_checksum
         cohort = group.cohorts.get(checksum)
         if cohort is None:
             cohort = group.cohorts[checksum] = _Cohort(checksum)
         cohort.members[key] = reg
+        cohort.ids.add(reg.instance_id)
         self._regs[key] = reg
-        where = (reg.endpoint, reg.instance_id)
-        self._base_at[where] = key
         incumbent = group.checksum
         admitted = incumbent is None or incumbent == checksum
         self._out.append(fx.WorkerPlaced(key, group.key, checksum, admitted))
         if incumbent is None:
             self._start_tenure(group)
         elif admitted:
-            self._mark_dirty(group)
-            if where in self._adapters_at:
+            if not group.dirty:
+                group.dirty = True
+                self._dirty.append(group)
+            if key in self._adapters_at:
                 self._mark_lora(group)
         elif checksum not in group.reported:
             self._report(group, cohort)
@@ -383,15 +403,16 @@ class AdmissionCore:
             return  # a duplicate: the first incarnation's card stays
         if reg.model_suffix is None:
             self._regs[reg.key] = reg
-            self._groups[reg.group].cohorts[reg.mdc_checksum].members[reg.key] = reg
+            self._group_of(reg).cohorts[reg.mdc_checksum].members[reg.key] = reg
         else:
             self._loras[reg.key] = reg
-            self._adapters_at[(reg.endpoint, reg.instance_id)][reg.key] = reg
+            self._adapters_at[_base_key(reg)][reg.key] = reg
         if taints_changed:
             self._out.append(fx.TaintsUpdated(reg.key, reg.taints))
         if fingerprint_changed:
-            host = self._admitted_host(reg.endpoint, reg.instance_id)
-            if host is not None and (reg.endpoint, reg.instance_id) in self._adapters_at:
+            base_key = _base_key(reg)
+            host = self._admitted_host(base_key)
+            if host is not None and base_key in self._adapters_at:
                 self._mark_lora(host)
 
     def _remove(self, key: str) -> None:
@@ -399,13 +420,11 @@ class AdmissionCore:
         if reg is None:
             self._remove_lora(key)
             return
-        group = self._groups[reg.group]
+        group = self._group_of(reg)
         checksum = reg.mdc_checksum
         cohort = group.cohorts[checksum]
         del cohort.members[key]
-        where = (reg.endpoint, reg.instance_id)
-        if self._base_at.get(where) == key:
-            del self._base_at[where]
+        cohort.ids.discard(reg.instance_id)
         was_admitted = group.checksum == checksum
         self._out.append(fx.WorkerDeparted(key, group.key, checksum, was_admitted))
         if not cohort.members:
@@ -414,8 +433,10 @@ class AdmissionCore:
             if was_admitted:
                 self._succeed(group)
         elif was_admitted:
-            self._mark_dirty(group)
-            if where in self._adapters_at:
+            if not group.dirty:
+                group.dirty = True
+                self._dirty.append(group)
+            if key in self._adapters_at:
                 self._mark_lora(group)
 
     # ------------------------------------------------------------------ LoRA adapters
@@ -425,10 +446,10 @@ class AdmissionCore:
         if old is not None:
             self._update_in_place(old, reg)
             return
-        where = (reg.endpoint, reg.instance_id)
+        base_key = _base_key(reg)
         self._loras[reg.key] = reg
-        self._adapters_at.setdefault(where, {})[reg.key] = reg
-        host = self._admitted_host(reg.endpoint, reg.instance_id)
+        self._adapters_at.setdefault(base_key, {})[reg.key] = reg
+        host = self._admitted_host(base_key)
         if host is not None:
             self._mark_lora(host)
 
@@ -436,30 +457,33 @@ class AdmissionCore:
         reg = self._loras.pop(key, None)
         if reg is None:
             return  # an unknown key: removing it again is harmless
-        where = (reg.endpoint, reg.instance_id)
-        adapters = self._adapters_at[where]
+        base_key = _base_key(reg)
+        adapters = self._adapters_at[base_key]
         del adapters[key]
         if not adapters:
-            del self._adapters_at[where]
-        host = self._admitted_host(reg.endpoint, reg.instance_id)
+            del self._adapters_at[base_key]
+        host = self._admitted_host(base_key)
         if host is not None:
             self._mark_lora(host)
 
-    def _admitted_host(self, endpoint: EndpointId, instance_id: int) -> _Group | None:
-        """Find the group whose incumbent cohort holds this worker's base card, if any."""
-        base_key = self._base_at.get((endpoint, instance_id))
-        if base_key is None:
+    def _admitted_host(self, base_key: str) -> _Group | None:
+        """Find the group whose incumbent cohort holds this base card, if any."""
+        base = self._regs.get(base_key)
+        if base is None:
             return None
-        base = self._regs[base_key]
-        group = self._groups[base.group]
+        group = self._group_of(base)
         return group if group.checksum == base.mdc_checksum else None
+
+    def _group_of(self, reg: Registration) -> _Group:
+        gk = reg.group
+        return self._groups[(gk.model, gk.worker_set)]
 
     def _projection(self, group: _Group) -> tuple[fx.LoraWorker, ...]:
         assert group.checksum is not None
         workers = []
         adapters_at = self._adapters_at
         for reg in group.cohorts[group.checksum].members.values():
-            adapters = adapters_at.get((reg.endpoint, reg.instance_id))
+            adapters = adapters_at.get(reg.key)
             if adapters:
                 workers.append(
                     fx.LoraWorker(
@@ -568,7 +592,7 @@ class AdmissionCore:
     # ------------------------------------------------------------------ builds and clock
 
     def _on_build_finished(self, event: BuildFinished) -> None:
-        group = self._groups.get(event.group)
+        group = self._groups.get((event.group.model, event.group.worker_set))
         if group is None or group.in_flight is None:
             self._discard(event.group, event.mdc_checksum, event.generation, "no build in flight")
             return
@@ -596,7 +620,7 @@ class AdmissionCore:
                     generation=event.generation,
                     receiver=receiver,
                     members=tuple(sorted(members)),
-                    admitted=frozenset(r.instance_id for r in members.values()),
+                    admitted=frozenset(group.cohorts[checksum].ids),
                     representative=group.representative,
                     card=group.card,
                 )
@@ -606,7 +630,7 @@ class AdmissionCore:
             self._schedule_retry(group, event.generation, event.error or "build failed")
 
     def _on_commit_failed(self, event: CommitFailed) -> None:
-        group = self._groups.get(event.group)
+        group = self._groups.get((event.group.model, event.group.worker_set))
         if (
             group is None
             or group.committed_generation != event.generation
@@ -687,13 +711,15 @@ class AdmissionCore:
 
     def _admitted(self, group: _Group) -> frozenset[int]:
         assert group.checksum is not None
-        return frozenset(r.instance_id for r in group.cohorts[group.checksum].members.values())
+        return frozenset(group.cohorts[group.checksum].ids)
 
     # ------------------------------------------------------------------ end of a call
 
     def _flush(self) -> None:
-        out = self._out
         queue = self._queue
+        if not (queue or self._dirty or self._lora_dirty):
+            return
+        out = self._out
         limit = self._settings.max_concurrent_builds
         while queue and self._in_flight < limit:
             group, generation = queue.popleft()
@@ -704,16 +730,17 @@ class AdmissionCore:
                 if not group.dirty:
                     continue
                 group.dirty = False
-                assert group.receiver is not None
-                assert group.checksum is not None
-                assert group.generation is not None
+                checksum = group.checksum
+                assert checksum is not None
+                # One C-level copy per changed group per call: the admitted set handed out
+                # must never change under its holder.
                 out.append(
                     fx.PublishAdmissions(
                         group.key,
-                        group.receiver,
-                        group.checksum,
-                        group.generation,
-                        self._admitted(group),
+                        group.receiver,  # type: ignore[arg-type]
+                        checksum,
+                        group.generation,  # type: ignore[arg-type]
+                        frozenset(group.cohorts[checksum].ids),
                         group.card,
                     )
                 )
@@ -760,7 +787,7 @@ class AdmissionCore:
                 generation=generation,
                 attempt=group.attempt,
                 receiver=receiver,
-                admitted=frozenset(r.instance_id for r in cohort.members.values()),
+                admitted=frozenset(cohort.ids),
                 representative=representative.key,
                 card=representative.card,
             )
