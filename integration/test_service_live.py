@@ -155,8 +155,7 @@ async def test_drain_and_succession_bring_a_new_receiver_and_generation_and_old_
         seen: list[frozenset[int]] = []
 
         async def watch() -> None:
-            async for state in old_receiver:
-                seen.append(state.admitted)
+            seen.extend([state.admitted async for state in old_receiver])
 
         watcher = asyncio.create_task(watch())
         await workers.deregister(EP, 1)
