@@ -18,6 +18,8 @@ from workerset_admission.adapters.nats.connect import (
     connect,
 )
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.card import BoundarySettings, decode_model_record, parse_key
+from workerset_admission.errors import InvalidRecordError
 from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -161,7 +163,7 @@ async def test_values_over_any_size_and_odd_keys_are_passed_through_untouched(
     try:
         js = nc.jetstream()
         kv = await js.create_key_value(bucket=bucket_name)
-        await kv.put("v1.mdc.ns.c.e.big", big)
+        await kv.put("v1.mdc.ns.c.e.b", big)
         await kv.put("v1.mdc.ns.c.e.a:b@c", b"odd", validate_keys=False)
         await kv.put("v1.mdc.ns.c.e.ä*", b"odder", validate_keys=False)
         collector = Collector(source_for(nats_server.url, bucket_name))
@@ -169,8 +171,17 @@ async def test_values_over_any_size_and_odd_keys_are_passed_through_untouched(
             snapshot = await collector.next()
             assert isinstance(snapshot, SourceSnapshot)
             values = {e.key: e.value for e in snapshot.entries}
+            # The source only translates; the card boundary refuses the oversized value, with
+            # its key, so the service reports it like any other invalid record.
+            with pytest.raises(InvalidRecordError, match="value_too_large") as refused:
+                decode_model_record(
+                    parse_key("v1.mdc.ns.c.e.b"),
+                    values["v1.mdc.ns.c.e.b"],
+                    BoundarySettings(max_value_size=100_000),
+                )
+            assert refused.value.key == "v1.mdc.ns.c.e.b"
             assert values == {
-                "v1.mdc.ns.c.e.big": big,
+                "v1.mdc.ns.c.e.b": big,
                 "v1.mdc.ns.c.e.a:b@c": b"odd",
                 "v1.mdc.ns.c.e.ä*": b"odder",
             }
