@@ -51,6 +51,13 @@ A projection change is announced as ``LoraProjectionChanged`` (no rebuild).
 started. A batch therefore gives the same state as applying its inputs one by one, with fewer
 publications.
 
+*Where this differs from Dynamo 1.6.1* (the contract wins): 1.6.1 keeps a group's status
+under a fingerprint that appends the worker's Qwen video prompt-expansion contract to the
+checksum, and may retain a pipeline across a fingerprint change. The contract says the
+``mdc_checksum`` is used throughout admission, construction and status, so cohorts, build
+fences and status here are keyed by the checksum alone. 1.6.1's generation counter wraps at
+2^64; this one never wraps, so no generation is ever handed out twice.
+
 *Liveness* (endpoint instance records) is not an input here. Admission depends only on model
 registrations; a hop intersects admitted ids with live instances at routing time
 (``bindings.py``), exactly as Dynamo's admitted client does. Keeping liveness out of the core
