@@ -347,6 +347,18 @@ _FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("--discovery-bucket", "discovery_bucket", "discovery KV bucket", {}),
     ("--admission-bucket", "admission_bucket", "admission-record KV bucket", {}),
     ("--frontend-id", "frontend_id", "this frontend's identity (default hostname-pid)", {}),
+    ("--status-subject", "status_subject", "NATS subject answering status requests", {}),
+    (
+        "--namespace-filter-mode",
+        "namespace_filter_mode",
+        "which worker namespaces to serve",
+        {"choices": ("global", "exact", "prefix")},
+    ),
+    ("--namespace-filter", "namespace_filter", "the namespace or prefix to serve", {}),
+    ("--tokenizer-backend", "tokenizer_backend", "tokenizer backend override", {}),
+    ("--reconcile-interval", "reconcile_interval", "seconds between full re-listings", {}),
+    ("--max-value-bytes", "max_value_bytes", "largest discovery value accepted", {}),
+    ("--max-concurrent-builds", "max_concurrent_builds", "pipeline builds at once", {}),
 )
 
 

@@ -152,6 +152,27 @@ def test_command_line_flags_reach_the_settings_and_repeat_into_lists(tmp_path: P
     assert settings.frontend_id == "fe-1"
 
 
+def test_numeric_and_choice_flags_are_validated_like_every_other_source() -> None:
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--namespace-filter-mode",
+            "prefix",
+            "--namespace-filter",
+            "dgd",
+            "--reconcile-interval",
+            "5",
+        ]
+    )
+    settings = load_settings(env={}, flags=flags_from_args(args))
+    assert (settings.namespace_filter_mode, settings.namespace_filter) == ("prefix", "dgd")
+    assert settings.reconcile_interval == 5.0
+    bad = parser.parse_args(["--max-concurrent-builds", "many"])
+    with pytest.raises(ConfigError, match="max_concurrent_builds"):
+        load_settings(env={}, flags=flags_from_args(bad))
+
+
 def test_settings_are_immutable() -> None:
     settings = Settings()
     with pytest.raises(ValueError, match="frozen"):
