@@ -18,7 +18,15 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
+from workerset_admission.adapters.dynamo.workers import (
+    InProcessWorker,
+    file_discovery_environment,
+    write_model_dir,
+)
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.adapters.nats.connect import NatsConnectOptions
+from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.service import AdmissionService
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -27,82 +35,31 @@ _NEEDS_DYNAMO = (
 )
 
 NAMESPACE = "bridgens"
+PATH = f"{NAMESPACE}.backend.generate"
 
-# A worker process that registers a model and then never refreshes again once killed.
+# A worker process that registers a model, prints its id, and serves until killed; once killed
+# nobody refreshes its files again.
 _WORKER = """
-import asyncio, sys
-from dynamo.runtime import DistributedRuntime
-from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
+import asyncio, pathlib, sys
+from workerset_admission.adapters.dynamo.workers import InProcessWorker
 
 async def main():
-    drt = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
-    endpoint = drt.endpoint(sys.argv[1])
-    async def handler(request, context=None):
-        yield {}
-    serving = asyncio.ensure_future(endpoint.serve_endpoint(handler))
-    await register_model(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint,
-                         sys.argv[2], sys.argv[3], worker_type=WorkerType.Aggregated)
-    print(format(endpoint.connection_id(), "x"), flush=True)
-    await serving
+    worker = await InProcessWorker.start(sys.argv[1])
+    await worker.register(pathlib.Path(sys.argv[2]), sys.argv[3])
+    print(format(worker.instance_id, "x"), flush=True)
+    await worker.serving
 
 asyncio.run(main())
 """
 
 
-def write_model_dir(directory: Path, *, context_length: int = 2048) -> Path:
-    """A model directory Dynamo accepts without weights: config, tokenizer, tokenizer config."""
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "max_position_embeddings": context_length,
-                "vocab_size": 32,
-                "bos_token_id": 1,
-                "eos_token_id": 2,
-            }
-        )
-    )
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {c: 3 + i for i, c in enumerate("abcdefgh ")}
-    (directory / "tokenizer.json").write_text(
-        json.dumps(
-            {
-                "version": "1.0",
-                "truncation": None,
-                "padding": None,
-                "added_tokens": [],
-                "normalizer": None,
-                "pre_tokenizer": None,
-                "post_processor": None,
-                "decoder": None,
-                "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
-            }
-        )
-    )
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"model_max_length": context_length, "bos_token": "<s>", "eos_token": "</s>"})
-    )
-    return directory
-
-
 @pytest.fixture
 def file_discovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point every runtime this test starts at a private file store, on loopback only."""
-    store = tmp_path / "kv"
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    for name, value in {
-        "DYN_FILE_KV": str(store),
-        "TMPDIR": str(scratch),
-        "DYN_TCP_RPC_HOST": "127.0.0.1",
-        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
-        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
-        "DYN_SELF_HOST_METADATA": "0",
-        "DYN_LOG": "warn",
-    }.items():
+    environment = file_discovery_environment(tmp_path / "dynamo")
+    for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    return store
+    return Path(environment["DYN_FILE_KV"])
 
 
 @pytest.fixture
@@ -116,7 +73,16 @@ async def bucket(nats_server: NatsServer, bucket_name: str) -> AsyncIterator[Key
 
 
 @pytest.fixture
+async def workers() -> AsyncIterator[list[InProcessWorker]]:
+    started: list[InProcessWorker] = []
+    yield started
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
 def killed_worker(file_discovery: Path, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    pytest.importorskip("dynamo.runtime", reason=_NEEDS_DYNAMO)
     model = write_model_dir(tmp_path / "killed-model")
     process = subprocess.Popen(
         [sys.executable, "-c", _WORKER, f"{NAMESPACE}.doomed.generate", str(model), "doomed"],
@@ -169,88 +135,70 @@ async def test_start_prunes_only_the_discovery_keys_the_store_no_longer_holds(
 
 @pytest.mark.dynamo
 async def test_registrations_removals_and_expiry_of_dynamo_workers_reach_the_bucket(
-    file_discovery: Path, bucket: KeyValue, killed_worker: subprocess.Popen[str], tmp_path: Path
+    file_discovery: Path,
+    bucket: KeyValue,
+    killed_worker: subprocess.Popen[str],
+    workers: list[InProcessWorker],
+    tmp_path: Path,
 ) -> None:
-    runtime = pytest.importorskip("dynamo.runtime", reason=_NEEDS_DYNAMO)
-    llm = pytest.importorskip("dynamo.llm", reason=_NEEDS_DYNAMO)
-    drt = runtime.DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
-    endpoint = drt.endpoint(f"{NAMESPACE}.backend.generate")
+    worker = await InProcessWorker.start(PATH)
+    workers.append(worker)
+    await worker.register(write_model_dir(tmp_path / "model"), "bridged")
+    hex_id = f"{worker.instance_id:x}"
+    model_key = f"v1.mdc.{NAMESPACE}.backend.generate.{hex_id}"
+    endpoint_key = f"v1.instances.{NAMESPACE}.backend.generate.{hex_id}"
+    bridge = DiscoveryBridge(file_discovery, JetStreamBucketWriter(bucket))
 
-    async def handler(request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
-        yield {}
+    async def both_present() -> bool:
+        return None not in (await _value(bucket, model_key), await _value(bucket, endpoint_key))
 
-    serving = asyncio.ensure_future(endpoint.serve_endpoint(handler))
-    try:
-        model = write_model_dir(tmp_path / "model")
-        await llm.register_model(
-            llm.ModelInput.Tokens,
-            llm.ModelType.Chat | llm.ModelType.Completions,
-            endpoint,
-            str(model),
-            "bridged",
-            worker_type=llm.WorkerType.Aggregated,
-        )
-        worker = f"{endpoint.connection_id():x}"
-        model_key = f"v1.mdc.{NAMESPACE}.backend.generate.{worker}"
-        endpoint_key = f"v1.instances.{NAMESPACE}.backend.generate.{worker}"
-        bridge = DiscoveryBridge(file_discovery, JetStreamBucketWriter(bucket))
+    await _sync_until(bridge, both_present, 20)
+    file_name = f"{NAMESPACE}%2Fbackend%2Fgenerate%2F{hex_id}"
+    assert (
+        await _value(bucket, model_key) == (file_discovery / "v1" / "mdc" / file_name).read_bytes()
+    )
+    record = json.loads(await _value(bucket, model_key) or b"")
+    assert record["type"] == "Model"
+    assert record["instance_id"] == worker.instance_id
 
-        async def both_present() -> bool:
-            return None not in (await _value(bucket, model_key), await _value(bucket, endpoint_key))
+    # Removal: the worker withdraws its card; its endpoint record stays.
+    await worker.unregister()
 
-        await _sync_until(bridge, both_present, 20)
-        file_name = f"{NAMESPACE}%2Fbackend%2Fgenerate%2F{worker}"
-        assert (
-            await _value(bucket, model_key)
-            == (file_discovery / "v1" / "mdc" / file_name).read_bytes()
-        )
-        record = json.loads(await _value(bucket, model_key) or b"")
-        assert record["type"] == "Model"
-        assert f"{record['instance_id']:x}" == worker
+    async def card_gone() -> bool:
+        return await _value(bucket, model_key) is None
 
-        # Removal: the worker withdraws its card; its endpoint record stays.
-        await llm.unregister_model(endpoint)
+    await _sync_until(bridge, card_gone, 20)
+    assert await _value(bucket, endpoint_key) is not None
+    assert bridge.stats.removed == 1
 
-        async def card_gone() -> bool:
-            return await _value(bucket, model_key) is None
+    # A clean shutdown deletes the worker's files at once; no live FileStore is left to sweep
+    # stale files, so what follows can only be the bridge's own expiry.
+    worker.stop()
 
-        await _sync_until(bridge, card_gone, 20)
-        assert await _value(bucket, endpoint_key) is not None
-        assert bridge.stats.removed == 1
+    async def endpoint_gone() -> bool:
+        return await _value(bucket, endpoint_key) is None
 
-        # A clean shutdown deletes the worker's files at once; no live FileStore is left to
-        # sweep stale files, so what follows can only be the bridge's own expiry.
-        drt.shutdown()
+    await _sync_until(bridge, endpoint_gone, 20)
+    assert bridge.stats.removed == 2
 
-        async def endpoint_gone() -> bool:
-            return await _value(bucket, endpoint_key) is None
+    # Expiry: a killed worker leaves its files behind, unrefreshed, until the TTL passes.
+    assert killed_worker.stdout is not None
+    doomed = killed_worker.stdout.readline().strip()
+    doomed_key = f"v1.mdc.{NAMESPACE}.doomed.generate.{doomed}"
 
-        await _sync_until(bridge, endpoint_gone, 20)
-        assert bridge.stats.removed == 2
+    async def doomed_present() -> bool:
+        return await _value(bucket, doomed_key) is not None
 
-        # Expiry: a killed worker leaves its files behind, unrefreshed, until the TTL passes.
-        assert killed_worker.stdout is not None
-        doomed = killed_worker.stdout.readline().strip()
-        doomed_key = f"v1.mdc.{NAMESPACE}.doomed.generate.{doomed}"
+    await _sync_until(bridge, doomed_present, 20)
+    killed_worker.send_signal(signal.SIGKILL)
+    killed_worker.wait(10)
 
-        async def doomed_present() -> bool:
-            return await _value(bucket, doomed_key) is not None
+    async def doomed_gone() -> bool:
+        return await _value(bucket, doomed_key) is None
 
-        await _sync_until(bridge, doomed_present, 20)
-        killed_worker.send_signal(signal.SIGKILL)
-        killed_worker.wait(10)
-
-        async def doomed_gone() -> bool:
-            return await _value(bucket, doomed_key) is None
-
-        await _sync_until(bridge, doomed_gone, 30)
-        assert (
-            file_discovery / "v1" / "mdc" / f"{NAMESPACE}%2Fdoomed%2Fgenerate%2F{doomed}"
-        ).exists()
-        assert bridge.stats.expired == 2  # its card and its endpoint record
-    finally:
-        drt.shutdown()
-        serving.cancel()
+    await _sync_until(bridge, doomed_gone, 30)
+    assert (file_discovery / "v1" / "mdc" / f"{NAMESPACE}%2Fdoomed%2Fgenerate%2F{doomed}").exists()
+    assert bridge.stats.expired == 2  # its card and its endpoint record
 
 
 def _dynamo_checksum(record_bytes: bytes) -> str:
@@ -278,42 +226,26 @@ async def test_workers_registered_by_dynamo_are_admitted_under_dynamos_own_check
     nats_server: NatsServer,
     bucket: KeyValue,
     bucket_name: str,
+    workers: list[InProcessWorker],
     tmp_path: Path,
 ) -> None:
-    runtime = pytest.importorskip("dynamo.runtime", reason=_NEEDS_DYNAMO)
-    llm = pytest.importorskip("dynamo.llm", reason=_NEEDS_DYNAMO)
-    from workerset_admission.adapters.nats.connect import NatsConnectOptions
-    from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-    from workerset_admission.service import AdmissionService
-
-    loop = asyncio.get_running_loop()
+    pytest.importorskip("dynamo.runtime", reason=_NEEDS_DYNAMO)
     same = write_model_dir(tmp_path / "v1")
     changed = write_model_dir(tmp_path / "v2", context_length=4096)
-    workers: list[tuple[Any, Any, int]] = []
 
     async def worker(model: Path) -> int:
-        drt = runtime.DistributedRuntime(loop, "file", "tcp")
-        endpoint = drt.endpoint(f"{NAMESPACE}.backend.generate")
-
-        async def handler(request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
-            yield {}
-
-        serving = asyncio.ensure_future(endpoint.serve_endpoint(handler))
-        await llm.register_model(
-            llm.ModelInput.Tokens,
-            llm.ModelType.Chat | llm.ModelType.Completions,
-            endpoint,
-            str(model),
-            "rolling",
-            worker_type=llm.WorkerType.Aggregated,
-        )
-        instance_id = int(endpoint.connection_id())
-        workers.append((drt, serving, instance_id))
-        return instance_id
+        started = await InProcessWorker.start(PATH)
+        workers.append(started)
+        await started.register(model, "rolling")
+        return started.instance_id
 
     def card_file(instance_id: int) -> bytes:
         name = f"{NAMESPACE}%2Fbackend%2Fgenerate%2F{instance_id:x}"
         return (file_discovery / "v1" / "mdc" / name).read_bytes()
+
+    def rolling() -> Any:
+        groups = [g for g in service.snapshot().groups if g.group.model == "rolling"]
+        return groups[0] if groups else None
 
     bridge = DiscoveryBridge(file_discovery, JetStreamBucketWriter(bucket), interval=0.1)
     stop = asyncio.Event()
@@ -328,11 +260,11 @@ async def test_workers_registered_by_dynamo_are_admitted_under_dynamos_own_check
         incumbent = _dynamo_checksum(card_file(first))
         assert _dynamo_checksum(card_file(second)) == incumbent
 
-        def admitted() -> Any:
-            groups = [g for g in service.snapshot().groups if g.group.model == "rolling"]
-            return groups and set(groups[0].admitted) == {first, second} and groups[0]
-
-        group = await _wait_for(admitted, 30, "admission of the first two workers")
+        group = await _wait_for(
+            lambda: (g := rolling()) and set(g.admitted) == {first, second} and g,
+            30,
+            "admission of the first two workers",
+        )
         assert group.incumbent == incumbent
 
         # A rolling update of the same WorkerSet with a different configuration is rejected.
@@ -340,11 +272,9 @@ async def test_workers_registered_by_dynamo_are_admitted_under_dynamos_own_check
         rejected = _dynamo_checksum(card_file(newcomer))
         assert rejected != incumbent
 
-        def rejected_cohort() -> Any:
-            [g] = [g for g in service.snapshot().groups if g.group.model == "rolling"]
-            return len(g.cohorts) == 2 and g
-
-        group = await _wait_for(rejected_cohort, 30, "the newcomer's cohort")
+        group = await _wait_for(
+            lambda: (g := rolling()) and len(g.cohorts) == 2 and g, 30, "the newcomer's cohort"
+        )
         assert [(c.mdc_checksum, c.members) for c in group.cohorts] == [
             (incumbent, tuple(sorted((first, second)))),
             (rejected, (newcomer,)),
@@ -354,6 +284,3 @@ async def test_workers_registered_by_dynamo_are_admitted_under_dynamos_own_check
         stop.set()
         await bridging
         await service.stop()
-        for drt, serving, _ in workers:
-            drt.shutdown()
-            serving.cancel()

@@ -29,82 +29,28 @@ from workerset_admission.adapters.dynamo.routes import (
     shared_host,
     stop_shared_host,
 )
+from workerset_admission.adapters.dynamo.workers import (
+    InProcessWorker,
+    file_discovery_environment,
+    write_model_dir,
+)
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(120)]
 
 _NEEDS = "needs ai-dynamo==1.6.1 (its runtime wheel, then `pip install --no-deps ai-dynamo==1.6.1`)"
 frontend_main = pytest.importorskip("dynamo.frontend.main", reason=_NEEDS)
-runtime = pytest.importorskip("dynamo.runtime", reason=_NEEDS)
-llm = pytest.importorskip("dynamo.llm", reason=_NEEDS)
 
 NAMESPACE = "frontns"
 MODEL = "served-model"
-
-
-def _model_dir(directory: Path) -> Path:
-    """A model directory Dynamo registers without weights."""
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "max_position_embeddings": 2048,
-                "vocab_size": 5,
-                "bos_token_id": 1,
-                "eos_token_id": 2,
-            }
-        )
-    )
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4}
-    (directory / "tokenizer.json").write_text(
-        json.dumps(
-            {
-                "version": "1.0",
-                "truncation": None,
-                "padding": None,
-                "added_tokens": [],
-                "normalizer": None,
-                "pre_tokenizer": None,
-                "post_processor": None,
-                "decoder": None,
-                "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
-            }
-        )
-    )
-    # The frontend builds a chat pipeline, which needs a chat template.
-    template = "{% for message in messages %}{{ message.content }}{% endfor %}"
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "model_max_length": 2048,
-                "bos_token": "<s>",
-                "eos_token": "</s>",
-                "chat_template": template,
-            }
-        )
-    )
-    return directory
 
 
 @pytest.fixture
 def environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_server: NatsServer, bucket_name: str
 ) -> dict[str, str]:
-    """Private file store and scratch dir, loopback sockets, and the plugin's NATS settings."""
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    values = {
-        # The frontend caches model metadata under $HOME/.cache/dynamo.
-        "HOME": str(tmp_path / "home"),
-        "DYN_FILE_KV": str(tmp_path / "kv"),
-        "TMPDIR": str(scratch),
-        "DYN_TCP_RPC_HOST": "127.0.0.1",
-        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
-        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
-        "DYN_SELF_HOST_METADATA": "0",
-        "DYN_LOG": "warn",
+    """Private Dynamo file store, scratch and home, loopback sockets, the plugin's settings."""
+    values = file_discovery_environment(tmp_path / "dynamo") | {
         "WORKERSET_ADMISSION_NATS_SERVERS": nats_server.url,
         "WORKERSET_ADMISSION_DISCOVERY_BUCKET": bucket_name,
         "WORKERSET_ADMISSION_ADMISSION_BUCKET": f"adm-{uuid.uuid4().hex[:12]}",
@@ -125,50 +71,32 @@ async def bucket(nats_server: NatsServer, bucket_name: str) -> AsyncIterator[Key
 
 
 class _Workers:
-    """In-process Dynamo workers registering a model on file discovery, bridged to the bucket."""
+    """In-process Dynamo workers registering one model on file discovery, bridged to the bucket."""
 
     def __init__(self, store: Path, bucket: KeyValue, models: Path) -> None:
         self._models = models
         self._bridge = DiscoveryBridge(store, JetStreamBucketWriter(bucket), interval=0.1)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._running: list[tuple[Any, Any]] = []
+        self._running: list[InProcessWorker] = []
 
     async def __aenter__(self) -> _Workers:
         self._task = asyncio.create_task(self._bridge.run(self._stop))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for drt, serving in self._running:
-            drt.shutdown()
-            serving.cancel()
+        for worker in self._running:
+            worker.stop()
         self._stop.set()
         assert self._task is not None
         await self._task
 
-    async def start(self, files: str = "shared", model: str = MODEL) -> int:
-        """Start a worker; workers given the same ``files`` share one checksum."""
-        drt = runtime.DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
-        endpoint = drt.endpoint(f"{NAMESPACE}.backend.generate")
-
-        async def handler(request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
-            yield {}
-
-        self._running.append((drt, asyncio.ensure_future(endpoint.serve_endpoint(handler))))
-        await llm.register_model(
-            llm.ModelInput.Tokens,
-            llm.ModelType.Chat | llm.ModelType.Completions,
-            endpoint,
-            str(self._model_dir(files)),
-            model,
-            worker_type=llm.WorkerType.Aggregated,
-        )
-        return int(endpoint.connection_id())
-
-    def _model_dir(self, files: str) -> Path:
-        # The card carries the directory as source_path, which the checksum covers.
-        directory = self._models / files
-        return directory if directory.exists() else _model_dir(directory)
+    async def start(self) -> int:
+        """Start a worker; all of them share one model directory, hence one checksum."""
+        worker = await InProcessWorker.start(f"{NAMESPACE}.backend.generate")
+        self._running.append(worker)
+        await worker.register(write_model_dir(self._models / "shared"), MODEL)
+        return worker.instance_id
 
 
 class _Context:

@@ -7,8 +7,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
+from natsfixture import NatsServer
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
 from workerset_admission.adapters.dynamo.hop import AdmittedHop
+from workerset_admission.adapters.dynamo.workers import (
+    InProcessWorker,
+    file_discovery_environment,
+    write_model_dir,
+)
+from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.adapters.nats.connect import NatsConnectOptions
+from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.admission import (
     AdmissionCore,
     BuildFinished,
@@ -17,6 +28,7 @@ from workerset_admission.admission import (
     WorkerAdded,
     WorkerRemoved,
 )
+from workerset_admission.bindings import HopRole
 from workerset_admission.errors import NoRoutableInstance, ReceiverRetired
 from workerset_admission.identity import (
     EndpointId,
@@ -26,8 +38,9 @@ from workerset_admission.identity import (
     instance_key,
 )
 from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
+from workerset_admission.service import AdmissionService
 
-pytestmark = [pytest.mark.dynamo, pytest.mark.integration]
+pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(90)]
 
 runtime = pytest.importorskip(
     "dynamo.runtime",
@@ -35,7 +48,9 @@ runtime = pytest.importorskip(
 )
 
 ENDPOINT = EndpointId("hopns", "backend", "generate")
-GROUP = GroupKey.build("hop-model", ENDPOINT, "chat|completions", WorkerType.AGGREGATED)
+PATH = f"{ENDPOINT.namespace}.{ENDPOINT.component}.{ENDPOINT.endpoint}"
+MODEL = "hop-model"
+GROUP = GroupKey.build(MODEL, ENDPOINT, "chat|completions", WorkerType.AGGREGATED)
 OLD = "1" * 64
 NEW = "2" * 64
 
@@ -43,15 +58,18 @@ NEW = "2" * 64
 @pytest.fixture
 def file_discovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point every runtime this test creates at a private file store, on loopback only."""
-    store = tmp_path / "kv"
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    monkeypatch.setenv("DYN_FILE_KV", str(store))
-    monkeypatch.setenv("TMPDIR", str(scratch))
-    monkeypatch.setenv("DYN_TCP_RPC_HOST", "127.0.0.1")
-    monkeypatch.setenv("DYN_TCP_RESPONSE_STREAM_HOST", "127.0.0.1")
-    monkeypatch.setenv("DYN_EVENT_PLANE_HOST", "127.0.0.1")
-    return store
+    environment = file_discovery_environment(tmp_path / "dynamo")
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    return Path(environment["DYN_FILE_KV"])
+
+
+@pytest.fixture
+async def workers() -> AsyncIterator[list[InProcessWorker]]:
+    started: list[InProcessWorker] = []
+    yield started
+    for worker in started:
+        worker.stop()
 
 
 class _Admission:
@@ -98,20 +116,6 @@ class _Admission:
         return receiver
 
 
-async def _start_worker(stack: list[Any]) -> int:
-    """One in-process worker: its own runtime (so its own instance id) serving the endpoint."""
-    loop = asyncio.get_running_loop()
-    drt = runtime.DistributedRuntime(loop, "file", "tcp")
-    endpoint = drt.endpoint(f"{ENDPOINT.namespace}.{ENDPOINT.component}.{ENDPOINT.endpoint}")
-    instance_id = endpoint.connection_id()
-
-    async def handler(request: Any, context: Any = None) -> AsyncIterator[dict[str, int]]:
-        yield {"served_by": instance_id}
-
-    stack.append((drt, asyncio.ensure_future(endpoint.serve_endpoint(handler))))
-    return int(instance_id)
-
-
 async def _served_by(hop: AdmittedHop, requests: int) -> set[int]:
     seen: set[int] = set()
     for _ in range(requests):
@@ -120,30 +124,31 @@ async def _served_by(hop: AdmittedHop, requests: int) -> set[int]:
     return seen
 
 
-async def _wait_until(condition: Any) -> None:
+async def _wait_until(condition: Any, what: str = "discovery", seconds: float = 30) -> Any:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20
-    while not condition():
-        assert loop.time() < deadline, "discovery did not converge within 20 s"
+    deadline = loop.time() + seconds
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert loop.time() < deadline, f"{what} did not converge within {seconds} s"
         await asyncio.sleep(0.05)
 
 
 async def test_hop_routes_to_admitted_instances_across_membership_change_and_succession(
-    file_discovery: Path,
+    file_discovery: Path, workers: list[InProcessWorker]
 ) -> None:
-    stack: list[Any] = []
     frontend = runtime.DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
     try:
-        a, b, c = [await _start_worker(stack) for _ in range(3)]
-        client = await frontend.endpoint(
-            f"{ENDPOINT.namespace}.{ENDPOINT.component}.{ENDPOINT.endpoint}"
-        ).client()
+        workers.extend([await InProcessWorker.start(PATH) for _ in range(3)])
+        a, b, c = (w.instance_id for w in workers)
+        client = await frontend.endpoint(PATH).client()
         await _wait_until(lambda: {a, b, c} <= set(client.instance_ids()))
         admission = _Admission()
         admission.add(a, OLD)
         admission.add(b, OLD)
         admission.add(c, NEW)  # live, but a rejected cohort
-        hop = AdmittedHop(client, admission.receiver(), role=WorkerType.AGGREGATED)
+        hop = AdmittedHop(client, admission.receiver(), role=HopRole.DECODE)
         first_generation = hop.generation
 
         assert await _served_by(hop, 12) == {a, b}
@@ -157,18 +162,72 @@ async def test_hop_routes_to_admitted_instances_across_membership_change_and_suc
         admission.remove(a)
         with pytest.raises(ReceiverRetired):
             await hop.generate({"prompt": "x"})
-        next_hop = await AdmittedHop.connect(frontend, admission.receiver())
-        await _wait_until(lambda: next_hop.routable() == (c,))
+        next_hop = AdmittedHop(client, admission.receiver())
         assert next_hop.generation > first_generation
         assert await _served_by(next_hop, 6) == {c}
 
         # Admitted but no longer live: refused, never widened to the live instances.
-        stack[2][0].shutdown()
+        workers[2].stop()
         await _wait_until(lambda: c not in client.instance_ids())
         with pytest.raises(NoRoutableInstance):
             await next_hop.generate({"prompt": "x"})
     finally:
-        for drt, serving in stack:
-            drt.shutdown()
-            serving.cancel()
         frontend.shutdown()
+
+
+async def test_service_bindings_route_dynamo_workers_registered_through_the_bridge(
+    file_discovery: Path,
+    workers: list[InProcessWorker],
+    nats_server: NatsServer,
+    bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    """End to end: register_model, file store, bridge, bucket, service, binding, Client.direct."""
+    incumbent_files = write_model_dir(tmp_path / "models" / "v1")
+    successor_files = write_model_dir(tmp_path / "models" / "v2", context_length=4096)
+    nc = await nats.connect(nats_server.url)
+    kv = (await ensure_bucket(nc.jetstream(), BucketSpec(name=bucket_name))).kv
+    bridge = DiscoveryBridge(file_discovery, JetStreamBucketWriter(kv), interval=0.1)
+    stop_bridge = asyncio.Event()
+    bridging = asyncio.create_task(bridge.run(stop_bridge))
+    service = AdmissionService(
+        JetStreamDiscoverySource(NatsConnectOptions(servers=(nats_server.url,)), bucket=bucket_name)
+    )
+    await service.start()
+    frontend = runtime.DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
+    try:
+        for files in (incumbent_files, incumbent_files, successor_files):
+            worker = await InProcessWorker.start(PATH)
+            await worker.register(files, MODEL)
+            workers.append(worker)
+        a, b, c = workers
+
+        def admitted(ids: set[int]) -> Any:
+            binding = service.binding(GROUP)
+            return binding is not None and binding.admitted() == ids and binding
+
+        binding = await _wait_until(lambda: admitted({a.instance_id, b.instance_id}), "admission")
+        hop = await AdmittedHop.connect(frontend, binding)
+        await _wait_until(lambda: len(hop.routable()) == 2, "liveness")
+        assert await _served_by(hop, 12) == {a.instance_id, b.instance_id}
+
+        # b withdraws its card but keeps serving: the same hop stops routing to it.
+        await b.unregister()
+        await _wait_until(lambda: hop.routable() == (a.instance_id,), "b's removal")
+        assert await _served_by(hop, 6) == {a.instance_id}
+
+        # a withdraws too: c's configuration succeeds under a new binding.
+        await a.unregister()
+        successor = await _wait_until(lambda: admitted({c.instance_id}), "succession")
+        assert successor.id.generation > binding.id.generation
+        with pytest.raises(ReceiverRetired):
+            await hop.generate({"prompt": "x"})
+        next_hop = await AdmittedHop.connect(frontend, successor)
+        await _wait_until(lambda: next_hop.routable() == (c.instance_id,), "c's liveness")
+        assert await _served_by(next_hop, 6) == {c.instance_id}
+    finally:
+        frontend.shutdown()
+        await service.stop()
+        stop_bridge.set()
+        await bridging
+        await nc.close()

@@ -5,8 +5,8 @@ An :class:`AdmittedHop` sends a request with ``Client.direct`` to an instance th
 receiver on every request, so compatible membership changes reach it without a rebuild; once the
 receiver is retired (a succession replaced the binding) it refuses every request with
 ``ReceiverRetired``. An empty intersection is an error, never a reason to route to every
-instance. :class:`LegacyEndpointHop` is the separate, unadmitted path for an endpoint a caller
-names explicitly, outside discovery-managed topology.
+instance. :class:`LegacyExplicitEndpointHop` is the separate, unadmitted path for an endpoint
+a caller names explicitly, outside discovery-managed topology.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import itertools
 from collections.abc import AsyncIterator, Collection
 from typing import Any, Protocol
 
+from workerset_admission.bindings import AdmittedHopBinding, HopRole, RoutingSettings
 from workerset_admission.errors import NoRoutableInstance, UsageError
-from workerset_admission.identity import GroupKey, WorkerType
+from workerset_admission.identity import GroupKey
 
 __all__ = [
+    "AdmissionValue",
     "AdmissionView",
     "AdmittedHop",
     "DynamoClient",
     "DynamoRuntime",
-    "HopBinding",
-    "LegacyEndpointHop",
+    "LegacyExplicitEndpointHop",
 ]
 
 
@@ -48,7 +49,7 @@ class DynamoRuntime(Protocol):
     def endpoint(self, path: str) -> DynamoEndpoint: ...
 
 
-class HopBinding(Protocol):
+class AdmissionValue(Protocol):
     """What a hop reads from a receiver's snapshot."""
 
     @property
@@ -64,21 +65,28 @@ class HopBinding(Protocol):
 class AdmissionView(Protocol):
     """An admission receiver as a hop sees it: ``current()`` raises once retired."""
 
-    def current(self) -> HopBinding: ...
+    def current(self) -> AdmissionValue: ...
 
 
 class AdmittedHop:
-    """Route only to instances that are live and admitted by one binding."""
+    """Route only to instances that are live and admitted by one binding.
+
+    ``choose()`` and ``generate()`` pick round robin among the routable instances; a caller with
+    its own selection (a KV router, say) reads ``routable()`` and sends with ``direct()``.
+    ``settings`` holds the routing mode and KV block size resolved from the selected card.
+    """
 
     def __init__(
         self,
         client: DynamoClient,
         receiver: AdmissionView,
         *,
-        role: WorkerType | None = None,
+        role: HopRole | None = None,
+        settings: RoutingSettings | None = None,
     ) -> None:
         first = receiver.current()
-        if role is not None and first.group.worker_type is not role:
+        natural = HopRole.for_worker_type(first.group.worker_type)
+        if role is not None and role is not natural:
             raise UsageError(
                 f"a {role.value} hop was given the binding of a "
                 f"{first.group.worker_type.value} WorkerSet ({first.group.id})"
@@ -88,18 +96,33 @@ class AdmittedHop:
         # One receiver is one tenure of one group: a succession retires it rather than
         # re-pointing it, so the hop can never reach a successor's instances.
         self._group = first.group
+        self._role = natural
+        self._settings = settings
         self._turn = itertools.count()
 
     @classmethod
-    async def connect(
-        cls, runtime: DynamoRuntime, receiver: AdmissionView, *, role: WorkerType | None = None
-    ) -> AdmittedHop:
-        """Open a client on the binding's own endpoint and wrap it."""
-        endpoint = receiver.current().group.endpoint
+    def for_binding(cls, client: DynamoClient, binding: AdmittedHopBinding) -> AdmittedHop:
+        """Wrap ``client`` with a committed binding's receiver and routing settings."""
+        # A clone of our own: withdrawing the binding closes its receiver, while this hop must
+        # keep answering ReceiverRetired once the tenure has ended.
+        return cls(client, binding.receiver.clone(), role=binding.role, settings=binding.settings)
+
+    @classmethod
+    async def connect(cls, runtime: DynamoRuntime, binding: AdmittedHopBinding) -> AdmittedHop:
+        """Open a Dynamo client on the binding's own endpoint and wrap it."""
+        endpoint = binding.endpoint
         client = await runtime.endpoint(
             f"{endpoint.namespace}.{endpoint.component}.{endpoint.endpoint}"
         ).client()
-        return cls(client, receiver, role=role)
+        return cls.for_binding(client, binding)
+
+    @property
+    def role(self) -> HopRole:
+        return self._role
+
+    @property
+    def settings(self) -> RoutingSettings | None:
+        return self._settings
 
     @property
     def group(self) -> GroupKey:
@@ -114,7 +137,7 @@ class AdmittedHop:
         """Live instances that the binding admits right now, sorted."""
         return self._routable(self._receiver.current())
 
-    def _routable(self, binding: HopBinding) -> tuple[int, ...]:
+    def _routable(self, binding: AdmissionValue) -> tuple[int, ...]:
         admitted = binding.admitted
         return tuple(sorted(i for i in set(self._client.instance_ids()) if i in admitted))
 
@@ -142,7 +165,7 @@ class AdmittedHop:
         return await self._client.direct(request, instance_id, annotated, context)
 
 
-class LegacyEndpointHop:
+class LegacyExplicitEndpointHop:
     """The legacy explicit-endpoint path: every live instance, no admission.
 
     For callers that name an endpoint directly rather than through discovery; discovery-managed

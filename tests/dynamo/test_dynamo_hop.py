@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from workerset_admission.adapters.dynamo.hop import AdmittedHop, LegacyEndpointHop
+from workerset_admission.adapters.dynamo.hop import AdmittedHop, LegacyExplicitEndpointHop
+from workerset_admission.bindings import AdmittedHopBinding, HopRole, LiveInstanceSet
 from workerset_admission.errors import NoRoutableInstance, ReceiverRetired, UsageError
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.receivers import open_admission_channel
 
 ENDPOINT = EndpointId("ns", "backend", "generate")
 DECODE = GroupKey.build("m", ENDPOINT, "chat|completions", WorkerType.DECODE)
@@ -54,7 +56,7 @@ class _Client:
         return stream()
 
 
-async def _route(hop: AdmittedHop | LegacyEndpointHop, times: int) -> set[int]:
+async def _route(hop: AdmittedHop | LegacyExplicitEndpointHop, times: int) -> set[int]:
     seen: set[int] = set()
     for n in range(times):
         async for item in await hop.generate({"n": n}):
@@ -119,14 +121,34 @@ async def test_a_retired_binding_stops_the_hop_for_good() -> None:
 
 def test_a_hop_refuses_the_binding_of_another_role() -> None:
     with pytest.raises(UsageError):
-        AdmittedHop(_Client(live=[]), _Receiver(_Binding(DECODE, 1, [])), role=WorkerType.PREFILL)
+        AdmittedHop(_Client(live=[]), _Receiver(_Binding(DECODE, 1, [])), role=HopRole.PREFILL)
 
 
 async def test_the_legacy_explicit_endpoint_hop_uses_every_live_instance() -> None:
     client = _Client(live=[5, 6])
-    hop = LegacyEndpointHop(client)
+    hop = LegacyExplicitEndpointHop(client)
 
     assert await _route(hop, 4) == {5, 6}
     client.live = []
     with pytest.raises(NoRoutableInstance):
+        await hop.generate({})
+
+
+async def test_a_hop_made_from_a_binding_outlives_its_withdrawal_only_as_retired() -> None:
+    sender, receiver = open_admission_channel(DECODE, 4, "c" * 64, 9, admitted=[1])
+    card = {"kv_cache_block_size": 32, "router_config": {"router_mode": "kv"}}
+    sender.send([1], card=card)
+    binding = AdmittedHopBinding(HopRole.DECODE, receiver, 9, LiveInstanceSet())
+    client = _Client(live=[1, 2])
+    hop = AdmittedHop.for_binding(client, binding)
+
+    assert hop.settings is not None
+    assert (hop.settings.router_mode, hop.settings.kv_cache_block_size) == ("kv", 32)
+    assert await _route(hop, 2) == {1}
+
+    # A succession retires the channel, then withdrawing the group closes the binding.
+    sender.retire()
+    binding.close()
+
+    with pytest.raises(ReceiverRetired):
         await hop.generate({})
