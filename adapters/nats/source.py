@@ -31,10 +31,10 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.client import JetStreamContext
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.errors import Error as JetStreamError
-from nats.js.errors import NotFoundError, ServiceUnavailableError
 from workerset_admission.errors import UsageError
 from workerset_admission.ports import (
     DiscoveryEntry,
@@ -131,8 +131,15 @@ def parse_delivery(reply: str) -> _Delivery | None:
 class _Watch:
     """One consumer incarnation: collects the initial values, then queues live events."""
 
-    def __init__(self, key_offset: int, queue_size: int, last_seq_at_start: int) -> None:
+    def __init__(
+        self,
+        key_offset: int,
+        queue_size: int,
+        last_seq_at_start: int,
+        key_prefixes: tuple[str, ...] | None = None,
+    ) -> None:
         self.key_offset = key_offset
+        self.key_prefixes = key_prefixes
         self.queue: asyncio.Queue[SourceEvent | _Wake] = asyncio.Queue(queue_size)
         self.initial: dict[str, DiscoveryEntry | None] | None = {}
         self.last_seq_at_start = last_seq_at_start
@@ -157,6 +164,12 @@ class _Watch:
             return
         self.last_seen_seq = delivery.stream_seq
         key = msg.subject[self.key_offset :]
+        if self.key_prefixes is not None and not key.startswith(self.key_prefixes):
+            # A key outside the filters (only with the single-filter fallback): it still counts
+            # for the end of the initial values.
+            if self.initial is not None and delivery.pending == 0:
+                self.finish_initial()
+            return
         headers = msg.headers
         kind = removal_kind(headers)
         now = time.monotonic()
@@ -244,6 +257,7 @@ class JetStreamDiscoverySource:
         self.bucket = bucket
         self._subject_prefix = f"$KV.{bucket}."
         self._filters = [f"{self._subject_prefix}{p}.>" for p in key_prefixes]
+        self._key_prefixes = tuple(f"{p}." for p in key_prefixes)
         self._create_bucket = create_bucket
         self._bucket_spec = bucket_spec or BucketSpec(name=bucket)
         self._queue_size = queue_size
@@ -322,20 +336,9 @@ class JetStreamDiscoverySource:
         if self._create_bucket:
             await ensure_bucket(js, self._bucket_spec)
         info = await js.stream_info(stream)
-        watch = _Watch(len(self._subject_prefix), self._queue_size, info.state.last_seq)
+        config, created, key_filter = await self._add_consumer(nc, stream)
+        watch = _Watch(len(self._subject_prefix), self._queue_size, info.state.last_seq, key_filter)
         self._stream_created = info.created
-        config = ConsumerConfig(
-            deliver_subject=nc.new_inbox(),
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            ack_policy=AckPolicy.NONE,
-            max_deliver=1,
-            flow_control=True,
-            idle_heartbeat=5.0,
-            mem_storage=True,
-            num_replicas=1,
-            filter_subjects=list(self._filters),
-        )
-        created = await nc.jsm(timeout=self._request_timeout).add_consumer(stream, config=config)
         self._watch = watch
         watch.subscription = await js.subscribe_bind(
             stream=stream,
@@ -347,6 +350,35 @@ class JetStreamDiscoverySource:
         if created.num_pending == 0:
             watch.finish_initial()
         return watch
+
+    def _consumer_config(self, nc: NatsClient, filters: list[str]) -> ConsumerConfig:
+        # What nats-py's KV watch asks for, minus the KeyWatcher layer: an ordered push consumer
+        # starting at the latest value of every key.
+        return ConsumerConfig(
+            deliver_subject=nc.new_inbox(),
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE,
+            max_deliver=1,
+            flow_control=True,
+            idle_heartbeat=5.0,
+            mem_storage=True,
+            num_replicas=1,
+            filter_subjects=filters,
+        )
+
+    async def _add_consumer(
+        self, nc: NatsClient, stream: str
+    ) -> tuple[ConsumerConfig, ConsumerInfo, tuple[str, ...] | None]:
+        """Create the consumer; before server 2.10 (one filter only) filter keys client-side."""
+        jsm = nc.jsm(timeout=self._request_timeout)
+        config = self._consumer_config(nc, list(self._filters))
+        try:
+            return config, await jsm.add_consumer(stream, config=config), None
+        except BadRequestError:
+            if len(self._filters) == 1:
+                raise
+        config = self._consumer_config(nc, [f"{self._subject_prefix}>"])
+        return config, await jsm.add_consumer(stream, config=config), self._key_prefixes
 
     async def _stop_watch(self, watch: _Watch) -> None:
         watch.stopped = True
@@ -455,21 +487,8 @@ class JetStreamDiscoverySource:
             js = nc.jetstream(timeout=self._request_timeout)
             stream = stream_name(self.bucket)
             info = await js.stream_info(stream)
-            watch = _Watch(len(self._subject_prefix), 1, info.state.last_seq)
-            config = ConsumerConfig(
-                deliver_subject=nc.new_inbox(),
-                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                ack_policy=AckPolicy.NONE,
-                max_deliver=1,
-                flow_control=True,
-                idle_heartbeat=5.0,
-                mem_storage=True,
-                num_replicas=1,
-                filter_subjects=list(self._filters),
-            )
-            created = await nc.jsm(timeout=self._request_timeout).add_consumer(
-                stream, config=config
-            )
+            config, created, key_filter = await self._add_consumer(nc, stream)
+            watch = _Watch(len(self._subject_prefix), 1, info.state.last_seq, key_filter)
             if created.num_pending == 0:
                 watch.finish_initial()
             else:

@@ -154,3 +154,17 @@ async def test_events_may_be_iterated_only_once() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     await source.close()
+
+
+async def test_with_client_side_filtering_foreign_keys_are_dropped_but_end_the_snapshot() -> None:
+    watch = _Watch(len(PREFIX), 8, last_seq_at_start=9, key_prefixes=("v1.mdc.", "v1.instances."))
+    await watch.on_message(message("v1.mdc.a", 2, 1, b"A"))
+    await watch.on_message(message("other.thing", 3, 0, b"O"))
+    assert watch.snapshot_done.is_set()
+    assert [e.key for e in watch.snapshot_entries] == ["v1.mdc.a"]
+    await watch.on_message(message("v1.mdcX.b", 10, 0, b"B"))
+    await watch.on_message(message("v1.instances.c", 11, 0, b"C"))
+    live = watch.queue.get_nowait()
+    assert isinstance(live, SourcePut)
+    assert live.entry.key == "v1.instances.c"
+    assert watch.queue.empty()
