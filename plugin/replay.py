@@ -237,16 +237,15 @@ class _Replayer:
 
     def _snapshot(self, entries: Sequence[Mapping[str, Any]]) -> None:
         listed: list[Registration] = []
+        retain: list[str] = []
         for entry in entries:
             decoded = self._decode(entry["key"], entry.get("value"))
             if isinstance(decoded, Registration):
                 listed.append(decoded)
             elif isinstance(decoded, str):
                 # A refused value for a listed key keeps the last valid one.
-                kept = self.core.registration(_instance_key_of(entry["key"]))
-                if kept is not None:
-                    listed.append(kept)
-        self._apply(Snapshot(listed))
+                retain.append(_instance_key_of(entry["key"]))
+        self._apply(Snapshot(listed, retain))
 
     def _build(self, group_id: str, ok: bool) -> None:
         try:

@@ -348,7 +348,7 @@ class AdmissionCore:
         self._remove(event.key)
 
     def _on_snapshot(self, event: Snapshot) -> None:
-        listed: set[str] = set()
+        listed: set[str] = set(event.retain)
         for reg in event.registrations:
             listed.add(reg.key)
             self._add(reg)

@@ -8,7 +8,7 @@ they answer, so the core can fence out late results from an earlier attempt or t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,9 +46,13 @@ class Snapshot:
     Applied as one point in time: listed registrations are added first (in listing order, so
     new cohorts join in that order), then absent keys are removed. An incumbent that is still
     listed under a different worker therefore survives a reconnect.
+
+    ``retain`` names keys that the listing holds but whose values the boundary refused: like
+    Dynamo, the core keeps their last valid registration instead of reading them as gone.
     """
 
     registrations: Sequence[Registration]
+    retain: Collection[str] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,3 +123,11 @@ def test_the_first_worker_of_a_returning_group_opens_exactly_one_receiver() -> N
     effects = core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")]))
     assert len(of(effects, OpenReceiver)) == 1
     assert one(effects, PublishAdmissions).admitted == frozenset({1, 2})
+
+
+def test_a_snapshot_keeps_retained_keys_whose_listed_values_were_refused() -> None:
+    core = AdmissionCore()
+    core.apply_many([WorkerAdded(reg(1, "A")), WorkerAdded(reg(2, "A"))])
+    effects = core.apply(Snapshot([reg(2, "A")], retain=[reg(1, "A").key]))
+    assert of(effects, PublishAdmissions) == []
+    assert core.group(G).admitted == (1, 2)  # type: ignore[union-attr]
