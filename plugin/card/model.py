@@ -262,32 +262,75 @@ def _policy_file(value: Any, ctx: Ctx) -> Any:
     return value
 
 
+_POLICY_KEYS = frozenset(
+    {
+        "router",
+        "default_policy_family",
+        "policy_classes",
+        "uncached_isl_buckets",
+        "models",
+        "worker_selection",
+        "request_classifier",
+    }
+)
+_ROOT_PROFILE = ("default_policy_family", "uncached_isl_buckets", "policy_classes")
+
+
 def _check_policy_yaml(data: bytes, path: str) -> None:
+    """Check a router policy file the way 1.6.1 does, as far as its top level goes.
+
+    The file is YAML; its top level is a struct with a fixed key set (repeats refused), and it
+    must define router settings, a root profile, a model profile, ``worker_selection`` or a
+    ``request_classifier``. Router settings must be a mapping; 1.6.1 knows no setting we have
+    seen a card use, so a non-empty one is refused. Nested profiles are accepted unchecked.
+    """
     try:
-        import yaml
-    except ImportError:  # pragma: no cover - pyyaml is present wherever policies are used
+        import yaml  # noqa: PLC0415 - only cards naming a policy file need it
+    except ImportError:  # pragma: no cover - PyYAML ships with the Dynamo runtime
         return
+    problem = "invalid_router_policy"
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+        keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
+        hashable = [k for k in keys if isinstance(k, (str, int, float, bool)) or k is None]
+        if len(set(hashable)) != len(hashable):
+            raise yaml.constructor.ConstructorError(None, None, "duplicate field", node.start_mark)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+    _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     try:
-        text = data.decode("utf-8")
-        parsed = yaml.safe_load(text)
+        parsed = yaml.load(data.decode("utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader subclass
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise Refused(
-            "router_policy_config", f"invalid router policy config {path}: {exc}"
-        ) from None
-    if parsed is not None and not isinstance(parsed, dict):
-        raise Refused("router_policy_config", f"router policy config {path} is not a mapping")
-
-
-def _tracking_key_file(value: Any, ctx: Ctx) -> Any:
-    if value is None:
-        return None
-    try:
-        _read(ctx, value)
-    except OSError as exc:
-        raise Refused(
-            "router_tracking_key_file", f"failed to read tracking key {value}: {exc}"
-        ) from None
-    return value
+        raise Refused(problem, f"failed to parse router policy config {path}: {exc}") from None
+    if parsed is None:
+        parsed = {}
+    if not isinstance(parsed, dict):
+        raise Refused(problem, f"router policy config {path} is not a mapping")
+    unknown = [k for k in parsed if k not in _POLICY_KEYS]
+    if unknown:
+        raise Refused(problem, f"unknown field {unknown[0]!r} in router policy config {path}")
+    router = parsed.get("router")
+    if router is not None:
+        if not isinstance(router, dict):
+            raise Refused(problem, "router: expected a map")
+        if router:
+            raise Refused(problem, f"unknown router setting: {next(iter(router))}")
+    root = [k for k in _ROOT_PROFILE if parsed.get(k) is not None]
+    if root and len(root) != len(_ROOT_PROFILE):
+        raise Refused(problem, "root profile must specify all of " + ", ".join(_ROOT_PROFILE))
+    models = parsed.get("models")
+    defined = (
+        router is not None
+        or bool(root)
+        or (isinstance(models, dict) and bool(models))
+        or parsed.get("worker_selection") is not None
+        or parsed.get("request_classifier") is not None
+    )
+    if not defined:
+        raise Refused(problem, "router policy config must define something")
 
 
 def _non_negative(name: str) -> Any:
@@ -299,6 +342,12 @@ def _non_negative(name: str) -> Any:
     return check
 
 
+def _at_least_one(value: Any, ctx: Ctx) -> Any:
+    if value < 1:
+        raise Refused("invalid_router_config", "router_event_threads must be at least 1")
+    return value
+
+
 def _durable_events(value: Any, ctx: Ctx) -> Any:
     if value:
         raise Refused("invalid_router_config", "durable_kv_events=true is not supported")
@@ -308,10 +357,26 @@ def _durable_events(value: Any, ctx: Ctx) -> Any:
 KV_ROUTER_CONFIG = Struct(
     "KvRouterConfigSerde",
     (
-        Field("overlap_score_credit", F64, default=_const(1.0)),
-        Field("overlap_score_credit_decay", F64, default=_const(0.0)),
-        Field("prefill_load_scale", F64, default=_const(1.0)),
-        Field("decode_active_request_weight", F64, default=_const(0.0)),
+        Field(
+            "overlap_score_credit",
+            Validated(F64, _non_negative("overlap_score_credit")),
+            default=_const(1.0),
+        ),
+        Field(
+            "overlap_score_credit_decay",
+            Validated(F64, _non_negative("overlap_score_credit_decay")),
+            default=_const(0.0),
+        ),
+        Field(
+            "prefill_load_scale",
+            Validated(F64, _non_negative("prefill_load_scale")),
+            default=_const(1.0),
+        ),
+        Field(
+            "decode_active_request_weight",
+            Validated(F64, _non_negative("decode_active_request_weight")),
+            default=_const(0.0),
+        ),
         Field("overlap_score_weight", Opt(F64), default=_none),
         Field(
             "host_cache_hit_weight",
@@ -340,15 +405,23 @@ KV_ROUTER_CONFIG = Struct(
             EnumT(("public-xxh3-v1", "keyed-xxh3-v1")),
             default=_const("public-xxh3-v1"),
         ),
-        Field("router_tracking_key_file", Validated(Opt(STR), _tracking_key_file), default=_none),
+        Field("router_tracking_key_file", Opt(STR), default=_none),
         Field("router_tracking_key_id", Opt(STR), default=_none),
         Field("router_prefill_load_model", EnumT(("none", "aic", "ais")), default=_const("none")),
         Field("router_snapshot_threshold", Opt(U32), default=_none),
         Field("router_reset_states", BOOL, default=_const(False)),
-        Field("router_ttl_secs", F64, default=_const(120.0)),
-        Field("router_queue_threshold", Opt(F64), default=_none),
+        Field(
+            "router_ttl_secs",
+            Validated(F64, _non_negative("router_ttl_secs")),
+            default=_const(120.0),
+        ),
+        Field(
+            "router_queue_threshold",
+            Validated(Opt(F64), _non_negative("router_queue_threshold")),
+            default=_none,
+        ),
         Field("router_policy_config", Validated(Opt(STR), _policy_file), default=_none),
-        Field("router_event_threads", U32, default=_const(4)),
+        Field("router_event_threads", Validated(U32, _at_least_one), default=_const(4)),
         Field("skip_initial_worker_wait", BOOL, default=_const(False)),
         Field("router_queue_policy", EnumT(("fcfs", "lcfs", "wspt")), default=_const("fcfs")),
         Field("use_remote_indexer", BOOL, default=_const(False)),
@@ -389,22 +462,52 @@ KV_ROUTER_CONFIG = Struct(
         ),
     ),
     deny_unknown=True,
-    validate=lambda kv, ctx: _check_tracking(kv),
+    validate=lambda kv, ctx: _check_kv_router(kv),
 )
 
 
-def _check_tracking(kv: dict[str, Any]) -> None:
+def _refuse(detail: str) -> Refused:
+    return Refused("invalid_router_config", detail)
+
+
+def _check_kv_router(kv: dict[str, Any]) -> None:
+    """Cross-field rules and legacy spellings 1.6.1 applies after reading the fields."""
+    # N-1 spelling: overlap_score_weight sets prefill_load_scale; a zero weight also turned
+    # the overlap credit off in that generation.
+    weight = kv.pop("overlap_score_weight")
+    if weight is not None:
+        if not (math.isfinite(weight) and weight >= 0):
+            raise _refuse("prefill_load_scale must be finite and non-negative")
+        kv["prefill_load_scale"] = weight
+        if weight == 0.0:
+            kv["overlap_score_credit"] = 0.0
+    if kv["router_prefill_load_model"] == "ais":
+        kv["router_prefill_load_model"] = "aic"  # "ais" is an accepted alias
     keyed = kv["router_tracking_hash"] == "keyed-xxh3-v1"
-    has_options = (
-        kv["router_tracking_key_file"] is not None or kv["router_tracking_key_id"] is not None
-    )
-    if keyed and kv["router_tracking_key_file"] is None:
-        raise Refused("invalid_router_config", "keyed-xxh3-v1 requires router_tracking_key_file")
-    if has_options and not keyed:
-        raise Refused(
-            "invalid_router_config",
-            "router tracking key options require router_tracking_hash=keyed-xxh3-v1",
-        )
+    if keyed:
+        if kv["router_tracking_key_file"] is None:
+            raise _refuse("keyed-xxh3-v1 requires router_tracking_key_file")
+        if not kv["router_tracking_key_id"]:
+            raise _refuse("keyed-xxh3-v1 requires a nonempty router_tracking_key_id")
+    elif kv["router_tracking_key_file"] is not None or kv["router_tracking_key_id"] is not None:
+        raise _refuse("router tracking key options require router_tracking_hash=keyed-xxh3-v1")
+    if kv["router_track_output_blocks"] and not kv["router_track_active_blocks"]:
+        raise _refuse("router_track_output_blocks requires router_track_active_blocks=true")
+    if kv["use_remote_indexer"] and kv["serve_indexer"]:
+        raise _refuse("use_remote_indexer and serve_indexer are mutually exclusive")
+    if kv["enable_session_prefix_index"]:
+        if not kv["use_kv_events"]:
+            raise _refuse("enable_session_prefix_index requires use_kv_events=true")
+        if kv["use_remote_indexer"]:
+            raise _refuse(
+                "enable_session_prefix_index is not supported with use_remote_indexer=true"
+            )
+    if (
+        kv["conditional_disagg_enabled"]
+        and kv["conditional_disagg_policy"] in ("prefill_load", "isl_or_load")
+        and kv["conditional_disagg_prefill_busy_threshold"] is None
+    ):
+        raise _refuse("conditional_disagg policy needs prefill_busy_threshold")
 
 
 LOAD_THRESHOLD_CONFIG = Struct(

@@ -40,7 +40,14 @@ def ours(text: str) -> str | None:
 @pytest.fixture(scope="module")
 def router_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     folder = tmp_path_factory.mktemp("router-files")
-    files = {"good.yaml": "{}\n", "bad.yaml": ": : :\n- x", "key.bin": "secret"}
+    files = {
+        "good.yaml": "router: {}\n",
+        "empty.yaml": "{}\n",
+        "list.yaml": "router: []\n",
+        "bad.yaml": ": : :\n- x",
+        "dup.yaml": "router: {}\nrouter: {}\n",
+        "key.bin": "secret",
+    }
     out = {}
     for name, content in files.items():
         path = Path(folder, name)
