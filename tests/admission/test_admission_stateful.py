@@ -13,6 +13,8 @@ from workerset_admission.admission import (
     BuildDiscarded,
     BuildFinished,
     CancelBuild,
+    CommitFailed,
+    CommitGroup,
     CoreSettings,
     Effect,
     Input,
@@ -107,6 +109,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.first: dict[str, Registration] = {}  # first incarnation per key
         self.adapters: dict[str, Registration] = {}
         self.in_flight: dict[GroupKey, tuple[str, int]] = {}
+        self.commits: dict[GroupKey, tuple[str, int]] = {}
         self.old_results: list[tuple[GroupKey, str, int]] = []
         self.now = 0.0
         self.last_start = 0
@@ -129,6 +132,8 @@ class AdmissionMachine(RuleBasedStateMachine):
             elif isinstance(effect, CancelBuild):
                 self.old_results.append((effect.group, effect.mdc_checksum, effect.generation))
                 del self.in_flight[effect.group]
+            elif isinstance(effect, CommitGroup):
+                self.commits[effect.group] = (effect.mdc_checksum, effect.generation)
             elif isinstance(effect, OpenReceiver):
                 assert effect.generation > self.last_open
                 assert effect.generation > self.last_start
@@ -202,14 +207,16 @@ class AdmissionMachine(RuleBasedStateMachine):
                 lambda xs: [base(*x) for x in xs]
             )
         )
+        retain = data.draw(st.lists(st.sampled_from(sorted(self.first) or ["none"]), unique=True))
+        retain = [k for k in retain if k in self.first and k not in keep]
         listed = [self.first[k] for k in keep if k in self.first] + fresh
         listed += list(self.adapters.values())
         for registration in fresh:
             self._ref_add(registration)
-        listed_keys = {r.key for r in listed}
+        listed_keys = {r.key for r in listed} | set(retain)
         for key in [k for k in self.first if k not in listed_keys]:
             self._ref_remove(key)
-        self._step(Snapshot(listed))
+        self._step(Snapshot(listed, retain))
 
     @precondition(lambda self: bool(self.in_flight))
     @rule(data=st.data(), ok=st.booleans())
@@ -227,6 +234,13 @@ class AdmissionMachine(RuleBasedStateMachine):
         effects = self.core.apply(BuildFinished(group, cs, generation, ok))
         assert [type(e) for e in effects] == [BuildDiscarded]
         assert self.core.groups() == before
+
+    @precondition(lambda self: bool(self.commits))
+    @rule(data=st.data(), phase=st.sampled_from(["commit", "replace"]))
+    def commit_failed(self, data: st.DataObject, phase: str) -> None:
+        group = data.draw(st.sampled_from(sorted(self.commits)))
+        cs, generation = self.commits[group]
+        self._step(CommitFailed(group, cs, generation, phase))  # type: ignore[arg-type]
 
     @rule(dt=st.sampled_from([0.5, 1.0, 2.0, 8.0, 30.0]))
     def tick(self, dt: float) -> None:
