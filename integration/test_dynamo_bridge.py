@@ -284,3 +284,34 @@ async def test_workers_registered_by_dynamo_are_admitted_under_dynamos_own_check
         stop.set()
         await bridging
         await service.stop()
+
+
+async def test_the_bridge_command_mirrors_until_terminated_then_prints_its_counters(
+    nats_server: NatsServer, bucket: KeyValue, bucket_name: str, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    (store / "v1" / "mdc").mkdir(parents=True)
+    (store / "v1" / "mdc" / "ns%2Fbackend%2Fgenerate%2Fab12").write_bytes(b'{"type":"Model"}')
+    command = [
+        *(sys.executable, "-m", "workerset_admission.cli", "bridge"),
+        *("--file-kv", str(store), "--interval", "0.1"),
+        *("--nats-server", nats_server.url, "--discovery-bucket", bucket_name),
+    ]
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while await _value(bucket, "v1.mdc.ns.backend.generate.ab12") is None:
+            assert loop.time() < deadline, "the bridge command wrote nothing within 30 s"
+            await asyncio.sleep(0.1)
+        process.terminate()
+        stdout, _stderr = await asyncio.wait_for(process.communicate(), 30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    assert process.returncode == 0
+    assert json.loads(stdout)["puts"] == 1
