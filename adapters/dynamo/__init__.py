@@ -1,1 +1,8 @@
-"""The real Dynamo frontend: route extension, routing-hop adapter and discovery bridge."""
+"""The real Dynamo 1.6.1 frontend and its workers.
+
+* ``routes``: the ``dynamo.frontend.routes`` extension (admission state over the frontend's HTTP);
+* ``host``: the thread and event loop the service runs on inside the frontend process;
+* ``hop``: routing hops over a Dynamo ``Client``, admitted or legacy explicit-endpoint;
+* ``filestore`` and ``bridge``: Dynamo's file discovery store mirrored into the NATS bucket;
+* ``workers``: in-process stand-in workers for demos and tests.
+"""

@@ -173,10 +173,6 @@ class DiscoveryBridge:
         self._started = False
         self.stats = BridgeStats()
 
-    @property
-    def mirrored_keys(self) -> frozenset[str]:
-        return frozenset(self._mirrored)
-
     async def _start(self) -> None:
         if self._prune:
             # Values unknown: every live record is written once, every other key deleted.
