@@ -102,7 +102,7 @@ class AdmissionRoutes:
         models = []
         for unit in snap.readiness:
             answer = unit.to_json()
-            # Dynamo's own view, for comparison: it counts every registered worker set.
+            # Dynamo's own answer for the model, for comparison with the evaluator's.
             answer["frontend_ready"] = ctx.is_model_ready_to_serve(unit.model)
             models.append(answer)
         return Reply(200, {"synced": snap.synced, "models": models})

@@ -152,3 +152,17 @@ async def test_a_hop_made_from_a_binding_outlives_its_withdrawal_only_as_retired
 
     with pytest.raises(ReceiverRetired):
         await hop.generate({})
+
+
+async def test_a_prefill_binding_makes_a_prefill_hop_and_refuses_to_serve_as_decode() -> None:
+    prefill = GroupKey.build("m", ENDPOINT, "", WorkerType.PREFILL)
+    _sender, receiver = open_admission_channel(prefill, 5, "d" * 64, 2, admitted=[8])
+    binding = AdmittedHopBinding(HopRole.PREFILL, receiver, 2, LiveInstanceSet())
+    client = _Client(live=[8, 9])
+
+    hop = AdmittedHop.for_binding(client, binding)
+
+    assert hop.role is HopRole.PREFILL
+    assert await _route(hop, 3) == {8}
+    with pytest.raises(UsageError):
+        AdmittedHop(client, receiver.clone(), role=HopRole.DECODE)
