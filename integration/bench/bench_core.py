@@ -123,14 +123,41 @@ def run_batched(inputs: list[Input], batch: int) -> tuple[float, int, int]:
     return time.perf_counter() - start, count, effects_total
 
 
-def replay_time(path: Path, repeats: int) -> float:
+def replay_time(lines: list[str], repeats: int) -> float:
     from workerset_admission.replay import render, replay
 
-    lines = path.read_text(encoding="utf-8").splitlines()
     start = time.perf_counter()
     for _ in range(repeats):
         render(replay(lines))
     return (time.perf_counter() - start) / repeats
+
+
+def synthetic_trace(groups: int, per_group: int) -> list[str]:
+    """A recorded-looking trace: raw record text for every worker, 10% with another card."""
+    from workerset_admission.card import encode_model_record, model_kv_key
+
+    card: dict[str, Any] = {
+        "display_name": "bench-model",
+        "slug": "bench-model",
+        "source_path": "bench-model",
+        "model_info": None,
+        "tokenizer": None,
+        "context_length": 4096,
+        "kv_cache_block_size": 16,
+        "migration_limit": 0,
+        "model_type": "Chat | Completions",
+        "model_input": "Tokens",
+        "worker_type": "aggregated",
+        "needs": [],
+    }
+    other = dict(card, kv_cache_block_size=32)
+    lines = []
+    for g in range(groups):
+        ep = EndpointId(f"ns{g}", "backend", "generate")
+        for i in range(1, per_group + 1):
+            value = encode_model_record(ep, i, other if i % 10 == 0 else card).decode()
+            lines.append(json.dumps({"kind": "put", "key": model_kv_key(ep, i), "value": value}))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,8 +201,11 @@ def main(argv: list[str] | None = None) -> int:
 
     examples = Path(__file__).resolve().parents[2] / "plugin" / "examples"
     replays = {
-        p.name: round(replay_time(p, 20) * 1000, 3) for p in sorted(examples.glob("*.jsonl"))
+        p.name: round(replay_time(p.read_text(encoding="utf-8").splitlines(), 20) * 1000, 3)
+        for p in sorted(examples.glob("*.jsonl"))
     }
+    big = synthetic_trace(100, 100)
+    replays[f"synthetic ({len(big)} puts)"] = round(replay_time(big, 1) * 1000, 3)
 
     print(
         f"admission core: {args.groups} groups, {args.workers} workers, "

@@ -235,11 +235,18 @@ class AdmissionCore:
         out: list[fx.Effect] = []
         self._out = out
         handlers = self._handlers
+        add, remove = self._add, self._remove
         for event in events:
-            handler = handlers.get(type(event))
-            if handler is None:
-                raise UsageError(f"not an admission input: {type(event).__name__}")
-            handler(event)
+            kind = type(event)
+            if kind is WorkerAdded:
+                add(event.registration)  # type: ignore[union-attr]
+            elif kind is WorkerRemoved:
+                remove(event.key)  # type: ignore[union-attr]
+            else:
+                handler = handlers.get(kind)
+                if handler is None:
+                    raise UsageError(f"not an admission input: {kind.__name__}")
+                handler(event)
         self._flush()
         return out
 
