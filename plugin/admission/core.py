@@ -201,9 +201,8 @@ class AdmissionCore:
         self._dirty: list[_Group] = []
         self._lora_dirty: list[_Group] = []
         self._out: list[fx.Effect] = []
+        # WorkerAdded and WorkerRemoved are dispatched inline by apply/apply_many.
         self._handlers: dict[type, Callable[[Any], None]] = {
-            WorkerAdded: self._on_added,
-            WorkerRemoved: self._on_removed,
             Snapshot: self._on_snapshot,
             BuildFinished: self._on_build_finished,
             CommitFailed: self._on_commit_failed,
@@ -347,12 +346,6 @@ class AdmissionCore:
         )
 
     # ------------------------------------------------------------------ discovery inputs
-
-    def _on_added(self, event: WorkerAdded) -> None:
-        self._add(event.registration)
-
-    def _on_removed(self, event: WorkerRemoved) -> None:
-        self._remove(event.key)
 
     def _on_snapshot(self, event: Snapshot) -> None:
         listed: set[str] = set(event.retain)
