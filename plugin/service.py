@@ -274,6 +274,9 @@ class LivenessIndex:
     def __len__(self) -> int:
         return len(self._by_key)
 
+    def entry(self, key: str) -> tuple[EndpointId, int] | None:
+        return self._by_key.get(key)
+
     def put(self, key: str, endpoint: EndpointId, instance_id: int) -> bool:
         if self._by_key.get(key) == (endpoint, instance_id):
             return False
@@ -565,8 +568,9 @@ class AdmissionService:
                 runner.result()
 
     async def run(self) -> None:
-        """Start, then run until stopped (or SIGINT/SIGTERM when ``handle_signals``)."""
-        await self.start()
+        """Start (unless started), then run until stopped (or SIGINT/SIGTERM when asked to)."""
+        if self._runner is None:
+            await self.start()
         try:
             await self._stopped.wait()
         finally:
@@ -780,6 +784,7 @@ class AdmissionService:
     def _on_snapshot(self, event: SourceSnapshot) -> None:
         with self._telemetry.apply_update(event) as scope:
             registrations: list[Registration] = []
+            retain: list[str] = []
             live: dict[str, tuple[EndpointId, int]] = {}
             decode = self._decoder.decode
             for entry in event.entries:
@@ -787,16 +792,33 @@ class AdmissionService:
                     record = decode(entry.key, entry.value)
                 except RemoteDataError as exc:
                     self._refuse(entry.key, exc, None)
+                    # A listed key with a refused value is not gone: keep its last valid value.
+                    self._retain(entry.key, retain, live)
                     continue
                 if isinstance(record, Registration):
                     registrations.append(record)
                 elif record is not None:
                     live[entry.key] = record
             changed = self.liveness.replace(live)
-            self._step([Snapshot(registrations)], scope, force=changed)
+            self._step([Snapshot(registrations, retain)], scope, force=changed)
         if not self._synced.is_set():
             self._synced.set()
             self._changed()
+
+    def _retain(self, key: str, retain: list[str], live: dict[str, tuple[EndpointId, int]]) -> None:
+        try:
+            removal = self._decoder.removal(key)
+        except RemoteDataError:
+            return  # a key that does not parse never named a registration
+        if removal is None:
+            return
+        kind, name = removal
+        if kind == "model":
+            retain.append(name)
+        else:
+            held = self.liveness.entry(name)
+            if held is not None:
+                live[name] = held
 
     def _refuse(self, key: str, exc: RemoteDataError, scope: UpdateScope | None) -> None:
         self.counters.invalid += 1

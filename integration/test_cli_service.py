@@ -1,0 +1,244 @@
+"""``serve``, ``status``, ``record``/``replay`` and ``demo`` from the command line, end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from natsfixture import NatsServer
+from workerset_admission.adapters.nats.connect import NatsConnectOptions
+from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.config import load_settings
+from workerset_admission.identity import EndpointId
+from workerset_admission.nats_cli import record_trace
+from workerset_admission.service import AdmissionService
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+EP = EndpointId("dgd", "backend", "generate")
+CARD: dict[str, Any] = {
+    "display_name": "Qwen/Qwen3-0.6B",
+    "slug": "qwen_qwen3-0_6b",
+    "source_path": "Qwen/Qwen3-0.6B",
+    "model_info": None,
+    "tokenizer": None,
+    "context_length": 4096,
+    "kv_cache_block_size": 16,
+    "migration_limit": 0,
+    "model_type": "Chat | Completions",
+    "model_input": "Tokens",
+    "worker_type": "aggregated",
+    "needs": [],
+}
+NEW = {**copy.deepcopy(CARD), "kv_cache_block_size": 32}
+CLI = [sys.executable, "-m", "workerset_admission.cli"]
+
+
+def cli_env() -> dict[str, str]:
+    # Settings come from flags only: nothing from the developer's environment leaks in.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKERSET_ADMISSION_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+async def eventually(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.02)
+
+
+def read_line_matching(process: subprocess.Popen[str], pattern: str, timeout: float) -> str:
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"no line matching {pattern!r} in {seen!r}")
+
+
+def test_serve_starts_an_embedded_server_answers_status_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    serve = subprocess.Popen(
+        [*CLI, "serve", "--store-dir", str(tmp_path / "js"), "--frontend-id", "fe-cli"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        line = read_line_matching(serve, r"listening on nats://127\.0\.0\.1:\d+", 30)
+        url = re.search(r"nats://127\.0\.0\.1:\d+", line)
+        assert url is not None
+        read_line_matching(serve, r"^synced:", 30)
+
+        async def register() -> None:
+            nc = await nats.connect(url.group(0))
+            workers = DiscoveryPublisher(nc.jetstream(), ttl=None)
+            await workers.register(EP, 0x1A, CARD)
+            await workers.register_endpoint(EP, 0x1A)
+            await workers.register(EP, 0x2B, NEW)
+            await nc.close()
+
+        asyncio.run(register())
+        deadline = time.monotonic() + 20
+        while True:
+            status = subprocess.run(
+                [*CLI, "status", "--nats-server", url.group(0), "--json"],
+                capture_output=True,
+                text=True,
+                env=cli_env(),
+                timeout=30,
+                check=False,
+            )
+            assert status.returncode == 0, status.stderr
+            answer = json.loads(status.stdout)
+            groups = answer["groups"]
+            if groups and groups[0]["status"] == "ready" and len(groups[0]["cohorts"]) == 2:
+                break
+            assert time.monotonic() < deadline, answer
+            time.sleep(0.2)
+        assert groups[0]["admitted"] == [0x1A]
+        assert groups[0]["rejected"] == [groups[0]["cohorts"][1]["checksum"]]
+        assert answer["readiness"][0]["ready"] is True
+        table = subprocess.run(
+            [*CLI, "status", "--nats-server", url.group(0)],
+            capture_output=True,
+            text=True,
+            env=cli_env(),
+            timeout=30,
+            check=True,
+        ).stdout
+        header, row = table.splitlines()[:2]
+        assert header.split() == [
+            "group",
+            "incumbent",
+            "status",
+            "gen",
+            "admitted",
+            "rejected",
+            "readiness",
+        ]
+        assert "ready" in row
+        assert " 1a " in f" {row} "
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=30) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait(timeout=10)
+        for stream in (serve.stdout, serve.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_status_without_a_running_service_says_so_and_fails(nats_server: NatsServer) -> None:
+    status = subprocess.run(
+        [*CLI, "status", "--nats-server", nats_server.url, "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=30,
+        check=False,
+    )
+    assert status.returncode == 2
+    assert "no admission service answers" in status.stderr
+
+
+async def test_record_then_replay_gives_the_state_the_live_service_holds(
+    nats_server: NatsServer, bucket_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = load_settings(
+        flags={"nats_servers": nats_server.url, "discovery_bucket": bucket_name}, env={}
+    )
+    nc = await nats.connect(nats_server.url)
+    workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+    await workers.register(EP, 1, CARD)
+    await workers.register(EP, 2, NEW)
+    source = JetStreamDiscoverySource(
+        NatsConnectOptions(servers=(nats_server.url,)), bucket=bucket_name
+    )
+    service = AdmissionService(source)
+    await service.start()
+    trace = io.StringIO()
+    stop = asyncio.Event()
+    recorder = asyncio.create_task(record_trace(settings, trace, stop=stop))
+    try:
+        await service.wait_synced(15)
+        await eventually(lambda: trace.getvalue().count("\n") >= 1, "the recorder has a snapshot")
+        # Live changes while both watch: a third worker, then a drain and a succession.
+        await workers.register(EP, 3, CARD)
+        await workers.deregister(EP, 1)
+        await workers.register(EP, 4, NEW)
+        await workers.deregister(EP, 3)
+
+        def settled() -> bool:
+            groups = service.snapshot().groups
+            return bool(groups) and groups[0].admitted == (2, 4) and groups[0].status == "ready"
+
+        await eventually(settled, "the live service settles")
+        await eventually(lambda: trace.getvalue().count("\n") >= 5, "the recorder saw every change")
+    finally:
+        stop.set()
+        await asyncio.wait_for(recorder, 15)
+        live = service.snapshot()
+        await service.stop()
+        await nc.close()
+    path = tmp_path / "trace.jsonl"
+    path.write_text(trace.getvalue(), encoding="utf-8")
+    from workerset_admission.cli import main
+
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["replay", str(path)]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    (live_group,) = live.groups
+    (replayed_group,) = replayed["groups"]
+    assert replayed_group["group"] == live_group.group.id
+    assert replayed_group["incumbent"] == live_group.incumbent
+    assert replayed_group["status"] == live_group.status
+    assert replayed_group["generation"] == live_group.generation
+    assert tuple(replayed_group["admitted"]) == live_group.admitted
+    assert [(c["checksum"], tuple(c["members"])) for c in replayed_group["cohorts"]] == [
+        (c.mdc_checksum, c.members) for c in live_group.cohorts
+    ]
+
+
+def test_the_demo_plays_a_rolling_update_to_the_end() -> None:
+    demo = subprocess.run(
+        [*CLI, "demo", "--timeout", "60"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=110,
+        check=False,
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    out = demo.stdout
+    assert "REJECTED cohort" in out
+    assert "succession:" in out
+    assert "the v1 receiver is retired: True" in out
+    assert out.rstrip().endswith("demo complete")
+    # The rejected cohort is logged once, at ERROR, with its fields in the text.
+    assert out.count("ERROR") == 1
+    assert "rejected_checksum=" in out
