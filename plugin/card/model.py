@@ -27,7 +27,10 @@ from .schema import (
     BOOL,
     F32,
     F64,
+    I64,
     STR,
+    U8,
+    U16,
     U32,
     U64,
     USIZE,
@@ -187,6 +190,30 @@ def _const(value: Any) -> Any:
     return lambda: value
 
 
+DISAGGREGATED_ENDPOINT = Struct(
+    "DisaggregatedEndpoint",
+    (
+        Field("bootstrap_host", Opt(STR), default=_none),
+        Field("bootstrap_port", Opt(U16), default=_none),
+    ),
+)
+
+STRUCTURAL_TAG = Struct(
+    "StructuralTagConfig",
+    (
+        Field("scope", EnumT(("auto", "always")), default=_const("auto")),
+        Field("schema", EnumT(("auto", "strict")), default=_const("auto")),
+        Field("allow_tool_calls_with_structured_output", BOOL, default=_const(False)),
+        Field("exclude_special_tokens", Opt(BOOL), default=_none),
+        Field(
+            "reasoning_boundary",
+            EnumT(("auto", "structural_tag", "backend")),
+            default=_const("auto"),
+        ),
+        Field("tool_arguments_any_order", BOOL, default=_const(False)),
+    ),
+)
+
 RUNTIME_CONFIG = Struct(
     "ModelRuntimeConfig",
     (
@@ -207,7 +234,7 @@ RUNTIME_CONFIG = Struct(
             default=_none,
         ),
         Field("tokenizer_fallback_enabled", Opt(BOOL), default=_none),
-        Field("structural_tag", Opt(ANY), default=_none),
+        Field("structural_tag", Opt(STRUCTURAL_TAG), default=_none),
         Field("structural_tag_mode", EnumT(("off", "on")), default=_const("off")),
         Field("structural_tag_scope", EnumT(("auto", "always")), default=_const("auto")),
         Field("structural_tag_schema", EnumT(("auto", "strict")), default=_const("auto")),
@@ -219,7 +246,7 @@ RUNTIME_CONFIG = Struct(
         Field("kv_event_source_mode", Opt(STR), default=_none),
         Field("kv_state_endpoint", Opt(_ENDPOINT_ID), default=_none),
         Field("runtime_data", MapT(ANY), default=dict),
-        Field("disaggregated_endpoint", Opt(ANY), default=_none),
+        Field("disaggregated_endpoint", Opt(DISAGGREGATED_ENDPOINT), default=_none),
         Field("enable_eagle", BOOL, default=_const(False)),
         Field("taints", Seq(STR), default=list),
         Field("stable_routing_id", Opt(STR), default=_none),
@@ -556,7 +583,10 @@ class _IdentityMap(Type):
             raise Refused("invalid_indexer_identity", "identity key must not be empty")
         if ctx.strict_dups and isinstance(value, jsonio.DupDict):
             raise Refused("invalid_indexer_identity", "identity keys must be unique")
-        return {key: STR.decode(item, level + 1, ctx) for key, item in value.items()}
+        out = {key: STR.decode(item, level + 1, ctx) for key, item in value.items()}
+        if any(not item for item in out.values()):
+            raise Refused("invalid_indexer_identity", "identity value must not be empty")
+        return out
 
 
 INDEXER_IDENTITY = Struct(
@@ -565,6 +595,86 @@ INDEXER_IDENTITY = Struct(
         Field("semantics", Opt(_IdentityMap()), default=_none),
         Field("routing_scope", Opt(_IdentityMap()), default=_none),
     ),
+)
+
+IMAGE_LIMITS = Struct(
+    "ImageDecoderLimits",
+    (
+        Field("max_image_width", Opt(U32), default=_none),
+        Field("max_image_height", Opt(U32), default=_none),
+        Field("max_alloc", Opt(U64), default=_const(134217728)),
+    ),
+    deny_unknown=True,
+)
+IMAGE_DECODER = Struct(
+    "ImageDecoder",
+    (Field("limits", IMAGE_LIMITS, default=lambda: IMAGE_LIMITS.decode({}, 0, Ctx())),),
+    deny_unknown=True,
+)
+MEDIA_DECODER = Struct("MediaDecoder", (Field("image", Opt(IMAGE_DECODER), default=_none),))
+
+DURATION = Struct("Duration", (Field("secs", U64), Field("nanos", U32)), deny_unknown=True)
+MEDIA_FETCHER = Struct(
+    "MediaFetcher",
+    (
+        Field("user_agent", STR),
+        Field("allow_direct_ip", BOOL),
+        Field("allow_direct_port", BOOL),
+        Field("allow_private_ips", BOOL),
+        Field("allowed_media_domains", Opt(Seq(STR)), default=_none),
+        Field("timeout", Opt(DURATION), default=_none),
+    ),
+)
+
+
+class _EmptyMap(Type):
+    """Tensor parameters: only an empty map is known to be accepted (values are typed enums)."""
+
+    expected = "a map"
+
+    def decode(self, value: Any, level: int, ctx: Ctx) -> Any:
+        if not isinstance(value, dict):
+            raise Refused("invalid_type", "invalid type, expected a map")
+        if value:
+            raise Refused("invalid_tensor_parameters", "tensor parameter values are not supported")
+        return {}
+
+
+TENSOR_DATA_TYPES = (
+    "Bool",
+    "Uint8",
+    "Uint16",
+    "Uint32",
+    "Uint64",
+    "Int8",
+    "Int16",
+    "Int32",
+    "Int64",
+    "Float16",
+    "BFloat16",
+    "Float32",
+    "Float64",
+    "Bytes",
+)
+TENSOR_METADATA = Struct(
+    "TensorMetadata",
+    (
+        Field("name", STR),
+        Field("data_type", EnumT(TENSOR_DATA_TYPES)),
+        Field("shape", Seq(I64)),
+        Field("parameters", _EmptyMap(), default=dict),
+    ),
+    deny_unknown=True,
+)
+TENSOR_MODEL_CONFIG = Struct(
+    "TensorModelConfig",
+    (
+        Field("name", STR),
+        Field("inputs", Seq(TENSOR_METADATA)),
+        Field("outputs", Seq(TENSOR_METADATA)),
+        Field("triton_model_config", Opt(Seq(U8)), default=_none),
+    ),
+    deny_unknown=True,
 )
 
 MODEL_INFO = ExtTagged({"hf_config_json": CHECKED_FILE})
@@ -597,9 +707,9 @@ CARD = Struct(
         Field(
             "runtime_config", RUNTIME_CONFIG, default=lambda: RUNTIME_CONFIG.decode({}, 0, Ctx())
         ),
-        Field("tensor_model_config", Opt(ANY), default=_none),
-        Field("media_decoder", Opt(ANY), default=_none),
-        Field("media_fetcher", Opt(ANY), default=_none),
+        Field("tensor_model_config", Opt(TENSOR_MODEL_CONFIG), default=_none),
+        Field("media_decoder", Opt(MEDIA_DECODER), default=_none),
+        Field("media_fetcher", Opt(MEDIA_FETCHER), default=_none),
         Field("router_config", Opt(ROUTER_CONFIG), default=_none),
         Field("indexer_identity", Opt(INDEXER_IDENTITY), default=_none),
         Field("extra_files", Seq(CHECKED_FILE), default=list),

@@ -24,7 +24,10 @@ __all__ = [
     "BOOL",
     "F32",
     "F64",
+    "I64",
     "STR",
+    "U8",
+    "U16",
     "U32",
     "U64",
     "USIZE",
@@ -132,6 +135,22 @@ class _UInt(Type):
         return value
 
 
+class _SInt(Type):
+    def __init__(self, name: str, bits: int) -> None:
+        self.expected = name
+        self.low = -(1 << (bits - 1))
+        self.high = (1 << (bits - 1)) - 1
+
+    def decode(self, value: Any, level: int, ctx: Ctx) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _invalid_type(value, self.expected)
+        if not self.low <= value <= self.high:
+            raise Refused(
+                "out_of_range", f"invalid value: integer `{value}`, expected {self.expected}"
+            )
+        return value
+
+
 class _Float(Type):
     def __init__(self, name: str) -> None:
         self.expected = name
@@ -162,7 +181,10 @@ class _Any(Type):
 
 STR: Type = _Str()
 BOOL: Type = _Bool()
+U8: Type = _UInt("u8", 8)
+U16: Type = _UInt("u16", 16)
 U32: Type = _UInt("u32", 32)
+I64: Type = _SInt("i64", 64)
 U64: Type = _UInt("u64", 64)
 USIZE: Type = _UInt("usize", 64)
 F64: Type = _Float("f64")

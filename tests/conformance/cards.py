@@ -418,6 +418,33 @@ def runtime_configs(draw: st.DrawFn) -> Any:
         "taints": st.lists(texts, max_size=3),
         "stable_routing_id": st.one_of(st.none(), texts),
         "topology_domains": st.dictionaries(texts, texts, max_size=2),
+        "structural_tag": st.one_of(
+            st.none(),
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "scope": rare(st.sampled_from(["auto", "always"]), st.just("x")),
+                    "schema": rare(st.sampled_from(["auto", "strict"]), st.just("x")),
+                    "allow_tool_calls_with_structured_output": st.booleans(),
+                    "exclude_special_tokens": st.one_of(st.none(), st.booleans()),
+                    "reasoning_boundary": rare(
+                        st.sampled_from(["auto", "structural_tag", "backend"]), st.just(None)
+                    ),
+                    "tool_arguments_any_order": rare(st.booleans(), st.just(1)),
+                },
+            ),
+        ),
+        "disaggregated_endpoint": st.one_of(
+            st.none(),
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "bootstrap_host": st.one_of(st.none(), texts),
+                    "bootstrap_port": st.one_of(st.none(), st.integers(-1, 70000)),
+                },
+            ),
+            st.just(Arr(("h", 1))),
+        ),
         "kv_transfer_enforcement": rare(
             st.sampled_from([None, "required", "preferred"]), st.just("x")
         ),
@@ -466,6 +493,88 @@ def runtime_configs(draw: st.DrawFn) -> Any:
         if draw(st.integers(0, 50)) == 0:
             rc["runtime_data"] = None
     return rc
+
+
+LIMITS = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_image_width": st.one_of(st.none(), u32s()),
+        "max_image_height": st.one_of(st.none(), u32s()),
+        "max_alloc": st.one_of(st.none(), st.integers(0, 2**64)),
+    },
+)
+MEDIA_DECODERS = st.one_of(
+    st.none(),
+    st.just({}),
+    st.just([]),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "image": st.one_of(
+                st.none(),
+                st.fixed_dictionaries({}, optional={"limits": st.one_of(st.none(), LIMITS)}),
+            )
+        },
+    ),
+    st.sampled_from(
+        [
+            {"image": {"zz": 1}},
+            {"image": True},
+            {"video": {}},
+            {"image": {"limits": {"zz": 1}}},
+            True,
+        ]
+    ),
+)
+MEDIA_FETCHERS = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {
+            "user_agent": texts,
+            "allow_direct_ip": st.booleans(),
+            "allow_direct_port": st.booleans(),
+            "allow_private_ips": st.booleans(),
+        },
+        optional={
+            "allowed_media_domains": st.one_of(st.none(), st.lists(texts, max_size=2)),
+            "timeout": st.one_of(
+                st.none(),
+                st.fixed_dictionaries(
+                    {"secs": st.integers(0, 2**64), "nanos": st.integers(0, 2**32)}
+                ),
+                st.just(Arr((1, 2))),
+                st.just({"secs": 1}),
+                st.just(5),
+            ),
+        },
+    ),
+    st.just({}),
+    st.just({"user_agent": "u"}),
+)
+TENSOR_META = st.fixed_dictionaries(
+    {
+        "name": texts,
+        "data_type": st.sampled_from(
+            ["Bool", "Uint8", "Int64", "Float32", "BFloat16", "Bytes", "x"]
+        ),
+        "shape": st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3),
+    },
+    optional={"parameters": st.sampled_from([None, {}])},
+)
+TENSOR_CONFIGS = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {
+            "name": texts,
+            "inputs": st.lists(TENSOR_META, max_size=2),
+            "outputs": st.lists(TENSOR_META, max_size=2),
+        },
+        optional={
+            "triton_model_config": st.one_of(st.none(), st.lists(st.integers(0, 256), max_size=3))
+        },
+    ),
+    st.sampled_from([{}, {"name": "x"}, {"name": "x", "inputs": [], "outputs": [], "zz": 1}]),
+)
 
 
 @st.composite
@@ -541,12 +650,12 @@ def cards(draw: st.DrawFn, files: dict[str, str] | None = None) -> str:
         )
     if draw(st.booleans()):
         c["runtime_config"] = draw(runtime_configs())
-    if draw(st.integers(0, 5)) == 0:
-        c["media_decoder"] = None
-    if draw(st.integers(0, 5)) == 0:
-        c["media_fetcher"] = None
-    if draw(st.integers(0, 5)) == 0:
-        c["tensor_model_config"] = None
+    if draw(st.integers(0, 3)) == 0:
+        c["media_decoder"] = draw(MEDIA_DECODERS)
+    if draw(st.integers(0, 3)) == 0:
+        c["media_fetcher"] = draw(MEDIA_FETCHERS)
+    if draw(st.integers(0, 3)) == 0:
+        c["tensor_model_config"] = draw(TENSOR_CONFIGS)
     if draw(st.booleans()):
         c["router_config"] = draw(st.one_of(st.none(), router_configs(files)))
     if draw(st.integers(0, 3)) == 0:
