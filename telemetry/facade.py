@@ -174,8 +174,12 @@ class UpdateScope:
         """
         if self._decision == DEFAULT_DECISION:
             try:
-                decision, group = decision_of(effects)
-                self.record_decision(decision, group)
+                if self._operation == "snapshot":
+                    # One listing touches many groups; no single decision describes it.
+                    self.record_decision("reconciled" if effects else "unchanged")
+                else:
+                    decision, group = decision_of(effects)
+                    self.record_decision(decision, group)
             except Exception:
                 _log.debug("could not derive the decision", exc_info=True)
         if effects:

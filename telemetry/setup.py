@@ -5,7 +5,7 @@ call it or wire its own SDK. It follows the standard environment variables:
 
 - ``OTEL_SDK_DISABLED=true`` turns everything off;
 - ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``: ``otlp`` (default), ``console`` or
-  ``none``;
+  ``none``, or a comma-separated list of the first two;
 - ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or the per-signal ``..._TRACES_PROTOCOL`` /
   ``..._METRICS_PROTOCOL``): ``http/protobuf`` (default) or ``grpc``;
 - ``OTEL_EXPORTER_OTLP_ENDPOINT`` and friends, ``OTEL_SERVICE_NAME``,
@@ -106,13 +106,17 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() == "true"
 
 
-def _exporter_choice(signal: str) -> str:
-    value = os.environ.get(f"OTEL_{signal}_EXPORTER", "otlp").strip().lower() or "otlp"
-    if value not in _EXPORTERS:
-        raise ConfigError(
-            f"OTEL_{signal}_EXPORTER={value!r} is not supported; use one of {', '.join(_EXPORTERS)}"
-        )
-    return value
+def _exporter_choices(signal: str) -> list[str]:
+    """Read ``OTEL_<signal>_EXPORTER``: a comma-separated list, ``none`` meaning no exporter."""
+    raw = os.environ.get(f"OTEL_{signal}_EXPORTER", "otlp")
+    choices = [part.strip().lower() for part in raw.split(",") if part.strip()] or ["otlp"]
+    for choice in choices:
+        if choice not in _EXPORTERS:
+            raise ConfigError(
+                f"OTEL_{signal}_EXPORTER={raw!r}: {choice!r} is not supported; "
+                f"use {', '.join(_EXPORTERS)}"
+            )
+    return [choice for choice in dict.fromkeys(choices) if choice != "none"]
 
 
 def _protocol(signal: str) -> str:
@@ -139,9 +143,7 @@ def _resource(service_name: str, attributes: Mapping[str, str] | None) -> Any:
     return Resource.create(explicit)
 
 
-def _span_exporter(choice: str) -> SpanExporter | None:
-    if choice == "none":
-        return None
+def _span_exporter(choice: str) -> SpanExporter:
     if choice == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -157,9 +159,7 @@ def _span_exporter(choice: str) -> SpanExporter | None:
     return OTLPSpanExporter()
 
 
-def _metric_reader(choice: str) -> MetricReader | None:
-    if choice == "none":
-        return None
+def _metric_reader(choice: str) -> MetricReader:
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     if choice == "console":
@@ -230,16 +230,16 @@ def setup_telemetry(
 
     resource = _resource(service_name, resource_attributes)
 
-    exporters = list(span_exporters) if span_exporters is not None else []
-    if span_exporters is None:
-        exporter = _span_exporter(_exporter_choice("TRACES"))
-        if exporter is not None:
-            exporters.append(exporter)
-    readers = list(metric_readers) if metric_readers is not None else []
-    if metric_readers is None:
-        reader = _metric_reader(_exporter_choice("METRICS"))
-        if reader is not None:
-            readers.append(reader)
+    exporters = (
+        list(span_exporters)
+        if span_exporters is not None
+        else [_span_exporter(choice) for choice in _exporter_choices("TRACES")]
+    )
+    readers = (
+        list(metric_readers)
+        if metric_readers is not None
+        else [_metric_reader(choice) for choice in _exporter_choices("METRICS")]
+    )
 
     prometheus_port: int | None = None
     if prometheus is not None:

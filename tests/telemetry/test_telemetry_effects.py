@@ -13,12 +13,13 @@ from workerset_admission.admission import (
     MutationRefused,
     RejectionReported,
     RetryScheduled,
+    Snapshot,
     StartBuild,
     WorkerAdded,
     WorkerRemoved,
 )
 from workerset_admission.identity import EndpointId, GroupKey, Registration, WorkerType
-from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
 from workerset_admission.telemetry import decision_of, install_log_correlation
 from workerset_admission.telemetry import names as n
 
@@ -230,3 +231,17 @@ def test_decisions_follow_from_the_effects_of_one_update() -> None:
     assert decision_of(core.apply(WorkerAdded(registration(2, "bbbb")))) == ("rejected", GROUP)
     assert decision_of(core.apply(WorkerAdded(registration(2, "bbbb")))) == ("unchanged", None)
     assert decision_of(core.apply(WorkerRemoved("ns/backend/generate/2"))) == ("removed", GROUP)
+
+
+def test_a_snapshot_is_reconciled_not_admitted_or_rejected(harness: Harness) -> None:
+    core = AdmissionCore()
+    listing = [registration(1, "aaaa"), registration(2, "bbbb")]
+    with harness.telemetry.apply_update(SourceSnapshot([], reason="initial")) as update:
+        update.effects(core.apply(Snapshot(listing)))
+    with harness.telemetry.apply_update(SourceSnapshot([], reason="periodic")) as update:
+        update.effects(core.apply(Snapshot(listing)))
+    first, second = harness.finished(n.SPAN_APPLY_SNAPSHOT)
+    assert first.attributes is not None
+    assert second.attributes is not None
+    assert first.attributes[n.ATTR_DECISION] == "reconciled"
+    assert second.attributes[n.ATTR_DECISION] == "unchanged"

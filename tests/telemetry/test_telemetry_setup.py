@@ -168,3 +168,17 @@ def test_update_spans_start_once_a_global_sdk_is_installed_after_the_facade_was_
     # All but the first few updates after the install have spans: the facade looks for an SDK
     # only now and then, to keep that lookup off the per-update path.
     assert 1900 <= int(out.stdout.strip()) <= 3000
+
+
+def test_an_exporter_list_may_mix_in_none_and_none_alone_installs_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console,none")
+    handle = setup_telemetry(metric_readers=[], set_global=False, log_correlation=False)
+    assert handle.tracer_provider is not None
+    handle.shutdown()
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    handle = setup_telemetry(metric_readers=[], set_global=False, log_correlation=False)
+    assert handle.tracer_provider is None
+    handle.shutdown()
