@@ -25,9 +25,9 @@ from nats.js.kv import KeyValue
 from workerset_admission.adapters.dynamo.filestore import (
     DEFAULT_FILE_TTL,
     FileRecord,
+    FileStoreReader,
     FileStoreScan,
     SkippedFile,
-    scan_file_store,
 )
 from workerset_admission.card import endpoint_kv_key, model_kv_key
 from workerset_admission.identity import EndpointId
@@ -157,7 +157,7 @@ class DiscoveryBridge:
         ttl: float = DEFAULT_FILE_TTL,
         prune: bool = True,
         clock: Callable[[], float] = time.time,
-        scan: Callable[[Path], FileStoreScan] = scan_file_store,
+        scan: Callable[[Path], FileStoreScan] | None = None,
         key_of: Callable[[FileRecord], str] | None = None,
     ) -> None:
         self._root = root
@@ -167,7 +167,7 @@ class DiscoveryBridge:
         self._prune = prune
         # mtimes are wall-clock, so expiry compares against wall-clock time too.
         self._clock = clock
-        self._scan = scan
+        self._scan = scan or FileStoreReader().scan
         self._key_of = key_of or bucket_key_for
         self._mirrored: dict[str, bytes | None] = {}
         self._started = False

@@ -21,6 +21,7 @@ from urllib.parse import unquote
 __all__ = [
     "DEFAULT_FILE_TTL",
     "FileRecord",
+    "FileStoreReader",
     "FileStoreScan",
     "RecordKind",
     "SkippedFile",
@@ -96,58 +97,82 @@ def _parse_path(kind: RecordKind, path: str) -> tuple[str, str, str, int, str | 
     return namespace, component, endpoint, int(id_hex, 16), suffix
 
 
-def _scan_bucket(root: Path, kind: RecordKind) -> tuple[list[FileRecord], list[SkippedFile]]:
-    records: list[FileRecord] = []
-    skipped: list[SkippedFile] = []
-    directory = root / "v1" / kind
+def _describe(
+    kind: RecordKind, name: str, file_path: str, stat: os.stat_result
+) -> FileRecord | SkippedFile:
     try:
-        listing = list(os.scandir(directory))
-    except FileNotFoundError:
-        return records, skipped
-    for item in listing:
-        if item.name.startswith(_TEMP_PREFIX):
-            continue
-        try:
-            if not item.is_file():
+        path = unquote(name, errors="strict")
+    except UnicodeDecodeError:
+        return SkippedFile(kind, name, "bad_file_name")
+    parsed = _parse_path(kind, path)
+    if isinstance(parsed, str):
+        return SkippedFile(kind, name, parsed)
+    namespace, component, endpoint, instance_id, suffix = parsed
+    return FileRecord(
+        kind=kind,
+        path=path,
+        namespace=namespace,
+        component=component,
+        endpoint=endpoint,
+        instance_id=instance_id,
+        model_suffix=suffix,
+        value=Path(file_path).read_bytes(),
+        mtime=stat.st_mtime,
+    )
+
+
+_Signature = tuple[int, int, int]
+
+
+class FileStoreReader:
+    """Scan a store repeatedly, reading a file again only when its stat changed.
+
+    Every write changes a file's mtime, so (inode, size, mtime) unchanged means the bytes are
+    too; an owner's refresh changes the mtime and costs one read every few seconds. (Two
+    same-size writes inside one timestamp tick look alike; the owner's next refresh, a third
+    of the TTL later, makes the file read again.)
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[RecordKind, str], tuple[_Signature, FileRecord | SkippedFile]] = {}
+
+    def scan(self, root: Path) -> FileStoreScan:
+        """List every record file under ``root`` (blocking; run it off the event loop)."""
+        seen: dict[tuple[RecordKind, str], tuple[_Signature, FileRecord | SkippedFile]] = {}
+        for kind in _KINDS:
+            try:
+                listing = list(os.scandir(root / "v1" / kind))
+            except FileNotFoundError:
                 continue
-            stat = item.stat()
-            value = Path(item.path).read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
-            # Removed or replaced between the listing and the read: the next pass sees the truth.
-            continue
-        try:
-            path = unquote(item.name, errors="strict")
-        except UnicodeDecodeError:
-            skipped.append(SkippedFile(kind, item.name, "bad_file_name"))
-            continue
-        parsed = _parse_path(kind, path)
-        if isinstance(parsed, str):
-            skipped.append(SkippedFile(kind, item.name, parsed))
-            continue
-        namespace, component, endpoint, instance_id, suffix = parsed
-        records.append(
-            FileRecord(
-                kind=kind,
-                path=path,
-                namespace=namespace,
-                component=component,
-                endpoint=endpoint,
-                instance_id=instance_id,
-                model_suffix=suffix,
-                value=value,
-                mtime=stat.st_mtime,
-            )
+            for item in listing:
+                if item.name.startswith(_TEMP_PREFIX):
+                    continue
+                try:
+                    if not item.is_file():
+                        continue
+                    # Stat before reading: a write in between leaves a stale signature, and the
+                    # next pass reads the file again.
+                    stat = item.stat()
+                    signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                    cached = self._seen.get((kind, item.name))
+                    if cached is not None and cached[0] == signature:
+                        found = cached[1]
+                    else:
+                        found = _describe(kind, item.name, item.path, stat)
+                except (FileNotFoundError, IsADirectoryError):
+                    # Removed or replaced between the listing and the read: the next pass sees
+                    # the truth.
+                    continue
+                seen[(kind, item.name)] = (signature, found)
+        self._seen = seen
+        found_all = [entry for _signature, entry in seen.values()]
+        records = sorted(
+            (e for e in found_all if isinstance(e, FileRecord)), key=lambda r: (r.kind, r.path)
         )
-    return records, skipped
+        skipped = [e for e in found_all if isinstance(e, SkippedFile)]
+        return FileStoreScan(tuple(records), tuple(skipped))
 
 
 def scan_file_store(root: Path) -> FileStoreScan:
-    """List every record file under ``root`` (blocking; run it off the event loop)."""
-    records: list[FileRecord] = []
-    skipped: list[SkippedFile] = []
-    for kind in _KINDS:
-        found, refused = _scan_bucket(root, kind)
-        records.extend(found)
-        skipped.extend(refused)
-    records.sort(key=lambda record: (record.kind, record.path))
-    return FileStoreScan(tuple(records), tuple(skipped))
+    """List every record file under ``root`` once (blocking; run it off the event loop)."""
+    return FileStoreReader().scan(root)

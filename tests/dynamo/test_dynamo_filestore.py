@@ -6,7 +6,11 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from workerset_admission.adapters.dynamo.filestore import default_store_root, scan_file_store
+from workerset_admission.adapters.dynamo.filestore import (
+    FileStoreReader,
+    default_store_root,
+    scan_file_store,
+)
 
 
 def _write(root: Path, kind: str, path: str, value: bytes, *, mtime: float | None = None) -> Path:
@@ -73,3 +77,17 @@ def test_a_missing_store_is_an_empty_scan(tmp_path: Path) -> None:
 def test_store_root_follows_dynamo_environment() -> None:
     assert default_store_root({"DYN_FILE_KV": "/srv/kv"}) == Path("/srv/kv")
     assert default_store_root({"TMPDIR": "/scratch"}) == Path("/scratch/dynamo_store_kv")
+
+
+def test_a_reader_sees_a_rewrite_of_the_same_size_once_the_mtime_moves(tmp_path: Path) -> None:
+    target = _write(tmp_path, "mdc", "ns/backend/generate/abc", b"aaaa", mtime=1000.0)
+    reader = FileStoreReader()
+    assert [r.value for r in reader.scan(tmp_path).records] == [b"aaaa"]
+    assert [r.value for r in reader.scan(tmp_path).records] == [b"aaaa"]
+
+    target.write_bytes(b"bbbb")
+    os.utime(target, (1001.0, 1001.0))
+
+    assert [r.value for r in reader.scan(tmp_path).records] == [b"bbbb"]
+    target.unlink()
+    assert reader.scan(tmp_path).records == ()
