@@ -186,9 +186,12 @@ async def wait_for_gate(
 class NatsRecordSource:
     """Reads the whole serving-admission bucket with one watch (initial values only)."""
 
-    def __init__(self, options: NatsConnectOptions, bucket: str = DEFAULT_BUCKET) -> None:
+    def __init__(
+        self, options: NatsConnectOptions, bucket: str = DEFAULT_BUCKET, *, timeout: float = 10.0
+    ) -> None:
         self._options = options
         self._bucket = bucket
+        self._timeout = timeout
 
     async def read(self) -> BucketRead:
         # Imported here so ``rollout --help`` and the pure gate never load nats-py.
@@ -197,8 +200,16 @@ class NatsRecordSource:
         from workerset_admission.adapters.nats.connect import connect
 
         try:
-            client = await connect(self._options, allow_reconnect=False)
-        except (OSError, NatsError, asyncio.TimeoutError) as error:
+            # nats-py keeps trying unreachable servers on a first connect when reconnects are
+            # unlimited; a gate must answer, so the attempt is bounded here.
+            client = await asyncio.wait_for(
+                connect(self._options, allow_reconnect=False), timeout=self._timeout
+            )
+        except asyncio.TimeoutError:
+            servers = ", ".join(self._options.servers)
+            wait = f"{self._timeout:g} s"
+            return BucketRead(problem=f"no NATS server answered within {wait}: {servers}")
+        except (OSError, NatsError) as error:
             servers = ", ".join(self._options.servers)
             return BucketRead(problem=f"cannot connect to {servers}: {error!r}")
         try:
