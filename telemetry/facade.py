@@ -12,11 +12,14 @@ counter, and commits, withdrawals and successions into short child spans. Builds
 :meth:`AdmissionTelemetry.build_attempt`. Gauges read a state summary the service supplies
 through :meth:`AdmissionTelemetry.observe_state` only when a metric reader collects.
 
-Only the OpenTelemetry API is used: without an SDK every span is a cheap non-recording span and
-every instrument a no-op. Per-update spans can be switched off (``trace_updates=False``) or
-sampled by the SDK's sampler, since at tens of thousands of updates a second even a cheap span
-is a measurable share of the work. Every public method swallows its own failures: telemetry
-that breaks admission would be worse than no telemetry.
+Only the OpenTelemetry API is used: without an SDK every instrument is a no-op and no
+per-update span is made at all. Per-update spans can be switched off (``trace_updates=False``)
+or sampled by the SDK's sampler, and update counts are kept in a dict the SDK reads only when it
+collects: at tens of thousands of updates a second, even a cheap SDK call per update is a
+measurable share of the work (``integration/bench/bench_telemetry_overhead.py``).
+
+Every public method swallows its own failures: telemetry that breaks admission would be worse
+than no telemetry.
 
 Effects are the core's frozen dataclasses, dispatched on their exact type. The import goes one
 way only: the core never imports telemetry.
@@ -99,13 +102,6 @@ def _group_id(group: object) -> str:
     """Return a group's id for attributes: Dynamo's compact JSON id for a GroupKey, else str."""
     group_id = getattr(group, "id", None)
     return group_id if isinstance(group_id, str) else str(group)
-
-
-def _attr_value(value: object) -> str | int | float | bool:
-    """Coerce to a type span attributes accept; ints and strings stay what they are."""
-    if isinstance(value, (str, bool, int, float)):
-        return value
-    return str(value)
 
 
 class UpdateScope:
@@ -539,7 +535,7 @@ class AdmissionTelemetry:
         attrs: dict[str, Any] = {}
         try:
             attrs = {
-                n.ATTR_GROUP: _group_id(group),
+                n.ATTR_GROUP: self.group_id(group),
                 n.ATTR_CHECKSUM: checksum,
                 n.ATTR_GENERATION: int(generation),
                 n.ATTR_BUILD_ATTEMPT: int(attempt),
@@ -626,7 +622,7 @@ class AdmissionTelemetry:
         self._instant_span(
             n.SPAN_COMMIT,
             {
-                n.ATTR_GROUP: _group_id(group),
+                n.ATTR_GROUP: self.group_id(group),
                 n.ATTR_CHECKSUM: checksum,
                 n.ATTR_GENERATION: generation,
             },
@@ -634,7 +630,7 @@ class AdmissionTelemetry:
 
     def group_withdrawn(self, group: object, checksum: str | None, generation: int | None) -> None:
         """Mark a committed group taken out of routing, with a short span."""
-        attrs: dict[str, Any] = {n.ATTR_GROUP: _group_id(group)}
+        attrs: dict[str, Any] = {n.ATTR_GROUP: self.group_id(group)}
         if checksum is not None:
             attrs[n.ATTR_CHECKSUM] = checksum
         if generation is not None:
@@ -653,16 +649,15 @@ class AdmissionTelemetry:
 
         ``new_checksum`` is None when no cohort was left to take over.
         """
-        attrs: dict[str, Any] = {n.ATTR_GROUP: _group_id(group)}
+        sides = {
+            n.ATTR_OLD_CHECKSUM: old_checksum,
+            n.ATTR_NEW_CHECKSUM: new_checksum,
+            n.ATTR_OLD_GENERATION: old_generation,
+            n.ATTR_NEW_GENERATION: new_generation,
+        }
+        attrs: dict[str, Any] = {n.ATTR_GROUP: self.group_id(group)}
+        attrs.update({key: value for key, value in sides.items() if value is not None})
         model = getattr(group, "model", None)
-        for key, value in (
-            (n.ATTR_OLD_CHECKSUM, old_checksum),
-            (n.ATTR_NEW_CHECKSUM, new_checksum),
-            (n.ATTR_OLD_GENERATION, old_generation),
-            (n.ATTR_NEW_GENERATION, new_generation),
-        ):
-            if value is not None:
-                attrs[key] = _attr_value(value)
         if new_checksum is not None:
             # A group whose last worker left has no successor: that is a withdrawal, not a
             # succession, and counting it would make every scale-to-zero look like an update.
@@ -688,7 +683,7 @@ class AdmissionTelemetry:
                 span.add_event(
                     n.EVENT_RETRY_SCHEDULED,
                     {
-                        n.ATTR_GROUP: _group_id(group),
+                        n.ATTR_GROUP: self.group_id(group),
                         n.ATTR_CHECKSUM: checksum,
                         n.ATTR_GENERATION: generation,
                         n.ATTR_BUILD_ATTEMPT: attempt,
