@@ -1,0 +1,338 @@
+"""The admission service against a bare nats-py watch: sync, resync, latency and memory.
+
+A plain script: ``python integration/bench/bench_sync.py [--max-workers N] [--runs R]``. It starts
+a private nats-server (loopback, free port, temporary store) and measures:
+
+* initial sync: registrations per second from start to "first snapshot applied" (decoded,
+  hashed, admitted, receivers notified), next to a bare ``KeyValue.watchall()`` with
+  ``json.loads`` per value up to its end-of-initial-values marker over the same bucket. Two
+  fleets: every worker shares one card text, or every card text differs (each worker reports
+  its own KV capacity, which the checksum ignores, so all still join one cohort). Fleet sizes
+  1k to ``--max-workers``;
+* reconciliation after a server restart with nothing changed: time from the server being back
+  to the reconnect snapshot being applied, against the bare sync time, and whether any receiver
+  was notified (none should be);
+* publish-to-receiver latency at a steady 1,000 updates per second: each update is a new
+  compatible worker, timed from the publish to the moment the group's receiver shows its id;
+* resident memory per tracked worker after syncing the largest shared-card fleet.
+
+The largest fleet's figures are medians of ``--runs`` runs, smaller fleets run once. Compare
+ratios, not absolute rates: client and server share the machine's cores. Results go to
+``integration/bench/results/bench_sync.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import gc
+import json
+import os
+import statistics
+import time
+import tracemalloc
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.js.api import KeyValueConfig
+from workerset_admission.adapters.nats.connect import NatsConnectOptions
+from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
+from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.card import encode_model_record, model_kv_key
+from workerset_admission.identity import EndpointId
+from workerset_admission.service import AdmissionService
+
+RESULTS = Path(__file__).parent / "results"
+EP = EndpointId("bench", "backend", "generate")
+CARD: dict[str, Any] = {
+    "display_name": "Qwen/Qwen3-8B",
+    "slug": "qwen_qwen3-8b",
+    "source_path": "Qwen/Qwen3-8B",
+    "model_info": None,
+    "tokenizer": None,
+    "context_length": 40960,
+    "kv_cache_block_size": 16,
+    "migration_limit": 0,
+    "model_type": "Chat | Completions",
+    "model_input": "Tokens",
+    "worker_type": "aggregated",
+    "needs": [],
+    "runtime_config": {
+        "total_kv_blocks": 4096,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "tool_call_parser": "hermes",
+        "reasoning_parser": "qwen3",
+        "data_parallel_start_rank": 0,
+        "data_parallel_size": 1,
+        "enable_local_indexer": True,
+        "enable_eagle": False,
+    },
+}
+SIZES = (1_000, 5_000, 10_000, 25_000, 50_000)
+
+
+def card_for(i: int, distinct: bool) -> dict[str, Any]:
+    if not distinct:
+        return CARD
+    card = copy.deepcopy(CARD)
+    card["runtime_config"]["total_kv_blocks"] = 4096 + i
+    return card
+
+
+def records(count: int, distinct: bool, offset: int = 0) -> list[tuple[str, bytes]]:
+    shared = None if distinct else json.dumps(CARD, separators=(",", ":"))
+    return [
+        (
+            model_kv_key(EP, i),
+            encode_model_record(EP, i, shared if shared is not None else card_for(i, True)),
+        )
+        for i in range(offset + 1, offset + count + 1)
+    ]
+
+
+async def fill(url: str, bucket: str, items: list[tuple[str, bytes]]) -> None:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        window: list[Awaitable[object]] = []
+        for key, value in items:
+            window.append(js.publish(f"$KV.{bucket}.{key}", value))
+            if len(window) >= 500:
+                await asyncio.gather(*window)
+                window.clear()
+        await asyncio.gather(*window)
+    finally:
+        await nc.close()
+
+
+async def bare_sync(url: str, bucket: str, count: int) -> float:
+    """Seconds for nats-py's watchall + json.loads to reach the end of the initial values."""
+    start = time.perf_counter()
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        watcher = await kv.watchall()
+        seen = 0
+        while (entry := await watcher.updates(timeout=60)) is not None:  # type: ignore[no-untyped-call]
+            json.loads(entry.value)
+            seen += 1
+        elapsed = time.perf_counter() - start
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    finally:
+        await nc.close()
+    assert seen == count, (seen, count)
+    return elapsed
+
+
+def new_service(url: str, bucket: str) -> AdmissionService:
+    source = JetStreamDiscoverySource(
+        NatsConnectOptions(servers=(url,), reconnect_wait=0.05, max_reconnect_wait=0.2),
+        bucket=bucket,
+    )
+    return AdmissionService(source)
+
+
+async def plugin_sync(url: str, bucket: str, count: int) -> float:
+    """Seconds from starting the service to its first snapshot being applied."""
+    start = time.perf_counter()
+    service = new_service(url, bucket)
+    await service.start()
+    try:
+        await service.wait_synced(120)
+        elapsed = time.perf_counter() - start
+        groups = service.core.groups()
+        assert sum(len(c.members) for g in groups for c in g.cohorts) == count
+    finally:
+        await service.stop()
+    return elapsed
+
+
+async def sync_rates(url: str, sizes: tuple[int, ...], runs: int) -> list[dict[str, Any]]:
+    rows = []
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    try:
+        for distinct in (False, True):
+            for size in sizes:
+                bucket = f"sync-{'distinct' if distinct else 'shared'}-{size}"
+                await js.create_key_value(KeyValueConfig(bucket=bucket, history=1))
+                await fill(url, bucket, records(size, distinct))
+                # Only the largest fleet is repeated: it is the figure the targets apply to.
+                repeat = runs if size == sizes[-1] else 1
+                bare = [await bare_sync(url, bucket, size) for _ in range(repeat)]
+                plugin = [await plugin_sync(url, bucket, size) for _ in range(repeat)]
+                await js.delete_key_value(bucket)
+                row = {
+                    "fleet": "distinct" if distinct else "shared",
+                    "workers": size,
+                    "bare_rate": size / statistics.median(bare),
+                    "plugin_rate": size / statistics.median(plugin),
+                    "bare_runs_s": [round(t, 3) for t in bare],
+                    "plugin_runs_s": [round(t, 3) for t in plugin],
+                }
+                row["ratio"] = row["plugin_rate"] / row["bare_rate"]
+                rows.append(row)
+                print(
+                    f"sync {row['fleet']:8s} {size:>6,}  bare {row['bare_rate']:>8,.0f}/s  "
+                    f"plugin {row['plugin_rate']:>8,.0f}/s  ratio {row['ratio']:.2f}",
+                    flush=True,
+                )
+    finally:
+        await nc.close()
+    return rows
+
+
+async def resync_and_memory(server: EmbeddedNatsServer, size: int) -> dict[str, Any]:
+    """Restart the server under a synced service: time the resync, count notifications."""
+    url = server.url
+    bucket = "resync"
+    nc = await nats.connect(url)
+    await nc.jetstream().create_key_value(KeyValueConfig(bucket=bucket, history=1))
+    await nc.close()
+    await fill(url, bucket, records(size, distinct=False))
+    bare = statistics.median([await bare_sync(url, bucket, size) for _ in range(3)])
+    gc.collect()
+    # Python heap growth, traced: the process's RSS would hide reuse of memory freed earlier.
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    service = new_service(url, bucket)
+    await service.start()
+    try:
+        await service.wait_synced(120)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        (group,) = service.core.groups()
+        receiver = service.receiver_for(group.key)
+        assert receiver is not None
+        version = receiver.current().version
+        notifications = service.counters.notifications
+        snapshots = service.counters.snapshots
+        await asyncio.to_thread(server.restart)
+        back = time.perf_counter()
+        while service.counters.snapshots == snapshots:
+            await asyncio.sleep(0.005)
+            assert time.perf_counter() - back < 60, "no resync after the restart"
+        resync = time.perf_counter() - back
+        # The listing itself, read and applied as periodic reconciliation does it.
+        start = time.perf_counter()
+        listing = await service._source.list_all()
+        service.handle_event(listing)
+        reconcile = time.perf_counter() - start
+        result = {
+            "workers": size,
+            "bare_sync_s": round(bare, 3),
+            "resync_after_restart_s": round(resync, 3),
+            "resync_vs_bare_sync": round(resync / bare, 3),
+            "periodic_reconcile_s": round(reconcile, 3),
+            "periodic_reconcile_vs_bare_sync": round(reconcile / bare, 3),
+            "receiver_notified": receiver.current().version != version,
+            "notifications_during_resync": service.counters.notifications - notifications,
+            "heap_per_worker_bytes": round((after - before) / size),
+        }
+    finally:
+        await service.stop()
+    print(
+        f"resync after restart {result['resync_after_restart_s']:.3f} s "
+        f"({result['resync_vs_bare_sync']:.2f}x bare sync {bare:.3f} s), periodic "
+        f"{result['periodic_reconcile_s']:.3f} s, receiver notified: "
+        f"{result['receiver_notified']}, memory {result['heap_per_worker_bytes']} B/worker",
+        flush=True,
+    )
+    return result
+
+
+async def latency(url: str, rate: int = 1000, seconds: float = 5.0) -> dict[str, Any]:
+    """Publish new compatible workers at ``rate``/s; time publish -> receiver shows the id."""
+    bucket = f"latency-{time.monotonic_ns()}"
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.create_key_value(KeyValueConfig(bucket=bucket, history=1))
+    await fill(url, bucket, records(1_000, distinct=False))
+    service = new_service(url, bucket)
+    await service.start()
+    sent: dict[int, float] = {}
+    delays: list[float] = []
+    try:
+        await service.wait_synced(60)
+        (group,) = service.core.groups()
+        while service.binding(group.key) is None:  # noqa: ASYNC110 - polling a plain read
+            await asyncio.sleep(0.01)
+        receiver = service.receiver_for(group.key)
+        assert receiver is not None
+        seen = set(receiver.current().admitted)
+
+        async def watch() -> None:
+            async for state in receiver:
+                now = time.perf_counter()
+                delays.extend(now - sent[i] for i in state.admitted - seen if i in sent)
+                seen.update(state.admitted)
+
+        watcher = asyncio.create_task(watch())
+        total = int(rate * seconds)
+        items = records(total, distinct=False, offset=1_000_000)
+        start = time.perf_counter()
+        for n, (key, value) in enumerate(items):
+            due = start + n / rate
+            pause = due - time.perf_counter()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            sent[1_000_001 + n] = time.perf_counter()
+            await nc.publish(f"$KV.{bucket}.{key}", value)
+        deadline = time.perf_counter() + 10
+        while len(delays) < total and time.perf_counter() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    finally:
+        await service.stop()
+        await nc.close()
+    delays.sort()
+    result = {
+        "rate_per_s": rate,
+        "updates": len(delays),
+        "p50_ms": round(1000 * delays[len(delays) // 2], 3),
+        "p99_ms": round(1000 * delays[int(len(delays) * 0.99) - 1], 3),
+        "max_ms": round(1000 * delays[-1], 3),
+    }
+    print(
+        f"publish -> receiver at {rate}/s: p50 {result['p50_ms']} ms, p99 "
+        f"{result['p99_ms']} ms, max {result['max_ms']} ms ({len(delays)} updates)",
+        flush=True,
+    )
+    return result
+
+
+async def main(max_workers: int, runs: int) -> dict[str, Any]:
+    sizes = tuple(s for s in SIZES if s <= max_workers) or (max_workers,)
+    with EmbeddedNatsServer() as server:
+        print(f"nats-server {server.version()} at {server.url}; median of {runs} runs", flush=True)
+        sync = await sync_rates(server.url, sizes, runs)
+        resync = await resync_and_memory(server, sizes[-1])
+        lat = await latency(server.url)
+    largest = {row["fleet"]: row for row in sync if row["workers"] == sizes[-1]}
+    summary = {
+        "sync_shared_ratio": round(largest["shared"]["ratio"], 3),
+        "sync_distinct_ratio": round(largest["distinct"]["ratio"], 3),
+        "targets": {"sync_shared_ratio": 0.8, "sync_distinct_ratio": 0.5, "p99_ms": 5.0},
+    }
+    return {"sync": sync, "resync": resync, "latency": lat, "summary": summary}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-workers", type=int, default=50_000)
+    parser.add_argument("--runs", type=int, default=3)
+    options = parser.parse_args()
+    if os.environ.get("BENCH_QUICK"):
+        options.max_workers, options.runs = min(options.max_workers, 5_000), 1
+    results = asyncio.run(main(options.max_workers, options.runs))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_sync.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["summary"]))
