@@ -228,10 +228,6 @@ def test_a_bad_value_over_a_good_key_keeps_the_last_valid_registration() -> None
     assert admission_state(service.snapshot()) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the service reads a refused snapshot entry as a removal of the last valid one",
-)
 def test_a_bad_value_in_a_reconciliation_snapshot_keeps_the_last_valid_registration() -> None:
     # Dynamo keeps the last valid value when a resync listing holds a value it cannot parse;
     # a garbled listing must not read as the worker's departure.
