@@ -217,12 +217,12 @@ STRUCTURAL_TAG = Struct(
 RUNTIME_CONFIG = Struct(
     "ModelRuntimeConfig",
     (
-        Field("context_length", Opt(U32), default=_none),
-        Field("total_kv_blocks", Opt(U64), default=_none),
-        Field("max_num_seqs", Opt(U64), default=_none),
-        Field("max_num_batched_tokens", Opt(U64), default=_none),
-        Field("tool_call_parser", Opt(STR), default=_none),
-        Field("reasoning_parser", Opt(STR), default=_none),
+        Field("context_length", Opt(U32)),
+        Field("total_kv_blocks", Opt(U64)),
+        Field("max_num_seqs", Opt(U64)),
+        Field("max_num_batched_tokens", Opt(U64)),
+        Field("tool_call_parser", Opt(STR)),
+        Field("reasoning_parser", Opt(STR)),
         Field(
             "tool_call_arguments_format",
             EnumT(("json_string", "json_object")),
@@ -540,9 +540,9 @@ def _check_kv_router(kv: dict[str, Any]) -> None:
 LOAD_THRESHOLD_CONFIG = Struct(
     "LoadThresholdConfig",
     (
-        Field("active_decode_blocks_threshold", Opt(F64), default=_none),
-        Field("active_prefill_tokens_threshold", Opt(U64), default=_none),
-        Field("active_prefill_tokens_threshold_frac", Opt(F64), default=_none),
+        Field("active_decode_blocks_threshold", Opt(F64)),
+        Field("active_prefill_tokens_threshold", Opt(U64)),
+        Field("active_prefill_tokens_threshold_frac", Opt(F64)),
     ),
 )
 
@@ -621,8 +621,8 @@ MEDIA_FETCHER = Struct(
         Field("allow_direct_ip", BOOL),
         Field("allow_direct_port", BOOL),
         Field("allow_private_ips", BOOL),
-        Field("allowed_media_domains", Opt(Seq(STR)), default=_none),
-        Field("timeout", Opt(DURATION), default=_none),
+        Field("allowed_media_domains", Opt(Seq(STR))),
+        Field("timeout", Opt(DURATION)),
     ),
 )
 

@@ -495,6 +495,47 @@ def runtime_configs(draw: st.DrawFn) -> Any:
     return rc
 
 
+CARD_ORDER = (
+    "display_name",
+    "slug",
+    "source_path",
+    "model_info",
+    "tokenizer",
+    "prompt_formatter",
+    "chat_template_file",
+    "gen_config",
+    "prompt_context",
+    "architectural_max_context_length",
+    "context_length",
+    "kv_cache_block_size",
+    "migration_limit",
+    "model_type",
+    "model_input",
+    "worker_type",
+    "needs",
+    "lora",
+    "aliases",
+    "user_data",
+    "runtime_config",
+    "tensor_model_config",
+    "media_decoder",
+    "media_fetcher",
+    "router_config",
+    "indexer_identity",
+    "extra_files",
+)
+CARD_DEFAULTS: dict[str, Any] = {
+    "needs": [],
+    "aliases": [],
+    "runtime_config": {},
+    "extra_files": [],
+}
+LTC_ORDER = (
+    "active_decode_blocks_threshold",
+    "active_prefill_tokens_threshold",
+    "active_prefill_tokens_threshold_frac",
+)
+
 LIMITS = st.fixed_dictionaries(
     {},
     optional={
@@ -676,6 +717,20 @@ def cards(draw: st.DrawFn, files: dict[str, str] | None = None) -> str:
                 st.one_of(json_values, st.sampled_from([deep(200), Lit("1e400"), Lit('"\\ud800"')]))
             )
         )
+    if draw(st.integers(0, 15)) == 0 and isinstance(c.get("router_config"), dict):
+        router = c["router_config"]
+        head = [
+            router.get("router_mode"),
+            router.get("kv_router_config", {}),
+            router.get("load_threshold_config", {}),
+        ]
+        ltc = head[2]
+        if isinstance(ltc, dict) and draw(st.booleans()):
+            head[2] = Arr(tuple(ltc.get(k) for k in LTC_ORDER))
+        c["router_config"] = Arr(tuple(head))
+    if draw(st.integers(0, 15)) == 0:
+        values = [c.get(name, CARD_DEFAULTS.get(name)) for name in CARD_ORDER]
+        return render(Arr(tuple(values[: draw(st.sampled_from(range(14, len(values) + 1)))])))
     twist = draw(st.integers(0, 30))
     if twist == 0 and c:
         key = draw(st.sampled_from(sorted(c)))
