@@ -44,7 +44,7 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
 
 async def _bridge(args: argparse.Namespace) -> int:
     from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
-    from workerset_admission.adapters.dynamo.filestore import default_store_root
+    from workerset_admission.adapters.dynamo.filestore import FileStoreReader, default_store_root
     from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
     from workerset_admission.adapters.nats.connect import connect
     from workerset_admission.config import flags_from_args, load_settings
@@ -66,6 +66,7 @@ async def _bridge(args: argparse.Namespace) -> int:
             interval=args.interval,
             ttl=args.ttl,
             prune=args.prune,
+            scan=FileStoreReader(settings.max_value_bytes).scan,
         )
         if args.once:
             await bridge.sync_once()

@@ -170,6 +170,7 @@ class DiscoveryBridge:
         self._scan = scan or FileStoreReader().scan
         self._key_of = key_of or bucket_key_for
         self._mirrored: dict[str, bytes | None] = {}
+        self._failing: set[str] = set()
         self._started = False
         self.stats = BridgeStats()
 
@@ -219,8 +220,12 @@ class DiscoveryBridge:
             await operation
         except Exception as exc:  # the bucket being unreachable must not stop the bridge
             self.stats.write_errors += 1
-            _log.warning("discovery bridge could not write %s: %s", key, exc)
+            # Once per failing key, not once per pass.
+            level = logging.DEBUG if key in self._failing else logging.WARNING
+            _log.log(level, "discovery bridge could not write %s: %s", key, exc)
+            self._failing.add(key)
             return False
+        self._failing.discard(key)
         return True
 
     def _note_skipped(self, skipped: tuple[SkippedFile, ...]) -> None:

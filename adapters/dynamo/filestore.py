@@ -20,6 +20,7 @@ from urllib.parse import unquote
 
 __all__ = [
     "DEFAULT_FILE_TTL",
+    "DEFAULT_MAX_FILE_SIZE",
     "FileRecord",
     "FileStoreReader",
     "FileStoreScan",
@@ -36,6 +37,8 @@ DEFAULT_FILE_TTL = 10.0
 
 _KINDS: tuple[RecordKind, ...] = ("instances", "mdc")
 _HEX_ID = re.compile(r"0|[1-9a-f][0-9a-f]{0,15}")
+# The bucket's default value limit; Dynamo's records are a few kilobytes.
+DEFAULT_MAX_FILE_SIZE = 1 << 20
 # Dynamo stages a revision-0 insert as ``.tmp_<16 hex>`` and hard-links it into place.
 _TEMP_PREFIX = ".tmp_"
 
@@ -98,8 +101,11 @@ def _parse_path(kind: RecordKind, path: str) -> tuple[str, str, str, int, str | 
 
 
 def _describe(
-    kind: RecordKind, name: str, file_path: str, stat: os.stat_result
+    kind: RecordKind, name: str, file_path: str, stat: os.stat_result, max_size: int
 ) -> FileRecord | SkippedFile:
+    if stat.st_size > max_size:
+        # Never read it: a value the bucket cannot hold is refused before it costs memory.
+        return SkippedFile(kind, name, "value_too_large")
     try:
         path = unquote(name, errors="strict")
     except UnicodeDecodeError:
@@ -133,7 +139,8 @@ class FileStoreReader:
     of the TTL later, makes the file read again.)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_size: int = DEFAULT_MAX_FILE_SIZE) -> None:
+        self._max_size = max_size
         self._seen: dict[tuple[RecordKind, str], tuple[_Signature, FileRecord | SkippedFile]] = {}
 
     def scan(self, root: Path) -> FileStoreScan:
@@ -158,7 +165,7 @@ class FileStoreReader:
                     if cached is not None and cached[0] == signature:
                         found = cached[1]
                     else:
-                        found = _describe(kind, item.name, item.path, stat)
+                        found = _describe(kind, item.name, item.path, stat, self._max_size)
                 except (FileNotFoundError, IsADirectoryError):
                     # Removed or replaced between the listing and the read: the next pass sees
                     # the truth.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,3 +195,18 @@ def test_bucket_keys_follow_the_design_wire_format() -> None:
     assert bucket_key_for(record("mdc", "ns", "my lora/ü")) == (
         "v1.mdc.ns.backend.generate.ab12.my=20lora=2F=C3=BC"
     )
+
+
+async def test_a_key_that_keeps_failing_is_warned_about_once(
+    store: _Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    bucket = _Bucket(failing={"mdc:ns/backend/generate/a1"})
+    bridge = _bridge(store, bucket)
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+
+    with caplog.at_level(logging.DEBUG, logger="workerset_admission.adapters.dynamo.bridge"):
+        for _ in range(3):
+            await bridge.sync_once()
+
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert bridge.stats.write_errors == 3

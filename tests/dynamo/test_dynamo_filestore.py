@@ -91,3 +91,13 @@ def test_a_reader_sees_a_rewrite_of_the_same_size_once_the_mtime_moves(tmp_path:
     assert [r.value for r in reader.scan(tmp_path).records] == [b"bbbb"]
     target.unlink()
     assert reader.scan(tmp_path).records == ()
+
+
+def test_a_file_larger_than_the_limit_is_reported_without_being_read(tmp_path: Path) -> None:
+    _write(tmp_path, "mdc", "ns/backend/generate/abc", b"x" * 65)
+    _write(tmp_path, "mdc", "ns/backend/generate/abd", b"x" * 64)
+
+    scan = FileStoreReader(max_size=64).scan(tmp_path)
+
+    assert [r.path for r in scan.records] == ["ns/backend/generate/abd"]
+    assert [s.reason for s in scan.skipped] == ["value_too_large"]
