@@ -2,9 +2,9 @@
 
 The Dynamo frontend calls a route provider from inside its own uvloop and serves the routes from
 a thread pool; neither may wait on NATS. :class:`ServiceThread` starts the service on a private
-loop in a daemon thread, retries a failed start with backoff (the bucket may come up after the
-frontend), publishes the running service for synchronous readers, and stops it on request or
-when the interpreter exits.
+loop in a daemon thread, retries a failed or hung start with backoff (the bucket may come up
+after the frontend), publishes the running service for synchronous readers, and stops it on
+request or when the interpreter exits.
 """
 
 from __future__ import annotations
