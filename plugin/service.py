@@ -41,7 +41,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
@@ -531,6 +531,9 @@ class AdmissionService:
         self._snapshot: ServiceSnapshot | None = None
         self._failure: BaseException | None = None
         self._shut_down = False
+        # Keys live updates touched while a reconciliation listing is being read.
+        self._touched: set[str] | None = None
+        self._resyncs = 0
         self._state_listeners: list[Callable[[], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -739,14 +742,21 @@ class AdmissionService:
 
     def handle_event(self, event: SourceEvent) -> None:
         """Apply one source event as one core step (exposed for tests and replay tools)."""
+        touched = self._touched
         if isinstance(event, SourcePut):
             self.counters.puts += 1
+            if touched is not None:
+                touched.add(event.entry.key)
             self._on_put(event)
         elif isinstance(event, SourceDelete):
             self.counters.deletes += 1
+            if touched is not None:
+                touched.add(event.key)
             self._on_delete(event)
         elif isinstance(event, SourceSnapshot):
             self.counters.snapshots += 1
+            if event.reason != "periodic":
+                self._resyncs += 1
             self._on_snapshot(event)
         else:
             raise UsageError(f"not a discovery event: {type(event).__name__}")
@@ -781,13 +791,18 @@ class AdmissionService:
             elif self.liveness.remove(key):
                 self._changed()
 
-    def _on_snapshot(self, event: SourceSnapshot) -> None:
+    def _on_snapshot(self, event: SourceSnapshot, keep: Collection[str] = ()) -> None:
         with self._telemetry.apply_update(event) as scope:
             registrations: list[Registration] = []
             retain: list[str] = []
             live: dict[str, tuple[EndpointId, int]] = {}
             decode = self._decoder.decode
+            for key in keep:
+                # Changed by a live update after the listing began: the live state is newer.
+                self._retain(key, retain, live)
             for entry in event.entries:
+                if entry.key in keep:
+                    continue
                 try:
                     record = decode(entry.key, entry.value)
                 except RemoteDataError as exc:
@@ -997,11 +1012,31 @@ class AdmissionService:
         while True:
             await asyncio.sleep(interval)
             try:
-                listing = await self._source.list_all()
+                await self.reconcile()
             except Exception as exc:  # the live watch keeps going meanwhile
                 _log.warning("periodic reconciliation could not list the bucket: %s", exc)
-                continue
-            self.handle_event(listing)
+
+    async def reconcile(self) -> bool:
+        """List the whole bucket and apply it as a snapshot; tell whether it was applied.
+
+        Live updates keep flowing while the listing is read, so the listing may be older than
+        what they said: keys they touched meanwhile keep their live state, and a listing that
+        a resync (a new watch) overtook is discarded, as Dynamo does.
+        """
+        resyncs = self._resyncs
+        touched: set[str] = set()
+        self._touched = touched
+        try:
+            listing = await self._source.list_all()
+        finally:
+            if self._touched is touched:
+                self._touched = None
+        if self._resyncs != resyncs:
+            _log.debug("discarded a reconciliation listing that predates a resync")
+            return False
+        self._on_snapshot(listing, keep=touched)
+        self.counters.snapshots += 1
+        return True
 
     # -- serving-admission publications -----------------------------------------------------
 

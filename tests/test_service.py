@@ -80,6 +80,8 @@ class FakeSource:
     def __init__(self) -> None:
         self.queue: asyncio.Queue[SourceEvent | None] = asyncio.Queue()
         self.listing: list[DiscoveryEntry] = []
+        self.listing_gate = asyncio.Event()
+        self.listing_gate.set()
         self.list_calls = 0
         self.closed = False
 
@@ -92,7 +94,9 @@ class FakeSource:
 
     async def list_all(self) -> SourceSnapshot:
         self.list_calls += 1
-        return SourceSnapshot(tuple(self.listing), reason="periodic")
+        listing = tuple(self.listing)  # read when the listing starts, like a real bucket scan
+        await self.listing_gate.wait()
+        return SourceSnapshot(listing, reason="periodic")
 
     async def close(self) -> None:
         self.closed = True
@@ -494,5 +498,66 @@ async def test_starting_twice_is_refused(source: FakeSource) -> None:
     try:
         with pytest.raises(UsageError):
             await svc.start()
+    finally:
+        await svc.stop()
+
+
+async def test_a_listing_older_than_live_updates_keeps_what_they_changed(
+    source: FakeSource,
+) -> None:
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2))))
+        await settle(lambda: svc.binding(group_key()) is not None)
+        source.listing = [model_entry(1), model_entry(2)]
+        source.listing_gate.clear()
+        reconciling = asyncio.create_task(svc.reconcile())
+        await settle(lambda: source.list_calls == 1)
+        source.queue.put_nowait(model_put(3))
+        source.queue.put_nowait(model_delete(1))
+        await settle(lambda: svc.counters.deletes == 1)
+        source.listing_gate.set()
+        assert await reconciling is True
+        group = svc.snapshot().group(group_key())
+        assert group is not None
+        assert group.admitted == (2, 3)
+    finally:
+        await svc.stop()
+
+
+async def test_a_listing_overtaken_by_a_resync_is_discarded(source: FakeSource) -> None:
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        await settle(lambda: svc.binding(group_key()) is not None)
+        source.listing = [model_entry(1)]
+        source.listing_gate.clear()
+        reconciling = asyncio.create_task(svc.reconcile())
+        await settle(lambda: source.list_calls == 1)
+        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2)), "reconnect"))
+        await settle(lambda: svc.counters.snapshots == 2)
+        source.listing_gate.set()
+        assert await reconciling is False
+        group = svc.snapshot().group(group_key())
+        assert group is not None
+        assert group.admitted == (1, 2)
+    finally:
+        await svc.stop()
+
+
+async def test_a_refused_value_in_a_snapshot_keeps_the_last_valid_registration(
+    source: FakeSource,
+) -> None:
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2))))
+        await settle(lambda: svc.binding(group_key()) is not None)
+        garbled = DiscoveryEntry(model_kv_key(EP, 2), b"{garbled", 7)
+        source.queue.put_nowait(SourceSnapshot((model_entry(1), garbled), "reconnect"))
+        await settle(lambda: svc.counters.snapshots == 2)
+        group = svc.snapshot().group(group_key())
+        assert group is not None
+        assert group.admitted == (1, 2)
+        assert svc.recent_invalid[-1].key == model_kv_key(EP, 2)
     finally:
         await svc.stop()
