@@ -604,24 +604,23 @@ class AdmissionService:
         try:
             async with TaskGroup() as tg:
                 self._tg = tg
-                loops = [
-                    tg.create_task(self._source_loop(), name="admission source"),
+                source = tg.create_task(self._source_loop(), name="admission source")
+                helpers = [
                     tg.create_task(self._timer_loop(), name="admission timers"),
                     tg.create_task(self._reconcile_loop(), name="admission reconcile"),
                 ]
                 if self._publisher is not None:
-                    loops.append(tg.create_task(self._publish_loop(), name="admission publish"))
+                    helpers.append(tg.create_task(self._publish_loop(), name="admission publish"))
                 if self._status is not None:
-                    loops.append(
-                        tg.create_task(
-                            self._status.serve(self.render_status), name="admission status"
-                        )
-                    )
+                    helpers.append(tg.create_task(self._status_loop(), name="admission status"))
                 started.set()
                 await self._stopping.wait()
-                await self._shutdown()
-                for task in loops:
+                # Quiet the helpers first, so no publication races the withdrawal below.
+                for task in helpers:
                     task.cancel()
+                await asyncio.wait(helpers)
+                await self._shutdown()
+                source.cancel()
         except Exception as exc:
             self._failure = exc
             _log.error("the admission service stopped on an error", exc_info=exc)
@@ -739,6 +738,19 @@ class AdmissionService:
             if self._stopping.is_set():
                 break
             self.handle_event(event)
+        if not self._stopping.is_set():
+            _log.warning("the discovery source ended; stopping the admission service")
+            self._stopping.set()
+
+    async def _status_loop(self) -> None:
+        status = self._status
+        assert status is not None
+        while True:
+            try:
+                await status.serve(self.render_status)
+            except Exception as exc:  # NATS may be away: status must not take admission down
+                _log.warning("the status responder failed, retrying: %s", exc)
+            await asyncio.sleep(self.settings.publish_retry)
 
     def handle_event(self, event: SourceEvent) -> None:
         """Apply one source event as one core step (exposed for tests and replay tools)."""
@@ -946,14 +958,14 @@ class AdmissionService:
             request.receiver.close()
         if self._builds.get((effect.group, effect.generation)) is not build:
             return  # cancelled by the core while finishing: the result is stale
-        if not ok:
-            del self._builds[(effect.group, effect.generation)]
         self._step(
             [
                 Tick(self._clock()),
                 BuildFinished(effect.group, effect.mdc_checksum, effect.generation, ok, error),
             ]
         )
+        # A committed build was taken over by its commit; anything else is dropped here.
+        self._builds.pop((effect.group, effect.generation), None)
 
     def _commit(self, effect: CommitGroup) -> CommitFailed | None:
         build = self._builds.pop((effect.group, effect.generation), None)

@@ -561,3 +561,45 @@ async def test_a_refused_value_in_a_snapshot_keeps_the_last_valid_registration(
         assert svc.recent_invalid[-1].key == model_kv_key(EP, 2)
     finally:
         await svc.stop()
+
+
+class FlakyStatus:
+    """Fails on its first start, then answers one request by rendering once."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+        self.rendered: list[bytes] = []
+
+    async def serve(self, render: Any) -> None:
+        self.starts += 1
+        if self.starts == 1:
+            raise ConnectionError("NATS is away")
+        self.rendered.append(render(False))
+        await asyncio.Event().wait()
+
+
+async def test_a_failing_status_responder_is_restarted_and_admission_goes_on(
+    source: FakeSource,
+) -> None:
+    status = FlakyStatus()
+    svc = await started(source, status=status, settings=ServiceSettings(publish_retry=0.01))
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        await settle(lambda: status.starts == 2 and svc.binding(group_key()) is not None)
+        assert svc.running
+        assert b'"groups"' in status.rendered[0]
+    finally:
+        await svc.stop()
+
+
+async def test_the_service_stops_when_its_source_ends(source: FakeSource) -> None:
+    svc = await started(source)
+    source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+    await settle(lambda: svc.binding(group_key()) is not None)
+    receiver = svc.receiver_for(group_key())
+    assert receiver is not None
+    source.queue.put_nowait(None)
+    await settle(lambda: not svc.running)
+    with pytest.raises(ReceiverRetired):
+        receiver.current()
+    await svc.stop()
