@@ -64,6 +64,10 @@ ENDPOINT_PREFIX = "v1.instances."
 _PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TOKEN_RE = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
 _HEX_ID_RE = re.compile(r"(?:0|[1-9a-f][0-9a-f]{0,15})")
+_PLAIN_KEY_RE = re.compile(
+    r"v1\.(mdc|instances)\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)"
+    r"\.(0|[1-9a-f][0-9a-f]{0,15})(?:\.([A-Za-z0-9_-]+))?"
+)
 
 
 # --------------------------------------------------------------------------- keys
@@ -158,6 +162,21 @@ class ParsedKey:
 
 def parse_key(kv_key: str) -> ParsedKey:
     """Parse a discovery KV key, or raise :class:`InvalidRecordError` (reason ``bad_key``)."""
+    plain = _PLAIN_KEY_RE.fullmatch(kv_key) if isinstance(kv_key, str) else None
+    if plain is not None:
+        # The common case: no escapes anywhere, so the tokens are the names.
+        kind_token, ns, comp, ep, hex_id, suffix_token = plain.groups()
+        if kind_token == "instances" and suffix_token is not None:
+            raise InvalidRecordError(
+                "bad_key", f"wrong number of key tokens in {kv_key!r}", key=kv_key
+            )
+        return ParsedKey(
+            "model" if kind_token == "mdc" else "endpoint",
+            EndpointId(ns, comp, ep),
+            int(hex_id, 16),
+            suffix_token,
+            kv_key,
+        )
     if not isinstance(kv_key, str):
         raise InvalidRecordError("bad_key", "a KV key must be a string")
     parts = kv_key.split(".")
@@ -332,6 +351,9 @@ class _CardFacts:
     worker_type: WorkerType | None
     needs: tuple[tuple[WorkerType, ...], ...]
     taints: tuple[str, ...]
+    has_lora: bool
+    # Group keys by endpoint: a fleet shares one card across a few endpoints.
+    groups: dict[tuple[str, str, str], GroupKey] = field(default_factory=dict, compare=False)
 
 
 def _card_facts(card: DecodedCard, settings: BoundarySettings) -> _CardFacts:
@@ -348,6 +370,7 @@ def _card_facts(card: DecodedCard, settings: BoundarySettings) -> _CardFacts:
         worker_type=None if worker_type is None else WorkerType(worker_type),
         needs=tuple(tuple(WorkerType(w) for w in alt) for alt in card.needs),
         taints=tuple(sorted(card.fields["runtime_config"]["taints"])),
+        has_lora=card.fields["lora"] is not None,
     )
 
 
@@ -362,16 +385,18 @@ class _FactsCache:
 
     def __init__(self) -> None:
         self.entries: dict[
-            tuple[str, tuple[str | None, bool | None]], _CardFacts | CardDecodeError
+            tuple[bytes | str, tuple[str | None, bool | None]], _CardFacts | CardDecodeError
         ] = {}
 
     def get(
-        self, key: tuple[str, tuple[str | None, bool | None]]
+        self, key: tuple[bytes | str, tuple[str | None, bool | None]]
     ) -> _CardFacts | CardDecodeError | None:
         return self.entries.get(key)
 
     def put(
-        self, key: tuple[str, tuple[str | None, bool | None]], value: _CardFacts | CardDecodeError
+        self,
+        key: tuple[bytes | str, tuple[str | None, bool | None]],
+        value: _CardFacts | CardDecodeError,
     ) -> None:
         if len(self.entries) >= _CACHE_LIMIT:
             self.entries.pop(next(iter(self.entries)))
@@ -379,23 +404,25 @@ class _FactsCache:
 
 
 _CACHE = _FactsCache()
-_GROUPS: dict[tuple[str, EndpointId, str, WorkerType], GroupKey] = {}
 
 
-def _as_text(
-    raw: bytes | bytearray | memoryview | str, settings: BoundarySettings, key: str
-) -> str:
-    size = len(raw) if isinstance(raw, str) else len(bytes(raw))
-    if size > settings.max_value_size:
+def _check_size(raw: bytes | str, settings: BoundarySettings, key: str) -> None:
+    limit = settings.max_value_size
+    size = len(raw)
+    if isinstance(raw, str) and size <= limit < size * 4:
+        size = len(raw.encode("utf-8", "surrogatepass"))
+    if size > limit:
         raise InvalidRecordError(
-            "value_too_large", f"value of {size} bytes exceeds {settings.max_value_size}", key=key
+            "value_too_large", f"value of {size} bytes exceeds {limit}", key=key
         )
+
+
+def _as_text(raw: bytes | str, settings: BoundarySettings, key: str) -> str:
+    _check_size(raw, settings, key)
     if isinstance(raw, str):
-        if len(raw.encode("utf-8", "surrogatepass")) > settings.max_value_size:
-            raise InvalidRecordError("value_too_large", "value exceeds the size limit", key=key)
         return raw
     try:
-        return bytes(raw).decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidRecordError("invalid_utf8", str(exc), key=key) from None
 
@@ -460,17 +487,65 @@ _MODEL_FIELDS = ("namespace", "component", "endpoint", "instance_id", "card_json
 _CARD_MARK = '"card_json":'
 
 
-def _split_fast(text: str) -> tuple[str, str] | None:
-    """Split a record into (envelope with ``null`` for the card, card text), or None."""
-    start = text.find(_CARD_MARK)
-    if start < 0 or text.find(_CARD_MARK, start + 1) >= 0 or not text.endswith("}"):
+_CARD_MARK_BYTES = _CARD_MARK.encode()
+_SUFFIX_MARK = ',"model_suffix":"'
+_SUFFIX_MARK_BYTES = _SUFFIX_MARK.encode()
+
+
+def _try_shared_card(
+    raw: bytes | str,
+    parsed_key: ParsedKey,
+    settings: BoundarySettings,
+    ctx: Ctx | None,
+    key: str,
+) -> Registration | None:
+    """Decode a record whose card text was seen before, parsing only its small envelope.
+
+    The record is cut into the envelope (``card_json`` replaced by ``null``) and the card text.
+    When the envelope parses with ``card_json: null`` at the one place the key occurs, the
+    original text is exactly that envelope with the card text in the value position, so
+    decoding the two parts separately equals decoding the whole. Anything unusual (spacing,
+    repeated markers, escapes) returns None and the caller decodes the whole record.
+    """
+    if isinstance(raw, str):
+        mark, suffix_mark, null, close = _CARD_MARK, _SUFFIX_MARK, "null", "}"
+    else:
+        mark, suffix_mark, null, close = _CARD_MARK_BYTES, _SUFFIX_MARK_BYTES, b"null", b"}"  # type: ignore[assignment]
+    start = raw.find(mark)  # type: ignore[arg-type]
+    if start < 0 or not raw.endswith(close):  # type: ignore[arg-type]
         return None
-    card_start = start + len(_CARD_MARK)
-    end = text.rfind(',"model_suffix":"')
-    if end < card_start:
-        end = len(text) - 1
-    envelope = text[:card_start] + "null" + text[end:]
-    return envelope, text[card_start:end]
+    card_start = start + len(mark)
+    if raw.find(mark, card_start) >= 0:  # type: ignore[arg-type]
+        return None
+    end = raw.rfind(suffix_mark, card_start)  # type: ignore[arg-type]
+    if end < 0:
+        end = len(raw) - 1
+    envelope = raw[:card_start] + null + raw[end:]  # type: ignore[operator]
+    if isinstance(envelope, bytes):
+        if envelope.count(b"card_json") != 1:
+            return None
+        try:
+            envelope_text = envelope.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    else:
+        if envelope.count("card_json") != 1:
+            return None
+        envelope_text = envelope
+    if jsonio.has_lone_surrogate_escape(envelope_text):
+        return None
+    try:
+        value = jsonio.loads(envelope_text)
+    except jsonio.JsonError:
+        return None
+    if not isinstance(value, dict) or value.get("card_json", 0) is not None:
+        return None
+    if any(isinstance(v, (dict, list, jsonio.Overflow)) for v in value.values()):
+        # Nested or odd envelope members: let the whole-record path judge them.
+        return None
+    obj = _check_envelope(value, parsed_key, "Model", _MODEL_FIELDS)
+    facts = _cached_facts(raw[card_start:end], settings, ctx, key)
+    return _registration(obj, parsed_key, facts, key)
 
 
 def _decode_card_text(card_text: str, key: str, level: int) -> Any:
@@ -500,17 +575,28 @@ def _reads_files(value: Any) -> bool:
 
 
 def _cached_facts(
-    card_text: str, settings: BoundarySettings, ctx: Ctx | None, key: str
+    card_raw: bytes | str, settings: BoundarySettings, ctx: Ctx | None, key: str
 ) -> _CardFacts:
-    cache_key = (card_text, settings.overrides)
+    cache_key = (card_raw, settings.overrides)
     cached = _CACHE.get(cache_key)
     if cached is None:
+        if isinstance(card_raw, bytes):
+            try:
+                card_text = card_raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidRecordError("invalid_utf8", str(exc), key=key) from None
+        else:
+            card_text = card_raw
         card_value = _decode_card_text(card_text, key, 1)
+        check = jsonio.has_lone_surrogate_escape(card_text)
+        if check and jsonio.has_lone_surrogate(card_value):
+            raise InvalidRecordError("invalid_string", "lone surrogate in hex escape", key=key)
         try:
             cached = _facts_for(card_value, False, settings, ctx)
         except CardDecodeError as exc:
             cached = exc
-        # A card naming router files is re-read every time, as 1.6.1 reads them per decode.
+        # A card naming a router policy file is decoded afresh each time: 1.6.1 reads the
+        # file on every decode, so its verdict can change.
         if ctx is None and not _reads_files(card_value):
             _CACHE.put(cache_key, cached)
     if isinstance(cached, CardDecodeError):
@@ -551,22 +637,14 @@ def decode_model_record(
             raise InvalidRecordError("depth_limit", "recursion limit exceeded", key=key)
         check = True
     else:
+        if isinstance(raw, (bytearray, memoryview)):
+            raw = bytes(raw)
+        _check_size(raw, settings, key)
+        fast = _try_shared_card(raw, parsed_key, settings, ctx, key)
+        if fast is not None:
+            return fast
         text = _as_text(raw, settings, key)
         check = jsonio.has_lone_surrogate_escape(text)
-        split = None if check else _split_fast(text)
-        if split is not None:
-            envelope_text, card_text = split
-            envelope = _parse(envelope_text, key)
-            # The envelope must name the card exactly once, as the key we cut at.
-            if (
-                isinstance(envelope, dict)
-                and envelope_text.count("card_json") == 1
-                and "card_json" in envelope
-                and envelope["card_json"] is None
-            ):
-                obj = _check_envelope(envelope, parsed_key, "Model", _MODEL_FIELDS)
-                facts = _cached_facts(card_text, settings, ctx, key)
-                return _registration(obj, parsed_key, facts, key)
         whole = _parse(text, key)
         if jsonio.depth_of(whole) > jsonio.MAX_DEPTH:
             raise InvalidRecordError("depth_limit", "recursion limit exceeded", key=key)
@@ -586,23 +664,33 @@ def _registration(
     obj: dict[str, Any], parsed_key: ParsedKey, facts: _CardFacts, key: str
 ) -> Registration:
     suffix = obj.get("model_suffix")
-    if suffix is not None and not isinstance(suffix, str):
-        raise InvalidRecordError("invalid_record", "field `model_suffix` must be a string", key=key)
     if suffix != parsed_key.model_suffix:
+        if suffix is not None and not isinstance(suffix, str):
+            raise InvalidRecordError(
+                "invalid_record", "field `model_suffix` must be a string", key=key
+            )
         raise InvalidRecordError(
             "identity_mismatch", "the value's model_suffix disagrees with its key", key=key
         )
-    if (suffix is not None) != (facts.card.fields["lora"] is not None):
+    if (suffix is not None) is not facts.has_lora:
         raise InvalidRecordError(
             "lora_mismatch", "LoRA discovery identity and card metadata disagree", key=key
         )
-    group = GroupKey.build(
-        facts.card.display_name, parsed_key.endpoint, facts.model_types, facts.effective
-    )
+    endpoint = parsed_key.endpoint
+    where = (endpoint.namespace, endpoint.component, endpoint.endpoint)
+    group = facts.groups.get(where)
+    if group is None:
+        group = GroupKey.build(
+            facts.card.display_name, endpoint, facts.model_types, facts.effective
+        )
+        if len(facts.groups) < _CACHE_LIMIT:
+            facts.groups[where] = group
+    instance_id = parsed_key.instance_id
+    path = f"{where[0]}/{where[1]}/{where[2]}/{instance_id:x}"
     return Registration(
-        key=parsed_key.instance_key,
-        endpoint=parsed_key.endpoint,
-        instance_id=parsed_key.instance_id,
+        key=f"{path}/{suffix}" if suffix else path,
+        endpoint=endpoint,
+        instance_id=instance_id,
         model_suffix=suffix,
         group=group,
         mdc_checksum=facts.checksum,
