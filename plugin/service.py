@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -246,26 +246,26 @@ class LivenessIndex:
     """Live endpoint instances, from ``v1.instances`` records, for hops to intersect with.
 
     A hop never routes to an admitted id that has no live endpoint record, and never to a live
-    instance that is not admitted.
+    instance that is not admitted. ``live_ids`` is read on every routing decision, so each
+    endpoint's frozen set is built once per change, not once per read.
     """
 
-    __slots__ = ("_by_key", "_live", "_version", "_waiters")
+    __slots__ = ("_by_key", "_frozen", "_live")
 
     def __init__(self) -> None:
-        self._live: dict[EndpointId, set[int]] = {}
+        # endpoint -> instance id -> how many records name it (normally one).
+        self._live: dict[EndpointId, dict[int, int]] = {}
         self._by_key: dict[str, tuple[EndpointId, int]] = {}
-        self._version = 0
-        self._waiters: asyncio.Event | None = None
-
-    @property
-    def version(self) -> int:
-        return self._version
+        self._frozen: dict[EndpointId, frozenset[int]] = {}
 
     def live_ids(self, endpoint: EndpointId) -> frozenset[int]:
-        return frozenset(self._live.get(endpoint, ()))
+        frozen = self._frozen.get(endpoint)
+        if frozen is None:
+            frozen = self._frozen[endpoint] = frozenset(self._live.get(endpoint, ()))
+        return frozen
 
     def routable(self, endpoint: EndpointId, admitted: Iterable[int]) -> frozenset[int]:
-        """Admitted ids that also have a live endpoint instance."""
+        """Return the admitted ids that also have a live endpoint instance."""
         live = self._live.get(endpoint)
         if not live:
             return frozenset()
@@ -282,55 +282,41 @@ class LivenessIndex:
             return False
         self._discard(key)
         self._by_key[key] = (endpoint, instance_id)
-        self._live.setdefault(endpoint, set()).add(instance_id)
-        self._bump()
+        ids = self._live.setdefault(endpoint, {})
+        ids[instance_id] = ids.get(instance_id, 0) + 1
+        self._frozen.pop(endpoint, None)
         return True
 
     def remove(self, key: str) -> bool:
-        if not self._discard(key):
-            return False
-        self._bump()
-        return True
+        return self._discard(key)
 
     def replace(self, entries: Mapping[str, tuple[EndpointId, int]]) -> bool:
         """Make the index exactly ``entries`` (a snapshot); report whether anything changed."""
         if entries == self._by_key:
             return False
         self._by_key = dict(entries)
-        live: dict[EndpointId, set[int]] = {}
+        live: dict[EndpointId, dict[int, int]] = {}
         for endpoint, instance_id in entries.values():
-            live.setdefault(endpoint, set()).add(instance_id)
+            ids = live.setdefault(endpoint, {})
+            ids[instance_id] = ids.get(instance_id, 0) + 1
         self._live = live
-        self._bump()
+        self._frozen = {}
         return True
-
-    async def changed(self, version: int) -> int:
-        """Wait until the index is newer than ``version``; return the new version."""
-        while self._version <= version:
-            if self._waiters is None:
-                self._waiters = asyncio.Event()
-            await self._waiters.wait()
-        return self._version
 
     def _discard(self, key: str) -> bool:
         old = self._by_key.pop(key, None)
         if old is None:
             return False
         endpoint, instance_id = old
-        # Two records may name the same instance (re-registration under a new key).
-        if not any(v == old for v in self._by_key.values()):
-            ids = self._live.get(endpoint)
-            if ids is not None:
-                ids.discard(instance_id)
-                if not ids:
-                    del self._live[endpoint]
+        ids = self._live[endpoint]
+        if ids[instance_id] > 1:
+            ids[instance_id] -= 1
+        else:
+            del ids[instance_id]
+            if not ids:
+                del self._live[endpoint]
+            self._frozen.pop(endpoint, None)
         return True
-
-    def _bump(self) -> None:
-        self._version += 1
-        waiters, self._waiters = self._waiters, None
-        if waiters is not None:
-            waiters.set()
 
 
 # --------------------------------------------------------------------------- snapshots
@@ -473,7 +459,6 @@ class _Counters:
     snapshots: int = 0
     invalid: int = 0
     notifications: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class AdmissionService:

@@ -603,3 +603,23 @@ async def test_the_service_stops_when_its_source_ends(source: FakeSource) -> Non
     with pytest.raises(ReceiverRetired):
         receiver.current()
     await svc.stop()
+
+
+def test_the_liveness_index_keeps_an_instance_live_while_any_record_names_it() -> None:
+    from workerset_admission.service import LivenessIndex
+
+    index = LivenessIndex()
+    assert index.put("a", EP, 1)
+    assert index.put("b", EP, 1)
+    assert not index.put("b", EP, 1)  # the same record again changes nothing
+    assert index.put("c", EP, 2)
+    assert index.live_ids(EP) == {1, 2}
+    assert index.remove("a")
+    assert index.live_ids(EP) == {1, 2}
+    assert index.remove("b")
+    assert index.live_ids(EP) == {2}
+    assert not index.remove("b")
+    assert index.routable(EP, [1, 2, 3]) == {2}
+    assert index.replace({"d": (EP, 7)})
+    assert index.live_ids(EP) == {7}
+    assert not index.replace({"d": (EP, 7)})
