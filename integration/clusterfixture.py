@@ -14,6 +14,7 @@ fails is retried with fresh ports a bounded number of times.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import signal
@@ -79,6 +80,21 @@ cluster {{
   ]
 }}
 """
+
+
+# Every process this module started and has not stopped yet. A test run that dies before its
+# fixture's teardown (an interrupted session, a crashed worker) must not leave servers behind.
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for process in list(_RUNNING):
+        if process.poll() is None:
+            process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=_STOP_TIMEOUT)
+        _RUNNING.discard(process)
 
 
 def _free_ports(count: int) -> list[int]:
@@ -233,6 +249,7 @@ class NatsCluster:
             )
         finally:
             log.close()
+        _RUNNING.add(node.process)
         node.starts += 1
 
     def _wait_listening(self, node: ClusterNode) -> None:
@@ -261,6 +278,8 @@ class NatsCluster:
         if node.process is not None and node.process.poll() is None:
             node.process.send_signal(signal.SIGKILL)
             node.process.wait(timeout=_STOP_TIMEOUT)
+        if node.process is not None:
+            _RUNNING.discard(node.process)
         node.process = None
 
     def restart(self, name: str) -> None:
@@ -282,6 +301,7 @@ class NatsCluster:
                 except subprocess.TimeoutExpired:
                     node.process.kill()
                     node.process.wait(timeout=_STOP_TIMEOUT)
+            _RUNNING.discard(node.process)
             node.process = None
 
     async def wait_jetstream(self, timeout: float = _START_TIMEOUT) -> None:
