@@ -232,10 +232,15 @@ def mdcsum(card: str | bytes | bytearray | Mapping[str, Any]) -> str:
 
 
 def slug(name: str) -> str:
-    """1.6.1 ``Slug::slugify``: lowercase, anything outside ``[a-z0-9_-]`` becomes ``_``."""
-    return "".join(
+    """1.6.1 ``Slug::slugify``.
+
+    Lowercase (Unicode rules), anything outside ``[a-z0-9_-]`` becomes ``_``, then leading
+    underscores are dropped (``"_a"`` and ``"Üa"`` both give ``"a"``); trailing ones stay.
+    """
+    mapped = "".join(
         c if ("a" <= c <= "z" or "0" <= c <= "9" or c in "-_") else "_" for c in name.lower()
     )
+    return mapped.lstrip("_")
 
 
 def mdc_local_path(slug_text: str, checksum: str, home: str | None = None) -> str:
