@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
-
 from collections.abc import Callable
+from pathlib import Path
 
 import blake3
 from workerset_admission.card import (
@@ -114,7 +113,7 @@ def main() -> None:
             decode_model_record(key, value, settings)
         cached = (time.perf_counter() - start) / rounds * 1e6
         start = time.perf_counter()
-        for text_key, (_key, value) in zip(keys, values):
+        for text_key, (_key, value) in zip(keys, values, strict=True):
             decode_model_record(parse_key(text_key), value, settings)
         with_key = (time.perf_counter() - start) / rounds * 1e6
         start = time.perf_counter()

@@ -736,7 +736,8 @@ def decode_endpoint_record(
         except (TypeError, jsonio.JsonError) as exc:
             raise InvalidRecordError("invalid_record", str(exc), key=key) from None
     else:
-        value = _parse(_as_text(raw, settings, key), key)
+        data = raw if isinstance(raw, (bytes, str)) else bytes(raw)
+        value = _parse(_as_text(data, settings, key), key)
     if jsonio.depth_of(value) > jsonio.MAX_DEPTH:
         raise InvalidRecordError("depth_limit", "recursion limit exceeded", key=key)
     obj = _check_envelope(value, parsed_key, "Endpoint", _ENDPOINT_FIELDS)
@@ -771,7 +772,7 @@ def encode_model_record(
     card_mapping: Mapping[str, Any] | str | bytes,
     suffix: str | None = None,
 ) -> bytes:
-    """A 1.6.1 ``DiscoveryInstance::Model`` value (compact JSON, 1.6.1 field order)."""
+    """Encode a 1.6.1 ``DiscoveryInstance::Model`` value (compact JSON, 1.6.1 field order)."""
     _check_instance_id(instance_id)
     head = jsonio.dumps_compact(
         {
@@ -795,7 +796,7 @@ def encode_endpoint_record(
     device_type: str | None = "cpu",
     extra: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """A 1.6.1 ``DiscoveryInstance::Endpoint`` value."""
+    """Encode a 1.6.1 ``DiscoveryInstance::Endpoint`` value."""
     _check_instance_id(instance_id)
     value: dict[str, Any] = {
         "type": "Endpoint",

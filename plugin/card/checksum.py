@@ -7,7 +7,6 @@ router config's canonical re-serialization and the runtime-contract dimensions a
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Mapping
@@ -15,8 +14,9 @@ from typing import Any
 
 import blake3
 
+from ..errors import CardDecodeError, UsageError
 from . import jsonio
-from .model import DecodedCard, decode_card, decode_card_value, rust_trim
+from .model import DecodedCard, decode_card, rust_trim
 from .paths import file_basename
 
 __all__ = [
@@ -119,7 +119,7 @@ def _kv_router_json(kv: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def router_config_json(router: Mapping[str, Any]) -> str:
-    """The router config as 1.6.1 re-serializes it (the text its digest covers)."""
+    """Re-serialize a router config as 1.6.1 does (the text its digest covers)."""
     load = router["load_threshold_config"]
     load_json = {k: v for k, v in load.items() if v is not None}
     value = {
@@ -214,20 +214,23 @@ def card_checksum(card: DecodedCard) -> str:
     return blake3.blake3(_layout(card)).hexdigest()
 
 
-def mdcsum(card: str | bytes | bytearray | Mapping[str, Any]) -> str:
+def mdcsum(card: str | bytes | bytearray | memoryview | Mapping[str, Any]) -> str:
     """Dynamo 1.6.1 ``ModelDeploymentCard::mdcsum()`` of a card given as JSON text or mapping.
 
     Raises :class:`~workerset_admission.errors.CardDecodeError` for a card 1.6.1 refuses.
     """
     if isinstance(card, Mapping):
-        # A mapping has no duplicate keys; numbers keep their Python types.
-        decoded = decode_card_value(
-            json.loads(json.dumps(card)) if not isinstance(card, dict) else card,
-            strict_dups=True,
-            check_strings=True,
-        )
+        # Round-trip through JSON text so a mapping is judged exactly like the text it stands
+        # for (tuples become arrays; NaN, infinities and non-string keys are refused).
+        try:
+            text = jsonio.dumps_compact(dict(card))
+        except (TypeError, ValueError) as exc:
+            raise CardDecodeError("invalid_json", f"card mapping is not JSON: {exc}") from None
+        decoded = decode_card(text)
+    elif isinstance(card, (str, bytes, bytearray, memoryview)):
+        decoded = decode_card(card if isinstance(card, (str, bytes)) else bytes(card))
     else:
-        decoded = decode_card(bytes(card) if isinstance(card, bytearray) else card)
+        raise UsageError(f"mdcsum takes JSON text, bytes or a mapping, not {type(card).__name__}")
     return card_checksum(decoded)
 
 

@@ -117,7 +117,7 @@ def _from_parts(negative: bool, significand: int, exponent: int) -> float:
 
 
 def serde_f64(text: str) -> float:
-    """The f64 serde_json produces for a JSON number literal (which must be valid JSON)."""
+    """Compute the f64 serde_json produces for a JSON number literal (valid JSON syntax)."""
     pos = 0
     negative = text.startswith("-")
     if negative:
@@ -316,6 +316,8 @@ def _encode(value: Any, out: list[str]) -> None:
     elif isinstance(value, int):
         out.append(str(value))
     elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("JSON has no NaN or infinity")
         out.append(format_f64(value))
     elif isinstance(value, str):
         out.append(json.dumps(value, ensure_ascii=False))
@@ -323,6 +325,8 @@ def _encode(value: Any, out: list[str]) -> None:
         out.append("{")
         first = True
         for key, sub in value.items():
+            if not isinstance(key, str):
+                raise TypeError("JSON object keys must be strings")
             if not first:
                 out.append(",")
             first = False

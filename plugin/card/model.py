@@ -3,7 +3,8 @@
 The schema mirrors what the 1.6.1 frontend accepts (field order, required keys, defaults,
 aliases, value ranges, the array form of structs). Wire generations it still reads:
 
-* N (1.6.1): everything below, including ``indexer_identity`` and ``architectural_max_context_length``.
+* N (1.6.1): everything below, including ``indexer_identity`` and
+  ``architectural_max_context_length``.
 * N-1: cards without ``architectural_max_context_length`` that carry the context length in the
   top-level ``context_length`` field (1.6.1 reads it as a fallback and still writes it);
   ``hf_chat_template_jinja`` as the old spelling of ``hf_chat_template``; ``overlap_score_weight``
@@ -312,7 +313,7 @@ def _check_policy_yaml(data: bytes, path: str) -> None:
     seen a card use, so a non-empty one is refused. Nested profiles are accepted unchecked.
     """
     try:
-        import yaml  # noqa: PLC0415 - only cards naming a policy file need it
+        import yaml
     except ImportError:  # pragma: no cover - PyYAML ships with the Dynamo runtime
         return
     problem = "invalid_router_policy"
@@ -329,7 +330,7 @@ def _check_policy_yaml(data: bytes, path: str) -> None:
 
     _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     try:
-        parsed = yaml.load(data.decode("utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader subclass
+        parsed = yaml.load(data.decode("utf-8"), Loader=_Loader)
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise Refused(problem, f"failed to parse router policy config {path}: {exc}") from None
     if parsed is None:

@@ -19,16 +19,15 @@ _PATH_ENCODE = (
     set(range(0x21)) | {0x22, 0x23, 0x3C, 0x3E, 0x3F, 0x60, 0x7B, 0x7D} | set(range(0x7F, 0x100))
 )
 _C0_TAB_NL = re.compile(r"[\t\n\r]")
+# URL parsing trims leading and trailing C0 controls and spaces.
+_C0_AND_SPACE = "".join(chr(c) for c in range(0x21))
 
 
 def _encode_segment(segment: str) -> str:
-    out = []
-    for byte in segment.encode("utf-8", "surrogatepass"):
-        if byte in _PATH_ENCODE:
-            out.append(f"%{byte:02X}")
-        else:
-            out.append(chr(byte))
-    return "".join(out)
+    return "".join(
+        f"%{byte:02X}" if byte in _PATH_ENCODE else chr(byte)
+        for byte in segment.encode("utf-8", "surrogatepass")
+    )
 
 
 def _is_single_dot(segment: str) -> bool:
@@ -40,14 +39,14 @@ def _is_double_dot(segment: str) -> bool:
 
 
 def _encode_opaque(text: str) -> str:
-    out = []
-    for byte in text.encode("utf-8", "surrogatepass"):
-        out.append(f"%{byte:02X}" if byte < 0x20 or byte >= 0x7F else chr(byte))
-    return "".join(out)
+    return "".join(
+        f"%{byte:02X}" if byte < 0x20 or byte >= 0x7F else chr(byte)
+        for byte in text.encode("utf-8", "surrogatepass")
+    )
 
 
 def _url_path(scheme: str, rest: str) -> str:
-    """The serialized path of a URL (dot segments resolved, percent-encoded)."""
+    """Serialize a URL's path (dot segments resolved, percent-encoded)."""
     special = scheme in _SPECIAL
     if special:
         rest = rest.replace("\\", "/")
@@ -100,10 +99,8 @@ def _path_file_name(path: str) -> str:
 
 
 def file_basename(path: str) -> str:
-    """The name 1.6.1 hashes for an ``extra_files`` entry ("" when there is none)."""
-    text = path.strip(
-        "\x00\x01\x02\x03\x04\x05\x06\x07\x08\t\n\x0b\x0c\r\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f "
-    )
+    """Return the name 1.6.1 hashes for an ``extra_files`` entry ("" when there is none)."""
+    text = path.strip(_C0_AND_SPACE)
     text = _C0_TAB_NL.sub("", text)
     match = _SCHEME.match(text)
     if match:

@@ -140,7 +140,9 @@ def test_lora_suffix_and_card_lora_must_agree() -> None:
     assert info.value.reason == "lora_mismatch"
     adapter = card(display_name="my-lora", slug="my-lora", lora={"name": "my-lora"})
     reg = decode(encode_model_record(EP, 0xABC, adapter, suffix="my-lora"), suffix="my-lora")
-    assert reg is not None and reg.is_lora and reg.key.endswith("/abc/my-lora")
+    assert reg is not None
+    assert reg.is_lora
+    assert reg.key.endswith("/abc/my-lora")
 
 
 def test_lora_fingerprint_changes_without_changing_the_checksum() -> None:
@@ -148,7 +150,8 @@ def test_lora_fingerprint_changes_without_changing_the_checksum() -> None:
     two = card(display_name="a", lora={"name": "a", "max_gpu_lora_count": 4})
     r1 = decode(encode_model_record(EP, 1, one, "a"), "a", 1)
     r2 = decode(encode_model_record(EP, 1, two, "a"), "a", 1)
-    assert r1 is not None and r2 is not None
+    assert r1 is not None
+    assert r2 is not None
     assert r1.mdc_checksum == r2.mdc_checksum
     assert r1.lora_fingerprint != r2.lora_fingerprint
 
@@ -160,7 +163,8 @@ def test_legacy_prefill_cards_gain_worker_type_and_needs_before_hashing() -> Non
         decode(encode_model_record(EP, 1, legacy), instance=1),
         decode(encode_model_record(EP, 2, modern), instance=2),
     )
-    assert reg_legacy is not None and reg_modern is not None
+    assert reg_legacy is not None
+    assert reg_modern is not None
     assert reg_legacy.mdc_checksum == reg_modern.mdc_checksum
     assert reg_legacy.group.worker_set.endswith('"prefill","prefill"]')
     assert mdcsum(json.dumps(legacy)) != reg_legacy.mdc_checksum
@@ -170,7 +174,8 @@ def test_untyped_cards_are_aggregated() -> None:
     reg = decode(
         encode_model_record(EP, 1, card(drop_worker_type=None, drop_needs=None)), instance=1
     )
-    assert reg is not None and reg.worker_type is None
+    assert reg is not None
+    assert reg.worker_type is None
     assert reg.effective_worker_type is WorkerType.AGGREGATED
 
 
@@ -178,7 +183,8 @@ def test_tokenizer_overrides_reach_the_card_but_not_the_checksum() -> None:
     value = encode_model_record(EP, 1, card())
     plain = decode(value, instance=1)
     forced = decode(value, instance=1, settings=BoundarySettings(tokenizer_backend="fastokens"))
-    assert plain is not None and forced is not None
+    assert plain is not None
+    assert forced is not None
     assert forced.card.runtime_config["tokenizer_backend"] == "fastokens"
     assert plain.card.runtime_config["tokenizer_backend"] is None
     assert plain.mdc_checksum == forced.mdc_checksum
@@ -257,7 +263,8 @@ def test_duplicate_envelope_fields_are_refused_but_card_duplicates_keep_the_last
         '"kv_cache_block_size":16', '"kv_cache_block_size":8,"kv_cache_block_size":16'
     )
     reg = decode(doubled, instance=1)
-    assert reg is not None and reg.mdc_checksum == mdcsum(json.dumps(card()))
+    assert reg is not None
+    assert reg.mdc_checksum == mdcsum(json.dumps(card()))
     with pytest.raises(InvalidRecordError):
         decode(
             text.replace('"component":"workers"', '"component":"workers","component":"workers"'),

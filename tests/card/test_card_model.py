@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from workerset_admission import CardDecodeError, mdcsum
 from workerset_admission.card import decode_card, mdc_local_path, slug
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from workerset_admission.card.paths import file_basename
 
 
