@@ -15,6 +15,20 @@ work::
 Each token is escaped reversibly: a byte outside ``[A-Za-z0-9_-]`` becomes ``=XX`` (uppercase
 hex of each UTF-8 byte). Only the canonical spelling is accepted, so a key has one meaning.
 
+Wire shapes read here (the card's own generations and shims are listed in ``model``):
+
+* 1.6.1 writes ``{"type":"Model","namespace","component","endpoint","instance_id":<u64>,
+  "card_json":{...},"model_suffix"?}`` and ``{"type":"Endpoint",...,"transport",
+  "device_type","request_plane_codec"}``.
+* For the earlier generations in the N-2 window, the envelope fields they did not write are
+  optional: ``model_suffix`` (base cards, and workers from before LoRA adapter records),
+  ``device_type`` and ``request_plane_codec`` on endpoint records; transports of any
+  spelling are carried through untouched. Their cards are handled by the shims in ``model``.
+
+A record is parsed whole into serde_json values before its card is read, as 1.6.1 does, so
+inside ``card_json`` a repeated key keeps its last value, every number is evaluated and the
+128-level nesting limit counts the envelope; a repeated envelope field is refused.
+
 Speed: registrations that share a card (a fleet) usually carry byte-identical ``card_json``
 text. The decoded card, its checksum and fingerprint are cached by those exact bytes (and by
 the tokenizer overrides), so each further record costs a small parse of the envelope only.
