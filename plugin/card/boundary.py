@@ -392,29 +392,34 @@ def _card_facts(card: DecodedCard, settings: BoundarySettings) -> _CardFacts:
 
 
 _CACHE_LIMIT = 1024
+_CacheKey = tuple[bytes | str, tuple[str | None, bool | None]]
 
 
 class _FactsCache:
-    """Decoded cards by exact card text and override settings (content addressed)."""
+    """Decoded cards by exact card text and override settings (content addressed).
 
-    def __init__(self) -> None:
-        self.entries: dict[
-            tuple[bytes | str, tuple[str | None, bool | None]], _CardFacts | CardDecodeError
-        ] = {}
+    Bounded by entry count and by the total size of the card texts it keeps, oldest first,
+    so a writer sending many large distinct cards cannot grow it without limit.
+    """
 
-    def get(
-        self, key: tuple[bytes | str, tuple[str | None, bool | None]]
-    ) -> _CardFacts | CardDecodeError | None:
+    def __init__(self, max_entries: int = _CACHE_LIMIT, max_bytes: int = 64 << 20) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.size = 0
+        self.entries: dict[_CacheKey, _CardFacts | CardDecodeError] = {}
+
+    def get(self, key: _CacheKey) -> _CardFacts | CardDecodeError | None:
         return self.entries.get(key)
 
-    def put(
-        self,
-        key: tuple[bytes | str, tuple[str | None, bool | None]],
-        value: _CardFacts | CardDecodeError,
-    ) -> None:
-        if len(self.entries) >= _CACHE_LIMIT:
-            self.entries.pop(next(iter(self.entries)))
+    def put(self, key: _CacheKey, value: _CardFacts | CardDecodeError) -> None:
+        if key in self.entries:
+            return
+        self.size += len(key[0])
         self.entries[key] = value
+        while self.entries and (len(self.entries) > self.max_entries or self.size > self.max_bytes):
+            oldest = next(iter(self.entries))
+            del self.entries[oldest]
+            self.size -= len(oldest[0])
 
 
 _CACHE = _FactsCache()

@@ -767,9 +767,7 @@ def decode_card_value(
     value: Any, *, strict_dups: bool, check_strings: bool, ctx: Ctx | None = None
 ) -> DecodedCard:
     """Decode an already parsed card (see :func:`decode_card` for text)."""
-    context = ctx or Ctx()
-    context.strict_dups = strict_dups
-    context.check_strings = check_strings
+    context = Ctx(strict_dups, check_strings, ctx.read_file if ctx is not None else None)
     try:
         fields = CARD.decode(value, 0, context)
     except Refused as exc:

@@ -292,3 +292,30 @@ def test_endpoint_records_decode_and_must_agree_with_their_key() -> None:
     )
     with pytest.raises(InvalidRecordError):
         decode_endpoint_record(key, encode_endpoint_record(EP, 6))
+
+
+def test_the_card_cache_stays_within_its_byte_budget() -> None:
+    from workerset_admission.card.boundary import _FactsCache
+
+    cache = _FactsCache(max_entries=100, max_bytes=1000)
+    error = CardDecodeError("x")
+    for index in range(50):
+        cache.put((b"c" * 100 + bytes([index]), (None, None)), error)
+    assert cache.size <= 1000
+    assert len(cache.entries) == cache.size // 101
+    assert cache.get((b"c" * 100 + bytes([49]), (None, None))) is error
+    assert cache.get((b"c" * 100 + bytes([0]), (None, None))) is None
+
+
+def test_a_tracking_key_file_is_not_read_while_decoding() -> None:
+    # 1.6.1 checks the tracking key options for consistency only; the file is read later.
+    kv = {
+        "router_tracking_hash": "keyed-xxh3-v1",
+        "router_tracking_key_file": "/nonexistent/key.bin",
+        "router_tracking_key_id": "k1",
+    }
+    router = {"router_mode": "k_v", "kv_router_config": kv, "load_threshold_config": {}}
+    assert decode(encode_model_record(EP, 1, card(router_config=router)), instance=1) is not None
+    kv.pop("router_tracking_key_id")
+    with pytest.raises(CardDecodeError):
+        decode(encode_model_record(EP, 1, card(router_config=router)), instance=1)
