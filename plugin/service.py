@@ -174,6 +174,10 @@ class PipelineBuilder(Protocol):
     async def build(self, request: BuildRequest) -> object: ...
 
 
+DecodedRecord = Registration | tuple[EndpointId, int] | None
+"""What the boundary makes of a put: a registration, a live endpoint instance, or nothing."""
+
+
 class RecordDecoder(Protocol):
     """The card boundary as the service uses it.
 
@@ -184,7 +188,7 @@ class RecordDecoder(Protocol):
     :class:`~workerset_admission.errors.RemoteDataError` for records they refuse.
     """
 
-    def decode(self, key: str, value: bytes) -> Registration | tuple[EndpointId, int] | None: ...
+    def decode(self, key: str, value: bytes) -> DecodedRecord: ...
 
     def removal(self, key: str) -> tuple[str, str] | None: ...
 
@@ -516,6 +520,8 @@ class AdmissionService:
         self._snapshot: ServiceSnapshot | None = None
         self._failure: BaseException | None = None
         self._shut_down = False
+        # The last value decoded per KV key (its hash and what it decoded to).
+        self._decoded: dict[str, tuple[int, DecodedRecord]] = {}
         # Keys live updates touched while a reconciliation listing is being read.
         self._touched: set[str] | None = None
         self._resyncs = 0
@@ -762,8 +768,9 @@ class AdmissionService:
         entry = event.entry
         with self._telemetry.apply_update(event) as scope:
             try:
-                record = self._decoder.decode(entry.key, entry.value)
+                record = self._decode(entry.key, entry.value, self._decoded)
             except RemoteDataError as exc:
+                self._decoded.pop(entry.key, None)
                 self._refuse(entry.key, exc, scope)
                 return
             if isinstance(record, Registration):
@@ -774,6 +781,7 @@ class AdmissionService:
                     self._changed()
 
     def _on_delete(self, event: SourceDelete) -> None:
+        self._decoded.pop(event.key, None)
         with self._telemetry.apply_update(event) as scope:
             try:
                 removal = self._decoder.removal(event.key)
@@ -793,15 +801,18 @@ class AdmissionService:
             registrations: list[Registration] = []
             retain: list[str] = []
             live: dict[str, tuple[EndpointId, int]] = {}
-            decode = self._decoder.decode
+            decoded: dict[str, tuple[int, DecodedRecord]] = {}
+            decode = self._decode
             for key in keep:
                 # Changed by a live update after the listing began: the live state is newer.
                 self._retain(key, retain, live)
+                if key in self._decoded:
+                    decoded[key] = self._decoded[key]
             for entry in event.entries:
                 if entry.key in keep:
                     continue
                 try:
-                    record = decode(entry.key, entry.value)
+                    record = decode(entry.key, entry.value, decoded)
                 except RemoteDataError as exc:
                     self._refuse(entry.key, exc, None)
                     # A listed key with a refused value is not gone: keep its last valid value.
@@ -811,11 +822,26 @@ class AdmissionService:
                     registrations.append(record)
                 elif record is not None:
                     live[entry.key] = record
+            self._decoded = decoded
             changed = self.liveness.replace(live)
             self._step([Snapshot(registrations, retain)], scope, force=changed)
         if not self._synced.is_set():
             self._synced.set()
             self._changed()
+
+    def _decode(
+        self, key: str, value: bytes, into: dict[str, tuple[int, DecodedRecord]]
+    ) -> DecodedRecord:
+        # Snapshots repeat what the service already holds (every reconnect, every periodic
+        # listing): a value seen before under the same key is not decoded and hashed again.
+        fingerprint = hash(value)
+        held = self._decoded.get(key)
+        if held is not None and held[0] == fingerprint:
+            into[key] = held
+            return held[1]
+        record = self._decoder.decode(key, value)
+        into[key] = (fingerprint, record)
+        return record
 
     def _retain(self, key: str, retain: list[str], live: dict[str, tuple[EndpointId, int]]) -> None:
         try:

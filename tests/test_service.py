@@ -623,3 +623,46 @@ def test_the_liveness_index_keeps_an_instance_live_while_any_record_names_it() -
     assert index.replace({"d": (EP, 7)})
     assert index.live_ids(EP) == {7}
     assert not index.replace({"d": (EP, 7)})
+
+
+class CountingDecoder:
+    """The real card boundary, counting how often it is asked to decode."""
+
+    def __init__(self) -> None:
+        from workerset_admission.service import CardRecordDecoder
+
+        self._inner = CardRecordDecoder()
+        self.decoded: list[str] = []
+
+    def decode(self, key: str, value: bytes) -> Any:
+        self.decoded.append(key)
+        return self._inner.decode(key, value)
+
+    def removal(self, key: str) -> Any:
+        return self._inner.removal(key)
+
+
+async def test_a_value_seen_before_under_the_same_key_is_not_decoded_again(
+    source: FakeSource,
+) -> None:
+    decoder = CountingDecoder()
+    svc = await started(source, decoder=decoder)
+    try:
+        listing = (model_entry(1), model_entry(2), endpoint_entry(1))
+        source.queue.put_nowait(SourceSnapshot(listing))
+        await svc.wait_synced(5)
+        assert len(decoder.decoded) == 3
+        source.queue.put_nowait(SourceSnapshot(listing, "reconnect"))
+        source.queue.put_nowait(model_put(2))  # re-sent unchanged
+        source.queue.put_nowait(model_put(1, NEW))  # changed in place: decoded, then refused
+        await settle(lambda: svc.counters.puts == 2)
+        assert decoder.decoded[3:] == [model_kv_key(EP, 1)]
+        source.queue.put_nowait(model_delete(2))
+        source.queue.put_nowait(model_put(2))
+        await settle(lambda: svc.counters.puts == 3)
+        assert decoder.decoded[4:] == [model_kv_key(EP, 2)]
+        group = svc.snapshot().group(group_key())
+        assert group is not None
+        assert group.admitted == (1, 2)
+    finally:
+        await svc.stop()
