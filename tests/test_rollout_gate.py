@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from workerset_admission.errors import InvalidRecordError, RemoteDataError
 from workerset_admission.rollout import (
     CapabilityRecord,
@@ -248,3 +250,61 @@ def test_the_table_names_the_state_every_frontend_and_the_disagreement() -> None
         assert frontend in table
     assert "disagreement on" in table
     assert BAD in table
+
+
+# --- properties over arbitrary fleets ------------------------------------------------------------
+
+FRONTENDS = ("fe-a", "fe-b", "fe-c", "fe-d")
+NAMESPACES = (OLD, NEW, "canary")
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> list[Record]:
+    records: list[Record] = []
+    for frontend in draw(st.lists(st.sampled_from(FRONTENDS), unique=True, max_size=4)):
+        if draw(st.booleans()):
+            records.append(present(frontend))
+        namespaces = draw(st.lists(st.sampled_from(NAMESPACES), unique=True, max_size=3))
+        records.extend(
+            served(
+                frontend,
+                namespace,
+                checksum=draw(st.sampled_from((GOOD, BAD))),
+                instances=tuple(draw(st.sets(st.integers(1, 4), max_size=2))),
+                model=draw(st.sampled_from((MODEL, "mistral"))),
+            )
+            for namespace in namespaces
+        )
+    return records
+
+
+@given(fleets())
+def test_the_gate_is_open_exactly_when_every_live_frontend_serves(records: list[Record]) -> None:
+    report = gate(records)
+    assert set(report.live) == {record.frontend for record in records}
+    assert set(report.serving) | set(report.missing) == set(report.live)
+    assert report.open == (bool(report.live) and not report.missing)
+
+
+@given(fleets(), st.sampled_from(FRONTENDS))
+def test_a_frontend_going_away_never_closes_an_open_gate(
+    records: list[Record], leaving: str
+) -> None:
+    remaining = [record for record in records if record.frontend != leaving]
+    if gate(records).open and remaining:
+        assert gate(remaining).open
+
+
+@given(fleets(), st.sampled_from(FRONTENDS))
+def test_a_frontend_that_serves_nothing_keeps_the_gate_closed(
+    records: list[Record], newcomer: str
+) -> None:
+    others = [record for record in records if record.frontend != newcomer]
+    assert not gate([*others, present(newcomer)]).open
+
+
+@given(fleets())
+def test_stricter_questions_never_open_a_closed_gate(records: list[Record]) -> None:
+    plain = gate(records).open
+    assert not (gate(records, expected_checksum=GOOD).open and not plain)
+    assert not (gate(records, require_agreement=True).open and not plain)
