@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from natsfixture import NatsServer, restartable_server, shared_server
+from phoenixfixture import RUN_PHOENIX_ENV, phoenix_enabled
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +27,24 @@ def nats_server_fn(tmp_path: Path) -> Iterator[NatsServer]:
 def bucket_name() -> str:
     """A bucket name no other test uses, so tests can share the session server."""
     return f"disc-{uuid.uuid4().hex[:12]}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-phoenix",
+        action="store_true",
+        default=False,
+        help=f"also run the tests marked phoenix (or set {RUN_PHOENIX_ENV}=1)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the Arize Phoenix tests unless asked for: they install and run a large server."""
+    if phoenix_enabled(bool(config.getoption("--run-phoenix"))):
+        return
+    skip = pytest.mark.skip(
+        reason=f"Arize Phoenix tests run only with --run-phoenix or {RUN_PHOENIX_ENV}=1"
+    )
+    for item in items:
+        if item.get_closest_marker("phoenix") is not None:
+            item.add_marker(skip)
