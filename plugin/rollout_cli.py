@@ -360,4 +360,9 @@ def run(name: str, args: argparse.Namespace) -> int:
         print(f"workerset-admission {name}: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
     source = NatsRecordSource(options, settings.admission_bucket)
-    return asyncio.run(run_async(args, source))
+    try:
+        return asyncio.run(run_async(args, source))
+    except KeyboardInterrupt:
+        # An operator gave up waiting: the gate was not seen open.
+        print(f"workerset-admission {name}: interrupted", file=sys.stderr)
+        return EXIT_CLOSED
