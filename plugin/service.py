@@ -573,8 +573,27 @@ class AdmissionService:
             raise self._failure
 
     async def wait_synced(self, timeout: float | None = None) -> None:
-        """Wait until the first snapshot has been applied."""
-        await asyncio.wait_for(self._synced.wait(), timeout)
+        """Wait until the first snapshot has been applied.
+
+        Raises ``TimeoutError`` after ``timeout`` seconds, and the service's failure (or
+        ``UsageError``) when it stops before it ever synced.
+        """
+        waits = {
+            asyncio.ensure_future(self._synced.wait()),
+            asyncio.ensure_future(self._stopped.wait()),
+        }
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+        if self._synced.is_set():
+            return
+        if self._stopped.is_set():
+            if self._failure is not None:
+                raise self._failure
+            raise UsageError("the admission service stopped before its first snapshot")
+        raise asyncio.TimeoutError("no discovery snapshot yet")
 
     @property
     def synced(self) -> bool:
@@ -613,7 +632,7 @@ class AdmissionService:
                 await self._shutdown()
                 source.cancel()
         except Exception as exc:
-            self._failure = exc
+            self._failure = _unwrap(exc)
             _log.error("the admission service stopped on an error", exc_info=exc)
             # A crashed task group skipped the orderly shutdown: do what can be done offline.
             await self._shutdown()
@@ -1193,6 +1212,15 @@ _EMPTY_SNAPSHOT = ServiceSnapshot(
     builds_in_flight=0,
     snapshots_applied=0,
 )
+
+
+def _unwrap(exc: Exception) -> Exception:
+    # A task group wraps the one task failure that stopped it; callers want the failure itself.
+    inner = getattr(exc, "exceptions", None)
+    while isinstance(inner, tuple) and len(inner) == 1 and isinstance(inner[0], Exception):
+        exc = inner[0]
+        inner = getattr(exc, "exceptions", None)
+    return exc
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -666,3 +666,28 @@ async def test_a_value_seen_before_under_the_same_key_is_not_decoded_again(
         assert group.admitted == (1, 2)
     finally:
         await svc.stop()
+
+
+class BrokenSource(FakeSource):
+    async def events(self) -> AsyncIterator[SourceEvent]:
+        raise ConnectionRefusedError("no NATS here")
+        yield  # pragma: no cover - makes this an async generator
+
+
+async def test_waiting_for_sync_reports_a_service_that_failed_before_its_first_snapshot() -> None:
+    svc = AdmissionService(BrokenSource())
+    await svc.start()
+    with pytest.raises(ConnectionRefusedError, match="no NATS here"):
+        await svc.wait_synced(5)
+    assert not svc.running
+    await svc.stop()
+
+
+async def test_waiting_for_sync_times_out_while_no_snapshot_arrives(source: FakeSource) -> None:
+    svc = await started(source)
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            await svc.wait_synced(0.05)
+        assert svc.snapshot().health == "starting"
+    finally:
+        await svc.stop()
