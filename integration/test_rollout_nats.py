@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 
 import nats
 import pytest
@@ -88,3 +92,52 @@ async def test_an_unreachable_server_is_reported_within_the_timeout() -> None:
     assert read.entries == ()
     assert read.problem is not None
     assert f"127.0.0.1:{port}" in read.problem
+
+
+def rollout_command(
+    server: NatsServer, bucket: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workerset_admission.cli",
+            "rollout",
+            "--model",
+            MODEL,
+            "--namespace",
+            NEW,
+            "--nats-server",
+            server.url,
+            "--admission-bucket",
+            bucket,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "WORKERSET_ADMISSION_CONFIG_FILE": ""},
+    )
+
+
+async def test_the_command_exits_with_the_gate_for_a_script_to_branch_on(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    client = await nats.connect(nats_server.url)
+    try:
+        kv = await client.jetstream().create_key_value(bucket=bucket_name)
+        await kv.put(f"v1.fe-a.members.{NEW}", members_record("fe-a", NEW))
+        opened = await asyncio.to_thread(rollout_command, nats_server, bucket_name, "--json")
+        assert opened.returncode == 0, opened.stderr
+        assert json.loads(opened.stdout)["serving"] == ["fe-a"]
+
+        await kv.put("v1.fe-b.capability", b'{"protocol":"v1","capability":true,"frontend":"fe-b"}')
+        closed = await asyncio.to_thread(
+            rollout_command, nats_server, bucket_name, "--wait", "--timeout", "1"
+        )
+        assert closed.returncode == 1
+        assert "gate: CLOSED" in closed.stdout
+        assert "waiting for fe-b" in closed.stderr
+    finally:
+        await client.close()
