@@ -146,8 +146,13 @@ def test_serve_starts_an_embedded_server_answers_status_and_stops_on_sigterm(
         assert serve.wait(timeout=30) == 0
     finally:
         if serve.poll() is None:
-            serve.kill()
-            serve.wait(timeout=10)
+            # SIGTERM first: serve stops its embedded nats-server; a kill would orphan it.
+            serve.terminate()
+            try:
+                serve.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+                serve.wait(timeout=10)
         for stream in (serve.stdout, serve.stderr):
             if stream is not None:
                 stream.close()
