@@ -78,11 +78,26 @@ REALISTIC = {
 }
 
 
+REPEATS = 5  # each figure is the best of this many passes: the machine is shared
+
+
 def per_call_us(fn: Callable[[str], None], payload: str, rounds: int) -> float:
-    start = time.perf_counter()
-    for _ in range(rounds):
-        fn(payload)
-    return (time.perf_counter() - start) / rounds * 1e6
+    best = float("inf")
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        for _ in range(rounds):
+            fn(payload)
+        best = min(best, (time.perf_counter() - start) / rounds * 1e6)
+    return best
+
+
+def best_pass_us(body: Callable[[], None], rounds: int) -> float:
+    best = float("inf")
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        body()
+        best = min(best, (time.perf_counter() - start) / rounds * 1e6)
+    return best
 
 
 def bare(text: str) -> None:
@@ -94,45 +109,48 @@ def ours(text: str) -> None:
     card_checksum(decode_card(text))
 
 
-def main() -> None:
-    rows = []
-    for name, card in (("minimal", MINIMAL), ("realistic", REALISTIC)):
-        text = json.dumps(card, separators=(",", ":"))
-        rounds = 3000
-        base = per_call_us(bare, text, rounds)
-        cold = per_call_us(ours, text, rounds)
-        endpoint = EndpointId("ns", "backend", "generate")
-        keys = [model_kv_key(endpoint, i + 1) for i in range(rounds)]
-        values = [
-            (parse_key(k), encode_model_record(endpoint, i + 1, card)) for i, k in enumerate(keys)
-        ]
-        settings = BoundarySettings()
-        decode_model_record(values[0][0], values[0][1], settings)  # first sight fills the cache
-        start = time.perf_counter()
+def measure(name: str, card: dict[str, object], rounds: int = 3000) -> dict[str, object]:
+    text = json.dumps(card, separators=(",", ":"))
+    base = per_call_us(bare, text, rounds)
+    cold = per_call_us(ours, text, rounds)
+    endpoint = EndpointId("ns", "backend", "generate")
+    keys = [model_kv_key(endpoint, i + 1) for i in range(rounds)]
+    values = [
+        (parse_key(k), encode_model_record(endpoint, i + 1, card)) for i, k in enumerate(keys)
+    ]
+    settings = BoundarySettings()
+    decode_model_record(values[0][0], values[0][1], settings)  # first sight fills the cache
+
+    def shared() -> None:
         for key, value in values:
             decode_model_record(key, value, settings)
-        cached = (time.perf_counter() - start) / rounds * 1e6
-        start = time.perf_counter()
+
+    def shared_with_key() -> None:
         for text_key, (_key, value) in zip(keys, values, strict=True):
             decode_model_record(parse_key(text_key), value, settings)
-        with_key = (time.perf_counter() - start) / rounds * 1e6
-        start = time.perf_counter()
+
+    def loads_only() -> None:
         for _key, value in values:
             json.loads(value)
-        loads_record = (time.perf_counter() - start) / rounds * 1e6
-        rows.append(
-            {
-                "card": name,
-                "bytes": len(text),
-                "json_loads_plus_blake3_us": round(base, 2),
-                "decode_plus_mdcsum_us": round(cold, 2),
-                "record_json_loads_us": round(loads_record, 2),
-                "record_decode_shared_card_us": round(cached, 2),
-                "shared_card_rate_vs_json_loads": round(loads_record / cached, 3),
-                "record_parse_key_and_decode_us": round(with_key, 2),
-                "with_key_rate_vs_json_loads": round(loads_record / with_key, 3),
-            }
-        )
+
+    cached = best_pass_us(shared, rounds)
+    with_key = best_pass_us(shared_with_key, rounds)
+    loads_record = best_pass_us(loads_only, rounds)
+    return {
+        "card": name,
+        "bytes": len(text),
+        "json_loads_plus_blake3_us": round(base, 2),
+        "decode_plus_mdcsum_us": round(cold, 2),
+        "record_json_loads_us": round(loads_record, 2),
+        "record_decode_shared_card_us": round(cached, 2),
+        "shared_card_rate_vs_json_loads": round(loads_record / cached, 3),
+        "record_parse_key_and_decode_us": round(with_key, 2),
+        "with_key_rate_vs_json_loads": round(loads_record / with_key, 3),
+    }
+
+
+def main() -> None:
+    rows = [measure("minimal", MINIMAL), measure("realistic", REALISTIC)]
     header = list(rows[0])
     print(" | ".join(header))
     for row in rows:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -534,8 +535,6 @@ def _try_shared_card(
     if start < 0 or not raw.endswith(close):  # type: ignore[arg-type]
         return None
     card_start = start + len(mark)
-    if raw.find(mark, card_start) >= 0:  # type: ignore[arg-type]
-        return None
     end = raw.rfind(suffix_mark, card_start)  # type: ignore[arg-type]
     if end < 0:
         end = len(raw) - 1
@@ -553,15 +552,21 @@ def _try_shared_card(
         envelope_text = envelope
     if jsonio.has_lone_surrogate_escape(envelope_text):
         return None
+    # The plain parser is enough for a flat envelope without repeated keys, "-0", NaN or
+    # infinities; anything else goes to the whole-record path, which applies serde's rules.
     try:
-        value = jsonio.loads(envelope_text)
-    except jsonio.JsonError:
+        value = json.loads(envelope_text)
+    except ValueError:
         return None
     if not isinstance(value, dict) or value.get("card_json", 0) is not None:
         return None
-    if any(isinstance(v, (dict, list, jsonio.Overflow)) for v in value.values()):
-        # Nested or odd envelope members: let the whole-record path judge them.
+    if len(value) != envelope_text.count('":') or '":-0' in envelope_text:
         return None
+    for member in value.values():
+        if isinstance(member, (dict, list)) or (
+            isinstance(member, float) and not math.isfinite(member)
+        ):
+            return None
     obj = _check_envelope(value, parsed_key, "Model", _MODEL_FIELDS)
     facts = _cached_facts(raw[card_start:end], settings, ctx, key)
     return _registration(obj, parsed_key, facts, key)

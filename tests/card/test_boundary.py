@@ -319,3 +319,39 @@ def test_a_tracking_key_file_is_not_read_while_decoding() -> None:
     kv.pop("router_tracking_key_id")
     with pytest.raises(CardDecodeError):
         decode(encode_model_record(EP, 1, card(router_config=router)), instance=1)
+
+
+def test_endpoint_records_from_older_generations_decode() -> None:
+    key = parse_key(endpoint_kv_key(EP, 9))
+    old = {
+        "type": "Endpoint",
+        "namespace": "ns1",
+        "component": "workers",
+        "endpoint": "generate",
+        "instance_id": 9,
+        "transport": {"nats_tcp": "ns1_workers.generate-9"},
+    }
+    record = decode_endpoint_record(key, json.dumps(old))
+    assert record.device_type is None
+    assert record.transport == {"nats_tcp": "ns1_workers.generate-9"}
+
+
+@pytest.mark.parametrize(
+    "envelope_change",
+    [
+        ('"instance_id":0', '"instance_id":-0'),
+        ('"type":"Model"', '"type":"Model","x":NaN'),
+        ('"type":"Model"', '"type":"Model","x":1e400'),
+        ('"type":"Model"', '"type":"Model","namespace":"ns1"'),
+        ('"type":"Model"', '"type":"Model","instance_id":0'),
+    ],
+)
+def test_envelope_oddities_get_serde_verdicts_on_every_path(
+    envelope_change: tuple[str, str],
+) -> None:
+    text = encode_model_record(EP, 0, card()).decode()
+    bad = text.replace(*envelope_change)
+    assert bad != text
+    for raw in (bad, bad.encode()):
+        with pytest.raises(InvalidRecordError):
+            decode(raw, instance=0)
