@@ -1,17 +1,21 @@
 """The Dynamo 1.6.1 ModelDeploymentCard as a serde-faithful schema, and its decoder.
 
 The schema mirrors what the 1.6.1 frontend accepts (field order, required keys, defaults,
-aliases, value ranges, the array form of structs). Wire generations it still reads:
+aliases, value ranges, cross-field rules, the array form of structs). The shims for the
+earlier wire generations in the N-2 window, and the generation each one serves:
 
-* N (1.6.1): everything below, including ``indexer_identity`` and
-  ``architectural_max_context_length``.
-* N-1: cards without ``architectural_max_context_length`` that carry the context length in the
-  top-level ``context_length`` field (1.6.1 reads it as a fallback and still writes it);
-  ``hf_chat_template_jinja`` as the old spelling of ``hf_chat_template``; ``overlap_score_weight``
-  as the old spelling of ``prefill_load_scale`` (accepted, ignored by 1.6.1 when decoding).
-* N-2: CheckedFile without ``size``; cards without ``worker_type`` that mark prefill workers with
-  the ``Prefill`` model-type bit (normalized at the discovery boundary, see ``normalize``);
-  ``enforce_disagg`` (accepted and ignored).
+* N (1.6.1) writes ``architectural_max_context_length``, ``indexer_identity``, the runtime
+  contract keys in ``runtime_data`` and a ``size`` in every CheckedFile.
+* N-1 carried the context length only in the top-level ``context_length`` field: 1.6.1 reads
+  it as the last fallback of the effective context length (and still writes it).
+  N-1 routers spelled ``prefill_load_scale`` as ``overlap_score_weight``: when present it
+  replaces ``prefill_load_scale``, and a zero weight also zeroes ``overlap_score_credit``.
+  ``router_prefill_load_model: "ais"`` is read as ``"aic"``.
+* N-2 wrote CheckedFile without ``size``, the Jinja chat template slot as
+  ``hf_chat_template_jinja`` (an alias of ``hf_chat_template``), and prefill workers without
+  ``worker_type``, marked only by the ``Prefill`` model-type bit (the discovery boundary
+  normalizes those before hashing, see ``boundary.normalize_card``). Its ``enforce_disagg``
+  is accepted; it no longer changes routing but is still part of the router config digest.
 """
 
 from __future__ import annotations
