@@ -8,14 +8,17 @@ earlier wire generations in the N-2 window, and the generation each one serves:
   contract keys in ``runtime_data`` and a ``size`` in every CheckedFile.
 * N-1 carried the context length only in the top-level ``context_length`` field: 1.6.1 reads
   it as the last fallback of the effective context length (and still writes it).
-  N-1 routers spelled ``prefill_load_scale`` as ``overlap_score_weight``: when present it
-  replaces ``prefill_load_scale``, and a zero weight also zeroes ``overlap_score_credit``.
-  ``router_prefill_load_model: "ais"`` is read as ``"aic"``.
-* N-2 wrote CheckedFile without ``size``, the Jinja chat template slot as
-  ``hf_chat_template_jinja`` (an alias of ``hf_chat_template``), and prefill workers without
-  ``worker_type``, marked only by the ``Prefill`` model-type bit (the discovery boundary
-  normalizes those before hashing, see ``boundary.normalize_card``). Its ``enforce_disagg``
-  is accepted; it no longer changes routing but is still part of the router config digest.
+* N-1 and N-2 (the window the old spellings are kept for):
+
+  - ``overlap_score_weight``, the old name of ``prefill_load_scale``: when present it
+    replaces ``prefill_load_scale``, and a zero weight also zeroes ``overlap_score_credit``;
+    ``router_prefill_load_model: "ais"`` is read as ``"aic"``;
+  - CheckedFile without ``size``;
+  - ``hf_chat_template_jinja``, an alias of the ``hf_chat_template`` slot;
+  - prefill workers without ``worker_type``, marked only by the ``Prefill`` model-type bit
+    (the discovery boundary normalizes them before hashing, see ``boundary.normalize_card``);
+  - ``enforce_disagg``: accepted; it no longer changes routing but is still part of the router
+    config digest.
 """
 
 from __future__ import annotations
