@@ -287,13 +287,18 @@ def lora_projection_fingerprint(card: DecodedCard) -> str:
     """1.6.1's LoRA projection fingerprint: blake3 of the key-sorted projection JSON."""
     fields = card.fields
     lora = fields["lora"]
+    if lora is not None:
+        # LoraInfo leaves out an unset capacity when it is serialized.
+        lora = {
+            k: v
+            for k, v in (("name", lora["name"]), ("max_gpu_lora_count", lora["max_gpu_lora_count"]))
+            if v is not None
+        }
     projection = {
         "aliases": list(fields["aliases"]),
         "base_capacity": fields["runtime_config"]["max_gpu_lora_count"],
         "display_name": fields["display_name"],
-        "lora": None
-        if lora is None
-        else {"name": lora["name"], "max_gpu_lora_count": lora["max_gpu_lora_count"]},
+        "lora": lora,
     }
     text = jsonio.dumps_compact(_sorted_keys(projection))
     return blake3.blake3(text.encode()).hexdigest()
