@@ -1,4 +1,20 @@
-"""Dynamo 1.6.1 model deployment cards: decoding, ``mdcsum()``, and the discovery boundary."""
+"""Dynamo 1.6.1 model deployment cards: decoding, ``mdcsum()``, and the discovery boundary.
+
+Every refusal is a :class:`~workerset_admission.errors.CardDecodeError` (the card) or an
+:class:`~workerset_admission.errors.InvalidRecordError` (the key or the record around it) with
+a short, stable ``reason``:
+
+* record and key: ``bad_key``, ``value_too_large``, ``invalid_utf8``, ``invalid_json``,
+  ``depth_limit``, ``number_out_of_range``, ``invalid_string``, ``invalid_record``,
+  ``duplicate_field``, ``wrong_record_type``, ``identity_mismatch``, ``lora_mismatch``;
+* card: ``invalid_type``, ``out_of_range``, ``missing_field``, ``unknown_field``,
+  ``duplicate_field``, ``unknown_variant``, ``invalid_enum``, ``invalid_length``,
+  ``invalid_slug``, ``invalid_checksum``, ``invalid_model_type``, ``depth_limit``,
+  ``number_out_of_range``, ``invalid_string``, ``invalid_router_config``,
+  ``router_policy_config`` (the policy file cannot be read), ``invalid_router_policy``,
+  ``invalid_indexer_identity``, ``invalid_tensor_parameters``, ``invalid_card_shape``,
+  ``invalid_json``, ``invalid_utf8``.
+"""
 
 from __future__ import annotations
 
