@@ -24,7 +24,7 @@ from workerset_admission.config import (
     flags_from_args,
     load_settings,
 )
-from workerset_admission.errors import WorkersetAdmissionError
+from workerset_admission.errors import UsageError, WorkersetAdmissionError
 
 __all__ = ["add_arguments", "render_status_table", "run"]
 
@@ -80,7 +80,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         return asyncio.run(commands[name](settings, args))
     except KeyboardInterrupt:
         return EXIT_OK
-    except WorkersetAdmissionError as exc:
+    except (WorkersetAdmissionError, OSError, asyncio.TimeoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
@@ -109,15 +109,22 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
             stack.push_async_callback(server.aclose)
             servers = (server.url,)
             _say(f"embedded nats-server listening on {server.url} (store {server.store_dir})")
-        service = await create_service(settings, servers=servers, handle_signals=True)
+        where = ", ".join(servers or settings.nats_servers)
+        service = await _with_progress(
+            create_service(settings, servers=servers, handle_signals=True),
+            f"connecting to NATS at {where}",
+        )
         stack.push_async_callback(service.stop)
         _say(
             f"watching bucket {settings.discovery_bucket!r}; status on "
             f"{settings.status_subject!r}; publishing to {settings.admission_bucket!r}"
         )
-        await _with_progress(service.wait_synced(), "waiting for the first discovery snapshot")
-        snap = service.snapshot()
-        _say(f"synced: {len(snap.groups)} group(s), {snap.live_instances} live instance(s)")
+        # A signal during the wait stops the service cleanly; run() then reports any failure.
+        with contextlib.suppress(UsageError):
+            await _with_progress(service.wait_synced(), "waiting for the first discovery snapshot")
+        if service.synced:
+            snap = service.snapshot()
+            _say(f"synced: {len(snap.groups)} group(s), {snap.live_instances} live instance(s)")
         await service.run()
     if telemetry_handle is not None:
         telemetry_handle.shutdown()
