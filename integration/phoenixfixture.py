@@ -69,9 +69,11 @@ def phoenix_enabled(flag: bool, environ: Mapping[str, str] | None = None) -> boo
 def network_namespace_problem() -> str | None:
     """Return why a private network namespace cannot be made here, or None when it can."""
     unshare = shutil.which("unshare")
+    if unshare is None:
+        return "unshare --net is not permitted here: unshare is not installed"
     ip = shutil.which("ip")
-    if unshare is None or ip is None:
-        return "unshare --net is not permitted here: unshare or ip is not installed"
+    if ip is None:
+        return "the ip command is not installed; it brings up loopback in the namespace"
     try:
         probe = subprocess.run(
             [unshare, "--net", "--", ip, "link", "set", "lo", "up"],

@@ -112,6 +112,11 @@ def run(phoenix_executable: Path) -> Iterator[dict[str, Any]]:
             os.killpg(scenario.pid, signal.SIGKILL)
             output, _ = scenario.communicate()
             pytest.fail(f"the scenario ran over {SCENARIO_TIMEOUT:.0f} s: {output[-4000:]}")
+        finally:
+            # Interrupted some other way (Ctrl-C, a test timeout): take the whole group down.
+            if scenario.poll() is None:
+                os.killpg(scenario.pid, signal.SIGKILL)
+                scenario.wait(timeout=10)
         elapsed = time.monotonic() - started
         assert out.is_file(), f"no result (exit {scenario.returncode}): {output[-4000:]}"
         result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
