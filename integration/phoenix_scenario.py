@@ -309,15 +309,19 @@ def started_serve(url: str, environ: Mapping[str, str]) -> Iterator[subprocess.P
 
 
 def wait_spans_settled(base_url: str, project: str, timeout: float) -> list[dict[str, Any]]:
-    """Poll Phoenix until the project's span count stops changing (ingest is asynchronous)."""
+    """Poll Phoenix until the project's span count stops changing (ingest is asynchronous).
+
+    Phoenix stores what it received in batches a little later; a count seen unchanged on three
+    reads half a second apart is taken as everything.
+    """
     deadline = time.monotonic() + timeout
-    previous = -1
+    counts: list[int] = []
     spans: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         spans = fetch_spans(base_url, project, page_size=PAGE_SIZE)
-        if spans and len(spans) == previous:
+        counts = [*counts[-2:], len(spans)]
+        if spans and len(counts) == 3 and len(set(counts)) == 1:
             return spans
-        previous = len(spans)
         time.sleep(0.5)
     raise ScenarioError(f"Phoenix's span count for {project!r} never settled ({len(spans)} seen)")
 
