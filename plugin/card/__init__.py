@@ -12,7 +12,7 @@ a short, stable ``reason``:
   ``invalid_slug``, ``invalid_checksum``, ``invalid_model_type``, ``depth_limit``,
   ``number_out_of_range``, ``invalid_string``, ``invalid_router_config``,
   ``router_policy_config`` (the policy file cannot be read), ``invalid_router_policy``,
-  ``invalid_indexer_identity``, ``invalid_tensor_parameters``, ``invalid_card_shape``,
+  ``invalid_indexer_identity``, ``invalid_card_shape``,
   ``invalid_json``, ``invalid_utf8``.
 """
 

@@ -635,17 +635,9 @@ MEDIA_FETCHER = Struct(
 )
 
 
-class _EmptyMap(Type):
-    """Tensor parameters: only an empty map is known to be accepted (values are typed enums)."""
-
-    expected = "a map"
-
-    def decode(self, value: Any, level: int, ctx: Ctx) -> Any:
-        if not isinstance(value, dict):
-            raise Refused("invalid_type", "invalid type, expected a map")
-        if value:
-            raise Refused("invalid_tensor_parameters", "tensor parameter values are not supported")
-        return {}
+TENSOR_PARAMETER = ExtTagged(
+    {"bool": BOOL, "int64": I64, "string": STR, "double": F64, "uint64": U64}
+)
 
 
 TENSOR_DATA_TYPES = (
@@ -670,7 +662,7 @@ TENSOR_METADATA = Struct(
         Field("name", STR),
         Field("data_type", EnumT(TENSOR_DATA_TYPES)),
         Field("shape", Seq(I64)),
-        Field("parameters", _EmptyMap(), default=dict),
+        Field("parameters", MapT(TENSOR_PARAMETER), default=dict),
     ),
     deny_unknown=True,
 )

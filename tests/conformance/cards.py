@@ -600,7 +600,27 @@ TENSOR_META = st.fixed_dictionaries(
         ),
         "shape": st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3),
     },
-    optional={"parameters": st.sampled_from([None, {}])},
+    optional={
+        "parameters": st.one_of(
+            st.sampled_from([None, {}]),
+            st.dictionaries(
+                texts,
+                st.sampled_from(
+                    [
+                        {"bool": True},
+                        {"int64": -5},
+                        {"int64": 2**63},
+                        {"string": "s"},
+                        {"double": 1.5},
+                        {"uint64": 2**64 - 1},
+                        {"zz": 1},
+                        "bool",
+                    ]
+                ),
+                max_size=2,
+            ),
+        )
+    },
 )
 TENSOR_CONFIGS = st.one_of(
     st.none(),
@@ -730,7 +750,13 @@ def cards(draw: st.DrawFn, files: dict[str, str] | None = None) -> str:
         c["router_config"] = Arr(tuple(head))
     if draw(st.integers(0, 15)) == 0:
         values = [c.get(name, CARD_DEFAULTS.get(name)) for name in CARD_ORDER]
-        return render(Arr(tuple(values[: draw(st.sampled_from(range(14, len(values) + 1)))])))
+        return render(
+            Arr(
+                tuple(
+                    values[: draw(rare(st.sampled_from(range(15, len(values) + 1)), st.just(14)))]
+                )
+            )
+        )
     twist = draw(st.integers(0, 30))
     if twist == 0 and c:
         key = draw(st.sampled_from(sorted(c)))
