@@ -2,11 +2,12 @@
 
 Run as ``unshare --net -- python integration/phoenix_scenario.py --out result.json
 --phoenix <venv>/bin/phoenix`` (``test_phoenix.py`` does). Inside the namespace it brings up
-loopback, starts a nats-server and Phoenix on free 127.0.0.1 ports, runs
+loopback, starts Phoenix and a nats-server on free 127.0.0.1 ports, runs
 ``workerset-admission serve --telemetry`` exporting OTLP/HTTP to Phoenix, and plays a rolling
 update with a conflicting cohort: an incumbent cohort registers, a cohort with another
 configuration arrives and is rejected, the incumbent drains and the other cohort succeeds it.
-Once ``status`` shows the succession, ``serve`` gets SIGTERM (which flushes its spans), and
+Phoenix boots while the update plays (serve holds its spans until it stops). Once ``status``
+shows the succession and Phoenix is ready, ``serve`` gets SIGTERM (which flushes its spans), and
 every span of the run's Phoenix project is read back through Phoenix's REST API and written,
 with what the scenario published and saw, to the result file. Everything it started is stopped
 and everything it wrote outside the result file is removed before it exits.
@@ -388,7 +389,7 @@ def play(args: argparse.Namespace, scratch: Path, result: dict[str, Any]) -> Non
         output.wait_for("synced:", step_timeout)
 
         published = Published()
-        result["published"] = published.__dict__
+        result["published"] = {"writes": published.writes}
         statuses: dict[str, Any] = result["status"]
 
         async def publish(step: Callable[[DiscoveryPublisher, JetStreamContext], Any]) -> None:
