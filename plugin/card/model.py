@@ -309,6 +309,7 @@ _POLICY_KEYS = frozenset(
     }
 )
 _ROOT_PROFILE = ("default_policy_family", "uncached_isl_buckets", "policy_classes")
+_SELECTION_ROLES = frozenset({"aggregated", "prefill", "decode", "encode", "instances"})
 
 
 def _check_policy_yaml(data: bytes, path: str) -> None:
@@ -317,7 +318,8 @@ def _check_policy_yaml(data: bytes, path: str) -> None:
     The file is YAML; its top level is a struct with a fixed key set (repeats refused), and it
     must define router settings, a root profile, a model profile, ``worker_selection`` or a
     ``request_classifier``. Router settings must be a mapping; 1.6.1 knows no setting we have
-    seen a card use, so a non-empty one is refused. Nested profiles are accepted unchecked.
+    seen a card use, so a non-empty one is refused. Profiles, worker selection and the request
+    classifier are checked at their top level only (their inner schema is 1.6.1's own).
     """
     try:
         import yaml
@@ -356,16 +358,40 @@ def _check_policy_yaml(data: bytes, path: str) -> None:
     root = [k for k in _ROOT_PROFILE if parsed.get(k) is not None]
     if root and len(root) != len(_ROOT_PROFILE):
         raise Refused(problem, "root profile must specify all of " + ", ".join(_ROOT_PROFILE))
-    models = parsed.get("models")
-    defined = (
-        router is not None
-        or bool(root)
-        or (isinstance(models, dict) and bool(models))
-        or parsed.get("worker_selection") is not None
-        or parsed.get("request_classifier") is not None
-    )
-    if not defined:
+    if root:
+        _check_profile(parsed, "root profile", problem)
+    models = parsed.get("models", {})
+    if not isinstance(models, dict):
+        raise Refused(problem, "models: expected a map")
+    for name, profile in models.items():
+        if not name:
+            raise Refused(problem, "model profile name must not be empty")
+        if not isinstance(profile, dict) or "default_policy_family" not in profile:
+            raise Refused(problem, f"models.{name}: missing field `default_policy_family`")
+        _check_profile(profile, f"models.{name}", problem)
+    selection = parsed.get("worker_selection")
+    if selection is not None:
+        if not isinstance(selection, dict):
+            raise Refused(problem, "worker_selection: expected a map")
+        for role, value in selection.items():
+            if role not in _SELECTION_ROLES:
+                raise Refused(problem, f"worker_selection: unknown field `{role}`")
+            if role != "instances" and value is not None and not isinstance(value, str):
+                raise Refused(problem, f"worker_selection.{role}: expected a string")
+        if all(value is None for value in selection.values()):
+            raise Refused(problem, "worker_selection must define a selection")
+    classifier = parsed.get("request_classifier")
+    if classifier is not None and (not isinstance(classifier, dict) or "type" not in classifier):
+        raise Refused(problem, "request_classifier: missing field `type`")
+    defined = router is not None or bool(root) or bool(models) or selection is not None
+    if not defined and classifier is None:
         raise Refused(problem, "router policy config must define something")
+
+
+def _check_profile(profile: dict[str, Any], where: str, problem: str) -> None:
+    classes = profile.get("policy_classes")
+    if classes is not None and not isinstance(classes, list):
+        raise Refused(problem, f"{where}: policy_classes must be a sequence")
 
 
 def _non_negative(name: str) -> Any:

@@ -46,6 +46,9 @@ def router_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "list.yaml": "router: []\n",
         "bad.yaml": ": : :\n- x",
         "dup.yaml": "router: {}\nrouter: {}\n",
+        "classifier.yaml": "request_classifier: {type: x}\n",
+        "selection.yaml": "worker_selection: {zz: 1}\n",
+        "models.yaml": "router: {}\nmodels: null\n",
         "key.bin": "secret",
     }
     out = {}
