@@ -113,6 +113,7 @@ def draw_sync_chart(data: dict[str, Any], path: Path) -> bool:
             sizes,
             [r["plugin_rate"] for r in mine],
             style,
+            color="tab:blue",
             marker="o",
             label=f"plugin, {fleet} cards",
         )
@@ -120,9 +121,9 @@ def draw_sync_chart(data: dict[str, Any], path: Path) -> bool:
             sizes,
             [r["bare_rate"] for r in mine],
             style,
+            color="tab:orange",
             marker="x",
-            alpha=0.6,
-            label=f"bare nats-py watch + json.loads ({fleet})",
+            label=f"bare nats-py watch + json.loads, {fleet} cards",
         )
     axis.set_xscale("log")
     axis.set_xlabel("registrations in the bucket")
