@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import io
 import json
 import os
@@ -26,25 +25,13 @@ from workerset_admission.config import load_settings
 from workerset_admission.identity import EndpointId
 from workerset_admission.nats_cli import record_trace
 from workerset_admission.service import AdmissionService
+from workerset_admission.service_cli import demo_card
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 EP = EndpointId("dgd", "backend", "generate")
-CARD: dict[str, Any] = {
-    "display_name": "Qwen/Qwen3-0.6B",
-    "slug": "qwen_qwen3-0_6b",
-    "source_path": "Qwen/Qwen3-0.6B",
-    "model_info": None,
-    "tokenizer": None,
-    "context_length": 4096,
-    "kv_cache_block_size": 16,
-    "migration_limit": 0,
-    "model_type": "Chat | Completions",
-    "model_input": "Tokens",
-    "worker_type": "aggregated",
-    "needs": [],
-}
-NEW = {**copy.deepcopy(CARD), "kv_cache_block_size": 32}
+CARD: dict[str, Any] = demo_card(16)
+NEW = demo_card(32)
 CLI = [sys.executable, "-m", "workerset_admission.cli"]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import logging
 import time
@@ -21,26 +20,14 @@ from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.errors import ReceiverRetired
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.service import AdmissionService
+from workerset_admission.service_cli import demo_card
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 EP = EndpointId("dgd", "backend", "generate")
-CARD: dict[str, Any] = {
-    "display_name": "Qwen/Qwen3-0.6B",
-    "slug": "qwen_qwen3-0_6b",
-    "source_path": "Qwen/Qwen3-0.6B",
-    "model_info": None,
-    "tokenizer": None,
-    "context_length": 4096,
-    "kv_cache_block_size": 16,
-    "migration_limit": 0,
-    "model_type": "Chat | Completions",
-    "model_input": "Tokens",
-    "worker_type": "aggregated",
-    "needs": [],
-}
+CARD: dict[str, Any] = demo_card(16)
 OLD = CARD
-NEW = {**copy.deepcopy(CARD), "kv_cache_block_size": 32}
+NEW = demo_card(32)
 GROUP = GroupKey.build(CARD["display_name"], EP, "chat|completions", WorkerType.AGGREGATED)
 
 

@@ -26,7 +26,7 @@ from workerset_admission.config import (
 )
 from workerset_admission.errors import UsageError, WorkersetAdmissionError
 
-__all__ = ["add_arguments", "render_status_table", "run"]
+__all__ = ["add_arguments", "demo_card", "play_demo", "render_status_table", "run"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -235,7 +235,8 @@ def render_status_table(status: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- demo
 
 
-def _demo_card(block_size: int) -> dict[str, Any]:
+def demo_card(block_size: int = 16) -> dict[str, Any]:
+    """Return a small Dynamo 1.6.1 card; the block size tells configurations apart."""
     return {
         "display_name": "Qwen/Qwen3-0.6B",
         "slug": "qwen_qwen3-0_6b",
@@ -320,7 +321,7 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
 
     configure_logging("plain", "ERROR", stream=stream)
     endpoint = EndpointId("dgd", "backend", "generate")
-    old, new = _demo_card(16), _demo_card(32)
+    old, new = demo_card(16), demo_card(32)
 
     async def wait(condition: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + timeout

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -26,33 +25,13 @@ from workerset_admission.ports import (
     SourceSnapshot,
 )
 from workerset_admission.service import AdmissionService, BuildRequest, ServiceSettings
+from workerset_admission.service_cli import demo_card
 
 EP = EndpointId("dgd-v1", "backend", "generate")
 
-CARD: dict[str, Any] = {
-    "display_name": "Qwen/Qwen3-0.6B",
-    "slug": "qwen_qwen3-0_6b",
-    "source_path": "Qwen/Qwen3-0.6B",
-    "model_info": None,
-    "tokenizer": None,
-    "context_length": 4096,
-    "kv_cache_block_size": 16,
-    "migration_limit": 0,
-    "model_type": "Chat | Completions",
-    "model_input": "Tokens",
-    "worker_type": "aggregated",
-    "needs": [],
-}
-
-
-def card(**changes: Any) -> dict[str, Any]:
-    out = copy.deepcopy(CARD)
-    out.update(changes)
-    return out
-
-
-OLD = card()
-NEW = card(kv_cache_block_size=32)
+CARD: dict[str, Any] = demo_card(16)
+OLD = CARD
+NEW = demo_card(32)
 
 
 def model_put(instance_id: int, card_json: dict[str, Any] = OLD, revision: int = 1) -> SourcePut:
@@ -178,6 +157,14 @@ def source() -> FakeSource:
     return FakeSource()
 
 
+async def serve_listing(
+    svc: AdmissionService, source: FakeSource, listing: tuple[DiscoveryEntry, ...]
+) -> None:
+    """Feed a snapshot and wait until its group is committed and bound."""
+    source.queue.put_nowait(SourceSnapshot(listing))
+    await settle(lambda: svc.binding(group_key()) is not None)
+
+
 async def started(source: FakeSource, **kwargs: Any) -> AdmissionService:
     svc = AdmissionService(source, **kwargs)
     await svc.start()
@@ -267,8 +254,7 @@ async def test_the_recent_invalid_list_is_bounded(source: FakeSource) -> None:
 async def test_a_snapshot_notifies_each_receiver_once(source: FakeSource) -> None:
     svc = await started(source)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
-        await settle(lambda: svc.binding(group_key()) is not None)
+        await serve_listing(svc, source, (model_entry(1),))
         receiver = svc.receiver_for(group_key())
         assert receiver is not None
         version = receiver.current().version
@@ -286,8 +272,7 @@ async def test_an_unchanged_reconnect_snapshot_notifies_no_receiver(source: Fake
     svc = await started(source)
     try:
         listing = tuple(model_entry(i) for i in range(1, 20))
-        source.queue.put_nowait(SourceSnapshot(listing))
-        await settle(lambda: svc.binding(group_key()) is not None)
+        await serve_listing(svc, source, listing)
         receiver = svc.receiver_for(group_key())
         assert receiver is not None
         version = receiver.current().version
@@ -476,8 +461,7 @@ async def test_status_json_lists_groups_with_incumbent_generation_and_readiness(
 async def test_the_snapshot_can_be_read_from_another_thread(source: FakeSource) -> None:
     svc = await started(source)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
-        await settle(lambda: svc.binding(group_key()) is not None)
+        await serve_listing(svc, source, (model_entry(1),))
         source.queue.put_nowait(model_put(2))
         await settle(lambda: svc.counters.puts == 1)
         seen: list[Any] = []
@@ -507,8 +491,7 @@ async def test_a_listing_older_than_live_updates_keeps_what_they_changed(
 ) -> None:
     svc = await started(source)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2))))
-        await settle(lambda: svc.binding(group_key()) is not None)
+        await serve_listing(svc, source, (model_entry(1), model_entry(2)))
         source.listing = [model_entry(1), model_entry(2)]
         source.listing_gate.clear()
         reconciling = asyncio.create_task(svc.reconcile())
@@ -528,8 +511,7 @@ async def test_a_listing_older_than_live_updates_keeps_what_they_changed(
 async def test_a_listing_overtaken_by_a_resync_is_discarded(source: FakeSource) -> None:
     svc = await started(source)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
-        await settle(lambda: svc.binding(group_key()) is not None)
+        await serve_listing(svc, source, (model_entry(1),))
         source.listing = [model_entry(1)]
         source.listing_gate.clear()
         reconciling = asyncio.create_task(svc.reconcile())
@@ -550,8 +532,7 @@ async def test_a_refused_value_in_a_snapshot_keeps_the_last_valid_registration(
 ) -> None:
     svc = await started(source)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2))))
-        await settle(lambda: svc.binding(group_key()) is not None)
+        await serve_listing(svc, source, (model_entry(1), model_entry(2)))
         garbled = DiscoveryEntry(model_kv_key(EP, 2), b"{garbled", 7)
         source.queue.put_nowait(SourceSnapshot((model_entry(1), garbled), "reconnect"))
         await settle(lambda: svc.counters.snapshots == 2)
@@ -594,8 +575,7 @@ async def test_a_failing_status_responder_is_restarted_and_admission_goes_on(
 
 async def test_the_service_stops_when_its_source_ends(source: FakeSource) -> None:
     svc = await started(source)
-    source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
-    await settle(lambda: svc.binding(group_key()) is not None)
+    await serve_listing(svc, source, (model_entry(1),))
     receiver = svc.receiver_for(group_key())
     assert receiver is not None
     source.queue.put_nowait(None)
