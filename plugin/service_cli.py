@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import sys
 import time
@@ -125,6 +126,9 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
         if service.synced:
             snap = service.snapshot()
             _say(f"synced: {len(snap.groups)} group(s), {snap.live_instances} live instance(s)")
+            # This process is ours: what the initial sync built lives as long as the fleet, so
+            # keep it out of full collections, whose pauses would otherwise grow with the fleet.
+            gc.freeze()
         await service.run()
     if telemetry_handle is not None:
         telemetry_handle.shutdown()
