@@ -18,8 +18,10 @@ and what a checksum covers, so this module wraps it:
 from __future__ import annotations
 
 import json
+import json.encoder
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -306,6 +308,11 @@ def format_f64(value: float) -> str:
     return f"{sign}{digits[0]}.{digits[1:]}{exp_str}"
 
 
+# The C string quoter behind json.dumps(ensure_ascii=False); it escapes exactly what
+# serde_json escapes (quote, backslash, control characters as \n-style or \u00xx).
+_quote: Callable[[str], str] = json.encoder.encode_basestring
+
+
 def _encode(value: Any, out: list[str]) -> None:
     if value is None:
         out.append("null")
@@ -320,7 +327,7 @@ def _encode(value: Any, out: list[str]) -> None:
             raise ValueError("JSON has no NaN or infinity")
         out.append(format_f64(value))
     elif isinstance(value, str):
-        out.append(json.dumps(value, ensure_ascii=False))
+        out.append(_quote(value))
     elif isinstance(value, dict):
         out.append("{")
         first = True
@@ -330,7 +337,7 @@ def _encode(value: Any, out: list[str]) -> None:
             if not first:
                 out.append(",")
             first = False
-            out.append(json.dumps(key, ensure_ascii=False))
+            out.append(_quote(key))
             out.append(":")
             _encode(sub, out)
         out.append("}")

@@ -295,7 +295,7 @@ class Validated(Type):
         return self.check(self.inner.decode(value, level, ctx), ctx)
 
 
-_NO_DEFAULT = object()
+_ABSENT = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +322,7 @@ class Struct(Type):
     deny_unknown: bool = False
     validate: Callable[[dict[str, Any], Ctx], None] | None = None
     _lookup: dict[str, Field] = field(init=False, repr=False)
+    _has_aliases: bool = field(init=False, repr=False, default=False)
 
     def __post_init__(self) -> None:
         self.expected = f"struct {self.name}"
@@ -330,6 +331,7 @@ class Struct(Type):
             self._lookup[fld.name] = fld
             for alias in fld.aliases:
                 self._lookup[alias] = fld
+        self._has_aliases = any(fld.aliases for fld in self.fields)
 
     def decode(self, value: Any, level: int, ctx: Ctx) -> Any:
         if isinstance(value, dict):
@@ -348,6 +350,8 @@ class Struct(Type):
             for key in value.dups:
                 if key in lookup:
                     raise Refused("duplicate_field", f"duplicate field `{lookup[key].name}`")
+        if not self._has_aliases:
+            return self._from_plain_map(value, level, ctx)
         seen: dict[str, str] = {}
         raw: dict[str, Any] = {}
         for key, item in value.items():
@@ -367,6 +371,29 @@ class Struct(Type):
         for fld in self.fields:
             if fld.name in raw:
                 out[fld.name] = fld.type.decode(raw[fld.name], level, ctx)
+            elif fld.default is not None:
+                out[fld.name] = fld.default()
+            elif isinstance(fld.type, Opt):
+                out[fld.name] = None
+            else:
+                raise Refused("missing_field", f"missing field `{fld.name}` in {self.name}")
+        return out
+
+    def _from_plain_map(self, value: dict[str, Any], level: int, ctx: Ctx) -> dict[str, Any]:
+        # Without aliases every known key is a field name: look fields up directly.
+        lookup = self._lookup
+        if self.deny_unknown or ctx.check_strings:
+            for key in value:
+                if key not in lookup:
+                    if self.deny_unknown:
+                        raise Refused("unknown_field", f"unknown field `{key}` in {self.name}")
+                    if has_lone_surrogate(key):
+                        raise Refused("invalid_string", "lone surrogate in hex escape")
+        out: dict[str, Any] = {}
+        for fld in self.fields:
+            item = value.get(fld.name, _ABSENT)
+            if item is not _ABSENT:
+                out[fld.name] = fld.type.decode(item, level, ctx)
             elif fld.default is not None:
                 out[fld.name] = fld.default()
             elif isinstance(fld.type, Opt):
