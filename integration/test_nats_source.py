@@ -331,3 +331,25 @@ async def test_a_missing_bucket_is_waited_for_and_then_read(
         assert [e.key for e in snapshot.entries] == ["v1.instances.ns.c.e.1"]
     finally:
         await collector.close()
+
+
+async def test_a_source_started_while_the_server_is_down_reads_it_once_it_is_up(
+    nats_server_fn: NatsServer, bucket_name: str
+) -> None:
+    handle = nats_server_fn.handle
+    assert handle is not None
+    async with kv_bucket(nats_server_fn.url, bucket_name) as kv:
+        await kv.put("v1.mdc.ns.c.e.1", b"one")
+    handle.stop()
+    collector = Collector(
+        source_for(nats_server_fn.url, bucket_name, bind_retry_initial=0.05, bind_retry_max=0.3)
+    )
+    try:
+        with pytest.raises(TimeoutError):
+            await collector.next(timeout=1.0)
+        await asyncio.to_thread(handle.start)
+        snapshot = await collector.next_snapshot()
+        assert snapshot.reason == "initial"
+        assert [e.key for e in snapshot.entries] == ["v1.mdc.ns.c.e.1"]
+    finally:
+        await collector.close()

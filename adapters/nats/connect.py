@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -9,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import ReconnectToServerHandler, Server
 from workerset_admission.errors import ConfigError
@@ -118,18 +118,23 @@ async def connect(
     callbacks: ConnectionCallbacks | None = None,
     *,
     allow_reconnect: bool = True,
+    first_attempts: int = 2,
 ) -> NatsClient:
     """Connect with the configured credentials; once connected, reconnect forever.
 
-    The first connection is attempted once per server (raising on failure) so a caller with a
-    wrong URL or password hears about it at once instead of hanging.
+    The first connection tries each server ``first_attempts`` times and then raises, so a
+    caller with a wrong URL or a server that is down hears about it instead of hanging (with
+    an unlimited count nats-py would retry the first connection forever).
     """
+    if first_attempts < 1:
+        raise ConfigError("first_attempts must be at least 1")
     callbacks = callbacks or ConnectionCallbacks()
     kwargs: dict[str, Any] = {
         "servers": list(options.servers),
         "connect_timeout": options.connect_timeout,
         "allow_reconnect": allow_reconnect,
-        "max_reconnect_attempts": -1,
+        # nats-py discards a server after more than this many failures; 0 would mean "never".
+        "max_reconnect_attempts": max(1, first_attempts - 1),
         "reconnect_time_wait": options.reconnect_wait,
         "ping_interval": options.ping_interval,
         "error_cb": callbacks.error or _quiet_error,
@@ -159,7 +164,17 @@ async def connect(
         kwargs["tls"] = tls
         if options.tls_hostname:
             kwargs["tls_hostname"] = options.tls_hostname
-    client: NatsClient = await nats.connect(**kwargs)
+    client = NatsClient()
+    try:
+        await client.connect(**kwargs)
+        # Connected: from now on a lost connection is retried forever (nats-py reads this
+        # option at every reconnect).
+        client.options["max_reconnect_attempts"] = -1
+    except BaseException:
+        # nats-py leaves the socket of a refused attempt open; close it here, not at GC time.
+        with contextlib.suppress(Exception):
+            await client.close()
+        raise
     return client
 
 

@@ -29,7 +29,8 @@ from typing import Final, Literal
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import AuthorizationError, ConnectionClosedError, NoRespondersError
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.client import JetStreamContext
@@ -88,6 +89,7 @@ _RETRYABLE = (
     asyncio.TimeoutError,
     ConnectionClosedError,
     JetStreamError,
+    NatsError,
     OSError,
 )
 
@@ -271,6 +273,7 @@ class JetStreamDiscoverySource:
         self._client_closed = False
         self._closed = False
         self._iterating = False
+        self._ever_bound = False
         self._stream_created: object = None
         self.restarts = 0
 
@@ -401,13 +404,22 @@ class JetStreamDiscoverySource:
             self._restart = None
             try:
                 nc = await self._client()
-                return await self._start_watch(nc)
+                watch = await self._start_watch(nc)
+            except AuthorizationError:
+                if not self._ever_bound:
+                    raise  # wrong credentials from the start: a configuration error
+                if self._is_closed():
+                    return None
+                _log.warning("NATS refused the credentials; retrying")
             except _RETRYABLE as exc:
                 if self._is_closed():
                     return None
                 attempts += 1
                 level = logging.WARNING if attempts % 10 == 0 else logging.DEBUG
                 _log.log(level, "binding bucket %s failed, retrying: %r", self.bucket, exc)
+            else:
+                self._ever_bound = True
+                return watch
             await asyncio.sleep(delay)
             delay = min(self._bind_retry_max, delay * 2)
         return None
