@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
@@ -181,3 +182,28 @@ async def test_admission_records_are_coalesced_published_and_withdrawn(
     await publisher.withdraw_all()
     with pytest.raises(nats.js.errors.NoKeysError):
         await kv.keys()
+
+
+async def test_admission_records_outlive_their_max_age_while_refreshed_and_expire_after_a_crash(
+    nats_server: NatsServer, client: NatsClient, bucket_name: str
+) -> None:
+    frontend = await nats.connect(nats_server.url)
+    publisher = NatsAdmissionPublisher(
+        frontend.jetstream(), "fe-crash", bucket=bucket_name, min_interval=0.05, record_ttl=1.5
+    )
+    try:
+        await publisher.publish_capability()
+        await publisher.publish_members("dgd-v1", ["dgd-v1/backend/generate/1"])
+        await asyncio.wait_for(publisher.flushed(), 5)
+        kv = await client.jetstream().key_value(bucket_name)
+        await asyncio.sleep(3.0)  # two max ages: only the refreshes keep the records
+        assert len(await kv.keys()) == 2
+
+        await frontend.close()  # the frontend is gone without withdrawing anything
+        await asyncio.sleep(3.0)
+        with pytest.raises(nats.js.errors.NoKeysError):
+            await kv.keys()
+    finally:
+        with contextlib.suppress(Exception):
+            await publisher.withdraw_all()
+        await frontend.close()
