@@ -118,19 +118,36 @@ def _kv_router_json(kv: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, float):
+        return jsonio.format_f64(value)
+    if isinstance(value, int):
+        return str(value)
+    return jsonio.quote(value)
+
+
+def _flat_object(fields: Mapping[str, Any]) -> str:
+    # Router config members are scalars with plain ASCII names.
+    return "{" + ",".join(f'"{name}":{_scalar(value)}' for name, value in fields.items()) + "}"
+
+
 def router_config_json(router: Mapping[str, Any]) -> str:
     """Re-serialize a router config as 1.6.1 does (the text its digest covers)."""
-    load = router["load_threshold_config"]
-    load_json = {k: v for k, v in load.items() if v is not None}
-    value = {
-        "router_mode": router["router_mode"],
-        "kv_router_config": _kv_router_json(router["kv_router_config"]),
-        "load_threshold_config": load_json,
-        "enforce_disagg": router["enforce_disagg"],
-        "session_affinity_ttl_secs": router["session_affinity_ttl_secs"],
-        "session_affinity_mode": router["session_affinity_mode"],
-    }
-    return jsonio.dumps_compact(value)
+    load = {k: v for k, v in router["load_threshold_config"].items() if v is not None}
+    return (
+        f'{{"router_mode":{_scalar(router["router_mode"])}'
+        f',"kv_router_config":{_flat_object(_kv_router_json(router["kv_router_config"]))}'
+        f',"load_threshold_config":{_flat_object(load)}'
+        f',"enforce_disagg":{_scalar(router["enforce_disagg"])}'
+        f',"session_affinity_ttl_secs":{_scalar(router["session_affinity_ttl_secs"])}'
+        f',"session_affinity_mode":{_scalar(router["session_affinity_mode"])}}}'
+    )
 
 
 def _truthy(value: Any) -> bool:

@@ -35,6 +35,7 @@ __all__ = [
     "has_lone_surrogate",
     "has_overflow",
     "loads",
+    "quote",
     "serde_f64",
 ]
 
@@ -276,10 +277,23 @@ def depth_of(value: Any) -> int:
     return best
 
 
+_FORMATTED: dict[float, str] = {}
+
+
 def format_f64(value: float) -> str:
     """Write a finite float the way serde_json does."""
     if value == 0.0:
+        # Checked before the memo: 0.0 and -0.0 are equal as dict keys.
         return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    text = _FORMATTED.get(value)
+    if text is None:
+        text = _format_nonzero(value)
+        if len(_FORMATTED) < 4096:
+            _FORMATTED[value] = text
+    return text
+
+
+def _format_nonzero(value: float) -> str:
     sign = "-" if value < 0 else ""
     text = repr(abs(value))
     mantissa, _, exp_text = text.partition("e")
@@ -310,7 +324,7 @@ def format_f64(value: float) -> str:
 
 # The C string quoter behind json.dumps(ensure_ascii=False); it escapes exactly what
 # serde_json escapes (quote, backslash, control characters as \n-style or \u00xx).
-_quote: Callable[[str], str] = json.encoder.encode_basestring
+quote: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def _encode(value: Any, out: list[str]) -> None:
@@ -327,7 +341,7 @@ def _encode(value: Any, out: list[str]) -> None:
             raise ValueError("JSON has no NaN or infinity")
         out.append(format_f64(value))
     elif isinstance(value, str):
-        out.append(_quote(value))
+        out.append(quote(value))
     elif isinstance(value, dict):
         out.append("{")
         first = True
@@ -337,7 +351,7 @@ def _encode(value: Any, out: list[str]) -> None:
             if not first:
                 out.append(",")
             first = False
-            out.append(_quote(key))
+            out.append(quote(key))
             out.append(":")
             _encode(sub, out)
         out.append("}")

@@ -552,6 +552,10 @@ def _check_kv_router(kv: dict[str, Any]) -> None:
             raise _refuse("keyed-xxh3-v1 requires a nonempty router_tracking_key_id")
     elif kv["router_tracking_key_file"] is not None or kv["router_tracking_key_id"] is not None:
         raise _refuse("router tracking key options require router_tracking_hash=keyed-xxh3-v1")
+    if kv["router_predicted_ttl_secs"] is not None and not kv["use_kv_events"]:
+        raise _refuse("router_predicted_ttl_secs requires use_kv_events=true")
+    if kv["router_prefill_load_model"] != "none" and not kv["router_track_prefill_tokens"]:
+        raise _refuse("router_prefill_load_model requires router_track_prefill_tokens=true")
     if kv["router_track_output_blocks"] and not kv["router_track_active_blocks"]:
         raise _refuse("router_track_output_blocks requires router_track_active_blocks=true")
     if kv["use_remote_indexer"] and kv["serve_indexer"]:

@@ -296,6 +296,8 @@ class Validated(Type):
 
 
 _ABSENT = object()
+# How a struct field is filled when its key is absent.
+_REQUIRED, _OPTIONAL, _CONSTANT, _FACTORY = range(4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +325,7 @@ class Struct(Type):
     validate: Callable[[dict[str, Any], Ctx], None] | None = None
     _lookup: dict[str, Field] = field(init=False, repr=False)
     _has_aliases: bool = field(init=False, repr=False, default=False)
+    _plan: tuple[tuple[str, Any, int, Any, Any], ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
         self.expected = f"struct {self.name}"
@@ -332,6 +335,16 @@ class Struct(Type):
             for alias in fld.aliases:
                 self._lookup[alias] = fld
         self._has_aliases = any(fld.aliases for fld in self.fields)
+        plan = []
+        for fld in self.fields:
+            if fld.default is None:
+                kind, const = (_OPTIONAL if isinstance(fld.type, Opt) else _REQUIRED), None
+            else:
+                sample = fld.default()
+                immutable = sample is None or isinstance(sample, (bool, int, float, str))
+                kind, const = (_CONSTANT, sample) if immutable else (_FACTORY, None)
+            plan.append((fld.name, fld.type.decode, kind, const, fld.default))
+        self._plan = tuple(plan)
 
     def decode(self, value: Any, level: int, ctx: Ctx) -> Any:
         if isinstance(value, dict):
@@ -390,16 +403,18 @@ class Struct(Type):
                     if has_lone_surrogate(key):
                         raise Refused("invalid_string", "lone surrogate in hex escape")
         out: dict[str, Any] = {}
-        for fld in self.fields:
-            item = value.get(fld.name, _ABSENT)
+        for name, decode, kind, const, factory in self._plan:
+            item = value.get(name, _ABSENT)
             if item is not _ABSENT:
-                out[fld.name] = fld.type.decode(item, level, ctx)
-            elif fld.default is not None:
-                out[fld.name] = fld.default()
-            elif isinstance(fld.type, Opt):
-                out[fld.name] = None
+                out[name] = decode(item, level, ctx)
+            elif kind == _CONSTANT:
+                out[name] = const
+            elif kind == _OPTIONAL:
+                out[name] = None
+            elif kind == _FACTORY:
+                out[name] = factory()
             else:
-                raise Refused("missing_field", f"missing field `{fld.name}` in {self.name}")
+                raise Refused("missing_field", f"missing field `{name}` in {self.name}")
         return out
 
     def _from_seq(self, value: list[Any], level: int, ctx: Ctx) -> dict[str, Any]:

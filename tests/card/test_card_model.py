@@ -274,3 +274,37 @@ def test_the_metadata_cache_path_is_rooted_in_home() -> None:
         mdc_local_path("foo", "ab" * 32, home="/h")
         == f"/h/.cache/dynamo/mdc/by-slug/foo/{'ab' * 32}"
     )
+
+
+@pytest.mark.parametrize(
+    "kv",
+    [
+        # Each combination is refused by Dynamo 1.6.1 while each field alone is accepted.
+        {"use_kv_events": False, "router_predicted_ttl_secs": 1},
+        {"router_track_prefill_tokens": False, "router_prefill_load_model": "aic"},
+        {"router_track_active_blocks": False, "router_track_output_blocks": True},
+        {"use_remote_indexer": True, "serve_indexer": True},
+        {"use_kv_events": False, "enable_session_prefix_index": True},
+        {"use_remote_indexer": True, "enable_session_prefix_index": True},
+        {"conditional_disagg_enabled": True, "conditional_disagg_policy": "prefill_load"},
+        {"router_tracking_hash": "keyed-xxh3-v1", "router_tracking_key_file": "/k"},
+        {"router_tracking_key_id": "k"},
+    ],
+)
+def test_router_settings_that_contradict_each_other_are_refused(kv: dict[str, object]) -> None:
+    router = {"router_mode": "k_v", "kv_router_config": kv, "load_threshold_config": {}}
+    with pytest.raises(CardDecodeError) as info:
+        mdcsum(card(router_config=router))
+    assert info.value.reason == "invalid_router_config"
+    for name, value in kv.items():
+        alone = {
+            "router_mode": "k_v",
+            "kv_router_config": {name: value},
+            "load_threshold_config": {},
+        }
+        if name not in (
+            "router_tracking_key_id",
+            "router_tracking_key_file",
+            "router_tracking_hash",
+        ):
+            assert len(mdcsum(card(router_config=alone))) == 64
