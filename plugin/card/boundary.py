@@ -592,14 +592,13 @@ def _facts_for(
 
 
 def _reads_files(value: Any) -> bool:
+    """Whether decoding this card reads a router policy file (an array-form router may)."""
     router = value.get("router_config") if isinstance(value, dict) else None
     if isinstance(router, dict):
         kv = router.get("kv_router_config")
-        if isinstance(kv, dict):
-            return (
-                kv.get("router_policy_config") is not None
-                or kv.get("router_tracking_key_file") is not None
-            )
+        return isinstance(kv, list) or (
+            isinstance(kv, dict) and kv.get("router_policy_config") is not None
+        )
     return isinstance(router, list)
 
 
@@ -654,7 +653,6 @@ def decode_model_record(
     )
     if not settings.namespace_matches(parsed_key.endpoint.namespace):
         return None
-    facts: _CardFacts | None = None
     if isinstance(raw, Mapping):
         try:
             envelope = jsonio.loads(jsonio.dumps_compact(dict(raw)))
@@ -684,9 +682,7 @@ def decode_model_record(
         check = False
     if "card_json" not in obj:
         raise InvalidRecordError("invalid_record", "missing field `card_json`", key=key)
-    if facts is None:
-        facts = _facts_for(card_value, check, settings, ctx)
-    return _registration(obj, parsed_key, facts, key)
+    return _registration(obj, parsed_key, _facts_for(card_value, check, settings, ctx), key)
 
 
 def _registration(
