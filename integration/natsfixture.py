@@ -6,6 +6,7 @@ own bucket names); tests that stop, kill or wipe the server get their own restar
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import sys
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import nats
 import pytest
 from workerset_admission.adapters.nats.embedded import (
     EmbeddedNatsServer,
@@ -73,6 +75,20 @@ def _binary_or_skip() -> Path:
         pytest.skip(f"no nats-server binary available: {exc}")
 
 
+def _served_version(url: str) -> str:
+    """Ask a running server for its version (what the INFO line says)."""
+
+    async def ask() -> str:
+        nc = await nats.connect(url)
+        try:
+            v = nc.connected_server_version
+            return f"v{v.major}.{v.minor}.{v.patch}"
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
 @dataclass
 class _Container:
     container: object
@@ -91,7 +107,7 @@ def shared_server(tmp_dir: Path) -> Iterator[NatsServer]:
     """Yield one server for the whole session and tear it down afterwards."""
     if docker_answers():
         started = _start_container()
-        server = NatsServer(url=started.url, kind="container", version="nats:latest")
+        server = NatsServer(url=started.url, kind="container", version=_served_version(started.url))
         _announce(server, "testcontainers")
         try:
             yield server
