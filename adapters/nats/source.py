@@ -392,6 +392,10 @@ class JetStreamDiscoverySource:
         if subscription is not None:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
+        # A delivery blocked on the full queue finishes once there is room; later ones see
+        # ``stopped`` and return at once, so no delivery task stays parked.
+        while not watch.queue.empty():
+            watch.queue.get_nowait()
 
     async def _bind(self) -> _Watch | None:
         """Connect and create the watch, retrying with backoff until the bucket exists.
