@@ -353,3 +353,35 @@ async def test_a_source_started_while_the_server_is_down_reads_it_once_it_is_up(
         assert [e.key for e in snapshot.entries] == ["v1.mdc.ns.c.e.1"]
     finally:
         await collector.close()
+
+
+async def test_a_slow_reader_with_a_tiny_queue_still_receives_every_change(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    async with kv_bucket(nats_server.url, bucket_name, history=64) as kv:
+        source = source_for(nats_server.url, bucket_name, queue_size=4)
+        events = source.events()
+        try:
+            snapshot = await asyncio.wait_for(anext(events), 10)
+            assert isinstance(snapshot, SourceSnapshot)
+            writes = [kv.put(f"v1.mdc.ns.c.e.{i % 50:x}", str(i).encode()) for i in range(1000)]
+            writer = asyncio.gather(*writes)
+            seen: dict[str, bytes] = {}
+            revisions: list[int] = []
+            async with asyncio.timeout(30):
+                while len(revisions) < 1000:
+                    event = await anext(events)
+                    assert isinstance(event, SourcePut)
+                    seen[event.entry.key] = event.entry.value
+                    revisions.append(event.entry.revision)
+                    if len(revisions) % 100 == 0:
+                        await asyncio.sleep(0.05)  # a reader that falls behind now and then
+            await writer
+            assert revisions == sorted(revisions)
+            assert len(set(revisions)) == 1000
+            latest = {k: (await kv.get(k)).value for k in seen}
+            assert len(seen) == 50
+            assert seen == latest
+        finally:
+            await source.close()
+            await events.aclose()
