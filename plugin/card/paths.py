@@ -45,11 +45,86 @@ def _encode_opaque(text: str) -> str:
     )
 
 
+class _NotAUrl(Exception):
+    """The text does not parse as a URL; it is then read as a filesystem path."""
+
+
+# Code points a URL host may not contain (WHATWG "forbidden host code point"); a special
+# scheme's domain also refuses ``%`` after decoding and any control or space.
+_FORBIDDEN_HOST = frozenset(" #/:<>?@[\\]^|\t\n\r\x00")
+
+
+def _check_authority(authority: str, special: bool) -> None:
+    host_port = authority.rpartition("@")[2]
+    if host_port.startswith("["):
+        end = host_port.find("]")
+        if end < 0 or not all(c in "0123456789abcdefABCDEF:." for c in host_port[1:end]):
+            raise _NotAUrl
+        host, port = host_port[: end + 1], host_port[end + 1 :]
+        if port and not port.startswith(":"):
+            raise _NotAUrl
+        port = port[1:]
+    else:
+        host, _, port = host_port.partition(":")
+        if ":" in port:
+            raise _NotAUrl
+        if any(c in _FORBIDDEN_HOST or ord(c) < 0x20 for c in host):
+            raise _NotAUrl
+        if special and ("%" in host or not host):
+            raise _NotAUrl
+        if special and not _ipv4_ok(host):
+            raise _NotAUrl
+    if port and (not port.isascii() or not port.isdigit() or int(port) > 65535):
+        raise _NotAUrl
+
+
+def _ipv4_number(part: str) -> int | None:
+    if part[:2].lower() == "0x":
+        digits, base = part[2:], 16
+    elif len(part) > 1 and part.startswith("0"):
+        digits, base = part[1:], 8
+    else:
+        digits, base = part, 10
+    if not digits:
+        return 0 if base == 16 else None
+    try:
+        return int(digits, base) if digits.isascii() and digits.isalnum() else None
+    except ValueError:
+        return None
+
+
+def _ipv4_ok(host: str) -> bool:
+    """Check a host that ends in a number parses as IPv4, as WHATWG requires."""
+    labels = host.split(".")
+    if labels[-1] == "" and len(labels) > 1:
+        labels.pop()
+    last = labels[-1]
+    ends_in_number = (last.isascii() and last.isdigit()) or (
+        last[:2].lower() == "0x" and all(c in "0123456789abcdefABCDEF" for c in last[2:])
+    )
+    if not ends_in_number:
+        return True
+    if len(labels) > 4:
+        return False
+    numbers = [_ipv4_number(label) for label in labels]
+    if any(n is None for n in numbers):
+        return False
+    values = [n for n in numbers if n is not None]
+    if any(n > 255 for n in values[:-1]):
+        return False
+    limit: int = 256 ** (5 - len(values))
+    return values[-1] < limit
+
+
 def _url_path(scheme: str, rest: str) -> str:
     """Serialize a URL's path (dot segments resolved, percent-encoded)."""
     special = scheme in _SPECIAL
     if special:
         rest = rest.replace("\\", "/")
+        if scheme != "file":
+            # Special schemes always have an authority: any run of slashes (even none, as
+            # in ``http:host/x``) comes before the host, so ``https:///x.json`` names host x.json.
+            rest = "//" + rest.lstrip("/")
     if rest.startswith("//"):
         after = rest[2:]
         cut = len(after)
@@ -57,6 +132,8 @@ def _url_path(scheme: str, rest: str) -> str:
             pos = after.find(stop)
             if pos != -1:
                 cut = min(cut, pos)
+        if scheme != "file" or after[:cut]:
+            _check_authority(after[:cut], special)
         path = after[cut:]
     elif special:
         path = "/" + rest.lstrip("/")
@@ -105,5 +182,8 @@ def file_basename(path: str) -> str:
     match = _SCHEME.match(text)
     if match:
         scheme = match.group(0)[:-1].lower()
-        return _path_file_name(_url_path(scheme, text[match.end() :]))
+        try:
+            return _path_file_name(_url_path(scheme, text[match.end() :]))
+        except _NotAUrl:
+            pass
     return _path_file_name(path)
