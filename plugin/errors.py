@@ -11,7 +11,10 @@
     │   ├── CardDecodeError         a card Dynamo 1.6.1 would refuse to decode
     │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
-    └── NoRoutableInstance          a routing hop with no instance both live and admitted
+    ├── NoRoutableInstance          a routing hop with no instance both live and admitted
+    └── EmbeddedServerError         the embedded nats-server could not be used
+        ├── NatsServerNotFound      no nats-server binary is installed where we look
+        └── NatsServerStartError    the process exited or did not become ready in time
 
 Caller misuse and bad remote data are different branches on purpose: the first is a defect to
 fix, the second is an everyday event to report and count.
@@ -22,7 +25,10 @@ from __future__ import annotations
 __all__ = [
     "CardDecodeError",
     "ConfigError",
+    "EmbeddedServerError",
     "InvalidRecordError",
+    "NatsServerNotFound",
+    "NatsServerStartError",
     "NoRoutableInstance",
     "ReceiverClosed",
     "ReceiverRetired",
@@ -100,3 +106,15 @@ class NoRoutableInstance(WorkersetAdmissionError):
             super().__init__(f"no instance is both live and admitted for {where}")
         else:
             super().__init__(f"instance {instance_id:x} is not both live and admitted for {where}")
+
+
+class EmbeddedServerError(WorkersetAdmissionError):
+    """The embedded nats-server (used when no server URL is configured) is unavailable."""
+
+
+class NatsServerNotFound(EmbeddedServerError):
+    """No nats-server binary was found; the message says how to install one."""
+
+
+class NatsServerStartError(EmbeddedServerError):
+    """The nats-server process exited or did not accept clients in time; carries its log tail."""

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from workerset_admission.errors import UsageError
+from workerset_admission.errors import NatsServerNotFound, NatsServerStartError, UsageError
 
 __all__ = [
     "BINARY_ENV_VAR",
@@ -33,14 +33,6 @@ __all__ = [
 
 BINARY_ENV_VAR = "NATS_SERVER_BIN"
 _READY_LINE = "Server is ready"
-
-
-class NatsServerNotFound(UsageError):
-    """No nats-server binary could be found."""
-
-
-class NatsServerStartError(UsageError):
-    """The nats-server process exited or did not become ready in time."""
 
 
 def _candidates() -> list[Path]:

@@ -9,10 +9,10 @@ import pytest
 from workerset_admission.adapters.nats.embedded import (
     BINARY_ENV_VAR,
     EmbeddedNatsServer,
+    NatsServerNotFound,
     NatsServerStartError,
     find_nats_server_binary,
 )
-from workerset_admission.errors import UsageError
 
 
 def stand_in(tmp_path: Path, body: str) -> Path:
@@ -36,7 +36,7 @@ def test_a_variable_naming_no_file_falls_through_to_the_next_place(
     monkeypatch.setenv(BINARY_ENV_VAR, str(tmp_path / "absent"))
     try:
         found = find_nats_server_binary()
-    except UsageError:
+    except NatsServerNotFound:
         return  # no binary anywhere on this machine is also a valid outcome
     assert found != tmp_path / "absent"
 
