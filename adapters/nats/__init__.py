@@ -1,1 +1,12 @@
-"""NATS JetStream: discovery source, publishers and the embedded server launcher."""
+"""NATS JetStream: discovery source, publishers and the embedded server launcher.
+
+* ``source``: :class:`JetStreamDiscoverySource`, the discovery bucket as snapshots and live
+  changes;
+* ``publisher``: :class:`DiscoveryPublisher`, worker registrations kept alive by a TTL heartbeat;
+* ``admission_publisher``: :class:`NatsAdmissionPublisher`, what a frontend serves;
+* ``buckets``: idempotent bucket creation that never changes an existing bucket;
+* ``connect``: one connection function for every credential and TLS setting;
+* ``embedded``: a local nats-server for setups without one.
+
+Submodules are imported on demand so that importing the package pulls in nothing heavy.
+"""
