@@ -248,19 +248,29 @@ async def test_serving_admissions_are_published_per_namespace_and_withdrawn_on_s
     await eventually(serving(service, (0x1A,)), "v1 is served")
     js = client.jetstream()
 
-    async def members() -> list[str] | None:
+    async def record() -> dict[str, Any] | None:
         try:
             kv = await js.key_value(admission_bucket)
             entry = await kv.get("v1.fe-1.members.dgd")
         except Exception:
             return None
         assert entry.value is not None
-        return list(json.loads(entry.value)["members"])
+        value: dict[str, Any] = json.loads(entry.value)
+        return value
+
+    async def members() -> list[str] | None:
+        value = await record()
+        return None if value is None else list(value["members"])
 
     deadline = time.monotonic() + 10
     while await members() != ["dgd/backend/generate/1a"]:
         assert time.monotonic() < deadline, "the serving record was never written"
         await asyncio.sleep(0.05)
+    served = await record()
+    assert served is not None
+    (served_group,) = served["groups"]
+    assert served_group["checksum"] == group(service).incumbent
+    assert served_group["generation"] == group(service).committed_generation
     kv = await js.key_value(admission_bucket)
     capability = json.loads((await kv.get("v1.fe-1.capability")).value or b"{}")
     assert capability["capability"] is True

@@ -35,6 +35,7 @@ import asyncio
 import collections
 import contextlib
 import heapq
+import inspect
 import json
 import logging
 import signal
@@ -107,6 +108,7 @@ __all__ = [
     "RecordDecoder",
     "ServiceSettings",
     "ServiceSnapshot",
+    "ServingRecord",
     "StatusResponder",
     "default_decoder",
 ]
@@ -450,6 +452,17 @@ class _Build:
 
 
 @dataclass(frozen=True, slots=True)
+class ServingRecord:
+    """One worker namespace's serving record: the members, and per group what is served.
+
+    Each group is ``{"model", "worker_set", "checksum", "generation", "members"}``.
+    """
+
+    members: tuple[str, ...]
+    groups: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class _Committed:
     generation: int
     mdc_checksum: str
@@ -505,7 +518,10 @@ class AdmissionService:
         self._timers: list[float] = []
         self._timer_wake = asyncio.Event()
         self._publish_wake = asyncio.Event()
-        self._published: dict[str, tuple[str, ...]] = {}
+        self._published: dict[str, ServingRecord] = {}
+        self._publisher_takes_groups = publisher is not None and _accepts_keyword(
+            publisher.publish_members, "groups"
+        )
         self._capability_published = False
         self._invalid: collections.deque[InvalidRecord] = collections.deque(
             maxlen=self.settings.invalid_history
@@ -1082,18 +1098,46 @@ class AdmissionService:
 
     # -- serving-admission publications -----------------------------------------------------
 
-    def serving_members(self) -> dict[str, tuple[str, ...]]:
-        """Instance keys this frontend serves, per worker namespace (committed groups only)."""
-        out: dict[str, set[str]] = {}
-        for key in self._committed:
+    def serving_records(self) -> dict[str, ServingRecord]:
+        """Return what this frontend serves, per worker namespace (committed groups only)."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for key, held in sorted(self._committed.items()):
             view = self.core.group(key)
             if view is None or not view.admitted:
                 continue
             endpoint = key.endpoint
-            out.setdefault(endpoint.namespace, set()).update(
-                instance_key(endpoint, i) for i in view.admitted
+            out.setdefault(endpoint.namespace, []).append(
+                {
+                    "model": key.model,
+                    "worker_set": key.worker_set,
+                    "checksum": held.mdc_checksum,
+                    "generation": held.generation,
+                    "members": [instance_key(endpoint, i) for i in view.admitted],
+                }
             )
-        return {ns: tuple(sorted(keys)) for ns, keys in out.items()}
+        return {
+            namespace: ServingRecord(
+                members=tuple(sorted({m for g in groups for m in g["members"]})),
+                groups=tuple(groups),
+            )
+            for namespace, groups in out.items()
+        }
+
+    def serving_members(self) -> dict[str, tuple[str, ...]]:
+        """Return the instance keys this frontend serves, per worker namespace."""
+        return {ns: record.members for ns, record in self.serving_records().items()}
+
+    async def _publish(self, namespace: str, record: ServingRecord | None) -> None:
+        publisher = self._publisher
+        assert publisher is not None
+        members = () if record is None else record.members
+        if record is not None and self._publisher_takes_groups:
+            # The rollout gate reads checksum and generation per group when a record has them.
+            await publisher.publish_members(  # type: ignore[call-arg]
+                namespace, members, groups=record.groups
+            )
+        else:
+            await publisher.publish_members(namespace, members)
 
     async def _publish_loop(self) -> None:
         publisher = self._publisher
@@ -1106,14 +1150,14 @@ class AdmissionService:
                 if not self._capability_published:
                     await publisher.publish_capability()
                     self._capability_published = True
-                wanted = self.serving_members()
+                wanted = self.serving_records()
                 for namespace in sorted(set(wanted) | set(self._published)):
-                    members = wanted.get(namespace, ())
-                    if self._published.get(namespace) == members:
+                    record = wanted.get(namespace)
+                    if self._published.get(namespace) == record:
                         continue
-                    await publisher.publish_members(namespace, members)
-                    if members:
-                        self._published[namespace] = members
+                    await self._publish(namespace, record)
+                    if record is not None:
+                        self._published[namespace] = record
                     else:
                         self._published.pop(namespace, None)
             except Exception as exc:  # NATS may be down; try again soon
@@ -1212,6 +1256,14 @@ _EMPTY_SNAPSHOT = ServiceSnapshot(
     builds_in_flight=0,
     snapshots_applied=0,
 )
+
+
+def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def _unwrap(exc: Exception) -> Exception:

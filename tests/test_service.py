@@ -125,6 +125,20 @@ class FakePublisher:
         self.records.clear()
 
 
+class GroupsPublisher(FakePublisher):
+    """A publisher that also takes the per-group details the rollout gate reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: dict[str, Any] = {}
+
+    async def publish_members(
+        self, worker_namespace: str, members: Any, *, groups: Any = None
+    ) -> None:
+        await super().publish_members(worker_namespace, members)
+        self.groups[worker_namespace] = groups
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -669,5 +683,27 @@ async def test_waiting_for_sync_times_out_while_no_snapshot_arrives(source: Fake
         with pytest.raises(asyncio.TimeoutError):
             await svc.wait_synced(0.05)
         assert svc.snapshot().health == "starting"
+    finally:
+        await svc.stop()
+
+
+async def test_serving_records_name_each_groups_checksum_and_generation_when_asked(
+    source: FakeSource,
+) -> None:
+    publisher = GroupsPublisher()
+    svc = await started(source, publisher=publisher, settings=ServiceSettings(publish_interval=0))
+    try:
+        await serve_listing(svc, source, (model_entry(0x1A), model_entry(0x2B, NEW)))
+        await settle(lambda: publisher.groups.get("dgd-v1") is not None)
+        group = svc.snapshot().group(group_key())
+        assert group is not None
+        (served,) = publisher.groups["dgd-v1"]
+        assert served == {
+            "model": "Qwen/Qwen3-0.6B",
+            "worker_set": group_key().worker_set,
+            "checksum": group.incumbent,
+            "generation": group.committed_generation,
+            "members": ["dgd-v1/backend/generate/1a"],
+        }
     finally:
         await svc.stop()
