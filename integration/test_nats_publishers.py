@@ -11,6 +11,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
 from natsfixture import NatsServer
 from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
@@ -207,3 +208,38 @@ async def test_admission_records_outlive_their_max_age_while_refreshed_and_expir
         with contextlib.suppress(Exception):
             await publisher.withdraw_all()
         await frontend.close()
+
+
+async def exists(kv: KeyValue, key: str) -> bool:
+    # nats-py's get() hands back a server-placed expiry marker as an entry with an empty value;
+    # a registration always has one.
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return False
+    return bool(entry.value)
+
+
+async def wait_until_exists(kv: KeyValue, key: str, wanted: bool, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.1)):
+        if await exists(kv, key) == wanted:
+            return
+        await asyncio.sleep(0.1)
+    pytest.fail(f"{key} {'never appeared' if wanted else 'never went away'}")
+
+
+async def test_a_registration_that_aged_out_during_an_outage_is_written_again(
+    client: NatsClient, bucket_name: str
+) -> None:
+    publisher = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=1, heartbeat=0.2)
+    try:
+        key = await publisher.register(ENDPOINT, 0x51, CARD)
+        kv = await client.jetstream().key_value(bucket_name)
+        await publisher.stop_heartbeat()  # the outage: no refresh reaches the server
+        await wait_until_exists(kv, key, wanted=False)
+        await publisher.register(ENDPOINT, 0x52, CARD)  # the publisher is back and beating
+        await wait_until_exists(kv, key, wanted=True)
+        assert json.loads((await kv.get(key)).value)["instance_id"] == 0x51
+        assert key in publisher.keys
+    finally:
+        await publisher.close()

@@ -246,7 +246,8 @@ class DiscoveryPublisher:
                             revision = await self._write(
                                 key, registration.value, registration.ttl, registration.headers
                             )
-                            self._registrations[key] = replace(registration, revision=revision)
+                            if self._registrations.get(key) is registration:
+                                self._registrations[key] = replace(registration, revision=revision)
                     else:
                         # Deleted or overwritten by someone else: theirs now, stop refreshing.
                         _log.warning("registration %s changed elsewhere; no longer refreshed", key)
