@@ -18,6 +18,7 @@ import json
 import os
 import re
 import socket
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -265,11 +266,8 @@ def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
 
 
 def _toml_loads(text: str) -> Any:
-    # tomllib is standard from 3.11; on 3.10 the TOML form is simply not offered.
-    try:
-        module = importlib.import_module("tomllib")
-    except ModuleNotFoundError:
-        raise ConfigError("TOML config files need Python 3.11 or later; use JSON") from None
+    # tomllib is standard from 3.11; on 3.10 its backport, tomli, is a dependency.
+    module = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
     return module.loads(text)
 
 
