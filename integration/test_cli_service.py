@@ -234,3 +234,20 @@ def test_the_demo_plays_a_rolling_update_to_the_end() -> None:
     # The rejected cohort is logged once, at ERROR, with its fields in the text.
     assert out.count("ERROR") == 1
     assert "rejected_checksum=" in out
+
+
+def test_serve_against_an_unreachable_server_exits_with_a_clear_error() -> None:
+    from workerset_admission.adapters.nats.embedded import free_loopback_port
+
+    url = f"nats://127.0.0.1:{free_loopback_port()}"
+    serve = subprocess.run(
+        [*CLI, "serve", "--nats-server", url],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+        check=False,
+    )
+    assert serve.returncode == 1
+    assert serve.stderr.startswith("error: ")
+    assert "Traceback" not in serve.stderr

@@ -16,7 +16,10 @@ __all__ = ["main"]
 # subcommand -> (module, one-line help). The module provides ``add_arguments(parser)`` and
 # ``run(args) -> int``.
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "replay": ("workerset_admission.replay_cli", "replay a discovery trace offline and print the state"),
+    "replay": (
+        "workerset_admission.replay_cli",
+        "replay a discovery trace offline and print the state",
+    ),
     "explain": ("workerset_admission.replay_cli", "explain why an instance is or is not admitted"),
     "serve": ("workerset_admission.service_cli", "run the admission service (the main job)"),
     "status": ("workerset_admission.service_cli", "ask a running service for its admission state"),

@@ -77,11 +77,13 @@ def run(name: str, args: argparse.Namespace) -> int:
         "status": _status,
         "demo": _demo,
     }
+    from nats.errors import Error as NatsError
+
     try:
         return asyncio.run(commands[name](settings, args))
     except KeyboardInterrupt:
         return EXIT_OK
-    except (WorkersetAdmissionError, OSError, asyncio.TimeoutError) as exc:
+    except (WorkersetAdmissionError, NatsError, OSError, asyncio.TimeoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
