@@ -67,12 +67,15 @@ def read_line_matching(process: subprocess.Popen[str], pattern: str, timeout: fl
 def test_serve_starts_an_embedded_server_answers_status_and_stops_on_sigterm(
     tmp_path: Path,
 ) -> None:
+    env = cli_env()
+    announced = tmp_path / "serve.json"
+    env["WORKERSET_ADMISSION_SERVE_FILE"] = str(announced)
     serve = subprocess.Popen(
         [*CLI, "serve", "--store-dir", str(tmp_path / "js"), "--frontend-id", "fe-cli"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=cli_env(),
+        env=env,
     )
     try:
         line = read_line_matching(serve, r"listening on nats://127\.0\.0\.1:\d+", 30)
@@ -109,11 +112,13 @@ def test_serve_starts_an_embedded_server_answers_status_and_stops_on_sigterm(
         assert groups[0]["admitted"] == [0x1A]
         assert groups[0]["rejected"] == [groups[0]["cohorts"][1]["checksum"]]
         assert answer["readiness"][0]["ready"] is True
+        # Without a server named, status finds the local serve through its announcement.
+        assert json.loads(announced.read_text())["url"] == url.group(0)
         table = subprocess.run(
-            [*CLI, "status", "--nats-server", url.group(0)],
+            [*CLI, "status"],
             capture_output=True,
             text=True,
-            env=cli_env(),
+            env=env,
             timeout=30,
             check=True,
         ).stdout
@@ -131,6 +136,7 @@ def test_serve_starts_an_embedded_server_answers_status_and_stops_on_sigterm(
         assert " 1a " in f" {row} "
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=30) == 0
+        assert not announced.exists()
     finally:
         if serve.poll() is None:
             # SIGTERM first: serve stops its embedded nats-server; a kill would orphan it.
@@ -234,6 +240,16 @@ def test_the_demo_plays_a_rolling_update_to_the_end() -> None:
     # The rejected cohort is logged once, at ERROR, with its fields in the text.
     assert out.count("ERROR") == 1
     assert "rejected_checksum=" in out
+
+
+def test_status_with_no_server_and_no_local_serve_says_where_it_looked(tmp_path: Path) -> None:
+    env = cli_env()
+    env["WORKERSET_ADMISSION_SERVE_FILE"] = str(tmp_path / "nobody.json")
+    status = subprocess.run(
+        [*CLI, "status"], capture_output=True, text=True, env=env, timeout=30, check=False
+    )
+    assert status.returncode == 2
+    assert "nobody.json" in status.stderr
 
 
 def test_serve_against_an_unreachable_server_exits_with_a_clear_error() -> None:

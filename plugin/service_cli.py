@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import gc
 import json
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
@@ -27,7 +29,15 @@ from workerset_admission.config import (
 )
 from workerset_admission.errors import UsageError, WorkersetAdmissionError
 
-__all__ = ["add_arguments", "demo_card", "play_demo", "render_status_table", "run"]
+__all__ = [
+    "SERVE_FILE_ENV",
+    "add_arguments",
+    "demo_card",
+    "play_demo",
+    "render_status_table",
+    "run",
+    "serve_file",
+]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -90,6 +100,42 @@ def run(name: str, args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- serve
 
+SERVE_FILE_ENV = "WORKERSET_ADMISSION_SERVE_FILE"
+
+
+def serve_file() -> Path:
+    """Where a ``serve`` with an embedded server says where it listens, for ``status``."""
+    override = os.environ.get(SERVE_FILE_ENV)
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"workerset-admission-{os.getuid()}.serve.json"
+
+
+def _announce_local(url: str, subject: str) -> Callable[[], None]:
+    path = serve_file()
+    body = json.dumps({"url": url, "status_subject": subject, "pid": os.getpid()})
+    try:
+        path.write_text(body + "\n", encoding="utf-8")
+    except OSError:
+        return lambda: None
+
+    def withdraw() -> None:
+        # Only our own announcement: a newer serve may have replaced it meanwhile.
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid():
+                path.unlink()
+
+    return withdraw
+
+
+def _local_serve() -> dict[str, Any] | None:
+    try:
+        found = json.loads(serve_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and isinstance(found.get("url"), str) else None
+
 
 async def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from workerset_admission.plugin import create_service
@@ -112,6 +158,7 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
             stack.push_async_callback(server.aclose)
             servers = (server.url,)
             _say(f"embedded nats-server listening on {server.url} (store {server.store_dir})")
+            stack.callback(_announce_local(server.url, settings.status_subject))
         where = ", ".join(servers or settings.nats_servers)
         service = await _with_progress(
             create_service(settings, servers=servers, handle_signals=True),
@@ -165,12 +212,23 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     import nats.errors
     from workerset_admission.adapters.nats.connect import connect
 
-    if settings.embedded:
-        print("error: no NATS server given (--nats-server or settings)", file=sys.stderr)
-        return EXIT_UNREACHABLE
     subject = args.subject or settings.status_subject
+    servers: Sequence[str] | None = None
+    if settings.embedded:
+        # No server configured: ask the local serve that runs an embedded one, if any.
+        local = _local_serve()
+        if local is None:
+            print(
+                "error: no NATS server given (--nats-server or settings) and no local serve "
+                f"announced in {serve_file()}",
+                file=sys.stderr,
+            )
+            return EXIT_UNREACHABLE
+        servers = (local["url"],)
+        subject = args.subject or str(local.get("status_subject") or subject)
     try:
-        nc = await asyncio.wait_for(connect(settings.nats_connect_options()), args.timeout)
+        options = settings.nats_connect_options(servers)
+        nc = await asyncio.wait_for(connect(options), args.timeout)
     except Exception as exc:
         print(f"error: cannot reach NATS: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
