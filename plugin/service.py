@@ -98,6 +98,7 @@ __all__ = [
     "AdmissionService",
     "BuildRequest",
     "CardRecordDecoder",
+    "CohortSnapshot",
     "DefaultPipelineBuilder",
     "GroupSnapshot",
     "InvalidRecord",
@@ -106,6 +107,7 @@ __all__ = [
     "PipelineBuilder",
     "ReadinessSnapshot",
     "RecordDecoder",
+    "ServiceCounters",
     "ServiceSettings",
     "ServiceSnapshot",
     "ServingRecord",
@@ -330,6 +332,8 @@ class LivenessIndex:
 
 @dataclass(frozen=True, slots=True)
 class CohortSnapshot:
+    """One cohort: its checksum and member instance ids, sorted."""
+
     mdc_checksum: str
     members: tuple[int, ...]
 
@@ -470,7 +474,9 @@ class _Committed:
 
 
 @dataclass(slots=True)
-class _Counters:
+class ServiceCounters:
+    """Running totals since start: events by kind, refused records, receiver notifications."""
+
     puts: int = 0
     deletes: int = 0
     snapshots: int = 0
@@ -526,7 +532,7 @@ class AdmissionService:
         self._invalid: collections.deque[InvalidRecord] = collections.deque(
             maxlen=self.settings.invalid_history
         )
-        self.counters = _Counters()
+        self.counters = ServiceCounters()
         self._synced = asyncio.Event()
         self._stopping = asyncio.Event()
         self._stopped = asyncio.Event()
