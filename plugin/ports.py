@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
     "AdmissionPublisher",
@@ -91,8 +91,18 @@ class DiscoverySource(Protocol):
 class AdmissionPublisher(Protocol):
     """Where a frontend announces what it serves, so operators can gate rolling updates."""
 
-    async def publish_members(self, worker_namespace: str, members: Sequence[str]) -> None:
-        """Replace the record for one worker namespace with the instance keys served."""
+    async def publish_members(
+        self,
+        worker_namespace: str,
+        members: Sequence[str],
+        *,
+        groups: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Replace the record for one worker namespace with the instance keys served.
+
+        ``groups`` details each committed group behind those members (model, WorkerSet,
+        checksum, generation): what a rollout gate needs to tell generations apart.
+        """
         ...
 
     async def publish_capability(self) -> None: ...

@@ -35,7 +35,6 @@ import asyncio
 import collections
 import contextlib
 import heapq
-import inspect
 import json
 import logging
 import signal
@@ -525,9 +524,6 @@ class AdmissionService:
         self._timer_wake = asyncio.Event()
         self._publish_wake = asyncio.Event()
         self._published: dict[str, ServingRecord] = {}
-        self._publisher_takes_groups = publisher is not None and _accepts_keyword(
-            publisher.publish_members, "groups"
-        )
         self._capability_published = False
         self._invalid: collections.deque[InvalidRecord] = collections.deque(
             maxlen=self.settings.invalid_history
@@ -1137,13 +1133,10 @@ class AdmissionService:
         publisher = self._publisher
         assert publisher is not None
         members = () if record is None else record.members
-        if record is not None and self._publisher_takes_groups:
-            # The rollout gate reads checksum and generation per group when a record has them.
-            await publisher.publish_members(  # type: ignore[call-arg]
-                namespace, members, groups=record.groups
-            )
-        else:
-            await publisher.publish_members(namespace, members)
+        # The rollout gate reads checksum and generation per group from the record.
+        await publisher.publish_members(
+            namespace, members, groups=None if record is None else record.groups
+        )
 
     async def _publish_loop(self) -> None:
         publisher = self._publisher
@@ -1262,14 +1255,6 @@ _EMPTY_SNAPSHOT = ServiceSnapshot(
     builds_in_flight=0,
     snapshots_applied=0,
 )
-
-
-def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
-    try:
-        parameters = inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def _unwrap(exc: Exception) -> Exception:

@@ -113,7 +113,9 @@ class FakePublisher:
         self.withdrawn = False
         self.calls = 0
 
-    async def publish_members(self, worker_namespace: str, members: Any) -> None:
+    async def publish_members(
+        self, worker_namespace: str, members: Any, *, groups: Any = None
+    ) -> None:
         self.calls += 1
         self.records[worker_namespace] = tuple(members)
 
