@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
+import contextlib
 import json
 import sys
 import time
@@ -29,7 +29,8 @@ from workerset_admission.rollout import (
 )
 
 if TYPE_CHECKING:
-    from nats.js.kv import KeyValue
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext
     from workerset_admission.adapters.nats.connect import NatsConnectOptions
 
 __all__ = [
@@ -53,6 +54,12 @@ DEFAULT_BUCKET = "frontend-model-admission"
 EXIT_OPEN = 0
 EXIT_CLOSED = 1
 EXIT_UNREADABLE = 2
+
+# KV conventions: a removal carries one of these headers instead of a value.
+_KV_OPERATION = "KV-Operation"
+_MARKER_REASON = "Nats-Marker-Reason"
+# Seconds to wait for the bucket's current values before calling it unreadable.
+_READ_PATIENCE = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +203,7 @@ class NatsRecordSource:
     async def read(self) -> BucketRead:
         # Imported here so ``rollout --help`` and the pure gate never load nats-py.
         from nats.errors import Error as NatsError
-        from nats.js.errors import BucketNotFoundError, NotFoundError
+        from nats.js.errors import NotFoundError
         from workerset_admission.adapters.nats.connect import connect
 
         try:
@@ -213,9 +220,9 @@ class NatsRecordSource:
             servers = ", ".join(self._options.servers)
             return BucketRead(problem=f"cannot connect to {servers}: {error!r}")
         try:
-            kv = await client.jetstream(timeout=5).key_value(self._bucket)
-            return BucketRead(entries=tuple(await _initial_entries(kv)))
-        except (BucketNotFoundError, NotFoundError):
+            entries = await _current_entries(client.jetstream(timeout=5), self._bucket)
+            return BucketRead(entries=tuple(entries))
+        except NotFoundError:
             # No frontend has published yet: an empty bucket, and a closed gate.
             return BucketRead()
         except (OSError, NatsError, asyncio.TimeoutError) as error:
@@ -224,25 +231,56 @@ class NatsRecordSource:
             await client.close()
 
 
-async def _initial_entries(kv: KeyValue) -> list[RawEntry]:
-    watcher = await kv.watchall(ignore_deletes=True)
-    entries: list[RawEntry] = []
+async def _current_entries(js: JetStreamContext, bucket: str) -> list[RawEntry]:
+    """Every key's current value: the latest message per subject, removals left out.
+
+    nats-py's ``watchall()`` decides that the initial values are over from a consumer-info
+    call made right after the consumer is created; on a clustered stream that call sometimes
+    answers "nothing pending" too early, and the watch then reports an empty bucket. Here the
+    end is read from the messages themselves: the one delivered with nothing left pending.
+    """
+    from nats.js.api import DeliverPolicy
+
+    stream = f"KV_{bucket}"
+    prefix = f"$KV.{bucket}."
+    info = await js.stream_info(stream)
+    if info.state.messages == 0:
+        return []
+    latest: dict[str, RawEntry | None] = {}
+    complete = asyncio.Event()
+
+    async def on_message(msg: Msg) -> None:
+        metadata = msg.metadata
+        key = msg.subject[len(prefix) :]
+        headers = msg.headers or {}
+        removed = _KV_OPERATION in headers or _MARKER_REASON in headers
+        stamp = metadata.timestamp.timestamp() if metadata.timestamp else None
+        latest[key] = None if removed else RawEntry(key, msg.data, stamp)
+        if metadata.num_pending == 0:
+            complete.set()
+
+    subscription = await js.subscribe(
+        f"{prefix}>",
+        stream=stream,
+        cb=on_message,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+    )
     try:
-        while (entry := await watcher.updates(timeout=5)) is not None:  # type: ignore[no-untyped-call]
-            if entry.value is None:
-                continue
-            entries.append(RawEntry(entry.key, entry.value, _timestamp(entry.created)))
+        for _ in range(_READ_PATIENCE):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(complete.wait(), timeout=1.0)
+            if complete.is_set():
+                break
+            # Nothing delivered: every message may have aged out since the stream was asked.
+            if (await js.stream_info(stream)).state.messages == 0:
+                return []
+        else:
+            raise asyncio.TimeoutError(f"bucket {bucket} was not read within {_READ_PATIENCE} s")
     finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    return entries
-
-
-def _timestamp(created: object) -> float | None:
-    if isinstance(created, datetime.datetime):
-        return created.timestamp()
-    if isinstance(created, int | float):
-        return float(created) / 1e9
-    return None
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()
+    return [entry for entry in latest.values() if entry is not None]
 
 
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
