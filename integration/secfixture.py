@@ -34,6 +34,7 @@ __all__ = [
     "operator_config",
     "plugin_permissions",
     "render_config",
+    "status_permissions",
     "tls_config",
     "token_config",
     "users_config",
@@ -48,15 +49,27 @@ class Permissions:
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+    # Lets the user answer requests it received (status requests) without publish rights on
+    # the requesters' reply subjects.
+    allow_responses: bool = False
 
     def as_config(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "publish": {"allow": list(self.publish)},
             "subscribe": {"allow": list(self.subscribe)},
         }
+        if self.allow_responses:
+            config["allow_responses"] = True
+        return config
 
     def as_jwt_claims(self) -> dict[str, Any]:
-        return {"pub": {"allow": list(self.publish)}, "sub": {"allow": list(self.subscribe)}}
+        claims: dict[str, Any] = {
+            "pub": {"allow": list(self.publish)},
+            "sub": {"allow": list(self.subscribe)},
+        }
+        if self.allow_responses:
+            claims["resp"] = {"max": 1, "ttl": 0}
+        return claims
 
 
 def _stream(bucket: str) -> str:
@@ -73,8 +86,9 @@ def plugin_permissions(
     """What the plugin needs: watch and read the discovery bucket, write its admission bucket.
 
     Reading a KV bucket means creating ordered consumers on its stream and answering their flow
-    control; writing means publishing to the bucket's ``$KV`` subjects. Nothing here lets the
-    plugin write discovery records or read any other stream.
+    control; writing means publishing to the bucket's ``$KV`` subjects; status requests arrive
+    on the status subject and are answered as responses. Nothing here lets the plugin write
+    discovery records or read any other stream.
     """
     disc = _stream(discovery_bucket)
     adm = _stream(admission_bucket)
@@ -93,10 +107,15 @@ def plugin_permissions(
             f"$JS.API.DIRECT.GET.{adm}.>",
             f"$JS.API.STREAM.MSG.GET.{adm}",
             f"$KV.{admission_bucket}.>",
-            status_subject,
         ),
         subscribe=(f"{inbox_prefix}.>", status_subject),
+        allow_responses=True,
     )
+
+
+def status_permissions(status_subject: str) -> Permissions:
+    """What ``workerset-admission status`` needs: send a request, read the reply."""
+    return Permissions(publish=(status_subject,), subscribe=("_INBOX.>",))
 
 
 def worker_permissions(discovery_bucket: str, namespace: str) -> Permissions:
@@ -442,13 +461,19 @@ def users_config(
 ) -> dict[str, Any]:
     """Password and nkey users: the plugin (both ways), one worker per namespace, an admin.
 
-    Worker users are named ``worker-<namespace>`` and share ``material.worker_password``.
+    Worker users are named ``worker-<namespace>`` and share ``material.worker_password``; the
+    ``status`` command's user is ``status-reader`` with the same password.
     """
     perms = plugin_permissions(discovery_bucket, admission_bucket, status_subject).as_config()
     users: list[dict[str, Any]] = [
         {"user": "workerset-admission", "password": material.plugin_password, "permissions": perms},
         {"nkey": material.plugin_nkey.public, "permissions": perms},
         {"user": "admin", "password": material.admin_password},
+        {
+            "user": "status-reader",
+            "password": material.worker_password,
+            "permissions": status_permissions(status_subject).as_config(),
+        },
     ]
     users.extend(
         {

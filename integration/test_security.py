@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 DISCOVERY = "dynamo-discovery"
 ADMISSION = "frontend-model-admission"
-STATUS = "workerset_admission.status"
+STATUS = "workerset-admission.status"
 NAMESPACES = ("ns-a", "ns-b")
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "security.md"
 
@@ -160,7 +160,7 @@ def _documented_block() -> tuple[list[str], list[str]]:
 
 def test_the_documented_plugin_permissions_are_exactly_the_tested_ones() -> None:
     documented_publish, documented_subscribe = _documented_block()
-    tested = plugin_permissions(DISCOVERY, ADMISSION, "<status subject>")
+    tested = plugin_permissions(DISCOVERY, ADMISSION, STATUS)
     assert documented_publish == list(tested.publish)
     assert documented_subscribe == list(tested.subscribe)
 
