@@ -50,6 +50,7 @@ from ..errors import CardDecodeError, InvalidRecordError, UsageError
 from ..identity import EndpointId, GroupKey, Registration, WorkerType, instance_key
 from . import jsonio
 from .checksum import card_checksum
+from .fieldmemo import decode_card_fields
 from .model import PREFILL_BIT, DecodedCard, decode_card_value, model_type_names
 from .schema import Ctx
 
@@ -175,6 +176,9 @@ class ParsedKey:
         return instance_key(self.endpoint, self.instance_id, self.model_suffix)
 
 
+_ENDPOINTS: dict[tuple[str, str, str], EndpointId] = {}
+
+
 def parse_key(kv_key: str) -> ParsedKey:
     """Parse a discovery KV key, or raise :class:`InvalidRecordError` (reason ``bad_key``)."""
     plain = _PLAIN_KEY_RE.fullmatch(kv_key) if isinstance(kv_key, str) else None
@@ -185,9 +189,17 @@ def parse_key(kv_key: str) -> ParsedKey:
             raise InvalidRecordError(
                 "bad_key", f"wrong number of key tokens in {kv_key!r}", key=kv_key
             )
+        # A fleet has few endpoints and many workers: one EndpointId (and one copy of its
+        # names) serves every worker's registration.
+        names = (ns, comp, ep)
+        endpoint = _ENDPOINTS.get(names)
+        if endpoint is None:
+            if len(_ENDPOINTS) >= _CACHE_LIMIT:
+                _ENDPOINTS.clear()
+            endpoint = _ENDPOINTS[names] = EndpointId(ns, comp, ep)
         return ParsedKey(
             "model" if kind_token == "mdc" else "endpoint",
-            EndpointId(ns, comp, ep),
+            endpoint,
             int(hex_id, 16),
             suffix_token,
             kv_key,
@@ -283,10 +295,31 @@ def _sorted_keys(value: Any) -> Any:
     return value
 
 
+_FINGERPRINTS: dict[tuple[Any, ...], str] = {}
+
+
 def lora_projection_fingerprint(card: DecodedCard) -> str:
     """1.6.1's LoRA projection fingerprint: blake3 of the key-sorted projection JSON."""
     fields = card.fields
     lora = fields["lora"]
+    # The projection reads four typed fields (strings, u32 or None): a cheap exact memo key.
+    memo_key = (
+        fields["display_name"],
+        tuple(fields["aliases"]),
+        fields["runtime_config"]["max_gpu_lora_count"],
+        None if lora is None else (lora["name"], lora["max_gpu_lora_count"]),
+    )
+    known = _FINGERPRINTS.get(memo_key)
+    if known is not None:
+        return known
+    fingerprint = _projection_fingerprint(fields, lora)
+    if len(_FINGERPRINTS) >= _CACHE_LIMIT:
+        _FINGERPRINTS.clear()
+    _FINGERPRINTS[memo_key] = fingerprint
+    return fingerprint
+
+
+def _projection_fingerprint(fields: dict[str, Any], lora: Any) -> str:
     if lora is not None:
         # LoraInfo leaves out an unset capacity when it is serialized.
         lora = {
@@ -429,6 +462,7 @@ class _FactsCache:
 
 
 _CACHE = _FactsCache()
+_GROUPS: dict[tuple[str, tuple[str, str, str], str, WorkerType], GroupKey] = {}
 
 
 def _check_size(raw: bytes | str, settings: BoundarySettings, key: str) -> None:
@@ -602,6 +636,13 @@ def _reads_files(value: Any) -> bool:
     return isinstance(router, list)
 
 
+_FAST_CTX = Ctx(strict_dups=False, check_strings=False)
+
+
+def _fast_ctx(ctx: Ctx) -> Ctx:
+    return Ctx(strict_dups=False, check_strings=False, read_file=ctx.read_file)
+
+
 def _cached_facts(
     card_raw: bytes | str, settings: BoundarySettings, ctx: Ctx | None, key: str
 ) -> _CardFacts:
@@ -615,17 +656,29 @@ def _cached_facts(
                 raise InvalidRecordError("invalid_utf8", str(exc), key=key) from None
         else:
             card_text = card_raw
-        card_value = _decode_card_text(card_text, key, 1)
         check = jsonio.has_lone_surrogate_escape(card_text)
-        if check and jsonio.has_lone_surrogate(card_value):
-            raise InvalidRecordError("invalid_string", "lone surrogate in hex escape", key=key)
-        try:
-            cached = _facts_for(card_value, False, settings, ctx)
-        except CardDecodeError as exc:
-            cached = exc
+        fast = None
+        if not check:
+            # Fields spelled like an earlier card's are not decoded again.
+            fast = decode_card_fields(card_text, _FAST_CTX if ctx is None else _fast_ctx(ctx))
+        if fast is not None:
+            try:
+                cached = _card_facts(fast, settings)
+            except CardDecodeError as exc:
+                cached = exc
+            reads_files = False
+        else:
+            card_value = _decode_card_text(card_text, key, 1)
+            if check and jsonio.has_lone_surrogate(card_value):
+                raise InvalidRecordError("invalid_string", "lone surrogate in hex escape", key=key)
+            try:
+                cached = _facts_for(card_value, False, settings, ctx)
+            except CardDecodeError as exc:
+                cached = exc
+            reads_files = _reads_files(card_value)
         # A card naming a router policy file is decoded afresh each time: 1.6.1 reads the
         # file on every decode, so its verdict can change.
-        if ctx is None and not _reads_files(card_value):
+        if ctx is None and not reads_files:
             _CACHE.put(cache_key, cached)
     if isinstance(cached, CardDecodeError):
         raise CardDecodeError(cached.reason, cached.detail)
@@ -705,9 +758,16 @@ def _registration(
     where = (endpoint.namespace, endpoint.component, endpoint.endpoint)
     group = facts.groups.get(where)
     if group is None:
-        group = GroupKey.build(
-            facts.card.display_name, endpoint, facts.model_types, facts.effective
-        )
+        # Distinct cards of one fleet still share their group: one GroupKey object for all.
+        shared = (facts.card.display_name, where, facts.model_types, facts.effective)
+        group = _GROUPS.get(shared)
+        if group is None:
+            group = GroupKey.build(
+                facts.card.display_name, endpoint, facts.model_types, facts.effective
+            )
+            if len(_GROUPS) >= _CACHE_LIMIT:
+                _GROUPS.clear()
+            _GROUPS[shared] = group
         if len(facts.groups) < _CACHE_LIMIT:
             facts.groups[where] = group
     instance_id = parsed_key.instance_id

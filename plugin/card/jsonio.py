@@ -36,6 +36,7 @@ __all__ = [
     "has_overflow",
     "loads",
     "quote",
+    "scan_once",
     "serde_f64",
 ]
 
@@ -203,6 +204,9 @@ _DECODER = json.JSONDecoder(
     parse_int=_parse_int,
     parse_constant=_refuse_constant,
 )
+
+# The C scanner behind _DECODER: parses one value at an index and returns it with its end.
+scan_once: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
 def loads(text: str | bytes) -> Any:

@@ -1,0 +1,157 @@
+"""Card decoding memoized by the exact text of each top-level card field.
+
+Cards of one fleet that are not byte-identical usually differ in one or two fields (a KV block
+count, a port). :func:`decode_card_fields` walks the top level of compact card text with the C
+JSON scanner, decodes each field's value once per distinct text and reuses the decoded value
+for every later card that spells the field the same way.
+
+It only ever succeeds with the result the whole-text path would give: it answers ``None``
+(decide the slow way) for anything it does not handle exactly: any refusal, any repeated
+top-level key, whitespace between top-level tokens, surrogate escapes, out-of-range numbers,
+nesting near the depth limit, a router naming a policy file. The slow path then gives the
+verdict and its error.
+"""
+
+from __future__ import annotations
+
+import json.decoder
+from collections.abc import Callable
+from typing import Any
+
+from . import jsonio
+from .model import CARD, DecodedCard
+from .schema import _CONSTANT, _FACTORY, _OPTIONAL, Ctx, Refused
+
+__all__ = ["clear_memo", "decode_card_fields"]
+
+# The card sits at level 1 inside a discovery record, its fields at level 2.
+_FIELD_LEVEL = 2
+# Per field: a field that differs on every card only thrashes its own table.
+_MAX_ENTRIES = 256
+_MAX_TEXT = 4096
+
+_scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+_scan_once = jsonio.scan_once
+_PLAN = CARD._plan
+_KNOWN = frozenset(name for name, *_ in _PLAN)
+_MISSING = object()
+
+_memo: dict[str, dict[str, Any]] = {name: {} for name in _KNOWN}
+
+
+def clear_memo() -> None:
+    """Forget every memoized field value."""
+    for table in _memo.values():
+        table.clear()
+
+
+def _checked(value: Any) -> bool:
+    """Whether a freshly parsed field value passes the record's number and depth rules."""
+    if isinstance(value, jsonio.Overflow):
+        return False
+    if not isinstance(value, (dict, list)):
+        return True
+    # One walk for both rules; nesting is bounded by the scanner's recursion already.
+    limit = jsonio.MAX_DEPTH - _FIELD_LEVEL
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, level = pop()
+        if level > limit:
+            return False
+        for sub in item.values() if isinstance(item, dict) else item:
+            if isinstance(sub, (dict, list)):
+                push((sub, level + 1))
+            elif isinstance(sub, jsonio.Overflow):
+                return False
+    return True
+
+
+def _reads_files(router: Any) -> bool:
+    if isinstance(router, dict):
+        kv = router.get("kv_router_config")
+        return isinstance(kv, list) or (
+            isinstance(kv, dict) and kv.get("router_policy_config") is not None
+        )
+    return isinstance(router, list)
+
+
+def decode_card_fields(text: str, ctx: Ctx) -> DecodedCard | None:
+    """Decode compact card text as the record path does, or ``None`` to decide the slow way.
+
+    ``ctx`` must be the context the slow path would use (no string checks, no strict
+    duplicates). The caller has already refused text holding a surrogate escape.
+    """
+    if ctx.strict_dups or ctx.check_strings or CARD.validate is not None or CARD.deny_unknown:
+        return None
+    end = len(text)
+    if end < 2 or text[0] != "{":
+        return None
+    found: dict[str, Any] = {}
+    memo = _memo
+    pos = 1
+    if text[1] == "}":
+        if end != 2:
+            return None
+    else:
+        try:
+            while True:
+                if text[pos] != '"':
+                    return None
+                name, pos = _scanstring(text, pos + 1)
+                if text[pos] != ":" or name in found:
+                    return None
+                start = pos + 1
+                value, pos = _scan_once(text, start)
+                table = memo.get(name)
+                if table is not None:
+                    slot = text[start:pos]
+                    decoded = table.get(slot, _MISSING)
+                    if decoded is _MISSING:
+                        if not _checked(value) or (name == "router_config" and _reads_files(value)):
+                            # A router naming a policy file reads it on every decode.
+                            return None
+                        decoded = _decode_field(name, value, ctx)
+                        if decoded is _MISSING:
+                            return None
+                        if pos - start <= _MAX_TEXT:
+                            if len(table) >= _MAX_ENTRIES:
+                                table.clear()
+                            table[slot] = decoded
+                    found[name] = decoded
+                elif not _checked(value):
+                    return None
+                else:
+                    # Unknown keys are skipped, but a repeat must still be noticed.
+                    found[name] = _MISSING
+                if text[pos] == ",":
+                    pos += 1
+                    continue
+                if text[pos] == "}" and pos + 1 == end:
+                    break
+                return None
+        except (IndexError, ValueError, StopIteration, RecursionError):
+            return None
+    out: dict[str, Any] = {}
+    for name, _decode, kind, const, factory in _PLAN:
+        item = found.get(name, _MISSING)
+        if item is not _MISSING:
+            out[name] = item
+        elif kind == _CONSTANT:
+            out[name] = const
+        elif kind == _OPTIONAL:
+            out[name] = None
+        elif kind == _FACTORY:
+            out[name] = factory()
+        else:
+            return None
+    return DecodedCard(out)
+
+
+def _decode_field(name: str, value: Any, ctx: Ctx) -> Any:
+    decode = CARD._lookup[name].type.decode
+    try:
+        # Struct fields are decoded one level below the card object itself.
+        return decode(value, 1, ctx)
+    except (Refused, RecursionError):
+        return _MISSING
