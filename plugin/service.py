@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import heapq
 import json
 import logging
@@ -41,7 +42,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
@@ -834,7 +843,7 @@ class AdmissionService:
                 self._changed()
 
     def _on_snapshot(self, event: SourceSnapshot, keep: Collection[str] = ()) -> None:
-        with self._telemetry.apply_update(event) as scope:
+        with _collector_paused(), self._telemetry.apply_update(event) as scope:
             registrations: list[Registration] = []
             retain: list[str] = []
             live: dict[str, tuple[EndpointId, int]] = {}
@@ -1255,6 +1264,24 @@ _EMPTY_SNAPSHOT = ServiceSnapshot(
     builds_in_flight=0,
     snapshots_applied=0,
 )
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Hold the cyclic garbage collector off during one synchronous stretch.
+
+    Decoding a listing builds the fleet's state and no reference cycles; every collection the
+    allocations trigger meanwhile would only walk that growing state again (a quarter of a
+    large initial sync's time). Nothing awaits inside, so no other task runs while it is off.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _unwrap(exc: Exception) -> Exception:
