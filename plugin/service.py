@@ -775,6 +775,8 @@ class AdmissionService:
             if self._stopping.is_set():
                 break
             self.handle_event(event)
+            # A snapshot carries every raw value of the bucket: let it go before waiting.
+            del event
         if not self._stopping.is_set():
             _log.warning("the discovery source ended; stopping the admission service")
             self._stopping.set()

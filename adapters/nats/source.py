@@ -158,6 +158,12 @@ class _Watch:
 
     snapshot_entries: list[DiscoveryEntry]
 
+    def take_snapshot(self) -> tuple[DiscoveryEntry, ...]:
+        """Hand the initial values over once; the watch keeps no reference to the raw values."""
+        entries = tuple(self.snapshot_entries)
+        self.snapshot_entries = []
+        return entries
+
     async def on_message(self, msg: Msg) -> None:
         if self.stopped:
             return
@@ -460,7 +466,7 @@ class JetStreamDiscoverySource:
                     await watch.snapshot_done.wait()
                     if self._restart_reason() is not None or self._is_closed():
                         continue
-                    yield SourceSnapshot(entries=tuple(watch.snapshot_entries), reason=reason)
+                    yield SourceSnapshot(entries=watch.take_snapshot(), reason=reason)
                     reason = "reconnect"
                     async for event in self._live(watch):
                         yield event

@@ -168,3 +168,12 @@ async def test_with_client_side_filtering_foreign_keys_are_dropped_but_end_the_s
     assert isinstance(live, SourcePut)
     assert live.entry.key == "v1.instances.c"
     assert watch.queue.empty()
+
+
+async def test_the_initial_values_are_handed_over_once_and_not_kept_by_the_watch() -> None:
+    watch = _Watch(len(PREFIX), 4, last_seq_at_start=2)
+    await watch.on_message(message("v1.mdc.a", 1, 1, b"A"))
+    await watch.on_message(message("v1.mdc.b", 2, 0, b"B"))
+    entries = watch.take_snapshot()
+    assert [e.value for e in entries] == [b"A", b"B"]
+    assert watch.take_snapshot() == ()
