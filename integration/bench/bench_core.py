@@ -80,10 +80,11 @@ def workload(regs: list[Registration], seed: int) -> list[Input]:
 
 
 def answer(effects: list[Effect]) -> list[Input]:
+    # Exact type test: this runs once per input, so it is part of what the clock measures.
     return [
-        BuildFinished(e.group, e.mdc_checksum, e.generation, True)
+        BuildFinished(e.group, e.mdc_checksum, e.generation, True)  # type: ignore[attr-defined]
         for e in effects
-        if isinstance(e, StartBuild)
+        if type(e) is StartBuild
     ]
 
 

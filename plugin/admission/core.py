@@ -226,7 +226,9 @@ class AdmissionCore:
             if handler is None:
                 raise UsageError(f"not an admission input: {kind.__name__}")
             handler(event)
-        self._flush()
+        # Most calls leave nothing queued or dirty: skip the call to _flush then.
+        if self._queue or self._dirty or self._lora_dirty:
+            self._flush()
         return out
 
     def apply_many(self, events: Iterable[Input]) -> list[fx.Effect]:
