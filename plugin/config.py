@@ -104,7 +104,11 @@ class Settings(BaseModel):
     tracing: bool = True
     metrics: bool = True
     log_format: Literal["plain", "json"] = "plain"
-    prometheus_port: int | None = Field(default=None, ge=1, le=65535)
+    # Install the OpenTelemetry SDK with the exporters the OTEL_* environment chooses.
+    telemetry: bool = False
+    # Serve the metrics for Prometheus on this port (alone enough: no OTLP export needed).
+    prometheus_port: int | None = Field(default=None, ge=0, le=65535)
+    prometheus_host: str = "127.0.0.1"
 
     @field_validator("nats_servers", mode="before")
     @classmethod
@@ -188,6 +192,13 @@ class Settings(BaseModel):
         if self.nats_servers and self.embedded_store_dir is not None:
             raise ValueError("embedded_store_dir applies only when no nats_servers are set")
         return self
+
+    @property
+    def prometheus_address(self) -> tuple[str, int] | None:
+        """Where to serve the Prometheus endpoint, or None when no port is set."""
+        if self.prometheus_port is None:
+            return None
+        return (self.prometheus_host, self.prometheus_port)
 
     @property
     def embedded(self) -> bool:

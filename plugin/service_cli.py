@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from workerset_admission.config import (
     Settings,
@@ -29,6 +29,9 @@ from workerset_admission.config import (
 )
 from workerset_admission.errors import UsageError, WorkersetAdmissionError
 
+if TYPE_CHECKING:
+    from workerset_admission.telemetry import TelemetryHandle
+
 __all__ = [
     "SERVE_FILE_ENV",
     "add_arguments",
@@ -37,6 +40,7 @@ __all__ = [
     "render_status_table",
     "run",
     "serve_file",
+    "start_serve_telemetry",
 ]
 
 EXIT_OK = 0
@@ -138,16 +142,48 @@ def _local_serve() -> dict[str, Any] | None:
 
 
 async def _serve(settings: Settings, args: argparse.Namespace) -> int:
-    from workerset_admission.plugin import create_service
-    from workerset_admission.telemetry import configure_logging, setup_telemetry
+    from workerset_admission.telemetry import configure_logging
 
     configure_logging(args.log_format or settings.log_format, args.log_level.upper())
-    telemetry_handle = None
-    if args.telemetry:
-        prometheus = None
-        if settings.prometheus_port is not None:
-            prometheus = ("127.0.0.1", settings.prometheus_port)
-        telemetry_handle = setup_telemetry(prometheus=prometheus)
+    telemetry_handle = start_serve_telemetry(settings, otlp=args.telemetry or settings.telemetry)
+    try:
+        return await _serve_service(settings, args, telemetry_handle)
+    finally:
+        if telemetry_handle is not None:
+            telemetry_handle.shutdown()
+
+
+def start_serve_telemetry(settings: Settings, *, otlp: bool) -> TelemetryHandle | None:
+    """Install what ``serve`` was asked for: OTLP export, the Prometheus endpoint, or both.
+
+    The process is ``serve``'s own, so the providers also become the global ones. None when
+    neither was asked for.
+    """
+    from workerset_admission.telemetry import setup_telemetry
+
+    prometheus = settings.prometheus_address
+    if not otlp and prometheus is None:
+        return None
+    handle = setup_telemetry(otlp=otlp, prometheus=prometheus)
+    if prometheus is not None:
+        host = f"[{prometheus[0]}]" if ":" in prometheus[0] else prometheus[0]
+        _say(f"Prometheus metrics on http://{host}:{handle.prometheus_port}/metrics")
+    return handle
+
+
+async def _serve_service(
+    settings: Settings, args: argparse.Namespace, telemetry_handle: TelemetryHandle | None
+) -> int:
+    from workerset_admission.plugin import create_service
+    from workerset_admission.telemetry import AdmissionTelemetry
+
+    telemetry = None
+    if telemetry_handle is not None:
+        telemetry = AdmissionTelemetry(
+            tracer_provider=telemetry_handle.tracer_provider,
+            meter_provider=telemetry_handle.meter_provider,
+            bucket=settings.discovery_bucket,
+        )
     async with contextlib.AsyncExitStack() as stack:
         servers: Sequence[str] | None = None
         if settings.embedded:
@@ -161,7 +197,7 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
             stack.callback(_announce_local(server.url, settings.status_subject))
         where = ", ".join(servers or settings.nats_servers)
         service = await _with_progress(
-            create_service(settings, servers=servers, handle_signals=True),
+            create_service(settings, servers=servers, telemetry=telemetry, handle_signals=True),
             f"connecting to NATS at {where}",
         )
         stack.push_async_callback(service.stop)
@@ -179,8 +215,6 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
             # keep it out of full collections, whose pauses would otherwise grow with the fleet.
             gc.freeze()
         await service.run()
-    if telemetry_handle is not None:
-        telemetry_handle.shutdown()
     return EXIT_OK
 
 

@@ -15,6 +15,11 @@ call it or wire its own SDK. It follows the standard environment variables:
 Metrics can also be served in the Prometheus text format on a loopback port, through the
 OpenTelemetry Prometheus exporter, with a registry of our own (so two setups in one process,
 or a host's own prometheus_client metrics, never collide).
+
+An exporter that cannot reach its collector costs only the telemetry it drops: the exports run
+on the SDK's own threads, and the failure is said once per outage (one WARNING of ours, one
+record of the exporter's own; its retries are kept out of the log until an export succeeds
+again, which is said at INFO).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from .logs import install_log_correlation
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -143,20 +148,150 @@ def _resource(service_name: str, attributes: Mapping[str, str] | None) -> Any:
     return Resource.create(explicit)
 
 
+class _ExportHealth(logging.Filter):
+    """Says once that a signal's export fails, and once that it works again.
+
+    Also a filter on the exporter library's own loggers: the first warning of an outage passes
+    (it carries the detail: refused, timed out, a 4xx), the retries after it do not, until an
+    export succeeds. Without it an unreachable collector would log every few seconds for as
+    long as it stays away.
+    """
+
+    def __init__(self, signal: str, where: str) -> None:
+        super().__init__()
+        self._signal = signal
+        self._where = where
+        self._lock = threading.Lock()
+        self._failing = False
+        self._quiet = False
+        self._loggers: list[logging.Logger] = []
+
+    def record(self, ok: bool) -> None:
+        with self._lock:
+            changed = ok == self._failing
+            self._failing = not ok
+            if ok:
+                self._quiet = False
+        if changed and not ok:
+            _log.warning(
+                "%s export to %s failed; %s are dropped until it works again "
+                "(admission is unaffected; said once per outage)",
+                self._signal,
+                self._where,
+                self._signal,
+            )
+        elif changed:
+            _log.info("%s export to %s works again", self._signal, self._where)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        with self._lock:
+            if self._quiet:
+                return False
+            self._quiet = True
+        return True
+
+    def watch(self, exporter: object) -> None:
+        """Filter the loggers of the modules the exporter's classes come from."""
+        modules = {
+            cls.__module__
+            for cls in type(exporter).__mro__
+            if cls.__module__.startswith("opentelemetry.exporter.")
+        }
+        for module in sorted(modules):
+            logger = logging.getLogger(module)
+            logger.addFilter(self)
+            self._loggers.append(logger)
+
+    def unwatch(self) -> None:
+        for logger in self._loggers:
+            logger.removeFilter(self)
+        self._loggers.clear()
+
+
+def _otlp_where(signal: str) -> str:
+    # The exporters resolve the real URL themselves; this only names it in the one warning.
+    return (
+        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or "the default OTLP endpoint"
+    )
+
+
+def _watched_span_exporter(exporter: SpanExporter, health: _ExportHealth) -> SpanExporter:
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class Watched(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            try:
+                result = exporter.export(spans)
+            except Exception:
+                result = SpanExportResult.FAILURE
+            health.record(result is SpanExportResult.SUCCESS)
+            return result
+
+        def shutdown(self) -> None:
+            try:
+                exporter.shutdown()
+            finally:
+                health.unwatch()
+
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            return exporter.force_flush(timeout_millis)
+
+    health.watch(exporter)
+    return Watched()
+
+
+def _watched_metric_exporter(exporter: MetricExporter, health: _ExportHealth) -> MetricExporter:
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+
+    class Watched(MetricExporter):
+        def export(
+            self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any
+        ) -> MetricExportResult:
+            try:
+                result = exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            except Exception:
+                result = MetricExportResult.FAILURE
+            health.record(result is MetricExportResult.SUCCESS)
+            return result
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return exporter.force_flush(timeout_millis)
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            try:
+                exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
+            finally:
+                health.unwatch()
+
+    health.watch(exporter)
+    # The reader asks its exporter for these; the wrapped one's choices must stay in force.
+    return Watched(
+        preferred_temporality=getattr(exporter, "_preferred_temporality", None),
+        preferred_aggregation=getattr(exporter, "_preferred_aggregation", None),
+    )
+
+
 def _span_exporter(choice: str) -> SpanExporter:
     if choice == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
+    exporter: SpanExporter
     if _protocol("TRACES") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcSpanExporter,
         )
 
-        return GrpcSpanExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        exporter = GrpcSpanExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter()
+        exporter = OTLPSpanExporter()
+    return _watched_span_exporter(exporter, _ExportHealth("traces", _otlp_where("TRACES")))
 
 
 def _metric_reader(choice: str) -> MetricReader:
@@ -166,15 +301,19 @@ def _metric_reader(choice: str) -> MetricReader:
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
         return PeriodicExportingMetricReader(ConsoleMetricExporter())
+    exporter: MetricExporter
     if _protocol("METRICS") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
             OTLPMetricExporter as GrpcMetricExporter,
         )
 
-        return PeriodicExportingMetricReader(GrpcMetricExporter())
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        exporter = GrpcMetricExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return PeriodicExportingMetricReader(OTLPMetricExporter())
+        exporter = OTLPMetricExporter()
+    health = _ExportHealth("metrics", _otlp_where("METRICS"))
+    return PeriodicExportingMetricReader(_watched_metric_exporter(exporter, health))
 
 
 def _prometheus(host: str, port: int) -> tuple[MetricReader, int, Callable[[], None]]:
@@ -207,6 +346,7 @@ def setup_telemetry(
     span_exporters: Sequence[SpanExporter] | None = None,
     metric_readers: Sequence[MetricReader] | None = None,
     prometheus: tuple[str, int] | None = None,
+    otlp: bool = True,
     set_global: bool = True,
     log_correlation: bool = True,
 ) -> TelemetryHandle:
@@ -215,6 +355,8 @@ def setup_telemetry(
     ``span_exporters`` / ``metric_readers`` replace the ones the environment would choose
     (for tests, or a host with exporters of its own). ``prometheus=(host, port)`` also serves
     metrics in the Prometheus text format (port 0 picks a free one, see the handle).
+    ``otlp=False`` installs no exporter of the environment's choosing: with ``prometheus``
+    alone, the metrics are only served for scraping and nothing is pushed anywhere.
     With ``set_global`` the providers become the process's global ones, unless the host
     already installed its own, which are then left alone. Raises ``ConfigError`` for settings
     that cannot work (an unknown exporter or protocol, a port already taken).
@@ -233,12 +375,12 @@ def setup_telemetry(
     exporters = (
         list(span_exporters)
         if span_exporters is not None
-        else [_span_exporter(choice) for choice in _exporter_choices("TRACES")]
+        else [_span_exporter(choice) for choice in _exporter_choices("TRACES") if otlp]
     )
     readers = (
         list(metric_readers)
         if metric_readers is not None
-        else [_metric_reader(choice) for choice in _exporter_choices("METRICS")]
+        else [_metric_reader(choice) for choice in _exporter_choices("METRICS") if otlp]
     )
 
     prometheus_port: int | None = None
