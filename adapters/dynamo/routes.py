@@ -15,19 +15,35 @@ config file), stops it when the process exits, and returns three GET routes unde
   snapshot, 503 while starting, retrying, draining or stopped (a readiness probe).
 
 Handlers are synchronous and only read the service's last immutable snapshot.
+
+Telemetry is opt-in here as in ``serve``: ``WORKERSET_ADMISSION_TELEMETRY=1`` installs the
+OpenTelemetry SDK with the exporters the ``OTEL_*`` environment chooses, and
+``WORKERSET_ADMISSION_PROMETHEUS_PORT`` serves the metrics for Prometheus on a port of the
+plugin's own (``WORKERSET_ADMISSION_PROMETHEUS_HOST``, loopback by default). Dynamo 1.6.1 gives
+a route extension no way onto the frontend's ``/metrics``: a route's body is always sent as
+JSON, the provider is handed no runtime, and the runtime's metrics callbacks feed only the
+system status server, which the frontend never starts. The providers are the plugin's own and
+never the process's global ones: the process belongs to the frontend, whose libraries (or a
+later release) may install their own, and a global provider can be set only once. Telemetry
+that cannot start is logged and left off; the service starts regardless.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from workerset_admission.adapters.dynamo.host import HostState, RunningService, ServiceThread
-from workerset_admission.config import load_settings
+from workerset_admission.config import Settings, load_settings
+from workerset_admission.errors import WorkersetAdmissionError
 from workerset_admission.service import ServiceSnapshot
+
+if TYPE_CHECKING:
+    from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle
 
 __all__ = [
     "HEALTH_PATH",
@@ -39,6 +55,8 @@ __all__ = [
     "Reply",
     "frontend_routes",
     "shared_host",
+    "shared_telemetry",
+    "start_extension_telemetry",
     "stop_shared_host",
 ]
 
@@ -157,37 +175,98 @@ def _frontend_handler(
     return answer
 
 
-async def _start_from_environment() -> SnapshotService:
+def start_extension_telemetry(settings: Settings) -> TelemetryHandle | None:
+    """Install the telemetry the settings ask for, with providers of the plugin's own.
+
+    None when none is asked for, or when it cannot start (the reason is logged once: telemetry
+    never keeps admission from running).
+    """
+    from workerset_admission.telemetry import setup_telemetry
+
+    prometheus = settings.prometheus_address
+    if not settings.telemetry and prometheus is None:
+        return None
+    try:
+        handle = setup_telemetry(otlp=settings.telemetry, prometheus=prometheus, set_global=False)
+    except Exception as exc:  # a bad OTEL_* value or a taken port; admission goes on
+        _log.warning("workerset-admission telemetry is off: %s", exc)
+        return None
+    if prometheus is not None:
+        host = f"[{prometheus[0]}]" if ":" in prometheus[0] else prometheus[0]
+        _log.info(
+            "workerset-admission metrics for Prometheus on http://%s:%s/metrics",
+            host,
+            handle.prometheus_port,
+        )
+    return handle
+
+
+async def _start_from_environment(telemetry: AdmissionTelemetry | None) -> SnapshotService:
     from workerset_admission.plugin import create_service
 
     # The same factory as ``workerset-admission serve``: discovery source, serving-admission
     # publisher and status responder, all from WORKERSET_ADMISSION_* and the config file.
-    service: SnapshotService = await create_service(load_settings())
+    service: SnapshotService = await create_service(load_settings(), telemetry=telemetry)
     return service
 
 
 _shared: ServiceThread[SnapshotService] | None = None
+_shared_telemetry: TelemetryHandle | None = None
 _shared_lock = threading.Lock()
+
+
+def _extension_telemetry() -> tuple[TelemetryHandle | None, AdmissionTelemetry | None]:
+    from workerset_admission.telemetry import AdmissionTelemetry
+
+    try:
+        settings = load_settings()
+    except WorkersetAdmissionError:
+        # The service's own start reports bad settings, on the health route and in the log.
+        return None, None
+    handle = start_extension_telemetry(settings)
+    if handle is None:
+        return None, None
+    # One facade for every start attempt: its instruments are registered once per provider.
+    return handle, AdmissionTelemetry(
+        tracer_provider=handle.tracer_provider,
+        meter_provider=handle.meter_provider,
+        bucket=settings.discovery_bucket,
+    )
 
 
 def shared_host() -> ServiceThread[SnapshotService]:
     """Return the process's one admission service thread, starting it on first use."""
-    global _shared
+    global _shared, _shared_telemetry
     with _shared_lock:
         if _shared is None:
-            _shared = ServiceThread(_start_from_environment, name="workerset-admission")
+            _shared_telemetry, telemetry = _extension_telemetry()
+            _shared = ServiceThread(
+                lambda: _start_from_environment(telemetry), name="workerset-admission"
+            )
+            # Registered before the thread registers its own stop, so at exit it runs after
+            # it: the service's last spans are made before the exporters flush and close.
+            atexit.register(stop_shared_host)
         host = _shared
     host.start()
     return host
 
 
+def shared_telemetry() -> TelemetryHandle | None:
+    """Return the telemetry the running extension installed, if any (its Prometheus port)."""
+    return _shared_telemetry
+
+
 def stop_shared_host() -> None:
-    """Stop the process's admission service (also runs at interpreter exit)."""
-    global _shared
+    """Stop the process's admission service, then its telemetry (also runs at exit)."""
+    global _shared, _shared_telemetry
     with _shared_lock:
         host, _shared = _shared, None
+        handle, _shared_telemetry = _shared_telemetry, None
+    atexit.unregister(stop_shared_host)
     if host is not None:
         host.stop()
+    if handle is not None:
+        handle.shutdown()
 
 
 def frontend_routes() -> list[Any]:
