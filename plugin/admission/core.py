@@ -89,6 +89,71 @@ from workerset_admission.identity import GroupKey, Registration, instance_key
 
 __all__ = ["AdmissionCore", "CoreSettings"]
 
+# The three effects emitted on nearly every input are built by writing their slots directly.
+# A frozen dataclass's generated __init__ goes through object.__setattr__ per field, which was
+# a fifth of apply()'s time; the objects made here are the same class with the same fields.
+_new = object.__new__
+_PLACED_SLOTS = (
+    fx.WorkerPlaced.key.__set__,  # type: ignore[attr-defined]
+    fx.WorkerPlaced.group.__set__,  # type: ignore[attr-defined]
+    fx.WorkerPlaced.mdc_checksum.__set__,  # type: ignore[attr-defined]
+    fx.WorkerPlaced.admitted.__set__,  # type: ignore[attr-defined]
+)
+_DEPARTED_SLOTS = (
+    fx.WorkerDeparted.key.__set__,  # type: ignore[attr-defined]
+    fx.WorkerDeparted.group.__set__,  # type: ignore[attr-defined]
+    fx.WorkerDeparted.mdc_checksum.__set__,  # type: ignore[attr-defined]
+    fx.WorkerDeparted.was_admitted.__set__,  # type: ignore[attr-defined]
+)
+_PUBLISH_SLOTS = (
+    fx.PublishAdmissions.group.__set__,  # type: ignore[attr-defined]
+    fx.PublishAdmissions.receiver.__set__,  # type: ignore[attr-defined]
+    fx.PublishAdmissions.mdc_checksum.__set__,  # type: ignore[attr-defined]
+    fx.PublishAdmissions.generation.__set__,  # type: ignore[attr-defined]
+    fx.PublishAdmissions.admitted.__set__,  # type: ignore[attr-defined]
+    fx.PublishAdmissions.card.__set__,  # type: ignore[attr-defined]
+)
+
+
+def _placed(key: str, group: GroupKey, checksum: str, admitted: bool) -> fx.WorkerPlaced:
+    effect = _new(fx.WorkerPlaced)
+    set_key, set_group, set_checksum, set_admitted = _PLACED_SLOTS
+    set_key(effect, key)
+    set_group(effect, group)
+    set_checksum(effect, checksum)
+    set_admitted(effect, admitted)
+    return effect
+
+
+def _departed(key: str, group: GroupKey, checksum: str, was_admitted: bool) -> fx.WorkerDeparted:
+    effect = _new(fx.WorkerDeparted)
+    set_key, set_group, set_checksum, set_was_admitted = _DEPARTED_SLOTS
+    set_key(effect, key)
+    set_group(effect, group)
+    set_checksum(effect, checksum)
+    set_was_admitted(effect, was_admitted)
+    return effect
+
+
+def _publish(
+    group: GroupKey,
+    receiver: int,
+    checksum: str,
+    generation: int,
+    admitted: frozenset[int],
+    card: Any,
+) -> fx.PublishAdmissions:
+    effect = _new(fx.PublishAdmissions)
+    set_group, set_receiver, set_checksum, set_generation, set_admitted, set_card = _PUBLISH_SLOTS
+    set_group(effect, group)
+    set_receiver(effect, receiver)
+    set_checksum(effect, checksum)
+    set_generation(effect, generation)
+    set_admitted(effect, admitted)
+    set_card(effect, card)
+    return effect
+
+
 _QUEUED = GroupStatus.QUEUED
 _RETRYING = GroupStatus.RETRYING
 _BLOCKED = GroupStatus.BLOCKED
@@ -381,7 +446,7 @@ class AdmissionCore:
         self._regs[key] = reg
         incumbent = group.checksum
         admitted = incumbent is None or incumbent == checksum
-        self._out.append(fx.WorkerPlaced(key, group.key, checksum, admitted))
+        self._out.append(_placed(key, group.key, checksum, admitted))
         if incumbent is None:
             self._start_tenure(group)
         elif admitted:
@@ -435,7 +500,7 @@ class AdmissionCore:
         del cohort.members[key]
         cohort.ids.discard(reg.instance_id)
         was_admitted = group.checksum == checksum
-        self._out.append(fx.WorkerDeparted(key, group.key, checksum, was_admitted))
+        self._out.append(_departed(key, group.key, checksum, was_admitted))
         if not cohort.members:
             del group.cohorts[checksum]
             group.reported.discard(checksum)
@@ -744,7 +809,7 @@ class AdmissionCore:
                 # One C-level copy per changed group per call: the admitted set handed out
                 # must never change under its holder.
                 out.append(
-                    fx.PublishAdmissions(
+                    _publish(
                         group.key,
                         group.receiver,  # type: ignore[arg-type]
                         checksum,
