@@ -99,3 +99,39 @@ def test_checked_contexts_are_left_to_the_whole_text_decoder() -> None:
     text = compact(demo_card())
     assert decode_card_fields(text, Ctx(strict_dups=True)) is None
     assert decode_card_fields(text, Ctx(strict_dups=False, check_strings=True)) is None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    cards(),
+    st.integers(0, 10_000),
+    st.integers(0, 40),
+    st.text(alphabet='{}[],:"0123456789.-eabnrtu ', max_size=12),
+)
+def test_a_card_edited_anywhere_after_another_decodes_as_its_own_whole_text(
+    text: str, at: int, length: int, insert: str
+) -> None:
+    # The second card shares a prefix and a suffix with the first: members inside them are
+    # reused from the first card's walk, the ones between are walked.
+    at %= len(text) + 1
+    edited = text[:at] + insert + text[at + length :]
+    if jsonio.has_lone_surrogate_escape(text) or jsonio.has_lone_surrogate_escape(edited):
+        return
+    clear_memo()
+    memoized(text)
+    got = memoized(edited)
+    expected = whole_text(edited)
+    assert got is None or got == expected
+    if expected is None:
+        assert got is None
+
+
+def test_fleet_cards_differing_in_a_middle_field_reuse_the_others_and_stay_exact() -> None:
+    clear_memo()
+    base = demo_card()
+    for blocks in (16, 32, 1024, 7):
+        card = dict(base, kv_cache_block_size=blocks, extra_field={"n": blocks})
+        text = compact(card)
+        got = memoized(text)
+        assert got is not None
+        assert got == whole_text(text)
