@@ -165,9 +165,8 @@ def start_serve_telemetry(settings: Settings, *, otlp: bool) -> TelemetryHandle 
     if not otlp and prometheus is None:
         return None
     handle = setup_telemetry(otlp=otlp, prometheus=prometheus)
-    if prometheus is not None:
-        host = f"[{prometheus[0]}]" if ":" in prometheus[0] else prometheus[0]
-        _say(f"Prometheus metrics on http://{host}:{handle.prometheus_port}/metrics")
+    if handle.prometheus_url is not None:
+        _say(f"Prometheus metrics on {handle.prometheus_url}")
     return handle
 
 

@@ -53,7 +53,8 @@ class TelemetryHandle:
 
     ``tracer_provider`` / ``meter_provider`` are None when that signal is off; hand them to
     ``AdmissionTelemetry`` (they are also the global providers when the setup set them).
-    ``prometheus_port`` is the port the metrics endpoint listens on, when one was asked for.
+    ``prometheus_port`` is the port the metrics endpoint listens on, when one was asked for,
+    and ``prometheus_url`` its whole address (``http://host:port/metrics``).
     """
 
     def __init__(
@@ -62,10 +63,13 @@ class TelemetryHandle:
         meter_provider: MeterProvider | None,
         prometheus_port: int | None,
         closers: Sequence[Callable[[], None]],
+        *,
+        prometheus_url: str | None = None,
     ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.prometheus_port = prometheus_port
+        self.prometheus_url = prometheus_url
         self._closers = list(closers)
         self._lock = threading.Lock()
         self._closed = False
@@ -384,10 +388,13 @@ def setup_telemetry(
     )
 
     prometheus_port: int | None = None
+    prometheus_url: str | None = None
     if prometheus is not None:
         reader, prometheus_port, close = _prometheus(*prometheus)
         readers.append(reader)
         closers.append(close)
+        host = f"[{prometheus[0]}]" if ":" in prometheus[0] else prometheus[0]
+        prometheus_url = f"http://{host}:{prometheus_port}/metrics"
 
     tracer_provider: TracerProvider | None = None
     if exporters:
@@ -411,4 +418,6 @@ def setup_telemetry(
 
     if log_correlation:
         closers.append(install_log_correlation())
-    return TelemetryHandle(tracer_provider, meter_provider, prometheus_port, closers)
+    return TelemetryHandle(
+        tracer_provider, meter_provider, prometheus_port, closers, prometheus_url=prometheus_url
+    )

@@ -191,13 +191,8 @@ def start_extension_telemetry(settings: Settings) -> TelemetryHandle | None:
     except Exception as exc:  # a bad OTEL_* value or a taken port; admission goes on
         _log.warning("workerset-admission telemetry is off: %s", exc)
         return None
-    if prometheus is not None:
-        host = f"[{prometheus[0]}]" if ":" in prometheus[0] else prometheus[0]
-        _log.info(
-            "workerset-admission metrics for Prometheus on http://%s:%s/metrics",
-            host,
-            handle.prometheus_port,
-        )
+    if handle.prometheus_url is not None:
+        _log.info("workerset-admission metrics for Prometheus on %s", handle.prometheus_url)
     return handle
 
 
