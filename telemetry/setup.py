@@ -1,7 +1,9 @@
 """The one opt-in function that installs the OpenTelemetry SDK and its exporters.
 
-Nothing in the package calls it at import: ``serve`` calls it, a host embedding the plugin may
-call it or wire its own SDK. It follows the standard environment variables:
+Nothing in the package calls it at import: ``serve`` calls it, and so does the Dynamo
+frontend's route extension when its settings ask for telemetry (with providers of its own, not
+the process's global ones); any other host may call it or wire its own SDK. It follows the
+standard environment variables:
 
 - ``OTEL_SDK_DISABLED=true`` turns everything off;
 - ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``: ``otlp`` (default), ``console`` or
