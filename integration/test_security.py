@@ -115,14 +115,17 @@ async def create_buckets(url: str, **auth: Any) -> None:
 
 async def first_snapshot(options: NatsConnectOptions, timeout: float = 20.0) -> SourceSnapshot:
     source = JetStreamDiscoverySource(options, bucket=DISCOVERY, bind_retry_max=0.5)
+
+    async def first() -> SourceSnapshot:
+        async for event in source.events():
+            if isinstance(event, SourceSnapshot):
+                return event
+        raise AssertionError("the source ended without a snapshot")
+
     try:
-        async with asyncio.timeout(timeout):
-            async for event in source.events():
-                if isinstance(event, SourceSnapshot):
-                    return event
+        return await asyncio.wait_for(first(), timeout)
     finally:
         await source.close()
-    raise AssertionError("the source ended without a snapshot")
 
 
 def record_key(namespace: str, instance: int) -> str:
@@ -218,15 +221,18 @@ async def test_the_plugin_watches_discovery_under_its_documented_permissions(
         )
         source = JetStreamDiscoverySource(options, bucket=DISCOVERY)
         seen: list[str] = []
+
+        async def watch() -> None:
+            async for event in source.events():
+                if isinstance(event, SourceSnapshot):
+                    seen.extend(e.key for e in event.entries)
+                    await kv.put(record_key("ns-a", 0x2F), b'{"type":"Model"}')
+                elif isinstance(event, SourcePut):
+                    seen.append(event.entry.key)
+                    return
+
         try:
-            async with asyncio.timeout(20):
-                async for event in source.events():
-                    if isinstance(event, SourceSnapshot):
-                        seen.extend(e.key for e in event.entries)
-                        await kv.put(record_key("ns-a", 0x2F), b'{"type":"Model"}')
-                    elif isinstance(event, SourcePut):
-                        seen.append(event.entry.key)
-                        break
+            await asyncio.wait_for(watch(), 20)
         finally:
             await source.close()
     assert seen == [record_key("ns-a", 0x1F), record_key("ns-a", 0x2F)]
