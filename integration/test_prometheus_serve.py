@@ -173,3 +173,47 @@ def test_an_unreachable_collector_is_said_once_per_signal_and_serve_runs_on(
     assert text.count("metrics export to") == 1, text
     # The exporter's own retries stay out of the log: one of its records per outage.
     assert text.count("/v1/metrics") <= 1, text
+
+
+_FAILING_SERVE = """
+import argparse, asyncio, socket, sys
+from workerset_admission.config import Settings
+from workerset_admission.service_cli import _serve
+
+settings = Settings(nats_servers=(sys.argv[1],), prometheus_port=int(sys.argv[2]))
+args = argparse.Namespace(log_format=None, log_level="CRITICAL", telemetry=False)
+try:
+    asyncio.run(asyncio.wait_for(_serve(settings, args), 60))
+except asyncio.TimeoutError:
+    sys.exit("serve hung")
+except Exception:
+    pass
+else:
+    sys.exit("serve did not fail")
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=2).close()
+except OSError:
+    print("endpoint closed")
+else:
+    print("endpoint still open")
+"""
+
+
+def test_serve_closes_the_metrics_endpoint_even_when_it_fails_to_start(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    # In a process of its own: serve installs global providers, which a process keeps for good.
+    port = free_port()
+    env = serve_env(nats_server, bucket_name)
+    nowhere = f"nats://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-c", _FAILING_SERVE, nowhere, str(port)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"Prometheus metrics on http://127.0.0.1:{port}/metrics" in done.stdout
+    assert done.stdout.rstrip().endswith("endpoint closed"), done.stdout
