@@ -14,7 +14,8 @@ a private nats-server (loopback, free port, temporary store) and measures:
   was notified (none should be);
 * publish-to-receiver latency at a steady 1,000 updates per second: each update is a new
   compatible worker, timed from the publish to the moment the group's receiver shows its id;
-* resident memory per tracked worker after syncing the largest shared-card fleet.
+* Python heap held per tracked worker (traced with ``tracemalloc``, after a full collection) once
+  each shared-card fleet is synced, and again before the restart above.
 
 The largest fleet's figures are medians of ``--runs`` runs, smaller fleets run once. Compare
 ratios, not absolute rates: client and server share the machine's cores. Results go to
@@ -73,7 +74,7 @@ CARD: dict[str, Any] = {
         "enable_eagle": False,
     },
 }
-SIZES = (1_000, 5_000, 10_000, 25_000, 50_000)
+SIZES = (1_000, 10_000, 50_000)
 
 
 def card_for(i: int, distinct: bool) -> dict[str, Any]:
@@ -152,7 +153,29 @@ async def plugin_sync(url: str, bucket: str, count: int) -> float:
     return elapsed
 
 
-async def sync_rates(url: str, sizes: tuple[int, ...], runs: int) -> list[dict[str, Any]]:
+async def heap_growth(url: str, bucket: str, count: int) -> int:
+    """Bytes of Python heap a synced service holds for ``count`` workers (traced, collected)."""
+    gc.collect()
+    # Traced heap, not RSS: the process's RSS would hide reuse of memory freed earlier.
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        service = new_service(url, bucket)
+        await service.start()
+        try:
+            await service.wait_synced(120)
+            gc.collect()
+            return int(tracemalloc.get_traced_memory()[0] - before)
+        finally:
+            await service.stop()
+    finally:
+        tracemalloc.stop()
+
+
+async def sync_rates(
+    url: str, sizes: tuple[int, ...], runs: int, memory: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Initial sync rates per fleet; with ``memory``, also the heap held per shared fleet."""
     rows = []
     nc = await nats.connect(url)
     js = nc.jetstream()
@@ -166,6 +189,16 @@ async def sync_rates(url: str, sizes: tuple[int, ...], runs: int) -> list[dict[s
                 repeat = runs if size == sizes[-1] else 1
                 bare = [await bare_sync(url, bucket, size) for _ in range(repeat)]
                 plugin = [await plugin_sync(url, bucket, size) for _ in range(repeat)]
+                if memory is not None and not distinct:
+                    held = await heap_growth(url, bucket, size)
+                    memory.append(
+                        {
+                            "workers": size,
+                            "heap_bytes": held,
+                            "per_worker_bytes": round(held / size),
+                        }
+                    )
+                    print(f"heap {size:>6,} workers: {held / 2**20:.1f} MiB", flush=True)
                 await js.delete_key_value(bucket)
                 row = {
                     "fleet": "distinct" if distinct else "shared",
@@ -196,17 +229,11 @@ async def resync_and_memory(server: EmbeddedNatsServer, size: int) -> dict[str, 
     await nc.close()
     await fill(url, bucket, records(size, distinct=False))
     bare = statistics.median([await bare_sync(url, bucket, size) for _ in range(3)])
-    gc.collect()
-    # Python heap growth, traced: the process's RSS would hide reuse of memory freed earlier.
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
+    held = await heap_growth(url, bucket, size)
     service = new_service(url, bucket)
     await service.start()
     try:
         await service.wait_synced(120)
-        gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
-        tracemalloc.stop()
         (group,) = service.core.groups()
         receiver = service.receiver_for(group.key)
         assert receiver is not None
@@ -233,7 +260,7 @@ async def resync_and_memory(server: EmbeddedNatsServer, size: int) -> dict[str, 
             "periodic_reconcile_vs_bare_sync": round(reconcile / bare, 3),
             "receiver_notified": receiver.current().version != version,
             "notifications_during_resync": service.counters.notifications - notifications,
-            "heap_per_worker_bytes": round((after - before) / size),
+            "heap_per_worker_bytes": round(held / size),
         }
     finally:
         await service.stop()
@@ -313,7 +340,9 @@ async def main(max_workers: int, runs: int) -> dict[str, Any]:
     sizes = tuple(s for s in SIZES if s <= max_workers) or (max_workers,)
     with EmbeddedNatsServer() as server:
         print(f"nats-server {server.version()} at {server.url}; median of {runs} runs", flush=True)
-        sync = await sync_rates(server.url, sizes, runs)
+        version = server.version()
+        memory: list[dict[str, Any]] = []
+        sync = await sync_rates(server.url, sizes, runs, memory)
         resync = await resync_and_memory(server, sizes[-1])
         lat = await latency(server.url)
     largest = {row["fleet"]: row for row in sync if row["workers"] == sizes[-1]}
@@ -322,7 +351,14 @@ async def main(max_workers: int, runs: int) -> dict[str, Any]:
         "sync_distinct_ratio": round(largest["distinct"]["ratio"], 3),
         "targets": {"sync_shared_ratio": 0.8, "sync_distinct_ratio": 0.5, "p99_ms": 5.0},
     }
-    return {"sync": sync, "resync": resync, "latency": lat, "summary": summary}
+    return {
+        "nats_server": version,
+        "sync": sync,
+        "memory": memory,
+        "resync": resync,
+        "latency": lat,
+        "summary": summary,
+    }
 
 
 if __name__ == "__main__":
