@@ -32,6 +32,8 @@ inside ``card_json`` a repeated key keeps its last value, every number is evalua
 Speed: registrations that share a card (a fleet) usually carry byte-identical ``card_json``
 text. The decoded card, its checksum and fingerprint are cached by those exact bytes (and by
 the tokenizer overrides), so each further record costs a small parse of the envelope only.
+Cards that differ in a field or two are decoded field by field, each field's value once per
+distinct spelling (``fieldmemo``), and fall back to the whole-text decoder for anything else.
 """
 
 from __future__ import annotations
