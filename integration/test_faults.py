@@ -109,7 +109,6 @@ class Fleet:
     """Workers registering through an admin connection, as Dynamo's discovery does."""
 
     kv: KeyValue
-    revisions: int = 0
 
     async def register(
         self, ep: EndpointId, ids: Iterable[int], card_json: dict[str, Any], window: int = 200
@@ -143,7 +142,6 @@ class Fleet:
                     for key, value in writes[start : start + window]
                 )
             )
-            self.revisions += len(writes[start : start + window])
 
 
 # The workers' own clients: their reconnect tasks are started during a fault, after the
