@@ -9,7 +9,8 @@ bounded by ``--timeout``. ``--all`` adds the other ``bench_*.py`` scripts. After
 one row per target with its figure and whether it is met, writes ``results/run.json`` (with the
 machine it ran on) and draws ``docs/bench/targets.png``: sync rate against fleet size, plugin
 against bare nats-py, and the heap held against fleet size. ``--quick`` sets ``BENCH_QUICK=1``
-(smaller fleets, one run each) for a smoke run; its figures are not the targets' figures.
+(smaller fleets, one run each) for a smoke run; its figures are not the targets' figures and its
+chart goes to ``results/targets-quick.png``.
 """
 
 from __future__ import annotations
@@ -259,8 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="also run the other benchmarks")
     parser.add_argument("--only", action="append", help="run only this bench (repeatable)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per benchmark")
-    parser.add_argument("--chart", type=Path, default=CHART, help="where to draw the chart")
+    parser.add_argument("--chart", type=Path, help="where to draw the chart")
     args = parser.parse_args(argv)
+    if args.chart is None:
+        # A smoke run's small fleets must not replace the documented chart.
+        args.chart = RESULTS / "targets-quick.png" if args.quick else CHART
     benches = sorted(HERE.glob("bench_*.py"))
     if args.only:
         wanted = {name.removesuffix(".py") for name in args.only}
