@@ -21,7 +21,9 @@ or a host's own prometheus_client metrics, never collide).
 An exporter that cannot reach its collector costs only the telemetry it drops: the exports run
 on the SDK's own threads, and the failure is said once per outage (one WARNING of ours, one
 record of the exporter's own; its retries are kept out of the log until an export succeeds
-again, which is said at INFO).
+again, which is said at INFO). At shutdown a collector already known to be away is not waited
+for, and the final flush of any other gets a grace of a few seconds, never the exporters' full
+retry timeout.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ DEFAULT_SERVICE_NAME = "workerset-admission"
 _log = logging.getLogger(__name__)
 _PROTOCOLS = ("http/protobuf", "grpc")
 _EXPORTERS = ("otlp", "console", "none")
+_SHUTDOWN_GRACE = 3.0
 
 
 class TelemetryHandle:
@@ -67,12 +70,14 @@ class TelemetryHandle:
         closers: Sequence[Callable[[], None]],
         *,
         prometheus_url: str | None = None,
+        exports: Sequence[_ExportHealth] = (),
     ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.prometheus_port = prometheus_port
         self.prometheus_url = prometheus_url
         self._closers = list(closers)
+        self._exports = list(exports)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -95,15 +100,29 @@ class TelemetryHandle:
             if self._closed:
                 return
             self._closed = True
-        for provider in (self.tracer_provider, self.meter_provider):
-            if provider is None:
-                continue
-            try:
-                provider.shutdown()
-            except Exception:
-                _log.warning("telemetry shutdown failed", exc_info=True)
+        for export in self._exports:
+            export.closing()
+        # The final flush gets a short grace; a collector that does not answer within it is
+        # given up, so an outage never holds up the process's exit for the exporters' timeout.
+        deadline = threading.Timer(_SHUTDOWN_GRACE, self._abandon_exports)
+        deadline.daemon = True
+        deadline.start()
+        try:
+            for provider in (self.tracer_provider, self.meter_provider):
+                if provider is None:
+                    continue
+                try:
+                    provider.shutdown()
+                except Exception:
+                    _log.warning("telemetry shutdown failed", exc_info=True)
+        finally:
+            deadline.cancel()
         for close in reversed(self._closers):
             _quietly(close)
+
+    def _abandon_exports(self) -> None:
+        for export in self._exports:
+            export.abandon()
 
 
 def _quietly(close: Callable[[], None]) -> None:
@@ -170,7 +189,32 @@ class _ExportHealth(logging.Filter):
         self._lock = threading.Lock()
         self._failing = False
         self._quiet = False
+        self._abandoned = False
+        self._abandon: Callable[[], None] | None = None
         self._loggers: list[logging.Logger] = []
+
+    @property
+    def abandoned(self) -> bool:
+        """Tell whether exports are dropped at once: given up during shutdown."""
+        return self._abandoned
+
+    def closing(self) -> None:
+        """Prepare for shutdown: a collector already known to be away is waited for no more.
+
+        Otherwise the final flush would retry for the whole exporter timeout per signal
+        (10 s by default) and hold up the process's exit for nothing.
+        """
+        if self._failing:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Drop every export from now on, and stop the one retrying, if any."""
+        with self._lock:
+            self._abandoned = True
+            abandon, self._abandon = self._abandon, None
+        if abandon is not None:
+            # Shutting the exporter down interrupts a retry it is sleeping in.
+            _quietly(abandon)
 
     def record(self, ok: bool) -> None:
         with self._lock:
@@ -198,8 +242,9 @@ class _ExportHealth(logging.Filter):
             self._quiet = True
         return True
 
-    def watch(self, exporter: object) -> None:
+    def watch(self, exporter: object, close: Callable[[], None]) -> None:
         """Filter the loggers of the modules the exporter's classes come from."""
+        self._abandon = close
         modules = {
             cls.__module__
             for cls in type(exporter).__mro__
@@ -225,11 +270,30 @@ def _otlp_where(signal: str) -> str:
     )
 
 
+def _once(action: Callable[[], None]) -> Callable[[], None]:
+    lock = threading.Lock()
+    done = False
+
+    def run() -> None:
+        nonlocal done
+        with lock:
+            if done:
+                return
+            done = True
+        action()
+
+    return run
+
+
 def _watched_span_exporter(exporter: SpanExporter, health: _ExportHealth) -> SpanExporter:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+    close = _once(exporter.shutdown)
+
     class Watched(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
+            if health.abandoned:
+                return SpanExportResult.FAILURE
             try:
                 result = exporter.export(spans)
             except Exception:
@@ -239,24 +303,28 @@ def _watched_span_exporter(exporter: SpanExporter, health: _ExportHealth) -> Spa
 
         def shutdown(self) -> None:
             try:
-                exporter.shutdown()
+                close()
             finally:
                 health.unwatch()
 
         def force_flush(self, timeout_millis: int = 30_000) -> bool:
             return exporter.force_flush(timeout_millis)
 
-    health.watch(exporter)
+    health.watch(exporter, close)
     return Watched()
 
 
 def _watched_metric_exporter(exporter: MetricExporter, health: _ExportHealth) -> MetricExporter:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
+    close = _once(exporter.shutdown)
+
     class Watched(MetricExporter):
         def export(
             self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any
         ) -> MetricExportResult:
+            if health.abandoned:
+                return MetricExportResult.FAILURE
             try:
                 result = exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
             except Exception:
@@ -269,11 +337,11 @@ def _watched_metric_exporter(exporter: MetricExporter, health: _ExportHealth) ->
 
         def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
             try:
-                exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
+                close()
             finally:
                 health.unwatch()
 
-    health.watch(exporter)
+    health.watch(exporter, close)
     # The reader asks its exporter for these; the wrapped one's choices must stay in force.
     return Watched(
         preferred_temporality=getattr(exporter, "_preferred_temporality", None),
@@ -281,7 +349,7 @@ def _watched_metric_exporter(exporter: MetricExporter, health: _ExportHealth) ->
     )
 
 
-def _span_exporter(choice: str) -> SpanExporter:
+def _span_exporter(choice: str, healths: list[_ExportHealth]) -> SpanExporter:
     if choice == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -297,10 +365,12 @@ def _span_exporter(choice: str) -> SpanExporter:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter()
-    return _watched_span_exporter(exporter, _ExportHealth("traces", _otlp_where("TRACES")))
+    health = _ExportHealth("traces", _otlp_where("TRACES"))
+    healths.append(health)
+    return _watched_span_exporter(exporter, health)
 
 
-def _metric_reader(choice: str) -> MetricReader:
+def _metric_reader(choice: str, healths: list[_ExportHealth]) -> MetricReader:
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     if choice == "console":
@@ -319,6 +389,7 @@ def _metric_reader(choice: str) -> MetricReader:
 
         exporter = OTLPMetricExporter()
     health = _ExportHealth("metrics", _otlp_where("METRICS"))
+    healths.append(health)
     return PeriodicExportingMetricReader(_watched_metric_exporter(exporter, health))
 
 
@@ -378,15 +449,16 @@ def setup_telemetry(
 
     resource = _resource(service_name, resource_attributes)
 
+    healths: list[_ExportHealth] = []
     exporters = (
         list(span_exporters)
         if span_exporters is not None
-        else [_span_exporter(choice) for choice in _exporter_choices("TRACES") if otlp]
+        else [_span_exporter(choice, healths) for choice in _exporter_choices("TRACES") if otlp]
     )
     readers = (
         list(metric_readers)
         if metric_readers is not None
-        else [_metric_reader(choice) for choice in _exporter_choices("METRICS") if otlp]
+        else [_metric_reader(choice, healths) for choice in _exporter_choices("METRICS") if otlp]
     )
 
     prometheus_port: int | None = None
@@ -421,5 +493,10 @@ def setup_telemetry(
     if log_correlation:
         closers.append(install_log_correlation())
     return TelemetryHandle(
-        tracer_provider, meter_provider, prometheus_port, closers, prometheus_url=prometheus_url
+        tracer_provider,
+        meter_provider,
+        prometheus_port,
+        closers,
+        prometheus_url=prometheus_url,
+        exports=healths,
     )

@@ -166,3 +166,50 @@ def test_the_telemetry_settings_come_from_the_environment(
 ) -> None:
     settings = load_settings(env=env)
     assert (settings.telemetry, settings.prometheus_address) == expected
+
+
+class RecordingExporter(FlakyExporter):
+    """A flaky exporter that also notes when it is shut down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shut_down = 0
+
+    def shutdown(self) -> None:
+        self.shut_down += 1
+
+
+def test_at_shutdown_a_collector_known_to_be_away_is_given_up_at_once() -> None:
+    inner = RecordingExporter()
+    health = telemetry_setup._ExportHealth("traces", "here")
+    exporter = telemetry_setup._watched_span_exporter(inner, health)
+    exporter.export([])
+    health.closing()
+    # The exporter is stopped (which ends a retry it sleeps in), and the final flush is dropped.
+    assert inner.shut_down == 1
+    assert exporter.export([]) is SpanExportResult.FAILURE
+    assert inner.calls == 1
+    exporter.shutdown()
+    assert inner.shut_down == 1
+
+
+def test_at_shutdown_a_working_collector_still_receives_the_final_flush() -> None:
+    inner = RecordingExporter()
+    inner.down = False
+    health = telemetry_setup._ExportHealth("traces", "here")
+    exporter = telemetry_setup._watched_span_exporter(inner, health)
+    health.closing()
+    assert exporter.export([]) is SpanExportResult.SUCCESS
+    assert inner.calls == 1
+    exporter.shutdown()
+    assert inner.shut_down == 1
+
+
+def test_a_collector_that_does_not_answer_within_the_grace_is_given_up() -> None:
+    inner = RecordingExporter()
+    inner.down = False
+    health = telemetry_setup._ExportHealth("traces", "here")
+    exporter = telemetry_setup._watched_span_exporter(inner, health)
+    health.abandon()
+    assert exporter.export([]) is SpanExportResult.FAILURE
+    assert (inner.calls, inner.shut_down) == (0, 1)
