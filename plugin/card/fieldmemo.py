@@ -37,12 +37,15 @@ _KNOWN = frozenset(name for name, *_ in _PLAN)
 _MISSING = object()
 
 _memo: dict[str, dict[str, Any]] = {name: {} for name in _KNOWN}
+# The spelling each field had on the last card that reached the scanner for it.
+_recent: dict[str, str] = {}
 
 
 def clear_memo() -> None:
     """Forget every memoized field value."""
     for table in _memo.values():
         table.clear()
+    _recent.clear()
 
 
 def _checked(value: Any) -> bool:
@@ -102,10 +105,28 @@ def decode_card_fields(text: str, ctx: Ctx) -> DecodedCard | None:
                 if text[pos] != ":" or name in found:
                     return None
                 start = pos + 1
-                value, pos = _scan_once(text, start)
                 table = memo.get(name)
                 if table is not None:
+                    # The field spelled as on the last card: a complete JSON value followed
+                    # by a separator parses as exactly itself, so it needs no scanning.
+                    recent = _recent.get(name)
+                    if recent is not None and text.startswith(recent, start):
+                        after = start + len(recent)
+                        if text[after] in ",}":
+                            decoded = table.get(recent, _MISSING)
+                            if decoded is not _MISSING:
+                                found[name] = decoded
+                                pos = after
+                                if text[pos] == ",":
+                                    pos += 1
+                                    continue
+                                if pos + 1 == end:
+                                    break
+                                return None
+                value, pos = _scan_once(text, start)
+                if table is not None:
                     slot = text[start:pos]
+                    _recent[name] = slot
                     decoded = table.get(slot, _MISSING)
                     if decoded is _MISSING:
                         if not _checked(value) or (name == "router_config" and _reads_files(value)):
