@@ -411,21 +411,37 @@ class _CardFacts:
     groups: dict[tuple[str, str, str], GroupKey] = field(default_factory=dict, compare=False)
 
 
+_WORKER_TYPES = {kind.value: kind for kind in WorkerType}
+_MODEL_TYPES: dict[int, str] = {}
+
+
+def _model_types(bits: int) -> str:
+    # A fleet uses one or two model-type sets: spell each once.
+    names = _MODEL_TYPES.get(bits)
+    if names is None:
+        names = model_type_names(bits)
+        if len(_MODEL_TYPES) < _CACHE_LIMIT:
+            _MODEL_TYPES[bits] = names
+    return names
+
+
 def _card_facts(card: DecodedCard, settings: BoundarySettings) -> _CardFacts:
     card = normalize_card(card, settings)
     effective = _effective_worker_type(card)
     _validate_shape(card, effective)
     worker_type = card.worker_type
+    fields = card.fields
+    needs = fields["needs"]
     return _CardFacts(
         card=card,
         checksum=card_checksum(card),
         fingerprint=lora_projection_fingerprint(card),
-        model_types=model_type_names(card.model_type_bits),
-        effective=WorkerType(effective),
-        worker_type=None if worker_type is None else WorkerType(worker_type),
-        needs=tuple(tuple(WorkerType(w) for w in alt) for alt in card.needs),
-        taints=tuple(sorted(card.fields["runtime_config"]["taints"])),
-        has_lora=card.fields["lora"] is not None,
+        model_types=_model_types(card.model_type_bits),
+        effective=_WORKER_TYPES[effective],
+        worker_type=None if worker_type is None else _WORKER_TYPES[worker_type],
+        needs=tuple(tuple(_WORKER_TYPES[w] for w in alt) for alt in needs) if needs else (),
+        taints=tuple(sorted(fields["runtime_config"]["taints"])),
+        has_lora=fields["lora"] is not None,
     )
 
 
