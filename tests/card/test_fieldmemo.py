@@ -54,7 +54,8 @@ def test_memoized_decoding_agrees_with_the_whole_text_or_declines(text: str, war
     for got in (first, again):
         assert got is None or got == expected
     if expected is None:
-        assert first is None and again is None
+        assert first is None
+        assert again is None
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -81,7 +82,8 @@ def test_cards_differing_in_one_field_keep_their_own_value() -> None:
     clear_memo()
     first = decode_card_fields(compact(demo_card(16)), CTX)
     second = decode_card_fields(compact(demo_card(64)), CTX)
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     assert (first.fields["kv_cache_block_size"], second.fields["kv_cache_block_size"]) == (16, 64)
     assert first.fields["display_name"] is second.fields["display_name"]
 
