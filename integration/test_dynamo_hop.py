@@ -196,17 +196,24 @@ async def test_service_bindings_route_dynamo_workers_registered_through_the_brid
     await service.start()
     frontend = runtime.DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
     try:
-        for files in (incumbent_files, incumbent_files, successor_files):
-            worker = await InProcessWorker.start(PATH)
-            await worker.register(files, MODEL)
-            workers.append(worker)
+        workers.extend([await InProcessWorker.start(PATH) for _ in range(3)])
         a, b, c = workers
 
         def admitted(ids: set[int]) -> Any:
             binding = service.binding(GROUP)
             return binding is not None and binding.admitted() == ids and binding
 
+        def rejected(instance_id: int) -> bool:
+            group = service.snapshot().group(GROUP)
+            return group is not None and any(instance_id in r.members for r in group.rejected)
+
+        # The first configuration observed is the incumbent: c registers only once a and b are
+        # admitted, so which cohort the service sees first never depends on scheduling.
+        await a.register(incumbent_files, MODEL)
+        await b.register(incumbent_files, MODEL)
         binding = await _wait_until(lambda: admitted({a.instance_id, b.instance_id}), "admission")
+        await c.register(successor_files, MODEL)
+        await _wait_until(lambda: rejected(c.instance_id), "c's rejection")
         hop = await AdmittedHop.connect(frontend, binding)
         await _wait_until(lambda: len(hop.routable()) == 2, "liveness")
         assert await _served_by(hop, 12) == {a.instance_id, b.instance_id}

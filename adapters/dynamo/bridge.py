@@ -110,8 +110,10 @@ def plan_sync(
 
     A record older than ``ttl`` counts as expired even though its file is still there: Dynamo's
     own readers treat it the same way, and only a live FileStore ever deletes such a file.
+    Puts come oldest write first (ties by key); deletes come sorted by key.
     """
     live: dict[str, bytes] = {}
+    written: dict[str, float] = {}
     stale: set[str] = set()
     for record in scan.records:
         key = key_of(record)
@@ -119,10 +121,13 @@ def plan_sync(
             stale.add(key)
         else:
             live[key] = record.value
+            written[key] = record.mtime
+    # Oldest write first: two configurations registered within one pass must reach the bucket
+    # in the order they registered, because the first one observed becomes the incumbent.
     puts = tuple(
-        (key, value)
-        for key, value in sorted(live.items())
-        if key not in mirrored or mirrored[key] != value
+        (key, live[key])
+        for key in sorted(live, key=lambda k: (written[k], k))
+        if key not in mirrored or mirrored[key] != live[key]
     )
 
     def reason(key: str) -> RemovalReason:

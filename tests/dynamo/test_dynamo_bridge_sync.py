@@ -82,6 +82,24 @@ async def test_new_records_are_put_once_and_refreshes_write_nothing(store: _Stor
     assert bridge.stats.puts == 2
 
 
+async def test_records_new_in_one_pass_are_put_in_the_order_they_were_written(
+    store: _Store,
+) -> None:
+    bucket = _Bucket()
+    bridge = _bridge(store, bucket)
+    store.write("mdc", "ns/backend/generate/ff", b"first card", age=0.5)
+    store.write("mdc", "ns/backend/generate/11", b"second card", age=0.2)
+    store.write("mdc", "ns/backend/generate/aa", b"third card", age=0.2)
+
+    await bridge.sync_once()
+
+    assert bucket.log == [
+        ("put", "mdc:ns/backend/generate/ff"),
+        ("put", "mdc:ns/backend/generate/11"),
+        ("put", "mdc:ns/backend/generate/aa"),
+    ]
+
+
 async def test_a_changed_value_is_put_again(store: _Store) -> None:
     bucket = _Bucket()
     bridge = _bridge(store, bucket)
