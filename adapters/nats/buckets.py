@@ -72,6 +72,9 @@ class BucketStatus:
 def _mismatches(spec: BucketSpec, info: StreamInfo) -> tuple[str, ...]:
     config = info.config
     found: list[str] = []
+    # Replicas first: on a cluster it is the difference an operator most needs to hear about.
+    if config.num_replicas not in (None, spec.replicas):
+        found.append(f"replicas is {config.num_replicas}, expected {spec.replicas}")
     if config.max_msgs_per_subject not in (None, spec.history):
         found.append(f"history is {config.max_msgs_per_subject}, expected {spec.history}")
     actual_age = config.max_age or None
