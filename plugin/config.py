@@ -81,6 +81,9 @@ class Settings(BaseModel):
     # Buckets and subjects.
     discovery_bucket: str = "dynamo-discovery"
     admission_bucket: str = "frontend-model-admission"
+    # Replicas of the buckets this plugin creates: 1 for a single server, 3 on a cluster. An
+    # existing bucket is never changed; a different value is only reported.
+    bucket_replicas: int = Field(default=1, ge=1, le=5)
     status_subject: str = "workerset-admission.status"
 
     # Which worker namespaces this frontend serves (Dynamo's namespace filter).
@@ -355,6 +358,12 @@ _FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("--nats-tls-hostname", "nats_tls_hostname", "server name to verify", {}),
     ("--discovery-bucket", "discovery_bucket", "discovery KV bucket", {}),
     ("--admission-bucket", "admission_bucket", "admission-record KV bucket", {}),
+    (
+        "--bucket-replicas",
+        "bucket_replicas",
+        "replicas of buckets created here (1; 3 on a cluster)",
+        {"type": int},
+    ),
     ("--frontend-id", "frontend_id", "this frontend's identity (default hostname-pid)", {}),
     ("--status-subject", "status_subject", "NATS subject answering status requests", {}),
     (
