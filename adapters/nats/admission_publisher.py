@@ -71,6 +71,7 @@ class NatsAdmissionPublisher:
         retry_interval: float = 1.0,
         record_ttl: float | None = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        replicas: int = 1,
     ) -> None:
         self._js = js
         self.frontend_id = frontend_id
@@ -79,6 +80,7 @@ class NatsAdmissionPublisher:
         self._retry_interval = retry_interval
         self._record_ttl = record_ttl
         self._clock = clock
+        self._replicas = replicas
         self._capability_key, self._member_key = admission_keys(frontend_id)
         self._kv: KeyValue | None = None
         self._desired: dict[str, bytes | None] = {}
@@ -95,7 +97,12 @@ class NatsAdmissionPublisher:
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
-            spec = BucketSpec(name=self.bucket, limit_marker_ttl=None, max_age=self._record_ttl)
+            spec = BucketSpec(
+                name=self.bucket,
+                limit_marker_ttl=None,
+                max_age=self._record_ttl,
+                replicas=self._replicas,
+            )
             status = await ensure_bucket(self._js, spec)
             self._kv = status.kv
         return self._kv
