@@ -68,7 +68,14 @@ async def create_service(
 
     settings = settings or load_settings()
     options = settings.nats_connect_options(servers)
-    source = JetStreamDiscoverySource(options, bucket=settings.discovery_bucket, create_bucket=True)
+    from workerset_admission.adapters.nats.buckets import BucketSpec
+
+    source = JetStreamDiscoverySource(
+        options,
+        bucket=settings.discovery_bucket,
+        create_bucket=True,
+        bucket_spec=BucketSpec(name=settings.discovery_bucket, replicas=settings.bucket_replicas),
+    )
     closers: list[Callable[[], Awaitable[None]]] = []
     nc = None
     try:
@@ -78,7 +85,10 @@ async def create_service(
             closers.append(nc.close)
         if publish and nc is not None:
             publisher = NatsAdmissionPublisher(
-                nc.jetstream(), settings.frontend_id, bucket=settings.admission_bucket
+                nc.jetstream(),
+                settings.frontend_id,
+                bucket=settings.admission_bucket,
+                replicas=settings.bucket_replicas,
             )
             # Withdrawal happens first during shutdown; this only stops its writer.
             closers.insert(0, publisher.close)
