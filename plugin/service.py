@@ -432,6 +432,7 @@ class ServiceSnapshot:
     live_instances: int
     builds_in_flight: int
     snapshots_applied: int
+    frontend: str | None = None
 
     def group(self, key: GroupKey) -> GroupSnapshot | None:
         for g in self.groups:
@@ -441,6 +442,7 @@ class ServiceSnapshot:
 
     def to_json(self, brief: bool = False) -> dict[str, Any]:
         return {
+            "frontend": self.frontend,
             "health": self.health,
             "synced": self.synced,
             "groups": [g.to_json(brief) for g in self.groups],
@@ -515,6 +517,8 @@ class AdmissionService:
         self._decoder: RecordDecoder = decoder or default_decoder()
         self._builder: PipelineBuilder = builder or DefaultPipelineBuilder(frontend)
         self._publisher = publisher
+        # The identity this frontend publishes under; its status shows it too.
+        self.frontend_id: str | None = getattr(publisher, "frontend_id", None)
         self._status = status
         self._telemetry = telemetry or AdmissionTelemetry()
         self._telemetry.observe_state(self._state_summary)
@@ -1153,6 +1157,9 @@ class AdmissionService:
         publisher = self._publisher
         assert publisher is not None
         settings = self.settings
+        # Announce the frontend at once: one that serves nothing yet must still count as a live
+        # frontend for a rollout gate, or a gate could open without it.
+        self._publish_wake.set()
         while True:
             await self._publish_wake.wait()
             self._publish_wake.clear()
@@ -1191,6 +1198,7 @@ class AdmissionService:
             live_instances=len(self.liveness),
             builds_in_flight=self.core.builds_in_flight,
             snapshots_applied=self.counters.snapshots,
+            frontend=self.frontend_id,
         )
         self._snapshot = snap
         return snap
