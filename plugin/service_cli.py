@@ -164,7 +164,12 @@ def start_serve_telemetry(settings: Settings, *, otlp: bool) -> TelemetryHandle 
     prometheus = settings.prometheus_address
     if not otlp and prometheus is None:
         return None
-    handle = setup_telemetry(otlp=otlp, prometheus=prometheus)
+    # service.instance.id tells this frontend's spans and metrics from its siblings'.
+    handle = setup_telemetry(
+        otlp=otlp,
+        prometheus=prometheus,
+        resource_attributes={"service.instance.id": settings.frontend_id},
+    )
     if handle.prometheus_url is not None:
         _say(f"Prometheus metrics on {handle.prometheus_url}")
     return handle
@@ -326,6 +331,8 @@ def render_status_table(status: Mapping[str, Any]) -> str:
         f"health: {status.get('health')}  groups: {len(rows)}  live instances: "
         f"{status.get('live_instances', 0)}  invalid records: {status.get('invalid_total', 0)}"
     )
+    if status.get("frontend"):
+        lines.append(f"frontend: {status['frontend']}")
     return "\n".join(lines)
 
 
