@@ -13,8 +13,11 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
-from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
-from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.adapters.nats.admission_publisher import (
+    NatsAdmissionPublisher,
+    admission_keys,
+)
+from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket, stream_name
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
@@ -192,16 +195,21 @@ async def test_admission_records_outlive_their_max_age_while_refreshed_and_expir
     publisher = NatsAdmissionPublisher(
         frontend.jetstream(), "fe-crash", bucket=bucket_name, min_interval=0.05, record_ttl=1.5
     )
+    capability_key, member_key = admission_keys("fe-crash")
+    records = (capability_key, member_key("dgd-v1"))
     try:
         await publisher.publish_capability()
         await publisher.publish_members("dgd-v1", ["dgd-v1/backend/generate/1"])
         await asyncio.wait_for(publisher.flushed(), 5)
         kv = await client.jetstream().key_value(bucket_name)
         await asyncio.sleep(3.0)  # two max ages: only the refreshes keep the records
-        assert len(await kv.keys()) == 2
+        # Each record is read on its own: a keys() scan racing a refresh can miss a key.
+        assert [await exists(kv, key) for key in records] == [True, True]
+        assert await stored_messages(client, bucket_name) == 2
 
         await frontend.close()  # the frontend is gone without withdrawing anything
-        await asyncio.sleep(3.0)
+        for key in records:
+            await wait_until_exists(kv, key, wanted=False)
         with pytest.raises(nats.js.errors.NoKeysError):
             await kv.keys()
     finally:
@@ -218,6 +226,12 @@ async def exists(kv: KeyValue, key: str) -> bool:
     except KeyNotFoundError:
         return False
     return bool(entry.value)
+
+
+async def stored_messages(client: NatsClient, bucket: str) -> int:
+    """How many records the bucket's stream holds, read atomically on the server."""
+    info = await client.jetstream().stream_info(stream_name(bucket))
+    return info.state.messages
 
 
 async def wait_until_exists(kv: KeyValue, key: str, wanted: bool, timeout: float = 10.0) -> None:
