@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import ssl
@@ -23,6 +24,7 @@ __all__ = [
 ]
 
 DEFAULT_SERVERS: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+_CLOSE_TIMEOUT = 1.0
 
 ErrorCallback = Callable[[Exception], Awaitable[None]]
 EventCallback = Callable[[], Awaitable[None]]
@@ -172,8 +174,10 @@ async def connect(
         client.options["max_reconnect_attempts"] = -1
     except BaseException:
         # nats-py leaves the socket of a refused attempt open; close it here, not at GC time.
+        # Bounded: a TLS connection cut off mid-handshake (a stop during connect) may never
+        # report itself closed, and waiting for it would hang the caller forever.
         with contextlib.suppress(Exception):
-            await client.close()
+            await asyncio.wait_for(client.close(), _CLOSE_TIMEOUT)
         raise
     return client
 
