@@ -93,25 +93,17 @@ __all__ = ["AdmissionCore", "CoreSettings"]
 # A frozen dataclass's generated __init__ goes through object.__setattr__ per field, which was
 # a fifth of apply()'s time; the objects made here are the same class with the same fields.
 _new = object.__new__
-_PLACED_SLOTS = (
-    fx.WorkerPlaced.key.__set__,  # type: ignore[attr-defined]
-    fx.WorkerPlaced.group.__set__,  # type: ignore[attr-defined]
-    fx.WorkerPlaced.mdc_checksum.__set__,  # type: ignore[attr-defined]
-    fx.WorkerPlaced.admitted.__set__,  # type: ignore[attr-defined]
-)
-_DEPARTED_SLOTS = (
-    fx.WorkerDeparted.key.__set__,  # type: ignore[attr-defined]
-    fx.WorkerDeparted.group.__set__,  # type: ignore[attr-defined]
-    fx.WorkerDeparted.mdc_checksum.__set__,  # type: ignore[attr-defined]
-    fx.WorkerDeparted.was_admitted.__set__,  # type: ignore[attr-defined]
-)
-_PUBLISH_SLOTS = (
-    fx.PublishAdmissions.group.__set__,  # type: ignore[attr-defined]
-    fx.PublishAdmissions.receiver.__set__,  # type: ignore[attr-defined]
-    fx.PublishAdmissions.mdc_checksum.__set__,  # type: ignore[attr-defined]
-    fx.PublishAdmissions.generation.__set__,  # type: ignore[attr-defined]
-    fx.PublishAdmissions.admitted.__set__,  # type: ignore[attr-defined]
-    fx.PublishAdmissions.card.__set__,  # type: ignore[attr-defined]
+
+
+def _slot_setters(cls: type, *names: str) -> tuple[Any, ...]:
+    """Return the slot descriptors' setters of ``cls`` for ``names``, in that order."""
+    return tuple(vars(cls)[name].__set__ for name in names)
+
+
+_PLACED_SLOTS = _slot_setters(fx.WorkerPlaced, "key", "group", "mdc_checksum", "admitted")
+_DEPARTED_SLOTS = _slot_setters(fx.WorkerDeparted, "key", "group", "mdc_checksum", "was_admitted")
+_PUBLISH_SLOTS = _slot_setters(
+    fx.PublishAdmissions, "group", "receiver", "mdc_checksum", "generation", "admitted", "card"
 )
 
 
