@@ -499,3 +499,23 @@ async def test_credentials_inside_a_server_url_are_not_printed(
             printed = await ready_status(reader)
     assert "connecting" in served[0] or "watching" in served[0], served[0]
     assert contains_secret(served[0] + printed, material.secrets()) == []
+
+
+async def test_a_service_stopped_while_it_connects_over_tls_stops_promptly(
+    material: SecurityMaterial, tmp_path: Path
+) -> None:
+    """A host may stop the service at any moment, the TLS handshake included.
+
+    Stopping while the first connection is still in its TLS handshake used to hang forever
+    (closing the half-open connection never completed); twenty starts each stopped after a
+    different short delay land some stops inside the handshake.
+    """
+    config, admin, auth, _ = method_setup("tls client certificate", material)
+    with configured_server(tmp_path, config) as server:
+        url = server.url.replace("nats://", "tls://")
+        await prepare(url, admin)
+        for attempt in range(20):
+            service = await create_service(settings(url, **auth))
+            await asyncio.sleep(0.001 * (attempt % 10))
+            await asyncio.wait_for(service.stop(), 10)
+            assert not service.running
