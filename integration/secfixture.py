@@ -9,12 +9,13 @@ the plugin under exactly these lists, so the document and the tests cannot drift
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import hashlib
 import ipaddress
 import json
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 
 __all__ = [
     "Identity",
     "Permissions",
     "SecurityMaterial",
     "TlsFiles",
+    "configured_server",
     "contains_secret",
     "operator_config",
     "plugin_permissions",
@@ -516,6 +519,16 @@ def tls_config(material: SecurityMaterial) -> dict[str, Any]:
             "timeout": 2,
         },
     }
+
+
+@contextlib.contextmanager
+def configured_server(
+    folder: Path, config: Mapping[str, Any], name: str = "server"
+) -> Iterator[EmbeddedNatsServer]:
+    """A loopback server on a free port, with a temporary store and this auth configuration."""
+    conf = write_config(folder, name, config)
+    with EmbeddedNatsServer(folder / f"{name}-store", extra_args=("-c", str(conf))) as server:
+        yield server
 
 
 def contains_secret(text: str, material_secrets: Sequence[str]) -> list[str]:

@@ -25,6 +25,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 from secfixture import (
     SecurityMaterial,
+    configured_server,
     contains_secret,
     operator_config,
     plugin_permissions,
@@ -32,10 +33,8 @@ from secfixture import (
     token_config,
     users_config,
     worker_permissions,
-    write_config,
 )
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
-from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.ports import SourcePut, SourceSnapshot
 
@@ -58,14 +57,6 @@ def material(tmp_path_factory: pytest.TempPathFactory) -> SecurityMaterial:
     )
 
 
-@contextlib.contextmanager
-def configured_server(folder: Path, name: str, config: dict[str, Any]) -> Iterator[str]:
-    """A loopback server on a free port, temporary store, and the given auth configuration."""
-    conf = write_config(folder, name, config)
-    with EmbeddedNatsServer(folder / f"{name}-store", extra_args=("-c", str(conf))) as server:
-        yield server.url
-
-
 @pytest.fixture(scope="module")
 def users_server(
     tmp_path_factory: pytest.TempPathFactory, material: SecurityMaterial
@@ -77,8 +68,8 @@ def users_server(
         status_subject=STATUS,
         worker_namespaces=NAMESPACES,
     )
-    with configured_server(tmp_path_factory.mktemp("users"), "users", config) as url:
-        yield url
+    with configured_server(tmp_path_factory.mktemp("users"), config) as server:
+        yield server.url
 
 
 @dataclass
@@ -327,8 +318,8 @@ METHODS = _methods()
 async def test_each_authentication_method_lets_the_plugin_read_discovery(
     method: Method, material: SecurityMaterial, tmp_path: Path
 ) -> None:
-    with configured_server(tmp_path, "auth", method.config(material)) as url:
-        url = url.replace("nats://", f"{method.scheme}://")
+    with configured_server(tmp_path, method.config(material)) as server:
+        url = server.url.replace("nats://", f"{method.scheme}://")
         await create_buckets(url, **method.admin(material))
         async with client(url, **method.admin(material)) as (nc, _):
             kv = await nc.jetstream().key_value(DISCOVERY)
@@ -349,7 +340,8 @@ async def test_a_wrong_secret_is_refused_and_never_echoed(
         admission_bucket=ADMISSION,
         status_subject=STATUS,
     )
-    with configured_server(tmp_path, "auth", method.config(material)) as url:
+    with configured_server(tmp_path, method.config(material)) as server:
+        url = server.url
         options = replace(plugin_options(url, **method.plugin(other)), connect_timeout=1.0)
         with pytest.raises(nats.errors.Error, match="Authorization Violation") as caught:
             await asyncio.wait_for(connect(options, allow_reconnect=False), 10)
@@ -381,7 +373,8 @@ async def test_a_client_certificate_from_another_ca_is_refused(
     material: SecurityMaterial, tmp_path: Path
 ) -> None:
     tls = material.tls
-    with configured_server(tmp_path, "tls", tls_config(material)) as url:
+    with configured_server(tmp_path, tls_config(material)) as server:
+        url = server.url
         options = NatsConnectOptions(
             servers=(url.replace("nats://", "tls://"),),
             tls_ca_file=tls.ca_file,

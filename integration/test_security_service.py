@@ -28,13 +28,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from secfixture import (
     SecurityMaterial,
+    configured_server,
     contains_secret,
     operator_config,
     tls_config,
     token_config,
     users_config,
-    write_config,
 )
+from test_faults import card, until
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 from workerset_admission.card import (
     encode_endpoint_record,
@@ -56,20 +57,7 @@ ADMISSION = "frontend-model-admission"
 STATUS = "workerset-admission.status"
 NAMESPACES = ("ns-a", "ns-b")
 EP_A = EndpointId("ns-a", "backend", "generate")
-CARD: dict[str, Any] = {
-    "display_name": "Qwen/Qwen3-0.6B",
-    "slug": "qwen_qwen3-0_6b",
-    "source_path": "Qwen/Qwen3-0.6B",
-    "model_info": None,
-    "tokenizer": None,
-    "context_length": 4096,
-    "kv_cache_block_size": 16,
-    "migration_limit": 0,
-    "model_type": "Chat | Completions",
-    "model_input": "Tokens",
-    "worker_type": "aggregated",
-    "needs": [],
-}
+CARD = card()
 
 
 @pytest.fixture(scope="module")
@@ -90,13 +78,6 @@ def users(material: SecurityMaterial) -> dict[str, Any]:
         status_subject=STATUS,
         worker_namespaces=NAMESPACES,
     )
-
-
-@contextlib.contextmanager
-def configured_server(folder: Path, config: dict[str, Any]) -> Iterator[EmbeddedNatsServer]:
-    conf = write_config(folder, "server", config)
-    with EmbeddedNatsServer(folder / "store", extra_args=("-c", str(conf))) as server:
-        yield server
 
 
 @contextlib.asynccontextmanager
@@ -130,16 +111,6 @@ def settings(url: str, **auth: Any) -> Settings:
         retry_delays=(0.1, 0.2),
         **auth,
     )
-
-
-async def until(condition: Any, timeout: float = 20.0) -> None:
-    """Poll ``condition`` every 20 ms; fail after ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"condition did not hold within {timeout:.0f} s")
-        await asyncio.sleep(0.02)
 
 
 def plugin_violations(server: EmbeddedNatsServer, user: str = "workerset-admission") -> list[str]:
