@@ -215,6 +215,10 @@ class Settings(BaseModel):
             value = getattr(self, name)
             if isinstance(value, SecretStr):
                 value = "**********"
+            elif name == "nats_servers":
+                from workerset_admission.adapters.nats.connect import mask_url
+
+                value = tuple(mask_url(url) for url in value)
             elif isinstance(value, Path):
                 value = str(value)
             shown[name] = value

@@ -204,7 +204,7 @@ class NatsRecordSource:
         # Imported here so ``rollout --help`` and the pure gate never load nats-py.
         from nats.errors import Error as NatsError
         from nats.js.errors import NotFoundError
-        from workerset_admission.adapters.nats.connect import connect
+        from workerset_admission.adapters.nats.connect import connect, servers_for_display
 
         try:
             # nats-py keeps trying unreachable servers on a first connect when reconnects are
@@ -213,11 +213,11 @@ class NatsRecordSource:
                 connect(self._options, allow_reconnect=False), timeout=self._timeout
             )
         except asyncio.TimeoutError:
-            servers = ", ".join(self._options.servers)
+            servers = servers_for_display(self._options.servers)
             wait = f"{self._timeout:g} s"
             return BucketRead(problem=f"no NATS server answered within {wait}: {servers}")
         except (OSError, NatsError) as error:
-            servers = ", ".join(self._options.servers)
+            servers = servers_for_display(self._options.servers)
             return BucketRead(problem=f"cannot connect to {servers}: {error!r}")
         try:
             entries = await _current_entries(client.jetstream(timeout=5), self._bucket)

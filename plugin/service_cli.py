@@ -199,7 +199,9 @@ async def _serve_service(
             servers = (server.url,)
             _say(f"embedded nats-server listening on {server.url} (store {server.store_dir})")
             stack.callback(_announce_local(server.url, settings.status_subject))
-        where = ", ".join(servers or settings.nats_servers)
+        from workerset_admission.adapters.nats.connect import servers_for_display
+
+        where = servers_for_display(servers or settings.nats_servers)
         service = await _with_progress(
             create_service(settings, servers=servers, telemetry=telemetry, handle_signals=True),
             f"connecting to NATS at {where}",

@@ -177,3 +177,21 @@ def test_settings_are_immutable() -> None:
     settings = Settings()
     with pytest.raises(ValueError, match="frozen"):
         settings.discovery_bucket = "other"  # type: ignore[misc]
+
+
+def test_credentials_inside_server_urls_are_masked_wherever_settings_are_shown() -> None:
+    from workerset_admission.adapters.nats.connect import servers_for_display
+
+    settings = load_settings(
+        flags={
+            "nats_servers": ["nats://watcher:s3cret-pw@nats-0:4222", "nats://tok3n@nats-1:4222"]
+        },
+        env={},
+    )
+    shown = settings.redacted()["nats_servers"]
+    assert shown == ("nats://***@nats-0:4222", "nats://***@nats-1:4222")
+    text = servers_for_display(settings.nats_servers)
+    assert "s3cret-pw" not in text
+    assert "tok3n" not in text
+    assert text == "nats://***@nats-0:4222, nats://***@nats-1:4222"
+    assert servers_for_display(["nats://127.0.0.1:4222"]) == "nats://127.0.0.1:4222"

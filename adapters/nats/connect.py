@@ -20,6 +20,8 @@ __all__ = [
     "ConnectionCallbacks",
     "NatsConnectOptions",
     "connect",
+    "mask_url",
+    "servers_for_display",
     "servers_from_text",
 ]
 
@@ -27,6 +29,20 @@ DEFAULT_SERVERS: tuple[str, ...] = ("nats://127.0.0.1:4222",)
 _CLOSE_TIMEOUT = 1.0
 
 ErrorCallback = Callable[[Exception], Awaitable[None]]
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with any user, password or token in it masked, for messages."""
+    scheme, sep, rest = url.rpartition("://")
+    userinfo, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}***@{host}" if at and userinfo else url
+
+
+def servers_for_display(servers: Sequence[str]) -> str:
+    """Join server URLs for a message, each masked by :func:`mask_url`."""
+    return ", ".join(mask_url(url) for url in servers)
+
+
 EventCallback = Callable[[], Awaitable[None]]
 
 
