@@ -50,6 +50,7 @@ from workerset_admission.card import (
     model_kv_key,
 )
 from workerset_admission.identity import EndpointId
+from workerset_admission.service_cli import demo_card
 
 __all__ = [
     "CONFLICTING",
@@ -73,20 +74,7 @@ PAGE_SIZE = 5
 
 def card(block_size: int) -> dict[str, Any]:
     """A model card; the KV cache block size is the setting the two cohorts disagree on."""
-    return {
-        "display_name": "Qwen/Qwen3-0.6B",
-        "slug": "qwen_qwen3-0_6b",
-        "source_path": "Qwen/Qwen3-0.6B",
-        "model_info": None,
-        "tokenizer": None,
-        "context_length": 4096,
-        "kv_cache_block_size": block_size,
-        "migration_limit": 0,
-        "model_type": "Chat | Completions",
-        "model_input": "Tokens",
-        "worker_type": "aggregated",
-        "needs": [],
-    }
+    return demo_card(block_size)
 
 
 INCUMBENT = card(16)

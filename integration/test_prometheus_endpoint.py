@@ -26,6 +26,7 @@ from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId
 from workerset_admission.plugin import create_service
 from workerset_admission.service import AdmissionService, GroupSnapshot
+from workerset_admission.service_cli import demo_card
 from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle, setup_telemetry
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -35,20 +36,7 @@ MODEL = "Qwen/Qwen3-0.6B"
 
 
 def card(block_size: int) -> dict[str, Any]:
-    return {
-        "display_name": MODEL,
-        "slug": "qwen_qwen3-0_6b",
-        "source_path": MODEL,
-        "model_info": None,
-        "tokenizer": None,
-        "context_length": 4096,
-        "kv_cache_block_size": block_size,
-        "migration_limit": 0,
-        "model_type": "Chat | Completions",
-        "model_input": "Tokens",
-        "worker_type": "aggregated",
-        "needs": [],
-    }
+    return demo_card(block_size)
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

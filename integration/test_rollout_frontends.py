@@ -46,6 +46,7 @@ from workerset_admission.service import (
     DefaultPipelineBuilder,
     ServiceSettings,
 )
+from workerset_admission.service_cli import demo_card
 
 __all__ = ["nats_cluster"]
 
@@ -59,20 +60,7 @@ OLD, NEW = "prod-v1", "prod-v2"
 RECORD_TTL = 3.0
 STEP_TIMEOUT = 30.0
 
-CARD: dict[str, Any] = {
-    "display_name": MODEL,
-    "slug": "qwen_qwen3-0_6b",
-    "source_path": "Qwen/Qwen3-0.6B",
-    "model_info": None,
-    "tokenizer": None,
-    "context_length": 4096,
-    "kv_cache_block_size": 16,
-    "migration_limit": 0,
-    "model_type": "Chat | Completions",
-    "model_input": "Tokens",
-    "worker_type": "aggregated",
-    "needs": [],
-}
+CARD: dict[str, Any] = demo_card()
 # The stray worker: same model and WorkerSet, another configuration, so another mdc_checksum.
 STRAY_CARD = {**copy.deepcopy(CARD), "context_length": 8192}
 

@@ -36,6 +36,7 @@ from workerset_admission.errors import CardDecodeError, InvalidRecordError, Remo
 from workerset_admission.identity import EndpointId, Registration
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
 from workerset_admission.service import AdmissionService, ServiceSnapshot
+from workerset_admission.service_cli import demo_card
 
 CORPUS = Path(__file__).with_name("corpus") / "bad_records.jsonl"
 REASON = re.compile(r"[a-z][a-z0-9_]*")
@@ -79,20 +80,7 @@ CASES = load_corpus()
 
 
 def good_card(**changes: Any) -> dict[str, Any]:
-    card: dict[str, Any] = {
-        "display_name": "Qwen/Qwen3-0.6B",
-        "slug": "qwen_qwen3-0_6b",
-        "source_path": "Qwen/Qwen3-0.6B",
-        "model_info": None,
-        "tokenizer": None,
-        "context_length": 4096,
-        "kv_cache_block_size": 16,
-        "migration_limit": 0,
-        "model_type": "Chat | Completions",
-        "model_input": "Tokens",
-        "worker_type": "aggregated",
-        "needs": [],
-    }
+    card = demo_card()
     card.update(changes)
     return card
 

@@ -16,23 +16,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workerset_admission.service_cli import demo_card
+
 NS, COMP, EP, ID = "ns1", "backend", "generate", 0x1F
 KEY = f"v1.mdc.{NS}.{COMP}.{EP}.{ID:x}"
 
-CARD: dict[str, Any] = {
-    "display_name": "Qwen/Qwen3-0.6B",
-    "slug": "qwen_qwen3-0_6b",
-    "source_path": "Qwen/Qwen3-0.6B",
-    "model_info": None,
-    "tokenizer": None,
-    "context_length": 4096,
-    "kv_cache_block_size": 16,
-    "migration_limit": 0,
-    "model_type": "Chat | Completions",
-    "model_input": "Tokens",
-    "worker_type": "aggregated",
-    "needs": [],
-}
+CARD: dict[str, Any] = demo_card()
 
 
 def record(card: Any = None, **fields: Any) -> dict[str, Any]:

@@ -16,23 +16,11 @@ from typing import Any
 from workerset_admission.card import encode_model_record, endpoint_kv_key, model_kv_key
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.replay import explain, render, replay
+from workerset_admission.service_cli import demo_card
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "plugin" / "examples"
 
-BASE_CARD: dict[str, Any] = {
-    "display_name": "Qwen/Qwen3-0.6B",
-    "slug": "qwen_qwen3-0_6b",
-    "source_path": "Qwen/Qwen3-0.6B",
-    "model_info": None,
-    "tokenizer": None,
-    "context_length": 4096,
-    "kv_cache_block_size": 16,
-    "migration_limit": 0,
-    "model_type": "Chat | Completions",
-    "model_input": "Tokens",
-    "worker_type": "aggregated",
-    "needs": [],
-}
+BASE_CARD: dict[str, Any] = demo_card()
 
 
 def card(**changes: Any) -> dict[str, Any]:
