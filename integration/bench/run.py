@@ -64,7 +64,7 @@ def _missing(name: str, target: str) -> Target:
 
 
 def targets(sync: dict[str, Any] | None, core: dict[str, Any] | None) -> list[Target]:
-    """The brief's six targets, judged from the two benchmarks' result files."""
+    """The six performance targets, judged from the two benchmarks' result files."""
     rows: list[Target] = []
     fleets = {}
     if sync:
