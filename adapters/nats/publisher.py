@@ -220,7 +220,8 @@ class DiscoveryPublisher:
             )
 
     async def _beat(self) -> None:
-        while True:
+        # Stopping also clears _heartbeat_task: a loop that outlived a lost cancellation ends here.
+        while self._heartbeat_task is asyncio.current_task():
             interval = self._interval()
             if interval is None:
                 self._heartbeat_task = None
@@ -271,10 +272,15 @@ class DiscoveryPublisher:
     async def stop_heartbeat(self) -> None:
         """Stop refreshing without deleting anything (what a crash looks like from outside)."""
         task, self._heartbeat_task = self._heartbeat_task, None
-        if task is not None:
+        if task is None:
+            return
+        # On Python 3.11 a cancellation can be lost inside asyncio.wait_for (which nats-py's
+        # requests use) when the reply lands at the same moment; cancel until the task is done.
+        while not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait({task}, timeout=0.5)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def close(self, *, withdraw: bool = True) -> None:
         """Stop the heartbeat and, unless ``withdraw`` is false, delete every registration."""
