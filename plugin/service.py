@@ -78,6 +78,7 @@ from workerset_admission.admission import (
     WorkerRemoved,
 )
 from workerset_admission.admission.readiness import ReadinessUnit, evaluate_readiness
+from workerset_admission.aio import cancel_and_wait
 from workerset_admission.bindings import (
     AdmittedHopBinding,
     FrontendRouting,
@@ -657,9 +658,7 @@ class AdmissionService:
                 started.set()
                 await self._stopping.wait()
                 # Quiet the helpers first, so no publication races the withdrawal below.
-                for task in helpers:
-                    task.cancel()
-                await asyncio.wait(helpers)
+                await cancel_and_wait(helpers)
                 await self._shutdown()
                 source.cancel()
         except Exception as exc:

@@ -32,6 +32,7 @@ from typing import Any
 
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
+from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import escape_token
 
 from .buckets import BucketSpec, ensure_bucket
@@ -140,7 +141,7 @@ class NatsAdmissionPublisher:
         self._closed = True
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
+            await cancel_and_wait([task])
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if not (self._published or self._capability_published):

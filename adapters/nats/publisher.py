@@ -23,6 +23,7 @@ from typing import Any
 from nats.js.api import Header
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
+from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import (
     encode_endpoint_record,
     encode_model_record,
@@ -274,11 +275,7 @@ class DiscoveryPublisher:
         task, self._heartbeat_task = self._heartbeat_task, None
         if task is None:
             return
-        # On Python 3.11 a cancellation can be lost inside asyncio.wait_for (which nats-py's
-        # requests use) when the reply lands at the same moment; cancel until the task is done.
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=0.5)
+        await cancel_and_wait([task])
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
