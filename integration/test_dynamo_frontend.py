@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -18,6 +15,7 @@ from typing import Any
 import nats
 import psutil
 import pytest
+from dynamofrontend import free_port, running_frontend
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
@@ -164,12 +162,6 @@ async def test_dynamos_loader_starts_the_extension_and_its_handlers_answer_live_
         stop_shared_host()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _get(url: str) -> tuple[int, Any]:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -182,37 +174,9 @@ def _get(url: str) -> tuple[int, Any]:
 
 @pytest.fixture
 def frontend(environment: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, Any]]:
-    port = _free_port()
-    log = (tmp_path / "frontend.log").open("w")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dynamo.frontend",
-            "--discovery-backend",
-            "file",
-            "--frontend-route-extension",
-            "workerset-admission",
-            "--http-host",
-            "127.0.0.1",
-            "--http-port",
-            str(port),
-        ],
-        env=os.environ.copy(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
+    port = free_port()
+    with running_frontend(port, os.environ, tmp_path / "frontend.log", stop_timeout=15) as process:
         yield f"http://127.0.0.1:{port}", process
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-        log.close()
 
 
 async def test_the_real_frontend_serves_the_extensions_routes_over_http(

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from dynamofrontend import free_port, running_frontend
 from natsfixture import NatsServer
 from prometheus_client.parser import text_string_to_metric_families
 from workerset_admission.adapters.dynamo.routes import (
@@ -32,12 +31,6 @@ pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(1
 
 _NEEDS = "needs ai-dynamo==1.6.1 (its runtime wheel, then `pip install --no-deps ai-dynamo==1.6.1`)"
 frontend_main = pytest.importorskip("dynamo.frontend.main", reason=_NEEDS)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def metric_names(port: int) -> set[str]:
@@ -109,36 +102,8 @@ def get_status(url: str) -> int:
 def frontend(environment: dict[str, str], tmp_path: Path) -> Iterator[tuple[int, int, int]]:
     http_port, metrics_port = free_port(), free_port()
     env = os.environ | {"WORKERSET_ADMISSION_PROMETHEUS_PORT": str(metrics_port)}
-    log_path = tmp_path / "frontend.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dynamo.frontend",
-                "--discovery-backend",
-                "file",
-                "--frontend-route-extension",
-                "workerset-admission",
-                "--http-host",
-                "127.0.0.1",
-                "--http-port",
-                str(http_port),
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    with running_frontend(http_port, env, tmp_path / "frontend.log") as process:
         yield process.pid, http_port, metrics_port
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
 
 
 def test_the_real_frontend_serves_the_plugins_metrics_on_their_own_loopback_port(
