@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import nats
+from baseline import bare_watchall_seconds, fill_bucket
 from nats.js.api import KeyValueConfig
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
@@ -51,36 +52,11 @@ def key(i: int) -> str:
 
 
 async def fill(url: str, count: int, offset: int = 0) -> None:
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        window: list[Awaitable[object]] = []
-        for i in range(offset, offset + count):
-            window.append(js.publish(f"$KV.{BUCKET}.{key(i)}", record(i)))
-            if len(window) >= 500:
-                await asyncio.gather(*window)
-                window.clear()
-        await asyncio.gather(*window)
-    finally:
-        await nc.close()
+    await fill_bucket(url, BUCKET, ((key(i), record(i)) for i in range(offset, offset + count)))
 
 
 async def bare_watchall(url: str, count: int) -> float:
-    start = time.perf_counter()
-    nc = await nats.connect(url)
-    try:
-        kv = await nc.jetstream().key_value(BUCKET)
-        watcher = await kv.watchall()
-        seen = 0
-        while (entry := await watcher.updates(timeout=30)) is not None:  # type: ignore[no-untyped-call]
-            json.loads(entry.value)
-            seen += 1
-        elapsed = time.perf_counter() - start
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    finally:
-        await nc.close()
-    assert seen == count, seen
-    return count / elapsed
+    return count / await bare_watchall_seconds(url, BUCKET, count, timeout=30)
 
 
 async def source_snapshot(url: str, count: int) -> float:

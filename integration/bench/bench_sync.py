@@ -34,11 +34,11 @@ import os
 import statistics
 import time
 import tracemalloc
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import nats
+from baseline import bare_watchall_seconds, fill_bucket
 from nats.js.api import KeyValueConfig
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
@@ -96,40 +96,6 @@ def records(count: int, distinct: bool, offset: int = 0) -> list[tuple[str, byte
     ]
 
 
-async def fill(url: str, bucket: str, items: list[tuple[str, bytes]]) -> None:
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        window: list[Awaitable[object]] = []
-        for key, value in items:
-            window.append(js.publish(f"$KV.{bucket}.{key}", value))
-            if len(window) >= 500:
-                await asyncio.gather(*window)
-                window.clear()
-        await asyncio.gather(*window)
-    finally:
-        await nc.close()
-
-
-async def bare_sync(url: str, bucket: str, count: int) -> float:
-    """Seconds for nats-py's watchall + json.loads to reach the end of the initial values."""
-    start = time.perf_counter()
-    nc = await nats.connect(url)
-    try:
-        kv = await nc.jetstream().key_value(bucket)
-        watcher = await kv.watchall()
-        seen = 0
-        while (entry := await watcher.updates(timeout=60)) is not None:  # type: ignore[no-untyped-call]
-            json.loads(entry.value)
-            seen += 1
-        elapsed = time.perf_counter() - start
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    finally:
-        await nc.close()
-    assert seen == count, (seen, count)
-    return elapsed
-
-
 def new_service(url: str, bucket: str) -> AdmissionService:
     source = JetStreamDiscoverySource(
         NatsConnectOptions(servers=(url,), reconnect_wait=0.05, max_reconnect_wait=0.2),
@@ -184,10 +150,10 @@ async def sync_rates(
             for size in sizes:
                 bucket = f"sync-{'distinct' if distinct else 'shared'}-{size}"
                 await js.create_key_value(KeyValueConfig(bucket=bucket, history=1))
-                await fill(url, bucket, records(size, distinct))
+                await fill_bucket(url, bucket, records(size, distinct))
                 # Only the largest fleet is repeated: it is the figure the targets apply to.
                 repeat = runs if size == sizes[-1] else 1
-                bare = [await bare_sync(url, bucket, size) for _ in range(repeat)]
+                bare = [await bare_watchall_seconds(url, bucket, size) for _ in range(repeat)]
                 plugin = [await plugin_sync(url, bucket, size) for _ in range(repeat)]
                 if memory is not None and not distinct:
                     held = await heap_growth(url, bucket, size)
@@ -227,8 +193,8 @@ async def resync_and_memory(server: EmbeddedNatsServer, size: int) -> dict[str, 
     nc = await nats.connect(url)
     await nc.jetstream().create_key_value(KeyValueConfig(bucket=bucket, history=1))
     await nc.close()
-    await fill(url, bucket, records(size, distinct=False))
-    bare = statistics.median([await bare_sync(url, bucket, size) for _ in range(3)])
+    await fill_bucket(url, bucket, records(size, distinct=False))
+    bare = statistics.median([await bare_watchall_seconds(url, bucket, size) for _ in range(3)])
     held = await heap_growth(url, bucket, size)
     service = new_service(url, bucket)
     await service.start()
@@ -280,7 +246,7 @@ async def latency(url: str, rate: int = 1000, seconds: float = 5.0) -> dict[str,
     nc = await nats.connect(url)
     js = nc.jetstream()
     await js.create_key_value(KeyValueConfig(bucket=bucket, history=1))
-    await fill(url, bucket, records(1_000, distinct=False))
+    await fill_bucket(url, bucket, records(1_000, distinct=False))
     service = new_service(url, bucket)
     await service.start()
     sent: dict[int, float] = {}
