@@ -44,6 +44,7 @@ from workerset_admission.admission import (
 )
 from workerset_admission.card import BoundarySettings, decode_endpoint_record, decode_model_record
 from workerset_admission.card import parse_key as parse_kv_key
+from workerset_admission.card.events import decode_event_record, is_event_key, parse_event_key
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey, Registration
 
@@ -182,6 +183,16 @@ class _Replayer:
 
     def _decode(self, kv_key: str, value: Any) -> Registration | str | None:
         """Decode a record: a registration, the refusal reason, or ``None`` (nothing to do)."""
+        if is_event_key(kv_key):
+            # Event-plane records are judged like any record but never enter admission.
+            try:
+                raw = value if isinstance(value, (str, Mapping)) else json.dumps(value)
+                decode_event_record(
+                    parse_event_key(kv_key), raw, max_value_size=self.boundary.max_value_size
+                )
+            except RemoteDataError as exc:
+                self.invalid.append((kv_key, exc.reason))
+            return None
         try:
             parsed = parse_kv_key(kv_key)
             raw = value if isinstance(value, (str, Mapping)) else json.dumps(value)
@@ -225,6 +236,12 @@ class _Replayer:
                 self._apply(Tick(self.clock))
 
     def _delete(self, kv_key: str) -> None:
+        if is_event_key(kv_key):
+            try:
+                parse_event_key(kv_key)
+            except RemoteDataError as exc:
+                self.invalid.append((kv_key, exc.reason))
+            return
         try:
             parsed = parse_kv_key(kv_key)
         except RemoteDataError as exc:

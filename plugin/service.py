@@ -1313,7 +1313,8 @@ class CardRecordDecoder:
     """The default :class:`RecordDecoder`: the card boundary of :mod:`workerset_admission.card`.
 
     Endpoint-instance records become ``(endpoint, instance id)`` pairs for the liveness index;
-    model records become registrations, their card decoded and hashed by the boundary (which
+    event-plane records are validated and otherwise ignored (``None``); model records become
+    registrations, their card decoded and hashed by the boundary (which
     caches by card text, so a fleet sharing one card pays for it once).
     """
 
@@ -1325,6 +1326,13 @@ class CardRecordDecoder:
 
     def decode(self, key: str, value: bytes) -> Registration | tuple[EndpointId, int] | None:
         card = self._card
+        if card.is_event_key(key):
+            # Event-plane records are checked here like every record, then left out of
+            # admission: they only ride along with the workers that admission admits.
+            card.decode_event_record(
+                card.parse_event_key(key), value, max_value_size=self._settings.max_value_size
+            )
+            return None
         parsed = card.parse_key(key)
         if parsed.kind == "endpoint":
             record = card.decode_endpoint_record(parsed, value, self._settings)
@@ -1333,6 +1341,9 @@ class CardRecordDecoder:
         return result
 
     def removal(self, key: str) -> tuple[str, str] | None:
+        if self._card.is_event_key(key):
+            self._card.parse_event_key(key)
+            return None
         parsed = self._card.parse_key(key)
         if parsed.kind == "model":
             return ("model", parsed.instance_key)

@@ -6,7 +6,9 @@ under the bucket key of DESIGN.md. A file that disappears, or whose owner stoppe
 for longer than the TTL, becomes a delete. The bridge translates and never judges a value: a
 record the plugin would refuse is forwarded and refused there, where the refusal is reported.
 
-It owns the ``v1.mdc.>`` and ``v1.instances.>`` keys of its bucket: on start it deletes the
+It mirrors all four discovery buckets: model cards, endpoint instances, and the event-plane
+sources and channels a KV-aware router needs. It owns the ``v1.mdc.>``, ``v1.instances.>``,
+``v1.event_sources.>`` and ``v1.event_channels.>`` keys of its bucket: on start it deletes the
 ones the store no longer holds (``prune``), so a restart after missed removals converges.
 """
 
@@ -29,7 +31,7 @@ from workerset_admission.adapters.dynamo.filestore import (
     FileStoreScan,
     SkippedFile,
 )
-from workerset_admission.card import endpoint_kv_key, model_kv_key
+from workerset_admission.card import endpoint_kv_key, event_kv_key, model_kv_key
 from workerset_admission.identity import EndpointId
 
 __all__ = [
@@ -55,7 +57,7 @@ class BucketWriter(Protocol):
     async def delete(self, key: str) -> None: ...
 
     async def keys(self) -> list[str]:
-        """Every live key under ``v1.mdc.>`` and ``v1.instances.>``."""
+        """Every live key the bridge owns (the four discovery prefixes)."""
         ...
 
 
@@ -63,7 +65,7 @@ class JetStreamBucketWriter:
     """:class:`BucketWriter` over a nats-py KeyValue handle."""
 
     # nats-py's ``keys(filters=...)`` matches substrings, not subject wildcards: filter here.
-    _OWNED = ("v1.mdc.", "v1.instances.")
+    _OWNED = ("v1.mdc.", "v1.instances.", "v1.event_sources.", "v1.event_channels.")
 
     def __init__(self, kv: KeyValue) -> None:
         self._kv = kv
@@ -84,6 +86,8 @@ class JetStreamBucketWriter:
 
 def bucket_key_for(record: FileRecord) -> str:
     """Return the bucket key DESIGN.md gives a file record."""
+    if record.event is not None:
+        return event_kv_key(record.event)
     endpoint = EndpointId(record.namespace, record.component, record.endpoint)
     if record.kind == "instances":
         return endpoint_kv_key(endpoint, record.instance_id)

@@ -1,9 +1,12 @@
 """Read Dynamo 1.6.1's file discovery store (``--discovery-backend file``, ``DYN_FILE_KV``).
 
-The store is a directory per bucket (``v1/instances``, ``v1/mdc``); each record is one file whose
-name is the discovery path ``<ns>/<component>/<endpoint>/<id hex>[/<suffix>]`` percent-encoded
-(every byte outside ``[A-Za-z0-9]`` becomes ``%XX``). Its owner refreshes the file's mtime about
-every third of the TTL, and a file older than the TTL counts as gone. This module only reads:
+The store is a directory per bucket (``v1/instances``, ``v1/mdc``, ``v1/event_sources``,
+``v1/event_channels``); each record is one file whose name is the discovery path percent-encoded
+(every byte outside ``[A-Za-z0-9]`` becomes ``%XX``): ``<ns>/<component>/<endpoint>/<id hex>``
+(plus ``/<suffix>`` for a LoRA card) for endpoints and models, and
+``namespace/<ns>[/component/<c>[/endpoint/<e>]]/topic/<topic>/<publisher id hex>`` for events.
+Its owner refreshes the file's mtime about every third of the TTL, and a file older than the
+TTL counts as gone. This module only reads:
 it turns a directory listing into (kind, path, bytes, mtime) rows and never writes the store.
 """
 
@@ -18,6 +21,14 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote
 
+from workerset_admission.card.events import (
+    EVENT_BUCKETS,
+    EventBucket,
+    EventKey,
+    parse_dynamo_event_path,
+)
+from workerset_admission.errors import InvalidRecordError
+
 __all__ = [
     "DEFAULT_FILE_TTL",
     "DEFAULT_MAX_FILE_SIZE",
@@ -30,12 +41,12 @@ __all__ = [
     "scan_file_store",
 ]
 
-RecordKind = Literal["mdc", "instances"]
+RecordKind = Literal["mdc", "instances", "event_sources", "event_channels"]
 
 # Dynamo's FileStore lease: owners refresh every max(ttl/3, 1 s); readers treat older files as dead.
 DEFAULT_FILE_TTL = 10.0
 
-_KINDS: tuple[RecordKind, ...] = ("instances", "mdc")
+_KINDS: tuple[RecordKind, ...] = ("instances", "mdc", "event_sources", "event_channels")
 _HEX_ID = re.compile(r"0|[1-9a-f][0-9a-f]{0,15}")
 # The bucket's default value limit; Dynamo's records are a few kilobytes.
 DEFAULT_MAX_FILE_SIZE = 1 << 20
@@ -54,7 +65,11 @@ def default_store_root(environ: Mapping[str, str] | None = None) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class FileRecord:
-    """One live-looking record file: its decoded discovery path, raw value and last refresh."""
+    """One live-looking record file: its decoded discovery path, raw value and last refresh.
+
+    An event record's scope and publisher id are in ``event`` (and, flattened, in the endpoint
+    fields, with an empty string for a level the scope does not have).
+    """
 
     kind: RecordKind
     path: str
@@ -65,6 +80,7 @@ class FileRecord:
     model_suffix: str | None
     value: bytes
     mtime: float
+    event: EventKey | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +126,8 @@ def _describe(
         path = unquote(name, errors="strict")
     except UnicodeDecodeError:
         return SkippedFile(kind, name, "bad_file_name")
+    if kind in EVENT_BUCKETS:
+        return _describe_event(kind, name, path, file_path, stat)
     parsed = _parse_path(kind, path)
     if isinstance(parsed, str):
         return SkippedFile(kind, name, parsed)
@@ -124,6 +142,28 @@ def _describe(
         model_suffix=suffix,
         value=Path(file_path).read_bytes(),
         mtime=stat.st_mtime,
+    )
+
+
+def _describe_event(
+    kind: RecordKind, name: str, path: str, file_path: str, stat: os.stat_result
+) -> FileRecord | SkippedFile:
+    bucket: EventBucket = "event_sources" if kind == "event_sources" else "event_channels"
+    try:
+        event = parse_dynamo_event_path(bucket, path)
+    except InvalidRecordError:
+        return SkippedFile(kind, name, "bad_path_shape")
+    return FileRecord(
+        kind=kind,
+        path=path,
+        namespace=event.namespace,
+        component=event.component or "",
+        endpoint=event.endpoint or "",
+        instance_id=event.publisher_id,
+        model_suffix=None,
+        value=Path(file_path).read_bytes(),
+        mtime=stat.st_mtime,
+        event=event,
     )
 
 

@@ -1,11 +1,12 @@
 """Discovery records from a JetStream KV bucket: one snapshot, then live puts and removals.
 
 The watch is a raw ordered push consumer (deliver ``last_per_subject``) on the bucket's stream,
-filtered to the model-card and endpoint-instance keys. It skips nats-py's ``KeyWatcher`` layer,
-which costs more than half of the client's CPU for the same messages (see the NATS reference
-notes). The end of the initial values is detected from the delivery metadata: the first message
-with nothing pending, or the first one newer than the stream's last sequence when the consumer
-was created (so a busy bucket cannot postpone the snapshot forever).
+filtered to the discovery keys (model cards, endpoint instances, event sources and channels).
+It skips nats-py's ``KeyWatcher`` layer, which costs more than half of the client's CPU for the
+same messages (see the NATS reference notes). The end of the initial values is detected from the
+delivery metadata: the first message with nothing pending, or the first one newer than the
+stream's last sequence when the consumer was created (so a busy bucket cannot postpone the
+snapshot forever).
 
 On reconnect, on a closed connection, and when the stream behind the bucket disappears or is
 re-created (a wiped store), the watch is re-created and a new snapshot with reason
@@ -58,7 +59,12 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET: Final = "dynamo-discovery"
-DEFAULT_KEY_PREFIXES: Final = ("v1.mdc", "v1.instances")
+DEFAULT_KEY_PREFIXES: Final = (
+    "v1.mdc",
+    "v1.instances",
+    "v1.event_sources",
+    "v1.event_channels",
+)
 
 KV_OPERATION: Final = "KV-Operation"
 MARKER_REASON: Final = "Nats-Marker-Reason"

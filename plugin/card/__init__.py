@@ -14,6 +14,8 @@ a short, stable ``reason``:
   ``router_policy_config`` (the policy file cannot be read), ``invalid_router_policy``,
   ``invalid_indexer_identity``, ``invalid_card_shape``,
   ``invalid_json``, ``invalid_utf8``.
+
+Event-plane records (``events``) are refused with the record reasons above.
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ from .boundary import (
     unescape_token,
 )
 from .checksum import card_checksum, mdc_local_path, mdcsum, router_config_json, slug
+from .events import (
+    EventKey,
+    EventRecord,
+    decode_event_record,
+    event_kv_key,
+    is_event_key,
+    parse_event_key,
+)
 from .model import DecodedCard, decode_card, model_type_names
 
 __all__ = [
@@ -44,22 +54,28 @@ __all__ = [
     "BoundarySettings",
     "DecodedCard",
     "EndpointRecord",
+    "EventKey",
+    "EventRecord",
     "NamespaceFilter",
     "ParsedKey",
     "card_checksum",
     "decode_card",
     "decode_endpoint_record",
+    "decode_event_record",
     "decode_model_record",
     "encode_endpoint_record",
     "encode_model_record",
     "endpoint_kv_key",
     "escape_token",
+    "event_kv_key",
+    "is_event_key",
     "lora_projection_fingerprint",
     "mdc_local_path",
     "mdcsum",
     "model_kv_key",
     "model_type_names",
     "normalize_card",
+    "parse_event_key",
     "parse_key",
     "router_config_json",
     "slug",
