@@ -103,6 +103,9 @@ class Settings(BaseModel):
 
     frontend_id: str = Field(default_factory=default_frontend_id)
 
+    # Write the admitted discovery view here: the Dynamo frontend's DYN_FILE_KV directory.
+    view_dir: Path | None = None
+
     # Telemetry switches; exporters are wired only when asked for.
     tracing: bool = True
     metrics: bool = True

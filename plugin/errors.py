@@ -12,6 +12,7 @@
     │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
     ├── NoRoutableInstance          a routing hop with no instance both live and admitted
+    ├── ViewDirectoryError          the admitted view's directory cannot be used
     └── EmbeddedServerError         the embedded nats-server could not be used
         ├── NatsServerNotFound      no nats-server binary is installed where we look
         └── NatsServerStartError    the process exited or did not become ready in time
@@ -35,6 +36,7 @@ __all__ = [
     "RemoteDataError",
     "TransitionRefused",
     "UsageError",
+    "ViewDirectoryError",
     "WorkersetAdmissionError",
 ]
 
@@ -106,6 +108,13 @@ class NoRoutableInstance(WorkersetAdmissionError):
             super().__init__(f"no instance is both live and admitted for {where}")
         else:
             super().__init__(f"instance {instance_id:x} is not both live and admitted for {where}")
+
+
+class ViewDirectoryError(WorkersetAdmissionError):
+    """The admitted view's directory cannot be used; the message names it and says why.
+
+    It is missing, not writable, owned by another live writer, or not the frontend's store.
+    """
 
 
 class EmbeddedServerError(WorkersetAdmissionError):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from workerset_admission.config import Settings, load_settings
+from workerset_admission.ports import DiscoverySource
 from workerset_admission.service import (
     AdmissionService,
     CardRecordDecoder,
@@ -15,10 +17,27 @@ from workerset_admission.service import (
 )
 from workerset_admission.telemetry import AdmissionTelemetry
 
+if TYPE_CHECKING:
+    from workerset_admission.adapters.dynamo.view import DirectoryFiles, ViewHook
+    from workerset_admission.card import BoundarySettings
+
 __all__ = ["boundary_settings", "create_service", "service_settings"]
 
 
-def boundary_settings(settings: Settings) -> object:
+def _view_hook(
+    settings: Settings, boundary: BoundarySettings, files: DirectoryFiles | None
+) -> ViewHook | None:
+    if files is None and settings.view_dir is None:
+        return None
+    from workerset_admission.adapters.dynamo.view import DirectoryFiles, ViewHook
+
+    if files is not None:
+        return ViewHook(files, boundary, owns_files=False)
+    assert settings.view_dir is not None
+    return ViewHook(DirectoryFiles.open(settings.view_dir), boundary, owns_files=True)
+
+
+def boundary_settings(settings: Settings) -> BoundarySettings:
     """Translate the validated settings into the card boundary's settings."""
     from workerset_admission.card import BoundarySettings
 
@@ -54,6 +73,7 @@ async def create_service(
     handle_signals: bool = False,
     publish: bool = True,
     status: bool = True,
+    view_files: DirectoryFiles | None = None,
 ) -> AdmissionService:
     """Connect to NATS, start an :class:`AdmissionService` and return it running.
 
@@ -61,22 +81,32 @@ async def create_service(
     ``settings.admission_bucket`` and answers status requests on ``settings.status_subject``.
     ``await service.stop()`` withdraws the publications and closes every connection. This is
     the ``workerset_admission.plugins`` entry point, and what a host thread starts.
+
+    With ``settings.view_dir`` (or an already locked ``view_files``) the service also writes
+    the admitted discovery view for a Dynamo frontend on ``--discovery-backend file``; the
+    directory is checked and locked before anything connects.
     """
     from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
     from workerset_admission.adapters.nats.connect import connect
     from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 
     settings = settings or load_settings()
+    boundary = boundary_settings(settings)
+    view = _view_hook(settings, boundary, view_files)
     options = settings.nats_connect_options(servers)
     from workerset_admission.adapters.nats.buckets import BucketSpec
 
-    source = JetStreamDiscoverySource(
+    source: DiscoverySource = JetStreamDiscoverySource(
         options,
         bucket=settings.discovery_bucket,
         create_bucket=True,
         bucket_spec=BucketSpec(name=settings.discovery_bucket, replicas=settings.bucket_replicas),
     )
     closers: list[Callable[[], Awaitable[None]]] = []
+    if view is not None:
+        source = view.tap(source)
+        # After the withdrawal of the serving records and before the connections close.
+        closers.append(view.close)
     nc = None
     try:
         publisher = responder = None
@@ -96,7 +126,7 @@ async def create_service(
             responder = NatsStatusResponder(nc, settings.status_subject)
         service = AdmissionService(
             source,
-            decoder=CardRecordDecoder(boundary_settings(settings)),
+            decoder=CardRecordDecoder(boundary),
             builder=builder,
             publisher=publisher,
             status=responder,
@@ -105,8 +135,13 @@ async def create_service(
             handle_signals=handle_signals,
             closers=closers,
         )
+        if view is not None:
+            view.attach(service)
         await service.start()
     except BaseException:
+        if view is not None:
+            with contextlib.suppress(Exception):
+                await view.close()
         if nc is not None:
             with contextlib.suppress(Exception):
                 await nc.close()

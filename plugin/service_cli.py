@@ -61,6 +61,13 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
             help="install the OpenTelemetry SDK with exporters chosen by the OTEL_* environment",
         )
         parser.add_argument(
+            "--view-dir",
+            type=Path,
+            default=None,
+            help="write the admitted discovery view here for a Dynamo frontend on "
+            "--discovery-backend file (its DYN_FILE_KV); also WORKERSET_ADMISSION_VIEW_DIR",
+        )
+        parser.add_argument(
             "--store-dir",
             type=Path,
             default=None,
@@ -80,9 +87,10 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
 
 def run(name: str, args: argparse.Namespace) -> int:
     try:
-        settings = load_settings(
-            flags=flags_from_args(args), config_file=getattr(args, "config_file", None)
-        )
+        flags = flags_from_args(args)
+        if getattr(args, "view_dir", None) is not None:
+            flags["view_dir"] = args.view_dir
+        settings = load_settings(flags=flags, config_file=getattr(args, "config_file", None))
     except WorkersetAdmissionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -189,6 +197,13 @@ async def _serve_service(
             bucket=settings.discovery_bucket,
         )
     async with contextlib.AsyncExitStack() as stack:
+        view_files = None
+        if settings.view_dir is not None:
+            from workerset_admission.adapters.dynamo.view import DirectoryFiles
+
+            # Checked and locked before anything starts: a bad directory costs no connection.
+            view_files = DirectoryFiles.open(settings.view_dir)
+            stack.callback(view_files.release)
         servers: Sequence[str] | None = None
         if settings.embedded:
             from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
@@ -203,7 +218,13 @@ async def _serve_service(
 
         where = servers_for_display(servers or settings.nats_servers)
         service = await _with_progress(
-            create_service(settings, servers=servers, telemetry=telemetry, handle_signals=True),
+            create_service(
+                settings,
+                servers=servers,
+                telemetry=telemetry,
+                handle_signals=True,
+                view_files=view_files,
+            ),
             f"connecting to NATS at {where}",
         )
         stack.push_async_callback(service.stop)
@@ -211,6 +232,8 @@ async def _serve_service(
             f"watching bucket {settings.discovery_bucket!r}; status on "
             f"{settings.status_subject!r}; publishing to {settings.admission_bucket!r}"
         )
+        if settings.view_dir is not None:
+            _say(f"writing the admitted discovery view to {settings.view_dir}")
         # A signal during the wait stops the service cleanly; run() then reports any failure.
         with contextlib.suppress(UsageError):
             await _with_progress(service.wait_synced(), "waiting for the first discovery snapshot")

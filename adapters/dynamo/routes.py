@@ -16,6 +16,12 @@ config file), stops it when the process exits, and returns three GET routes unde
 
 Handlers are synchronous and only read the service's last immutable snapshot.
 
+With ``WORKERSET_ADMISSION_VIEW_DIR`` set (the frontend's own ``DYN_FILE_KV``, with
+``--discovery-backend file``) the service also writes the admitted discovery view the frontend
+routes from (see ``view``). The directory is checked and locked when the provider is called, so
+a view the frontend would never read, or one another live writer owns, stops the frontend at
+startup with the reason, instead of leaving it to route by its own choices.
+
 Telemetry is opt-in here as in ``serve``: ``WORKERSET_ADMISSION_TELEMETRY=1`` installs the
 OpenTelemetry SDK with the exporters the ``OTEL_*`` environment chooses, and
 ``WORKERSET_ADMISSION_PROMETHEUS_PORT`` serves the metrics for Prometheus on a port of the
@@ -39,10 +45,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from workerset_admission.adapters.dynamo.host import HostState, RunningService, ServiceThread
 from workerset_admission.config import Settings, load_settings
-from workerset_admission.errors import WorkersetAdmissionError
+from workerset_admission.errors import ViewDirectoryError, WorkersetAdmissionError
 from workerset_admission.service import ServiceSnapshot
 
 if TYPE_CHECKING:
+    from workerset_admission.adapters.dynamo.view import DirectoryFiles
     from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle
 
 __all__ = [
@@ -54,6 +61,7 @@ __all__ = [
     "ExtensionContext",
     "Reply",
     "frontend_routes",
+    "open_extension_view",
     "shared_host",
     "shared_telemetry",
     "start_extension_telemetry",
@@ -196,13 +204,57 @@ def start_extension_telemetry(settings: Settings) -> TelemetryHandle | None:
     return handle
 
 
-async def _start_from_environment(telemetry: AdmissionTelemetry | None) -> SnapshotService:
+async def _start_from_environment(
+    telemetry: AdmissionTelemetry | None, view: DirectoryFiles | None
+) -> SnapshotService:
     from workerset_admission.plugin import create_service
 
     # The same factory as ``workerset-admission serve``: discovery source, serving-admission
     # publisher and status responder, all from WORKERSET_ADMISSION_* and the config file.
-    service: SnapshotService = await create_service(load_settings(), telemetry=telemetry)
+    service: SnapshotService = await create_service(
+        load_settings(), telemetry=telemetry, view_files=view
+    )
     return service
+
+
+_shared_view: DirectoryFiles | None = None
+
+
+def open_extension_view() -> DirectoryFiles | None:
+    """Lock the view directory the settings name, once per process; refuse an unusable one.
+
+    Raises :class:`ViewDirectoryError` when it is not the frontend's file store, missing, not
+    writable, or owned by another live writer. Bad settings of any other kind are left to the
+    service's start, which reports them on the health route.
+    """
+    global _shared_view
+    from workerset_admission.adapters.dynamo.view import DirectoryFiles, check_frontend_store
+
+    with _shared_lock:
+        if _shared_view is not None:
+            return _shared_view
+        try:
+            settings = load_settings()
+        except WorkersetAdmissionError:
+            return None
+        if settings.view_dir is None:
+            return None
+        try:
+            check_frontend_store(settings.view_dir)
+            _shared_view = DirectoryFiles.open(settings.view_dir)
+        except ViewDirectoryError as exc:
+            _log.error("workerset-admission refuses to start: %s", exc)
+            raise
+        atexit.register(_release_view)
+        return _shared_view
+
+
+def _release_view() -> None:
+    global _shared_view
+    with _shared_lock:
+        view, _shared_view = _shared_view, None
+    if view is not None:
+        view.release()
 
 
 _shared: ServiceThread[SnapshotService] | None = None
@@ -229,14 +281,14 @@ def _extension_telemetry() -> tuple[TelemetryHandle | None, AdmissionTelemetry |
     )
 
 
-def shared_host() -> ServiceThread[SnapshotService]:
+def shared_host(view: DirectoryFiles | None = None) -> ServiceThread[SnapshotService]:
     """Return the process's one admission service thread, starting it on first use."""
     global _shared, _shared_telemetry
     with _shared_lock:
         if _shared is None:
             _shared_telemetry, telemetry = _extension_telemetry()
             _shared = ServiceThread(
-                lambda: _start_from_environment(telemetry), name="workerset-admission"
+                lambda: _start_from_environment(telemetry, view), name="workerset-admission"
             )
             # Registered before the thread registers its own stop, so at exit it runs after
             # it: the service's last spans are made before the exporters flush and close.
@@ -266,5 +318,5 @@ def stop_shared_host() -> None:
 
 def frontend_routes() -> list[Any]:
     """Provide the extension's routes to Dynamo's loader; starts the service behind them."""
-    host = shared_host()
+    host = shared_host(open_extension_view())
     return AdmissionRoutes(lambda: host.state).frontend_routes()

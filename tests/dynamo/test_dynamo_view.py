@@ -1,0 +1,461 @@
+"""The admitted discovery view: what it holds, in what order it changes, and who owns it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from workerset_admission.adapters.dynamo.view import (
+    MANIFEST_NAME,
+    AdmittedView,
+    DirectoryFiles,
+    RecordTable,
+    TappedSource,
+    Tenure,
+    ViewFile,
+    ViewWriter,
+    check_frontend_store,
+    file_name_for,
+)
+from workerset_admission.card import (
+    BoundarySettings,
+    encode_endpoint_record,
+    encode_model_record,
+    endpoint_kv_key,
+    model_kv_key,
+)
+from workerset_admission.errors import ViewDirectoryError
+from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.ports import (
+    DiscoveryEntry,
+    SourceDelete,
+    SourceEvent,
+    SourcePut,
+    SourceSnapshot,
+)
+from workerset_admission.service import AdmissionService
+from workerset_admission.service_cli import demo_card
+
+EP = EndpointId("pns", "backend", "generate")
+GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGGREGATED)
+A1, A2, B = 0x6030FDDB01885992, 0x11, 0x22
+
+
+def _entry(key: str, value: bytes) -> DiscoveryEntry:
+    return DiscoveryEntry(key, value, 1)
+
+
+def _event_records(worker: int, publisher: int) -> list[DiscoveryEntry]:
+    """A worker's event source and channels, shaped as the 1.6.1 mocker registers them."""
+    scope = {
+        "kind": "endpoint",
+        "endpoint": {"namespace": "pns", "component": "backend", "name": "generate"},
+    }
+    tail = "namespace.pns.component.backend.endpoint.generate.topic"
+    source = {
+        "type": "EventSource",
+        "scope": scope,
+        "topic": "kv-events",
+        "publisher_id": publisher,
+        "metadata": {"worker": {"worker_id": worker, "dp_rank": 0}, "publisher_id": publisher},
+    }
+    transport = {"kind": "Nats", "config": {"subject_prefix": "namespace.pns"}}
+    channel = {"type": "EventChannel", "scope": scope, "topic": "kv-events"}
+    # A metrics channel names no worker at all: it can never be attributed to one.
+    metrics = {**channel, "topic": "kv_metrics", "instance_id": publisher + 1}
+    return [
+        _entry(f"v1.event_sources.{tail}.kv-events.{publisher:x}", json.dumps(source).encode()),
+        _entry(
+            f"v1.event_channels.{tail}.kv-events.{publisher:x}",
+            json.dumps({**channel, "instance_id": publisher, "transport": transport}).encode(),
+        ),
+        _entry(
+            f"v1.event_channels.{tail}.kv_metrics.{publisher + 1:x}",
+            json.dumps({**metrics, "transport": transport}).encode(),
+        ),
+    ]
+
+
+def worker_records(instance_id: int, block_size: int = 16) -> list[DiscoveryEntry]:
+    """Everything one worker registers: endpoint records, its card, its event records."""
+    query = EndpointId("pns", "backend", f"worker_kv_query_source_{instance_id:x}")
+    return [
+        _entry(endpoint_kv_key(EP, instance_id), encode_endpoint_record(EP, instance_id)),
+        _entry(endpoint_kv_key(query, instance_id), encode_endpoint_record(query, instance_id)),
+        _entry(
+            model_kv_key(EP, instance_id),
+            encode_model_record(EP, instance_id, demo_card(block_size)),
+        ),
+        *_event_records(instance_id, instance_id % 1000 + 5000),
+    ]
+
+
+def table_of(*workers: list[DiscoveryEntry]) -> RecordTable:
+    table = RecordTable()
+    table.apply(SourceSnapshot([entry for worker in workers for entry in worker]))
+    return table
+
+
+class FakeFiles:
+    """An in-memory view directory that records every operation in order."""
+
+    def __init__(self) -> None:
+        self.content: dict[ViewFile, bytes] = {}
+        self.ops: list[tuple[str, ViewFile]] = []
+        self.manifest: list[ViewFile] = []
+        self.fail_publish = False
+
+    def publish(self, file: ViewFile, value: bytes) -> None:
+        if self.fail_publish:
+            raise OSError("disk full")
+        self.content[file] = value
+        self.ops.append(("publish", file))
+
+    def touch(self, file: ViewFile) -> bool:
+        self.ops.append(("touch", file))
+        return file in self.content
+
+    def remove(self, file: ViewFile) -> None:
+        self.content.pop(file, None)
+        self.ops.append(("remove", file))
+
+    def save_manifest(self, files: Iterable[ViewFile]) -> None:
+        self.manifest = sorted(files)
+
+    def load_manifest(self) -> list[ViewFile]:
+        return list(self.manifest)
+
+
+def instance_file(instance_id: int, endpoint: EndpointId = EP) -> ViewFile:
+    path = f"{endpoint.namespace}/{endpoint.component}/{endpoint.endpoint}/{instance_id:x}"
+    return ("instances", file_name_for(path))
+
+
+def mdc_file(instance_id: int) -> ViewFile:
+    return ("mdc", file_name_for(f"pns/backend/generate/{instance_id:x}"))
+
+
+def files_of(instance_id: int, files: Iterable[ViewFile]) -> list[ViewFile]:
+    """The view files that belong to one worker of these tests."""
+    marks = (f"{instance_id:x}", f"{instance_id % 1000 + 5000:x}")
+    return [f for f in files if any(f[1].endswith(f"%2F{m}") for m in marks)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_view_holds_exactly_the_admitted_live_workers_records() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table_of(worker_records(A1), worker_records(B)))
+
+    publisher = A1 % 1000 + 5000
+    kv_events = "namespace%2Fpns%2Fcomponent%2Fbackend%2Fendpoint%2Fgenerate%2Ftopic%2Fkv%2Devents"
+    query = EndpointId("pns", "backend", f"worker_kv_query_source_{A1:x}")
+    assert sorted(files.content) == sorted(
+        [
+            ("event_sources", f"{kv_events}%2F{publisher:x}"),
+            ("event_channels", f"{kv_events}%2F{publisher:x}"),
+            instance_file(A1),
+            instance_file(A1, query),
+            mdc_file(A1),
+        ]
+    )
+    # The bytes are the worker's own record, untouched.
+    assert files.content[mdc_file(A1)] == worker_records(A1)[2].value
+    # Event and instance records are in place before the card that makes the model appear.
+    assert [op[1][0] for op in files.ops][-1] == "mdc"
+
+
+def test_a_member_joining_is_added_before_a_member_leaving_is_removed() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    files.ops.clear()
+
+    view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
+
+    kinds = [op for op, _file in files.ops]
+    assert kinds == ["publish"] * 5 + ["remove"] * 5
+    assert set(files.content) == set(files_of(A2, files.content))
+    # Removal takes the card first, so the frontend never holds a card without its instance.
+    assert files.ops[5] == ("remove", mdc_file(A1))
+
+
+def test_on_succession_the_old_incumbents_records_go_before_the_successors_appear() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(B, block_size=32))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    files.ops.clear()
+
+    report = view.sync([Tenure(GROUP, 4, frozenset({B}))], table)
+
+    kinds = [op for op, _file in files.ops]
+    assert kinds == ["remove"] * 5 + ["publish"] * 5
+    assert set(report.withdrawn) == set(files_of(A1, report.withdrawn))
+    assert set(files.content) == set(files_of(B, files.content))
+
+
+def test_a_retired_tenure_with_no_successor_yet_empties_the_view() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    view.sync([], table)
+
+    assert files.content == {}
+    assert files.manifest == []
+
+
+def test_files_are_touched_only_when_a_refresh_is_due_and_a_lost_file_is_rewritten() -> None:
+    files = FakeFiles()
+    clock = Clock()
+    view = AdmittedView(files, refresh_interval=2.0, clock=clock)
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table_of(worker_records(A1)))
+    files.ops.clear()
+
+    clock.now += 1.0
+    assert view.keep_alive() == 0
+    clock.now += 1.5
+    assert view.keep_alive() == 5
+    assert {op for op, _file in files.ops} == {"touch"}
+
+    # Someone swept a file while the writer was stalled: the next refresh puts it back.
+    del files.content[mdc_file(A1)]
+    clock.now += 2.0
+    view.keep_alive()
+    assert mdc_file(A1) in files.content
+    assert ("publish", mdc_file(A1)) in files.ops
+
+
+def test_a_failed_write_is_retried_by_the_next_pass() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1))
+    files.fail_publish = True
+
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    assert files.content == {}
+    assert view.publish_errors == 5
+
+    files.fail_publish = False
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    assert len(files.content) == 5
+
+
+def test_a_previous_writers_files_are_settled_by_the_first_sync_and_not_kept_alive_before() -> None:
+    files = FakeFiles()
+    first = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    first.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    files.ops.clear()
+
+    second = AdmittedView(files)
+    assert second.adopt_leftovers() == 10
+    assert second.keep_alive(force=True) == 0
+    second.sync([Tenure(GROUP, 7, frozenset({A2}))], table)
+
+    assert set(files.content) == set(files_of(A2, files.content))
+    assert len(files.content) == 5
+    # Content unknown: the wanted files are written again, the others withdrawn first.
+    assert [op for op, _file in files.ops] == ["remove"] * 5 + ["publish"] * 5
+
+
+def test_a_refused_value_keeps_the_last_valid_record_in_the_view() -> None:
+    table = table_of(worker_records(A1))
+    valid = table.get(model_kv_key(EP, A1))
+
+    table.apply(SourcePut(_entry(model_kv_key(EP, A1), b'{"type":"Model"')))
+    table.apply(SourcePut(_entry(model_kv_key(EP, A1), encode_model_record(EP, A2, demo_card()))))
+
+    assert table.get(model_kv_key(EP, A1)) == valid
+    table.apply(SourceDelete(model_kv_key(EP, A1), 3))
+    assert table.get(model_kv_key(EP, A1)) is None
+
+
+def test_records_outside_the_namespace_filter_are_not_held() -> None:
+    table = RecordTable(BoundarySettings(namespace="other"))
+    table.apply(SourceSnapshot(worker_records(A1)))
+    assert len(table) == 0
+
+
+async def test_a_tapped_source_feeds_the_table_before_the_service_sees_each_event() -> None:
+    seen: list[int] = []
+    table = RecordTable(on_change=lambda: seen.append(len(table)))
+
+    class _Listed:
+        async def events(self) -> AsyncIterator[SourceEvent]:
+            yield SourceSnapshot(worker_records(A1))
+            yield SourceDelete(model_kv_key(EP, A1), 2)
+
+        async def list_all(self) -> SourceSnapshot:
+            return SourceSnapshot(())
+
+        async def close(self) -> None:
+            return None
+
+    sizes = [len(table) async for _event in TappedSource(_Listed(), table).events()]
+
+    assert sizes == [6, 5]
+    assert seen == [6, 5]
+
+
+# --------------------------------------------------------------------------- real files
+
+
+def test_a_missing_directory_is_refused_with_its_name(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(ViewDirectoryError, match=f"view directory {missing} does not exist"):
+        DirectoryFiles.open(missing)
+    assert not missing.exists()
+
+
+def test_an_unwritable_directory_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        # Root writes through permission bits; sysfs refuses new files even to root.
+        target = Path("/sys/kernel")
+        before = sorted(os.listdir(target))
+    else:
+        target = tmp_path / "locked"
+        target.mkdir()
+        target.chmod(0o555)
+        before = []
+    with pytest.raises(ViewDirectoryError, match=f"view directory {target} is not writable"):
+        DirectoryFiles.open(target)
+    assert sorted(os.listdir(target)) == before
+
+
+def test_a_directory_another_live_writer_owns_is_refused(tmp_path: Path) -> None:
+    owner = DirectoryFiles.open(tmp_path)
+    try:
+        with pytest.raises(ViewDirectoryError, match="owned by another live writer"):
+            DirectoryFiles.open(tmp_path)
+    finally:
+        owner.release()
+    # Released: the next writer takes it.
+    DirectoryFiles.open(tmp_path).release()
+
+
+def test_the_frontend_store_must_be_the_view_directory(tmp_path: Path) -> None:
+    check_frontend_store(tmp_path, {"DYN_FILE_KV": str(tmp_path / ".")})
+    with pytest.raises(ViewDirectoryError, match="not this frontend's file store"):
+        check_frontend_store(tmp_path, {"DYN_FILE_KV": str(tmp_path / "elsewhere")})
+    with pytest.raises(ViewDirectoryError, match="its default"):
+        check_frontend_store(tmp_path, {"TMPDIR": str(tmp_path)})
+
+
+def test_publication_is_atomic_and_a_restart_removes_only_the_previous_writers_files(
+    tmp_path: Path,
+) -> None:
+    files = DirectoryFiles.open(tmp_path)
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    mdc = tmp_path / "v1" / "mdc"
+    assert sorted(os.listdir(mdc)) == sorted(f[1] for f in (mdc_file(A1), mdc_file(A2)))
+    assert json.loads((tmp_path / MANIFEST_NAME).read_text())
+    # A worker wrongly registering into the view: never the writer's to delete.
+    foreign = mdc / "pns%2Fbackend%2Fgenerate%2Fabc"
+    foreign.write_bytes(b"{}")
+    files.release()  # the writer dies without clearing
+
+    files = DirectoryFiles.open(tmp_path)
+    restarted = AdmittedView(files)
+    restarted.adopt_leftovers()
+    assert files.foreign_files(restarted.files) == [("mdc", foreign.name)]
+    restarted.sync([Tenure(GROUP, 2, frozenset({A2}))], table)
+    assert sorted(os.listdir(mdc)) == sorted([mdc_file(A2)[1], foreign.name])
+
+    restarted.clear()
+    files.release()
+    leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file()]
+    assert sorted(leftovers) == sorted([foreign.name, MANIFEST_NAME, ".workerset-admission.lock"])
+
+
+def test_the_store_reader_sees_the_view_as_dynamo_files(tmp_path: Path) -> None:
+    from workerset_admission.adapters.dynamo.bridge import bucket_key_for
+    from workerset_admission.adapters.dynamo.filestore import scan_file_store
+
+    files = DirectoryFiles.open(tmp_path)
+    try:
+        AdmittedView(files).sync([Tenure(GROUP, 1, frozenset({A1}))], table_of(worker_records(A1)))
+    finally:
+        files.release()
+
+    keys = {bucket_key_for(r) for r in scan_file_store(tmp_path).records}
+    wanted = {e.key for e in worker_records(A1) if "kv_metrics" not in e.key}
+    assert keys == wanted
+
+
+# --------------------------------------------------------------------------- the writer
+
+
+class QueueSource:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[SourceEvent | None] = asyncio.Queue()
+
+    async def events(self) -> AsyncIterator[SourceEvent]:
+        while (event := await self.queue.get()) is not None:
+            yield event
+
+    async def list_all(self) -> SourceSnapshot:
+        return SourceSnapshot(())
+
+    async def close(self) -> None:
+        self.queue.put_nowait(None)
+
+
+async def _until(condition: Any, seconds: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not condition():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_writer_follows_the_services_receivers_through_a_succession() -> None:
+    files = FakeFiles()
+    table = RecordTable()
+    source = QueueSource()
+    service = AdmissionService(TappedSource(source, table))
+    writer = ViewWriter(AdmittedView(files, refresh_interval=0.2), table)
+    writer.attach(service)
+    await service.start()
+    try:
+        # Nothing is written before the first snapshot.
+        await asyncio.sleep(0.05)
+        assert files.ops == []
+        source.queue.put_nowait(SourceSnapshot([*worker_records(A1), *worker_records(B, 32)]))
+        await _until(lambda: mdc_file(A1) in files.content)
+        assert set(files.content) == set(files_of(A1, files.content))
+
+        # The incumbent drains: its records go, then the successor's appear.
+        for entry in worker_records(A1):
+            source.queue.put_nowait(SourceDelete(entry.key, 3))
+        await _until(lambda: mdc_file(B) in files.content)
+        removed = max(i for i, op in enumerate(files.ops) if op == ("remove", mdc_file(A1)))
+        added = files.ops.index(("publish", mdc_file(B)))
+        assert removed < added
+        assert set(files.content) == set(files_of(B, files.content))
+
+        # Kept alive while nothing changes (NATS away: no events at all).
+        files.ops.clear()
+        await _until(lambda: ("touch", mdc_file(B)) in files.ops)
+    finally:
+        await service.stop()
+        await writer.close()
+    assert files.content == {}
