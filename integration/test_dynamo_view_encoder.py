@@ -1,0 +1,120 @@
+"""The encoder hop through the admitted view, from recorded encoder registrations.
+
+The mocker has no encoder mode, so encoder workers are played from records shaped as 1.6.1
+writes them (an encode card with no model type, Tokens input, and its endpoint record), put as
+files into a worker file store. From there the path is the real one: the bridge mirrors them
+into a real JetStream bucket, the service admits the first configuration, and the writer puts
+exactly the admitted encoder's records into the view directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from pathlib import Path
+
+import nats
+import pytest
+from natsfixture import NatsServer
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
+from workerset_admission.adapters.dynamo.view import file_name_for
+from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.bindings import HopRole
+from workerset_admission.card import encode_endpoint_record, encode_model_record
+from workerset_admission.config import Settings
+from workerset_admission.identity import EndpointId
+from workerset_admission.plugin import create_service
+from workerset_admission.service_cli import demo_card
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+ENCODER = EndpointId("encns", "encoder", "generate")
+FIRST, RIVAL = 0x5EED0001, 0x5EED0002
+
+
+def _encoder_files(instance_id: int, block_size: int) -> dict[tuple[str, str], bytes]:
+    card = demo_card(block_size) | {"worker_type": "encode", "model_type": ""}
+    path = f"{ENCODER.namespace}/{ENCODER.component}/{ENCODER.endpoint}/{instance_id:x}"
+    return {
+        ("instances", file_name_for(path)): encode_endpoint_record(
+            ENCODER, instance_id, {"tcp": f"127.0.0.1:9/{instance_id:x}"}
+        ),
+        ("mdc", file_name_for(path)): encode_model_record(ENCODER, instance_id, card),
+    }
+
+
+def _write(store: Path, files: dict[tuple[str, str], bytes]) -> None:
+    for (bucket, name), value in files.items():
+        (store / "v1" / bucket).mkdir(parents=True, exist_ok=True)
+        (store / "v1" / bucket / name).write_bytes(value)
+
+
+def _view(view: Path) -> dict[tuple[str, str], bytes]:
+    found = {}
+    for bucket in ("instances", "mdc"):
+        folder = view / "v1" / bucket
+        for name in os.listdir(folder) if folder.exists() else ():
+            if not name.startswith("."):
+                found[(bucket, name)] = (folder / name).read_bytes()
+    return found
+
+
+async def _until(condition: object, seconds: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not condition():  # type: ignore[operator]
+        assert loop.time() < deadline, f"{what}: not within {seconds:g} s"
+        await asyncio.sleep(0.05)
+
+
+async def test_recorded_encoder_registrations_reach_the_view_only_when_admitted(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    store, view = tmp_path / "workers", tmp_path / "view"
+    store.mkdir()
+    view.mkdir()
+    bucket = f"enc-{uuid.uuid4().hex[:10]}"
+    first, rival = _encoder_files(FIRST, 16), _encoder_files(RIVAL, 32)
+    _write(store, first)
+
+    client = await nats.connect(nats_server.url)
+    kv = (await ensure_bucket(client.jetstream(), BucketSpec(name=bucket))).kv
+    bridge = DiscoveryBridge(store, JetStreamBucketWriter(kv), interval=0.05)
+    stop = asyncio.Event()
+    bridging = asyncio.ensure_future(bridge.run(stop))
+    settings = Settings(
+        nats_servers=(nats_server.url,),
+        discovery_bucket=bucket,
+        admission_bucket=f"{bucket}-adm",
+        view_dir=view,
+        frontend_id="encoder-view-test",
+    )
+    service = await create_service(settings, publish=False, status=False)
+    try:
+        await _until(lambda: _view(view) == first, 20, "the first encoder is in the view")
+        (binding,) = service.bindings()
+        assert binding.role is HopRole.ENCODER
+
+        _write(store, rival)
+        await _until(
+            lambda: any(c.members for g in service.snapshot().groups for c in g.rejected),
+            20,
+            "the rival encoder is rejected",
+        )
+        await asyncio.sleep(0.3)  # a few writer passes: the rival must stay out
+        assert _view(view) == first
+
+        # The first encoder goes away: the rival succeeds it, and only then appears.
+        for bucket_name, name in first:
+            (store / "v1" / bucket_name / name).unlink()
+        await _until(lambda: _view(view) == rival, 20, "the successor encoder is in the view")
+        manifest = json.loads((view / ".workerset-admission.files").read_text())
+        assert sorted(manifest) == sorted(f"{b}/{n}" for b, n in rival)
+    finally:
+        await service.stop()
+        stop.set()
+        await bridging
+        await client.close()
+    assert _view(view) == {}
