@@ -185,7 +185,25 @@ class Deployment:
         self.sidecar.send_signal(signal.SIGKILL)
         self.sidecar.wait(10)
 
-    def start_frontend(self, name: str, *extra: str) -> Frontend:
+    def extension_env(self, view: Path, subject: str) -> dict[str, str]:
+        """Settings for the plugin inside a frontend: its own view, the shared bucket."""
+        return {
+            "WORKERSET_ADMISSION_NATS_SERVERS": self.nats_url,
+            "WORKERSET_ADMISSION_DISCOVERY_BUCKET": self.bucket,
+            "WORKERSET_ADMISSION_ADMISSION_BUCKET": f"{self.bucket}-adm",
+            "WORKERSET_ADMISSION_STATUS_SUBJECT": subject,
+            "WORKERSET_ADMISSION_FRONTEND_ID": subject,
+            "WORKERSET_ADMISSION_VIEW_DIR": str(view),
+        }
+
+    def start_frontend(
+        self,
+        name: str,
+        *extra: str,
+        view: Path | None = None,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+    ) -> Frontend:
         import openai
 
         port = free_port()
@@ -203,12 +221,14 @@ class Deployment:
                 str(port),
                 *extra,
             ],
-            self.dynamo_env(self.view),
+            self.dynamo_env(view or self.view) | (env or {}),
         )
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=20
         )
         frontend = Frontend(port, process, client)
+        if not wait:
+            return frontend
 
         def live() -> bool:
             assert process.poll() is None, f"frontend {name} exited; see {self.logs}"

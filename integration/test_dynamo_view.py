@@ -39,6 +39,8 @@ class Cluster:
     deployment: Deployment
     round_robin: Frontend
     kv: Frontend
+    # The plugin inside this one, as a route extension writing its own view.
+    extension: Frontend
     incumbent: tuple[int, int] = (0, 0)
     conflicting: int = 0
 
@@ -51,7 +53,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, nats_server: NatsServer) -
         running.start_sidecar()
         round_robin = running.start_frontend("frontend-round-robin")
         kv = running.start_frontend("frontend-kv", "--router-mode", "kv")
-        yield Cluster(running, round_robin, kv)
+        own_view = root / "extension-view-kv"
+        own_view.mkdir()
+        extension = running.start_frontend(
+            "frontend-extension",
+            "--frontend-route-extension",
+            "workerset-admission",
+            view=own_view,
+            env=running.extension_env(own_view, "workerset-admission.status.extension"),
+        )
+        yield Cluster(running, round_robin, kv, extension)
 
 
 def _announce(text: str) -> None:
@@ -69,21 +80,26 @@ def test_a_conflicting_worker_never_serves_in_round_robin_or_kv_mode(cluster: Cl
     a1 = view.start_worker("a1", block_size=16)
     a2 = view.start_worker("a2", block_size=16)
     wait_for(lambda: view.view_instance_ids() >= {a1, a2}, 30, "both A workers in the view")
-    for frontend in (cluster.round_robin, cluster.kv):
+    for frontend in (cluster.round_robin, cluster.kv, cluster.extension):
         wait_for(lambda f=frontend: MODEL_NAME in f.models(), 30, "the model is served")
 
     b = view.start_worker("b", block_size=32)
     wait_for(lambda: b in view.rejected(), 30, "the plugin rejects the B worker")
     cluster.incumbent, cluster.conflicting = (a1, a2), b
 
-    for name, frontend in (("round-robin", cluster.round_robin), ("kv", cluster.kv)):
+    frontends = [
+        ("round-robin", cluster.round_robin),
+        ("kv", cluster.kv),
+        ("route-extension", cluster.extension),
+    ]
+    for name, frontend in frontends:
         chat = [frontend.ask(chat=True) for _ in range(30)]
         completions = [frontend.ask(chat=False) for _ in range(30)]
         for kind, served in (("chat", chat), ("completions", completions)):
             decoders = {s.decode for s in served}
             assert b not in decoders, f"{name} {kind}: a request reached the rejected worker"
             assert decoders <= {a1, a2}, f"{name} {kind}: served by {decoders}"
-        if name == "round-robin":
+        if name != "kv":
             assert {s.decode for s in chat + completions} == {a1, a2}
     # The view never held B's records, whatever a running frontend would have done with them.
     assert view.view_instance_ids() == {a1, a2}
@@ -188,6 +204,8 @@ def test_when_the_incumbent_drains_the_successor_serves_after_a_short_gap(
             f"succession gap, {len(at_member_drain)} while one member drained"
         )
         assert gap_seconds < 10.0
+    # The frontend with the plugin inside followed the same succession through its own view.
+    wait_for(lambda: cluster.extension.ask().decode == b, 30, "the extension frontend moves to B")
 
 
 def test_a_killed_plugin_fails_closed_and_a_restarted_one_resumes_routing(
@@ -214,6 +232,23 @@ def test_a_killed_plugin_fails_closed_and_a_restarted_one_resumes_routing(
         wait_for(lambda f=frontend: MODEL_NAME in f.models(), 30, "the model is back")
         assert {s.decode for s in _served_by(frontend, 6)} == {b}
     _announce(f"plugin restarted: routing resumed after {time.monotonic() - restarted:.1f} s")
+
+
+def test_a_frontend_whose_view_is_not_its_file_store_refuses_to_start(cluster: Cluster) -> None:
+    view = cluster.deployment
+    elsewhere = view.root / "not-the-store"
+    elsewhere.mkdir()
+    frontend = view.start_frontend(
+        "frontend-misconfigured",
+        "--frontend-route-extension",
+        "workerset-admission",
+        env=view.extension_env(elsewhere, "workerset-admission.status.misconfigured"),
+        wait=False,
+    )
+    assert frontend.process.wait(60) != 0
+    log = (view.logs / "frontend-misconfigured.log").read_text()
+    assert f"view directory {elsewhere} is not this frontend's file store" in log
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_the_view_directory_holds_only_files_the_plugin_wrote(cluster: Cluster) -> None:

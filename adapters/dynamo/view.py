@@ -695,16 +695,24 @@ class ViewWriter:
         service = self._service
         if service is None or not service.synced:
             return SyncReport()
-        report = self.view.sync(tenures_of(service), self.table)
+        tenures = tenures_of(service)
+        report = self.view.sync(tenures, self.table)
         self.syncs += 1
         self.last_sync_at = time.monotonic()
         if report.changed:
+            serving = "; ".join(
+                f"{t.group.model} {t.group.worker_set} generation {t.generation}: "
+                f"{', '.join(f'{i:x}' for i in sorted(t.routable)) or 'none'}"
+                for t in tenures
+            )
             _log.info(
-                "admitted view: %d withdrawn, %d written, %d removed; %d file(s) published",
+                "admitted view: %d withdrawn, %d written, %d removed; %d file(s) published; "
+                "serving %s",
                 len(report.withdrawn),
                 len(report.written),
                 len(report.removed),
                 len(self.view.files),
+                serving or "nothing",
             )
         return report
 
