@@ -150,6 +150,9 @@ class RecordTable:
     ) -> None:
         self._settings = settings or BoundarySettings()
         self._records: dict[str, HeldRecord] = {}
+        # Keys by what ties a record to a worker, so planning a view costs per admitted worker,
+        # not per record held.
+        self._index: dict[tuple[str, str, str | None, int], set[str]] = {}
         self._on_change = on_change
 
     def __len__(self) -> int:
@@ -164,12 +167,60 @@ class RecordTable:
     def records(self) -> Iterable[HeldRecord]:
         return self._records.values()
 
+    def lookup(
+        self, kind: str, namespace: str, component: str | None, number: int
+    ) -> list[HeldRecord]:
+        """Return the records tied to a worker or publisher.
+
+        ``worker``: endpoint and model records of an instance in a component; ``source``:
+        event sources naming a worker; ``channel``: event channels of a publisher (these two
+        in any component; pass ``None``).
+        """
+        keys = self._index.get((kind, namespace, component, number), ())
+        return [self._records[key] for key in sorted(keys)]
+
+    @staticmethod
+    def _tie(record: HeldRecord) -> tuple[str, str, str | None, int] | None:
+        if record.bucket in ("instances", "mdc"):
+            return ("worker", record.namespace, record.component, record.instance_id)
+        if record.bucket == "event_sources":
+            if record.worker_id is None:
+                return None
+            return ("source", record.namespace, None, record.worker_id)
+        return ("channel", record.namespace, None, record.instance_id)
+
+    def _unindex(self, key: str, record: HeldRecord) -> None:
+        tie = self._tie(record)
+        if tie is None:
+            return
+        keys = self._index.get(tie)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._index[tie]
+
+    def _reindex(self, key: str, record: HeldRecord) -> None:
+        tie = self._tie(record)
+        if tie is not None:
+            self._index.setdefault(tie, set()).add(key)
+
     def apply(self, event: SourceEvent) -> None:
         """Apply one discovery event (a put, a removal, or a full listing)."""
         if isinstance(event, SourcePut):
-            changed = self._put(event.entry.key, event.entry.value, self._records)
+            key = event.entry.key
+            old = self._records.get(key)
+            changed = self._put(key, event.entry.value, self._records)
+            if changed:
+                if old is not None:
+                    self._unindex(key, old)
+                new = self._records.get(key)
+                if new is not None:
+                    self._reindex(key, new)
         elif isinstance(event, SourceDelete):
-            changed = self._records.pop(event.key, None) is not None
+            old = self._records.pop(event.key, None)
+            changed = old is not None
+            if old is not None:
+                self._unindex(event.key, old)
         else:
             fresh: dict[str, HeldRecord] = {}
             for entry in event.entries:
@@ -177,7 +228,11 @@ class RecordTable:
                 if not self._put(entry.key, entry.value, fresh) and old is not None:
                     fresh[entry.key] = old  # a refused value keeps the last valid one
             changed = fresh != self._records
-            self._records = fresh
+            if changed:
+                self._records = fresh
+                self._index = {}
+                for key, record in fresh.items():
+                    self._reindex(key, record)
         if changed and self._on_change is not None:
             self._on_change()
 
@@ -272,33 +327,25 @@ class Tenure:
 
 
 def _records_of(endpoint: EndpointId, instance_id: int, table: RecordTable) -> list[HeldRecord]:
-    mine: list[HeldRecord] = []
-    sources: list[HeldRecord] = []
-    channels: list[HeldRecord] = []
     ns, comp = endpoint.namespace, endpoint.component
-    for record in table.records():
-        if record.namespace != ns:
-            continue
-        if record.bucket == "instances":
-            if record.component == comp and record.instance_id == instance_id:
-                mine.append(record)
-        elif record.bucket == "mdc":
-            if (record.component, record.endpoint, record.instance_id) == (
-                comp,
-                endpoint.endpoint,
-                instance_id,
-            ):
-                mine.append(record)
-        elif record.component in (None, comp):
-            if record.bucket == "event_sources":
-                if record.worker_id == instance_id:
-                    sources.append(record)
-            else:
-                channels.append(record)
-    publishers = {(s.component, s.endpoint, s.instance_id) for s in sources}
+    mine = [
+        record
+        for record in table.lookup("worker", ns, comp, instance_id)
+        # Every endpoint record of the instance in the component (the KV query endpoint
+        # too), and its cards at the binding's own endpoint.
+        if record.bucket == "instances" or record.endpoint == endpoint.endpoint
+    ]
+    sources = [
+        s for s in table.lookup("source", ns, None, instance_id) if s.component in (None, comp)
+    ]
     mine += sources
-    # A channel is the worker's when it shares scope and publisher id with one of its sources.
-    mine += [c for c in channels if (c.component, c.endpoint, c.instance_id) in publishers]
+    for source in sources:
+        # A channel is the worker's when it shares scope and publisher id with its source.
+        mine += [
+            channel
+            for channel in table.lookup("channel", ns, None, source.instance_id)
+            if (channel.component, channel.endpoint) == (source.component, source.endpoint)
+        ]
     return mine
 
 

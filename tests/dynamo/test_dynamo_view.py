@@ -459,3 +459,22 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         await service.stop()
         await writer.close()
     assert files.content == {}
+
+
+def test_the_index_follows_puts_removals_and_listings() -> None:
+    table = table_of(worker_records(A1), worker_records(A2))
+    view = AdmittedView(FakeFiles())
+
+    table.apply(SourceDelete(endpoint_kv_key(EP, A1), 5))
+    table.apply(SourcePut(_entry(model_kv_key(EP, A2), worker_records(A2, 32)[2].value)))
+    plan = view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+
+    written = set(plan.written)
+    assert instance_file(A1) not in written
+    assert mdc_file(A1) in written
+    assert mdc_file(A2) in written
+    assert view.files[mdc_file(A2)] == worker_records(A2, 32)[2].value
+
+    table.apply(SourceSnapshot(worker_records(A2)))
+    assert table.lookup("worker", "pns", "backend", A1) == []
+    assert len(table.lookup("worker", "pns", "backend", A2)) == 3
