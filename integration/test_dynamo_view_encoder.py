@@ -1,4 +1,4 @@
-"""The encoder hop through the admitted view, from recorded encoder registrations.
+"""The admitted view without a frontend: recorded encoder registrations, and a NATS outage.
 
 The mocker has no encoder mode, so encoder workers are played from records shaped as 1.6.1
 writes them (an encode card with no model type, Tokens input, and its endpoint record), put as
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -117,4 +118,44 @@ async def test_recorded_encoder_registrations_reach_the_view_only_when_admitted(
         stop.set()
         await bridging
         await client.close()
+    assert _view(view) == {}
+
+
+@pytest.mark.timeout(90)
+async def test_the_view_stays_alive_while_nats_is_unreachable_and_goes_when_the_service_stops(
+    tmp_path: Path, nats_server_fn: NatsServer
+) -> None:
+    handle = nats_server_fn.handle
+    assert handle is not None
+    view = tmp_path / "view"
+    view.mkdir()
+    bucket = f"outage-{uuid.uuid4().hex[:10]}"
+    client = await nats.connect(nats_server_fn.url)
+    kv = (await ensure_bucket(client.jetstream(), BucketSpec(name=bucket))).kv
+    for (bucket_name, _name), value in _encoder_files(FIRST, 16).items():
+        record = json.loads(value)
+        key = f"v1.{bucket_name}.encns.encoder.generate.{record['instance_id']:x}"
+        await kv.put(key, value)
+    await client.close()
+    settings = Settings(
+        nats_servers=(nats_server_fn.url,),
+        discovery_bucket=bucket,
+        admission_bucket=f"{bucket}-adm",
+        view_dir=view,
+        frontend_id="outage-view-test",
+    )
+    service = await create_service(settings, publish=False, status=False)
+    try:
+        await _until(lambda: len(_view(view)) == 2, 20, "the encoder is in the view")
+        await asyncio.to_thread(handle.stop, kill=True)
+        # Longer than the file store's 10 s expiry: the files must have been refreshed.
+        await asyncio.sleep(11.0)
+        assert len(_view(view)) == 2
+        ages = [time.time() - (view / "v1" / b / n).stat().st_mtime for b, n in _view(view)]
+        assert max(ages) < 5.0
+        await asyncio.to_thread(handle.start)
+        await asyncio.sleep(1.0)
+        assert len(_view(view)) == 2
+    finally:
+        await service.stop()
     assert _view(view) == {}
