@@ -4,5 +4,7 @@
 * ``host``: the thread and event loop the service runs on inside the frontend process;
 * ``hop``: routing hops over a Dynamo ``Client``, admitted or legacy explicit-endpoint;
 * ``filestore`` and ``bridge``: Dynamo's file discovery store mirrored into the NATS bucket;
+* ``view``: the admitted discovery view, the file store a frontend on ``--discovery-backend
+  file`` routes from, holding the admitted workers' records only;
 * ``workers``: in-process stand-in workers for demos and tests.
 """
