@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from dynamoview import MODEL_NAME, Deployment, Frontend, Served, deployment, wait_for
 from natsfixture import NatsServer
@@ -232,6 +233,18 @@ def test_a_killed_plugin_fails_closed_and_a_restarted_one_resumes_routing(
         wait_for(lambda f=frontend: MODEL_NAME in f.models(), 30, "the model is back")
         assert {s.decode for s in _served_by(frontend, 6)} == {b}
     _announce(f"plugin restarted: routing resumed after {time.monotonic() - restarted:.1f} s")
+
+
+def test_no_process_of_the_deployment_listens_beyond_loopback(cluster: Cluster) -> None:
+    listening = {
+        connection.laddr.ip
+        for process in cluster.deployment.processes
+        if process.poll() is None
+        for connection in psutil.Process(process.pid).net_connections(kind="inet")
+        if connection.status == psutil.CONN_LISTEN
+    }
+    assert listening
+    assert listening <= {"127.0.0.1"}
 
 
 def test_a_frontend_whose_view_is_not_its_file_store_refuses_to_start(cluster: Cluster) -> None:
