@@ -527,6 +527,14 @@ KV_ROUTER_CONFIG = Struct(
 )
 
 
+# Rust's char::is_whitespace (the Unicode White_Space property), which str.trim uses. Python's
+# str.isspace differs: it also counts U+001C..U+001F as whitespace.
+_RUST_WHITESPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+
+
 def _refuse(detail: str) -> Refused:
     return Refused("invalid_router_config", detail)
 
@@ -548,7 +556,10 @@ def _check_kv_router(kv: dict[str, Any]) -> None:
     if keyed:
         if kv["router_tracking_key_file"] is None:
             raise _refuse("keyed-xxh3-v1 requires router_tracking_key_file")
-        if not kv["router_tracking_key_id"]:
+        key_id = kv["router_tracking_key_id"]
+        # 1.6.1 trims the id with Rust's notion of whitespace and refuses it unless the
+        # trimmed id is non-empty and unchanged, so surrounding whitespace is refused too.
+        if not key_id or key_id.strip(_RUST_WHITESPACE) != key_id:
             raise _refuse("keyed-xxh3-v1 requires a nonempty router_tracking_key_id")
     elif kv["router_tracking_key_file"] is not None or kv["router_tracking_key_id"] is not None:
         raise _refuse("router tracking key options require router_tracking_hash=keyed-xxh3-v1")
@@ -567,10 +578,13 @@ def _check_kv_router(kv: dict[str, Any]) -> None:
             raise _refuse(
                 "enable_session_prefix_index is not supported with use_remote_indexer=true"
             )
+    # A load-based policy without its own busy threshold inherits router_queue_threshold
+    # (the digest still shows the threshold as unset); with neither it is refused.
     if (
         kv["conditional_disagg_enabled"]
         and kv["conditional_disagg_policy"] in ("prefill_load", "isl_or_load")
         and kv["conditional_disagg_prefill_busy_threshold"] is None
+        and kv["router_queue_threshold"] is None
     ):
         raise _refuse("conditional_disagg policy needs prefill_busy_threshold")
 
@@ -621,10 +635,37 @@ class _IdentityMap(Type):
             raise Refused("invalid_indexer_identity", "identity key must not be empty")
         if ctx.strict_dups and isinstance(value, jsonio.DupDict):
             raise Refused("invalid_indexer_identity", "identity keys must be unique")
+        if len(value) > _IDENTITY_MAX_ENTRIES:
+            raise Refused(
+                "invalid_indexer_identity",
+                f"explicit identity map contains more than {_IDENTITY_MAX_ENTRIES} entries",
+            )
         out = {key: STR.decode(item, level + 1, ctx) for key, item in value.items()}
-        if any(not item for item in out.values()):
-            raise Refused("invalid_indexer_identity", "identity value must not be empty")
+        for key, item in out.items():
+            if not item:
+                raise Refused("invalid_indexer_identity", "identity value must not be empty")
+            if _utf8_len(key) > _IDENTITY_MAX_KEY_BYTES:
+                raise Refused(
+                    "invalid_indexer_identity",
+                    f"identity key exceeds {_IDENTITY_MAX_KEY_BYTES} UTF-8 bytes",
+                )
+            if _utf8_len(item) > _IDENTITY_MAX_VALUE_BYTES:
+                raise Refused(
+                    "invalid_indexer_identity",
+                    f"identity value exceeds {_IDENTITY_MAX_VALUE_BYTES} UTF-8 bytes",
+                )
         return out
+
+
+# 1.6.1's bounds on an explicit identity map; lengths count UTF-8 bytes, not characters.
+_IDENTITY_MAX_ENTRIES = 32
+_IDENTITY_MAX_KEY_BYTES = 128
+_IDENTITY_MAX_VALUE_BYTES = 1024
+
+
+def _utf8_len(text: str) -> int:
+    # Lone surrogates (accepted only where 1.6.1 accepts them) count as the 3 bytes of WTF-8.
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 INDEXER_IDENTITY = Struct(

@@ -451,6 +451,36 @@ def build() -> list[dict[str, Any]]:
         "nesting past 127 levels in user_data",
         card_with(user_data=json.loads("[" * 200 + "]" * 200)),
     )
+    card_case(
+        "card identity map over 32 entries",
+        "an explicit identity map holds at most 32 entries",
+        card_with(indexer_identity={"semantics": {f"k{i}": "v" for i in range(33)}}),
+    )
+    card_case(
+        "card identity key over 128 bytes",
+        "65 two-byte characters are 130 UTF-8 bytes",
+        card_with(indexer_identity={"semantics": {"\u00e9" * 65: "v"}}),
+    )
+    card_case(
+        "card identity value over 1024 bytes",
+        "an identity value holds at most 1024 UTF-8 bytes",
+        card_with(indexer_identity={"routing_scope": {"k": "v" * 1025}}),
+    )
+    card_case(
+        "card keyed hash key id blank",
+        "keyed-xxh3-v1 needs a key id that is non-empty after trimming",
+        card_with(
+            router_config={
+                "router_mode": "k_v",
+                "kv_router_config": {
+                    "router_tracking_hash": "keyed-xxh3-v1",
+                    "router_tracking_key_file": "/etc/dynamo/router.key",
+                    "router_tracking_key_id": " \t ",
+                },
+                "load_threshold_config": {},
+            }
+        ),
+    )
     # A struct field given twice inside card_json is not refused: the discovery envelope holds
     # the card as a generic JSON value first, where the last duplicate wins, exactly as 1.6.1.
     card_case("card is a number", "a card must be an object or field array", 5)
