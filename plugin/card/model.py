@@ -527,14 +527,6 @@ KV_ROUTER_CONFIG = Struct(
 )
 
 
-# Rust's char::is_whitespace (the Unicode White_Space property), which str.trim uses. Python's
-# str.isspace differs: it also counts U+001C..U+001F as whitespace.
-_RUST_WHITESPACE = (
-    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
-    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-)
-
-
 def _refuse(detail: str) -> Refused:
     return Refused("invalid_router_config", detail)
 
@@ -557,9 +549,9 @@ def _check_kv_router(kv: dict[str, Any]) -> None:
         if kv["router_tracking_key_file"] is None:
             raise _refuse("keyed-xxh3-v1 requires router_tracking_key_file")
         key_id = kv["router_tracking_key_id"]
-        # 1.6.1 trims the id with Rust's notion of whitespace and refuses it unless the
+        # 1.6.1 trims the id (Rust whitespace, not Python's) and refuses it unless the
         # trimmed id is non-empty and unchanged, so surrounding whitespace is refused too.
-        if not key_id or key_id.strip(_RUST_WHITESPACE) != key_id:
+        if not key_id or rust_trim(key_id) != key_id:
             raise _refuse("keyed-xxh3-v1 requires a nonempty router_tracking_key_id")
     elif kv["router_tracking_key_file"] is not None or kv["router_tracking_key_id"] is not None:
         raise _refuse("router tracking key options require router_tracking_hash=keyed-xxh3-v1")
