@@ -72,11 +72,16 @@ class Overflow:
 
 
 class DupDict(dict):  # type: ignore[type-arg]
-    """An object whose text repeated at least one key; the last value of each key is kept."""
+    """An object whose text repeated at least one key; the last value of each key is kept.
 
-    __slots__ = ("dups",)
+    ``dropped`` holds the earlier values of repeated keys, in text order: serde_json still
+    parses each of them (depth, numbers, strings) before the map overwrites it.
+    """
+
+    __slots__ = ("dropped", "dups")
 
     dups: frozenset[str]
+    dropped: tuple[tuple[str, Any], ...]
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -91,6 +96,8 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         seen.add(key)
     dup = DupDict(obj)
     dup.dups = frozenset(repeated)
+    last = {key: i for i, (key, _) in enumerate(pairs)}
+    dup.dropped = tuple(pair for i, pair in enumerate(pairs) if last[pair[0]] != i)
     return dup
 
 
@@ -244,6 +251,8 @@ def has_lone_surrogate(value: Any) -> bool:
                 if _SURROGATE.search(key):
                     return True
                 stack.append(sub)
+            if type(item) is DupDict:
+                stack.extend(sub for _, sub in item.dropped)
         elif isinstance(item, list):
             stack.extend(item)
     return False
@@ -258,6 +267,8 @@ def has_overflow(value: Any) -> bool:
             return True
         if isinstance(item, dict):
             stack.extend(item.values())
+            if type(item) is DupDict:
+                stack.extend(sub for _, sub in item.dropped)
         elif isinstance(item, list):
             stack.extend(item)
     return False
@@ -272,6 +283,8 @@ def depth_of(value: Any) -> int:
         if isinstance(item, dict):
             level += 1
             stack.extend((sub, level) for sub in item.values())
+            if type(item) is DupDict:
+                stack.extend((sub, level) for _, sub in item.dropped)
         elif isinstance(item, list):
             level += 1
             stack.extend((sub, level) for sub in item)

@@ -232,6 +232,11 @@ class MapT(Type):
         if ctx.check_strings and any(has_lone_surrogate(k) for k in value):
             raise Refused("invalid_string", "lone surrogate in hex escape")
         inner = self.inner
+        if ctx.strict_dups and type(value) is DupDict:
+            # Read from text, every earlier value of a repeated key is decoded before the
+            # last one replaces it, so it must be valid too.
+            for _key, item in value.dropped:
+                inner.decode(item, level + 1, ctx)
         return {key: inner.decode(item, level + 1, ctx) for key, item in value.items()}
 
 
@@ -246,7 +251,8 @@ class EnumT(Type):
         if isinstance(value, dict) and len(value) == 1:
             # serde_json also accepts ``{"variant": null}`` for a unit variant.
             ((name, content),) = value.items()
-            if content is None and name in self.names:
+            repeated = ctx.strict_dups and isinstance(value, DupDict)
+            if content is None and name in self.names and not repeated:
                 return name
             raise Refused("unknown_variant", f"unknown variant `{name}`")
         if not isinstance(value, str):
@@ -273,7 +279,9 @@ class ExtTagged(Type):
             raise Refused("unknown_variant", f"unknown variant `{value}`")
         if not isinstance(value, dict):
             raise _invalid_type(value, "enum")
-        if len(value) != 1:
+        if len(value) != 1 or (ctx.strict_dups and isinstance(value, DupDict)):
+            # Read from text, serde takes the first key as the variant and then expects the
+            # object to end, so a repeated variant key is refused like a second variant.
             raise Refused("invalid_enum", "expected an object with exactly one variant key")
         ((name, content),) = value.items()
         canonical: str = self.aliases.get(name, name)

@@ -178,7 +178,80 @@ def build() -> list[dict[str, Any]]:
                 verdict,
                 card_with(router_config=router(**kv)),
             )
+    fuzz_found()
     return _CASES
+
+
+def fuzz_found() -> None:
+    """Divergences the differential fuzzer found, each cut down by hand to its cause."""
+    base = json.dumps(BASE, ensure_ascii=False)[:-1]
+    deep = "[" * 126 + "1" + "]" * 126
+    file = json.dumps({"path": "t", "checksum": "blake3:" + "ab" * 32})
+
+    def fuzz(name: str, why: str, tail: str) -> None:
+        field = tail.split('"')[1]
+        # The tail replaces the base card's own value of that field, if it has one.
+        text = base.replace(f'"{field}": {json.dumps(BASE.get(field))}, ', "")
+        case(name, why, text + tail, origin="fuzz")
+
+    fuzz(
+        "tokenizer variant key repeated",
+        "read from text, an enum object ends after its one variant: a repeat is refused",
+        ',"tokenizer":{' + f'"hf_tokenizer_json":{file},"hf_tokenizer_json":{file}' + "}}",
+    )
+    fuzz(
+        "router mode unit variant repeated",
+        "the object spelling of a unit variant cannot repeat its key either",
+        ',"router_config":{"router_mode":{"k_v":null,"k_v":null},'
+        '"kv_router_config":{},"load_threshold_config":{}}}',
+    )
+    fuzz(
+        "router mode unit variant object",
+        "the object spelling of a unit variant, once, is accepted",
+        ',"router_config":{"router_mode":{"k_v":null},'
+        '"kv_router_config":{},"load_threshold_config":{}}}',
+    )
+    fuzz(
+        "runtime data repeated key with a deep earlier value",
+        "the earlier value is parsed, and its depth counted, before the map drops it",
+        ',"runtime_config":{"runtime_data":{"a":' + deep + ',"a":1}}}',
+    )
+    fuzz(
+        "runtime data repeated key with an out-of-range earlier value",
+        "the earlier value is parsed before the map drops it",
+        ',"runtime_config":{"runtime_data":{"a":1e400,"a":1}}}',
+    )
+    fuzz(
+        "runtime data repeated key with a lone surrogate earlier value",
+        "the earlier value is parsed before the map drops it",
+        ',"runtime_config":{"runtime_data":{"a":"\\ud800","a":1}}}',
+    )
+    fuzz(
+        "topology domain repeated key with a wrongly typed earlier value",
+        "each value of a typed map is decoded as it is read",
+        ',"runtime_config":{"topology_domains":{"a":1,"a":"x"}}}',
+    )
+    fuzz(
+        "topology domain repeated key with valid values",
+        "the last value wins",
+        ',"runtime_config":{"topology_domains":{"a":"y","a":"x"}}}',
+    )
+    fuzz(
+        "tensor parameter repeated key with a wrongly typed earlier value",
+        "each value of a typed map is decoded as it is read",
+        ',"tensor_model_config":{"name":"x","inputs":[{"name":"a","data_type":"Bool",'
+        '"shape":[],"parameters":{"p":{"bool":1},"p":{"bool":true}}}],"outputs":[]}}',
+    )
+    fuzz(
+        "user data repeated key with a deep earlier value",
+        "a free-form value counts the depth of what it drops",
+        ',"user_data":{"a":' + deep + ',"a":1}}',
+    )
+    fuzz(
+        "unknown field repeated key with a deep earlier value",
+        "an ignored field is skipped without a depth limit",
+        ',"zz":{"a":' + deep + ',"a":1}}',
+    )
 
 
 def dynamo_verdict(text: str) -> str | None:
