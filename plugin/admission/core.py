@@ -30,7 +30,9 @@ never reused either, so a holder of an old receiver can never see a successor's 
 *Builds.* Queued groups start building in the order they were queued (FIFO, so no group
 starves behind lower-sorted keys), at most ``max_concurrent_builds`` at a time. A failed
 attempt schedules a retry after ``retry_delays[attempt - 1]`` (the last delay repeats) on the
-injected clock; ``Tick`` makes due retries queue again. Dynamo 1.6.1 starts queued builds in
+injected clock; ``Tick`` makes due retries queue again. A worker joining or leaving the
+incumbent cohort while a retry is pending (``retrying`` or ``blocked``) queues the rebuild at
+once with the attempt count reset, as 1.6.1 does; rejected workers and adapters never do. Dynamo 1.6.1 starts queued builds in
 sorted key order; the contract does not fix an order and FIFO is what an operator expects.
 
 *Rejections.* Each non-incumbent cohort is reported once per tenure: when it first appears,
@@ -447,6 +449,9 @@ class AdmissionCore:
                 self._dirty.append(group)
             if key in self._adapters_at:
                 self._mark_lora(group)
+            state = group.status.state
+            if state is _RETRYING or state is _BLOCKED:
+                self._rebuild_now(group)
         elif checksum not in group.reported:
             self._report(group, cohort)
 
@@ -504,6 +509,9 @@ class AdmissionCore:
                 self._dirty.append(group)
             if key in self._adapters_at:
                 self._mark_lora(group)
+            state = group.status.state
+            if state is _RETRYING or state is _BLOCKED:
+                self._rebuild_now(group)
 
     # ------------------------------------------------------------------ LoRA adapters
 
@@ -752,6 +760,17 @@ class AdmissionCore:
                 self._mark_dirty(group)
                 group.lora = None
                 self._mark_lora(group)
+
+    def _rebuild_now(self, group: _Group) -> None:
+        """Queue a rebuild at once: the incumbent's membership changed during a backoff."""
+        # The failure being waited out was about other members, so the backoff restarts from
+        # its first step (1.6.1 resets its attempt count too); the pending timer goes stale.
+        group.deadline = None
+        group.attempt = 0
+        group.generation = self._next_generation()
+        self._transition(group, StatusEvent.MEMBERS_CHANGED)
+        self._queue.append((group, group.generation))
+        self._mark_dirty(group)
 
     def _discard(self, key: GroupKey, checksum: str, generation: int, reason: str) -> None:
         self._out.append(fx.BuildDiscarded(key, checksum, generation, reason))

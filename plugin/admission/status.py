@@ -28,6 +28,8 @@ Events::
     BUILD_OK        the attempt in flight succeeded (fenced by checksum and generation)
     BUILD_FAILED    the attempt in flight failed
     RETRY_DUE       the retry deadline of a failed build or commit was reached
+    MEMBERS_CHANGED a worker joined or left the incumbent cohort while a retry was pending:
+                    the rebuild starts at once instead of waiting out the backoff
     COMMIT_FAILED   the service could not commit a successful build
     REPLACE_FAILED  the service could not apply a membership change to the committed group
     REPLACE_DUE     the deadline to retry a failed replacement was reached
@@ -79,6 +81,7 @@ class StatusEvent(str, enum.Enum):
     BUILD_OK = "build_ok"
     BUILD_FAILED = "build_failed"
     RETRY_DUE = "retry_due"
+    MEMBERS_CHANGED = "members_changed"
     COMMIT_FAILED = "commit_failed"
     REPLACE_FAILED = "replace_failed"
     REPLACE_DUE = "replace_due"
@@ -100,8 +103,10 @@ TRANSITIONS: Mapping[tuple[GroupStatus, StatusEvent], GroupStatus] = {
     (_S.READY, _E.REPLACE_FAILED): _S.BLOCKED_READY,
     (_S.READY, _E.DRAIN): _S.IDLE,
     (_S.RETRYING, _E.RETRY_DUE): _S.QUEUED,
+    (_S.RETRYING, _E.MEMBERS_CHANGED): _S.QUEUED,
     (_S.RETRYING, _E.DRAIN): _S.IDLE,
     (_S.BLOCKED, _E.RETRY_DUE): _S.QUEUED,
+    (_S.BLOCKED, _E.MEMBERS_CHANGED): _S.QUEUED,
     (_S.BLOCKED, _E.DRAIN): _S.IDLE,
     (_S.BLOCKED_READY, _E.REPLACE_DUE): _S.READY,
     (_S.BLOCKED_READY, _E.REPLACE_FAILED): _S.BLOCKED_READY,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from admission_support import G, finish, group_key, of, one, reg
+from admission_support import G, finish, group_key, lora, of, one, reg
 from workerset_admission.admission import (
     AdmissionCore,
     BuildDiscarded,
@@ -195,6 +195,73 @@ def test_a_retry_timer_of_a_drained_tenure_never_fires() -> None:
     core.apply(WorkerRemoved(reg(1, "A").key))
     core.apply(WorkerAdded(reg(2, "B")))
     assert of(core.apply(Tick(retry.deadline + 100)), StartBuild) == []
+
+
+def test_a_compatible_worker_joining_during_a_retry_backoff_rebuilds_at_once() -> None:
+    core = AdmissionCore()
+    core.apply(Tick(5.0))
+    retry = one(finish(core, core.apply(WorkerAdded(reg(1, "A"))), ok=False), RetryScheduled)
+    effects = core.apply(WorkerAdded(reg(2, "A")))
+    start = one(effects, StartBuild)
+    assert (start.admitted, start.attempt) == (frozenset({1, 2}), 1)
+    assert start.generation > retry.generation
+    assert one(effects, PublishAdmissions).generation == start.generation
+    view = core.group(G)
+    assert view is not None
+    assert (view.status, view.deadline) == (GroupStatus.BUILDING, None)
+    # The abandoned backoff's deadline passes without a second build.
+    assert of(core.apply(Tick(retry.deadline)), StartBuild) == []
+    assert one(finish(core, effects), CommitGroup).members == (reg(1).key, reg(2).key)
+
+
+def test_a_compatible_worker_leaving_during_a_retry_backoff_rebuilds_at_once() -> None:
+    core = AdmissionCore()
+    effects = core.apply_many([WorkerAdded(reg(1, "A")), WorkerAdded(reg(2, "A"))])
+    finish(core, effects, ok=False)
+    start = one(core.apply(WorkerRemoved(reg(1, "A").key)), StartBuild)
+    assert start.admitted == frozenset({2})
+
+
+def test_a_rebuild_forced_by_a_membership_change_restarts_the_backoff() -> None:
+    core = AdmissionCore()
+    effects = core.apply(WorkerAdded(reg(1, "A")))
+    for _ in range(3):
+        retry = one(finish(core, effects, ok=False), RetryScheduled)
+        effects = core.apply(Tick(retry.deadline))
+    assert retry.delay == 4.0
+    finish(core, effects, ok=False)
+    effects = core.apply(WorkerAdded(reg(2, "A")))
+    assert one(finish(core, effects, ok=False), RetryScheduled).delay == 1.0
+
+
+def test_a_membership_change_after_a_failed_commit_rebuilds_at_once() -> None:
+    core = AdmissionCore()
+    commit = one(finish(core, core.apply(WorkerAdded(reg(1, "A")))), CommitGroup)
+    core.apply(CommitFailed(G, "A", commit.generation, "commit", "alias taken"))
+    start = one(core.apply(WorkerAdded(reg(2, "A"))), StartBuild)
+    assert start.admitted == frozenset({1, 2})
+
+
+def test_rejected_workers_and_adapters_leave_a_retry_backoff_alone() -> None:
+    core = AdmissionCore()
+    retry = one(finish(core, core.apply(WorkerAdded(reg(1, "A"))), ok=False), RetryScheduled)
+    effects = core.apply_many(
+        [WorkerAdded(reg(2, "B")), WorkerAdded(lora(1)), WorkerRemoved(reg(2, "B").key)]
+    )
+    assert of(effects, StartBuild) == []
+    view = core.group(G)
+    assert view is not None
+    assert (view.status, view.deadline) == (GroupStatus.RETRYING, retry.deadline)
+
+
+def test_a_failed_replacement_is_not_rebuilt_by_a_membership_change() -> None:
+    core = AdmissionCore()
+    commit = one(finish(core, core.apply(WorkerAdded(reg(1, "A")))), CommitGroup)
+    core.apply(CommitFailed(G, "A", commit.generation, "replace", "adapter clash"))
+    effects = core.apply(WorkerAdded(reg(2, "A")))
+    assert of(effects, StartBuild) == []
+    assert one(effects, PublishAdmissions).admitted == frozenset({1, 2})
+    assert core.group(G).status is GroupStatus.BLOCKED_READY  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

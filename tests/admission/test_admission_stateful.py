@@ -17,6 +17,7 @@ from workerset_admission.admission import (
     CommitGroup,
     CoreSettings,
     Effect,
+    GroupStatus,
     Input,
     OpenReceiver,
     RejectionReported,
@@ -99,6 +100,11 @@ class RefGroup:
     def admitted(self) -> tuple[int, ...]:
         return tuple(sorted(self.members[self.order[0]].values())) if self.order else ()
 
+    def incumbent_members(self) -> tuple[str | None, frozenset[str]]:
+        if not self.order:
+            return None, frozenset()
+        return self.order[0], frozenset(self.members[self.order[0]])
+
 
 class AdmissionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
@@ -118,6 +124,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.retired: list[AdmissionReceiver] = []
         self.receivers: dict[GroupKey, AdmissionReceiver] = {}
         self.incumbents: list[str | None] = [None] * len(GROUPS)
+        # Each group's incumbent cohort and members as of the end of the last step.
+        self.seen_members = [ref.incumbent_members() for ref in self.ref]
 
     # ------------------------------------------------------------------ driving
 
@@ -172,10 +180,26 @@ class AdmissionMachine(RuleBasedStateMachine):
             if old is not None and new != old:
                 assert old not in self.ref[g].members, "incumbent replaced while it had members"
 
+    def _check_backoff(self, waiting: list[bool]) -> None:
+        # A retry backoff is about the members it failed with: once the incumbent cohort
+        # gains or loses a worker, the rebuild starts at once (Dynamo 1.6.1's rule).
+        for g, was_waiting in enumerate(waiting):
+            now = self.ref[g].incumbent_members()
+            if was_waiting and now != self.seen_members[g]:
+                view = self.core.group(GROUPS[g])
+                assert view is not None
+                assert view.status not in (GroupStatus.RETRYING, GroupStatus.BLOCKED)
+            self.seen_members[g] = now
+
     def _step(self, event: Input) -> None:
-        before = [None if v is None else v.incumbent for v in map(self.core.group, GROUPS)]
+        views = [self.core.group(key) for key in GROUPS]
+        before = [None if v is None else v.incumbent for v in views]
+        waiting = [
+            v is not None and v.status in (GroupStatus.RETRYING, GroupStatus.BLOCKED) for v in views
+        ]
         self._apply(event)
         self._check_succession(before)
+        self._check_backoff(waiting)
 
     # ------------------------------------------------------------------ rules
 

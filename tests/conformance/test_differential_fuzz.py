@@ -118,6 +118,7 @@ def test_fuzzed_cards_get_the_same_verdict_and_checksum_as_dynamo(files: Files) 
 
 
 @pytest.mark.bench
+@pytest.mark.timeout(3600)
 def test_a_long_fuzzing_run_finds_no_divergence(files: Files) -> None:
     tally = Tally()
     started = time.monotonic()
