@@ -32,8 +32,9 @@ starves behind lower-sorted keys), at most ``max_concurrent_builds`` at a time. 
 attempt schedules a retry after ``retry_delays[attempt - 1]`` (the last delay repeats) on the
 injected clock; ``Tick`` makes due retries queue again. A worker joining or leaving the
 incumbent cohort while a retry is pending (``retrying`` or ``blocked``) queues the rebuild at
-once with the attempt count reset, as 1.6.1 does; rejected workers and adapters never do. Dynamo 1.6.1 starts queued builds in
-sorted key order; the contract does not fix an order and FIFO is what an operator expects.
+once with the attempt count reset, as 1.6.1 does; rejected workers and adapters never do.
+Dynamo 1.6.1 starts queued builds in sorted key order; the contract does not fix an order and
+FIFO is what an operator expects.
 
 *Rejections.* Each non-incumbent cohort is reported once per tenure: when it first appears,
 or, after a succession, against the new incumbent. A cohort that empties and returns is a
