@@ -684,7 +684,19 @@ IMAGE_DECODER = Struct(
 )
 MEDIA_DECODER = Struct("MediaDecoder", (Field("image", Opt(IMAGE_DECODER), default=_none),))
 
-DURATION = Struct("Duration", (Field("secs", U64), Field("nanos", U32)), deny_unknown=True)
+
+def _check_duration(value: dict[str, Any], ctx: Ctx) -> None:
+    # serde carries whole seconds out of ``nanos`` into ``secs`` and refuses a u64 overflow.
+    if value["secs"] + value["nanos"] // 1_000_000_000 > (1 << 64) - 1:
+        raise Refused("out_of_range", "overflow deserializing Duration")
+
+
+DURATION = Struct(
+    "Duration",
+    (Field("secs", U64), Field("nanos", U32)),
+    deny_unknown=True,
+    validate=_check_duration,
+)
 MEDIA_FETCHER = Struct(
     "MediaFetcher",
     (

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,19 +92,21 @@ def run(files: Files, examples: int, at_seed: int, tally: Tally) -> None:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
-    folder = tmp_path_factory.mktemp("fuzz-files")
-    contents = {
-        "policy.yaml": "router: {}\n",
-        "broken.yaml": ": : :\n- x",
-        "selection.yaml": "worker_selection: {zz: 1}\n",
-        "key.bin": "secret",
-    }
-    for name, text in contents.items():
-        Path(folder, name).write_text(text)
-    policies = [str(Path(folder, n)) for n in ("policy.yaml", "broken.yaml", "selection.yaml")]
-    policies.append(str(Path(folder, "missing.yaml")))
-    return Files(tuple(policies), (str(Path(folder, "key.bin")),))
+def files() -> Iterator[Files]:
+    # A private folder, not pytest's tmp_path: other pytest sessions of the same user prune
+    # old base temp folders, which would pull the policy file away under a long run.
+    with tempfile.TemporaryDirectory(prefix="card-fuzz-") as folder:
+        contents = {
+            "policy.yaml": "router: {}\n",
+            "broken.yaml": ": : :\n- x",
+            "selection.yaml": "worker_selection: {zz: 1}\n",
+            "key.bin": "secret",
+        }
+        for name, text in contents.items():
+            Path(folder, name).write_text(text)
+        names = ("policy.yaml", "broken.yaml", "selection.yaml", "missing.yaml")
+        policies = tuple(str(Path(folder, n)) for n in names)
+        yield Files(policies, (str(Path(folder, "key.bin")),))
 
 
 def test_fuzzed_cards_get_the_same_verdict_and_checksum_as_dynamo(files: Files) -> None:

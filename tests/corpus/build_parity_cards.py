@@ -247,6 +247,34 @@ def fuzz_found() -> None:
         "a free-form value counts the depth of what it drops",
         ',"user_data":{"a":' + deep + ',"a":1}}',
     )
+    fetcher = (
+        ',"media_fetcher":{"user_agent":"u","allow_direct_ip":true,"allow_direct_port":true,'
+        '"allow_private_ips":true,"timeout":'
+    )
+    for name, timeout, why in (
+        (
+            "fetch timeout at the u64 edge",
+            '{"secs":18446744073709551615,"nanos":999999999}',
+            "fits",
+        ),
+        (
+            "fetch timeout nanos carry past u64",
+            '{"secs":18446744073709551615,"nanos":1000000000}',
+            "a whole second of nanos carried into secs overflows u64",
+        ),
+        (
+            "fetch timeout nanos carry two seconds",
+            '{"secs":18446744073709551614,"nanos":2000000000}',
+            "nanos may exceed a second; the carry is what overflows",
+        ),
+        (
+            "fetch timeout array form carrying past u64",
+            "[18446744073709551612,4294967295]",
+            "the array form is checked the same way",
+        ),
+        ("fetch timeout array form at the edge", "[18446744073709551611,4294967295]", "fits"),
+    ):
+        fuzz(name, why, fetcher + timeout + "}}")
     fuzz(
         "unknown field repeated key with a deep earlier value",
         "an ignored field is skipped without a depth limit",
