@@ -112,6 +112,7 @@ def files() -> Iterator[Files]:
 def test_fuzzed_cards_get_the_same_verdict_and_checksum_as_dynamo(files: Files) -> None:
     tally = Tally()
     run(files, EXAMPLES, SEED, tally)
+    print(json.dumps({"cards": tally.compared, "accepted_by_dynamo": tally.accepted}))
     assert tally.compared >= min(EXAMPLES, 2000)
     # Both verdicts well represented, and every section present in accepted cards, or the
     # comparison proves little.
