@@ -830,7 +830,7 @@ class Gen:
         if self.bad() and self.odds(3):
             names = [f.name for f in s.fields]
             name = rnd.choice(["zz", "unknown_field", "", "Name", *misspellings(rnd.choice(names))])
-            pairs.insert(rnd.randint(0, len(pairs)), (name, rnd.choice(WRONG_TYPES)))
+            pairs.insert(rnd.randint(0, len(pairs)), (name, self.ignored_value()))
         if pairs and self.bad() and self.odds(3):
             # A repeated key: refused in a struct read from text, last one wins in a map.
             pairs.insert(rnd.randint(0, len(pairs)), rnd.choice(pairs))
@@ -847,6 +847,21 @@ class Gen:
         if self.odds(4):
             rnd.shuffle(pairs)
         return Dup(tuple(pairs))
+
+    def ignored_value(self) -> Any:
+        """A value for an unknown field: serde skips it, but still parses its numbers and
+        strings (not its depth)."""
+        return self.rnd.choice(
+            [
+                self.rnd.choice(WRONG_TYPES),
+                deep(self.rnd.choice([126, 127, 128, 200])),
+                Lit("1e400"),
+                Lit("-1e400"),
+                Lit('"\\ud800"'),
+                Lit('"\\udc00\\ud800"'),
+                Lit("18446744073709551616"),
+            ]
+        )
 
     def coherent_tracking(self, pairs: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         """Key options only with the keyed hash, so the rest of the router config is reached."""
