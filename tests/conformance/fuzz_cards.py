@@ -11,7 +11,8 @@ values the generator varies the structure: missing required fields, unknown and 
 field names, repeated keys, the array form of structs, key order and nesting depth.
 
 Most values are valid for their type so that cards get deep into validation; a value is
-invalid only now and then, so both verdicts are well represented.
+invalid only now and then, so both verdicts are well represented. Hypothesis picks a seed and
+a few knobs per card; a seeded ``random.Random`` fills in the leaves (see :func:`fuzz_cards`).
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from .cards import Arr, Dup, Lit, render
 # A type is one of: a scalar name ("str", "bool", "u8", "u16", "u32", "u64", "i64", "f32",
 # "f64", "any"); a tuple ("opt", T), ("seq", T), ("map", T), ("enum", names),
 # ("tagged", {variant: T}), ("struct", Struct); or a special name whose values obey an extra
-# rule ("slug", "checksum", "model_type", "identity_map", "policy_file", "key_file").
+# rule ("name", "slug", "checksum", "model_type", "identity_map", "policy_file", "key_file",
+# "runtime_data"; "f64+" is a non-negative float, "f64%" one within [0, 1]).
 
 
 @dataclass(frozen=True)
 class F:
-    """A struct field: name, type, whether serde requires it, and the limit class if any."""
+    """A struct field: name, type, and whether the generator always writes it (required)."""
 
     name: str
     type: Any
