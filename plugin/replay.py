@@ -36,17 +36,15 @@ from workerset_admission.admission import (
     Input,
     MutationRefused,
     RejectionReported,
-    Snapshot,
     StartBuild,
     Tick,
-    WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.card import BoundarySettings, decode_endpoint_record, decode_model_record
-from workerset_admission.card import parse_key as parse_kv_key
-from workerset_admission.card.events import decode_event_record, is_event_key, parse_event_key
+from workerset_admission.card import BoundarySettings, jsonio
 from workerset_admission.errors import RemoteDataError, UsageError
-from workerset_admission.identity import GroupKey, Registration
+from workerset_admission.identity import GroupKey
+from workerset_admission.ingest import CardRecordDecoder, Ingested, Ingestor
+from workerset_admission.keys import parse_key as parse_kv_key
 
 __all__ = [
     "KeyHistory",
@@ -162,7 +160,8 @@ def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
 class _Replayer:
     def __init__(self, boundary: BoundarySettings, core_settings: CoreSettings) -> None:
         self.core = AdmissionCore(core_settings)
-        self.boundary = boundary
+        # The service's own ingestion: records are judged here exactly as they are live.
+        self.ingest = Ingestor(CardRecordDecoder(boundary))
         self.rejections: list[RejectionReported] = []
         self.invalid: list[tuple[str, str]] = []
         self.history: dict[str, KeyHistory] = {}
@@ -181,88 +180,46 @@ class _Replayer:
         entry.events.append(f"line {self.line + 1}: {text}")
         return entry
 
-    def _decode(self, kv_key: str, value: Any) -> Registration | str | None:
-        """Decode a record: a registration, the refusal reason, or ``None`` (nothing to do)."""
-        if is_event_key(kv_key):
-            # Event-plane records are judged like any record but never enter admission.
-            try:
-                raw = value if isinstance(value, (str, Mapping)) else json.dumps(value)
-                decode_event_record(
-                    parse_event_key(kv_key), raw, max_value_size=self.boundary.max_value_size
-                )
-            except RemoteDataError as exc:
-                self.invalid.append((kv_key, exc.reason))
-            return None
-        try:
-            parsed = parse_kv_key(kv_key)
-            raw = value if isinstance(value, (str, Mapping)) else json.dumps(value)
-            if parsed.kind == "endpoint":
-                decode_endpoint_record(parsed, raw, self.boundary)
-                return None
-            registration = decode_model_record(parsed, raw, self.boundary)
-        except RemoteDataError as exc:
-            self.invalid.append((kv_key, exc.reason))
-            self._note(
-                _instance_key_of(kv_key), kv_key, f"refused ({exc.reason})"
-            ).refused = exc.reason
-            return exc.reason
-        if registration is None:
-            self._note(parsed.instance_key, kv_key, "ignored by the namespace filter")
-            return None
-        self.kv_key_of[registration.key] = kv_key
-        self._note(registration.key, kv_key, f"valid record ({registration.mdc_checksum[:12]}…)")
-        self.history[registration.key].valid_seen = True
-        return registration
-
     def run(self, events: Sequence[Mapping[str, Any]]) -> None:
         for index, event in enumerate(events):
             if event["kind"] == "build":
                 self.build_lines.setdefault(event["group"], []).append(index)
+        ingest = self.ingest
         for index, event in enumerate(events):
             self.line = index
             kind = event["kind"]
             if kind == "put":
-                decoded = self._decode(event["key"], event["value"])
-                if isinstance(decoded, Registration):
-                    self._apply(WorkerAdded(decoded))
+                self._ingested(ingest.put(event["key"], _value_bytes(event["value"])))
             elif kind == "delete":
-                self._delete(event["key"])
+                self._ingested(ingest.delete(event["key"]))
             elif kind == "snapshot":
-                self._snapshot(event["entries"])
+                listing = [(e["key"], _value_bytes(e.get("value"))) for e in event["entries"]]
+                self._ingested(ingest.snapshot(listing))
             elif kind == "build":
                 self._build(event["group"], event["outcome"] == "ok")
             else:
                 self.clock += float(event["seconds"])
                 self._apply(Tick(self.clock))
 
-    def _delete(self, kv_key: str) -> None:
-        if is_event_key(kv_key):
-            try:
-                parse_event_key(kv_key)
-            except RemoteDataError as exc:
-                self.invalid.append((kv_key, exc.reason))
-            return
-        try:
-            parsed = parse_kv_key(kv_key)
-        except RemoteDataError as exc:
-            self.invalid.append((kv_key, exc.reason))
-            return
-        if parsed.kind == "model":
-            if self.core.registration(parsed.instance_key) is not None:
-                self._note(parsed.instance_key, kv_key, "deleted")
-            self._apply(WorkerRemoved(parsed.instance_key))
-
-    def _snapshot(self, entries: Sequence[Mapping[str, Any]]) -> None:
-        listed: list[Registration] = []
-        retain: list[str] = []
-        for entry in entries:
-            decoded = self._decode(entry["key"], entry.get("value"))
-            if isinstance(decoded, Registration):
-                listed.append(decoded)
-            elif isinstance(decoded, str):
-                # A refused value for a listed key keeps the last valid one.
-                retain.append(_instance_key_of(entry["key"]))
-        self._apply(Snapshot(listed, retain))
+    def _ingested(self, result: Ingested) -> None:
+        """Note what ingestion judged, then apply its inputs as the service would."""
+        for verdict in result.verdicts:
+            kv_key = verdict.key
+            if verdict.refusal is not None:
+                reason = verdict.refusal.reason
+                self.invalid.append((kv_key, reason))
+                self._note(_instance_key_of(kv_key), kv_key, f"refused ({reason})").refused = reason
+            elif verdict.registration is not None:
+                key = verdict.registration.key
+                self.kv_key_of[key] = kv_key
+                checksum = verdict.registration.mdc_checksum
+                self._note(key, kv_key, f"valid record ({checksum[:12]}…)").valid_seen = True
+            elif verdict.ignored:
+                self._note(_instance_key_of(kv_key), kv_key, "ignored by the namespace filter")
+        for event in result.inputs:
+            if isinstance(event, WorkerRemoved) and self.core.registration(event.key) is not None:
+                self._note(event.key, self.kv_key_of.get(event.key, event.key), "deleted")
+            self._apply(event)
 
     def _build(self, group_id: str, ok: bool) -> None:
         try:
@@ -312,6 +269,21 @@ class _Replayer:
                 note = self._note(effect.key, kv_key, "in-place change refused")
                 note.refused = "in_place_change"
         return follow
+
+
+def _value_bytes(value: Any) -> bytes:
+    """Turn a trace value back into the bytes the bucket held.
+
+    ``record`` writes values as text (invalid UTF-8 as surrogate escapes, so the exact bytes
+    come back); hand-written traces may give the record as a JSON object instead.
+    """
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    # The compact form is what Dynamo's serde writes, and what the boundary's fast path expects.
+    try:
+        return jsonio.dumps_compact(value).encode("utf-8", "surrogatepass")
+    except (TypeError, ValueError):
+        return json.dumps(value).encode()
 
 
 def _instance_key_of(kv_key: str) -> str:

@@ -46,9 +46,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Collection,
-    Iterable,
     Iterator,
-    Mapping,
     Sequence,
 )
 from dataclasses import dataclass
@@ -70,12 +68,9 @@ from workerset_admission.admission import (
     PublishAdmissions,
     RetireReceiver,
     RetryScheduled,
-    Snapshot,
     StartBuild,
     Tick,
     WithdrawGroup,
-    WorkerAdded,
-    WorkerRemoved,
 )
 from workerset_admission.admission.readiness import ReadinessUnit, evaluate_readiness
 from workerset_admission.aio import cancel_and_wait
@@ -86,7 +81,15 @@ from workerset_admission.bindings import (
     RoutingSettings,
 )
 from workerset_admission.errors import RemoteDataError, UsageError
-from workerset_admission.identity import EndpointId, GroupKey, Registration, instance_key
+from workerset_admission.identity import GroupKey, instance_key
+from workerset_admission.ingest import (
+    CardRecordDecoder,
+    Ingested,
+    Ingestor,
+    RecordDecoder,
+    default_decoder,
+)
+from workerset_admission.liveness import LivenessIndex
 from workerset_admission.ports import (
     AdmissionPublisher,
     DiscoverySource,
@@ -187,25 +190,6 @@ class PipelineBuilder(Protocol):
     async def build(self, request: BuildRequest) -> object: ...
 
 
-DecodedRecord = Registration | tuple[EndpointId, int] | None
-"""What the boundary makes of a put: a registration, a live endpoint instance, or nothing."""
-
-
-class RecordDecoder(Protocol):
-    """The card boundary as the service uses it.
-
-    ``decode`` turns a put into a :class:`Registration` (a model card), an
-    ``(endpoint, instance id)`` pair (an endpoint-instance record), or ``None`` (a record this
-    frontend ignores, such as a namespace outside its filter). ``removal`` says what a deleted
-    key was: ``("model", registration key)``, ``("instance", key)`` or ``None``. Both raise
-    :class:`~workerset_admission.errors.RemoteDataError` for records they refuse.
-    """
-
-    def decode(self, key: str, value: bytes) -> DecodedRecord: ...
-
-    def removal(self, key: str) -> tuple[str, str] | None: ...
-
-
 class DefaultPipelineBuilder:
     """Builds nothing beyond the hop binding: checks the selected card yields routing settings.
 
@@ -257,83 +241,6 @@ class NatsStatusResponder:
         finally:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
-
-
-class LivenessIndex:
-    """Live endpoint instances, from ``v1.instances`` records, for hops to intersect with.
-
-    A hop never routes to an admitted id that has no live endpoint record, and never to a live
-    instance that is not admitted. ``live_ids`` is read on every routing decision, so each
-    endpoint's frozen set is built once per change, not once per read.
-    """
-
-    __slots__ = ("_by_key", "_frozen", "_live")
-
-    def __init__(self) -> None:
-        # endpoint -> instance id -> how many records name it (normally one).
-        self._live: dict[EndpointId, dict[int, int]] = {}
-        self._by_key: dict[str, tuple[EndpointId, int]] = {}
-        self._frozen: dict[EndpointId, frozenset[int]] = {}
-
-    def live_ids(self, endpoint: EndpointId) -> frozenset[int]:
-        frozen = self._frozen.get(endpoint)
-        if frozen is None:
-            frozen = self._frozen[endpoint] = frozenset(self._live.get(endpoint, ()))
-        return frozen
-
-    def routable(self, endpoint: EndpointId, admitted: Iterable[int]) -> frozenset[int]:
-        """Return the admitted ids that also have a live endpoint instance."""
-        live = self._live.get(endpoint)
-        if not live:
-            return frozenset()
-        return frozenset(i for i in admitted if i in live)
-
-    def __len__(self) -> int:
-        return len(self._by_key)
-
-    def entry(self, key: str) -> tuple[EndpointId, int] | None:
-        return self._by_key.get(key)
-
-    def put(self, key: str, endpoint: EndpointId, instance_id: int) -> bool:
-        if self._by_key.get(key) == (endpoint, instance_id):
-            return False
-        self._discard(key)
-        self._by_key[key] = (endpoint, instance_id)
-        ids = self._live.setdefault(endpoint, {})
-        ids[instance_id] = ids.get(instance_id, 0) + 1
-        self._frozen.pop(endpoint, None)
-        return True
-
-    def remove(self, key: str) -> bool:
-        return self._discard(key)
-
-    def replace(self, entries: Mapping[str, tuple[EndpointId, int]]) -> bool:
-        """Make the index exactly ``entries`` (a snapshot); report whether anything changed."""
-        if entries == self._by_key:
-            return False
-        self._by_key = dict(entries)
-        live: dict[EndpointId, dict[int, int]] = {}
-        for endpoint, instance_id in entries.values():
-            ids = live.setdefault(endpoint, {})
-            ids[instance_id] = ids.get(instance_id, 0) + 1
-        self._live = live
-        self._frozen = {}
-        return True
-
-    def _discard(self, key: str) -> bool:
-        old = self._by_key.pop(key, None)
-        if old is None:
-            return False
-        endpoint, instance_id = old
-        ids = self._live[endpoint]
-        if ids[instance_id] > 1:
-            ids[instance_id] -= 1
-        else:
-            del ids[instance_id]
-            if not ids:
-                del self._live[endpoint]
-            self._frozen.pop(endpoint, None)
-        return True
 
 
 # --------------------------------------------------------------------------- snapshots
@@ -515,7 +422,6 @@ class AdmissionService:
     ) -> None:
         self.settings = settings or ServiceSettings()
         self._source = source
-        self._decoder: RecordDecoder = decoder or default_decoder()
         self._builder: PipelineBuilder = builder or DefaultPipelineBuilder(frontend)
         self._publisher = publisher
         # The identity this frontend publishes under; its status shows it too.
@@ -530,7 +436,8 @@ class AdmissionService:
 
         self.core = AdmissionCore(self.settings.core_settings())
         self.channels = AdmissionChannels()
-        self.liveness = LivenessIndex()
+        self.ingest = Ingestor(decoder)
+        self.liveness = self.ingest.liveness
         self._builds: dict[tuple[GroupKey, int], _Build] = {}
         self._committed: dict[GroupKey, _Committed] = {}
         self.hops = HopBindings(self.channels, self.liveness, frontend)
@@ -552,8 +459,6 @@ class AdmissionService:
         self._snapshot: ServiceSnapshot | None = None
         self._failure: BaseException | None = None
         self._shut_down = False
-        # The last value decoded per KV key (its hash and what it decoded to).
-        self._decoded: dict[str, tuple[int, DecodedRecord]] = {}
         # Keys live updates touched while a reconciliation listing is being read.
         self._touched: set[str] | None = None
         self._resyncs = 0
@@ -818,96 +723,31 @@ class AdmissionService:
     def _on_put(self, event: SourcePut) -> None:
         entry = event.entry
         with self._telemetry.apply_update(event) as scope:
-            try:
-                record = self._decode(entry.key, entry.value, self._decoded)
-            except RemoteDataError as exc:
-                self._decoded.pop(entry.key, None)
-                self._refuse(entry.key, exc, scope)
-                return
-            if isinstance(record, Registration):
-                self._step([WorkerAdded(record)], scope)
-            elif record is not None:
-                endpoint, instance_id = record
-                if self.liveness.put(entry.key, endpoint, instance_id):
-                    self._changed()
+            self._ingested(self.ingest.put(entry.key, entry.value), scope)
 
     def _on_delete(self, event: SourceDelete) -> None:
-        self._decoded.pop(event.key, None)
         with self._telemetry.apply_update(event) as scope:
-            try:
-                removal = self._decoder.removal(event.key)
-            except RemoteDataError as exc:
-                self._refuse(event.key, exc, scope)
-                return
-            if removal is None:
-                return
-            kind, key = removal
-            if kind == "model":
-                self._step([WorkerRemoved(key)], scope)
-            elif self.liveness.remove(key):
-                self._changed()
+            self._ingested(self.ingest.delete(event.key), scope)
 
     def _on_snapshot(self, event: SourceSnapshot, keep: Collection[str] = ()) -> None:
         with _collector_paused(), self._telemetry.apply_update(event) as scope:
-            registrations: list[Registration] = []
-            retain: list[str] = []
-            live: dict[str, tuple[EndpointId, int]] = {}
-            decoded: dict[str, tuple[int, DecodedRecord]] = {}
-            decode = self._decode
-            for key in keep:
-                # Changed by a live update after the listing began: the live state is newer.
-                self._retain(key, retain, live)
-                if key in self._decoded:
-                    decoded[key] = self._decoded[key]
-            for entry in event.entries:
-                if entry.key in keep:
-                    continue
-                try:
-                    record = decode(entry.key, entry.value, decoded)
-                except RemoteDataError as exc:
-                    self._refuse(entry.key, exc, None)
-                    # A listed key with a refused value is not gone: keep its last valid value.
-                    self._retain(entry.key, retain, live)
-                    continue
-                if isinstance(record, Registration):
-                    registrations.append(record)
-                elif record is not None:
-                    live[entry.key] = record
-            self._decoded = decoded
-            changed = self.liveness.replace(live)
-            self._step([Snapshot(registrations, retain)], scope, force=changed)
+            entries = ((entry.key, entry.value) for entry in event.entries)
+            # Refusals in a listing are reported one by one, not as the listing's own failure.
+            self._ingested(self.ingest.snapshot(entries, keep), scope, refusals_in_scope=False)
         if not self._synced.is_set():
             self._synced.set()
             self._changed()
 
-    def _decode(
-        self, key: str, value: bytes, into: dict[str, tuple[int, DecodedRecord]]
-    ) -> DecodedRecord:
-        # Snapshots repeat what the service already holds (every reconnect, every periodic
-        # listing): a value seen before under the same key is not decoded and hashed again.
-        fingerprint = hash(value)
-        held = self._decoded.get(key)
-        if held is not None and held[0] == fingerprint:
-            into[key] = held
-            return held[1]
-        record = self._decoder.decode(key, value)
-        into[key] = (fingerprint, record)
-        return record
-
-    def _retain(self, key: str, retain: list[str], live: dict[str, tuple[EndpointId, int]]) -> None:
-        try:
-            removal = self._decoder.removal(key)
-        except RemoteDataError:
-            return  # a key that does not parse never named a registration
-        if removal is None:
-            return
-        kind, name = removal
-        if kind == "model":
-            retain.append(name)
-        else:
-            held = self.liveness.entry(name)
-            if held is not None:
-                live[name] = held
+    def _ingested(
+        self, result: Ingested, scope: UpdateScope, *, refusals_in_scope: bool = True
+    ) -> None:
+        for verdict in result.refusals:
+            assert verdict.refusal is not None
+            self._refuse(verdict.key, verdict.refusal, scope if refusals_in_scope else None)
+        if result.inputs:
+            self._step(result.inputs, scope, force=result.liveness_changed)
+        elif result.liveness_changed:
+            self._changed()
 
     def _refuse(self, key: str, exc: RemoteDataError, scope: UpdateScope | None) -> None:
         self.counters.invalid += 1
@@ -1307,49 +1147,3 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return threading.current_thread() is threading.main_thread() and not loop.is_running()
-
-
-class CardRecordDecoder:
-    """The default :class:`RecordDecoder`: the card boundary of :mod:`workerset_admission.card`.
-
-    Endpoint-instance records become ``(endpoint, instance id)`` pairs for the liveness index;
-    event-plane records are validated and otherwise ignored (``None``); model records become
-    registrations, their card decoded and hashed by the boundary (which
-    caches by card text, so a fleet sharing one card pays for it once).
-    """
-
-    def __init__(self, settings: Any = None) -> None:
-        from workerset_admission import card
-
-        self._card = card
-        self._settings = settings if settings is not None else card.BoundarySettings()
-
-    def decode(self, key: str, value: bytes) -> Registration | tuple[EndpointId, int] | None:
-        card = self._card
-        if card.is_event_key(key):
-            # Event-plane records are checked here like every record, then left out of
-            # admission: they only ride along with the workers that admission admits.
-            card.decode_event_record(
-                card.parse_event_key(key), value, max_value_size=self._settings.max_value_size
-            )
-            return None
-        parsed = card.parse_key(key)
-        if parsed.kind == "endpoint":
-            record = card.decode_endpoint_record(parsed, value, self._settings)
-            return (record.endpoint, record.instance_id)
-        result: Registration | None = card.decode_model_record(parsed, value, self._settings)
-        return result
-
-    def removal(self, key: str) -> tuple[str, str] | None:
-        if self._card.is_event_key(key):
-            self._card.parse_event_key(key)
-            return None
-        parsed = self._card.parse_key(key)
-        if parsed.kind == "model":
-            return ("model", parsed.instance_key)
-        return ("instance", key)
-
-
-def default_decoder() -> RecordDecoder:
-    """Return the card boundary with its default settings."""
-    return CardRecordDecoder()

@@ -41,15 +41,26 @@ from __future__ import annotations
 import enum
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import blake3
 
 from ..errors import CardDecodeError, InvalidRecordError, UsageError
 from ..identity import EndpointId, GroupKey, Registration, WorkerType, instance_key
+
+# The key codec lives beside the identities it names, so the NATS adapters and the service
+# share it without reaching into the card package; it stays importable from here too.
+from ..keys import (
+    ParsedKey,
+    check_instance_id,
+    endpoint_kv_key,
+    escape_token,
+    model_kv_key,
+    parse_key,
+    unescape_token,
+)
 from . import jsonio
 from .checksum import card_checksum
 from .fieldmemo import decode_card_fields
@@ -76,155 +87,6 @@ __all__ = [
 ]
 
 DEFAULT_MAX_VALUE_SIZE = 1 << 20
-MODEL_PREFIX = "v1.mdc."
-ENDPOINT_PREFIX = "v1.instances."
-
-_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-_TOKEN_RE = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
-_HEX_ID_RE = re.compile(r"(?:0|[1-9a-f][0-9a-f]{0,15})")
-_PLAIN_KEY_RE = re.compile(
-    r"v1\.(mdc|instances)\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)"
-    r"\.(0|[1-9a-f][0-9a-f]{0,15})(?:\.([A-Za-z0-9_-]+))?"
-)
-
-
-# --------------------------------------------------------------------------- keys
-
-
-def escape_token(text: str) -> str:
-    """Escape one key token: bytes outside ``[A-Za-z0-9_-]`` become ``=XX``."""
-    if not text:
-        raise UsageError("a key token cannot be empty")
-    if text.isascii() and all(ord(c) in _PLAIN for c in text):
-        return text
-    return "".join(chr(b) if b in _PLAIN else f"={b:02X}" for b in text.encode("utf-8"))
-
-
-def unescape_token(token: str) -> str:
-    """Undo :func:`escape_token`; raise :class:`InvalidRecordError` unless canonical."""
-    if not _TOKEN_RE.fullmatch(token):
-        raise InvalidRecordError("bad_key", f"malformed key token {token!r}")
-    if "=" not in token:
-        return token
-    raw = bytearray()
-    pos = 0
-    while pos < len(token):
-        if token[pos] == "=":
-            raw.append(int(token[pos + 1 : pos + 3], 16))
-            pos += 3
-        else:
-            raw.append(ord(token[pos]))
-            pos += 1
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidRecordError("bad_key", f"key token {token!r} is not UTF-8") from None
-    if escape_token(text) != token:
-        raise InvalidRecordError("bad_key", f"key token {token!r} is not canonically escaped")
-    return text
-
-
-def _check_instance_id(instance_id: int) -> None:
-    if isinstance(instance_id, bool) or not isinstance(instance_id, int):
-        raise UsageError("instance_id must be an int")
-    if not 0 <= instance_id < 1 << 64:
-        raise UsageError("instance_id must fit in u64")
-
-
-def model_kv_key(endpoint: EndpointId, instance_id: int, suffix: str | None = None) -> str:
-    """KV key of a model card record (with the LoRA suffix for an adapter card)."""
-    _check_instance_id(instance_id)
-    parts = [
-        "v1",
-        "mdc",
-        escape_token(endpoint.namespace),
-        escape_token(endpoint.component),
-        escape_token(endpoint.endpoint),
-        f"{instance_id:x}",
-    ]
-    if suffix:
-        parts.append(escape_token(suffix))
-    return ".".join(parts)
-
-
-def endpoint_kv_key(endpoint: EndpointId, instance_id: int) -> str:
-    """KV key of an endpoint liveness record."""
-    _check_instance_id(instance_id)
-    return ".".join(
-        [
-            "v1",
-            "instances",
-            escape_token(endpoint.namespace),
-            escape_token(endpoint.component),
-            escape_token(endpoint.endpoint),
-            f"{instance_id:x}",
-        ]
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedKey:
-    """A decoded discovery KV key."""
-
-    kind: Literal["model", "endpoint"]
-    endpoint: EndpointId
-    instance_id: int
-    model_suffix: str | None = None
-    key: str = field(default="", compare=False)
-
-    @property
-    def instance_key(self) -> str:
-        """Dynamo's instance path ``ns/comp/ep/<hex>[/suffix]``."""
-        return instance_key(self.endpoint, self.instance_id, self.model_suffix)
-
-
-_ENDPOINTS: dict[tuple[str, str, str], EndpointId] = {}
-
-
-def parse_key(kv_key: str) -> ParsedKey:
-    """Parse a discovery KV key, or raise :class:`InvalidRecordError` (reason ``bad_key``)."""
-    plain = _PLAIN_KEY_RE.fullmatch(kv_key) if isinstance(kv_key, str) else None
-    if plain is not None:
-        # The common case: no escapes anywhere, so the tokens are the names.
-        kind_token, ns, comp, ep, hex_id, suffix_token = plain.groups()
-        if kind_token == "instances" and suffix_token is not None:
-            raise InvalidRecordError(
-                "bad_key", f"wrong number of key tokens in {kv_key!r}", key=kv_key
-            )
-        # A fleet has few endpoints and many workers: one EndpointId (and one copy of its
-        # names) serves every worker's registration.
-        names = (ns, comp, ep)
-        endpoint = _ENDPOINTS.get(names)
-        if endpoint is None:
-            if len(_ENDPOINTS) >= _CACHE_LIMIT:
-                _ENDPOINTS.clear()
-            endpoint = _ENDPOINTS[names] = EndpointId(ns, comp, ep)
-        return ParsedKey(
-            "model" if kind_token == "mdc" else "endpoint",
-            endpoint,
-            int(hex_id, 16),
-            suffix_token,
-            kv_key,
-        )
-    if not isinstance(kv_key, str):
-        raise InvalidRecordError("bad_key", "a KV key must be a string")
-    parts = kv_key.split(".")
-    if len(parts) < 2 or parts[0] != "v1" or parts[1] not in ("mdc", "instances"):
-        raise InvalidRecordError("bad_key", f"not a discovery key: {kv_key!r}", key=kv_key)
-    kind: Literal["model", "endpoint"] = "model" if parts[1] == "mdc" else "endpoint"
-    allowed = (6, 7) if kind == "model" else (6,)
-    if len(parts) not in allowed:
-        raise InvalidRecordError("bad_key", f"wrong number of key tokens in {kv_key!r}", key=kv_key)
-    try:
-        ns, comp, ep = (unescape_token(p) for p in parts[2:5])
-        suffix = unescape_token(parts[6]) if len(parts) == 7 else None
-    except InvalidRecordError as exc:
-        raise InvalidRecordError(exc.reason, exc.detail, key=kv_key) from None
-    if not _HEX_ID_RE.fullmatch(parts[5]):
-        raise InvalidRecordError(
-            "bad_key", f"instance id {parts[5]!r} is not canonical lowercase hex", key=kv_key
-        )
-    return ParsedKey(kind, EndpointId(ns, comp, ep), int(parts[5], 16), suffix, kv_key)
 
 
 # --------------------------------------------------------------------------- settings
@@ -876,7 +738,7 @@ def encode_model_record(
     suffix: str | None = None,
 ) -> bytes:
     """Encode a 1.6.1 ``DiscoveryInstance::Model`` value (compact JSON, 1.6.1 field order)."""
-    _check_instance_id(instance_id)
+    check_instance_id(instance_id)
     head = jsonio.dumps_compact(
         {
             "type": "Model",
@@ -900,7 +762,7 @@ def encode_endpoint_record(
     extra: Mapping[str, Any] | None = None,
 ) -> bytes:
     """Encode a 1.6.1 ``DiscoveryInstance::Endpoint`` value."""
-    _check_instance_id(instance_id)
+    check_instance_id(instance_id)
     value: dict[str, Any] = {
         "type": "Endpoint",
         "component": endpoint.component,

@@ -1,0 +1,256 @@
+"""Ingestion: what a discovery put, removal or listing means for the core and the liveness index.
+
+This is the one translation from the discovery bucket's raw entries into admission inputs. The
+live service calls it for every source event and ``replay`` calls it for every trace line, so
+an offline replay judges records by the very code that judged them live:
+
+* a model record becomes ``WorkerAdded`` (a put) or a member of a ``Snapshot`` (a listing);
+* an endpoint-instance record updates the :class:`~workerset_admission.liveness.LivenessIndex`;
+* a record outside the namespace filter is ignored;
+* a record the card boundary refuses is reported as a refusal and changes nothing: a listed key
+  whose value is refused keeps its last valid value (the ``retain`` list of a ``Snapshot``).
+
+Everything here is synchronous and free of I/O; the caller reports refusals and steps the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from .admission import Input, Snapshot, WorkerAdded, WorkerRemoved
+from .errors import RemoteDataError
+from .identity import EndpointId, Registration
+from .keys import parse_key
+from .liveness import LivenessIndex
+
+__all__ = [
+    "EVENT_RECORD",
+    "CardRecordDecoder",
+    "DecodedRecord",
+    "Ingested",
+    "Ingestor",
+    "RecordDecoder",
+    "Verdict",
+    "default_decoder",
+]
+
+EVENT_RECORD: Final = "event"
+"""What the boundary makes of a valid event-plane record: checked, then left out of admission."""
+
+DecodedRecord = Registration | tuple[EndpointId, int] | str | None
+"""What the boundary makes of a put: a registration, a live endpoint instance,
+:data:`EVENT_RECORD`, or nothing (a record the frontend ignores)."""
+
+
+class RecordDecoder(Protocol):
+    """The card boundary as ingestion uses it.
+
+    ``decode`` turns a put into a :class:`Registration` (a model card), an
+    ``(endpoint, instance id)`` pair (an endpoint-instance record), :data:`EVENT_RECORD` (a
+    valid event source or channel), or ``None`` (a record this frontend ignores, such as a
+    namespace outside its filter). ``removal`` says what a deleted
+    key was: ``("model", registration key)``, ``("instance", key)`` or ``None``. Both raise
+    :class:`~workerset_admission.errors.RemoteDataError` for records they refuse.
+    """
+
+    def decode(self, key: str, value: bytes) -> DecodedRecord: ...
+
+    def removal(self, key: str) -> tuple[str, str] | None: ...
+
+
+class CardRecordDecoder:
+    """The default :class:`RecordDecoder`: the card boundary of :mod:`workerset_admission.card`.
+
+    Endpoint-instance records become ``(endpoint, instance id)`` pairs for the liveness index;
+    event-plane records are validated and otherwise left alone (they only ride along with the
+    workers admission admits); model records become registrations, their card decoded and hashed
+    by the boundary (which caches by card text, so a fleet sharing one card pays for it once).
+    """
+
+    def __init__(self, settings: Any = None) -> None:
+        from workerset_admission import card
+
+        self._card = card
+        self._settings = settings if settings is not None else card.BoundarySettings()
+
+    def decode(self, key: str, value: bytes) -> DecodedRecord:
+        card = self._card
+        if card.is_event_key(key):
+            card.decode_event_record(
+                card.parse_event_key(key), value, max_value_size=self._settings.max_value_size
+            )
+            return EVENT_RECORD
+        parsed = parse_key(key)
+        if parsed.kind == "endpoint":
+            record = card.decode_endpoint_record(parsed, value, self._settings)
+            return (record.endpoint, record.instance_id)
+        result: Registration | None = card.decode_model_record(parsed, value, self._settings)
+        return result
+
+    def removal(self, key: str) -> tuple[str, str] | None:
+        if self._card.is_event_key(key):
+            self._card.parse_event_key(key)
+            return None
+        parsed = parse_key(key)
+        if parsed.kind == "model":
+            return ("model", parsed.instance_key)
+        return ("instance", key)
+
+
+def default_decoder() -> RecordDecoder:
+    """Return the card boundary with its default settings."""
+    return CardRecordDecoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How one record (by KV key) was judged.
+
+    Exactly one of: a ``registration`` (a model card), a ``refusal``, ``live`` (an
+    endpoint-instance record), ``event`` (an event source or channel), or none of them
+    (ignored by the namespace filter).
+    """
+
+    key: str
+    registration: Registration | None = None
+    refusal: RemoteDataError | None = None
+    live: bool = False
+    event: bool = False
+
+    @property
+    def ignored(self) -> bool:
+        return self.registration is None and self.refusal is None and not (self.live or self.event)
+
+
+@dataclass(frozen=True, slots=True)
+class Ingested:
+    """What one discovery event means: core inputs, per-record verdicts, a liveness change."""
+
+    inputs: tuple[Input, ...] = ()
+    verdicts: tuple[Verdict, ...] = ()
+    liveness_changed: bool = False
+
+    @property
+    def refusals(self) -> tuple[Verdict, ...]:
+        return tuple(v for v in self.verdicts if v.refusal is not None)
+
+
+_Cache = dict[str, tuple[int, DecodedRecord]]
+
+
+class Ingestor:
+    """Turns discovery events into core inputs; keeps the liveness index and a decode cache.
+
+    The cache holds the last value decoded per KV key (its hash and what it decoded to):
+    listings repeat what is already held (every reconnect, every periodic reconciliation), and
+    a value seen before under the same key is not decoded and hashed again.
+    """
+
+    __slots__ = ("_decoded", "_decoder", "liveness")
+
+    def __init__(
+        self, decoder: RecordDecoder | None = None, liveness: LivenessIndex | None = None
+    ) -> None:
+        self._decoder: RecordDecoder = decoder or default_decoder()
+        self.liveness = liveness if liveness is not None else LivenessIndex()
+        self._decoded: _Cache = {}
+
+    def put(self, key: str, value: bytes) -> Ingested:
+        """Judge a put: the key was created or overwritten."""
+        try:
+            record = self._decode(key, value, self._decoded)
+        except RemoteDataError as exc:
+            # The key's last valid value stays in force; the refused one is not remembered.
+            self._decoded.pop(key, None)
+            return Ingested(verdicts=(Verdict(key, refusal=exc),))
+        if isinstance(record, Registration):
+            return Ingested((WorkerAdded(record),), (Verdict(key, registration=record),))
+        if record is None:
+            return Ingested(verdicts=(Verdict(key),))
+        if isinstance(record, str):
+            return Ingested(verdicts=(Verdict(key, event=True),))
+        endpoint, instance_id = record
+        changed = self.liveness.put(key, endpoint, instance_id)
+        return Ingested(verdicts=(Verdict(key, live=True),), liveness_changed=changed)
+
+    def delete(self, key: str) -> Ingested:
+        """Judge a removal: the key was deleted, purged or expired."""
+        self._decoded.pop(key, None)
+        try:
+            removal = self._decoder.removal(key)
+        except RemoteDataError as exc:
+            return Ingested(verdicts=(Verdict(key, refusal=exc),))
+        if removal is None:
+            return Ingested()
+        kind, name = removal
+        if kind == "model":
+            return Ingested((WorkerRemoved(name),))
+        return Ingested(liveness_changed=self.liveness.remove(name))
+
+    def snapshot(
+        self, entries: Iterable[tuple[str, bytes]], keep: Collection[str] = ()
+    ) -> Ingested:
+        """Judge a full listing: every key not listed (and not in ``keep``) is gone.
+
+        ``keep`` names keys whose current state is newer than the listing (a live update
+        touched them while it was read): they keep what they have, whatever the listing says.
+        """
+        registrations: list[Registration] = []
+        retain: list[str] = []
+        live: dict[str, tuple[EndpointId, int]] = {}
+        verdicts: list[Verdict] = []
+        decoded: _Cache = {}
+        held = self._decoded
+        for key in keep:
+            self._retain(key, retain, live)
+            if key in held:
+                decoded[key] = held[key]
+        decode = self._decode
+        for key, value in entries:
+            if key in keep:
+                continue
+            try:
+                record = decode(key, value, decoded)
+            except RemoteDataError as exc:
+                verdicts.append(Verdict(key, refusal=exc))
+                # A listed key with a refused value is not gone: keep its last valid value.
+                self._retain(key, retain, live)
+                continue
+            if isinstance(record, Registration):
+                registrations.append(record)
+                verdicts.append(Verdict(key, registration=record))
+            elif isinstance(record, tuple):
+                live[key] = record
+                verdicts.append(Verdict(key, live=True))
+            else:
+                verdicts.append(Verdict(key, event=record is not None))
+        self._decoded = decoded
+        changed = self.liveness.replace(live)
+        return Ingested((Snapshot(registrations, retain),), tuple(verdicts), changed)
+
+    def _decode(self, key: str, value: bytes, into: _Cache) -> DecodedRecord:
+        fingerprint = hash(value)
+        held = self._decoded.get(key)
+        if held is not None and held[0] == fingerprint:
+            into[key] = held
+            return held[1]
+        record = self._decoder.decode(key, value)
+        into[key] = (fingerprint, record)
+        return record
+
+    def _retain(self, key: str, retain: list[str], live: dict[str, tuple[EndpointId, int]]) -> None:
+        try:
+            removal = self._decoder.removal(key)
+        except RemoteDataError:
+            return  # a key that does not parse never named a registration
+        if removal is None:
+            return
+        kind, name = removal
+        if kind == "model":
+            retain.append(name)
+        else:
+            held = self.liveness.entry(name)
+            if held is not None:
+                live[name] = held
