@@ -190,13 +190,16 @@ async def test_record_then_replay_gives_the_state_the_live_service_holds(
         await workers.deregister(EP, 1)
         await workers.register(EP, 4, NEW)
         await workers.deregister(EP, 3)
+        # A record the boundary refuses: live and replay must both report it, and keep state.
+        await workers.put("v1.mdc.dgd.backend.generate.9", b"{not json")
 
         def settled() -> bool:
             groups = service.snapshot().groups
             return bool(groups) and groups[0].admitted == (2, 4) and groups[0].status == "ready"
 
         await eventually(settled, "the live service settles")
-        await eventually(lambda: trace.getvalue().count("\n") >= 5, "the recorder saw every change")
+        await eventually(lambda: service.snapshot().invalid_total == 1, "the refusal is reported")
+        await eventually(lambda: trace.getvalue().count("\n") >= 6, "the recorder saw every change")
     finally:
         stop.set()
         await asyncio.wait_for(recorder, 15)
@@ -210,16 +213,19 @@ async def test_record_then_replay_gives_the_state_the_live_service_holds(
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["replay", str(path)]) == 0
     replayed = json.loads(capsys.readouterr().out)
-    (live_group,) = live.groups
-    (replayed_group,) = replayed["groups"]
-    assert replayed_group["group"] == live_group.group.id
-    assert replayed_group["incumbent"] == live_group.incumbent
-    assert replayed_group["status"] == live_group.status
-    assert replayed_group["generation"] == live_group.generation
-    assert tuple(replayed_group["admitted"]) == live_group.admitted
-    assert [(c["checksum"], tuple(c["members"])) for c in replayed_group["cohorts"]] == [
-        (c.mdc_checksum, c.members) for c in live_group.cohorts
-    ]
+    # The same ingestion and core ran both: every field replay shows equals the live one.
+    fields = ("group", "model", "worker_set", "incumbent", "status", "generation", "receiver")
+    live_groups = [g.to_json() for g in live.groups]
+    assert len(live_groups) == len(replayed["groups"]) == 1
+    for live_group, replayed_group in zip(live_groups, replayed["groups"]):
+        assert {f: replayed_group[f] for f in fields} == {f: live_group[f] for f in fields}
+        assert replayed_group["admitted"] == live_group["admitted"] == [2, 4]
+        assert replayed_group["cohorts"] == live_group["cohorts"]
+    assert (
+        replayed["invalid"]
+        == [{"key": r.key, "reason": r.reason} for r in live.recent_invalid]
+        == [{"key": "v1.mdc.dgd.backend.generate.9", "reason": "invalid_json"}]
+    )
 
 
 def test_the_demo_plays_a_rolling_update_to_the_end() -> None:
