@@ -217,7 +217,7 @@ async def test_record_then_replay_gives_the_state_the_live_service_holds(
     fields = ("group", "model", "worker_set", "incumbent", "status", "generation", "receiver")
     live_groups = [g.to_json() for g in live.groups]
     assert len(live_groups) == len(replayed["groups"]) == 1
-    for live_group, replayed_group in zip(live_groups, replayed["groups"]):
+    for live_group, replayed_group in zip(live_groups, replayed["groups"], strict=True):
         assert {f: replayed_group[f] for f in fields} == {f: live_group[f] for f in fields}
         assert replayed_group["admitted"] == live_group["admitted"] == [2, 4]
         assert replayed_group["cohorts"] == live_group["cohorts"]

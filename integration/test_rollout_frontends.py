@@ -25,6 +25,7 @@ import pytest
 from clusterfixture import NatsCluster, nats_cluster
 from nats.aio.client import Client as NatsClient
 from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
+from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
@@ -35,7 +36,6 @@ from workerset_admission.rollout_cli import (
     EXIT_OPEN,
     GateCheck,
     GateQuery,
-    NatsRecordSource,
     check_gate,
     run_async,
     wait_for_gate,

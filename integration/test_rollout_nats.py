@@ -12,8 +12,9 @@ import sys
 import nats
 import pytest
 from natsfixture import NatsServer
+from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.rollout_cli import BucketRead, GateQuery, NatsRecordSource, check_gate
+from workerset_admission.rollout_cli import BucketRead, GateQuery, check_gate
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,6 @@ from workerset_admission.ports import DiscoverySource
 from workerset_admission.service import (
     AdmissionService,
     CardRecordDecoder,
-    NatsStatusResponder,
     PipelineBuilder,
     ServiceSettings,
 )
@@ -123,6 +122,8 @@ async def create_service(
             # Withdrawal happens first during shutdown; this only stops its writer.
             closers.insert(0, publisher.close)
         if status and nc is not None:
+            from workerset_admission.adapters.nats.status import NatsStatusResponder
+
             responder = NatsStatusResponder(nc, settings.status_subject)
         service = AdmissionService(
             source,

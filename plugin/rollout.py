@@ -44,11 +44,13 @@ from workerset_admission.errors import InvalidRecordError
 
 __all__ = [
     "PROTOCOL",
+    "BucketRead",
     "CapabilityRecord",
     "Disagreement",
     "FrontendView",
     "GateReport",
     "NamespaceRecord",
+    "RawEntry",
     "Record",
     "ServedGroup",
     "evaluate_gate",
@@ -60,6 +62,23 @@ PROTOCOL = "v1"
 
 # A record is tiny; anything much larger is not ours and is refused before json.loads.
 _MAX_RECORD_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RawEntry:
+    """One bucket entry: key, value bytes, and the wall-clock time the server stored it."""
+
+    key: str
+    value: bytes
+    published_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BucketRead:
+    """The bucket's current entries, or why they could not be read (``problem``)."""
+
+    entries: tuple[RawEntry, ...] = ()
+    problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 import time
@@ -21,7 +20,9 @@ from typing import TYPE_CHECKING, Protocol, TextIO
 from workerset_admission.config import add_settings_arguments, flags_from_args, load_settings
 from workerset_admission.errors import ConfigError, InvalidRecordError
 from workerset_admission.rollout import (
+    BucketRead,
     GateReport,
+    RawEntry,
     Record,
     evaluate_gate,
     parse_record,
@@ -29,9 +30,7 @@ from workerset_admission.rollout import (
 )
 
 if TYPE_CHECKING:
-    from nats.aio.msg import Msg
-    from nats.js import JetStreamContext
-    from workerset_admission.adapters.nats.connect import NatsConnectOptions
+    pass
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -40,7 +39,6 @@ __all__ = [
     "EXIT_UNREADABLE",
     "BucketRead",
     "GateQuery",
-    "NatsRecordSource",
     "RawEntry",
     "RecordSource",
     "add_arguments",
@@ -54,29 +52,6 @@ DEFAULT_BUCKET = "frontend-model-admission"
 EXIT_OPEN = 0
 EXIT_CLOSED = 1
 EXIT_UNREADABLE = 2
-
-# KV conventions: a removal carries one of these headers instead of a value.
-_KV_OPERATION = "KV-Operation"
-_MARKER_REASON = "Nats-Marker-Reason"
-# Seconds to wait for the bucket's current values before calling it unreadable.
-_READ_PATIENCE = 10
-
-
-@dataclass(frozen=True, slots=True)
-class RawEntry:
-    """One bucket entry: key, value bytes, and the wall-clock time the server stored it."""
-
-    key: str
-    value: bytes
-    published_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BucketRead:
-    """The bucket's current entries, or why they could not be read (``problem``)."""
-
-    entries: tuple[RawEntry, ...] = ()
-    problem: str | None = None
 
 
 class RecordSource(Protocol):
@@ -188,99 +163,6 @@ async def wait_for_gate(
         if check.open or elapsed >= timeout:
             return check
         await sleep(min(interval, max(0.0, timeout - elapsed)))
-
-
-class NatsRecordSource:
-    """Reads the whole serving-admission bucket with one watch (initial values only)."""
-
-    def __init__(
-        self, options: NatsConnectOptions, bucket: str = DEFAULT_BUCKET, *, timeout: float = 10.0
-    ) -> None:
-        self._options = options
-        self._bucket = bucket
-        self._timeout = timeout
-
-    async def read(self) -> BucketRead:
-        # Imported here so ``rollout --help`` and the pure gate never load nats-py.
-        from nats.errors import Error as NatsError
-        from nats.js.errors import NotFoundError
-        from workerset_admission.adapters.nats.connect import connect, servers_for_display
-
-        try:
-            # nats-py keeps trying unreachable servers on a first connect when reconnects are
-            # unlimited; a gate must answer, so the attempt is bounded here.
-            client = await asyncio.wait_for(
-                connect(self._options, allow_reconnect=False), timeout=self._timeout
-            )
-        except asyncio.TimeoutError:
-            servers = servers_for_display(self._options.servers)
-            wait = f"{self._timeout:g} s"
-            return BucketRead(problem=f"no NATS server answered within {wait}: {servers}")
-        except (OSError, NatsError) as error:
-            servers = servers_for_display(self._options.servers)
-            return BucketRead(problem=f"cannot connect to {servers}: {error!r}")
-        try:
-            entries = await _current_entries(client.jetstream(timeout=5), self._bucket)
-            return BucketRead(entries=tuple(entries))
-        except NotFoundError:
-            # No frontend has published yet: an empty bucket, and a closed gate.
-            return BucketRead()
-        except (OSError, NatsError, asyncio.TimeoutError) as error:
-            return BucketRead(problem=f"cannot read bucket {self._bucket}: {error!r}")
-        finally:
-            await client.close()
-
-
-async def _current_entries(js: JetStreamContext, bucket: str) -> list[RawEntry]:
-    """Every key's current value: the latest message per subject, removals left out.
-
-    nats-py's ``watchall()`` decides that the initial values are over from a consumer-info
-    call made right after the consumer is created; on a clustered stream that call sometimes
-    answers "nothing pending" too early, and the watch then reports an empty bucket. Here the
-    end is read from the messages themselves: the one delivered with nothing left pending.
-    """
-    from nats.js.api import DeliverPolicy
-
-    stream = f"KV_{bucket}"
-    prefix = f"$KV.{bucket}."
-    info = await js.stream_info(stream)
-    if info.state.messages == 0:
-        return []
-    latest: dict[str, RawEntry | None] = {}
-    complete = asyncio.Event()
-
-    async def on_message(msg: Msg) -> None:
-        metadata = msg.metadata
-        key = msg.subject[len(prefix) :]
-        headers = msg.headers or {}
-        removed = _KV_OPERATION in headers or _MARKER_REASON in headers
-        stamp = metadata.timestamp.timestamp() if metadata.timestamp else None
-        latest[key] = None if removed else RawEntry(key, msg.data, stamp)
-        if metadata.num_pending == 0:
-            complete.set()
-
-    subscription = await js.subscribe(
-        f"{prefix}>",
-        stream=stream,
-        cb=on_message,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-    )
-    try:
-        for _ in range(_READ_PATIENCE):
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(complete.wait(), timeout=1.0)
-            if complete.is_set():
-                break
-            # Nothing delivered: every message may have aged out since the stream was asked.
-            if (await js.stream_info(stream)).state.messages == 0:
-                return []
-        else:
-            raise asyncio.TimeoutError(f"bucket {bucket} was not read within {_READ_PATIENCE} s")
-    finally:
-        with contextlib.suppress(Exception):
-            await subscription.unsubscribe()
-    return [entry for entry in latest.values() if entry is not None]
 
 
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
@@ -397,6 +279,8 @@ def run(name: str, args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"workerset-admission {name}: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
+    from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
+
     source = NatsRecordSource(options, settings.admission_bucket)
     try:
         return asyncio.run(run_async(args, source))

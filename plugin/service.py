@@ -115,7 +115,6 @@ __all__ = [
     "GroupSnapshot",
     "InvalidRecord",
     "LivenessIndex",
-    "NatsStatusResponder",
     "PipelineBuilder",
     "ReadinessSnapshot",
     "RecordDecoder",
@@ -128,9 +127,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-DEFAULT_STATUS_SUBJECT = "workerset-admission.status"
-
 
 # --------------------------------------------------------------------------- settings and ports
 
@@ -212,35 +208,6 @@ class StatusResponder(Protocol):
     """
 
     async def serve(self, render: Callable[[bool], bytes]) -> None: ...
-
-
-class NatsStatusResponder:
-    """A :class:`StatusResponder` over NATS request/reply on one subject."""
-
-    def __init__(self, nc: Any, subject: str = DEFAULT_STATUS_SUBJECT) -> None:
-        self._nc = nc
-        self.subject = subject
-
-    async def serve(self, render: Callable[[bool], bytes]) -> None:
-        nc = self._nc
-
-        async def on_request(msg: Any) -> None:
-            if not msg.reply:
-                return
-            try:
-                body = render(False)
-                if len(body) > nc.max_payload:
-                    body = render(True)
-                await msg.respond(body)
-            except Exception:
-                _log.warning("could not answer a status request", exc_info=True)
-
-        subscription = await nc.subscribe(self.subject, cb=on_request)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
 
 
 # --------------------------------------------------------------------------- snapshots

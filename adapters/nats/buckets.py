@@ -14,6 +14,8 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from .kv import stream_name
+
 __all__ = [
     "BucketSpec",
     "BucketStatus",
@@ -22,11 +24,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-
-def stream_name(bucket: str) -> str:
-    """Return the JetStream stream behind a KV bucket."""
-    return f"KV_{bucket}"
 
 
 @dataclass(frozen=True, slots=True)

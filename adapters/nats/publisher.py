@@ -33,7 +33,8 @@ from workerset_admission.card import (
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId
 
-from .buckets import BucketSpec, ensure_bucket, stream_name
+from .buckets import BucketSpec, ensure_bucket
+from .kv import delete_headers, removal_kind, stream_name, subject_prefix
 
 __all__ = ["DiscoveryPublisher", "Registration", "trace_headers"]
 
@@ -89,7 +90,7 @@ class DiscoveryPublisher:
             raise UsageError("the heartbeat interval must be positive")
         self._js = js
         self.bucket = bucket
-        self._prefix = f"$KV.{bucket}."
+        self._prefix = subject_prefix(bucket)
         self.ttl = ttl
         self.heartbeat = heartbeat
         self._create_bucket = create_bucket
@@ -204,7 +205,7 @@ class DiscoveryPublisher:
         """Stop refreshing ``key`` and delete it from the bucket."""
         await self._ensure()
         self._registrations.pop(key, None)
-        await self._js.publish(self._prefix + key, b"", headers={"KV-Operation": "DEL"})
+        await self._js.publish(self._prefix + key, b"", headers=delete_headers())
 
     # -- heartbeat ---------------------------------------------------------------------------
 
@@ -268,7 +269,7 @@ class DiscoveryPublisher:
         except NotFoundError:
             return True
         headers = last.headers or {}
-        return headers.get("Nats-Marker-Reason") == "MaxAge"
+        return removal_kind(headers) == "expired"
 
     async def stop_heartbeat(self) -> None:
         """Stop refreshing without deleting anything (what a crash looks like from outside)."""

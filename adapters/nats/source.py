@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -46,8 +46,9 @@ from workerset_admission.ports import (
     SourceSnapshot,
 )
 
-from .buckets import BucketSpec, ensure_bucket, stream_name
+from .buckets import BucketSpec, ensure_bucket
 from .connect import ConnectionCallbacks, NatsConnectOptions, connect
+from .kv import removal_kind, stream_name, subject_prefix
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -66,20 +67,7 @@ DEFAULT_KEY_PREFIXES: Final = (
     "v1.event_channels",
 )
 
-KV_OPERATION: Final = "KV-Operation"
-MARKER_REASON: Final = "Nats-Marker-Reason"
-
 Connector = Callable[[ConnectionCallbacks], Awaitable[NatsClient]]
-RemovalKind = Literal["delete", "purge", "expired"]
-
-# Server-placed markers (2.11+) name why the message went away; anything not listed is still a
-# removal, because a marker never carries a value.
-_MARKER_KINDS: Final[Mapping[str, RemovalKind]] = {
-    "MaxAge": "expired",
-    "Purge": "purge",
-    "Remove": "delete",
-}
-_OPERATION_KINDS: Final[Mapping[str, RemovalKind]] = {"DEL": "delete", "PURGE": "purge"}
 
 
 class _Wake:
@@ -98,19 +86,6 @@ _RETRYABLE = (
     NatsError,
     OSError,
 )
-
-
-def removal_kind(headers: Mapping[str, str] | None) -> RemovalKind | None:
-    """Tell a put from a removal, and which removal, from a KV message's headers."""
-    if not headers:
-        return None
-    operation = headers.get(KV_OPERATION)
-    if operation is not None:
-        return _OPERATION_KINDS.get(operation)
-    reason = headers.get(MARKER_REASON)
-    if reason is not None:
-        return _MARKER_KINDS.get(reason, "purge")
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +225,7 @@ class JetStreamDiscoverySource:
         options: NatsConnectOptions | None = None,
         *,
         bucket: str = DEFAULT_BUCKET,
-        key_prefixes: Sequence[str] = DEFAULT_KEY_PREFIXES,
+        key_prefixes: Sequence[str] | None = DEFAULT_KEY_PREFIXES,
         connector: Connector | None = None,
         create_bucket: bool = False,
         bucket_spec: BucketSpec | None = None,
@@ -262,16 +237,20 @@ class JetStreamDiscoverySource:
     ) -> None:
         if options is None and connector is None:
             raise UsageError("JetStreamDiscoverySource needs connect options or a connector")
-        if not key_prefixes:
-            raise UsageError("at least one key prefix is required")
+        if key_prefixes is not None and not key_prefixes:
+            raise UsageError("at least one key prefix is required (None watches every key)")
         if queue_size < 1 or health_interval <= 0 or bind_retry_initial <= 0:
             raise UsageError("queue size and intervals must be positive")
         self._options = options
         self._connector = connector
         self.bucket = bucket
-        self._subject_prefix = f"$KV.{bucket}."
-        self._filters = [f"{self._subject_prefix}{p}.>" for p in key_prefixes]
-        self._key_prefixes = tuple(f"{p}." for p in key_prefixes)
+        self._subject_prefix = subject_prefix(bucket)
+        if key_prefixes is None:
+            self._filters = [f"{self._subject_prefix}>"]
+            self._key_prefixes: tuple[str, ...] = ()
+        else:
+            self._filters = [f"{self._subject_prefix}{p}.>" for p in key_prefixes]
+            self._key_prefixes = tuple(f"{p}." for p in key_prefixes)
         self._create_bucket = create_bucket
         self._bucket_spec = bucket_spec or BucketSpec(name=bucket)
         self._queue_size = queue_size

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
+from workerset_admission.adapters.nats.kv import removal_kind
 from workerset_admission.adapters.nats.source import (
     JetStreamDiscoverySource,
     _Watch,
     parse_delivery,
-    removal_kind,
 )
 from workerset_admission.errors import UsageError
 from workerset_admission.ports import SourceDelete, SourcePut

@@ -1,0 +1,68 @@
+"""Read the serving-admission bucket once, for ``rollout``: the current value of every key.
+
+The bucket is read through the discovery source's own reader of initial values (one ordered
+consumer at the latest value per key, ended by the message that has nothing left pending), so
+the gate and the service agree on what "the bucket now" means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.aio.client import Client as NatsClient
+from nats.errors import Error as NatsError
+from nats.js.errors import NotFoundError
+from workerset_admission.rollout import BucketRead, RawEntry
+
+from .connect import ConnectionCallbacks, NatsConnectOptions, connect, servers_for_display
+from .source import JetStreamDiscoverySource
+
+DEFAULT_ADMISSION_BUCKET = "frontend-model-admission"
+
+__all__ = ["DEFAULT_ADMISSION_BUCKET", "NatsRecordSource"]
+
+
+class NatsRecordSource:
+    """A rollout ``RecordSource`` over the serving-admission KV bucket."""
+
+    def __init__(
+        self,
+        options: NatsConnectOptions,
+        bucket: str = DEFAULT_ADMISSION_BUCKET,
+        *,
+        timeout: float = 10.0,
+    ) -> None:
+        self._options = options
+        self._bucket = bucket
+        self._timeout = timeout
+
+    async def read(self) -> BucketRead:
+        try:
+            # A gate must answer: the first connection is bounded and never retried forever.
+            client = await asyncio.wait_for(
+                connect(self._options, allow_reconnect=False), timeout=self._timeout
+            )
+        except asyncio.TimeoutError:
+            servers = servers_for_display(self._options.servers)
+            wait = f"{self._timeout:g} s"
+            return BucketRead(problem=f"no NATS server answered within {wait}: {servers}")
+        except (OSError, NatsError) as error:
+            servers = servers_for_display(self._options.servers)
+            return BucketRead(problem=f"cannot connect to {servers}: {error!r}")
+
+        async def reuse(_callbacks: ConnectionCallbacks) -> NatsClient:
+            return client
+
+        source = JetStreamDiscoverySource(bucket=self._bucket, key_prefixes=None, connector=reuse)
+        try:
+            listing = await asyncio.wait_for(source.list_all(), timeout=self._timeout)
+        except NotFoundError:
+            # No frontend has published yet: an empty bucket, and a closed gate.
+            return BucketRead()
+        except (OSError, NatsError, asyncio.TimeoutError) as error:
+            return BucketRead(problem=f"cannot read bucket {self._bucket}: {error!r}")
+        finally:
+            await client.close()
+        return BucketRead(
+            entries=tuple(RawEntry(e.key, e.value, e.published_at) for e in listing.entries)
+        )
