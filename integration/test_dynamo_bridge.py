@@ -17,12 +17,13 @@ import pytest
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
-from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
 from workerset_admission.adapters.dynamo.workers import (
     InProcessWorker,
     file_discovery_environment,
     write_model_dir,
 )
+from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource

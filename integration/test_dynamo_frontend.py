@@ -18,7 +18,7 @@ import pytest
 from dynamofrontend import free_port, running_frontend
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
-from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
 from workerset_admission.adapters.dynamo.routes import (
     HEALTH_PATH,
     READINESS_PATH,
@@ -32,6 +32,7 @@ from workerset_admission.adapters.dynamo.workers import (
     file_discovery_environment,
     write_model_dir,
 )
+from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(120)]

@@ -10,13 +10,14 @@ from typing import Any
 import nats
 import pytest
 from natsfixture import NatsServer
-from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
 from workerset_admission.adapters.dynamo.hop import AdmittedHop
 from workerset_admission.adapters.dynamo.workers import (
     InProcessWorker,
     file_discovery_environment,
     write_model_dir,
 )
+from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource

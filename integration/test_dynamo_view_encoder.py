@@ -19,8 +19,9 @@ from pathlib import Path
 import nats
 import pytest
 from natsfixture import NatsServer
-from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
 from workerset_admission.adapters.dynamo.view import file_name_for
+from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.bindings import HopRole
 from workerset_admission.card import encode_endpoint_record, encode_model_record

@@ -43,8 +43,9 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
 
 
 async def _bridge(args: argparse.Namespace) -> int:
-    from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, JetStreamBucketWriter
+    from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
     from workerset_admission.adapters.dynamo.filestore import FileStoreReader, default_store_root
+    from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
     from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
     from workerset_admission.adapters.nats.connect import connect
     from workerset_admission.config import flags_from_args, load_settings

@@ -284,7 +284,7 @@ async def _record(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run(name: str, args: argparse.Namespace) -> int:
-    from nats.errors import Error as NatsError
+    from workerset_admission.adapters.nats.errors import NatsError
 
     try:
         settings = _settings(args)

@@ -99,7 +99,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         "status": _status,
         "demo": _demo,
     }
-    from nats.errors import Error as NatsError
+    from workerset_admission.adapters.nats.errors import NatsError
 
     try:
         return asyncio.run(commands[name](settings, args))
@@ -272,8 +272,8 @@ def _say(text: str, stream: TextIO | None = None) -> None:
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
-    import nats.errors
     from workerset_admission.adapters.nats.connect import connect
+    from workerset_admission.adapters.nats.errors import NatsTimeoutError, NoRespondersError
 
     subject = args.subject or settings.status_subject
     servers: Sequence[str] | None = None
@@ -297,7 +297,7 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE
     try:
         reply = await nc.request(subject, b"", timeout=args.timeout)
-    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+    except (NoRespondersError, NatsTimeoutError):
         print(f"error: no admission service answers on {subject!r}", file=sys.stderr)
         return EXIT_UNREACHABLE
     finally:
@@ -440,7 +440,7 @@ async def _demo(settings: Settings, args: argparse.Namespace) -> int:
 
 async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> int:
     """Play the rolling-update demo against an embedded server; return the exit status."""
-    import nats
+    from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
     from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
     from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
     from workerset_admission.errors import ReceiverRetired
@@ -473,7 +473,7 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
         service = await create_service(demo_settings)
         stack.push_async_callback(service.stop)
         service.on_effects(_DecisionPrinter(stream))
-        nc = await nats.connect(server.url)
+        nc = await connect(NatsConnectOptions(servers=(server.url,)))
         stack.push_async_callback(nc.close)
         workers = DiscoveryPublisher(nc.jetstream(), bucket=settings.discovery_bucket, ttl=None)
         await _with_progress(service.wait_synced(), "waiting for the first snapshot")

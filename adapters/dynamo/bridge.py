@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from nats.js.errors import NoKeysError
-from nats.js.kv import KeyValue
 from workerset_admission.adapters.dynamo.filestore import (
     DEFAULT_FILE_TTL,
     FileRecord,
@@ -31,14 +29,14 @@ from workerset_admission.adapters.dynamo.filestore import (
     FileStoreScan,
     SkippedFile,
 )
-from workerset_admission.card import endpoint_kv_key, event_kv_key, model_kv_key
+from workerset_admission.card import event_kv_key
 from workerset_admission.identity import EndpointId
+from workerset_admission.keys import endpoint_kv_key, model_kv_key
 
 __all__ = [
     "BridgeStats",
     "BucketWriter",
     "DiscoveryBridge",
-    "JetStreamBucketWriter",
     "SyncPlan",
     "bucket_key_for",
     "plan_sync",
@@ -59,29 +57,6 @@ class BucketWriter(Protocol):
     async def keys(self) -> list[str]:
         """Every live key the bridge owns (the four discovery prefixes)."""
         ...
-
-
-class JetStreamBucketWriter:
-    """:class:`BucketWriter` over a nats-py KeyValue handle."""
-
-    # nats-py's ``keys(filters=...)`` matches substrings, not subject wildcards: filter here.
-    _OWNED = ("v1.mdc.", "v1.instances.", "v1.event_sources.", "v1.event_channels.")
-
-    def __init__(self, kv: KeyValue) -> None:
-        self._kv = kv
-
-    async def put(self, key: str, value: bytes) -> None:
-        await self._kv.put(key, value)
-
-    async def delete(self, key: str) -> None:
-        await self._kv.delete(key)
-
-    async def keys(self) -> list[str]:
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            return []
-        return [key for key in keys if key.startswith(self._OWNED)]
 
 
 def bucket_key_for(record: FileRecord) -> str:

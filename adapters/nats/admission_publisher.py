@@ -33,7 +33,7 @@ from typing import Any
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from workerset_admission.aio import cancel_and_wait
-from workerset_admission.card import escape_token
+from workerset_admission.keys import escape_token
 
 from .buckets import BucketSpec, ensure_bucket
 

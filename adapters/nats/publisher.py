@@ -24,14 +24,10 @@ from nats.js.api import Header
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 from workerset_admission.aio import cancel_and_wait
-from workerset_admission.card import (
-    encode_endpoint_record,
-    encode_model_record,
-    endpoint_kv_key,
-    model_kv_key,
-)
+from workerset_admission.card import encode_endpoint_record, encode_model_record
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId
+from workerset_admission.keys import endpoint_kv_key, model_kv_key
 
 from .buckets import BucketSpec, ensure_bucket
 from .kv import delete_headers, removal_kind, stream_name, subject_prefix
