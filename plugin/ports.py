@@ -7,18 +7,29 @@ decoding and judging a record is the card boundary's job, deciding admission is 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from .identity import GroupKey
+
+if TYPE_CHECKING:
+    from .bindings import FrontendRouting
+    from .liveness import LivenessIndex
+    from .receivers import AdmissionReceiver
 
 __all__ = [
     "AdmissionPublisher",
+    "BuildRequest",
+    "DefaultPipelineBuilder",
     "DiscoveryEntry",
     "DiscoverySource",
+    "PipelineBuilder",
     "SourceDelete",
     "SourceEvent",
     "SourcePut",
     "SourceSnapshot",
+    "StatusResponder",
 ]
 
 
@@ -110,3 +121,58 @@ class AdmissionPublisher(Protocol):
     async def withdraw_all(self) -> None:
         """Remove every record this frontend published (on shutdown)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class BuildRequest:
+    """What a builder gets for one attempt: the incumbent's identity, card and receiver.
+
+    The receiver is the tenure's admission channel; a pipeline built from it keeps seeing
+    compatible membership changes without being rebuilt, and goes dark when the tenure ends.
+    """
+
+    group: GroupKey
+    mdc_checksum: str
+    generation: int
+    attempt: int
+    representative: str
+    card: Any
+    receiver: AdmissionReceiver
+    liveness: LivenessIndex
+
+
+class PipelineBuilder(Protocol):
+    """The host's pipeline construction for one incumbent.
+
+    ``build`` returns whatever the host wants to keep for the committed group (kept beside the
+    hop binding), raises to fail the attempt (the core retries with backoff), and is cancelled
+    when the tenure ends or the attempt becomes stale.
+    """
+
+    async def build(self, request: BuildRequest) -> object: ...
+
+
+class DefaultPipelineBuilder:
+    """Builds nothing beyond the hop binding: checks the selected card yields routing settings.
+
+    The hop binding itself is made by the service when the build is committed, from the
+    group's receiver and selected card.
+    """
+
+    def __init__(self, frontend: FrontendRouting | None = None) -> None:
+        self._frontend = frontend
+
+    async def build(self, request: BuildRequest) -> object:
+        from .bindings import FrontendRouting, RoutingSettings
+
+        return RoutingSettings.resolve(request.card, self._frontend or FrontendRouting())
+
+
+class StatusResponder(Protocol):
+    """Answers status requests until cancelled.
+
+    ``render(brief)`` gives the current status as JSON bytes; the brief form replaces member
+    lists with counts, for fleets whose full listing exceeds a message.
+    """
+
+    async def serve(self, render: Callable[[bool], bytes]) -> None: ...

@@ -51,7 +51,6 @@ from collections.abc import (
 )
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
 
 from workerset_admission.admission import (
     AdmissionCore,
@@ -61,7 +60,6 @@ from workerset_admission.admission import (
     CommitGroup,
     CoreSettings,
     Effect,
-    GroupView,
     Input,
     MutationRefused,
     OpenReceiver,
@@ -72,16 +70,14 @@ from workerset_admission.admission import (
     Tick,
     WithdrawGroup,
 )
-from workerset_admission.admission.readiness import ReadinessUnit, evaluate_readiness
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.bindings import (
     AdmittedHopBinding,
     FrontendRouting,
     HopBindings,
-    RoutingSettings,
 )
 from workerset_admission.errors import RemoteDataError, UsageError
-from workerset_admission.identity import GroupKey, instance_key
+from workerset_admission.identity import GroupKey
 from workerset_admission.ingest import (
     CardRecordDecoder,
     Ingested,
@@ -92,13 +88,30 @@ from workerset_admission.ingest import (
 from workerset_admission.liveness import LivenessIndex
 from workerset_admission.ports import (
     AdmissionPublisher,
+    BuildRequest,
+    DefaultPipelineBuilder,
     DiscoverySource,
+    PipelineBuilder,
     SourceDelete,
     SourceEvent,
     SourcePut,
     SourceSnapshot,
+    StatusResponder,
 )
 from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
+from workerset_admission.snapshots import (
+    EMPTY_SNAPSHOT,
+    CohortSnapshot,
+    GroupSnapshot,
+    InvalidRecord,
+    ReadinessSnapshot,
+    ServiceCounters,
+    ServiceSnapshot,
+    ServingRecord,
+    group_snapshot,
+    readiness,
+    serving_records,
+)
 from workerset_admission.telemetry import AdmissionStateSummary, AdmissionTelemetry, UpdateScope
 
 if sys.version_info >= (3, 11):
@@ -157,179 +170,6 @@ class ServiceSettings:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class BuildRequest:
-    """What a builder gets for one attempt: the incumbent's identity, card and receiver.
-
-    The receiver is the tenure's admission channel; a pipeline built from it keeps seeing
-    compatible membership changes without being rebuilt, and goes dark when the tenure ends.
-    """
-
-    group: GroupKey
-    mdc_checksum: str
-    generation: int
-    attempt: int
-    representative: str
-    card: Any
-    receiver: AdmissionReceiver
-    liveness: LivenessIndex
-
-
-class PipelineBuilder(Protocol):
-    """The host's pipeline construction for one incumbent.
-
-    ``build`` returns whatever the host wants to keep for the committed group (kept beside the
-    hop binding), raises to fail the attempt (the core retries with backoff), and is cancelled
-    when the tenure ends or the attempt becomes stale.
-    """
-
-    async def build(self, request: BuildRequest) -> object: ...
-
-
-class DefaultPipelineBuilder:
-    """Builds nothing beyond the hop binding: checks the selected card yields routing settings.
-
-    The hop binding itself is made by the service when the build is committed, from the
-    group's receiver and selected card.
-    """
-
-    def __init__(self, frontend: FrontendRouting | None = None) -> None:
-        self._frontend = frontend or FrontendRouting()
-
-    async def build(self, request: BuildRequest) -> object:
-        return RoutingSettings.resolve(request.card, self._frontend)
-
-
-class StatusResponder(Protocol):
-    """Answers status requests until cancelled.
-
-    ``render(brief)`` gives the current status as JSON bytes; the brief form replaces member
-    lists with counts, for fleets whose full listing exceeds a message.
-    """
-
-    async def serve(self, render: Callable[[bool], bytes]) -> None: ...
-
-
-# --------------------------------------------------------------------------- snapshots
-
-
-@dataclass(frozen=True, slots=True)
-class CohortSnapshot:
-    """One cohort: its checksum and member instance ids, sorted."""
-
-    mdc_checksum: str
-    members: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSnapshot:
-    """One WorkerSet as the service serves it."""
-
-    group: GroupKey
-    incumbent: str | None
-    status: str
-    generation: int | None
-    committed_generation: int | None
-    receiver: int | None
-    admitted: tuple[int, ...]
-    routable: tuple[int, ...]
-    cohorts: tuple[CohortSnapshot, ...]
-
-    @property
-    def rejected(self) -> tuple[CohortSnapshot, ...]:
-        return self.cohorts[1:]
-
-    def to_json(self, brief: bool = False) -> dict[str, Any]:
-        def ids(values: tuple[int, ...]) -> list[int] | int:
-            return len(values) if brief else list(values)
-
-        return {
-            "group": self.group.id,
-            "model": self.group.model,
-            "worker_set": self.group.worker_set,
-            "incumbent": self.incumbent,
-            "status": self.status,
-            "generation": self.generation,
-            "committed_generation": self.committed_generation,
-            "receiver": self.receiver,
-            "admitted": ids(self.admitted),
-            "routable": ids(self.routable),
-            "cohorts": [
-                {"checksum": c.mdc_checksum, "members": ids(c.members)} for c in self.cohorts
-            ],
-            "rejected": [c.mdc_checksum for c in self.rejected],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ReadinessSnapshot:
-    """Readiness of one model in one namespace, from its committed WorkerSets only."""
-
-    model: str
-    namespace: str
-    ready: bool
-    present: tuple[str, ...]
-    missing: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "namespace": self.namespace,
-            "ready": self.ready,
-            "present": list(self.present),
-            "missing": list(self.missing),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class InvalidRecord:
-    """A refused discovery record, kept in the bounded recent list."""
-
-    key: str
-    reason: str
-    detail: str
-    at: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "reason": self.reason, "detail": self.detail}
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceSnapshot:
-    """A consistent, immutable picture of the service for synchronous readers."""
-
-    health: str
-    synced: bool
-    groups: tuple[GroupSnapshot, ...]
-    readiness: tuple[ReadinessSnapshot, ...]
-    invalid_total: int
-    recent_invalid: tuple[InvalidRecord, ...]
-    live_instances: int
-    builds_in_flight: int
-    snapshots_applied: int
-    frontend: str | None = None
-
-    def group(self, key: GroupKey) -> GroupSnapshot | None:
-        for g in self.groups:
-            if g.group == key:
-                return g
-        return None
-
-    def to_json(self, brief: bool = False) -> dict[str, Any]:
-        return {
-            "frontend": self.frontend,
-            "health": self.health,
-            "synced": self.synced,
-            "groups": [g.to_json(brief) for g in self.groups],
-            "readiness": [r.to_json() for r in self.readiness],
-            "invalid_total": self.invalid_total,
-            "recent_invalid": [r.to_json() for r in self.recent_invalid],
-            "live_instances": self.live_instances,
-            "builds_in_flight": self.builds_in_flight,
-            "snapshots_applied": self.snapshots_applied,
-        }
-
-
 # --------------------------------------------------------------------------- the service
 
 
@@ -341,32 +181,10 @@ class _Build:
 
 
 @dataclass(frozen=True, slots=True)
-class ServingRecord:
-    """One worker namespace's serving record: the members, and per group what is served.
-
-    Each group is ``{"model", "worker_set", "checksum", "generation", "members"}``.
-    """
-
-    members: tuple[str, ...]
-    groups: tuple[dict[str, Any], ...]
-
-
-@dataclass(frozen=True, slots=True)
 class _Committed:
     generation: int
     mdc_checksum: str
     pipeline: object
-
-
-@dataclass(slots=True)
-class ServiceCounters:
-    """Running totals since start: events by kind, refused records, receiver notifications."""
-
-    puts: int = 0
-    deletes: int = 0
-    snapshots: int = 0
-    invalid: int = 0
-    notifications: int = 0
 
 
 class AdmissionService:
@@ -622,7 +440,7 @@ class AdmissionService:
             return future.result(timeout=1.0)
         except Exception:
             future.cancel()
-            return self._snapshot or _EMPTY_SNAPSHOT
+            return self._snapshot or EMPTY_SNAPSHOT
 
     async def _snapshot_async(self) -> ServiceSnapshot:
         return self.snapshot()
@@ -923,28 +741,8 @@ class AdmissionService:
 
     def serving_records(self) -> dict[str, ServingRecord]:
         """Return what this frontend serves, per worker namespace (committed groups only)."""
-        out: dict[str, list[dict[str, Any]]] = {}
-        for key, held in sorted(self._committed.items()):
-            view = self.core.group(key)
-            if view is None or not view.admitted:
-                continue
-            endpoint = key.endpoint
-            out.setdefault(endpoint.namespace, []).append(
-                {
-                    "model": key.model,
-                    "worker_set": key.worker_set,
-                    "checksum": held.mdc_checksum,
-                    "generation": held.generation,
-                    "members": [instance_key(endpoint, i) for i in view.admitted],
-                }
-            )
-        return {
-            namespace: ServingRecord(
-                members=tuple(sorted({m for g in groups for m in g["members"]})),
-                groups=tuple(groups),
-            )
-            for namespace, groups in out.items()
-        }
+        committed = {key: (h.generation, h.mdc_checksum) for key, h in self._committed.items()}
+        return serving_records(self.core, committed)
 
     def serving_members(self) -> dict[str, tuple[str, ...]]:
         """Return the instance keys this frontend serves, per worker namespace."""
@@ -993,12 +791,12 @@ class AdmissionService:
     # -- snapshots ---------------------------------------------------------------------------
 
     def _build_snapshot(self) -> ServiceSnapshot:
-        groups = tuple(self._group_snapshot(v) for v in self.core.groups())
+        groups = tuple(group_snapshot(v, self.liveness) for v in self.core.groups())
         snap = ServiceSnapshot(
             health=self._health(),
             synced=self._synced.is_set(),
             groups=groups,
-            readiness=self._readiness(),
+            readiness=readiness(self.core, self._committed, self.liveness),
             invalid_total=self.counters.invalid,
             recent_invalid=tuple(self._invalid),
             live_instances=len(self.liveness),
@@ -1025,61 +823,6 @@ class AdmissionService:
         if not self._synced.is_set():
             return "starting"
         return "healthy"
-
-    def _group_snapshot(self, view: GroupView) -> GroupSnapshot:
-        routable = self.liveness.routable(view.key.endpoint, view.admitted)
-        return GroupSnapshot(
-            group=view.key,
-            incumbent=view.incumbent,
-            status=view.status.value,
-            generation=view.generation,
-            committed_generation=view.committed_generation,
-            receiver=view.receiver,
-            admitted=view.admitted,
-            routable=tuple(sorted(routable)),
-            cohorts=tuple(CohortSnapshot(c.mdc_checksum, c.instance_ids) for c in view.cohorts),
-        )
-
-    def _readiness(self) -> tuple[ReadinessSnapshot, ...]:
-        # One unit per committed WorkerSet, live = admitted and routable, as the frontend does.
-        units: dict[tuple[str, str], list[ReadinessUnit]] = {}
-        for key in self._committed:
-            view = self.core.group(key)
-            if view is None or not view.cohorts or not view.cohorts[0].members:
-                continue
-            reg = self.core.registration(view.cohorts[0].members[0].key)
-            if reg is None:
-                continue
-            live = len(self.liveness.routable(key.endpoint, view.admitted))
-            units.setdefault((key.model, key.endpoint.namespace), []).append(
-                ReadinessUnit(reg.worker_type, live, reg.needs)
-            )
-        out = []
-        for (model, namespace), group_units in sorted(units.items()):
-            verdict = evaluate_readiness(group_units)
-            out.append(
-                ReadinessSnapshot(
-                    model=model,
-                    namespace=namespace,
-                    ready=verdict.ready,
-                    present=tuple(r.value for r in verdict.present),
-                    missing=tuple(r.value for r in verdict.missing),
-                )
-            )
-        return tuple(out)
-
-
-_EMPTY_SNAPSHOT = ServiceSnapshot(
-    health="starting",
-    synced=False,
-    groups=(),
-    readiness=(),
-    invalid_total=0,
-    recent_invalid=(),
-    live_instances=0,
-    builds_in_flight=0,
-    snapshots_applied=0,
-)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,254 @@
+"""What the service shows: immutable snapshots of its state, their JSON, and running counters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .admission import AdmissionCore, GroupView
+from .admission.readiness import ReadinessUnit, evaluate_readiness
+from .identity import GroupKey, instance_key
+from .liveness import LivenessIndex
+
+__all__ = [
+    "EMPTY_SNAPSHOT",
+    "CohortSnapshot",
+    "GroupSnapshot",
+    "InvalidRecord",
+    "ReadinessSnapshot",
+    "ServiceCounters",
+    "ServiceSnapshot",
+    "ServingRecord",
+    "group_snapshot",
+    "readiness",
+    "serving_records",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CohortSnapshot:
+    """One cohort: its checksum and member instance ids, sorted."""
+
+    mdc_checksum: str
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSnapshot:
+    """One WorkerSet as the service serves it."""
+
+    group: GroupKey
+    incumbent: str | None
+    status: str
+    generation: int | None
+    committed_generation: int | None
+    receiver: int | None
+    admitted: tuple[int, ...]
+    routable: tuple[int, ...]
+    cohorts: tuple[CohortSnapshot, ...]
+
+    @property
+    def rejected(self) -> tuple[CohortSnapshot, ...]:
+        return self.cohorts[1:]
+
+    def to_json(self, brief: bool = False) -> dict[str, Any]:
+        def ids(values: tuple[int, ...]) -> list[int] | int:
+            return len(values) if brief else list(values)
+
+        return {
+            "group": self.group.id,
+            "model": self.group.model,
+            "worker_set": self.group.worker_set,
+            "incumbent": self.incumbent,
+            "status": self.status,
+            "generation": self.generation,
+            "committed_generation": self.committed_generation,
+            "receiver": self.receiver,
+            "admitted": ids(self.admitted),
+            "routable": ids(self.routable),
+            "cohorts": [
+                {"checksum": c.mdc_checksum, "members": ids(c.members)} for c in self.cohorts
+            ],
+            "rejected": [c.mdc_checksum for c in self.rejected],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReadinessSnapshot:
+    """Readiness of one model in one namespace, from its committed WorkerSets only."""
+
+    model: str
+    namespace: str
+    ready: bool
+    present: tuple[str, ...]
+    missing: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "namespace": self.namespace,
+            "ready": self.ready,
+            "present": list(self.present),
+            "missing": list(self.missing),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidRecord:
+    """A refused discovery record, kept in the bounded recent list."""
+
+    key: str
+    reason: str
+    detail: str
+    at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "reason": self.reason, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSnapshot:
+    """A consistent, immutable picture of the service for synchronous readers."""
+
+    health: str
+    synced: bool
+    groups: tuple[GroupSnapshot, ...]
+    readiness: tuple[ReadinessSnapshot, ...]
+    invalid_total: int
+    recent_invalid: tuple[InvalidRecord, ...]
+    live_instances: int
+    builds_in_flight: int
+    snapshots_applied: int
+    frontend: str | None = None
+
+    def group(self, key: GroupKey) -> GroupSnapshot | None:
+        for g in self.groups:
+            if g.group == key:
+                return g
+        return None
+
+    def to_json(self, brief: bool = False) -> dict[str, Any]:
+        return {
+            "frontend": self.frontend,
+            "health": self.health,
+            "synced": self.synced,
+            "groups": [g.to_json(brief) for g in self.groups],
+            "readiness": [r.to_json() for r in self.readiness],
+            "invalid_total": self.invalid_total,
+            "recent_invalid": [r.to_json() for r in self.recent_invalid],
+            "live_instances": self.live_instances,
+            "builds_in_flight": self.builds_in_flight,
+            "snapshots_applied": self.snapshots_applied,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ServingRecord:
+    """One worker namespace's serving record: the members, and per group what is served.
+
+    Each group is ``{"model", "worker_set", "checksum", "generation", "members"}``.
+    """
+
+    members: tuple[str, ...]
+    groups: tuple[dict[str, Any], ...]
+
+
+@dataclass(slots=True)
+class ServiceCounters:
+    """Running totals since start: events by kind, refused records, receiver notifications."""
+
+    puts: int = 0
+    deletes: int = 0
+    snapshots: int = 0
+    invalid: int = 0
+    notifications: int = 0
+
+
+EMPTY_SNAPSHOT = ServiceSnapshot(
+    health="starting",
+    synced=False,
+    groups=(),
+    readiness=(),
+    invalid_total=0,
+    recent_invalid=(),
+    live_instances=0,
+    builds_in_flight=0,
+    snapshots_applied=0,
+)
+
+
+def group_snapshot(view: GroupView, liveness: LivenessIndex) -> GroupSnapshot:
+    """Picture one group as served: its cohorts, and which admitted ids are routable."""
+    routable = liveness.routable(view.key.endpoint, view.admitted)
+    return GroupSnapshot(
+        group=view.key,
+        incumbent=view.incumbent,
+        status=view.status.value,
+        generation=view.generation,
+        committed_generation=view.committed_generation,
+        receiver=view.receiver,
+        admitted=view.admitted,
+        routable=tuple(sorted(routable)),
+        cohorts=tuple(CohortSnapshot(c.mdc_checksum, c.instance_ids) for c in view.cohorts),
+    )
+
+
+def readiness(
+    core: AdmissionCore, committed: Iterable[GroupKey], liveness: LivenessIndex
+) -> tuple[ReadinessSnapshot, ...]:
+    """Judge readiness per model and namespace from the committed WorkerSets only."""
+    # One unit per committed WorkerSet, live = admitted and routable, as the frontend does.
+    units: dict[tuple[str, str], list[ReadinessUnit]] = {}
+    for key in committed:
+        view = core.group(key)
+        if view is None or not view.cohorts or not view.cohorts[0].members:
+            continue
+        reg = core.registration(view.cohorts[0].members[0].key)
+        if reg is None:
+            continue
+        live = len(liveness.routable(key.endpoint, view.admitted))
+        units.setdefault((key.model, key.endpoint.namespace), []).append(
+            ReadinessUnit(reg.worker_type, live, reg.needs)
+        )
+    out = []
+    for (model, namespace), group_units in sorted(units.items()):
+        verdict = evaluate_readiness(group_units)
+        out.append(
+            ReadinessSnapshot(
+                model=model,
+                namespace=namespace,
+                ready=verdict.ready,
+                present=tuple(r.value for r in verdict.present),
+                missing=tuple(r.value for r in verdict.missing),
+            )
+        )
+    return tuple(out)
+
+
+def serving_records(
+    core: AdmissionCore, committed: Mapping[GroupKey, tuple[int, str]]
+) -> dict[str, ServingRecord]:
+    """Return what this frontend serves, per worker namespace (committed groups only)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key, (generation, checksum) in sorted(committed.items()):
+        view = core.group(key)
+        if view is None or not view.admitted:
+            continue
+        endpoint = key.endpoint
+        out.setdefault(endpoint.namespace, []).append(
+            {
+                "model": key.model,
+                "worker_set": key.worker_set,
+                "checksum": checksum,
+                "generation": generation,
+                "members": [instance_key(endpoint, i) for i in view.admitted],
+            }
+        )
+    return {
+        namespace: ServingRecord(
+            members=tuple(sorted({m for g in groups for m in g["members"]})),
+            groups=tuple(groups),
+        )
+        for namespace, groups in out.items()
+    }
