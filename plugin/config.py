@@ -20,6 +20,7 @@ import re
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,7 +33,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from workerset_admission.errors import ConfigError
+from workerset_admission.admission import CoreSettings
+from workerset_admission.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from workerset_admission.adapters.nats.connect import NatsConnectOptions
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONFIG_FILE_ENV",
     "ENV_PREFIX",
+    "ServiceSettings",
     "Settings",
     "add_settings_arguments",
     "default_frontend_id",
@@ -403,3 +406,29 @@ def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
             # Repeated flags and comma-separated lists mean the same thing.
             flags[dest] = ",".join(value) if isinstance(value, list) else value
     return flags
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    """Tunables of the service; the defaults follow Dynamo 1.6.1's frontend."""
+
+    reconcile_interval: float = 30.0
+    max_concurrent_builds: int = 8
+    retry_delays: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+    invalid_history: int = 100
+    # The serving-admission records are rewritten at most this often, like Dynamo's publisher.
+    publish_interval: float = 0.2
+    publish_retry: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.reconcile_interval <= 0:
+            raise UsageError("reconcile_interval must be positive")
+        if self.invalid_history < 1:
+            raise UsageError("invalid_history must be at least 1")
+        if self.publish_interval < 0 or self.publish_retry <= 0:
+            raise UsageError("publication intervals must be positive")
+
+    def core_settings(self) -> CoreSettings:
+        return CoreSettings(
+            max_concurrent_builds=self.max_concurrent_builds, retry_delays=self.retry_delays
+        )

@@ -5,24 +5,15 @@ Theory of operation
 
 One :class:`AdmissionService` owns every task it runs in a single ``asyncio.TaskGroup``:
 
-* the *source loop* reads the :class:`~workerset_admission.ports.DiscoverySource` (a snapshot,
-  then live puts and removals, a new snapshot after every reconnect). Each entry is judged by
-  the card boundary: model records become :class:`~workerset_admission.identity.Registration`
-  inputs for the core, endpoint-instance records update the liveness index the routing hops
-  intersect with, and refused records are reported, counted and remembered in a bounded list
-  while the state stays as it was. A snapshot is one core step, so receivers hear about it
-  once;
-* the *timer loop* feeds the core a ``Tick`` from the monotonic clock whenever a retry it
-  scheduled falls due;
-* the *reconciliation loop* lists the whole bucket every ``reconcile_interval`` seconds and
-  applies the listing as a snapshot;
-* one *build task* per ``StartBuild`` effect runs the host's :class:`PipelineBuilder`; the core
-  already caps how many are in flight. ``CancelBuild`` cancels the task, and a result reaches
-  the core as ``BuildFinished`` carrying the attempt's checksum and generation, so the core can
-  fence out late answers;
-* the *publication loop* keeps the serving-admission records (one per worker namespace) in step
-  with the committed groups, coalescing bursts and retrying after failures;
-* the optional *status responder* answers status requests (JSON) on a NATS subject.
+* the *source loop* hands each source event to :mod:`~workerset_admission.ingest` (the same
+  translation ``replay`` runs), reports what it refused, and applies the resulting inputs as
+  one core step; a snapshot is one step, so receivers hear about it once;
+* the *timer loop* feeds the core a ``Tick`` whenever a retry it scheduled falls due, and the
+  *reconciliation loop* applies a full listing every ``reconcile_interval`` seconds;
+* :mod:`~workerset_admission.builds` runs one task per ``StartBuild`` and feeds the result back
+  as ``BuildFinished`` (fenced by checksum and generation);
+* :mod:`~workerset_admission.publication` keeps the serving-admission records in step with the
+  committed groups; the optional *status responder* answers status requests.
 
 Every core step runs synchronously on the event loop, and its effects are carried out before
 the next one starts, so the core, the receivers and the bindings never disagree for longer than
@@ -34,31 +25,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import gc
-import heapq
 import json
 import logging
 import signal
 import sys
-import threading
 import time
 from collections.abc import (
     Awaitable,
     Callable,
     Collection,
-    Iterator,
     Sequence,
 )
-from dataclasses import dataclass
 from types import TracebackType
 
 from workerset_admission.admission import (
     AdmissionCore,
     BuildFinished,
     CancelBuild,
-    CommitFailed,
     CommitGroup,
-    CoreSettings,
     Effect,
     Input,
     MutationRefused,
@@ -70,12 +54,14 @@ from workerset_admission.admission import (
     Tick,
     WithdrawGroup,
 )
-from workerset_admission.aio import cancel_and_wait
+from workerset_admission.aio import cancel_and_wait, collector_paused, on_loop, unwrap_group
 from workerset_admission.bindings import (
     AdmittedHopBinding,
     FrontendRouting,
     HopBindings,
 )
+from workerset_admission.builds import Builds
+from workerset_admission.config import ServiceSettings
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey
 from workerset_admission.ingest import (
@@ -98,6 +84,7 @@ from workerset_admission.ports import (
     SourceSnapshot,
     StatusResponder,
 )
+from workerset_admission.publication import RetryTimers, ServingPublication, serve_status
 from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
 from workerset_admission.snapshots import (
     EMPTY_SNAPSHOT,
@@ -111,8 +98,9 @@ from workerset_admission.snapshots import (
     group_snapshot,
     readiness,
     serving_records,
+    state_summary,
 )
-from workerset_admission.telemetry import AdmissionStateSummary, AdmissionTelemetry, UpdateScope
+from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
@@ -141,50 +129,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# --------------------------------------------------------------------------- settings and ports
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceSettings:
-    """Tunables of the service; the defaults follow Dynamo 1.6.1's frontend."""
-
-    reconcile_interval: float = 30.0
-    max_concurrent_builds: int = 8
-    retry_delays: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-    invalid_history: int = 100
-    # The serving-admission records are rewritten at most this often, like Dynamo's publisher.
-    publish_interval: float = 0.2
-    publish_retry: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.reconcile_interval <= 0:
-            raise UsageError("reconcile_interval must be positive")
-        if self.invalid_history < 1:
-            raise UsageError("invalid_history must be at least 1")
-        if self.publish_interval < 0 or self.publish_retry <= 0:
-            raise UsageError("publication intervals must be positive")
-
-    def core_settings(self) -> CoreSettings:
-        return CoreSettings(
-            max_concurrent_builds=self.max_concurrent_builds, retry_delays=self.retry_delays
-        )
-
-
 # --------------------------------------------------------------------------- the service
-
-
-@dataclass(slots=True)
-class _Build:
-    effect: StartBuild
-    task: asyncio.Task[None] | None = None
-    pipeline: object = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Committed:
-    generation: int
-    mdc_checksum: str
-    pipeline: object
 
 
 class AdmissionService:
@@ -207,13 +152,12 @@ class AdmissionService:
     ) -> None:
         self.settings = settings or ServiceSettings()
         self._source = source
-        self._builder: PipelineBuilder = builder or DefaultPipelineBuilder(frontend)
         self._publisher = publisher
         # The identity this frontend publishes under; its status shows it too.
         self.frontend_id: str | None = getattr(publisher, "frontend_id", None)
         self._status = status
         self._telemetry = telemetry or AdmissionTelemetry()
-        self._telemetry.observe_state(self._state_summary)
+        self._telemetry.observe_state(lambda: state_summary(self.snapshot()))
         self._clock = clock
         self._handle_signals = handle_signals
         self._closers = tuple(closers)
@@ -223,14 +167,27 @@ class AdmissionService:
         self.channels = AdmissionChannels()
         self.ingest = Ingestor(decoder)
         self.liveness = self.ingest.liveness
-        self._builds: dict[tuple[GroupKey, int], _Build] = {}
-        self._committed: dict[GroupKey, _Committed] = {}
         self.hops = HopBindings(self.channels, self.liveness, frontend)
-        self._timers: list[float] = []
-        self._timer_wake = asyncio.Event()
-        self._publish_wake = asyncio.Event()
-        self._published: dict[str, ServingRecord] = {}
-        self._capability_published = False
+        self.builds = Builds(
+            builder or DefaultPipelineBuilder(frontend),
+            self.channels,
+            self.hops,
+            self.liveness,
+            self._telemetry,
+            finished=self._build_finished,
+        )
+        self._committed = self.builds.committed
+        self._timers = RetryTimers(clock, lambda now: self._step([Tick(now)]))
+        self._publication = (
+            None
+            if publisher is None
+            else ServingPublication(
+                publisher,
+                self.serving_records,
+                self.settings.publish_interval,
+                self.settings.publish_retry,
+            )
+        )
         self._invalid: collections.deque[InvalidRecord] = collections.deque(
             maxlen=self.settings.invalid_history
         )
@@ -338,13 +295,17 @@ class AdmissionService:
                 self._tg = tg
                 source = tg.create_task(self._source_loop(), name="admission source")
                 helpers = [
-                    tg.create_task(self._timer_loop(), name="admission timers"),
+                    tg.create_task(self._timers.run(), name="admission timers"),
                     tg.create_task(self._reconcile_loop(), name="admission reconcile"),
                 ]
-                if self._publisher is not None:
-                    helpers.append(tg.create_task(self._publish_loop(), name="admission publish"))
+                if self._publication is not None:
+                    helpers.append(
+                        tg.create_task(self._publication.run(), name="admission publish")
+                    )
                 if self._status is not None:
-                    helpers.append(tg.create_task(self._status_loop(), name="admission status"))
+                    retry = self.settings.publish_retry
+                    status = serve_status(self._status, self.render_status, retry)
+                    helpers.append(tg.create_task(status, name="admission status"))
                 started.set()
                 await self._stopping.wait()
                 # Quiet the helpers first, so no publication races the withdrawal below.
@@ -352,7 +313,7 @@ class AdmissionService:
                 await self._shutdown()
                 source.cancel()
         except Exception as exc:
-            self._failure = _unwrap(exc)
+            self._failure = unwrap_group(exc)
             _log.error("the admission service stopped on an error", exc_info=exc)
             # A crashed task group skipped the orderly shutdown: do what can be done offline.
             await self._shutdown()
@@ -363,12 +324,6 @@ class AdmissionService:
             started.set()
             self._stopping.set()
             self._stopped.set()
-
-    def _cancel_all(self) -> None:
-        for build in self._builds.values():
-            if build.task is not None:
-                build.task.cancel()
-        self._builds.clear()
 
     async def _shutdown(self) -> None:
         if self._shut_down:
@@ -381,9 +336,8 @@ class AdmissionService:
                 await asyncio.wait_for(self._publisher.withdraw_all(), timeout=5.0)
             except Exception:
                 _log.warning("could not withdraw the serving-admission records", exc_info=True)
-        for key, held in list(self._committed.items()):
-            self._withdraw(key, held.generation)
-        self._cancel_all()
+        self.builds.withdraw_all()
+        self.builds.cancel_all()
         for view in self.core.groups():
             if view.receiver is not None:
                 sender = self.channels.sender(view.receiver)
@@ -415,8 +369,7 @@ class AdmissionService:
 
     def pipeline(self, group: GroupKey) -> object:
         """Return what the builder made for the group's committed build (``None`` if none)."""
-        held = self._committed.get(group)
-        return None if held is None else held.pipeline
+        return self.builds.pipeline(group)
 
     @property
     def recent_invalid(self) -> tuple[InvalidRecord, ...]:
@@ -433,7 +386,7 @@ class AdmissionService:
         if cached is not None:
             return cached
         loop = self._loop
-        if loop is None or _on_loop(loop) or not loop.is_running():
+        if loop is None or on_loop(loop) or not loop.is_running():
             return self._build_snapshot()
         future = asyncio.run_coroutine_threadsafe(self._snapshot_async(), loop)
         try:
@@ -451,7 +404,7 @@ class AdmissionService:
 
     def wake_timers(self) -> None:
         """Re-read the clock now (for hosts and tests that inject a clock that jumps)."""
-        self._timer_wake.set()
+        self._timers.wake()
 
     def on_effects(self, listener: Callable[[Sequence[Effect]], None]) -> None:
         """Call ``listener`` with the effects of every core step, before they are carried out."""
@@ -473,16 +426,6 @@ class AdmissionService:
         if not self._stopping.is_set():
             _log.warning("the discovery source ended; stopping the admission service")
             self._stopping.set()
-
-    async def _status_loop(self) -> None:
-        status = self._status
-        assert status is not None
-        while True:
-            try:
-                await status.serve(self.render_status)
-            except Exception as exc:  # NATS may be away: status must not take admission down
-                _log.warning("the status responder failed, retrying: %s", exc)
-            await asyncio.sleep(self.settings.publish_retry)
 
     def handle_event(self, event: SourceEvent) -> None:
         """Apply one source event as one core step (exposed for tests and replay tools)."""
@@ -515,7 +458,7 @@ class AdmissionService:
             self._ingested(self.ingest.delete(event.key), scope)
 
     def _on_snapshot(self, event: SourceSnapshot, keep: Collection[str] = ()) -> None:
-        with _collector_paused(), self._telemetry.apply_update(event) as scope:
+        with collector_paused(), self._telemetry.apply_update(event) as scope:
             entries = ((entry.key, entry.value) for entry in event.entries)
             # Refusals in a listing are reported one by one, not as the listing's own failure.
             self._ingested(self.ingest.snapshot(entries, keep), scope, refusals_in_scope=False)
@@ -572,22 +515,20 @@ class AdmissionService:
                     self.counters.notifications += 1
                     publications = publications or effect.group in self._committed
             elif isinstance(effect, StartBuild):
-                self._start_build(effect)
+                if self._tg is not None and not self._stopping.is_set():
+                    self.builds.start(effect, self._tg)
             elif isinstance(effect, CancelBuild):
-                build = self._builds.pop((effect.group, effect.generation), None)
-                if build is not None and build.task is not None:
-                    build.task.cancel()
+                self.builds.cancel(effect.group, effect.generation)
             elif isinstance(effect, CommitGroup):
-                failure = self._commit(effect)
+                failure = self.builds.commit(effect)
                 if failure is not None:
                     refeed.append(failure)
                 publications = True
             elif isinstance(effect, WithdrawGroup):
-                self._withdraw(effect.group, effect.generation)
+                self.builds.withdraw(effect.group, effect.generation)
                 publications = True
             elif isinstance(effect, RetryScheduled):
-                heapq.heappush(self._timers, effect.deadline)
-                self._timer_wake.set()
+                self._timers.add(effect.deadline)
             elif isinstance(effect, MutationRefused):
                 _log.warning(
                     "refused an in-place change of %s: kept %s, offered %s",
@@ -595,88 +536,13 @@ class AdmissionService:
                     effect.kept_checksum,
                     effect.offered_checksum,
                 )
-        if publications:
-            self._publish_wake.set()
+        if publications and self._publication is not None:
+            self._publication.wake()
         if refeed:
             self._step([Tick(self._clock()), *refeed])
 
-    def _start_build(self, effect: StartBuild) -> None:
-        tg = self._tg
-        sender = self.channels.sender(effect.receiver)
-        if tg is None or sender is None or self._stopping.is_set():
-            return  # shutting down: the build would be cancelled at once anyway
-        build = _Build(effect)
-        self._builds[(effect.group, effect.generation)] = build
-        request = BuildRequest(
-            group=effect.group,
-            mdc_checksum=effect.mdc_checksum,
-            generation=effect.generation,
-            attempt=effect.attempt,
-            representative=effect.representative,
-            card=effect.card,
-            receiver=sender.subscribe(),
-            liveness=self.liveness,
-        )
-        build.task = tg.create_task(
-            self._run_build(build, request), name=f"build {effect.group.id} g{effect.generation}"
-        )
-
-    async def _run_build(self, build: _Build, request: BuildRequest) -> None:
-        effect = build.effect
-        ok, error = True, None
-        scope = self._telemetry.build_attempt(
-            effect.group, effect.mdc_checksum, effect.generation, effect.attempt
-        )
-        try:
-            with scope:
-                build.pipeline = await self._builder.build(request)
-        except asyncio.CancelledError:
-            request.receiver.close()
-            raise
-        except Exception as exc:  # any builder failure is a failed attempt
-            ok, error = False, f"{type(exc).__name__}: {exc}"
-            _log.warning(
-                "pipeline build failed for %s (generation %d, attempt %d): %s",
-                effect.group.id,
-                effect.generation,
-                effect.attempt,
-                error,
-            )
-            request.receiver.close()
-        if self._builds.get((effect.group, effect.generation)) is not build:
-            return  # cancelled by the core while finishing: the result is stale
-        self._step(
-            [
-                Tick(self._clock()),
-                BuildFinished(effect.group, effect.mdc_checksum, effect.generation, ok, error),
-            ]
-        )
-        # A committed build was taken over by its commit; anything else is dropped here.
-        self._builds.pop((effect.group, effect.generation), None)
-
-    def _commit(self, effect: CommitGroup) -> CommitFailed | None:
-        build = self._builds.pop((effect.group, effect.generation), None)
-        pipeline = None if build is None else build.pipeline
-        try:
-            self.hops.handle(effect)
-        except Exception as exc:  # refused commit: the core retries the build
-            _log.warning("commit of %s failed: %s", effect.group.id, exc)
-            return CommitFailed(
-                effect.group,
-                effect.mdc_checksum,
-                effect.generation,
-                "commit",
-                f"{type(exc).__name__}: {exc}",
-            )
-        self._committed[effect.group] = _Committed(effect.generation, effect.mdc_checksum, pipeline)
-        return None
-
-    def _withdraw(self, group: GroupKey, generation: int) -> None:
-        held = self._committed.get(group)
-        if held is None or held.generation != generation:
-            return
-        del self._committed[group]
-        self.hops.handle(WithdrawGroup(group, held.mdc_checksum, generation))
+    def _build_finished(self, result: BuildFinished) -> None:
+        self._step([Tick(self._clock()), result])
 
     def _changed(self) -> None:
         self._snapshot = None
@@ -687,23 +553,6 @@ class AdmissionService:
                 _log.debug("a state listener failed", exc_info=True)
 
     # -- timers and reconciliation ----------------------------------------------------------
-
-    async def _timer_loop(self) -> None:
-        timers = self._timers
-        while True:
-            self._timer_wake.clear()
-            if not timers:
-                await self._timer_wake.wait()
-                continue
-            delay = timers[0] - self._clock()
-            if delay > 0:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._timer_wake.wait(), delay)
-                continue
-            now = self._clock()
-            while timers and timers[0] <= now:
-                heapq.heappop(timers)
-            self._step([Tick(now)])
 
     async def _reconcile_loop(self) -> None:
         interval = self.settings.reconcile_interval
@@ -748,46 +597,6 @@ class AdmissionService:
         """Return the instance keys this frontend serves, per worker namespace."""
         return {ns: record.members for ns, record in self.serving_records().items()}
 
-    async def _publish(self, namespace: str, record: ServingRecord | None) -> None:
-        publisher = self._publisher
-        assert publisher is not None
-        members = () if record is None else record.members
-        # The rollout gate reads checksum and generation per group from the record.
-        await publisher.publish_members(
-            namespace, members, groups=None if record is None else record.groups
-        )
-
-    async def _publish_loop(self) -> None:
-        publisher = self._publisher
-        assert publisher is not None
-        settings = self.settings
-        # Announce the frontend at once: one that serves nothing yet must still count as a live
-        # frontend for a rollout gate, or a gate could open without it.
-        self._publish_wake.set()
-        while True:
-            await self._publish_wake.wait()
-            self._publish_wake.clear()
-            try:
-                if not self._capability_published:
-                    await publisher.publish_capability()
-                    self._capability_published = True
-                wanted = self.serving_records()
-                for namespace in sorted(set(wanted) | set(self._published)):
-                    record = wanted.get(namespace)
-                    if self._published.get(namespace) == record:
-                        continue
-                    await self._publish(namespace, record)
-                    if record is not None:
-                        self._published[namespace] = record
-                    else:
-                        self._published.pop(namespace, None)
-            except Exception as exc:  # NATS may be down; try again soon
-                _log.warning("could not publish serving admissions: %s", exc)
-                self._publish_wake.set()
-                await asyncio.sleep(settings.publish_retry)
-                continue
-            await asyncio.sleep(settings.publish_interval)
-
     # -- snapshots ---------------------------------------------------------------------------
 
     def _build_snapshot(self) -> ServiceSnapshot:
@@ -807,53 +616,9 @@ class AdmissionService:
         self._snapshot = snap
         return snap
 
-    def _state_summary(self) -> AdmissionStateSummary:
-        snap = self.snapshot()
-        by_status: dict[str, int] = {}
-        admitted = 0
-        for group in snap.groups:
-            by_status[group.status] = by_status.get(group.status, 0) + 1
-            if group.committed_generation is not None:
-                admitted += len(group.admitted)
-        return AdmissionStateSummary(by_status, admitted)
-
     def _health(self) -> str:
         if self._stopping.is_set():
             return "shutting_down"
         if not self._synced.is_set():
             return "starting"
         return "healthy"
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Hold the cyclic garbage collector off during one synchronous stretch.
-
-    Decoding a listing builds the fleet's state and no reference cycles; every collection the
-    allocations trigger meanwhile would only walk that growing state again (a quarter of a
-    large initial sync's time). Nothing awaits inside, so no other task runs while it is off.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-def _unwrap(exc: Exception) -> Exception:
-    # A task group wraps the one task failure that stopped it; callers want the failure itself.
-    inner = getattr(exc, "exceptions", None)
-    while isinstance(inner, tuple) and len(inner) == 1 and isinstance(inner[0], Exception):
-        exc = inner[0]
-        inner = getattr(exc, "exceptions", None)
-    return exc
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return threading.current_thread() is threading.main_thread() and not loop.is_running()

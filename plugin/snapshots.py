@@ -10,6 +10,7 @@ from .admission import AdmissionCore, GroupView
 from .admission.readiness import ReadinessUnit, evaluate_readiness
 from .identity import GroupKey, instance_key
 from .liveness import LivenessIndex
+from .telemetry import AdmissionStateSummary
 
 __all__ = [
     "EMPTY_SNAPSHOT",
@@ -23,6 +24,7 @@ __all__ = [
     "group_snapshot",
     "readiness",
     "serving_records",
+    "state_summary",
 ]
 
 
@@ -252,3 +254,14 @@ def serving_records(
         )
         for namespace, groups in out.items()
     }
+
+
+def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
+    """Count groups per status and the admitted workers of committed groups, for metrics."""
+    by_status: dict[str, int] = {}
+    admitted = 0
+    for group in snap.groups:
+        by_status[group.status] = by_status.get(group.status, 0) + 1
+        if group.committed_generation is not None:
+            admitted += len(group.admitted)
+    return AdmissionStateSummary(by_status, admitted)

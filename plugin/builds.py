@@ -1,0 +1,159 @@
+"""Pipeline builds and committed groups: one task per attempt, results fenced by generation.
+
+The core decides when to build, cancel, commit and withdraw; this carries those effects out for
+the service. A build's result reaches the core as ``BuildFinished`` carrying the attempt's
+checksum and generation, so a late answer from a stale attempt is fenced out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .admission import BuildFinished, CommitFailed, CommitGroup, StartBuild, WithdrawGroup
+from .bindings import HopBindings
+from .identity import GroupKey
+from .liveness import LivenessIndex
+from .ports import BuildRequest, PipelineBuilder
+from .receivers import AdmissionChannels
+
+__all__ = ["Builds", "Committed"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Build:
+    effect: StartBuild
+    task: asyncio.Task[None] | None = None
+    pipeline: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A committed group: the generation and checksum served, and what its builder made."""
+
+    generation: int
+    mdc_checksum: str
+    pipeline: object
+
+
+class Builds:
+    """The builds in flight and the committed groups of one service."""
+
+    def __init__(
+        self,
+        builder: PipelineBuilder,
+        channels: AdmissionChannels,
+        hops: HopBindings,
+        liveness: LivenessIndex,
+        telemetry: Any,
+        *,
+        finished: Callable[[BuildFinished], None],
+    ) -> None:
+        self._builder = builder
+        self._channels = channels
+        self._hops = hops
+        self._liveness = liveness
+        self._telemetry = telemetry
+        self._finished = finished
+        self._builds: dict[tuple[GroupKey, int], _Build] = {}
+        self.committed: dict[GroupKey, Committed] = {}
+
+    def start(self, effect: StartBuild, tg: Any) -> None:
+        """Run the builder for ``effect`` as a task of ``tg`` (a task group)."""
+        sender = self._channels.sender(effect.receiver)
+        if sender is None:
+            return  # the tenure already ended: the build would be cancelled at once anyway
+        build = _Build(effect)
+        self._builds[(effect.group, effect.generation)] = build
+        request = BuildRequest(
+            group=effect.group,
+            mdc_checksum=effect.mdc_checksum,
+            generation=effect.generation,
+            attempt=effect.attempt,
+            representative=effect.representative,
+            card=effect.card,
+            receiver=sender.subscribe(),
+            liveness=self._liveness,
+        )
+        build.task = tg.create_task(
+            self._run(build, request), name=f"build {effect.group.id} g{effect.generation}"
+        )
+
+    async def _run(self, build: _Build, request: BuildRequest) -> None:
+        effect = build.effect
+        ok, error = True, None
+        scope = self._telemetry.build_attempt(
+            effect.group, effect.mdc_checksum, effect.generation, effect.attempt
+        )
+        try:
+            with scope:
+                build.pipeline = await self._builder.build(request)
+        except asyncio.CancelledError:
+            request.receiver.close()
+            raise
+        except Exception as exc:  # any builder failure is a failed attempt
+            ok, error = False, f"{type(exc).__name__}: {exc}"
+            _log.warning(
+                "pipeline build failed for %s (generation %d, attempt %d): %s",
+                effect.group.id,
+                effect.generation,
+                effect.attempt,
+                error,
+            )
+            request.receiver.close()
+        if self._builds.get((effect.group, effect.generation)) is not build:
+            return  # cancelled by the core while finishing: the result is stale
+        self._finished(
+            BuildFinished(effect.group, effect.mdc_checksum, effect.generation, ok, error)
+        )
+        # A committed build was taken over by its commit; anything else is dropped here.
+        self._builds.pop((effect.group, effect.generation), None)
+
+    def cancel(self, group: GroupKey, generation: int) -> None:
+        build = self._builds.pop((group, generation), None)
+        if build is not None and build.task is not None:
+            build.task.cancel()
+
+    def cancel_all(self) -> None:
+        for build in self._builds.values():
+            if build.task is not None:
+                build.task.cancel()
+        self._builds.clear()
+
+    def commit(self, effect: CommitGroup) -> CommitFailed | None:
+        """Bind the committed build to its hop; a refusal comes back for the core to retry."""
+        build = self._builds.pop((effect.group, effect.generation), None)
+        pipeline = None if build is None else build.pipeline
+        try:
+            self._hops.handle(effect)
+        except Exception as exc:  # refused commit: the core retries the build
+            _log.warning("commit of %s failed: %s", effect.group.id, exc)
+            return CommitFailed(
+                effect.group,
+                effect.mdc_checksum,
+                effect.generation,
+                "commit",
+                f"{type(exc).__name__}: {exc}",
+            )
+        self.committed[effect.group] = Committed(effect.generation, effect.mdc_checksum, pipeline)
+        return None
+
+    def withdraw(self, group: GroupKey, generation: int) -> None:
+        held = self.committed.get(group)
+        if held is None or held.generation != generation:
+            return
+        del self.committed[group]
+        self._hops.handle(WithdrawGroup(group, held.mdc_checksum, generation))
+
+    def withdraw_all(self) -> None:
+        for key, held in list(self.committed.items()):
+            self.withdraw(key, held.generation)
+
+    def pipeline(self, group: GroupKey) -> object:
+        held = self.committed.get(group)
+        return None if held is None else held.pipeline

@@ -1,0 +1,126 @@
+"""The service's background loops besides the source: publications, retry timers, status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+from collections.abc import Callable
+
+from .ports import AdmissionPublisher, StatusResponder
+from .snapshots import ServingRecord
+
+__all__ = ["RetryTimers", "ServingPublication", "serve_status"]
+
+_log = logging.getLogger(__name__)
+
+
+class ServingPublication:
+    """Keeps one record per worker namespace in step with the committed groups.
+
+    Bursts are coalesced (at most one round per ``interval``) and a failed round is retried
+    after ``retry`` seconds; the capability record is written once, before anything else.
+    """
+
+    def __init__(
+        self,
+        publisher: AdmissionPublisher,
+        wanted: Callable[[], dict[str, ServingRecord]],
+        interval: float,
+        retry: float,
+    ) -> None:
+        self._publisher = publisher
+        self._wanted = wanted
+        self._interval = interval
+        self._retry = retry
+        self._wake = asyncio.Event()
+        self._published: dict[str, ServingRecord] = {}
+        self._capability_published = False
+
+    def wake(self) -> None:
+        """Ask for a round soon (the committed groups changed)."""
+        self._wake.set()
+
+    async def _publish(self, namespace: str, record: ServingRecord | None) -> None:
+        members = () if record is None else record.members
+        # The rollout gate reads checksum and generation per group from the record.
+        await self._publisher.publish_members(
+            namespace, members, groups=None if record is None else record.groups
+        )
+
+    async def run(self) -> None:
+        publisher = self._publisher
+        # Announce the frontend at once: one that serves nothing yet must still count as a live
+        # frontend for a rollout gate, or a gate could open without it.
+        self._wake.set()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                if not self._capability_published:
+                    await publisher.publish_capability()
+                    self._capability_published = True
+                wanted = self._wanted()
+                for namespace in sorted(set(wanted) | set(self._published)):
+                    record = wanted.get(namespace)
+                    if self._published.get(namespace) == record:
+                        continue
+                    await self._publish(namespace, record)
+                    if record is not None:
+                        self._published[namespace] = record
+                    else:
+                        self._published.pop(namespace, None)
+            except Exception as exc:  # NATS may be down; try again soon
+                _log.warning("could not publish serving admissions: %s", exc)
+                self._wake.set()
+                await asyncio.sleep(self._retry)
+                continue
+            await asyncio.sleep(self._interval)
+
+
+class RetryTimers:
+    """The retry deadlines the core scheduled; ``run`` ticks the core when one falls due."""
+
+    def __init__(self, clock: Callable[[], float], tick: Callable[[float], None]) -> None:
+        self._clock = clock
+        self._tick = tick
+        self._deadlines: list[float] = []
+        self._wake = asyncio.Event()
+
+    def add(self, deadline: float) -> None:
+        heapq.heappush(self._deadlines, deadline)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Re-read the clock now (a host or test clock may jump)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        deadlines = self._deadlines
+        while True:
+            self._wake.clear()
+            if not deadlines:
+                await self._wake.wait()
+                continue
+            delay = deadlines[0] - self._clock()
+            if delay > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                continue
+            now = self._clock()
+            while deadlines and deadlines[0] <= now:
+                heapq.heappop(deadlines)
+            self._tick(now)
+
+
+async def serve_status(
+    status: StatusResponder, render: Callable[[bool], bytes], retry: float
+) -> None:
+    """Answer status requests until cancelled, restarting the responder after a failure."""
+    while True:
+        try:
+            await status.serve(render)
+        except Exception as exc:  # NATS may be away: status must not take admission down
+            _log.warning("the status responder failed, retrying: %s", exc)
+        await asyncio.sleep(retry)
