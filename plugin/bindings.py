@@ -19,12 +19,19 @@ an endpoint and takes every live instance. It is kept separate as
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from workerset_admission.admission.effects import CommitGroup, WithdrawGroup
+from workerset_admission.admission.effects import (
+    CommitGroup,
+    LoraProjectionChanged,
+    LoraWorker,
+    TaintsUpdated,
+    WithdrawGroup,
+)
 from workerset_admission.admission.topology import TopologyBinding, TopologySet, bind_topology
+from workerset_admission.admission.views import PlacementView
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
@@ -210,6 +217,14 @@ class AdmittedHopBinding:
         """Live and admitted: the only instances this hop may pick. Empty means none."""
         return self._live.live_ids(self._endpoint) & self._receiver.current().admitted
 
+    def lora(self) -> tuple[LoraWorker, ...]:
+        """Return the group's LoRA projection now: the adapters each admitted worker serves."""
+        return self._receiver.current().lora
+
+    def taints(self) -> Mapping[str, tuple[str, ...]]:
+        """Return the taints changed in place during the tenure, by registration key."""
+        return self._receiver.current().taints
+
     def close(self) -> None:
         self._receiver.close()
 
@@ -287,6 +302,27 @@ class HopBindings:
                 del self._handoff[effect.group]
                 current.close()
 
+    def project(self, effect: LoraProjectionChanged) -> str | None:
+        """Carry a LoRA projection to the group's hops; say why not when it cannot be served.
+
+        One adapter name must mean one set of weights across the group: a hop routes a request
+        for the adapter to any worker serving it. A projection that names an adapter with two
+        fingerprints is refused (the hops keep the last projection) and the reason returned.
+        """
+        conflict = projection_conflict(effect.workers)
+        if conflict is None:
+            self._channels.handle(effect)
+        return conflict
+
+    def carry_taints(self, effect: TaintsUpdated, placement: PlacementView | None) -> bool:
+        """Carry a worker's new taints to the tenure serving it (admitted or attached)."""
+        if placement is None:
+            return False
+        group = placement.attached_to if placement.is_lora else placement.group
+        if group is None or not (placement.admitted or placement.is_lora):
+            return False
+        return self._channels.update_taints(group, effect.key, effect.taints)
+
     def handle_all(self, effects: Iterable[object]) -> None:
         for effect in effects:
             self.handle(effect)
@@ -313,3 +349,17 @@ class HopBindings:
             return None
         target = bound.prefill_target if role is HopRole.PREFILL else bound.encoder_target
         return None if target is None else self._bindings.get(target.group)
+
+
+def projection_conflict(workers: Sequence[LoraWorker]) -> str | None:
+    """Name an adapter the projection serves under one name with two fingerprints, if any."""
+    seen: dict[str, str] = {}
+    for worker in workers:
+        for adapter in worker.adapters:
+            held = seen.setdefault(adapter.model_suffix, adapter.lora_fingerprint)
+            if held != adapter.lora_fingerprint:
+                return (
+                    f"adapter {adapter.model_suffix!r} is projected with two fingerprints "
+                    f"({held[:12]}…, {adapter.lora_fingerprint[:12]}…)"
+                )
+    return None

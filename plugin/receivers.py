@@ -1,5 +1,9 @@
 """Admission channels: one watch channel per group tenure, carrying the admitted worker ids.
 
+Besides the ids, a channel carries what the core may change without a rebuild: the group's
+LoRA projection (``LoraProjectionChanged``) and the taints of its workers (``TaintsUpdated``),
+so every hop bound to the tenure sees them on its next read.
+
 A channel has two halves, after anyio's memory streams. The service holds the
 :class:`AdmissionSender`; every routing hop holds an :class:`AdmissionReceiver`. A receiver
 always has a current value (watch semantics: a late reader sees only the latest state, never a
@@ -13,11 +17,18 @@ checksum comes back.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
-from workerset_admission.admission.effects import OpenReceiver, PublishAdmissions, RetireReceiver
+from workerset_admission.admission.effects import (
+    LoraProjectionChanged,
+    LoraWorker,
+    OpenReceiver,
+    PublishAdmissions,
+    RetireReceiver,
+)
 from workerset_admission.errors import ReceiverClosed, ReceiverRetired, UsageError
 from workerset_admission.identity import GroupKey
 
@@ -34,7 +45,9 @@ __all__ = [
 class AdmissionState:
     """What a receiver sees: the tenure's identity, its admitted ids and the selected card.
 
-    ``version`` counts the values sent through the channel, starting at 0.
+    ``version`` counts the values sent through the channel, starting at 0. ``lora`` is the
+    group's LoRA projection (the adapters each admitted worker serves) and ``taints`` the taints
+    changed in place during the tenure, by registration key.
     """
 
     group: GroupKey
@@ -44,6 +57,11 @@ class AdmissionState:
     admitted: frozenset[int]
     version: int = 0
     card: Any = field(default=None, compare=False, repr=False)
+    lora: tuple[LoraWorker, ...] = ()
+    taints: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _NO_TAINTS)
+
+
+_NO_TAINTS: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
 
 class _Channel:
@@ -173,6 +191,30 @@ class AdmissionSender:
         channel.bump(new)
         return new
 
+    def update(
+        self,
+        *,
+        lora: tuple[LoraWorker, ...] | None = None,
+        taints: tuple[str, tuple[str, ...]] | None = None,
+    ) -> AdmissionState:
+        """Change the LoRA projection, or one worker's taints; the ids stay; wake the readers."""
+        channel = self._channel
+        if channel.retired:
+            raise UsageError(f"admission channel {channel.state.receiver} is retired")
+        old = channel.state
+        held = old.taints
+        if taints is not None:
+            key, values = taints
+            held = MappingProxyType({**old.taints, key: values})
+        new = replace(
+            old,
+            lora=old.lora if lora is None else lora,
+            taints=held,
+            version=old.version + 1,
+        )
+        channel.bump(new)
+        return new
+
     def subscribe(self) -> AdmissionReceiver:
         """Open a new reader that starts at the current value."""
         if self._channel.retired:
@@ -207,8 +249,10 @@ def open_admission_channel(
 class AdmissionChannels:
     """Every open admission channel, driven by the core's receiver effects.
 
-    ``handle`` takes ``OpenReceiver``, ``PublishAdmissions`` and ``RetireReceiver`` effects
-    (others are ignored) so a service can pass it the whole effect list of one ``apply``.
+    ``handle`` takes ``OpenReceiver``, ``PublishAdmissions``, ``LoraProjectionChanged`` and
+    ``RetireReceiver`` effects (others are ignored) so a service can pass it the whole effect
+    list of one ``apply``. ``update_taints`` carries ``TaintsUpdated`` to the group whose tenure
+    serves the worker (the caller knows the placement; the channel does not).
     """
 
     __slots__ = ("_by_group", "_by_id")
@@ -231,6 +275,10 @@ class AdmissionChannels:
             )
             self._by_id[effect.receiver] = sender
             self._by_group[effect.group] = sender
+        elif isinstance(effect, LoraProjectionChanged):
+            sender = self._by_id.get(effect.receiver)
+            if sender is not None:
+                sender.update(lora=effect.workers)
         elif isinstance(effect, RetireReceiver):
             sender = self._by_id.pop(effect.receiver, None)
             if sender is not None:
@@ -241,6 +289,14 @@ class AdmissionChannels:
     def handle_all(self, effects: Iterable[object]) -> None:
         for effect in effects:
             self.handle(effect)
+
+    def update_taints(self, group: GroupKey, key: str, taints: tuple[str, ...]) -> bool:
+        """Tell the group's tenure that worker ``key`` now has ``taints``; False if none is open."""
+        sender = self._by_group.get(group)
+        if sender is None or sender.retired:
+            return False
+        sender.update(taints=(key, taints))
+        return True
 
     def subscribe(self, group: GroupKey) -> AdmissionReceiver | None:
         """Open a receiver on the group's current tenure, or return ``None`` when it has none."""

@@ -45,12 +45,14 @@ from workerset_admission.admission import (
     CommitGroup,
     Effect,
     Input,
+    LoraProjectionChanged,
     MutationRefused,
     OpenReceiver,
     PublishAdmissions,
     RetireReceiver,
     RetryScheduled,
     StartBuild,
+    TaintsUpdated,
     Tick,
     WithdrawGroup,
 )
@@ -527,6 +529,12 @@ class AdmissionService:
             elif isinstance(effect, WithdrawGroup):
                 self.builds.withdraw(effect.group, effect.generation)
                 publications = True
+            elif isinstance(effect, LoraProjectionChanged):
+                refused = self.hops.project(effect)
+                if refused is not None:
+                    refeed.extend(self.builds.replace_failed(effect, refused))
+            elif isinstance(effect, TaintsUpdated):
+                self.hops.carry_taints(effect, self.core.placement(effect.key))
             elif isinstance(effect, RetryScheduled):
                 self._timers.add(effect.deadline)
             elif isinstance(effect, MutationRefused):

@@ -9,14 +9,28 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from support.cards import (
+    EP,
+    base_card,
+    endpoint_entry,
+    model_delete,
+    model_entry,
+    model_put,
+)
+from support.fakes import (
+    FakeBuilder,
+    FakeClock,
+    FakePublisher,
+    FakeSource,
+    GroupsPublisher,
+    settle,
+)
 from workerset_admission.card import (
-    encode_endpoint_record,
-    encode_model_record,
     endpoint_kv_key,
     model_kv_key,
 )
 from workerset_admission.errors import ReceiverRetired
-from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.identity import GroupKey
 from workerset_admission.ports import (
     DiscoveryEntry,
     SourceDelete,
@@ -24,138 +38,11 @@ from workerset_admission.ports import (
     SourcePut,
     SourceSnapshot,
 )
-from workerset_admission.service import AdmissionService, BuildRequest, ServiceSettings
-from workerset_admission.service_cli import demo_card
+from workerset_admission.service import AdmissionService, ServiceSettings
 
-EP = EndpointId("dgd-v1", "backend", "generate")
-
-CARD: dict[str, Any] = demo_card(16)
+CARD: dict[str, Any] = base_card(16)
 OLD = CARD
-NEW = demo_card(32)
-
-
-def model_put(instance_id: int, card_json: dict[str, Any] = OLD, revision: int = 1) -> SourcePut:
-    key = model_kv_key(EP, instance_id)
-    return SourcePut(DiscoveryEntry(key, encode_model_record(EP, instance_id, card_json), revision))
-
-
-def model_entry(instance_id: int, card_json: dict[str, Any] = OLD) -> DiscoveryEntry:
-    return model_put(instance_id, card_json).entry
-
-
-def endpoint_entry(instance_id: int) -> DiscoveryEntry:
-    return DiscoveryEntry(
-        endpoint_kv_key(EP, instance_id), encode_endpoint_record(EP, instance_id), 1
-    )
-
-
-def model_delete(instance_id: int) -> SourceDelete:
-    return SourceDelete(model_kv_key(EP, instance_id), 2)
-
-
-class FakeSource:
-    """Events pushed by the test; ``list_all`` returns whatever the test set as the bucket."""
-
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[SourceEvent | None] = asyncio.Queue()
-        self.listing: list[DiscoveryEntry] = []
-        self.listing_gate = asyncio.Event()
-        self.listing_gate.set()
-        self.list_calls = 0
-        self.closed = False
-
-    async def events(self) -> AsyncIterator[SourceEvent]:
-        while True:
-            event = await self.queue.get()
-            if event is None:
-                return
-            yield event
-
-    async def list_all(self) -> SourceSnapshot:
-        self.list_calls += 1
-        listing = tuple(self.listing)  # read when the listing starts, like a real bucket scan
-        await self.listing_gate.wait()
-        return SourceSnapshot(listing, reason="periodic")
-
-    async def close(self) -> None:
-        self.closed = True
-        self.queue.put_nowait(None)
-
-
-class FakeBuilder:
-    """Builds finish when the test says so; ``fail_next`` makes attempts raise."""
-
-    def __init__(self, *, hold: bool = False) -> None:
-        self.hold = hold
-        self.requests: list[BuildRequest] = []
-        self.release = asyncio.Event()
-        self.fail_next = 0
-        self.cancelled = 0
-
-    async def build(self, request: BuildRequest) -> object:
-        self.requests.append(request)
-        try:
-            if self.hold:
-                await self.release.wait()
-        except asyncio.CancelledError:
-            self.cancelled += 1
-            raise
-        if self.fail_next:
-            self.fail_next -= 1
-            raise RuntimeError("metadata download failed")
-        return ("pipeline", request.generation)
-
-
-class FakePublisher:
-    def __init__(self) -> None:
-        self.records: dict[str, tuple[str, ...]] = {}
-        self.capability = False
-        self.withdrawn = False
-        self.calls = 0
-
-    async def publish_members(
-        self, worker_namespace: str, members: Any, *, groups: Any = None
-    ) -> None:
-        self.calls += 1
-        self.records[worker_namespace] = tuple(members)
-
-    async def publish_capability(self) -> None:
-        self.capability = True
-
-    async def withdraw_all(self) -> None:
-        self.withdrawn = True
-        self.records.clear()
-
-
-class GroupsPublisher(FakePublisher):
-    """A publisher that also takes the per-group details the rollout gate reads."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.groups: dict[str, Any] = {}
-
-    async def publish_members(
-        self, worker_namespace: str, members: Any, *, groups: Any = None
-    ) -> None:
-        await super().publish_members(worker_namespace, members)
-        self.groups[worker_namespace] = groups
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def settle(condition: Any, timeout: float = 5.0) -> None:
-    """Yield to the loop until ``condition()`` holds (bounded)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition never held")
-        await asyncio.sleep(0.005)
+NEW = base_card(32)
 
 
 def group_key() -> GroupKey:

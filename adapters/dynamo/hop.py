@@ -12,9 +12,10 @@ a caller names explicitly, outside discovery-managed topology.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any, Protocol
 
+from workerset_admission.admission.effects import LoraWorker
 from workerset_admission.bindings import AdmittedHopBinding, HopRole, RoutingSettings
 from workerset_admission.errors import NoRoutableInstance, UsageError
 from workerset_admission.identity import GroupKey
@@ -60,6 +61,9 @@ class AdmissionValue(Protocol):
 
     @property
     def admitted(self) -> Collection[int]: ...
+
+    @property
+    def lora(self) -> Sequence[LoraWorker]: ...
 
 
 class AdmissionView(Protocol):
@@ -141,19 +145,40 @@ class AdmittedHop:
         admitted = binding.admitted
         return tuple(sorted(i for i in set(self._client.instance_ids()) if i in admitted))
 
-    def choose(self) -> int:
-        """Pick the next routable instance, round robin."""
+    def adapter_instances(self, adapter: str) -> tuple[int, ...]:
+        """Routable instances serving LoRA adapter ``adapter`` now, from the group's projection.
+
+        The projection reaches the hop through its receiver, so an adapter registered or
+        removed on an admitted worker shows here without a rebuild.
+        """
+        return self._serving(self._receiver.current(), adapter)
+
+    def _serving(self, binding: AdmissionValue, adapter: str) -> tuple[int, ...]:
+        serving = {
+            worker.instance_id
+            for worker in binding.lora
+            if any(a.model_suffix == adapter for a in worker.adapters)
+        }
+        return tuple(i for i in self._routable(binding) if i in serving)
+
+    def choose(self, adapter: str | None = None) -> int:
+        """Pick the next routable instance (serving ``adapter``, when named), round robin."""
         binding = self._receiver.current()
-        candidates = self._routable(binding)
+        candidates = self._routable(binding) if adapter is None else self._serving(binding, adapter)
         if not candidates:
             raise NoRoutableInstance(self._group.id, binding.generation)
         return candidates[next(self._turn) % len(candidates)]
 
     async def generate(
-        self, request: Any, *, annotated: bool = True, context: Any = None
+        self,
+        request: Any,
+        *,
+        annotated: bool = True,
+        context: Any = None,
+        adapter: str | None = None,
     ) -> AsyncIterator[Any]:
-        """Send ``request`` to a routable instance and return Dynamo's response stream."""
-        return await self._client.direct(request, self.choose(), annotated, context)
+        """Send ``request`` to a routable instance (serving ``adapter``, when named)."""
+        return await self._client.direct(request, self.choose(adapter), annotated, context)
 
     async def direct(
         self, request: Any, instance_id: int, *, annotated: bool = True, context: Any = None

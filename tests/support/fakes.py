@@ -1,0 +1,123 @@
+"""Hand-written fakes behind the service's Protocol ports, and a bounded wait for the loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from workerset_admission.ports import BuildRequest, DiscoveryEntry, SourceEvent, SourceSnapshot
+
+__all__ = [
+    "FakeBuilder",
+    "FakeClock",
+    "FakePublisher",
+    "FakeSource",
+    "GroupsPublisher",
+    "settle",
+]
+
+
+class FakeSource:
+    """Events pushed by the test; ``list_all`` returns whatever the test set as the bucket."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[SourceEvent | None] = asyncio.Queue()
+        self.listing: list[DiscoveryEntry] = []
+        self.listing_gate = asyncio.Event()
+        self.listing_gate.set()
+        self.list_calls = 0
+        self.closed = False
+
+    async def events(self) -> AsyncIterator[SourceEvent]:
+        while True:
+            event = await self.queue.get()
+            if event is None:
+                return
+            yield event
+
+    async def list_all(self) -> SourceSnapshot:
+        self.list_calls += 1
+        listing = tuple(self.listing)  # read when the listing starts, like a real bucket scan
+        await self.listing_gate.wait()
+        return SourceSnapshot(listing, reason="periodic")
+
+    async def close(self) -> None:
+        self.closed = True
+        self.queue.put_nowait(None)
+
+
+class FakeBuilder:
+    """Builds finish when the test says so; ``fail_next`` makes attempts raise."""
+
+    def __init__(self, *, hold: bool = False) -> None:
+        self.hold = hold
+        self.requests: list[BuildRequest] = []
+        self.release = asyncio.Event()
+        self.fail_next = 0
+        self.cancelled = 0
+
+    async def build(self, request: BuildRequest) -> object:
+        self.requests.append(request)
+        try:
+            if self.hold:
+                await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        if self.fail_next:
+            self.fail_next -= 1
+            raise RuntimeError("metadata download failed")
+        return ("pipeline", request.generation)
+
+
+class FakePublisher:
+    def __init__(self) -> None:
+        self.records: dict[str, tuple[str, ...]] = {}
+        self.capability = False
+        self.withdrawn = False
+        self.calls = 0
+
+    async def publish_members(
+        self, worker_namespace: str, members: Any, *, groups: Any = None
+    ) -> None:
+        self.calls += 1
+        self.records[worker_namespace] = tuple(members)
+
+    async def publish_capability(self) -> None:
+        self.capability = True
+
+    async def withdraw_all(self) -> None:
+        self.withdrawn = True
+        self.records.clear()
+
+
+class GroupsPublisher(FakePublisher):
+    """A publisher that also takes the per-group details the rollout gate reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: dict[str, Any] = {}
+
+    async def publish_members(
+        self, worker_namespace: str, members: Any, *, groups: Any = None
+    ) -> None:
+        await super().publish_members(worker_namespace, members)
+        self.groups[worker_namespace] = groups
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def settle(condition: Any, timeout: float = 5.0) -> None:
+    """Yield to the loop until ``condition()`` holds (bounded)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition never held")
+        await asyncio.sleep(0.005)
