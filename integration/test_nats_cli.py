@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -14,32 +13,26 @@ from pathlib import Path
 import nats
 import pytest
 from natsfixture import NatsServer
-from workerset_admission import nats_cli
+from support.cards import base_card
+from workerset_admission import cli
 from workerset_admission.config import load_settings
 from workerset_admission.nats_cli import record_trace
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-CARD = {"display_name": "m", "service_name": "m"}
+CARD = base_card()
 WORKER = ["--namespace", "dgd-v1", "--component", "backend", "--endpoint", "generate"]
 
 
 def main(argv: list[str]) -> int:
-    """Run one subcommand through its own parser, as the dispatcher does."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("command")
-    command, rest = argv[0], argv[1:]
-    sub = argparse.ArgumentParser(prog=command)
-    nats_cli.add_arguments(command, sub)
-    return nats_cli.run(command, sub.parse_args(rest))
+    """Run one subcommand through the command line's own runner."""
+    return cli.main(argv)
 
 
 _RUN_REGISTER = (
-    "import sys, argparse\n"
-    "from workerset_admission import nats_cli\n"
-    "p = argparse.ArgumentParser()\n"
-    "nats_cli.add_arguments('register', p)\n"
-    "sys.exit(nats_cli.run('register', p.parse_args(sys.argv[1:])))\n"
+    "import sys\n"
+    "from workerset_admission import cli\n"
+    "sys.exit(cli.main(['register', *sys.argv[1:]]))\n"
 )
 
 

@@ -31,6 +31,7 @@ from workerset_admission.adapters.nats.connect import NatsConnectOptions, connec
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.identity import EndpointId
+from workerset_admission.ports import DefaultPipelineBuilder
 from workerset_admission.rollout_cli import (
     EXIT_CLOSED,
     EXIT_OPEN,
@@ -40,12 +41,7 @@ from workerset_admission.rollout_cli import (
     run_async,
     wait_for_gate,
 )
-from workerset_admission.service import (
-    AdmissionService,
-    BuildRequest,
-    DefaultPipelineBuilder,
-    ServiceSettings,
-)
+from workerset_admission.service import AdmissionService, BuildRequest, ServiceSettings
 from workerset_admission.service_cli import demo_card
 
 __all__ = ["nats_cluster"]
@@ -307,10 +303,6 @@ async def test_the_gate_follows_three_frontends_through_a_rolling_update(
 
 
 def _rollout_args(*extra: str) -> Any:
-    import argparse
+    from workerset_admission.cli import build_parser
 
-    from workerset_admission.rollout_cli import add_arguments
-
-    parser = argparse.ArgumentParser()
-    add_arguments("rollout", parser)
-    return parser.parse_args(["--model", MODEL, "--namespace", NEW, *extra])
+    return build_parser().parse_args(["rollout", "--model", MODEL, "--namespace", NEW, *extra])

@@ -5,19 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from workerset_admission.errors import ConfigError
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["STOPS_ON_SIGNAL", "arguments", "main"]
 
 
-def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
+# The bridge runs until a signal sets ``stop``, then prints what it did.
+STOPS_ON_SIGNAL = frozenset({"bridge"})
+
+
+def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     from workerset_admission.adapters.dynamo.filestore import DEFAULT_FILE_TTL, default_store_root
-    from workerset_admission.config import add_settings_arguments
 
     parser.add_argument(
         "--file-kv",
@@ -39,18 +41,16 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         help="keep bucket keys the store does not hold at start (another writer shares it)",
     )
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
-    add_settings_arguments(parser)
 
 
-async def _bridge(args: argparse.Namespace) -> int:
+async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
     from workerset_admission.adapters.dynamo.filestore import FileStoreReader, default_store_root
     from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
     from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
     from workerset_admission.adapters.nats.connect import connect
-    from workerset_admission.config import flags_from_args, load_settings
 
-    settings = load_settings(flags=flags_from_args(args), config_file=args.config_file)
+    settings = args.settings
     if settings.embedded:
         raise ConfigError(
             "the bridge writes the bucket the frontends read: give their NATS server "
@@ -72,21 +72,9 @@ async def _bridge(args: argparse.Namespace) -> int:
         if args.once:
             await bridge.sync_once()
         else:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
             print(f"bridging {root} -> bucket {bucket}", file=sys.stderr, flush=True)
             await bridge.run(stop)
     finally:
         await client.close()
     print(json.dumps(asdict(bridge.stats), sort_keys=True))
     return 0
-
-
-def run(name: str, args: argparse.Namespace) -> int:
-    try:
-        return asyncio.run(_bridge(args))
-    except ConfigError as exc:
-        print(f"workerset-admission bridge: {exc}", file=sys.stderr)
-        return 2

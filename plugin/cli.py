@@ -1,73 +1,284 @@
-"""The ``workerset-admission`` command line.
+"""The ``workerset-admission`` command line: one runner for every subcommand.
 
-Each subcommand lives in the module that owns its behaviour; this file only wires them up, so
-importing the CLI never pulls in NATS or OpenTelemetry for an offline ``replay``.
+Each subcommand lives in the module that owns its behaviour and declares two things:
+``arguments(name, parser)`` adds its own flags, and ``async main(name, args, stop)`` does the
+work and returns an exit status. This runner does the rest, the same way for every command:
+
+* the parser, ``--version``, a validated ``--log-level``, and the NATS and bucket settings
+  flags on the commands that connect (and only those); settings are loaded and checked
+  before anything starts;
+* the event loop and the signals: the first SIGINT or SIGTERM sets ``stop`` (commands that run
+  until stopped finish cleanly on it), and cancels a command that does not wait for it; a second
+  signal cancels whatever is left;
+* one table from errors to exit statuses (:data:`EXIT_STATUSES`), and one message format:
+  ``workerset-admission <command>: <what went wrong>`` on standard error, no traceback.
+
+Importing this module pulls in neither NATS nor OpenTelemetry, so an offline ``replay`` stays
+light.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import importlib
+import logging
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
-__all__ = ["main"]
+from workerset_admission.errors import (
+    RemoteDataError,
+    Unreachable,
+    UsageError,
+    WorkersetAdmissionError,
+)
 
-# subcommand -> (module, one-line help). The module provides ``add_arguments(parser)`` and
-# ``run(args) -> int``.
-_COMMANDS: dict[str, tuple[str, str]] = {
-    "replay": (
+__all__ = [
+    "COMMANDS",
+    "EXIT_FAILED",
+    "EXIT_NO",
+    "EXIT_OK",
+    "EXIT_STATUSES",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "build_parser",
+    "exit_status",
+    "main",
+]
+
+EXIT_OK = 0
+"""Done; for a command that runs until stopped, stopped by a signal."""
+EXIT_NO = 1
+"""The answer is no: ``rollout``'s gate is closed, ``explain``'s instance is not admitted."""
+EXIT_USAGE = 2
+"""Bad input from the operator: flags, settings, a trace, a card, an output path."""
+EXIT_UNREACHABLE = 3
+"""NATS could not be reached or did not answer (connection, credentials, time-out, no service)."""
+EXIT_FAILED = 4
+"""The command failed while it ran (the service stopped on an error, an unexpected fault)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    """Where a subcommand lives, its one-line help, and whether it connects to NATS."""
+
+    module: str
+    help: str
+    connects: bool
+
+
+COMMANDS: dict[str, CommandSpec] = {
+    "replay": CommandSpec(
         "workerset_admission.replay_cli",
         "replay a discovery trace offline and print the state",
+        connects=False,
     ),
-    "explain": ("workerset_admission.replay_cli", "explain why an instance is or is not admitted"),
-    "serve": ("workerset_admission.service_cli", "run the admission service (the main job)"),
-    "status": ("workerset_admission.service_cli", "ask a running service for its admission state"),
-    "demo": ("workerset_admission.service_cli", "play a rolling update and show each decision"),
-    "bridge": (
+    "explain": CommandSpec(
+        "workerset_admission.replay_cli",
+        "explain why an instance is or is not admitted (exit 1 when it is not)",
+        connects=False,
+    ),
+    "serve": CommandSpec(
+        "workerset_admission.service_cli", "run the admission service (the main job)", True
+    ),
+    "status": CommandSpec(
+        "workerset_admission.service_cli", "ask a running service for its admission state", True
+    ),
+    "demo": CommandSpec(
+        "workerset_admission.service_cli",
+        "play a rolling update on an embedded server and show each decision",
+        connects=False,
+    ),
+    "bridge": CommandSpec(
         "workerset_admission.bridge_cli",
         "mirror Dynamo's file discovery store into the NATS discovery bucket",
+        connects=True,
     ),
-    "register": (
+    "register": CommandSpec(
         "workerset_admission.nats_cli",
         "register a worker's model card in the discovery bucket (kept alive until stopped)",
+        connects=True,
     ),
-    "deregister": (
+    "deregister": CommandSpec(
         "workerset_admission.nats_cli",
         "remove a worker's registration from the discovery bucket",
+        connects=True,
     ),
-    "record": (
+    "record": CommandSpec(
         "workerset_admission.nats_cli",
         "record a replay trace from the live discovery bucket",
+        connects=True,
     ),
-    "rollout": (
+    "rollout": CommandSpec(
         "workerset_admission.rollout_cli",
         "gate a rolling update: is a worker namespace served by every live frontend",
+        connects=True,
     ),
 }
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
-    module_name, _help = _COMMANDS[name]
-    return importlib.import_module(module_name)
+class CommandModule(Protocol):
+    """What the runner needs from a command module."""
+
+    def arguments(self, name: str, parser: argparse.ArgumentParser) -> None: ...
+
+    def main(self, name: str, args: argparse.Namespace, stop: asyncio.Event) -> Awaitable[int]: ...
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError, TimeoutError)
+    # Only when a command loaded the NATS client: an offline command never imports it.
+    if "nats" in sys.modules:
+        from workerset_admission.adapters.nats.errors import NatsError
+
+        errors += (NatsError,)
+    return errors
+
+
+def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
+    return (
+        ((UsageError,), EXIT_USAGE),
+        ((RemoteDataError,), EXIT_USAGE),
+        ((Unreachable,), EXIT_UNREACHABLE),
+        (_transport_errors(), EXIT_UNREACHABLE),
+        ((WorkersetAdmissionError,), EXIT_FAILED),
+    )
+
+
+EXIT_STATUSES: dict[int, str] = {
+    EXIT_OK: "success (a long-running command stopped by SIGINT or SIGTERM counts as success)",
+    EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted",
+    EXIT_USAGE: "bad flags, settings, trace, card or output path; nothing was changed",
+    EXIT_UNREACHABLE: "NATS unreachable, credentials refused, or no answer in time",
+    EXIT_FAILED: "the command failed while running",
+}
+"""Every exit status the command line uses, with its meaning (the README shows this table)."""
+
+
+def exit_status(error: BaseException) -> int:
+    """Map an error that ended a command to its exit status (first matching row wins)."""
+    for kinds, status in _exit_table():
+        if isinstance(error, kinds):
+            return status
+    return EXIT_FAILED
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in _LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(_LEVELS)}, not {text!r}")
+    return level
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dynamo-workerset-admission")
+    except PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
+        return "unknown"
+
+
+def _load(name: str) -> CommandModule:
+    return cast(CommandModule, importlib.import_module(COMMANDS[name].module))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workerset-admission",
         description="WorkerSet admission for the Dynamo frontend.",
+        epilog="Exit statuses: "
+        + "; ".join(f"{code} {text}" for code, text in EXIT_STATUSES.items()),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (_module, help_text) in _COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text)
-        _load(name).add_arguments(name, command_parser)
+    for name, spec in COMMANDS.items():
+        command = sub.add_parser(name, help=spec.help, description=spec.help)
+        _load(name).arguments(name, command)
+        command.add_argument(
+            "--log-level",
+            type=_log_level,
+            default="WARNING" if name != "serve" else "INFO",
+            help="log level: DEBUG, INFO, WARNING, ERROR or CRITICAL",
+        )
+        if spec.connects:
+            from workerset_admission.config import add_settings_arguments
+
+            add_settings_arguments(command)
     return parser
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from workerset_admission.config import flags_from_args, load_settings
+
+    return load_settings(flags=flags_from_args(args), config_file=args.config_file)
+
+
+async def _run(
+    main: Callable[[], Awaitable[int]], stop: asyncio.Event, waits: bool, interrupted: int
+) -> int:
+    """Run ``main`` with the signal handlers installed; see the module docstring."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(main())
+    signalled = 0
+
+    def on_signal() -> None:
+        nonlocal signalled
+        signalled += 1
+        stop.set()
+        if signalled > 1 or not waits:
+            task.cancel()
+
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, on_signal)
+            installed.append(signum)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
+        return interrupted
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+
+def run_command(name: str, args: argparse.Namespace) -> int:
+    """Run one parsed command and return its exit status; errors become the table's status."""
+    module = _load(name)
+    try:
+        if COMMANDS[name].connects:
+            args.settings = _settings(args)
+        stop = asyncio.Event()
+        waits = name in getattr(module, "STOPS_ON_SIGNAL", ())
+        interrupted: int = getattr(module, "INTERRUPTED_STATUS", EXIT_OK)
+        return asyncio.run(_run(lambda: module.main(name, args, stop), stop, waits, interrupted))
+    except KeyboardInterrupt:
+        return int(getattr(module, "INTERRUPTED_STATUS", EXIT_OK))
+    except Exception as error:
+        status = exit_status(error)
+        text = str(error) or type(error).__name__
+        if status == EXIT_UNREACHABLE and not isinstance(error, Unreachable):
+            text = f"cannot reach NATS: {text}"
+        print(f"workerset-admission {name}: {text}", file=sys.stderr)
+        if status == EXIT_FAILED:
+            logging.getLogger(__name__).debug("%s failed", name, exc_info=error)
+        return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = _load(args.command).run(args.command, args)
-    return code
+    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    return run_command(args.command, args)
 
 
 if __name__ == "__main__":

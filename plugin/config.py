@@ -44,6 +44,7 @@ __all__ = [
     "ENV_PREFIX",
     "ServiceSettings",
     "Settings",
+    "add_serve_settings_arguments",
     "add_settings_arguments",
     "default_frontend_id",
     "flags_from_args",
@@ -390,6 +391,32 @@ _FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
 )
 
 
+# Settings only ``serve`` uses: the Prometheus endpoint it opens.
+_SERVE_FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
+    (
+        "--prometheus-port",
+        "prometheus_port",
+        "serve Prometheus metrics on this port (0 picks a free one; default off)",
+        {"type": int},
+    ),
+    ("--prometheus-host", "prometheus_host", "address of the Prometheus endpoint", {}),
+    (
+        "--view-dir",
+        "view_dir",
+        "write the admitted discovery view here for a Dynamo frontend on --discovery-backend "
+        "file (its DYN_FILE_KV)",
+        {"type": Path},
+    ),
+)
+
+
+def add_serve_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the settings flags only ``serve`` takes (the Prometheus endpoint, the view)."""
+    group = parser.add_argument_group("serve settings (override environment and config file)")
+    for flag, dest, help_text, extra in _SERVE_FLAG_SPECS:
+        group.add_argument(flag, dest=dest, help=help_text, default=None, **extra)
+
+
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the shared connection and bucket flags to a subcommand parser."""
     group = parser.add_argument_group("settings (override environment and config file)")
@@ -400,7 +427,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Return the settings given as flags (unset flags are left out)."""
     flags: dict[str, Any] = {}
-    for _flag, dest, _help, _extra in _FLAG_SPECS:
+    for _flag, dest, _help, _extra in (*_FLAG_SPECS, *_SERVE_FLAG_SPECS):
         if dest and getattr(args, dest, None) is not None:
             value = getattr(args, dest)
             # Repeated flags and comma-separated lists mean the same thing.

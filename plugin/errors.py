@@ -35,6 +35,7 @@ __all__ = [
     "ReceiverRetired",
     "RemoteDataError",
     "TransitionRefused",
+    "Unreachable",
     "UsageError",
     "ViewDirectoryError",
     "WorkersetAdmissionError",
@@ -84,6 +85,10 @@ class InvalidRecordError(RemoteDataError):
     def __init__(self, reason: str, detail: str = "", *, key: str | None = None) -> None:
         self.key = key
         super().__init__(reason, detail)
+
+
+class Unreachable(WorkersetAdmissionError):
+    """NATS, or a service answering over it, could not be reached or did not answer in time."""
 
 
 class ReceiverRetired(WorkersetAdmissionError):

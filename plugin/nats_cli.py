@@ -13,23 +13,16 @@ import asyncio
 import contextlib
 import json
 import secrets
-import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from workerset_admission.config import (
-    Settings,
-    add_settings_arguments,
-    flags_from_args,
-    load_settings,
-)
-from workerset_admission.errors import ConfigError, WorkersetAdmissionError
+from workerset_admission.config import Settings
+from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId
 
-__all__ = ["add_arguments", "record_trace", "run", "trace_line"]
+__all__ = ["STOPS_ON_SIGNAL", "arguments", "check_card", "main", "record_trace", "trace_line"]
 
 
 def _instance_id(text: str) -> int:
@@ -66,8 +59,18 @@ def _add_worker_arguments(parser: argparse.ArgumentParser, *, id_required: bool)
     parser.add_argument("--suffix", help="LoRA adapter suffix (registers an adapter card)")
 
 
-def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
-    add_settings_arguments(parser)
+def _output(text: str) -> Path:
+    """Check an output file's folder exists, before anything connects."""
+    path = Path(text)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"no such folder for the output file: {folder}")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder, not a file")
+    return path
+
+
+def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     if name == "register":
         _add_worker_arguments(parser, id_required=False)
         parser.add_argument(
@@ -104,7 +107,10 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         )
     elif name == "record":
         parser.add_argument(
-            "--output", "-o", type=Path, help="trace file to write (default: standard output)"
+            "--output", "-o", type=_output, help="trace file to write (default: standard output)"
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="end with a JSON summary on standard output"
         )
         parser.add_argument(
             "--duration",
@@ -113,10 +119,6 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         )
     else:  # pragma: no cover - the dispatch table only routes the three names here
         raise ValueError(name)
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(flags=flags_from_args(args), config_file=args.config_file)
 
 
 def _servers(settings: Settings) -> tuple[str, ...]:
@@ -139,28 +141,38 @@ def _read_card(path: Path) -> dict[str, Any]:
     return data
 
 
-@contextlib.contextmanager
-def _interrupts(stop: asyncio.Event) -> Iterator[None]:
-    loop = asyncio.get_running_loop()
-    installed = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, stop.set)
-            installed.append(signum)
-    try:
-        yield
-    finally:
-        for signum in installed:
-            loop.remove_signal_handler(signum)
+def check_card(
+    settings: Settings, endpoint: EndpointId, instance_id: int, card: Any, suffix: str | None
+) -> None:
+    """Refuse a card the service would refuse, for the same reason, before anything is written.
+
+    The record is encoded as it will be published and judged by the service's own ingestion
+    path, with the service's boundary settings (a namespace outside the filter included).
+    """
+    from workerset_admission.card import encode_model_record
+    from workerset_admission.ingest import CardRecordDecoder
+    from workerset_admission.keys import model_kv_key
+    from workerset_admission.plugin import boundary_settings
+
+    key = model_kv_key(endpoint, instance_id, suffix)
+    decoded = CardRecordDecoder(boundary_settings(settings)).decode(
+        key, encode_model_record(endpoint, instance_id, card, suffix)
+    )
+    if decoded is None:
+        raise ConfigError(
+            f"namespace {endpoint.namespace!r} is outside the frontends' namespace filter: "
+            "the service would ignore this registration"
+        )
 
 
-async def _register(args: argparse.Namespace, settings: Settings) -> int:
+async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.nats.connect import connect
     from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 
     card = _read_card(args.card)
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
     instance_id = args.instance_id if args.instance_id is not None else secrets.randbits(63)
+    check_card(settings, endpoint, instance_id, card, args.suffix)
     nc = await connect(settings.nats_connect_options(_servers(settings)))
     try:
         publisher = DiscoveryPublisher(
@@ -173,12 +185,10 @@ async def _register(args: argparse.Namespace, settings: Settings) -> int:
         keys = [key]
         if not args.no_endpoint_record:
             keys.append(await publisher.register_endpoint(endpoint, instance_id))
-        print(json.dumps({"registered": keys, "instance_id": f"{instance_id:x}"}), flush=True)
+        print(json.dumps({"registered": keys, "instance_id": instance_id}), flush=True)
         if args.once:
             return 0
-        stop = asyncio.Event()
-        with _interrupts(stop):
-            await stop.wait()
+        await stop.wait()
         await publisher.close(withdraw=True)
         print(json.dumps({"deregistered": keys}), flush=True)
         return 0
@@ -186,7 +196,8 @@ async def _register(args: argparse.Namespace, settings: Settings) -> int:
         await nc.close()
 
 
-async def _deregister(args: argparse.Namespace, settings: Settings) -> int:
+async def _deregister(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
+    del stop
     from workerset_admission.adapters.nats.connect import connect
     from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 
@@ -270,29 +281,28 @@ async def record_trace(
     return lines
 
 
-async def _record(args: argparse.Namespace, settings: Settings) -> int:
-    stop = asyncio.Event()
-    with _interrupts(stop), contextlib.ExitStack() as stack:
+async def _record(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
+    from workerset_admission.adapters.nats.connect import probe_bucket
+
+    await probe_bucket(settings.nats_connect_options(_servers(settings)), settings.discovery_bucket)
+    with contextlib.ExitStack() as stack:
         out: IO[str] = (
             stack.enter_context(args.output.open("w", encoding="utf-8"))
             if args.output
             else sys.stdout
         )
         lines = await record_trace(settings, out, duration=args.duration, stop=stop)
-    print(f"recorded {lines} line(s)", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"lines": lines, "output": str(args.output or "-")}), flush=True)
+    else:
+        print(f"recorded {lines} line(s)", file=sys.stderr)
     return 0
 
 
-def run(name: str, args: argparse.Namespace) -> int:
-    from workerset_admission.adapters.nats.errors import NatsError
+# ``register`` and ``record`` run until a signal sets ``stop``, then finish cleanly.
+STOPS_ON_SIGNAL = frozenset({"register", "record"})
 
-    try:
-        settings = _settings(args)
-        handler = {"register": _register, "deregister": _deregister, "record": _record}[name]
-        return asyncio.run(handler(args, settings))
-    except WorkersetAdmissionError as exc:
-        print(f"workerset-admission {name}: {exc}", file=sys.stderr)
-        return 2
-    except (OSError, asyncio.TimeoutError, NatsError) as exc:
-        print(f"workerset-admission {name}: cannot reach NATS: {exc!r}", file=sys.stderr)
-        return 1
+
+async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    handler = {"register": _register, "deregister": _deregister, "record": _record}[name]
+    return await handler(args, args.settings, stop)

@@ -7,13 +7,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from workerset_admission.config import Settings, load_settings
+from workerset_admission.ingest import CardRecordDecoder
 from workerset_admission.ports import DiscoverySource
-from workerset_admission.service import (
-    AdmissionService,
-    CardRecordDecoder,
-    PipelineBuilder,
-    ServiceSettings,
-)
+from workerset_admission.service import AdmissionService, PipelineBuilder, ServiceSettings
 from workerset_admission.telemetry import AdmissionTelemetry
 
 if TYPE_CHECKING:
@@ -69,7 +65,6 @@ async def create_service(
     servers: Sequence[str] | None = None,
     builder: PipelineBuilder | None = None,
     telemetry: AdmissionTelemetry | None = None,
-    handle_signals: bool = False,
     publish: bool = True,
     status: bool = True,
     view_files: DirectoryFiles | None = None,
@@ -133,7 +128,6 @@ async def create_service(
             status=responder,
             telemetry=telemetry or AdmissionTelemetry(bucket=settings.discovery_bucket),
             settings=service_settings(settings),
-            handle_signals=handle_signals,
             closers=closers,
         )
         if view is not None:

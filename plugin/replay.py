@@ -47,16 +47,22 @@ from workerset_admission.ingest import CardRecordDecoder, Ingested, Ingestor
 from workerset_admission.keys import parse_key as parse_kv_key
 
 __all__ = [
+    "MUTATION_REFUSED",
     "KeyHistory",
     "ReplayResult",
     "TraceError",
     "explain",
+    "is_admitted",
     "read_trace",
     "render",
     "replay",
+    "resolve_instance",
 ]
 
 _KINDS = ("put", "delete", "snapshot", "build", "tick")
+
+# The reason a refused in-place change is listed under: the same word as the metric label.
+MUTATION_REFUSED = "mutation_refused"
 
 
 class TraceError(UsageError):
@@ -265,9 +271,9 @@ class _Replayer:
                 self.rejections.append(effect)
             elif isinstance(effect, MutationRefused):
                 kv_key = self.kv_key_of.get(effect.key, effect.key)
-                self.invalid.append((kv_key, "in_place_change"))
+                self.invalid.append((kv_key, MUTATION_REFUSED))
                 note = self._note(effect.key, kv_key, "in-place change refused")
-                note.refused = "in_place_change"
+                note.refused = MUTATION_REFUSED
         return follow
 
 
@@ -310,9 +316,53 @@ def replay(
     )
 
 
+def resolve_instance(result: ReplayResult, instance: str) -> str:
+    """Return the instance key ``instance`` names: an instance key, a KV key, or a bare id.
+
+    Instance ids are printed as integers (``status --json``, ``replay``) and spelled in hex in
+    keys; a bare id may be given either way (``26`` or ``0x1a``). A bare id must name one
+    registration of the trace; several are refused with the keys to choose from.
+    """
+    if instance.startswith("v1."):
+        return _instance_key_of(instance)
+    if "/" in instance:
+        return instance
+    try:
+        wanted = int(instance, 16) if instance.lower().startswith("0x") else int(instance, 10)
+    except ValueError:
+        raise UsageError(
+            f"{instance!r} is neither an instance key, a KV key nor an instance id"
+        ) from None
+    matches = sorted(key for key in result.history if _instance_id_of(key) == wanted)
+    if not matches:
+        raise UsageError(f"the trace never registers instance id {wanted} (0x{wanted:x})")
+    bases = [key for key in matches if key.count("/") == 3]
+    if len(bases) == 1:
+        return bases[0]
+    if len(matches) == 1:
+        return matches[0]
+    raise UsageError(f"instance id {wanted} names several keys: {', '.join(matches)}")
+
+
+def _instance_id_of(key: str) -> int | None:
+    parts = key.split("/")
+    try:
+        return int(parts[3], 16) if len(parts) >= 4 else None
+    except ValueError:
+        return None
+
+
+def is_admitted(result: ReplayResult, instance: str) -> bool:
+    """Tell whether ``instance`` is served at the end of the replay (an adapter: attached)."""
+    placement = result.core.placement(resolve_instance(result, instance))
+    if placement is None:
+        return False
+    return placement.attached_to is not None if placement.is_lora else placement.admitted
+
+
 def explain(result: ReplayResult, instance: str) -> str:
-    """Say in words why ``instance`` (an instance key or a KV key) is or is not admitted."""
-    key = _instance_key_of(instance) if instance.startswith("v1.") else instance
+    """Say in words why ``instance`` (see :func:`resolve_instance`) is or is not admitted."""
+    key = resolve_instance(result, instance)
     core = result.core
     history = result.history.get(key)
     lines: list[str] = []
@@ -360,7 +410,7 @@ def explain(result: ReplayResult, instance: str) -> str:
                 "only be served after every worker of the cohorts ahead of it is gone."
             )
     if history is not None:
-        if history.refused == "in_place_change":
+        if history.refused == MUTATION_REFUSED:
             lines.append(
                 "A later record for this key changed its WorkerSet or checksum in place; it was "
                 "refused and the first incarnation was kept."

@@ -3,24 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import sys
 from pathlib import Path
 
 from workerset_admission.admission import CoreSettings
 from workerset_admission.card import BoundarySettings
 from workerset_admission.errors import UsageError
-from workerset_admission.replay import explain, render, replay
+from workerset_admission.replay import ReplayResult, explain, is_admitted, render, replay
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["arguments", "main"]
+
+EXIT_ADMITTED = 0
+EXIT_NOT_ADMITTED = 1
 
 
-def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
+def _retry_delays(text: str) -> tuple[float, ...]:
+    try:
+        delays = tuple(float(d) for d in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated seconds, e.g. 1,2,4") from None
+    if not delays or any(d < 0 for d in delays):
+        raise argparse.ArgumentTypeError("retry delays are non-negative seconds")
+    return delays
+
+
+def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", metavar="TRACE", help="JSONL trace file ('-' for stdin)")
     if name == "explain":
         parser.add_argument(
             "instance",
             metavar="INSTANCE",
-            help="instance key (ns/component/endpoint/<id hex>[/suffix]) or its KV key",
+            help="instance key (ns/component/endpoint/<id hex>[/suffix]), its KV key, or the "
+            "instance id alone (decimal, or hex with 0x)",
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="print the answer as JSON for machines"
         )
     parser.add_argument(
         "--namespace", default=None, help="only watch this worker namespace (as the frontend)"
@@ -30,24 +49,42 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--retry-delays",
-        default="1,2,4,8,16,30",
+        type=_retry_delays,
+        default=(1.0, 2.0, 4.0, 8.0, 16.0, 30.0),
         help="comma-separated retry delays in seconds (default 1,2,4,8,16,30)",
     )
 
 
-def run(name: str, args: argparse.Namespace) -> int:
+def _lines(trace: str) -> list[str]:
+    if trace == "-":
+        return sys.stdin.read().splitlines()
     try:
-        delays = tuple(float(d) for d in str(args.retry_delays).split(","))
-        core_settings = CoreSettings(max_concurrent_builds=args.max_builds, retry_delays=delays)
-        boundary = BoundarySettings(namespace=args.namespace)
-        if args.trace == "-":
-            lines = sys.stdin.read().splitlines()
-        else:
-            lines = Path(args.trace).read_text(encoding="utf-8").splitlines()
-        result = replay(lines, boundary, core_settings)
-    except (UsageError, ValueError, OSError) as exc:
-        print(f"workerset-admission {name}: {exc}", file=sys.stderr)
-        return 2
-    out = render(result) if name == "replay" else explain(result, args.instance)
-    sys.stdout.write(out)
-    return 0
+        return Path(trace).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read trace {trace}: {exc}") from None
+
+
+def _replay(args: argparse.Namespace) -> ReplayResult:
+    try:
+        core_settings = CoreSettings(
+            max_concurrent_builds=args.max_builds, retry_delays=args.retry_delays
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return replay(_lines(args.trace), BoundarySettings(namespace=args.namespace), core_settings)
+
+
+async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    del stop  # a replay is short and offline: a signal simply cancels it
+    result = _replay(args)
+    if name == "replay":
+        sys.stdout.write(render(result))
+        return 0
+    text = explain(result, args.instance)
+    admitted = is_admitted(result, args.instance)
+    if args.json:
+        answer = {"instance": args.instance, "admitted": admitted, "explanation": text}
+        print(json.dumps(answer, indent=2))
+    else:
+        sys.stdout.write(text)
+    return EXIT_ADMITTED if admitted else EXIT_NOT_ADMITTED

@@ -2,8 +2,8 @@
 
 Reads the serving-admission bucket, asks :func:`workerset_admission.rollout.evaluate_gate`, and
 prints a table (or JSON with ``--json``). The exit status is the answer, so a rollout script can
-branch on it: 0 the gate is open, 1 it is closed (or ``--wait`` timed out), 2 the bucket could
-not be read.
+branch on it: 0 the gate is open, 1 it is closed (or ``--wait`` timed out or was interrupted),
+3 the bucket could not be read (the command line's table of exit statuses).
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TextIO
 
-from workerset_admission.config import add_settings_arguments, flags_from_args, load_settings
-from workerset_admission.errors import ConfigError, InvalidRecordError
+from workerset_admission.errors import InvalidRecordError
 from workerset_admission.rollout import (
     BucketRead,
     GateReport,
@@ -37,13 +36,14 @@ __all__ = [
     "EXIT_CLOSED",
     "EXIT_OPEN",
     "EXIT_UNREADABLE",
+    "INTERRUPTED_STATUS",
     "BucketRead",
     "GateQuery",
     "RawEntry",
     "RecordSource",
-    "add_arguments",
+    "arguments",
     "check_gate",
-    "run",
+    "main",
     "wait_for_gate",
 ]
 
@@ -51,7 +51,9 @@ DEFAULT_BUCKET = "frontend-model-admission"
 
 EXIT_OPEN = 0
 EXIT_CLOSED = 1
-EXIT_UNREADABLE = 2
+EXIT_UNREADABLE = 3
+# An operator who interrupts ``--wait`` has not seen the gate open.
+INTERRUPTED_STATUS = EXIT_CLOSED
 
 
 class RecordSource(Protocol):
@@ -165,11 +167,8 @@ async def wait_for_gate(
         await sleep(min(interval, max(0.0, timeout - elapsed)))
 
 
-def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
+def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     del name
-    # The shared NATS flags: --nats-server (repeat it, or list several nodes of a cluster),
-    # credentials, TLS, --admission-bucket, --config.
-    add_settings_arguments(parser)
     parser.add_argument("--model", required=True, help="the model name being rolled out")
     parser.add_argument(
         "--namespace",
@@ -231,7 +230,7 @@ def emit(check: GateCheck, *, as_json: bool, out: TextIO, err: TextIO) -> int:
     if check.report is None:
         if as_json:
             out.write(json.dumps({"open": False, "error": check.problem}) + "\n")
-        err.write(f"rollout: {check.problem}\n")
+        err.write(f"workerset-admission rollout: {check.problem}\n")
         return EXIT_UNREADABLE
     if as_json:
         out.write(json.dumps(check.report.as_json(), indent=2, sort_keys=True) + "\n")
@@ -261,7 +260,7 @@ async def run_async(
             progress=progress,
         )
         if not check.open and check.report is not None:
-            err.write(f"rollout: gate still closed after {args.timeout:g} s\n")
+            err.write(f"workerset-admission rollout: gate still closed after {args.timeout:g} s\n")
             emit(check, as_json=args.json, out=out, err=err)
             return EXIT_CLOSED
     else:
@@ -269,22 +268,12 @@ async def run_async(
     return emit(check, as_json=args.json, out=out, err=err)
 
 
-def run(name: str, args: argparse.Namespace) -> int:
+async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    del name, stop
+    from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
     from workerset_admission.adapters.nats.connect import DEFAULT_SERVERS
 
-    try:
-        settings = load_settings(flags=flags_from_args(args), config_file=args.config_file)
-        # A tool reads an existing deployment; with no servers configured, the local default.
-        options = settings.nats_connect_options(settings.nats_servers or DEFAULT_SERVERS)
-    except ConfigError as error:
-        print(f"workerset-admission {name}: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
-    from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
-
-    source = NatsRecordSource(options, settings.admission_bucket)
-    try:
-        return asyncio.run(run_async(args, source))
-    except KeyboardInterrupt:
-        # An operator gave up waiting: the gate was not seen open.
-        print(f"workerset-admission {name}: interrupted", file=sys.stderr)
-        return EXIT_CLOSED
+    settings = args.settings
+    # A tool reads an existing deployment; with no servers configured, the local default.
+    options = settings.nats_connect_options(settings.nats_servers or DEFAULT_SERVERS)
+    return await run_async(args, NatsRecordSource(options, settings.admission_bucket))

@@ -27,15 +27,9 @@ import collections
 import contextlib
 import json
 import logging
-import signal
 import sys
 import time
-from collections.abc import (
-    Awaitable,
-    Callable,
-    Collection,
-    Sequence,
-)
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from types import TracebackType
 
 from workerset_admission.admission import (
@@ -57,23 +51,12 @@ from workerset_admission.admission import (
     WithdrawGroup,
 )
 from workerset_admission.aio import cancel_and_wait, collector_paused, on_loop, unwrap_group
-from workerset_admission.bindings import (
-    AdmittedHopBinding,
-    FrontendRouting,
-    HopBindings,
-)
+from workerset_admission.bindings import AdmittedHopBinding, FrontendRouting, HopBindings
 from workerset_admission.builds import Builds
 from workerset_admission.config import ServiceSettings
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey
-from workerset_admission.ingest import (
-    CardRecordDecoder,
-    Ingested,
-    Ingestor,
-    RecordDecoder,
-    default_decoder,
-)
-from workerset_admission.liveness import LivenessIndex
+from workerset_admission.ingest import Ingested, Ingestor, RecordDecoder
 from workerset_admission.ports import (
     AdmissionPublisher,
     BuildRequest,
@@ -90,10 +73,8 @@ from workerset_admission.publication import RetryTimers, ServingPublication, ser
 from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
 from workerset_admission.snapshots import (
     EMPTY_SNAPSHOT,
-    CohortSnapshot,
     GroupSnapshot,
     InvalidRecord,
-    ReadinessSnapshot,
     ServiceCounters,
     ServiceSnapshot,
     ServingRecord,
@@ -102,7 +83,7 @@ from workerset_admission.snapshots import (
     serving_records,
     state_summary,
 )
-from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
+from workerset_admission.telemetry import AdmissionTelemetry, RefusalWarnings, UpdateScope
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
@@ -112,21 +93,10 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 __all__ = [
     "AdmissionService",
     "BuildRequest",
-    "CardRecordDecoder",
-    "CohortSnapshot",
-    "DefaultPipelineBuilder",
     "GroupSnapshot",
-    "InvalidRecord",
-    "LivenessIndex",
     "PipelineBuilder",
-    "ReadinessSnapshot",
-    "RecordDecoder",
-    "ServiceCounters",
     "ServiceSettings",
     "ServiceSnapshot",
-    "ServingRecord",
-    "StatusResponder",
-    "default_decoder",
 ]
 
 _log = logging.getLogger(__name__)
@@ -194,6 +164,7 @@ class AdmissionService:
             maxlen=self.settings.invalid_history
         )
         self.counters = ServiceCounters()
+        self._refusal_warnings = RefusalWarnings(_log, clock=clock)
         self._synced = asyncio.Event()
         self._stopping = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -243,7 +214,7 @@ class AdmissionService:
                 runner.result()
 
     async def run(self) -> None:
-        """Start (unless started), then run until stopped (or SIGINT/SIGTERM when asked to)."""
+        """Start (unless started), then run until stopped (signals are the caller's)."""
         if self._runner is None:
             await self.start()
         try:
@@ -285,13 +256,6 @@ class AdmissionService:
         return self._runner is not None and not self._stopped.is_set()
 
     async def _run(self, started: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-        if self._handle_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.add_signal_handler(sig, self._stopping.set)
-                    installed.append(sig)
         try:
             async with TaskGroup() as tg:
                 self._tg = tg
@@ -321,8 +285,6 @@ class AdmissionService:
             await self._shutdown()
         finally:
             self._tg = None
-            for sig in installed:
-                loop.remove_signal_handler(sig)
             started.set()
             self._stopping.set()
             self._stopped.set()
@@ -482,6 +444,7 @@ class AdmissionService:
     def _refuse(self, key: str, exc: RemoteDataError, scope: UpdateScope | None) -> None:
         self.counters.invalid += 1
         self._invalid.append(InvalidRecord(key, exc.reason, exc.detail, self._clock()))
+        self._refusal_warnings.refused(key, exc.reason, exc.detail)
         if scope is not None:
             scope.invalid_record(exc.reason, exc.detail, key)
         else:

@@ -17,55 +17,52 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from workerset_admission.config import (
-    Settings,
-    add_settings_arguments,
-    flags_from_args,
-    load_settings,
-)
-from workerset_admission.errors import UsageError, WorkersetAdmissionError
+from workerset_admission.cli import EXIT_FAILED, EXIT_OK
+from workerset_admission.config import Settings, add_serve_settings_arguments
+from workerset_admission.errors import Unreachable, UsageError, WorkersetAdmissionError
 
 if TYPE_CHECKING:
     from workerset_admission.telemetry import TelemetryHandle
 
 __all__ = [
     "SERVE_FILE_ENV",
-    "add_arguments",
+    "STOPS_ON_SIGNAL",
+    "arguments",
     "demo_card",
+    "main",
     "play_demo",
     "render_status_table",
-    "run",
     "serve_file",
     "start_serve_telemetry",
 ]
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_UNREACHABLE = 2
+# ``serve`` runs until a signal sets ``stop``; ``status`` and ``demo`` are simply cancelled.
+STOPS_ON_SIGNAL = frozenset({"serve"})
 
 
-def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
-    add_settings_arguments(parser)
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("expected a positive number of seconds")
+    return value
+
+
+def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     if name == "serve":
         parser.add_argument(
             "--log-format", choices=("plain", "json"), default=None, help="log line format"
         )
-        parser.add_argument("--log-level", default="INFO", help="log level (default INFO)")
         parser.add_argument(
             "--telemetry",
             action="store_true",
             help="install the OpenTelemetry SDK with exporters chosen by the OTEL_* environment",
-        )
-        parser.add_argument(
-            "--view-dir",
-            type=Path,
-            default=None,
-            help="write the admitted discovery view here for a Dynamo frontend on "
-            "--discovery-backend file (its DYN_FILE_KV); also WORKERSET_ADMISSION_VIEW_DIR",
         )
         parser.add_argument(
             "--store-dir",
@@ -73,41 +70,28 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
             default=None,
             help="JetStream store of the embedded server (default: a temporary directory)",
         )
+        add_serve_settings_arguments(parser)
     elif name == "status":
         parser.add_argument("--json", action="store_true", help="print the service's JSON")
         parser.add_argument(
-            "--timeout", type=float, default=5.0, help="seconds to wait for an answer"
+            "--timeout", type=_positive, default=5.0, help="seconds to wait for an answer"
         )
         parser.add_argument("--subject", default=None, help="status subject of the service")
     elif name == "demo":
         parser.add_argument(
-            "--timeout", type=float, default=60.0, help="seconds each step may take at most"
+            "--timeout", type=_positive, default=60.0, help="seconds each step may take at most"
         )
 
 
-def run(name: str, args: argparse.Namespace) -> int:
-    try:
-        flags = flags_from_args(args)
-        if getattr(args, "view_dir", None) is not None:
-            flags["view_dir"] = args.view_dir
-        settings = load_settings(flags=flags, config_file=getattr(args, "config_file", None))
-    except WorkersetAdmissionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    commands: dict[str, Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]] = {
-        "serve": _serve,
-        "status": _status,
-        "demo": _demo,
-    }
-    from workerset_admission.adapters.nats.errors import NatsError
+async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    if name == "serve":
+        return await _serve(args.settings, args, stop)
+    if name == "status":
+        return await _status(args.settings, args)
+    from workerset_admission.config import load_settings
 
-    try:
-        return asyncio.run(commands[name](settings, args))
-    except KeyboardInterrupt:
-        return EXIT_OK
-    except (WorkersetAdmissionError, NatsError, OSError, asyncio.TimeoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    # The demo brings its own embedded server: no settings from the environment apply.
+    return await play_demo(load_settings(env={}), timeout=args.timeout, stream=sys.stdout)
 
 
 # --------------------------------------------------------------------------- serve
@@ -149,13 +133,13 @@ def _local_serve() -> dict[str, Any] | None:
     return found if isinstance(found, dict) and isinstance(found.get("url"), str) else None
 
 
-async def _serve(settings: Settings, args: argparse.Namespace) -> int:
+async def _serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
     from workerset_admission.telemetry import configure_logging
 
-    configure_logging(args.log_format or settings.log_format, args.log_level.upper())
+    configure_logging(args.log_format or settings.log_format, args.log_level)
     telemetry_handle = start_serve_telemetry(settings, otlp=args.telemetry or settings.telemetry)
     try:
-        return await _serve_service(settings, args, telemetry_handle)
+        return await _serve_service(settings, args, telemetry_handle, stop)
     finally:
         if telemetry_handle is not None:
             telemetry_handle.shutdown()
@@ -184,7 +168,10 @@ def start_serve_telemetry(settings: Settings, *, otlp: bool) -> TelemetryHandle 
 
 
 async def _serve_service(
-    settings: Settings, args: argparse.Namespace, telemetry_handle: TelemetryHandle | None
+    settings: Settings,
+    args: argparse.Namespace,
+    telemetry_handle: TelemetryHandle | None,
+    stop: asyncio.Event,
 ) -> int:
     from workerset_admission.plugin import create_service
     from workerset_admission.telemetry import AdmissionTelemetry
@@ -218,16 +205,12 @@ async def _serve_service(
 
         where = servers_for_display(servers or settings.nats_servers)
         service = await _with_progress(
-            create_service(
-                settings,
-                servers=servers,
-                telemetry=telemetry,
-                handle_signals=True,
-                view_files=view_files,
-            ),
+            create_service(settings, servers=servers, telemetry=telemetry, view_files=view_files),
             f"connecting to NATS at {where}",
         )
         stack.push_async_callback(service.stop)
+        stopper = asyncio.ensure_future(_stop_when(stop, service))
+        stack.callback(stopper.cancel)
         _say(
             f"watching bucket {settings.discovery_bucket!r}; status on "
             f"{settings.status_subject!r}; publishing to {settings.admission_bucket!r}"
@@ -244,7 +227,12 @@ async def _serve_service(
             # keep it out of full collections, whose pauses would otherwise grow with the fleet.
             gc.freeze()
         await service.run()
-    return EXIT_OK
+    return 0
+
+
+async def _stop_when(stop: asyncio.Event, service: Any) -> None:
+    await stop.wait()
+    await service.stop()
 
 
 async def _with_progress(awaitable: Awaitable[Any], what: str, every: float = 2.0) -> Any:
@@ -281,25 +269,21 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         # No server configured: ask the local serve that runs an embedded one, if any.
         local = _local_serve()
         if local is None:
-            print(
-                "error: no NATS server given (--nats-server or settings) and no local serve "
-                f"announced in {serve_file()}",
-                file=sys.stderr,
+            raise Unreachable(
+                "no NATS server given (--nats-server or settings) and no local serve "
+                f"announced in {serve_file()}"
             )
-            return EXIT_UNREACHABLE
         servers = (local["url"],)
         subject = args.subject or str(local.get("status_subject") or subject)
+    options = settings.nats_connect_options(servers)
     try:
-        options = settings.nats_connect_options(servers)
         nc = await asyncio.wait_for(connect(options), args.timeout)
-    except Exception as exc:
-        print(f"error: cannot reach NATS: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+    except asyncio.TimeoutError:
+        raise Unreachable(f"no NATS server answered within {args.timeout:g} s") from None
     try:
         reply = await nc.request(subject, b"", timeout=args.timeout)
     except (NoRespondersError, NatsTimeoutError):
-        print(f"error: no admission service answers on {subject!r}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        raise Unreachable(f"no admission service answers on {subject!r}") from None
     finally:
         await nc.close()
     status = json.loads(reply.data)
@@ -307,7 +291,7 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(status, indent=2, sort_keys=True))
     else:
         print(render_status_table(status))
-    return EXIT_OK
+    return 0
 
 
 def _short(checksum: object) -> str:
@@ -315,8 +299,9 @@ def _short(checksum: object) -> str:
 
 
 def _ids(value: object) -> str:
+    # Instance ids print as integers everywhere (this table, status JSON, replay, register).
     if isinstance(value, list):
-        return ",".join(f"{i:x}" for i in value) if value else "-"
+        return ",".join(str(i) for i in value) if value else "-"
     return f"{value} ids"
 
 
@@ -432,10 +417,6 @@ class _DecisionPrinter:
                 f"generation {effect.new_generation}"
             )
         return None
-
-
-async def _demo(settings: Settings, args: argparse.Namespace) -> int:
-    return await play_demo(settings, timeout=args.timeout, stream=sys.stdout)
 
 
 async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> int:

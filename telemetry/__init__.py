@@ -13,7 +13,7 @@ from .facade import (
     UpdateScope,
     decision_of,
 )
-from .logs import JsonFormatter, configure_logging, install_log_correlation
+from .logs import JsonFormatter, RefusalWarnings, configure_logging, install_log_correlation
 from .propagation import inject_headers, link_from_headers
 from .setup import DEFAULT_SERVICE_NAME, TelemetryHandle, setup_telemetry
 
@@ -23,6 +23,7 @@ __all__ = [
     "AdmissionTelemetry",
     "BuildScope",
     "JsonFormatter",
+    "RefusalWarnings",
     "TelemetryHandle",
     "UpdateScope",
     "configure_logging",

@@ -28,6 +28,7 @@ __all__ = [
     "TRACE_FLAGS_FIELD",
     "TRACE_ID_FIELD",
     "JsonFormatter",
+    "RefusalWarnings",
     "configure_logging",
     "install_log_correlation",
 ]
@@ -154,3 +155,46 @@ def configure_logging(
     logger.setLevel(level)
     logger.propagate = False
     return handler
+
+
+class RefusalWarnings:
+    """One WARNING per refused discovery record, at most ``burst`` per ``window`` seconds.
+
+    A fleet that publishes a bad card to every worker must not flood the log: past the burst,
+    refusals are counted, and the next warning says how many were left out. The metric and the
+    status's recent-invalid list still see every one.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        burst: int = 10,
+        window: float = 60.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        import time
+
+        if burst < 1 or window <= 0:
+            raise UsageError("a refusal warning needs a positive burst and window")
+        self._logger = logger
+        self._burst = burst
+        self._window = window
+        self._clock = clock or time.monotonic
+        self._window_start = -float("inf")
+        self._sent = 0
+        self.suppressed = 0
+
+    def refused(self, key: str, reason: str, detail: str) -> bool:
+        """Log one refusal unless the burst is spent; return whether it was logged."""
+        now = self._clock()
+        if now - self._window_start >= self._window:
+            self._window_start, self._sent = now, 0
+        if self._sent >= self._burst:
+            self.suppressed += 1
+            return False
+        self._sent += 1
+        left_out, self.suppressed = self.suppressed, 0
+        more = f" ({left_out} more refused since the last warning)" if left_out else ""
+        self._logger.warning("refused discovery record %s: %s: %s%s", key, reason, detail, more)
+        return True

@@ -165,11 +165,27 @@ def test_the_explain_command_explains_a_rejected_instance(
 ) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join([put(1), put(2, kv_cache_block_size=32)]) + "\n")
-    assert main(["explain", str(trace), "ns1/backend/generate/2"]) == 0
+    # The exit status is the answer: 1 not admitted, 0 admitted.
+    assert main(["explain", str(trace), "ns1/backend/generate/2"]) == 1
     text = capsys.readouterr().out
     assert text.startswith("ns1/backend/generate/2 is not admitted")
     assert main(["explain", str(trace), model_kv_key(EP, 1)]) == 0
     assert capsys.readouterr().out.startswith("ns1/backend/generate/1 is admitted")
+
+
+def test_explain_takes_an_instance_id_in_decimal_or_in_hex(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join([put(26), put(27, kv_cache_block_size=32)]) + "\n")
+    for spelling in ("26", "0x1a", "ns1/backend/generate/1a"):
+        assert main(["explain", str(trace), spelling]) == 0
+        assert capsys.readouterr().out.startswith("ns1/backend/generate/1a is admitted")
+    assert main(["explain", "--json", str(trace), "27"]) == 1
+    answer = json.loads(capsys.readouterr().out)
+    assert (answer["instance"], answer["admitted"]) == ("27", False)
+    assert main(["explain", str(trace), "99"]) == 2
+    assert "never registers instance id 99" in capsys.readouterr().err
 
 
 def test_the_namespace_option_ignores_other_namespaces(

@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import Sequence
 
+from workerset_admission.cli import build_parser
 from workerset_admission.rollout_cli import (
     EXIT_CLOSED,
     EXIT_OPEN,
@@ -14,7 +15,6 @@ from workerset_admission.rollout_cli import (
     BucketRead,
     GateQuery,
     RawEntry,
-    add_arguments,
     run_async,
     wait_for_gate,
 )
@@ -70,9 +70,7 @@ class FakeTime:
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments("rollout", parser)
-    return parser.parse_args(["--model", MODEL, "--namespace", NEW, *argv])
+    return build_parser().parse_args(["rollout", "--model", MODEL, "--namespace", NEW, *argv])
 
 
 async def invoke(source: ScriptedSource, *argv: str) -> tuple[int, str, str]:

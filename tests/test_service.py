@@ -489,7 +489,7 @@ async def test_the_service_stops_when_its_source_ends(source: FakeSource) -> Non
 
 
 def test_the_liveness_index_keeps_an_instance_live_while_any_record_names_it() -> None:
-    from workerset_admission.service import LivenessIndex
+    from workerset_admission.liveness import LivenessIndex
 
     index = LivenessIndex()
     assert index.put("a", EP, 1)
@@ -512,7 +512,7 @@ class CountingDecoder:
     """The real card boundary, counting how often it is asked to decode."""
 
     def __init__(self) -> None:
-        from workerset_admission.service import CardRecordDecoder
+        from workerset_admission.ingest import CardRecordDecoder
 
         self._inner = CardRecordDecoder()
         self.decoded: list[str] = []

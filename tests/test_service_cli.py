@@ -32,4 +32,5 @@ def test_the_status_table_names_rejected_cohorts_and_missing_roles() -> None:
     row = table.splitlines()[1]
     assert "bbbbbbbbbbbb (1,2)" in row
     assert "missing prefill" in row
-    assert re.search(r" ready +4 +1a +bbbb", row)
+    # Instance ids print as integers, as in the status JSON: 26, not its hex spelling 1a.
+    assert re.search(r" ready +4 +26 +bbbb", row)

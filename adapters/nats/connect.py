@@ -13,7 +13,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import ReconnectToServerHandler, Server
-from workerset_admission.errors import ConfigError
+from workerset_admission.errors import ConfigError, Unreachable
 
 __all__ = [
     "DEFAULT_SERVERS",
@@ -21,6 +21,7 @@ __all__ = [
     "NatsConnectOptions",
     "connect",
     "mask_url",
+    "probe_bucket",
     "servers_for_display",
     "servers_from_text",
 ]
@@ -196,6 +197,34 @@ async def connect(
             await asyncio.wait_for(client.close(), _CLOSE_TIMEOUT)
         raise
     return client
+
+
+async def probe_bucket(options: NatsConnectOptions, bucket: str, timeout: float = 10.0) -> None:
+    """Check, once and bounded, that a server answers and holds ``bucket``.
+
+    A command that then watches the bucket with a source that retries forever (``record``)
+    says at once that nothing is there, instead of waiting in silence. Raises
+    :class:`~workerset_admission.errors.Unreachable` for a server that does not answer and
+    :class:`ConfigError` for a missing bucket.
+    """
+    from nats.errors import Error as NatsError
+    from nats.js.errors import NotFoundError
+
+    from .kv import stream_name
+
+    where = servers_for_display(options.servers)
+    try:
+        client = await asyncio.wait_for(connect(options, allow_reconnect=False), timeout)
+    except asyncio.TimeoutError:
+        raise Unreachable(f"no NATS server answered within {timeout:g} s: {where}") from None
+    except (OSError, NatsError) as error:
+        raise Unreachable(f"cannot connect to {where}: {error!r}") from None
+    try:
+        await client.jetstream(timeout=timeout).stream_info(stream_name(bucket))
+    except NotFoundError:
+        raise ConfigError(f"there is no bucket {bucket!r} on {where}") from None
+    finally:
+        await client.close()
 
 
 def servers_from_text(text: str | Sequence[str]) -> tuple[str, ...]:

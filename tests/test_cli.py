@@ -1,0 +1,200 @@
+"""The command line's one runner: flags, settings, and the table of exit statuses, code by code."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import socket
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from support.cards import EP, base_card, lora_card
+from workerset_admission import cli
+from workerset_admission.card import encode_model_record, model_kv_key
+from workerset_admission.errors import (
+    ConfigError,
+    InvalidRecordError,
+    Unreachable,
+    WorkersetAdmissionError,
+)
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _trace(tmp_path: Path) -> Path:
+    """Two workers with different cards: 1 is admitted, 2 is rejected."""
+    lines = [
+        {"kind": "put", "key": model_kv_key(EP, i), "value": encode_model_record(EP, i, c).decode()}
+        for i, c in ((1, base_card(16)), (2, base_card(32)))
+    ]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return trace
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"nats://127.0.0.1:{port}"
+
+
+def test_status_0_a_replay_that_succeeds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["replay", str(_trace(tmp_path))]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out)["groups"]
+
+
+def test_status_1_explain_answers_no_for_a_rejected_instance(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["explain", str(_trace(tmp_path)), "2"]) == cli.EXIT_NO
+    assert "is not admitted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "--log-level", "LOUD", "x"],
+        ["replay", "/no/such/trace.jsonl"],
+        ["record", "-o", "/no/such/folder/trace.jsonl"],
+        ["rollout", "--model", "m", "--namespace", "n", "--bucket-replicas", "two"],
+        ["status", "--namespace-filter-mode", "exact"],
+        ["serve", "--frontend-id", ""],
+    ],
+    ids=["log level", "trace file", "output folder", "bad flag", "settings", "empty id"],
+)
+def test_status_2_bad_input_is_one_line_without_a_traceback(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = cli.main(argv)
+    except SystemExit as ended:  # argparse refuses a flag by exiting with its own status 2
+        code = int(ended.code or 0)
+    assert code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip()
+
+
+def test_status_2_register_refuses_a_card_the_service_would_refuse_with_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps(base_card(kv_cache_block_size="sixteen")), encoding="utf-8")
+    argv = ["register", "--nats-server", _closed_port_url(), "--card", str(card), "--once"]
+    argv += ["--namespace", "dgd", "--component", "backend", "--endpoint", "generate"]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    # The boundary's own reason, before any connection is tried.
+    assert err.startswith("workerset-admission register: invalid_type")
+    assert "cannot reach NATS" not in err
+
+
+def test_status_2_register_refuses_an_adapter_card_without_its_suffix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps(lora_card("sql-lora")), encoding="utf-8")
+    argv = ["register", "--nats-server", _closed_port_url(), "--card", str(card), "--once"]
+    argv += ["--namespace", "dgd", "--component", "b", "--endpoint", "g"]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert "lora_mismatch" in capsys.readouterr().err
+
+
+def test_status_2_register_refuses_a_namespace_the_frontends_do_not_watch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps(base_card()), encoding="utf-8")
+    argv = ["register", "--nats-server", _closed_port_url(), "--card", str(card), "--once"]
+    argv += ["--namespace", "other", "--component", "b", "--endpoint", "g"]
+    argv += ["--namespace-filter-mode", "exact", "--namespace-filter", "dgd"]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    assert "outside the frontends' namespace filter" in capsys.readouterr().err
+
+
+def test_status_3_an_unreachable_server_is_reported_at_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["status", "--nats-server", _closed_port_url(), "--timeout", "5"]
+    assert cli.main(argv) == cli.EXIT_UNREACHABLE
+    err = capsys.readouterr().err
+    assert err.startswith("workerset-admission status: cannot reach NATS")
+
+
+def test_status_3_record_against_no_server_says_so_instead_of_waiting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "trace.jsonl"
+    argv = ["record", "--nats-server", _closed_port_url(), "-o", str(out), "--duration", "60"]
+    assert cli.main(argv) == cli.EXIT_UNREACHABLE
+    assert "workerset-admission record: cannot connect" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_status_4_a_command_that_fails_while_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    failing = types.ModuleType("failing_command")
+
+    def arguments(name: str, parser: argparse.ArgumentParser) -> None:
+        del name, parser
+
+    async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
+        raise WorkersetAdmissionError("the service stopped on an error")
+
+    failing.arguments = arguments  # type: ignore[attr-defined]
+    failing.main = main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "failing_command", failing)
+    monkeypatch.setitem(cli.COMMANDS, "fail", cli.CommandSpec("failing_command", "fails", False))
+    assert cli.main(["fail"]) == cli.EXIT_FAILED
+    assert capsys.readouterr().err == "workerset-admission fail: the service stopped on an error\n"
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (ConfigError("x"), cli.EXIT_USAGE),
+        (InvalidRecordError("bad_key"), cli.EXIT_USAGE),
+        (Unreachable("x"), cli.EXIT_UNREACHABLE),
+        (ConnectionRefusedError(), cli.EXIT_UNREACHABLE),
+        (asyncio.TimeoutError(), cli.EXIT_UNREACHABLE),
+        (WorkersetAdmissionError("x"), cli.EXIT_FAILED),
+        (RuntimeError("x"), cli.EXIT_FAILED),
+    ],
+)
+def test_each_error_maps_to_its_row_of_the_table(error: BaseException, status: int) -> None:
+    assert cli.exit_status(error) == status
+
+
+def test_the_readme_table_lists_every_exit_status() -> None:
+    text = README.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| ", text, flags=re.MULTILINE)
+    assert [int(code) for code in rows] == sorted(cli.EXIT_STATUSES)
+
+
+def test_version_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["--version"])
+    assert ended.value.code == 0
+    assert re.fullmatch(r"workerset-admission \S+\n", capsys.readouterr().out)
+
+
+def test_server_settings_appear_only_on_commands_that_connect() -> None:
+    parser = cli.build_parser()
+    subparsers = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices
+    for name, spec in cli.COMMANDS.items():
+        flags = {f for a in subparsers[name]._actions for f in a.option_strings}
+        assert ("--nats-server" in flags) is spec.connects, name
+        assert "--log-level" in flags
+    assert {"--prometheus-port", "--prometheus-host"} <= {
+        f for a in subparsers["serve"]._actions for f in a.option_strings
+    }
