@@ -136,6 +136,15 @@ class Ingested:
     def refusals(self) -> tuple[Verdict, ...]:
         return tuple(v for v in self.verdicts if v.refusal is not None)
 
+    @property
+    def decision(self) -> str:
+        """Name an event that gives the core nothing: liveness, ignored, or unchanged."""
+        if self.liveness_changed or any(v.live for v in self.verdicts):
+            return "liveness"
+        if any(v.ignored for v in self.verdicts):
+            return "ignored"
+        return "unchanged"
+
 
 _Cache = dict[str, tuple[int, DecodedRecord]]
 

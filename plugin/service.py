@@ -438,7 +438,10 @@ class AdmissionService:
             self._refuse(verdict.key, verdict.refusal, scope if refusals_in_scope else None)
         if result.inputs:
             self._step(result.inputs, scope, force=result.liveness_changed)
-        elif result.liveness_changed:
+            return
+        if not result.refusals:
+            scope.record_decision(result.decision)
+        if result.liveness_changed:
             self._changed()
 
     def _refuse(self, key: str, exc: RemoteDataError, scope: UpdateScope | None) -> None:

@@ -86,8 +86,13 @@ _BUILD_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 MUTATION_REFUSED: Final = "mutation_refused"
 """The invalid-record reason counted for a registration key re-sent with another identity."""
 
-DEFAULT_DECISION: Final = "applied"
-"""The decision counted for an update whose scope never had ``record_decision`` called."""
+DEFAULT_DECISION: Final = "unchanged"
+"""The decision counted for an update whose scope never had a decision: it changed nothing.
+
+Every update is counted once, under exactly one decision, so the decisions of an operation sum
+to its updates: admitted, rejected, removed, refused, updated, unchanged, reconciled, liveness
+(an endpoint-instance record), ignored (outside the namespace filter), invalid, error.
+"""
 
 
 @dataclass(frozen=True, slots=True)

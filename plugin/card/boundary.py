@@ -414,12 +414,24 @@ def _check_envelope(
         endpoint.component,
         endpoint.endpoint,
     ) or instance_id != parsed.instance_id:
-        raise InvalidRecordError(
-            "identity_mismatch",
-            "the value's endpoint or instance id disagrees with its key",
-            key=key,
-        )
+        raise InvalidRecordError("identity_mismatch", _disagreement(obj, parsed), key=key)
     return obj
+
+
+def _disagreement(obj: dict[str, Any], parsed: ParsedKey) -> str:
+    # Name each field that disagrees, so "namespace prod vs the key's dev" reads as it is.
+    endpoint = parsed.endpoint
+    pairs = (
+        ("namespace", obj["namespace"], endpoint.namespace),
+        ("component", obj["component"], endpoint.component),
+        ("endpoint", obj["endpoint"], endpoint.endpoint),
+        ("instance_id", obj["instance_id"], parsed.instance_id),
+    )
+    return "; ".join(
+        f"the value's {name} {mine!r} disagrees with the key's {theirs!r}"
+        for name, mine, theirs in pairs
+        if mine != theirs
+    )
 
 
 _MODEL_FIELDS = ("namespace", "component", "endpoint", "instance_id", "card_json", "model_suffix")

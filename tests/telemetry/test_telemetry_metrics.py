@@ -36,7 +36,7 @@ def test_updates_are_counted_by_operation_and_decision(harness: Harness) -> None
     assert {k: p.value for k, p in points.items()} == {
         frozenset({(op, "put"), (dec, "admitted")}): 2,
         frozenset({(op, "put"), (dec, "rejected")}): 1,
-        frozenset({(op, "delete"), (dec, "applied")}): 1,
+        frozenset({(op, "delete"), (dec, "unchanged")}): 1,
     }
 
 

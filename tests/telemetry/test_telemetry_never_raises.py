@@ -85,7 +85,7 @@ def test_effects_of_unknown_kinds_and_malformed_values_are_skipped(harness: Harn
 def test_an_event_that_is_no_discovery_event_is_still_counted(harness: Harness) -> None:
     with harness.telemetry.apply_update(object()) as update:  # type: ignore[arg-type]
         assert update.operation == "unknown"
-    op = frozenset({("operation", "unknown"), ("decision", "applied")})
+    op = frozenset({("operation", "unknown"), ("decision", "unchanged")})
     assert harness.points(n.METRIC_UPDATES)[op].value == 1
 
 

@@ -1,0 +1,106 @@
+"""Ingestion: what a put, a removal or a listing means for the core, liveness and refusals."""
+
+from __future__ import annotations
+
+from support.cards import EP, base_card, endpoint_entry, model_entry
+from workerset_admission.admission import Snapshot, WorkerAdded, WorkerRemoved
+from workerset_admission.card import BoundarySettings
+from workerset_admission.identity import EndpointId
+from workerset_admission.ingest import CardRecordDecoder, Ingestor
+from workerset_admission.keys import endpoint_kv_key, model_kv_key
+
+
+def test_a_model_record_becomes_one_worker_added() -> None:
+    entry = model_entry(1)
+    result = Ingestor().put(entry.key, entry.value)
+    (added,) = result.inputs
+    assert isinstance(added, WorkerAdded)
+    assert added.registration.key == "dgd-v1/backend/generate/1"
+    assert result.refusals == ()
+
+
+def test_a_refused_record_is_reported_and_gives_the_core_nothing() -> None:
+    ingest = Ingestor()
+    result = ingest.put(model_kv_key(EP, 1), b"{not json")
+    assert result.inputs == ()
+    (verdict,) = result.refusals
+    assert verdict.refusal is not None
+    assert verdict.refusal.reason == "invalid_json"
+
+
+def test_an_endpoint_record_updates_liveness_and_its_removal_clears_it() -> None:
+    ingest = Ingestor()
+    entry = endpoint_entry(7)
+    put = ingest.put(entry.key, entry.value)
+    assert (put.inputs, put.liveness_changed, put.decision) == ((), True, "liveness")
+    assert ingest.liveness.live_ids(EP) == {7}
+    removed = ingest.delete(entry.key)
+    assert (removed.inputs, removed.liveness_changed) == ((), True)
+    assert ingest.liveness.live_ids(EP) == frozenset()
+
+
+def test_a_record_outside_the_namespace_filter_is_ignored() -> None:
+    ingest = Ingestor(CardRecordDecoder(BoundarySettings(namespace="prod")))
+    entry = model_entry(1)
+    result = ingest.put(entry.key, entry.value)
+    assert (result.inputs, result.refusals, result.decision) == ((), (), "ignored")
+
+
+def test_a_removed_model_key_becomes_worker_removed() -> None:
+    (removed,) = Ingestor().delete(model_kv_key(EP, 0x1A)).inputs
+    assert removed == WorkerRemoved("dgd-v1/backend/generate/1a")
+
+
+def test_a_listing_keeps_the_last_valid_value_of_a_key_whose_new_value_is_refused() -> None:
+    ingest = Ingestor()
+    good, other = model_entry(1), model_entry(2, base_card(32))
+    result = ingest.snapshot([(good.key, good.value), (other.key, b"{broken")])
+    (snapshot,) = result.inputs
+    assert isinstance(snapshot, Snapshot)
+    assert [r.key for r in snapshot.registrations] == ["dgd-v1/backend/generate/1"]
+    assert list(snapshot.retain) == ["dgd-v1/backend/generate/2"]
+    assert [v.key for v in result.refusals] == [other.key]
+
+
+def test_keys_touched_during_a_listing_keep_their_live_state() -> None:
+    ingest = Ingestor()
+    live = endpoint_entry(3)
+    ingest.put(live.key, live.value)
+    # The listing predates the live put: it does not name the key, which stays live.
+    result = ingest.snapshot([], keep={live.key})
+    assert ingest.liveness.live_ids(EP) == {3}
+    assert result.liveness_changed is False
+
+
+def test_a_value_seen_before_under_the_same_key_is_not_decoded_again() -> None:
+    calls: list[str] = []
+
+    class Counting(CardRecordDecoder):
+        def decode(self, key: str, value: bytes) -> object:  # type: ignore[override]
+            calls.append(key)
+            return super().decode(key, value)
+
+    ingest = Ingestor(Counting())
+    entry = model_entry(1)
+    ingest.snapshot([(entry.key, entry.value)])
+    ingest.snapshot([(entry.key, entry.value)])
+    assert calls == [entry.key]
+
+
+def test_another_endpoint_keeps_its_own_liveness() -> None:
+    ingest = Ingestor()
+    elsewhere = EndpointId("dgd-v1", "backend", "other")
+    ingest.put(endpoint_kv_key(elsewhere, 1), endpoint_entry(1, elsewhere).value)
+    assert ingest.liveness.live_ids(EP) == frozenset()
+    assert ingest.liveness.live_ids(elsewhere) == {1}
+
+
+def test_a_namespace_mismatch_is_described_as_one() -> None:
+    other = EndpointId("prod", EP.component, EP.endpoint)
+    value = model_entry(1, endpoint=other).value
+    (verdict,) = Ingestor().put(model_kv_key(EP, 1), value).refusals
+    assert verdict.refusal is not None
+    assert verdict.refusal.reason == "identity_mismatch"
+    assert (
+        verdict.refusal.detail == "the value's namespace 'prod' disagrees with the key's 'dgd-v1'"
+    )
