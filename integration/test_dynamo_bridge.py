@@ -17,12 +17,12 @@ import pytest
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
-from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
-from workerset_admission.adapters.dynamo.workers import (
+from support.workers import (
     InProcessWorker,
     file_discovery_environment,
     write_model_dir,
 )
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
 from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
@@ -42,7 +42,7 @@ PATH = f"{NAMESPACE}.backend.generate"
 # nobody refreshes its files again.
 _WORKER = """
 import asyncio, pathlib, sys
-from workerset_admission.adapters.dynamo.workers import InProcessWorker
+from support.workers import InProcessWorker
 
 async def main():
     worker = await InProcessWorker.start(sys.argv[1])
@@ -89,7 +89,13 @@ def killed_worker(file_discovery: Path, tmp_path: Path) -> Iterator[subprocess.P
         [sys.executable, "-c", _WORKER, f"{NAMESPACE}.doomed.generate", str(model), "doomed"],
         stdout=subprocess.PIPE,
         text=True,
-        env=os.environ.copy(),
+        # The stand-in worker lives in integration/support: the child needs that folder.
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p
+            ),
+        },
     )
     try:
         yield process

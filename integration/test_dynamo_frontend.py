@@ -18,6 +18,11 @@ import pytest
 from dynamofrontend import free_port, running_frontend
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
+from support.workers import (
+    InProcessWorker,
+    file_discovery_environment,
+    write_model_dir,
+)
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
 from workerset_admission.adapters.dynamo.routes import (
     HEALTH_PATH,
@@ -26,11 +31,6 @@ from workerset_admission.adapters.dynamo.routes import (
     AdmissionRoutes,
     shared_host,
     stop_shared_host,
-)
-from workerset_admission.adapters.dynamo.workers import (
-    InProcessWorker,
-    file_discovery_environment,
-    write_model_dir,
 )
 from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket

@@ -10,13 +10,15 @@ from typing import Any
 import nats
 import pytest
 from natsfixture import NatsServer
-from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
-from workerset_admission.adapters.dynamo.hop import AdmittedHop
-from workerset_admission.adapters.dynamo.workers import (
+from support.fakes import handle_all
+from support.registrations import reg
+from support.workers import (
     InProcessWorker,
     file_discovery_environment,
     write_model_dir,
 )
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
+from workerset_admission.adapters.dynamo.hop import AdmittedHop
 from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
@@ -34,7 +36,6 @@ from workerset_admission.errors import NoRoutableInstance, ReceiverRetired
 from workerset_admission.identity import (
     EndpointId,
     GroupKey,
-    Registration,
     WorkerType,
     instance_key,
 )
@@ -84,7 +85,7 @@ class _Admission:
         pending = [event]
         while pending:
             effects = self.core.apply(pending.pop(0))
-            self.channels.handle_all(effects)
+            handle_all(self.channels, effects)
             pending.extend(
                 BuildFinished(e.group, e.mdc_checksum, e.generation, ok=True)
                 for e in effects
@@ -92,21 +93,7 @@ class _Admission:
             )
 
     def add(self, instance_id: int, checksum: str) -> None:
-        self.apply(
-            WorkerAdded(
-                Registration(
-                    key=instance_key(ENDPOINT, instance_id),
-                    endpoint=ENDPOINT,
-                    instance_id=instance_id,
-                    model_suffix=None,
-                    group=GROUP,
-                    mdc_checksum=checksum,
-                    lora_fingerprint="",
-                    worker_type=WorkerType.AGGREGATED,
-                    needs=(),
-                )
-            )
-        )
+        self.apply(WorkerAdded(reg(instance_id, checksum, group=GROUP, fingerprint="")))
 
     def remove(self, instance_id: int) -> None:
         self.apply(WorkerRemoved(instance_key(ENDPOINT, instance_id)))

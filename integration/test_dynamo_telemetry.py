@@ -20,12 +20,12 @@ import pytest
 from dynamofrontend import free_port, running_frontend
 from natsfixture import NatsServer
 from prometheus_client.parser import text_string_to_metric_families
+from support.workers import file_discovery_environment
 from workerset_admission.adapters.dynamo.routes import (
     HEALTH_PATH,
     shared_telemetry,
     stop_shared_host,
 )
-from workerset_admission.adapters.dynamo.workers import file_discovery_environment
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from natsfixture import NatsServer
-from test_faults import (
+from support.fleet import (
     DISCOVERY,
     OLD,
     admin,

@@ -16,7 +16,7 @@ import time
 
 import pytest
 from natsfixture import NatsServer
-from test_faults import (
+from support.fleet import (
     NEW,
     OLD,
     Builder,

@@ -13,6 +13,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
+from support.aio import time_limit
 from workerset_admission.adapters.nats.admission_publisher import (
     NatsAdmissionPublisher,
     admission_keys,
@@ -86,7 +87,7 @@ async def test_a_heartbeat_keeps_a_registration_alive_and_a_crash_lets_it_expire
         assert (snapshot.entries[0].headers or {}).get("traceparent", "").startswith("00-111")
         # Three TTLs pass; the heartbeat's refreshes arrive as puts, never as a removal.
         refreshes: list[SourcePut] = []
-        async with asyncio.timeout(3):
+        async with time_limit(3):
             while len(refreshes) < 5:
                 event = await anext(events)
                 assert isinstance(event, SourcePut), event
@@ -99,7 +100,7 @@ async def test_a_heartbeat_keeps_a_registration_alive_and_a_crash_lets_it_expire
         assert publisher.refreshes >= 5
 
         await publisher.stop_heartbeat()
-        async with asyncio.timeout(10):
+        async with time_limit(10):
             while True:
                 event = await anext(events)
                 if isinstance(event, SourceDelete):

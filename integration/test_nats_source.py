@@ -12,6 +12,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
+from support.aio import time_limit
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
@@ -55,7 +56,7 @@ class Collector:
             self.state.pop(event.key, None)
 
     async def next_snapshot(self, timeout: float = 30.0) -> SourceSnapshot:
-        async with asyncio.timeout(timeout):
+        async with time_limit(timeout):
             while True:
                 event = await self.next(timeout)
                 if isinstance(event, SourceSnapshot):
@@ -222,7 +223,7 @@ async def test_a_restart_with_the_same_store_gives_a_new_snapshot_and_loses_noth
         await asyncio.to_thread(handle.restart, kill=True)
         async with kv_bucket(nats_server_fn.url, bucket_name) as kv:
             await kv.put("v1.mdc.ns.c.e.2", b"two")
-        async with asyncio.timeout(30):
+        async with time_limit(30):
             while not (
                 collector.reasons.count("reconnect") and "v1.mdc.ns.c.e.2" in collector.state
             ):
@@ -247,7 +248,7 @@ async def test_a_restart_with_a_wiped_store_drops_the_stale_keys(
         await asyncio.to_thread(handle.restart, wipe=True)
         async with kv_bucket(nats_server_fn.url, bucket_name) as kv:
             await kv.put("v1.mdc.ns.c.e.3", b"fresh")
-        async with asyncio.timeout(30):
+        async with time_limit(30):
             while True:
                 snapshot = await collector.next_snapshot()
                 keys = {e.key for e in snapshot.entries}
@@ -278,7 +279,7 @@ async def test_a_bucket_deleted_and_re_created_under_a_live_watch_is_noticed(
             await kv.put("v1.mdc.ns.c.e.3", b"new")
         finally:
             await nc.close()
-        async with asyncio.timeout(20):
+        async with time_limit(20):
             while collector.state != {"v1.mdc.ns.c.e.3": b"new"}:
                 await collector.next()
         assert collector.reasons == ["initial", "reconnect"]
@@ -368,7 +369,7 @@ async def test_a_slow_reader_with_a_tiny_queue_still_receives_every_change(
             writer = asyncio.gather(*writes)
             seen: dict[str, bytes] = {}
             revisions: list[int] = []
-            async with asyncio.timeout(30):
+            async with time_limit(30):
                 while len(revisions) < 1000:
                     event = await anext(events)
                     assert isinstance(event, SourcePut)

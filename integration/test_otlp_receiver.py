@@ -34,6 +34,7 @@ from opentelemetry.proto.collector.metrics.v1 import (
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.sdk.trace import TracerProvider
+from support.registrations import reg
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.admission import AdmissionCore, WorkerAdded
@@ -179,17 +180,7 @@ def otel_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def registration(instance_id: int, checksum: str) -> Registration:
-    return Registration(
-        key=f"ns/backend/generate/{instance_id:x}",
-        endpoint=ENDPOINT,
-        instance_id=instance_id,
-        model_suffix=None,
-        group=GROUP,
-        mdc_checksum=checksum,
-        lora_fingerprint="",
-        worker_type=WorkerType.DECODE,
-        needs=(),
-    )
+    return reg(instance_id, checksum, group=GROUP, fingerprint="")
 
 
 def run_scenario(telemetry: AdmissionTelemetry, worker_headers: dict[str, str]) -> None:

@@ -35,7 +35,7 @@ from secfixture import (
     token_config,
     users_config,
 )
-from test_faults import card, until
+from support.fleet import card, until
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 from workerset_admission.card import (
     encode_endpoint_record,

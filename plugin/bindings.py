@@ -19,7 +19,7 @@ an endpoint and takes every live instance. It is kept separate as
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,7 +43,6 @@ __all__ = [
     "HopBindings",
     "HopRole",
     "LegacyExplicitEndpointBinding",
-    "LiveInstanceSet",
     "LiveInstances",
     "RoutingSettings",
     "card_field",
@@ -143,28 +142,6 @@ class LiveInstances(Protocol):
     """Which instances of an endpoint are live (from its instance records)."""
 
     def live_ids(self, endpoint: EndpointId) -> frozenset[int]: ...
-
-
-class LiveInstanceSet:
-    """A simple in-memory :class:`LiveInstances`, fed from endpoint records."""
-
-    __slots__ = ("_live",)
-
-    def __init__(self) -> None:
-        self._live: dict[EndpointId, set[int]] = {}
-
-    def add(self, endpoint: EndpointId, instance_id: int) -> None:
-        self._live.setdefault(endpoint, set()).add(instance_id)
-
-    def remove(self, endpoint: EndpointId, instance_id: int) -> None:
-        ids = self._live.get(endpoint)
-        if ids is not None:
-            ids.discard(instance_id)
-            if not ids:
-                del self._live[endpoint]
-
-    def live_ids(self, endpoint: EndpointId) -> frozenset[int]:
-        return frozenset(self._live.get(endpoint, ()))
 
 
 class AdmittedHopBinding:
@@ -322,10 +299,6 @@ class HopBindings:
         if group is None or not (placement.admitted or placement.is_lora):
             return False
         return self._channels.update_taints(group, effect.key, effect.taints)
-
-    def handle_all(self, effects: Iterable[object]) -> None:
-        for effect in effects:
-            self.handle(effect)
 
     def binding(self, group: GroupKey) -> AdmittedHopBinding | None:
         return self._bindings.get(group)

@@ -286,10 +286,6 @@ class AdmissionChannels:
                 if self._by_group.get(effect.group) is sender:
                     del self._by_group[effect.group]
 
-    def handle_all(self, effects: Iterable[object]) -> None:
-        for effect in effects:
-            self.handle(effect)
-
     def update_taints(self, group: GroupKey, key: str, taints: tuple[str, ...]) -> bool:
         """Tell the group's tenure that worker ``key`` now has ``taints``; False if none is open."""
         sender = self._by_group.get(group)

@@ -1,5 +1,7 @@
 import asyncio
 
+import pytest
+from support.aio import time_limit
 from workerset_admission.aio import cancel_and_wait
 
 
@@ -33,3 +35,11 @@ async def test_finished_tasks_are_left_as_they_are() -> None:
     await task
     await cancel_and_wait([task])
     assert task.result() == 42
+
+
+async def test_a_time_limit_raises_timeout_in_place_of_a_block_that_runs_over() -> None:
+    with pytest.raises(asyncio.TimeoutError):
+        async with time_limit(0.05):
+            await asyncio.sleep(10)
+    async with time_limit(5):
+        await asyncio.sleep(0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from support.fakes import LiveInstanceSet, handle_all
+from support.registrations import reg
 from workerset_admission.admission import (
     AdmissionCore,
     BuildFinished,
@@ -18,7 +20,6 @@ from workerset_admission.bindings import (
     HopBindings,
     HopRole,
     LegacyExplicitEndpointBinding,
-    LiveInstanceSet,
     RoutingSettings,
 )
 from workerset_admission.errors import ReceiverRetired
@@ -27,7 +28,6 @@ from workerset_admission.identity import (
     GroupKey,
     Registration,
     WorkerType,
-    instance_key,
 )
 from workerset_admission.receivers import AdmissionChannels
 
@@ -45,19 +45,8 @@ def _reg(
     card: Any = None,
     group: GroupKey = G,
 ) -> Registration:
-    endpoint = group.endpoint
-    return Registration(
-        key=instance_key(endpoint, instance_id),
-        endpoint=endpoint,
-        instance_id=instance_id,
-        model_suffix=None,
-        group=group,
-        mdc_checksum=checksum,
-        lora_fingerprint="fp",
-        worker_type=group.worker_type,
-        needs=(),
-        card=card if card is not None else {"kv_cache_block_size": 16, "router_config": None},
-    )
+    card = card if card is not None else {"kv_cache_block_size": 16, "router_config": None}
+    return reg(instance_id, checksum, group=group, card=card)
 
 
 class Frontend:
@@ -70,8 +59,8 @@ class Frontend:
         self.bindings = HopBindings(self.channels, self.live, FrontendRouting("round_robin"))
 
     def run(self, effects: list[Effect]) -> list[Effect]:
-        self.channels.handle_all(effects)
-        self.bindings.handle_all(effects)
+        handle_all(self.channels, effects)
+        handle_all(self.bindings, effects)
         for start in [e for e in effects if isinstance(e, StartBuild)]:
             self.run(
                 self.core.apply(

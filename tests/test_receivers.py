@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from support.fakes import handle_all
+from support.registrations import reg
 from workerset_admission.admission import (
     AdmissionCore,
     BuildFinished,
@@ -18,7 +20,6 @@ from workerset_admission.identity import (
     GroupKey,
     Registration,
     WorkerType,
-    instance_key,
 )
 from workerset_admission.receivers import AdmissionChannels, open_admission_channel
 
@@ -27,18 +28,7 @@ G = GroupKey.build("m", EP, "chat|completions", WorkerType.DECODE)
 
 
 def _reg(instance_id: int, checksum: str) -> Registration:
-    return Registration(
-        key=instance_key(EP, instance_id),
-        endpoint=EP,
-        instance_id=instance_id,
-        model_suffix=None,
-        group=G,
-        mdc_checksum=checksum,
-        lora_fingerprint="fp",
-        worker_type=WorkerType.DECODE,
-        needs=(),
-        card={"name": checksum},
-    )
+    return reg(instance_id, checksum, group=G, card={"name": checksum})
 
 
 def test_current_shows_the_latest_value_without_waiting() -> None:
@@ -102,14 +92,14 @@ def test_closing_one_receiver_leaves_its_clones_working() -> None:
 def test_a_retained_receiver_never_sees_successor_ids_even_for_a_returning_checksum() -> None:
     core, channels = AdmissionCore(), AdmissionChannels()
     effects = core.apply(WorkerAdded(_reg(1, "A")))
-    channels.handle_all(effects)
+    handle_all(channels, effects)
     old = channels.subscribe(G)
     assert old is not None
     assert old.current().admitted == frozenset({1})
-    channels.handle_all(core.apply(WorkerAdded(_reg(2, "B"))))
-    channels.handle_all(core.apply(WorkerRemoved(_reg(1, "A").key)))
-    channels.handle_all(core.apply(WorkerAdded(_reg(1, "A"))))
-    channels.handle_all(core.apply(WorkerRemoved(_reg(2, "B").key)))
+    handle_all(channels, core.apply(WorkerAdded(_reg(2, "B"))))
+    handle_all(channels, core.apply(WorkerRemoved(_reg(1, "A").key)))
+    handle_all(channels, core.apply(WorkerAdded(_reg(1, "A"))))
+    handle_all(channels, core.apply(WorkerRemoved(_reg(2, "B").key)))
     new = channels.subscribe(G)
     assert new is not None
     assert new.current().mdc_checksum == "A"
@@ -123,10 +113,10 @@ def test_a_retained_receiver_never_sees_successor_ids_even_for_a_returning_check
 def test_channels_follow_the_core_through_a_build_with_the_selected_card() -> None:
     core, channels = AdmissionCore(), AdmissionChannels()
     effects = core.apply(WorkerAdded(_reg(1, "A")))
-    channels.handle_all(effects)
+    handle_all(channels, effects)
     start = next(e for e in effects if isinstance(e, StartBuild))
-    channels.handle_all(core.apply(BuildFinished(G, "A", start.generation, True)))
-    channels.handle_all(core.apply(WorkerAdded(_reg(2, "A"))))
+    handle_all(channels, core.apply(BuildFinished(G, "A", start.generation, True)))
+    handle_all(channels, core.apply(WorkerAdded(_reg(2, "A"))))
     receiver = channels.subscribe(G)
     assert receiver is not None
     state = receiver.current()

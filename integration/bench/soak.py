@@ -41,7 +41,7 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from test_faults import (  # noqa: E402 - the fault tests' helpers, reused as they are
+from support.fleet import (  # noqa: E402 - the fault tests' live fleet, reused as it is
     NEW,
     OLD,
     Builder,

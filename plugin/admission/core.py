@@ -326,14 +326,6 @@ class AdmissionCore:
     def builds_in_flight(self) -> int:
         return self._in_flight
 
-    @property
-    def last_generation(self) -> int:
-        """The most recent build generation handed out (0 before the first)."""
-        return self._last_generation
-
-    def group_keys(self) -> list[GroupKey]:
-        return sorted(g.key for g in self._groups.values())
-
     def group(self, key: GroupKey) -> GroupView | None:
         group = self._groups.get((key.model, key.worker_set))
         return None if group is None else self._view(group)

@@ -3,81 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import TypeVar
 
+# The registration builders are the shared ones; this module adds the effect helpers.
+from support.registrations import EP, G, group_key, lora, reg
 from workerset_admission.admission import AdmissionCore, BuildFinished, Effect, StartBuild
-from workerset_admission.identity import (
-    EndpointId,
-    GroupKey,
-    Registration,
-    WorkerType,
-    instance_key,
-)
 
-EP = EndpointId("ns1", "workers", "generate")
+__all__ = ["EP", "G", "finish", "group_key", "lora", "of", "one", "reg"]
 
 T = TypeVar("T")
-
-
-def group_key(
-    model: str = "m",
-    endpoint: EndpointId = EP,
-    model_types: str = "chat|completions",
-    worker_type: WorkerType = WorkerType.DECODE,
-) -> GroupKey:
-    return GroupKey.build(model, endpoint, model_types, worker_type)
-
-
-G = group_key()
-
-
-def reg(
-    instance_id: int,
-    checksum: str = "A",
-    *,
-    group: GroupKey | None = None,
-    endpoint: EndpointId | None = None,
-    fingerprint: str = "fp",
-    taints: tuple[str, ...] = (),
-    worker_type: WorkerType | None = WorkerType.DECODE,
-    card: Any = None,
-) -> Registration:
-    group = group or G
-    endpoint = endpoint or group.endpoint
-    return Registration(
-        key=instance_key(endpoint, instance_id),
-        endpoint=endpoint,
-        instance_id=instance_id,
-        model_suffix=None,
-        group=group,
-        mdc_checksum=checksum,
-        lora_fingerprint=fingerprint,
-        worker_type=worker_type,
-        needs=(),
-        taints=taints,
-        card=card if card is not None else {"checksum": checksum, "instance": instance_id},
-    )
-
-
-def lora(
-    instance_id: int,
-    suffix: str = "my-lora",
-    *,
-    fingerprint: str = "lfp",
-    endpoint: EndpointId = EP,
-    checksum: str = "L",
-) -> Registration:
-    return Registration(
-        key=instance_key(endpoint, instance_id, suffix),
-        endpoint=endpoint,
-        instance_id=instance_id,
-        model_suffix=suffix,
-        group=GroupKey.build(suffix, endpoint, "chat|completions", WorkerType.DECODE),
-        mdc_checksum=checksum,
-        lora_fingerprint=fingerprint,
-        worker_type=WorkerType.DECODE,
-        needs=(),
-    )
 
 
 def of(effects: Iterable[Effect], kind: type[T]) -> list[T]:

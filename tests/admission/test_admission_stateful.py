@@ -8,6 +8,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from support.fakes import handle_all
+from support.registrations import lora, reg
 from workerset_admission.admission import (
     AdmissionCore,
     BuildDiscarded,
@@ -47,32 +49,17 @@ checksum = st.sampled_from(CHECKSUMS)
 
 
 def base(g: int, iid: int, cs: str, fingerprint: str = "f") -> Registration:
-    ep = ENDPOINTS[g]
-    return Registration(
-        key=instance_key(ep, iid),
-        endpoint=ep,
-        instance_id=iid,
-        model_suffix=None,
-        group=GROUPS[g],
-        mdc_checksum=cs,
-        lora_fingerprint=fingerprint,
-        worker_type=WorkerType.AGGREGATED,
-        needs=(),
-    )
+    return reg(iid, cs, group=GROUPS[g], fingerprint=fingerprint)
 
 
 def adapter(g: int, iid: int, suffix: str, fingerprint: str) -> Registration:
-    ep = ENDPOINTS[g]
-    return Registration(
-        key=instance_key(ep, iid, suffix),
-        endpoint=ep,
-        instance_id=iid,
-        model_suffix=suffix,
-        group=GroupKey.build(suffix, ep, "chat", WorkerType.AGGREGATED),
-        mdc_checksum="lora",
-        lora_fingerprint=fingerprint,
+    return lora(
+        iid,
+        suffix,
+        fingerprint=fingerprint,
+        endpoint=ENDPOINTS[g],
+        checksum="lora",
         worker_type=WorkerType.AGGREGATED,
-        needs=(),
     )
 
 
@@ -131,7 +118,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     def _apply(self, event: Input) -> list[Effect]:
         effects = self.core.apply(event)
-        self.channels.handle_all(effects)
+        handle_all(self.channels, effects)
         for effect in effects:
             if isinstance(effect, StartBuild):
                 assert effect.generation > self.last_start, "build generations must increase"

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from support.fakes import LiveInstanceSet
 from workerset_admission.adapters.dynamo.hop import AdmittedHop, LegacyExplicitEndpointHop
-from workerset_admission.bindings import AdmittedHopBinding, HopRole, LiveInstanceSet
+from workerset_admission.bindings import AdmittedHopBinding, HopRole
 from workerset_admission.errors import NoRoutableInstance, ReceiverRetired, UsageError
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.receivers import open_admission_channel

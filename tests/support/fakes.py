@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
+from workerset_admission.identity import EndpointId
 from workerset_admission.ports import BuildRequest, DiscoveryEntry, SourceEvent, SourceSnapshot
 
 __all__ = [
@@ -14,6 +15,8 @@ __all__ = [
     "FakePublisher",
     "FakeSource",
     "GroupsPublisher",
+    "LiveInstanceSet",
+    "handle_all",
     "settle",
 ]
 
@@ -121,3 +124,31 @@ async def settle(condition: Any, timeout: float = 5.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition never held")
         await asyncio.sleep(0.005)
+
+
+class LiveInstanceSet:
+    """A fake ``LiveInstances``: the live ids per endpoint, set by the test."""
+
+    __slots__ = ("_live",)
+
+    def __init__(self) -> None:
+        self._live: dict[EndpointId, set[int]] = {}
+
+    def add(self, endpoint: EndpointId, instance_id: int) -> None:
+        self._live.setdefault(endpoint, set()).add(instance_id)
+
+    def remove(self, endpoint: EndpointId, instance_id: int) -> None:
+        ids = self._live.get(endpoint)
+        if ids is not None:
+            ids.discard(instance_id)
+            if not ids:
+                del self._live[endpoint]
+
+    def live_ids(self, endpoint: EndpointId) -> frozenset[int]:
+        return frozenset(self._live.get(endpoint, ()))
+
+
+def handle_all(handler: Any, effects: Iterable[object]) -> None:
+    """Give every effect of one core step to ``handler`` (channels or bindings), in order."""
+    for effect in effects:
+        handler.handle(effect)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from opentelemetry import trace
+from support.registrations import reg
 from telemetry_harness import Harness
 from workerset_admission.admission import (
     AdmissionCore,
@@ -29,17 +30,7 @@ FIELDS = ("model", "worker_set", "incumbent_checksum", "rejected_checksum", "ins
 
 
 def registration(instance_id: int, checksum: str, group: GroupKey = GROUP) -> Registration:
-    return Registration(
-        key=f"ns/backend/generate/{instance_id:x}",
-        endpoint=ENDPOINT,
-        instance_id=instance_id,
-        model_suffix=None,
-        group=group,
-        mdc_checksum=checksum,
-        lora_fingerprint="",
-        worker_type=WorkerType.DECODE,
-        needs=(),
-    )
+    return reg(instance_id, checksum, group=group, fingerprint="")
 
 
 def apply(harness: Harness, core: AdmissionCore, event: object) -> list[object]:

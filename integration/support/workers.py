@@ -1,4 +1,4 @@
-"""Stand-in Dynamo 1.6.1 workers, in process, for demos and tests: no GPU, no weights.
+"""Stand-in Dynamo 1.6.1 workers, in process, for the integration tests: no GPU, no weights.
 
 A worker here is what a real backend is to Dynamo's discovery: its own ``DistributedRuntime``
 (so its own instance id) serving an endpoint, and a model registered with Dynamo's own

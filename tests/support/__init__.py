@@ -1,1 +1,0 @@
-"""Builders and fakes shared by the unit tests (and importable from the integration tests)."""
