@@ -40,6 +40,7 @@ import nats
 import psutil  # type: ignore[import-untyped]
 from nats.js.client import JetStreamContext
 from phoenixfixture import PhoenixServer, fetch_spans
+from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.buckets import stream_name
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer, free_loopback_port
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
@@ -50,7 +51,6 @@ from workerset_admission.card import (
     model_kv_key,
 )
 from workerset_admission.identity import EndpointId
-from workerset_admission.service_cli import demo_card
 
 __all__ = [
     "CONFLICTING",

@@ -18,6 +18,7 @@ from typing import Any
 import nats
 import pytest
 from natsfixture import NatsServer
+from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
@@ -25,7 +26,6 @@ from workerset_admission.config import load_settings
 from workerset_admission.identity import EndpointId
 from workerset_admission.nats_cli import record_trace
 from workerset_admission.service import AdmissionService
-from workerset_admission.service_cli import demo_card
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

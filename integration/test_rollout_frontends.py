@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from clusterfixture import NatsCluster, nats_cluster
 from nats.aio.client import Client as NatsClient
+from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
@@ -42,7 +43,6 @@ from workerset_admission.rollout_cli import (
     wait_for_gate,
 )
 from workerset_admission.service import AdmissionService, BuildRequest, ServiceSettings
-from workerset_admission.service_cli import demo_card
 
 __all__ = ["nats_cluster"]
 

@@ -13,6 +13,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
+from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
@@ -20,7 +21,6 @@ from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.errors import ReceiverRetired
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.service import AdmissionService
-from workerset_admission.service_cli import demo_card
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

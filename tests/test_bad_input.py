@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.cards import base_card as demo_card
 from workerset_admission.card import (
     BoundarySettings,
     decode_endpoint_record,
@@ -36,7 +37,6 @@ from workerset_admission.errors import CardDecodeError, InvalidRecordError, Remo
 from workerset_admission.identity import EndpointId, Registration
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
 from workerset_admission.service import AdmissionService, ServiceSnapshot
-from workerset_admission.service_cli import demo_card
 
 CORPUS = Path(__file__).with_name("corpus") / "bad_records.jsonl"
 REASON = re.compile(r"[a-z][a-z0-9_]*")

@@ -7,12 +7,12 @@ import json
 from conformance.cards import cards
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.cards import base_card as demo_card
 from workerset_admission.card import jsonio
 from workerset_admission.card.fieldmemo import clear_memo, decode_card_fields
 from workerset_admission.card.model import decode_card_value
 from workerset_admission.card.schema import Ctx
 from workerset_admission.errors import CardDecodeError
-from workerset_admission.service_cli import demo_card
 
 CTX = Ctx(strict_dups=False, check_strings=False)
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+# Run as a script: the shared test builders live one folder up, in tests/support.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.cards import base_card as demo_card
 from workerset_admission.card import encode_model_record, endpoint_kv_key, model_kv_key
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.replay import explain, render, replay
-from workerset_admission.service_cli import demo_card
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "plugin" / "examples"
 
