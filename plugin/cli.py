@@ -48,6 +48,7 @@ __all__ = [
     "build_parser",
     "exit_status",
     "main",
+    "positive_seconds",
 ]
 
 EXIT_OK = 0
@@ -165,6 +166,17 @@ def exit_status(error: BaseException) -> int:
         if isinstance(error, kinds):
             return status
     return EXIT_FAILED
+
+
+def positive_seconds(text: str) -> float:
+    """Parse a positive number of seconds (an argparse ``type`` shared by the commands)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("expected a positive number of seconds")
+    return value
 
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

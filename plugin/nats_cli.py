@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from workerset_admission.cli import positive_seconds
 from workerset_admission.config import Settings
 from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId
@@ -33,16 +34,6 @@ def _instance_id(text: str) -> int:
         raise argparse.ArgumentTypeError("an instance id is a decimal or 0x-hex integer") from None
     if not 0 <= value < 2**64:
         raise argparse.ArgumentTypeError("an instance id is an unsigned 64-bit integer")
-    return value
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("expected a positive number of seconds")
     return value
 
 
@@ -81,12 +72,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         )
         parser.add_argument(
             "--ttl",
-            type=_positive,
+            type=positive_seconds,
             default=10.0,
             help="seconds a registration lives without a heartbeat (default 10)",
         )
         parser.add_argument(
-            "--heartbeat", type=_positive, help="seconds between refreshes (default ttl/3)"
+            "--heartbeat", type=positive_seconds, help="seconds between refreshes (default ttl/3)"
         )
         parser.add_argument(
             "--once",
@@ -114,7 +105,7 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         )
         parser.add_argument(
             "--duration",
-            type=_positive,
+            type=positive_seconds,
             help="stop after this many seconds (default: until interrupted)",
         )
     else:  # pragma: no cover - the dispatch table only routes the three names here

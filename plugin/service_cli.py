@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from workerset_admission.cli import EXIT_FAILED, EXIT_OK
+from workerset_admission.cli import EXIT_FAILED, EXIT_OK, positive_seconds
 from workerset_admission.config import Settings, add_serve_settings_arguments
 from workerset_admission.errors import Unreachable, UsageError, WorkersetAdmissionError
 
@@ -44,16 +44,6 @@ __all__ = [
 STOPS_ON_SIGNAL = frozenset({"serve"})
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("expected a positive number of seconds")
-    return value
-
-
 def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     if name == "serve":
         parser.add_argument(
@@ -74,12 +64,15 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     elif name == "status":
         parser.add_argument("--json", action="store_true", help="print the service's JSON")
         parser.add_argument(
-            "--timeout", type=_positive, default=5.0, help="seconds to wait for an answer"
+            "--timeout", type=positive_seconds, default=5.0, help="seconds to wait for an answer"
         )
         parser.add_argument("--subject", default=None, help="status subject of the service")
     elif name == "demo":
         parser.add_argument(
-            "--timeout", type=_positive, default=60.0, help="seconds each step may take at most"
+            "--timeout",
+            type=positive_seconds,
+            default=60.0,
+            help="seconds each step may take at most",
         )
 
 
