@@ -103,7 +103,7 @@ class Deployment:
         self.logs = self.root / "logs"
         for directory in (self.store, self.view, self.logs, self.root / "tmp", self.root / "home"):
             directory.mkdir(parents=True, exist_ok=True)
-        from workerset_admission.adapters.dynamo.workers import write_model_dir
+        from support.workers import write_model_dir
 
         self.model_dir = write_model_dir(self.root / "model")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import nats
 import pytest
 from natsfixture import NatsServer
+from support.cards import base_card as demo_card
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
 from workerset_admission.adapters.dynamo.view import file_name_for
 from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
@@ -28,7 +29,6 @@ from workerset_admission.card import encode_endpoint_record, encode_model_record
 from workerset_admission.config import Settings
 from workerset_admission.identity import EndpointId
 from workerset_admission.plugin import create_service
-from workerset_admission.service_cli import demo_card
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

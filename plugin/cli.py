@@ -34,6 +34,7 @@ from workerset_admission.errors import (
     RemoteDataError,
     Unreachable,
     UsageError,
+    ViewDirectoryError,
     WorkersetAdmissionError,
 )
 
@@ -56,7 +57,7 @@ EXIT_OK = 0
 EXIT_NO = 1
 """The answer is no: ``rollout``'s gate is closed, ``explain``'s instance is not admitted."""
 EXIT_USAGE = 2
-"""Bad input from the operator: flags, settings, a trace, a card, an output path."""
+"""Bad input from the operator: flags, settings, a trace, a card, an output path or folder."""
 EXIT_UNREACHABLE = 3
 """NATS could not be reached or did not answer (connection, credentials, time-out, no service)."""
 EXIT_FAILED = 4
@@ -143,7 +144,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
     return (
         ((UsageError,), EXIT_USAGE),
-        ((RemoteDataError,), EXIT_USAGE),
+        ((RemoteDataError, ViewDirectoryError), EXIT_USAGE),
         ((Unreachable,), EXIT_UNREACHABLE),
         (_transport_errors(), EXIT_UNREACHABLE),
         ((WorkersetAdmissionError,), EXIT_FAILED),
@@ -153,7 +154,7 @@ def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
 EXIT_STATUSES: dict[int, str] = {
     EXIT_OK: "success (a long-running command stopped by SIGINT or SIGTERM counts as success)",
     EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted",
-    EXIT_USAGE: "bad flags, settings, trace, card or output path; nothing was changed",
+    EXIT_USAGE: "bad flags, settings, trace, card, output path or view folder; nothing changed",
     EXIT_UNREACHABLE: "NATS unreachable, credentials refused, or no answer in time",
     EXIT_FAILED: "the command failed while running",
 }

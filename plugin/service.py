@@ -56,7 +56,7 @@ from workerset_admission.builds import Builds
 from workerset_admission.config import ServiceSettings
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey
-from workerset_admission.ingest import Ingested, Ingestor, RecordDecoder
+from workerset_admission.ingest import CardRecordDecoder, Ingested, Ingestor, RecordDecoder
 from workerset_admission.ports import (
     AdmissionPublisher,
     BuildRequest,
@@ -93,6 +93,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 __all__ = [
     "AdmissionService",
     "BuildRequest",
+    "CardRecordDecoder",
     "GroupSnapshot",
     "PipelineBuilder",
     "ServiceSettings",
@@ -119,7 +120,6 @@ class AdmissionService:
         telemetry: AdmissionTelemetry | None = None,
         settings: ServiceSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
-        handle_signals: bool = False,
         closers: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
         self.settings = settings or ServiceSettings()
@@ -131,7 +131,6 @@ class AdmissionService:
         self._telemetry = telemetry or AdmissionTelemetry()
         self._telemetry.observe_state(lambda: state_summary(self.snapshot()))
         self._clock = clock
-        self._handle_signals = handle_signals
         self._closers = tuple(closers)
         self._effect_listeners: list[Callable[[Sequence[Effect]], None]] = []
 

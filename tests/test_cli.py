@@ -19,6 +19,7 @@ from workerset_admission.errors import (
     ConfigError,
     InvalidRecordError,
     Unreachable,
+    ViewDirectoryError,
     WorkersetAdmissionError,
 )
 
@@ -162,6 +163,7 @@ def test_status_4_a_command_that_fails_while_running(
     [
         (ConfigError("x"), cli.EXIT_USAGE),
         (InvalidRecordError("bad_key"), cli.EXIT_USAGE),
+        (ViewDirectoryError("owned by another live writer"), cli.EXIT_USAGE),
         (Unreachable("x"), cli.EXIT_UNREACHABLE),
         (ConnectionRefusedError(), cli.EXIT_UNREACHABLE),
         (asyncio.TimeoutError(), cli.EXIT_UNREACHABLE),

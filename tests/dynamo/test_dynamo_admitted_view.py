@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cards import base_card as demo_card
 from workerset_admission.adapters.dynamo.view import (
     MANIFEST_NAME,
     AdmittedView,
@@ -39,7 +40,6 @@ from workerset_admission.ports import (
     SourceSnapshot,
 )
 from workerset_admission.service import AdmissionService
-from workerset_admission.service_cli import demo_card
 
 EP = EndpointId("pns", "backend", "generate")
 GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGGREGATED)

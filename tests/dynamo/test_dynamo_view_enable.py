@@ -31,7 +31,9 @@ def test_serve_refuses_a_missing_view_directory_in_one_line(tmp_path: Path) -> N
     missing = tmp_path / "no-such-view"
     done = _serve(missing, tmp_path)
     assert done.returncode != 0
-    assert done.stderr.strip().splitlines() == [f"error: view directory {missing} does not exist"]
+    assert done.stderr.strip().splitlines() == [
+        f"workerset-admission serve: view directory {missing} does not exist"
+    ]
 
 
 def test_serve_refuses_a_view_directory_another_writer_owns_and_deletes_nothing(
@@ -48,7 +50,9 @@ def test_serve_refuses_a_view_directory_another_writer_owns_and_deletes_nothing(
         owner.release()
     assert done.returncode != 0
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(f"error: view directory {view} is owned by another live writer (pid ")
+    assert line.startswith(
+        f"workerset-admission serve: view directory {view} is owned by another live writer (pid "
+    )
     assert record.read_bytes() == b"{}"
 
 
@@ -64,7 +68,7 @@ def test_serve_refuses_an_unwritable_view_directory(tmp_path: Path) -> None:
     done = _serve(target, tmp_path)
     assert done.returncode != 0
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(f"error: view directory {target} is not writable")
+    assert line.startswith(f"workerset-admission serve: view directory {target} is not writable")
     assert sorted(os.listdir(target)) == before
 
 
