@@ -182,8 +182,12 @@ from workerset_admission.service_cli import _serve
 
 settings = Settings(nats_servers=(sys.argv[1],), prometheus_port=int(sys.argv[2]))
 args = argparse.Namespace(log_format=None, log_level="CRITICAL", telemetry=False)
+
+async def serve():
+    return await _serve(settings, args, asyncio.Event())
+
 try:
-    asyncio.run(asyncio.wait_for(_serve(settings, args), 60))
+    asyncio.run(asyncio.wait_for(serve(), 60))
 except asyncio.TimeoutError:
     sys.exit("serve hung")
 except Exception:

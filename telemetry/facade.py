@@ -91,7 +91,8 @@ DEFAULT_DECISION: Final = "unchanged"
 
 Every update is counted once, under exactly one decision, so the decisions of an operation sum
 to its updates: admitted, rejected, removed, refused, updated, unchanged, reconciled, liveness
-(an endpoint-instance record), ignored (outside the namespace filter), invalid, error.
+(an endpoint-instance record), event (an event source or channel), ignored (outside the
+namespace filter), invalid, error.
 """
 
 

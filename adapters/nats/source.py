@@ -168,33 +168,26 @@ class _Watch:
             # values are complete and this message is already a live change.
             self.finish_initial()
             initial = None
+        entry = None
+        if kind is None:
+            entry = DiscoveryEntry(
+                key=key,
+                value=msg.data,
+                revision=delivery.stream_seq,
+                headers=headers,
+                received_at=now,
+                published_at=delivery.timestamp_ns / 1e9,
+            )
         if initial is not None:
-            if kind is None:
-                initial[key] = DiscoveryEntry(
-                    key=key,
-                    value=msg.data,
-                    revision=delivery.stream_seq,
-                    headers=headers,
-                    received_at=now,
-                    published_at=delivery.timestamp_ns / 1e9,
-                )
-            else:
-                initial[key] = None
+            # A removal among the initial values leaves the key out of the snapshot.
+            initial[key] = entry
             if delivery.pending == 0:
                 self.finish_initial()
             return
         event: SourceEvent
         if kind is None:
-            event = SourcePut(
-                DiscoveryEntry(
-                    key=key,
-                    value=msg.data,
-                    revision=delivery.stream_seq,
-                    headers=headers,
-                    received_at=now,
-                    published_at=delivery.timestamp_ns / 1e9,
-                )
-            )
+            assert entry is not None
+            event = SourcePut(entry)
         else:
             event = SourceDelete(
                 key=key,
