@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from workerset_admission.service_cli import demo_card
+# Run as a script: the shared test builders live one folder up, in tests/support.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.cards import base_card as demo_card
 
 BASE: dict[str, Any] = demo_card()
 _CASES: list[dict[str, Any]] = []
