@@ -12,6 +12,7 @@ from workerset_admission.admission import (
     CommitGroup,
     CoreSettings,
     GroupStatus,
+    LoraProjectionChanged,
     PublishAdmissions,
     RetryScheduled,
     StartBuild,
@@ -252,6 +253,43 @@ def test_rejected_workers_and_adapters_leave_a_retry_backoff_alone() -> None:
     view = core.group(G)
     assert view is not None
     assert (view.status, view.deadline) == (GroupStatus.RETRYING, retry.deadline)
+
+
+def test_an_admitted_workers_adapter_changing_during_a_retry_backoff_starts_no_build() -> None:
+    core = AdmissionCore()
+    effects = core.apply_many([WorkerAdded(reg(1, "A")), WorkerAdded(lora(1))])
+    retry = one(finish(core, effects, ok=False), RetryScheduled)
+    changes = [
+        WorkerAdded(lora(1, fingerprint="capacity-8")),
+        WorkerAdded(lora(1, "second-lora")),
+        WorkerRemoved(lora(1).key),
+    ]
+    for change in changes:
+        effects = core.apply(change)
+        # The projection follows the adapter; the build waits for its own deadline.
+        assert one(effects, LoraProjectionChanged).workers[0].instance_id == 1
+        assert of(effects, StartBuild) == []
+    view = core.group(G)
+    assert view is not None
+    assert (view.status, view.deadline) == (GroupStatus.RETRYING, retry.deadline)
+    start = one(core.apply(Tick(retry.deadline)), StartBuild)
+    assert (start.admitted, start.attempt) == (frozenset({1}), 2)
+
+
+def test_an_admitted_workers_adapter_changing_after_a_failed_commit_starts_no_build() -> None:
+    core = AdmissionCore()
+    effects = core.apply_many([WorkerAdded(reg(1, "A")), WorkerAdded(lora(1))])
+    commit = one(finish(core, effects), CommitGroup)
+    core.apply(CommitFailed(G, "A", commit.generation, "commit", "alias taken"))
+    deadline = core.group(G).deadline  # type: ignore[union-attr]
+    effects = core.apply(WorkerAdded(lora(1, fingerprint="capacity-8")))
+    assert one(effects, LoraProjectionChanged).workers[0].adapters[0].lora_fingerprint == (
+        "capacity-8"
+    )
+    assert of(effects, StartBuild) == []
+    view = core.group(G)
+    assert view is not None
+    assert (view.status, view.deadline) == (GroupStatus.BLOCKED, deadline)
 
 
 def test_a_failed_replacement_is_not_rebuilt_by_a_membership_change() -> None:

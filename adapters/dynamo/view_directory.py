@@ -1,0 +1,214 @@
+"""The admitted view's directory: Dynamo's file naming, one owning writer's lock, its manifest."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import secrets
+import socket
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Protocol
+
+from workerset_admission.errors import ViewDirectoryError
+
+__all__ = [
+    "BUCKETS",
+    "LOCK_NAME",
+    "MANIFEST_NAME",
+    "DirectoryFiles",
+    "ViewFile",
+    "ViewFiles",
+    "check_frontend_store",
+    "file_name_for",
+]
+
+# Publication order inside one pass: the model card last, so the frontend finds the instance
+# and event records already there when the card makes it build the model; removal is reversed.
+BUCKETS: tuple[str, ...] = ("event_sources", "event_channels", "instances", "mdc")
+LOCK_NAME = ".workerset-admission.lock"
+MANIFEST_NAME = ".workerset-admission.files"
+# The file store ignores names starting with ``.tmp_``; ours carry a mark so a restart can
+# tell its own leftovers from a worker's.
+_TEMP_PREFIX = ".tmp_wsa-"
+_ALNUM = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+
+ViewFile = tuple[str, str]
+"""A file of the view: (bucket, file name)."""
+
+
+def file_name_for(path: str) -> str:
+    """Dynamo's file name for a discovery path: every byte outside ``[A-Za-z0-9]`` as ``%XX``."""
+    return "".join(chr(b) if b in _ALNUM else f"%{b:02X}" for b in path.encode("utf-8"))
+
+
+class ViewFiles(Protocol):
+    """The view directory as the writer needs it (real files, or a test's fake)."""
+
+    def publish(self, file: ViewFile, value: bytes) -> None:
+        """Replace the file's content atomically."""
+        ...
+
+    def touch(self, file: ViewFile) -> bool:
+        """Refresh the file's mtime; ``False`` when it is gone."""
+        ...
+
+    def remove(self, file: ViewFile) -> None:
+        """Delete the file (a missing file is fine)."""
+        ...
+
+    def save_manifest(self, files: Iterable[ViewFile]) -> None: ...
+
+    def load_manifest(self) -> list[ViewFile]: ...
+
+
+def check_frontend_store(view_dir: Path, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a view directory that is not the frontend's own file store (``DYN_FILE_KV``)."""
+    from workerset_admission.adapters.dynamo.filestore import default_store_root
+
+    env = os.environ if environ is None else environ
+    store = default_store_root(env)
+    if os.path.realpath(view_dir) != os.path.realpath(store):
+        where = f"DYN_FILE_KV={store}" if env.get("DYN_FILE_KV") else f"its default {store}"
+        raise ViewDirectoryError(
+            f"view directory {view_dir} is not this frontend's file store ({where}): the "
+            "frontend would never read the admitted view; set both to the same directory"
+        )
+
+
+class DirectoryFiles:
+    """:class:`ViewFiles` over a real directory, owned through a lock file.
+
+    ``open`` refuses a directory that is missing, not writable, or locked by another live
+    writer (the lock is an ``flock`` the kernel releases when the holder dies).
+    """
+
+    def __init__(self, root: Path, lock: IO[str]) -> None:
+        self.root = root
+        self._lock: IO[str] | None = lock
+        self._token = secrets.token_hex(4)
+        self._serial = 0
+
+    @classmethod
+    def open(cls, root: Path | str) -> DirectoryFiles:
+        root = Path(root)
+        if not root.is_dir():
+            reason = "does not exist" if not root.exists() else "is not a directory"
+            raise ViewDirectoryError(f"view directory {root} {reason}")
+        lock_path = root / LOCK_NAME
+        try:
+            lock = lock_path.open("a+", encoding="utf-8")
+        except OSError as exc:
+            raise ViewDirectoryError(
+                f"view directory {root} is not writable ({exc.strerror})"
+            ) from None
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            lock.close()
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise ViewDirectoryError(
+                    f"view directory {root} is owned by another live writer ({holder})"
+                ) from None
+            raise ViewDirectoryError(f"view directory {root}: cannot lock ({exc})") from None
+        files = cls(root, lock)
+        try:
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            lock.flush()
+            for bucket in BUCKETS:
+                (root / "v1" / bucket).mkdir(parents=True, exist_ok=True)
+                # Prove the bucket takes a publication, the way every later one is made.
+                probe = (bucket, f"{_TEMP_PREFIX}probe")
+                files._write_temp(probe, b"").unlink()
+        except OSError as exc:
+            files.release()
+            raise ViewDirectoryError(
+                f"view directory {root} is not writable ({exc.strerror or exc})"
+            ) from None
+        files._remove_own_temp_files()
+        return files
+
+    def release(self) -> None:
+        """Give the directory up (the lock file stays; only the lock goes)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+            lock.close()
+
+    def _path(self, file: ViewFile) -> Path:
+        return self.root / "v1" / file[0] / file[1]
+
+    def _write_temp(self, file: ViewFile, value: bytes) -> Path:
+        self._serial += 1
+        temp = self.root / "v1" / file[0] / f"{_TEMP_PREFIX}{self._token}-{self._serial}"
+        temp.write_bytes(value)
+        return temp
+
+    def publish(self, file: ViewFile, value: bytes) -> None:
+        temp = self._write_temp(file, value)
+        try:
+            os.replace(temp, self._path(file))
+        except OSError:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+            raise
+
+    def touch(self, file: ViewFile) -> bool:
+        try:
+            os.utime(self._path(file))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def remove(self, file: ViewFile) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(file).unlink()
+
+    def save_manifest(self, files: Iterable[ViewFile]) -> None:
+        body = json.dumps(sorted(f"{bucket}/{name}" for bucket, name in files))
+        temp = self.root / f"{MANIFEST_NAME}.tmp"
+        temp.write_text(body + "\n", encoding="utf-8")
+        os.replace(temp, self.root / MANIFEST_NAME)
+
+    def load_manifest(self) -> list[ViewFile]:
+        try:
+            listed = json.loads((self.root / MANIFEST_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        out: list[ViewFile] = []
+        for item in listed if isinstance(listed, list) else []:
+            bucket, _, name = str(item).partition("/")
+            # Only names this writer could have made: a bucket of the view, a plain file name.
+            if bucket in BUCKETS and name and "/" not in name and not name.startswith("."):
+                out.append((bucket, name))
+        return out
+
+    def foreign_files(self, known: Iterable[ViewFile]) -> list[ViewFile]:
+        """Record files in the view that this writer does not own (reported, never touched)."""
+        mine = set(known)
+        found: list[ViewFile] = []
+        for bucket in BUCKETS:
+            with contextlib.suppress(OSError):
+                names = [entry.name for entry in os.scandir(self.root / "v1" / bucket)]
+                found.extend(
+                    (bucket, name)
+                    for name in names
+                    if not name.startswith(".") and (bucket, name) not in mine
+                )
+        return found
+
+    def _remove_own_temp_files(self) -> None:
+        for bucket in BUCKETS:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(self.root / "v1" / bucket):
+                    if entry.name.startswith(_TEMP_PREFIX):
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.path)

@@ -1,0 +1,210 @@
+"""The admitted view's plan (which files, for which tenures) and its publication in order."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from workerset_admission.adapters.dynamo.view_directory import BUCKETS, ViewFile, ViewFiles
+from workerset_admission.adapters.dynamo.view_records import HeldRecord, RecordTable
+from workerset_admission.identity import EndpointId, GroupKey
+
+__all__ = ["AdmittedView", "SyncReport", "Tenure", "plan_view"]
+
+# One logger name for the whole view, so an operator follows or silences it in one place.
+_log = logging.getLogger("workerset_admission.adapters.dynamo.view")
+_ADD_ORDER = {bucket: index for index, bucket in enumerate(BUCKETS)}
+
+
+@dataclass(frozen=True, slots=True)
+class Tenure:
+    """One committed binding as the view sees it: group, build generation, routable ids."""
+
+    group: GroupKey
+    generation: int
+    routable: frozenset[int]
+
+
+def _records_of(endpoint: EndpointId, instance_id: int, table: RecordTable) -> list[HeldRecord]:
+    ns, comp = endpoint.namespace, endpoint.component
+    mine = [
+        record
+        for record in table.lookup("worker", ns, comp, instance_id)
+        # Every endpoint record of the instance in the component (the KV query endpoint
+        # too), and its cards at the binding's own endpoint.
+        if record.bucket == "instances" or record.endpoint == endpoint.endpoint
+    ]
+    sources = [
+        s for s in table.lookup("source", ns, None, instance_id) if s.component in (None, comp)
+    ]
+    mine += sources
+    for source in sources:
+        # A channel is the worker's when it shares scope and publisher id with its source.
+        mine += [
+            channel
+            for channel in table.lookup("channel", ns, None, source.instance_id)
+            if (channel.component, channel.endpoint) == (source.component, source.endpoint)
+        ]
+    return mine
+
+
+def plan_view(
+    tenures: Iterable[Tenure], table: RecordTable
+) -> dict[ViewFile, tuple[bytes, frozenset[tuple[GroupKey, int]]]]:
+    """Every file the view must hold: its bytes, and the tenures that want it."""
+    wanted: dict[ViewFile, tuple[bytes, set[tuple[GroupKey, int]]]] = {}
+    for tenure in tenures:
+        endpoint = tenure.group.endpoint
+        for instance_id in sorted(tenure.routable):
+            for record in _records_of(endpoint, instance_id, table):
+                file = (record.bucket, record.file_name)
+                entry = wanted.setdefault(file, (record.value, set()))
+                entry[1].add((tenure.group, tenure.generation))
+    return {file: (value, frozenset(owners)) for file, (value, owners) in wanted.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    """What one pass did, in the order it did it."""
+
+    withdrawn: tuple[ViewFile, ...] = ()
+    written: tuple[ViewFile, ...] = ()
+    removed: tuple[ViewFile, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.withdrawn or self.written or self.removed)
+
+
+def _removal_order(files: Iterable[ViewFile]) -> list[ViewFile]:
+    return sorted(files, key=lambda f: (-_ADD_ORDER.get(f[0], 0), f[1]))
+
+
+def _add_order(files: Iterable[ViewFile]) -> list[ViewFile]:
+    return sorted(files, key=lambda f: (_ADD_ORDER.get(f[0], 0), f[1]))
+
+
+class AdmittedView:
+    """The view's state and its publication rules, over any :class:`ViewFiles`.
+
+    Synchronous and clock-injected, so every rule is reachable from a unit test; the
+    :class:`ViewWriter` drives it from the service's loop.
+    """
+
+    def __init__(
+        self,
+        files: ViewFiles,
+        *,
+        refresh_interval: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._files = files
+        self.refresh_interval = refresh_interval
+        self._clock = clock
+        self._written: dict[ViewFile, bytes | None] = {}
+        self._owners: dict[ViewFile, frozenset[tuple[GroupKey, int]]] = {}
+        self._last_touch = clock()
+        self.publish_errors = 0
+
+    @property
+    def files(self) -> dict[ViewFile, bytes | None]:
+        """What the view holds now (``None``: a previous writer's file, content unknown)."""
+        return dict(self._written)
+
+    def adopt_leftovers(self) -> int:
+        """Take over a previous writer's files from its manifest; the first sync settles them.
+
+        They are not touched meanwhile: if no sync comes, they expire as the dead writer's
+        would have.
+        """
+        for file in self._files.load_manifest():
+            self._written.setdefault(file, None)
+            self._owners.setdefault(file, frozenset())
+        return len(self._written)
+
+    def sync(self, tenures: Sequence[Tenure], table: RecordTable) -> SyncReport:
+        """Make the directory equal to the view the tenures and records call for."""
+        wanted = plan_view(tenures, table)
+        live = {(t.group, t.generation) for t in tenures}
+        stale = [f for f in self._written if f not in wanted]
+        # A file whose tenure ended goes first: a successor's records never share the view
+        # with its predecessor's.
+        ended = [f for f in stale if not (self._owners.get(f, frozenset()) & live)]
+        rest = [f for f in stale if f not in set(ended)]
+        withdrawn = self._remove_all(ended)
+        written: list[ViewFile] = []
+        for file in _add_order(wanted):
+            value, owners = wanted[file]
+            self._owners[file] = owners
+            if self._written.get(file) == value:
+                continue
+            if self._publish(file, value):
+                written.append(file)
+        removed = self._remove_all(rest)
+        report = SyncReport(tuple(withdrawn), tuple(written), tuple(removed))
+        if report.changed:
+            self._save_manifest()
+        return report
+
+    def _publish(self, file: ViewFile, value: bytes) -> bool:
+        try:
+            self._files.publish(file, value)
+        except OSError as exc:
+            # Kept out of the written set, so the next pass tries again.
+            self.publish_errors += 1
+            _log.warning("admitted view: could not write %s/%s: %s", file[0], file[1], exc)
+            return False
+        self._written[file] = value
+        return True
+
+    def _remove_all(self, files: Iterable[ViewFile]) -> list[ViewFile]:
+        done = []
+        for file in _removal_order(files):
+            try:
+                self._files.remove(file)
+            except OSError as exc:
+                self.publish_errors += 1
+                _log.warning("admitted view: could not remove %s/%s: %s", file[0], file[1], exc)
+                continue
+            self._written.pop(file, None)
+            self._owners.pop(file, None)
+            done.append(file)
+        return done
+
+    def _save_manifest(self) -> None:
+        try:
+            self._files.save_manifest(self._written)
+        except OSError as exc:
+            _log.warning("admitted view: could not save its manifest: %s", exc)
+
+    def keep_alive(self, *, force: bool = False) -> int:
+        """Touch every published file when a refresh is due; return how many were touched.
+
+        A file someone else deleted (an expiry sweep after a stall) is written again.
+        """
+        now = self._clock()
+        if not force and now - self._last_touch < self.refresh_interval:
+            return 0
+        self._last_touch = now
+        touched = 0
+        for file, value in list(self._written.items()):
+            if value is None:
+                continue  # a previous writer's file: left to expire unless a sync wants it
+            try:
+                alive = self._files.touch(file)
+            except OSError as exc:
+                _log.debug("admitted view: could not touch %s/%s: %s", file[0], file[1], exc)
+                continue
+            if not alive:
+                del self._written[file]
+                self._publish(file, value)
+            touched += 1
+        return touched
+
+    def clear(self) -> int:
+        """Withdraw the whole view (the writer stops): the frontend routes nowhere."""
+        removed = self._remove_all(list(self._written))
+        self._save_manifest()
+        return len(removed)
