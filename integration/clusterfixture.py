@@ -195,6 +195,10 @@ class NatsCluster:
     nodes: list[ClusterNode] = field(default_factory=list)
 
     @property
+    def kind(self) -> str:
+        return "binary"
+
+    @property
     def urls(self) -> list[str]:
         return [node.url for node in self.nodes]
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clusterfixture import NatsCluster
 from natsfixture import NatsServer, restartable_server, shared_server
 from phoenixfixture import RUN_PHOENIX_ENV, phoenix_enabled
 
@@ -27,6 +29,29 @@ def nats_server_fn(tmp_path: Path) -> Iterator[NatsServer]:
 def bucket_name() -> str:
     """A bucket name no other test uses, so tests can share the session server."""
     return f"disc-{uuid.uuid4().hex[:12]}"
+
+
+# How many tests ran against each kind of nats-server, for the run's summary.
+_KINDS_KEY = pytest.StashKey[Counter[str]]()
+
+
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """Count the test under each kind of server it uses (its fixtures are set up by now)."""
+    values = getattr(item, "funcargs", {}).values()
+    kinds = item.config.stash.setdefault(_KINDS_KEY, Counter())
+    for kind in {v.kind for v in values if isinstance(v, NatsServer | NatsCluster)}:
+        kinds[kind] += 1
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    kinds = config.stash.get(_KINDS_KEY, Counter())
+    if kinds:
+        terminalreporter.write_line(
+            "nats-server kinds: "
+            f"{kinds['container']} tests on container, {kinds['binary']} tests on binary"
+        )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

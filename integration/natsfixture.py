@@ -1,7 +1,10 @@
-"""The shared nats-server for integration tests: a container when Docker answers, else the binary.
+"""The nats-server for integration tests: a container when a Docker API answers, else the binary.
 
 A session-wide server is shared by tests that only need a JetStream endpoint (each test uses its
 own bucket names); tests that stop, kill or wipe the server get their own restartable instance.
+Both kinds are restartable. The container's image is ``$WORKERSET_ADMISSION_NATS_IMAGE``, by
+default the release pinned to the binary's version; ``integration/container-engine.sh`` prepares
+an engine (podman) and prints the settings.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from workerset_admission.adapters.nats.embedded import (
     find_nats_server_binary,
 )
 
+from natscontainer import ContainerNatsServer, container_image
+
 __all__ = ["NatsServer", "docker_answers", "restartable_server", "shared_server"]
 
 
@@ -34,7 +39,7 @@ class NatsServer:
     url: str
     kind: Literal["container", "binary"]
     version: str
-    handle: EmbeddedNatsServer | None = None
+    handle: EmbeddedNatsServer | ContainerNatsServer | None = None
 
 
 def docker_answers() -> bool:
@@ -89,36 +94,33 @@ def _served_version(url: str) -> str:
     return asyncio.run(ask())
 
 
-@dataclass
-class _Container:
-    container: object
-    url: str
-
-
-def _start_container() -> _Container:
-    from testcontainers.community.nats import NatsContainer  # type: ignore[import-untyped]
-
-    container = NatsContainer(jetstream=True)
-    container.start()
-    return _Container(container=container, url=str(container.nats_uri()))
-
-
 def shared_server(tmp_dir: Path) -> Iterator[NatsServer]:
     """Yield one server for the whole session and tear it down afterwards."""
-    if docker_answers():
-        started = _start_container()
-        server = NatsServer(url=started.url, kind="container", version=_served_version(started.url))
-        _announce(server, "testcontainers")
-        try:
-            yield server
-        finally:
-            started.container.stop()  # type: ignore[attr-defined]
-        return
     yield from restartable_server(tmp_dir)
 
 
 def restartable_server(tmp_dir: Path) -> Iterator[NatsServer]:
-    """Yield a local binary server whose handle can stop, kill, wipe and restart it."""
+    """Yield a server whose handle can stop, kill, wipe and restart it: a container or the binary."""
+    if docker_answers():
+        yield from _container_server(tmp_dir)
+    else:
+        yield from _binary_server(tmp_dir)
+
+
+def _container_server(tmp_dir: Path) -> Iterator[NatsServer]:
+    handle = ContainerNatsServer(tmp_dir / "container", image=container_image())
+    try:
+        handle.start()
+        server = NatsServer(
+            url=handle.url, kind="container", version=_served_version(handle.url), handle=handle
+        )
+        _announce(server, f"testcontainers, image {handle.image}")
+        yield server
+    finally:
+        handle.close()
+
+
+def _binary_server(tmp_dir: Path) -> Iterator[NatsServer]:
     binary = _binary_or_skip()
     handle = EmbeddedNatsServer(tmp_dir / "jetstream", binary=binary)
     handle.start()
