@@ -9,6 +9,11 @@ and store, which is what the fail-over tests need.
 Ports are picked by binding to port 0 and releasing the socket: the routes must name every
 node's port before any node runs. Another process could take a port in between, so a start that
 fails is retried with fresh ports a bounded number of times.
+
+When a Docker-compatible API answers, the nodes are three containers on one container network
+instead (:class:`ContainerCluster`): each has a fixed address on that network for the routes, its
+client port published on 127.0.0.1 only, and its store in a mounted folder, so a killed node comes
+back with the same ports and store.
 """
 
 from __future__ import annotations
@@ -20,16 +25,26 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
+from natscontainer import (
+    container_image,
+    publish_on_loopback,
+    remove_container,
+    track_container,
+    wait_ready,
+)
+from natsfixture import docker_answers
 from workerset_admission.adapters.nats.embedded import (
     NatsServerNotFound,
     find_nats_server_binary,
@@ -38,6 +53,7 @@ from workerset_admission.adapters.nats.embedded import (
 __all__ = [
     "CLUSTER_NAME",
     "ClusterNode",
+    "ContainerCluster",
     "NatsCluster",
     "nats_cluster",
     "node_config",
@@ -372,15 +388,149 @@ async def _attempt(call: Awaitable[object]) -> Exception | None:
     return None
 
 
+def container_node_config(
+    name: str, node_address: str, peer_addresses: Sequence[str], cluster_name: str = CLUSTER_NAME
+) -> str:
+    """One node's configuration inside a container: routes to its peers' network addresses.
+
+    Inside the container the server listens on every interface of its own network namespace;
+    only the client port leaves it, published on the host's loopback. Client URLs are not
+    advertised, so clients stay on the loopback addresses they were given.
+    """
+    routes = ",\n    ".join(
+        f"nats-route://{address}:{_CONTAINER_ROUTE_PORT}" for address in peer_addresses
+    )
+    return f"""\
+server_name: {name}
+listen: 0.0.0.0:{_CONTAINER_CLIENT_PORT}
+
+jetstream {{
+  store_dir: "/data"
+}}
+
+cluster {{
+  name: {cluster_name}
+  listen: {node_address}:{_CONTAINER_ROUTE_PORT}
+  no_advertise: true
+  routes: [
+    {routes}
+  ]
+}}
+"""
+
+
+_CONTAINER_CLIENT_PORT = 4222
+_CONTAINER_ROUTE_PORT = 6222
+
+
+@dataclass(slots=True)
+class ContainerCluster(NatsCluster):
+    """Three nats-server containers on one container network, with the same operations."""
+
+    image: str = ""
+    network: Any = None
+    containers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "container"
+
+    def start(self) -> None:
+        from docker.types import EndpointConfig  # type: ignore[import-untyped]
+        from testcontainers.core.container import DockerContainer  # type: ignore[import-untyped]
+        from testcontainers.core.network import Network  # type: ignore[import-untyped]
+
+        self.network = Network().create()
+        subnet = self.network._unwrap_network.attrs["IPAM"]["Config"][0]["Subnet"]
+        prefix = subnet.split("/")[0].rsplit(".", 1)[0]
+        addresses = [f"{prefix}.{10 + index}" for index in range(self.size)]
+        ports = _free_ports(self.size)
+        self.nodes = [
+            ClusterNode(
+                name=f"n{index + 1}",
+                client_port=ports[index],
+                cluster_port=_CONTAINER_ROUTE_PORT,
+                directory=self.root / f"n{index + 1}",
+            )
+            for index in range(self.size)
+        ]
+        for node, address in zip(self.nodes, addresses, strict=True):
+            node.store_dir.mkdir(parents=True, exist_ok=True)
+            peers = [other for other in addresses if other != address]
+            node.config_path.write_text(container_node_config(node.name, address, peers))
+            container = (
+                DockerContainer(self.image)
+                .with_command(["-c", "/etc/nats/node.conf"])
+                .with_volume_mapping(str(node.config_path), "/etc/nats/node.conf", mode="ro")
+                .with_volume_mapping(str(node.store_dir), "/data", mode="rw")
+                .with_kwargs(
+                    network=self.network.name,
+                    networking_config={
+                        self.network.name: EndpointConfig("1.41", ipv4_address=address)
+                    },
+                )
+            )
+            publish_on_loopback(container, _CONTAINER_CLIENT_PORT, node.client_port)
+            self.containers[node.name] = container
+            track_container(container)
+            container.start()
+            node.starts += 1
+        for node in self.nodes:
+            wait_ready(self.containers[node.name], node.client_port, 0, _START_TIMEOUT)
+
+    def log_tail(self, node: ClusterNode, lines: int = 15) -> str:
+        with contextlib.suppress(Exception):
+            wrapped = self.containers[node.name].get_wrapped_container()
+            text: str = wrapped.logs().decode(errors="replace")
+            return "\n".join(text.splitlines()[-lines:])
+        return "(no log)"
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the node's server; its container, ports and store stay for a restart."""
+        wrapped = self.containers[self.node(name).name].get_wrapped_container()
+        wrapped.kill()
+        wrapped.wait(timeout=_STOP_TIMEOUT)
+
+    def restart(self, name: str) -> None:
+        """Start a killed node's container again: same address, ports, configuration and store."""
+        node = self.node(name)
+        wrapped = self.containers[name].get_wrapped_container()
+        wrapped.reload()
+        if wrapped.status == "running":
+            raise RuntimeError(f"{name} is still running")
+        before = wrapped.logs().count(b"Server is ready")
+        wrapped.start()
+        node.starts += 1
+        wait_ready(self.containers[name], node.client_port, before, _START_TIMEOUT)
+
+    def stop(self) -> None:
+        for container in self.containers.values():
+            remove_container(container)
+        self.containers.clear()
+        if self.network is not None:
+            with contextlib.suppress(Exception):
+                self.network.remove()
+            self.network = None
+
+
 @contextlib.contextmanager
 def _cluster(root: Path) -> Iterator[NatsCluster]:
-    try:
-        binary = find_nats_server_binary()
-    except NatsServerNotFound as error:
-        pytest.fail(f"no nats-server binary for the cluster tests: {error}")
-    cluster = NatsCluster(binary=str(binary), root=root)
+    cluster: NatsCluster
+    if docker_answers():
+        cluster = ContainerCluster(binary="", root=root, image=container_image())
+    else:
+        try:
+            binary = find_nats_server_binary()
+        except NatsServerNotFound as error:
+            pytest.fail(f"no nats-server binary for the cluster tests: {error}")
+        cluster = NatsCluster(binary=str(binary), root=root)
     try:
         cluster.start()
+        print(
+            f"\n[nats fixture] {cluster.kind} nats-server cluster of {cluster.size} at "
+            f"{', '.join(cluster.urls)}",
+            file=sys.__stderr__,
+        )
         yield cluster
     finally:
         cluster.stop()

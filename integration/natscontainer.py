@@ -28,7 +28,10 @@ __all__ = [
     "PINNED_IMAGE",
     "ContainerNatsServer",
     "container_image",
+    "publish_on_loopback",
     "remove_container",
+    "track_container",
+    "wait_ready",
 ]
 
 IMAGE_ENV_VAR = "WORKERSET_ADMISSION_NATS_IMAGE"
@@ -45,6 +48,11 @@ _LIVE: set[Any] = set()
 def container_image() -> str:
     """The image to run: ``$WORKERSET_ADMISSION_NATS_IMAGE``, else the pinned release."""
     return os.environ.get(IMAGE_ENV_VAR, "").strip() or PINNED_IMAGE
+
+
+def track_container(container: Any) -> None:
+    """Remember a container until :func:`remove_container`, so exit removes it if a test cannot."""
+    _LIVE.add(container)
 
 
 def remove_container(container: Any) -> None:
@@ -175,7 +183,7 @@ class ContainerNatsServer:
         publish_on_loopback(container, CLIENT_PORT, self.port)
         # Registered before start: a container created but never ready is removed all the same.
         self._container = container
-        _LIVE.add(container)
+        track_container(container)
         container.start()
         self.containers_started += 1
         wait_ready(container, self.port, 0, self.ready_timeout)

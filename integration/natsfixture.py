@@ -21,13 +21,12 @@ from typing import Literal
 
 import nats
 import pytest
+from natscontainer import ContainerNatsServer, container_image
 from workerset_admission.adapters.nats.embedded import (
     EmbeddedNatsServer,
     NatsServerNotFound,
     find_nats_server_binary,
 )
-
-from natscontainer import ContainerNatsServer, container_image
 
 __all__ = ["NatsServer", "docker_answers", "restartable_server", "shared_server"]
 
@@ -100,7 +99,7 @@ def shared_server(tmp_dir: Path) -> Iterator[NatsServer]:
 
 
 def restartable_server(tmp_dir: Path) -> Iterator[NatsServer]:
-    """Yield a server whose handle can stop, kill, wipe and restart it: a container or the binary."""
+    """Yield a server (a container, else the binary) that its handle stops, kills and wipes."""
     if docker_answers():
         yield from _container_server(tmp_dir)
     else:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nats
 import pytest
-from natsfixture import NatsServer
+from natscontainer import IMAGE_ENV_VAR, PINNED_IMAGE, ContainerNatsServer, container_image
+from natsfixture import NatsServer, docker_answers, restartable_server
+from workerset_admission.adapters.nats.embedded import (
+    find_nats_server_binary,
+    nats_server_version,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -44,3 +51,41 @@ async def test_a_restartable_server_comes_back_on_the_same_port_with_its_store(
             await nc.jetstream().key_value("keep")
     finally:
         await nc.close()
+
+
+def test_the_default_image_is_the_binary_release_never_a_moving_tag() -> None:
+    binary_version = nats_server_version(find_nats_server_binary())
+    assert f"nats:{binary_version.removeprefix('v')}" == PINNED_IMAGE
+    assert not PINNED_IMAGE.endswith(":latest")
+
+
+def test_the_image_setting_chooses_the_container_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(IMAGE_ENV_VAR, "localhost/nats:2.15.1")
+    assert container_image() == "localhost/nats:2.15.1"
+    monkeypatch.setenv(IMAGE_ENV_VAR, "")
+    assert container_image() == PINNED_IMAGE
+
+
+@pytest.mark.skipif(not docker_answers(), reason="no Docker-compatible API answers")
+def test_a_failing_test_still_has_its_container_removed(tmp_path: Path) -> None:
+    import docker  # type: ignore[import-untyped]
+
+    servers = restartable_server(tmp_path)
+    server = next(servers)
+    assert server.kind == "container"
+    assert isinstance(server.handle, ContainerNatsServer)
+    first = server.handle.container_id
+    server.handle.restart(wipe=True)
+    second = server.handle.container_id
+    assert first is not None
+    assert second is not None
+    assert first != second
+    with pytest.raises(RuntimeError, match="the test failed"):
+        servers.throw(RuntimeError("the test failed"))
+    client = docker.from_env()
+    try:
+        for container_id in (first, second):
+            with pytest.raises(docker.errors.NotFound):
+                client.containers.get(container_id)
+    finally:
+        client.close()
