@@ -21,7 +21,7 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
 
 @pytest.fixture
 def nats_server_fn(tmp_path: Path) -> Iterator[NatsServer]:
-    """A private local server for one test; ``.handle`` restarts, kills or wipes it."""
+    """A private server for one test, container or binary; ``.handle`` restarts, kills, wipes."""
     yield from restartable_server(tmp_path)
 
 
