@@ -25,7 +25,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from natscontainer import (
     track_container,
     wait_ready,
 )
-from natsfixture import docker_answers
+from natsfixture import announce, docker_answers
 from workerset_admission.adapters.nats.embedded import (
     NatsServerNotFound,
     find_nats_server_binary,
@@ -526,10 +525,8 @@ def _cluster(root: Path) -> Iterator[NatsCluster]:
         cluster = NatsCluster(binary=str(binary), root=root)
     try:
         cluster.start()
-        print(
-            f"\n[nats fixture] {cluster.kind} nats-server cluster of {cluster.size} at "
-            f"{', '.join(cluster.urls)}",
-            file=sys.__stderr__,
+        announce(
+            f"{cluster.kind} nats-server cluster of {cluster.size} at {', '.join(cluster.urls)}"
         )
         yield cluster
     finally:

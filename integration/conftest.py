@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from clusterfixture import NatsCluster
-from natsfixture import NatsServer, restartable_server, shared_server
+from natsfixture import NatsServer, restartable_server, set_announcer, shared_server
 from phoenixfixture import RUN_PHOENIX_ENV, phoenix_enabled
 
 
@@ -52,6 +53,23 @@ def pytest_terminal_summary(
             "nats-server kinds: "
             f"{kinds['container']} tests on container, {kinds['binary']} tests on binary"
         )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Write fixture announcements to the terminal, past pytest's output capture."""
+
+    def write(line: str) -> None:
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        if capture is None or terminal is None:
+            print(line, file=sys.__stderr__)
+            return
+        with capture.global_and_fixture_disabled():
+            # On a line of its own even between progress dots, where the CI log looks for it.
+            terminal.write("\n")
+            terminal.write_line(line)
+
+    set_announcer(write)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

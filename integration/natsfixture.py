@@ -14,7 +14,7 @@ import gc
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -28,7 +28,14 @@ from workerset_admission.adapters.nats.embedded import (
     find_nats_server_binary,
 )
 
-__all__ = ["NatsServer", "docker_answers", "restartable_server", "shared_server"]
+__all__ = [
+    "NatsServer",
+    "announce",
+    "docker_answers",
+    "restartable_server",
+    "set_announcer",
+    "shared_server",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +71,27 @@ def docker_answers() -> bool:
             gc.collect()
 
 
+def _print_to_stderr(line: str) -> None:
+    print(f"\n{line}", file=sys.__stderr__)
+
+
+# Where announcements go. pytest captures file descriptor 2 while fixtures run, so a plain print
+# would only show for a failing test; conftest routes them to the terminal past the capture.
+_announcer: list[Callable[[str], None]] = [_print_to_stderr]
+
+
+def set_announcer(write: Callable[[str], None]) -> None:
+    """Send every fixture announcement line to ``write``."""
+    _announcer[0] = write
+
+
+def announce(line: str) -> None:
+    """Say which kind of server a fixture started (the CI log counts the container ones)."""
+    _announcer[0](f"[nats fixture] {line}")
+
+
 def _announce(server: NatsServer, detail: str) -> None:
-    # Printed to the real stderr so it shows in CI logs even with output capture on.
-    print(
-        f"\n[nats fixture] {server.kind} nats-server {server.version} at {server.url} ({detail})",
-        file=sys.__stderr__,
-    )
+    announce(f"{server.kind} nats-server {server.version} at {server.url} ({detail})")
 
 
 def _binary_or_skip() -> Path:
