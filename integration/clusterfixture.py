@@ -37,6 +37,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from natscontainer import (
+    client_options,
     container_image,
     publish_on_loopback,
     remove_container,
@@ -439,7 +440,7 @@ class ContainerCluster(NatsCluster):
         from testcontainers.core.container import DockerContainer  # type: ignore[import-untyped]
         from testcontainers.core.network import Network  # type: ignore[import-untyped]
 
-        self.network = Network().create()
+        self.network = Network(docker_client_kw=client_options()).create()
         subnet = self.network._unwrap_network.attrs["IPAM"]["Config"][0]["Subnet"]
         prefix = subnet.split("/")[0].rsplit(".", 1)[0]
         addresses = [f"{prefix}.{10 + index}" for index in range(self.size)]
@@ -458,7 +459,7 @@ class ContainerCluster(NatsCluster):
             peers = [other for other in addresses if other != address]
             node.config_path.write_text(container_node_config(node.name, address, peers))
             container = (
-                DockerContainer(self.image)
+                DockerContainer(self.image, docker_client_kw=client_options())
                 .with_command(["-c", "/etc/nats/node.conf"])
                 .with_volume_mapping(str(node.config_path), "/etc/nats/node.conf", mode="ro")
                 .with_volume_mapping(str(node.store_dir), "/data", mode="rw")

@@ -32,27 +32,37 @@ def bucket_name() -> str:
     return f"disc-{uuid.uuid4().hex[:12]}"
 
 
-# How many tests ran against each kind of nats-server, for the run's summary.
-_KINDS_KEY = pytest.StashKey[Counter[str]]()
+# Which kind of nats-server each test ran against, and how long each integration test took
+# (setup, call and teardown), for the run's summary.
+_KINDS: dict[str, set[str]] = {}
+_SECONDS: Counter[str] = Counter()
 
 
 def pytest_runtest_call(item: pytest.Item) -> None:
-    """Count the test under each kind of server it uses (its fixtures are set up by now)."""
+    """Note the kinds of server the test uses (its fixtures are set up by now)."""
     values = getattr(item, "funcargs", {}).values()
-    kinds = item.config.stash.setdefault(_KINDS_KEY, Counter())
-    for kind in {v.kind for v in values if isinstance(v, NatsServer | NatsCluster)}:
-        kinds[kind] += 1
+    _KINDS[item.nodeid] = {v.kind for v in values if isinstance(v, NatsServer | NatsCluster)}
 
 
-def pytest_terminal_summary(
-    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
-) -> None:
-    kinds = config.stash.get(_KINDS_KEY, Counter())
-    if kinds:
-        terminalreporter.write_line(
-            "nats-server kinds: "
-            f"{kinds['container']} tests on container, {kinds['binary']} tests on binary"
-        )
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SECONDS[report.nodeid] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _SECONDS:
+        return
+    tests: Counter[str] = Counter()
+    spent: Counter[str] = Counter()
+    for nodeid, kinds in _KINDS.items():
+        for kind in kinds:
+            tests[kind] += 1
+            spent[kind] += _SECONDS[nodeid]
+    terminalreporter.write_line(
+        f"nats-server kinds: {tests['container']} tests on container "
+        f"({spent['container']:.0f} s), {tests['binary']} tests on binary "
+        f"({spent['binary']:.0f} s); integration tests: {len(_SECONDS)} in "
+        f"{sum(_SECONDS.values()):.0f} s"
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import gc
 import os
 import shutil
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,9 @@ __all__ = [
     "IMAGE_ENV_VAR",
     "PINNED_IMAGE",
     "ContainerNatsServer",
+    "client_options",
     "container_image",
+    "engine_api_version",
     "publish_on_loopback",
     "remove_container",
     "track_container",
@@ -43,6 +48,42 @@ _STORE = "/data"
 
 # Every container this module created and has not removed yet (testcontainers objects).
 _LIVE: set[Any] = set()
+
+
+def engine_api_version() -> str | None:
+    """The API version the engine at ``$DOCKER_HOST`` speaks, or None when none answers."""
+    return _probe(os.environ.get("DOCKER_HOST", ""))
+
+
+@functools.cache
+def _probe(host: str) -> str | None:
+    # Asked once: a missing engine is seen in about a millisecond, but a present one is slow to
+    # negotiate its version (podman's answer takes most of a second), and every client made
+    # without a version asks again.
+    if host in ("", "unix:///var/run/docker.sock") and not Path("/var/run/docker.sock").exists():
+        return None
+    # docker-py leaks its socket when the engine refuses the connection; keep that warning
+    # (an error under this project's pytest settings) out of the test run.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            import docker  # type: ignore[import-untyped]
+
+            client = docker.from_env()
+            try:
+                return str(client.api.api_version) if client.ping() else None
+            finally:
+                client.close()
+        except Exception:
+            return None
+        finally:
+            gc.collect()
+
+
+def client_options() -> dict[str, Any]:
+    """Settings for every docker-py client: the version already negotiated, not asked again."""
+    version = engine_api_version()
+    return {} if version is None else {"version": version}
 
 
 def container_image() -> str:
@@ -90,11 +131,13 @@ def wait_ready(container: Any, port: int, ready_lines_before: int, timeout: floa
     wrapped = container.get_wrapped_container()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        # The port is probed first: it costs the engine nothing, and the engine shares the
+        # machine's cores with the server starting up.
+        if _accepts(port) and wrapped.logs().count(_READY_LINE) > ready_lines_before:
+            return
         wrapped.reload()
         if wrapped.status in ("exited", "dead"):
             raise NatsServerStartError(f"nats-server container exited: {_tail(wrapped)}")
-        if wrapped.logs().count(_READY_LINE) > ready_lines_before and _accepts(port):
-            return
         time.sleep(0.02)
     raise NatsServerStartError(
         f"nats-server container not ready after {timeout:.0f} s: {_tail(wrapped)}"
@@ -176,7 +219,7 @@ class ContainerNatsServer:
             self.port = free_loopback_port()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         container = (
-            DockerContainer(self.image)
+            DockerContainer(self.image, docker_client_kw=client_options())
             .with_command(["-js", "-sd", _STORE, *self.extra_args])
             .with_volume_mapping(str(self.store_dir), _STORE, mode="rw")
         )

@@ -10,10 +10,7 @@ an engine (podman) and prints the settings.
 from __future__ import annotations
 
 import asyncio
-import gc
-import os
 import sys
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +18,7 @@ from typing import Literal
 
 import nats
 import pytest
-from natscontainer import ContainerNatsServer, container_image
+from natscontainer import ContainerNatsServer, container_image, engine_api_version
 from workerset_admission.adapters.nats.embedded import (
     EmbeddedNatsServer,
     NatsServerNotFound,
@@ -49,26 +46,8 @@ class NatsServer:
 
 
 def docker_answers() -> bool:
-    """True when a Docker engine responds; a missing engine is detected in about a millisecond."""
-    host = os.environ.get("DOCKER_HOST", "")
-    if host in ("", "unix:///var/run/docker.sock") and not Path("/var/run/docker.sock").exists():
-        return False
-    # docker-py leaks its socket when the engine refuses the connection; keep that warning
-    # (an error under this project's pytest settings) out of the test run.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        try:
-            import docker  # type: ignore[import-untyped]
-
-            client = docker.from_env()
-            try:
-                return bool(client.ping())
-            finally:
-                client.close()
-        except Exception:
-            return False
-        finally:
-            gc.collect()
+    """True when a Docker-compatible engine responds (asked once per process and address)."""
+    return engine_api_version() is not None
 
 
 def _print_to_stderr(line: str) -> None:

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import nats
 import pytest
-from natscontainer import IMAGE_ENV_VAR, PINNED_IMAGE, ContainerNatsServer, container_image
+from natscontainer import (
+    IMAGE_ENV_VAR,
+    PINNED_IMAGE,
+    ContainerNatsServer,
+    client_options,
+    container_image,
+)
 from natsfixture import NatsServer, docker_answers, restartable_server
 from workerset_admission.adapters.nats.embedded import (
     find_nats_server_binary,
@@ -82,7 +88,7 @@ def test_a_failing_test_still_has_its_container_removed(tmp_path: Path) -> None:
     assert first != second
     with pytest.raises(RuntimeError, match="the test failed"):
         servers.throw(RuntimeError("the test failed"))
-    client = docker.from_env()
+    client = docker.from_env(**client_options())
     try:
         for container_id in (first, second):
             with pytest.raises(docker.errors.NotFound):
