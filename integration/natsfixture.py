@@ -10,6 +10,7 @@ an engine (podman) and prints the settings.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from workerset_admission.adapters.nats.embedded import (
 )
 
 __all__ = [
+    "KIND_ENV_VAR",
     "NatsServer",
     "announce",
     "docker_answers",
@@ -45,8 +47,14 @@ class NatsServer:
     handle: EmbeddedNatsServer | ContainerNatsServer | None = None
 
 
+# Set to ``binary`` to run the local binary even where a container engine answers.
+KIND_ENV_VAR = "WORKERSET_ADMISSION_NATS"
+
+
 def docker_answers() -> bool:
     """True when a Docker-compatible engine responds (asked once per process and address)."""
+    if os.environ.get(KIND_ENV_VAR, "").strip() == "binary":
+        return False
     return engine_api_version() is not None
 
 
