@@ -178,14 +178,22 @@ start() {
 
     rm -f "$SOCK"
     say "starting podman API at $SOCK"
+    # nohup execs podman in the child bash forks, so $! is the API process's own PID.
     CONTAINERS_CONF="$STATE/containers.conf" CONTAINERS_STORAGE_CONF="$STATE/storage.conf" \
-        setsid nohup podman system service --time=0 "unix://$SOCK" \
-        >"$SERVICE_LOG" 2>&1 </dev/null &
-    echo $! >"$PIDFILE"
+        nohup podman system service --time=0 "unix://$SOCK" >"$SERVICE_LOG" 2>&1 </dev/null &
+    local pid=$!
+    echo "$pid" >"$PIDFILE"
     local waited=0
     until ping_socket "$SOCK"; do
-        if ! service_pid >/dev/null || [ "$waited" -ge $((READY_TIMEOUT * 10)) ]; then
-            say "podman API did not answer: $(tail -n 3 "$SERVICE_LOG" 2>/dev/null | tr '\n' ' ')"
+        # Alive is checked by PID, not by command line: right after the fork the child may not
+        # have become podman yet.
+        if ! kill -0 "$pid" 2>/dev/null; then
+            say "podman API exited: $(tail -n 3 "$SERVICE_LOG" 2>/dev/null | tr '\n' ' ')"
+            stop >/dev/null 2>&1
+            unavailable "podman API failed to start"
+        fi
+        if [ "$waited" -ge $((READY_TIMEOUT * 10)) ]; then
+            say "podman API did not answer in $READY_TIMEOUT s"
             stop >/dev/null 2>&1
             unavailable "podman API failed to start"
         fi
