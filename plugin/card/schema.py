@@ -9,6 +9,9 @@ raises :class:`Refused`. The rules are serde's, as Dynamo 1.6.1 applies them:
   discovery record is a ``serde_json::Value`` first, which keeps the last key);
 * integers are range-checked (``-0`` and any float are refused), floats accept integers;
 * free-form values (``Value``) must nest less than 128 levels counting their ancestors.
+
+The card's section modules also share two field defaults (:func:`none`, :func:`const`) and
+Rust's ``str::trim`` (:func:`rust_trim`) from here.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ __all__ = [
     "Struct",
     "Type",
     "Validated",
+    "const",
+    "none",
+    "rust_trim",
 ]
 
 
@@ -441,3 +447,23 @@ class Struct(Type):
         if len(value) > len(self.fields):
             raise Refused("invalid_length", f"too many elements for struct {self.name}")
         return out
+
+
+# Rust's char::is_whitespace (Unicode White_Space), used by str::trim.
+_RUST_WS = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+def rust_trim(text: str) -> str:
+    return text.strip(_RUST_WS)
+
+
+# Field defaults shared by the card's sections.
+def none() -> None:
+    return None
+
+
+def const(value: Any) -> Any:
+    return lambda: value
