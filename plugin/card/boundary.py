@@ -38,6 +38,7 @@ distinct spelling (``fieldmemo``), and fall back to the whole-text decoder for a
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import math
@@ -65,6 +66,7 @@ from . import jsonio
 from .checksum import card_checksum
 from .fieldmemo import decode_card_fields
 from .model import PREFILL_BIT, DecodedCard, decode_card_value, model_type_names
+from .neighbour import Near, decode_near, learn
 from .schema import Ctx
 
 __all__ = [
@@ -307,6 +309,129 @@ def _card_facts(card: DecodedCard, settings: BoundarySettings) -> _CardFacts:
     )
 
 
+class _Reads(dict):  # type: ignore[type-arg]
+    """A card's fields (or a struct field's members) that log which keys are read.
+
+    Reading one key logs ``prefix + key``; anything that looks at the mapping as a whole
+    (iteration, copying, comparison) logs ``prefix + "*"``.
+    """
+
+    __slots__ = ("log", "prefix")
+
+    log: set[str]
+    prefix: str
+
+    def __getitem__(self, key: str) -> Any:
+        self.log.add(self.prefix + key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.log.add(self.prefix + key)
+        return dict.get(self, key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.log.add(self.prefix + str(key))
+        return dict.__contains__(self, key)
+
+    def _whole(self) -> None:
+        self.log.add(self.prefix + "*")
+
+    def __iter__(self) -> Any:
+        self._whole()
+        return dict.__iter__(self)
+
+    def keys(self) -> Any:
+        self._whole()
+        return dict.keys(self)
+
+    def values(self) -> Any:
+        self._whole()
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self._whole()
+        return dict.items(self)
+
+    def copy(self) -> dict[str, Any]:
+        self._whole()
+        return dict(dict.items(self))
+
+    def __len__(self) -> int:
+        self._whole()
+        return dict.__len__(self)
+
+    def __eq__(self, other: object) -> bool:
+        self._whole()
+        return dict.__eq__(self, other)
+
+    __hash__ = None
+
+
+def _logged(values: dict[str, Any], prefix: str, log: set[str]) -> _Reads:
+    logged = _Reads(values)
+    logged.log = log
+    logged.prefix = prefix
+    return logged
+
+
+def _facts_reads(card: DecodedCard, settings: BoundarySettings) -> frozenset[str]:
+    """Which fields and struct members :func:`_card_facts` reads for this card and settings.
+
+    The facts are computed once more over fields that log every read. ``_card_facts`` is a
+    deterministic function of what it reads (and the settings), so a card that differs from
+    this one only in a value it never read has the same facts, the card itself aside.
+    """
+    log: set[str] = set()
+    fields = {
+        name: _logged(value, f"{name}.", log) if isinstance(value, dict) else value
+        for name, value in card.fields.items()
+    }
+    with contextlib.suppress(CardDecodeError):
+        _card_facts(DecodedCard(_logged(fields, "", log)), settings)
+    return frozenset(log)
+
+
+@dataclass(frozen=True, slots=True)
+class _NearFacts:
+    """The facts of a neighbour path's reference card, and what computing them read."""
+
+    facts: _CardFacts
+    overrides: tuple[str | None, bool | None]
+    reads: frozenset[str]
+
+    def reusable(self, path: str, overrides: tuple[str | None, bool | None]) -> bool:
+        if overrides != self.overrides:
+            return False
+        reads = self.reads
+        if path in reads or "*" in reads:
+            return False
+        top, dot, _member = path.partition(".")
+        return not dot or f"{top}.*" not in reads
+
+
+def _near_facts(near: Near, settings: BoundarySettings) -> _CardFacts | CardDecodeError:
+    ref = near.note
+    if isinstance(ref, _NearFacts) and ref.reusable(near.path, settings.overrides):
+        # Only a value the facts never read changed: they are the reference's, bar the card.
+        facts = ref.facts
+        return _CardFacts(
+            card=near.card,
+            checksum=facts.checksum,
+            fingerprint=facts.fingerprint,
+            model_types=facts.model_types,
+            effective=facts.effective,
+            worker_type=facts.worker_type,
+            needs=facts.needs,
+            taints=facts.taints,
+            has_lora=facts.has_lora,
+            groups=facts.groups,
+        )
+    try:
+        return _card_facts(near.card, settings)
+    except CardDecodeError as exc:
+        return exc
+
+
 # --------------------------------------------------------------------------- records
 
 
@@ -503,6 +628,65 @@ def _try_shared_card(
     return _registration(obj, parsed_key, facts, key)
 
 
+_HEADS: dict[EndpointId, bytes] = {}
+
+
+def _canonical_head(endpoint: EndpointId) -> bytes:
+    head = _HEADS.get(endpoint)
+    if head is None:
+        head = (
+            f'{{"type":"Model","namespace":{jsonio.quote(endpoint.namespace)}'
+            f',"component":{jsonio.quote(endpoint.component)}'
+            f',"endpoint":{jsonio.quote(endpoint.endpoint)},"instance_id":'
+        ).encode("utf-8", "surrogatepass")
+        if len(_HEADS) >= _CACHE_LIMIT:
+            _HEADS.clear()
+        _HEADS[endpoint] = head
+    return head
+
+
+def _try_canonical(
+    raw: bytes,
+    parsed_key: ParsedKey,
+    settings: BoundarySettings,
+    ctx: Ctx | None,
+    key: str,
+) -> Registration | None:
+    """Decode a record spelled exactly as 1.6.1 writes it for its key, parsing only its card.
+
+    1.6.1 writes ``{"type":"Model","namespace":..,"component":..,"endpoint":..,
+    "instance_id":..,"card_json":<card>}`` with ``,"model_suffix":".."`` before the brace for
+    an adapter. When the bytes around the card are exactly that text for this record's key,
+    the envelope's parse is known without parsing it: the right type, the key's identity, no
+    repeated field. That holds only if the card text is one complete JSON value, which every
+    card path below confirms before it answers (it refuses trailing text). Any refusal of
+    the card text falls back to the general paths, which give the verdict for the whole
+    record.
+    """
+    suffix = parsed_key.model_suffix
+    if suffix is None:
+        tail = b"}"
+        envelope: dict[str, Any] = _NO_SUFFIX
+    else:
+        tail = f',"model_suffix":{jsonio.quote(suffix)}}}'.encode("utf-8", "surrogatepass")
+        envelope = {"model_suffix": suffix}
+    head = _canonical_head(parsed_key.endpoint) + b"%d,%s" % (
+        parsed_key.instance_id,
+        _CARD_MARK_BYTES,
+    )
+    if not raw.startswith(head) or not raw.endswith(tail):
+        return None
+    card_raw = raw[len(head) : len(raw) - len(tail)]
+    try:
+        facts = _cached_facts(card_raw, settings, ctx, key)
+    except InvalidRecordError:
+        return None
+    return _registration(envelope, parsed_key, facts, key)
+
+
+_NO_SUFFIX: dict[str, Any] = {}
+
+
 def _decode_card_text(card_text: str, key: str, level: int) -> Any:
     value = _parse(card_text, key)
     if level + jsonio.depth_of(value) > jsonio.MAX_DEPTH:
@@ -549,8 +733,15 @@ def _cached_facts(
         else:
             card_text = card_raw
         check = jsonio.has_lone_surrogate_escape(card_text)
-        fast = None
-        if not check:
+        near = fast = None
+        learning = not check and ctx is None and isinstance(card_raw, bytes)
+        if learning:
+            # A fleet neighbour: the last card with one value respelled.
+            near = decode_near(card_raw, card_text, _FAST_CTX)  # type: ignore[arg-type]
+        if near is not None:
+            cached = _near_facts(near, settings)
+            reads_files = False
+        elif not check:
             # Fields spelled like an earlier card's are not decoded again.
             fast = decode_card_fields(card_text, _FAST_CTX if ctx is None else _fast_ctx(ctx))
         if fast is not None:
@@ -559,7 +750,10 @@ def _cached_facts(
             except CardDecodeError as exc:
                 cached = exc
             reads_files = False
-        else:
+            if learning and not isinstance(cached, CardDecodeError) and cached.card is fast:
+                note = _NearFacts(cached, settings.overrides, _facts_reads(fast, settings))
+                learn(card_raw, fast, note)  # type: ignore[arg-type]
+        elif near is None:
             card_value = _decode_card_text(card_text, key, 1)
             if check and jsonio.has_lone_surrogate(card_value):
                 raise InvalidRecordError("invalid_string", "lone surrogate in hex escape", key=key)
@@ -568,6 +762,7 @@ def _cached_facts(
             except CardDecodeError as exc:
                 cached = exc
             reads_files = _reads_files(card_value)
+        assert cached is not None
         # A card naming a router policy file is decoded afresh each time: 1.6.1 reads the
         # file on every decode, so its verdict can change.
         if ctx is None and not reads_files:
@@ -612,6 +807,10 @@ def decode_model_record(
         if isinstance(raw, (bytearray, memoryview)):
             raw = bytes(raw)
         _check_size(raw, settings, key)
+        if isinstance(raw, bytes):
+            fast = _try_canonical(raw, parsed_key, settings, ctx, key)
+            if fast is not None:
+                return fast
         fast = _try_shared_card(raw, parsed_key, settings, ctx, key)
         if fast is not None:
             return fast

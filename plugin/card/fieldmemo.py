@@ -20,6 +20,7 @@ from typing import Any
 
 from . import jsonio
 from .model import CARD, DecodedCard
+from .neighbour import clear_reference
 from .schema import _CONSTANT, _FACTORY, _OPTIONAL, Ctx, Refused
 
 __all__ = ["clear_memo", "decode_card_fields"]
@@ -42,10 +43,11 @@ _recent: dict[str, str] = {}
 
 
 def clear_memo() -> None:
-    """Forget every memoized field value."""
+    """Forget every memoized field value (and the neighbour path's reference card)."""
     for table in _memo.values():
         table.clear()
     _recent.clear()
+    clear_reference()
 
 
 def _checked(value: Any) -> bool:
