@@ -14,10 +14,11 @@ import asyncio
 import cProfile
 import io
 import pstats
+import time
 
 import nats
 from baseline import bare_watchall_seconds, fill_bucket
-from bench_sync import plugin_sync, records
+from bench_sync import new_service, plugin_sync, records
 from nats.js.api import KeyValueConfig
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 
@@ -58,9 +59,14 @@ async def main(workers: int, distinct: bool, top: int) -> None:
             f"service {plain:.3f} s, ratio {bare / plain:.2f} x (best of 3 each)"
         )
         profiler = cProfile.Profile()
+        started = time.perf_counter()
         profiler.enable()
-        profiled = await plugin_sync(url, "profile", workers)
+        service = new_service(url, "profile")
+        await service.start()
+        await service.wait_synced(120)
         profiler.disable()
+        profiled = time.perf_counter() - started
+        await service.stop()
     stats = pstats.Stats(profiler)
     total = sum(row[2] for row in stats.stats.values())  # type: ignore[attr-defined]
     print(f"\nprofiled sync {profiled:.3f} s; own time recorded {total:.3f} s")

@@ -44,7 +44,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import blake3
 
@@ -258,9 +258,12 @@ def _effective_worker_type(card: DecodedCard) -> str:
     return "prefill" if card.model_type_bits & PREFILL_BIT else "aggregated"
 
 
-@dataclass(frozen=True, slots=True)
-class _CardFacts:
-    """Everything about a card that does not depend on the record carrying it."""
+class _CardFacts(NamedTuple):
+    """Everything about a card that does not depend on the record carrying it.
+
+    A named tuple rather than a frozen dataclass: one is built for every distinct card, and a
+    tuple is built in one step instead of one attribute at a time.
+    """
 
     card: DecodedCard
     checksum: str
@@ -272,7 +275,7 @@ class _CardFacts:
     taints: tuple[str, ...]
     has_lora: bool
     # Group keys by endpoint: a fleet shares one card across a few endpoints.
-    groups: dict[tuple[str, str, str], GroupKey] = field(default_factory=dict, compare=False)
+    groups: dict[tuple[str, str, str], GroupKey]
 
 
 _WORKER_TYPES = {kind.value: kind for kind in WorkerType}
@@ -306,6 +309,7 @@ def _card_facts(card: DecodedCard, settings: BoundarySettings) -> _CardFacts:
         needs=tuple(tuple(_WORKER_TYPES[w] for w in alt) for alt in needs) if needs else (),
         taints=tuple(sorted(fields["runtime_config"]["taints"])),
         has_lora=fields["lora"] is not None,
+        groups={},
     )
 
 
@@ -413,19 +417,7 @@ def _near_facts(near: Near, settings: BoundarySettings) -> _CardFacts | CardDeco
     ref = near.note
     if isinstance(ref, _NearFacts) and ref.reusable(near.path, settings.overrides):
         # Only a value the facts never read changed: they are the reference's, bar the card.
-        facts = ref.facts
-        return _CardFacts(
-            card=near.card,
-            checksum=facts.checksum,
-            fingerprint=facts.fingerprint,
-            model_types=facts.model_types,
-            effective=facts.effective,
-            worker_type=facts.worker_type,
-            needs=facts.needs,
-            taints=facts.taints,
-            has_lora=facts.has_lora,
-            groups=facts.groups,
-        )
+        return _CardFacts(near.card, *ref.facts[1:])
     try:
         return _card_facts(near.card, settings)
     except CardDecodeError as exc:
@@ -793,7 +785,13 @@ def decode_model_record(
     )
     if not settings.namespace_matches(parsed_key.endpoint.namespace):
         return None
-    if isinstance(raw, Mapping):
+    if type(raw) is bytes:
+        # The wire's own type, checked before the costlier abstract Mapping check below.
+        _check_size(raw, settings, key)
+        fast = _try_canonical(raw, parsed_key, settings, ctx, key)
+        if fast is not None:
+            return fast
+    if not isinstance(raw, (bytes, bytearray, memoryview, str)) and isinstance(raw, Mapping):
         try:
             envelope = jsonio.loads(jsonio.dumps_compact(dict(raw)))
         except (TypeError, jsonio.JsonError) as exc:
@@ -807,10 +805,6 @@ def decode_model_record(
         if isinstance(raw, (bytearray, memoryview)):
             raw = bytes(raw)
         _check_size(raw, settings, key)
-        if isinstance(raw, bytes):
-            fast = _try_canonical(raw, parsed_key, settings, ctx, key)
-            if fast is not None:
-                return fast
         fast = _try_shared_card(raw, parsed_key, settings, ctx, key)
         if fast is not None:
             return fast

@@ -23,7 +23,7 @@ import bisect
 import json.decoder
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import jsonio
 from .model import CARD, DecodedCard
@@ -51,6 +51,8 @@ class _Member:
     start: int
     end: int
     inner: _Object | None = None
+    # The value's name as :class:`Near` reports it: ``"field"`` or ``"field.member"``.
+    path: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +71,7 @@ class _Reference:
     note: object
 
 
-@dataclass(frozen=True, slots=True)
-class Near:
+class Near(NamedTuple):
     """A card decoded as the reference with one value respelled.
 
     ``path`` names that value: ``"field"`` or ``"field.member"``. ``note`` is what the caller
@@ -141,8 +142,13 @@ def learn(text: bytes, card: DecodedCard, note: object = None) -> None:
             if fld is not None and _plain_struct(fld.type) and source[member.start] == "{":
                 nested = _members(source, member.start)
                 if nested is not None and nested[1] == member.end:
-                    inner = _object(nested[0])
-            top.append(_Member(member.name, member.start, member.end, inner))
+                    inner = _object(
+                        [
+                            _Member(m.name, m.start, m.end, None, f"{member.name}.{m.name}")
+                            for m in nested[0]
+                        ]
+                    )
+            top.append(_Member(member.name, member.start, member.end, inner, member.name))
     except (IndexError, ValueError, StopIteration, RecursionError):
         return
     _reference[:] = [_Reference(text, _object(top), card.fields, note)]
@@ -232,7 +238,7 @@ def decode_near(text: bytes, source: str, ctx: Ctx) -> Near | None:
             if value is _MISSING:
                 return None
             struct: Struct = fld.type  # type: ignore[assignment]
-            path = f"{member.name}.{nested.name}"
+            path = nested.path
             inner_field = struct._lookup.get(nested.name)
             if inner_field is None:
                 # An ignored member: nothing decoded changes.
@@ -246,7 +252,7 @@ def decode_near(text: bytes, source: str, ctx: Ctx) -> Near | None:
             value = _respelled(source, member, shift, _FIELD_LEVEL)
             if value is _MISSING:
                 return None
-            path = member.name
+            path = member.path
             if fld is None:
                 return Near(DecodedCard(ref.fields), path, ref.note)  # an ignored field
             decoded = fld.type.decode(value, _FIELD_DECODE_LEVEL, ctx)
