@@ -12,6 +12,7 @@ import gc
 import json
 import platform
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -98,13 +99,83 @@ def run_single(inputs: list[Input]) -> tuple[float, float, int, int]:
         effects = apply(event)
         count += 1
         effects_total += len(effects)
-        pending = answer(effects)
+        # Every build is answered at once, so only a call that started one needs answering.
+        pending = answer(effects) if core.builds_in_flight else []
         while pending:
             effects = apply(pending.pop())
             count += 1
             effects_total += len(effects)
             pending += answer(effects)
     return time.perf_counter() - start, time.process_time() - cpu, count, effects_total
+
+
+class MembershipTracker:
+    """The cheapest honest tracker of the same inputs: group membership in a dict of sets.
+
+    It is what any consumer of these inputs must at least do: one call per input, dispatch on
+    its type, and keep which keys each group holds (and which group a key is in, so that a
+    removal by key can be applied). No cohorts, no tenure, no builds, no effects.
+    """
+
+    __slots__ = ("groups", "where")
+
+    def __init__(self) -> None:
+        self.groups: dict[GroupKey, set[str]] = {}
+        self.where: dict[str, GroupKey] = {}
+
+    def apply(self, event: Input) -> None:
+        kind = type(event)
+        if kind is WorkerAdded:
+            reg = event.registration  # type: ignore[union-attr]
+            group = reg.group
+            self.where[reg.key] = group
+            members = self.groups.get(group)
+            if members is None:
+                members = self.groups[group] = set()
+            members.add(reg.key)
+        elif kind is WorkerRemoved:
+            key = event.key  # type: ignore[union-attr]
+            group = self.where.pop(key, None)
+            if group is not None:
+                self.groups[group].discard(key)
+
+
+def run_tracker(inputs: list[Input]) -> tuple[float, float, int, int]:
+    tracker = MembershipTracker()
+    apply = tracker.apply
+    cpu = time.process_time()
+    start = time.perf_counter()
+    for event in inputs:
+        apply(event)
+    elapsed, used = time.perf_counter() - start, time.process_time() - cpu
+    # The tracker must have done the work: every worker ends up in its group once.
+    assert sum(len(keys) for keys in tracker.groups.values()) == len(tracker.where)
+    return elapsed, used, len(inputs), 0
+
+
+def core_vs_tracker(inputs: list[Input], rounds: int) -> dict[str, Any]:
+    """Core ``apply()`` cost per input over the tracker's, from interleaved pairs of runs.
+
+    Each round runs the tracker and the core back to back on the same inputs and takes the
+    ratio of their CPU time per input (both are pure computation in this process, so CPU
+    time leaves out what other processes take); the figure is the median over the rounds.
+    """
+    ratios: list[float] = []
+    tracker_us: list[float] = []
+    core_us: list[float] = []
+    for _ in range(rounds):
+        _, t_cpu, t_count, _ = run_tracker(inputs)
+        _, c_cpu, c_count, _ = run_single(inputs)
+        tracker_us.append(1e6 * t_cpu / t_count)
+        core_us.append(1e6 * c_cpu / c_count)
+        ratios.append(core_us[-1] / tracker_us[-1])
+    return {
+        "rounds": rounds,
+        "tracker_us_per_input": round(statistics.median(tracker_us), 3),
+        "core_us_per_input": round(statistics.median(core_us), 3),
+        "ratio": round(statistics.median(ratios), 3),
+        "ratios": [round(r, 3) for r in ratios],
+    }
 
 
 def run_batched(inputs: list[Input], batch: int) -> tuple[float, float, int, int]:

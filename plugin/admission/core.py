@@ -286,9 +286,16 @@ class AdmissionCore:
             if handler is None:
                 raise UsageError(f"not an admission input: {kind.__name__}")
             handler(event)
-        # Most calls leave nothing queued or dirty: skip the call to _flush then.
-        if self._queue or self._dirty or self._lora_dirty:
+        # Most calls leave nothing queued and at most the one group they touched dirty:
+        # publish that group here and skip the general flush.
+        dirty = self._dirty
+        if self._queue or self._lora_dirty or len(dirty) > 1:
             self._flush()
+        elif dirty:
+            group = dirty.pop()
+            if group.dirty:
+                group.dirty = False
+                out.append(self._admissions(group))
         return out
 
     def apply_many(self, events: Iterable[Input]) -> list[fx.Effect]:
@@ -793,6 +800,21 @@ class AdmissionCore:
 
     # ------------------------------------------------------------------ end of a call
 
+    @staticmethod
+    def _admissions(group: _Group) -> fx.PublishAdmissions:
+        checksum = group.checksum
+        assert checksum is not None
+        # One C-level copy per changed group per call: the admitted set handed out must never
+        # change under its holder.
+        return _publish(
+            group.key,
+            group.receiver,  # type: ignore[arg-type]
+            checksum,
+            group.generation,  # type: ignore[arg-type]
+            frozenset(group.cohorts[checksum].ids),
+            group.card,
+        )
+
     def _flush(self) -> None:
         queue = self._queue
         if not (queue or self._dirty or self._lora_dirty):
@@ -808,20 +830,7 @@ class AdmissionCore:
                 if not group.dirty:
                     continue
                 group.dirty = False
-                checksum = group.checksum
-                assert checksum is not None
-                # One C-level copy per changed group per call: the admitted set handed out
-                # must never change under its holder.
-                out.append(
-                    _publish(
-                        group.key,
-                        group.receiver,  # type: ignore[arg-type]
-                        checksum,
-                        group.generation,  # type: ignore[arg-type]
-                        frozenset(group.cohorts[checksum].ids),
-                        group.card,
-                    )
-                )
+                out.append(self._admissions(group))
             self._dirty.clear()
         if self._lora_dirty:
             for group in self._lora_dirty:
