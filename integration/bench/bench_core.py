@@ -3,6 +3,10 @@
 Run: ``python integration/bench/bench_core.py [--groups 1000] [--workers 100000]``. Prints a
 table and writes ``integration/bench/results/bench_core.json``. Registrations are built before
 timing starts; the clock covers ``apply``/``apply_many`` and the build answers fed back in.
+
+The target is machine-independent: the core's CPU time per input over that of the cheapest
+honest tracker of the same inputs (a dict of sets keyed by group, membership only), run in this
+process in interleaved pairs, median of ``--rounds`` pairs. ``BENCH_QUICK=1`` shrinks the fleet.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import random
 import statistics
@@ -36,6 +41,8 @@ from workerset_admission.identity import (
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# The target: core apply() at most this many times the membership tracker's CPU per input.
+TARGET_RATIO = 3.0
 
 
 def fleet(groups: int, workers: int, conflicting: float, seed: int) -> list[Registration]:
@@ -120,14 +127,17 @@ class MembershipTracker:
     __slots__ = ("groups", "where")
 
     def __init__(self) -> None:
-        self.groups: dict[GroupKey, set[str]] = {}
-        self.where: dict[str, GroupKey] = {}
+        # Keyed by the group's names, not the GroupKey object: a tuple of strings hashes in C,
+        # the dataclass's hash is a Python call. The cheapest key makes the strictest baseline.
+        self.groups: dict[tuple[str, str], set[str]] = {}
+        self.where: dict[str, tuple[str, str]] = {}
 
     def apply(self, event: Input) -> None:
         kind = type(event)
         if kind is WorkerAdded:
             reg = event.registration  # type: ignore[union-attr]
-            group = reg.group
+            group_key = reg.group
+            group = (group_key.model, group_key.worker_set)
             self.where[reg.key] = group
             members = self.groups.get(group)
             if members is None:
@@ -248,7 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conflicting", type=float, default=0.10)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7, help="core/tracker pairs of runs")
     args = parser.parse_args(argv)
+    quick = bool(os.environ.get("BENCH_QUICK"))
+    if quick:
+        # A smoke run: a fifth of the fleet, the single-input mode and the ratio only.
+        args.groups, args.workers = min(args.groups, 200), min(args.workers, 20_000)
+        args.repeats, args.rounds = 1, 5
 
     regs = fleet(args.groups, args.workers, args.conflicting, args.seed)
     inputs = workload(regs, args.seed)
@@ -261,7 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         ("apply (one input per call)", run_single),
         ("apply_many (batches of 100)", lambda xs: run_batched(xs, 100)),
         ("apply_many (batches of 1000)", lambda xs: run_batched(xs, 1000)),
+        ("membership tracker (dict of sets)", run_tracker),
     ]
+    if quick:
+        modes = [modes[0], modes[-1]]
+    versus = core_vs_tracker(inputs, args.rounds)
     for name, fn in modes:
         best = None
         for _ in range(args.repeats):
@@ -287,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         p.name: round(replay_time(p.read_text(encoding="utf-8").splitlines(), 20) * 1000, 3)
         for p in sorted(examples.glob("*.jsonl"))
     }
-    big = synthetic_trace(100, 100)
-    replays[f"synthetic ({len(big)} puts)"] = round(replay_time(big, 1) * 1000, 3)
+    if not quick:
+        big = synthetic_trace(100, 100)
+        replays[f"synthetic ({len(big)} puts)"] = round(replay_time(big, 1) * 1000, 3)
 
     print(
         f"admission core: {args.groups} groups, {args.workers} workers, "
@@ -305,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['seconds']:>9.3f} {row['inputs_per_second']:>10} "
             f"{row['cpu_seconds']:>8.3f} {row['inputs_per_cpu_second']:>13}"
         )
+    print(
+        f"\ncore apply() against the membership tracker, CPU per input, median of "
+        f"{versus['rounds']} interleaved pairs: core {versus['core_us_per_input']:.3f} us, "
+        f"tracker {versus['tracker_us_per_input']:.3f} us, ratio {versus['ratio']:.2f} x "
+        f"(pairs: {', '.join(f'{r:.2f}' for r in versus['ratios'])})"
+    )
     print()
     print(f"{'replay (example trace)':32} {'ms':>9}")
     for name, ms in replays.items():
@@ -322,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                 "conflicting": args.conflicting,
                 "load_average": _load(),
                 "core": rows,
+                "versus_tracker": versus,
+                "target_ratio": TARGET_RATIO,
                 "replay_ms": replays,
             },
             indent=2,

@@ -22,7 +22,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,53 @@ KIB = 1024
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One performance target, its measured figure and whether the figure meets it."""
+    """One performance target: the figure it bounds, the bound, and what was measured.
+
+    ``measured`` and ``required`` are the bounded figure and its bound (a ratio, milliseconds
+    or bytes); ``at_least`` says which side of the bound meets it. ``margin`` is measured over
+    required as is; ``headroom`` turns it so that above 1 always means met (for an upper bound
+    it is required over measured).
+    """
 
     name: str
     target: str
     figure: str
-    met: bool | None
+    measured: float | None
+    required: float
+    at_least: bool
+    condition: bool = True
+
+    @property
+    def met(self) -> bool | None:
+        if self.measured is None:
+            return None
+        inside = self.measured >= self.required if self.at_least else self.measured <= self.required
+        return inside and self.condition
+
+    @property
+    def margin(self) -> float | None:
+        return None if self.measured is None else self.measured / self.required
+
+    @property
+    def headroom(self) -> float | None:
+        if self.measured is None:
+            return None
+        if self.at_least:
+            return self.measured / self.required
+        return self.required / self.measured if self.measured > 0 else float("inf")
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "target": self.target,
+            "figure": self.figure,
+            "measured": self.measured,
+            "required": self.required,
+            "at_least": self.at_least,
+            "met": self.met,
+            "margin": None if self.margin is None else round(self.margin, 3),
+            "headroom": None if self.headroom is None else round(self.headroom, 3),
+        }
 
 
 def run_bench(path: Path, timeout: float, quick: bool) -> dict[str, Any]:
@@ -48,6 +89,8 @@ def run_bench(path: Path, timeout: float, quick: bool) -> dict[str, Any]:
     if quick:
         env["BENCH_QUICK"] = "1"
     print(f"\n=== {path.name}", flush=True)
+    # A benchmark that fails must not leave an earlier run's figures to be read as its own.
+    (RESULTS / f"{path.stem}.json").unlink(missing_ok=True)
     started = time.monotonic()
     try:
         completed = subprocess.run(
@@ -59,91 +102,117 @@ def run_bench(path: Path, timeout: float, quick: bool) -> dict[str, Any]:
     return {"bench": path.stem, "status": status, "seconds": round(time.monotonic() - started, 1)}
 
 
-def _missing(name: str, target: str) -> Target:
-    return Target(name, target, "not measured", None)
+def _missing(name: str, target: str, required: float, at_least: bool) -> Target:
+    return Target(name, target, "not measured", None, required, at_least)
+
+
+# Floors (at least) and ceilings (at most) of the targets, all ratios or sizes taken in one run.
+SHARED_FLOOR = 2.0
+DISTINCT_FLOOR = 1.0
+P99_MS = 5.0
+P50_MS = 1.0
+RESYNC_CEILING = 1.5
+CORE_CEILING = 3.0
+HEAP_CEILING = KIB
 
 
 def targets(sync: dict[str, Any] | None, core: dict[str, Any] | None) -> list[Target]:
-    """The six performance targets, judged from the two benchmarks' result files."""
+    """The performance targets, judged from the two benchmarks' result files."""
     rows: list[Target] = []
     fleets = {}
     if sync:
         largest = max(row["workers"] for row in sync["sync"])
         fleets = {r["fleet"]: r for r in sync["sync"] if r["workers"] == largest}
     for fleet, floor, label in (
-        ("shared", 0.8, "cohort members sharing one card"),
-        ("distinct", 0.5, "every card distinct"),
+        ("shared", SHARED_FLOOR, "cohort members sharing one card"),
+        ("distinct", DISTINCT_FLOOR, "every card distinct"),
     ):
         name = f"initial sync, {label}"
+        target = f">= {floor} x bare"
         row = fleets.get(fleet)
         if row is None:
-            rows.append(_missing(name, f">= {floor} x bare"))
+            rows.append(_missing(name, target, floor, True))
             continue
         rows.append(
             Target(
                 f"{name} ({row['workers']:,})",
-                f">= {floor} x bare",
+                target,
                 f"{row['ratio']:.2f} x ({row['plugin_rate']:,.0f}/s vs {row['bare_rate']:,.0f}/s)",
-                row["ratio"] >= floor,
+                row["ratio"],
+                floor,
+                True,
             )
         )
     lat = sync.get("latency") if sync else None
-    name = "publish -> receiver at 1,000/s"
-    if lat:
-        rows.append(
-            Target(
-                name,
-                "p99 <= 5 ms, p50 <= 1 ms",
-                f"p99 {lat['p99_ms']:.2f} ms, p50 {lat['p50_ms']:.2f} ms",
-                lat["p99_ms"] <= 5.0 and lat["p50_ms"] <= 1.0,
+    for label, field, ceiling in (("p99", "p99_ms", P99_MS), ("p50", "p50_ms", P50_MS)):
+        name = f"publish -> receiver at 1,000/s, {label}"
+        target = f"<= {ceiling:g} ms"
+        if lat:
+            rows.append(
+                Target(
+                    name,
+                    target,
+                    f"{lat[field]:.2f} ms (max {lat['max_ms']:.2f} ms, {lat['updates']:,} updates)",
+                    lat[field],
+                    ceiling,
+                    False,
+                )
             )
-        )
-    else:
-        rows.append(_missing(name, "p99 <= 5 ms, p50 <= 1 ms"))
+        else:
+            rows.append(_missing(name, target, ceiling, False))
     resync = sync.get("resync") if sync else None
     name = "reconnect reconciliation, nothing changed"
+    target = f"<= {RESYNC_CEILING} x bare sync, no receiver notified"
     if resync:
         rows.append(
             Target(
                 f"{name} ({resync['workers']:,})",
-                "<= 1.5 x bare sync, no receiver notified",
+                target,
                 f"{resync['resync_vs_bare_sync']:.2f} x "
                 f"({resync['resync_after_restart_s']:.3f} s), "
                 f"notified: {'yes' if resync['receiver_notified'] else 'no'}",
-                resync["resync_vs_bare_sync"] <= 1.5 and not resync["receiver_notified"],
+                resync["resync_vs_bare_sync"],
+                RESYNC_CEILING,
+                False,
+                condition=not resync["receiver_notified"],
             )
         )
     else:
-        rows.append(_missing(name, "<= 1.5 x bare sync, no receiver notified"))
-    single = None
-    if core:
-        single = next((r for r in core["core"] if r["mode"].startswith("apply (")), None)
-    name = "core apply(), realistic mix"
-    if single:
+        rows.append(_missing(name, target, RESYNC_CEILING, False))
+    versus = core.get("versus_tracker") if core else None
+    name = "core apply(), realistic mix, CPU per input"
+    target = f"<= {CORE_CEILING} x membership tracker"
+    if versus and core:
         rows.append(
             Target(
-                f"{name} ({core['groups']:,} groups, {core['workers']:,} workers)",  # type: ignore[index]
-                ">= 200,000 inputs/s",
-                f"{single['inputs_per_second']:,}/s ({single['inputs_per_cpu_second']:,}/s of CPU)",
-                single["inputs_per_second"] >= 200_000,
+                f"{name} ({core['groups']:,} groups, {core['workers']:,} workers)",
+                target,
+                f"{versus['ratio']:.2f} x ({versus['core_us_per_input']:.2f} us vs "
+                f"{versus['tracker_us_per_input']:.2f} us)",
+                versus["ratio"],
+                CORE_CEILING,
+                False,
             )
         )
     else:
-        rows.append(_missing(name, ">= 200,000 inputs/s"))
+        rows.append(_missing(name, target, CORE_CEILING, False))
     memory = sync.get("memory") if sync else None
     name = "heap per tracked worker (shared card)"
+    target = "<= 1 KiB"
     if memory:
         largest_row = max(memory, key=lambda r: r["workers"])
         rows.append(
             Target(
                 f"{name} ({largest_row['workers']:,})",
-                "<= 1 KiB",
+                target,
                 f"{largest_row['per_worker_bytes']} B",
-                largest_row["per_worker_bytes"] <= KIB,
+                largest_row["per_worker_bytes"],
+                HEAP_CEILING,
+                False,
             )
         )
     else:
-        rows.append(_missing(name, "<= 1 KiB"))
+        rows.append(_missing(name, target, HEAP_CEILING, False))
     return rows
 
 
@@ -170,80 +239,110 @@ def machine(sync: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def draw_chart(sync: dict[str, Any], path: Path) -> bool:
-    """Sync rate and held heap against fleet size."""
-    rows = sync.get("sync") or []
-    if not rows:
+def draw_chart(sync: dict[str, Any] | None, rows: list[Target], path: Path) -> bool:
+    """Each target's headroom, the sync ratio against fleet size, and held heap."""
+    measured = [r for r in rows if r.headroom is not None]
+    if not measured:
         return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (rates, heap) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for fleet, style in (("shared", "-"), ("distinct", "--")):
-        mine = sorted((r for r in rows if r["fleet"] == fleet), key=lambda r: r["workers"])
+    figure, (margins, ratios, heap) = plt.subplots(
+        1, 3, figsize=(16, 4.6), gridspec_kw={"width_ratios": [1.35, 1, 1]}
+    )
+    labels = [f"{r.name}\n{r.target}" for r in measured]
+    values = [min(r.headroom or 0.0, 20.0) for r in measured]
+    colours = ["tab:green" if r.met else "tab:red" for r in measured]
+    positions = list(range(len(measured)))[::-1]
+    margins.barh(positions, values, color=colours, alpha=0.8)
+    margins.axvline(1.0, color="black", linestyle="--", linewidth=1, label="target (1.0)")
+    margins.set_xscale("log")
+    margins.set_yticks(positions)
+    margins.set_yticklabels(labels, fontsize=6)
+    for y, row in zip(positions, measured, strict=True):
+        margins.annotate(
+            f"{row.headroom:.2f} x",
+            (min(row.headroom or 0.0, 20.0), y),
+            textcoords="offset points",
+            xytext=(3, -3),
+            fontsize=7,
+        )
+    margins.set_xlabel("headroom: measured / required (inverted for upper bounds); > 1 is met")
+    margins.set_title("Every target against its bound")
+    margins.grid(True, axis="x", which="both", alpha=0.3)
+    margins.legend(fontsize=7, loc="lower right")
+    sync_rows = (sync or {}).get("sync") or []
+    for fleet, floor, colour in (
+        ("shared", SHARED_FLOOR, "tab:blue"),
+        ("distinct", DISTINCT_FLOOR, "tab:purple"),
+    ):
+        mine = sorted((r for r in sync_rows if r["fleet"] == fleet), key=lambda r: r["workers"])
         if not mine:
             continue
         sizes = [r["workers"] for r in mine]
-        rates.plot(
+        ratios.plot(
             sizes,
-            [r["plugin_rate"] for r in mine],
-            style,
-            color="tab:blue",
-            marker="o",
-            label=f"admission service, {fleet} cards",
+            [r["ratio"] for r in mine],
+            "-o",
+            color=colour,
+            label=f"service / bare nats-py, {fleet} cards",
         )
-        rates.plot(
-            sizes,
-            [r["bare_rate"] for r in mine],
-            style,
-            color="tab:orange",
-            marker="x",
-            label=f"bare nats-py watch + json.loads, {fleet} cards",
-        )
-    rates.set_xscale("log")
-    rates.set_ylim(bottom=0)
-    rates.set_xlabel("registrations in the bucket")
-    rates.set_ylabel("initial sync rate (registrations/s)")
-    rates.set_title("Initial sync")
-    rates.grid(True, which="both", alpha=0.3)
-    rates.legend(fontsize=7)
-    memory = sorted(sync.get("memory") or [], key=lambda r: r["workers"])
+        ratios.axhline(floor, color=colour, linestyle=":", label=f"target, {fleet}: {floor:g} x")
+    ratios.set_xscale("log")
+    ratios.set_ylim(bottom=0)
+    ratios.set_xlabel("registrations in the bucket")
+    ratios.set_ylabel("initial sync rate, service over bare (x)")
+    ratios.set_title("Initial sync against a bare nats-py watch")
+    ratios.grid(True, which="both", alpha=0.3)
+    ratios.legend(fontsize=7)
+    memory = sorted((sync or {}).get("memory") or [], key=lambda r: r["workers"])
     if memory:
         sizes = [r["workers"] for r in memory]
         heap.plot(
             sizes,
-            [r["heap_bytes"] / 2**20 for r in memory],
+            [r["per_worker_bytes"] for r in memory],
             "-o",
             color="tab:green",
-            label="traced heap held by the service",
+            label="traced heap held per worker",
         )
-        heap.plot(
-            sizes,
-            [n * KIB / 2**20 for n in sizes],
-            ":",
-            color="tab:red",
-            label="target: 1 KiB per worker",
-        )
-        for row in memory:
-            heap.annotate(
-                f"{row['per_worker_bytes']} B/worker",
-                (row["workers"], row["heap_bytes"] / 2**20),
-                textcoords="offset points",
-                xytext=(-60, 8),
-                fontsize=7,
-            )
+        heap.axhline(HEAP_CEILING, color="tab:red", linestyle=":", label="target: 1 KiB per worker")
+        heap.set_xscale("log")
+        heap.set_ylim(bottom=0, top=HEAP_CEILING * 1.25)
         heap.set_xlabel("tracked workers (one shared card)")
-        heap.set_ylabel("MiB")
+        heap.set_ylabel("bytes per worker")
         heap.set_title("Memory held after the initial sync")
-        heap.grid(True, alpha=0.3)
+        heap.grid(True, which="both", alpha=0.3)
         heap.legend(fontsize=7)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return True
+
+
+def table(rows: list[Target]) -> str:
+    """The targets as a table: bound, met or not, margin and headroom, and the figure."""
+    width = max(len(r.name) for r in rows)
+    twidth = max(len(r.target) for r in rows)
+    lines = [
+        f"{'target':{width}s}  {'required':{twidth}s}  {'':6s}  {'margin':>7s}  "
+        f"{'headroom':>8s}  measured"
+    ]
+    for row in rows:
+        flag = {True: "MET", False: "MISSED", None: "-"}[row.met]
+        margin = "-" if row.margin is None else f"{row.margin:.2f}"
+        headroom = "-" if row.headroom is None else f"{row.headroom:.2f} x"
+        lines.append(
+            f"{row.name:{width}s}  {row.target:{twidth}s}  {flag:6s}  {margin:>7s}  "
+            f"{headroom:>8s}  {row.figure}"
+        )
+    lines.append(
+        "margin = measured / required; headroom = the same, inverted for an upper bound "
+        "(above 1 is met)"
+    )
+    return "\n".join(lines)
 
 
 def _read(name: str) -> dict[str, Any] | None:
@@ -283,17 +382,13 @@ def main(argv: list[str] | None = None) -> int:
         "\n=== targets"
         + (" (quick run: smaller fleets, not the targets' sizes)" if args.quick else "")
     )
-    width = max(len(r.name) for r in rows)
-    twidth = max(len(r.target) for r in rows)
-    for row in rows:
-        flag = {True: "MET", False: "MISSED", None: "-"}[row.met]
-        print(f"{row.name:{width}s}  {row.target:{twidth}s}  {flag:6s}  {row.figure}")
+    print(table(rows))
     where = machine(sync)
     print(
         f"\n{where['nproc']} CPUs ({where['cpu']}), Python {where['python']}, "
         f"nats-server {where['nats_server']}, load {where['load_average_at_end']}"
     )
-    if sync is not None and draw_chart(sync, args.chart):
+    if draw_chart(sync, rows, args.chart):
         print(f"chart: {args.chart}")
     (RESULTS / "run.json").write_text(
         json.dumps(
@@ -302,12 +397,21 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": round(time.monotonic() - started, 1),
                 "machine": where,
                 "runs": runs,
-                "targets": [asdict(r) for r in rows],
+                "targets": [r.as_json() for r in rows],
             },
             indent=2,
         )
         + "\n"
     )
+    if args.quick:
+        # A smoke run reports its ratios and never judges them (small fleets on a busy CI
+        # machine); only a benchmark that crashed fails it.
+        missed = [r.name for r in rows if r.met is False]
+        if missed:
+            print(
+                f"quick run: {len(missed)} target(s) below their bound at these sizes (not judged)"
+            )
+        return 0 if all(not r["status"].startswith("exit") for r in runs) else 1
     return 0 if all(r["status"] == "ok" for r in runs) else 1
 
 
