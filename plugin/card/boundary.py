@@ -857,19 +857,53 @@ def _registration(
             facts.groups[where] = group
     instance_id = parsed_key.instance_id
     path = f"{where[0]}/{where[1]}/{where[2]}/{instance_id:x}"
-    return Registration(
-        key=f"{path}/{suffix}" if suffix else path,
-        endpoint=endpoint,
-        instance_id=instance_id,
-        model_suffix=suffix,
-        group=group,
-        mdc_checksum=facts.checksum,
-        lora_fingerprint=facts.fingerprint,
-        worker_type=facts.worker_type,
-        needs=facts.needs,
-        taints=facts.taints,
-        card=facts.card,
+    # One registration per record: its slots are written directly, as the core writes its
+    # effects, instead of through the frozen dataclass __init__ (object.__setattr__ per field).
+    reg = _new(Registration)
+    (
+        set_key,
+        set_endpoint,
+        set_instance_id,
+        set_suffix,
+        set_group,
+        set_checksum,
+        set_fingerprint,
+        set_worker_type,
+        set_needs,
+        set_taints,
+        set_card,
+    ) = _REGISTRATION_SLOTS
+    set_key(reg, f"{path}/{suffix}" if suffix else path)
+    set_endpoint(reg, endpoint)
+    set_instance_id(reg, instance_id)
+    set_suffix(reg, suffix)
+    set_group(reg, group)
+    set_checksum(reg, facts.checksum)
+    set_fingerprint(reg, facts.fingerprint)
+    set_worker_type(reg, facts.worker_type)
+    set_needs(reg, facts.needs)
+    set_taints(reg, facts.taints)
+    set_card(reg, facts.card)
+    return reg
+
+
+_new = object.__new__
+_REGISTRATION_SLOTS = tuple(
+    vars(Registration)[name].__set__
+    for name in (
+        "key",
+        "endpoint",
+        "instance_id",
+        "model_suffix",
+        "group",
+        "mdc_checksum",
+        "lora_fingerprint",
+        "worker_type",
+        "needs",
+        "taints",
+        "card",
     )
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from workerset_admission.card import (
     unescape_token,
 )
 from workerset_admission.errors import CardDecodeError, InvalidRecordError
-from workerset_admission.identity import EndpointId, WorkerType
+from workerset_admission.identity import EndpointId, Registration, WorkerType
 
 EP = EndpointId("ns1", "workers", "generate")
 
@@ -355,3 +355,12 @@ def test_envelope_oddities_get_serde_verdicts_on_every_path(
     for raw in (bad, bad.encode()):
         with pytest.raises(InvalidRecordError):
             decode(raw, instance=0)
+
+
+def test_the_registration_builder_writes_every_field_of_a_registration() -> None:
+    import dataclasses
+
+    from workerset_admission.card import boundary
+
+    slots = {setter.__self__.__name__ for setter in boundary._REGISTRATION_SLOTS}
+    assert slots == {f.name for f in dataclasses.fields(Registration)}
