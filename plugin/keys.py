@@ -127,6 +127,11 @@ class ParsedKey:
 
 
 _ENDPOINTS: dict[tuple[str, str, str], EndpointId] = {}
+_new = object.__new__
+_PARSED_KEY_SLOTS = tuple(
+    vars(ParsedKey)[name].__set__
+    for name in ("kind", "endpoint", "instance_id", "model_suffix", "key")
+)
 
 
 def parse_key(kv_key: str) -> ParsedKey:
@@ -147,13 +152,16 @@ def parse_key(kv_key: str) -> ParsedKey:
             if len(_ENDPOINTS) >= _ENDPOINT_CACHE_LIMIT:
                 _ENDPOINTS.clear()
             endpoint = _ENDPOINTS[names] = EndpointId(ns, comp, ep)
-        return ParsedKey(
-            "model" if kind_token == "mdc" else "endpoint",
-            endpoint,
-            int(hex_id, 16),
-            suffix_token,
-            kv_key,
-        )
+        # One parsed key per record: its slots are written directly instead of through the
+        # frozen dataclass __init__, which sets each field through object.__setattr__.
+        parsed = _new(ParsedKey)
+        set_kind, set_endpoint, set_id, set_suffix, set_key = _PARSED_KEY_SLOTS
+        set_kind(parsed, "model" if kind_token == "mdc" else "endpoint")
+        set_endpoint(parsed, endpoint)
+        set_id(parsed, int(hex_id, 16))
+        set_suffix(parsed, suffix_token)
+        set_key(parsed, kv_key)
+        return parsed
     if not isinstance(kv_key, str):
         raise InvalidRecordError("bad_key", "a KV key must be a string")
     parts = kv_key.split(".")

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Final, Literal, NamedTuple
 
 from nats.aio.client import Client as NatsClient
@@ -110,6 +110,33 @@ def parse_delivery(reply: str) -> _Delivery | None:
     return None
 
 
+_ENTRY_SLOTS: Final = tuple(
+    vars(DiscoveryEntry)[name].__set__
+    for name in ("key", "value", "revision", "headers", "received_at", "published_at")
+)
+
+
+def _entry(
+    key: str,
+    value: bytes,
+    revision: int,
+    headers: Mapping[str, str] | None,
+    received_at: float,
+    published_at: float,
+) -> DiscoveryEntry:
+    # One entry per initial value: its slots are written directly instead of through the
+    # frozen dataclass __init__, which sets each field through object.__setattr__.
+    entry = object.__new__(DiscoveryEntry)
+    set_key, set_value, set_revision, set_headers, set_received, set_published = _ENTRY_SLOTS
+    set_key(entry, key)
+    set_value(entry, value)
+    set_revision(entry, revision)
+    set_headers(entry, headers)
+    set_received(entry, received_at)
+    set_published(entry, published_at)
+    return entry
+
+
 class _Watch:
     """One consumer incarnation: collects the initial values, then queues live events."""
 
@@ -169,13 +196,8 @@ class _Watch:
             initial = None
         entry = None
         if kind is None:
-            entry = DiscoveryEntry(
-                key=key,
-                value=msg.data,
-                revision=delivery.stream_seq,
-                headers=headers,
-                received_at=now,
-                published_at=delivery.timestamp_ns / 1e9,
+            entry = _entry(
+                key, msg.data, delivery.stream_seq, headers, now, delivery.timestamp_ns / 1e9
             )
         if initial is not None:
             # A removal among the initial values leaves the key out of the snapshot.

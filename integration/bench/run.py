@@ -124,7 +124,7 @@ def targets(sync: dict[str, Any] | None, core: dict[str, Any] | None) -> list[Ta
         largest = max(row["workers"] for row in sync["sync"])
         fleets = {r["fleet"]: r for r in sync["sync"] if r["workers"] == largest}
     for fleet, floor, label in (
-        ("shared", SHARED_FLOOR, "cohort members sharing one card"),
+        ("shared", SHARED_FLOOR, "one card shared by the fleet"),
         ("distinct", DISTINCT_FLOOR, "every card distinct"),
     ):
         name = f"initial sync, {label}"
@@ -250,26 +250,27 @@ def draw_chart(sync: dict[str, Any] | None, rows: list[Target], path: Path) -> b
     import matplotlib.pyplot as plt
 
     figure, (margins, ratios, heap) = plt.subplots(
-        1, 3, figsize=(16, 4.6), gridspec_kw={"width_ratios": [1.35, 1, 1]}
+        1, 3, figsize=(17, 4.8), gridspec_kw={"width_ratios": [1.2, 1, 1]}
     )
-    labels = [f"{r.name}\n{r.target}" for r in measured]
-    values = [min(r.headroom or 0.0, 20.0) for r in measured]
+    labels = [f"{r.name.split(' (')[0]}\n{r.target}" for r in measured]
+    cap = 4.0
+    values = [min(r.headroom or 0.0, cap) for r in measured]
     colours = ["tab:green" if r.met else "tab:red" for r in measured]
     positions = list(range(len(measured)))[::-1]
     margins.barh(positions, values, color=colours, alpha=0.8)
     margins.axvline(1.0, color="black", linestyle="--", linewidth=1, label="target (1.0)")
-    margins.set_xscale("log")
+    margins.set_xlim(0, cap * 1.15)
     margins.set_yticks(positions)
     margins.set_yticklabels(labels, fontsize=6)
     for y, row in zip(positions, measured, strict=True):
         margins.annotate(
             f"{row.headroom:.2f} x",
-            (min(row.headroom or 0.0, 20.0), y),
+            (min(row.headroom or 0.0, cap), y),
             textcoords="offset points",
             xytext=(3, -3),
             fontsize=7,
         )
-    margins.set_xlabel("headroom: measured / required (inverted for upper bounds); > 1 is met")
+    margins.set_xlabel(f"headroom (measured / required, inverted for upper bounds; cut at {cap:g})")
     margins.set_title("Every target against its bound")
     margins.grid(True, axis="x", which="both", alpha=0.3)
     margins.legend(fontsize=7, loc="lower right")

@@ -716,6 +716,12 @@ def _cached_facts(
 ) -> _CardFacts:
     cache_key = (card_raw, settings.overrides)
     cached = _CACHE.get(cache_key)
+    if cached is None and ctx is None and type(card_raw) is bytes:
+        # A fleet neighbour: the reference card with one value respelled.
+        near = decode_near(card_raw, _FAST_CTX)
+        if near is not None:
+            cached = _near_facts(near, settings)
+            _CACHE.put(cache_key, cached)
     if cached is None:
         if isinstance(card_raw, bytes):
             try:
@@ -725,15 +731,9 @@ def _cached_facts(
         else:
             card_text = card_raw
         check = jsonio.has_lone_surrogate_escape(card_text)
-        near = fast = None
+        fast = None
         learning = not check and ctx is None and isinstance(card_raw, bytes)
-        if learning:
-            # A fleet neighbour: the last card with one value respelled.
-            near = decode_near(card_raw, card_text, _FAST_CTX)  # type: ignore[arg-type]
-        if near is not None:
-            cached = _near_facts(near, settings)
-            reads_files = False
-        elif not check:
+        if not check:
             # Fields spelled like an earlier card's are not decoded again.
             fast = decode_card_fields(card_text, _FAST_CTX if ctx is None else _fast_ctx(ctx))
         if fast is not None:
@@ -745,7 +745,7 @@ def _cached_facts(
             if learning and not isinstance(cached, CardDecodeError) and cached.card is fast:
                 note = _NearFacts(cached, settings.overrides, _facts_reads(fast, settings))
                 learn(card_raw, fast, note)  # type: ignore[arg-type]
-        elif near is None:
+        else:
             card_value = _decode_card_text(card_text, key, 1)
             if check and jsonio.has_lone_surrogate(card_value):
                 raise InvalidRecordError("invalid_string", "lone surrogate in hex escape", key=key)

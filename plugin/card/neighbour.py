@@ -84,11 +84,14 @@ class Near(NamedTuple):
 
 
 _reference: list[_Reference] = []
+# The value found changed last time, with the reference's bytes before and after it.
+_hint: list[tuple[_Member, _Member | None, bytes, bytes]] = []
 
 
 def clear_reference() -> None:
     """Forget the reference card."""
     _reference.clear()
+    _hint.clear()
 
 
 def _members(text: str, pos: int) -> tuple[list[_Member], int] | None:
@@ -152,6 +155,7 @@ def learn(text: bytes, card: DecodedCard, note: object = None) -> None:
     except (IndexError, ValueError, StopIteration, RecursionError):
         return
     _reference[:] = [_Reference(text, _object(top), card.fields, note)]
+    _hint.clear()
 
 
 def _plain_struct(kind: Any) -> bool:
@@ -198,43 +202,69 @@ def _checked(value: Any, level: int) -> bool:
     return True
 
 
-def _respelled(text: str, member: _Member, shift: int, level: int) -> Any:
-    """Parse the new spelling of ``member``'s value; ``_MISSING`` unless it fits exactly."""
-    value, end = _scan_once(text, member.start)
-    if end != member.end + shift or not _checked(value, level):
+_MISSING: Any = object()
+
+
+def _located(ref: _Reference, text: bytes) -> tuple[_Member, _Member | None] | None:
+    """Find the top-level member, and the member inside it, holding every changed byte."""
+    hint = _hint[0] if _hint else None
+    if hint is not None:
+        member, nested, head, tail = hint
+        # The same value as last time changed, and nothing else: no comparison needed.
+        if len(text) >= len(head) + len(tail) and text.startswith(head) and text.endswith(tail):
+            return member, nested
+    old = ref.text
+    n = min(len(old), len(text))
+    if n == 0:
+        return None
+    prefix = _common_prefix(old, text, n)
+    suffix = min(_common_suffix(old, text, n), n - prefix)
+    low, high = prefix, len(old) - suffix
+    found = _enclosing(ref.shape, low, high)
+    if found is None:
+        return None
+    inner = found.inner
+    nested = None if inner is None else _enclosing(inner, low, high)
+    span = found if nested is None else nested
+    _hint[:] = [(found, nested, old[: span.start], old[span.end :])]
+    return found, nested
+
+
+def _respelled(text: bytes, span: _Member, shift: int, level: int) -> Any:
+    """Parse the new spelling of ``span``'s value; ``_MISSING`` unless it fits exactly."""
+    piece = text[span.start : span.end + shift].decode("ascii")
+    # Only this value can hold a surrogate escape: the reference's text held none.
+    if jsonio.has_lone_surrogate_escape(piece):
+        return _MISSING
+    value, end = _scan_once(piece, 0)
+    if end != len(piece) or not _checked(value, level):
         return _MISSING
     return value
 
 
-_MISSING: Any = object()
-
-
-def decode_near(text: bytes, source: str, ctx: Ctx) -> Near | None:
+def decode_near(text: bytes, ctx: Ctx) -> Near | None:
     """Decode compact card text as a respelling of the reference card, or ``None``.
 
-    ``source`` is ``text`` decoded. ``ctx`` must be the record path's context without string
-    checks or strict duplicates (the caller has already refused text holding a surrogate
-    escape).
+    ``ctx`` must be the record path's context without string checks or strict duplicates.
+    Only the respelled value is decoded from text: the rest of the card is byte for byte the
+    reference's, which held no surrogate escape and was valid compact JSON.
     """
     if not _reference or ctx.strict_dups or ctx.check_strings or ctx.read_file is not None:
         return None
     ref = _reference[0]
-    old = ref.text
-    n = min(len(old), len(text))
-    if n == 0 or len(text) > _MAX_TEXT or not text.isascii():
+    if len(text) > _MAX_TEXT or not text.isascii():
         return None
-    prefix = _common_prefix(old, text, n)
-    suffix = min(_common_suffix(old, text, n), n - prefix)
-    shift = len(text) - len(old)
-    member = _enclosing(ref.shape, prefix, len(old) - suffix)
-    if member is None or member.name in _NEVER_RESPELLED:
+    located = _located(ref, text)
+    if located is None:
         return None
+    member, nested = located
+    if member.name in _NEVER_RESPELLED:
+        return None
+    shift = len(text) - len(ref.text)
     fld = CARD._lookup.get(member.name)
     try:
-        inner = member.inner
-        nested = None if inner is None else _enclosing(inner, prefix, len(old) - suffix)
         if nested is not None and fld is not None:
-            value = _respelled(source, nested, shift, _FIELD_LEVEL + 1)
+            value = _respelled(text, nested, shift, _FIELD_LEVEL + 1)
             if value is _MISSING:
                 return None
             struct: Struct = fld.type  # type: ignore[assignment]
@@ -249,7 +279,7 @@ def decode_near(text: bytes, source: str, ctx: Ctx) -> Near | None:
                 struct.validate(members, ctx)
             decoded = members
         else:
-            value = _respelled(source, member, shift, _FIELD_LEVEL)
+            value = _respelled(text, member, shift, _FIELD_LEVEL)
             if value is _MISSING:
                 return None
             path = member.path

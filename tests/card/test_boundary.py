@@ -364,3 +364,12 @@ def test_the_registration_builder_writes_every_field_of_a_registration() -> None
 
     slots = {setter.__self__.__name__ for setter in boundary._REGISTRATION_SLOTS}
     assert slots == {f.name for f in dataclasses.fields(Registration)}
+
+
+def test_the_parsed_key_builder_writes_every_field_of_a_parsed_key() -> None:
+    import dataclasses
+
+    from workerset_admission import keys
+
+    slots = {setter.__self__.__name__ for setter in keys._PARSED_KEY_SLOTS}
+    assert slots == {f.name for f in dataclasses.fields(keys.ParsedKey)}

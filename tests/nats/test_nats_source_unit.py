@@ -177,3 +177,15 @@ async def test_the_initial_values_are_handed_over_once_and_not_kept_by_the_watch
     entries = watch.take_snapshot()
     assert [e.value for e in entries] == [b"A", b"B"]
     assert watch.take_snapshot() == ()
+
+
+def test_the_entry_builder_writes_every_field_of_a_discovery_entry() -> None:
+    import dataclasses
+
+    from workerset_admission.adapters.nats import source
+    from workerset_admission.ports import DiscoveryEntry
+
+    slots = {setter.__self__.__name__ for setter in source._ENTRY_SLOTS}
+    assert slots == {f.name for f in dataclasses.fields(DiscoveryEntry)}
+    entry = source._entry("k", b"v", 3, None, 1.5, 2.5)
+    assert entry == DiscoveryEntry("k", b"v", 3, None, 1.5, 2.5)
