@@ -32,8 +32,12 @@ inside ``card_json`` a repeated key keeps its last value, every number is evalua
 Speed: registrations that share a card (a fleet) usually carry byte-identical ``card_json``
 text. The decoded card, its checksum and fingerprint are cached by those exact bytes (and by
 the tokenizer overrides), so each further record costs a small parse of the envelope only.
-Cards that differ in a field or two are decoded field by field, each field's value once per
-distinct spelling (``fieldmemo``), and fall back to the whole-text decoder for anything else.
+A record spelled exactly as 1.6.1 writes it for its key (``_try_canonical``) is not parsed at
+all outside its card. A card that differs from the last field-by-field decoded card inside one
+value only (a fleet's neighbour, ``neighbour``) is decoded as that card with the one value
+decoded afresh, and keeps its checksum and other facts when computing them never read that
+value. Other cards are decoded field by field, each field's value once per distinct spelling
+(``fieldmemo``), and anything else by the whole-text decoder.
 """
 
 from __future__ import annotations
