@@ -139,6 +139,8 @@ class BoundarySettings:
         return NamespaceFilter.EXACT
 
     def namespace_matches(self, namespace: str) -> bool:
+        if self.namespace_prefix is None and self.namespace in (None, "", "dynamo"):
+            return True  # the global filter, the common case: checked without the property
         kind = self.filter_kind
         if kind is NamespaceFilter.GLOBAL:
             return True
@@ -666,13 +668,15 @@ def _try_canonical(
     else:
         tail = f',"model_suffix":{jsonio.quote(suffix)}}}'.encode("utf-8", "surrogatepass")
         envelope = {"model_suffix": suffix}
-    head = _canonical_head(parsed_key.endpoint) + b"%d,%s" % (
-        parsed_key.instance_id,
-        _CARD_MARK_BYTES,
-    )
+    head = _HEADS.get(parsed_key.endpoint) or _canonical_head(parsed_key.endpoint)
     if not raw.startswith(head) or not raw.endswith(tail):
         return None
-    card_raw = raw[len(head) : len(raw) - len(tail)]
+    # The instance id's digits and the card mark follow the head.
+    rest = b"%d,%s" % (parsed_key.instance_id, _CARD_MARK_BYTES)
+    start = len(head) + len(rest)
+    if raw[len(head) : start] != rest:
+        return None
+    card_raw = raw[start : len(raw) - len(tail)]
     try:
         facts = _cached_facts(card_raw, settings, ctx, key)
     except InvalidRecordError:
