@@ -52,24 +52,8 @@ def clear_memo() -> None:
 
 def _checked(value: Any) -> bool:
     """Whether a freshly parsed field value passes the record's number and depth rules."""
-    if isinstance(value, jsonio.Overflow):
-        return False
-    if not isinstance(value, (dict, list)):
-        return True
-    # One walk for both rules; nesting is bounded by the scanner's recursion already.
-    limit = jsonio.MAX_DEPTH - _FIELD_LEVEL
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        item, level = pop()
-        if level > limit:
-            return False
-        for sub in item.values() if isinstance(item, dict) else item:
-            if isinstance(sub, (dict, list)):
-                push((sub, level + 1))
-            elif isinstance(sub, jsonio.Overflow):
-                return False
-    return True
+    # Dropped values of a repeated key count: serde_json parses them before overwriting.
+    return jsonio.within_limits(value, _FIELD_LEVEL)
 
 
 def _reads_files(router: Any) -> bool:

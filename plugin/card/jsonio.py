@@ -38,6 +38,7 @@ __all__ = [
     "quote",
     "scan_once",
     "serde_f64",
+    "within_limits",
 ]
 
 # serde_json refuses a value whose container nesting reaches 128 levels.
@@ -272,6 +273,37 @@ def has_overflow(value: Any) -> bool:
         elif isinstance(item, list):
             stack.extend(item)
     return False
+
+
+def within_limits(value: Any, level: int) -> bool:
+    """Whether a parsed value at nesting ``level`` passes the number and depth rules.
+
+    It holds no out-of-range number and, counted from ``level``, nests within
+    :data:`MAX_DEPTH`; the dropped values of repeated keys count too.
+    """
+    if isinstance(value, Overflow):
+        return False
+    if not isinstance(value, (dict, list)):
+        return True
+    limit = MAX_DEPTH - level
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, depth = pop()
+        if depth > limit:
+            return False
+        if isinstance(item, dict):
+            subs: Any = item.values()
+            if type(item) is DupDict:
+                subs = [*subs, *(sub for _, sub in item.dropped)]
+        else:
+            subs = item
+        for sub in subs:
+            if isinstance(sub, (dict, list)):
+                push((sub, depth + 1))
+            elif isinstance(sub, Overflow):
+                return False
+    return True
 
 
 def depth_of(value: Any) -> int:

@@ -181,27 +181,6 @@ def _enclosing(shape: _Object, low: int, high: int) -> _Member | None:
     return member if high <= member.end else None
 
 
-def _checked(value: Any, level: int) -> bool:
-    """Whether a parsed value passes the record's number and depth rules at ``level``."""
-    if isinstance(value, jsonio.Overflow):
-        return False
-    if not isinstance(value, (dict, list)):
-        return True
-    limit = jsonio.MAX_DEPTH - level
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        item, depth = pop()
-        if depth > limit:
-            return False
-        for sub in item.values() if isinstance(item, dict) else item:
-            if isinstance(sub, (dict, list)):
-                push((sub, depth + 1))
-            elif isinstance(sub, jsonio.Overflow):
-                return False
-    return True
-
-
 _MISSING: Any = object()
 
 
@@ -237,7 +216,7 @@ def _respelled(text: bytes, span: _Member, shift: int, level: int) -> Any:
     if jsonio.has_lone_surrogate_escape(piece):
         return _MISSING
     value, end = _scan_once(piece, 0)
-    if end != len(piece) or not _checked(value, level):
+    if end != len(piece) or not jsonio.within_limits(value, level):
         return _MISSING
     return value
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from workerset_admission.card import boundary, neighbour
+from workerset_admission.card import boundary, jsonio, neighbour
 from workerset_admission.card.boundary import (
     BoundarySettings,
     decode_model_record,
@@ -51,7 +51,7 @@ BASE: dict[str, Any] = {
     },
     "unknown_field": [1, 2],
 }
-TOP = [name for name in BASE if name not in ("runtime_config",)]
+TOP = list(BASE)
 MEMBERS = list(BASE["runtime_config"])
 SPELLINGS = [
     "0",
@@ -85,6 +85,9 @@ SPELLINGS = [
     '["a","b"]',
     '[["decode"]]',
     '{"a":1,"a":2}',
+    '{"a":1e400,"a":2}',
+    '{"a":' + "[" * 130 + "]" * 130 + ',"a":2}',
+    '{"total_kv_blocks":1e400,"total_kv_blocks":5}',
     '{"vllm_inference_v1_generate":"yes"}',
     '{"vllm_inference_v1_generate":true,"vllm_inference_v1_generate":false}',
     "[" * 130 + "]" * 130,
@@ -134,9 +137,24 @@ def forget() -> None:
 
 
 def slow_verdict(key: str, value: bytes) -> object:
-    # Text rather than bytes, with nothing remembered: the field-by-field or whole-text path.
+    """The whole-text decoder's verdict: the record parsed whole, then its card typed."""
     forget()
-    return verdict(key, value.decode("utf-8", "surrogatepass"))
+    parsed = parse_key(key)
+    settings = BoundarySettings()
+    try:
+        text = boundary._as_text(value, settings, key)
+        check = jsonio.has_lone_surrogate_escape(text)
+        whole = boundary._parse(text, key)
+        if jsonio.depth_of(whole) > jsonio.MAX_DEPTH:
+            return ("refused", "InvalidRecordError", "depth_limit")
+        if check and jsonio.has_lone_surrogate(whole):
+            return ("refused", "InvalidRecordError", "invalid_string")
+        obj = boundary._check_envelope(whole, parsed, "Model", boundary._MODEL_FIELDS)
+        facts = boundary._facts_for(obj["card_json"], False, settings, None)
+        reg = boundary._registration(obj, parsed, facts, key)
+    except RemoteDataError as exc:
+        return ("refused", type(exc).__name__, exc.reason)
+    return (reg, repr(reg.card.fields))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
