@@ -25,9 +25,22 @@ from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 # Where a function's own time is counted, by the path of its source file.
 STAGES = (
     ("NATS client (nats-py)", ("/nats/",)),
-    ("record decoding (card/)", ("/card/",)),
+    ("record decoding (card/, keys.py)", ("/card/", "/keys.py")),
     ("admission core (admission/)", ("/admission/",)),
-    ("service and source adapters", ("/service.py", "/adapters/", "/receivers.py", "/bindings.py")),
+    (
+        "service and source adapters",
+        (
+            "/service.py",
+            "/ingest.py",
+            "/snapshots.py",
+            "/liveness.py",
+            "/publication.py",
+            "/builds.py",
+            "/adapters/",
+            "/receivers.py",
+            "/bindings.py",
+        ),
+    ),
     ("asyncio event loop", ("/asyncio/", "uvloop")),
 )
 
