@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 
 import blake3
 
-from ..errors import CardDecodeError, InvalidRecordError, UsageError
+from ..errors import CardDecodeError, InvalidRecordError, RemoteDataError, UsageError
 from ..identity import EndpointId, GroupKey, Registration, WorkerType, instance_key
 
 # The key codec lives beside the identities it names, so the NATS adapters and the service
@@ -622,7 +622,13 @@ def _try_shared_card(
         ):
             return None
     obj = _check_envelope(value, parsed_key, "Model", _MODEL_FIELDS)
-    facts = _cached_facts(raw[card_start:end], settings, ctx, key)
+    try:
+        facts = _cached_facts(raw[card_start:end], settings, ctx, key)
+    except RemoteDataError:
+        # The cut is exact only when the card text is one JSON value. Spelled otherwise (a
+        # space after a comma, a member between the card and the suffix), the slice carries
+        # more than the card and is refused; the whole-record path gives the true verdict.
+        return None
     return _registration(obj, parsed_key, facts, key)
 
 

@@ -373,3 +373,28 @@ def test_the_parsed_key_builder_writes_every_field_of_a_parsed_key() -> None:
 
     slots = {setter.__self__.__name__ for setter in keys._PARSED_KEY_SLOTS}
     assert slots == {f.name for f in dataclasses.fields(keys.ParsedKey)}
+
+
+@pytest.mark.parametrize("as_bytes", [True, False])
+def test_a_lora_record_written_with_spaces_decodes_like_its_compact_spelling(
+    as_bytes: bool,
+) -> None:
+    record = {
+        "type": "Model",
+        "namespace": EP.namespace,
+        "component": EP.component,
+        "endpoint": EP.endpoint,
+        "instance_id": 0xABC,
+        "card_json": card(
+            display_name="my-adapter", slug="my-adapter", lora={"name": "my-adapter"}
+        ),
+        "model_suffix": "my-adapter",
+    }
+    compact = decode(json.dumps(record, separators=(",", ":")), suffix="my-adapter")
+    # Python's default separators put a space after every comma and colon; the record is the
+    # same JSON, so it must decode to the same registration, not be refused as invalid JSON.
+    spaced_text = json.dumps(record)
+    spaced = decode(spaced_text.encode() if as_bytes else spaced_text, suffix="my-adapter")
+    assert spaced == compact
+    assert spaced.is_lora
+    assert spaced.model_suffix == "my-adapter"
