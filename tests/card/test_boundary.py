@@ -295,7 +295,7 @@ def test_endpoint_records_decode_and_must_agree_with_their_key() -> None:
 
 
 def test_the_card_cache_stays_within_its_byte_budget() -> None:
-    from workerset_admission.card.boundary import _FactsCache
+    from workerset_admission.card.fastpaths import _FactsCache
 
     cache = _FactsCache(max_entries=100, max_bytes=1000)
     error = CardDecodeError("x")
@@ -360,9 +360,9 @@ def test_envelope_oddities_get_serde_verdicts_on_every_path(
 def test_the_registration_builder_writes_every_field_of_a_registration() -> None:
     import dataclasses
 
-    from workerset_admission.card import boundary
+    from workerset_admission.card import envelope
 
-    slots = {setter.__self__.__name__ for setter in boundary._REGISTRATION_SLOTS}
+    slots = {setter.__self__.__name__ for setter in envelope._REGISTRATION_SLOTS}
     assert slots == {f.name for f in dataclasses.fields(Registration)}
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from workerset_admission.card import boundary, jsonio, neighbour
+from workerset_admission.card import cardfacts, envelope, fastpaths, jsonio, neighbour
 from workerset_admission.card.boundary import (
     BoundarySettings,
     decode_model_record,
@@ -132,8 +132,8 @@ def verdict(key: str, value: bytes | str) -> object:
 
 def forget() -> None:
     clear_memo()
-    boundary._CACHE.entries.clear()
-    boundary._CACHE.size = 0
+    fastpaths._CACHE.entries.clear()
+    fastpaths._CACHE.size = 0
 
 
 def slow_verdict(key: str, value: bytes) -> object:
@@ -142,16 +142,16 @@ def slow_verdict(key: str, value: bytes) -> object:
     parsed = parse_key(key)
     settings = BoundarySettings()
     try:
-        text = boundary._as_text(value, settings, key)
+        text = envelope.as_text(value, settings, key)
         check = jsonio.has_lone_surrogate_escape(text)
-        whole = boundary._parse(text, key)
+        whole = envelope.parse(text, key)
         if jsonio.depth_of(whole) > jsonio.MAX_DEPTH:
             return ("refused", "InvalidRecordError", "depth_limit")
         if check and jsonio.has_lone_surrogate(whole):
             return ("refused", "InvalidRecordError", "invalid_string")
-        obj = boundary._check_envelope(whole, parsed, "Model", boundary._MODEL_FIELDS)
-        facts = boundary._facts_for(obj["card_json"], False, settings, None)
-        reg = boundary._registration(obj, parsed, facts, key)
+        obj = envelope.check_envelope(whole, parsed, "Model", envelope.MODEL_FIELDS)
+        facts = cardfacts.facts_for(obj["card_json"], False, settings, None)
+        reg = envelope.registration(obj, parsed, facts, key)
     except RemoteDataError as exc:
         return ("refused", type(exc).__name__, exc.reason)
     return (reg, repr(reg.card.fields))
@@ -178,7 +178,7 @@ def test_a_fleet_whose_cards_differ_in_one_member_is_decoded_by_difference() -> 
     for i, text in enumerate(texts):
         key, value = record(text, i + 1)
         card = value[value.index(b'"card_json":') + 12 : -1]
-        used += neighbour.decode_near(card, boundary._FAST_CTX) is not None
+        used += neighbour.decode_near(card, fastpaths._FAST_CTX) is not None
         got = verdict(key, value)
         assert got == slow_verdict(key, value)
         forget() if i == 0 else None
@@ -191,7 +191,7 @@ def test_the_facts_of_a_neighbour_are_reused_only_for_a_value_they_never_read() 
     key, value = record(respell("runtime_config.total_kv_blocks", "1"))
     verdict(key, value)
     note = neighbour._reference[0].note
-    assert isinstance(note, boundary._NearFacts)
+    assert isinstance(note, fastpaths._NearFacts)
     assert "runtime_config.total_kv_blocks" not in note.reads
     assert {"display_name", "runtime_config.runtime_data", "aliases"} <= note.reads
     assert note.reusable("runtime_config.total_kv_blocks", (None, None))

@@ -1,0 +1,199 @@
+"""What a decoded card means at the boundary: normalization, shape rules, checksum and fingerprint.
+
+Everything here depends on the card (and the settings) only, never on the record carrying it,
+so it is computed once per distinct card and shared by every record that carries it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import blake3
+
+from ..errors import CardDecodeError
+from ..identity import GroupKey, WorkerType
+from . import jsonio
+from .boundarysettings import BoundarySettings
+from .checksum import card_checksum
+from .model import PREFILL_BIT, DecodedCard, decode_card_value, model_type_names
+from .schema import Ctx
+
+__all__ = [
+    "CACHE_LIMIT",
+    "CardFacts",
+    "card_facts",
+    "facts_for",
+    "lora_projection_fingerprint",
+    "normalize_card",
+]
+
+# Every memo of the boundary (facts, fingerprints, model-type names, group keys, record heads)
+# holds at most this many entries.
+CACHE_LIMIT = 1024
+
+
+def _sorted_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _sorted_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(item) for item in value]
+    return value
+
+
+_FINGERPRINTS: dict[tuple[Any, ...], str] = {}
+
+
+def lora_projection_fingerprint(card: DecodedCard) -> str:
+    """1.6.1's LoRA projection fingerprint: blake3 of the key-sorted projection JSON."""
+    fields = card.fields
+    lora = fields["lora"]
+    # The projection reads four typed fields (strings, u32 or None): a cheap exact memo key.
+    memo_key = (
+        fields["display_name"],
+        tuple(fields["aliases"]),
+        fields["runtime_config"]["max_gpu_lora_count"],
+        None if lora is None else (lora["name"], lora["max_gpu_lora_count"]),
+    )
+    known = _FINGERPRINTS.get(memo_key)
+    if known is not None:
+        return known
+    fingerprint = _projection_fingerprint(fields, lora)
+    if len(_FINGERPRINTS) >= CACHE_LIMIT:
+        _FINGERPRINTS.clear()
+    _FINGERPRINTS[memo_key] = fingerprint
+    return fingerprint
+
+
+def _projection_fingerprint(fields: dict[str, Any], lora: Any) -> str:
+    if lora is not None:
+        # LoraInfo leaves out an unset capacity when it is serialized.
+        lora = {
+            k: v
+            for k, v in (("name", lora["name"]), ("max_gpu_lora_count", lora["max_gpu_lora_count"]))
+            if v is not None
+        }
+    projection = {
+        "aliases": list(fields["aliases"]),
+        "base_capacity": fields["runtime_config"]["max_gpu_lora_count"],
+        "display_name": fields["display_name"],
+        "lora": lora,
+    }
+    text = jsonio.dumps_compact(_sorted_keys(projection))
+    return blake3.blake3(text.encode()).hexdigest()
+
+
+_TOKENS_SURFACES = PREFILL_BIT | 0b111  # chat, completions, embedding, legacy prefill bit
+_TENSOR_BIT = 1 << 3
+
+
+def _validate_shape(card: DecodedCard, effective: str) -> None:
+    bits = card.model_type_bits
+    model_input = card.model_input
+    if not card.display_name:
+        raise CardDecodeError("invalid_card_shape", "model name must not be empty")
+    if effective == "prefill" and model_input != "Tokens":
+        raise CardDecodeError("invalid_card_shape", "a prefill worker requires Tokens input")
+    if card.worker_type == "encode" and bits == 0 and model_input != "Tokens":
+        raise CardDecodeError("invalid_card_shape", "an encode worker requires Tokens input")
+    if bits == 0 or model_input == "Text":
+        return
+    if model_input == "Tokens" and not bits & ~_TOKENS_SURFACES:
+        return
+    if model_input == "Tensor" and bits == _TENSOR_BIT:
+        return
+    raise CardDecodeError(
+        "invalid_card_shape",
+        f"unsupported model input {model_input} for model type {model_type_names(bits)!r}",
+    )
+
+
+def normalize_card(card: DecodedCard, settings: BoundarySettings) -> DecodedCard:
+    """Legacy prefill topology and tokenizer overrides, as 1.6.1 applies them before mdcsum."""
+    fields = card.fields
+    changed = False
+    if fields["worker_type"] is None and fields["model_type"] & PREFILL_BIT:
+        # N-2 prefill workers announced themselves only through the Prefill model-type bit.
+        fields = dict(fields)
+        fields["worker_type"] = "prefill"
+        if not fields["needs"]:
+            fields["needs"] = [["decode"]]
+        changed = True
+    backend, fallback = settings.overrides
+    if backend is not None or fallback is not None:
+        fields = dict(fields) if not changed else fields
+        runtime = dict(fields["runtime_config"])
+        if backend is not None:
+            runtime["tokenizer_backend"] = backend
+        if fallback is not None:
+            runtime["tokenizer_fallback_enabled"] = fallback
+        fields["runtime_config"] = runtime
+        changed = True
+    return DecodedCard(fields) if changed else card
+
+
+def _effective_worker_type(card: DecodedCard) -> str:
+    if card.worker_type is not None:
+        return card.worker_type
+    return "prefill" if card.model_type_bits & PREFILL_BIT else "aggregated"
+
+
+class CardFacts(NamedTuple):
+    """Everything about a card that does not depend on the record carrying it.
+
+    A named tuple rather than a frozen dataclass: one is built for every distinct card, and a
+    tuple is built in one step instead of one attribute at a time.
+    """
+
+    card: DecodedCard
+    checksum: str
+    fingerprint: str
+    model_types: str
+    effective: WorkerType
+    worker_type: WorkerType | None
+    needs: tuple[tuple[WorkerType, ...], ...]
+    taints: tuple[str, ...]
+    has_lora: bool
+    # Group keys by endpoint: a fleet shares one card across a few endpoints.
+    groups: dict[tuple[str, str, str], GroupKey]
+
+
+_WORKER_TYPES = {kind.value: kind for kind in WorkerType}
+_MODEL_TYPES: dict[int, str] = {}
+
+
+def _model_types(bits: int) -> str:
+    # A fleet uses one or two model-type sets: spell each once.
+    names = _MODEL_TYPES.get(bits)
+    if names is None:
+        names = model_type_names(bits)
+        if len(_MODEL_TYPES) < CACHE_LIMIT:
+            _MODEL_TYPES[bits] = names
+    return names
+
+
+def card_facts(card: DecodedCard, settings: BoundarySettings) -> CardFacts:
+    card = normalize_card(card, settings)
+    effective = _effective_worker_type(card)
+    _validate_shape(card, effective)
+    worker_type = card.worker_type
+    fields = card.fields
+    needs = fields["needs"]
+    return CardFacts(
+        card=card,
+        checksum=card_checksum(card),
+        fingerprint=lora_projection_fingerprint(card),
+        model_types=_model_types(card.model_type_bits),
+        effective=_WORKER_TYPES[effective],
+        worker_type=None if worker_type is None else _WORKER_TYPES[worker_type],
+        needs=tuple(tuple(_WORKER_TYPES[w] for w in alt) for alt in needs) if needs else (),
+        taints=tuple(sorted(fields["runtime_config"]["taints"])),
+        has_lora=fields["lora"] is not None,
+        groups={},
+    )
+
+
+def facts_for(
+    card_value: Any, check_strings: bool, settings: BoundarySettings, ctx: Ctx | None
+) -> CardFacts:
+    card = decode_card_value(card_value, strict_dups=False, check_strings=check_strings, ctx=ctx)
+    return card_facts(card, settings)

@@ -1,0 +1,203 @@
+"""Discovery record envelopes: size and text checks, the whole-record parse, key/value agreement.
+
+A registration is built here too, from a checked envelope and the facts of the card it carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InvalidRecordError
+from ..identity import GroupKey, Registration, WorkerType
+from ..keys import ParsedKey
+from . import jsonio
+from .boundarysettings import BoundarySettings
+from .cardfacts import CACHE_LIMIT, CardFacts
+
+__all__ = [
+    "CARD_MARK",
+    "MODEL_FIELDS",
+    "as_text",
+    "check_envelope",
+    "check_size",
+    "parse",
+    "registration",
+]
+
+MODEL_FIELDS = ("namespace", "component", "endpoint", "instance_id", "card_json", "model_suffix")
+CARD_MARK = '"card_json":'
+
+
+def check_size(raw: bytes | str, settings: BoundarySettings, key: str) -> None:
+    limit = settings.max_value_size
+    size = len(raw)
+    if isinstance(raw, str) and size <= limit < size * 4:
+        size = len(raw.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise InvalidRecordError(
+            "value_too_large", f"value of {size} bytes exceeds {limit}", key=key
+        )
+
+
+def as_text(raw: bytes | str, settings: BoundarySettings, key: str) -> str:
+    check_size(raw, settings, key)
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRecordError("invalid_utf8", str(exc), key=key) from None
+
+
+def parse(text: str, key: str) -> Any:
+    # A record is parsed whole into serde_json values: every number is evaluated.
+    try:
+        value = jsonio.loads(text)
+    except jsonio.JsonError as exc:
+        raise InvalidRecordError(exc.reason, exc.detail, key=key) from None
+    if isinstance(value, dict) and all(not isinstance(v, (dict, list)) for v in value.values()):
+        overflow = any(isinstance(v, jsonio.Overflow) for v in value.values())
+    else:
+        overflow = jsonio.has_overflow(value)
+    if overflow:
+        raise InvalidRecordError("number_out_of_range", "number out of range", key=key)
+    return value
+
+
+def check_envelope(
+    obj: Any, parsed: ParsedKey, expected_type: str, fields: tuple[str, ...]
+) -> dict[str, Any]:
+    key = parsed.key
+    if not isinstance(obj, dict):
+        raise InvalidRecordError(
+            "invalid_record", "a discovery value must be a JSON object", key=key
+        )
+    if isinstance(obj, jsonio.DupDict):
+        for name in obj.dups:
+            if name == "type" or name in fields:
+                raise InvalidRecordError("duplicate_field", f"duplicate field `{name}`", key=key)
+    kind = obj.get("type")
+    if kind != expected_type:
+        raise InvalidRecordError(
+            "wrong_record_type", f"expected a {expected_type} record, got type {kind!r}", key=key
+        )
+    for name in ("namespace", "component", "endpoint"):
+        if not isinstance(obj.get(name), str):
+            raise InvalidRecordError("invalid_record", f"field `{name}` must be a string", key=key)
+    instance_id = obj.get("instance_id")
+    if (
+        isinstance(instance_id, bool)
+        or not isinstance(instance_id, int)
+        or not 0 <= instance_id < 1 << 64
+    ):
+        raise InvalidRecordError("invalid_record", "field `instance_id` must be a u64", key=key)
+    endpoint = parsed.endpoint
+    if (obj["namespace"], obj["component"], obj["endpoint"]) != (
+        endpoint.namespace,
+        endpoint.component,
+        endpoint.endpoint,
+    ) or instance_id != parsed.instance_id:
+        raise InvalidRecordError("identity_mismatch", _disagreement(obj, parsed), key=key)
+    return obj
+
+
+def _disagreement(obj: dict[str, Any], parsed: ParsedKey) -> str:
+    # Name each field that disagrees, so "namespace prod vs the key's dev" reads as it is.
+    endpoint = parsed.endpoint
+    pairs = (
+        ("namespace", obj["namespace"], endpoint.namespace),
+        ("component", obj["component"], endpoint.component),
+        ("endpoint", obj["endpoint"], endpoint.endpoint),
+        ("instance_id", obj["instance_id"], parsed.instance_id),
+    )
+    return "; ".join(
+        f"the value's {name} {mine!r} disagrees with the key's {theirs!r}"
+        for name, mine, theirs in pairs
+        if mine != theirs
+    )
+
+
+_GROUPS: dict[tuple[str, tuple[str, str, str], str, WorkerType], GroupKey] = {}
+
+
+def registration(
+    obj: dict[str, Any], parsed_key: ParsedKey, facts: CardFacts, key: str
+) -> Registration:
+    suffix = obj.get("model_suffix")
+    if suffix != parsed_key.model_suffix:
+        if suffix is not None and not isinstance(suffix, str):
+            raise InvalidRecordError(
+                "invalid_record", "field `model_suffix` must be a string", key=key
+            )
+        raise InvalidRecordError(
+            "identity_mismatch", "the value's model_suffix disagrees with its key", key=key
+        )
+    if (suffix is not None) is not facts.has_lora:
+        raise InvalidRecordError(
+            "lora_mismatch", "LoRA discovery identity and card metadata disagree", key=key
+        )
+    endpoint = parsed_key.endpoint
+    where = (endpoint.namespace, endpoint.component, endpoint.endpoint)
+    group = facts.groups.get(where)
+    if group is None:
+        # Distinct cards of one fleet still share their group: one GroupKey object for all.
+        shared = (facts.card.display_name, where, facts.model_types, facts.effective)
+        group = _GROUPS.get(shared)
+        if group is None:
+            group = GroupKey.build(
+                facts.card.display_name, endpoint, facts.model_types, facts.effective
+            )
+            if len(_GROUPS) >= CACHE_LIMIT:
+                _GROUPS.clear()
+            _GROUPS[shared] = group
+        if len(facts.groups) < CACHE_LIMIT:
+            facts.groups[where] = group
+    instance_id = parsed_key.instance_id
+    path = f"{where[0]}/{where[1]}/{where[2]}/{instance_id:x}"
+    # One registration per record: its slots are written directly, as the core writes its
+    # effects, instead of through the frozen dataclass __init__ (object.__setattr__ per field).
+    reg = _new(Registration)
+    (
+        set_key,
+        set_endpoint,
+        set_instance_id,
+        set_suffix,
+        set_group,
+        set_checksum,
+        set_fingerprint,
+        set_worker_type,
+        set_needs,
+        set_taints,
+        set_card,
+    ) = _REGISTRATION_SLOTS
+    set_key(reg, f"{path}/{suffix}" if suffix else path)
+    set_endpoint(reg, endpoint)
+    set_instance_id(reg, instance_id)
+    set_suffix(reg, suffix)
+    set_group(reg, group)
+    set_checksum(reg, facts.checksum)
+    set_fingerprint(reg, facts.fingerprint)
+    set_worker_type(reg, facts.worker_type)
+    set_needs(reg, facts.needs)
+    set_taints(reg, facts.taints)
+    set_card(reg, facts.card)
+    return reg
+
+
+_new = object.__new__
+_REGISTRATION_SLOTS = tuple(
+    vars(Registration)[name].__set__
+    for name in (
+        "key",
+        "endpoint",
+        "instance_id",
+        "model_suffix",
+        "group",
+        "mdc_checksum",
+        "lora_fingerprint",
+        "worker_type",
+        "needs",
+        "taints",
+        "card",
+    )
+)
