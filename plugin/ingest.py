@@ -118,6 +118,9 @@ class Verdict:
     refusal: RemoteDataError | None = None
     live: bool = False
     event: bool = False
+    # A refusal of the very value refused last time under this key (a re-listing, a heartbeat
+    # re-sending it): the same bad record, already reported and counted.
+    repeated: bool = False
 
     @property
     def ignored(self) -> bool:
@@ -134,7 +137,13 @@ class Ingested:
 
     @property
     def refusals(self) -> tuple[Verdict, ...]:
-        return tuple(v for v in self.verdicts if v.refusal is not None)
+        """The records newly refused: each bad value is reported once per key."""
+        return tuple(v for v in self.verdicts if v.refusal is not None and not v.repeated)
+
+    @property
+    def refused(self) -> bool:
+        """Whether anything was refused, a repeat included."""
+        return any(v.refusal is not None for v in self.verdicts)
 
     @property
     def decision(self) -> str:
@@ -154,10 +163,13 @@ class Ingestor:
 
     The cache holds the last value decoded per KV key (its hash and what it decoded to):
     listings repeat what is already held (every reconnect, every periodic reconciliation), and
-    a value seen before under the same key is not decoded and hashed again.
+    a value seen before under the same key is not decoded and hashed again. Refused values are
+    remembered the same way (by hash, per key) so that a bad record is reported once per key
+    and value, not once per listing; a key that goes away is forgotten, and reported again if
+    it comes back bad.
     """
 
-    __slots__ = ("_decoded", "_decoder", "liveness")
+    __slots__ = ("_decoded", "_decoder", "_refused", "liveness")
 
     def __init__(
         self, decoder: RecordDecoder | None = None, liveness: LivenessIndex | None = None
@@ -165,6 +177,7 @@ class Ingestor:
         self._decoder: RecordDecoder = decoder or default_decoder()
         self.liveness = liveness if liveness is not None else LivenessIndex()
         self._decoded: _Cache = {}
+        self._refused: dict[str, int] = {}
 
     def put(self, key: str, value: bytes) -> Ingested:
         """Judge a put: the key was created or overwritten."""
@@ -173,7 +186,8 @@ class Ingestor:
         except RemoteDataError as exc:
             # The key's last valid value stays in force; the refused one is not remembered.
             self._decoded.pop(key, None)
-            return Ingested(verdicts=(Verdict(key, refusal=exc),))
+            return Ingested(verdicts=(self._refusal(key, value, exc, self._refused),))
+        self._refused.pop(key, None)
         if isinstance(record, Registration):
             return Ingested((WorkerAdded(record),), (Verdict(key, registration=record),))
         if record is None:
@@ -187,6 +201,7 @@ class Ingestor:
     def delete(self, key: str) -> Ingested:
         """Judge a removal: the key was deleted, purged or expired."""
         self._decoded.pop(key, None)
+        self._refused.pop(key, None)
         try:
             removal = self._decoder.removal(key)
         except RemoteDataError as exc:
@@ -212,10 +227,14 @@ class Ingestor:
         verdicts: list[Verdict] = []
         decoded: _Cache = {}
         held = self._decoded
+        # Only keys still listed (or kept) stay known as refused.
+        refused: dict[str, int] = {}
         for key in keep:
             self._retain(key, retain, live)
             if key in held:
                 decoded[key] = held[key]
+            if key in self._refused:
+                refused[key] = self._refused[key]
         decode = self._decode
         for key, value in entries:
             if key in keep:
@@ -223,7 +242,7 @@ class Ingestor:
             try:
                 record = decode(key, value, decoded)
             except RemoteDataError as exc:
-                verdicts.append(Verdict(key, refusal=exc))
+                verdicts.append(self._refusal(key, value, exc, refused))
                 # A listed key with a refused value is not gone: keep its last valid value.
                 self._retain(key, retain, live)
                 continue
@@ -236,8 +255,17 @@ class Ingestor:
             else:
                 verdicts.append(Verdict(key, event=record is not None))
         self._decoded = decoded
+        self._refused = refused
         changed = self.liveness.replace(live)
         return Ingested((Snapshot(registrations, retain),), tuple(verdicts), changed)
+
+    def _refusal(
+        self, key: str, value: bytes, exc: RemoteDataError, into: dict[str, int]
+    ) -> Verdict:
+        fingerprint = hash(value)
+        repeated = self._refused.get(key) == fingerprint
+        into[key] = fingerprint
+        return Verdict(key, refusal=exc, repeated=repeated)
 
     def _decode(self, key: str, value: bytes, into: _Cache) -> DecodedRecord:
         fingerprint = hash(value)

@@ -213,7 +213,8 @@ class _Replayer:
             kv_key = verdict.key
             if verdict.refusal is not None:
                 reason = verdict.refusal.reason
-                self.invalid.append((kv_key, reason))
+                if not verdict.repeated:  # listed once per key and value, as live
+                    self.invalid.append((kv_key, reason))
                 self._note(_instance_key_of(kv_key), kv_key, f"refused ({reason})").refused = reason
             elif verdict.registration is not None:
                 key = verdict.registration.key

@@ -227,6 +227,25 @@ def test_a_bad_value_in_a_reconciliation_snapshot_keeps_the_last_valid_registrat
     assert service.snapshot().invalid_total == 1
 
 
+def test_a_refused_value_is_counted_once_per_key_and_value_however_often_it_is_listed() -> None:
+    bad = [
+        DiscoveryEntry(model_kv_key(EP, GOOD_ID + n), b'{"type":"Model",', n) for n in range(1, 15)
+    ]
+    service = synced_service(good_entry(), *bad)
+    assert service.snapshot().invalid_total == 14
+    for reason in ("reconnect", "periodic") * 10:
+        service.handle_event(SourceSnapshot((good_entry(), *bad), reason=reason))
+        service.handle_event(SourcePut(bad[0]))
+    assert service.snapshot().invalid_total == 14
+    changed = DiscoveryEntry(bad[0].key, b"{", 99)
+    service.handle_event(SourcePut(changed))
+    assert service.snapshot().invalid_total == 15
+    # A bad key that leaves and comes back is a new bad record.
+    service.handle_event(SourceSnapshot((good_entry(), *bad[1:]), reason="periodic"))
+    service.handle_event(SourceSnapshot((good_entry(), *bad), reason="periodic"))
+    assert service.snapshot().invalid_total == 16
+
+
 def test_removals_of_keys_that_do_not_parse_are_refused_and_change_nothing() -> None:
     service = synced_service(good_entry())
     before = admission_state(service.snapshot())
@@ -440,6 +459,8 @@ def test_the_service_state_depends_only_on_the_valid_events_it_was_given(ops: li
     for service in (noisy, clean):
         service.handle_event(SourceSnapshot(()))
     refused = 0
+    # A bad value is counted once per key and value: a re-sent copy is the same bad record.
+    held_bad: dict[str, bytes] = {}
     for revision, op in enumerate(ops, start=1):
         key = model_kv_key(EP, op.instance)
         if op.kind in ("good", "other"):
@@ -447,15 +468,18 @@ def test_the_service_state_depends_only_on_the_valid_events_it_was_given(ops: li
             value = encode_model_record(EP, op.instance, good_card(kv_cache_block_size=block))
             event: Any = SourcePut(DiscoveryEntry(key, value, revision))
             clean.handle_event(event)
+            held_bad.pop(key, None)
         elif op.kind == "delete":
             event = SourceDelete(key, revision)
             clean.handle_event(event)
-        elif op.kind == "bad":
-            event = SourcePut(DiscoveryEntry(key, _BAD_VALUES[op.bad], revision))
-            refused += 1
+            held_bad.pop(key, None)
         else:
-            event = SourcePut(DiscoveryEntry(key + ".x.y", _BAD_VALUES[op.bad], revision))
-            refused += 1
+            if op.kind != "bad":
+                key += ".x.y"
+            event = SourcePut(DiscoveryEntry(key, _BAD_VALUES[op.bad], revision))
+            if held_bad.get(key) != _BAD_VALUES[op.bad]:
+                refused += 1
+            held_bad[key] = _BAD_VALUES[op.bad]
         noisy.handle_event(event)
     assert admission_state(noisy.snapshot()) == admission_state(clean.snapshot())
     assert noisy.snapshot().invalid_total == refused

@@ -438,6 +438,11 @@ class JetStreamDiscoverySource:
         nc = self._nc
         if nc is None or not nc.is_connected:
             return False
+        # Read the cursor before asking: deliveries keep advancing it while the request is in
+        # flight, and a message stored after the server answered is newer than the answer's
+        # last sequence without the stream having changed at all. Everything delivered before
+        # the request left is in the stream, so only a new stream can report less than this.
+        seen = watch.last_seen_seq
         try:
             info = await nc.jetstream(timeout=self._request_timeout).stream_info(
                 stream_name(self.bucket)
@@ -446,7 +451,7 @@ class JetStreamDiscoverySource:
             return True
         except _RETRYABLE:
             return False
-        return info.created != self._stream_created or info.state.last_seq < watch.last_seen_seq
+        return info.created != self._stream_created or info.state.last_seq < seen
 
     # -- the port ----------------------------------------------------------------------------
 

@@ -189,3 +189,66 @@ def test_the_entry_builder_writes_every_field_of_a_discovery_entry() -> None:
     assert slots == {f.name for f in dataclasses.fields(DiscoveryEntry)}
     entry = source._entry("k", b"v", 3, None, 1.5, 2.5)
     assert entry == DiscoveryEntry("k", b"v", 3, None, 1.5, 2.5)
+
+
+class _State:
+    def __init__(self, last_seq: int) -> None:
+        self.last_seq = last_seq
+
+
+class _Info:
+    def __init__(self, created: str, last_seq: int) -> None:
+        self.created = created
+        self.state = _State(last_seq)
+
+
+class _RacingJetStream:
+    """Answers stream_info with the stream as it was when asked, while a newer message lands."""
+
+    def __init__(self, watch: _Watch, created: str, last_seq: int) -> None:
+        self._watch = watch
+        self._created = created
+        self._last_seq = last_seq
+
+    async def stream_info(self, name: str) -> _Info:
+        answer = _Info(self._created, self._last_seq)
+        # A heartbeat stored after the server answered is delivered before the answer is read.
+        await self._watch.on_message(message("v1.mdc.a", self._last_seq + 1, 0, b"A"))
+        return answer
+
+
+class _RacingClient:
+    is_connected = True
+
+    def __init__(self, js: _RacingJetStream) -> None:
+        self._js = js
+
+    def jetstream(self, timeout: float) -> _RacingJetStream:
+        return self._js
+
+
+def _racing_source(watch: _Watch, created: str, last_seq: int) -> JetStreamDiscoverySource:
+    async def never(_: Any) -> Any:
+        raise AssertionError("no connection is opened")
+
+    source = JetStreamDiscoverySource(connector=never, bucket="disc")
+    source._nc = _RacingClient(_RacingJetStream(watch, created, last_seq))  # type: ignore[assignment]
+    source._stream_created = "T1"
+    return source
+
+
+async def test_a_delivery_during_the_stream_check_is_not_taken_for_a_new_stream() -> None:
+    watch = _Watch(len(PREFIX), 16, last_seq_at_start=0)
+    watch.finish_initial()
+    await watch.on_message(message("v1.mdc.a", 40, 0, b"A"))
+    source = _racing_source(watch, "T1", last_seq=40)
+    assert not await source._stream_changed(watch)
+    assert watch.last_seen_seq == 41
+
+
+async def test_a_stream_shorter_than_what_was_delivered_or_newly_created_is_a_change() -> None:
+    watch = _Watch(len(PREFIX), 16, last_seq_at_start=0)
+    watch.finish_initial()
+    await watch.on_message(message("v1.mdc.a", 40, 0, b"A"))
+    assert await _racing_source(watch, "T1", last_seq=3)._stream_changed(watch)
+    assert await _racing_source(watch, "T2", last_seq=50)._stream_changed(watch)
