@@ -104,6 +104,11 @@ class Settings(BaseModel):
     retry_delays: tuple[float, ...] = _DEFAULT_RETRY_DELAYS
     max_value_bytes: int = Field(default=1024 * 1024, ge=256, le=64 * 1024 * 1024)
     reconcile_interval: float = Field(default=30.0, gt=0, le=86400)
+    # The TTL workers register with (Dynamo's default 10 s); it sizes the tenure hold.
+    registration_ttl: float = Field(default=10.0, gt=0, le=3600)
+    # How long a tenure is held when a resync after a lost connection lists none of its
+    # workers (0 turns holding off); unset means three registration TTLs.
+    tenure_hold: float | None = Field(default=None, ge=0, le=86400)
 
     frontend_id: str = Field(default_factory=default_frontend_id)
 
@@ -202,6 +207,11 @@ class Settings(BaseModel):
         if self.nats_servers and self.embedded_store_dir is not None:
             raise ValueError("embedded_store_dir applies only when no nats_servers are set")
         return self
+
+    @property
+    def effective_tenure_hold(self) -> float:
+        """The tenure hold in seconds: as set, or three registration TTLs."""
+        return 3 * self.registration_ttl if self.tenure_hold is None else self.tenure_hold
 
     @property
     def prometheus_address(self) -> tuple[str, int] | None:
@@ -388,6 +398,13 @@ _FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("--reconcile-interval", "reconcile_interval", "seconds between full re-listings", {}),
     ("--max-value-bytes", "max_value_bytes", "largest discovery value accepted", {}),
     ("--max-concurrent-builds", "max_concurrent_builds", "pipeline builds at once", {}),
+    ("--registration-ttl", "registration_ttl", "TTL workers register with (seconds)", {}),
+    (
+        "--tenure-hold",
+        "tenure_hold",
+        "seconds a tenure is held after an outage (default 3 registration TTLs; 0 off)",
+        {},
+    ),
 )
 
 
@@ -446,6 +463,8 @@ class ServiceSettings:
     # The serving-admission records are rewritten at most this often, like Dynamo's publisher.
     publish_interval: float = 0.2
     publish_retry: float = 1.0
+    # How long a tenure is held when a resync after an outage lists none of its members.
+    tenure_hold: float = 30.0
 
     def __post_init__(self) -> None:
         if self.reconcile_interval <= 0:
@@ -457,5 +476,7 @@ class ServiceSettings:
 
     def core_settings(self) -> CoreSettings:
         return CoreSettings(
-            max_concurrent_builds=self.max_concurrent_builds, retry_delays=self.retry_delays
+            max_concurrent_builds=self.max_concurrent_builds,
+            retry_delays=self.retry_delays,
+            tenure_hold=self.tenure_hold,
         )

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from .admission import Input, Snapshot, WorkerAdded, WorkerRemoved
+from .admission import Input, Snapshot, Tick, WorkerAdded, WorkerRemoved
 from .errors import RemoteDataError
 from .identity import EndpointId, Registration
 from .keys import parse_key
@@ -214,12 +214,19 @@ class Ingestor:
         return Ingested(liveness_changed=self.liveness.remove(name))
 
     def snapshot(
-        self, entries: Iterable[tuple[str, bytes]], keep: Collection[str] = ()
+        self,
+        entries: Iterable[tuple[str, bytes]],
+        keep: Collection[str] = (),
+        *,
+        reconnect: bool = False,
+        now: float | None = None,
     ) -> Ingested:
         """Judge a full listing: every key not listed (and not in ``keep``) is gone.
 
         ``keep`` names keys whose current state is newer than the listing (a live update
         touched them while it was read): they keep what they have, whatever the listing says.
+        ``reconnect`` says the listing follows a lost connection: the core may hold a tenure
+        it empties, for a time counted from ``now`` (the clock goes in first when given).
         """
         registrations: list[Registration] = []
         retain: list[str] = []
@@ -257,7 +264,9 @@ class Ingestor:
         self._decoded = decoded
         self._refused = refused
         changed = self.liveness.replace(live)
-        return Ingested((Snapshot(registrations, retain),), tuple(verdicts), changed)
+        snapshot = Snapshot(registrations, retain, reconnect=reconnect)
+        inputs: tuple[Input, ...] = (snapshot,) if now is None else (Tick(now), snapshot)
+        return Ingested(inputs, tuple(verdicts), changed)
 
     def _refusal(
         self, key: str, value: bytes, exc: RemoteDataError, into: dict[str, int]

@@ -56,6 +56,7 @@ def service_settings(settings: Settings) -> ServiceSettings:
         reconcile_interval=settings.reconcile_interval,
         max_concurrent_builds=settings.max_concurrent_builds,
         retry_delays=tuple(settings.retry_delays),
+        tenure_hold=settings.effective_tenure_hold,
     )
 
 

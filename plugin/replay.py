@@ -4,7 +4,7 @@ A trace is JSON Lines, one event per line (the format ``record`` writes)::
 
     {"kind": "put", "key": "<KV key>", "value": <record object> | "<raw value text>"}
     {"kind": "delete", "key": "<KV key>"}
-    {"kind": "snapshot", "entries": [{"key": ..., "value": ...}, ...]}
+    {"kind": "snapshot", "entries": [{"key": ..., "value": ...}, ...], "reason": "reconnect"}
     {"kind": "build", "group": "<group id>", "outcome": "ok" | "failed"}
     {"kind": "tick", "seconds": <float>}
 
@@ -13,7 +13,9 @@ is listed under ``invalid`` and changes nothing (a refused value for a known key
 valid one, in a snapshot too). Builds are simulated: a build that starts stays in flight when a
 later ``build`` line names its group (the first such line decides it); any other build succeeds
 at once, before the next line. ``tick`` advances the replay clock by ``seconds``; a retry runs
-when the clock reaches its deadline. Endpoint (liveness) records are validated but do not
+when the clock reaches its deadline. A snapshot's optional ``reason`` (``"reconnect"``: the
+listing follows a lost connection) lets the core hold a tenure the listing empties, as live;
+without it a snapshot is an ordinary listing. Endpoint (liveness) records are validated but do not
 change admission, as in the live service.
 
 The result is deterministic: the same trace always renders to the same bytes.
@@ -60,6 +62,7 @@ __all__ = [
 ]
 
 _KINDS = ("put", "delete", "snapshot", "build", "tick")
+_SNAPSHOT_REASONS = ("listing", "initial", "reconnect", "periodic")
 
 # The reason a refused in-place change is listed under: the same word as the metric label.
 MUTATION_REFUSED = "mutation_refused"
@@ -107,7 +110,7 @@ class ReplayResult:
 
 
 def _group_json(view: GroupView) -> dict[str, Any]:
-    return {
+    group: dict[str, Any] = {
         "group": view.key.id,
         "model": view.key.model,
         "worker_set": view.key.worker_set,
@@ -120,6 +123,10 @@ def _group_json(view: GroupView) -> dict[str, Any]:
             {"checksum": c.mdc_checksum, "members": sorted(c.instance_ids)} for c in view.cohorts
         ],
     }
+    if view.held_until is not None:
+        # Only while held, so the output of every trace without a hold is unchanged.
+        group["held_until"] = view.held_until
+    return group
 
 
 def render(result: ReplayResult) -> str:
@@ -149,6 +156,8 @@ def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
             and all(isinstance(e, dict) and isinstance(e.get("key"), str) for e in event["entries"])
         ):
             raise TraceError(f"line {number}: snapshot needs a list of {{key, value}} entries")
+        if kind == "snapshot" and event.get("reason", "listing") not in _SNAPSHOT_REASONS:
+            raise TraceError(f"line {number}: a snapshot reason is one of {_SNAPSHOT_REASONS}")
         if kind == "build" and (
             not isinstance(event.get("group"), str) or event.get("outcome") not in ("ok", "failed")
         ):
@@ -200,7 +209,8 @@ class _Replayer:
                 self._ingested(ingest.delete(event["key"]))
             elif kind == "snapshot":
                 listing = [(e["key"], _value_bytes(e.get("value"))) for e in event["entries"]]
-                self._ingested(ingest.snapshot(listing))
+                reconnect = event.get("reason") == "reconnect"
+                self._ingested(ingest.snapshot(listing, reconnect=reconnect))
             elif kind == "build":
                 self._build(event["group"], event["outcome"] == "ok")
             else:
@@ -409,6 +419,12 @@ def explain(result: ReplayResult, instance: str) -> str:
                 f"the incumbent {view.incumbent}, which was observed first ({where}). Its cohort "
                 f"is number {placement.position + 1} of {len(view.cohorts)} in line; it can "
                 "only be served after every worker of the cohorts ahead of it is gone."
+            )
+        if view.held_until is not None:
+            lines.append(
+                f"The tenure of {view.incumbent} is held after an outage until clock "
+                f"{view.held_until:g} s: none of its workers is listed, nothing is admitted, and "
+                "the succession happens only if none registers again by then."
             )
     if history is not None:
         if history.refused == MUTATION_REFUSED:

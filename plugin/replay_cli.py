@@ -53,6 +53,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         default=(1.0, 2.0, 4.0, 8.0, 16.0, 30.0),
         help="comma-separated retry delays in seconds (default 1,2,4,8,16,30)",
     )
+    parser.add_argument(
+        "--tenure-hold",
+        type=float,
+        default=30.0,
+        help="seconds a tenure is held after a reconnect snapshot omits it (default 30; 0 off)",
+    )
 
 
 def _lines(trace: str) -> list[str]:
@@ -67,7 +73,9 @@ def _lines(trace: str) -> list[str]:
 def _replay(args: argparse.Namespace) -> ReplayResult:
     try:
         core_settings = CoreSettings(
-            max_concurrent_builds=args.max_builds, retry_delays=args.retry_delays
+            max_concurrent_builds=args.max_builds,
+            retry_delays=args.retry_delays,
+            tenure_hold=args.tenure_hold,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

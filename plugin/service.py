@@ -47,6 +47,7 @@ from workerset_admission.admission import (
     RetryScheduled,
     StartBuild,
     TaintsUpdated,
+    TenureHeld,
     Tick,
     WithdrawGroup,
 )
@@ -423,8 +424,10 @@ class AdmissionService:
     def _on_snapshot(self, event: SourceSnapshot, keep: Collection[str] = ()) -> None:
         with collector_paused(), self._telemetry.apply_update(event) as scope:
             entries = ((entry.key, entry.value) for entry in event.entries)
+            reconnect = event.reason == "reconnect"
+            result = self.ingest.snapshot(entries, keep, reconnect=reconnect, now=self._clock())
             # Refusals in a listing are reported one by one, not as the listing's own failure.
-            self._ingested(self.ingest.snapshot(entries, keep), scope, refusals_in_scope=False)
+            self._ingested(result, scope, refusals_in_scope=False)
         if not self._synced.is_set():
             self._synced.set()
             self._changed()
@@ -500,7 +503,7 @@ class AdmissionService:
                     refeed.extend(self.builds.replace_failed(effect, refused))
             elif isinstance(effect, TaintsUpdated):
                 self.hops.carry_taints(effect, self.core.placement(effect.key))
-            elif isinstance(effect, RetryScheduled):
+            elif isinstance(effect, (RetryScheduled, TenureHeld)):
                 self._timers.add(effect.deadline)
             elif isinstance(effect, MutationRefused):
                 _log.warning(
@@ -573,7 +576,7 @@ class AdmissionService:
     # -- snapshots ---------------------------------------------------------------------------
 
     def _build_snapshot(self) -> ServiceSnapshot:
-        groups = tuple(group_snapshot(v, self.liveness) for v in self.core.groups())
+        groups = tuple(group_snapshot(v, self.liveness, self._clock) for v in self.core.groups())
         snap = ServiceSnapshot(
             health=self._health(),
             synced=self._synced.is_set(),

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,8 @@ class GroupSnapshot:
     admitted: tuple[int, ...]
     routable: tuple[int, ...]
     cohorts: tuple[CohortSnapshot, ...]
+    # When a tenure held after an outage ends (Unix time); None when it is not held.
+    held_until: float | None = None
 
     @property
     def rejected(self) -> tuple[CohortSnapshot, ...]:
@@ -73,6 +76,8 @@ class GroupSnapshot:
                 {"checksum": c.mdc_checksum, "members": ids(c.members)} for c in self.cohorts
             ],
             "rejected": [c.mdc_checksum for c in self.rejected],
+            "held": self.held_until is not None,
+            "held_until": self.held_until,
         }
 
 
@@ -180,10 +185,20 @@ EMPTY_SNAPSHOT = ServiceSnapshot(
 )
 
 
-def group_snapshot(view: GroupView, liveness: LivenessIndex) -> GroupSnapshot:
-    """Picture one group as served: its cohorts, and which admitted ids are routable."""
+def group_snapshot(
+    view: GroupView, liveness: LivenessIndex, clock: Callable[[], float] | None = None
+) -> GroupSnapshot:
+    """Picture one group as served: its cohorts, and which admitted ids are routable.
+
+    ``clock`` is the service clock the core's hold deadlines are on; with it a held group's
+    deadline is shown as Unix time.
+    """
     routable = liveness.routable(view.key.endpoint, view.admitted)
+    held_until = None
+    if view.held_until is not None and clock is not None:
+        held_until = round(time.time() + view.held_until - clock(), 3)
     return GroupSnapshot(
+        held_until=held_until,
         group=view.key,
         incumbent=view.incumbent,
         status=view.status.value,
@@ -260,8 +275,11 @@ def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
     """Count groups per status and the admitted workers of committed groups, for metrics."""
     by_status: dict[str, int] = {}
     admitted = 0
+    held = 0
     for group in snap.groups:
         by_status[group.status] = by_status.get(group.status, 0) + 1
         if group.committed_generation is not None:
             admitted += len(group.admitted)
-    return AdmissionStateSummary(by_status, admitted)
+        if group.held_until is not None:
+            held += 1
+    return AdmissionStateSummary(by_status, admitted, held)

@@ -102,6 +102,8 @@ class AdmissionStateSummary:
 
     groups_by_status: Mapping[str, int] = field(default_factory=dict)
     admitted_workers: int = 0
+    # Groups whose tenure is held after an outage (their incumbent has no live member).
+    held_groups: int = 0
 
 
 def _group_id(group: object) -> str:
@@ -378,6 +380,12 @@ class AdmissionTelemetry:
             callbacks=[self._observe_groups],
             unit="{group}",
             description="WorkerSet groups, by admission status.",
+        )
+        meter.create_observable_gauge(
+            n.METRIC_GROUPS_HELD,
+            callbacks=[self._observe_held],
+            unit="{group}",
+            description="WorkerSet groups whose tenure is held after a discovery outage.",
         )
         meter.create_observable_gauge(
             n.METRIC_WORKERS_ADMITTED,
@@ -664,6 +672,17 @@ class AdmissionTelemetry:
         attrs: dict[str, Any] = {n.ATTR_GROUP: self.group_id(group)}
         attrs.update({key: value for key, value in sides.items() if value is not None})
         model = getattr(group, "model", None)
+        try:
+            if new_checksum is not None:
+                _log.warning(
+                    "succession in %s: incumbent %s drained, %s takes over with generation %s",
+                    attrs[n.ATTR_GROUP],
+                    old_checksum,
+                    new_checksum,
+                    new_generation,
+                )
+        except Exception:
+            _log.debug("could not log a succession", exc_info=True)
         if new_checksum is not None:
             # A group whose last worker left has no successor: that is a withdrawal, not a
             # succession, and counting it would make every scale-to-zero look like an update.
@@ -672,6 +691,64 @@ class AdmissionTelemetry:
             except Exception:
                 _log.debug("could not count a succession", exc_info=True)
         self._instant_span(n.SPAN_SUCCEED, attrs)
+
+    def tenure_held(
+        self, group: object, checksum: str, generation: int | None, deadline: float
+    ) -> None:
+        """Log and mark a tenure held after an outage: its incumbent has no member listed."""
+        group_id = self.group_id(group)
+        try:
+            _log.warning(
+                "holding the tenure of %s (incumbent %s) after a discovery outage: none of its "
+                "workers is listed; nothing is admitted until one registers again or the hold "
+                "ends at clock %.1f",
+                group_id,
+                checksum,
+                deadline,
+            )
+        except Exception:
+            _log.debug("could not log a held tenure", exc_info=True)
+        attrs: dict[str, Any] = {
+            n.ATTR_GROUP: group_id,
+            n.ATTR_CHECKSUM: checksum,
+            n.ATTR_HOLD_DEADLINE: float(deadline),
+        }
+        if generation is not None:
+            attrs[n.ATTR_GENERATION] = generation
+        self._instant_span(n.SPAN_HOLD, attrs)
+
+    def tenure_hold_ended(
+        self, group: object, checksum: str, outcome: str, held_for: float
+    ) -> None:
+        """Log and mark the end of a hold: a member came back, or it ran out (succession next)."""
+        group_id = self.group_id(group)
+        try:
+            if outcome == "expired":
+                _log.warning(
+                    "the hold of %s ended after %.1f s with no worker of incumbent %s back: "
+                    "the succession follows",
+                    group_id,
+                    held_for,
+                    checksum,
+                )
+            else:
+                _log.info(
+                    "a worker of incumbent %s registered again after %.1f s: %s keeps its tenure",
+                    checksum,
+                    held_for,
+                    group_id,
+                )
+        except Exception:
+            _log.debug("could not log the end of a hold", exc_info=True)
+        self._instant_span(
+            n.SPAN_HOLD,
+            {
+                n.ATTR_GROUP: group_id,
+                n.ATTR_CHECKSUM: checksum,
+                n.ATTR_HOLD_OUTCOME: outcome,
+                n.ATTR_HOLD_DURATION: float(held_for),
+            },
+        )
 
     def retry_scheduled(
         self,
@@ -730,6 +807,10 @@ class AdmissionTelemetry:
         counts.update(summary.groups_by_status)
         return [Observation(count, {n.LABEL_STATUS: status}) for status, count in counts.items()]
 
+    def _observe_held(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        return [] if summary is None else [Observation(summary.held_groups)]
+
     def _observe_admitted(self, _options: CallbackOptions) -> Iterable[Observation]:
         summary = self._summary()
         return [] if summary is None else [Observation(summary.admitted_workers)]
@@ -775,6 +856,14 @@ def _on_succession(telemetry: AdmissionTelemetry, effect: fx.Succession) -> None
     )
 
 
+def _on_held(telemetry: AdmissionTelemetry, effect: fx.TenureHeld) -> None:
+    telemetry.tenure_held(effect.group, effect.mdc_checksum, effect.generation, effect.deadline)
+
+
+def _on_hold_ended(telemetry: AdmissionTelemetry, effect: fx.TenureHoldEnded) -> None:
+    telemetry.tenure_hold_ended(effect.group, effect.mdc_checksum, effect.outcome, effect.held_for)
+
+
 def _on_retry(telemetry: AdmissionTelemetry, effect: fx.RetryScheduled) -> None:
     telemetry.retry_scheduled(
         effect.group,
@@ -794,6 +883,8 @@ _HANDLERS: Final[dict[type, Callable[[AdmissionTelemetry, Any], None]]] = {
     fx.CommitGroup: _on_commit,
     fx.WithdrawGroup: _on_withdraw,
     fx.Succession: _on_succession,
+    fx.TenureHeld: _on_held,
+    fx.TenureHoldEnded: _on_hold_ended,
     fx.RetryScheduled: _on_retry,
 }
 

@@ -24,6 +24,9 @@ __all__ = [
     "ATTR_ERROR_TYPE",
     "ATTR_GENERATION",
     "ATTR_GROUP",
+    "ATTR_HOLD_DEADLINE",
+    "ATTR_HOLD_DURATION",
+    "ATTR_HOLD_OUTCOME",
     "ATTR_INCUMBENT_CHECKSUM",
     "ATTR_INSTANCE",
     "ATTR_MESSAGING_DESTINATION",
@@ -55,6 +58,7 @@ __all__ = [
     "METRIC_BUILDS",
     "METRIC_BUILD_DURATION",
     "METRIC_GROUPS",
+    "METRIC_GROUPS_HELD",
     "METRIC_INVALID_RECORDS",
     "METRIC_REJECTED_COHORTS",
     "METRIC_SUCCESSIONS",
@@ -65,6 +69,7 @@ __all__ = [
     "SPAN_APPLY_UPDATE",
     "SPAN_BUILD",
     "SPAN_COMMIT",
+    "SPAN_HOLD",
     "SPAN_SUCCEED",
     "SPAN_WITHDRAW",
 ]
@@ -79,6 +84,7 @@ SPAN_BUILD: Final = "build worker_set"
 SPAN_COMMIT: Final = "commit worker_set"
 SPAN_WITHDRAW: Final = "withdraw worker_set"
 SPAN_SUCCEED: Final = "succeed worker_set"
+SPAN_HOLD: Final = "hold worker_set"
 
 # --- span events ------------------------------------------------------------------------------
 EVENT_COHORT_REJECTED: Final = f"{PREFIX}.cohort_rejected"
@@ -114,6 +120,9 @@ ATTR_NEW_CHECKSUM: Final = f"{PREFIX}.succession.new_checksum"
 ATTR_OLD_GENERATION: Final = f"{PREFIX}.succession.old_generation"
 ATTR_NEW_GENERATION: Final = f"{PREFIX}.succession.new_generation"
 ATTR_REASON: Final = f"{PREFIX}.reason"
+ATTR_HOLD_DEADLINE: Final = f"{PREFIX}.hold.deadline"
+ATTR_HOLD_OUTCOME: Final = f"{PREFIX}.hold.outcome"
+ATTR_HOLD_DURATION: Final = f"{PREFIX}.hold.duration"
 ATTR_DETAIL: Final = f"{PREFIX}.detail"
 
 # --- metric attributes ------------------------------------------------------------------------
@@ -134,6 +143,7 @@ METRIC_SUCCESSIONS: Final = f"{PREFIX}.successions"
 METRIC_BUILDS: Final = f"{PREFIX}.builds"
 METRIC_BUILD_DURATION: Final = f"{PREFIX}.build.duration"
 METRIC_GROUPS: Final = f"{PREFIX}.groups"
+METRIC_GROUPS_HELD: Final = f"{PREFIX}.groups.held"
 METRIC_WORKERS_ADMITTED: Final = f"{PREFIX}.workers.admitted"
 METRIC_ADMISSION_LATENCY: Final = f"{PREFIX}.admission.latency"
 

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from workerset_admission.admission import CoreSettings
 from workerset_admission.card import encode_model_record, endpoint_kv_key, model_kv_key
 from workerset_admission.cli import main
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.replay import TraceError, render, replay
+from workerset_admission.replay import TraceError, explain, render, replay
 
 EP = EndpointId("ns1", "backend", "generate")
 CARD: dict[str, Any] = {
@@ -195,3 +196,27 @@ def test_the_namespace_option_ignores_other_namespaces(
     trace.write_text(put(1) + "\n")
     assert main(["replay", "--namespace", "elsewhere", str(trace)]) == 0
     assert json.loads(capsys.readouterr().out)["groups"] == []
+
+
+def test_a_reconnect_snapshot_in_a_trace_holds_the_tenure_until_the_clock_runs_out() -> None:
+    a1 = json.loads(put(1))
+    b2 = json.loads(put(2, kv_cache_block_size=32))
+    listing = [{"key": b2["key"], "value": b2["value"]}]
+    trace = [
+        json.dumps(a1),
+        json.dumps(b2),
+        line(kind="snapshot", entries=listing, reason="reconnect"),
+    ]
+    held = replay(trace, core_settings=CoreSettings(tenure_hold=30.0))
+    (group,) = held.to_json()["groups"]
+    assert (group["admitted"], group["held_until"]) == ([], 30.0)
+    assert group["incumbent"] == group["cohorts"][0]["checksum"]
+    assert "held after an outage" in explain(held, "ns1/backend/generate/2")
+    (group,) = out([*trace, line(kind="tick", seconds=30)])["groups"]
+    assert group["admitted"] == [2]
+    assert "held_until" not in group
+    (group,) = out([*trace, json.dumps(a1), line(kind="tick", seconds=30)])["groups"]
+    assert group["admitted"] == [1]
+    # Without the reason a snapshot is an ordinary listing: the succession happens at once.
+    (group,) = out([*trace[:2], line(kind="snapshot", entries=listing)])["groups"]
+    assert group["admitted"] == [2]

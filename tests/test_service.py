@@ -596,3 +596,58 @@ async def test_serving_records_name_each_groups_checksum_and_generation_when_ask
         }
     finally:
         await svc.stop()
+
+
+async def test_a_reconnect_that_lists_no_incumbent_worker_holds_the_tenure_until_its_deadline(
+    source: FakeSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    svc = await started(source, clock=clock, settings=ServiceSettings(tenure_hold=30.0))
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2, NEW))))
+        await settle(lambda: svc.binding(group_key()) is not None)
+        receiver = svc.receiver_for(group_key())
+        assert receiver is not None
+        clock.now += 20.0  # the outage
+        source.queue.put_nowait(SourceSnapshot((model_entry(2, NEW),), reason="reconnect"))
+        await settle(lambda: svc.snapshot().groups[0].held_until is not None)
+        (group,) = svc.snapshot().groups
+        assert (group.admitted, group.incumbent) == ((), receiver.current().mdc_checksum)
+        assert group.to_json()["held"] is True
+        assert receiver.current().admitted == frozenset()
+        assert "holding the tenure" in caplog.text
+        clock.now += 29.0
+        svc.wake_timers()
+        await asyncio.sleep(0.05)
+        assert svc.snapshot().groups[0].held_until is not None
+        clock.now += 1.0
+        svc.wake_timers()
+        await settle(lambda: svc.snapshot().groups[0].admitted == (2,))
+        assert receiver.retired
+        assert "the succession follows" in caplog.text
+        assert "succession in" in caplog.text
+    finally:
+        await svc.stop()
+
+
+async def test_an_incumbent_worker_registering_during_the_hold_rejoins_the_same_receiver(
+    source: FakeSource,
+) -> None:
+    clock = FakeClock()
+    svc = await started(source, clock=clock, settings=ServiceSettings(tenure_hold=30.0))
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2, NEW))))
+        await settle(lambda: svc.binding(group_key()) is not None)
+        receiver = svc.receiver_for(group_key())
+        assert receiver is not None
+        source.queue.put_nowait(SourceSnapshot((model_entry(2, NEW),), reason="reconnect"))
+        await settle(lambda: svc.snapshot().groups[0].held_until is not None)
+        source.queue.put_nowait(model_put(1, revision=5))
+        await settle(lambda: svc.snapshot().groups[0].admitted == (1,))
+        clock.now += 100.0
+        svc.wake_timers()
+        await asyncio.sleep(0.05)
+        assert receiver.current().admitted == frozenset({1})
+        assert svc.snapshot().groups[0].held_until is None
+    finally:
+        await svc.stop()

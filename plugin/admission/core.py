@@ -36,6 +36,17 @@ once with the attempt count reset, as 1.6.1 does; rejected workers and adapters 
 Dynamo 1.6.1 starts queued builds in sorted key order; the contract does not fix an order and
 FIFO is what an operator expects.
 
+*Holding a tenure across an outage.* A listing that follows a lost connection
+(``Snapshot(reconnect=True)``) may miss the incumbent's workers only because their heartbeats
+could not reach the store while it was away. When such a listing empties the incumbent cohort,
+the tenure is not ended: the empty cohort stays in front, receiver, generation and committed
+build stay, nothing is admitted (no vanished worker is served), and the hold runs for
+``tenure_hold`` seconds of the injected clock. A member of the incumbent checksum that
+registers meanwhile rejoins and the hold ends (``TenureHoldEnded("rejoined")``); competitors
+that register meanwhile are rejected as usual. When a ``Tick`` reaches the deadline with the
+cohort still empty, the hold ends (``"expired"``) and the ordinary succession follows. Live
+removals and other listings never hold: only an outage can make a present worker look gone.
+
 *Rejections.* Each non-incumbent cohort is reported once per tenure: when it first appears,
 or, after a succession, against the new incumbent. A cohort that empties and returns is a
 new cohort and is reported again.
@@ -73,7 +84,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from workerset_admission.admission import effects as fx
 from workerset_admission.admission.inputs import (
@@ -162,12 +173,17 @@ class CoreSettings:
 
     max_concurrent_builds: int = 8
     retry_delays: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+    # Seconds a tenure is held when a post-outage resync lists none of its members (0: never);
+    # three of Dynamo's default 10 s registration TTLs.
+    tenure_hold: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_concurrent_builds < 1:
             raise ConfigError("max_concurrent_builds must be at least 1")
         if not self.retry_delays or any(d < 0 for d in self.retry_delays):
             raise ConfigError("retry_delays must be a non-empty list of non-negative seconds")
+        if not self.tenure_hold >= 0:
+            raise ConfigError("tenure_hold must be zero or more seconds")
 
     def retry_delay(self, attempt: int) -> float:
         """Delay after the ``attempt``-th consecutive failure (1-based); the last one repeats."""
@@ -198,6 +214,8 @@ class _Group:
         "deadline",
         "dirty",
         "generation",
+        "held_since",
+        "held_until",
         "in_flight",
         "key",
         "lora",
@@ -227,6 +245,9 @@ class _Group:
         self.lora: tuple[fx.LoraWorker, ...] | None = ()
         self.dirty = False
         self.lora_dirty = False
+        # Set while the tenure is held after an outage (see the theory of operation).
+        self.held_since: float | None = None
+        self.held_until: float | None = None
 
 
 def _base_key(reg: Registration) -> str:
@@ -258,6 +279,9 @@ class AdmissionCore:
         self._in_flight = 0
         self._timers: list[tuple[float, int, _Group, int]] = []
         self._timer_seq = 0
+        self._holds: list[tuple[float, int, _Group]] = []
+        # True while a post-outage listing removes the keys it omits.
+        self._holding = False
         self._dirty: list[_Group] = []
         self._lora_dirty: list[_Group] = []
         self._out: list[fx.Effect] = []
@@ -404,6 +428,7 @@ class AdmissionCore:
             attempt=group.attempt,
             deadline=group.deadline,
             lora=group.lora or (),
+            held_until=group.held_until,
         )
 
     # ------------------------------------------------------------------ discovery inputs
@@ -413,8 +438,12 @@ class AdmissionCore:
         for reg in event.registrations:
             listed.add(reg.key)
             self._add(reg)
-        for key in [k for k in self._regs if k not in listed]:
-            self._remove(key)
+        self._holding = event.reconnect and self._settings.tenure_hold > 0
+        try:
+            for key in [k for k in self._regs if k not in listed]:
+                self._remove(key)
+        finally:
+            self._holding = False
         for key in [k for k in self._loras if k not in listed]:
             self._remove(key)
 
@@ -444,6 +473,8 @@ class AdmissionCore:
         if incumbent is None:
             self._start_tenure(group)
         elif admitted:
+            if group.held_until is not None:
+                self._end_hold(group, "rejoined")
             if not group.dirty:
                 group.dirty = True
                 self._dirty.append(group)
@@ -499,6 +530,13 @@ class AdmissionCore:
         was_admitted = group.checksum == checksum
         self._out.append(_departed(key, group.key, checksum, was_admitted))
         if not cohort.members:
+            if was_admitted and self._holding:
+                self._hold(group)
+                # Emptied is a membership change like any other: a pending retry runs now.
+                state = group.status.state
+                if state is _RETRYING or state is _BLOCKED:
+                    self._rebuild_now(group)
+                return
             del group.cohorts[checksum]
             group.reported.discard(checksum)
             if was_admitted:
@@ -618,6 +656,47 @@ class AdmissionCore:
         group.lora = ()
         group.dirty = False
         group.lora_dirty = False
+        group.held_since = None
+        group.held_until = None
+
+    def _hold(self, group: _Group) -> None:
+        """Keep an emptied incumbent reserved, admitting nobody, until it returns or time is up."""
+        assert group.checksum is not None
+        assert group.receiver is not None
+        if group.held_until is None:
+            group.held_since = self._now
+            group.held_until = self._now + self._settings.tenure_hold
+            self._timer_seq += 1
+            heapq.heappush(self._holds, (group.held_until, self._timer_seq, group))
+            self._out.append(
+                fx.TenureHeld(
+                    group.key, group.checksum, group.receiver, group.generation, group.held_until
+                )
+            )
+        self._mark_dirty(group)
+        self._mark_lora(group)
+
+    def _end_hold(self, group: _Group, outcome: Literal["rejoined", "expired"]) -> None:
+        assert group.checksum is not None
+        assert group.held_since is not None
+        self._out.append(
+            fx.TenureHoldEnded(group.key, group.checksum, outcome, self._now - group.held_since)
+        )
+        group.held_since = None
+        group.held_until = None
+
+    def _expire_holds(self) -> None:
+        holds = self._holds
+        while holds and holds[0][0] <= self._now:
+            deadline, _seq, group = heapq.heappop(holds)
+            if group.held_until != deadline:
+                continue  # a member rejoined before the deadline
+            checksum = group.checksum
+            assert checksum is not None
+            self._end_hold(group, "expired")
+            del group.cohorts[checksum]
+            group.reported.discard(checksum)
+            self._succeed(group)
 
     def _succeed(self, group: _Group) -> None:
         old_checksum = group.checksum
@@ -743,6 +822,8 @@ class AdmissionCore:
         # The clock never runs backwards: an older tick only means a late delivery.
         if event.now > self._now:
             self._now = event.now
+        if self._holds:
+            self._expire_holds()
         timers = self._timers
         while timers and timers[0][0] <= self._now:
             deadline, _seq, group, generation = heapq.heappop(timers)
@@ -858,12 +939,15 @@ class AdmissionCore:
         assert receiver is not None
         self._transition(group, StatusEvent.START_BUILD)
         cohort = group.cohorts[checksum]
-        representative = _representative(cohort)
-        if representative.key != group.representative:
-            # The card travels with the admissions: a new representative is news.
-            group.representative = representative.key
-            group.card = representative.card
-            self._mark_dirty(group)
+        # A held tenure has no member: it builds from the card its tenure already holds.
+        if cohort.members:
+            representative = _representative(cohort)
+            if representative.key != group.representative:
+                # The card travels with the admissions: a new representative is news.
+                group.representative = representative.key
+                group.card = representative.card
+                self._mark_dirty(group)
+        assert group.representative is not None
         group.attempt += 1
         group.in_flight = generation
         self._in_flight += 1
@@ -875,7 +959,7 @@ class AdmissionCore:
                 attempt=group.attempt,
                 receiver=receiver,
                 admitted=frozenset(cohort.ids),
-                representative=representative.key,
-                card=representative.card,
+                representative=group.representative,
+                card=group.card,
             )
         )

@@ -9,7 +9,7 @@ boundary produced; they do not take part in equality.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from workerset_admission.admission.status import GroupStatus
 from workerset_admission.identity import EndpointId, GroupKey
@@ -32,6 +32,8 @@ __all__ = [
     "StatusChanged",
     "Succession",
     "TaintsUpdated",
+    "TenureHeld",
+    "TenureHoldEnded",
     "WithdrawGroup",
     "WorkerDeparted",
     "WorkerPlaced",
@@ -156,6 +158,31 @@ class Succession:
 
 
 @dataclass(frozen=True, slots=True)
+class TenureHeld:
+    """A resync after a lost connection listed no incumbent member: the tenure is held.
+
+    The receiver, generation and any committed build stay, with nothing admitted, until a
+    member of ``mdc_checksum`` registers again or the clock reaches ``deadline``.
+    """
+
+    group: GroupKey
+    mdc_checksum: str
+    receiver: int
+    generation: int | None
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class TenureHoldEnded:
+    """A held tenure ended: a member came back (``rejoined``) or time ran out (``expired``)."""
+
+    group: GroupKey
+    mdc_checksum: str
+    outcome: Literal["rejoined", "expired"]
+    held_for: float
+
+
+@dataclass(frozen=True, slots=True)
 class RejectionReported:
     """A cohort disagrees with the incumbent; log it once at ERROR with these fields."""
 
@@ -261,6 +288,8 @@ Effect = (
     | CommitGroup
     | WithdrawGroup
     | Succession
+    | TenureHeld
+    | TenureHoldEnded
     | RejectionReported
     | MutationRefused
     | TaintsUpdated

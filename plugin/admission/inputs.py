@@ -49,10 +49,15 @@ class Snapshot:
 
     ``retain`` names keys that the listing holds but whose values the boundary refused: like
     Dynamo, the core keeps their last valid registration instead of reading them as gone.
+
+    ``reconnect`` says the listing follows a lost connection: registrations may have expired
+    only because their heartbeats could not reach the store, so an incumbent cohort that the
+    listing empties is held for a while instead of succeeded at once.
     """
 
     registrations: Sequence[Registration]
     retain: Collection[str] = ()
+    reconnect: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,8 @@ class GroupView:
     attempt: int
     deadline: float | None
     lora: tuple[LoraWorker, ...]
+    # Set while the tenure is held after an outage: the clock value at which it ends.
+    held_until: float | None = None
 
     @property
     def rejected(self) -> tuple[CohortView, ...]:

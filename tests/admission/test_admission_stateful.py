@@ -42,6 +42,7 @@ from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
 ENDPOINTS = [EndpointId(f"ns{i}", "workers", "generate") for i in range(3)]
 GROUPS = [GroupKey.build("m", ep, "chat", WorkerType.AGGREGATED) for ep in ENDPOINTS]
 CHECKSUMS = ["A", "B", "C"]
+HOLD = 10.0
 
 group_index = st.integers(0, len(GROUPS) - 1)
 instance = st.integers(1, 6)
@@ -70,6 +71,8 @@ class RefGroup:
     order: list[str] = field(default_factory=list)
     members: dict[str, dict[str, int]] = field(default_factory=dict)
     incarnation: dict[str, int] = field(default_factory=dict)
+    # When a post-outage resync emptied the incumbent: the clock value its hold ends at.
+    held_until: float | None = None
 
     def add(self, key: str, cs: str, iid: int) -> None:
         if cs not in self.order:
@@ -77,12 +80,24 @@ class RefGroup:
             self.members[cs] = {}
             self.incarnation[cs] = self.incarnation.get(cs, 0) + 1
         self.members[cs][key] = iid
+        if self.order[0] == cs:
+            self.held_until = None
 
-    def remove(self, key: str, cs: str) -> None:
+    def remove(self, key: str, cs: str, hold_until: float | None = None) -> None:
         del self.members[cs][key]
         if not self.members[cs]:
+            if hold_until is not None and self.order[0] == cs:
+                # The tenure is held: the empty incumbent stays in front, admitting nobody.
+                if self.held_until is None:
+                    self.held_until = hold_until
+                return
             del self.members[cs]
             self.order.remove(cs)
+
+    def tick(self, now: float) -> None:
+        if self.held_until is not None and self.held_until <= now:
+            self.held_until = None
+            del self.members[self.order.pop(0)]
 
     def admitted(self) -> tuple[int, ...]:
         return tuple(sorted(self.members[self.order[0]].values())) if self.order else ()
@@ -96,7 +111,7 @@ class RefGroup:
 class AdmissionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.core = AdmissionCore(CoreSettings(max_concurrent_builds=2))
+        self.core = AdmissionCore(CoreSettings(max_concurrent_builds=2, tenure_hold=HOLD))
         self.channels = AdmissionChannels()
         self.ref = [RefGroup() for _ in GROUPS]
         self.first: dict[str, Registration] = {}  # first incarnation per key
@@ -154,11 +169,11 @@ class AdmissionMachine(RuleBasedStateMachine):
         g = GROUPS.index(registration.group)
         self.ref[g].add(registration.key, registration.mdc_checksum, registration.instance_id)
 
-    def _ref_remove(self, key: str) -> None:
+    def _ref_remove(self, key: str, hold_until: float | None = None) -> None:
         registration = self.first.pop(key, None)
         if registration is not None:
             g = GROUPS.index(registration.group)
-            self.ref[g].remove(key, registration.mdc_checksum)
+            self.ref[g].remove(key, registration.mdc_checksum, hold_until)
 
     def _check_succession(self, before: list[str | None]) -> None:
         for g, old in enumerate(before):
@@ -166,6 +181,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             new = None if view is None else view.incumbent
             if old is not None and new != old:
                 assert old not in self.ref[g].members, "incumbent replaced while it had members"
+                assert self.ref[g].held_until is None, "incumbent replaced while it was held"
 
     def _check_backoff(self, waiting: list[bool]) -> None:
         # A retry backoff is about the members it failed with: once the incumbent cohort
@@ -210,8 +226,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         self._ref_remove(key)
         self._step(WorkerRemoved(key))
 
-    @rule(data=st.data())
-    def snapshot(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), reconnect=st.booleans())
+    def snapshot(self, data: st.DataObject, reconnect: bool) -> None:
         keep = data.draw(st.lists(st.sampled_from(sorted(self.first) or ["none"]), unique=True))
         fresh = data.draw(
             st.lists(st.tuples(group_index, instance, checksum), max_size=3).map(
@@ -225,9 +241,10 @@ class AdmissionMachine(RuleBasedStateMachine):
         for registration in fresh:
             self._ref_add(registration)
         listed_keys = {r.key for r in listed} | set(retain)
+        hold_until = self.now + HOLD if reconnect else None
         for key in [k for k in self.first if k not in listed_keys]:
-            self._ref_remove(key)
-        self._step(Snapshot(listed, retain))
+            self._ref_remove(key, hold_until)
+        self._step(Snapshot(listed, retain, reconnect=reconnect))
 
     @precondition(lambda self: bool(self.in_flight))
     @rule(data=st.data(), ok=st.booleans())
@@ -256,6 +273,8 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(dt=st.sampled_from([0.5, 1.0, 2.0, 8.0, 30.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
+        for ref in self.ref:
+            ref.tick(self.now)
         self._step(Tick(self.now))
 
     @rule(
@@ -294,6 +313,7 @@ class AdmissionMachine(RuleBasedStateMachine):
                 continue
             assert view.admitted == expected
             assert view.incumbent == (self.ref[g].order[0] if self.ref[g].order else None)
+            assert view.held_until == self.ref[g].held_until
             live = self.channels.subscribe(key)
             if live is not None:
                 assert tuple(sorted(live.current().admitted)) == expected

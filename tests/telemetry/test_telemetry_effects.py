@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from opentelemetry import trace
 from support.registrations import reg
 from telemetry_harness import Harness
@@ -16,12 +17,18 @@ from workerset_admission.admission import (
     RetryScheduled,
     Snapshot,
     StartBuild,
+    TenureHeld,
+    TenureHoldEnded,
     WorkerAdded,
     WorkerRemoved,
 )
 from workerset_admission.identity import EndpointId, GroupKey, Registration, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
-from workerset_admission.telemetry import decision_of, install_log_correlation
+from workerset_admission.telemetry import (
+    AdmissionStateSummary,
+    decision_of,
+    install_log_correlation,
+)
 from workerset_admission.telemetry import names as n
 
 ENDPOINT = EndpointId("ns", "backend", "generate")
@@ -236,3 +243,23 @@ def test_a_snapshot_is_reconciled_not_admitted_or_rejected(harness: Harness) -> 
     assert second.attributes is not None
     assert first.attributes[n.ATTR_DECISION] == "reconciled"
     assert second.attributes[n.ATTR_DECISION] == "unchanged"
+
+
+def test_a_held_tenure_is_logged_counted_and_spanned(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    harness.telemetry.observe_state(lambda: AdmissionStateSummary({}, 0, held_groups=1))
+    harness.telemetry.effects(
+        [
+            TenureHeld(GROUP, "a", 3, 2, 130.0),
+            TenureHoldEnded(GROUP, "a", "expired", 30.0),
+        ]
+    )
+    held, ended = harness.finished(n.SPAN_HOLD)
+    assert held.attributes[n.ATTR_HOLD_DEADLINE] == 130.0
+    assert ended.attributes[n.ATTR_HOLD_OUTCOME] == "expired"
+    assert harness.metrics()["workerset_admission.groups.held"].data.data_points[0].value == 1
+    assert [r.levelname for r in caplog.records if "hold" in r.getMessage()] == [
+        "WARNING",
+        "WARNING",
+    ]

@@ -154,6 +154,7 @@ def test_metric_names_units_and_kinds_are_as_documented(harness: Harness) -> Non
         "workerset_admission.build.duration": "Histogram",
         "workerset_admission.admission.latency": "Histogram",
         "workerset_admission.groups": "Gauge",
+        "workerset_admission.groups.held": "Gauge",
         "workerset_admission.workers.admitted": "Gauge",
     }
     for metric in harness.metrics().values():
