@@ -39,6 +39,12 @@ Events::
 its life; after it the core may at once ``RESERVE`` again for the successor cohort. Reservation
 happens on entry to ``queued``, not on a successful build, which is why a larger competing
 cohort never displaces an incumbent that is still building or retrying.
+
+A tenure *held* after an outage (the core's theory of operation) is not a status of its own:
+the build lifecycle of the held incumbent goes on unchanged (a ready group stays ready with
+nothing admitted, a due retry still runs), and ``DRAIN`` is processed only if the hold runs out
+with no member back. Keeping the hold beside the status rather than in it means no transition
+of this table changes, and every build, commit and retry rule applies during a hold as before.
 """
 
 from __future__ import annotations
