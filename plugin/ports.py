@@ -118,6 +118,10 @@ class AdmissionPublisher(Protocol):
 
     async def publish_capability(self) -> None: ...
 
+    async def republish(self) -> None:
+        """Write every record again: the store behind them may have been wiped or re-created."""
+        ...
+
     async def withdraw_all(self) -> None:
         """Remove every record this frontend published (on shutdown)."""
         ...

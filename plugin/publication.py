@@ -37,9 +37,31 @@ class ServingPublication:
         self._wake = asyncio.Event()
         self._published: dict[str, ServingRecord] = {}
         self._capability_published = False
+        self._republish = False
 
     def wake(self) -> None:
         """Ask for a round soon (the committed groups changed)."""
+        self._wake.set()
+
+    async def withdraw(self, timeout: float = 5.0) -> None:
+        """Withdraw this frontend's serving records at a stop; never raises.
+
+        NATS may be away when the service stops: that is one WARNING line, not a traceback,
+        and the records it could not delete expire with the bucket's max age.
+        """
+        try:
+            await asyncio.wait_for(self._publisher.withdraw_all(), timeout=timeout)
+        except Exception as exc:
+            text = str(exc)
+            _log.warning(
+                "could not withdraw the serving-admission records (%s); they expire after the "
+                "bucket's max age",
+                f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
+            )
+
+    def republish(self) -> None:
+        """Write every record again soon: after a resync the store may have lost them."""
+        self._republish = True
         self._wake.set()
 
     async def _publish(self, namespace: str, record: ServingRecord | None) -> None:
@@ -58,6 +80,9 @@ class ServingPublication:
             await self._wake.wait()
             self._wake.clear()
             try:
+                if self._republish:
+                    self._republish = False
+                    await publisher.republish()
                 if not self._capability_published:
                     await publisher.publish_capability()
                     self._capability_published = True

@@ -295,11 +295,8 @@ class AdmissionService:
         self._shut_down = True
         # Serving records first: an operator must never see this frontend claim a worker it no
         # longer routes to.
-        if self._publisher is not None:
-            try:
-                await asyncio.wait_for(self._publisher.withdraw_all(), timeout=5.0)
-            except Exception:
-                _log.warning("could not withdraw the serving-admission records", exc_info=True)
+        if self._publication is not None:
+            await self._publication.withdraw()
         self.builds.withdraw_all()
         self.builds.cancel_all()
         for view in self.core.groups():
@@ -408,6 +405,8 @@ class AdmissionService:
             self.counters.snapshots += 1
             if event.reason != "periodic":
                 self._resyncs += 1
+            if event.reason == "reconnect" and self._publication is not None:
+                self._publication.republish()  # the store may have lost them
             self._on_snapshot(event)
         else:
             raise UsageError(f"not a discovery event: {type(event).__name__}")

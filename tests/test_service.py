@@ -651,3 +651,37 @@ async def test_an_incumbent_worker_registering_during_the_hold_rejoins_the_same_
         assert svc.snapshot().groups[0].held_until is None
     finally:
         await svc.stop()
+
+
+async def test_a_resync_after_a_lost_connection_writes_every_serving_record_again(
+    source: FakeSource,
+) -> None:
+    publisher = FakePublisher()
+    svc = await started(source, publisher=publisher)
+    try:
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        await settle(lambda: svc.binding(group_key()) is not None)
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),), reason="periodic"))
+        await asyncio.sleep(0.05)
+        assert publisher.republished == 0
+        source.queue.put_nowait(SourceSnapshot((model_entry(1),), reason="reconnect"))
+        await settle(lambda: publisher.republished == 1)
+    finally:
+        await svc.stop()
+
+
+async def test_a_stop_whose_withdrawal_fails_logs_one_line_without_a_traceback(
+    source: FakeSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Unreachable(FakePublisher):
+        async def withdraw_all(self) -> None:
+            raise ConnectionError("nats is away")
+
+    svc = await started(source, publisher=Unreachable())
+    source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+    await svc.wait_synced(5)
+    await svc.stop()
+    (record,) = [r for r in caplog.records if "withdraw" in r.getMessage()]
+    assert record.levelname == "WARNING"
+    assert record.exc_info is None
+    assert "ConnectionError: nats is away" in record.getMessage()

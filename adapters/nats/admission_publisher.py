@@ -18,6 +18,11 @@ last state wins. A failed write round is retried every ``retry_interval``. Recor
 ``record_ttl`` seconds (the bucket's max age) and are rewritten every third of that, so a
 frontend that dies without withdrawing drops out of the bucket by itself. ``withdraw_all()``
 deletes every record this frontend wrote.
+
+A failed write may mean the store lost the bucket (a wiped or re-created store): the bucket is
+bound again (created, with the configured replicas, when absent) and every record is written
+again on the next round, not only the ones that changed. ``republish()`` asks for the same
+after a discovery resync, when another frontend may already have re-created the bucket empty.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.keys import escape_token
@@ -95,6 +101,7 @@ class NatsAdmissionPublisher:
         self._last_round = float("-inf")
         self._closed = False
         self.write_rounds = 0
+        self._failures = 0
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
@@ -136,8 +143,18 @@ class NatsAdmissionPublisher:
         self._capability_wanted = True
         self._changed()
 
+    async def republish(self) -> None:
+        """Write every record again on the next round (the store may have lost them)."""
+        self._forget_published()
+        if self._capability_wanted or self._desired:
+            self._changed()
+
     async def withdraw_all(self) -> None:
-        """Stop publishing and delete every record this frontend wrote."""
+        """Stop publishing and delete every record this frontend wrote.
+
+        A bucket that is gone holds nothing to withdraw; any other failure is raised, and the
+        records then expire after the bucket's max age.
+        """
         self._closed = True
         task, self._task = self._task, None
         if task is not None:
@@ -146,13 +163,35 @@ class NatsAdmissionPublisher:
                 await task
         if not (self._published or self._capability_published):
             return
-        kv = await self._bucket()
+        try:
+            kv = await self._bind_existing()
+        except NotFoundError:
+            self._published.clear()
+            self._capability_published = False
+            return
         for namespace in list(self._published):
             await kv.delete(self._member_key(namespace))
             del self._published[namespace]
         if self._capability_published:
             await kv.delete(self._capability_key)
             self._capability_published = False
+
+    async def _bind_existing(self) -> KeyValue:
+        # Withdrawing must never create the bucket it deletes from.
+        if self._kv is None:
+            self._kv = await self._js.key_value(self.bucket)
+        return self._kv
+
+    def _forget_published(self) -> None:
+        for namespace, value in self._published.items():
+            self._desired.setdefault(namespace, value)
+        self._published.clear()
+        self._capability_published = False
+
+    def _lost_bucket(self) -> None:
+        """After a failed write: bind the bucket afresh and rewrite everything next round."""
+        self._kv = None
+        self._forget_published()
 
     async def close(self) -> None:
         await self.withdraw_all()
@@ -182,8 +221,12 @@ class NatsAdmissionPublisher:
                 try:
                     await asyncio.wait_for(self._dirty.wait(), timeout=refresh_every)
                 except asyncio.TimeoutError:
-                    with contextlib.suppress(Exception):
+                    try:
                         await self._refresh()
+                    except Exception as exc:
+                        self._lost_bucket()
+                        self._dirty.set()
+                        self._failed(exc)
                     continue
             wait = self._last_round + self._min_interval - self._clock()
             if wait > 0:
@@ -193,13 +236,24 @@ class NatsAdmissionPublisher:
             try:
                 await self._write_round()
             except Exception as exc:  # any failure is retried on the next round
-                _log.warning("publishing admissions failed, retrying: %r", exc)
+                self._lost_bucket()
+                self._failed(exc)
                 self._dirty.set()
                 await asyncio.sleep(self._retry_interval)
                 continue
+            if self._failures:
+                _log.info("publishing admissions works again after %d failures", self._failures)
+                self._failures = 0
             self.write_rounds += 1
             if not self._dirty.is_set():
                 self._idle.set()
+
+    def _failed(self, exc: Exception) -> None:
+        # One WARNING per outage, not one per retry: a store that is away for minutes would
+        # otherwise fill the log.
+        self._failures += 1
+        level = logging.WARNING if self._failures == 1 else logging.DEBUG
+        _log.log(level, "publishing admissions failed, retrying until it works: %r", exc)
 
     async def _write_round(self) -> None:
         kv = await self._bucket()

@@ -46,6 +46,16 @@ class FakeJetStream:
         self.created.append(config)
         return self.kv
 
+    async def key_value(self, name: str) -> FakeKV:
+        if not self.created:
+            raise NotFoundError
+        return self.kv
+
+    def wipe(self) -> None:
+        """The store loses the bucket: writes fail until it is created again."""
+        self.created.clear()
+        self.kv = FakeKV()
+
 
 def publisher(js: FakeJetStream, **kwargs: Any) -> NatsAdmissionPublisher:
     kwargs.setdefault("min_interval", 0.01)
@@ -131,3 +141,46 @@ async def test_an_emptied_namespace_loses_its_record() -> None:
     assert js.kv.data == {}
     assert js.kv.writes[-1][0] == "delete"
     await pub.withdraw_all()
+
+
+async def test_after_a_failed_write_the_bucket_is_made_again_and_every_record_rewritten() -> None:
+    js = FakeJetStream()
+    pub = publisher(js, replicas=3)
+    await pub.publish_capability()
+    await pub.publish_members("ns1", ["ns1/c/e/1"])
+    await pub.publish_members("ns2", ["ns2/c/e/2"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    old = js.kv
+    js.wipe()
+    old.failures = 1  # the publisher still holds the old bucket: its next write fails
+    await pub.publish_members("ns1", ["ns1/c/e/1", "ns1/c/e/3"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    capability, member = admission_keys("fe/1")
+    assert set(js.kv.data) == {capability, member("ns1"), member("ns2")}
+    assert [c.replicas for c in js.created] == [3]
+    await pub.withdraw_all()
+    assert js.kv.data == {}
+
+
+async def test_republish_writes_every_record_again() -> None:
+    js = FakeJetStream()
+    pub = publisher(js)
+    await pub.publish_capability()
+    await pub.publish_members("ns", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    js.kv.data.clear()  # another frontend re-created the bucket empty
+    await pub.republish()
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert set(js.kv.data) == {admission_keys("fe/1")[0], admission_keys("fe/1")[1]("ns")}
+    await pub.withdraw_all()
+
+
+async def test_withdrawing_from_a_bucket_that_is_gone_is_quiet_and_creates_nothing() -> None:
+    js = FakeJetStream()
+    pub = publisher(js, retry_interval=60.0)
+    await pub.publish_members("ns", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    js.created.clear()
+    pub._kv = None  # as after a failed write
+    await pub.withdraw_all()
+    assert js.created == []

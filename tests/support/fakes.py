@@ -80,6 +80,7 @@ class FakePublisher:
         self.capability = False
         self.withdrawn = False
         self.calls = 0
+        self.republished = 0
 
     async def publish_members(
         self, worker_namespace: str, members: Any, *, groups: Any = None
@@ -89,6 +90,9 @@ class FakePublisher:
 
     async def publish_capability(self) -> None:
         self.capability = True
+
+    async def republish(self) -> None:
+        self.republished += 1
 
     async def withdraw_all(self) -> None:
         self.withdrawn = True
