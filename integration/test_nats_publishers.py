@@ -124,8 +124,51 @@ async def test_a_heartbeat_never_revives_a_key_deleted_elsewhere(
         with pytest.raises(KeyNotFoundError):
             await kv.get(key)
         assert key not in publisher.keys
+        assert publisher.lost == {key: "deleted"}
+        assert publisher.lost_event.is_set()
     finally:
         await publisher.close()
+
+
+async def test_a_publisher_told_to_reregister_writes_a_deleted_key_again_with_a_warning(
+    client: NatsClient, bucket_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    publisher = DiscoveryPublisher(
+        client.jetstream(), bucket=bucket_name, ttl=3, heartbeat=0.2, on_removed="reregister"
+    )
+    try:
+        key = await publisher.register(ENDPOINT, 10, CARD)
+        kv = await client.jetstream().key_value(bucket_name)
+        for round_ in range(1, 3):
+            await kv.delete(key)
+            for _ in range(100):
+                if publisher.reregistrations >= round_:
+                    break
+                await asyncio.sleep(0.1)
+            await wait_until_exists(kv, key, wanted=True)
+        assert publisher.reregistrations == 2
+        assert publisher.lost == {}
+        assert "was deleted while this worker is alive" in caplog.text
+    finally:
+        await publisher.close()
+
+
+async def test_a_key_another_writer_took_over_is_given_up_and_reported_never_overwritten(
+    client: NatsClient, bucket_name: str
+) -> None:
+    publisher = DiscoveryPublisher(
+        client.jetstream(), bucket=bucket_name, ttl=3, heartbeat=0.2, on_removed="reregister"
+    )
+    try:
+        key = await publisher.register(ENDPOINT, 11, CARD)
+        kv = await client.jetstream().key_value(bucket_name)
+        await kv.put(key, b"someone else's record")
+        await asyncio.wait_for(publisher.lost_event.wait(), 10)
+        assert publisher.lost == {key: "taken"}
+        await asyncio.sleep(0.5)
+        assert (await kv.get(key)).value == b"someone else's record"
+    finally:
+        await publisher.close(withdraw=False)
 
 
 async def test_an_existing_bucket_is_bound_as_is_and_a_mismatch_is_reported(

@@ -38,17 +38,24 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "--no-prune",
         dest="prune",
         action="store_false",
-        help="keep bucket keys the store does not hold at start (another writer shares it)",
+        help="never delete keys at start, not even ones this bridge wrote earlier",
     )
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
+    parser.add_argument(
+        "--bridge-id",
+        default=None,
+        help="this bridge's writer identity, stamped on every record it writes; it prunes only "
+        "keys with its own stamp (default: this host and the store path)",
+    )
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
-    from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
+    from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, check_store_root
     from workerset_admission.adapters.dynamo.filestore import FileStoreReader, default_store_root
     from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
     from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
     from workerset_admission.adapters.nats.connect import connect
+    from workerset_admission.ownership import bridge_writer
 
     settings = args.settings
     if settings.embedded:
@@ -57,13 +64,16 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
             "(--nats-server or WORKERSET_ADMISSION_NATS_SERVERS)"
         )
     root: Path = args.file_kv or default_store_root()
+    # Refused before connecting: a wrong path must not get as far as a prune.
+    check_store_root(root)
+    owner = bridge_writer(root, args.bridge_id)
     client = await connect(replace(settings.nats_connect_options(), name="workerset-bridge"))
     try:
         bucket = settings.discovery_bucket
         status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket))
         bridge = DiscoveryBridge(
             root,
-            JetStreamBucketWriter(status.kv),
+            JetStreamBucketWriter(status.kv, owner=owner, js=client.jetstream(), bucket=bucket),
             interval=args.interval,
             ttl=args.ttl,
             prune=args.prune,

@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from workerset_admission.cli import positive_seconds
+from workerset_admission.aio import cancel_and_wait
+from workerset_admission.cli import EXIT_FAILED, positive_seconds
 from workerset_admission.config import Settings
 from workerset_admission.errors import ConfigError
-from workerset_admission.identity import EndpointId
+from workerset_admission.identity import EndpointId, instance_key
+from workerset_admission.ownership import register_writer
 
 __all__ = ["STOPS_ON_SIGNAL", "arguments", "check_card", "main", "record_trace", "trace_line"]
 
@@ -82,7 +84,13 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--once",
             action="store_true",
-            help="write the registration without a TTL and exit (no heartbeat)",
+            help="write the registration without a TTL and exit (no heartbeat, nothing watched)",
+        )
+        parser.add_argument(
+            "--exit-on-loss",
+            action="store_true",
+            help="exit with status 4 when the registration is deleted while running, instead "
+            "of registering it again",
         )
         parser.add_argument(
             "--no-endpoint-record",
@@ -171,6 +179,10 @@ async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.
             bucket=settings.discovery_bucket,
             ttl=None if args.once else args.ttl,
             heartbeat=args.heartbeat,
+            writer=register_writer(instance_key(endpoint, instance_id, args.suffix)),
+            # A key deleted under a live worker comes back, unless asked to give up; a key
+            # another writer took over is never fought for.
+            on_removed="report" if args.exit_on_loss else "reregister",
         )
         key = await publisher.register(endpoint, instance_id, card, args.suffix)
         keys = [key]
@@ -179,12 +191,29 @@ async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.
         print(json.dumps({"registered": keys, "instance_id": instance_id}), flush=True)
         if args.once:
             return 0
-        await stop.wait()
+        await _first(stop, publisher.lost_event)
         await publisher.close(withdraw=True)
+        if publisher.lost:
+            lost = ", ".join(f"{key} ({how})" for key, how in sorted(publisher.lost.items()))
+            print(
+                f"workerset-admission register: registration lost, exiting: {lost}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_FAILED
         print(json.dumps({"deregistered": keys}), flush=True)
         return 0
     finally:
         await nc.close()
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until the first of ``events`` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait(waits)
 
 
 async def _deregister(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:

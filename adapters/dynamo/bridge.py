@@ -7,15 +7,20 @@ for longer than the TTL, becomes a delete. The bridge translates and never judge
 record the plugin would refuse is forwarded and refused there, where the refusal is reported.
 
 It mirrors all four discovery buckets: model cards, endpoint instances, and the event-plane
-sources and channels a KV-aware router needs. It owns the ``v1.mdc.>``, ``v1.instances.>``,
-``v1.event_sources.>`` and ``v1.event_channels.>`` keys of its bucket: on start it deletes the
-ones the store no longer holds (``prune``), so a restart after missed removals converges.
+sources and channels a KV-aware router needs, under the ``v1.mdc.>``, ``v1.instances.>``,
+``v1.event_sources.>`` and ``v1.event_channels.>`` keys of its bucket. Every record it puts
+carries its writer identity (:mod:`workerset_admission.ownership`). On start it deletes the keys
+*it wrote* that the store no longer holds (``prune``), so a restart after missed removals
+converges; a key another writer put (a ``register`` process, a worker, another bridge) is never
+its to delete. A store root that is missing or unreadable is refused before anything is written
+or deleted, and a pass that finds it gone later changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +35,7 @@ from workerset_admission.adapters.dynamo.filestore import (
     SkippedFile,
 )
 from workerset_admission.card import event_kv_key
+from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId
 from workerset_admission.keys import endpoint_kv_key, model_kv_key
 
@@ -39,6 +45,7 @@ __all__ = [
     "DiscoveryBridge",
     "SyncPlan",
     "bucket_key_for",
+    "check_store_root",
     "plan_sync",
 ]
 
@@ -55,7 +62,7 @@ class BucketWriter(Protocol):
     async def delete(self, key: str) -> None: ...
 
     async def keys(self) -> list[str]:
-        """Every live key the bridge owns (the four discovery prefixes)."""
+        """Every live key under the four discovery prefixes that this writer wrote."""
         ...
 
 
@@ -67,6 +74,14 @@ def bucket_key_for(record: FileRecord) -> str:
     if record.kind == "instances":
         return endpoint_kv_key(endpoint, record.instance_id)
     return model_kv_key(endpoint, record.instance_id, record.model_suffix)
+
+
+def check_store_root(root: Path) -> None:
+    """Refuse a store root that is not a readable directory (a mistyped path mirrors nothing)."""
+    if not root.is_dir():
+        raise ConfigError(f"the file store {root} is not a directory (missing or mistyped?)")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise ConfigError(f"the file store {root} is not readable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +171,13 @@ class DiscoveryBridge:
         self._mirrored: dict[str, bytes | None] = {}
         self._failing: set[str] = set()
         self._started = False
+        self._root_missing = False
         self.stats = BridgeStats()
 
     async def _start(self) -> None:
+        # Before anything is deleted: an empty scan of a wrong path would read as "every
+        # record is gone".
+        check_store_root(self._root)
         if self._prune:
             # Values unknown: every live record is written once, every other key deleted.
             self._mirrored = dict.fromkeys(await self._writer.keys())
@@ -168,6 +187,17 @@ class DiscoveryBridge:
         """Run one pass: scan the store, write the difference, return what was planned."""
         if not self._started:
             await self._start()
+        try:
+            check_store_root(self._root)
+        except ConfigError as exc:
+            # Gone while running (an unmounted volume): change nothing until it is back.
+            if not self._root_missing:
+                _log.warning("discovery bridge pauses: %s", exc)
+            self._root_missing = True
+            return SyncPlan(puts=(), deletes=())
+        if self._root_missing:
+            _log.info("discovery bridge resumes: %s is back", self._root)
+            self._root_missing = False
         scan = await asyncio.to_thread(self._scan, self._root)
         self._note_skipped(scan.skipped)
         plan = plan_sync(

@@ -6,7 +6,12 @@ crashes stops refreshing; the server then removes the key and leaves a marker th
 as an ``expired`` removal. A clean shutdown deletes the keys at once.
 
 A refresh is conditional on the key still holding this publisher's last revision, so a key that
-someone else deleted or took over is never brought back by a late heartbeat.
+someone else took over is never overwritten by a late heartbeat. What happens to a key that was
+deleted while registered is the publisher's ``on_removed`` choice: ``"reregister"`` writes it
+again (with a WARNING: a worker that is alive must not look gone), ``"report"`` stops refreshing
+it. Either way every key lost for good (taken over, or deleted under ``"report"``) is listed in
+``lost`` and sets ``lost_event``, so the process that owns the publisher never runs on
+unregistered without knowing.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import EllipsisType
-from typing import Any
+from typing import Any, Literal
 
 from nats.js.api import Header
 from nats.js.client import JetStreamContext
@@ -28,6 +33,7 @@ from workerset_admission.card import encode_endpoint_record, encode_model_record
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId
 from workerset_admission.keys import endpoint_kv_key, model_kv_key
+from workerset_admission.ownership import WriterId
 
 from .buckets import BucketSpec, ensure_bucket
 from .kv import delete_headers, removal_kind, stream_name, subject_prefix
@@ -79,6 +85,8 @@ class DiscoveryPublisher:
         create_bucket: bool = True,
         bucket_spec: BucketSpec | None = None,
         trace_context: bool = True,
+        writer: WriterId | None = None,
+        on_removed: Literal["reregister", "report"] = "report",
     ) -> None:
         if ttl is not None and ttl < 1:
             raise UsageError("a registration TTL is at least 1 second")
@@ -95,7 +103,13 @@ class DiscoveryPublisher:
         self._ready = False
         self._registrations: dict[str, Registration] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._writer = writer
+        self._on_removed = on_removed
         self.refreshes = 0
+        self.reregistrations = 0
+        # Keys lost for good, and how: "deleted" or "taken" (overwritten by another writer).
+        self.lost: dict[str, str] = {}
+        self.lost_event = asyncio.Event()
 
     @property
     def keys(self) -> frozenset[str]:
@@ -118,6 +132,8 @@ class DiscoveryPublisher:
         all_headers: dict[str, str] = {}
         if self._trace_context:
             all_headers.update(trace_headers())
+        if self._writer is not None:
+            all_headers.update(self._writer.headers())
         if headers:
             all_headers.update(headers)
         if expected_revision is not None:
@@ -239,18 +255,8 @@ class DiscoveryPublisher:
                 except APIError as exc:
                     if exc.err_code not in _WRONG_LAST_SEQUENCE:
                         _log.warning("refreshing %s failed: %r", key, exc)
-                    elif await self._aged_out(key):
-                        # Our own key expired (an outage outlasted the TTL): write it again.
-                        with contextlib.suppress(Exception):
-                            revision = await self._write(
-                                key, registration.value, registration.ttl, registration.headers
-                            )
-                            if self._registrations.get(key) is registration:
-                                self._registrations[key] = replace(registration, revision=revision)
                     else:
-                        # Deleted or overwritten by someone else: theirs now, stop refreshing.
-                        _log.warning("registration %s changed elsewhere; no longer refreshed", key)
-                        self._registrations.pop(key, None)
+                        await self._recover(key, registration)
                     continue
                 except Exception as exc:  # a transient outage; the next beat tries again
                     _log.warning("refreshing %s failed: %r", key, exc)
@@ -259,13 +265,56 @@ class DiscoveryPublisher:
                     self._registrations[key] = replace(registration, revision=revision)
                     self.refreshes += 1
 
-    async def _aged_out(self, key: str) -> bool:
+    async def _recover(self, key: str, registration: Registration) -> None:
+        """Find out why a conditional refresh was refused; write again or give the key up."""
+        fate = await self._fate(key, registration)
+        if self._registrations.get(key) is not registration:
+            return  # deregistered here meanwhile: the refusal was our own delete
+        if fate == "expired" or (fate == "deleted" and self._on_removed == "reregister"):
+            if fate == "deleted":
+                _log.warning(
+                    "registration %s was deleted while this worker is alive; registering it again",
+                    key,
+                )
+            # An outage outlasted the TTL, or someone deleted a live registration.
+            with contextlib.suppress(Exception):
+                revision = await self._write(
+                    key, registration.value, registration.ttl, registration.headers
+                )
+                if self._registrations.get(key) is registration:
+                    self._registrations[key] = replace(registration, revision=revision)
+                    self.reregistrations += 1
+            return
+        if fate == "ours":
+            return  # written by this publisher after all: the next beat refreshes it
+        _log.warning(
+            "registration %s was %s; it is no longer refreshed",
+            key,
+            "deleted" if fate == "deleted" else "overwritten by another writer",
+        )
+        self._registrations.pop(key, None)
+        self.lost[key] = fate
+        self.lost_event.set()
+
+    async def _fate(
+        self, key: str, registration: Registration
+    ) -> Literal["expired", "deleted", "taken", "ours"]:
         try:
             last = await self._js.get_last_msg(stream_name(self.bucket), self._prefix + key)
         except NotFoundError:
-            return True
+            return "expired"  # nothing left at all: the store lost it (purged by age)
         headers = last.headers or {}
-        return removal_kind(headers) == "expired"
+        removal = removal_kind(headers)
+        if removal == "expired":
+            return "expired"
+        if removal is not None:
+            return "deleted"
+        if last.data == registration.value and (self._writer is None or self._writer.owns(headers)):
+            # Our own value under a revision we did not note (a write whose ack was lost).
+            if last.seq is not None and self._registrations.get(key) is registration:
+                self._registrations[key] = replace(registration, revision=last.seq)
+            return "ours"
+        return "taken"
 
     async def stop_heartbeat(self) -> None:
         """Stop refreshing without deleting anything (what a crash looks like from outside)."""

@@ -396,6 +396,9 @@ def settings_for(url: str, **overrides: Any) -> Settings:
         "admission_bucket": ADMISSION,
         "retry_delays": (0.05, 0.1, 0.2, 0.4),
         "reconcile_interval": 2.0,
+        # The records here carry no TTL, so a resync that misses the incumbent after a wipe
+        # means it is gone: hold its tenure only briefly.
+        "tenure_hold": 1.0,
         "frontend_id": "frontend-under-test",
         "tracing": False,
         "metrics": False,

@@ -11,6 +11,8 @@ from urllib.parse import quote
 import pytest
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, bucket_key_for
 from workerset_admission.adapters.dynamo.filestore import FileRecord
+from workerset_admission.errors import ConfigError
+from workerset_admission.ownership import WRITER_HEADER, WriterId, bridge_writer, register_writer
 
 NOW = 1_000_000.0
 
@@ -228,3 +230,51 @@ async def test_a_key_that_keeps_failing_is_warned_about_once(
 
     assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
     assert bridge.stats.write_errors == 3
+
+
+@pytest.mark.parametrize("shape", ["missing", "a file"])
+async def test_a_store_root_that_is_not_a_readable_directory_is_refused_before_any_write(
+    tmp_path: Path, shape: str
+) -> None:
+    root = tmp_path / "store"
+    if shape == "a file":
+        root.write_text("not a directory")
+    bucket = _Bucket(data={"mdc:ns/backend/generate/a1": b"mine"})
+    with pytest.raises(ConfigError, match="file store"):
+        await DiscoveryBridge(root, bucket, clock=lambda: NOW, key_of=_key).sync_once()
+    assert bucket.log == []
+    assert bucket.data == {"mdc:ns/backend/generate/a1": b"mine"}
+
+
+async def test_a_store_root_that_vanishes_while_running_pauses_the_bridge(
+    store: _Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+    bucket = _Bucket()
+    bridge = _bridge(store, bucket)
+    await bridge.sync_once()
+    moved = store.root.with_name("moved")
+    store.root.rename(moved)
+    for _ in range(3):
+        plan = await bridge.sync_once()
+        assert (plan.puts, plan.deletes) == ((), ())
+    assert bucket.data == {"mdc:ns/backend/generate/a1": b"card"}
+    assert caplog.text.count("pauses") == 1
+    moved.rename(store.root)
+    store.remove("mdc", "ns/backend/generate/a1")
+    await bridge.sync_once()
+    assert bucket.data == {}
+
+
+def test_a_writer_owns_exactly_the_records_stamped_with_its_token() -> None:
+    bridge = bridge_writer(Path("/srv/dynamo"), "edge-1")
+    assert bridge.token == "bridge:edge-1"
+    assert bridge.owns(bridge.headers())
+    assert not bridge.owns({WRITER_HEADER: "bridge:edge-2"})
+    assert not bridge.owns({WRITER_HEADER: register_writer("ns/c/e/1").token})
+    assert not bridge.owns(None)
+    assert WriterId.parse(bridge.token) == bridge
+    assert WriterId.parse("no separator") is None
+    assert bridge_writer(Path("/srv/dynamo")) == bridge_writer(Path("/srv/dynamo"))
+    with pytest.raises(ConfigError):
+        WriterId("bridge", "line\nbreak")
