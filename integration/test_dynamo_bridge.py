@@ -27,6 +27,7 @@ from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWrite
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.ownership import bridge_writer
 from workerset_admission.service import AdmissionService
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -126,17 +127,26 @@ async def _sync_until(bridge: DiscoveryBridge, condition: Any, seconds: float) -
         await asyncio.sleep(0.2)
 
 
-async def test_start_prunes_only_the_discovery_keys_the_store_no_longer_holds(
-    bucket: KeyValue, tmp_path: Path
+async def test_start_prunes_only_the_keys_this_bridge_wrote_that_the_store_no_longer_holds(
+    nats_server: NatsServer, bucket: KeyValue, bucket_name: str, tmp_path: Path
 ) -> None:
-    await bucket.put("v1.mdc.ns.backend.generate.dead", b"{}")
-    await bucket.put("v1.instances.ns.backend.generate.dead", b"{}")
-    await bucket.put("elsewhere.key", b"not ours")
-    bridge = DiscoveryBridge(tmp_path / "empty-store", JetStreamBucketWriter(bucket))
+    store = tmp_path / "empty-store"
+    store.mkdir()
+    owner = bridge_writer(store, "edge-1")
+    client = await nats.connect(nats_server.url)
+    try:
+        js = client.jetstream()
+        for key in ("v1.mdc.ns.backend.generate.dead", "v1.instances.ns.backend.generate.dead"):
+            await js.publish(f"$KV.{bucket_name}.{key}", b"{}", headers=owner.headers())
+        await bucket.put("v1.mdc.ns.backend.generate.unstamped", b"{}")
+        await bucket.put("elsewhere.key", b"not ours")
+        bridge = DiscoveryBridge(store, JetStreamBucketWriter(bucket, owner=owner, js=js))
 
-    await bridge.sync_once()
+        await bridge.sync_once()
+    finally:
+        await client.close()
 
-    assert await bucket.keys() == ["elsewhere.key"]
+    assert sorted(await bucket.keys()) == ["elsewhere.key", "v1.mdc.ns.backend.generate.unstamped"]
     assert bridge.stats.pruned == 2
 
 
