@@ -25,6 +25,10 @@ So a listing is observed in an order every frontend computes alike:
 Groups the frontend already holds are not affected: their cohort order is first-observation
 order and a listing never changes it (the core keeps survivors in place whatever the order).
 The function is pure and total; it never drops or duplicates a registration.
+
+A *recorded* cohort order (the decision state a trace starts with, taken from a live frontend)
+is the same idea made exact: the listing that follows is observed so that every group's cohorts
+line up in the order that frontend holds them, and a replay reaches the decision it made.
 """
 
 from __future__ import annotations
@@ -56,13 +60,18 @@ def observation_order(
     peers: PeerServed | None = None,
     *,
     known: Container[GroupId] = (),
+    recorded: Mapping[GroupId, Sequence[str]] | None = None,
 ) -> list[Registration]:
     """Return ``registrations`` in the order to observe them (see the theory of operation).
 
     ``known`` names groups the frontend already holds registrations of: peers do not reorder
-    those. LoRA adapters never create a group and keep their key order.
+    those. ``recorded`` gives, per group, a cohort order to reproduce (checksums, first
+    first); it wins over peers. LoRA adapters never create a group and keep their key order.
     """
-    first: dict[GroupId, str] = {}
+    first: dict[GroupId, Mapping[str, int]] = {}
+    if recorded:
+        for group, order in recorded.items():
+            first[group] = {checksum: i for i, checksum in enumerate(dict.fromkeys(order))}
     if peers:
         present: dict[GroupId, set[str]] = {}
         for reg in registrations:
@@ -70,17 +79,19 @@ def observation_order(
                 gk = reg.group
                 present.setdefault((gk.model, gk.worker_set), set()).add(reg.mdc_checksum)
         for group, checksums in present.items():
-            if group in known:
+            if group in known or group in first:
                 continue
             choice = peer_choice(peers.get(group, ()), checksums)
             if choice is not None:
-                first[group] = choice
+                first[group] = {choice: 0}
+    last = len(registrations) + 1
 
     def rank(reg: Registration) -> tuple[int, str]:
         if first and reg.model_suffix is None:
             gk = reg.group
-            if first.get((gk.model, gk.worker_set)) == reg.mdc_checksum:
-                return (0, reg.key)
-        return (1, reg.key)
+            order = first.get((gk.model, gk.worker_set))
+            if order is not None:
+                return (order.get(reg.mdc_checksum, last), reg.key)
+        return (last, reg.key)
 
     return sorted(registrations, key=rank)

@@ -87,3 +87,12 @@ def test_live_puts_after_the_listing_keep_their_own_order() -> None:
     core.apply(Snapshot(observation_order([reg(0x20, "B")], {GID: ["A"]})))
     core.apply(WorkerAdded(reg(0x10, "A")))
     assert core.group(G).incumbent == "B"  # type: ignore[union-attr]
+
+
+def test_a_recorded_cohort_order_is_reproduced_and_wins_over_peers() -> None:
+    listing = [reg(0x10, "A"), reg(0x20, "B"), reg(0x30, "C"), reg(0x40, "B")]
+    ordered = observation_order(listing, {GID: ["A"]}, recorded={GID: ["C", "B"]})
+    assert [r.mdc_checksum for r in ordered] == ["C", "B", "B", "A"]
+    core = AdmissionCore()
+    core.apply(Snapshot(ordered))
+    assert [c.mdc_checksum for c in core.group(G).cohorts] == ["C", "B", "A"]  # type: ignore[union-attr]
