@@ -18,6 +18,8 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
+from support.cards import base_card as demo_card
+from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.buckets import BucketSpec, stream_name
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
@@ -25,9 +27,8 @@ from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.config import Settings
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.plugin import create_service
-from workerset_admission.rollout_cli import GateQuery, NatsRecordSource, check_gate
+from workerset_admission.rollout_cli import GateQuery, check_gate
 from workerset_admission.service import AdmissionService, ServiceSettings
-from workerset_admission.service_cli import demo_card
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
