@@ -15,11 +15,12 @@ Everything here is synchronous and free of I/O; the caller reports refusals and 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from .admission import Input, Snapshot, Tick, WorkerAdded, WorkerRemoved
+from .admission.ordering import GroupId, PeerServed, observation_order
 from .errors import RemoteDataError
 from .identity import EndpointId, Registration
 from .keys import parse_key
@@ -220,6 +221,8 @@ class Ingestor:
         *,
         reconnect: bool = False,
         now: float | None = None,
+        peers: PeerServed | None = None,
+        recorded: Mapping[GroupId, Sequence[str]] | None = None,
     ) -> Ingested:
         """Judge a full listing: every key not listed (and not in ``keep``) is gone.
 
@@ -227,6 +230,8 @@ class Ingestor:
         touched them while it was read): they keep what they have, whatever the listing says.
         ``reconnect`` says the listing follows a lost connection: the core may hold a tenure
         it empties, for a time counted from ``now`` (the clock goes in first when given).
+        The registrations are observed in the order :func:`observation_order` gives: the
+        cohort ``peers`` serve first, or the ``recorded`` cohort order, otherwise key order.
         """
         registrations: list[Registration] = []
         retain: list[str] = []
@@ -264,7 +269,8 @@ class Ingestor:
         self._decoded = decoded
         self._refused = refused
         changed = self.liveness.replace(live)
-        snapshot = Snapshot(registrations, retain, reconnect=reconnect)
+        ordered = observation_order(registrations, peers, recorded=recorded)
+        snapshot = Snapshot(ordered, retain, reconnect=reconnect)
         inputs: tuple[Input, ...] = (snapshot,) if now is None else (Tick(now), snapshot)
         return Ingested(inputs, tuple(verdicts), changed)
 

@@ -97,6 +97,13 @@ async def create_service(
         create_bucket=True,
         bucket_spec=BucketSpec(name=settings.discovery_bucket, replicas=settings.bucket_replicas),
     )
+    if publish:
+        from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
+        from workerset_admission.adapters.nats.peers import PeerAwareSource
+
+        # Starts and resyncs observe first what the other live frontends already serve.
+        peers = NatsRecordSource(options, settings.admission_bucket, timeout=2.0)
+        source = PeerAwareSource(source, peers, settings.frontend_id)
     closers: list[Callable[[], Awaitable[None]]] = []
     if view is not None:
         source = view.tap(source)

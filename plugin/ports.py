@@ -60,6 +60,9 @@ class SourceSnapshot:
 
     entries: Sequence[DiscoveryEntry]
     reason: Literal["initial", "reconnect", "periodic"] = "initial"
+    # Per group (model, worker_set), the checksum each live peer frontend serves, when known:
+    # the listing is then observed peer-aligned (admission.ordering).
+    peers: Mapping[tuple[str, str], Sequence[str]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

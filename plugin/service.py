@@ -424,7 +424,8 @@ class AdmissionService:
         with collector_paused(), self._telemetry.apply_update(event) as scope:
             entries = ((entry.key, entry.value) for entry in event.entries)
             reconnect = event.reason == "reconnect"
-            result = self.ingest.snapshot(entries, keep, reconnect=reconnect, now=self._clock())
+            now, peers = self._clock(), event.peers
+            result = self.ingest.snapshot(entries, keep, reconnect=reconnect, now=now, peers=peers)
             # Refusals in a listing are reported one by one, not as the listing's own failure.
             self._ingested(result, scope, refusals_in_scope=False)
         if not self._synced.is_set():

@@ -439,7 +439,10 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         # Nothing is written before the first snapshot.
         await asyncio.sleep(0.05)
         assert files.ops == []
-        source.queue.put_nowait(SourceSnapshot([*worker_records(A1), *worker_records(B, 32)]))
+        # A listing is observed in key order; B registers after A1 to be the one rejected.
+        source.queue.put_nowait(SourceSnapshot(worker_records(A1)))
+        for entry in worker_records(B, 32):
+            source.queue.put_nowait(SourcePut(entry))
         await _until(lambda: mdc_file(A1) in files.content)
         assert set(files.content) == set(files_of(A1, files.content))
 

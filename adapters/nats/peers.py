@@ -1,0 +1,81 @@
+"""What live peer frontends serve, attached to the listings a frontend starts or resyncs from.
+
+A frontend that starts, or resyncs after losing its connection, observes a listing with no order
+of its own. The core's observation order (:mod:`workerset_admission.admission.ordering`) then
+puts first, per WorkerSet, the checksum the other live frontends already serve. This adapter
+only reads: before passing an initial or reconnect listing on, it reads the serving-admission
+bucket once (bounded in time) and attaches each other frontend's served checksum per group.
+Periodic listings and live events pass through untouched. When the bucket cannot be read in
+time the listing goes on without peers, and is observed in key order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+from workerset_admission.ports import DiscoverySource, SourceEvent, SourceSnapshot
+from workerset_admission.rollout import BucketRead, NamespaceRecord, parse_record
+
+__all__ = ["PeerAwareSource", "served_by_peers"]
+
+_log = logging.getLogger(__name__)
+
+
+class _Reader(Protocol):
+    async def read(self) -> BucketRead: ...
+
+
+def served_by_peers(read: BucketRead, own_frontend: str) -> dict[tuple[str, str], tuple[str, ...]]:
+    """Per group (model, worker_set), the checksum each other frontend serves (sorted)."""
+    served: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for entry in read.entries:
+        try:
+            record = parse_record(entry.key, entry.value, entry.published_at)
+        except Exception:
+            continue
+        if not isinstance(record, NamespaceRecord) or record.frontend == own_frontend:
+            continue
+        for group in record.groups or ():
+            if group.checksum is not None and group.members:
+                served.setdefault((group.model, group.worker_set), set()).add(
+                    (record.frontend, group.checksum)
+                )
+    return {
+        group: tuple(checksum for _frontend, checksum in sorted(pairs))
+        for group, pairs in served.items()
+    }
+
+
+class PeerAwareSource:
+    """A discovery source whose initial and reconnect listings carry the peers' served checksums."""
+
+    def __init__(self, source: DiscoverySource, reader: _Reader, own_frontend: str) -> None:
+        self._source = source
+        self._reader = reader
+        self._own = own_frontend
+
+    async def _peers(self) -> Mapping[tuple[str, str], tuple[str, ...]] | None:
+        try:
+            read = await self._reader.read()
+        except Exception as exc:  # a listing must never wait on, or fail for, its peers
+            _log.debug("could not read the peers' serving records: %r", exc)
+            return None
+        if read.problem is not None:
+            _log.debug("could not read the peers' serving records: %s", read.problem)
+            return None
+        return served_by_peers(read, self._own)
+
+    async def events(self) -> AsyncIterator[SourceEvent]:
+        async for event in self._source.events():
+            if isinstance(event, SourceSnapshot) and event.reason != "periodic":
+                event = dataclasses.replace(event, peers=await self._peers())
+            yield event
+
+    async def list_all(self) -> SourceSnapshot:
+        return await self._source.list_all()
+
+    async def close(self) -> None:
+        await self._source.close()

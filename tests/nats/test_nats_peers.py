@@ -1,0 +1,103 @@
+"""Peers' served checksums attached to the listings a frontend starts or resyncs from."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from workerset_admission.adapters.nats.peers import PeerAwareSource, served_by_peers
+from workerset_admission.ports import DiscoveryEntry, SourceEvent, SourcePut, SourceSnapshot
+from workerset_admission.rollout import BucketRead, RawEntry
+
+
+def record(frontend: str, checksum: str, members: list[str]) -> RawEntry:
+    value = {
+        "protocol": "v1",
+        "frontend": frontend,
+        "namespace": "ns",
+        "members": members,
+        "groups": [
+            {
+                "model": "m",
+                "worker_set": "ws",
+                "checksum": checksum,
+                "generation": 1,
+                "members": members,
+            }
+        ],
+    }
+    return RawEntry(f"v1.{frontend}.members.ns", json.dumps(value).encode())
+
+
+BUCKET = BucketRead(
+    entries=(
+        record("fe-1", "A", ["ns/c/e/1"]),
+        record("fe-2", "A", ["ns/c/e/1"]),
+        record("fe-3", "B", ["ns/c/e/3"]),
+        record("me", "C", ["ns/c/e/4"]),
+        record("fe-4", "D", []),
+        RawEntry("v1.fe-5.members.ns", b"not json"),
+    )
+)
+
+
+def test_every_other_frontend_serving_a_group_counts_once() -> None:
+    assert served_by_peers(BUCKET, "me") == {("m", "ws"): ("A", "A", "B")}
+
+
+class Reader:
+    def __init__(self, read: BucketRead | Exception) -> None:
+        self.read_result = read
+        self.reads = 0
+
+    async def read(self) -> BucketRead:
+        self.reads += 1
+        if isinstance(self.read_result, Exception):
+            raise self.read_result
+        return self.read_result
+
+
+class Listed:
+    def __init__(self, *events: SourceEvent) -> None:
+        self._events = events
+
+    async def events(self) -> AsyncIterator[SourceEvent]:
+        for event in self._events:
+            yield event
+
+    async def list_all(self) -> SourceSnapshot:
+        return SourceSnapshot((), reason="periodic")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_initial_and_reconnect_listings_carry_the_peers_and_nothing_else_is_touched() -> None:
+    put = SourcePut(DiscoveryEntry("k", b"v", 1))
+    inner = Listed(
+        SourceSnapshot(()),
+        put,
+        SourceSnapshot((), reason="periodic"),
+        SourceSnapshot((), reason="reconnect"),
+    )
+    reader = Reader(BUCKET)
+    seen = [e async for e in PeerAwareSource(inner, reader, "me").events()]
+    assert [getattr(e, "peers", None) for e in seen] == [
+        {("m", "ws"): ("A", "A", "B")},
+        None,
+        None,
+        {("m", "ws"): ("A", "A", "B")},
+    ]
+    assert seen[1] is put
+    assert reader.reads == 2
+
+
+async def test_a_bucket_that_cannot_be_read_leaves_the_listing_without_peers() -> None:
+    for failure in (ConnectionError("away"), BucketRead(problem="no server")):
+        seen = [
+            e
+            async for e in PeerAwareSource(
+                Listed(SourceSnapshot(())), Reader(failure), "me"
+            ).events()
+        ]
+        assert [e.peers for e in seen] == [None]  # type: ignore[union-attr]
