@@ -1,0 +1,151 @@
+"""Frontends agree on the incumbent: peer-aligned starts and key-ordered cold starts, real NATS.
+
+Workers heartbeat their registrations (1 s TTL, a refresh every third of it), so the bucket's
+last-write order keeps changing; B's instance key sorts before A's, so a frontend that merely
+took a listing in key order would pick B.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+from natsfixture import NatsServer
+from support.cards import base_card
+from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.config import Settings
+from workerset_admission.identity import EndpointId
+from workerset_admission.plugin import create_service
+from workerset_admission.service import AdmissionService
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+EP = EndpointId("agree", "backend", "generate")
+A, B = base_card(16), base_card(32)
+A_IDS, B_IDS = (0x10, 0x11), (0x1,)
+TTL = 1.0
+
+
+async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:g} s")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def fleet(url: str, bucket: str) -> AsyncIterator[DiscoveryPublisher]:
+    nc: NatsClient = await nats.connect(url)
+    workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket, ttl=TTL)
+    try:
+        yield workers
+    finally:
+        await workers.close()
+        await nc.close()
+
+
+def settings_for(url: str, bucket: str, frontend: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "nats_servers": (url,),
+        "discovery_bucket": bucket,
+        "admission_bucket": f"{bucket}-adm",
+        "status_subject": f"status.{bucket}",
+        "frontend_id": frontend,
+        "tracing": False,
+        "metrics": False,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def incumbent(service: AdmissionService) -> str | None:
+    groups = service.snapshot().groups
+    return groups[0].incumbent if groups else None
+
+
+def cohorts(service: AdmissionService) -> int:
+    groups = service.snapshot().groups
+    return len(groups[0].cohorts) if groups else 0
+
+
+async def serving_record_of(service: AdmissionService) -> None:
+    # The first frontend's serving record reaches the bucket once its build is committed.
+    await until(lambda: bool(service.serving_records()), 30, "the serving record")
+    await asyncio.sleep(0.5)  # one publication round
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.3, 0.6])
+async def test_frontends_started_at_any_moment_of_a_heartbeat_cycle_all_serve_the_incumbent(
+    nats_server: NatsServer, bucket_name: str, phase: float
+) -> None:
+    started: list[AdmissionService] = []
+    try:
+        async with fleet(nats_server.url, bucket_name) as workers:
+            first = await create_service(settings_for(nats_server.url, bucket_name, "fe-1"))
+            started.append(first)
+            await first.wait_synced(30)
+            for instance in A_IDS:
+                await workers.register(EP, instance, A)
+            await until(lambda: incumbent(first) is not None, 30, "A reserved")
+            serving = incumbent(first)
+            for instance in B_IDS:
+                await workers.register(EP, instance, B)
+            await until(lambda: cohorts(first) == 2, 30, "B seen and rejected")
+            await serving_record_of(first)
+
+            # Start the others at a chosen moment of the refresh cycle: right after a beat,
+            # plus the phase (in thirds of the TTL, the heartbeat interval).
+            beat = workers.refreshes
+            await until(lambda: workers.refreshes > beat, 10, "a heartbeat")
+            await asyncio.sleep(phase * TTL / 3)
+            for n in (2, 3):
+                other = await create_service(settings_for(nats_server.url, bucket_name, f"fe-{n}"))
+                started.append(other)
+                await other.wait_synced(30)
+                await asyncio.sleep(TTL / 7)  # the next one a little later in the cycle
+            for service in started:
+                await until(lambda s=service: cohorts(s) == 2, 30, "both cohorts seen")
+            assert [incumbent(s) for s in started] == [serving] * 3
+    finally:
+        for service in started:
+            await service.stop()
+
+
+async def test_frontends_cold_started_together_without_peers_agree_in_key_order(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    started: list[AdmissionService] = []
+    try:
+        async with fleet(nats_server.url, bucket_name) as workers:
+            for instance in A_IDS:
+                await workers.register(EP, instance, A)
+            for instance in B_IDS:
+                await workers.register(EP, instance, B)
+            await asyncio.sleep(TTL)  # a few heartbeats reshuffle the last-write order
+            services = await asyncio.gather(
+                *(
+                    create_service(
+                        settings_for(nats_server.url, bucket_name, f"cold-{n}", tracing=False)
+                    )
+                    for n in range(3)
+                )
+            )
+            started.extend(services)
+            for service in started:
+                await service.wait_synced(30)
+                await until(lambda s=service: cohorts(s) == 2, 30, "both cohorts seen")
+            chosen = {incumbent(s) for s in started}
+            assert len(chosen) == 1
+            # B's key sorts first: the choice etcd's key order gives, as Dynamo's frontends.
+            group = started[0].snapshot().groups[0]
+            assert group.admitted == B_IDS
+    finally:
+        for service in started:
+            await service.stop()
