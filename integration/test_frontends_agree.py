@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -20,8 +23,9 @@ from natsfixture import NatsServer
 from support.cards import base_card
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.config import Settings
-from workerset_admission.identity import EndpointId
+from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.plugin import create_service
+from workerset_admission.replay import is_admitted, replay
 from workerset_admission.service import AdmissionService
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -146,6 +150,96 @@ async def test_frontends_cold_started_together_without_peers_agree_in_key_order(
             # B's key sorts first: the choice etcd's key order gives, as Dynamo's frontends.
             group = started[0].snapshot().groups[0]
             assert group.admitted == B_IDS
+    finally:
+        for service in started:
+            await service.stop()
+
+
+async def _cli(*args: str, timeout: float = 60.0) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "workerset_admission.cli",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _out, err = await asyncio.wait_for(process.communicate(), timeout)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, err.decode()
+
+
+async def test_a_recording_taken_mid_rollout_explains_what_the_live_frontend_decided(
+    nats_server: NatsServer, bucket_name: str, tmp_path: Path
+) -> None:
+    settings = settings_for(nats_server.url, bucket_name, "fe-live")
+    connection = [
+        *("--nats-server", nats_server.url, "--discovery-bucket", bucket_name),
+        *("--admission-bucket", settings.admission_bucket),
+        *("--status-subject", settings.status_subject),
+    ]
+    service = await create_service(settings)
+    try:
+        async with fleet(nats_server.url, bucket_name) as workers:
+            await service.wait_synced(30)
+            for instance in A_IDS:
+                await workers.register(EP, instance, A)
+            await until(lambda: incumbent(service) is not None, 30, "A reserved")
+            # The rollout: B's workers come while A serves (B's key sorts first).
+            for instance in B_IDS:
+                await workers.register(EP, instance, B)
+            await until(lambda: cohorts(service) == 2, 30, "B seen and rejected")
+            await serving_record_of(service)
+
+            trace = tmp_path / "rollout.jsonl"
+            code, err = await _cli("record", "--duration", "1", "-o", str(trace), *connection)
+            assert code == 0, err
+            lines = trace.read_text().splitlines()
+            assert json.loads(lines[0])["kind"] == "state"
+            result = replay(lines)
+            live = service.snapshot().groups[0]
+            for instance in (*A_IDS, *B_IDS):
+                key = instance_key(EP, instance)
+                assert is_admitted(result, key) == (instance in live.admitted), key
+                code, _err = await _cli("explain", str(trace), key)
+                assert code == (0 if instance in live.admitted else 1), key
+            # Without the state line the listing alone would have chosen B.
+            assert not is_admitted(replay(lines[1:]), instance_key(EP, A_IDS[0]))
+    finally:
+        await service.stop()
+
+
+async def test_record_with_several_live_frontends_asks_which_one(
+    nats_server: NatsServer, bucket_name: str, tmp_path: Path
+) -> None:
+    started = [
+        await create_service(settings_for(nats_server.url, bucket_name, name))
+        for name in ("fe-a", "fe-b")
+    ]
+    settings = settings_for(nats_server.url, bucket_name, "unused")
+    connection = [
+        *("--nats-server", nats_server.url, "--discovery-bucket", bucket_name),
+        *("--admission-bucket", settings.admission_bucket),
+        *("--status-subject", settings.status_subject),
+    ]
+    try:
+        for service in started:
+            await service.wait_synced(30)
+        await asyncio.sleep(1.0)  # their capability records
+        trace = tmp_path / "t.jsonl"
+        code, err = await _cli("record", "--duration", "1", "-o", str(trace), *connection)
+        assert code == 2
+        assert "fe-a, fe-b" in err
+        code, err = await _cli(
+            "record", "--duration", "1", "-o", str(trace), "--frontend", "fe-b", *connection
+        )
+        assert code == 0, err
+        assert json.loads(trace.read_text().splitlines()[0])["frontend"] == "fe-b"
     finally:
         for service in started:
             await service.stop()

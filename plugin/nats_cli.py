@@ -21,7 +21,8 @@ from typing import IO, Any
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.cli import EXIT_FAILED, positive_seconds
 from workerset_admission.config import Settings
-from workerset_admission.errors import ConfigError
+from workerset_admission.decision_state import DecisionState
+from workerset_admission.errors import ConfigError, UsageError
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.ownership import register_writer
 
@@ -115,6 +116,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
             "--duration",
             type=positive_seconds,
             help="stop after this many seconds (default: until interrupted)",
+        )
+        parser.add_argument(
+            "--frontend",
+            default=None,
+            help="start the trace with this live frontend's decision state, so replay and "
+            "explain reproduce what it decided (default: the only live frontend)",
         )
     else:  # pragma: no cover - the dispatch table only routes the three names here
         raise ValueError(name)
@@ -263,8 +270,13 @@ async def record_trace(
     *,
     duration: float | None = None,
     stop: asyncio.Event | None = None,
+    state: DecisionState | None = None,
 ) -> int:
-    """Write a trace from the live discovery bucket until ``duration`` or ``stop``."""
+    """Write a trace from the live discovery bucket until ``duration`` or ``stop``.
+
+    With a frontend's decision ``state`` the trace opens with it (a ``state`` line), before the
+    listing, so a replay chooses the incumbents that frontend chose.
+    """
     from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 
     source = JetStreamDiscoverySource(
@@ -273,6 +285,9 @@ async def record_trace(
     stop = stop or asyncio.Event()
     deadline = None if duration is None else time.monotonic() + duration
     lines = 0
+    if state is not None:
+        out.write(json.dumps(state.to_line(), separators=(",", ":")) + "\n")
+        lines += 1
     events = source.events()
     try:
         while not stop.is_set():
@@ -304,19 +319,47 @@ async def record_trace(
 async def _record(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.nats.connect import probe_bucket
 
-    await probe_bucket(settings.nats_connect_options(_servers(settings)), settings.discovery_bucket)
+    options = settings.nats_connect_options(_servers(settings))
+    await probe_bucket(options, settings.discovery_bucket)
+    state = await _decision_state(args, settings)
     with contextlib.ExitStack() as stack:
         out: IO[str] = (
             stack.enter_context(args.output.open("w", encoding="utf-8"))
             if args.output
             else sys.stdout
         )
-        lines = await record_trace(settings, out, duration=args.duration, stop=stop)
+        lines = await record_trace(settings, out, duration=args.duration, stop=stop, state=state)
     if args.json:
         print(json.dumps({"lines": lines, "output": str(args.output or "-")}), flush=True)
     else:
         print(f"recorded {lines} line(s)", file=sys.stderr)
     return 0
+
+
+async def _decision_state(args: argparse.Namespace, settings: Settings) -> DecisionState | None:
+    """Pick the frontend whose decisions the trace starts from, and read its state."""
+    from workerset_admission.adapters.nats.decision import decision_state_of, live_frontends
+
+    options = settings.nats_connect_options(_servers(settings))
+    frontends = await live_frontends(options, settings.admission_bucket)
+    chosen = args.frontend
+    if chosen is None:
+        if not frontends:
+            print(
+                "record: no live frontend publishes its admissions; the trace starts from the "
+                "listing alone",
+                file=sys.stderr,
+            )
+            return None
+        if len(frontends) > 1:
+            raise UsageError(
+                f"several live frontends: {', '.join(frontends)}; choose one with --frontend"
+            )
+        chosen = frontends[0]
+    elif chosen not in frontends:
+        listed = ", ".join(frontends) or "none"
+        raise UsageError(f"frontend {chosen!r} is not live (live frontends: {listed})")
+    return await decision_state_of(options, settings.status_subject, chosen)
 
 
 # ``register`` and ``record`` run until a signal sets ``stop``, then finish cleanly.

@@ -127,7 +127,7 @@ async def create_service(
         if status and nc is not None:
             from workerset_admission.adapters.nats.status import NatsStatusResponder
 
-            responder = NatsStatusResponder(nc, settings.status_subject)
+            responder = NatsStatusResponder(nc, settings.status_subject, settings.frontend_id)
         service = AdmissionService(
             source,
             decoder=CardRecordDecoder(boundary),

@@ -2,6 +2,7 @@
 
 A trace is JSON Lines, one event per line (the format ``record`` writes)::
 
+    {"kind": "state", "frontend": "<id>", "groups": [{"group": ..., "cohorts": [...]}]}
     {"kind": "put", "key": "<KV key>", "value": <record object> | "<raw value text>"}
     {"kind": "delete", "key": "<KV key>"}
     {"kind": "snapshot", "entries": [{"key": ..., "value": ...}, ...], "reason": "reconnect"}
@@ -15,7 +16,11 @@ later ``build`` line names its group (the first such line decides it); any other
 at once, before the next line. ``tick`` advances the replay clock by ``seconds``; a retry runs
 when the clock reaches its deadline. A snapshot's optional ``reason`` (``"reconnect"``: the
 listing follows a lost connection) lets the core hold a tenure the listing empties, as live;
-without it a snapshot is an ordinary listing. Endpoint (liveness) records are validated but do not
+without it a snapshot is an ordinary listing. A listing is observed in the order the live
+service observes it (``admission.ordering``: key order); an optional ``state`` line, which
+``record`` writes first from a live frontend's status, makes the next listing reproduce that
+frontend's cohort order instead, so the replay reaches the decision it made. Both additions are
+optional: older traces replay as before. Endpoint (liveness) records are validated but do not
 change admission, as in the live service.
 
 The result is deterministic: the same trace always renders to the same bytes.
@@ -43,6 +48,7 @@ from workerset_admission.admission import (
     WorkerRemoved,
 )
 from workerset_admission.card import BoundarySettings, jsonio
+from workerset_admission.decision_state import DecisionState, DecisionStateError
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey
 from workerset_admission.ingest import CardRecordDecoder, Ingested, Ingestor
@@ -61,7 +67,7 @@ __all__ = [
     "resolve_instance",
 ]
 
-_KINDS = ("put", "delete", "snapshot", "build", "tick")
+_KINDS = ("state", "put", "delete", "snapshot", "build", "tick")
 _SNAPSHOT_REASONS = ("listing", "initial", "reconnect", "periodic")
 
 # The reason a refused in-place change is listed under: the same word as the metric label.
@@ -168,6 +174,11 @@ def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
             and event["seconds"] >= 0
         ):
             raise TraceError(f"line {number}: tick needs non-negative seconds")
+        if kind == "state":
+            try:
+                DecisionState.from_line(event)
+            except DecisionStateError as exc:
+                raise TraceError(f"line {number}: {exc}") from None
         events.append(event)
     return events
 
@@ -187,6 +198,8 @@ class _Replayer:
         self.build_lines: dict[str, list[int]] = {}
         self.line = 0
         self.kv_key_of: dict[str, str] = {}
+        # A recorded frontend's cohort order, for the listing that follows its state line.
+        self.recorded: Mapping[tuple[str, str], Sequence[str]] | None = None
 
     def _note(self, instance_key: str, kv_key: str, text: str) -> KeyHistory:
         entry = self.history.get(instance_key)
@@ -203,14 +216,17 @@ class _Replayer:
         for index, event in enumerate(events):
             self.line = index
             kind = event["kind"]
-            if kind == "put":
+            if kind == "state":
+                self.recorded = DecisionState.from_line(event).cohorts
+            elif kind == "put":
                 self._ingested(ingest.put(event["key"], _value_bytes(event["value"])))
             elif kind == "delete":
                 self._ingested(ingest.delete(event["key"]))
             elif kind == "snapshot":
                 listing = [(e["key"], _value_bytes(e.get("value"))) for e in event["entries"]]
                 reconnect = event.get("reason") == "reconnect"
-                self._ingested(ingest.snapshot(listing, reconnect=reconnect))
+                recorded, self.recorded = self.recorded, None
+                self._ingested(ingest.snapshot(listing, reconnect=reconnect, recorded=recorded))
             elif kind == "build":
                 self._build(event["group"], event["outcome"] == "ok")
             else:

@@ -220,3 +220,24 @@ def test_a_reconnect_snapshot_in_a_trace_holds_the_tenure_until_the_clock_runs_o
     # Without the reason a snapshot is an ordinary listing: the succession happens at once.
     (group,) = out([*trace[:2], line(kind="snapshot", entries=listing)])["groups"]
     assert group["admitted"] == [2]
+
+
+def test_a_state_line_makes_the_next_listing_reproduce_the_recorded_cohort_order() -> None:
+    a = json.loads(put(0x20))
+    b = json.loads(put(0x1, kv_cache_block_size=32))
+    listing = line(
+        kind="snapshot", entries=[{"key": e["key"], "value": e["value"]} for e in (a, b)]
+    )
+    # Without a state line a listing is observed in key order: 0x1's configuration first.
+    assert out([listing])["groups"][0]["admitted"] == [0x1]
+    first = replay([listing]).to_json()["groups"][0]
+    b_checksum, a_checksum = (c["checksum"] for c in first["cohorts"])
+    state = line(kind="state", frontend="fe-1", groups=[{"group": GID, "cohorts": [a_checksum]}])
+    (group,) = out([state, listing])["groups"]
+    assert (group["incumbent"], group["admitted"]) == (a_checksum, [0x20])
+    assert b_checksum != a_checksum
+
+
+def test_a_malformed_state_line_is_a_trace_error() -> None:
+    with pytest.raises(TraceError):
+        replay([line(kind="state", frontend="fe-1", groups=[{"group": "x", "cohorts": []}])])

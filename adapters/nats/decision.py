@@ -1,0 +1,57 @@
+"""Which frontends are live, and one frontend's decision state, read over NATS for ``record``."""
+
+from __future__ import annotations
+
+import json
+
+from nats.errors import Error as NatsError
+from workerset_admission.decision_state import DecisionState, DecisionStateError
+from workerset_admission.errors import Unreachable
+from workerset_admission.rollout import CapabilityRecord, NamespaceRecord, parse_record
+
+from .admission_reader import NatsRecordSource
+from .connect import NatsConnectOptions, connect
+from .status import frontend_subject
+
+__all__ = ["decision_state_of", "live_frontends"]
+
+
+async def live_frontends(
+    options: NatsConnectOptions, admission_bucket: str, timeout: float = 10.0
+) -> tuple[str, ...]:
+    """List the frontends with a record in the serving-admission bucket, sorted."""
+    read = await NatsRecordSource(options, admission_bucket, timeout=timeout).read()
+    if read.problem is not None:
+        raise Unreachable(read.problem)
+    found: set[str] = set()
+    for entry in read.entries:
+        try:
+            record = parse_record(entry.key, entry.value, entry.published_at)
+        except Exception:
+            continue
+        if isinstance(record, (CapabilityRecord, NamespaceRecord)):
+            found.add(record.frontend)
+    return tuple(sorted(found))
+
+
+async def decision_state_of(
+    options: NatsConnectOptions, status_subject: str, frontend: str, timeout: float = 5.0
+) -> DecisionState:
+    """Ask one frontend, by its own status subject, for the decision state it holds now."""
+    client = await connect(options, allow_reconnect=False)
+    try:
+        try:
+            reply = await client.request(
+                frontend_subject(status_subject, frontend), b"", timeout=timeout
+            )
+        except (NatsError, TimeoutError, OSError) as exc:
+            raise Unreachable(
+                f"frontend {frontend} did not answer a status request: {exc!r}"
+            ) from None
+        try:
+            status = json.loads(reply.data)
+        except ValueError:
+            raise DecisionStateError(f"frontend {frontend} answered with no JSON") from None
+        return DecisionState.from_status(frontend, status)
+    finally:
+        await client.close()
