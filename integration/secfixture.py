@@ -109,9 +109,15 @@ def plugin_permissions(
             f"$JS.API.STREAM.INFO.{adm}",
             f"$JS.API.DIRECT.GET.{adm}.>",
             f"$JS.API.STREAM.MSG.GET.{adm}",
+            # Reading the peers' serving records when it starts or resyncs.
+            f"$JS.API.CONSUMER.CREATE.{adm}",
+            f"$JS.API.CONSUMER.CREATE.{adm}.>",
+            f"$JS.API.CONSUMER.INFO.{adm}.>",
+            f"$JS.API.CONSUMER.DELETE.{adm}.>",
+            f"$JS.FC.{adm}.>",
             f"$KV.{admission_bucket}.>",
         ),
-        subscribe=(f"{inbox_prefix}.>", status_subject),
+        subscribe=(f"{inbox_prefix}.>", status_subject, f"{status_subject}.*"),
         allow_responses=True,
     )
 

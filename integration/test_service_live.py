@@ -288,18 +288,22 @@ async def test_two_frontends_fed_conflicting_orders_keep_their_own_incumbents_an
     bucket_a, bucket_b = f"order-a-{time.monotonic_ns()}", f"order-b-{time.monotonic_ns()}"
     first = DiscoveryPublisher(client.jetstream(), bucket=bucket_a, ttl=None)
     second = DiscoveryPublisher(client.jetstream(), bucket=bucket_b, ttl=None)
+    # The services start first: the registrations reach each as live puts, in the order each
+    # bucket receives them (a listing would be observed in key order by both).
+    service_a = await start_service(nats_server.url, bucket_a)
+    service_b = await start_service(nats_server.url, bucket_b)
+    for publisher in (first, second):
+        for instance_id in (1, 2):
+            await publisher.register_endpoint(EP, instance_id)
     await first.register(EP, 1, OLD)
     await first.register(EP, 2, NEW)
     await second.register(EP, 2, NEW)
     await second.register(EP, 1, OLD)
-    for publisher in (first, second):
-        for instance_id in (1, 2):
-            await publisher.register_endpoint(EP, instance_id)
-    service_a = await start_service(nats_server.url, bucket_a)
-    service_b = await start_service(nats_server.url, bucket_b)
     try:
         await eventually(serving(service_a, (1,)), "frontend A serves its first configuration")
         await eventually(serving(service_b, (2,)), "frontend B serves its first configuration")
+        for service in (service_a, service_b):
+            await eventually(lambda s=service: len(group(s).cohorts) == 2, "both cohorts seen")
         a, b = group(service_a), group(service_b)
         assert a.incumbent != b.incumbent
         assert a.rejected[0].mdc_checksum == b.incumbent
