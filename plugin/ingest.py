@@ -25,6 +25,7 @@ from .errors import RemoteDataError
 from .identity import EndpointId, Registration
 from .keys import parse_key
 from .liveness import LivenessIndex
+from .ports import SourceDelete, SourceSnapshot
 
 __all__ = [
     "EVENT_RECORD",
@@ -170,7 +171,7 @@ class Ingestor:
     it comes back bad.
     """
 
-    __slots__ = ("_decoded", "_decoder", "_refused", "liveness")
+    __slots__ = ("_decoded", "_decoder", "_outage_end", "_refused", "liveness")
 
     def __init__(
         self, decoder: RecordDecoder | None = None, liveness: LivenessIndex | None = None
@@ -179,6 +180,8 @@ class Ingestor:
         self.liveness = liveness if liveness is not None else LivenessIndex()
         self._decoded: _Cache = {}
         self._refused: dict[str, int] = {}
+        # When the last listing after a lost connection was judged (``now`` of that listing).
+        self._outage_end = float("-inf")
 
     def put(self, key: str, value: bytes) -> Ingested:
         """Judge a put: the key was created or overwritten."""
@@ -199,8 +202,31 @@ class Ingestor:
         changed = self.liveness.put(key, endpoint, instance_id)
         return Ingested(verdicts=(Verdict(key, live=True),), liveness_changed=changed)
 
-    def delete(self, key: str) -> Ingested:
-        """Judge a removal: the key was deleted, purged or expired."""
+    def listing(
+        self, event: SourceSnapshot, keep: Collection[str] = (), *, now: float | None = None
+    ) -> Ingested:
+        """Judge a source's listing event, with its reason and the peers it carries."""
+        return self.snapshot(
+            ((entry.key, entry.value) for entry in event.entries),
+            keep,
+            reconnect=event.reason == "reconnect",
+            now=now,
+            peers=event.peers,
+        )
+
+    def removal(self, event: SourceDelete, *, now: float, window: float) -> Ingested:
+        """Judge a source's removal event; an expiry carries ``(now, window)`` along."""
+        expiry = (now, window) if event.operation == "expired" else None
+        return self.delete(event.key, expiry=expiry)
+
+    def delete(self, key: str, *, expiry: tuple[float, float] | None = None) -> Ingested:
+        """Judge a removal: the key was deleted, purged or expired.
+
+        ``expiry`` is ``(now, window)`` for a TTL expiry. One that comes within ``window``
+        seconds of a listing that followed a lost connection is most likely the outage's doing
+        (the worker could not refresh): the core may hold a tenure it empties, as it does for
+        the listing itself.
+        """
         self._decoded.pop(key, None)
         self._refused.pop(key, None)
         try:
@@ -211,6 +237,8 @@ class Ingestor:
             return Ingested()
         kind, name = removal
         if kind == "model":
+            if expiry is not None and expiry[0] - self._outage_end < expiry[1]:
+                return Ingested((Tick(expiry[0]), WorkerRemoved(name, hold=True)))
             return Ingested((WorkerRemoved(name),))
         return Ingested(liveness_changed=self.liveness.remove(name))
 
@@ -271,6 +299,8 @@ class Ingestor:
         changed = self.liveness.replace(live)
         ordered = observation_order(registrations, peers, recorded=recorded)
         snapshot = Snapshot(ordered, retain, reconnect=reconnect)
+        if reconnect and now is not None:
+            self._outage_end = now
         inputs: tuple[Input, ...] = (snapshot,) if now is None else (Tick(now), snapshot)
         return Ingested(inputs, tuple(verdicts), changed)
 

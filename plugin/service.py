@@ -418,14 +418,12 @@ class AdmissionService:
 
     def _on_delete(self, event: SourceDelete) -> None:
         with self._telemetry.apply_update(event) as scope:
-            self._ingested(self.ingest.delete(event.key), scope)
+            result = self.ingest.removal(event, now=self._clock(), window=self.settings.tenure_hold)
+            self._ingested(result, scope)
 
     def _on_snapshot(self, event: SourceSnapshot, keep: Collection[str] = ()) -> None:
         with collector_paused(), self._telemetry.apply_update(event) as scope:
-            entries = ((entry.key, entry.value) for entry in event.entries)
-            reconnect = event.reason == "reconnect"
-            now, peers = self._clock(), event.peers
-            result = self.ingest.snapshot(entries, keep, reconnect=reconnect, now=now, peers=peers)
+            result = self.ingest.listing(event, keep, now=self._clock())
             # Refusals in a listing are reported one by one, not as the listing's own failure.
             self._ingested(result, scope, refusals_in_scope=False)
         if not self._synced.is_set():

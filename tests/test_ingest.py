@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from support.cards import EP, base_card, endpoint_entry, model_entry
-from workerset_admission.admission import Snapshot, WorkerAdded, WorkerRemoved
+from workerset_admission.admission import Snapshot, Tick, WorkerAdded, WorkerRemoved
 from workerset_admission.card import BoundarySettings
 from workerset_admission.identity import EndpointId
 from workerset_admission.ingest import CardRecordDecoder, Ingestor
 from workerset_admission.keys import endpoint_kv_key, model_kv_key
+from workerset_admission.ports import SourceDelete, SourceSnapshot
 
 
 def test_a_model_record_becomes_one_worker_added() -> None:
@@ -104,3 +105,20 @@ def test_a_namespace_mismatch_is_described_as_one() -> None:
     assert (
         verdict.refusal.detail == "the value's namespace 'prod' disagrees with the key's 'dgd-v1'"
     )
+
+
+def test_an_expiry_soon_after_a_reconnect_listing_is_marked_to_hold_and_others_are_not() -> None:
+    ingest = Ingestor()
+    key = "v1.mdc.ns.backend.generate.1"
+    expired = SourceDelete(key, 2, operation="expired")
+    gone = WorkerRemoved("ns/backend/generate/1")
+    assert ingest.removal(expired, now=5.0, window=30.0).inputs == (gone,)
+    ingest.listing(SourceSnapshot((), reason="reconnect"), now=10.0)
+    held = ingest.removal(expired, now=20.0, window=30.0).inputs
+    assert held == (Tick(20.0), WorkerRemoved("ns/backend/generate/1", hold=True))
+    deleted = SourceDelete(key, 3, operation="delete")
+    assert ingest.removal(deleted, now=20.0, window=30.0).inputs == (
+        WorkerRemoved("ns/backend/generate/1"),
+    )
+    late = ingest.removal(expired, now=41.0, window=30.0).inputs
+    assert late == (WorkerRemoved("ns/backend/generate/1"),)

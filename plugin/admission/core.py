@@ -304,7 +304,10 @@ class AdmissionCore:
         if kind is WorkerAdded:
             self._add(event.registration)  # type: ignore[union-attr]
         elif kind is WorkerRemoved:
-            self._remove(event.key)  # type: ignore[union-attr]
+            if event.hold:  # type: ignore[union-attr]
+                self._remove_holding(event.key)  # type: ignore[union-attr]
+            else:
+                self._remove(event.key)  # type: ignore[union-attr]
         else:
             handler = self._handlers.get(kind)
             if handler is None:
@@ -333,7 +336,10 @@ class AdmissionCore:
             if kind is WorkerAdded:
                 add(event.registration)  # type: ignore[union-attr]
             elif kind is WorkerRemoved:
-                remove(event.key)  # type: ignore[union-attr]
+                if event.hold:  # type: ignore[union-attr]
+                    self._remove_holding(event.key)  # type: ignore[union-attr]
+                else:
+                    remove(event.key)  # type: ignore[union-attr]
             else:
                 handler = handlers.get(kind)
                 if handler is None:
@@ -658,6 +664,13 @@ class AdmissionCore:
         group.lora_dirty = False
         group.held_since = None
         group.held_until = None
+
+    def _remove_holding(self, key: str) -> None:
+        self._holding = self._settings.tenure_hold > 0
+        try:
+            self._remove(key)
+        finally:
+            self._holding = False
 
     def _hold(self, group: _Group) -> None:
         """Keep an emptied incumbent reserved, admitting nobody, until it returns or time is up."""

@@ -34,9 +34,15 @@ class WorkerAdded:
 
 @dataclass(frozen=True, slots=True)
 class WorkerRemoved:
-    """A model registration key was deleted, purged or expired; only the key is known."""
+    """A model registration key was deleted, purged or expired; only the key is known.
+
+    ``hold`` marks an expiry the store reports just after a lost connection (its TTL ran out
+    while the worker could not reach the store): like a post-outage listing, it may hold the
+    tenure instead of ending it.
+    """
 
     key: str
+    hold: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,3 +155,11 @@ def test_a_pending_retry_rebuilds_at_once_from_the_card_the_held_tenure_keeps() 
 def test_a_negative_hold_is_refused() -> None:
     with pytest.raises(ConfigError):
         CoreSettings(tenure_hold=-1.0)
+
+
+def test_an_expiry_reported_just_after_an_outage_holds_like_the_listing_would() -> None:
+    core = _ready_a_with_b_waiting()
+    core.apply(WorkerRemoved(reg(1, "A").key))
+    effects = core.apply(WorkerRemoved(reg(2, "A").key, hold=True))
+    assert one(effects, TenureHeld).deadline == 130.0
+    assert of(effects, Succession) == []
