@@ -212,6 +212,7 @@ class Ingestor:
             reconnect=event.reason == "reconnect",
             now=now,
             peers=event.peers,
+            forget_refused=event.reason != "periodic",
         )
 
     def removal(self, event: SourceDelete, *, now: float, window: float) -> Ingested:
@@ -251,6 +252,7 @@ class Ingestor:
         now: float | None = None,
         peers: PeerServed | None = None,
         recorded: Mapping[GroupId, Sequence[str]] | None = None,
+        forget_refused: bool = True,
     ) -> Ingested:
         """Judge a full listing: every key not listed (and not in ``keep``) is gone.
 
@@ -295,7 +297,9 @@ class Ingestor:
             else:
                 verdicts.append(Verdict(key, event=record is not None))
         self._decoded = decoded
-        self._refused = refused
+        # A periodic listing read while keys are rewritten may miss some of them; a refused
+        # key is forgotten only when it is removed, or absent from a resync's listing.
+        self._refused = refused if forget_refused else {**self._refused, **refused}
         changed = self.liveness.replace(live)
         ordered = observation_order(registrations, peers, recorded=recorded)
         snapshot = Snapshot(ordered, retain, reconnect=reconnect)

@@ -240,10 +240,16 @@ def test_a_refused_value_is_counted_once_per_key_and_value_however_often_it_is_l
     changed = DiscoveryEntry(bad[0].key, b"{", 99)
     service.handle_event(SourcePut(changed))
     assert service.snapshot().invalid_total == 15
-    # A bad key that leaves and comes back is a new bad record.
+    # A periodic listing that misses a key (read while it was rewritten) forgets nothing.
     service.handle_event(SourceSnapshot((good_entry(), *bad[1:]), reason="periodic"))
-    service.handle_event(SourceSnapshot((good_entry(), *bad), reason="periodic"))
-    assert service.snapshot().invalid_total == 16
+    service.handle_event(SourceSnapshot((good_entry(), changed, *bad[1:]), reason="periodic"))
+    assert service.snapshot().invalid_total == 15
+    # A bad key that is removed and comes back is a new bad record; so is one a resync misses.
+    service.handle_event(SourceDelete(bad[1].key, 100))
+    service.handle_event(SourcePut(bad[1]))
+    service.handle_event(SourceSnapshot((good_entry(), changed, *bad[3:]), reason="reconnect"))
+    service.handle_event(SourcePut(bad[2]))
+    assert service.snapshot().invalid_total == 17
 
 
 def test_removals_of_keys_that_do_not_parse_are_refused_and_change_nothing() -> None:
