@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from clusterfixture import NatsCluster
+from etcdfixture import EtcdServer, running_etcd
 from natsfixture import NatsServer, restartable_server, set_announcer, shared_server
 from phoenixfixture import RUN_PHOENIX_ENV, phoenix_enabled
 
@@ -24,6 +25,12 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
 def nats_server_fn(tmp_path: Path) -> Iterator[NatsServer]:
     """A private server for one test, container or binary; ``.handle`` restarts, kills, wipes."""
     yield from restartable_server(tmp_path)
+
+
+@pytest.fixture
+def etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
+    """A private etcd for one test on loopback; it can be stopped, killed and started again."""
+    yield from running_etcd(tmp_path / "etcd")
 
 
 @pytest.fixture

@@ -1,0 +1,134 @@
+"""A real etcd server for integration tests: loopback only, free ports, a test-owned data dir.
+
+Debian's ``etcd-server`` package provides the binary (``.ci/run`` installs it). The server can be
+stopped, killed and started again on the same ports and data, which is how the tests play an
+etcd restart; it is always stopped on teardown.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+__all__ = ["EtcdServer", "etcd_binary", "free_port", "running_etcd"]
+
+
+def etcd_binary() -> str | None:
+    """Return the etcd binary's path, or ``None`` when it is not installed."""
+    return shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class EtcdServer:
+    """One single-member etcd on 127.0.0.1 whose process the test controls."""
+
+    def __init__(self, binary: str, folder: Path) -> None:
+        self._binary = binary
+        self.folder = folder
+        self.data_dir = folder / "data"
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+        folder.mkdir(parents=True, exist_ok=True)
+        self._log = folder / "etcd.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, *, timeout: float = 20.0) -> None:
+        assert not self.running, "etcd is already running"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        command = [
+            self._binary,
+            "--name",
+            "default",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen-client-urls",
+            self.url,
+            "--advertise-client-urls",
+            self.url,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"default={peer}",
+            "--log-level",
+            "warn",
+        ]
+        with self._log.open("ab") as log:
+            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"etcd exited: {self.log_tail()}")
+            if self._healthy():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"etcd did not become healthy in {timeout} s: {self.log_tail()}")
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as answer:
+                return b'"true"' in answer.read()
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """Stop gracefully (SIGTERM), killing after 10 s."""
+        self._end(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Kill at once (SIGKILL): no goodbye to clients."""
+        self._end(signal.SIGKILL)
+
+    def _end(self, sig: signal.Signals) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(sig)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def running_etcd(folder: Path) -> Iterator[EtcdServer]:
+    """Start an etcd in ``folder``, yield it, stop it (a generator for fixtures)."""
+    binary = etcd_binary()
+    if binary is None:
+        pytest.fail("etcd is not installed: apt-get install etcd-server (.ci/run does)")
+    server = EtcdServer(binary, folder)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
