@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["EtcdServer", "etcd_binary", "free_port", "running_etcd"]
+__all__ = ["EtcdServer", "MockerWorkers", "etcd_binary", "free_port", "running_etcd"]
 
 
 def etcd_binary() -> str | None:
@@ -132,3 +133,59 @@ def running_etcd(folder: Path) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.stop()
+
+
+class MockerWorkers:
+    """Real ``python -m dynamo.mocker`` workers registering in etcd; all stopped on teardown.
+
+    Each worker is a process of its own, so its etcd lease (and instance id) is its own: a
+    SIGTERM deregisters it at once, a SIGKILL leaves its keys until the lease expires.
+    """
+
+    def __init__(self, env: dict[str, str], folder: Path) -> None:
+        self._env = env
+        self._folder = folder
+        self._processes: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self, model_dir: Path, *, name: str, endpoint: str, extra: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
+        """Start one worker serving ``endpoint`` (``dyn://ns.component.endpoint``)."""
+        log = self._folder / f"mocker-{len(self._processes)}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "dynamo.mocker"),
+                    *("--model-path", str(model_dir), "--model-name", name),
+                    *("--endpoint", endpoint, "--discovery-backend", "etcd"),
+                    *("--kv-bytes-per-token", "1024", "--speedup-ratio", "0"),
+                    *extra,
+                ],
+                env=self._env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self._processes.append(process)
+        return process
+
+    @staticmethod
+    def stop(process: subprocess.Popen[bytes]) -> None:
+        """Stop gracefully: Dynamo deletes the worker's keys itself."""
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+    @staticmethod
+    def kill(process: subprocess.Popen[bytes]) -> None:
+        """Kill at once: the keys stay until etcd expires the worker's lease."""
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+    def close(self) -> None:
+        for process in self._processes:
+            self.kill(process)
