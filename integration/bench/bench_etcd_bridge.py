@@ -71,6 +71,13 @@ def record(instance_id: int) -> bytes:
     return encode_model_record(EP, instance_id, CARD)
 
 
+def raw_client(etcd: EtcdServer) -> aetcd.Client:
+    # The same message limit the bridge's reader sets: 10,000 cards exceed gRPC's 4 MiB default.
+    return aetcd.Client(
+        "127.0.0.1", etcd.client_port, options={"grpc.max_receive_message_length": 256 << 20}
+    )
+
+
 def percentiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
 
@@ -145,7 +152,7 @@ async def etcd_indices(client: aetcd.Client, base: int) -> AsyncIterator[int]:
 
 async def latency(etcd: EtcdServer, nats_url: str, count: int, rate: float) -> dict[str, Any]:
     nc = await nats.connect(nats_url)
-    client = aetcd.Client("127.0.0.1", etcd.client_port)
+    client = raw_client(etcd)
     try:
         kv = await bucket_of(nc, "bench-latency")
         reader = AetcdStoreReader(EtcdOptions(parse_endpoints(etcd.url)))
@@ -202,7 +209,7 @@ async def fill_etcd(client: aetcd.Client, count: int) -> None:
 
 async def resync(etcd: EtcdServer, nats_url: str, count: int) -> dict[str, Any]:
     nc = await nats.connect(nats_url)
-    client = aetcd.Client("127.0.0.1", etcd.client_port)
+    client = raw_client(etcd)
     try:
         await client.delete_prefix(b"v1/")  # the latency run's records
         await fill_etcd(client, count)
