@@ -7,17 +7,21 @@ etcd restart; it is always stopped on teardown.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from secfixture import TlsFiles
 
 __all__ = ["EtcdServer", "MockerWorkers", "etcd_binary", "free_port", "running_etcd"]
 
@@ -37,8 +41,9 @@ def free_port() -> int:
 class EtcdServer:
     """One single-member etcd on 127.0.0.1 whose process the test controls."""
 
-    def __init__(self, binary: str, folder: Path) -> None:
+    def __init__(self, binary: str, folder: Path, tls: TlsFiles | None = None) -> None:
         self._binary = binary
+        self.tls = tls
         self.folder = folder
         self.data_dir = folder / "data"
         self.client_port = free_port()
@@ -49,7 +54,8 @@ class EtcdServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def running(self) -> bool:
@@ -77,6 +83,12 @@ class EtcdServer:
             "--log-level",
             "warn",
         ]
+        if self.tls is not None:
+            # Mutual TLS: clients must show a certificate from the test CA.
+            command += [
+                *("--cert-file", str(self.tls.server_cert), "--key-file", str(self.tls.server_key)),
+                *("--trusted-ca-file", str(self.tls.ca_file), "--client-cert-auth"),
+            ]
         with self._log.open("ab") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -89,12 +101,32 @@ class EtcdServer:
         self.stop()
         raise RuntimeError(f"etcd did not become healthy in {timeout} s: {self.log_tail()}")
 
+    def _context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        context = ssl.create_default_context(cafile=str(self.tls.ca_file))
+        context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
+        return context
+
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as answer:
+            with urllib.request.urlopen(
+                f"{self.url}/health", timeout=1, context=self._context()
+            ) as answer:
                 return b'"true"' in answer.read()
         except OSError:
             return False
+
+    def gateway(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Call etcd's v3 JSON gateway (``POST /v3/...``), e.g. to add users and enable auth."""
+        request = urllib.request.Request(
+            f"{self.url}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10, context=self._context()) as answer:
+            result: dict[str, Any] = json.loads(answer.read())
+            return result
 
     def stop(self) -> None:
         """Stop gracefully (SIGTERM), killing after 10 s."""

@@ -19,10 +19,11 @@ from typing import Any
 import aetcd  # type: ignore[import-untyped]
 import nats
 import pytest
-from etcdfixture import EtcdServer, MockerWorkers
+from etcdfixture import EtcdServer, MockerWorkers, etcd_binary
 from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
+from secfixture import _make_tls as make_tls
 from workerset_admission.adapters.dynamo.bridge import JetStreamBucketWriter
 from workerset_admission.adapters.dynamo.workers import file_discovery_environment, write_model_dir
 from workerset_admission.adapters.etcd.bridge import (
@@ -36,6 +37,7 @@ from workerset_admission.adapters.etcd.endpoints import parse_endpoints
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.errors import StoreUnavailable
 from workerset_admission.service import AdmissionService
 
 pytestmark = [pytest.mark.integration, pytest.mark.etcd, pytest.mark.timeout(180)]
@@ -459,3 +461,72 @@ async def test_bridge_once_against_an_etcd_that_does_not_answer_fails_and_writes
     assert process.returncode == 1
     assert b"etcd" in stderr
     assert await bucket.keys() == [FOREIGN_KEY]
+
+
+@pytest.fixture
+def tls_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    folder = tmp_path / "tls"
+    folder.mkdir()
+    binary = etcd_binary()
+    assert binary is not None, "etcd is not installed: apt-get install etcd-server"
+    server = EtcdServer(binary, tmp_path / "etcd-tls", tls=make_tls(folder))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_the_reader_lists_over_mutual_tls_and_a_stranger_certificate_is_refused(
+    tls_etcd: EtcdServer,
+) -> None:
+    tls = tls_etcd.tls
+    assert tls is not None
+    endpoints = parse_endpoints(tls_etcd.url)
+    trusted = AetcdStoreReader(
+        EtcdOptions(
+            endpoints, ca_file=tls.ca_file, cert_file=tls.client_cert, key_file=tls.client_key
+        )
+    )
+    stranger = AetcdStoreReader(
+        EtcdOptions(
+            endpoints,
+            ca_file=tls.ca_file,
+            cert_file=tls.stranger_cert,
+            key_file=tls.stranger_key,
+            timeout=3,
+        )
+    )
+    try:
+        listing = await trusted.list_prefix("v1/")
+        assert listing.revision >= 1
+        assert listing.entries == ()
+        with pytest.raises(StoreUnavailable):
+            await stranger.list_prefix("v1/")
+    finally:
+        await trusted.close()
+        await stranger.close()
+
+
+async def test_the_reader_authenticates_with_user_and_password_and_a_wrong_one_is_refused(
+    etcd_server: EtcdServer,
+) -> None:
+    etcd_server.gateway("/v3/auth/user/add", {"name": "root", "password": "root-secret"})
+    etcd_server.gateway("/v3/auth/user/grant", {"user": "root", "role": "root"})
+    etcd_server.gateway("/v3/kv/put", {"key": "djEvbWRjL25zL2IvZy8x", "value": "e30="})
+    etcd_server.gateway("/v3/auth/enable", {})
+    endpoints = parse_endpoints(etcd_server.url)
+    right = AetcdStoreReader(EtcdOptions(endpoints, user="root", password="root-secret"))
+    wrong = AetcdStoreReader(EtcdOptions(endpoints, user="root", password="not-it"))
+    nobody = AetcdStoreReader(EtcdOptions(endpoints))
+    try:
+        listing = await right.list_prefix("v1/")
+        assert [e.key for e in listing.entries] == ["v1/mdc/ns/b/g/1"]
+        with pytest.raises(StoreUnavailable) as refused:
+            await wrong.list_prefix("v1/")
+        assert "not-it" not in str(refused.value)
+        with pytest.raises(StoreUnavailable):
+            await nobody.list_prefix("v1/")
+    finally:
+        for reader in (right, wrong, nobody):
+            await reader.close()
