@@ -7,7 +7,9 @@ etcd restart; it is always stopped on teardown.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
 import signal
 import socket
@@ -16,14 +18,29 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from secfixture import TlsFiles
 
-__all__ = ["EtcdServer", "MockerWorkers", "etcd_binary", "free_port", "running_etcd"]
+__all__ = [
+    "LEASE_TTL",
+    "EtcdServer",
+    "MockerWorkers",
+    "card_gone",
+    "dynamo_etcd_environment",
+    "etcd_binary",
+    "eventually",
+    "free_port",
+    "new_instance",
+    "running_etcd",
+]
+
+# The lease Dynamo workers in these tests ask etcd for (ETCD_LEASE_TTL): a killed worker's keys
+# go within about this many seconds.
+LEASE_TTL = 3
 
 
 def etcd_binary() -> str | None:
@@ -221,3 +238,64 @@ class MockerWorkers:
     def close(self) -> None:
         for process in self._processes:
             self.kill(process)
+
+
+def dynamo_etcd_environment(
+    etcd_url: str, nats_url: str, scratch: dict[str, str]
+) -> dict[str, str]:
+    """Environment for Dynamo processes on etcd discovery, every socket on loopback.
+
+    ``scratch`` is the loopback and scratch-folder environment of the file-discovery helper;
+    Dynamo's default event plane (zmq) listens on every interface, so events go over the test's
+    own loopback nats-server instead.
+    """
+    env = dict(os.environ)
+    env.update(scratch)
+    env.update(
+        {
+            "ETCD_ENDPOINTS": etcd_url,
+            "ETCD_LEASE_TTL": str(LEASE_TTL),
+            "DYN_EVENT_PLANE": "nats",
+            "NATS_SERVER": nats_url,
+        }
+    )
+    return env
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], seconds: float, what: str, interval: float = 0.2
+) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``seconds``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        value = await check()
+        if value:
+            return value
+        assert loop.time() < deadline, f"{what} did not happen within {seconds} s"
+        await asyncio.sleep(interval)
+
+
+async def new_instance(client: Any, known: set[int]) -> int:
+    """Wait for a new worker's card in etcd (an aetcd client); return its instance id."""
+
+    async def appeared() -> int | None:
+        for kv in await client.get_prefix(b"v1/mdc/"):
+            instance_id = int(kv.key.decode().rsplit("/", 1)[1], 16)
+            if instance_id not in known:
+                return instance_id
+        return None
+
+    instance_id: int = await eventually(appeared, 60, "a worker registering in etcd")
+    known.add(instance_id)
+    return instance_id
+
+
+async def card_gone(client: Any, instance_id: int, seconds: float) -> None:
+    """Wait until etcd no longer holds the worker's card."""
+
+    async def gone() -> bool:
+        keys = [kv.key.decode() for kv in await client.get_prefix(b"v1/mdc/")]
+        return not any(key.endswith(f"/{instance_id:x}") for key in keys)
+
+    await eventually(gone, seconds, f"worker {instance_id:x} leaving etcd")

@@ -9,23 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aetcd  # type: ignore[import-untyped]
 import nats
 import pytest
-from etcdfixture import EtcdServer, MockerWorkers, etcd_binary
+from etcdfixture import (
+    LEASE_TTL,
+    EtcdServer,
+    MockerWorkers,
+    card_gone,
+    etcd_binary,
+    eventually,
+    new_instance,
+)
 from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
 from secfixture import _make_tls as make_tls
 from workerset_admission.adapters.dynamo.bridge import JetStreamBucketWriter
-from workerset_admission.adapters.dynamo.workers import file_discovery_environment, write_model_dir
+from workerset_admission.adapters.dynamo.workers import write_model_dir
 from workerset_admission.adapters.etcd.bridge import (
     EtcdDiscoveryBridge,
     StoreChange,
@@ -47,33 +54,6 @@ ENDPOINT = f"dyn://{NAMESPACE}.backend.generate"
 # A key another writer (a ``register`` process) owns in the same bucket.
 FOREIGN_KEY = "v1.mdc.elsewhere.backend.generate.abc"
 FOREIGN_VALUE = b'{"written":"by another writer"}'
-LEASE_TTL = 3
-
-
-@pytest.fixture
-def dynamo_env(tmp_path: Path, etcd_server: EtcdServer, nats_server: NatsServer) -> dict[str, str]:
-    pytest.importorskip("dynamo.mocker", reason="the etcd tests run real dynamo.mocker workers")
-    env = dict(os.environ)
-    env.update(file_discovery_environment(tmp_path / "dynamo"))
-    env.update(
-        {
-            "ETCD_ENDPOINTS": etcd_server.url,
-            "ETCD_LEASE_TTL": str(LEASE_TTL),
-            # The default event plane (zmq) listens on every interface; NATS keeps it local.
-            "DYN_EVENT_PLANE": "nats",
-            "NATS_SERVER": nats_server.url,
-        }
-    )
-    return env
-
-
-@pytest.fixture
-def mockers(dynamo_env: dict[str, str], tmp_path: Path) -> Iterator[MockerWorkers]:
-    workers = MockerWorkers(dynamo_env, tmp_path)
-    try:
-        yield workers
-    finally:
-        workers.close()
 
 
 @pytest.fixture
@@ -83,15 +63,6 @@ async def bucket(nats_server: NatsServer, bucket_name: str) -> AsyncIterator[Key
         status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket_name))
         await status.kv.put(FOREIGN_KEY, FOREIGN_VALUE)
         yield status.kv
-    finally:
-        await client.close()
-
-
-@pytest.fixture
-async def etcd_client(etcd_server: EtcdServer) -> AsyncIterator[aetcd.Client]:
-    client = aetcd.Client("127.0.0.1", etcd_server.client_port, timeout=5)
-    try:
-        yield client
     finally:
         await client.close()
 
@@ -130,19 +101,6 @@ async def _bucket_records(kv: KeyValue) -> dict[str, bytes]:
     return records
 
 
-async def _eventually(
-    check: Callable[[], Awaitable[Any]], seconds: float, what: str, interval: float = 0.2
-) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while True:
-        value = await check()
-        if value:
-            return value
-        assert loop.time() < deadline, f"{what} did not happen within {seconds} s"
-        await asyncio.sleep(interval)
-
-
 async def _converged(
     client: aetcd.Client, kv: KeyValue, seconds: float, what: str
 ) -> dict[str, bytes]:
@@ -152,33 +110,10 @@ async def _converged(
         truth = await _etcd_records(client)
         return truth if truth and truth == await _bucket_records(kv) else None
 
-    truth: dict[str, bytes] = await _eventually(same, seconds, what)
+    truth: dict[str, bytes] = await eventually(same, seconds, what)
     foreign = await kv.get(FOREIGN_KEY)
     assert foreign.value == FOREIGN_VALUE, "the bridge touched a key another writer owns"
     return truth
-
-
-async def _new_instance(client: aetcd.Client, known: set[int]) -> int:
-    """Wait for a worker's card to appear in etcd; return its instance id."""
-
-    async def appeared() -> int | None:
-        for kv in await client.get_prefix(b"v1/mdc/"):
-            instance_id = int(kv.key.decode().rsplit("/", 1)[1], 16)
-            if instance_id not in known:
-                return instance_id
-        return None
-
-    instance_id: int = await _eventually(appeared, 60, "a worker registering in etcd")
-    known.add(instance_id)
-    return instance_id
-
-
-async def _card_gone(client: aetcd.Client, instance_id: int, seconds: float) -> None:
-    async def gone() -> bool:
-        keys = [kv.key.decode() for kv in await client.get_prefix(b"v1/mdc/")]
-        return not any(key.endswith(f"/{instance_id:x}") for key in keys)
-
-    await _eventually(gone, seconds, f"worker {instance_id:x} leaving etcd")
 
 
 def _dynamo_checksum(record: bytes) -> str:
@@ -220,13 +155,13 @@ async def test_workers_registering_deregistering_and_dying_in_etcd_are_followed_
     known: set[int] = set()
     try:
         first_process = mockers.start(same, name="rolling", endpoint=ENDPOINT)
-        first = await _new_instance(etcd_client, known)
+        first = await new_instance(etcd_client, known)
         second_process = mockers.start(same, name="rolling", endpoint=ENDPOINT)
-        second = await _new_instance(etcd_client, known)
+        second = await new_instance(etcd_client, known)
         truth = await _converged(etcd_client, bucket, 30, "the bucket following two workers")
         incumbent = _dynamo_checksum(truth[_mdc_key(first)])
         assert _dynamo_checksum(truth[_mdc_key(second)]) == incumbent
-        group = await _eventually(
+        group = await eventually(
             lambda: _ready(rolling, lambda g: set(g.admitted) == {first, second}),
             30,
             "admission of both workers",
@@ -235,11 +170,11 @@ async def test_workers_registering_deregistering_and_dying_in_etcd_are_followed_
 
         # A worker of another configuration in the same WorkerSet is seen and rejected.
         mockers.start(changed, name="rolling", endpoint=ENDPOINT)
-        newcomer = await _new_instance(etcd_client, known)
+        newcomer = await new_instance(etcd_client, known)
         truth = await _converged(etcd_client, bucket, 30, "the bucket following the newcomer")
         rejected = _dynamo_checksum(truth[_mdc_key(newcomer)])
         assert rejected != incumbent
-        group = await _eventually(
+        group = await eventually(
             lambda: _ready(rolling, lambda g: len(g.cohorts) == 2),
             30,
             "the newcomer's cohort",
@@ -252,15 +187,15 @@ async def test_workers_registering_deregistering_and_dying_in_etcd_are_followed_
 
         # A clean stop deregisters at once; a kill is a lease expiry, a delete all the same.
         mockers.stop(second_process)
-        await _card_gone(etcd_client, second, 15)
+        await card_gone(etcd_client, second, 15)
         await _converged(etcd_client, bucket, 15, "the bucket dropping the stopped worker")
         mockers.kill(first_process)
-        await _card_gone(etcd_client, first, LEASE_TTL + 20)
+        await card_gone(etcd_client, first, LEASE_TTL + 20)
         truth = await _converged(etcd_client, bucket, 15, "the bucket dropping the dead worker")
         assert _mdc_key(first) not in truth
         assert bridge.stats.deletes >= 2
         # The incumbent drained: the waiting configuration succeeds it.
-        group = await _eventually(
+        group = await eventually(
             lambda: _ready(rolling, lambda g: set(g.admitted) == {newcomer}),
             30,
             "succession by the newcomer",
@@ -294,13 +229,13 @@ async def test_the_bucket_converges_after_etcd_restarts_and_deletes_nothing_whil
     known: set[int] = set()
     try:
         survivor_process = mockers.start(model, name="restarts", endpoint=ENDPOINT)
-        await _new_instance(etcd_client, known)
+        await new_instance(etcd_client, known)
         doomed_process = mockers.start(model, name="restarts", endpoint=ENDPOINT)
-        doomed = await _new_instance(etcd_client, known)
+        doomed = await new_instance(etcd_client, known)
         before = await _converged(etcd_client, bucket, 30, "the bucket following two workers")
 
         etcd_server.kill()
-        await _eventually(
+        await eventually(
             lambda: _true(bridge.stats.store_errors >= 2), 20, "the bridge noticing etcd is gone"
         )
         # A worker dies while etcd is down; nothing may leave the bucket meanwhile.
@@ -310,7 +245,7 @@ async def test_the_bucket_converges_after_etcd_restarts_and_deletes_nothing_whil
 
         etcd_server.start()
         # etcd keeps the dead worker's lease; it expires after a TTL counted from the restart.
-        await _card_gone(etcd_client, doomed, LEASE_TTL + 30)
+        await card_gone(etcd_client, doomed, LEASE_TTL + 30)
         truth = await _converged(etcd_client, bucket, 30, "the bucket after the restart")
         assert _mdc_key(doomed) not in truth
         assert survivor_process.poll() is None or truth == {}
@@ -356,7 +291,7 @@ async def test_a_compaction_while_the_watch_is_behind_makes_the_bridge_list_agai
     model = write_model_dir(tmp_path / "model")
     known: set[int] = set()
     leaving_process = mockers.start(model, name="compacted", endpoint=ENDPOINT)
-    leaving = await _new_instance(etcd_client, known)
+    leaving = await new_instance(etcd_client, known)
     reader = _LaggingReader(_reader(etcd_server))
     bridge = EtcdDiscoveryBridge(reader, JetStreamBucketWriter(bucket))
     stop = asyncio.Event()
@@ -366,9 +301,9 @@ async def test_a_compaction_while_the_watch_is_behind_makes_the_bridge_list_agai
         assert _mdc_key(leaving) in await _bucket_records(bucket)
         # While the watch has not started: one worker leaves, one arrives, history is compacted.
         mockers.stop(leaving_process)
-        await _card_gone(etcd_client, leaving, 15)
+        await card_gone(etcd_client, leaving, 15)
         mockers.start(model, name="compacted", endpoint=ENDPOINT)
-        arrived = await _new_instance(etcd_client, known)
+        arrived = await new_instance(etcd_client, known)
         current = (await etcd_client.get_prefix(b"v1/")).header.revision
         await etcd_client.compact(current, physical=True)
         reader.may_watch.set()
@@ -414,9 +349,9 @@ async def test_a_bridge_killed_and_restarted_while_workers_churn_converges(
 
     try:
         first_process = mockers.start(model, name="churn", endpoint=ENDPOINT)
-        await _new_instance(etcd_client, known)
+        await new_instance(etcd_client, known)
         mockers.start(model, name="churn", endpoint=ENDPOINT)
-        await _new_instance(etcd_client, known)
+        await new_instance(etcd_client, known)
         bridge = await start_bridge()
         await _converged(etcd_client, bucket, 30, "the bridge command following two workers")
 
@@ -425,13 +360,13 @@ async def test_a_bridge_killed_and_restarted_while_workers_churn_converges(
         # Churn while no bridge runs: one leaves cleanly, one dies, one arrives.
         mockers.kill(first_process)
         mockers.start(model, name="churn", endpoint=ENDPOINT)
-        await _new_instance(etcd_client, known)
+        await new_instance(etcd_client, known)
         restarted = await start_bridge()
         truth = await _converged(etcd_client, bucket, 30, "the restarted bridge catching up")
         assert len([key for key in truth if key.startswith("v1.mdc.")]) == 3
         # The dead worker's lease then expires under the running bridge.
         first = min(known)
-        await _card_gone(etcd_client, first, LEASE_TTL + 20)
+        await card_gone(etcd_client, first, LEASE_TTL + 20)
         truth = await _converged(etcd_client, bucket, 30, "the bucket after the lease expiry")
         assert _mdc_key(first) not in truth
 
