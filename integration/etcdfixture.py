@@ -157,12 +157,24 @@ class EtcdServer:
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
+        # A frozen process would not act on SIGTERM.
+        process.send_signal(signal.SIGCONT)
         process.send_signal(sig)
         try:
             process.wait(10)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
+
+    def freeze(self) -> None:
+        """Stop the process (SIGSTOP): connections stay open and nothing answers."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Let a frozen process run again (SIGCONT)."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
 
     def log_tail(self, lines: int = 20) -> str:
         try:

@@ -160,7 +160,8 @@ async def test_requests_reach_only_workers_the_plugin_admitted_from_etcd(
 
         # The KV event records came from etcd too: the view carries the admitted workers' ones.
         sources = view / "v1" / "event_sources"
-        assert sources.is_dir() and any(sources.iterdir()), "no event source reached the view"
+        assert sources.is_dir(), "no event source reached the view"
+        assert any(sources.iterdir()), "no event source reached the view"
 
         # Configuration B joins the same WorkerSet in etcd: rejected, so never in the view.
         mockers.start(model_b, name=MODEL, endpoint=ENDPOINT)

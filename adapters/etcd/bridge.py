@@ -10,8 +10,11 @@ and none is applied twice. Every watch event updates ``desired`` for one key and
 - A watch that starts below etcd's compaction revision raises :class:`StoreCompacted`: the
   bridge lists again at once; the listing's difference carries every change it missed.
 - An unreachable store raises :class:`StoreUnavailable`: the bridge waits (backoff) and
-  resyncs. ``desired`` changes only from a successful listing or a delivered event, so nothing
-  is deleted from the bucket while etcd cannot be read.
+  resyncs. A store that hangs without closing the connection (frozen, or cut off by a network
+  partition) leaves a watch silent, not failed; a probe every ``probe_interval`` seconds, a
+  request with a deadline, turns that silence into the same failure. ``desired`` changes only
+  from a successful listing or a delivered event, so nothing is deleted from the bucket while
+  etcd cannot be read.
 - A failed bucket write leaves ``mirrored`` as it was and marks the key dirty; dirty keys are
   retried every ``retry_interval`` seconds and by the next change of the same key.
 - Deletes touch only keys this bridge owns: the ones it wrote, and (when pruning) the ones the
@@ -34,6 +37,7 @@ from typing import Protocol
 
 from workerset_admission.adapters.dynamo.bridge import BucketWriter, bucket_key_for_path
 from workerset_admission.adapters.dynamo.filestore import RecordKind
+from workerset_admission.aio import cancel_and_wait
 from workerset_admission.errors import InvalidRecordError, StoreCompacted, StoreUnavailable
 
 if sys.version_info >= (3, 11):
@@ -102,6 +106,10 @@ class StoreReader(Protocol):
         """
         ...
 
+    async def probe(self) -> None:
+        """Ask the store something small; raise :class:`StoreUnavailable` if it does not answer."""
+        ...
+
     async def reset(self) -> None:
         """Drop the connection after a failure; the next call connects afresh."""
         ...
@@ -156,6 +164,7 @@ class EtcdDiscoveryBridge:
         prune: bool = True,
         backoff: Sequence[float] = DEFAULT_BACKOFF,
         retry_interval: float = 1.0,
+        probe_interval: float = 10.0,
         key_of: Callable[[str], str | None] = bucket_key_for_etcd,
     ) -> None:
         if not backoff or any(delay <= 0 for delay in backoff):
@@ -166,6 +175,7 @@ class EtcdDiscoveryBridge:
         self._prune = prune
         self._backoff = tuple(backoff)
         self._retry_interval = retry_interval
+        self._probe_interval = probe_interval
         self._key_of = key_of
         self._desired: dict[str, bytes] = {}
         self._mirrored: dict[str, bytes | None] = {}
@@ -237,10 +247,21 @@ class EtcdDiscoveryBridge:
     async def follow_once(self) -> None:
         """Resync, then apply the watch until it fails; raise the failure."""
         listing = await self.resync()
-        async for change in self._reader.watch_prefix(self._prefix, listing.revision + 1):
+        watching = asyncio.ensure_future(self._watch(listing.revision + 1))
+        try:
+            while True:
+                done, _pending = await asyncio.wait({watching}, timeout=self._probe_interval)
+                if done:
+                    watching.result()
+                    # A watch that simply ends (the server closed it) is a failure too.
+                    raise StoreUnavailable("the watch ended")
+                await self._reader.probe()
+        finally:
+            await cancel_and_wait([watching])
+
+    async def _watch(self, start_revision: int) -> None:
+        async for change in self._reader.watch_prefix(self._prefix, start_revision):
             await self.apply(change)
-        # A watch that simply ends (the server closed it) is a failure to recover from too.
-        raise StoreUnavailable("the watch ended")
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow etcd until ``stop`` is set, resyncing after every failure."""

@@ -174,6 +174,14 @@ class AetcdStoreReader:
         finally:
             await _quietly(watch.cancel())
 
+    async def probe(self) -> None:
+        client = await self._connected()
+        try:
+            # Status is answered by the member itself; the client's timeout is its deadline.
+            await asyncio.wait_for(client.status(), timeout=self._options.timeout)
+        except _FAILURES as exc:
+            raise _unavailable(exc) from exc
+
     async def reset(self) -> None:
         client, self._client = self._client, None
         if client is not None:

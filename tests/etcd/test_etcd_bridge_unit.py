@@ -32,6 +32,8 @@ class FakeEtcd:
         self.log: list[StoreChange] = []
         self.compacted = 0
         self.down = False
+        # Frozen: connections stay open, nothing answers, watches go silent.
+        self.frozen = False
         self.resets = 0
         self._wakeup = asyncio.Event()
 
@@ -56,7 +58,7 @@ class FakeEtcd:
         self._wakeup.set()
 
     async def list_prefix(self, prefix: str) -> StoreListing:
-        if self.down:
+        if self.down or self.frozen:
             raise StoreUnavailable("etcd is down")
         entries = tuple(
             StoreEntry(key, value, created)
@@ -80,6 +82,10 @@ class FakeEtcd:
             await self._wakeup.wait()
             if self.down:
                 raise StoreUnavailable("connection lost")
+
+    async def probe(self) -> None:
+        if self.down or self.frozen:
+            raise StoreUnavailable("no answer")
 
     async def reset(self) -> None:
         self.resets += 1
@@ -284,3 +290,22 @@ async def test_an_unchanged_value_after_a_resync_is_not_written_again() -> None:
     await bridge.resync()
 
     assert bucket.writes == [(KEY_A, b"a")]
+
+
+async def test_a_store_that_hangs_without_closing_the_watch_is_noticed_by_the_probe() -> None:
+    etcd, bucket = FakeEtcd(), FakeBucket()
+    etcd.put(MDC_A, b"a")
+    bridge = EtcdDiscoveryBridge(etcd, bucket, probe_interval=0.05, backoff=(0.05,))
+    stop, task = await _running(bridge)
+
+    etcd.frozen = True
+    await _until(lambda: bridge.stats.store_errors >= 1)
+    assert bucket.data == {KEY_A: b"a"}
+    # Thawed, with a change it never delivered on the old watch.
+    etcd.frozen = False
+    etcd.data.pop(MDC_A)
+    etcd.put(MDC_B, b"b")
+    await _until(lambda: bucket.data == {KEY_B: b"b"})
+
+    stop.set()
+    await task
