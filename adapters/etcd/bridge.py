@@ -62,7 +62,8 @@ _log = logging.getLogger(__name__)
 DISCOVERY_PREFIX = "v1/"
 # Seconds between attempts while etcd cannot be read; the last one repeats.
 DEFAULT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
-_MIRRORED_KINDS: tuple[RecordKind, ...] = ("instances", "mdc")
+# All four: the admitted view needs a worker's event sources and channels for KV routing.
+_MIRRORED_KINDS: tuple[RecordKind, ...] = ("instances", "mdc", "event_sources", "event_channels")
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,6 +140,13 @@ def test_etcd_keys_translate_to_the_bucket_keys_of_the_file_bridge() -> None:
     assert bucket_key_for_etcd("v1/mdc/n.s/b/g/1f/my-lora") == "v1.mdc.n=2Es.b.g.1f.my-lora"
     assert bucket_key_for_etcd(INST_A) == KEY_INST_A
     assert bucket_key_for_etcd("v1/kv_routers/x") is None
+    source = "v1/event_sources/namespace/ns/component/backend/endpoint/generate/topic/kv-events/1f"
+    assert bucket_key_for_etcd(source) == (
+        "v1.event_sources.namespace.ns.component.backend.endpoint.generate.topic.kv-events.1f"
+    )
+    assert bucket_key_for_etcd("v1/event_channels/namespace/n%2Es/topic/kv_metrics/2a") == (
+        "v1.event_channels.namespace.n=2Es.topic.kv_metrics.2a"
+    )
     with pytest.raises(InvalidRecordError) as refused:
         bucket_key_for_etcd("v1/mdc/ns/backend/generate/NOT-HEX")
     assert refused.value.reason == "bad_instance_id"
