@@ -31,7 +31,6 @@ from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
 from secfixture import _make_tls as make_tls
-from workerset_admission.adapters.dynamo.bridge import JetStreamBucketWriter
 from workerset_admission.adapters.dynamo.workers import write_model_dir
 from workerset_admission.adapters.etcd.bridge import (
     EtcdDiscoveryBridge,
@@ -41,6 +40,7 @@ from workerset_admission.adapters.etcd.bridge import (
 )
 from workerset_admission.adapters.etcd.client import AetcdStoreReader, EtcdOptions
 from workerset_admission.adapters.etcd.endpoints import parse_endpoints
+from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
@@ -446,7 +446,7 @@ async def test_bridge_once_against_an_etcd_that_does_not_answer_fails_and_writes
     )
     _stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
 
-    assert process.returncode == 1
+    assert process.returncode == 3  # the CLI's status for an unreachable store
     assert b"etcd" in stderr
     assert await bucket.keys() == [FOREIGN_KEY]
 

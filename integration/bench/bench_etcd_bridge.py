@@ -33,10 +33,10 @@ import nats
 from baseline import fill_bucket
 from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
-from workerset_admission.adapters.dynamo.bridge import JetStreamBucketWriter
 from workerset_admission.adapters.etcd.bridge import EtcdDiscoveryBridge
 from workerset_admission.adapters.etcd.client import AetcdStoreReader, EtcdOptions
 from workerset_admission.adapters.etcd.endpoints import parse_endpoints
+from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.identity import EndpointId
