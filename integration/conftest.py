@@ -40,7 +40,7 @@ def dynamo_etcd_env(
 ) -> dict[str, str]:
     """Environment for real Dynamo processes registering in the test's etcd."""
     pytest.importorskip("dynamo.mocker", reason="needs ai-dynamo==1.6.1 (see the README)")
-    from workerset_admission.adapters.dynamo.workers import file_discovery_environment
+    from support.workers import file_discovery_environment
 
     scratch = file_discovery_environment(tmp_path / "dynamo")
     return dynamo_etcd_environment(etcd_server.url, nats_server.url, scratch)

@@ -31,7 +31,7 @@ from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
 from secfixture import _make_tls as make_tls
-from workerset_admission.adapters.dynamo.workers import write_model_dir
+from support.workers import write_model_dir
 from workerset_admission.adapters.etcd.bridge import (
     EtcdDiscoveryBridge,
     StoreChange,

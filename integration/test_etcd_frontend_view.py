@@ -24,7 +24,7 @@ import pytest
 from dynamofrontend import free_port
 from etcdfixture import LEASE_TTL, EtcdServer, MockerWorkers, card_gone, eventually, new_instance
 from natsfixture import NatsServer
-from workerset_admission.adapters.dynamo.workers import write_model_dir
+from support.workers import write_model_dir
 
 pytestmark = [
     pytest.mark.integration,
