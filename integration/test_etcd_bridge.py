@@ -45,6 +45,7 @@ from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.errors import StoreUnavailable
+from workerset_admission.ownership import WriterId
 from workerset_admission.service import AdmissionService
 
 pytestmark = [pytest.mark.integration, pytest.mark.etcd, pytest.mark.timeout(180)]
@@ -57,14 +58,33 @@ FOREIGN_VALUE = b'{"written":"by another writer"}'
 
 
 @pytest.fixture
-async def bucket(nats_server: NatsServer, bucket_name: str) -> AsyncIterator[KeyValue]:
+async def bucket_and_writer(
+    nats_server: NatsServer, bucket_name: str
+) -> AsyncIterator[tuple[KeyValue, JetStreamBucketWriter]]:
     client = await nats.connect(nats_server.url)
     try:
         status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket_name))
         await status.kv.put(FOREIGN_KEY, FOREIGN_VALUE)
-        yield status.kv
+        # The writer the bridge command uses: every put stamped, only stamped keys pruned.
+        writer = JetStreamBucketWriter(
+            status.kv,
+            owner=WriterId("bridge", "etcd-integration-test"),
+            js=client.jetstream(),
+            bucket=bucket_name,
+        )
+        yield status.kv, writer
     finally:
         await client.close()
+
+
+@pytest.fixture
+def bucket(bucket_and_writer: tuple[KeyValue, JetStreamBucketWriter]) -> KeyValue:
+    return bucket_and_writer[0]
+
+
+@pytest.fixture
+def writer(bucket_and_writer: tuple[KeyValue, JetStreamBucketWriter]) -> JetStreamBucketWriter:
+    return bucket_and_writer[1]
 
 
 def _reader(etcd_server: EtcdServer) -> AetcdStoreReader:
@@ -140,12 +160,13 @@ async def test_workers_registering_deregistering_and_dying_in_etcd_are_followed_
     mockers: MockerWorkers,
     nats_server: NatsServer,
     bucket: KeyValue,
+    writer: JetStreamBucketWriter,
     bucket_name: str,
     tmp_path: Path,
 ) -> None:
     same = write_model_dir(tmp_path / "model-a")
     changed = write_model_dir(tmp_path / "model-b", context_length=4096)
-    bridge = EtcdDiscoveryBridge(_reader(etcd_server), JetStreamBucketWriter(bucket))
+    bridge = EtcdDiscoveryBridge(_reader(etcd_server), writer)
     stop = asyncio.Event()
     bridging = asyncio.create_task(bridge.run(stop))
     service = AdmissionService(
@@ -223,12 +244,11 @@ async def test_the_bucket_converges_after_etcd_restarts_and_deletes_nothing_whil
     etcd_client: aetcd.Client,
     mockers: MockerWorkers,
     bucket: KeyValue,
+    writer: JetStreamBucketWriter,
     tmp_path: Path,
 ) -> None:
     model = write_model_dir(tmp_path / "model")
-    bridge = EtcdDiscoveryBridge(
-        _reader(etcd_server), JetStreamBucketWriter(bucket), backoff=(0.2, 0.5, 1.0)
-    )
+    bridge = EtcdDiscoveryBridge(_reader(etcd_server), writer, backoff=(0.2, 0.5, 1.0))
     stop = asyncio.Event()
     bridging = asyncio.create_task(bridge.run(stop))
     known: set[int] = set()
@@ -268,13 +288,12 @@ async def test_a_frozen_etcd_is_noticed_by_the_probe_and_the_bucket_converges_on
     etcd_client: aetcd.Client,
     mockers: MockerWorkers,
     bucket: KeyValue,
+    writer: JetStreamBucketWriter,
     tmp_path: Path,
 ) -> None:
     model = write_model_dir(tmp_path / "model")
     reader = AetcdStoreReader(EtcdOptions(parse_endpoints(etcd_server.url), timeout=2))
-    bridge = EtcdDiscoveryBridge(
-        reader, JetStreamBucketWriter(bucket), probe_interval=1.0, backoff=(0.5, 1.0)
-    )
+    bridge = EtcdDiscoveryBridge(reader, writer, probe_interval=1.0, backoff=(0.5, 1.0))
     stop = asyncio.Event()
     bridging = asyncio.create_task(bridge.run(stop))
     known: set[int] = set()
@@ -339,6 +358,7 @@ async def test_a_compaction_while_the_watch_is_behind_makes_the_bridge_list_agai
     etcd_client: aetcd.Client,
     mockers: MockerWorkers,
     bucket: KeyValue,
+    writer: JetStreamBucketWriter,
     tmp_path: Path,
 ) -> None:
     model = write_model_dir(tmp_path / "model")
@@ -346,7 +366,7 @@ async def test_a_compaction_while_the_watch_is_behind_makes_the_bridge_list_agai
     leaving_process = mockers.start(model, name="compacted", endpoint=ENDPOINT)
     leaving = await new_instance(etcd_client, known)
     reader = _LaggingReader(_reader(etcd_server))
-    bridge = EtcdDiscoveryBridge(reader, JetStreamBucketWriter(bucket))
+    bridge = EtcdDiscoveryBridge(reader, writer)
     stop = asyncio.Event()
     bridging = asyncio.create_task(bridge.run(stop))
     try:

@@ -45,6 +45,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         help="keep bucket keys the store does not hold at start (another writer shares it)",
     )
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
+    parser.add_argument(
+        "--bridge-id",
+        default=None,
+        help="(with --etcd) this bridge's writer identity, stamped on every record it writes; it "
+        "prunes only keys with its own stamp (default: this host and the etcd endpoints)",
+    )
     from workerset_admission.config import add_bridge_settings_arguments
 
     add_bridge_settings_arguments(parser)
@@ -96,16 +102,21 @@ async def _bridge_etcd(settings: Settings, args: argparse.Namespace, stop: async
     from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
     from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
     from workerset_admission.adapters.nats.connect import connect
+    from workerset_admission.ownership import etcd_bridge_writer
 
     options = settings.etcd_options()
     from workerset_admission.adapters.etcd.client import AetcdStoreReader
 
+    # Stable across restarts, so a restarted bridge owns (and may prune) what it wrote before,
+    # and never what a worker, a register process or another bridge wrote.
+    owner = etcd_bridge_writer([str(endpoint) for endpoint in options.endpoints], args.bridge_id)
     reader = AetcdStoreReader(options)
     client = await connect(replace(settings.nats_connect_options(), name="workerset-bridge"))
     try:
         bucket = settings.discovery_bucket
         status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket))
-        bridge = EtcdDiscoveryBridge(reader, JetStreamBucketWriter(status.kv), prune=args.prune)
+        writer = JetStreamBucketWriter(status.kv, owner=owner, js=client.jetstream(), bucket=bucket)
+        bridge = EtcdDiscoveryBridge(reader, writer, prune=args.prune)
         if args.once:
             # Only here does an unreadable etcd end the command; a running bridge retries.
             await bridge.resync()

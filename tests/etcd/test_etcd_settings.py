@@ -92,3 +92,16 @@ def test_a_tls_file_that_cannot_be_read_is_a_config_error_naming_it(tmp_path: Pa
 
     with pytest.raises(ConfigError, match=r"absent-ca\.pem"):
         settings.etcd_options().credentials()
+
+
+def test_an_etcd_bridge_is_named_by_host_and_endpoints_so_a_restart_owns_its_keys() -> None:
+    from workerset_admission.ownership import WRITER_HEADER, etcd_bridge_writer
+
+    first = etcd_bridge_writer(["http://etcd-0:2379", "http://etcd-1:2379"])
+    again = etcd_bridge_writer(["http://etcd-0:2379", "http://etcd-1:2379"])
+    other = etcd_bridge_writer(["http://etcd-9:2379"])
+
+    assert first == again
+    assert first.owns({WRITER_HEADER: again.token})
+    assert not first.owns({WRITER_HEADER: other.token})
+    assert etcd_bridge_writer(["http://e:2379"], "rack-7").token == "bridge:rack-7"
