@@ -5,11 +5,13 @@ from __future__ import annotations
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clusterfixture import NatsCluster
+from etcdfixture import EtcdServer, MockerWorkers, dynamo_etcd_environment, running_etcd
 from natsfixture import NatsServer, restartable_server, set_announcer, shared_server
 from phoenixfixture import RUN_PHOENIX_ENV, phoenix_enabled
 
@@ -24,6 +26,46 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
 def nats_server_fn(tmp_path: Path) -> Iterator[NatsServer]:
     """A private server for one test, container or binary; ``.handle`` restarts, kills, wipes."""
     yield from restartable_server(tmp_path)
+
+
+@pytest.fixture
+def etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
+    """A private etcd for one test on loopback; it can be stopped, killed and started again."""
+    yield from running_etcd(tmp_path / "etcd")
+
+
+@pytest.fixture
+def dynamo_etcd_env(
+    tmp_path: Path, etcd_server: EtcdServer, nats_server: NatsServer
+) -> dict[str, str]:
+    """Environment for real Dynamo processes registering in the test's etcd."""
+    pytest.importorskip("dynamo.mocker", reason="needs ai-dynamo==1.6.1 (see the README)")
+    from support.workers import file_discovery_environment
+
+    scratch = file_discovery_environment(tmp_path / "dynamo")
+    return dynamo_etcd_environment(etcd_server.url, nats_server.url, scratch)
+
+
+@pytest.fixture
+def mockers(dynamo_etcd_env: dict[str, str], tmp_path: Path) -> Iterator[MockerWorkers]:
+    """Real ``python -m dynamo.mocker`` workers on etcd discovery, all ended on teardown."""
+    workers = MockerWorkers(dynamo_etcd_env, tmp_path)
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
+@pytest.fixture
+async def etcd_client(etcd_server: EtcdServer) -> AsyncIterator[Any]:
+    """An aetcd client on the test's etcd, to read (and compact) what etcd really holds."""
+    import aetcd  # type: ignore[import-untyped]
+
+    client = aetcd.Client("127.0.0.1", etcd_server.client_port, timeout=5)
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 @pytest.fixture

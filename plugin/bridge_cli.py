@@ -1,4 +1,4 @@
-"""``workerset-admission bridge``: feed Dynamo's file discovery store into the NATS bucket."""
+"""``workerset-admission bridge``: feed Dynamo's discovery store (etcd or files) into the bucket."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ import json
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from workerset_admission.errors import ConfigError
+
+if TYPE_CHECKING:
+    from workerset_admission.config import Settings
 
 __all__ = ["STOPS_ON_SIGNAL", "arguments", "main"]
 
@@ -44,9 +48,13 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bridge-id",
         default=None,
-        help="this bridge's writer identity, stamped on every record it writes; it prunes only "
-        "keys with its own stamp (default: this host and the store path)",
+        help="this bridge's writer identity, stamped on every record it writes; it prunes "
+        "only keys with its own stamp (default: this host and the store path, or with --etcd "
+        "the etcd endpoints)",
     )
+    from workerset_admission.config import add_bridge_settings_arguments
+
+    add_bridge_settings_arguments(parser)
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
@@ -63,6 +71,10 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
             "the bridge writes the bucket the frontends read: give their NATS server "
             "(--nats-server or WORKERSET_ADMISSION_NATS_SERVERS)"
         )
+    if settings.etcd_endpoints:
+        if args.file_kv is not None:
+            raise ConfigError("give either --file-kv or etcd endpoints, not both")
+        return await _bridge_etcd(settings, args, stop)
     root: Path = args.file_kv or default_store_root()
     # Refused before connecting: a wrong path must not get as far as a prune.
     check_store_root(root)
@@ -85,6 +97,40 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
             print(f"bridging {root} -> bucket {bucket}", file=sys.stderr, flush=True)
             await bridge.run(stop)
     finally:
+        await client.close()
+    print(json.dumps(asdict(bridge.stats), sort_keys=True))
+    return 0
+
+
+async def _bridge_etcd(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    from workerset_admission.adapters.etcd.bridge import EtcdDiscoveryBridge
+    from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
+    from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+    from workerset_admission.adapters.nats.connect import connect
+    from workerset_admission.ownership import etcd_bridge_writer
+
+    options = settings.etcd_options()
+    from workerset_admission.adapters.etcd.client import AetcdStoreReader
+
+    # Stable across restarts, so a restarted bridge owns (and may prune) what it wrote before,
+    # and never what a worker, a register process or another bridge wrote.
+    owner = etcd_bridge_writer([str(endpoint) for endpoint in options.endpoints], args.bridge_id)
+    reader = AetcdStoreReader(options)
+    client = await connect(replace(settings.nats_connect_options(), name="workerset-bridge"))
+    try:
+        bucket = settings.discovery_bucket
+        status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket))
+        writer = JetStreamBucketWriter(status.kv, owner=owner, js=client.jetstream(), bucket=bucket)
+        bridge = EtcdDiscoveryBridge(reader, writer, prune=args.prune)
+        if args.once:
+            # Only here does an unreadable etcd end the command; a running bridge retries.
+            await bridge.resync()
+        else:
+            shown = ",".join(str(endpoint) for endpoint in options.endpoints)
+            print(f"bridging etcd {shown} -> bucket {bucket}", file=sys.stderr, flush=True)
+            await bridge.run(stop)
+    finally:
+        await reader.close()
         await client.close()
     print(json.dumps(asdict(bridge.stats), sort_keys=True))
     return 0

@@ -32,6 +32,7 @@ from typing import Any, Protocol, cast
 
 from workerset_admission.errors import (
     RemoteDataError,
+    StoreUnavailable,
     Unreachable,
     UsageError,
     ViewDirectoryError,
@@ -59,7 +60,7 @@ EXIT_NO = 1
 EXIT_USAGE = 2
 """Bad input from the operator: flags, settings, a trace, a card, an output path or folder."""
 EXIT_UNREACHABLE = 3
-"""NATS could not be reached or did not answer (connection, credentials, time-out, no service)."""
+"""NATS (or, for ``bridge``, etcd) could not be reached or did not answer in time."""
 EXIT_FAILED = 4
 """The command failed while it ran (the service stopped on an error, an unexpected fault)."""
 
@@ -145,7 +146,7 @@ def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
     return (
         ((UsageError,), EXIT_USAGE),
         ((RemoteDataError, ViewDirectoryError), EXIT_USAGE),
-        ((Unreachable,), EXIT_UNREACHABLE),
+        ((Unreachable, StoreUnavailable), EXIT_UNREACHABLE),
         (_transport_errors(), EXIT_UNREACHABLE),
         ((WorkersetAdmissionError,), EXIT_FAILED),
     )
@@ -155,7 +156,8 @@ EXIT_STATUSES: dict[int, str] = {
     EXIT_OK: "success (a long-running command stopped by SIGINT or SIGTERM counts as success)",
     EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted",
     EXIT_USAGE: "bad flags, settings, trace, card, output path or view folder; nothing changed",
-    EXIT_UNREACHABLE: "NATS unreachable, credentials refused, or no answer in time",
+    EXIT_UNREACHABLE: "NATS (or etcd, for bridge) unreachable, credentials refused, or no answer "
+    "in time",
     EXIT_FAILED: "the command failed while running",
 }
 """Every exit status the command line uses, with its meaning (the README shows this table)."""
@@ -280,7 +282,7 @@ def run_command(name: str, args: argparse.Namespace) -> int:
     except Exception as error:
         status = exit_status(error)
         text = str(error) or type(error).__name__
-        if status == EXIT_UNREACHABLE and not isinstance(error, Unreachable):
+        if status == EXIT_UNREACHABLE and not isinstance(error, (Unreachable, StoreUnavailable)):
             text = f"cannot reach NATS: {text}"
         print(f"workerset-admission {name}: {text}", file=sys.stderr)
         if status == EXIT_FAILED:

@@ -37,6 +37,7 @@ from workerset_admission.admission import CoreSettings
 from workerset_admission.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
+    from workerset_admission.adapters.etcd.client import EtcdOptions
     from workerset_admission.adapters.nats.connect import NatsConnectOptions
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "ENV_PREFIX",
     "ServiceSettings",
     "Settings",
+    "add_bridge_settings_arguments",
     "add_serve_settings_arguments",
     "add_settings_arguments",
     "default_frontend_id",
@@ -81,6 +83,14 @@ class Settings(BaseModel):
     nats_tls_key_file: Path | None = None
     nats_tls_hostname: str | None = None
     embedded_store_dir: Path | None = None
+
+    # Dynamo's etcd discovery store, read by ``bridge`` (no endpoints: the file store is read).
+    etcd_endpoints: tuple[str, ...] = ()
+    etcd_user: str | None = None
+    etcd_password: SecretStr | None = None
+    etcd_tls_ca_file: Path | None = None
+    etcd_tls_cert_file: Path | None = None
+    etcd_tls_key_file: Path | None = None
 
     # Buckets and subjects.
     discovery_bucket: str = "dynamo-discovery"
@@ -125,7 +135,7 @@ class Settings(BaseModel):
     prometheus_port: int | None = Field(default=None, ge=0, le=65535)
     prometheus_host: str = "127.0.0.1"
 
-    @field_validator("nats_servers", mode="before")
+    @field_validator("nats_servers", "etcd_endpoints", mode="before")
     @classmethod
     def _split_servers(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -139,6 +149,18 @@ class Settings(BaseModel):
             scheme, sep, rest = url.partition("://")
             if not sep or scheme not in ("nats", "tls", "ws", "wss") or not rest:
                 raise ValueError("each server must be a nats://, tls://, ws:// or wss:// URL")
+        return value
+
+    @field_validator("etcd_endpoints")
+    @classmethod
+    def _check_etcd_endpoints(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if value:
+            from workerset_admission.adapters.etcd.endpoints import parse_endpoints
+
+            try:
+                parse_endpoints(value)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     @field_validator("retry_delays", mode="before")
@@ -188,6 +210,10 @@ class Settings(BaseModel):
             raise ValueError("nats_user and nats_password must be given together")
         if (self.nats_tls_cert_file is None) != (self.nats_tls_key_file is None):
             raise ValueError("nats_tls_cert_file and nats_tls_key_file must be given together")
+        if (self.etcd_user is None) != (self.etcd_password is None):
+            raise ValueError("etcd_user and etcd_password must be given together")
+        if (self.etcd_tls_cert_file is None) != (self.etcd_tls_key_file is None):
+            raise ValueError("etcd_tls_cert_file and etcd_tls_key_file must be given together")
         methods = [
             name
             for name, given in (
@@ -258,6 +284,25 @@ class Settings(BaseModel):
             tls_cert_file=self.nats_tls_cert_file,
             tls_key_file=self.nats_tls_key_file,
             tls_hostname=self.nats_tls_hostname,
+        )
+
+    def etcd_options(self) -> EtcdOptions:
+        """Translate into the etcd reader's options; needs the ``etcd`` extra (aetcd)."""
+        from workerset_admission.adapters.etcd.endpoints import parse_endpoints
+
+        try:
+            from workerset_admission.adapters.etcd.client import EtcdOptions
+        except ImportError as exc:
+            raise ConfigError(
+                "reading etcd needs aetcd: pip install 'dynamo-workerset-admission[etcd]'"
+            ) from exc
+        return EtcdOptions(
+            endpoints=parse_endpoints(self.etcd_endpoints),
+            user=self.etcd_user,
+            password=self.etcd_password.get_secret_value() if self.etcd_password else None,
+            ca_file=self.etcd_tls_ca_file,
+            cert_file=self.etcd_tls_cert_file,
+            key_file=self.etcd_tls_key_file,
         )
 
 
@@ -427,6 +472,31 @@ _SERVE_FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
 )
 
 
+# Settings only ``bridge`` uses: where Dynamo's etcd is and how to log in to it.
+_BRIDGE_FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
+    (
+        "--etcd",
+        "etcd_endpoints",
+        "read Dynamo's etcd at URL[,URL] (http:// or https://) instead of its file store",
+        {},
+    ),
+    ("--etcd-user", "etcd_user", "etcd user name", {}),
+    ("--etcd-password", "etcd_password", "etcd password (prefer the environment)", {}),
+    ("--etcd-tls-ca-file", "etcd_tls_ca_file", "CA bundle for etcd's certificate", {}),
+    ("--etcd-tls-cert-file", "etcd_tls_cert_file", "client certificate for etcd (mutual TLS)", {}),
+    ("--etcd-tls-key-file", "etcd_tls_key_file", "client key for etcd (mutual TLS)", {}),
+)
+
+
+def add_bridge_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the settings flags only ``bridge`` takes (Dynamo's etcd)."""
+    group = parser.add_argument_group(
+        "etcd, Dynamo's default discovery backend (override environment and config file)"
+    )
+    for flag, dest, help_text, extra in _BRIDGE_FLAG_SPECS:
+        group.add_argument(flag, dest=dest, help=help_text, default=None, **extra)
+
+
 def add_serve_settings_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the settings flags only ``serve`` takes (the Prometheus endpoint, the view)."""
     group = parser.add_argument_group("serve settings (override environment and config file)")
@@ -444,7 +514,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Return the settings given as flags (unset flags are left out)."""
     flags: dict[str, Any] = {}
-    for _flag, dest, _help, _extra in (*_FLAG_SPECS, *_SERVE_FLAG_SPECS):
+    for _flag, dest, _help, _extra in (*_FLAG_SPECS, *_SERVE_FLAG_SPECS, *_BRIDGE_FLAG_SPECS):
         if dest and getattr(args, dest, None) is not None:
             value = getattr(args, dest)
             # Repeated flags and comma-separated lists mean the same thing.

@@ -13,6 +13,9 @@
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
     ├── NoRoutableInstance          a routing hop with no instance both live and admitted
     ├── ViewDirectoryError          the admitted view's directory cannot be used
+    ├── DiscoveryStoreError         Dynamo's etcd discovery store could not be read
+    │   ├── StoreUnavailable        unreachable, timed out, or refused our credentials
+    │   └── StoreCompacted          a watch asked for history that etcd has compacted away
     └── EmbeddedServerError         the embedded nats-server could not be used
         ├── NatsServerNotFound      no nats-server binary is installed where we look
         └── NatsServerStartError    the process exited or did not become ready in time
@@ -26,6 +29,7 @@ from __future__ import annotations
 __all__ = [
     "CardDecodeError",
     "ConfigError",
+    "DiscoveryStoreError",
     "EmbeddedServerError",
     "InvalidRecordError",
     "NatsServerNotFound",
@@ -34,6 +38,8 @@ __all__ = [
     "ReceiverClosed",
     "ReceiverRetired",
     "RemoteDataError",
+    "StoreCompacted",
+    "StoreUnavailable",
     "TransitionRefused",
     "Unreachable",
     "UsageError",
@@ -120,6 +126,22 @@ class ViewDirectoryError(WorkersetAdmissionError):
 
     It is missing, not writable, owned by another live writer, or not the frontend's store.
     """
+
+
+class DiscoveryStoreError(WorkersetAdmissionError):
+    """Dynamo's own discovery store (etcd) could not be read; the last mirrored state stands."""
+
+
+class StoreUnavailable(DiscoveryStoreError):
+    """The store did not answer, timed out, or refused the credentials; retried with backoff."""
+
+
+class StoreCompacted(DiscoveryStoreError):
+    """A watch started below etcd's compaction revision; the caller must list again."""
+
+    def __init__(self, compacted_revision: int) -> None:
+        self.compacted_revision = compacted_revision
+        super().__init__(f"history before revision {compacted_revision} was compacted")
 
 
 class EmbeddedServerError(WorkersetAdmissionError):

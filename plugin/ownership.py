@@ -15,14 +15,14 @@ the token is stored differs.
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from workerset_admission.errors import ConfigError
 
-__all__ = ["WRITER_HEADER", "WriterId", "bridge_writer", "register_writer"]
+__all__ = ["WRITER_HEADER", "WriterId", "bridge_writer", "etcd_bridge_writer", "register_writer"]
 
 WRITER_HEADER: Final = "Workerset-Writer"
 _MAX_TOKEN: Final = 512
@@ -75,6 +75,13 @@ def bridge_writer(root: Path, name: str | None = None) -> WriterId:
     """Name the bridge: as given, or by this host and the store it mirrors."""
     if name is None:
         name = f"{socket.gethostname() or 'host'}:{root.expanduser().resolve()}"
+    return WriterId("bridge", name)
+
+
+def etcd_bridge_writer(endpoints: Sequence[str], name: str | None = None) -> WriterId:
+    """Name a bridge that reads etcd: as given, or by this host and the endpoints it reads."""
+    if name is None:
+        name = f"{socket.gethostname() or 'host'}:etcd:{','.join(endpoints)}"
     return WriterId("bridge", name)
 
 

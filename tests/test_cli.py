@@ -18,6 +18,7 @@ from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.errors import (
     ConfigError,
     InvalidRecordError,
+    StoreUnavailable,
     Unreachable,
     ViewDirectoryError,
     WorkersetAdmissionError,
@@ -165,6 +166,7 @@ def test_status_4_a_command_that_fails_while_running(
         (InvalidRecordError("bad_key"), cli.EXIT_USAGE),
         (ViewDirectoryError("owned by another live writer"), cli.EXIT_USAGE),
         (Unreachable("x"), cli.EXIT_UNREACHABLE),
+        (StoreUnavailable("etcd: connection refused"), cli.EXIT_UNREACHABLE),
         (ConnectionRefusedError(), cli.EXIT_UNREACHABLE),
         (asyncio.TimeoutError(), cli.EXIT_UNREACHABLE),
         (WorkersetAdmissionError("x"), cli.EXIT_FAILED),

@@ -32,10 +32,13 @@ from workerset_admission.adapters.dynamo.filestore import (
     FileRecord,
     FileStoreReader,
     FileStoreScan,
+    RecordKind,
     SkippedFile,
+    parse_record_path,
 )
 from workerset_admission.card import event_kv_key
-from workerset_admission.errors import ConfigError
+from workerset_admission.card.events import parse_dynamo_event_path
+from workerset_admission.errors import ConfigError, InvalidRecordError
 from workerset_admission.identity import EndpointId
 from workerset_admission.keys import endpoint_kv_key, model_kv_key
 
@@ -45,6 +48,7 @@ __all__ = [
     "DiscoveryBridge",
     "SyncPlan",
     "bucket_key_for",
+    "bucket_key_for_path",
     "check_store_root",
     "plan_sync",
 ]
@@ -66,14 +70,48 @@ class BucketWriter(Protocol):
         ...
 
 
+def _bucket_key(
+    kind: RecordKind,
+    namespace: str,
+    component: str,
+    endpoint_name: str,
+    instance_id: int,
+    suffix: str | None,
+) -> str:
+    endpoint = EndpointId(namespace, component, endpoint_name)
+    if kind == "instances":
+        return endpoint_kv_key(endpoint, instance_id)
+    return model_kv_key(endpoint, instance_id, suffix)
+
+
 def bucket_key_for(record: FileRecord) -> str:
     """Return the bucket key DESIGN.md gives a file record."""
     if record.event is not None:
         return event_kv_key(record.event)
-    endpoint = EndpointId(record.namespace, record.component, record.endpoint)
-    if record.kind == "instances":
-        return endpoint_kv_key(endpoint, record.instance_id)
-    return model_kv_key(endpoint, record.instance_id, record.model_suffix)
+    return _bucket_key(
+        record.kind,
+        record.namespace,
+        record.component,
+        record.endpoint,
+        record.instance_id,
+        record.model_suffix,
+    )
+
+
+def bucket_key_for_path(kind: RecordKind, path: str) -> str:
+    """Return the bucket key of the record any Dynamo store keeps at ``v1/<kind>/<path>``.
+
+    ``path`` is the discovery path as Dynamo writes it, the same for etcd keys and decoded file
+    names: ``<ns>/<component>/<endpoint>/<id hex>`` (and a LoRA suffix for an adapter card), or
+    ``namespace/<ns>[/component/<c>[/endpoint/<e>]]/topic/<topic>/<publisher id hex>`` for the
+    event buckets. Raises :class:`InvalidRecordError` (with a reason token) otherwise.
+    """
+    if kind == "event_sources" or kind == "event_channels":
+        return event_kv_key(parse_dynamo_event_path(kind, path))
+    parsed = parse_record_path(kind, path)
+    if isinstance(parsed, str):
+        raise InvalidRecordError(parsed, f"not a {kind} record path", key=f"v1/{kind}/{path}")
+    return _bucket_key(kind, *parsed)
 
 
 def check_store_root(root: Path) -> None:

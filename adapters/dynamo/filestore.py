@@ -38,6 +38,7 @@ __all__ = [
     "RecordKind",
     "SkippedFile",
     "default_store_root",
+    "parse_record_path",
     "scan_file_store",
 ]
 
@@ -100,7 +101,7 @@ class FileStoreScan:
     skipped: tuple[SkippedFile, ...]
 
 
-def _parse_path(kind: RecordKind, path: str) -> tuple[str, str, str, int, str | None] | str:
+def parse_record_path(kind: RecordKind, path: str) -> tuple[str, str, str, int, str | None] | str:
     """Split a discovery path; return the parts, or a reason token when it is not one."""
     parts = path.split("/")
     allowed = (4,) if kind == "instances" else (4, 5)
@@ -128,7 +129,7 @@ def _describe(
         return SkippedFile(kind, name, "bad_file_name")
     if kind in EVENT_BUCKETS:
         return _describe_event(kind, name, path, file_path, stat)
-    parsed = _parse_path(kind, path)
+    parsed = parse_record_path(kind, path)
     if isinstance(parsed, str):
         return SkippedFile(kind, name, parsed)
     namespace, component, endpoint, instance_id, suffix = parsed

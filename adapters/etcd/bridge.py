@@ -1,0 +1,354 @@
+"""Mirror Dynamo's etcd discovery records into the JetStream discovery bucket, list then watch.
+
+Theory of operation. The bridge holds two maps keyed by bucket key: ``desired``, what etcd holds
+(translated), and ``mirrored``, what this bridge has written to the bucket. A *resync* lists
+Dynamo's ``v1/`` prefix at one revision R, replaces ``desired`` with that listing, and writes the
+difference; the watch then starts at R + 1, so no change between the list and the watch is lost
+and none is applied twice. Every watch event updates ``desired`` for one key and writes that key.
+
+- A lease that expires (a killed worker) is a delete event like any other.
+- A watch that starts below etcd's compaction revision raises :class:`StoreCompacted`: the
+  bridge lists again at once; the listing's difference carries every change it missed.
+- An unreachable store raises :class:`StoreUnavailable`: the bridge waits (backoff) and
+  resyncs. A store that hangs without closing the connection (frozen, or cut off by a network
+  partition) leaves a watch silent, not failed; a probe every ``probe_interval`` seconds, a
+  request with a deadline, turns that silence into the same failure. ``desired`` changes only
+  from a successful listing or a delivered event, so nothing is deleted from the bucket while
+  etcd cannot be read.
+- A failed bucket write leaves ``mirrored`` as it was and marks the key dirty; dirty keys are
+  retried every ``retry_interval`` seconds and by the next change of the same key.
+- Deletes touch only keys this bridge owns: the ones it wrote, and (when pruning) the ones the
+  bucket writer reports as owned at start. A key another writer put there is never in
+  ``mirrored``, so no path deletes it.
+
+The bridge translates and never judges a value: a record the plugin would refuse is forwarded
+and refused there, where the refusal is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from workerset_admission.adapters.dynamo.bridge import BucketWriter, bucket_key_for_path
+from workerset_admission.adapters.dynamo.filestore import RecordKind
+from workerset_admission.aio import cancel_and_wait
+from workerset_admission.errors import InvalidRecordError, StoreCompacted, StoreUnavailable
+
+if sys.version_info >= (3, 11):
+    from asyncio import TaskGroup
+else:  # pragma: no cover - exercised on Python 3.10 only
+    from taskgroup import TaskGroup  # type: ignore[import-not-found,unused-ignore]
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "DISCOVERY_PREFIX",
+    "EtcdBridgeStats",
+    "EtcdDiscoveryBridge",
+    "StoreChange",
+    "StoreEntry",
+    "StoreListing",
+    "StoreReader",
+    "bucket_key_for_etcd",
+]
+
+_log = logging.getLogger(__name__)
+
+DISCOVERY_PREFIX = "v1/"
+# Seconds between attempts while etcd cannot be read; the last one repeats.
+DEFAULT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+# All four: the admitted view needs a worker's event sources and channels for KV routing.
+_MIRRORED_KINDS: tuple[RecordKind, ...] = ("instances", "mdc", "event_sources", "event_channels")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEntry:
+    """One key as a listing returns it."""
+
+    key: str
+    value: bytes
+    create_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreListing:
+    """Every key under a prefix, read at one revision."""
+
+    revision: int
+    entries: tuple[StoreEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreChange:
+    """One watch event: a put (``value`` set) or a delete, lease expiry included (``None``)."""
+
+    key: str
+    value: bytes | None
+    revision: int
+
+
+class StoreReader(Protocol):
+    """The read side of Dynamo's etcd store, as the bridge needs it."""
+
+    async def list_prefix(self, prefix: str) -> StoreListing:
+        """List at one revision; raise :class:`StoreUnavailable` when etcd cannot answer."""
+        ...
+
+    def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[StoreChange]:
+        """Yield changes from ``start_revision`` on, in revision order, until closed.
+
+        Raises :class:`StoreCompacted` when that revision is gone and :class:`StoreUnavailable`
+        when the connection is lost.
+        """
+        ...
+
+    async def probe(self) -> None:
+        """Ask the store something small; raise :class:`StoreUnavailable` if it does not answer."""
+        ...
+
+    async def reset(self) -> None:
+        """Drop the connection after a failure; the next call connects afresh."""
+        ...
+
+
+class _Skip(Exception):
+    """A key under the prefix that is not a record the bucket mirrors."""
+
+
+def bucket_key_for_etcd(key: str) -> str | None:
+    """Return the bucket key of Dynamo's etcd key, or ``None`` for a bucket not mirrored.
+
+    Raises :class:`InvalidRecordError` for a key in a mirrored bucket that is not a record path.
+    """
+    if not key.startswith(DISCOVERY_PREFIX):
+        return None
+    bucket, sep, path = key[len(DISCOVERY_PREFIX) :].partition("/")
+    if not sep:
+        return None
+    for kind in _MIRRORED_KINDS:
+        if bucket == kind:
+            return bucket_key_for_path(kind, path)
+    return None
+
+
+@dataclass(slots=True)
+class EtcdBridgeStats:
+    """Counters an operator can read (``workerset-admission bridge`` prints them on exit)."""
+
+    listings: int = 0
+    relists_after_compaction: int = 0
+    store_errors: int = 0
+    changes: int = 0
+    puts: int = 0
+    deletes: int = 0
+    pruned: int = 0
+    write_errors: int = 0
+    ignored_keys: int = 0
+    revision: int = 0
+    skipped_keys: dict[str, str] = field(default_factory=dict)
+
+
+class EtcdDiscoveryBridge:
+    """Keep the owned part of a bucket equal to Dynamo's records in etcd."""
+
+    def __init__(
+        self,
+        reader: StoreReader,
+        writer: BucketWriter,
+        *,
+        prefix: str = DISCOVERY_PREFIX,
+        prune: bool = True,
+        backoff: Sequence[float] = DEFAULT_BACKOFF,
+        retry_interval: float = 1.0,
+        probe_interval: float = 10.0,
+        key_of: Callable[[str], str | None] = bucket_key_for_etcd,
+    ) -> None:
+        if not backoff or any(delay <= 0 for delay in backoff):
+            raise ValueError("backoff needs at least one positive delay")
+        self._reader = reader
+        self._writer = writer
+        self._prefix = prefix
+        self._prune = prune
+        self._backoff = tuple(backoff)
+        self._retry_interval = retry_interval
+        self._probe_interval = probe_interval
+        self._key_of = key_of
+        self._desired: dict[str, bytes] = {}
+        self._mirrored: dict[str, bytes | None] = {}
+        self._dirty: set[str] = set()
+        self._failing: set[str] = set()
+        self._lock = asyncio.Lock()
+        self._started = False
+        self._revision = 0
+        self.stats = EtcdBridgeStats()
+        # Set after each listing has been written; tests and the CLI wait on it.
+        self.synced = asyncio.Event()
+
+    @property
+    def revision(self) -> int:
+        """The etcd revision the bucket reflects (0 before the first listing)."""
+        return self._revision
+
+    def mirrored_keys(self) -> frozenset[str]:
+        """Return the bucket keys this bridge has written and not deleted."""
+        return frozenset(key for key, value in self._mirrored.items() if value is not None)
+
+    async def resync(self) -> StoreListing:
+        """List the prefix at one revision and write the difference to the bucket."""
+        listing = await self._reader.list_prefix(self._prefix)
+        self.stats.listings += 1
+        if not self._started:
+            if self._prune:
+                # Values unknown: each owned key is either rewritten or deleted below.
+                try:
+                    owned = await self._writer.keys()
+                except Exception as exc:  # retried like an unreadable store
+                    raise StoreUnavailable(f"the bucket's keys could not be read: {exc}") from exc
+                self._mirrored = dict.fromkeys(owned)
+            self._started = True
+        desired: dict[str, bytes] = {}
+        created: dict[str, int] = {}
+        for entry in listing.entries:
+            key = self._translate(entry.key)
+            if key is not None:
+                desired[key] = entry.value
+                created[key] = entry.create_revision
+        async with self._lock:
+            self._desired = desired
+            # First registered first: the first configuration observed becomes the incumbent,
+            # so registrations must reach the bucket in the order etcd created them.
+            for key in sorted(desired, key=lambda k: (created[k], k)):
+                await self._write_key(key)
+            for key in sorted(set(self._mirrored) - set(desired)):
+                await self._write_key(key)
+        self._revision = listing.revision
+        self.stats.revision = listing.revision
+        self.synced.set()
+        return listing
+
+    async def apply(self, change: StoreChange) -> None:
+        """Apply one watch event to the bucket."""
+        self.stats.changes += 1
+        key = self._translate(change.key)
+        if key is not None:
+            async with self._lock:
+                if change.value is None:
+                    self._desired.pop(key, None)
+                else:
+                    self._desired[key] = change.value
+                await self._write_key(key)
+        self._revision = max(self._revision, change.revision)
+        self.stats.revision = self._revision
+
+    async def follow_once(self) -> None:
+        """Resync, then apply the watch until it fails; raise the failure."""
+        listing = await self.resync()
+        watching = asyncio.ensure_future(self._watch(listing.revision + 1))
+        try:
+            while True:
+                done, _pending = await asyncio.wait({watching}, timeout=self._probe_interval)
+                if done:
+                    watching.result()
+                    # A watch that simply ends (the server closed it) is a failure too.
+                    raise StoreUnavailable("the watch ended")
+                await self._reader.probe()
+        finally:
+            await cancel_and_wait([watching])
+
+    async def _watch(self, start_revision: int) -> None:
+        async for change in self._reader.watch_prefix(self._prefix, start_revision):
+            await self.apply(change)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow etcd until ``stop`` is set, resyncing after every failure."""
+        async with TaskGroup() as tg:
+            follower = tg.create_task(self._follow(stop))
+            retrier = tg.create_task(self._retry_dirty(stop))
+            await stop.wait()
+            follower.cancel()
+            retrier.cancel()
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            listings_before = self.stats.listings
+            try:
+                await self.follow_once()
+            except StoreCompacted as exc:
+                # Not a failure of etcd: the watch was behind. List again at once.
+                self.stats.relists_after_compaction += 1
+                _log.warning("discovery bridge: %s; listing again", exc)
+                failures = 0
+            except StoreUnavailable as exc:
+                self.stats.store_errors += 1
+                if self.stats.listings > listings_before:
+                    # It had listed and watched since the last failure: start the schedule over.
+                    failures = 0
+                delay = self._backoff[min(failures, len(self._backoff) - 1)]
+                level = logging.WARNING if failures == 0 else logging.DEBUG
+                _log.log(level, "discovery bridge cannot read etcd (%s); retrying", exc)
+                failures += 1
+                self.synced.clear()
+                await self._reader.reset()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+
+    async def _retry_dirty(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._retry_interval)
+            if self._dirty:
+                async with self._lock:
+                    for key in sorted(self._dirty):
+                        await self._write_key(key)
+
+    def _translate(self, etcd_key: str) -> str | None:
+        try:
+            key = self._key_of(etcd_key)
+        except InvalidRecordError as exc:
+            if self.stats.skipped_keys.get(etcd_key) != exc.reason:
+                _log.warning("discovery bridge skips %s: %s", etcd_key, exc.reason)
+                self.stats.skipped_keys[etcd_key] = exc.reason
+            return None
+        if key is None:
+            self.stats.ignored_keys += 1
+        return key
+
+    async def _write_key(self, key: str) -> None:
+        """Make the bucket hold ``desired[key]`` (or not hold the key); the lock is held."""
+        want = self._desired.get(key)
+        if want is not None:
+            if key in self._mirrored and self._mirrored[key] == want:
+                self._dirty.discard(key)
+                return
+            if await self._write(self._writer.put(key, want), key):
+                self._mirrored[key] = want
+                self.stats.puts += 1
+            return
+        if key not in self._mirrored:
+            self._dirty.discard(key)
+            return
+        if await self._write(self._writer.delete(key), key):
+            if self._mirrored.pop(key) is None:
+                self.stats.pruned += 1
+            else:
+                self.stats.deletes += 1
+
+    async def _write(self, operation: Awaitable[None], key: str) -> bool:
+        try:
+            await operation
+        except Exception as exc:  # the bucket being unreachable must not stop the bridge
+            self.stats.write_errors += 1
+            self._dirty.add(key)
+            level = logging.DEBUG if key in self._failing else logging.WARNING
+            _log.log(level, "discovery bridge could not write %s: %s", key, exc)
+            self._failing.add(key)
+            return False
+        self._dirty.discard(key)
+        self._failing.discard(key)
+        return True
