@@ -12,6 +12,10 @@ counter, and commits, withdrawals and successions into short child spans. Builds
 :meth:`AdmissionTelemetry.build_attempt`. Gauges read a state summary the service supplies
 through :meth:`AdmissionTelemetry.observe_state` only when a metric reader collects.
 
+The pieces live beside this module: the update and build context managers in ``scopes``, the
+instruments and their recording in ``instruments``, and the table of reported effects in
+``effect_reports``. Every name they define for callers is importable from here as well.
+
 Only the OpenTelemetry API is used: without an SDK every instrument is a no-op and no
 per-update span is made at all. Per-update spans can be switched off (``trace_updates=False``)
 or sampled by the SDK's sampler, and update counts are kept in a dict the SDK reads only when it
@@ -20,34 +24,28 @@ measurable share of the work (``integration/bench/bench_telemetry_overhead.py``)
 
 Every public method swallows its own failures: telemetry that breaks admission would be worse
 than no telemetry.
-
-Effects are the core's frozen dataclasses, dispatched on their exact type. The import goes one
-way only: the core never imports telemetry.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import TracebackType
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind
 
 from .. import __version__
-from ..admission import effects as fx
-from ..identity import GroupKey
 from ..ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
 from . import names as n
+from .effect_reports import EFFECT_HANDLERS, MUTATION_REFUSED, decision_of
+from .instruments import AdmissionInstruments, AdmissionStateSummary
 from .propagation import link_from_headers
+from .scopes import DEFAULT_DECISION, BuildScope, UpdateScope
 
 __all__ = [
+    "DEFAULT_DECISION",
+    "MUTATION_REFUSED",
     "AdmissionStateSummary",
     "AdmissionTelemetry",
     "BuildScope",
@@ -60,243 +58,15 @@ _log = logging.getLogger(__name__)
 # Lots of snapshot entries may carry trace context; a handful of links already shows where
 # the snapshot came from, and backends cap links per span anyway.
 _MAX_SNAPSHOT_LINKS: Final = 16
-_LATENCY_BUCKETS: Final = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-)
 _PLACEHOLDERS: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _SDK_RECHECK_EVERY: Final = 1024
 _MAX_CACHED_GROUP_IDS: Final = 4096
-# Enough latency samples for a faithful histogram at a cost that stays well under 1% of a core.
-_LATENCY_RECORDS_PER_SECOND: Final = 1000
-_BUILD_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-
-MUTATION_REFUSED: Final = "mutation_refused"
-"""The invalid-record reason counted for a registration key re-sent with another identity."""
-
-DEFAULT_DECISION: Final = "unchanged"
-"""The decision counted for an update whose scope never had a decision: it changed nothing.
-
-Every update is counted once, under exactly one decision, so the decisions of an operation sum
-to its updates: admitted, rejected, removed, refused, updated, unchanged, reconciled, liveness
-(an endpoint-instance record), event (an event source or channel), ignored (outside the
-namespace filter), invalid, error.
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionStateSummary:
-    """What the gauges report: groups per status, and the workers admitted across all groups."""
-
-    groups_by_status: Mapping[str, int] = field(default_factory=dict)
-    admitted_workers: int = 0
-    # Groups whose tenure is held after an outage (their incumbent has no live member).
-    held_groups: int = 0
 
 
 def _group_id(group: object) -> str:
     """Return a group's id for attributes: Dynamo's compact JSON id for a GroupKey, else str."""
     group_id = getattr(group, "id", None)
     return group_id if isinstance(group_id, str) else str(group)
-
-
-class UpdateScope:
-    """One discovery update (or snapshot) being applied; returned by ``apply_update``.
-
-    Used as a context manager. ``record_decision`` may be called any number of times; the last
-    call wins, since the service may learn the final decision only after the core's effects.
-    """
-
-    __slots__ = (
-        "_decision",
-        "_key",
-        "_operation",
-        "_published_at",
-        "_span",
-        "_telemetry",
-        "_token",
-    )
-
-    def __init__(
-        self,
-        telemetry: AdmissionTelemetry,
-        operation: str,
-        key: str,
-        published_at: float | None,
-        span: Span | None,
-    ) -> None:
-        self._telemetry = telemetry
-        self._operation = operation
-        self._key = key
-        self._decision = DEFAULT_DECISION
-        self._published_at = published_at
-        self._span = span
-        self._token: object = None
-
-    @property
-    def span(self) -> Span:
-        """The update's span (a non-recording one when update tracing is off)."""
-        return self._span if self._span is not None else trace.INVALID_SPAN
-
-    @property
-    def operation(self) -> str:
-        return self._operation
-
-    @property
-    def decision(self) -> str:
-        return self._decision
-
-    def record_decision(self, decision: str, group: object | None = None) -> None:
-        """Say what the core decided about this update, and for which group."""
-        self._decision = decision
-        span = self._span
-        # Attributes are built only for a span that keeps them: this runs for every update.
-        if span is not None and span.is_recording():
-            try:
-                span.set_attribute(n.ATTR_DECISION, decision)
-                if group is not None:
-                    span.set_attribute(n.ATTR_GROUP, self._telemetry.group_id(group))
-            except Exception:
-                _log.debug("could not record the decision", exc_info=True)
-
-    def effects(self, effects: Sequence[object]) -> None:
-        """Report the core's effects for this update and take the decision from them.
-
-        A decision recorded explicitly before wins over the one the effects imply.
-        """
-        if self._decision == DEFAULT_DECISION:
-            try:
-                if self._operation == "snapshot":
-                    # One listing touches many groups; no single decision describes it.
-                    self.record_decision("reconciled" if effects else "unchanged")
-                else:
-                    decision, group = decision_of(effects)
-                    self.record_decision(decision, group)
-            except Exception:
-                _log.debug("could not derive the decision", exc_info=True)
-        if effects:
-            self._telemetry.effects(effects)
-
-    def invalid_record(self, reason: str, detail: str = "", key: str | None = None) -> None:
-        """Report the update's record as refused (see ``AdmissionTelemetry.invalid_record``)."""
-        self._decision = "invalid"
-        self._telemetry.invalid_record(
-            key if key is not None else self._key, reason, detail, span=self._span
-        )
-
-    def __enter__(self) -> UpdateScope:
-        if self._span is not None:
-            try:
-                self._token = otel_context.attach(trace.set_span_in_context(self._span))
-            except Exception:
-                _log.debug("could not activate the update span", exc_info=True)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            if exc is not None:
-                self._decision = "error"
-            self._telemetry._count_update(self._operation, self._decision, self._published_at)
-            span = self._span
-            if span is not None:
-                if exc is not None and span.is_recording():
-                    span.set_attribute(n.ATTR_DECISION, "error")
-                    span.set_attribute(n.ATTR_ERROR_TYPE, type(exc).__qualname__)
-                    span.record_exception(exc)
-                    span.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
-                if self._token is not None:
-                    otel_context.detach(self._token)  # type: ignore[arg-type]
-                    self._token = None
-                span.end()
-        except Exception:
-            _log.debug("could not close the update span", exc_info=True)
-
-
-class BuildScope:
-    """One pipeline build attempt; returned by ``build_attempt`` and used as a context manager.
-
-    The outcome is ``ok`` when the block ends normally, ``cancelled`` when it is cancelled,
-    ``failed`` (with ``error.type``) when it raises; ``set_outcome`` overrides it, for a build
-    that reports failure without raising.
-    """
-
-    __slots__ = ("_attrs", "_error_type", "_outcome", "_span", "_started", "_telemetry", "_token")
-
-    def __init__(self, telemetry: AdmissionTelemetry, attrs: dict[str, Any]) -> None:
-        self._telemetry = telemetry
-        self._attrs = attrs
-        self._outcome: str | None = None
-        self._error_type: str | None = None
-        self._span: Span | None = None
-        self._token: object = None
-        self._started = 0.0
-
-    @property
-    def span(self) -> Span:
-        return self._span if self._span is not None else trace.INVALID_SPAN
-
-    def set_outcome(self, outcome: str, error_type: str | None = None) -> None:
-        self._outcome = outcome
-        self._error_type = error_type
-
-    def __enter__(self) -> BuildScope:
-        self._started = time.perf_counter()
-        try:
-            self._span = self._telemetry.tracer.start_span(
-                n.SPAN_BUILD, kind=SpanKind.INTERNAL, attributes=self._attrs
-            )
-            self._token = otel_context.attach(trace.set_span_in_context(self._span))
-        except Exception:
-            _log.debug("could not start the build span", exc_info=True)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            outcome, error_type = self._outcome, self._error_type
-            if exc is not None and outcome is None:
-                # CancelledError is a BaseException: a cancelled build is not a failed one.
-                cancelled = type(exc).__name__ == "CancelledError"
-                outcome = "cancelled" if cancelled else "failed"
-                error_type = None if cancelled else type(exc).__qualname__
-            outcome = outcome or "ok"
-            self._telemetry._count_build(outcome, time.perf_counter() - self._started)
-            span = self._span
-            if span is not None:
-                if span.is_recording():
-                    span.set_attribute(n.ATTR_BUILD_OUTCOME, outcome)
-                    if error_type is not None:
-                        span.set_attribute(n.ATTR_ERROR_TYPE, error_type)
-                        span.set_status(Status(StatusCode.ERROR, error_type))
-                    if isinstance(exc, Exception):
-                        span.record_exception(exc)
-                if self._token is not None:
-                    otel_context.detach(self._token)  # type: ignore[arg-type]
-                    self._token = None
-                span.end()
-        except Exception:
-            _log.debug("could not close the build span", exc_info=True)
 
 
 class AdmissionTelemetry:
@@ -330,69 +100,8 @@ class AdmissionTelemetry:
             n.INSTRUMENTATION_NAME, __version__, meter_provider=meter_provider
         )
         self._rejection_log = rejection_logger or logging.getLogger(f"{n.PREFIX}.admission")
-        self._state: Callable[[], AdmissionStateSummary] | None = None
         self._group_ids: dict[object, str] = {}
-        self._update_counts: dict[tuple[str, str], int] = {}
-        self._update_labels: dict[tuple[str, str], dict[str, str]] = {}
-        self._latency_seen = 0
-        self._latency_stride = 1
-        self._latency_window_start = time.time()
-        self._latency_window_seen = 0
-
-        meter.create_observable_counter(
-            n.METRIC_UPDATES,
-            callbacks=[self._observe_updates],
-            unit="{update}",
-            description="Discovery updates applied, by operation and decision.",
-        )
-        self._invalid = meter.create_counter(
-            n.METRIC_INVALID_RECORDS,
-            unit="{record}",
-            description="Discovery records refused at the boundary, by reason.",
-        )
-        self._rejected = meter.create_counter(
-            n.METRIC_REJECTED_COHORTS,
-            unit="{cohort}",
-            description="Cohorts newly rejected because their checksum differs from the incumbent.",
-        )
-        self._successions = meter.create_counter(
-            n.METRIC_SUCCESSIONS,
-            unit="{succession}",
-            description="WorkerSets whose incumbent cohort emptied and was succeeded.",
-        )
-        self._builds = meter.create_counter(
-            n.METRIC_BUILDS, unit="{build}", description="Pipeline build attempts, by outcome."
-        )
-        self._build_duration = meter.create_histogram(
-            n.METRIC_BUILD_DURATION,
-            unit="s",
-            description="Duration of pipeline build attempts.",
-            explicit_bucket_boundaries_advisory=_BUILD_BUCKETS,
-        )
-        self._latency = meter.create_histogram(
-            n.METRIC_ADMISSION_LATENCY,
-            unit="s",
-            description="Time from the server storing a discovery record to its being applied.",
-            explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS,
-        )
-        meter.create_observable_gauge(
-            n.METRIC_GROUPS,
-            callbacks=[self._observe_groups],
-            unit="{group}",
-            description="WorkerSet groups, by admission status.",
-        )
-        meter.create_observable_gauge(
-            n.METRIC_GROUPS_HELD,
-            callbacks=[self._observe_held],
-            unit="{group}",
-            description="WorkerSet groups whose tenure is held after a discovery outage.",
-        )
-        meter.create_observable_gauge(
-            n.METRIC_WORKERS_ADMITTED,
-            callbacks=[self._observe_admitted],
-            unit="{worker}",
-            description="Workers currently admitted for routing, across all groups.",
-        )
+        self._instruments = AdmissionInstruments(meter)
 
     # --- discovery updates -------------------------------------------------------------------
 
@@ -493,7 +202,7 @@ class AdmissionTelemetry:
     ) -> None:
         """Count a refused record by reason and note it on the current (or given) span."""
         try:
-            self._invalid.add(1, {n.LABEL_REASON: reason})
+            self._instruments.invalid.add(1, {n.LABEL_REASON: reason})
             target = span if span is not None else trace.get_current_span()
             if target.is_recording():
                 target.add_event(
@@ -503,42 +212,6 @@ class AdmissionTelemetry:
             _log.debug("invalid discovery record %s: %s %s", key, reason, detail)
         except Exception:
             _log.debug("could not report an invalid record", exc_info=True)
-
-    def _count_update(self, operation: str, decision: str, published_at: float | None) -> None:
-        # Plain dict arithmetic here; the SDK sees the totals only when a reader collects, which
-        # keeps a per-update SDK call (several microseconds each) off the hot path.
-        counts = self._update_counts
-        combo = (operation, decision)
-        counts[combo] = counts.get(combo, 0) + 1
-        if published_at is not None:
-            self._sample_latency(published_at)
-
-    def _sample_latency(self, published_at: float) -> None:
-        # Under a burst only every ``stride``-th update is timed, spread evenly through the burst,
-        # so recording stays near _LATENCY_RECORDS_PER_SECOND whatever the update rate.
-        self._latency_seen += 1
-        if self._latency_seen % self._latency_stride:
-            return
-        now = time.time()
-        # The server's clock and ours differ a little; a negative age means "just now".
-        self._latency.record(max(0.0, now - published_at))
-        elapsed = now - self._latency_window_start
-        # A short window, so the stride catches up with a burst within a tenth of a second.
-        if elapsed >= 0.1:
-            rate = (self._latency_seen - self._latency_window_seen) / elapsed
-            self._latency_stride = max(1, math.ceil(rate / _LATENCY_RECORDS_PER_SECOND))
-            self._latency_window_start = now
-            self._latency_window_seen = self._latency_seen
-
-    def _observe_updates(self, _options: CallbackOptions) -> Iterable[Observation]:
-        observations = []
-        for (operation, decision), count in self._update_counts.copy().items():
-            labels = self._update_labels.get((operation, decision))
-            if labels is None:
-                labels = {n.LABEL_OPERATION: operation, n.LABEL_DECISION: decision}
-                self._update_labels[(operation, decision)] = labels
-            observations.append(Observation(count, labels))
-        return observations
 
     # --- builds -------------------------------------------------------------------------------
 
@@ -558,11 +231,6 @@ class AdmissionTelemetry:
             _log.debug("unusable build attributes", exc_info=True)
         return BuildScope(self, attrs)
 
-    def _count_build(self, outcome: str, seconds: float) -> None:
-        labels = {n.LABEL_OUTCOME: outcome}
-        self._builds.add(1, labels)
-        self._build_duration.record(seconds, labels)
-
     # --- the core's effects -------------------------------------------------------------------
 
     def effects(self, effects: Iterable[object]) -> None:
@@ -576,7 +244,7 @@ class AdmissionTelemetry:
 
     def _effect(self, effect: object) -> None:
         try:
-            handler = _HANDLERS.get(type(effect))
+            handler = EFFECT_HANDLERS.get(type(effect))
             if handler is not None:
                 handler(self, effect)
         except Exception:
@@ -615,7 +283,7 @@ class AdmissionTelemetry:
                 instance,
                 extra=fields,
             )
-            self._rejected.add(1, {n.LABEL_MODEL: model})
+            self._instruments.rejected.add(1, {n.LABEL_MODEL: model})
             span = trace.get_current_span()
             if span.is_recording():
                 span.add_event(
@@ -687,7 +355,9 @@ class AdmissionTelemetry:
             # A group whose last worker left has no successor: that is a withdrawal, not a
             # succession, and counting it would make every scale-to-zero look like an update.
             try:
-                self._successions.add(1, {n.LABEL_MODEL: str(model)} if model is not None else {})
+                self._instruments.successions.add(
+                    1, {n.LABEL_MODEL: str(model)} if model is not None else {}
+                )
             except Exception:
                 _log.debug("could not count a succession", exc_info=True)
         self._instant_span(n.SPAN_SUCCEED, attrs)
@@ -788,119 +458,4 @@ class AdmissionTelemetry:
 
     def observe_state(self, callback: Callable[[], AdmissionStateSummary]) -> None:
         """Set the function the gauges call, at collection time, for the current state."""
-        self._state = callback
-
-    def _summary(self) -> AdmissionStateSummary | None:
-        if self._state is None:
-            return None
-        try:
-            return self._state()
-        except Exception:
-            _log.debug("the state callback failed", exc_info=True)
-            return None
-
-    def _observe_groups(self, _options: CallbackOptions) -> Iterable[Observation]:
-        summary = self._summary()
-        if summary is None:
-            return []
-        counts = dict.fromkeys(n.GROUP_STATUSES, 0)
-        counts.update(summary.groups_by_status)
-        return [Observation(count, {n.LABEL_STATUS: status}) for status, count in counts.items()]
-
-    def _observe_held(self, _options: CallbackOptions) -> Iterable[Observation]:
-        summary = self._summary()
-        return [] if summary is None else [Observation(summary.held_groups)]
-
-    def _observe_admitted(self, _options: CallbackOptions) -> Iterable[Observation]:
-        summary = self._summary()
-        return [] if summary is None else [Observation(summary.admitted_workers)]
-
-
-# --- effect dispatch ----------------------------------------------------------------------------
-
-
-def _on_rejection(telemetry: AdmissionTelemetry, effect: fx.RejectionReported) -> None:
-    telemetry.cohort_rejected(
-        model=effect.model,
-        worker_set=effect.worker_set,
-        incumbent_checksum=effect.incumbent_checksum,
-        rejected_checksum=effect.rejected_checksum,
-        instance=effect.instance,
-    )
-
-
-def _on_mutation(telemetry: AdmissionTelemetry, effect: fx.MutationRefused) -> None:
-    telemetry.invalid_record(
-        effect.key,
-        MUTATION_REFUSED,
-        f"{effect.reason}: kept {effect.kept_group.id} {effect.kept_checksum}, "
-        f"offered {effect.offered_group.id} {effect.offered_checksum}",
-    )
-
-
-def _on_commit(telemetry: AdmissionTelemetry, effect: fx.CommitGroup) -> None:
-    telemetry.group_committed(effect.group, effect.mdc_checksum, effect.generation)
-
-
-def _on_withdraw(telemetry: AdmissionTelemetry, effect: fx.WithdrawGroup) -> None:
-    telemetry.group_withdrawn(effect.group, effect.mdc_checksum, effect.generation)
-
-
-def _on_succession(telemetry: AdmissionTelemetry, effect: fx.Succession) -> None:
-    telemetry.succession(
-        effect.group,
-        effect.old_checksum,
-        effect.new_checksum,
-        effect.old_generation,
-        effect.new_generation,
-    )
-
-
-def _on_held(telemetry: AdmissionTelemetry, effect: fx.TenureHeld) -> None:
-    telemetry.tenure_held(effect.group, effect.mdc_checksum, effect.generation, effect.deadline)
-
-
-def _on_hold_ended(telemetry: AdmissionTelemetry, effect: fx.TenureHoldEnded) -> None:
-    telemetry.tenure_hold_ended(effect.group, effect.mdc_checksum, effect.outcome, effect.held_for)
-
-
-def _on_retry(telemetry: AdmissionTelemetry, effect: fx.RetryScheduled) -> None:
-    telemetry.retry_scheduled(
-        effect.group,
-        effect.mdc_checksum,
-        effect.generation,
-        effect.attempt,
-        effect.delay,
-        effect.error,
-    )
-
-
-# The effects worth reporting; the others (receivers, publications, build requests) are the
-# service's to carry out and show up in the spans of the work they cause.
-_HANDLERS: Final[dict[type, Callable[[AdmissionTelemetry, Any], None]]] = {
-    fx.RejectionReported: _on_rejection,
-    fx.MutationRefused: _on_mutation,
-    fx.CommitGroup: _on_commit,
-    fx.WithdrawGroup: _on_withdraw,
-    fx.Succession: _on_succession,
-    fx.TenureHeld: _on_held,
-    fx.TenureHoldEnded: _on_hold_ended,
-    fx.RetryScheduled: _on_retry,
-}
-
-
-def decision_of(effects: Sequence[object]) -> tuple[str, GroupKey | None]:
-    """Summarize what the core's effects say about the one update that caused them.
-
-    ``admitted`` or ``rejected`` for a registration placed in the incumbent or another cohort,
-    ``removed`` for a departure, ``refused`` for a refused in-place change, ``updated`` for
-    any other change, ``unchanged`` for a duplicate.
-    """
-    for effect in effects:
-        if isinstance(effect, fx.WorkerPlaced):
-            return ("admitted" if effect.admitted else "rejected"), effect.group
-        if isinstance(effect, fx.WorkerDeparted):
-            return "removed", effect.group
-        if isinstance(effect, fx.MutationRefused):
-            return "refused", effect.kept_group
-    return ("updated" if effects else "unchanged"), None
+        self._instruments.observe_state(callback)

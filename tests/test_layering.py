@@ -14,7 +14,6 @@ MAX_LINES = 600
 # Modules still above the limit, each waiting for its own split; the list may only shrink.
 OVERSIZED = {
     "plugin/admission/core.py",
-    "telemetry/facade.py",
 }
 
 

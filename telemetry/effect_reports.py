@@ -1,0 +1,108 @@
+"""How the core's effects become telemetry: which effects are reported, and by what call.
+
+Effects are the core's frozen dataclasses, dispatched on their exact type. The import goes one
+way only: the core never imports telemetry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from ..admission import effects as fx
+from ..identity import GroupKey
+
+if TYPE_CHECKING:
+    from .facade import AdmissionTelemetry
+
+__all__ = ["EFFECT_HANDLERS", "MUTATION_REFUSED", "decision_of"]
+
+MUTATION_REFUSED: Final = "mutation_refused"
+"""The invalid-record reason counted for a registration key re-sent with another identity."""
+
+
+def _on_rejection(telemetry: AdmissionTelemetry, effect: fx.RejectionReported) -> None:
+    telemetry.cohort_rejected(
+        model=effect.model,
+        worker_set=effect.worker_set,
+        incumbent_checksum=effect.incumbent_checksum,
+        rejected_checksum=effect.rejected_checksum,
+        instance=effect.instance,
+    )
+
+
+def _on_mutation(telemetry: AdmissionTelemetry, effect: fx.MutationRefused) -> None:
+    telemetry.invalid_record(
+        effect.key,
+        MUTATION_REFUSED,
+        f"{effect.reason}: kept {effect.kept_group.id} {effect.kept_checksum}, "
+        f"offered {effect.offered_group.id} {effect.offered_checksum}",
+    )
+
+
+def _on_commit(telemetry: AdmissionTelemetry, effect: fx.CommitGroup) -> None:
+    telemetry.group_committed(effect.group, effect.mdc_checksum, effect.generation)
+
+
+def _on_withdraw(telemetry: AdmissionTelemetry, effect: fx.WithdrawGroup) -> None:
+    telemetry.group_withdrawn(effect.group, effect.mdc_checksum, effect.generation)
+
+
+def _on_succession(telemetry: AdmissionTelemetry, effect: fx.Succession) -> None:
+    telemetry.succession(
+        effect.group,
+        effect.old_checksum,
+        effect.new_checksum,
+        effect.old_generation,
+        effect.new_generation,
+    )
+
+
+def _on_held(telemetry: AdmissionTelemetry, effect: fx.TenureHeld) -> None:
+    telemetry.tenure_held(effect.group, effect.mdc_checksum, effect.generation, effect.deadline)
+
+
+def _on_hold_ended(telemetry: AdmissionTelemetry, effect: fx.TenureHoldEnded) -> None:
+    telemetry.tenure_hold_ended(effect.group, effect.mdc_checksum, effect.outcome, effect.held_for)
+
+
+def _on_retry(telemetry: AdmissionTelemetry, effect: fx.RetryScheduled) -> None:
+    telemetry.retry_scheduled(
+        effect.group,
+        effect.mdc_checksum,
+        effect.generation,
+        effect.attempt,
+        effect.delay,
+        effect.error,
+    )
+
+
+# The effects worth reporting; the others (receivers, publications, build requests) are the
+# service's to carry out and show up in the spans of the work they cause.
+EFFECT_HANDLERS: Final[dict[type, Callable[[AdmissionTelemetry, Any], None]]] = {
+    fx.RejectionReported: _on_rejection,
+    fx.MutationRefused: _on_mutation,
+    fx.CommitGroup: _on_commit,
+    fx.WithdrawGroup: _on_withdraw,
+    fx.Succession: _on_succession,
+    fx.TenureHeld: _on_held,
+    fx.TenureHoldEnded: _on_hold_ended,
+    fx.RetryScheduled: _on_retry,
+}
+
+
+def decision_of(effects: Sequence[object]) -> tuple[str, GroupKey | None]:
+    """Summarize what the core's effects say about the one update that caused them.
+
+    ``admitted`` or ``rejected`` for a registration placed in the incumbent or another cohort,
+    ``removed`` for a departure, ``refused`` for a refused in-place change, ``updated`` for
+    any other change, ``unchanged`` for a duplicate.
+    """
+    for effect in effects:
+        if isinstance(effect, fx.WorkerPlaced):
+            return ("admitted" if effect.admitted else "rejected"), effect.group
+        if isinstance(effect, fx.WorkerDeparted):
+            return "removed", effect.group
+        if isinstance(effect, fx.MutationRefused):
+            return "refused", effect.kept_group
+    return ("updated" if effects else "unchanged"), None

@@ -1,0 +1,197 @@
+"""The service's metric instruments, and the cheap per-update bookkeeping that feeds them."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from . import names as n
+
+__all__ = ["AdmissionInstruments", "AdmissionStateSummary"]
+
+_log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+# Enough latency samples for a faithful histogram at a cost that stays well under 1% of a core.
+_LATENCY_RECORDS_PER_SECOND: Final = 1000
+_BUILD_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStateSummary:
+    """What the gauges report: groups per status, and the workers admitted across all groups."""
+
+    groups_by_status: Mapping[str, int] = field(default_factory=dict)
+    admitted_workers: int = 0
+    # Groups whose tenure is held after an outage (their incumbent has no live member).
+    held_groups: int = 0
+
+
+class AdmissionInstruments:
+    """Every instrument of one admission service, made on one meter, and what records into them.
+
+    The counters ``invalid``, ``rejected`` and ``successions`` are added to directly by the
+    facade; update counts, latency samples, builds and the gauges go through the methods here.
+    """
+
+    def __init__(self, meter: metrics.Meter) -> None:
+        self._state: Callable[[], AdmissionStateSummary] | None = None
+        self._update_counts: dict[tuple[str, str], int] = {}
+        self._update_labels: dict[tuple[str, str], dict[str, str]] = {}
+        self._latency_seen = 0
+        self._latency_stride = 1
+        self._latency_window_start = time.time()
+        self._latency_window_seen = 0
+
+        meter.create_observable_counter(
+            n.METRIC_UPDATES,
+            callbacks=[self._observe_updates],
+            unit="{update}",
+            description="Discovery updates applied, by operation and decision.",
+        )
+        self.invalid = meter.create_counter(
+            n.METRIC_INVALID_RECORDS,
+            unit="{record}",
+            description="Discovery records refused at the boundary, by reason.",
+        )
+        self.rejected = meter.create_counter(
+            n.METRIC_REJECTED_COHORTS,
+            unit="{cohort}",
+            description="Cohorts newly rejected because their checksum differs from the incumbent.",
+        )
+        self.successions = meter.create_counter(
+            n.METRIC_SUCCESSIONS,
+            unit="{succession}",
+            description="WorkerSets whose incumbent cohort emptied and was succeeded.",
+        )
+        self._builds = meter.create_counter(
+            n.METRIC_BUILDS, unit="{build}", description="Pipeline build attempts, by outcome."
+        )
+        self._build_duration = meter.create_histogram(
+            n.METRIC_BUILD_DURATION,
+            unit="s",
+            description="Duration of pipeline build attempts.",
+            explicit_bucket_boundaries_advisory=_BUILD_BUCKETS,
+        )
+        self._latency = meter.create_histogram(
+            n.METRIC_ADMISSION_LATENCY,
+            unit="s",
+            description="Time from the server storing a discovery record to its being applied.",
+            explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS,
+        )
+        meter.create_observable_gauge(
+            n.METRIC_GROUPS,
+            callbacks=[self._observe_groups],
+            unit="{group}",
+            description="WorkerSet groups, by admission status.",
+        )
+        meter.create_observable_gauge(
+            n.METRIC_GROUPS_HELD,
+            callbacks=[self._observe_held],
+            unit="{group}",
+            description="WorkerSet groups whose tenure is held after a discovery outage.",
+        )
+        meter.create_observable_gauge(
+            n.METRIC_WORKERS_ADMITTED,
+            callbacks=[self._observe_admitted],
+            unit="{worker}",
+            description="Workers currently admitted for routing, across all groups.",
+        )
+
+    # --- discovery updates -------------------------------------------------------------------
+
+    def count_update(self, operation: str, decision: str, published_at: float | None) -> None:
+        # Plain dict arithmetic here; the SDK sees the totals only when a reader collects, which
+        # keeps a per-update SDK call (several microseconds each) off the hot path.
+        counts = self._update_counts
+        combo = (operation, decision)
+        counts[combo] = counts.get(combo, 0) + 1
+        if published_at is not None:
+            self._sample_latency(published_at)
+
+    def _sample_latency(self, published_at: float) -> None:
+        # Under a burst only every ``stride``-th update is timed, spread evenly through the burst,
+        # so recording stays near _LATENCY_RECORDS_PER_SECOND whatever the update rate.
+        self._latency_seen += 1
+        if self._latency_seen % self._latency_stride:
+            return
+        now = time.time()
+        # The server's clock and ours differ a little; a negative age means "just now".
+        self._latency.record(max(0.0, now - published_at))
+        elapsed = now - self._latency_window_start
+        # A short window, so the stride catches up with a burst within a tenth of a second.
+        if elapsed >= 0.1:
+            rate = (self._latency_seen - self._latency_window_seen) / elapsed
+            self._latency_stride = max(1, math.ceil(rate / _LATENCY_RECORDS_PER_SECOND))
+            self._latency_window_start = now
+            self._latency_window_seen = self._latency_seen
+
+    def _observe_updates(self, _options: CallbackOptions) -> Iterable[Observation]:
+        observations = []
+        for (operation, decision), count in self._update_counts.copy().items():
+            labels = self._update_labels.get((operation, decision))
+            if labels is None:
+                labels = {n.LABEL_OPERATION: operation, n.LABEL_DECISION: decision}
+                self._update_labels[(operation, decision)] = labels
+            observations.append(Observation(count, labels))
+        return observations
+
+    # --- builds -------------------------------------------------------------------------------
+
+    def count_build(self, outcome: str, seconds: float) -> None:
+        labels = {n.LABEL_OUTCOME: outcome}
+        self._builds.add(1, labels)
+        self._build_duration.record(seconds, labels)
+
+    # --- gauges -------------------------------------------------------------------------------
+
+    def observe_state(self, callback: Callable[[], AdmissionStateSummary]) -> None:
+        """Set the function the gauges call, at collection time, for the current state."""
+        self._state = callback
+
+    def _summary(self) -> AdmissionStateSummary | None:
+        if self._state is None:
+            return None
+        try:
+            return self._state()
+        except Exception:
+            _log.debug("the state callback failed", exc_info=True)
+            return None
+
+    def _observe_groups(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        if summary is None:
+            return []
+        counts = dict.fromkeys(n.GROUP_STATUSES, 0)
+        counts.update(summary.groups_by_status)
+        return [Observation(count, {n.LABEL_STATUS: status}) for status, count in counts.items()]
+
+    def _observe_held(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        return [] if summary is None else [Observation(summary.held_groups)]
+
+    def _observe_admitted(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        return [] if summary is None else [Observation(summary.admitted_workers)]
