@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from workerset_admission.admission import core
+from workerset_admission.admission import builders
 from workerset_admission.admission import effects as fx
 from workerset_admission.identity import GroupKey
 
@@ -15,10 +15,10 @@ GROUP = GroupKey("m", '["ns","c","e","chat","aggregated"]')
 @pytest.mark.parametrize(
     ("built", "made"),
     [
-        (core._placed("k", GROUP, "cs", True), fx.WorkerPlaced("k", GROUP, "cs", True)),
-        (core._departed("k", GROUP, "cs", False), fx.WorkerDeparted("k", GROUP, "cs", False)),
+        (builders._placed("k", GROUP, "cs", True), fx.WorkerPlaced("k", GROUP, "cs", True)),
+        (builders._departed("k", GROUP, "cs", False), fx.WorkerDeparted("k", GROUP, "cs", False)),
         (
-            core._publish(GROUP, 3, "cs", 7, frozenset({1, 2}), {"card": 1}),
+            builders._publish(GROUP, 3, "cs", 7, frozenset({1, 2}), {"card": 1}),
             fx.PublishAdmissions(GROUP, 3, "cs", 7, frozenset({1, 2}), {"card": 1}),
         ),
     ],
@@ -41,9 +41,9 @@ def test_a_directly_built_effect_equals_and_reads_like_the_constructed_one(
 @pytest.mark.parametrize(
     ("cls", "setters"),
     [
-        (fx.WorkerPlaced, core._PLACED_SLOTS),
-        (fx.WorkerDeparted, core._DEPARTED_SLOTS),
-        (fx.PublishAdmissions, core._PUBLISH_SLOTS),
+        (fx.WorkerPlaced, builders._PLACED_SLOTS),
+        (fx.WorkerDeparted, builders._DEPARTED_SLOTS),
+        (fx.PublishAdmissions, builders._PUBLISH_SLOTS),
     ],
 )
 def test_the_builders_set_every_field_of_their_effect_in_order(

@@ -1,0 +1,189 @@
+"""The admission core's state: settings, per-group records and the base its parts share."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from workerset_admission.admission import effects as fx
+from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
+from workerset_admission.errors import ConfigError
+from workerset_admission.identity import GroupKey, Registration, instance_key
+
+if TYPE_CHECKING:
+    from workerset_admission.admission.inputs import Snapshot
+
+__all__ = ["CoreSettings"]
+
+_QUEUED = GroupStatus.QUEUED
+_RETRYING = GroupStatus.RETRYING
+_BLOCKED = GroupStatus.BLOCKED
+_BLOCKED_READY = GroupStatus.BLOCKED_READY
+_READY = GroupStatus.READY
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    """Tunables of the core; the defaults are Dynamo 1.6.1's."""
+
+    max_concurrent_builds: int = 8
+    retry_delays: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+    # Seconds a tenure is held when a post-outage resync lists none of its members (0: never);
+    # three of Dynamo's default 10 s registration TTLs.
+    tenure_hold: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent_builds < 1:
+            raise ConfigError("max_concurrent_builds must be at least 1")
+        if not self.retry_delays or any(d < 0 for d in self.retry_delays):
+            raise ConfigError("retry_delays must be a non-empty list of non-negative seconds")
+        if not self.tenure_hold >= 0:
+            raise ConfigError("tenure_hold must be zero or more seconds")
+
+    def retry_delay(self, attempt: int) -> float:
+        """Delay after the ``attempt``-th consecutive failure (1-based); the last one repeats."""
+        delays = self.retry_delays
+        return delays[min(max(attempt, 1), len(delays)) - 1]
+
+
+class _Cohort:
+    __slots__ = ("checksum", "ids", "members")
+
+    def __init__(self, checksum: str) -> None:
+        self.checksum = checksum
+        # Insertion-ordered; membership, not order, matters inside a cohort.
+        self.members: dict[str, Registration] = {}
+        # The members' instance ids, kept alongside so that publishing admissions is one C-level
+        # set copy instead of a Python loop. A group has one endpoint and a base card per
+        # instance, so ids are unique within a cohort.
+        self.ids: set[int] = set()
+
+
+class _Group:
+    __slots__ = (
+        "attempt",
+        "card",
+        "checksum",
+        "cohorts",
+        "committed_generation",
+        "deadline",
+        "dirty",
+        "generation",
+        "held_since",
+        "held_until",
+        "in_flight",
+        "key",
+        "lora",
+        "lora_dirty",
+        "receiver",
+        "reported",
+        "representative",
+        "status",
+    )
+
+    def __init__(self, key: GroupKey) -> None:
+        self.key = key
+        self.cohorts: dict[str, _Cohort] = {}
+        self.status = StatusMachine()
+        # Tenure fields: all None/empty while idle.
+        self.checksum: str | None = None
+        self.receiver: int | None = None
+        self.generation: int | None = None
+        self.committed_generation: int | None = None
+        self.in_flight: int | None = None
+        self.attempt = 0
+        self.deadline: float | None = None
+        self.representative: str | None = None
+        self.card: Any = None
+        self.reported: set[str] = set()
+        # None forces the next flush to announce the projection even if unchanged.
+        self.lora: tuple[fx.LoraWorker, ...] | None = ()
+        self.dirty = False
+        self.lora_dirty = False
+        # Set while the tenure is held after an outage (see the theory of operation).
+        self.held_since: float | None = None
+        self.held_until: float | None = None
+
+
+def _base_key(reg: Registration) -> str:
+    """Return the instance key of the base card an adapter rides on (a base card's own key)."""
+    return instance_key(reg.endpoint, reg.instance_id)
+
+
+def _representative(cohort: _Cohort) -> Registration:
+    # Dynamo keeps members in a BTreeSet and takes the first: the smallest key.
+    return cohort.members[min(cohort.members)]
+
+
+class _CoreState:
+    """The fields and small shared steps of ``AdmissionCore``, which the core's parts extend."""
+
+    # Set by AdmissionCore.__init__; see there for what each holds.
+    _settings: CoreSettings
+    _groups: dict[tuple[str, str], _Group]
+    _regs: dict[str, Registration]
+    _loras: dict[str, Registration]
+    _adapters_at: dict[str, dict[str, Registration]]
+    _last_generation: int
+    _last_receiver: int
+    _now: float
+    _queue: deque[tuple[_Group, int]]
+    _in_flight: int
+    _timers: list[tuple[float, int, _Group, int]]
+    _timer_seq: int
+    _holds: list[tuple[float, int, _Group]]
+    _holding: bool
+    _dirty: list[_Group]
+    _lora_dirty: list[_Group]
+    _out: list[fx.Effect]
+    _handlers: dict[type, Callable[[Any], None]]
+
+    if TYPE_CHECKING:
+        # Steps defined by one part and called from another.
+        def _add(self, reg: Registration) -> None: ...
+        def _remove(self, key: str) -> None: ...
+        def _on_snapshot(self, event: Snapshot) -> None: ...
+        def _update_in_place(self, old: Registration, reg: Registration) -> None: ...
+        def _start_tenure(self, group: _Group) -> None: ...
+        def _hold(self, group: _Group) -> None: ...
+        def _expire_holds(self) -> None: ...
+        def _succeed(self, group: _Group) -> None: ...
+        def _report(self, group: _Group, cohort: _Cohort) -> None: ...
+        def _rebuild_now(self, group: _Group) -> None: ...
+        def _start_build(self, group: _Group) -> None: ...
+
+    def _admitted_host(self, base_key: str) -> _Group | None:
+        """Find the group whose incumbent cohort holds this base card, if any."""
+        base = self._regs.get(base_key)
+        if base is None:
+            return None
+        group = self._group_of(base)
+        return group if group.checksum == base.mdc_checksum else None
+
+    def _group_of(self, reg: Registration) -> _Group:
+        gk = reg.group
+        return self._groups[(gk.model, gk.worker_set)]
+
+    def _discard(self, key: GroupKey, checksum: str, generation: int, reason: str) -> None:
+        self._out.append(fx.BuildDiscarded(key, checksum, generation, reason))
+
+    def _next_generation(self) -> int:
+        self._last_generation += 1
+        return self._last_generation
+
+    def _transition(self, group: _Group, event: StatusEvent) -> None:
+        old = group.status.state
+        new = group.status.process(event)
+        self._out.append(fx.StatusChanged(group.key, old, new, group.generation))
+
+    def _mark_dirty(self, group: _Group) -> None:
+        if not group.dirty:
+            group.dirty = True
+            self._dirty.append(group)
+
+    def _mark_lora(self, group: _Group) -> None:
+        if not group.lora_dirty:
+            group.lora_dirty = True
+            self._lora_dirty.append(group)
