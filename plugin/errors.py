@@ -10,6 +10,7 @@
     ├── RemoteDataError             data from the wire that we refuse; state stays unchanged
     │   ├── CardDecodeError         a card Dynamo 1.6.1 would refuse to decode
     │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
+    ├── Unreachable                 NATS, or a service answering over it, did not answer
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
     ├── NoRoutableInstance          a routing hop with no instance both live and admitted
     ├── ViewDirectoryError          the admitted view's directory cannot be used
