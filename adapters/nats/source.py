@@ -8,10 +8,12 @@ delivery metadata: the first message with nothing pending, or the first one newe
 stream's last sequence when the consumer was created (so a busy bucket cannot postpone the
 snapshot forever).
 
-On reconnect, on a closed connection, and when the stream behind the bucket disappears or is
-re-created (a wiped store), the watch is re-created and a new snapshot with reason
-``"reconnect"`` is emitted: a server restart with a fresh store would otherwise leave nats-py's
-ordered consumer silently waiting at the old sequence.
+When the connection drops, the watch stops at once and delivers nothing more; once the client
+is back (and on a closed connection, and when the stream behind the bucket disappears or is
+re-created, a wiped store), the watch is re-created and a new snapshot with reason
+``"reconnect"`` is emitted. A server restart with a fresh store would otherwise leave nats-py's
+ordered consumer silently waiting at the old sequence, and with the same store nats-py's own
+consumer reset would deliver the outage's expiries as live removals ahead of the resync.
 
 Oversized values are passed through unchanged. The card boundary refuses them with a typed
 error carrying the key, so they are reported and counted in one place with every other invalid
@@ -156,6 +158,8 @@ class _Watch:
         self.last_seen_seq = 0
         self.stopped = False
         self.subscription: JetStreamContext.PushSubscription | None = None
+        # How many disconnections the source had seen when this watch was created.
+        self.epoch = 0
 
     def finish_initial(self) -> None:
         if self.initial is not None:
@@ -281,6 +285,10 @@ class JetStreamDiscoverySource:
         self._ever_bound = False
         self._stream_created: object = None
         self.restarts = 0
+        self._disconnects = 0
+        self._rebind = asyncio.Event()
+        # From a restart request until the new watch hands over its listing.
+        self._resync_pending = False
 
     # -- connection --------------------------------------------------------------------------
 
@@ -289,8 +297,19 @@ class JetStreamDiscoverySource:
             # The ordered consumer could not be re-created: the stream is gone.
             self._request_restart("stream not found")
 
+    async def _on_disconnected(self) -> None:
+        # Stop the watch at once. After a lost connection only a fresh listing can be trusted:
+        # nats-py re-creates an ordered consumer by itself once it is back, and what that
+        # delivers (expiry markers of workers that could not refresh during the outage, say)
+        # would otherwise reach the core as live changes before the resync listing does.
+        self._disconnects += 1
+        self._request_restart("disconnected")
+
     async def _on_reconnected(self) -> None:
-        self._request_restart("reconnected")
+        self._rebind.set()
+        watch = self._watch
+        if watch is not None and watch.epoch < self._disconnects:
+            self._request_restart("reconnected")
 
     async def _on_closed(self) -> None:
         if not self._closed:
@@ -301,6 +320,7 @@ class JetStreamDiscoverySource:
         if self._closed:
             return
         self._restart = why
+        self._resync_pending = True
         watch = self._watch
         if watch is not None:
             watch.wake()
@@ -316,7 +336,10 @@ class JetStreamDiscoverySource:
 
     def _callbacks(self) -> ConnectionCallbacks:
         return ConnectionCallbacks(
-            error=self._on_error, reconnected=self._on_reconnected, closed=self._on_closed
+            error=self._on_error,
+            disconnected=self._on_disconnected,
+            reconnected=self._on_reconnected,
+            closed=self._on_closed,
         )
 
     async def _open_client(self, callbacks: ConnectionCallbacks | None) -> NatsClient:
@@ -346,6 +369,7 @@ class JetStreamDiscoverySource:
         info = await js.stream_info(stream)
         config, created, key_filter = await self._add_consumer(nc, stream)
         watch = _Watch(len(self._subject_prefix), self._queue_size, info.state.last_seq, key_filter)
+        watch.epoch = self._disconnects
         self._stream_created = info.created
         self._watch = watch
         watch.subscription = await js.subscribe_bind(
@@ -411,6 +435,7 @@ class JetStreamDiscoverySource:
         attempts = 0
         while not self._closed:
             self._restart = None
+            self._rebind.clear()
             try:
                 nc = await self._client()
                 watch = await self._start_watch(nc)
@@ -429,7 +454,9 @@ class JetStreamDiscoverySource:
             else:
                 self._ever_bound = True
                 return watch
-            await asyncio.sleep(delay)
+            # A reconnection ends the wait early, so the resync follows the server's return.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._rebind.wait(), delay)
             delay = min(self._bind_retry_max, delay * 2)
         return None
 
@@ -470,6 +497,7 @@ class JetStreamDiscoverySource:
                     await watch.snapshot_done.wait()
                     if self._restart_reason() is not None or self._is_closed():
                         continue
+                    self._resync_pending = False
                     yield SourceSnapshot(entries=watch.take_snapshot(), reason=reason)
                     reason = "reconnect"
                     async for event in self._live(watch):
@@ -526,7 +554,12 @@ class JetStreamDiscoverySource:
                     ordered_consumer=True,
                 )
                 await asyncio.wait_for(watch.snapshot_done.wait(), timeout=60.0)
-            return SourceSnapshot(entries=tuple(watch.snapshot_entries), reason="periodic")
+            # A listing read while the watch is being re-created after a lost connection says
+            # what the outage left, as the watch's own resync listing will: it is one too.
+            reason: Literal["reconnect", "periodic"] = (
+                "reconnect" if self._resync_pending and self._ever_bound else "periodic"
+            )
+            return SourceSnapshot(entries=tuple(watch.snapshot_entries), reason=reason)
         finally:
             if watch is not None:
                 watch.stopped = True
