@@ -79,6 +79,10 @@ def run(phoenix_executable: Path) -> Iterator[dict[str, Any]]:
             if not k.startswith(("OTEL_", "WORKERSET_ADMISSION_", "PHOENIX_"))
         }
         env.update(HOME=str(home), TMPDIR=str(tmp), PYTHONUNBUFFERED="1")
+        # The scenario imports the shared test support, which pytest finds through its
+        # ``pythonpath`` setting: give the subprocess the same roots.
+        roots = [str(SCENARIO.parents[1] / "tests"), str(SCENARIO.parent)]
+        env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, [env.get("PYTHONPATH")])])
         out = scratch / "result.json"
         unshare = shutil.which("unshare")
         assert unshare is not None
