@@ -70,7 +70,15 @@ from .boundarysettings import DEFAULT_MAX_VALUE_SIZE, BoundarySettings, Namespac
 from .cardfacts import facts_for, lora_projection_fingerprint, normalize_card
 from .encoders import encode_endpoint_record, encode_model_record
 from .endpointrecord import EndpointRecord, decode_endpoint_record
-from .envelope import MODEL_FIELDS, as_text, check_envelope, check_size, parse, registration
+from .envelope import (
+    MODEL_FIELDS,
+    as_text,
+    check_envelope,
+    check_size,
+    mapping_value,
+    parse,
+    registration,
+)
 from .fastpaths import try_canonical, try_shared_card
 from .schema import Ctx
 
@@ -122,10 +130,7 @@ def decode_model_record(
         if fast is not None:
             return fast
     if not isinstance(raw, (bytes, bytearray, memoryview, str)) and isinstance(raw, Mapping):
-        try:
-            envelope = jsonio.loads(jsonio.dumps_compact(dict(raw)))
-        except (TypeError, jsonio.JsonError) as exc:
-            raise InvalidRecordError("invalid_record", str(exc), key=key) from None
+        envelope = mapping_value(raw, key)
         obj = check_envelope(envelope, parsed_key, "Model", MODEL_FIELDS)
         card_value = obj.get("card_json")
         if jsonio.depth_of(obj) > jsonio.MAX_DEPTH:

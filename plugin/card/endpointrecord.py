@@ -11,7 +11,7 @@ from ..identity import EndpointId, instance_key
 from ..keys import ParsedKey, endpoint_kv_key
 from . import jsonio
 from .boundarysettings import BoundarySettings
-from .envelope import as_text, check_envelope, parse
+from .envelope import as_text, check_envelope, mapping_value, parse
 
 __all__ = ["EndpointRecord", "decode_endpoint_record"]
 
@@ -45,10 +45,7 @@ def decode_endpoint_record(
         raise UsageError("decode_endpoint_record needs an endpoint key")
     key = parsed_key.key or endpoint_kv_key(parsed_key.endpoint, parsed_key.instance_id)
     if isinstance(raw, Mapping):
-        try:
-            value = jsonio.loads(jsonio.dumps_compact(dict(raw)))
-        except (TypeError, jsonio.JsonError) as exc:
-            raise InvalidRecordError("invalid_record", str(exc), key=key) from None
+        value = mapping_value(raw, key)
     else:
         data = raw if isinstance(raw, (bytes, str)) else bytes(raw)
         value = parse(as_text(data, settings, key), key)

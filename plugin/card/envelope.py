@@ -5,6 +5,7 @@ A registration is built here too, from a checked envelope and the facts of the c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidRecordError
@@ -19,17 +20,20 @@ __all__ = [
     "MODEL_FIELDS",
     "as_text",
     "check_envelope",
+    "check_limit",
     "check_size",
+    "mapping_value",
     "parse",
     "registration",
+    "text_within",
 ]
 
 MODEL_FIELDS = ("namespace", "component", "endpoint", "instance_id", "card_json", "model_suffix")
 CARD_MARK = '"card_json":'
 
 
-def check_size(raw: bytes | str, settings: BoundarySettings, key: str) -> None:
-    limit = settings.max_value_size
+def check_limit(raw: bytes | str, limit: int, key: str) -> None:
+    """Refuse a value over ``limit`` bytes (a text value counts its UTF-8 bytes)."""
     size = len(raw)
     if isinstance(raw, str) and size <= limit < size * 4:
         size = len(raw.encode("utf-8", "surrogatepass"))
@@ -39,14 +43,31 @@ def check_size(raw: bytes | str, settings: BoundarySettings, key: str) -> None:
         )
 
 
-def as_text(raw: bytes | str, settings: BoundarySettings, key: str) -> str:
-    check_size(raw, settings, key)
+def check_size(raw: bytes | str, settings: BoundarySettings, key: str) -> None:
+    check_limit(raw, settings.max_value_size, key)
+
+
+def text_within(raw: bytes | str, limit: int, key: str) -> str:
+    """Return the value's text: at most ``limit`` bytes of valid UTF-8."""
+    check_limit(raw, limit, key)
     if isinstance(raw, str):
         return raw
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidRecordError("invalid_utf8", str(exc), key=key) from None
+
+
+def as_text(raw: bytes | str, settings: BoundarySettings, key: str) -> str:
+    return text_within(raw, settings.max_value_size, key)
+
+
+def mapping_value(raw: Mapping[str, Any], key: str) -> Any:
+    """Read a record handed over as a mapping the way its compact JSON text would be read."""
+    try:
+        return jsonio.loads(jsonio.dumps_compact(dict(raw)))
+    except (TypeError, jsonio.JsonError) as exc:
+        raise InvalidRecordError("invalid_record", str(exc), key=key) from None
 
 
 def parse(text: str, key: str) -> Any:

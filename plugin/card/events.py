@@ -29,6 +29,7 @@ from typing import Any, Literal
 from ..errors import InvalidRecordError, UsageError
 from . import jsonio
 from .boundary import DEFAULT_MAX_VALUE_SIZE, escape_token, unescape_token
+from .envelope import mapping_value, text_within
 
 __all__ = [
     "EVENT_BUCKETS",
@@ -225,24 +226,11 @@ def decode_event_record(
     """Validate one event record against its key; raise :class:`InvalidRecordError` if refused."""
     key = parsed.key or event_kv_key(parsed)
     if isinstance(raw, Mapping):
-        try:
-            value = jsonio.loads(jsonio.dumps_compact(dict(raw)))
-        except (TypeError, jsonio.JsonError) as exc:
-            raise InvalidRecordError("invalid_record", str(exc), key=key) from None
+        value = mapping_value(raw, key)
     else:
         data = raw if isinstance(raw, (bytes, str)) else bytes(raw)
-        size = len(data.encode("utf-8")) if isinstance(data, str) else len(data)
-        if size > max_value_size:
-            raise InvalidRecordError(
-                "value_too_large", f"value of {size} bytes exceeds {max_value_size}", key=key
-            )
-        if isinstance(data, bytes):
-            try:
-                data = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InvalidRecordError("invalid_utf8", str(exc), key=key) from None
         try:
-            value = jsonio.loads(data)
+            value = jsonio.loads(text_within(data, max_value_size, key))
         except jsonio.JsonError as exc:
             raise InvalidRecordError(exc.reason, exc.detail, key=key) from None
     if jsonio.depth_of(value) > jsonio.MAX_DEPTH:
