@@ -32,14 +32,6 @@ __all__ = [
 CACHE_LIMIT = 1024
 
 
-def _sorted_keys(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _sorted_keys(value[key]) for key in sorted(value)}
-    if isinstance(value, list):
-        return [_sorted_keys(item) for item in value]
-    return value
-
-
 _FINGERPRINTS: dict[tuple[Any, ...], str] = {}
 
 
@@ -78,7 +70,7 @@ def _projection_fingerprint(fields: dict[str, Any], lora: Any) -> str:
         "display_name": fields["display_name"],
         "lora": lora,
     }
-    text = jsonio.dumps_compact(_sorted_keys(projection))
+    text = jsonio.dumps_compact(jsonio.sorted_keys(projection))
     return blake3.blake3(text.encode()).hexdigest()
 
 

@@ -158,14 +158,6 @@ def _truthy(value: Any) -> bool:
     return False
 
 
-def _sorted_keys(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _sorted_keys(value[key]) for key in sorted(value)}
-    if isinstance(value, list):
-        return [_sorted_keys(item) for item in value]
-    return value
-
-
 def _layout(card: DecodedCard) -> bytes:
     fields = card.fields
     out = bytearray(fields["display_name"].encode())
@@ -203,7 +195,7 @@ def _layout(card: DecodedCard) -> bytes:
             out += b"\0" + flag.encode() + b"\0true"
     if _VIDEO_CONTRACT in runtime_data:
         key = _VIDEO_CONTRACT.encode()
-        value = jsonio.dumps_compact(_sorted_keys(runtime_data[_VIDEO_CONTRACT])).encode()
+        value = jsonio.dumps_compact(jsonio.sorted_keys(runtime_data[_VIDEO_CONTRACT])).encode()
         out += _CONTRACT_TAG
         out += struct.pack(">Q", len(key)) + key + struct.pack(">Q", len(value)) + value
     return bytes(out)

@@ -38,6 +38,7 @@ __all__ = [
     "quote",
     "scan_once",
     "serde_f64",
+    "sorted_keys",
     "within_limits",
 ]
 
@@ -420,3 +421,12 @@ def dumps_compact(value: Any) -> str:
     out: list[str] = []
     _encode(value, out)
     return "".join(out)
+
+
+def sorted_keys(value: Any) -> Any:
+    """Return the value with every object's keys sorted, as a ``BTreeMap`` holds them."""
+    if isinstance(value, dict):
+        return {key: sorted_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [sorted_keys(item) for item in value]
+    return value
