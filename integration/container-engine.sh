@@ -55,7 +55,9 @@ service_pid() {
     local pid
     pid="$(cat "$PIDFILE")"
     [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "system service.*$SOCK" || return 1
+    local cmdline
+    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline")"
+    [[ "$cmdline" == *"system service"*"$SOCK"* ]] || return 1
     echo "$pid"
 }
 
