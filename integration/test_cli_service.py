@@ -11,13 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
 from natsfixture import NatsServer
+from support.aio import eventually
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
@@ -40,14 +40,6 @@ def cli_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKERSET_ADMISSION_")}
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.02)
 
 
 def read_line_matching(process: subprocess.Popen[str], pattern: str, timeout: float) -> str:

@@ -13,6 +13,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
+from support.aio import eventually
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
@@ -29,14 +30,6 @@ CARD: dict[str, Any] = demo_card(16)
 OLD = CARD
 NEW = demo_card(32)
 GROUP = GroupKey.build(CARD["display_name"], EP, "chat|completions", WorkerType.AGGREGATED)
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture

@@ -15,6 +15,8 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.client import ReconnectToServerHandler, Server
 from workerset_admission.errors import ConfigError, Unreachable
 
+from .raw_delivery import RawDeliveryClient
+
 __all__ = [
     "DEFAULT_SERVERS",
     "ConnectionCallbacks",
@@ -183,7 +185,7 @@ async def connect(
         kwargs["tls"] = tls
         if options.tls_hostname:
             kwargs["tls_hostname"] = options.tls_hostname
-    client = NatsClient()
+    client = RawDeliveryClient()
     try:
         await client.connect(**kwargs)
         # Connected: from now on a lost connection is retried forever (nats-py reads this

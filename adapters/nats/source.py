@@ -1,19 +1,25 @@
 """Discovery records from a JetStream KV bucket: one snapshot, then live puts and removals.
 
-The watch is a raw ordered push consumer (deliver ``last_per_subject``) on the bucket's stream,
+The watch is an ordered push consumer (deliver ``last_per_subject``) on the bucket's stream,
 filtered to the discovery keys (model cards, endpoint instances, event sources and channels).
 It skips nats-py's ``KeyWatcher`` layer, which costs more than half of the client's CPU for the
-same messages (see the NATS reference notes). The end of the initial values is detected from the
-delivery metadata: the first message with nothing pending, or the first one newer than the
-stream's last sequence when the consumer was created (so a busy bucket cannot postpone the
-snapshot forever).
+same messages (see the NATS reference notes). On the client :func:`.connect.connect` makes
+(a :class:`.raw_delivery.RawDeliveryClient`) it also skips nats-py's per-message subscription
+machinery: the messages go from the protocol parser straight to the watch, which then plays the
+ordered consumer itself (``watch.py``): flow control, heartbeats, gap detection. On any other
+client (a custom ``connector``) it subscribes through nats-py's own ordered consumer. The end of
+the initial values is detected from the delivery metadata: the first message with nothing
+pending, or the first one newer than the stream's last sequence when the consumer was created
+(so a busy bucket cannot postpone the snapshot forever).
 
 When the connection drops, the watch stops at once and delivers nothing more; once the client
 is back (and on a closed connection, and when the stream behind the bucket disappears or is
-re-created, a wiped store), the watch is re-created and a new snapshot with reason
-``"reconnect"`` is emitted. A server restart with a fresh store would otherwise leave nats-py's
-ordered consumer silently waiting at the old sequence, and with the same store nats-py's own
-consumer reset would deliver the outage's expiries as live removals ahead of the resync.
+re-created, a wiped store; and on the raw path, when deliveries skip a consumer sequence or the
+consumer falls silent for three heartbeats), the watch is re-created and a new snapshot with
+reason ``"reconnect"`` is emitted. A server restart with a fresh store would otherwise leave
+nats-py's ordered consumer silently waiting at the old sequence, and with the same store
+nats-py's own consumer reset would deliver the outage's expiries as live removals ahead of the
+resync.
 
 Oversized values are passed through unchanged. The card boundary refuses them with a typed
 error carrying the key, so they are reported and counted in one place with every other invalid
@@ -26,30 +32,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Final, Literal, NamedTuple
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final, Literal
 
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.errors import AuthorizationError, ConnectionClosedError, NoRespondersError
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
-from nats.js.client import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.errors import Error as JetStreamError
 from workerset_admission.errors import UsageError
-from workerset_admission.ports import (
-    DiscoveryEntry,
-    SourceDelete,
-    SourceEvent,
-    SourcePut,
-    SourceSnapshot,
-)
+from workerset_admission.ports import SourceEvent, SourceSnapshot
 
 from .buckets import BucketSpec, ensure_bucket
 from .connect import ConnectionCallbacks, NatsConnectOptions, connect
-from .kv import removal_kind, stream_name, subject_prefix
+from .kv import stream_name, subject_prefix
+from .raw_delivery import RawDeliveryClient
+from .watch import WAKE, Wake, Watch
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -70,12 +70,9 @@ DEFAULT_KEY_PREFIXES: Final = (
 
 Connector = Callable[[ConnectionCallbacks], Awaitable[NatsClient]]
 
+# Seconds between the server's heartbeats on an idle consumer, unless a source says otherwise.
+IDLE_HEARTBEAT: Final = 5.0
 
-class _Wake:
-    """Queue item that only wakes the reader so it looks at the restart flag."""
-
-
-_WAKE: Final = _Wake()
 _RETRYABLE = (
     NotFoundError,
     ServiceUnavailableError,
@@ -87,147 +84,6 @@ _RETRYABLE = (
     NatsError,
     OSError,
 )
-
-
-class _Delivery(NamedTuple):
-    # A named tuple: one is made for every message, and a tuple is built in one step.
-    stream_seq: int
-    pending: int
-    timestamp_ns: int
-
-
-def parse_delivery(reply: str) -> _Delivery | None:
-    """Read stream sequence, pending count and timestamp from a JetStream ack subject."""
-    tokens = reply.split(".")
-    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>, or the newer form
-    # with domain and account hash after ACK and a random token at the end.
-    n = len(tokens)
-    try:
-        if n == 9:
-            return _Delivery(int(tokens[5]), int(tokens[8]), int(tokens[7]))
-        if n >= 11:
-            return _Delivery(int(tokens[7]), int(tokens[10]), int(tokens[9]))
-    except ValueError:
-        return None
-    return None
-
-
-_ENTRY_SLOTS: Final = tuple(
-    vars(DiscoveryEntry)[name].__set__
-    for name in ("key", "value", "revision", "headers", "received_at", "published_at")
-)
-
-
-def _entry(
-    key: str,
-    value: bytes,
-    revision: int,
-    headers: Mapping[str, str] | None,
-    received_at: float,
-    published_at: float,
-) -> DiscoveryEntry:
-    # One entry per initial value: its slots are written directly instead of through the
-    # frozen dataclass __init__, which sets each field through object.__setattr__.
-    entry = object.__new__(DiscoveryEntry)
-    set_key, set_value, set_revision, set_headers, set_received, set_published = _ENTRY_SLOTS
-    set_key(entry, key)
-    set_value(entry, value)
-    set_revision(entry, revision)
-    set_headers(entry, headers)
-    set_received(entry, received_at)
-    set_published(entry, published_at)
-    return entry
-
-
-class _Watch:
-    """One consumer incarnation: collects the initial values, then queues live events."""
-
-    def __init__(
-        self,
-        key_offset: int,
-        queue_size: int,
-        last_seq_at_start: int,
-        key_prefixes: tuple[str, ...] | None = None,
-    ) -> None:
-        self.key_offset = key_offset
-        self.key_prefixes = key_prefixes
-        self.queue: asyncio.Queue[SourceEvent | _Wake] = asyncio.Queue(queue_size)
-        self.initial: dict[str, DiscoveryEntry | None] | None = {}
-        self.last_seq_at_start = last_seq_at_start
-        self.snapshot_done = asyncio.Event()
-        self.last_seen_seq = 0
-        self.stopped = False
-        self.subscription: JetStreamContext.PushSubscription | None = None
-        # How many disconnections the source had seen when this watch was created.
-        self.epoch = 0
-
-    def finish_initial(self) -> None:
-        if self.initial is not None:
-            self.snapshot_entries = [e for e in self.initial.values() if e is not None]
-            self.initial = None
-            self.snapshot_done.set()
-
-    snapshot_entries: list[DiscoveryEntry]
-
-    def take_snapshot(self) -> tuple[DiscoveryEntry, ...]:
-        """Hand the initial values over once; the watch keeps no reference to the raw values."""
-        entries = tuple(self.snapshot_entries)
-        self.snapshot_entries = []
-        return entries
-
-    async def on_message(self, msg: Msg) -> None:
-        if self.stopped:
-            return
-        delivery = parse_delivery(msg.reply) if msg.reply else None
-        if delivery is None:
-            return
-        self.last_seen_seq = delivery.stream_seq
-        key = msg.subject[self.key_offset :]
-        if self.key_prefixes is not None and not key.startswith(self.key_prefixes):
-            # A key outside the filters (only with the single-filter fallback): it still counts
-            # for the end of the initial values.
-            if self.initial is not None and delivery.pending == 0:
-                self.finish_initial()
-            return
-        headers = msg.headers
-        kind = removal_kind(headers)
-        now = time.monotonic()
-        initial = self.initial
-        if initial is not None and delivery.stream_seq > self.last_seq_at_start > 0:
-            # Newer than anything that existed when the consumer was created: the initial
-            # values are complete and this message is already a live change.
-            self.finish_initial()
-            initial = None
-        entry = None
-        if kind is None:
-            entry = _entry(
-                key, msg.data, delivery.stream_seq, headers, now, delivery.timestamp_ns / 1e9
-            )
-        if initial is not None:
-            # A removal among the initial values leaves the key out of the snapshot.
-            initial[key] = entry
-            if delivery.pending == 0:
-                self.finish_initial()
-            return
-        event: SourceEvent
-        if kind is None:
-            assert entry is not None
-            event = SourcePut(entry)
-        else:
-            event = SourceDelete(
-                key=key,
-                revision=delivery.stream_seq,
-                operation=kind,
-                headers=headers,
-                received_at=now,
-            )
-        # A full queue blocks nats-py's delivery task; flow control then holds the server back,
-        # so memory stays bounded and nothing is lost.
-        await self.queue.put(event)
-
-    def wake(self) -> None:
-        with contextlib.suppress(asyncio.QueueFull):
-            self.queue.put_nowait(_WAKE)
 
 
 class JetStreamDiscoverySource:
@@ -252,12 +108,13 @@ class JetStreamDiscoverySource:
         bind_retry_initial: float = 0.1,
         bind_retry_max: float = 5.0,
         request_timeout: float = 5.0,
+        idle_heartbeat: float = IDLE_HEARTBEAT,
     ) -> None:
         if options is None and connector is None:
             raise UsageError("JetStreamDiscoverySource needs connect options or a connector")
         if key_prefixes is not None and not key_prefixes:
             raise UsageError("at least one key prefix is required (None watches every key)")
-        if queue_size < 1 or health_interval <= 0 or bind_retry_initial <= 0:
+        if queue_size < 1 or health_interval <= 0 or bind_retry_initial <= 0 or idle_heartbeat <= 0:
             raise UsageError("queue size and intervals must be positive")
         self._options = options
         self._connector = connector
@@ -276,8 +133,9 @@ class JetStreamDiscoverySource:
         self._bind_retry_initial = bind_retry_initial
         self._bind_retry_max = bind_retry_max
         self._request_timeout = request_timeout
+        self._idle_heartbeat = idle_heartbeat
         self._nc: NatsClient | None = None
-        self._watch: _Watch | None = None
+        self._watch: Watch | None = None
         self._restart: str | None = None
         self._client_closed = False
         self._closed = False
@@ -361,72 +219,125 @@ class JetStreamDiscoverySource:
 
     # -- watch lifecycle ---------------------------------------------------------------------
 
-    async def _start_watch(self, nc: NatsClient) -> _Watch:
-        js = nc.jetstream(timeout=self._request_timeout)
-        stream = stream_name(self.bucket)
+    async def _start_watch(self, nc: NatsClient) -> Watch:
         if self._create_bucket:
-            await ensure_bucket(js, self._bucket_spec)
-        info = await js.stream_info(stream)
-        config, created, key_filter = await self._add_consumer(nc, stream)
-        watch = _Watch(len(self._subject_prefix), self._queue_size, info.state.last_seq, key_filter)
-        watch.epoch = self._disconnects
-        self._stream_created = info.created
-        self._watch = watch
-        watch.subscription = await js.subscribe_bind(
-            stream=stream,
-            config=config,
-            consumer=created.name,
-            cb=watch.on_message,
-            ordered_consumer=True,
+            await ensure_bucket(nc.jetstream(timeout=self._request_timeout), self._bucket_spec)
+        watch, created = await self._open_watch(
+            nc, self._queue_size, self._epoch_watch, self._request_restart
         )
-        if created.num_pending == 0:
-            watch.finish_initial()
+        self._stream_created = created
         return watch
 
-    def _consumer_config(self, nc: NatsClient, filters: list[str]) -> ConsumerConfig:
+    def _epoch_watch(self, watch: Watch) -> None:
+        # Runs before the consumer exists, so anything it delivers finds the watch in place.
+        watch.epoch = self._disconnects
+        self._watch = watch
+
+    async def _open_watch(
+        self,
+        nc: NatsClient,
+        queue_size: int,
+        adopt: Callable[[Watch], None] | None,
+        broken: Callable[[str], None],
+    ) -> tuple[Watch, object]:
+        """Create the consumer and its watch; return the watch and the stream's creation time.
+
+        Before server 2.10 (one filter per consumer) the keys are filtered client-side. On a
+        :class:`RawDeliveryClient` the deliver subject is subscribed and handed to the watch
+        before the consumer exists, so no message can reach nats-py's ordinary path first.
+        """
+        js = nc.jetstream(timeout=self._request_timeout)
+        jsm = nc.jsm(timeout=self._request_timeout)
+        stream = stream_name(self.bucket)
+        info = await js.stream_info(stream)
+        attempts: list[tuple[list[str], tuple[str, ...] | None]] = [(list(self._filters), None)]
+        if len(self._filters) > 1:
+            attempts.append(([f"{self._subject_prefix}>"], self._key_prefixes))
+        for filters, key_filter in attempts:
+            watch = Watch(len(self._subject_prefix), queue_size, info.state.last_seq, key_filter)
+            if adopt is not None:
+                adopt(watch)
+            config = self._consumer_config(nc.new_inbox(), filters)
+            assert config.deliver_subject is not None
+            raw = await self._subscribe_raw(nc, watch, config.deliver_subject, broken)
+            try:
+                created = await jsm.add_consumer(stream, config=config)
+            except BadRequestError:
+                await self._unsubscribe(watch)
+                if key_filter is not None or len(attempts) == 1:
+                    raise
+                continue
+            except BaseException:
+                await self._unsubscribe(watch)
+                raise
+            if not raw:
+                watch.subscription = await js.subscribe_bind(
+                    stream=stream,
+                    config=config,
+                    consumer=created.name,
+                    cb=watch.on_message,
+                    ordered_consumer=True,
+                )
+            if created.num_pending == 0:
+                watch.finish_initial()
+            return watch, info.created
+        raise AssertionError("unreachable: the last attempt raises or returns")
+
+    @staticmethod
+    async def _subscribe_raw(
+        nc: NatsClient, watch: Watch, deliver_subject: str, broken: Callable[[str], None]
+    ) -> bool:
+        """Subscribe ``watch`` to its messages straight from the parser, where the client can."""
+        if not isinstance(nc, RawDeliveryClient):
+            return False
+        subscription = await nc.subscribe(deliver_subject)
+        if not nc.deliver_raw(subscription, watch.on_raw):
+            await subscription.unsubscribe()
+            return False
+
+        async def publish(subject: str) -> None:
+            await nc.publish(subject)
+
+        watch.use_raw(publish, broken)
+        watch.subscription = subscription
+        watch.detach = lambda: nc.stop_raw(subscription)
+        return True
+
+    def _consumer_config(self, deliver_subject: str, filters: list[str]) -> ConsumerConfig:
         # What nats-py's KV watch asks for, minus the KeyWatcher layer: an ordered push consumer
         # starting at the latest value of every key.
         return ConsumerConfig(
-            deliver_subject=nc.new_inbox(),
+            deliver_subject=deliver_subject,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
             ack_policy=AckPolicy.NONE,
             max_deliver=1,
             flow_control=True,
-            idle_heartbeat=5.0,
+            idle_heartbeat=self._idle_heartbeat,
             mem_storage=True,
             num_replicas=1,
             filter_subjects=filters,
         )
 
-    async def _add_consumer(
-        self, nc: NatsClient, stream: str
-    ) -> tuple[ConsumerConfig, ConsumerInfo, tuple[str, ...] | None]:
-        """Create the consumer; before server 2.10 (one filter only) filter keys client-side."""
-        jsm = nc.jsm(timeout=self._request_timeout)
-        config = self._consumer_config(nc, list(self._filters))
-        try:
-            return config, await jsm.add_consumer(stream, config=config), None
-        except BadRequestError:
-            if len(self._filters) == 1:
-                raise
-        config = self._consumer_config(nc, [f"{self._subject_prefix}>"])
-        return config, await jsm.add_consumer(stream, config=config), self._key_prefixes
-
-    async def _stop_watch(self, watch: _Watch) -> None:
+    async def _unsubscribe(self, watch: Watch) -> None:
         watch.stopped = True
-        if self._watch is watch:
-            self._watch = None
-        subscription = watch.subscription
-        watch.subscription = None
+        if watch.detach is not None:
+            watch.detach()
+            watch.detach = None
+        subscription, watch.subscription = watch.subscription, None
         if subscription is not None:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
+
+    async def _stop_watch(self, watch: Watch) -> None:
+        if self._watch is watch:
+            self._watch = None
+        await self._unsubscribe(watch)
         # A delivery blocked on the full queue finishes once there is room; later ones see
         # ``stopped`` and return at once, so no delivery task stays parked.
         while not watch.queue.empty():
             watch.queue.get_nowait()
 
-    async def _bind(self) -> _Watch | None:
+    async def _bind(self) -> Watch | None:
         """Connect and create the watch, retrying with backoff until the bucket exists.
 
         Returns ``None`` once the source is closed.
@@ -460,7 +371,7 @@ class JetStreamDiscoverySource:
             delay = min(self._bind_retry_max, delay * 2)
         return None
 
-    async def _stream_changed(self, watch: _Watch) -> bool:
+    async def _stream_changed(self, watch: Watch) -> bool:
         """Tell whether the stream behind the watch was deleted or re-created."""
         nc = self._nc
         if nc is None or not nc.is_connected:
@@ -494,7 +405,7 @@ class JetStreamDiscoverySource:
                 if watch is None:
                     break
                 try:
-                    await watch.snapshot_done.wait()
+                    await self._initial_values(watch)
                     if self._restart_reason() is not None or self._is_closed():
                         continue
                     self._resync_pending = False
@@ -510,7 +421,15 @@ class JetStreamDiscoverySource:
         finally:
             await self._close_client()
 
-    async def _live(self, watch: _Watch) -> AsyncIterator[SourceEvent]:
+    async def _initial_values(self, watch: Watch) -> None:
+        """Wait for the end of the initial values; a raw consumer that falls silent restarts."""
+        while not watch.snapshot_done.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(watch.snapshot_done.wait(), self._idle_heartbeat)
+            if watch.silent_for(time.monotonic(), self._idle_heartbeat):
+                self._request_restart("the consumer sent nothing, not even heartbeats")
+
+    async def _live(self, watch: Watch) -> AsyncIterator[SourceEvent]:
         queue = watch.queue
         interval = self._health_interval
         next_check = time.monotonic() + interval
@@ -521,12 +440,17 @@ class JetStreamDiscoverySource:
                 try:
                     item = await asyncio.wait_for(queue.get(), timeout=interval)
                 except asyncio.TimeoutError:
-                    item = _WAKE
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + interval
-                if await self._stream_changed(watch):
+                    item = WAKE
+            if watch.held_replies:
+                await watch.release_held()
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + interval
+                if watch.silent_for(now, self._idle_heartbeat):
+                    self._request_restart("the consumer sent nothing, not even heartbeats")
+                elif await self._stream_changed(watch):
                     self._request_restart("stream deleted or re-created")
-            if isinstance(item, _Wake):
+            if isinstance(item, Wake):
                 continue
             yield item
 
@@ -536,24 +460,13 @@ class JetStreamDiscoverySource:
         nc = self._nc
         if nc is None or not nc.is_connected:
             own = nc = await self._open_client(None)
-        watch: _Watch | None = None
+        watch: Watch | None = None
+        interrupted: list[str] = []
         try:
-            js = nc.jetstream(timeout=self._request_timeout)
-            stream = stream_name(self.bucket)
-            info = await js.stream_info(stream)
-            config, created, key_filter = await self._add_consumer(nc, stream)
-            watch = _Watch(len(self._subject_prefix), 1, info.state.last_seq, key_filter)
-            if created.num_pending == 0:
-                watch.finish_initial()
-            else:
-                watch.subscription = await js.subscribe_bind(
-                    stream=stream,
-                    config=config,
-                    consumer=created.name,
-                    cb=watch.on_message,
-                    ordered_consumer=True,
-                )
-                await asyncio.wait_for(watch.snapshot_done.wait(), timeout=60.0)
+            watch, _ = await self._open_watch(nc, 1, None, interrupted.append)
+            await asyncio.wait_for(watch.snapshot_done.wait(), timeout=60.0)
+            if interrupted:
+                raise NatsError(f"the listing of {self.bucket} was interrupted: {interrupted[0]}")
             # A listing read while the watch is being re-created after a lost connection says
             # what the outage left, as the watch's own resync listing will: it is one too.
             reason: Literal["reconnect", "periodic"] = (
@@ -562,10 +475,7 @@ class JetStreamDiscoverySource:
             return SourceSnapshot(entries=tuple(watch.snapshot_entries), reason=reason)
         finally:
             if watch is not None:
-                watch.stopped = True
-                if watch.subscription is not None:
-                    with contextlib.suppress(Exception):
-                        await watch.subscription.unsubscribe()
+                await self._unsubscribe(watch)
             if own is not None:
                 await own.close()
 

@@ -7,12 +7,10 @@ from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
+from workerset_admission.adapters.nats import watch as watch_module
 from workerset_admission.adapters.nats.kv import removal_kind
-from workerset_admission.adapters.nats.source import (
-    JetStreamDiscoverySource,
-    _Watch,
-    parse_delivery,
-)
+from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.adapters.nats.watch import Watch, parse_delivery
 from workerset_admission.errors import UsageError
 from workerset_admission.ports import SourceDelete, SourcePut
 
@@ -61,7 +59,7 @@ def test_an_unreadable_ack_subject_is_ignored(reply: str) -> None:
 
 
 async def test_initial_values_collapse_to_the_latest_state_per_key_without_tombstones() -> None:
-    watch = _Watch(len(PREFIX), 16, last_seq_at_start=10)
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=10)
     await watch.on_message(message("v1.mdc.a", 3, 3, b"A"))
     await watch.on_message(message("v1.mdc.b", 5, 2, b"B"))
     await watch.on_message(message("v1.mdc.c", 6, 1, b"", {"KV-Operation": "DEL"}))
@@ -77,7 +75,7 @@ async def test_initial_values_collapse_to_the_latest_state_per_key_without_tombs
 
 
 async def test_a_message_newer_than_the_stream_at_start_ends_a_busy_snapshot() -> None:
-    watch = _Watch(len(PREFIX), 16, last_seq_at_start=4)
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=4)
     await watch.on_message(message("v1.mdc.a", 4, 50, b"A"))
     await watch.on_message(message("v1.mdc.b", 5, 49, b"B"))
     assert watch.snapshot_done.is_set()
@@ -88,7 +86,7 @@ async def test_a_message_newer_than_the_stream_at_start_ends_a_busy_snapshot() -
 
 
 async def test_live_messages_become_puts_and_removals_in_order() -> None:
-    watch = _Watch(len(PREFIX), 16, last_seq_at_start=0)
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=0)
     watch.finish_initial()
     await watch.on_message(message("v1.instances.x", 1, 0, b"X"))
     await watch.on_message(message("v1.instances.x", 2, 0, b"", {"Nats-Marker-Reason": "MaxAge"}))
@@ -105,7 +103,7 @@ async def test_live_messages_become_puts_and_removals_in_order() -> None:
 
 
 async def test_a_full_queue_holds_the_delivery_back_instead_of_dropping() -> None:
-    watch = _Watch(len(PREFIX), 1, last_seq_at_start=0)
+    watch = Watch(len(PREFIX), 1, last_seq_at_start=0)
     watch.finish_initial()
     await watch.on_message(message("v1.mdc.a", 1, 0))
     blocked = asyncio.create_task(watch.on_message(message("v1.mdc.b", 2, 0)))
@@ -118,7 +116,7 @@ async def test_a_full_queue_holds_the_delivery_back_instead_of_dropping() -> Non
 
 
 async def test_a_stopped_watch_ignores_late_messages() -> None:
-    watch = _Watch(len(PREFIX), 4, last_seq_at_start=0)
+    watch = Watch(len(PREFIX), 4, last_seq_at_start=0)
     watch.finish_initial()
     watch.stopped = True
     await watch.on_message(message("v1.mdc.a", 1, 0))
@@ -157,7 +155,7 @@ async def test_events_may_be_iterated_only_once() -> None:
 
 
 async def test_with_client_side_filtering_foreign_keys_are_dropped_but_end_the_snapshot() -> None:
-    watch = _Watch(len(PREFIX), 8, last_seq_at_start=9, key_prefixes=("v1.mdc.", "v1.instances."))
+    watch = Watch(len(PREFIX), 8, last_seq_at_start=9, key_prefixes=("v1.mdc.", "v1.instances."))
     await watch.on_message(message("v1.mdc.a", 2, 1, b"A"))
     await watch.on_message(message("other.thing", 3, 0, b"O"))
     assert watch.snapshot_done.is_set()
@@ -171,7 +169,7 @@ async def test_with_client_side_filtering_foreign_keys_are_dropped_but_end_the_s
 
 
 async def test_the_initial_values_are_handed_over_once_and_not_kept_by_the_watch() -> None:
-    watch = _Watch(len(PREFIX), 4, last_seq_at_start=2)
+    watch = Watch(len(PREFIX), 4, last_seq_at_start=2)
     await watch.on_message(message("v1.mdc.a", 1, 1, b"A"))
     await watch.on_message(message("v1.mdc.b", 2, 0, b"B"))
     entries = watch.take_snapshot()
@@ -182,12 +180,11 @@ async def test_the_initial_values_are_handed_over_once_and_not_kept_by_the_watch
 def test_the_entry_builder_writes_every_field_of_a_discovery_entry() -> None:
     import dataclasses
 
-    from workerset_admission.adapters.nats import source
     from workerset_admission.ports import DiscoveryEntry
 
-    slots = {setter.__self__.__name__ for setter in source._ENTRY_SLOTS}
+    slots = {setter.__self__.__name__ for setter in watch_module._ENTRY_SLOTS}
     assert slots == {f.name for f in dataclasses.fields(DiscoveryEntry)}
-    entry = source._entry("k", b"v", 3, None, 1.5, 2.5)
+    entry = watch_module.entry("k", b"v", 3, None, 1.5, 2.5)
     assert entry == DiscoveryEntry("k", b"v", 3, None, 1.5, 2.5)
 
 
@@ -205,7 +202,7 @@ class _Info:
 class _RacingJetStream:
     """Answers stream_info with the stream as it was when asked, while a newer message lands."""
 
-    def __init__(self, watch: _Watch, created: str, last_seq: int) -> None:
+    def __init__(self, watch: Watch, created: str, last_seq: int) -> None:
         self._watch = watch
         self._created = created
         self._last_seq = last_seq
@@ -227,7 +224,7 @@ class _RacingClient:
         return self._js
 
 
-def _racing_source(watch: _Watch, created: str, last_seq: int) -> JetStreamDiscoverySource:
+def _racing_source(watch: Watch, created: str, last_seq: int) -> JetStreamDiscoverySource:
     async def never(_: Any) -> Any:
         raise AssertionError("no connection is opened")
 
@@ -238,7 +235,7 @@ def _racing_source(watch: _Watch, created: str, last_seq: int) -> JetStreamDisco
 
 
 async def test_a_delivery_during_the_stream_check_is_not_taken_for_a_new_stream() -> None:
-    watch = _Watch(len(PREFIX), 16, last_seq_at_start=0)
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=0)
     watch.finish_initial()
     await watch.on_message(message("v1.mdc.a", 40, 0, b"A"))
     source = _racing_source(watch, "T1", last_seq=40)
@@ -247,7 +244,7 @@ async def test_a_delivery_during_the_stream_check_is_not_taken_for_a_new_stream(
 
 
 async def test_a_stream_shorter_than_what_was_delivered_or_newly_created_is_a_change() -> None:
-    watch = _Watch(len(PREFIX), 16, last_seq_at_start=0)
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=0)
     watch.finish_initial()
     await watch.on_message(message("v1.mdc.a", 40, 0, b"A"))
     assert await _racing_source(watch, "T1", last_seq=3)._stream_changed(watch)

@@ -1,12 +1,13 @@
-"""A time limit for a block of awaits that also works on Python 3.10 (no ``asyncio.timeout``)."""
+"""Waiting in tests: a time limit for a block of awaits (3.10 lacks asyncio.timeout), polling."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
-__all__ = ["time_limit"]
+__all__ = ["eventually", "time_limit"]
 
 
 @contextlib.asynccontextmanager
@@ -30,3 +31,12 @@ async def time_limit(seconds: float) -> AsyncIterator[None]:
         raise
     finally:
         handle.cancel()
+
+
+async def eventually(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.02)

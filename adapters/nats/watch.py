@@ -1,0 +1,317 @@
+"""One incarnation of the discovery watch: the initial values, then live events, from a consumer.
+
+A :class:`Watch` turns the messages of one ordered push consumer into discovery entries. It
+takes them by one of two paths:
+
+* ``on_message``: nats-py's ordinary callback, with nats-py's ordered-consumer machinery
+  (flow control, heartbeats, sequence checks) in front of it;
+* ``on_raw``: straight from the protocol parser through
+  :class:`~.raw_delivery.RawDeliveryClient`, with no ``Msg`` object, no per-subscription queue and
+  no coroutine per message. On this path the watch is the ordered consumer itself: it answers
+  flow-control requests and stalled heartbeats, checks that consumer sequences follow each
+  other without a gap, and notes when the consumer last showed signs of life. A gap or a
+  silent consumer is reported through ``broken`` and the source re-creates the watch (a new
+  listing), where nats-py would quietly re-create the consumer mid-stream.
+
+Back-pressure on the raw path: live events go into an unbounded queue, and while it holds
+``queue_size`` events or more, flow-control answers are held back, so the server stops
+delivering after its flow-control window; the reader releases them once it has caught up.
+The raw path never waits inside the parser (a wait there would stop every reply on the
+connection, the listing the reader may be waiting for included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final, NamedTuple
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import Header
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceEvent, SourcePut
+
+from .kv import removal_kind
+
+__all__ = ["WAKE", "Wake", "Watch", "entry", "parse_delivery"]
+
+# What nats-py's ordered consumer tolerates too: two missed idle heartbeats.
+SILENT_HEARTBEATS: Final = 3
+
+
+class Wake:
+    """Queue item that only wakes the reader so it looks at the restart flag."""
+
+
+WAKE: Final = Wake()
+
+_ACK_PREFIX: Final = b"$JS.ACK."
+_CONTROL_STATUS: Final = "100"
+
+
+class _Delivery(NamedTuple):
+    # A named tuple: one is made for every message, and a tuple is built in one step.
+    stream_seq: int
+    pending: int
+    timestamp_ns: int
+
+
+def parse_delivery(reply: str) -> _Delivery | None:
+    """Read stream sequence, pending count and timestamp from a JetStream ack subject."""
+    tokens = reply.split(".")
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>, or the newer form
+    # with domain and account hash after ACK and a random token at the end.
+    n = len(tokens)
+    try:
+        if n == 9:
+            return _Delivery(int(tokens[5]), int(tokens[8]), int(tokens[7]))
+        if n >= 11:
+            return _Delivery(int(tokens[7]), int(tokens[10]), int(tokens[9]))
+    except ValueError:
+        return None
+    return None
+
+
+_ENTRY_SLOTS: Final = tuple(
+    vars(DiscoveryEntry)[name].__set__
+    for name in ("key", "value", "revision", "headers", "received_at", "published_at")
+)
+
+
+def entry(
+    key: str,
+    value: bytes,
+    revision: int,
+    headers: Mapping[str, str] | None,
+    received_at: float,
+    published_at: float,
+) -> DiscoveryEntry:
+    """Build a discovery entry by writing its slots (the frozen ``__init__`` costs more)."""
+    made = object.__new__(DiscoveryEntry)
+    set_key, set_value, set_revision, set_headers, set_received, set_published = _ENTRY_SLOTS
+    set_key(made, key)
+    set_value(made, value)
+    set_revision(made, revision)
+    set_headers(made, headers)
+    set_received(made, received_at)
+    set_published(made, published_at)
+    return made
+
+
+class Watch:
+    """One consumer incarnation: collects the initial values, then queues live events."""
+
+    def __init__(
+        self,
+        key_offset: int,
+        queue_size: int,
+        last_seq_at_start: int,
+        key_prefixes: tuple[str, ...] | None = None,
+    ) -> None:
+        self.key_offset = key_offset
+        self.key_prefixes = key_prefixes
+        self.queue_size = queue_size
+        self.queue: asyncio.Queue[SourceEvent | Wake] = asyncio.Queue(queue_size)
+        self.initial: dict[str, DiscoveryEntry | None] | None = {}
+        self.last_seq_at_start = last_seq_at_start
+        self.snapshot_done = asyncio.Event()
+        self.last_seen_seq = 0
+        self.stopped = False
+        self.subscription: Subscription | None = None
+        # How many disconnections the source had seen when this watch was created.
+        self.epoch = 0
+        # The raw path's own ordered-consumer state (unused on the callback path).
+        self.raw = False
+        self.next_consumer_seq = 1
+        self.last_activity = time.monotonic()
+        self.held_replies: list[str] = []
+        self._publish: Callable[[str], Awaitable[None]] | None = None
+        self._broken: Callable[[str], None] | None = None
+        # Takes the raw handler off the client once the watch is stopped.
+        self.detach: Callable[[], None] | None = None
+
+    def use_raw(
+        self, publish: Callable[[str], Awaitable[None]], broken: Callable[[str], None]
+    ) -> None:
+        """Take messages through ``on_raw``: answer flow control with ``publish``, report gaps."""
+        self.raw = True
+        self._publish = publish
+        self._broken = broken
+        # Unbounded: the raw path cannot wait for room; held flow-control answers bound it.
+        self.queue = asyncio.Queue()
+
+    def finish_initial(self) -> None:
+        if self.initial is not None:
+            self.snapshot_entries = [e for e in self.initial.values() if e is not None]
+            self.initial = None
+            self.snapshot_done.set()
+
+    snapshot_entries: list[DiscoveryEntry]
+
+    def take_snapshot(self) -> tuple[DiscoveryEntry, ...]:
+        """Hand the initial values over once; the watch keeps no reference to the raw values."""
+        entries = tuple(self.snapshot_entries)
+        self.snapshot_entries = []
+        return entries
+
+    def silent_for(self, now: float, idle_heartbeat: float) -> bool:
+        """Tell whether a raw consumer has shown no sign of life for too long."""
+        return self.raw and now - self.last_activity > SILENT_HEARTBEATS * idle_heartbeat
+
+    # -- the callback path -------------------------------------------------------------------
+
+    async def on_message(self, msg: Msg) -> None:
+        if self.stopped:
+            return
+        delivery = parse_delivery(msg.reply) if msg.reply else None
+        if delivery is None:
+            return
+        event = self._take(
+            msg.subject[self.key_offset :],
+            msg.data,
+            delivery.stream_seq,
+            delivery.pending,
+            delivery.timestamp_ns,
+            msg.headers,
+        )
+        if event is not None:
+            # A full queue blocks nats-py's delivery task; flow control then holds the server
+            # back, so memory stays bounded and nothing is lost.
+            await self.queue.put(event)
+
+    # -- the raw path ------------------------------------------------------------------------
+
+    def on_raw(
+        self, subject: bytes, reply: bytes, data: bytes, headers: dict[str, str] | None
+    ) -> Awaitable[None] | None:
+        """Take one message from the parser; return what must be awaited, if anything."""
+        if self.stopped:
+            return None
+        if not reply.startswith(_ACK_PREFIX):
+            return self._on_control(reply, data, headers)
+        tokens = reply.split(b".")
+        n = len(tokens)
+        try:
+            if n == 9:
+                stream_seq, consumer_seq = int(tokens[5]), int(tokens[6])
+                timestamp_ns, pending = int(tokens[7]), int(tokens[8])
+            elif n >= 11:
+                stream_seq, consumer_seq = int(tokens[7]), int(tokens[8])
+                timestamp_ns, pending = int(tokens[9]), int(tokens[10])
+            else:
+                return None
+        except ValueError:
+            return None
+        if consumer_seq != self.next_consumer_seq:
+            self._report_broken(
+                f"delivery gap: consumer sequence {consumer_seq}, expected {self.next_consumer_seq}"
+            )
+            return None
+        self.next_consumer_seq = consumer_seq + 1
+        key = subject[self.key_offset :].decode("utf-8", "surrogateescape")
+        event = self._take(key, data, stream_seq, pending, timestamp_ns, headers)
+        if event is not None:
+            self.queue.put_nowait(event)
+        return None
+
+    def _on_control(
+        self, reply: bytes, data: bytes, headers: dict[str, str] | None
+    ) -> Awaitable[None] | None:
+        # A status message: "100 FlowControl Request" (answer to its reply subject) or
+        # "100 Idle Heartbeat" (it names the last consumer sequence sent, and when the
+        # consumer waits for a flow-control answer, the subject to send it to).
+        if data or not headers or headers.get(Header.STATUS) != _CONTROL_STATUS:
+            return None
+        self.last_activity = time.monotonic()
+        description = headers.get(Header.DESCRIPTION, "")
+        if description.startswith("Flow") and reply:
+            return self._answer(reply.decode())
+        if description.startswith("Idle"):
+            last = headers.get(Header.LAST_CONSUMER)
+            if last is not None and last.isdigit() and int(last) != self.next_consumer_seq - 1:
+                self._report_broken(
+                    f"heartbeat says consumer sequence {last} was sent, "
+                    f"{self.next_consumer_seq - 1} arrived"
+                )
+                return None
+            stalled = headers.get(Header.CONSUMER_STALLED)
+            if stalled:
+                return self._answer(stalled)
+        return None
+
+    def _answer(self, subject: str) -> Awaitable[None] | None:
+        if self.queue.qsize() >= self.queue_size:
+            # The reader is behind: the server waits for this answer before sending more.
+            if subject not in self.held_replies:
+                self.held_replies.append(subject)
+            return None
+        assert self._publish is not None
+        return self._publish(subject)
+
+    async def release_held(self) -> None:
+        """Send the flow-control answers held back, once the reader has caught up."""
+        if not self.held_replies or self.queue.qsize() > self.queue_size // 2:
+            return
+        held, self.held_replies = self.held_replies, []
+        assert self._publish is not None
+        for subject in held:
+            with contextlib.suppress(Exception):
+                await self._publish(subject)
+
+    def _report_broken(self, why: str) -> None:
+        # Nothing after a gap can be trusted: stop, and wake whoever waits on this watch.
+        self.stopped = True
+        self.snapshot_done.set()
+        self.wake()
+        if self._broken is not None:
+            self._broken(why)
+
+    # -- shared ------------------------------------------------------------------------------
+
+    def _take(
+        self,
+        key: str,
+        value: bytes,
+        stream_seq: int,
+        pending: int,
+        timestamp_ns: int,
+        headers: Mapping[str, str] | None,
+    ) -> SourceEvent | None:
+        """Record one message; return the live event to queue, if it is one."""
+        self.last_seen_seq = stream_seq
+        now = time.monotonic()
+        self.last_activity = now
+        if self.key_prefixes is not None and not key.startswith(self.key_prefixes):
+            # A key outside the filters (only with the single-filter fallback): it still counts
+            # for the end of the initial values.
+            if self.initial is not None and pending == 0:
+                self.finish_initial()
+            return None
+        kind = removal_kind(headers)
+        initial = self.initial
+        if initial is not None and stream_seq > self.last_seq_at_start > 0:
+            # Newer than anything that existed when the consumer was created: the initial
+            # values are complete and this message is already a live change.
+            self.finish_initial()
+            initial = None
+        made = None
+        if kind is None:
+            made = entry(key, value, stream_seq, headers, now, timestamp_ns / 1e9)
+        if initial is not None:
+            # A removal among the initial values leaves the key out of the snapshot.
+            initial[key] = made
+            if pending == 0:
+                self.finish_initial()
+            return None
+        if made is not None:
+            return SourcePut(made)
+        assert kind is not None
+        return SourceDelete(
+            key=key, revision=stream_seq, operation=kind, headers=headers, received_at=now
+        )
+
+    def wake(self) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self.queue.put_nowait(WAKE)
