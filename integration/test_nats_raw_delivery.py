@@ -173,7 +173,7 @@ async def test_a_consumer_removed_under_a_raw_watch_is_noticed_and_the_watch_re_
                 await kv.put("v1.mdc.ns.c.e.2", b"two")
             finally:
                 await admin.close()
-            # No consumer, no heartbeats: after three missed ones the watch is re-created,
+            # No consumer, no heartbeats: two silent checks in a row and the watch is re-created,
             # and its listing has what was written meanwhile.
             (again,) = await drain(events, 1)
             assert isinstance(again, SourceSnapshot)

@@ -15,7 +15,7 @@ pending, or the first one newer than the stream's last sequence when the consume
 When the connection drops, the watch stops at once and delivers nothing more; once the client
 is back (and on a closed connection, and when the stream behind the bucket disappears or is
 re-created, a wiped store; and on the raw path, when deliveries skip a consumer sequence or the
-consumer falls silent for three heartbeats), the watch is re-created and a new snapshot with
+consumer falls silent for two heartbeat periods), the watch is re-created and a new snapshot with
 reason ``"reconnect"`` is emitted. A server restart with a fresh store would otherwise leave
 nats-py's ordered consumer silently waiting at the old sequence, and with the same store
 nats-py's own consumer reset would deliver the outage's expiries as live removals ahead of the
@@ -426,29 +426,32 @@ class JetStreamDiscoverySource:
         while not watch.snapshot_done.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(watch.snapshot_done.wait(), self._idle_heartbeat)
-            if watch.silent_for(time.monotonic(), self._idle_heartbeat):
+            if watch.looks_dead(time.monotonic(), self._idle_heartbeat):
                 self._request_restart("the consumer sent nothing, not even heartbeats")
 
     async def _live(self, watch: Watch) -> AsyncIterator[SourceEvent]:
         queue = watch.queue
-        interval = self._health_interval
-        next_check = time.monotonic() + interval
+        interval, pulse = self._health_interval, self._idle_heartbeat
+        now = time.monotonic()
+        next_check, next_pulse = now + interval, now + pulse
         while self._restart_reason() is None and not self._is_closed():
             try:
                 item = queue.get_nowait()
             except asyncio.QueueEmpty:
                 try:
-                    item = await asyncio.wait_for(queue.get(), timeout=interval)
+                    item = await asyncio.wait_for(queue.get(), timeout=min(interval, pulse))
                 except asyncio.TimeoutError:
                     item = WAKE
             if watch.held_replies:
                 await watch.release_held()
             now = time.monotonic()
+            if now >= next_pulse:
+                next_pulse = now + pulse
+                if watch.looks_dead(now, pulse):
+                    self._request_restart("the consumer sent nothing, not even heartbeats")
             if now >= next_check:
                 next_check = now + interval
-                if watch.silent_for(now, self._idle_heartbeat):
-                    self._request_restart("the consumer sent nothing, not even heartbeats")
-                elif await self._stream_changed(watch):
+                if await self._stream_changed(watch):
                     self._request_restart("stream deleted or re-created")
             if isinstance(item, Wake):
                 continue

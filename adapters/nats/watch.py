@@ -37,8 +37,9 @@ from .kv import removal_kind
 
 __all__ = ["WAKE", "Wake", "Watch", "entry", "parse_delivery"]
 
-# What nats-py's ordered consumer tolerates too: two missed idle heartbeats.
-SILENT_HEARTBEATS: Final = 3
+# A consumer is given up after this many heartbeat periods without a message or heartbeat, as
+# nats-py's ordered consumer does.
+SILENT_HEARTBEATS: Final = 2
 
 
 class Wake:
@@ -127,6 +128,7 @@ class Watch:
         self.next_consumer_seq = 1
         self.last_activity = time.monotonic()
         self.held_replies: list[str] = []
+        self._suspect = False
         self._publish: Callable[[str], Awaitable[None]] | None = None
         self._broken: Callable[[str], None] | None = None
         # Takes the raw handler off the client once the watch is stopped.
@@ -159,6 +161,21 @@ class Watch:
     def silent_for(self, now: float, idle_heartbeat: float) -> bool:
         """Tell whether a raw consumer has shown no sign of life for too long."""
         return self.raw and now - self.last_activity > SILENT_HEARTBEATS * idle_heartbeat
+
+    def looks_dead(self, now: float, idle_heartbeat: float) -> bool:
+        """Silent at this check and at the one before it (about a heartbeat period apart).
+
+        One silent check is not enough: after the event loop was held up (a large listing
+        applied, a loaded machine), the check may run before the parser has read the heartbeats
+        waiting on the socket. By the next check they have been read.
+        """
+        if not self.silent_for(now, idle_heartbeat):
+            self._suspect = False
+            return False
+        if self._suspect:
+            return True
+        self._suspect = True
+        return False
 
     # -- the callback path -------------------------------------------------------------------
 

@@ -195,7 +195,7 @@ async def test_a_key_that_is_not_utf8_is_kept_for_the_key_parser_to_refuse() -> 
     assert event.entry.key == "v1.mdc.\udcff"
 
 
-async def test_a_raw_consumer_is_silent_only_after_three_heartbeats_without_a_sign_of_life() -> (
+async def test_a_raw_consumer_is_silent_after_two_heartbeat_periods_without_a_sign_of_life() -> (
     None
 ):
     watch, _ = raw_watch()
@@ -209,6 +209,18 @@ async def test_a_raw_consumer_is_silent_only_after_three_heartbeats_without_a_si
     # The callback path leaves liveness to nats-py's own ordered consumer.
     plain = Watch(len(PREFIX), 4, 0)
     assert not plain.silent_for(plain.last_activity + 3600, 1.0)
+
+
+async def test_a_consumer_looks_dead_only_when_two_checks_in_a_row_find_it_silent() -> None:
+    watch, _ = raw_watch()
+    late = watch.last_activity + 10.0
+    assert not watch.looks_dead(late, 1.0)  # the first silent check only raises suspicion
+    # The heartbeats that waited on the socket while the loop was held up are read...
+    watch.on_raw(b"_INBOX.x", b"", b"", control("Idle Heartbeat"))
+    assert not watch.looks_dead(time.monotonic(), 1.0)
+    # ...and the suspicion is cleared: one more silent check is again only a suspicion.
+    assert not watch.looks_dead(watch.last_activity + 10.0, 1.0)
+    assert watch.looks_dead(watch.last_activity + 11.0, 1.0)
 
 
 async def test_a_stopped_raw_watch_ignores_late_messages() -> None:
