@@ -79,6 +79,15 @@ class CardRecordDecoder:
 
     def decode(self, key: str, value: bytes) -> DecodedRecord:
         card = self._card
+        if key.startswith("v1.mdc."):
+            # Most of a bucket, and most of it spelled as 1.6.1 writes it: that case first.
+            fast: Registration | None = card.decode_plain_model(key, value, self._settings)
+            if fast is not None:
+                return fast
+            result: Registration | None = card.decode_model_record(
+                parse_key(key), value, self._settings
+            )
+            return result
         if card.is_event_key(key):
             card.decode_event_record(
                 card.parse_event_key(key), value, max_value_size=self._settings.max_value_size
@@ -88,8 +97,8 @@ class CardRecordDecoder:
         if parsed.kind == "endpoint":
             record = card.decode_endpoint_record(parsed, value, self._settings)
             return (record.endpoint, record.instance_id)
-        result: Registration | None = card.decode_model_record(parsed, value, self._settings)
-        return result
+        adapter: Registration | None = card.decode_model_record(parsed, value, self._settings)
+        return adapter
 
     def removal(self, key: str) -> tuple[str, str] | None:
         if self._card.is_event_key(key):
@@ -158,6 +167,25 @@ class Ingested:
 
 
 _Cache = dict[str, tuple[int, DecodedRecord]]
+
+_VERDICT_SLOTS: tuple[Any, ...] = tuple(
+    vars(Verdict)[name].__set__
+    for name in ("key", "registration", "refusal", "live", "event", "repeated")
+)
+
+
+def _registered(key: str, registration: Registration) -> Verdict:
+    # One verdict per registration in a listing: its slots are written directly instead of
+    # through the frozen dataclass __init__, which sets each field through object.__setattr__.
+    verdict = object.__new__(Verdict)
+    set_key, set_registration, set_refusal, set_live, set_event, set_repeated = _VERDICT_SLOTS
+    set_key(verdict, key)
+    set_registration(verdict, registration)
+    set_refusal(verdict, None)
+    set_live(verdict, False)
+    set_event(verdict, False)
+    set_repeated(verdict, False)
+    return verdict
 
 
 class Ingestor:
@@ -290,7 +318,7 @@ class Ingestor:
                 continue
             if isinstance(record, Registration):
                 registrations.append(record)
-                verdicts.append(Verdict(key, registration=record))
+                verdicts.append(_registered(key, record))
             elif isinstance(record, tuple):
                 live[key] = record
                 verdicts.append(Verdict(key, live=True))

@@ -22,6 +22,7 @@ __all__ = [
     "escape_token",
     "model_kv_key",
     "parse_key",
+    "plain_model_key",
     "unescape_token",
 ]
 
@@ -134,6 +135,32 @@ _PARSED_KEY_SLOTS = tuple(
 )
 
 
+def _intern_endpoint(ns: str, comp: str, ep: str) -> EndpointId:
+    # A fleet has few endpoints and many workers: one EndpointId (and one copy of its names)
+    # serves every worker's registration.
+    if len(_ENDPOINTS) >= _ENDPOINT_CACHE_LIMIT:
+        _ENDPOINTS.clear()
+    endpoint = _ENDPOINTS[(ns, comp, ep)] = EndpointId(ns, comp, ep)
+    return endpoint
+
+
+def plain_model_key(kv_key: str) -> tuple[EndpointId, int] | None:
+    """Return the endpoint and instance id of a plain base model card key (no unescaping).
+
+    ``None`` for any other key (an adapter's, an instance record's, an escaped or malformed
+    one): :func:`parse_key` says what those are. For the keys it answers, the answer is what
+    :func:`parse_key` gives, without building a :class:`ParsedKey`.
+    """
+    plain = _PLAIN_KEY_RE.fullmatch(kv_key)
+    if plain is None:
+        return None
+    kind_token, ns, comp, ep, hex_id, suffix_token = plain.groups()
+    if kind_token != "mdc" or suffix_token is not None:
+        return None
+    endpoint = _ENDPOINTS.get((ns, comp, ep)) or _intern_endpoint(ns, comp, ep)
+    return endpoint, int(hex_id, 16)
+
+
 def parse_key(kv_key: str) -> ParsedKey:
     """Parse a discovery KV key, or raise :class:`InvalidRecordError` (reason ``bad_key``)."""
     plain = _PLAIN_KEY_RE.fullmatch(kv_key) if isinstance(kv_key, str) else None
@@ -144,14 +171,7 @@ def parse_key(kv_key: str) -> ParsedKey:
             raise InvalidRecordError(
                 "bad_key", f"wrong number of key tokens in {kv_key!r}", key=kv_key
             )
-        # A fleet has few endpoints and many workers: one EndpointId (and one copy of its
-        # names) serves every worker's registration.
-        names = (ns, comp, ep)
-        endpoint = _ENDPOINTS.get(names)
-        if endpoint is None:
-            if len(_ENDPOINTS) >= _ENDPOINT_CACHE_LIMIT:
-                _ENDPOINTS.clear()
-            endpoint = _ENDPOINTS[names] = EndpointId(ns, comp, ep)
+        endpoint = _ENDPOINTS.get((ns, comp, ep)) or _intern_endpoint(ns, comp, ep)
         # One parsed key per record: its slots are written directly instead of through the
         # frozen dataclass __init__, which sets each field through object.__setattr__.
         parsed = _new(ParsedKey)

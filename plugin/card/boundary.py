@@ -79,7 +79,7 @@ from .envelope import (
     parse,
     registration,
 )
-from .fastpaths import try_canonical, try_shared_card
+from .fastpaths import decode_plain_model, try_canonical, try_shared_card
 from .schema import Ctx
 
 __all__ = [
@@ -90,6 +90,7 @@ __all__ = [
     "ParsedKey",
     "decode_endpoint_record",
     "decode_model_record",
+    "decode_plain_model",
     "encode_endpoint_record",
     "encode_model_record",
     "endpoint_kv_key",

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidRecordError
-from ..identity import GroupKey, Registration, WorkerType
+from ..identity import EndpointId, GroupKey, Registration, WorkerType
 from ..keys import ParsedKey
 from . import jsonio
 from .boundarysettings import BoundarySettings
@@ -19,6 +19,7 @@ __all__ = [
     "CARD_MARK",
     "MODEL_FIELDS",
     "as_text",
+    "build_registration",
     "check_envelope",
     "check_limit",
     "check_size",
@@ -157,7 +158,13 @@ def registration(
         raise InvalidRecordError(
             "lora_mismatch", "LoRA discovery identity and card metadata disagree", key=key
         )
-    endpoint = parsed_key.endpoint
+    return build_registration(parsed_key.endpoint, parsed_key.instance_id, suffix, facts)
+
+
+def build_registration(
+    endpoint: EndpointId, instance_id: int, suffix: str | None, facts: CardFacts
+) -> Registration:
+    """Build the registration of a record whose identity and card agree (the caller checked)."""
     where = (endpoint.namespace, endpoint.component, endpoint.endpoint)
     group = facts.groups.get(where)
     if group is None:
@@ -173,7 +180,6 @@ def registration(
             _GROUPS[shared] = group
         if len(facts.groups) < CACHE_LIMIT:
             facts.groups[where] = group
-    instance_id = parsed_key.instance_id
     path = f"{where[0]}/{where[1]}/{where[2]}/{instance_id:x}"
     # One registration per record: its slots are written directly, as the core writes its
     # effects, instead of through the frozen dataclass __init__ (object.__setattr__ per field).

@@ -17,17 +17,24 @@ from typing import Any
 
 from ..errors import CardDecodeError, InvalidRecordError, RemoteDataError
 from ..identity import EndpointId, Registration
-from ..keys import ParsedKey
+from ..keys import ParsedKey, plain_model_key
 from . import jsonio
 from .boundarysettings import BoundarySettings
 from .cardfacts import CACHE_LIMIT, CardFacts, card_facts, facts_for
-from .envelope import CARD_MARK, MODEL_FIELDS, check_envelope, parse, registration
+from .envelope import (
+    CARD_MARK,
+    MODEL_FIELDS,
+    build_registration,
+    check_envelope,
+    parse,
+    registration,
+)
 from .fieldmemo import decode_card_fields
 from .model import DecodedCard
 from .neighbour import Near, decode_near, learn
 from .schema import Ctx
 
-__all__ = ["try_canonical", "try_shared_card"]
+__all__ = ["decode_plain_model", "try_canonical", "try_shared_card"]
 
 
 class _Reads(dict):  # type: ignore[type-arg]
@@ -172,6 +179,13 @@ class _FactsCache:
 
 
 _CACHE = _FactsCache()
+
+
+def clear_caches() -> None:
+    """Forget every decoded card: the facts cache and the last canonical card."""
+    _CACHE.entries.clear()
+    _CACHE.size = 0
+    _LAST_CARD[0] = None
 
 
 def _decode_card_text(card_text: str, key: str, level: int) -> Any:
@@ -366,19 +380,83 @@ def try_canonical(
         tail = f',"model_suffix":{jsonio.quote(suffix)}}}'.encode("utf-8", "surrogatepass")
         envelope = {"model_suffix": suffix}
     head = _HEADS.get(parsed_key.endpoint) or _canonical_head(parsed_key.endpoint)
+    facts = _canonical_facts(raw, head, tail, parsed_key.instance_id, settings, ctx, key)
+    if facts is None:
+        return None
+    return registration(envelope, parsed_key, facts, key)
+
+
+def decode_plain_model(key: str, raw: bytes, settings: BoundarySettings) -> Registration | None:
+    """Decode the commonest record in one step, or return ``None`` for the general path.
+
+    It answers for a base model card (no adapter) whose key needs no unescaping, whose
+    namespace passes the filter, whose value is within the size limit and spelled exactly as
+    1.6.1 writes it (see :func:`try_canonical`), and whose card is accepted and carries no
+    LoRA metadata. For those the answer is the one ``decode_model_record`` gives, reached
+    without the parsed key and the call chain. Anything else, a refusal included, is left to
+    the general path, which gives the verdict.
+    """
+    if type(raw) is not bytes or len(raw) > settings.max_value_size:
+        return None
+    plain = plain_model_key(key)
+    if plain is None:
+        return None
+    endpoint, instance_id = plain
+    if not settings.namespace_matches(endpoint.namespace):
+        return None
+    head = _HEADS.get(endpoint) or _canonical_head(endpoint)
+    try:
+        facts = _canonical_facts(raw, head, b"}", instance_id, settings, None, key)
+    except RemoteDataError:
+        return None
+    if facts is None or facts.has_lora:
+        return None
+    return build_registration(endpoint, instance_id, None, facts)
+
+
+def _canonical_facts(
+    raw: bytes,
+    head: bytes,
+    tail: bytes,
+    instance_id: int,
+    settings: BoundarySettings,
+    ctx: Ctx | None,
+    key: str,
+) -> CardFacts | None:
+    """Return the card's facts if ``raw`` is head, instance id, card mark, card, tail; else None."""
     if not raw.startswith(head) or not raw.endswith(tail):
         return None
     # The instance id's digits and the card mark follow the head.
-    rest = b"%d,%s" % (parsed_key.instance_id, _CARD_MARK_BYTES)
+    rest = b"%d,%s" % (instance_id, _CARD_MARK_BYTES)
     start = len(head) + len(rest)
     if raw[len(head) : start] != rest:
         return None
-    card_raw = raw[start : len(raw) - len(tail)]
+    end = len(raw) - len(tail)
+    overrides = settings.overrides
+    last = _LAST_CARD[0]
+    if (
+        last is not None
+        and ctx is None
+        and last[1] == overrides
+        and end - start == len(last[0])
+        and raw.startswith(last[0], start)
+    ):
+        # The card text of the record before (a fleet sharing one card): compared in place,
+        # with neither a copy of the card nor a hash of it.
+        return last[2]
+    card_raw = raw[start:end]
     try:
         facts = _cached_facts(card_raw, settings, ctx, key)
     except InvalidRecordError:
         return None
-    return registration(envelope, parsed_key, facts, key)
+    if ctx is None:
+        _LAST_CARD[0] = (card_raw, overrides, facts)
+    return facts
+
+
+# The last card text a canonical record carried, with the overrides it was decoded under and
+# its facts: what the cache would answer for the same text, found without looking it up.
+_LAST_CARD: list[tuple[bytes, tuple[str | None, bool | None], CardFacts] | None] = [None]
 
 
 _NO_SUFFIX: dict[str, Any] = {}

@@ -132,8 +132,7 @@ def verdict(key: str, value: bytes | str) -> object:
 
 def forget() -> None:
     clear_memo()
-    fastpaths._CACHE.entries.clear()
-    fastpaths._CACHE.size = 0
+    fastpaths.clear_caches()
 
 
 def slow_verdict(key: str, value: bytes) -> object:
