@@ -93,12 +93,11 @@ class CardRecordDecoder:
                 card.parse_event_key(key), value, max_value_size=self._settings.max_value_size
             )
             return EVENT_RECORD
+        # Anything else is an endpoint record or a key parse_key refuses (every model key starts
+        # with the prefix above).
         parsed = parse_key(key)
-        if parsed.kind == "endpoint":
-            record = card.decode_endpoint_record(parsed, value, self._settings)
-            return (record.endpoint, record.instance_id)
-        adapter: Registration | None = card.decode_model_record(parsed, value, self._settings)
-        return adapter
+        record = card.decode_endpoint_record(parsed, value, self._settings)
+        return (record.endpoint, record.instance_id)
 
     def removal(self, key: str) -> tuple[str, str] | None:
         if self._card.is_event_key(key):
