@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from workerset_admission.admission.admitted import AdmittedIds
 from workerset_admission.admission.effects import (
     LoraProjectionChanged,
     LoraWorker,
@@ -47,21 +48,33 @@ class AdmissionState:
 
     ``version`` counts the values sent through the channel, starting at 0. ``lora`` is the
     group's LoRA projection (the adapters each admitted worker serves) and ``taints`` the taints
-    changed in place during the tenure, by registration key.
+    changed in place during the tenure, by registration key. ``ids`` is the core's lazy snapshot
+    of the admitted ids (any other set given here is wrapped in one); ``admitted`` reads it as
+    a frozenset, so a burst of publications between two reads costs one materialisation.
     """
 
     group: GroupKey
     receiver: int
     mdc_checksum: str
     generation: int
-    admitted: frozenset[int]
+    ids: AdmittedIds
     version: int = 0
     card: Any = field(default=None, compare=False, repr=False)
     lora: tuple[LoraWorker, ...] = ()
     taints: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _NO_TAINTS)
 
+    def __post_init__(self) -> None:
+        if type(self.ids) is not AdmittedIds:
+            object.__setattr__(self, "ids", AdmittedIds.of(self.ids))
+
+    @property
+    def admitted(self) -> frozenset[int]:
+        """The admitted ids, worked out from the snapshot on the first read."""
+        return self.ids.as_frozenset()
+
 
 _NO_TAINTS: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+_NOBODY = AdmittedIds(frozenset())
 
 
 class _Channel:
@@ -175,15 +188,17 @@ class AdmissionSender:
         generation: int | None = None,
         card: Any = None,
     ) -> AdmissionState:
-        """Replace the admitted ids (and optionally generation and card); wake the readers."""
+        """Replace the admitted ids (and optionally generation and card); wake the readers.
+
+        An :class:`AdmittedIds` snapshot is kept as it is, unread, until a reader asks.
+        """
         channel = self._channel
         if channel.retired:
             raise UsageError(f"admission channel {channel.state.receiver} is retired")
         old = channel.state
-        ids = admitted if isinstance(admitted, frozenset) else frozenset(admitted)
         new = replace(
             old,
-            admitted=ids,
+            ids=AdmittedIds.of(admitted),
             generation=old.generation if generation is None else generation,
             card=old.card if card is None else card,
             version=old.version + 1,
@@ -228,7 +243,7 @@ class AdmissionSender:
             return
         channel.retired = True
         old = channel.state
-        channel.bump(replace(old, admitted=frozenset(), version=old.version + 1))
+        channel.bump(replace(old, ids=_NOBODY, version=old.version + 1))
 
 
 def open_admission_channel(
@@ -241,7 +256,7 @@ def open_admission_channel(
 ) -> tuple[AdmissionSender, AdmissionReceiver]:
     """Create a channel for one tenure and return its two halves."""
     channel = _Channel(
-        AdmissionState(group, receiver, mdc_checksum, generation, frozenset(admitted), 0, card)
+        AdmissionState(group, receiver, mdc_checksum, generation, AdmittedIds.of(admitted), 0, card)
     )
     return AdmissionSender(channel), AdmissionReceiver(channel)
 
@@ -266,7 +281,8 @@ class AdmissionChannels:
             sender = self._by_id.get(effect.receiver)
             if sender is None:
                 raise UsageError(f"no open admission channel {effect.receiver}")
-            sender.send(effect.admitted, generation=effect.generation, card=effect.card)
+            # The snapshot, not effect.admitted: readers materialise it only if they look.
+            sender.send(effect.ids, generation=effect.generation, card=effect.card)
         elif isinstance(effect, OpenReceiver):
             if effect.receiver in self._by_id:
                 raise UsageError(f"admission channel {effect.receiver} is already open")

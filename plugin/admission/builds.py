@@ -41,7 +41,7 @@ class _BuildsMixin(_CoreState):
             self._transition(group, StatusEvent.BUILD_OK)
             group.committed_generation = event.generation
             group.attempt = 0
-            members = group.cohorts[checksum].members
+            cohort = group.cohorts[checksum]
             assert group.representative is not None
             self._out.append(
                 fx.CommitGroup(
@@ -49,8 +49,8 @@ class _BuildsMixin(_CoreState):
                     mdc_checksum=checksum,
                     generation=event.generation,
                     receiver=receiver,
-                    members=tuple(sorted(members)),
-                    admitted=frozenset(group.cohorts[checksum].ids),
+                    members=tuple(sorted(r.key for r in cohort.members.values())),
+                    admitted=cohort.snapshot(cohort.members).as_frozenset(),
                     representative=group.representative,
                     card=group.card,
                 )
@@ -158,7 +158,7 @@ class _BuildsMixin(_CoreState):
                 generation=generation,
                 attempt=group.attempt,
                 receiver=receiver,
-                admitted=frozenset(cohort.ids),
+                admitted=cohort.snapshot(cohort.members).as_frozenset(),
                 representative=group.representative,
                 card=group.card,
             )

@@ -65,6 +65,19 @@ A projection change is announced as ``LoraProjectionChanged`` (no rebuild).
 started. A batch therefore gives the same state as applying its inputs one by one, with fewer
 publications.
 
+*Publication without copies.* A ``PublishAdmissions`` carries an ``AdmittedIds`` snapshot
+(``admitted.py``), not a copy of the cohort's ids: the incumbent cohort keeps a frozen base set
+and an append-only change log (``iid`` for a join, ``~iid`` for a departure), and a snapshot is
+the base, the log and the log's length at that moment, worked out into a frozenset only when
+someone reads it, once. When the log grows longer than the base (and than 32 entries), the
+publication rebases the cohort: a new base from its members and a new, empty log, while older
+snapshots keep the old list, which is never appended to again. A change therefore costs O(1)
+amortised instead of a copy of the whole group, and a burst of changes between two reads of a
+receiver costs one materialisation. Changes to a cohort are logged only while it is the
+incumbent; a new tenure rebases its cohort first. Within a group an instance id names exactly
+one registration key (a group has one endpoint), so a cohort's members are keyed by instance
+id and its ids need no set of their own.
+
 *Where this differs from Dynamo 1.6.1* (the contract wins): 1.6.1 keeps a group's status
 under a fingerprint that appends the worker's Qwen video prompt-expansion contract to the
 checksum, and may retain a pipeline across a fingerprint change. The contract says the
@@ -83,7 +96,8 @@ inherits the rest from its parts, so a call between them is an ordinary method c
 ``state.py`` (settings, per-group records, the shared small steps), ``tenure.py`` (tenures,
 succession, rejection reports, the post-outage hold, snapshots), ``builds.py`` (build results,
 commit failures, retry timers, starting builds), ``lora.py`` (adapters and in-place changes),
-``readout.py`` (read-only views) and ``builders.py`` (the direct effect builders).
+``readout.py`` (read-only views), ``builders.py`` (slot setters for the effects built
+directly) and ``admitted.py`` (admitted-id snapshots and the cohort's change log).
 """
 
 from __future__ import annotations
@@ -93,8 +107,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from workerset_admission.admission import effects as fx
-from workerset_admission.admission.builders import _departed, _placed, _publish
+from workerset_admission.admission.admitted import AdmittedIds
+from workerset_admission.admission.builders import (
+    _DEPARTED_SLOTS,
+    _PLACED_SLOTS,
+    _PUBLISH_SLOTS,
+    _new,
+)
 from workerset_admission.admission.builds import _BuildsMixin
+from workerset_admission.admission.effects import PublishAdmissions, WorkerDeparted, WorkerPlaced
 from workerset_admission.admission.inputs import (
     BuildFinished,
     CommitFailed,
@@ -119,6 +140,37 @@ from workerset_admission.errors import UsageError
 from workerset_admission.identity import Registration
 
 __all__ = ["AdmissionCore", "CoreSettings"]
+
+_placed_key, _placed_group, _placed_checksum, _placed_admitted = _PLACED_SLOTS
+_departed_key, _departed_group, _departed_checksum, _departed_was_admitted = _DEPARTED_SLOTS
+(
+    _publish_group,
+    _publish_receiver,
+    _publish_checksum,
+    _publish_generation,
+    _publish_ids,
+    _publish_card,
+) = _PUBLISH_SLOTS
+
+
+def _admissions(group: _Group) -> fx.PublishAdmissions:
+    """Publish the incumbent's admitted ids: a snapshot of its log, not a copy of its set."""
+    cohort = group.cohorts[group.checksum]  # type: ignore[index]
+    # AdmittedLog.snapshot, inlined: this runs once per changing call.
+    log = cohort.log
+    length = len(log)
+    if length > cohort.limit:
+        cohort.rebase(cohort.members)
+        log, length = cohort.log, 0
+    cohort.last = ids = AdmittedIds(cohort.base, log, length)
+    effect = _new(PublishAdmissions)
+    _publish_group(effect, group.key)
+    _publish_receiver(effect, group.receiver)
+    _publish_checksum(effect, group.checksum)
+    _publish_generation(effect, group.generation)
+    _publish_ids(effect, ids)
+    _publish_card(effect, group.card)
+    return effect
 
 
 class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
@@ -183,7 +235,22 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
             group = dirty.pop()
             if group.dirty:
                 group.dirty = False
-                out.append(self._admissions(group))
+                # _admissions, inlined: a Python call less on nearly every input.
+                cohort = group.cohorts[group.checksum]  # type: ignore[index]
+                log = cohort.log
+                length = len(log)
+                if length > cohort.limit:
+                    cohort.rebase(cohort.members)
+                    log, length = cohort.log, 0
+                cohort.last = ids = AdmittedIds(cohort.base, log, length)
+                effect = _new(PublishAdmissions)
+                _publish_group(effect, group.key)
+                _publish_receiver(effect, group.receiver)
+                _publish_checksum(effect, group.checksum)
+                _publish_generation(effect, group.generation)
+                _publish_ids(effect, ids)
+                _publish_card(effect, group.card)
+                out.append(effect)
         return out
 
     def apply_many(self, events: Iterable[Input]) -> list[fx.Effect]:
@@ -228,15 +295,21 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         cohort = group.cohorts.get(checksum)
         if cohort is None:
             cohort = group.cohorts[checksum] = _Cohort(checksum)
-        cohort.members[key] = reg
-        cohort.ids.add(reg.instance_id)
+        iid = reg.instance_id
+        cohort.members[iid] = reg
         self._regs[key] = reg
         incumbent = group.checksum
         admitted = incumbent is None or incumbent == checksum
-        self._out.append(_placed(key, group.key, checksum, admitted))
+        placed = _new(WorkerPlaced)
+        _placed_key(placed, key)
+        _placed_group(placed, group.key)
+        _placed_checksum(placed, checksum)
+        _placed_admitted(placed, admitted)
+        self._out.append(placed)
         if incumbent is None:
             self._start_tenure(group)
         elif admitted:
+            cohort.log.append(iid)
             if group.held_until is not None:
                 self._end_hold(group, "rejoined")
             if not group.dirty:
@@ -258,10 +331,17 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         group = self._group_of(reg)
         checksum = reg.mdc_checksum
         cohort = group.cohorts[checksum]
-        del cohort.members[key]
-        cohort.ids.discard(reg.instance_id)
+        iid = reg.instance_id
+        del cohort.members[iid]
         was_admitted = group.checksum == checksum
-        self._out.append(_departed(key, group.key, checksum, was_admitted))
+        if was_admitted:
+            cohort.log.append(~iid)
+        departed = _new(WorkerDeparted)
+        _departed_key(departed, key)
+        _departed_group(departed, group.key)
+        _departed_checksum(departed, checksum)
+        _departed_was_admitted(departed, was_admitted)
+        self._out.append(departed)
         if not cohort.members:
             if was_admitted and self._holding:
                 self._hold(group)
@@ -286,21 +366,6 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
 
     # ------------------------------------------------------------------ end of a call
 
-    @staticmethod
-    def _admissions(group: _Group) -> fx.PublishAdmissions:
-        checksum = group.checksum
-        assert checksum is not None
-        # One C-level copy per changed group per call: the admitted set handed out must never
-        # change under its holder.
-        return _publish(
-            group.key,
-            group.receiver,  # type: ignore[arg-type]
-            checksum,
-            group.generation,  # type: ignore[arg-type]
-            frozenset(group.cohorts[checksum].ids),
-            group.card,
-        )
-
     def _flush(self) -> None:
         queue = self._queue
         if not (queue or self._dirty or self._lora_dirty):
@@ -316,7 +381,7 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
                 if not group.dirty:
                     continue
                 group.dirty = False
-                out.append(self._admissions(group))
+                out.append(_admissions(group))
             self._dirty.clear()
         if self._lora_dirty:
             for group in self._lora_dirty:

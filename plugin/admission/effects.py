@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from workerset_admission.admission.admitted import AdmittedIds
 from workerset_admission.admission.status import GroupStatus
 from workerset_admission.identity import EndpointId, GroupKey
 
@@ -72,14 +73,27 @@ class OpenReceiver:
 
 @dataclass(frozen=True, slots=True)
 class PublishAdmissions:
-    """Set the admitted instance ids (and the selected card) seen through one receiver."""
+    """Set the admitted instance ids (and the selected card) seen through one receiver.
+
+    ``ids`` is a lazy snapshot (a plain set of ids given here is wrapped in one): publishing
+    does not copy the cohort, and ``admitted`` works the frozenset out when first read.
+    """
 
     group: GroupKey
     receiver: int
     mdc_checksum: str
     generation: int
-    admitted: frozenset[int]
+    ids: AdmittedIds
     card: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if type(self.ids) is not AdmittedIds:
+            object.__setattr__(self, "ids", AdmittedIds.of(self.ids))
+
+    @property
+    def admitted(self) -> frozenset[int]:
+        """The admitted ids as a frozenset (materialised once per snapshot)."""
+        return self.ids.as_frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ class _LoraMixin(_CoreState):
             return  # a duplicate: the first incarnation's card stays
         if reg.model_suffix is None:
             self._regs[reg.key] = reg
-            self._group_of(reg).cohorts[reg.mdc_checksum].members[reg.key] = reg
+            self._group_of(reg).cohorts[reg.mdc_checksum].members[reg.instance_id] = reg
         else:
             self._loras[reg.key] = reg
             self._adapters_at[_base_key(reg)][reg.key] = reg

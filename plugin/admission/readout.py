@@ -101,4 +101,5 @@ class _ReadoutMixin(_CoreState):
 
     def _admitted(self, group: _Group) -> frozenset[int]:
         assert group.checksum is not None
-        return frozenset(group.cohorts[group.checksum].ids)
+        cohort = group.cohorts[group.checksum]
+        return cohort.snapshot(cohort.members).as_frozenset()

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from workerset_admission.admission import effects as fx
+from workerset_admission.admission.admitted import AdmittedLog
 from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
 from workerset_admission.errors import ConfigError
 from workerset_admission.identity import GroupKey, Registration, instance_key
@@ -22,6 +24,7 @@ _RETRYING = GroupStatus.RETRYING
 _BLOCKED = GroupStatus.BLOCKED
 _BLOCKED_READY = GroupStatus.BLOCKED_READY
 _READY = GroupStatus.READY
+_by_key = attrgetter("key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,17 +51,23 @@ class CoreSettings:
         return delays[min(max(attempt, 1), len(delays)) - 1]
 
 
-class _Cohort:
-    __slots__ = ("checksum", "ids", "members")
+class _Cohort(AdmittedLog):
+    """The registrations sharing one checksum in a group; as the incumbent, its admitted ids.
+
+    While the cohort is the incumbent, every change of membership is appended to its log (see
+    ``AdmittedLog``); changes before that are not, so a tenure start rebases it.
+    """
+
+    __slots__ = ("checksum", "members")
 
     def __init__(self, checksum: str) -> None:
+        super().__init__()
         self.checksum = checksum
-        # Insertion-ordered; membership, not order, matters inside a cohort.
-        self.members: dict[str, Registration] = {}
-        # The members' instance ids, kept alongside so that publishing admissions is one C-level
-        # set copy instead of a Python loop. A group has one endpoint and a base card per
-        # instance, so ids are unique within a cohort.
-        self.ids: set[int] = set()
+        # Keyed by instance id: a group has one endpoint and a base card per instance, so within
+        # a group an instance id names exactly one registration key. Insertion-ordered;
+        # membership, not order, matters inside a cohort. The keys are the cohort's ids, so a
+        # rebase is one C-level copy of them.
+        self.members: dict[int, Registration] = {}
 
 
 class _Group:
@@ -114,7 +123,7 @@ def _base_key(reg: Registration) -> str:
 
 def _representative(cohort: _Cohort) -> Registration:
     # Dynamo keeps members in a BTreeSet and takes the first: the smallest key.
-    return cohort.members[min(cohort.members)]
+    return min(cohort.members.values(), key=_by_key)
 
 
 class _CoreState:

@@ -30,6 +30,8 @@ class _TenureMixin(_CoreState):
 
     def _start_tenure(self, group: _Group) -> None:
         cohort = next(iter(group.cohorts.values()))
+        # Changes were not logged while the cohort was not the incumbent.
+        cohort.rebase(cohort.members)
         representative = _representative(cohort)
         self._last_receiver += 1
         group.checksum = cohort.checksum
@@ -160,6 +162,6 @@ class _TenureMixin(_CoreState):
                 worker_set=group.key.worker_set,
                 incumbent_checksum=group.checksum,
                 rejected_checksum=cohort.checksum,
-                instance=min(cohort.members),
+                instance=_representative(cohort).key,
             )
         )
