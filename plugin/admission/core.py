@@ -108,14 +108,8 @@ from typing import Any
 
 from workerset_admission.admission import effects as fx
 from workerset_admission.admission.admitted import AdmittedIds
-from workerset_admission.admission.builders import (
-    _DEPARTED_SLOTS,
-    _PLACED_SLOTS,
-    _PUBLISH_SLOTS,
-    _new,
-)
+from workerset_admission.admission.builders import departed, placed, publish
 from workerset_admission.admission.builds import _BuildsMixin
-from workerset_admission.admission.effects import PublishAdmissions, WorkerDeparted, WorkerPlaced
 from workerset_admission.admission.inputs import (
     BuildFinished,
     CommitFailed,
@@ -141,17 +135,6 @@ from workerset_admission.identity import Registration
 
 __all__ = ["AdmissionCore", "CoreSettings"]
 
-_placed_key, _placed_group, _placed_checksum, _placed_admitted = _PLACED_SLOTS
-_departed_key, _departed_group, _departed_checksum, _departed_was_admitted = _DEPARTED_SLOTS
-(
-    _publish_group,
-    _publish_receiver,
-    _publish_checksum,
-    _publish_generation,
-    _publish_ids,
-    _publish_card,
-) = _PUBLISH_SLOTS
-
 
 def _admissions(group: _Group) -> fx.PublishAdmissions:
     """Publish the incumbent's admitted ids: a snapshot of its log, not a copy of its set."""
@@ -163,14 +146,14 @@ def _admissions(group: _Group) -> fx.PublishAdmissions:
         cohort.rebase(cohort.members)
         log, length = cohort.log, 0
     cohort.last = ids = AdmittedIds(cohort.base, log, length)
-    effect = _new(PublishAdmissions)
-    _publish_group(effect, group.key)
-    _publish_receiver(effect, group.receiver)
-    _publish_checksum(effect, group.checksum)
-    _publish_generation(effect, group.generation)
-    _publish_ids(effect, ids)
-    _publish_card(effect, group.card)
-    return effect
+    return publish(
+        group.key,
+        group.receiver,  # type: ignore[arg-type]
+        group.checksum,  # type: ignore[arg-type]
+        group.generation,  # type: ignore[arg-type]
+        ids,
+        group.card,
+    )
 
 
 class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
@@ -243,14 +226,16 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
                     cohort.rebase(cohort.members)
                     log, length = cohort.log, 0
                 cohort.last = ids = AdmittedIds(cohort.base, log, length)
-                effect = _new(PublishAdmissions)
-                _publish_group(effect, group.key)
-                _publish_receiver(effect, group.receiver)
-                _publish_checksum(effect, group.checksum)
-                _publish_generation(effect, group.generation)
-                _publish_ids(effect, ids)
-                _publish_card(effect, group.card)
-                out.append(effect)
+                out.append(
+                    publish(
+                        group.key,
+                        group.receiver,  # type: ignore[arg-type]
+                        group.checksum,  # type: ignore[arg-type]
+                        group.generation,  # type: ignore[arg-type]
+                        ids,
+                        group.card,
+                    )
+                )
         return out
 
     def apply_many(self, events: Iterable[Input]) -> list[fx.Effect]:
@@ -300,12 +285,7 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         self._regs[key] = reg
         incumbent = group.checksum
         admitted = incumbent is None or incumbent == checksum
-        placed = _new(WorkerPlaced)
-        _placed_key(placed, key)
-        _placed_group(placed, group.key)
-        _placed_checksum(placed, checksum)
-        _placed_admitted(placed, admitted)
-        self._out.append(placed)
+        self._out.append(placed(key, group.key, checksum, admitted))
         if incumbent is None:
             self._start_tenure(group)
         elif admitted:
@@ -328,7 +308,8 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         if reg is None:
             self._remove_lora(key)
             return
-        group = self._group_of(reg)
+        gk = reg.group
+        group = self._groups[(gk.model, gk.worker_set)]
         checksum = reg.mdc_checksum
         cohort = group.cohorts[checksum]
         iid = reg.instance_id
@@ -336,12 +317,7 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         was_admitted = group.checksum == checksum
         if was_admitted:
             cohort.log.append(~iid)
-        departed = _new(WorkerDeparted)
-        _departed_key(departed, key)
-        _departed_group(departed, group.key)
-        _departed_checksum(departed, checksum)
-        _departed_was_admitted(departed, was_admitted)
-        self._out.append(departed)
+        self._out.append(departed(key, group.key, checksum, was_admitted))
         if not cohort.members:
             if was_admitted and self._holding:
                 self._hold(group)

@@ -1,11 +1,12 @@
-"""The effects the core builds slot by slot equal, hash and read like the ones __init__ makes."""
+"""The effects the core builds with its fast constructors are the ones __init__ makes."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
-from admission_support import reg
+from admission_support import G, reg
 from workerset_admission.admission import (
     AdmissionCore,
     PublishAdmissions,
@@ -16,6 +17,7 @@ from workerset_admission.admission import (
     builders,
 )
 from workerset_admission.admission import effects as fx
+from workerset_admission.admission.admitted import AdmittedIds
 
 
 def _core_effects() -> list[fx.Effect]:
@@ -77,15 +79,21 @@ def test_a_published_snapshot_reads_as_the_frozenset_of_the_admitted_ids() -> No
 
 
 @pytest.mark.parametrize(
-    ("cls", "setters"),
+    ("make", "cls", "values"),
     [
-        (fx.WorkerPlaced, builders._PLACED_SLOTS),
-        (fx.WorkerDeparted, builders._DEPARTED_SLOTS),
-        (fx.PublishAdmissions, builders._PUBLISH_SLOTS),
+        (builders.placed, WorkerPlaced, ("k", G, "A", True)),
+        (builders.departed, WorkerDeparted, ("k", G, "A", False)),
+        (
+            builders.publish,
+            PublishAdmissions,
+            (G, 3, "A", 7, AdmittedIds(frozenset({1, 2})), {"card": 1}),
+        ),
     ],
 )
-def test_the_builders_set_every_field_of_their_effect_in_order(
-    cls: type, setters: tuple[object, ...]
+def test_each_fast_constructor_fills_every_field_of_its_effect_in_order(
+    make: Any, cls: type, values: tuple[object, ...]
 ) -> None:
-    names = [f.name for f in dataclasses.fields(cls)]
-    assert setters == tuple(getattr(cls, name).__set__ for name in names)
+    built = make(*values)
+    assert type(built) is cls
+    assert tuple(getattr(built, f.name) for f in dataclasses.fields(cls)) == values
+    assert built == cls(*values)
