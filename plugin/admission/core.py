@@ -212,11 +212,15 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         # Most calls leave nothing queued and at most the one group they touched dirty:
         # publish that group here and skip the general flush.
         dirty = self._dirty
-        if self._queue or self._lora_dirty or len(dirty) > 1:
+        if self._queue or self._lora_dirty:
             self._flush()
         elif dirty:
             group = dirty.pop()
-            if group.dirty:
+            if dirty:
+                # More than one group changed: put it back, in its place, for the flush.
+                dirty.append(group)
+                self._flush()
+            elif group.dirty:
                 group.dirty = False
                 # _admissions, inlined: a Python call less on nearly every input.
                 cohort = group.cohorts[group.checksum]  # type: ignore[index]
@@ -268,7 +272,8 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
             self._add_lora(reg)
             return
         key = reg.key
-        old = self._regs.get(key)
+        regs = self._regs
+        old = regs.get(key)
         if old is not None:
             self._update_in_place(old, reg)
             return
@@ -282,7 +287,7 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
             cohort = group.cohorts[checksum] = _Cohort(checksum)
         iid = reg.instance_id
         cohort.members[iid] = reg
-        self._regs[key] = reg
+        regs[key] = reg
         incumbent = group.checksum
         admitted = incumbent is None or incumbent == checksum
         self._out.append(placed(key, group.key, checksum, admitted))
