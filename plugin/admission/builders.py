@@ -1,4 +1,4 @@
-"""Fast constructors for the effects emitted on nearly every input."""
+"""Blank classes for building the effects emitted on nearly every input, and publish()."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from workerset_admission.identity import GroupKey
 # turns the object into the effect class itself (a __class__ assignment, which Python allows
 # between classes with the same slots). What comes out is an ordinary frozen instance of the
 # effect: same type, fields, equality, hash and repr as one made by the effect's own __init__.
+# The core's hot paths (_add, _remove, apply) write these steps out inline, a Python call less
+# per input; publish() below is the same steps for the other publications.
 
 
 class _BlankWorkerPlaced:
@@ -42,26 +44,6 @@ class _BlankPublishAdmissions:
     generation: int
     ids: AdmittedIds
     card: Any
-
-
-def placed(key: str, group: GroupKey, mdc_checksum: str, admitted: bool) -> fx.WorkerPlaced:
-    effect = _BlankWorkerPlaced()
-    effect.key = key
-    effect.group = group
-    effect.mdc_checksum = mdc_checksum
-    effect.admitted = admitted
-    effect.__class__ = fx.WorkerPlaced  # type: ignore[assignment]
-    return effect  # type: ignore[return-value]
-
-
-def departed(key: str, group: GroupKey, mdc_checksum: str, was_admitted: bool) -> fx.WorkerDeparted:
-    effect = _BlankWorkerDeparted()
-    effect.key = key
-    effect.group = group
-    effect.mdc_checksum = mdc_checksum
-    effect.was_admitted = was_admitted
-    effect.__class__ = fx.WorkerDeparted  # type: ignore[assignment]
-    return effect  # type: ignore[return-value]
 
 
 def publish(

@@ -107,9 +107,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from workerset_admission.admission import effects as fx
-from workerset_admission.admission.admitted import AdmittedIds
-from workerset_admission.admission.builders import departed, placed, publish
+from workerset_admission.admission.builders import (
+    _BlankPublishAdmissions,
+    _BlankWorkerDeparted,
+    _BlankWorkerPlaced,
+    publish,
+)
 from workerset_admission.admission.builds import _BuildsMixin
+from workerset_admission.admission.effects import PublishAdmissions, WorkerDeparted, WorkerPlaced
 from workerset_admission.admission.inputs import (
     BuildFinished,
     CommitFailed,
@@ -139,19 +144,12 @@ __all__ = ["AdmissionCore", "CoreSettings"]
 def _admissions(group: _Group) -> fx.PublishAdmissions:
     """Publish the incumbent's admitted ids: a snapshot of its log, not a copy of its set."""
     cohort = group.cohorts[group.checksum]  # type: ignore[index]
-    # AdmittedLog.snapshot, inlined: this runs once per changing call.
-    log = cohort.log
-    length = len(log)
-    if length > cohort.limit:
-        cohort.rebase(cohort.members)
-        log, length = cohort.log, 0
-    cohort.last = ids = AdmittedIds(cohort.base, log, length)
     return publish(
         group.key,
         group.receiver,  # type: ignore[arg-type]
         group.checksum,  # type: ignore[arg-type]
         group.generation,  # type: ignore[arg-type]
-        ids,
+        cohort.snapshot(cohort.members),
         group.card,
     )
 
@@ -222,24 +220,17 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
                 self._flush()
             elif group.dirty:
                 group.dirty = False
-                # _admissions, inlined: a Python call less on nearly every input.
+                # _admissions and builders.publish, inlined: two Python calls less per input.
                 cohort = group.cohorts[group.checksum]  # type: ignore[index]
-                log = cohort.log
-                length = len(log)
-                if length > cohort.limit:
-                    cohort.rebase(cohort.members)
-                    log, length = cohort.log, 0
-                cohort.last = ids = AdmittedIds(cohort.base, log, length)
-                out.append(
-                    publish(
-                        group.key,
-                        group.receiver,  # type: ignore[arg-type]
-                        group.checksum,  # type: ignore[arg-type]
-                        group.generation,  # type: ignore[arg-type]
-                        ids,
-                        group.card,
-                    )
-                )
+                effect = _BlankPublishAdmissions()
+                effect.group = group.key
+                effect.receiver = group.receiver  # type: ignore[assignment]
+                effect.mdc_checksum = group.checksum  # type: ignore[assignment]
+                effect.generation = group.generation  # type: ignore[assignment]
+                effect.ids = cohort.snapshot(cohort.members)
+                effect.card = group.card
+                effect.__class__ = PublishAdmissions  # type: ignore[assignment]
+                out.append(effect)  # type: ignore[arg-type]
         return out
 
     def apply_many(self, events: Iterable[Input]) -> list[fx.Effect]:
@@ -290,7 +281,14 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         regs[key] = reg
         incumbent = group.checksum
         admitted = incumbent is None or incumbent == checksum
-        self._out.append(placed(key, group.key, checksum, admitted))
+        # builders.placed, inlined: a Python call less per input.
+        effect = _BlankWorkerPlaced()
+        effect.key = key
+        effect.group = group.key
+        effect.mdc_checksum = checksum
+        effect.admitted = admitted
+        effect.__class__ = WorkerPlaced  # type: ignore[assignment]
+        self._out.append(effect)  # type: ignore[arg-type]
         if incumbent is None:
             self._start_tenure(group)
         elif admitted:
@@ -322,7 +320,14 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         was_admitted = group.checksum == checksum
         if was_admitted:
             cohort.log.append(~iid)
-        self._out.append(departed(key, group.key, checksum, was_admitted))
+        # builders.departed, inlined: a Python call less per input.
+        gone = _BlankWorkerDeparted()
+        gone.key = key
+        gone.group = group.key
+        gone.mdc_checksum = checksum
+        gone.was_admitted = was_admitted
+        gone.__class__ = WorkerDeparted  # type: ignore[assignment]
+        self._out.append(gone)  # type: ignore[arg-type]
         if not cohort.members:
             if was_admitted and self._holding:
                 self._hold(group)
