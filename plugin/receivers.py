@@ -74,7 +74,7 @@ class AdmissionState:
 
 
 _NO_TAINTS: Mapping[str, tuple[str, ...]] = MappingProxyType({})
-_NOBODY = AdmittedIds(frozenset())
+_NOBODY = AdmittedIds.of(())
 
 
 class _Channel:

@@ -12,7 +12,6 @@ ChangeLog = list[int]
 """Append-only changes to a set of ids: ``iid`` adds an id, ``~iid`` (negative) removes it."""
 
 _NO_CHANGES: Sequence[int] = ()
-_new = object.__new__
 # A log is folded into a new base once it is longer than the base (and than this): each change
 # then costs O(1) amortised, and reading a snapshot costs O(ids), once.
 _MIN_LOG = 32
@@ -30,23 +29,26 @@ class AdmittedIds(Set[int]):
     """
 
     __slots__ = ("_base", "_ids", "_length", "_log")
-
-    def __init__(
-        self, base: frozenset[int], log: Sequence[int] = _NO_CHANGES, length: int = 0
-    ) -> None:
-        # Plain slot writes: the core makes one snapshot per publication, and a frozen class's
-        # object.__setattr__ per field would double that cost. Nothing writes them afterwards.
-        self._base = base
-        self._log = log
-        self._length = length
-        self._ids: frozenset[int] | None = None
+    # No __init__: the core makes one snapshot per publication (AdmittedLog.snapshot), and a
+    # class without one is made by a C-level call and filled with plain slot stores. Anything
+    # else makes one with AdmittedIds.of(ids). Nothing writes the slots afterwards except the
+    # one-time cache of the worked-out ids.
+    _base: frozenset[int]
+    _log: Sequence[int]
+    _length: int
+    _ids: frozenset[int] | None
 
     @classmethod
     def of(cls, ids: Iterable[int]) -> AdmittedIds:
         """Return a snapshot of exactly ``ids`` (``ids`` itself when already a snapshot)."""
         if isinstance(ids, AdmittedIds):
             return ids
-        return cls(ids if type(ids) is frozenset else frozenset(ids))
+        snapshot = cls()
+        snapshot._base = ids if type(ids) is frozenset else frozenset(ids)
+        snapshot._log = _NO_CHANGES
+        snapshot._length = 0
+        snapshot._ids = None
+        return snapshot
 
     def as_frozenset(self) -> frozenset[int]:
         """Return the ids as a frozenset, worked out from base and log on the first call only."""
@@ -98,7 +100,7 @@ class AdmittedIds(Set[int]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Copies and pickles carry the ids, not the log the snapshot shares with its cohort.
-        return (AdmittedIds, (self.as_frozenset(),))
+        return (AdmittedIds.of, (self.as_frozenset(),))
 
 
 class AdmittedLog:
@@ -116,7 +118,7 @@ class AdmittedLog:
         self.log: ChangeLog = []
         self.limit = _MIN_LOG
         # The latest snapshot handed out, handed out again while the log has not moved.
-        self.last = AdmittedIds(self.base, self.log, 0)
+        self.last = AdmittedIds.of(())
 
     def rebase(self, ids: Iterable[int]) -> None:
         """Start over from ``ids``, which must be the set the log describes now (or a reset)."""
@@ -134,9 +136,7 @@ class AdmittedLog:
         if length > self.limit:
             self.rebase(ids)
             log, length = self.log, 0
-        # Once per publication: the slots are written here rather than through __init__,
-        # which would cost a second interpreter frame per snapshot.
-        last = _new(AdmittedIds)
+        last = AdmittedIds()
         last._base = self.base
         last._log = log
         last._length = length

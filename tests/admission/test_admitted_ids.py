@@ -125,7 +125,7 @@ def test_a_snapshot_equals_and_hashes_like_the_frozenset_of_its_ids() -> None:
     assert frozenset({5, 9}) == snapshot
     assert snapshot == {5, 9}
     assert snapshot != frozenset({5})
-    assert snapshot == AdmittedIds(frozenset({9, 5}))
+    assert snapshot == AdmittedIds.of(frozenset({9, 5}))
     assert hash(snapshot) == hash(frozenset({5, 9}))
     assert snapshot != [5, 9]
     assert repr(snapshot) == "AdmittedIds([5, 9])"
