@@ -132,3 +132,22 @@ def test_publishing_to_an_unknown_channel_is_a_usage_error() -> None:
 
     with pytest.raises(UsageError):
         AdmissionChannels().handle(PublishAdmissions(G, 9, "A", 1, frozenset()))
+
+
+def test_a_burst_of_publications_is_worked_out_once_when_a_reader_looks() -> None:
+    core, channels = AdmissionCore(), AdmissionChannels()
+    handle_all(channels, core.apply(WorkerAdded(_reg(1, "A"))))
+    receiver = channels.subscribe(G)
+    assert receiver is not None
+    states = []
+    for iid in range(2, 12):
+        handle_all(channels, core.apply(WorkerAdded(_reg(iid, "A"))))
+        states.append(receiver.current())
+    handle_all(channels, core.apply(WorkerRemoved(_reg(5, "A").key)))
+    # The channel carried each snapshot as published; none was worked out on the way
+    # (_ids is the snapshot's cache, None until someone reads the ids).
+    assert all(state.ids._ids is None for state in states)
+    assert receiver.current().admitted == frozenset(range(1, 12)) - {5}
+    assert all(state.ids._ids is None for state in states)
+    # An older state, read later, still holds exactly its own moment.
+    assert states[3].admitted == frozenset(range(1, 6))

@@ -96,8 +96,9 @@ inherits the rest from its parts, so a call between them is an ordinary method c
 ``state.py`` (settings, per-group records, the shared small steps), ``tenure.py`` (tenures,
 succession, rejection reports, the post-outage hold, snapshots), ``builds.py`` (build results,
 commit failures, retry timers, starting builds), ``lora.py`` (adapters and in-place changes),
-``readout.py`` (read-only views), ``builders.py`` (slot setters for the effects built
-directly) and ``admitted.py`` (admitted-id snapshots and the cohort's change log).
+``readout.py`` (read-only views), ``builders.py`` (the blank classes from which the effects
+of nearly every input are built inline, see there why) and ``admitted.py`` (admitted-id
+snapshots and the cohort's change log).
 """
 
 from __future__ import annotations
