@@ -32,7 +32,7 @@ class _BuildsMixin(_CoreState):
             )
             return
         group.in_flight = None
-        self._in_flight -= 1
+        self.builds_in_flight -= 1
         checksum = group.checksum
         receiver = group.receiver
         assert checksum is not None
@@ -150,7 +150,7 @@ class _BuildsMixin(_CoreState):
         assert group.representative is not None
         group.attempt += 1
         group.in_flight = generation
-        self._in_flight += 1
+        self.builds_in_flight += 1
         self._out.append(
             fx.StartBuild(
                 group=group.key,

@@ -171,7 +171,7 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         self._last_receiver = 0
         self._now = 0.0
         self._queue: deque[tuple[_Group, int]] = deque()
-        self._in_flight = 0
+        self.builds_in_flight = 0
         self._timers: list[tuple[float, int, _Group, int]] = []
         self._timer_seq = 0
         self._holds: list[tuple[float, int, _Group]] = []
@@ -359,7 +359,7 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
             return
         out = self._out
         limit = self._settings.max_concurrent_builds
-        while queue and self._in_flight < limit:
+        while queue and self.builds_in_flight < limit:
             group, generation = queue.popleft()
             if group.status.state is _QUEUED and group.generation == generation:
                 self._start_build(group)

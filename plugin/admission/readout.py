@@ -21,10 +21,6 @@ class _ReadoutMixin(_CoreState):
         """The latest clock value a ``Tick`` brought."""
         return self._now
 
-    @property
-    def builds_in_flight(self) -> int:
-        return self._in_flight
-
     def group(self, key: GroupKey) -> GroupView | None:
         group = self._groups.get((key.model, key.worker_set))
         return None if group is None else self._view(group)

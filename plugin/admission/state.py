@@ -139,7 +139,8 @@ class _CoreState:
     _last_receiver: int
     _now: float
     _queue: deque[tuple[_Group, int]]
-    _in_flight: int
+    # How many builds are started and not yet answered (read it; only the core changes it).
+    builds_in_flight: int
     _timers: list[tuple[float, int, _Group, int]]
     _timer_seq: int
     _holds: list[tuple[float, int, _Group]]

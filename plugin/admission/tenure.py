@@ -55,7 +55,7 @@ class _TenureMixin(_CoreState):
         assert receiver is not None
         if group.in_flight is not None:
             self._out.append(fx.CancelBuild(group.key, checksum, group.in_flight))
-            self._in_flight -= 1
+            self.builds_in_flight -= 1
             group.in_flight = None
         if group.status.state.committed:
             assert group.committed_generation is not None
