@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
-from nats.js.api import KeyValueConfig
-from nats.js.kv import KeyValue
 from natsfixture import NatsServer
 from support.aio import eventually, time_limit
+from support.buckets import kv_bucket
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
@@ -24,15 +22,6 @@ from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-@contextlib.asynccontextmanager
-async def kv_bucket(url: str, bucket: str) -> AsyncIterator[KeyValue]:
-    nc = await nats.connect(url)
-    try:
-        yield await nc.jetstream().create_key_value(KeyValueConfig(bucket=bucket))
-    finally:
-        await nc.close()
 
 
 def plain_connector(url: str):  # type: ignore[no-untyped-def]

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import KeyValueConfig
-from nats.js.kv import KeyValue
 from natsfixture import NatsServer
 from support.aio import time_limit
+from support.buckets import kv_bucket
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
@@ -66,16 +65,6 @@ class Collector:
         await self.source.close()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(self.task, 10)
-
-
-@contextlib.asynccontextmanager
-async def kv_bucket(url: str, bucket: str, **config: object) -> AsyncIterator[KeyValue]:
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        yield await js.create_key_value(KeyValueConfig(bucket=bucket, **config))  # type: ignore[arg-type]
-    finally:
-        await nc.close()
 
 
 def source_for(url: str, bucket: str, **kwargs: object) -> JetStreamDiscoverySource:
