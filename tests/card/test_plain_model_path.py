@@ -9,6 +9,7 @@ import pytest
 from conformance.cards import cards
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.cards import base_card, lora_card
 from workerset_admission.card import (
     BoundarySettings,
     decode_model_record,
@@ -22,20 +23,7 @@ from workerset_admission.errors import RemoteDataError
 from workerset_admission.identity import EndpointId
 
 EP = EndpointId("ns", "workers", "generate")
-CARD: dict[str, Any] = {
-    "display_name": "Qwen/Qwen3-8B",
-    "slug": "qwen_qwen3-8b",
-    "source_path": "Qwen/Qwen3-8B",
-    "model_info": None,
-    "tokenizer": None,
-    "context_length": 40960,
-    "kv_cache_block_size": 16,
-    "migration_limit": 0,
-    "model_type": "Chat | Completions",
-    "model_input": "Tokens",
-    "worker_type": "aggregated",
-    "needs": [],
-}
+CARD = base_card()
 
 
 def general(key: str, raw: bytes, boundary: BoundarySettings) -> object:
@@ -70,7 +58,7 @@ def test_a_canonical_record_of_a_base_card_is_decoded_in_one_step_as_in_the_gene
         assert agree(*canonical(CARD, instance_id))
     # Distinct cards of a fleet, each new to the last-card memo.
     for blocks in range(3):
-        assert agree(*canonical(dict(CARD, kv_cache_block_size=16 + blocks), 7 + blocks))
+        assert agree(*canonical(base_card(16 + blocks), 7 + blocks))
 
 
 @pytest.mark.parametrize(
@@ -83,7 +71,10 @@ def test_a_canonical_record_of_a_base_card_is_decoded_in_one_step_as_in_the_gene
         (lambda k, v: (k + ".my-lora", v[:-1] + b',"model_suffix":"my-lora"}'), "an adapter"),
         (lambda k, v: (k.replace("v1.mdc", "v1.instances"), v), "not a model key"),
         (lambda k, v: (k, v + b" "), "trailing text"),
-        (lambda k, v: (k, v.replace(b'"context_length":40960', b'"context_length":-1')), "refused"),
+        (
+            lambda k, v: (k, v.replace(b'"context_length":4096,', b'"context_length":-1,')),
+            "refused",
+        ),
     ],
 )
 def test_anything_but_the_plain_case_is_left_to_the_general_path(mangle: Any, why: str) -> None:
@@ -105,7 +96,7 @@ def test_the_size_limit_and_the_namespace_filter_are_left_to_the_general_path() 
 
 def test_a_card_with_lora_metadata_under_a_base_key_is_refused_by_the_general_path() -> None:
     fastpaths.clear_caches()
-    key, raw = canonical(dict(CARD, display_name="my-lora", slug="my-lora", lora={"name": "x"}))
+    key, raw = canonical(lora_card("my-lora"))
     assert decode_plain_model(key, raw, BoundarySettings()) is None
     assert general(key, raw, BoundarySettings()) == ("InvalidRecordError", "lora_mismatch")
 
