@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from workerset_admission.admission.admitted import AdmittedIds
+from workerset_admission.admission.admitted import AdmittedIds, HoldsAdmittedIds
 from workerset_admission.admission.effects import (
     LoraProjectionChanged,
     LoraWorker,
@@ -43,7 +43,7 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class AdmissionState:
+class AdmissionState(HoldsAdmittedIds):
     """What a receiver sees: the tenure's identity, its admitted ids and the selected card.
 
     ``version`` counts the values sent through the channel, starting at 0. ``lora`` is the
@@ -62,15 +62,6 @@ class AdmissionState:
     card: Any = field(default=None, compare=False, repr=False)
     lora: tuple[LoraWorker, ...] = ()
     taints: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _NO_TAINTS)
-
-    def __post_init__(self) -> None:
-        if type(self.ids) is not AdmittedIds:
-            object.__setattr__(self, "ids", AdmittedIds.of(self.ids))
-
-    @property
-    def admitted(self) -> frozenset[int]:
-        """The admitted ids, worked out from the snapshot on the first read."""
-        return self.ids.as_frozenset()
 
 
 _NO_TAINTS: Mapping[str, tuple[str, ...]] = MappingProxyType({})

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator, Sequence, Set
 from itertools import islice
 from typing import Any
 
-__all__ = ["AdmittedIds", "AdmittedLog", "ChangeLog"]
+__all__ = ["AdmittedIds", "AdmittedLog", "ChangeLog", "HoldsAdmittedIds"]
 
 ChangeLog = list[int]
 """Append-only changes to a set of ids: ``iid`` adds an id, ``~iid`` (negative) removes it."""
@@ -101,6 +101,27 @@ class AdmittedIds(Set[int]):
     def __reduce__(self) -> tuple[Any, ...]:
         # Copies and pickles carry the ids, not the log the snapshot shares with its cohort.
         return (AdmittedIds.of, (self.as_frozenset(),))
+
+
+class HoldsAdmittedIds:
+    """Base of the frozen dataclasses that carry admitted ids: the effect and a receiver's state.
+
+    They keep an :class:`AdmittedIds` snapshot in ``ids`` (any other set given is wrapped in one
+    when the dataclass is made) and show it to readers as a frozenset, ``admitted``, worked out
+    on the first read.
+    """
+
+    __slots__ = ()
+    ids: AdmittedIds
+
+    def __post_init__(self) -> None:
+        if type(self.ids) is not AdmittedIds:
+            object.__setattr__(self, "ids", AdmittedIds.of(self.ids))
+
+    @property
+    def admitted(self) -> frozenset[int]:
+        """The admitted ids as a frozenset (materialised once per snapshot)."""
+        return self.ids.as_frozenset()
 
 
 class AdmittedLog:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from workerset_admission.admission import effects as fx
-from workerset_admission.admission.admitted import AdmittedIds
+from workerset_admission.admission.admitted import AdmittedIds, HoldsAdmittedIds
 from workerset_admission.identity import GroupKey
 
 # A frozen dataclass's generated __init__ writes each field through object.__setattr__, and
@@ -36,7 +36,8 @@ class _BlankWorkerDeparted:
     was_admitted: bool
 
 
-class _BlankPublishAdmissions:
+class _BlankPublishAdmissions(HoldsAdmittedIds):
+    # The same bases as the effect too: a __class__ assignment needs the same layout.
     __slots__ = fx.PublishAdmissions.__slots__
     group: GroupKey
     receiver: int

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from workerset_admission.admission.admitted import AdmittedIds
+from workerset_admission.admission.admitted import AdmittedIds, HoldsAdmittedIds
 from workerset_admission.admission.status import GroupStatus
 from workerset_admission.identity import EndpointId, GroupKey
 
@@ -72,7 +72,7 @@ class OpenReceiver:
 
 
 @dataclass(frozen=True, slots=True)
-class PublishAdmissions:
+class PublishAdmissions(HoldsAdmittedIds):
     """Set the admitted instance ids (and the selected card) seen through one receiver.
 
     ``ids`` is a lazy snapshot (a plain set of ids given here is wrapped in one): publishing
@@ -85,15 +85,6 @@ class PublishAdmissions:
     generation: int
     ids: AdmittedIds
     card: Any = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if type(self.ids) is not AdmittedIds:
-            object.__setattr__(self, "ids", AdmittedIds.of(self.ids))
-
-    @property
-    def admitted(self) -> frozenset[int]:
-        """The admitted ids as a frozenset (materialised once per snapshot)."""
-        return self.ids.as_frozenset()
 
 
 @dataclass(frozen=True, slots=True)
