@@ -123,3 +123,17 @@ def test_mixed_version_fleets_blend_or_flip_as_the_operations_guide_says() -> No
         ("1.4.2", "flip: router config"): 34,
         ("1.4.2", "flip: no source_path"): 9,
     }
+
+
+def test_a_worker_that_self_hosts_its_metadata_never_blends_with_one_that_does_not() -> None:
+    # The self-hosting worker lists the model directory's other files in extra_files, which
+    # the checksum covers.
+    checksums = {(r["version"], r["variant"]): r["mdcsum"] for r in RECORDS}
+    pairs = [
+        (version, variant.removesuffix("-hosted"))
+        for version, variant in checksums
+        if variant.endswith("-hosted") and (version, variant.removesuffix("-hosted")) in checksums
+    ]
+    assert len(pairs) >= 4 * 20
+    same = [p for p in pairs if checksums[p] == checksums[(p[0], p[1] + "-hosted")]]
+    assert not same

@@ -24,6 +24,7 @@ import gzip
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -62,6 +63,8 @@ def model_dirs(root: Path) -> dict[str, Path]:
         "template": write_model_dir(root / "template"),
     }
     (dirs["no-tokenizer"] / "tokenizer.json").unlink()
+    # A non-weight sibling: a self-hosting worker publishes it in extra_files.
+    (dirs["full"] / "preprocessor_config.json").write_text('{"image_processor_type": "none"}')
     (dirs["template"] / "custom.jinja").write_text(
         "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     )
@@ -186,17 +189,39 @@ def runtime_python(work: Path, version: str) -> Path:
     return python
 
 
-def write_cards(work: Path, version: str, specs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Run the writer under ``version``; return its outcome per variant."""
-    root = work / version
+def system_port() -> int:
+    """A free loopback port below 32768 (the runtimes read ``DYN_SYSTEM_PORT`` as an i16)."""
+    for port in range(29100, 32000):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise SystemExit("no free port below 32768")
+
+
+def write_cards(root: Path, python: Path, specs: list[dict[str, Any]], hosted: bool) -> Any:
+    """Run the writer once; return its outcome per variant.
+
+    Workers self-host their metadata only with a system status server (``DYN_SYSTEM_PORT``),
+    so the self-hosting variants run in a writer of their own that has one.
+    """
     if root.exists():
         subprocess.run(["rm", "-rf", str(root)], check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "WORKERSET_"))}
     env |= file_discovery_environment(root) | {"RUST_BACKTRACE": "0", "HF_HUB_OFFLINE": "1"}
+    if hosted:
+        env |= {
+            "DYN_SELF_HOST_METADATA": "1",
+            "DYN_SYSTEM_ENABLED": "true",
+            "DYN_SYSTEM_HOST": "127.0.0.1",
+            "DYN_SYSTEM_PORT": str(system_port()),
+        }
     spec_file = root / "variants.json"
     spec_file.write_text(json.dumps(specs))
     done = subprocess.run(
-        [str(runtime_python(work, version)), str(HERE / "n2_writer.py"), str(spec_file)],
+        [str(python), str(HERE / "n2_writer.py"), str(spec_file)],
         env=env,
         capture_output=True,
         text=True,
@@ -210,14 +235,14 @@ def write_cards(work: Path, version: str, specs: list[dict[str, Any]]) -> dict[s
             if "variant" in item:
                 outcomes[item["variant"]] = item
     if not any(line.startswith('{"done"') for line in done.stdout.splitlines()):
-        raise SystemExit(f"{version}: the writer did not finish\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{root}: the writer did not finish\n{done.stderr[-3000:]}")
     return outcomes
 
 
-def collect(work: Path, version: str, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def collect(root: Path, version: str, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_namespace = {spec["namespace"]: spec["variant"] for spec in specs}
     records = []
-    for file in sorted((work / version / "kv" / "v1" / "mdc").iterdir()):
+    for file in sorted((root / "kv" / "v1" / "mdc").iterdir()):
         key = unquote(file.name)
         namespace = key.split("/", 1)[0]
         records.append(
@@ -229,6 +254,21 @@ def collect(work: Path, version: str, specs: list[dict[str, Any]]) -> list[dict[
                 "file_name": file.name,
             }
         )
+    return records
+
+
+def write_version(work: Path, version: str, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every variant's records as ``version`` writes them."""
+    python = runtime_python(work, version)
+    records: list[dict[str, Any]] = []
+    refused: list[str] = []
+    for hosted in (False, True):
+        part = [spec for spec in specs if bool(spec.get("self_host_metadata")) is hosted]
+        root = work / version / ("hosted" if hosted else "plain")
+        outcomes = write_cards(root, python, part, hosted)
+        refused += sorted(v for v, o in outcomes.items() if not o["written"])
+        records += collect(root, version, part)
+    print(f"{version}: {len(records)} records; the runtime refused {len(refused)}: {refused}")
     return records
 
 
@@ -310,11 +350,7 @@ def main() -> None:
     specs = variants(model_dirs(work / "models"))
     records: list[dict[str, Any]] = []
     for version in args.versions:
-        outcomes = write_cards(work, version, specs)
-        refused = sorted(v for v, o in outcomes.items() if not o["written"])
-        got = collect(work, version, specs)
-        print(f"{version}: {len(got)} records; the runtime refused {len(refused)}: {refused}")
-        records.extend(got)
+        records += write_version(work, version, specs)
     for item in records:
         item["mdcsum"] = oracle_mdcsum(item["value"])
     # Records of different versions share no key (each runtime has its own instance id).
