@@ -122,19 +122,3 @@ def test_an_expiry_soon_after_a_reconnect_listing_is_marked_to_hold_and_others_a
     )
     late = ingest.removal(expired, now=41.0, window=30.0).inputs
     assert late == (WorkerRemoved("ns/backend/generate/1"),)
-
-
-def test_the_listing_verdict_builder_writes_every_field_as_the_dataclass_would() -> None:
-    import dataclasses
-
-    from workerset_admission import ingest
-
-    assert {s.__self__.__name__ for s in ingest._VERDICT_SLOTS} == {
-        f.name for f in dataclasses.fields(ingest.Verdict)
-    }
-    entry = model_entry(1)
-    registration = Ingestor().put(entry.key, entry.value).verdicts[0].registration
-    assert registration is not None
-    built = ingest._registered("v1.mdc.k", registration)
-    assert built == ingest.Verdict("v1.mdc.k", registration=registration)
-    assert (built.refusal, built.live, built.event, built.repeated) == (None, False, False, False)
