@@ -2,7 +2,7 @@
 
 Cards of one fleet that are not byte-identical usually differ from each other in one value (a
 KV block count, a port). :func:`decode_near` compares compact card text with a reference card
-(the last one :mod:`.fieldmemo` decoded) by its common prefix and suffix. When everything that
+(the last one :mod:`.field_memo` decoded) by its common prefix and suffix. When everything that
 differs lies inside the value of one top-level field, or of one member of a top-level struct
 field, the new text is the reference with that one value respelled, so it decodes as the
 reference's decoded card with only that value decoded afresh.
