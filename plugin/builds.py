@@ -69,9 +69,14 @@ class Builds:
         self._finished = finished
         self._builds: dict[tuple[GroupKey, int], _Build] = {}
         self.committed: dict[GroupKey, Committed] = {}
+        # The service's task group while it runs; builds asked for outside of that never start.
+        self.task_group: Any = None
 
-    def start(self, effect: StartBuild, tg: Any) -> None:
-        """Run the builder for ``effect`` as a task of ``tg`` (a task group)."""
+    def start(self, effect: StartBuild) -> None:
+        """Run the builder for ``effect`` as a task of the service's task group."""
+        tg = self.task_group
+        if tg is None:
+            return
         sender = self._channels.sender(effect.receiver)
         if sender is None:
             return  # the tenure already ended: the build would be cancelled at once anyway
@@ -172,6 +177,9 @@ class Builds:
     def withdraw_all(self) -> None:
         for key, held in list(self.committed.items()):
             self.withdraw(key, held.generation)
+
+    def is_committed(self, group: GroupKey) -> bool:
+        return group in self.committed
 
     def pipeline(self, group: GroupKey) -> object:
         held = self.committed.get(group)
