@@ -7,14 +7,15 @@ feeds it the trace's lines as the source events they were: a put, a delete with 
 a listing with its reason (and the keys and peers it carried), a build result. What differs
 from a live frontend is only what the step is plugged into:
 
-* the clock follows the trace: a version 2 line's ``t``, or version 1's ``tick`` lines; the
-  deadlines the core schedules (retries, holds) fall due as the clock passes them, as the
-  live timer loop would fire them;
-* builds are answered from the trace. In a version 2 trace every result was recorded, with
-  its generation and checksum, and a build without a result line stays in flight (as it was
-  when the recording ended). In a version 1 trace a build stays in flight when a later
-  ``build`` line names its group (the first such line decides it); any other build succeeds at
-  once, before the next line;
+* the clock follows the trace: a version 2 line's ``t`` (the reading the live step made), or
+  version 1's ``tick`` lines;
+* a frontend's own recording (``observer: frontend``) holds every build result, with its
+  generation and checksum, and every tick its timers made: replay builds and ticks exactly
+  there, and a build without a result line stays in flight, as it was when the recording
+  ended. In any other trace a build stays in flight when a later ``build`` line names its
+  group (the first such line decides it) and any other build succeeds at once, before the
+  next line; a version 2 trace's deadlines fire as its clock passes them, a version 1 trace's
+  at its ``tick`` lines;
 * nothing is served: no hops are bound, and the rejection reports are collected, not logged.
 
 A ``state`` line (``record`` writes one from a live frontend's status) makes the next listing
@@ -65,7 +66,12 @@ from workerset_admission.ports import (
 from workerset_admission.receivers import AdmissionChannels
 from workerset_admission.step import AdmissionStep
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
-from workerset_admission.traces.format import TraceError, read_trace, trace_version
+from workerset_admission.traces.format import (
+    TraceError,
+    read_trace,
+    recorded_by_frontend,
+    trace_version,
+)
 
 __all__ = [
     "MUTATION_REFUSED",
@@ -203,11 +209,14 @@ class _Replayer:
         events: Sequence[Mapping[str, Any]],
     ) -> None:
         self.version = trace_version(events)
+        # A frontend's own recording holds its every build result and tick; any other trace
+        # lets builds succeed at once and, when it has times, fires deadlines as they pass.
+        self.by_frontend = recorded_by_frontend(events)
         waits: dict[str, list[int]] = {}
         for index, event in enumerate(events):
             if event["kind"] == "build":
                 waits.setdefault(event["group"], []).append(index)
-        self.builds = _TraceBuilds(immediate=self.version < 2, waits=waits)
+        self.builds = _TraceBuilds(immediate=not self.by_frontend, waits=waits)
         self.now = 0.0
         self._deadlines: list[float] = []
         self.core = AdmissionCore(core_settings)
@@ -223,7 +232,7 @@ class _Replayer:
             tenure_hold=core_settings.tenure_hold,
             telemetry=telemetry,
             refuse=self._refused,
-            schedule=lambda deadline: heapq.heappush(self._deadlines, deadline),
+            schedule=self._schedule,
             log=_QUIET,
         )
         self.step.observers.append(self)
@@ -247,7 +256,8 @@ class _Replayer:
             if kind == "state":
                 self.recorded = DecisionState.from_line(event).cohorts
             elif kind == "tick":
-                self.now += float(event["seconds"])
+                if self.version < 2:
+                    self.now += float(event["seconds"])
                 self.step.tick()
             elif kind == "build":
                 self._build(event)
@@ -255,8 +265,12 @@ class _Replayer:
                 self._source(_source_event(event), event)
             self._finish_builds()
 
+    def _schedule(self, deadline: float) -> None:
+        if self.version >= 2 and not self.by_frontend:
+            heapq.heappush(self._deadlines, deadline)
+
     def _advance(self, t: float) -> None:
-        """Fire the deadlines due by ``t`` at their own times, as the live timers would."""
+        """Move the clock to ``t``, firing the deadlines due by then at their own times."""
         deadlines = self._deadlines
         while deadlines and deadlines[0] <= t:
             due = heapq.heappop(deadlines)
@@ -305,6 +319,9 @@ class _Replayer:
         pass
 
     def build_result(self, *_args: object) -> None:
+        pass
+
+    def tick(self, *_args: object) -> None:
         pass
 
     def ingested(self, result: Ingested) -> None:

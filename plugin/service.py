@@ -529,6 +529,9 @@ class _EffectListener:
     def build_result(self, *_args: object) -> None:
         pass
 
+    def tick(self, *_args: object) -> None:
+        pass
+
     def ingested(self, *_args: object) -> None:
         pass
 

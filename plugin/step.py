@@ -10,9 +10,12 @@ core step, delete handling with its expiry window, the clock read for every snap
 expiry, refusals, the order in which effects are carried out, the build results fed back) is
 the same function in both.
 
-Observers see what the step saw and did, in order: every source event as it is handled (with
-the clock and the keys a reconciliation kept), every build result, every ingestion verdict
-and every list of effects. The live service's trace writer is one; ``replay``'s notes for
+The clock is read once when a step begins (an event, a build result, a timer tick), and that
+one reading is used for everything the step does, so a replay whose clock is the recorded
+reading makes the very decisions the live step made. Observers see what the step saw and did,
+in order: every source event as it is handled (with the clock and the keys a reconciliation
+kept), every build result, every timer tick, every ingestion verdict and every list of
+effects. The live service's trace writer is one; ``replay``'s notes for
 ``explain`` are another.
 """
 
@@ -102,6 +105,8 @@ class StepObserver(Protocol):
 
     def build_result(self, result: BuildFinished, now: float) -> None: ...
 
+    def tick(self, now: float) -> None: ...
+
     def ingested(self, result: Ingested) -> None: ...
 
     def effects(self, effects: Sequence[Effect]) -> None: ...
@@ -142,6 +147,8 @@ class AdmissionStep:
         self._log = log
         self.observers: list[StepObserver] = []
         self.notifications = 0
+        # The clock as the current step read it, once, when it began.
+        self._now = 0.0
 
     # -- source events -------------------------------------------------------------------------
 
@@ -158,7 +165,7 @@ class AdmissionStep:
         listing was read; ``recorded`` (snapshots only) is a recorded frontend's cohort order,
         which the listing is then observed in.
         """
-        now = self.clock()
+        now = self._now = self.clock()
         for observer in self.observers:
             self._tell(observer.source_event, event, now, keep, recorded)
         if isinstance(event, SourcePut):
@@ -197,14 +204,17 @@ class AdmissionStep:
 
     def build_finished(self, result: BuildFinished) -> None:
         """Feed a build's result back in (fenced by the core on checksum and generation)."""
-        now = self.clock()
+        now = self._now = self.clock()
         for observer in self.observers:
             self._tell(observer.build_result, result, now)
         self.apply([Tick(now), result])
 
     def tick(self, now: float | None = None) -> None:
         """Let the core act on the deadlines due by ``now`` (the clock when not given)."""
-        self.apply([Tick(self.clock() if now is None else now)])
+        now = self._now = self.clock() if now is None else now
+        for observer in self.observers:
+            self._tell(observer.tick, now)
+        self.apply([Tick(now)])
 
     # -- one core step -----------------------------------------------------------------------------
 
@@ -264,7 +274,9 @@ class AdmissionStep:
         if publications and self._publications_changed is not None:
             self._publications_changed()
         if refeed:
-            self.apply([Tick(self.clock()), *refeed])
+            # The same reading of the clock as the step that led here: a replay, whose clock
+            # stands still within a line, then computes the very deadlines the live step did.
+            self.apply([Tick(self._now), *refeed])
 
     def _note_change(self) -> None:
         if self._changed is not None:

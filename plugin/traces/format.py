@@ -4,7 +4,8 @@ Version 2, which ``serve --trace-out`` and ``record`` write, loses nothing the d
 on. It opens with a header, and every line after it carries ``t``, the monotonic seconds since
 the trace began at which the frontend observed it::
 
-    {"kind": "trace", "version": 2, "wall_time": <unix seconds at t = 0>}
+    {"kind": "trace", "version": 2, "wall_time": <unix seconds at t = 0>,
+     "observer": "frontend" | "bucket"}
     {"kind": "state", "t": 0.0, "frontend": "<id>", "groups": [...]}        (optional)
     {"kind": "snapshot", "t": ..., "reason": "initial" | "reconnect" | "periodic" | "resync",
      "entries": [{"key": ..., "value": "<raw text>"}, ...],
@@ -14,6 +15,17 @@ the trace began at which the frontend observed it::
     {"kind": "delete", "t": ..., "key": "<KV key>", "operation": "delete" | "purge" | "expired"}
     {"kind": "build", "t": ..., "group": "<group id>", "outcome": "ok" | "failed",
      "generation": <int>, "checksum": "<mdc checksum>"}
+    {"kind": "tick", "t": ...}        (a timer the core scheduled fell due: a retry, a hold)
+
+The header's ``observer`` says who recorded it. ``frontend``: the service itself
+(``serve --trace-out``), which records every build result and timer tick, so a replay builds
+and ticks exactly where the frontend did. ``bucket``: a second watch on the bucket
+(``record``), which sees no builds and no timers; its replay lets builds succeed at once and
+fires the core's deadlines as its clock passes them.
+
+Times are written at full precision (a float's shortest exact spelling): the core compares
+deadlines computed from them, and a rounded time could put a recorded tick before the deadline
+it fired for. A version 2 replay ticks exactly where the recording did.
 
 A build line with its generation and checksum answers exactly that attempt, so a result that
 arrives after its attempt was cancelled (a late result after a succession) is expressible and
@@ -45,6 +57,7 @@ __all__ = [
     "header_line",
     "raw_text",
     "read_trace",
+    "recorded_by_frontend",
     "trace_version",
 ]
 
@@ -53,6 +66,7 @@ KINDS: Final = ("trace", "state", "put", "delete", "snapshot", "build", "tick")
 # "listing" is version 1's word for a snapshot that states no reason.
 SNAPSHOT_REASONS: Final = ("listing", "initial", "reconnect", "periodic", "resync")
 DELETE_OPERATIONS: Final = ("delete", "purge", "expired")
+OBSERVERS: Final = ("frontend", "bucket")
 
 
 class TraceError(UsageError):
@@ -64,12 +78,13 @@ def raw_text(value: bytes) -> str:
     return value.decode("utf-8", errors="surrogateescape")
 
 
-def _t(now: float) -> float:
-    return round(now, 6)
-
-
-def header_line(wall_time: float) -> dict[str, Any]:
-    return {"kind": "trace", "version": TRACE_VERSION, "wall_time": round(wall_time, 6)}
+def header_line(wall_time: float, observer: str) -> dict[str, Any]:
+    return {
+        "kind": "trace",
+        "version": TRACE_VERSION,
+        "wall_time": wall_time,
+        "observer": observer,
+    }
 
 
 def event_line(
@@ -81,13 +96,13 @@ def event_line(
     """Translate one source event, observed at ``t``, into a version 2 trace line."""
     if isinstance(event, SourcePut):
         entry = event.entry
-        return {"kind": "put", "t": _t(t), "key": entry.key, "value": raw_text(entry.value)}
+        return {"kind": "put", "t": t, "key": entry.key, "value": raw_text(entry.value)}
     if isinstance(event, SourceDelete):
-        return {"kind": "delete", "t": _t(t), "key": event.key, "operation": event.operation}
+        return {"kind": "delete", "t": t, "key": event.key, "operation": event.operation}
     if isinstance(event, SourceSnapshot):
         line: dict[str, Any] = {
             "kind": "snapshot",
-            "t": _t(t),
+            "t": t,
             "reason": event.reason,
             "entries": [{"key": e.key, "value": raw_text(e.value)} for e in event.entries],
         }
@@ -107,7 +122,7 @@ def build_line(result: BuildFinished, t: float) -> dict[str, Any]:
     """Translate a build result, fed back at ``t``, into a version 2 trace line."""
     line: dict[str, Any] = {
         "kind": "build",
-        "t": _t(t),
+        "t": t,
         "group": result.group.id,
         "outcome": "ok" if result.ok else "failed",
         "generation": result.generation,
@@ -123,6 +138,11 @@ def trace_version(events: Sequence[Mapping[str, Any]]) -> int:
     if events and events[0]["kind"] == "trace":
         return int(events[0]["version"])
     return 1
+
+
+def recorded_by_frontend(events: Sequence[Mapping[str, Any]]) -> bool:
+    """Tell whether a read trace holds every build result and tick of the frontend."""
+    return bool(events) and events[0]["kind"] == "trace" and events[0]["observer"] == "frontend"
 
 
 def _number(value: object) -> bool:
@@ -185,7 +205,7 @@ def _check(number: int, event: Mapping[str, Any], version: int, last_t: float) -
             )
         ):
             raise TraceError(f"{where}: a build names both its generation and checksum, or neither")
-    if kind == "tick" and not _number(event.get("seconds")):
+    if kind == "tick" and version < 2 and not _number(event.get("seconds")):
         raise TraceError(f"{where}: tick needs non-negative seconds")
     if kind == "state":
         try:
@@ -220,6 +240,8 @@ def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
                 )
             if not _number(event.get("wall_time")):
                 raise TraceError(f"line {number}: a trace header needs wall_time")
+            if event.get("observer") not in OBSERVERS:
+                raise TraceError(f"line {number}: a trace header's observer is one of {OBSERVERS}")
             version = found
         else:
             last_t = _check(number, event, version, last_t)

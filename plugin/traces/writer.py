@@ -22,7 +22,7 @@ _log = logging.getLogger(__name__)
 
 
 class TraceWriter:
-    """Writes a version 2 trace of every source event and build result a step sees.
+    """Writes a version 2 trace of every source event, build result and tick a step sees.
 
     Times are the step's own clock (``now`` as the step read it), counted from the first line,
     so ``replay`` drives its clock with exactly the readings the live decisions were made on.
@@ -31,9 +31,15 @@ class TraceWriter:
     """
 
     def __init__(
-        self, out: IO[str], *, wall: Callable[[], float] = time.time, owned: bool = False
+        self,
+        out: IO[str],
+        *,
+        observer: str = "frontend",
+        wall: Callable[[], float] = time.time,
+        owned: bool = False,
     ) -> None:
         self._out = out
+        self._observer = observer
         self._wall = wall
         self._owned = owned
         self._start: float | None = None
@@ -50,9 +56,13 @@ class TraceWriter:
         if self._start is not None:
             return
         self._start = now
-        self._write(header_line(self._wall()))
+        self._write(header_line(self._wall(), self._observer))
         if state is not None:
             self._write({**state, "t": 0.0})
+
+    def write_event(self, event: SourceEvent, now: float) -> None:
+        """Write one source event seen at ``now`` (for a recorder that is not a step)."""
+        self._write(event_line(event, self._since(now)))
 
     def _since(self, now: float) -> float:
         if self._start is None:
@@ -71,6 +81,9 @@ class TraceWriter:
 
     def build_result(self, result: BuildFinished, now: float) -> None:
         self._write(build_line(result, self._since(now)))
+
+    def tick(self, now: float) -> None:
+        self._write({"kind": "tick", "t": self._since(now)})
 
     def ingested(self, result: Ingested) -> None:
         pass
