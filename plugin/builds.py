@@ -118,13 +118,15 @@ class Builds:
                 error,
             )
             request.receiver.close()
-        if self._builds.get((effect.group, effect.generation)) is not build:
-            return  # cancelled by the core while finishing: the result is stale
+        # A result for an attempt the core already cancelled (a builder that finished anyway)
+        # goes back too: the core fences it on checksum and generation, in one place, and a
+        # recording of this frontend shows it arrive.
         self._finished(
             BuildFinished(effect.group, effect.mdc_checksum, effect.generation, ok, error)
         )
         # A committed build was taken over by its commit; anything else is dropped here.
-        self._builds.pop((effect.group, effect.generation), None)
+        if self._builds.get((effect.group, effect.generation)) is build:
+            del self._builds[(effect.group, effect.generation)]
 
     def cancel(self, group: GroupKey, generation: int) -> None:
         build = self._builds.pop((group, generation), None)
