@@ -77,6 +77,11 @@ class CardRecordDecoder:
         self._card = card
         self._settings = settings if settings is not None else card.BoundarySettings()
 
+    @property
+    def settings(self) -> Any:
+        """The boundary settings records are judged with."""
+        return self._settings
+
     def decode(self, key: str, value: bytes) -> DecodedRecord:
         card = self._card
         if key.startswith("v1.mdc."):

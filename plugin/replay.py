@@ -70,6 +70,7 @@ from workerset_admission.traces.format import (
     TraceError,
     read_trace,
     recorded_by_frontend,
+    recorded_settings,
     trace_version,
 )
 
@@ -418,9 +419,17 @@ def replay(
     boundary: BoundarySettings | None = None,
     core_settings: CoreSettings | None = None,
 ) -> ReplayResult:
-    """Replay a trace and return the final state, rejections and refused records."""
+    """Replay a trace and return the final state, rejections and refused records.
+
+    Settings not given are the ones the trace's header records, else the defaults.
+    """
     events = read_trace(lines)
-    replayer = _Replayer(boundary or BoundarySettings(), core_settings or CoreSettings(), events)
+    recorded_core, recorded_boundary = recorded_settings(events)
+    replayer = _Replayer(
+        boundary or recorded_boundary or BoundarySettings(),
+        core_settings or recorded_core or CoreSettings(),
+        events,
+    )
     replayer.run(events)
     return ReplayResult(
         core=replayer.core,

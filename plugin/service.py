@@ -36,6 +36,7 @@ from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
 from workerset_admission.aio import cancel_and_wait, on_loop, unwrap_group
 from workerset_admission.bindings import AdmittedHopBinding, FrontendRouting, HopBindings
 from workerset_admission.builds import Builds
+from workerset_admission.card import BoundarySettings
 from workerset_admission.config import ServiceSettings
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey
@@ -68,6 +69,7 @@ from workerset_admission.snapshots import (
 )
 from workerset_admission.step import AdmissionStep
 from workerset_admission.telemetry import AdmissionTelemetry, RefusalWarnings, UpdateScope
+from workerset_admission.traces.format import settings_of
 from workerset_admission.traces.writer import TraceWriter
 
 if sys.version_info >= (3, 11):
@@ -178,7 +180,14 @@ class AdmissionService:
         )
         self._trace: TraceWriter | None = None
         if self.settings.trace_out is not None:
-            self._trace = TraceWriter.open(self.settings.trace_out)
+            boundary = getattr(decoder, "settings", None) if decoder is not None else None
+            self._trace = TraceWriter.open(
+                self.settings.trace_out,
+                settings_of(
+                    self.settings.core_settings(),
+                    boundary if isinstance(boundary, BoundarySettings) else None,
+                ),
+            )
             self.step.observers.append(self._trace)
 
     # -- lifecycle ---------------------------------------------------------------------------

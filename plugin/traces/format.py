@@ -5,7 +5,8 @@ on. It opens with a header, and every line after it carries ``t``, the monotonic
 the trace began at which the frontend observed it::
 
     {"kind": "trace", "version": 2, "wall_time": <unix seconds at t = 0>,
-     "observer": "frontend" | "bucket"}
+     "observer": "frontend" | "bucket",
+     "settings": {"core": {...}, "boundary": {...}}}                       (frontend only)
     {"kind": "state", "t": 0.0, "frontend": "<id>", "groups": [...]}        (optional)
     {"kind": "snapshot", "t": ..., "reason": "initial" | "reconnect" | "periodic" | "resync",
      "entries": [{"key": ..., "value": "<raw text>"}, ...],
@@ -23,6 +24,10 @@ and ticks exactly where the frontend did. ``bucket``: a second watch on the buck
 (``record``), which sees no builds and no timers; its replay lets builds succeed at once and
 fires the core's deadlines as its clock passes them.
 
+A frontend's header also records the settings its decisions depend on (retry delays, tenure
+hold, build limit; the namespace filter and other boundary settings); replay uses them unless
+told otherwise.
+
 Times are written at full precision (a float's shortest exact spelling): the core compares
 deadlines computed from them, and a rounded time could put a recorded tick before the deadline
 it fired for. A version 2 replay ticks exactly where the recording did.
@@ -36,13 +41,15 @@ answers the attempt in flight for its group.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from workerset_admission.admission import BuildFinished
+from workerset_admission.admission import BuildFinished, CoreSettings
 from workerset_admission.admission.ordering import GroupId
+from workerset_admission.card import BoundarySettings
 from workerset_admission.decision_state import DecisionState, DecisionStateError
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import compact_json
@@ -58,6 +65,8 @@ __all__ = [
     "raw_text",
     "read_trace",
     "recorded_by_frontend",
+    "recorded_settings",
+    "settings_of",
     "trace_version",
 ]
 
@@ -78,13 +87,56 @@ def raw_text(value: bytes) -> str:
     return value.decode("utf-8", errors="surrogateescape")
 
 
-def header_line(wall_time: float, observer: str) -> dict[str, Any]:
+def header_line(
+    wall_time: float, observer: str, settings: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    line = {"kind": "trace", "version": TRACE_VERSION, "wall_time": wall_time, "observer": observer}
+    if settings:
+        line["settings"] = dict(settings)
+    return line
+
+
+def settings_of(core: CoreSettings, boundary: BoundarySettings | None = None) -> dict[str, Any]:
+    """Return the settings a decision depends on, for a trace's header."""
+    found: dict[str, Any] = {"core": _fields(core)}
+    if boundary is not None:
+        found["boundary"] = _fields(boundary)
+    return found
+
+
+def _fields(value: Any) -> dict[str, Any]:
     return {
-        "kind": "trace",
-        "version": TRACE_VERSION,
-        "wall_time": wall_time,
-        "observer": observer,
+        f.name: list(v) if isinstance(v := getattr(value, f.name), tuple) else v
+        for f in dataclasses.fields(value)
     }
+
+
+def recorded_settings(
+    events: Sequence[Mapping[str, Any]],
+) -> tuple[CoreSettings | None, BoundarySettings | None]:
+    """Return the core and boundary settings a trace's header records (``None`` if it does not).
+
+    Settings this release does not know are left out, so a newer recording still replays.
+    """
+    header = events[0] if events and events[0]["kind"] == "trace" else None
+    settings = header.get("settings") if header is not None else None
+    if not isinstance(settings, Mapping):
+        return None, None
+    return (
+        _build(CoreSettings, settings.get("core")),
+        _build(BoundarySettings, settings.get("boundary")),
+    )
+
+
+def _build(kind: Any, values: object) -> Any:
+    if not isinstance(values, Mapping):
+        return None
+    known = {f.name for f in dataclasses.fields(kind)}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in known}
+    try:
+        return kind(**given)
+    except (TypeError, ValueError, UsageError) as exc:
+        raise TraceError(f"the trace header's settings are not valid: {exc}") from None
 
 
 def event_line(

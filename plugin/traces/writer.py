@@ -35,11 +35,13 @@ class TraceWriter:
         out: IO[str],
         *,
         observer: str = "frontend",
+        settings: Mapping[str, Any] | None = None,
         wall: Callable[[], float] = time.time,
         owned: bool = False,
     ) -> None:
         self._out = out
         self._observer = observer
+        self._settings = settings
         self._wall = wall
         self._owned = owned
         self._start: float | None = None
@@ -47,16 +49,16 @@ class TraceWriter:
         self.lines = 0
 
     @classmethod
-    def open(cls, path: Path) -> TraceWriter:
+    def open(cls, path: Path, settings: Mapping[str, Any] | None = None) -> TraceWriter:
         """Write to ``path`` (created or truncated), line-buffered; the writer closes it."""
-        return cls(path.open("w", encoding="utf-8", buffering=1), owned=True)
+        return cls(path.open("w", encoding="utf-8", buffering=1), settings=settings, owned=True)
 
     def begin(self, now: float, state: Mapping[str, Any] | None = None) -> None:
         """Start the trace at clock ``now``: its header, then a ``state`` line when given."""
         if self._start is not None:
             return
         self._start = now
-        self._write(header_line(self._wall(), self._observer))
+        self._write(header_line(self._wall(), self._observer, self._settings))
         if state is not None:
             self._write({**state, "t": 0.0})
 
