@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 from natsfixture import NatsServer
 from support.fleet import (
+    DISCOVERY,
     NEW,
     OLD,
     Builder,
@@ -31,10 +33,12 @@ from support.fleet import (
     group_of,
     rebuilt_buckets,
     running,
+    settings_for,
     until,
 )
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.admission import CoreSettings, Effect, RejectionReported
+from workerset_admission.nats_cli import record_trace
 from workerset_admission.replay import replay
 from workerset_admission.service import AdmissionService
 
@@ -160,7 +164,7 @@ async def test_an_outage_longer_than_the_ttl_replays_with_its_hold_and_successio
         def publisher(nc: Any) -> DiscoveryPublisher:
             return DiscoveryPublisher(
                 nc.jetstream(timeout=2),
-                bucket="dynamo-discovery",
+                bucket=DISCOVERY,
                 ttl=ttl,
                 on_removed="reregister",
             )
@@ -301,3 +305,66 @@ async def test_a_build_result_that_arrives_after_a_succession_is_fenced_in_the_r
     assert replayed["groups"][0]["incumbent"] != late[0]["checksum"]
     assert replayed["groups"][0]["generation"] == 2
     assert replayed["groups"][0]["status"] == "ready"
+
+
+async def test_record_from_the_bucket_through_an_outage_holds_and_lands_on_the_live_incumbent(
+    nats_server_fn: NatsServer, tmp_path: Path
+) -> None:
+    handle = nats_server_fn.handle
+    assert handle is not None
+    # A dies with an outage shorter than its TTL: its records are still listed when the
+    # watches reconnect, and expire just after, within the hold's window.
+    ttl, hold = 3.0, 2.0
+    recording = io.StringIO()
+    stop = asyncio.Event()
+    async with (
+        admin(nats_server_fn.url) as nc_a,
+        admin(nats_server_fn.url) as nc_b,
+        running(nats_server_fn.url, registration_ttl=ttl, tenure_hold=hold) as (service, _dog),
+    ):
+        settings = settings_for(nats_server_fn.url, registration_ttl=ttl, tenure_hold=hold)
+        recorder = asyncio.create_task(record_trace(settings, recording, stop=stop))
+        await until(lambda: recording.getvalue().count("\n") >= 2, what="the recorder's listing")
+        a = DiscoveryPublisher(nc_a.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl)
+        b = DiscoveryPublisher(
+            nc_b.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl, on_removed="reregister"
+        )
+        await a.register(EP, 1, OLD)
+        await until(lambda: admitted(service) == (1,), what="A admitted")
+        await b.register(EP, 2, NEW)
+        await until(lambda: len(service.snapshot().groups[0].cohorts) == 2, what="B seen")
+        await a.stop_heartbeat()
+        await asyncio.to_thread(handle.restart, kill=True, downtime=1.0)
+        await until(lambda: admitted(service) == (2,), 60, what="the succession to B")
+        await asyncio.sleep(0.5)  # the recorder's watch sees what the service saw
+        stop.set()
+        await asyncio.wait_for(recorder, 15)
+        live = service.snapshot().groups[0]
+        await b.close()
+        await a.close(withdraw=False)
+    text = recording.getvalue().splitlines()
+    lines = [json.loads(line) for line in text]
+    assert lines[0]["kind"] == "trace"
+    assert lines[0]["observer"] == "bucket"
+    assert all(isinstance(line["t"], float) for line in lines[1:])
+    reconnect = next(
+        i
+        for i, line in enumerate(lines)
+        if line["kind"] == "snapshot" and line["reason"] == "reconnect"
+    )
+    expired = [
+        i
+        for i, line in enumerate(lines)
+        if line["kind"] == "delete" and line["operation"] == "expired"
+    ]
+    assert expired, "the expiry of A's records is recorded as an expiry"
+    assert expired[0] > reconnect
+    core = CoreSettings(tenure_hold=hold)
+    prefixes = [replay(text[: n + 1], core_settings=core).to_json() for n in range(len(text))]
+    held = [
+        n for n, out in enumerate(prefixes) if out["groups"] and "held_until" in out["groups"][0]
+    ]
+    assert held, "the replay of the recording never held the tenure"
+    assert prefixes[held[0]]["groups"][0]["admitted"] == []
+    [group] = prefixes[-1]["groups"]
+    assert (group["incumbent"], group["admitted"]) == (live.incumbent, list(live.admitted))
