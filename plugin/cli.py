@@ -113,7 +113,8 @@ COMMANDS: dict[str, CommandSpec] = {
     ),
     "record": CommandSpec(
         "workerset_admission.nats_cli",
-        "record a replay trace from the live discovery bucket",
+        "record a replay trace from the discovery bucket, as a second watch beside the "
+        "frontends (for what one frontend itself observed, run it with --trace-out)",
         connects=True,
     ),
     "rollout": CommandSpec(
