@@ -64,7 +64,7 @@ from workerset_admission.ports import (
     SourceSnapshot,
 )
 from workerset_admission.receivers import AdmissionChannels
-from workerset_admission.step import AdmissionStep
+from workerset_admission.step import AdmissionStep, StepObserver
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 from workerset_admission.traces.format import (
     TraceError,
@@ -200,7 +200,7 @@ class _TraceBuilds:
         return False
 
 
-class _Replayer:
+class _Replayer(StepObserver):
     """Drives an :class:`AdmissionStep` with a trace's lines; notes what ``explain`` tells."""
 
     def __init__(
@@ -315,15 +315,6 @@ class _Replayer:
             self.step.build_finished(result)
 
     # -- what the step tells its observers -------------------------------------------------------
-
-    def source_event(self, *_args: object) -> None:
-        pass
-
-    def build_result(self, *_args: object) -> None:
-        pass
-
-    def tick(self, *_args: object) -> None:
-        pass
 
     def ingested(self, result: Ingested) -> None:
         for verdict in result.verdicts:

@@ -67,7 +67,7 @@ from workerset_admission.snapshots import (
     serving_records,
     state_summary,
 )
-from workerset_admission.step import AdmissionStep
+from workerset_admission.step import AdmissionStep, StepObserver
 from workerset_admission.telemetry import AdmissionTelemetry, RefusalWarnings, UpdateScope
 from workerset_admission.traces.format import settings_of
 from workerset_admission.traces.writer import TraceWriter
@@ -526,23 +526,11 @@ class AdmissionService:
         return "healthy"
 
 
-class _EffectListener:
+class _EffectListener(StepObserver):
     """Adapts an ``on_effects`` callback to a step observer that hears only the effects."""
 
     def __init__(self, listener: Callable[[Sequence[Effect]], None]) -> None:
         self._listener = listener
-
-    def source_event(self, *_args: object) -> None:
-        pass
-
-    def build_result(self, *_args: object) -> None:
-        pass
-
-    def tick(self, *_args: object) -> None:
-        pass
-
-    def ingested(self, *_args: object) -> None:
-        pass
 
     def effects(self, effects: Sequence[Effect]) -> None:
         self._listener(effects)

@@ -92,8 +92,11 @@ class Channels(Protocol):
     def handle(self, effect: object) -> None: ...
 
 
-class StepObserver(Protocol):
-    """Told what a step saw and did; must not raise (failures are logged and ignored)."""
+class StepObserver:
+    """Told what a step saw and did; every method does nothing unless overridden.
+
+    An observer must not raise: a failure is logged at DEBUG and admission goes on.
+    """
 
     def source_event(
         self,
@@ -101,15 +104,20 @@ class StepObserver(Protocol):
         now: float,
         keep: Collection[str],
         recorded: Mapping[GroupId, Sequence[str]] | None,
-    ) -> None: ...
+    ) -> None:
+        """Hear of a source event as the step begins to handle it, at clock ``now``."""
 
-    def build_result(self, result: BuildFinished, now: float) -> None: ...
+    def build_result(self, result: BuildFinished, now: float) -> None:
+        """Hear of a build result as it is fed back, at clock ``now``."""
 
-    def tick(self, now: float) -> None: ...
+    def tick(self, now: float) -> None:
+        """Hear of a timer tick at clock ``now``."""
 
-    def ingested(self, result: Ingested) -> None: ...
+    def ingested(self, result: Ingested) -> None:
+        """Hear what ingestion judged of a source event, before the core steps."""
 
-    def effects(self, effects: Sequence[Effect]) -> None: ...
+    def effects(self, effects: Sequence[Effect]) -> None:
+        """Hear the effects of one core step, before they are carried out."""
 
 
 class AdmissionStep:

@@ -9,10 +9,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from workerset_admission.admission import BuildFinished, Effect
+from workerset_admission.admission import BuildFinished
 from workerset_admission.admission.ordering import GroupId
-from workerset_admission.ingest import Ingested
 from workerset_admission.ports import SourceEvent
+from workerset_admission.step import StepObserver
 
 from .format import build_line, event_line, header_line
 
@@ -21,7 +21,7 @@ __all__ = ["TraceWriter"]
 _log = logging.getLogger(__name__)
 
 
-class TraceWriter:
+class TraceWriter(StepObserver):
     """Writes a version 2 trace of every source event, build result and tick a step sees.
 
     Times are the step's own clock (``now`` as the step read it), counted from the first line,
@@ -86,12 +86,6 @@ class TraceWriter:
 
     def tick(self, now: float) -> None:
         self._write({"kind": "tick", "t": self._since(now)})
-
-    def ingested(self, result: Ingested) -> None:
-        pass
-
-    def effects(self, effects: Sequence[Effect]) -> None:
-        pass
 
     def _write(self, line: Mapping[str, Any]) -> None:
         if self._failed:
