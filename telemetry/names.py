@@ -18,6 +18,7 @@ __all__ = [
     "ATTR_CHECKSUM",
     "ATTR_DECISION",
     "ATTR_DETAIL",
+    "ATTR_DIFFERENCES",
     "ATTR_DISCOVERY_KEY",
     "ATTR_DISCOVERY_OPERATION",
     "ATTR_DISCOVERY_REVISION",
@@ -115,6 +116,7 @@ ATTR_RETRY_DELAY: Final = f"{PREFIX}.build.retry_delay"
 ATTR_INCUMBENT_CHECKSUM: Final = f"{PREFIX}.incumbent_checksum"
 ATTR_REJECTED_CHECKSUM: Final = f"{PREFIX}.rejected_checksum"
 ATTR_INSTANCE: Final = f"{PREFIX}.instance"
+ATTR_DIFFERENCES: Final = f"{PREFIX}.differences"
 ATTR_OLD_CHECKSUM: Final = f"{PREFIX}.succession.old_checksum"
 ATTR_NEW_CHECKSUM: Final = f"{PREFIX}.succession.new_checksum"
 ATTR_OLD_GENERATION: Final = f"{PREFIX}.succession.old_generation"

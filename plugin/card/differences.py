@@ -43,6 +43,7 @@ __all__ = [
     "card_differences",
     "describe",
     "differences_json",
+    "differences_of",
     "summarize",
 ]
 
@@ -97,6 +98,30 @@ def card_differences(incumbent: DecodedCard, rejected: DecodedCard) -> tuple[Dif
         else:
             out.append(Difference(name, _render(name, ours), _render(name, theirs)))
     return tuple(out)
+
+
+_MEMO: dict[tuple[str, str], tuple[Difference, ...]] = {}
+_MEMO_LIMIT = 1024
+
+
+def differences_of(
+    incumbent: object, rejected: object, checksums: tuple[str, str] | None = None
+) -> tuple[Difference, ...] | None:
+    """:func:`card_differences` of two registrations' cards; ``None`` unless both are cards.
+
+    With ``checksums`` (the incumbent's, the rejected card's) the answer is remembered under
+    them: status pages ask again for every standing rejection each time they are rebuilt.
+    """
+    if not (isinstance(incumbent, DecodedCard) and isinstance(rejected, DecodedCard)):
+        return None
+    if checksums is None:
+        return card_differences(incumbent, rejected)
+    known = _MEMO.get(checksums)
+    if known is None:
+        if len(_MEMO) >= _MEMO_LIMIT:
+            _MEMO.clear()
+        known = _MEMO[checksums] = card_differences(incumbent, rejected)
+    return known
 
 
 def differences_json(differences: Iterable[Difference] | None) -> list[dict[str, str]] | None:
