@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from workerset_admission.adapters.dynamo.host import HostState
 from workerset_admission.adapters.dynamo.routes import AdmissionRoutes
+from workerset_admission.card import Difference
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.service import GroupSnapshot, ServiceSnapshot
-from workerset_admission.card import Difference
 from workerset_admission.snapshots import (
     CohortSnapshot,
     InvalidRecord,
