@@ -279,14 +279,25 @@ def serving_records(
 
 
 def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
-    """Count groups per status and the admitted workers of committed groups, for metrics."""
+    """Count groups per status, admitted workers of committed groups, workers by state."""
     by_status: dict[str, int] = {}
     admitted = 0
     held = 0
+    workers: dict[tuple[str, str], int] = {}
     for group in snap.groups:
         by_status[group.status] = by_status.get(group.status, 0) + 1
         if group.committed_generation is not None:
             admitted += len(group.admitted)
+        model = group.group.model
         if group.held_until is not None:
             held += 1
-    return AdmissionStateSummary(by_status, admitted, held)
+            # Nothing is admitted while the tenure is held: every worker waits for its end.
+            counts = {"held": sum(len(c.members) for c in group.cohorts)}
+        else:
+            counts = {
+                "admitted": len(group.admitted),
+                "rejected": sum(len(c.members) for c in group.rejected),
+            }
+        for state, count in counts.items():
+            workers[(model, state)] = workers.get((model, state), 0) + count
+    return AdmissionStateSummary(by_status, admitted, held, workers)
