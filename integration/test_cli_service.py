@@ -206,7 +206,7 @@ async def test_record_then_replay_gives_the_state_the_live_service_holds(
     assert await asyncio.to_thread(main, ["replay", str(path)]) == 0
     replayed = json.loads(capsys.readouterr().out)
     # The same ingestion and core ran both: every field replay shows equals the live one.
-    fields = ("group", "model", "worker_set", "incumbent", "status", "generation", "receiver")
+    fields = ("group_id", "model", "worker_set_id", "incumbent", "status", "generation", "receiver")
     live_groups = [g.to_json() for g in live.groups]
     assert len(live_groups) == len(replayed["groups"]) == 1
     for live_group, replayed_group in zip(live_groups, replayed["groups"], strict=True):
@@ -265,3 +265,68 @@ def test_serve_against_an_unreachable_server_exits_with_a_clear_error() -> None:
     assert serve.returncode == 3
     assert serve.stderr.startswith("workerset-admission serve: cannot reach NATS: ")
     assert "Traceback" not in serve.stderr
+
+
+def test_serve_names_what_a_conflicting_card_differs_in_in_status_and_its_error_line(
+    nats_server_fn: NatsServer, bucket_name: str
+) -> None:
+    url = nats_server_fn.url
+    flags = ["--nats-server", url, "--discovery-bucket", bucket_name]
+    serve = subprocess.Popen(
+        [*CLI, "serve", *flags, "--admission-bucket", f"adm-{bucket_name}", "--frontend-id", "fe"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        read_line_matching(serve, r"^synced:", 30)
+
+        async def register() -> None:
+            nc = await nats.connect(url)
+            workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+            await workers.register(EP, 1, CARD)
+            await workers.register(EP, 2, demo_card(32, aliases=["v2"]))
+            await nc.close()
+
+        asyncio.run(register())
+        deadline = time.monotonic() + 20
+        while True:
+            status = subprocess.run(
+                [*CLI, "status", *flags, "--json"],
+                capture_output=True,
+                text=True,
+                env=cli_env(),
+                timeout=30,
+                check=False,
+            )
+            assert status.returncode == 0, status.stderr
+            rejections = json.loads(status.stdout)["rejections"]
+            if rejections:
+                break
+            assert time.monotonic() < deadline, status.stdout
+            time.sleep(0.2)
+        (rejection,) = rejections
+        assert rejection["instance"] == "dgd/backend/generate/2"
+        assert (rejection["model"], rejection["namespace"]) == (CARD["display_name"], "dgd")
+        assert rejection["differences"] == [
+            {"field": "kv_cache_block_size", "incumbent": "16", "rejected": "32"},
+            {"field": "aliases", "incumbent": "[]", "rejected": '["v2"]'},
+        ]
+        serve.send_signal(signal.SIGTERM)
+        _, err = serve.communicate(timeout=30)
+        assert serve.returncode == 0
+        [line] = [line for line in err.splitlines() if " ERROR " in line]
+        assert "rejected cohort: " in line
+        assert 'differs in: kv_cache_block_size 16 -> 32; aliases [] -> ["v2"] (' in line
+    finally:
+        if serve.poll() is None:
+            serve.terminate()
+            try:
+                serve.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+                serve.wait(timeout=10)
+        for stream in (serve.stdout, serve.stderr):
+            if stream is not None:
+                stream.close()
