@@ -8,7 +8,7 @@ import os
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +176,20 @@ def _get(url: str) -> tuple[int, Any]:
         return 0, None
 
 
+async def _healthy_frontend(base: str, process: Any) -> Callable[[str], Awaitable[tuple[int, Any]]]:
+    """Wait until the frontend's extension is healthy; return an HTTP GET of its paths."""
+
+    async def get(path: str) -> tuple[int, Any]:
+        return await asyncio.to_thread(_get, base + path)
+
+    async def healthy() -> bool:
+        assert process.poll() is None, "the frontend exited"
+        return (await get(HEALTH_PATH))[0] == 200
+
+    await _eventually(healthy, 60, "the frontend's extension becoming healthy")
+    return get
+
+
 @pytest.fixture
 def frontend(environment: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, Any]]:
     port = free_port()
@@ -190,16 +204,8 @@ async def test_the_real_frontend_serves_the_extensions_routes_over_http(
     nats_server: NatsServer,
     tmp_path: Path,
 ) -> None:
-    base, process = frontend
-
-    async def get(path: str) -> tuple[int, Any]:
-        return await asyncio.to_thread(_get, base + path)
-
-    async def healthy() -> bool:
-        assert process.poll() is None, "the frontend exited"
-        return (await get(HEALTH_PATH))[0] == 200
-
-    await _eventually(healthy, 60, "the frontend's extension becoming healthy")
+    process = frontend[1]
+    get = await _healthy_frontend(*frontend)
 
     async with _Workers(Path(environment["DYN_FILE_KV"]), bucket, tmp_path / "models") as w:
         worker = await w.start()
@@ -258,17 +264,8 @@ async def test_the_real_frontend_serves_the_extensions_routes_over_http(
 async def test_the_workersets_route_names_what_a_conflicting_card_differs_in(
     bucket: KeyValue, frontend: tuple[str, Any]
 ) -> None:
-    base, process = frontend
+    get = await _healthy_frontend(*frontend)
     endpoint = EndpointId(NAMESPACE, "backend", "generate")
-
-    async def get(path: str) -> tuple[int, Any]:
-        return await asyncio.to_thread(_get, base + path)
-
-    async def healthy() -> bool:
-        assert process.poll() is None, "the frontend exited"
-        return (await get(HEALTH_PATH))[0] == 200
-
-    await _eventually(healthy, 60, "the frontend's extension becoming healthy")
     incumbent = base_card(16, display_name=MODEL, slug=MODEL)
     conflicting = dict(incumbent, kv_cache_block_size=32, context_length=8192)
     for instance_id, card in ((1, incumbent), (2, conflicting)):

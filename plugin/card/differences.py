@@ -111,6 +111,8 @@ def differences_of(
 
     With ``checksums`` (the incumbent's, the rejected card's) the answer is remembered under
     them: status pages ask again for every standing rejection each time they are rebuilt.
+    Cards with one checksum hash the same inputs, though they may spell one differently (a
+    runtime flag ``"yes"`` or ``true``); the answer remembered shows the first spelling seen.
     """
     if not (isinstance(incumbent, DecodedCard) and isinstance(rejected, DecodedCard)):
         return None
