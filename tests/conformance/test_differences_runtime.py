@@ -9,6 +9,7 @@ must not be.
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import random
 from collections.abc import Callable
@@ -131,3 +132,44 @@ def test_reverting_the_reported_fields_gives_the_incumbents_checksum_in_dynamo()
             differing += bool(fields)
     assert pairs >= 60
     assert differing >= pairs // 2
+
+
+N2_CORPUS = CORPUS.with_name("n2_records.jsonl.gz")
+
+
+def n2_cards() -> dict[str, dict[str, Card]]:
+    """Per variant, the card each runtime version wrote for it (records 1.6.1 admits)."""
+    with gzip.open(N2_CORPUS, "rt") as lines:
+        records = [json.loads(line) for line in lines]
+    out: dict[str, dict[str, Card]] = {}
+    for record in records:
+        card = json.loads(record["value"])["card_json"]
+        legacy_prefill = card.get("worker_type") is None and "Prefill" in card["model_type"]
+        if record["frontend"] == "admitted" and not legacy_prefill:
+            out.setdefault(record["variant"], {})[record["version"]] = card
+    return out
+
+
+def test_an_upgrade_from_an_older_runtime_differs_in_what_dynamo_sees_differ() -> None:
+    """The same worker as written by 1.4.2, 1.5.1 and 1.6.0, against 1.6.1's card."""
+    pairs = flips = 0
+    for variant, by_version in sorted(n2_cards().items()):
+        incumbent = by_version.get("1.6.1")
+        if incumbent is None:
+            continue
+        want = dynamo_checksum(incumbent)
+        for version, rejected in sorted(by_version.items()):
+            if version == "1.6.1":
+                continue
+            pairs += 1
+            fields = [
+                d.field for d in card_differences(normalized(incumbent), normalized(rejected))
+            ]
+            assert (not fields) == (dynamo_checksum(rejected) == want), (variant, version)
+            assert dynamo_checksum(reverted(rejected, incumbent, fields)) == want, (variant, fields)
+            for kept in fields:
+                partly = reverted(rejected, incumbent, [f for f in fields if f != kept])
+                assert dynamo_checksum(partly) != want, (variant, version, kept)
+            flips += bool(fields)
+    assert pairs >= 100
+    assert 0 < flips < pairs
