@@ -252,8 +252,9 @@ class Ingestor:
 
         ``expiry`` is ``(now, window)`` for a TTL expiry. One that comes within ``window``
         seconds of a listing that followed a lost connection is most likely the outage's doing
-        (the worker could not refresh): the core may hold a tenure it empties, as it does for
-        the listing itself.
+        (the worker could not refresh): it carries that listing's time, and the core may hold
+        a tenure it empties as it does for the listing itself, counted from the same moment,
+        so one reconnect never holds a WorkerSet longer than the tenure hold in all.
         """
         self._decoded.pop(key, None)
         self._refused.pop(key, None)
@@ -266,7 +267,7 @@ class Ingestor:
         kind, name = removal
         if kind == "model":
             if expiry is not None and expiry[0] - self._outage_end < expiry[1]:
-                return Ingested((Tick(expiry[0]), WorkerRemoved(name, hold=True)))
+                return Ingested((Tick(expiry[0]), WorkerRemoved(name, outage=self._outage_end)))
             return Ingested((WorkerRemoved(name),))
         return Ingested(liveness_changed=self.liveness.remove(name))
 

@@ -4,7 +4,7 @@ A trace is JSON Lines, one event per line (the format ``record`` writes)::
 
     {"kind": "state", "frontend": "<id>", "groups": [{"group": ..., "cohorts": [...]}]}
     {"kind": "put", "key": "<KV key>", "value": <record object> | "<raw value text>"}
-    {"kind": "delete", "key": "<KV key>"}
+    {"kind": "delete", "key": "<KV key>", "operation": "expired"}
     {"kind": "snapshot", "entries": [{"key": ..., "value": ...}, ...], "reason": "reconnect"}
     {"kind": "build", "group": "<group id>", "outcome": "ok" | "failed"}
     {"kind": "tick", "seconds": <float>}
@@ -16,12 +16,14 @@ later ``build`` line names its group (the first such line decides it); any other
 at once, before the next line. ``tick`` advances the replay clock by ``seconds``; a retry runs
 when the clock reaches its deadline. A snapshot's optional ``reason`` (``"reconnect"``: the
 listing follows a lost connection) lets the core hold a tenure the listing empties, as live;
-without it a snapshot is an ordinary listing. A listing is observed in the order the live
-service observes it (``admission.ordering``: key order); an optional ``state`` line, which
-``record`` writes first from a live frontend's status, makes the next listing reproduce that
-frontend's cohort order instead, so the replay reaches the decision it made. Both additions are
-optional: older traces replay as before. Endpoint (liveness) records are validated but do not
-change admission, as in the live service.
+without it a snapshot is an ordinary listing. A delete's optional ``operation`` (``"expired"``:
+the key's TTL ran out) is judged as live: an expiry within the tenure hold of a reconnect
+listing may hold a tenure too, counted from the reconnect. A listing is observed in the order
+the live service observes it (``admission.ordering``: key order); an optional ``state`` line,
+which ``record`` writes first from a live frontend's status, makes the next listing reproduce
+that frontend's cohort order instead, so the replay reaches the decision it made. These
+additions are optional: older traces replay as before. Endpoint (liveness) records are
+validated but do not change admission, as in the live service.
 
 The result is deterministic: the same trace always renders to the same bytes.
 """
@@ -69,6 +71,7 @@ __all__ = [
 
 _KINDS = ("state", "put", "delete", "snapshot", "build", "tick")
 _SNAPSHOT_REASONS = ("listing", "initial", "reconnect", "periodic")
+_DELETE_OPERATIONS = ("delete", "purge", "expired")
 
 # The reason a refused in-place change is listed under: the same word as the metric label.
 MUTATION_REFUSED = "mutation_refused"
@@ -132,6 +135,11 @@ def _group_json(view: GroupView) -> dict[str, Any]:
     if view.held_until is not None:
         # Only while held, so the output of every trace without a hold is unchanged.
         group["held_until"] = view.held_until
+    if view.last_known_until is not None:
+        group["last_known"] = list(view.last_known)
+        group["last_known_until"] = view.last_known_until
+    if view.arrivals:
+        group["held_arrivals"] = list(view.arrivals)
     return group
 
 
@@ -155,6 +163,8 @@ def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
         kind = event["kind"]
         if kind in ("put", "delete") and not isinstance(event.get("key"), str):
             raise TraceError(f"line {number}: {kind} needs a string key")
+        if kind == "delete" and event.get("operation", "delete") not in _DELETE_OPERATIONS:
+            raise TraceError(f"line {number}: a delete operation is one of {_DELETE_OPERATIONS}")
         if kind == "put" and "value" not in event:
             raise TraceError(f"line {number}: put needs a value")
         if kind == "snapshot" and not (
@@ -186,6 +196,7 @@ def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
 class _Replayer:
     def __init__(self, boundary: BoundarySettings, core_settings: CoreSettings) -> None:
         self.core = AdmissionCore(core_settings)
+        self.hold = core_settings.tenure_hold
         # The service's own ingestion: records are judged here exactly as they are live.
         self.ingest = Ingestor(CardRecordDecoder(boundary))
         self.rejections: list[RejectionReported] = []
@@ -221,12 +232,18 @@ class _Replayer:
             elif kind == "put":
                 self._ingested(ingest.put(event["key"], _value_bytes(event["value"])))
             elif kind == "delete":
-                self._ingested(ingest.delete(event["key"]))
+                # An expiry is judged as live: one soon after a reconnect may hold a tenure.
+                expiry = (self.clock, self.hold) if event.get("operation") == "expired" else None
+                self._ingested(ingest.delete(event["key"], expiry=expiry))
             elif kind == "snapshot":
                 listing = [(e["key"], _value_bytes(e.get("value"))) for e in event["entries"]]
                 reconnect = event.get("reason") == "reconnect"
                 recorded, self.recorded = self.recorded, None
-                self._ingested(ingest.snapshot(listing, reconnect=reconnect, recorded=recorded))
+                # A reconnect's time goes with it, for the expiries that follow it.
+                now = self.clock if reconnect else None
+                self._ingested(
+                    ingest.snapshot(listing, reconnect=reconnect, now=now, recorded=recorded)
+                )
             elif kind == "build":
                 self._build(event["group"], event["outcome"] == "ok")
             else:
@@ -422,7 +439,14 @@ def explain(result: ReplayResult, instance: str) -> str:
             f"model {view.key.model!r}, WorkerSet {view.key.worker_set}; status "
             f"{view.status.value}, generation {view.generation}, receiver {view.receiver}"
         )
-        if placement.admitted:
+        if placement.position is None:
+            lines.append(
+                f"{key} is not admitted: it registered with the checksum of {view.incumbent} "
+                "while that tenure was held after an outage. It joins the incumbent if a worker "
+                "the tenure had before the outage comes back, and otherwise the end of the "
+                "order when the hold expires."
+            )
+        elif placement.admitted:
             lines.append(
                 f"{key} is admitted: its checksum {placement.mdc_checksum} is the incumbent "
                 f"cohort, the first configuration this frontend observed that still has workers "
@@ -437,10 +461,16 @@ def explain(result: ReplayResult, instance: str) -> str:
                 "only be served after every worker of the cohorts ahead of it is gone."
             )
         if view.held_until is not None:
+            served = (
+                f"workers {', '.join(map(str, view.last_known))} stay admitted on their last "
+                f"known records until clock {view.last_known_until:g} s"
+                if view.last_known_until is not None
+                else "none of its workers is admitted any longer"
+            )
             lines.append(
                 f"The tenure of {view.incumbent} is held after an outage until clock "
-                f"{view.held_until:g} s: none of its workers is listed, nothing is admitted, and "
-                "the succession happens only if none registers again by then."
+                f"{view.held_until:g} s: none of its workers is listed, {served}, and the "
+                "succession happens only if none of them registers again by then."
             )
     if history is not None:
         if history.refused == MUTATION_REFUSED:

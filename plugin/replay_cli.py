@@ -59,6 +59,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds a tenure is held after a reconnect snapshot omits it (default 30; 0 off)",
     )
+    parser.add_argument(
+        "--registration-ttl",
+        type=float,
+        default=10.0,
+        help="seconds a held tenure serves its members on their last known records (default 10)",
+    )
 
 
 def _lines(trace: str) -> list[str]:
@@ -76,6 +82,7 @@ def _replay(args: argparse.Namespace) -> ReplayResult:
             max_concurrent_builds=args.max_builds,
             retry_delays=args.retry_delays,
             tenure_hold=args.tenure_hold,
+            registration_ttl=args.registration_ttl,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

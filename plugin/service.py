@@ -503,6 +503,8 @@ class AdmissionService:
                 self.hops.carry_taints(effect, self.core.placement(effect.key))
             elif isinstance(effect, (RetryScheduled, TenureHeld)):
                 self._timers.add(effect.deadline)
+                if isinstance(effect, TenureHeld) and effect.last_known_until is not None:
+                    self._timers.add(effect.last_known_until)
             elif isinstance(effect, MutationRefused):
                 _log.warning(
                     "refused an in-place change of %s: kept %s, offered %s",

@@ -11,7 +11,7 @@ from .admission import AdmissionCore, GroupView
 from .admission.readiness import ReadinessUnit, evaluate_readiness
 from .identity import GroupKey, instance_key
 from .liveness import LivenessIndex
-from .telemetry import AdmissionStateSummary
+from .telemetry import AdmissionStateSummary, HeldGroup
 
 __all__ = [
     "EMPTY_SNAPSHOT",
@@ -52,6 +52,10 @@ class GroupSnapshot:
     cohorts: tuple[CohortSnapshot, ...]
     # When a tenure held after an outage ends (Unix time); None when it is not held.
     held_until: float | None = None
+    # Admitted ids served on their last known records during a hold, and until when (Unix
+    # time); routable though their instance records may be missing.
+    last_known: tuple[int, ...] = ()
+    last_known_until: float | None = None
 
     @property
     def rejected(self) -> tuple[CohortSnapshot, ...]:
@@ -78,6 +82,8 @@ class GroupSnapshot:
             "rejected": [c.mdc_checksum for c in self.rejected],
             "held": self.held_until is not None,
             "held_until": self.held_until,
+            "last_known": ids(self.last_known),
+            "last_known_until": self.last_known_until,
         }
 
 
@@ -193,12 +199,17 @@ def group_snapshot(
     ``clock`` is the service clock the core's hold deadlines are on; with it a held group's
     deadline is shown as Unix time.
     """
-    routable = liveness.routable(view.key.endpoint, view.admitted)
-    held_until = None
-    if view.held_until is not None and clock is not None:
-        held_until = round(time.time() + view.held_until - clock(), 3)
+    routable = liveness.routable(view.key.endpoint, view.admitted) | set(view.last_known)
+
+    def unix(at: float | None) -> float | None:
+        if at is None or clock is None:
+            return None
+        return round(time.time() + at - clock(), 3)
+
     return GroupSnapshot(
-        held_until=held_until,
+        held_until=unix(view.held_until),
+        last_known=view.last_known,
+        last_known_until=unix(view.last_known_until),
         group=view.key,
         incumbent=view.incumbent,
         status=view.status.value,
@@ -275,11 +286,15 @@ def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
     """Count groups per status and the admitted workers of committed groups, for metrics."""
     by_status: dict[str, int] = {}
     admitted = 0
-    held = 0
+    held: list[HeldGroup] = []
     for group in snap.groups:
         by_status[group.status] = by_status.get(group.status, 0) + 1
         if group.committed_generation is not None:
             admitted += len(group.admitted)
         if group.held_until is not None:
-            held += 1
-    return AdmissionStateSummary(by_status, admitted, held)
+            held.append(
+                HeldGroup(
+                    group.group.id, group.held_until, group.last_known, group.last_known_until
+                )
+            )
+    return AdmissionStateSummary(by_status, admitted, len(held), tuple(held))

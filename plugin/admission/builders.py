@@ -45,6 +45,10 @@ class _BlankPublishAdmissions(HoldsAdmittedIds):
     generation: int
     ids: AdmittedIds
     card: Any
+    last_known: frozenset[int]
+
+
+NO_IDS: frozenset[int] = frozenset()
 
 
 def publish(
@@ -54,6 +58,7 @@ def publish(
     generation: int,
     ids: AdmittedIds,
     card: Any,
+    last_known: frozenset[int] = NO_IDS,
 ) -> fx.PublishAdmissions:
     effect = _BlankPublishAdmissions()
     effect.group = group
@@ -62,5 +67,6 @@ def publish(
     effect.generation = generation
     effect.ids = ids
     effect.card = card
+    effect.last_known = last_known
     effect.__class__ = fx.PublishAdmissions  # type: ignore[assignment]
     return effect  # type: ignore[return-value]

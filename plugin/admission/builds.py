@@ -43,14 +43,17 @@ class _BuildsMixin(_CoreState):
             group.attempt = 0
             cohort = group.cohorts[checksum]
             assert group.representative is not None
+            served = cohort.snapshot(group.served_ids(cohort)).as_frozenset()
+            hold = group.hold
+            last_known = () if hold is None else hold.last_known.values()
             self._out.append(
                 fx.CommitGroup(
                     group=group.key,
                     mdc_checksum=checksum,
                     generation=event.generation,
                     receiver=receiver,
-                    members=tuple(sorted(r.key for r in cohort.members.values())),
-                    admitted=cohort.snapshot(cohort.members).as_frozenset(),
+                    members=tuple(sorted({r.key for r in (*cohort.members.values(), *last_known)})),
+                    admitted=served,
                     representative=group.representative,
                     card=group.card,
                 )
@@ -108,6 +111,11 @@ class _BuildsMixin(_CoreState):
                 continue  # the timer outlived its tenure or attempt
             group.deadline = None
             state = group.status.state
+            hold = group.hold
+            if hold is not None and hold.held and (state is _RETRYING or state is _BLOCKED):
+                # A hold pauses the retry: nothing to build for until a member is back, and
+                # the rejoin that brings one rebuilds at once.
+                continue
             if state is _RETRYING or state is _BLOCKED:
                 group.generation = self._next_generation()
                 self._transition(group, StatusEvent.RETRY_DUE)
@@ -158,7 +166,7 @@ class _BuildsMixin(_CoreState):
                 generation=generation,
                 attempt=group.attempt,
                 receiver=receiver,
-                admitted=cohort.snapshot(cohort.members).as_frozenset(),
+                admitted=cohort.snapshot(group.served_ids(cohort)).as_frozenset(),
                 representative=group.representative,
                 card=group.card,
             )

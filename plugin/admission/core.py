@@ -37,15 +37,24 @@ Dynamo 1.6.1 starts queued builds in sorted key order; the contract does not fix
 FIFO is what an operator expects.
 
 *Holding a tenure across an outage.* A listing that follows a lost connection
-(``Snapshot(reconnect=True)``) may miss the incumbent's workers only because their heartbeats
-could not reach the store while it was away. When such a listing empties the incumbent cohort,
-the tenure is not ended: the empty cohort stays in front, receiver, generation and committed
-build stay, nothing is admitted (no vanished worker is served), and the hold runs for
-``tenure_hold`` seconds of the injected clock. A member of the incumbent checksum that
-registers meanwhile rejoins and the hold ends (``TenureHoldEnded("rejoined")``); competitors
-that register meanwhile are rejected as usual. When a ``Tick`` reaches the deadline with the
-cohort still empty, the hold ends (``"expired"``) and the ordinary succession follows. Live
-removals and other listings never hold: only an outage can make a present worker look gone.
+(``Snapshot(reconnect=True)``), and an expiry reported soon after it (``WorkerRemoved`` with
+the listing's time as ``outage``), may miss the incumbent's workers only because their
+heartbeats could not reach the store while it was away. When such a removal empties the
+incumbent cohort, the tenure is held, never changed: the empty cohort stays in front with its
+receiver, generation and committed build until the reconnect plus ``tenure_hold``. The hold
+delays the decision and nothing else. Only a member the cohort had when the hold began (the
+same instance key) ends it (``TenureHoldEnded("rejoined")``), and the tenure goes on; a new
+instance of the incumbent's checksum is tracked aside, not admitted, and joins the cohort with
+a returning member. When a ``Tick`` reaches the deadline with no pre-hold member back, the hold
+ends (``"expired"``) and the core does what it would have done with no hold: the cohort is
+gone, the new instances make a cohort in the place the first of them would have taken (cohorts
+carry their creation number, ``seq``), and the oldest remaining cohort succeeds. Meanwhile the
+hold serves: the members the outage's removals took stay admitted on their last known records
+for one ``registration_ttl`` (``PublishAdmissions.last_known`` names them, so a hop routes to
+them without their instance records), then those not back are withdrawn while the reservation
+lasts. A hold builds nothing: a queued build or a due retry waits, and the rejoin rebuilds at
+once. Live removals and other listings never hold: only an outage can make a present worker
+look gone.
 
 *Rejections.* Each non-incumbent cohort is reported once per tenure: when it first appears,
 or, after a succession, against the new incumbent. A cohort that empties and returns is a
@@ -109,6 +118,7 @@ from typing import Any
 
 from workerset_admission.admission import effects as fx
 from workerset_admission.admission.builders import (
+    NO_IDS,
     _BlankPublishAdmissions,
     _BlankWorkerDeparted,
     _BlankWorkerPlaced,
@@ -132,7 +142,6 @@ from workerset_admission.admission.state import (
     _QUEUED,
     _RETRYING,
     CoreSettings,
-    _Cohort,
     _Group,
 )
 from workerset_admission.admission.tenure import _TenureMixin
@@ -150,8 +159,9 @@ def _admissions(group: _Group) -> fx.PublishAdmissions:
         group.receiver,  # type: ignore[arg-type]
         group.checksum,  # type: ignore[arg-type]
         group.generation,  # type: ignore[arg-type]
-        cohort.snapshot(cohort.members),
+        cohort.snapshot(group.served_ids(cohort)),
         group.card,
+        NO_IDS if group.hold is None else frozenset(group.hold.last_known),
     )
 
 
@@ -175,8 +185,8 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         self._timers: list[tuple[float, int, _Group, int]] = []
         self._timer_seq = 0
         self._holds: list[tuple[float, int, _Group]] = []
-        # True while a post-outage listing removes the keys it omits.
-        self._holding = False
+        # When the last-known-good windows of holds end: (time, seq, group).
+        self._last_known_ends: list[tuple[float, int, _Group]] = []
         self._dirty: list[_Group] = []
         self._lora_dirty: list[_Group] = []
         self._out: list[fx.Effect] = []
@@ -199,10 +209,7 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         if kind is WorkerAdded:
             self._add(event.registration)  # type: ignore[union-attr]
         elif kind is WorkerRemoved:
-            if event.hold:  # type: ignore[union-attr]
-                self._remove_holding(event.key)  # type: ignore[union-attr]
-            else:
-                self._remove(event.key)  # type: ignore[union-attr]
+            self._remove(event.key, event.outage)  # type: ignore[union-attr]
         else:
             handler = self._handlers.get(kind)
             if handler is None:
@@ -228,7 +235,13 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
                 effect.receiver = group.receiver  # type: ignore[assignment]
                 effect.mdc_checksum = group.checksum  # type: ignore[assignment]
                 effect.generation = group.generation  # type: ignore[assignment]
-                effect.ids = cohort.snapshot(cohort.members)
+                hold = group.hold
+                if hold is None:
+                    effect.ids = cohort.snapshot(cohort.members)
+                    effect.last_known = NO_IDS
+                else:
+                    effect.ids = cohort.snapshot(group.served_ids(cohort))
+                    effect.last_known = frozenset(hold.last_known)
                 effect.card = group.card
                 effect.__class__ = PublishAdmissions  # type: ignore[assignment]
                 out.append(effect)  # type: ignore[arg-type]
@@ -245,10 +258,7 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
             if kind is WorkerAdded:
                 add(event.registration)  # type: ignore[union-attr]
             elif kind is WorkerRemoved:
-                if event.hold:  # type: ignore[union-attr]
-                    self._remove_holding(event.key)  # type: ignore[union-attr]
-                else:
-                    remove(event.key)  # type: ignore[union-attr]
+                remove(event.key, event.outage)  # type: ignore[union-attr]
             else:
                 handler = handlers.get(kind)
                 if handler is None:
@@ -274,9 +284,12 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         if group is None:
             group = self._groups[(gk.model, gk.worker_set)] = _Group(gk)
         checksum = reg.mdc_checksum
+        if group.hold is not None and checksum == group.checksum:
+            self._add_during_hold(group, group.hold, reg)
+            return
         cohort = group.cohorts.get(checksum)
         if cohort is None:
-            cohort = group.cohorts[checksum] = _Cohort(checksum)
+            cohort = group.new_cohort(checksum)
         iid = reg.instance_id
         cohort.members[iid] = reg
         regs[key] = reg
@@ -294,8 +307,6 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
             self._start_tenure(group)
         elif admitted:
             cohort.log.append(iid)
-            if group.held_until is not None:
-                self._end_hold(group, "rejoined")
             if not group.dirty:
                 group.dirty = True
                 self._dirty.append(group)
@@ -307,7 +318,8 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         elif checksum not in group.reported:
             self._report(group, cohort)
 
-    def _remove(self, key: str) -> None:
+    def _remove(self, key: str, outage: float | None = None) -> None:
+        """Remove a registration; ``outage``: the reconnect an outage's removal follows."""
         reg = self._regs.pop(key, None)
         if reg is None:
             self._remove_lora(key)
@@ -315,12 +327,18 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         gk = reg.group
         group = self._groups[(gk.model, gk.worker_set)]
         checksum = reg.mdc_checksum
-        cohort = group.cohorts[checksum]
         iid = reg.instance_id
-        del cohort.members[iid]
         was_admitted = group.checksum == checksum
+        if group.hold is not None and was_admitted and group.hold.held:
+            # While held the incumbent cohort is empty: this is an instance that arrived.
+            self._remove_arrival(group, group.hold, reg)
+            return
+        cohort = group.cohorts[checksum]
+        del cohort.members[iid]
         if was_admitted:
             cohort.log.append(~iid)
+            if outage is not None:
+                self._note_outage_removal(group, reg, outage)
         # builders.departed, inlined: a Python call less per input.
         gone = _BlankWorkerDeparted()
         gone.key = key
@@ -330,12 +348,13 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         gone.__class__ = WorkerDeparted  # type: ignore[assignment]
         self._out.append(gone)  # type: ignore[arg-type]
         if not cohort.members:
-            if was_admitted and self._holding:
-                self._hold(group)
-                # Emptied is a membership change like any other: a pending retry runs now.
-                state = group.status.state
-                if state is _RETRYING or state is _BLOCKED:
-                    self._rebuild_now(group)
+            if (
+                was_admitted
+                and outage is not None
+                and outage + self._settings.tenure_hold > self._now
+            ):
+                # A pending retry waits: a hold builds nothing until a member is back.
+                self._hold(group, outage)
                 return
             del group.cohorts[checksum]
             group.reported.discard(checksum)
@@ -362,6 +381,9 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         while queue and self.builds_in_flight < limit:
             group, generation = queue.popleft()
             if group.status.state is _QUEUED and group.generation == generation:
+                hold = group.hold
+                if hold is not None and hold.held:
+                    continue  # nothing to build for until a member is back; a rejoin queues it
                 self._start_build(group)
         if self._dirty:
             for group in self._dirty:

@@ -77,6 +77,8 @@ class PublishAdmissions(HoldsAdmittedIds):
 
     ``ids`` is a lazy snapshot (a plain set of ids given here is wrapped in one): publishing
     does not copy the cohort, and ``admitted`` works the frozenset out when first read.
+    ``last_known`` names the admitted ids a held tenure serves on their last known records:
+    routable whether or not their instance records are listed now.
     """
 
     group: GroupKey
@@ -85,6 +87,7 @@ class PublishAdmissions(HoldsAdmittedIds):
     generation: int
     ids: AdmittedIds
     card: Any = field(default=None, compare=False, repr=False)
+    last_known: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +167,12 @@ class Succession:
 
 @dataclass(frozen=True, slots=True)
 class TenureHeld:
-    """A resync after a lost connection listed no incumbent member: the tenure is held.
+    """An outage's resync (or expiry) emptied the incumbent cohort: the tenure is held.
 
-    The receiver, generation and any committed build stay, with nothing admitted, until a
-    member of ``mdc_checksum`` registers again or the clock reaches ``deadline``.
+    The receiver, generation and any committed build stay until a member the cohort had when
+    the hold began (``last_known`` names those, by instance key) registers again or the clock
+    reaches ``deadline``. Those members stay admitted on their last known records until
+    ``last_known_until`` (one registration TTL; ``None`` when none is served).
     """
 
     group: GroupKey
@@ -175,6 +180,8 @@ class TenureHeld:
     receiver: int
     generation: int | None
     deadline: float
+    last_known: tuple[str, ...] = ()
+    last_known_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

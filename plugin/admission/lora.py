@@ -29,7 +29,12 @@ class _LoraMixin(_CoreState):
             return  # a duplicate: the first incarnation's card stays
         if reg.model_suffix is None:
             self._regs[reg.key] = reg
-            self._group_of(reg).cohorts[reg.mdc_checksum].members[reg.instance_id] = reg
+            group = self._group_of(reg)
+            hold = group.hold
+            if hold is not None and hold.arrivals.get(reg.instance_id) is old:
+                hold.arrivals[reg.instance_id] = reg
+            else:
+                group.cohorts[reg.mdc_checksum].members[reg.instance_id] = reg
         else:
             self._loras[reg.key] = reg
             self._adapters_at[_base_key(reg)][reg.key] = reg

@@ -42,6 +42,10 @@ class _ReadoutMixin(_CoreState):
         reg = self._regs.get(key)
         if reg is not None:
             group = self._group_of(reg)
+            hold = group.hold
+            if hold is not None and hold.arrivals.get(reg.instance_id) is reg:
+                # A new instance of a held incumbent's checksum: tracked, in no cohort yet.
+                return PlacementView(key, reg.group, reg.mdc_checksum, False, None, False, None)
             position = list(group.cohorts).index(reg.mdc_checksum)
             return PlacementView(
                 key=key,
@@ -80,6 +84,7 @@ class _ReadoutMixin(_CoreState):
             for c in group.cohorts.values()
         )
         admitted = tuple(sorted(self._admitted(group))) if group.checksum is not None else ()
+        hold = group.hold
         return GroupView(
             key=group.key,
             incumbent=group.checksum,
@@ -92,10 +97,15 @@ class _ReadoutMixin(_CoreState):
             attempt=group.attempt,
             deadline=group.deadline,
             lora=group.lora or (),
-            held_until=group.held_until,
+            held_until=hold.until if hold is not None and hold.held else None,
+            last_known=() if hold is None else tuple(sorted(hold.last_known)),
+            last_known_until=hold.last_known_until
+            if hold is not None and hold.last_known
+            else None,
+            arrivals=() if hold is None else tuple(sorted(hold.arrivals)),
         )
 
     def _admitted(self, group: _Group) -> frozenset[int]:
         assert group.checksum is not None
         cohort = group.cohorts[group.checksum]
-        return cohort.snapshot(cohort.members).as_frozenset()
+        return cohort.snapshot(group.served_ids(cohort)).as_frozenset()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,10 @@ class CoreSettings:
     # Seconds a tenure is held when a post-outage resync lists none of its members (0: never);
     # three of Dynamo's default 10 s registration TTLs.
     tenure_hold: float = 30.0
+    # The TTL workers register with: a live worker (or the bridge mirroring it) re-writes its
+    # record within it, so during a hold the members the incumbent had stay admitted on their
+    # last known records this long, and no longer (Dynamo's default 10 s).
+    registration_ttl: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_concurrent_builds < 1:
@@ -44,6 +48,8 @@ class CoreSettings:
             raise ConfigError("retry_delays must be a non-empty list of non-negative seconds")
         if not self.tenure_hold >= 0:
             raise ConfigError("tenure_hold must be zero or more seconds")
+        if not self.registration_ttl > 0:
+            raise ConfigError("registration_ttl must be more than zero seconds")
 
     def retry_delay(self, attempt: int) -> float:
         """Delay after the ``attempt``-th consecutive failure (1-based); the last one repeats."""
@@ -58,16 +64,55 @@ class _Cohort(AdmittedLog):
     ``AdmittedLog``); changes before that are not, so a tenure start rebases it.
     """
 
-    __slots__ = ("checksum", "members")
+    __slots__ = ("checksum", "members", "seq")
 
-    def __init__(self, checksum: str) -> None:
+    def __init__(self, checksum: str, seq: int) -> None:
         super().__init__()
         self.checksum = checksum
+        # The group's count of cohorts made when this one was: its place in the order.
+        self.seq = seq
         # Keyed by instance id: a group has one endpoint and a base card per instance, so within
         # a group an instance id names exactly one registration key. Insertion-ordered;
         # membership, not order, matters inside a cohort. The keys are the cohort's ids, so a
         # rebase is one C-level copy of them.
         self.members: dict[int, Registration] = {}
+
+
+class _Hold:
+    """A tenure held after an outage, and the members it serves on last known good.
+
+    ``held`` is true from the emptying removal until a pre-hold member comes back or ``until``
+    is reached; the last-known-good window (``last_known``, until ``last_known_until``) may
+    outlast a rejoin, so the object stays on the group until both are over.
+    """
+
+    __slots__ = (
+        "arrival_seq",
+        "arrivals",
+        "held",
+        "last_known",
+        "last_known_until",
+        "members",
+        "since",
+        "until",
+    )
+
+    def __init__(
+        self, since: float, until: float, members: dict[int, Registration], last_known_until: float
+    ) -> None:
+        self.held = True
+        # The clock value of the reconnect the hold counts from, and its deadline.
+        self.since = since
+        self.until = until
+        # The members the incumbent had when the hold began: only one of these ends it.
+        self.members = members
+        # Those of them not back yet, still admitted on their last known records.
+        self.last_known = dict(members)
+        self.last_known_until = last_known_until
+        # New instances of the incumbent's checksum registered during the hold: tracked, not
+        # admitted; they join the incumbent on a rejoin, or the end of the order on expiry.
+        self.arrivals: dict[int, Registration] = {}
+        self.arrival_seq: int | None = None
 
 
 class _Group:
@@ -80,15 +125,16 @@ class _Group:
         "deadline",
         "dirty",
         "generation",
-        "held_since",
-        "held_until",
+        "hold",
         "in_flight",
         "key",
         "lora",
         "lora_dirty",
+        "outage_gone",
         "receiver",
         "reported",
         "representative",
+        "seq",
         "status",
     )
 
@@ -111,9 +157,27 @@ class _Group:
         self.lora: tuple[fx.LoraWorker, ...] | None = ()
         self.dirty = False
         self.lora_dirty = False
-        # Set while the tenure is held after an outage (see the theory of operation).
-        self.held_since: float | None = None
-        self.held_until: float | None = None
+        # How many cohorts the group has made: each new one is numbered with it.
+        self.seq = 0
+        # Set while the tenure is held after an outage, or its members are still served on
+        # last known good (see the theory of operation).
+        self.hold: _Hold | None = None
+        # The clock value of the last reconnect whose removals took incumbent members away,
+        # and those members: a hold that reconnect causes serves them on last known good.
+        self.outage_gone: tuple[float, dict[int, Registration]] | None = None
+
+    def new_cohort(self, checksum: str) -> _Cohort:
+        """Make a cohort and put it at the end of the order."""
+        self.seq += 1
+        cohort = self.cohorts[checksum] = _Cohort(checksum, self.seq)
+        return cohort
+
+    def served_ids(self, cohort: _Cohort) -> Iterable[int]:
+        """Return the incumbent's admitted ids: its members, and any served on last known good."""
+        hold = self.hold
+        if hold is None or not hold.last_known:
+            return cohort.members
+        return cohort.members.keys() | hold.last_known.keys()
 
 
 def _base_key(reg: Registration) -> str:
@@ -144,7 +208,7 @@ class _CoreState:
     _timers: list[tuple[float, int, _Group, int]]
     _timer_seq: int
     _holds: list[tuple[float, int, _Group]]
-    _holding: bool
+    _last_known_ends: list[tuple[float, int, _Group]]
     _dirty: list[_Group]
     _lora_dirty: list[_Group]
     _out: list[fx.Effect]
@@ -153,11 +217,11 @@ class _CoreState:
     if TYPE_CHECKING:
         # Steps defined by one part and called from another.
         def _add(self, reg: Registration) -> None: ...
-        def _remove(self, key: str) -> None: ...
+        def _remove(self, key: str, outage: float | None = None) -> None: ...
         def _on_snapshot(self, event: Snapshot) -> None: ...
         def _update_in_place(self, old: Registration, reg: Registration) -> None: ...
         def _start_tenure(self, group: _Group) -> None: ...
-        def _hold(self, group: _Group) -> None: ...
+        def _hold(self, group: _Group, outage: float) -> None: ...
         def _expire_holds(self) -> None: ...
         def _succeed(self, group: _Group) -> None: ...
         def _report(self, group: _Group, cohort: _Cohort) -> None: ...

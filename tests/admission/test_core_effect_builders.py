@@ -92,7 +92,7 @@ def test_each_blank_class_has_exactly_the_slots_of_its_effect(blank: type, cls: 
 
 
 def test_publish_fills_every_field_of_a_publication_in_order() -> None:
-    values = (G, 3, "A", 7, AdmittedIds.of({1, 2}), {"card": 1})
+    values = (G, 3, "A", 7, AdmittedIds.of({1, 2}), {"card": 1}, frozenset({2}))
     built = builders.publish(*values)
     assert type(built) is PublishAdmissions
     assert tuple(getattr(built, f.name) for f in dataclasses.fields(PublishAdmissions)) == values
