@@ -123,3 +123,37 @@ def test_a_worker_killed_during_an_outage_is_withdrawn_within_one_ttl_of_the_rec
     assert run.view_instance_ids() == alive
     assert after
     assert set(after) <= alive
+
+
+def test_after_a_wiped_store_the_last_known_workers_serve_for_one_ttl(
+    outage: Outage, record_property: pytest.RecordProperty
+) -> None:
+    # Runs last: until the bridges write a wiped bucket again, nothing brings the records back,
+    # so this case checks only what the hold serves within one registration TTL.
+    run = outage.deployment
+    handle = outage.server.handle
+    assert handle is not None
+    alive = set(outage.workers)
+    window = REGISTRATION_TTL - 2.0
+    with Traffic(outage.frontend) as traffic:
+        time.sleep(1.0)
+        handle.restart(wipe=True, downtime=0.3)
+        wiped = time.monotonic()
+        held = wait_for(
+            lambda: [g for g in run.status().get("groups", []) if g.get("held")],
+            window / 2,
+            "the resync after the wipe holds the tenure",
+        )
+        while time.monotonic() < wiped + window:
+            assert run.view_instance_ids() == alive, "a last-known worker left the view"
+            time.sleep(0.5)
+    inside = [w for at, w in traffic.outcomes if wiped <= at <= wiped + window]
+    failed = inside.count(None)
+    record_property("requests_within_ttl_after_wipe", len(inside))
+    record_property("failed_within_ttl_after_wipe", failed)
+    _announce(
+        f"wiped store: {len(inside)} requests in the {window:g} s after it, {failed} failed; "
+        f"held groups {[(g['held_until'], g['last_known']) for g in held]}"
+    )
+    assert failed == 0, traffic.errors[:5]
+    assert set(held[0]["last_known"]) == alive
