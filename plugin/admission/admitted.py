@@ -100,9 +100,9 @@ class AdmittedIds(Set[int]):
 
 
 class HoldsAdmittedIds:
-    """Base of the frozen dataclasses that carry admitted ids: the effect and a receiver's state.
+    """Base of a frozen dataclass that carries admitted ids (a receiver's ``AdmissionState``).
 
-    They keep an :class:`AdmittedIds` snapshot in ``ids`` (any other set given is wrapped in one
+    It keeps an :class:`AdmittedIds` snapshot in ``ids`` (any other set given is wrapped in one
     when the dataclass is made) and show it to readers as a frozenset, ``admitted``, worked out
     on the first read.
     """

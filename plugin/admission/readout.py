@@ -33,8 +33,8 @@ def group_view(group: _Group) -> GroupView:
     )
     admitted: tuple[int, ...] = ()
     if group.checksum is not None:
-        cohort = group.cohorts[group.checksum]
-        admitted = tuple(sorted(cohort.snapshot(group.served_ids(cohort))))
+        # The ids themselves, not a snapshot: taking one may rebase the cohort's log.
+        admitted = tuple(sorted(group.served_ids(group.cohorts[group.checksum])))
     hold = group.hold
     return GroupView(
         key=group.key,
