@@ -96,8 +96,10 @@ fences and status here are keyed by the checksum alone. 1.6.1's generation count
 
 *Liveness* (endpoint instance records) is not an input here. Admission depends only on model
 registrations; a hop intersects admitted ids with live instances at routing time
-(``bindings.py``), exactly as Dynamo's admitted client does. Keeping liveness out of the core
-means instance churn never touches the core's state or its generation counter.
+(``bindings.py``), exactly as Dynamo's admitted client does; only the members a hold serves
+on last known good (``PublishAdmissions.last_known``) are routed to without that check. Keeping
+liveness out of the core means instance churn never touches the core's state or its generation
+counter.
 
 *Reading this module.* Everything that changes a group's state is here, in the order the
 contract reads: the settings; the records (``_Cohort``, ``_Hold``, ``_Group``); then
