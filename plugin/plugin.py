@@ -65,6 +65,7 @@ def service_settings(settings: Settings) -> ServiceSettings:
         retry_delays=tuple(settings.retry_delays),
         tenure_hold=settings.effective_tenure_hold,
         registration_ttl=settings.registration_ttl,
+        trace_out=settings.trace_out,
     )
 
 

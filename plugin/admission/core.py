@@ -579,6 +579,7 @@ class AdmissionCore:
     def _report(self, group: _Group, cohort: _Cohort) -> None:
         assert group.checksum is not None
         group.reported.add(cohort.checksum)
+        representative = _representative(cohort)
         self._out.append(
             fx.RejectionReported(
                 group=group.key,
@@ -586,7 +587,10 @@ class AdmissionCore:
                 worker_set=group.key.worker_set,
                 incumbent_checksum=group.checksum,
                 rejected_checksum=cohort.checksum,
-                instance=_representative(cohort).key,
+                instance=representative.key,
+                # The tenure's card (kept through a hold), so the report can say what differs.
+                incumbent_card=group.card,
+                rejected_card=representative.card,
             )
         )
 

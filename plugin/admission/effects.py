@@ -262,6 +262,10 @@ class RejectionReported:
     incumbent_checksum: str
     rejected_checksum: str
     instance: str
+    # The two cards compared (the incumbent's is its tenure's card), so a report can say what
+    # differs; left out of equality.
+    incumbent_card: Any = field(default=None, compare=False, repr=False)
+    rejected_card: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
