@@ -31,6 +31,9 @@ _FINGERPRINTS: dict[tuple[Any, ...], str] = {}
 _MODEL_TYPES: dict[int, str] = {}
 _GROUPS: dict[tuple[str, tuple[str, str, str], str, str], GroupKey] = {}
 _HEADS: dict[EndpointId, bytes] = {}
+# The last group looked up, by the identity of its facts and endpoint: a fleet sharing one card
+# under one endpoint asks for the same group record after record.
+_LAST_GROUP: list[tuple[CardFacts, EndpointId, GroupKey] | None] = [None]
 
 
 def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
@@ -43,6 +46,7 @@ def clear() -> None:
     """Forget every memoized value."""
     for memo in (_FINGERPRINTS, _MODEL_TYPES, _GROUPS, _HEADS):
         memo.clear()
+    _LAST_GROUP[0] = None
 
 
 def fingerprint(card: DecodedCard) -> str:
@@ -79,12 +83,16 @@ def facts_of(card: DecodedCard, settings: BoundarySettings) -> CardFacts:
 
 def group_key(facts: CardFacts, endpoint: EndpointId) -> GroupKey:
     """:meth:`CardFacts.group_key`: one GroupKey object for every record of a group."""
+    last = _LAST_GROUP[0]
+    if last is not None and last[0] is facts and last[1] is endpoint:
+        return last[2]
     where = (endpoint.namespace, endpoint.component, endpoint.endpoint)
     key = (facts.card.display_name, where, facts.model_types, facts.effective.value)
     group = _GROUPS.get(key)
     if group is None:
         group = facts.group_key(endpoint)
         _remember(_GROUPS, key, group)
+    _LAST_GROUP[0] = (facts, endpoint, group)
     return group
 
 
