@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from support.fakebucket import FakeBucket
 from workerset_admission.adapters.etcd.bridge import (
     EtcdDiscoveryBridge,
     StoreChange,
@@ -89,33 +90,6 @@ class FakeEtcd:
 
     async def reset(self) -> None:
         self.resets += 1
-
-
-class FakeBucket:
-    """The bucket writer port; writes fail while ``broken`` is set."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self.owned: set[str] = set()
-        self.broken = False
-        self.writes: list[tuple[str, bytes | None]] = []
-
-    async def put(self, key: str, value: bytes) -> None:
-        if self.broken:
-            raise ConnectionError("bucket unreachable")
-        self.data[key] = value
-        self.owned.add(key)
-        self.writes.append((key, value))
-
-    async def delete(self, key: str) -> None:
-        if self.broken:
-            raise ConnectionError("bucket unreachable")
-        self.data.pop(key, None)
-        self.owned.discard(key)
-        self.writes.append((key, None))
-
-    async def keys(self) -> list[str]:
-        return sorted(self.owned)
 
 
 async def _until(condition: object, seconds: float = 5.0) -> None:
