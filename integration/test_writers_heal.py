@@ -23,8 +23,8 @@ from typing import Any
 import nats
 import pytest
 from etcdfixture import EtcdServer, eventually
-from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 from natsfixture import NatsServer
+from support.buckets import held_values
 from support.cards import base_card
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.kv import stream_name
@@ -46,28 +46,6 @@ RECORDS = {
 
 def _bucket_key(path: str) -> str:
     return path.replace("/", ".")
-
-
-async def _held(url: str, bucket: str) -> dict[str, bytes]:
-    """Every live key of the bucket and its value (empty when the bucket is gone)."""
-    nc = await nats.connect(url)
-    try:
-        try:
-            kv = await nc.jetstream().key_value(bucket)
-            keys = await kv.keys()
-        except (NotFoundError, NoKeysError):
-            return {}
-        held: dict[str, bytes] = {}
-        for key in keys:
-            try:
-                entry = await kv.get(key)
-            except KeyNotFoundError:
-                continue
-            if entry.value:
-                held[key] = entry.value
-        return held
-    finally:
-        await nc.close()
 
 
 async def _inflict(fault: str, server: NatsServer, bucket: str, victim: str) -> None:
@@ -120,7 +98,7 @@ async def _heals(
     """Wait for the writer's records, take them away, wait for all of them again; the seconds."""
 
     async def all_written() -> dict[str, bytes] | None:
-        held = await _held(server.url, bucket)
+        held = await held_values(server.url, bucket)
         return held if expected_keys <= set(held) else None
 
     before = await eventually(all_written, 30, "the writer's records reaching the bucket")
@@ -129,7 +107,7 @@ async def _heals(
     lost_at = time.monotonic()
 
     async def restored() -> bool:
-        held = await _held(server.url, bucket)
+        held = await held_values(server.url, bucket)
         return all(held.get(key) == value for key, value in before.items())
 
     await eventually(restored, 30, f"the writer filling the bucket again after: {fault}", 0.05)

@@ -1,4 +1,4 @@
-"""The file bridge: a change in Dynamo's file store until the bucket holds it, inotify against polling.
+"""The file bridge: a file store change until the bucket holds it, inotify against polling alone.
 
 A plain script, not a test: ``python integration/bench/bench_bridge.py [--changes N]`` (200 by
 default; ``BENCH_QUICK=1`` runs 40). It starts its own loopback nats-server and two
@@ -130,7 +130,9 @@ async def main(changes: int) -> dict[str, Any]:
         watches: list[asyncio.Task[None]] = []
         nc = await nats.connect(server.url)
         try:
-            stores = {mode: Store(folder / f"store-{i}", f"bench-{i}") for i, mode in enumerate(MODES)}
+            stores = {
+                mode: Store(folder / f"store-{i}", f"bench-{i}") for i, mode in enumerate(MODES)
+            }
             js = nc.jetstream()
             for mode, store in stores.items():
                 status = await ensure_bucket(js, BucketSpec(name=store.bucket))
