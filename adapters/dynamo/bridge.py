@@ -41,7 +41,7 @@ from workerset_admission.adapters.dynamo.filestore import (
     FileStoreScan,
     SkippedFile,
 )
-from workerset_admission.adapters.dynamo.notify import open_notifier
+from workerset_admission.adapters.dynamo.notify import StoreNotifier, open_notifier
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import event_kv_key
 from workerset_admission.discovery_paths import bucket_key_for_parts
@@ -211,6 +211,7 @@ class DiscoveryBridge:
         self._last_check = float("-inf")
         self._last_reconcile = float("-inf")
         self._wake = asyncio.Event()
+        self._notifier: StoreNotifier | None = None
         self.notifying = False
         self.stats = BridgeStats()
 
@@ -245,6 +246,9 @@ class DiscoveryBridge:
         if self._root_missing:
             _log.info("discovery bridge resumes: %s is back", self._root)
             self._root_missing = False
+            if self._notifier is not None:
+                # The watches went with the old folders.
+                self._notifier.rearm()
         reconcile = await self._check_bucket()
         scan = await asyncio.to_thread(self._scan, self._root)
         self._note_skipped(scan.skipped)
@@ -317,6 +321,7 @@ class DiscoveryBridge:
     async def run(self, stop: asyncio.Event) -> None:
         """Sync on every store change and every ``interval`` seconds until ``stop`` is set."""
         notifier = open_notifier(self._root, self._wake) if self._notify else None
+        self._notifier = notifier
         self.notifying = notifier is not None
         relay = asyncio.ensure_future(self._relay(stop))
         try:
@@ -333,6 +338,7 @@ class DiscoveryBridge:
                     notified = False
         finally:
             await cancel_and_wait([relay])
+            self._notifier = None
             if notifier is not None:
                 notifier.close()
 

@@ -92,11 +92,14 @@ class StoreNotifier:
 
     def start(self) -> None:
         """Watch every folder that exists and read events on the running loop."""
-        self._arm()
+        self.rearm()
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._fd, self._readable)
 
-    def _arm(self) -> None:
+    def rearm(self) -> None:
+        """Watch every folder that exists now (a store root that came back, say)."""
+        if self._fd < 0:
+            return
         # Adding a watch that exists returns the same descriptor, so re-arming is idempotent.
         watched: set[Path] = set()
         for folder in self._folders:
@@ -127,7 +130,7 @@ class StoreNotifier:
                 woke = True
         if rearm:
             try:
-                self._arm()
+                self.rearm()
             except OSError as exc:
                 _log.warning("file store notifications failed (%s); the bridge polls", exc)
         if woke:

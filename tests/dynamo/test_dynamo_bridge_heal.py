@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from pathlib import Path
 from urllib.parse import quote
 
@@ -184,4 +185,23 @@ async def test_the_notifier_watches_bucket_folders_created_after_it_started(
         assert not changed.is_set()
     finally:
         notifier.close()
+        notifier.close()
+
+
+async def test_a_store_root_that_comes_back_is_watched_again_once_rearmed(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _write(root, A1, b"card")
+    changed = asyncio.Event()
+    notifier = open_notifier(root, changed)
+    assert notifier is not None
+    try:
+        # Gone and made again (a volume remounted): the old watches went with the old folders.
+        shutil.rmtree(root)
+        await asyncio.wait_for(changed.wait(), 5)
+        _write(root, A1, b"card")
+        notifier.rearm()
+        changed.clear()
+        (root / "v1" / "mdc" / quote(A1, safe="")).unlink()
+        await asyncio.wait_for(changed.wait(), 5)
+    finally:
         notifier.close()
