@@ -208,6 +208,7 @@ class DiscoveryBridge:
         self._mark: BucketMark | None = None
         self._check_soon = False
         self._check_failing = False
+        self._heal_pending = False
         self._last_check = float("-inf")
         self._last_reconcile = float("-inf")
         self._wake = asyncio.Event()
@@ -275,7 +276,7 @@ class DiscoveryBridge:
     async def _check_bucket(self) -> bool:
         """Read the bucket's mark when due; return whether its contents must be read now."""
         moment = time.monotonic()
-        reconcile = moment - self._last_reconcile >= self._reconcile_interval
+        reconcile = self._heal_pending or moment - self._last_reconcile >= self._reconcile_interval
         if not (self._check_soon or moment - self._last_check >= self._check_interval):
             return reconcile
         self._last_check = moment
@@ -294,6 +295,8 @@ class DiscoveryBridge:
             return reconcile
         self.stats.heals += 1
         _log.warning("discovery bridge re-writes every record it owns that is missing: %s", reason)
+        # Until a reading of the contents succeeds: a mark taken later compares equal.
+        self._heal_pending = True
         return True
 
     async def _reconcile(self, scan: FileStoreScan, now: float) -> None:
@@ -305,6 +308,7 @@ class DiscoveryBridge:
             self._check_soon = True
             return
         self._last_reconcile = time.monotonic()
+        self._heal_pending = False
         self.stats.reconciles += 1
         live, _written, _stale = live_records(scan, now=now, ttl=self._ttl, key_of=self._key_of)
         memory = reconciled_mirror(live, self._mirrored, held, prune=self._prune)

@@ -198,6 +198,7 @@ class EtcdDiscoveryBridge:
         self._mark: BucketMark | None = None
         self._check_soon = asyncio.Event()
         self._check_failing = False
+        self._heal_pending = False
         self._mirrored: dict[str, bytes | None] = {}
         self._dirty: set[str] = set()
         self._failing: set[str] = set()
@@ -317,8 +318,8 @@ class EtcdDiscoveryBridge:
             self.stats.check_errors += 1
             level = logging.DEBUG if self._check_failing else logging.WARNING
             _log.log(level, "discovery bridge cannot read the bucket's state: %s", exc)
+            # Tried again at the next check, not at once: an outage would make it a busy loop.
             self._check_failing = True
-            self._check_soon.set()
             return None
         self._check_failing = False
         reason = heal_reason(self._mark, mark)
@@ -328,7 +329,10 @@ class EtcdDiscoveryBridge:
             _log.warning(
                 "discovery bridge re-writes every record it owns that is missing: %s", reason
             )
-        if reason is not None or reconcile:
+        if reason is not None:
+            # Until a reading of the contents succeeds: a mark taken later compares equal.
+            self._heal_pending = True
+        if self._heal_pending or reconcile:
             await self._reconcile()
         return reason
 
@@ -339,9 +343,9 @@ class EtcdDiscoveryBridge:
             except Exception as exc:  # tried again at the next check
                 self.stats.check_errors += 1
                 _log.debug("discovery bridge cannot read the bucket's contents: %s", exc)
-                self._check_soon.set()
                 return
             self.stats.reconciles += 1
+            self._heal_pending = False
             memory = reconciled_mirror(self._desired, self._mirrored, held, prune=self._prune)
             lost = sorted(k for k in self._mirrored if k in self._desired and k not in memory)
             if lost:

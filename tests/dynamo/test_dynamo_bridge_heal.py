@@ -56,6 +56,22 @@ async def test_a_bucket_wiped_under_the_bridge_gets_every_record_back_at_the_nex
     assert bucket.readings == 1
 
 
+async def test_a_heal_whose_reading_failed_is_tried_again_at_the_next_pass(store: Path) -> None:
+    bucket = FakeBucket()
+    bridge = _bridge(store, bucket)
+    await bridge.sync_once()
+    bucket.wipe()
+    bucket.unreadable = True
+
+    await bridge.sync_once()
+    assert bucket.data == {}
+    bucket.unreadable = False
+    await bridge.sync_once()
+
+    assert bucket.data == {KEY_A1: b"card a1", KEY_B2: b"card b2"}
+    assert bridge.stats.heals == 1
+
+
 async def test_a_key_deleted_behind_the_bridges_back_is_written_again_by_the_periodic_read(
     store: Path,
 ) -> None:

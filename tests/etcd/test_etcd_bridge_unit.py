@@ -340,3 +340,19 @@ async def test_a_running_etcd_bridge_heals_a_gone_bucket_when_woken() -> None:
     stop.set()
     await task
     assert bridge.stats.heals == 1
+
+
+async def test_an_etcd_bridge_heal_whose_reading_failed_is_tried_again() -> None:
+    etcd, bucket = FakeEtcd(), FakeBucket()
+    etcd.put(MDC_A, b"a")
+    bridge = EtcdDiscoveryBridge(etcd, bucket)
+    await bridge.resync()
+    bucket.wipe()
+    bucket.unreadable = True
+
+    assert await bridge.heal_once() is not None
+    assert bucket.data == {}
+    bucket.unreadable = False
+    assert await bridge.heal_once() is None
+
+    assert bucket.data == {KEY_A: b"a"}

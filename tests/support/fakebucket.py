@@ -13,7 +13,8 @@ class FakeBucket:
     """Keys and values in a dict, with the stamps, failures and losses a real bucket has.
 
     ``owned`` holds the keys this writer stamped (by default every key given at creation:
-    written by an earlier run). Writes fail while ``broken`` is set or for keys in ``failing``.
+    written by an earlier run). Writes fail while ``broken`` is set or for keys in ``failing``;
+reading the contents fails while ``unreadable`` is set.
     :meth:`wipe` is a server restarted on an empty store (``recreate=False``: the stream is gone
     until the next :meth:`mark` creates it again); :meth:`lose` deletes a key behind the
     writer's back; :meth:`reconnect` is a connection that came back.
@@ -30,6 +31,8 @@ class FakeBucket:
         self.owned: set[str] = set(self.data if owned is None else owned)
         self.failing: set[str] = set(failing)
         self.broken = False
+        # Its contents cannot be read (the stream answers, its consumer does not).
+        self.unreadable = False
         self.writes: list[tuple[str, bytes | None]] = []
         self.exists = True
         self.generation = 0
@@ -67,7 +70,7 @@ class FakeBucket:
         return sorted(self.owned & set(self.data))
 
     async def contents(self) -> dict[str, HeldRecord]:
-        if self.broken or not self.exists:
+        if self.broken or self.unreadable or not self.exists:
             raise ConnectionError("bucket unreachable")
         self.readings += 1
         return {key: HeldRecord(value, key in self.owned) for key, value in self.data.items()}
