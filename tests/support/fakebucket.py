@@ -12,12 +12,12 @@ __all__ = ["FakeBucket"]
 class FakeBucket:
     """Keys and values in a dict, with the stamps, failures and losses a real bucket has.
 
-    ``owned`` holds the keys this writer stamped (by default every key given at creation:
-    written by an earlier run). Writes fail while ``broken`` is set or for keys in ``failing``;
-reading the contents fails while ``unreadable`` is set.
-    :meth:`wipe` is a server restarted on an empty store (``recreate=False``: the stream is gone
-    until the next :meth:`mark` creates it again); :meth:`lose` deletes a key behind the
-    writer's back; :meth:`reconnect` is a connection that came back.
+        ``owned`` holds the keys this writer stamped (by default every key given at creation:
+        written by an earlier run). Writes fail while ``broken`` is set or for keys in ``failing``;
+    reading the contents fails while ``unreadable`` is set.
+        :meth:`wipe` is a server restarted on an empty store (``recreate=False``: the stream is gone
+        until the next :meth:`mark` creates it again); :meth:`lose` deletes a key behind the
+        writer's back; :meth:`reconnect` is a connection that came back.
     """
 
     def __init__(
