@@ -3,9 +3,9 @@
 Dynamo 1.6.1 workers on ``--discovery-backend file`` write one file per record; the plugin reads
 a NATS KV bucket. The bridge scans the store whenever inotify says it changed (and every
 interval regardless), and for each record file puts its bytes, unchanged, under the bucket key
-of DESIGN.md. A file that disappears, or whose owner stopped refreshing it
-for longer than the TTL, becomes a delete. The bridge translates and never judges a value: a
-record the plugin would refuse is forwarded and refused there, where the refusal is reported.
+of DESIGN.md. A file that disappears, or whose owner stopped refreshing it for longer than the
+TTL, becomes a delete. The bridge translates and never judges a value: a record the plugin
+would refuse is forwarded and refused there, where the refusal is reported.
 
 It mirrors all four discovery buckets: model cards, endpoint instances, and the event-plane
 sources and channels a KV-aware router needs, under the ``v1.mdc.>``, ``v1.instances.>``,
