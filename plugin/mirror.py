@@ -113,14 +113,19 @@ def reconciled_mirror(
     The result keeps a key, with the value the bucket holds, when the writer has a claim on it:
     it wrote it earlier (``mirrored``), the bucket says it stamped it (``owned``, only when
     pruning: without pruning a bridge deletes only what it wrote in this run), or the bucket
-    already holds exactly the value the writer wants. A key the writer remembers but the bucket
-    lost is dropped, so the writer's ordinary diff against ``desired`` puts it again; a key it
-    owns and no longer wants stays, so that diff deletes it. A key another writer put, with a
-    value this writer does not want, is left out: it is never deleted, and is overwritten only
-    when this writer's store holds a record under the same key.
+    already holds exactly the value the writer wants. A key the writer remembers and wants but
+    the bucket lost is dropped, so the writer's ordinary diff against ``desired`` puts it again.
+    A key it owns and no longer wants stays, so that diff deletes it; so does one it remembers
+    and no longer wants that the reading did not show (a delete still owed: one more removal
+    marker costs nothing, and a reading that missed a key must not cancel it). A key another
+    writer put, with a value this writer does not want, is left out: it is never deleted, and
+    is overwritten only when this writer's store holds a record under the same key.
     """
     memory: dict[str, bytes | None] = {}
     for key, record in held.items():
         if key in mirrored or (prune and record.owned) or desired.get(key) == record.value:
             memory[key] = record.value
+    for key, value in mirrored.items():
+        if key not in desired and key not in memory:
+            memory[key] = value
     return memory

@@ -84,3 +84,11 @@ def test_another_writers_key_is_never_claimed_unless_it_holds_exactly_what_is_wa
 
     # "differs" is left out, so the bridge's diff puts the value its own store holds.
     assert reconciled_mirror(desired, {}, held, prune=True) == {"same": b"wanted"}
+
+
+def test_a_delete_still_owed_is_kept_even_when_the_reading_does_not_show_the_key() -> None:
+    mirrored: dict[str, bytes | None] = {"gone from the store": b"1", "kept": b"2"}
+
+    memory = reconciled_mirror({"kept": b"2"}, mirrored, {}, prune=True)
+
+    assert memory == {"gone from the store": b"1"}
