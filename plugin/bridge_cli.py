@@ -146,10 +146,13 @@ async def _bucket_writer(
         for wake in woken:
             wake()
 
-    client = await connect(
-        replace(settings.nats_connect_options(), name="workerset-bridge"),
-        ConnectionCallbacks(reconnected=reconnected),
+    # A bridge is what refills a bucket a restarted server lost, so it retries at least every
+    # second: it is back (and writing) before the frontends' longer backoff lets them re-read
+    # the bucket. One process per store, so the extra attempts cost the server little.
+    options = replace(
+        settings.nats_connect_options(), name="workerset-bridge", max_reconnect_wait=1.0
     )
+    client = await connect(options, ConnectionCallbacks(reconnected=reconnected))
     try:
         bucket = settings.discovery_bucket
         spec = BucketSpec(name=bucket, replicas=settings.bucket_replicas)
