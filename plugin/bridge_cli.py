@@ -149,8 +149,11 @@ async def _bucket_writer(
     # A bridge is what refills a bucket a restarted server lost, so it retries at least every
     # second: it is back (and writing) before the frontends' longer backoff lets them re-read
     # the bucket. One process per store, so the extra attempts cost the server little.
+    configured = settings.nats_connect_options()
     options = replace(
-        settings.nats_connect_options(), name="workerset-bridge", max_reconnect_wait=1.0
+        configured,
+        name="workerset-bridge",
+        max_reconnect_wait=min(1.0, configured.max_reconnect_wait),
     )
     client = await connect(options, ConnectionCallbacks(reconnected=reconnected))
     try:
