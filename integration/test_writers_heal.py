@@ -1,7 +1,8 @@
 """Every writer fills the bucket again by itself after losing it, on a real nats-server.
 
 Each test runs one writer the way an operator does (``workerset-admission bridge`` on a file
-store, ``bridge --etcd`` on a real etcd, ``register``) as its own process, waits until the
+store, ``bridge --etcd`` on a real etcd, ``register``, and ``serve`` for the serving records it
+publishes in the admission bucket) as its own process, waits until the
 bucket holds its records, then takes them away: the server restarted on a wiped store, the
 bucket's stream deleted, the stream deleted and created again by someone else, or one key
 deleted behind the writer's back. The writer is never restarted; the test waits (bounded) until
@@ -48,7 +49,8 @@ def _bucket_key(path: str) -> str:
     return path.replace("/", ".")
 
 
-async def _inflict(fault: str, server: NatsServer, bucket: str, victim: str) -> None:
+async def _inflict(fault: str, server: NatsServer, spec: BucketSpec, victim: str) -> None:
+    bucket = spec.name
     handle = server.handle
     assert handle is not None
     if fault == "wiped store":
@@ -64,7 +66,7 @@ async def _inflict(fault: str, server: NatsServer, bucket: str, victim: str) -> 
         if fault == "stream re-created":
             # Another client makes the bucket again at once, empty: the writer never sees
             # it missing, only a stream with a new creation time.
-            await ensure_bucket(js, BucketSpec(name=bucket))
+            await ensure_bucket(js, spec)
     finally:
         await nc.close()
 
@@ -94,6 +96,8 @@ async def _heals(
     bucket: str,
     process: asyncio.subprocess.Process,
     expected_keys: set[str],
+    *,
+    spec: BucketSpec | None = None,
 ) -> float:
     """Wait for the writer's records, take them away, wait for all of them again; the seconds."""
 
@@ -103,7 +107,8 @@ async def _heals(
 
     before = await eventually(all_written, 30, "the writer's records reaching the bucket")
     before = {key: before[key] for key in expected_keys}
-    await _inflict(fault, server, bucket, victim=min(expected_keys))
+    spec = spec or BucketSpec(name=bucket)
+    await _inflict(fault, server, spec, victim=min(expected_keys))
     lost_at = time.monotonic()
 
     async def restored() -> bool:
@@ -114,15 +119,15 @@ async def _heals(
     seconds = time.monotonic() - lost_at
     assert process.returncode is None, "the writer exited instead of healing the bucket"
     print(f"{fault}: every record back {seconds:.2f} s later")
-    status = await _bucket_as_created(server.url, bucket)
+    status = await _bucket_as_created(server.url, spec)
     assert status == (), f"the bucket came back with other settings: {status}"
     return seconds
 
 
-async def _bucket_as_created(url: str, bucket: str) -> tuple[str, ...]:
+async def _bucket_as_created(url: str, spec: BucketSpec) -> tuple[str, ...]:
     nc = await nats.connect(url)
     try:
-        status = await ensure_bucket(nc.jetstream(), BucketSpec(name=bucket))
+        status = await ensure_bucket(nc.jetstream(), spec)
         assert not status.created
         return status.mismatches
     finally:
@@ -243,3 +248,32 @@ async def test_a_register_process_fills_the_bucket_again_after_losing_it(
         returncode, stdout, stderr = await _finish(process)
     assert returncode == 0, stderr.decode()
     assert set(json.loads(stdout.decode().strip().splitlines()[-1])["deregistered"]) == expected
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_serve_fills_the_admission_bucket_again_after_losing_it(
+    fault: str, server: NatsServer, bucket_name: str
+) -> None:
+    admission = f"adm-{bucket_name}"
+    process = await _spawn(
+        "serve",
+        *("--nats-server", server.url, "--discovery-bucket", bucket_name),
+        *("--admission-bucket", admission, "--status-subject", f"st.{bucket_name}"),
+        *("--frontend-id", "fe-heal"),
+    )
+    try:
+        # The capability record: a frontend that serves nothing yet still says it publishes.
+        seconds = await _heals(
+            fault,
+            server,
+            admission,
+            process,
+            {"v1.fe-heal.capability"},
+            # What serve creates it with: records age out on their own, no removal markers.
+            spec=BucketSpec(name=admission, limit_marker_ttl=None, max_age=60.0),
+        )
+    finally:
+        returncode, _stdout, stderr = await _finish(process)
+    assert returncode == 0, stderr.decode()
+    # Read back every 2 s: well before the records' own refresh (a third of their 60 s age).
+    assert seconds < 15, "the lost record came back only with the periodic refresh"

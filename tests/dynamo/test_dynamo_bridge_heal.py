@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from support.aio import eventually
 from support.fakebucket import FakeBucket
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, bucket_key_for
 from workerset_admission.adapters.dynamo.notify import open_notifier
@@ -150,14 +151,6 @@ async def test_an_unreadable_bucket_is_warned_about_once_and_changes_nothing(
     assert bucket.data == {KEY_A1: b"card a1", KEY_B2: b"card b2"}
 
 
-async def _until(condition: object, seconds: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not condition():  # type: ignore[operator]
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
-
-
 async def test_a_removed_record_reaches_the_bucket_without_waiting_for_the_interval(
     store: Path,
 ) -> None:
@@ -167,12 +160,14 @@ async def test_a_removed_record_reaches_the_bucket_without_waiting_for_the_inter
     stop = asyncio.Event()
     running = asyncio.create_task(bridge.run(stop))
     try:
-        await _until(lambda: KEY_B2 in bucket.data)
+        await eventually(lambda: KEY_B2 in bucket.data, "the first pass", 5)
         assert bridge.notifying
         (store / "v1" / "mdc" / quote(B2, safe="")).unlink()
-        await _until(lambda: KEY_B2 not in bucket.data)
+        await eventually(lambda: KEY_B2 not in bucket.data, "the removal", 5)
         _write(store, "ns/backend/generate/c3", b"card c3")
-        await _until(lambda: "v1.mdc.ns.backend.generate.c3" in bucket.data)
+        await eventually(
+            lambda: "v1.mdc.ns.backend.generate.c3" in bucket.data, "the new record", 5
+        )
     finally:
         stop.set()
         await asyncio.wait_for(running, 5)
