@@ -210,3 +210,20 @@ async def test_a_record_the_bucket_lost_behind_its_back_is_written_again_by_the_
     assert js.kv.data[member("ns")] == written[member("ns")]
     await eventually(lambda: js.kv.data[capability] == written[capability], "capability again")
     await pub.close()
+
+
+async def test_records_are_refreshed_on_time_even_while_other_records_keep_changing() -> None:
+    js = FakeJetStream()
+    pub = publisher(js, record_ttl=0.3, audit_interval=None)
+    _capability, member = admission_keys("fe/1")
+    await pub.publish_members("steady", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    first = js.kv.writes.count(("put", member("steady")))
+
+    # A change every 20 ms, for ten refresh periods (0.1 s each).
+    for n in range(50):
+        await pub.publish_members("busy", [f"ns/c/e/{n:x}"])
+        await asyncio.sleep(0.02)
+
+    assert js.kv.writes.count(("put", member("steady"))) - first >= 5
+    await pub.close()
