@@ -152,7 +152,7 @@ class BridgeStats:
     expired: int = 0
     pruned: int = 0
     write_errors: int = 0
-    # Passes started by a file-system notification (the rest ran on the interval).
+    # Passes woken before the interval was up: by inotify, or by a reconnect.
     notified_passes: int = 0
     # Times the bucket was found lost or replaced, and readings of its whole contents.
     heals: int = 0
