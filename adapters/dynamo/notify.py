@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import struct
@@ -63,25 +64,24 @@ class _Inotify:
     def init(self) -> int:
         fd = int(self._init1(_IN_NONBLOCK | _IN_CLOEXEC))
         if fd < 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, os.strerror(errno))
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
         return fd
 
     def add_watch(self, fd: int, path: Path, mask: int) -> int | None:
         wd = int(self._add_watch(fd, os.fsencode(path), mask))
         if wd >= 0:
             return wd
-        errno = ctypes.get_errno()
-        if errno in (2, 20):  # ENOENT, ENOTDIR: not there yet
+        code = ctypes.get_errno()
+        if code in (errno.ENOENT, errno.ENOTDIR):  # not there yet
             return None
-        raise OSError(errno, f"inotify_add_watch {path}: {os.strerror(errno)}")
+        raise OSError(code, f"inotify_add_watch {path}: {os.strerror(code)}")
 
 
 class StoreNotifier:
     """Watches one store root; ``changed`` is set whenever a record may have changed."""
 
     def __init__(self, root: Path, inotify: _Inotify, fd: int, changed: asyncio.Event) -> None:
-        self._root = root
         self._inotify = inotify
         self._fd = fd
         self._folders = (root, root / "v1", *(root / "v1" / kind for kind in RECORD_KINDS))
@@ -89,6 +89,11 @@ class StoreNotifier:
         self.changed = changed
         self.events = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def watched(self) -> frozenset[Path]:
+        """The folders watched now (the others do not exist yet)."""
+        return frozenset(self._watched)
 
     def start(self) -> None:
         """Watch every folder that exists and read events on the running loop."""

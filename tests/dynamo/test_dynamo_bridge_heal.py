@@ -187,6 +187,7 @@ async def test_the_notifier_watches_bucket_folders_created_after_it_started(
         (tmp_path / "v1" / "mdc").mkdir()
         await asyncio.wait_for(changed.wait(), 5)
         changed.clear()
+        assert {tmp_path, tmp_path / "v1", tmp_path / "v1" / "mdc"} == notifier.watched
         _write(tmp_path, A1, b"card")
         await asyncio.wait_for(changed.wait(), 5)
         changed.clear()
