@@ -9,6 +9,10 @@ the one source of truth, and a notification only says when to look. Owners' refr
 mtime) are not watched, since they change no record. A folder created later is watched from
 then on, and a queue overflow just wakes the bridge. Where inotify cannot be had (another OS,
 or the per-user watch limit reached) :func:`open_notifier` returns ``None`` and the bridge polls.
+
+The three libc calls are made through ctypes rather than a watcher library: watchfiles, say,
+hands changes over from a thread in steps (50 ms by default), which is the very lag this is
+here to remove, and it would be one more dependency for what is a single file descriptor.
 """
 
 from __future__ import annotations
