@@ -25,26 +25,30 @@ class Tenure:
     group: GroupKey
     generation: int
     routable: frozenset[int]
+    # Routable ids a held tenure serves on their last known records: published from the
+    # records the table dropped when the bucket no longer has them.
+    last_known: frozenset[int] = frozenset()
 
 
-def _records_of(endpoint: EndpointId, instance_id: int, table: RecordTable) -> list[HeldRecord]:
+def _records_of(
+    endpoint: EndpointId, instance_id: int, table: RecordTable, last_known: bool = False
+) -> list[HeldRecord]:
     ns, comp = endpoint.namespace, endpoint.component
+    lookup = table.lookup_last_known if last_known else table.lookup
     mine = [
         record
-        for record in table.lookup("worker", ns, comp, instance_id)
+        for record in lookup("worker", ns, comp, instance_id)
         # Every endpoint record of the instance in the component (the KV query endpoint
         # too), and its cards at the binding's own endpoint.
         if record.bucket == "instances" or record.endpoint == endpoint.endpoint
     ]
-    sources = [
-        s for s in table.lookup("source", ns, None, instance_id) if s.component in (None, comp)
-    ]
+    sources = [s for s in lookup("source", ns, None, instance_id) if s.component in (None, comp)]
     mine += sources
     for source in sources:
         # A channel is the worker's when it shares scope and publisher id with its source.
         mine += [
             channel
-            for channel in table.lookup("channel", ns, None, source.instance_id)
+            for channel in lookup("channel", ns, None, source.instance_id)
             if (channel.component, channel.endpoint) == (source.component, source.endpoint)
         ]
     return mine
@@ -58,7 +62,8 @@ def plan_view(
     for tenure in tenures:
         endpoint = tenure.group.endpoint
         for instance_id in sorted(tenure.routable):
-            for record in _records_of(endpoint, instance_id, table):
+            last_known = instance_id in tenure.last_known
+            for record in _records_of(endpoint, instance_id, table, last_known):
                 file = (record.bucket, record.file_name)
                 entry = wanted.setdefault(file, (record.value, set()))
                 entry[1].add((tenure.group, tenure.generation))
