@@ -14,8 +14,11 @@ from .errors import InvalidRecordError, UsageError
 from .identity import EndpointId, instance_key
 
 __all__ = [
+    "ADMISSION_BUCKET",
+    "DISCOVERY_BUCKET",
     "ENDPOINT_PREFIX",
     "MODEL_PREFIX",
+    "STATUS_SUBJECT",
     "ParsedKey",
     "check_instance_id",
     "endpoint_kv_key",
@@ -25,6 +28,14 @@ __all__ = [
     "plain_model_key",
     "unescape_token",
 ]
+
+# The default names of what the plugin reads and writes on NATS, spelled here once.
+DISCOVERY_BUCKET = "dynamo-discovery"
+"""The discovery bucket: the workers' records, mirrored from Dynamo's store."""
+ADMISSION_BUCKET = "frontend-model-admission"
+"""The serving-admission bucket: what each frontend serves, read by the rollout gate."""
+STATUS_SUBJECT = "workerset-admission.status"
+"""The subject a running service answers status requests on."""
 
 # Parsed endpoints are interned up to this many (a fleet has few endpoints).
 _ENDPOINT_CACHE_LIMIT = 1024
