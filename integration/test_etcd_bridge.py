@@ -475,9 +475,7 @@ async def test_bridge_once_against_an_etcd_that_does_not_answer_fails_and_writes
 def tls_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     folder = tmp_path / "tls"
     folder.mkdir()
-    binary = etcd_binary()
-    assert binary is not None, "etcd is not installed: apt-get install etcd-server"
-    server = EtcdServer(binary, tmp_path / "etcd-tls", tls=make_tls(folder))
+    server = EtcdServer(etcd_binary(), tmp_path / "etcd-tls", tls=make_tls(folder))
     server.start()
     try:
         yield server
