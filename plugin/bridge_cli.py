@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,9 +52,6 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "only keys with its own stamp (default: this host and the store path, or with --etcd "
         "the etcd endpoints)",
     )
-    from workerset_admission.config import add_bridge_settings_arguments
-
-    add_bridge_settings_arguments(parser)
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
@@ -79,7 +76,7 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     # Refused before connecting: a wrong path must not get as far as a prune.
     check_store_root(root)
     owner = bridge_writer(root, args.bridge_id)
-    client = await connect(replace(settings.nats_connect_options(), name="workerset-bridge"))
+    client = await connect(settings.nats_connect_options(client_name="workerset-bridge"))
     try:
         bucket = settings.discovery_bucket
         status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket))
@@ -116,7 +113,7 @@ async def _bridge_etcd(settings: Settings, args: argparse.Namespace, stop: async
     # and never what a worker, a register process or another bridge wrote.
     owner = etcd_bridge_writer([str(endpoint) for endpoint in options.endpoints], args.bridge_id)
     reader = AetcdStoreReader(options)
-    client = await connect(replace(settings.nats_connect_options(), name="workerset-bridge"))
+    client = await connect(settings.nats_connect_options(client_name="workerset-bridge"))
     try:
         bucket = settings.discovery_bucket
         status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket))

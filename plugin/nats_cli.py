@@ -16,7 +16,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.cli import EXIT_FAILED, positive_seconds
@@ -25,6 +25,9 @@ from workerset_admission.decision_state import DecisionState
 from workerset_admission.errors import ConfigError, UsageError
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.ownership import register_writer
+
+if TYPE_CHECKING:
+    from workerset_admission.adapters.nats.connect import NatsConnectOptions
 
 __all__ = ["STOPS_ON_SIGNAL", "arguments", "check_card", "main", "record_trace", "trace_line"]
 
@@ -127,6 +130,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         raise ValueError(name)
 
 
+def _options(settings: Settings, command: str) -> NatsConnectOptions:
+    return settings.nats_connect_options(
+        _servers(settings), client_name=f"workerset-admission {command}"
+    )
+
+
 def _servers(settings: Settings) -> tuple[str, ...]:
     from workerset_admission.adapters.nats.connect import DEFAULT_SERVERS
 
@@ -179,7 +188,7 @@ async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
     instance_id = args.instance_id if args.instance_id is not None else secrets.randbits(63)
     check_card(settings, endpoint, instance_id, card, args.suffix)
-    nc = await connect(settings.nats_connect_options(_servers(settings)))
+    nc = await connect(_options(settings, "register"))
     try:
         publisher = DiscoveryPublisher(
             nc.jetstream(),
@@ -229,7 +238,7 @@ async def _deregister(args: argparse.Namespace, settings: Settings, stop: asynci
     from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
-    nc = await connect(settings.nats_connect_options(_servers(settings)))
+    nc = await connect(_options(settings, "register"))
     try:
         publisher = DiscoveryPublisher(
             nc.jetstream(), bucket=settings.discovery_bucket, create_bucket=False
@@ -280,7 +289,7 @@ async def record_trace(
     from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 
     source = JetStreamDiscoverySource(
-        settings.nats_connect_options(_servers(settings)), bucket=settings.discovery_bucket
+        _options(settings, "record"), bucket=settings.discovery_bucket
     )
     stop = stop or asyncio.Event()
     deadline = None if duration is None else time.monotonic() + duration
@@ -319,7 +328,7 @@ async def record_trace(
 async def _record(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.nats.connect import probe_bucket
 
-    options = settings.nats_connect_options(_servers(settings))
+    options = _options(settings, "record")
     await probe_bucket(options, settings.discovery_bucket)
     state = await _decision_state(args, settings)
     with contextlib.ExitStack() as stack:
@@ -340,7 +349,7 @@ async def _decision_state(args: argparse.Namespace, settings: Settings) -> Decis
     """Pick the frontend whose decisions the trace starts from, and read its state."""
     from workerset_admission.adapters.nats.decision import decision_state_of, live_frontends
 
-    options = settings.nats_connect_options(_servers(settings))
+    options = _options(settings, "record")
     frontends = await live_frontends(options, settings.admission_bucket)
     chosen = args.frontend
     if chosen is None:
