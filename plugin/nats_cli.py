@@ -22,7 +22,7 @@ from workerset_admission.aio import cancel_and_wait
 from workerset_admission.cli import EXIT_FAILED, positive_seconds
 from workerset_admission.config import Settings
 from workerset_admission.decision_state import DecisionState
-from workerset_admission.errors import ConfigError, UsageError
+from workerset_admission.errors import ConfigError, Unreachable, UsageError
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.ownership import register_writer
 
@@ -118,7 +118,8 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--duration",
             type=positive_seconds,
-            help="stop after this many seconds (default: until interrupted)",
+            help="record changes for this many seconds after the listing (default: until "
+            "interrupted)",
         )
         parser.add_argument(
             "--frontend",
@@ -257,6 +258,10 @@ def _raw_text(value: bytes) -> str:
     return value.decode("utf-8", errors="surrogateescape")
 
 
+LISTING_TIMEOUT = 30.0
+"""How long ``record --duration`` waits for the bucket's listing before giving up."""
+
+
 def trace_line(event: object) -> dict[str, Any]:
     """Translate one source event into a replay-trace object."""
     from workerset_admission.ports import SourceDelete, SourcePut, SourceSnapshot
@@ -281,18 +286,23 @@ async def record_trace(
     stop: asyncio.Event | None = None,
     state: DecisionState | None = None,
 ) -> int:
-    """Write a trace from the live discovery bucket until ``duration`` or ``stop``.
+    """Write a trace from the live discovery bucket: its listing, then changes for a while.
 
-    With a frontend's decision ``state`` the trace opens with it (a ``state`` line), before the
-    listing, so a replay chooses the incumbents that frontend chose.
+    Changes are written for ``duration`` seconds, or until ``stop``. The duration counts from
+    the listing on, so a short recording over a slow connection still holds the listing; the
+    listing itself may take up to :data:`LISTING_TIMEOUT`. With a frontend's decision ``state``
+    the trace opens with it (a ``state`` line), before the listing, so a replay chooses the
+    incumbents that frontend chose.
     """
     from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+    from workerset_admission.ports import SourceSnapshot
 
     source = JetStreamDiscoverySource(
         _options(settings, "record"), bucket=settings.discovery_bucket
     )
     stop = stop or asyncio.Event()
-    deadline = None if duration is None else time.monotonic() + duration
+    listing_deadline = time.monotonic() + LISTING_TIMEOUT
+    deadline = None
     lines = 0
     if state is not None:
         out.write(json.dumps(state.to_line(), separators=(",", ":")) + "\n")
@@ -300,9 +310,10 @@ async def record_trace(
     events = source.events()
     try:
         while not stop.is_set():
-            timeout = None if deadline is None else deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:
-                break
+            # Until the listing, a recording with a duration waits for it (bounded); after it,
+            # until the duration is over.
+            limit = deadline if deadline is not None or duration is None else listing_deadline
+            timeout = None if limit is None else max(0.0, limit - time.monotonic())
             next_event = asyncio.ensure_future(anext(events))
             stopped = asyncio.ensure_future(stop.wait())
             done, _pending = await asyncio.wait(
@@ -313,8 +324,16 @@ async def record_trace(
                 next_event.cancel()
                 with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                     await next_event
-                break
-            line = trace_line(next_event.result())
+                if stop.is_set() or deadline is not None:
+                    break
+                raise Unreachable(
+                    f"no listing of bucket {settings.discovery_bucket!r} within "
+                    f"{LISTING_TIMEOUT:g} s"
+                )
+            event = next_event.result()
+            if isinstance(event, SourceSnapshot) and deadline is None and duration is not None:
+                deadline = time.monotonic() + duration
+            line = trace_line(event)
             # ASCII escapes keep lone surrogates (invalid UTF-8 in a value) valid JSON text.
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
             out.flush()
