@@ -288,10 +288,21 @@ class MockerWorkers:
         self._processes: list[subprocess.Popen[bytes]] = []
 
     def start(
-        self, model_dir: Path, *, name: str, endpoint: str, extra: tuple[str, ...] = ()
+        self,
+        model_dir: Path,
+        *,
+        name: str,
+        endpoint: str,
+        extra: tuple[str, ...] = (),
+        lease_ttl: int | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start one worker serving ``endpoint`` (``dyn://ns.component.endpoint``)."""
+        """Start one worker serving ``endpoint`` (``dyn://ns.component.endpoint``).
+
+        ``lease_ttl`` gives this worker an etcd lease of its own length instead of
+        :data:`LEASE_TTL`.
+        """
         log = self._folder / f"mocker-{len(self._processes)}.log"
+        env = self._env if lease_ttl is None else {**self._env, "ETCD_LEASE_TTL": str(lease_ttl)}
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [
@@ -301,7 +312,7 @@ class MockerWorkers:
                     *("--kv-bytes-per-token", "1024", "--speedup-ratio", "0"),
                     *extra,
                 ],
-                env=self._env,
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
