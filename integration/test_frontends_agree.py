@@ -200,7 +200,8 @@ async def test_a_recording_taken_mid_rollout_explains_what_the_live_frontend_dec
             code, err = await _cli("record", "--duration", "1", "-o", str(trace), *connection)
             assert code == 0, err
             lines = trace.read_text().splitlines()
-            assert json.loads(lines[0])["kind"] == "state"
+            kinds = [json.loads(line)["kind"] for line in lines]
+            assert kinds[:3] == ["trace", "state", "snapshot"]
             result = replay(lines)
             live = service.snapshot().groups[0]
             for instance in (*A_IDS, *B_IDS):
@@ -209,7 +210,7 @@ async def test_a_recording_taken_mid_rollout_explains_what_the_live_frontend_dec
                 code, _err = await _cli("explain", str(trace), key)
                 assert code == (0 if instance in live.admitted else 1), key
             # Without the state line the listing alone would have chosen B.
-            assert not is_admitted(replay(lines[1:]), instance_key(EP, A_IDS[0]))
+            assert not is_admitted(replay([lines[0], *lines[2:]]), instance_key(EP, A_IDS[0]))
     finally:
         await service.stop()
 
@@ -239,7 +240,8 @@ async def test_record_with_several_live_frontends_asks_which_one(
             "record", "--duration", "1", "-o", str(trace), "--frontend", "fe-b", *connection
         )
         assert code == 0, err
-        assert json.loads(trace.read_text().splitlines()[0])["frontend"] == "fe-b"
+        state = json.loads(trace.read_text().splitlines()[1])
+        assert (state["kind"], state["frontend"]) == ("state", "fe-b")
     finally:
         for service in started:
             await service.stop()

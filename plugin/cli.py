@@ -56,7 +56,8 @@ __all__ = [
 EXIT_OK = 0
 """Done; for a command that runs until stopped, stopped by a signal."""
 EXIT_NO = 1
-"""The answer is no: ``rollout``'s gate is closed, ``explain``'s instance is not admitted."""
+"""The answer is no: ``rollout``'s gate is closed, ``explain``'s instance is not admitted,
+``diff``'s cards would not join one cohort."""
 EXIT_USAGE = 2
 """Bad input from the operator: flags, settings, a trace, a card, an output path or folder."""
 EXIT_UNREACHABLE = 3
@@ -97,6 +98,7 @@ _SERVE_SETTINGS = (
     "prometheus_port",
     "prometheus_host",
     "view_dir",
+    "trace_out",
 )
 # register judges the card as the service would before writing it: the same boundary settings.
 _REGISTER_SETTINGS = (
@@ -125,6 +127,11 @@ COMMANDS: dict[str, CommandSpec] = {
     "explain": CommandSpec(
         "workerset_admission.replay_cli",
         "explain why an instance is or is not admitted (exit 1 when it is not)",
+        connects=False,
+    ),
+    "diff": CommandSpec(
+        "workerset_admission.diff_cli",
+        "compare two cards: both checksums and what differs (exit 1 when they differ)",
         connects=False,
     ),
     "serve": CommandSpec(
@@ -165,7 +172,8 @@ COMMANDS: dict[str, CommandSpec] = {
     ),
     "record": CommandSpec(
         "workerset_admission.nats_cli",
-        "record a replay trace from the live discovery bucket",
+        "record a replay trace from the discovery bucket, as a second watch beside the "
+        "frontends (for what one frontend itself observed, run it with --trace-out)",
         connects=True,
         settings=("discovery_bucket", "admission_bucket", "status_subject"),
     ),
@@ -208,7 +216,8 @@ def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
 
 EXIT_STATUSES: dict[int, str] = {
     EXIT_OK: "success (a long-running command stopped by SIGINT or SIGTERM counts as success)",
-    EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted",
+    EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted, diff cards "
+    "differ",
     EXIT_USAGE: "bad flags, settings, trace, card, output path or view folder; nothing changed",
     EXIT_UNREACHABLE: "NATS (or etcd, for bridge) unreachable, credentials refused, or no answer "
     "in time",
@@ -237,6 +246,11 @@ def positive_seconds(text: str) -> float:
 
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+# ``serve`` tells what it decides as it goes; ``replay`` and ``explain`` run the live step code,
+# whose warnings (a hold, a succession) are already in the answer they print.
+_DEFAULT_LOG_LEVELS = {"serve": "INFO", "replay": "ERROR", "explain": "ERROR"}
 
 
 def _log_level(text: str) -> str:
@@ -274,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--log-level",
             type=_log_level,
-            default="WARNING" if name != "serve" else "INFO",
+            default=_DEFAULT_LOG_LEVELS.get(name, "WARNING"),
             help="log level: DEBUG, INFO, WARNING, ERROR or CRITICAL",
         )
         if spec.connects:

@@ -29,7 +29,7 @@ from workerset_admission.ownership import register_writer
 if TYPE_CHECKING:
     from workerset_admission.adapters.nats.connect import NatsConnectOptions
 
-__all__ = ["STOPS_ON_SIGNAL", "arguments", "check_card", "main", "record_trace", "trace_line"]
+__all__ = ["STOPS_ON_SIGNAL", "arguments", "check_card", "main", "record_trace"]
 
 
 def _instance_id(text: str) -> int:
@@ -239,7 +239,7 @@ async def _deregister(args: argparse.Namespace, settings: Settings, stop: asynci
     from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
-    nc = await connect(_options(settings, "register"))
+    nc = await connect(_options(settings, "deregister"))
     try:
         publisher = DiscoveryPublisher(
             nc.jetstream(), bucket=settings.discovery_bucket, create_bucket=False
@@ -253,29 +253,8 @@ async def _deregister(args: argparse.Namespace, settings: Settings, stop: asynci
         await nc.close()
 
 
-def _raw_text(value: bytes) -> str:
-    # Invalid UTF-8 survives as surrogate escapes, so the exact bytes can be rebuilt.
-    return value.decode("utf-8", errors="surrogateescape")
-
-
 LISTING_TIMEOUT = 30.0
 """How long ``record --duration`` waits for the bucket's listing before giving up."""
-
-
-def trace_line(event: object) -> dict[str, Any]:
-    """Translate one source event into a replay-trace object."""
-    from workerset_admission.ports import SourceDelete, SourcePut, SourceSnapshot
-
-    if isinstance(event, SourceSnapshot):
-        return {
-            "kind": "snapshot",
-            "entries": [{"key": e.key, "value": _raw_text(e.value)} for e in event.entries],
-        }
-    if isinstance(event, SourcePut):
-        return {"kind": "put", "key": event.entry.key, "value": _raw_text(event.entry.value)}
-    if isinstance(event, SourceDelete):
-        return {"kind": "delete", "key": event.key}
-    raise TypeError(f"not a source event: {event!r}")
 
 
 async def record_trace(
@@ -290,12 +269,16 @@ async def record_trace(
 
     Changes are written for ``duration`` seconds, or until ``stop``. The duration counts from
     the listing on, so a short recording over a slow connection still holds the listing; the
-    listing itself may take up to :data:`LISTING_TIMEOUT`. With a frontend's decision ``state``
-    the trace opens with it (a ``state`` line), before the listing, so a replay chooses the
-    incumbents that frontend chose.
+    listing itself may take up to :data:`LISTING_TIMEOUT`. This is a second watch beside the
+    frontends (``observer: bucket`` in the header): it sees every record and when it saw it,
+    but no frontend's builds or timers. With a frontend's
+    decision ``state`` the trace opens with it (a ``state`` line), before the listing, so a
+    replay chooses the incumbents that frontend chose. A frontend's own observations, builds
+    and timers included, are recorded by that frontend: ``serve --trace-out``.
     """
     from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
     from workerset_admission.ports import SourceSnapshot
+    from workerset_admission.traces.writer import TraceWriter
 
     source = JetStreamDiscoverySource(
         _options(settings, "record"), bucket=settings.discovery_bucket
@@ -303,10 +286,8 @@ async def record_trace(
     stop = stop or asyncio.Event()
     listing_deadline = time.monotonic() + LISTING_TIMEOUT
     deadline = None
-    lines = 0
-    if state is not None:
-        out.write(json.dumps(state.to_line(), separators=(",", ":")) + "\n")
-        lines += 1
+    writer = TraceWriter(out, observer="bucket")
+    writer.begin(time.monotonic(), None if state is None else state.to_line())
     events = source.events()
     try:
         while not stop.is_set():
@@ -333,15 +314,14 @@ async def record_trace(
             event = next_event.result()
             if isinstance(event, SourceSnapshot) and deadline is None and duration is not None:
                 deadline = time.monotonic() + duration
-            line = trace_line(event)
             # ASCII escapes keep lone surrogates (invalid UTF-8 in a value) valid JSON text.
-            out.write(json.dumps(line, separators=(",", ":")) + "\n")
-            out.flush()
-            lines += 1
+            writer.write_event(event, time.monotonic())
+            writer.flush()
     finally:
         await source.close()
         await events.aclose()
-    return lines
+        writer.flush()
+    return writer.lines
 
 
 async def _record(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
