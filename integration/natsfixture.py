@@ -72,9 +72,9 @@ def set_announcer(write: Callable[[str], None]) -> None:
     _announcer[0] = write
 
 
-def announce(line: str) -> None:
-    """Say which kind of server a fixture started (the CI log counts the container ones)."""
-    _announcer[0](f"[nats fixture] {line}")
+def announce(line: str, *, fixture: str = "nats fixture") -> None:
+    """Say which server a fixture started (the CI log counts the container ones)."""
+    _announcer[0](f"[{fixture}] {line}")
 
 
 def _announce(server: NatsServer, detail: str) -> None:

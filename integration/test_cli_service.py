@@ -291,9 +291,12 @@ def test_serve_names_what_a_conflicting_card_differs_in_in_status_and_its_error_
     nats_server_fn: NatsServer, bucket_name: str
 ) -> None:
     url = nats_server_fn.url
-    flags = ["--nats-server", url, "--discovery-bucket", bucket_name]
+    flags = ["--nats-server", url]
     serve = subprocess.Popen(
-        [*CLI, "serve", *flags, "--admission-bucket", f"adm-{bucket_name}", "--frontend-id", "fe"],
+        [
+            *(*CLI, "serve", *flags, "--discovery-bucket", bucket_name),
+            *("--admission-bucket", f"adm-{bucket_name}", "--frontend-id", "fe"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -313,6 +313,9 @@ async def test_the_bridge_command_mirrors_until_terminated_then_prints_its_count
     command = [
         *(sys.executable, "-m", "workerset_admission.cli", "bridge"),
         *("--file-kv", str(store), "--interval", "0.1"),
+        # Nothing refreshes the record as its owner would: a TTL longer than the test keeps a
+        # slow start (a loaded machine) from finding it already expired.
+        *("--ttl", "300"),
         *("--nats-server", nats_server.url, "--discovery-bucket", bucket_name),
     ]
     process = await asyncio.create_subprocess_exec(

@@ -42,6 +42,7 @@ from support.fleet import (
     running,
     until,
 )
+from support.proxy import TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -142,78 +143,6 @@ async def test_a_server_restarted_with_a_wiped_store_converges_on_what_workers_r
             assert successor is not None
             assert successor.current().admitted == frozenset(range(101, 104))
             watchdog.assert_clean()
-
-
-class TcpProxy:
-    """A loopback TCP relay in front of the server whose connections a test can cut.
-
-    ``cut_after`` cuts every connection once that many bytes have gone from the server to
-    clients, which lands the cut inside a large initial snapshot.
-    """
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.downstream = 0
-        self.cut_after: int | None = None
-        self.cuts = 0
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        return f"nats://127.0.0.1:{port}"
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            writer.close()
-            return
-        self._writers |= {writer, up_writer}
-        pumps = [
-            asyncio.create_task(self._pump(reader, up_writer, downstream=False)),
-            asyncio.create_task(self._pump(up_reader, writer, downstream=True)),
-        ]
-        self._tasks.update(pumps)
-        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-        for task in pumps:
-            task.cancel()
-        for w in (writer, up_writer):
-            w.transport.abort()
-            self._writers.discard(w)
-        self._tasks.difference_update(pumps)
-
-    async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, downstream: bool
-    ) -> None:
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            while chunk := await reader.read(65536):
-                writer.write(chunk)
-                await writer.drain()
-                if downstream:
-                    self.downstream += len(chunk)
-                    if self.cut_after is not None and self.downstream >= self.cut_after:
-                        self.cut_after = None
-                        self.cut()
-
-    def cut(self) -> None:
-        """Drop every relayed connection at once, as a failing network would."""
-        self.cuts += 1
-        for writer in list(self._writers):
-            writer.transport.abort()
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        self.cut()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5)
-        if self._server is not None:
-            await self._server.wait_closed()
 
 
 async def test_a_connection_cut_while_a_snapshot_is_applied_converges_after_reconnect(

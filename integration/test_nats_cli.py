@@ -195,3 +195,25 @@ async def test_record_writes_a_header_a_snapshot_with_raw_text_then_live_lines_w
         {"kind": "delete", "key": "v1.mdc.a.b.c.1", "operation": "delete"},
         {"kind": "delete", "key": "v1.mdc.a.b.c.2", "operation": "purge"},
     ]
+
+
+async def test_a_recording_shorter_than_the_listing_still_holds_the_listing(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    """The duration counts from the listing on: a short recording on a slow connection (a
+    loaded machine, a far server) used to end before the listing arrived, with no records."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        kv = await nc.jetstream().create_key_value(bucket=bucket_name)
+        await kv.put("v1.mdc.a.b.c.1", b'{"type": "Model"}')
+    finally:
+        await nc.close()
+    settings = load_settings(
+        env={}, flags={"nats_servers": nats_server.url, "discovery_bucket": bucket_name}
+    )
+    sink = LineSink()
+    # Far shorter than connecting and listing take.
+    assert await asyncio.wait_for(record_trace(settings, sink, duration=0.001), 30) == 2  # type: ignore[arg-type]
+    header, listing = [json.loads(text) for text in sink.text.splitlines()]
+    assert (header["kind"], listing["kind"]) == ("trace", "snapshot")
+    assert [e["key"] for e in listing["entries"]] == ["v1.mdc.a.b.c.1"]

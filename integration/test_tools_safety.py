@@ -99,7 +99,8 @@ async def test_a_registered_workers_key_survives_every_bridge_prune_and_stale_br
 ) -> None:
     store = tmp_path / "store"
     (store / "v1" / "mdc").mkdir(parents=True)
-    (store / "v1" / "mdc" / "tools%2Fbackend%2Fgenerate%2Fab12").write_bytes(b'{"type":"Model"}')
+    record = store / "v1" / "mdc" / "tools%2Fbackend%2Fgenerate%2Fab12"
+    record.write_bytes(b'{"type":"Model"}')
     bridged = "v1.mdc.tools.backend.generate.ab12"
     # What an earlier run of this same bridge wrote and the store no longer holds.
     stale = "v1.mdc.tools.backend.generate.dead"
@@ -129,6 +130,10 @@ async def test_a_registered_workers_key_survives_every_bridge_prune_and_stale_br
         line = await asyncio.wait_for(register.stdout.readline(), 30)
         assert registered in json.loads(line)["registered"]
         for _ in range(3):  # every run of the bridge prunes at its start
+            # Refreshed as its live owner would (Dynamo touches it every ttl/3): three bridge
+            # runs on a loaded machine can take longer than the file TTL, and an expired
+            # record is deleted, as it should be.
+            record.touch()
             code, out, err = await _run(
                 *_bridge_args(nats_server, bucket_name, store, "--bridge-id", "edge-1")
             )

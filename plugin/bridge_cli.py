@@ -77,9 +77,6 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "only keys with its own stamp (default: this host and the store path, or with --etcd "
         "the etcd endpoints)",
     )
-    from workerset_admission.config import add_bridge_settings_arguments
-
-    add_bridge_settings_arguments(parser)
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:

@@ -4,9 +4,9 @@ Each subcommand lives in the module that owns its behaviour and declares two thi
 ``arguments(name, parser)`` adds its own flags, and ``async main(name, args, stop)`` does the
 work and returns an exit status. This runner does the rest, the same way for every command:
 
-* the parser, ``--version``, a validated ``--log-level``, and the NATS and bucket settings
-  flags on the commands that connect (and only those); settings are loaded and checked
-  before anything starts;
+* the parser, ``--version``, a validated ``--log-level``, the NATS connection flags on the
+  commands that connect (and only those), and on each the flags of the settings it reads (its
+  :class:`CommandSpec` lists them); settings are loaded and checked before anything starts;
 * the event loop and the signals: the first SIGINT or SIGTERM sets ``stop`` (commands that run
   until stopped finish cleanly on it), and cancels a command that does not wait for it; a second
   signal cancels whatever is left;
@@ -68,11 +68,54 @@ EXIT_FAILED = 4
 
 @dataclass(frozen=True, slots=True)
 class CommandSpec:
-    """Where a subcommand lives, its one-line help, and whether it connects to NATS."""
+    """Where a subcommand lives, its one-line help, and whether it connects to NATS.
+
+    ``settings`` names the settings, besides the NATS connection, that the command reads: it
+    shows a flag for each of them and for no other.
+    """
 
     module: str
     help: str
     connects: bool
+    settings: tuple[str, ...] = ()
+
+
+# What the service reads: everything from the buckets to the limits and the view it writes.
+_SERVE_SETTINGS = (
+    "discovery_bucket",
+    "admission_bucket",
+    "bucket_replicas",
+    "frontend_id",
+    "status_subject",
+    "namespace_filter_mode",
+    "namespace_filter",
+    "tokenizer_backend",
+    "reconcile_interval",
+    "max_value_bytes",
+    "max_concurrent_builds",
+    "registration_ttl",
+    "tenure_hold",
+    "prometheus_port",
+    "prometheus_host",
+    "view_dir",
+    "trace_out",
+)
+# register judges the card as the service would before writing it: the same boundary settings.
+_REGISTER_SETTINGS = (
+    "discovery_bucket",
+    "namespace_filter_mode",
+    "namespace_filter",
+    "tokenizer_backend",
+    "max_value_bytes",
+)
+_ETCD_SETTINGS = (
+    "etcd_endpoints",
+    "etcd_user",
+    "etcd_password",
+    "etcd_tls_ca_file",
+    "etcd_tls_cert_file",
+    "etcd_tls_key_file",
+)
 
 
 COMMANDS: dict[str, CommandSpec] = {
@@ -92,10 +135,16 @@ COMMANDS: dict[str, CommandSpec] = {
         connects=False,
     ),
     "serve": CommandSpec(
-        "workerset_admission.service_cli", "run the admission service (the main job)", True
+        "workerset_admission.service_cli",
+        "run the admission service (the main job)",
+        connects=True,
+        settings=_SERVE_SETTINGS,
     ),
     "status": CommandSpec(
-        "workerset_admission.service_cli", "ask a running service for its admission state", True
+        "workerset_admission.service_cli",
+        "ask a running service for its admission state",
+        connects=True,
+        settings=("status_subject",),
     ),
     "demo": CommandSpec(
         "workerset_admission.service_cli",
@@ -104,29 +153,35 @@ COMMANDS: dict[str, CommandSpec] = {
     ),
     "bridge": CommandSpec(
         "workerset_admission.bridge_cli",
-        "mirror Dynamo's file discovery store into the NATS discovery bucket",
+        "mirror Dynamo's discovery store (its file store, or etcd with --etcd) into the NATS "
+        "discovery bucket",
         connects=True,
+        settings=("discovery_bucket", "max_value_bytes", *_ETCD_SETTINGS),
     ),
     "register": CommandSpec(
         "workerset_admission.nats_cli",
         "register a worker's model card in the discovery bucket (kept alive until stopped)",
         connects=True,
+        settings=_REGISTER_SETTINGS,
     ),
     "deregister": CommandSpec(
         "workerset_admission.nats_cli",
         "remove a worker's registration from the discovery bucket",
         connects=True,
+        settings=("discovery_bucket",),
     ),
     "record": CommandSpec(
         "workerset_admission.nats_cli",
         "record a replay trace from the discovery bucket, as a second watch beside the "
         "frontends (for what one frontend itself observed, run it with --trace-out)",
         connects=True,
+        settings=("discovery_bucket", "admission_bucket", "status_subject"),
     ),
     "rollout": CommandSpec(
         "workerset_admission.rollout_cli",
         "gate a rolling update: is a worker namespace served by every live frontend",
         connects=True,
+        settings=("admission_bucket",),
     ),
 }
 
@@ -239,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
         if spec.connects:
             from workerset_admission.config import add_settings_arguments
 
-            add_settings_arguments(command)
+            add_settings_arguments(command, spec.settings)
     return parser
 
 

@@ -43,11 +43,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_FILE_ENV",
+    "CONNECTION_SETTINGS",
     "ENV_PREFIX",
+    "FLAGGED_SETTINGS",
+    "FlagSpec",
     "ServiceSettings",
     "Settings",
-    "add_bridge_settings_arguments",
-    "add_serve_settings_arguments",
     "add_settings_arguments",
     "default_frontend_id",
     "flags_from_args",
@@ -273,14 +274,20 @@ class Settings(BaseModel):
             shown[name] = value
         return shown
 
-    def nats_connect_options(self, servers: Sequence[str] | None = None) -> NatsConnectOptions:
-        """Translate into the NATS adapter's connect options (``servers`` overrides)."""
+    def nats_connect_options(
+        self, servers: Sequence[str] | None = None, *, client_name: str | None = None
+    ) -> NatsConnectOptions:
+        """Translate into the NATS adapter's connect options (``servers`` overrides).
+
+        The connection is named ``client_name``, or else after this frontend's identity (what a
+        frontend's connections are told apart by in the server's monitoring).
+        """
         from workerset_admission.adapters.nats.connect import NatsConnectOptions
 
         chosen = tuple(servers) if servers is not None else self.nats_servers
         return NatsConnectOptions(
             servers=chosen,
-            name=f"workerset-admission {self.frontend_id}",
+            name=client_name or f"workerset-admission {self.frontend_id}",
             user=self.nats_user,
             password=self.nats_password.get_secret_value() if self.nats_password else None,
             token=self.nats_token.get_secret_value() if self.nats_token else None,
@@ -415,9 +422,12 @@ def load_settings(
         raise ConfigError(_describe(exc)) from None
 
 
-# Flags every NATS-facing subcommand accepts: (flag, setting, help, kwargs).
-_FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
-    ("--config", "", "a TOML or JSON settings file", {}),
+# A settings flag: (flag, setting, help, argparse keyword arguments).
+FlagSpec = tuple[str, str, str, dict[str, Any]]
+
+# How every command that connects reaches NATS (and the settings file that may say so).
+_CONNECTION_FLAGS: tuple[FlagSpec, ...] = (
+    ("--config", "config_file", "a TOML or JSON settings file", {}),
     ("--nats-server", "nats_servers", "NATS server URL (repeat for several)", {"action": "append"}),
     ("--nats-user", "nats_user", "NATS user name", {}),
     ("--nats-password", "nats_password", "NATS password (prefer the environment)", {}),
@@ -428,6 +438,10 @@ _FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("--nats-tls-cert-file", "nats_tls_cert_file", "client certificate (mutual TLS)", {}),
     ("--nats-tls-key-file", "nats_tls_key_file", "client key (mutual TLS)", {}),
     ("--nats-tls-hostname", "nats_tls_hostname", "server name to verify", {}),
+)
+
+# Every other setting that has a flag; a command shows the flags of the settings it reads.
+_SETTING_FLAGS: tuple[FlagSpec, ...] = (
     ("--discovery-bucket", "discovery_bucket", "discovery KV bucket", {}),
     ("--admission-bucket", "admission_bucket", "admission-record KV bucket", {}),
     (
@@ -456,11 +470,6 @@ _FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "seconds a tenure is held after an outage (default 3 registration TTLs; 0 off)",
         {},
     ),
-)
-
-
-# Settings only ``serve`` uses: the Prometheus endpoint it opens.
-_SERVE_FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     (
         "--prometheus-port",
         "prometheus_port",
@@ -482,11 +491,6 @@ _SERVE_FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "clock) to this file as a replay trace",
         {"type": Path},
     ),
-)
-
-
-# Settings only ``bridge`` uses: where Dynamo's etcd is and how to log in to it.
-_BRIDGE_FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     (
         "--etcd",
         "etcd_endpoints",
@@ -500,35 +504,38 @@ _BRIDGE_FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("--etcd-tls-key-file", "etcd_tls_key_file", "client key for etcd (mutual TLS)", {}),
 )
 
+CONNECTION_SETTINGS: tuple[str, ...] = tuple(spec[1] for spec in _CONNECTION_FLAGS[1:])
+"""The settings behind the connection flags (``--config`` names a file, not a setting)."""
+FLAGGED_SETTINGS: tuple[str, ...] = CONNECTION_SETTINGS + tuple(s[1] for s in _SETTING_FLAGS)
+"""Every setting a flag can give."""
 
-def add_bridge_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the settings flags only ``bridge`` takes (Dynamo's etcd)."""
-    group = parser.add_argument_group(
-        "etcd, Dynamo's default discovery backend (override environment and config file)"
+
+def add_settings_arguments(parser: argparse.ArgumentParser, settings: Sequence[str] = ()) -> None:
+    """Add the NATS connection flags and the flags of ``settings`` to a subcommand parser."""
+    by_setting = {spec[1]: spec for spec in _SETTING_FLAGS}
+    unknown = [name for name in settings if name not in by_setting]
+    if unknown:
+        raise ValueError(f"no flag for the settings {unknown}")
+    groups = (
+        ("NATS connection (overrides environment and config file)", _CONNECTION_FLAGS),
+        (
+            "settings (override environment and config file)",
+            tuple(by_setting[name] for name in settings),
+        ),
     )
-    for flag, dest, help_text, extra in _BRIDGE_FLAG_SPECS:
-        group.add_argument(flag, dest=dest, help=help_text, default=None, **extra)
-
-
-def add_serve_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the settings flags only ``serve`` takes (the Prometheus endpoint, the view)."""
-    group = parser.add_argument_group("serve settings (override environment and config file)")
-    for flag, dest, help_text, extra in _SERVE_FLAG_SPECS:
-        group.add_argument(flag, dest=dest, help=help_text, default=None, **extra)
-
-
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the shared connection and bucket flags to a subcommand parser."""
-    group = parser.add_argument_group("settings (override environment and config file)")
-    for flag, dest, help_text, extra in _FLAG_SPECS:
-        group.add_argument(flag, dest=dest or "config_file", help=help_text, default=None, **extra)
+    for title, specs in groups:
+        if not specs:
+            continue
+        group = parser.add_argument_group(title)
+        for flag, dest, help_text, extra in specs:
+            group.add_argument(flag, dest=dest, help=help_text, default=None, **extra)
 
 
 def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Return the settings given as flags (unset flags are left out)."""
     flags: dict[str, Any] = {}
-    for _flag, dest, _help, _extra in (*_FLAG_SPECS, *_SERVE_FLAG_SPECS, *_BRIDGE_FLAG_SPECS):
-        if dest and getattr(args, dest, None) is not None:
+    for _flag, dest, _help, _extra in (*_CONNECTION_FLAGS[1:], *_SETTING_FLAGS):
+        if getattr(args, dest, None) is not None:
             value = getattr(args, dest)
             # Repeated flags and comma-separated lists mean the same thing.
             flags[dest] = ",".join(value) if isinstance(value, list) else value

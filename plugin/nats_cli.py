@@ -16,15 +16,18 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.cli import EXIT_FAILED, positive_seconds
 from workerset_admission.config import Settings
 from workerset_admission.decision_state import DecisionState
-from workerset_admission.errors import ConfigError, UsageError
+from workerset_admission.errors import ConfigError, Unreachable, UsageError
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.ownership import register_writer
+
+if TYPE_CHECKING:
+    from workerset_admission.adapters.nats.connect import NatsConnectOptions
 
 __all__ = ["STOPS_ON_SIGNAL", "arguments", "check_card", "main", "record_trace"]
 
@@ -115,7 +118,8 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--duration",
             type=positive_seconds,
-            help="stop after this many seconds (default: until interrupted)",
+            help="record changes for this many seconds after the listing (default: until "
+            "interrupted)",
         )
         parser.add_argument(
             "--frontend",
@@ -125,6 +129,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         )
     else:  # pragma: no cover - the dispatch table only routes the three names here
         raise ValueError(name)
+
+
+def _options(settings: Settings, command: str) -> NatsConnectOptions:
+    return settings.nats_connect_options(
+        _servers(settings), client_name=f"workerset-admission {command}"
+    )
 
 
 def _servers(settings: Settings) -> tuple[str, ...]:
@@ -187,10 +197,7 @@ async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.
         for publisher in publishers:
             publisher.refresh_now()
 
-    nc = await connect(
-        settings.nats_connect_options(_servers(settings)),
-        ConnectionCallbacks(reconnected=reconnected),
-    )
+    nc = await connect(_options(settings, "register"), ConnectionCallbacks(reconnected=reconnected))
     try:
         publisher = DiscoveryPublisher(
             nc.jetstream(),
@@ -244,7 +251,7 @@ async def _deregister(args: argparse.Namespace, settings: Settings, stop: asynci
     from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
-    nc = await connect(settings.nats_connect_options(_servers(settings)))
+    nc = await connect(_options(settings, "deregister"))
     try:
         publisher = DiscoveryPublisher(
             nc.jetstream(), bucket=settings.discovery_bucket, create_bucket=False
@@ -258,6 +265,10 @@ async def _deregister(args: argparse.Namespace, settings: Settings, stop: asynci
         await nc.close()
 
 
+LISTING_TIMEOUT = 30.0
+"""How long ``record --duration`` waits for the bucket's listing before giving up."""
+
+
 async def record_trace(
     settings: Settings,
     out: IO[str],
@@ -266,30 +277,36 @@ async def record_trace(
     stop: asyncio.Event | None = None,
     state: DecisionState | None = None,
 ) -> int:
-    """Write a trace from the live discovery bucket until ``duration`` or ``stop``.
+    """Write a trace from the live discovery bucket: its listing, then changes for a while.
 
-    This is a second watch beside the frontends (``observer: bucket`` in the header): it sees
-    every record and when it saw it, but no frontend's builds or timers. With a frontend's
+    Changes are written for ``duration`` seconds, or until ``stop``. The duration counts from
+    the listing on, so a short recording over a slow connection still holds the listing; the
+    listing itself may take up to :data:`LISTING_TIMEOUT`. This is a second watch beside the
+    frontends (``observer: bucket`` in the header): it sees every record and when it saw it,
+    but no frontend's builds or timers. With a frontend's
     decision ``state`` the trace opens with it (a ``state`` line), before the listing, so a
     replay chooses the incumbents that frontend chose. A frontend's own observations, builds
     and timers included, are recorded by that frontend: ``serve --trace-out``.
     """
     from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+    from workerset_admission.ports import SourceSnapshot
     from workerset_admission.traces.writer import TraceWriter
 
     source = JetStreamDiscoverySource(
-        settings.nats_connect_options(_servers(settings)), bucket=settings.discovery_bucket
+        _options(settings, "record"), bucket=settings.discovery_bucket
     )
     stop = stop or asyncio.Event()
-    deadline = None if duration is None else time.monotonic() + duration
+    listing_deadline = time.monotonic() + LISTING_TIMEOUT
+    deadline = None
     writer = TraceWriter(out, observer="bucket")
     writer.begin(time.monotonic(), None if state is None else state.to_line())
     events = source.events()
     try:
         while not stop.is_set():
-            timeout = None if deadline is None else deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:
-                break
+            # Until the listing, a recording with a duration waits for it (bounded); after it,
+            # until the duration is over.
+            limit = deadline if deadline is not None or duration is None else listing_deadline
+            timeout = None if limit is None else max(0.0, limit - time.monotonic())
             next_event = asyncio.ensure_future(anext(events))
             stopped = asyncio.ensure_future(stop.wait())
             done, _pending = await asyncio.wait(
@@ -300,9 +317,17 @@ async def record_trace(
                 next_event.cancel()
                 with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                     await next_event
-                break
+                if stop.is_set() or deadline is not None:
+                    break
+                raise Unreachable(
+                    f"no listing of bucket {settings.discovery_bucket!r} within "
+                    f"{LISTING_TIMEOUT:g} s"
+                )
+            event = next_event.result()
+            if isinstance(event, SourceSnapshot) and deadline is None and duration is not None:
+                deadline = time.monotonic() + duration
             # ASCII escapes keep lone surrogates (invalid UTF-8 in a value) valid JSON text.
-            writer.write_event(next_event.result(), time.monotonic())
+            writer.write_event(event, time.monotonic())
             writer.flush()
     finally:
         await source.close()
@@ -314,7 +339,7 @@ async def record_trace(
 async def _record(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.nats.connect import probe_bucket
 
-    options = settings.nats_connect_options(_servers(settings))
+    options = _options(settings, "record")
     await probe_bucket(options, settings.discovery_bucket)
     state = await _decision_state(args, settings)
     with contextlib.ExitStack() as stack:
@@ -335,7 +360,7 @@ async def _decision_state(args: argparse.Namespace, settings: Settings) -> Decis
     """Pick the frontend whose decisions the trace starts from, and read its state."""
     from workerset_admission.adapters.nats.decision import decision_state_of, live_frontends
 
-    options = settings.nats_connect_options(_servers(settings))
+    options = _options(settings, "record")
     frontends = await live_frontends(options, settings.admission_bucket)
     chosen = args.frontend
     if chosen is None:

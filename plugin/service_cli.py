@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from workerset_admission.card.differences import Difference, differences_of, summarize
 from workerset_admission.cli import EXIT_FAILED, EXIT_OK, positive_seconds
-from workerset_admission.config import Settings, add_serve_settings_arguments
+from workerset_admission.config import Settings
 from workerset_admission.errors import Unreachable, UsageError, WorkersetAdmissionError
 
 if TYPE_CHECKING:
@@ -61,7 +61,6 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
             default=None,
             help="JetStream store of the embedded server (default: a temporary directory)",
         )
-        add_serve_settings_arguments(parser)
     elif name == "status":
         parser.add_argument("--json", action="store_true", help="print the service's JSON")
         parser.add_argument(
@@ -269,7 +268,7 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
             )
         servers = (local["url"],)
         subject = args.subject or str(local.get("status_subject") or subject)
-    options = settings.nats_connect_options(servers)
+    options = settings.nats_connect_options(servers, client_name="workerset-admission status")
     try:
         nc = await asyncio.wait_for(connect(options), args.timeout)
     except asyncio.TimeoutError:

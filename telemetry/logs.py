@@ -40,9 +40,8 @@ TRACE_ID_FIELD = "otelTraceID"
 SPAN_ID_FIELD = "otelSpanID"
 TRACE_FLAGS_FIELD = "otelTraceSampled"
 
-_NO_TRACE = "0" * 32
-_NO_SPAN = "0" * 16
-_PLAIN_FORMAT = (
+_PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+_PLAIN_TRACED_FORMAT = (
     "%(asctime)s %(levelname)s %(name)s [trace_id=%(otelTraceID)s span_id=%(otelSpanID)s] "
     "%(message)s"
 )
@@ -60,15 +59,25 @@ def _in_tree(name: str) -> bool:
 
 
 def _stamp(record: logging.LogRecord) -> None:
+    # Only a real span's IDs: zeros for "no span" would read as data in every log line.
     context = trace.get_current_span().get_span_context()
     if context.is_valid:
         record.otelTraceID = format(context.trace_id, "032x")
         record.otelSpanID = format(context.span_id, "016x")
         record.otelTraceSampled = context.trace_flags.sampled
-    else:
-        record.otelTraceID = _NO_TRACE
-        record.otelSpanID = _NO_SPAN
-        record.otelTraceSampled = False
+
+
+class _PlainFormatter(logging.Formatter):
+    """One plain line; the trace and span IDs appear only on a record made inside a span."""
+
+    def __init__(self) -> None:
+        super().__init__(_PLAIN_FORMAT)
+        self._traced = logging.Formatter(_PLAIN_TRACED_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, TRACE_ID_FIELD, None) is not None:
+            return self._traced.format(record)
+        return super().format(record)
 
 
 def install_log_correlation() -> Callable[[], None]:
@@ -112,7 +121,7 @@ class JsonFormatter(logging.Formatter):
         trace_id = getattr(record, TRACE_ID_FIELD, None)
         if trace_id is not None:
             payload["trace_id"] = trace_id
-            payload["span_id"] = getattr(record, SPAN_ID_FIELD, _NO_SPAN)
+            payload["span_id"] = getattr(record, SPAN_ID_FIELD)
         for key, value in record.__dict__.items():
             if key not in _STANDARD_FIELDS and key not in payload:
                 payload[key] = value
@@ -136,14 +145,7 @@ def configure_logging(
     if fmt not in ("plain", "json"):
         raise UsageError(f"log format must be 'plain' or 'json', not {fmt!r}")
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    formatter: logging.Formatter
-    if fmt == "json":
-        formatter = JsonFormatter()
-    else:
-        formatter = logging.Formatter(
-            _PLAIN_FORMAT,
-            defaults={TRACE_ID_FIELD: _NO_TRACE, SPAN_ID_FIELD: _NO_SPAN},
-        )
+    formatter: logging.Formatter = JsonFormatter() if fmt == "json" else _PlainFormatter()
     handler.setFormatter(formatter)
     setattr(handler, _HANDLER_MARK, True)
 

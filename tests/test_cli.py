@@ -15,6 +15,7 @@ import pytest
 from support.cards import EP, base_card, lora_card
 from workerset_admission import cli
 from workerset_admission.card import encode_model_record, model_kv_key
+from workerset_admission.config import CONNECTION_SETTINGS, FLAGGED_SETTINGS
 from workerset_admission.errors import (
     ConfigError,
     InvalidRecordError,
@@ -253,15 +254,68 @@ def test_version_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
     assert re.fullmatch(r"workerset-admission \S+\n", capsys.readouterr().out)
 
 
-def test_server_settings_appear_only_on_commands_that_connect() -> None:
+def _flags(name: str) -> set[str]:
     parser = cli.build_parser()
     subparsers = next(
         a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
     ).choices
-    for name, spec in cli.COMMANDS.items():
-        flags = {f for a in subparsers[name]._actions for f in a.option_strings}
-        assert ("--nats-server" in flags) is spec.connects, name
-        assert "--log-level" in flags
-    assert {"--prometheus-port", "--prometheus-host"} <= {
-        f for a in subparsers["serve"]._actions for f in a.option_strings
+    return {f for a in subparsers[name]._actions for f in a.option_strings}
+
+
+def _settings_shown(name: str) -> set[str]:
+    """The settings whose flags ``name --help`` lists in its settings groups."""
+    parser = cli.build_parser()
+    subparsers = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices
+    groups = [g for g in subparsers[name]._action_groups if g.title and "override" in g.title]
+    shown = {a.dest for g in groups for a in g._group_actions}
+    assert shown <= {*FLAGGED_SETTINGS, "config_file"}
+    return shown - {"config_file"}
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_each_command_shows_the_connection_flags_only_if_it_connects(name: str) -> None:
+    flags = _flags(name)
+    assert ("--nats-server" in flags) is cli.COMMANDS[name].connects
+    assert ("--config" in flags) is cli.COMMANDS[name].connects
+    assert "--log-level" in flags
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_each_command_shows_the_flags_of_the_settings_it_reads_and_no_others(name: str) -> None:
+    """What a command reads is checked against its code by integration/test_cli_settings.py."""
+    spec = cli.COMMANDS[name]
+    expected = set(spec.settings) | (set(CONNECTION_SETTINGS) if spec.connects else set())
+    assert _settings_shown(name) == expected
+
+
+def test_the_rollout_gate_shows_no_build_tenure_tokenizer_or_etcd_setting() -> None:
+    flags = _flags("rollout")
+    unused = {
+        "--max-concurrent-builds",
+        "--tenure-hold",
+        "--registration-ttl",
+        "--tokenizer-backend",
+        "--reconcile-interval",
+        "--max-value-bytes",
+        "--discovery-bucket",
+        "--etcd",
     }
+    assert flags & unused == set()
+    assert "--admission-bucket" in flags
+
+
+def test_only_bridge_shows_the_etcd_flags_and_only_serve_the_service_limits() -> None:
+    for name in cli.COMMANDS:
+        flags = _flags(name)
+        assert ("--etcd" in flags) is (name == "bridge"), name
+        # replay and explain apply a tenure hold of their own, as the service would.
+        assert ("--tenure-hold" in flags) is (name in {"serve", "replay", "explain"}), name
+        assert ("--max-concurrent-builds" in flags) is (name == "serve"), name
+        assert ("--prometheus-port" in flags) is (name == "serve"), name
+
+
+def test_the_bridge_says_it_reads_a_file_store_or_etcd() -> None:
+    assert "etcd" in cli.COMMANDS["bridge"].help
+    assert "file store" in cli.COMMANDS["bridge"].help

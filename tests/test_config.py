@@ -143,7 +143,7 @@ def test_a_file_with_an_unknown_key_or_bad_syntax_is_refused(tmp_path: Path) -> 
 
 def test_command_line_flags_reach_the_settings_and_repeat_into_lists(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
-    add_settings_arguments(parser)
+    add_settings_arguments(parser, ("frontend_id",))
     args = parser.parse_args(
         ["--nats-server", "nats://a:1", "--nats-server", "nats://b:2", "--frontend-id", "fe-1"]
     )
@@ -154,7 +154,13 @@ def test_command_line_flags_reach_the_settings_and_repeat_into_lists(tmp_path: P
 
 def test_numeric_and_choice_flags_are_validated_like_every_other_source() -> None:
     parser = argparse.ArgumentParser()
-    add_settings_arguments(parser)
+    read = (
+        "namespace_filter_mode",
+        "namespace_filter",
+        "reconcile_interval",
+        "max_concurrent_builds",
+    )
+    add_settings_arguments(parser, read)
     args = parser.parse_args(
         [
             "--namespace-filter-mode",
@@ -171,6 +177,11 @@ def test_numeric_and_choice_flags_are_validated_like_every_other_source() -> Non
     bad = parser.parse_args(["--max-concurrent-builds", "many"])
     with pytest.raises(ConfigError, match="max_concurrent_builds"):
         load_settings(env={}, flags=flags_from_args(bad))
+
+
+def test_a_flag_is_offered_only_for_a_setting_that_has_one() -> None:
+    with pytest.raises(ValueError, match="log_format"):
+        add_settings_arguments(argparse.ArgumentParser(), ("discovery_bucket", "log_format"))
 
 
 def test_settings_are_immutable() -> None:

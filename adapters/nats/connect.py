@@ -30,6 +30,8 @@ __all__ = [
 
 DEFAULT_SERVERS: tuple[str, ...] = ("nats://127.0.0.1:4222",)
 _CLOSE_TIMEOUT = 1.0
+# How long a stopped connection attempt may take to notice the stop before it is told again.
+_RECANCEL_INTERVAL = 0.05
 
 ErrorCallback = Callable[[Exception], Awaitable[None]]
 
@@ -186,19 +188,82 @@ async def connect(
         if options.tls_hostname:
             kwargs["tls_hostname"] = options.tls_hostname
     client = RawDeliveryClient()
+    # The handshake runs as a task of its own so that a stop always reaches this frame: before
+    # Python 3.12 each of nats-py's handshake steps is an ``asyncio.wait_for``, which drops a
+    # cancel that lands as the step completes; nats-py then finishes connecting and hands a
+    # live connection to a caller that has gone (inside another ``wait_for``, that connection
+    # is dropped with its sockets open).
+    attempt = asyncio.ensure_future(client.connect(**kwargs))
     try:
-        await client.connect(**kwargs)
+        await asyncio.wait({attempt})
+        attempt.result()
         # Connected: from now on a lost connection is retried forever (nats-py reads this
         # option at every reconnect).
         client.options["max_reconnect_attempts"] = -1
     except BaseException:
-        # nats-py leaves the socket of a refused attempt open; close it here, not at GC time.
-        # Bounded: a TLS connection cut off mid-handshake (a stop during connect) may never
-        # report itself closed, and waiting for it would hang the caller forever.
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(client.close(), _CLOSE_TIMEOUT)
+        await _abandon(client, attempt)
         raise
     return client
+
+
+async def _abandon(client: NatsClient, attempt: asyncio.Future[None]) -> None:
+    """End a stopped or refused connection attempt and close every socket it opened.
+
+    Bounded, and carried to the end even when the caller is cancelled again meanwhile; the
+    caller raises its own exception right after.
+    """
+    ending = asyncio.ensure_future(_end_attempt(client, attempt))
+    while not ending.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(ending)
+
+
+async def _end_attempt(client: NatsClient, attempt: asyncio.Future[None]) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _CLOSE_TIMEOUT
+    while not attempt.done() and loop.time() < deadline:
+        attempt.cancel()
+        # A cancel lost in one of nats-py's handshake steps (see connect) leaves the attempt
+        # waiting at its next step, where the next cancel reaches it.
+        await asyncio.wait({attempt}, timeout=_RECANCEL_INTERVAL)
+    if attempt.done() and not attempt.cancelled():
+        # Read, so it is not reported as never retrieved: the caller raises its own error.
+        attempt.exception()
+    # Scheduled before the sockets go, so the client is marked closed before its reader could
+    # see the connection end and start a reconnect.
+    closing = asyncio.ensure_future(client.close())
+    _abort_sockets(client)
+    await asyncio.wait({closing}, timeout=_CLOSE_TIMEOUT)
+    if not closing.done():
+        closing.cancel()
+    elif not closing.cancelled():
+        closing.exception()
+
+
+def _abort_sockets(client: NatsClient) -> None:
+    """Close the client's sockets at once, with no TLS goodbye, and take them from the client.
+
+    nats-py's ``close`` alone falls short for an abandoned attempt: one stopped inside its
+    retry loop's own cleanup is already marked closed, so ``close`` does nothing; and one
+    stopped in the TLS handshake waits forever for the plain stream, whose protocol the
+    handshake had replaced, to report itself closed.
+    """
+    transport = getattr(client, "_transport", None)
+    if transport is None:
+        return
+    # nats-py's TCP transport keeps the plain stream and, once upgraded, the TLS stream over it.
+    streams = [getattr(transport, name, None) for name in ("_io_writer", "_bare_io_writer")]
+    aborted = False
+    for stream in streams:
+        if isinstance(stream, asyncio.StreamWriter):
+            stream.transport.abort()
+            aborted = True
+    if aborted:
+        client._transport = None
+    else:
+        # Another transport (websocket): its own close is all there is.
+        with contextlib.suppress(Exception):
+            transport.close()
 
 
 async def probe_bucket(options: NatsConnectOptions, bucket: str, timeout: float = 10.0) -> None:

@@ -42,7 +42,7 @@ from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.identity import EndpointId
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from etcdfixture import EtcdServer, etcd_binary
+from etcdfixture import ETCD_BIN_ENV, EtcdServer, find_etcd
 
 RESULTS = Path(__file__).parent / "results"
 EP = EndpointId("bench", "backend", "generate")
@@ -256,9 +256,9 @@ async def resync(etcd: EtcdServer, nats_url: str, count: int) -> dict[str, Any]:
 
 
 async def main(records: int, updates: int) -> dict[str, Any]:
-    binary = etcd_binary()
+    binary = find_etcd()
     if binary is None:
-        raise SystemExit("etcd is not installed: apt-get install etcd-server")
+        raise SystemExit(f"no etcd server: install the test extra, or set {ETCD_BIN_ENV}")
     with tempfile.TemporaryDirectory(prefix="bench-etcd-") as folder:
         etcd = EtcdServer(binary, Path(folder) / "etcd")
         etcd.start()

@@ -58,14 +58,37 @@ def test_json_lines_carry_the_trace_and_span_ids_when_correlation_is_on() -> Non
     assert line["span_id"] == format(span.get_span_context().span_id, "016x")
 
 
-def test_plain_lines_show_zero_ids_without_correlation_and_never_fail() -> None:
+def test_plain_lines_show_no_ids_without_correlation_and_never_fail() -> None:
     stream = io.StringIO()
     configure_logging("plain", "DEBUG", stream=stream)
     logging.getLogger(f"{TREE}.service").debug("started")
     text = stream.getvalue()
     assert "DEBUG" in text
     assert "started" in text
-    assert f"trace_id={'0' * 32}" in text
+    assert "trace_id" not in text
+    assert "span_id" not in text
+
+
+@pytest.mark.parametrize("fmt", ["plain", "json"])
+def test_ids_appear_only_on_lines_logged_inside_a_valid_span(fmt: str) -> None:
+    stream = io.StringIO()
+    configure_logging(fmt, stream=stream)  # type: ignore[arg-type]
+    tracer = TracerProvider(shutdown_on_exit=False).get_tracer("t")
+    uninstall = install_log_correlation()
+    try:
+        logging.getLogger(TREE).warning("outside any span")
+        with tracer.start_as_current_span("apply discovery_update") as span:
+            logging.getLogger(TREE).warning("inside a span")
+    finally:
+        uninstall()
+    outside, inside = stream.getvalue().splitlines()
+    trace_id = format(span.get_span_context().trace_id, "032x")
+    assert "outside any span" in outside
+    assert "trace_id" not in outside
+    assert "span_id" not in outside
+    assert "inside a span" in inside
+    assert trace_id in inside
+    assert format(span.get_span_context().span_id, "016x") in inside
 
 
 def test_the_root_logger_is_left_alone_and_repeated_calls_do_not_stack_handlers() -> None:

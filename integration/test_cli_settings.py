@@ -1,0 +1,183 @@
+"""Each command reads exactly the settings it shows flags for, checked by running it for real.
+
+Every connecting command runs in-process against the test's nats-server (and ``bridge --etcd``
+against a real etcd) with settings that note every field read; what they note must be the
+NATS connection plus the settings the command's ``CommandSpec`` lists (which are the flags its
+``--help`` shows: ``tests/test_cli.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from etcdfixture import EtcdServer
+from natsfixture import NatsServer
+from support.cards import base_card
+from support.fleet import all_ready, running
+from workerset_admission import bridge_cli, cli, nats_cli, rollout_cli, service_cli
+from workerset_admission.config import CONNECTION_SETTINGS, FLAGGED_SETTINGS, Settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+class RecordingSettings(Settings):
+    """Settings that note the name of every flagged field read, through methods too."""
+
+    reads: ClassVar[set[str]] = set()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in FLAGGED_SETTINGS:
+            RecordingSettings.reads.add(name)
+        return super().__getattribute__(name)
+
+
+def settings_for(url: str, bucket: str, **extra: Any) -> RecordingSettings:
+    made = RecordingSettings(
+        nats_servers=(url,),
+        discovery_bucket=bucket,
+        admission_bucket=f"{bucket}-adm",
+        status_subject=f"{bucket}.status",
+        frontend_id="settings-check",
+        **extra,
+    )
+    RecordingSettings.reads.clear()  # what validation looked at is not the command's reading
+    return made
+
+
+# A namespace filter whose value is read: under the default (global) mode it is not.
+PREFIX: dict[str, Any] = {"namespace_filter_mode": "prefix", "namespace_filter": "dgd"}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return cli.build_parser().parse_args(argv)
+
+
+async def reads_of(
+    run: Callable[[argparse.Namespace, asyncio.Event], Awaitable[int]],
+    args: argparse.Namespace,
+    settings: RecordingSettings,
+    *,
+    stopped: bool = False,
+) -> set[str]:
+    """Run one command to its end (or its first error) and return the settings it read."""
+    args.settings = settings
+    stop = asyncio.Event()
+    if stopped:
+        stop.set()
+    # A command that ends on an error (no service to answer status) has read what it needs.
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(run(args, stop), 60)
+    return set(RecordingSettings.reads)
+
+
+def expected(name: str) -> set[str]:
+    return set(CONNECTION_SETTINGS) | set(cli.COMMANDS[name].settings)
+
+
+def main_of(module: Any, name: str) -> Callable[[argparse.Namespace, asyncio.Event], Any]:
+    return lambda args, stop: module.main(name, args, stop)
+
+
+async def test_serve_reads_the_settings_it_shows(
+    nats_server: NatsServer, bucket_name: str, tmp_path: Path
+) -> None:
+    (tmp_path / "view").mkdir()
+    settings = settings_for(nats_server.url, bucket_name, view_dir=tmp_path / "view", **PREFIX)
+    args = parse(["serve"])
+
+    async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
+        # serve's own process setup (logging, global providers) is left out; the rest is its.
+        handle = service_cli.start_serve_telemetry(args.settings, otlp=False)
+        assert handle is None
+        return await service_cli._serve_service(args.settings, args, handle, stop)
+
+    reads = await reads_of(serve, args, settings, stopped=True)
+    # The Prometheus address is read in full only once a port is given; serve then opens it,
+    # which a test process shares with every other test, so the read is made here alone.
+    with_port = settings_for(nats_server.url, bucket_name, prometheus_port=0)
+    assert with_port.prometheus_address is not None
+    assert reads | RecordingSettings.reads == expected("serve")
+
+
+async def test_status_reads_the_settings_it_shows(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    args = parse(["status", "--timeout", "0.5"])
+    reads = await reads_of(
+        main_of(service_cli, "status"), args, settings_for(nats_server.url, bucket_name)
+    )
+    assert reads == expected("status")
+
+
+async def test_register_deregister_and_record_read_the_settings_they_show(
+    nats_server: NatsServer, bucket_name: str, tmp_path: Path
+) -> None:
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps(base_card()), encoding="utf-8")
+    worker = ["--namespace", "dgd", "--component", "backend", "--endpoint", "generate"]
+    register = parse(["register", "--card", str(card), *worker, "--instance-id", "7", "--once"])
+    reads = await reads_of(
+        main_of(nats_cli, "register"),
+        register,
+        settings_for(nats_server.url, bucket_name, **PREFIX),
+    )
+    assert reads == expected("register")
+
+    # With a live frontend, record also asks it for its decision state.
+    buckets = settings_for(nats_server.url, bucket_name)
+    async with running(
+        nats_server.url,
+        discovery_bucket=buckets.discovery_bucket,
+        admission_bucket=buckets.admission_bucket,
+        status_subject=buckets.status_subject,
+    ) as (service, _watchdog):
+        await all_ready(service)
+        record = parse(["record", "--duration", "0.5", "-o", str(tmp_path / "trace.jsonl")])
+        reads = await reads_of(
+            main_of(nats_cli, "record"), record, settings_for(nats_server.url, bucket_name)
+        )
+    assert reads == expected("record")
+    trace = (tmp_path / "trace.jsonl").read_text(encoding="utf-8")
+    kinds = [json.loads(line)["kind"] for line in trace.splitlines()]
+    assert kinds[:3] == ["trace", "state", "snapshot"]
+
+    deregister = parse(["deregister", *worker, "--instance-id", "7"])
+    reads = await reads_of(
+        main_of(nats_cli, "deregister"), deregister, settings_for(nats_server.url, bucket_name)
+    )
+    assert reads == expected("deregister")
+
+
+async def test_rollout_reads_the_settings_it_shows(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    args = parse(["rollout", "--model", "Qwen/Qwen3-0.6B", "--namespace", "dgd-v2"])
+    reads = await reads_of(
+        main_of(rollout_cli, "rollout"), args, settings_for(nats_server.url, bucket_name)
+    )
+    assert reads == expected("rollout")
+
+
+async def test_bridge_reads_the_settings_it_shows_over_a_file_store_and_etcd(
+    nats_server: NatsServer, bucket_name: str, tmp_path: Path, etcd_server: EtcdServer
+) -> None:
+    store = tmp_path / "file-kv"
+    store.mkdir()
+    on_files = await reads_of(
+        main_of(bridge_cli, "bridge"),
+        parse(["bridge", "--once", "--file-kv", str(store)]),
+        settings_for(nats_server.url, bucket_name),
+    )
+    on_etcd = await reads_of(
+        main_of(bridge_cli, "bridge"),
+        parse(["bridge", "--once"]),
+        settings_for(nats_server.url, bucket_name, etcd_endpoints=(etcd_server.url,)),
+    )
+    assert on_files | on_etcd == expected("bridge")
