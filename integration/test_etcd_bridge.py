@@ -39,11 +39,11 @@ from workerset_admission.adapters.etcd.bridge import (
     bucket_key_for_etcd,
 )
 from workerset_admission.adapters.etcd.client import AetcdStoreReader, EtcdOptions
-from workerset_admission.adapters.etcd.endpoints import parse_endpoints
 from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.discovery_paths import parse_endpoints
 from workerset_admission.errors import StoreUnavailable
 from workerset_admission.ownership import WriterId
 from workerset_admission.service import AdmissionService

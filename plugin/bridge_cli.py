@@ -146,7 +146,9 @@ async def _bucket_writer(
     # A bridge is what refills a bucket a restarted server lost, so it retries at least every
     # second: it is back (and writing) before the frontends' longer backoff lets them re-read
     # the bucket. One process per store, so the extra attempts cost the server little.
-    configured = settings.nats_connect_options()
+    from workerset_admission.adapters.nats.connect import connect_options
+
+    configured = connect_options(settings)
     options = replace(
         configured,
         name="workerset-bridge",
@@ -168,10 +170,10 @@ async def _bucket_writer(
 
 async def _bridge_etcd(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.etcd.bridge import EtcdDiscoveryBridge
-    from workerset_admission.adapters.etcd.client import AetcdStoreReader
+    from workerset_admission.adapters.etcd.client import AetcdStoreReader, etcd_options
     from workerset_admission.ownership import etcd_bridge_writer
 
-    options = settings.etcd_options()
+    options = etcd_options(settings)
     # Stable across restarts, so a restarted bridge owns (and may prune) what it wrote before,
     # and never what a worker, a register process or another bridge wrote.
     owner = etcd_bridge_writer([str(endpoint) for endpoint in options.endpoints], args.bridge_id)

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -34,12 +34,9 @@ from pydantic import (
     model_validator,
 )
 from workerset_admission.admission import CoreSettings
+from workerset_admission.discovery_paths import parse_endpoints
 from workerset_admission.errors import ConfigError, UsageError
 from workerset_admission.keys import ADMISSION_BUCKET, DISCOVERY_BUCKET, STATUS_SUBJECT
-
-if TYPE_CHECKING:
-    from workerset_admission.adapters.etcd.client import EtcdOptions
-    from workerset_admission.adapters.nats.connect import NatsConnectOptions
 
 __all__ = [
     "CONFIG_FILE_ENV",
@@ -53,6 +50,7 @@ __all__ = [
     "default_frontend_id",
     "flags_from_args",
     "load_settings",
+    "mask_url",
 ]
 
 ENV_PREFIX = "WORKERSET_ADMISSION_"
@@ -61,6 +59,13 @@ CONFIG_FILE_ENV = f"{ENV_PREFIX}CONFIG_FILE"
 _BUCKET_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _SUBJECT_TOKEN = re.compile(r"^[^\s.*>]+$")
 _DEFAULT_RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with any user, password or token in it masked, for messages."""
+    scheme, sep, rest = url.rpartition("://")
+    userinfo, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}***@{host}" if at and userinfo else url
 
 
 def default_frontend_id() -> str:
@@ -162,8 +167,6 @@ class Settings(BaseModel):
     @classmethod
     def _check_etcd_endpoints(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if value:
-            from workerset_admission.adapters.etcd.endpoints import parse_endpoints
-
             try:
                 parse_endpoints(value)
             except ConfigError as exc:
@@ -266,57 +269,11 @@ class Settings(BaseModel):
             if isinstance(value, SecretStr):
                 value = "**********"
             elif name == "nats_servers":
-                from workerset_admission.adapters.nats.connect import mask_url
-
                 value = tuple(mask_url(url) for url in value)
             elif isinstance(value, Path):
                 value = str(value)
             shown[name] = value
         return shown
-
-    def nats_connect_options(
-        self, servers: Sequence[str] | None = None, *, client_name: str | None = None
-    ) -> NatsConnectOptions:
-        """Translate into the NATS adapter's connect options (``servers`` overrides).
-
-        The connection is named ``client_name``, or else after this frontend's identity (what a
-        frontend's connections are told apart by in the server's monitoring).
-        """
-        from workerset_admission.adapters.nats.connect import NatsConnectOptions
-
-        chosen = tuple(servers) if servers is not None else self.nats_servers
-        return NatsConnectOptions(
-            servers=chosen,
-            name=client_name or f"workerset-admission {self.frontend_id}",
-            user=self.nats_user,
-            password=self.nats_password.get_secret_value() if self.nats_password else None,
-            token=self.nats_token.get_secret_value() if self.nats_token else None,
-            nkey_seed_file=self.nats_nkey_seed_file,
-            creds_file=self.nats_creds_file,
-            tls_ca_file=self.nats_tls_ca_file,
-            tls_cert_file=self.nats_tls_cert_file,
-            tls_key_file=self.nats_tls_key_file,
-            tls_hostname=self.nats_tls_hostname,
-        )
-
-    def etcd_options(self) -> EtcdOptions:
-        """Translate into the etcd reader's options; needs the ``etcd`` extra (aetcd)."""
-        from workerset_admission.adapters.etcd.endpoints import parse_endpoints
-
-        try:
-            from workerset_admission.adapters.etcd.client import EtcdOptions
-        except ImportError as exc:
-            raise ConfigError(
-                "reading etcd needs aetcd: pip install 'dynamo-workerset-admission[etcd]'"
-            ) from exc
-        return EtcdOptions(
-            endpoints=parse_endpoints(self.etcd_endpoints),
-            user=self.etcd_user,
-            password=self.etcd_password.get_secret_value() if self.etcd_password else None,
-            ca_file=self.etcd_tls_ca_file,
-            cert_file=self.etcd_tls_cert_file,
-            key_file=self.etcd_tls_key_file,
-        )
 
 
 _FIELDS = frozenset(Settings.model_fields)

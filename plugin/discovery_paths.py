@@ -1,28 +1,34 @@
-"""Dynamo's discovery store paths (etcd keys and file names alike) and the bucket keys they map to.
+"""Dynamo's discovery stores: where etcd is, their paths, and the bucket keys the paths map to.
 
 Dynamo 1.6.1 keeps one record per path in four buckets, whichever store it runs on:
 ``<ns>/<component>/<endpoint>/<id hex>`` (plus ``/<suffix>`` for a LoRA card) in ``instances``
 and ``mdc``, and ``namespace/<ns>[/component/<c>[/endpoint/<e>]]/topic/<topic>/<publisher id
 hex>`` in ``event_sources`` and ``event_channels``. Every bridge gives a record the bucket key
-DESIGN.md names for it, through the one translation here.
+DESIGN.md names for it, through the one translation here. etcd's client URLs are read here
+too, as Dynamo reads ``ETCD_ENDPOINTS``, so the settings check them without the etcd adapter.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import urlsplit
 
 from workerset_admission.card import event_kv_key
 from workerset_admission.card.events import parse_dynamo_event_path
-from workerset_admission.errors import InvalidRecordError
+from workerset_admission.errors import ConfigError, InvalidRecordError
 from workerset_admission.identity import EndpointId
 from workerset_admission.keys import endpoint_kv_key, model_kv_key
 
 __all__ = [
     "RECORD_KINDS",
+    "EtcdEndpoint",
     "RecordKind",
     "bucket_key_for_parts",
     "bucket_key_for_path",
+    "parse_endpoints",
     "parse_record_path",
 ]
 
@@ -76,3 +82,43 @@ def bucket_key_for_path(kind: RecordKind, path: str) -> str:
     if isinstance(parsed, str):
         raise InvalidRecordError(parsed, f"not a {kind} record path", key=f"v1/{kind}/{path}")
     return bucket_key_for_parts(kind, *parsed)
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdEndpoint:
+    """One etcd client URL, split."""
+
+    host: str
+    port: int
+    secure: bool
+
+    def __str__(self) -> str:
+        return f"{'https' if self.secure else 'http'}://{self.host}:{self.port}"
+
+
+def parse_endpoints(urls: str | Sequence[str]) -> tuple[EtcdEndpoint, ...]:
+    """Parse ``http(s)://host:port`` URLs (a comma-separated string or a list), as Dynamo does.
+
+    A URL without a scheme is taken as ``http://``, like ``ETCD_ENDPOINTS``. Raises
+    :class:`ConfigError` naming what is wrong, never echoing credentials embedded in a URL.
+    """
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    endpoints: list[EtcdEndpoint] = []
+    for raw in (item.strip() for item in items):
+        if not raw:
+            continue
+        split = urlsplit(raw if "://" in raw else f"http://{raw}")
+        if split.scheme not in ("http", "https"):
+            raise ConfigError("each etcd endpoint must be an http:// or https:// URL")
+        if split.username or split.password:
+            raise ConfigError("give etcd credentials as etcd_user/etcd_password, not in the URL")
+        try:
+            port = split.port or 2379
+        except ValueError:
+            raise ConfigError("an etcd endpoint has an invalid port") from None
+        if not split.hostname or split.path not in ("", "/"):
+            raise ConfigError("each etcd endpoint is scheme://host:port and nothing more")
+        endpoints.append(EtcdEndpoint(split.hostname, port, split.scheme == "https"))
+    if not endpoints:
+        raise ConfigError("at least one etcd endpoint is required")
+    return tuple(endpoints)

@@ -132,8 +132,10 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
 
 
 def _options(settings: Settings, command: str) -> NatsConnectOptions:
-    return settings.nats_connect_options(
-        _servers(settings), client_name=f"workerset-admission {command}"
+    from workerset_admission.adapters.nats.connect import connect_options
+
+    return connect_options(
+        settings, _servers(settings), client_name=f"workerset-admission {command}"
     )
 
 

@@ -97,7 +97,9 @@ async def create_service(
     settings = settings or load_settings()
     boundary = boundary_settings(settings)
     view = _view_hook(settings, boundary, view_files)
-    options = settings.nats_connect_options(servers)
+    from workerset_admission.adapters.nats.connect import connect_options
+
+    options = connect_options(settings, servers)
     from workerset_admission.adapters.nats.buckets import BucketSpec
 
     source: DiscoverySource = JetStreamDiscoverySource(

@@ -276,7 +276,11 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
 
     settings = args.settings
     # A tool reads an existing deployment; with no servers configured, the local default.
-    options = settings.nats_connect_options(
-        settings.nats_servers or DEFAULT_SERVERS, client_name="workerset-admission rollout"
+    from workerset_admission.adapters.nats.connect import connect_options
+
+    options = connect_options(
+        settings,
+        settings.nats_servers or DEFAULT_SERVERS,
+        client_name="workerset-admission rollout",
     )
     return await run_async(args, NatsRecordSource(options, settings.admission_bucket))

@@ -268,7 +268,9 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
             )
         servers = (local["url"],)
         subject = args.subject or str(local.get("status_subject") or subject)
-    options = settings.nats_connect_options(servers, client_name="workerset-admission status")
+    from workerset_admission.adapters.nats.connect import connect_options
+
+    options = connect_options(settings, servers, client_name="workerset-admission status")
     try:
         nc = await asyncio.wait_for(connect(options), args.timeout)
     except asyncio.TimeoutError:

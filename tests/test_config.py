@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from workerset_admission.adapters.nats.connect import connect_options
 from workerset_admission.config import (
     Settings,
     add_settings_arguments,
@@ -119,7 +120,7 @@ def test_secrets_are_masked_in_repr_and_in_the_redacted_view() -> None:
     )
     assert "hunter2-secret" not in repr(settings)
     assert "hunter2-secret" not in json.dumps(settings.redacted())
-    options = settings.nats_connect_options(["nats://127.0.0.1:4222"])
+    options = connect_options(settings, ["nats://127.0.0.1:4222"])
     assert options.password == "hunter2-secret"
     assert "hunter2-secret" not in repr(options)
 

@@ -20,10 +20,11 @@ import aetcd.exceptions  # type: ignore[import-untyped,unused-ignore]
 import grpc  # type: ignore[import-untyped,unused-ignore]
 from aetcd import rpc  # type: ignore[import-untyped,unused-ignore]
 from workerset_admission.adapters.etcd.bridge import StoreChange, StoreEntry, StoreListing
-from workerset_admission.adapters.etcd.endpoints import EtcdEndpoint
+from workerset_admission.config import Settings
+from workerset_admission.discovery_paths import EtcdEndpoint, parse_endpoints
 from workerset_admission.errors import ConfigError, StoreCompacted, StoreUnavailable
 
-__all__ = ["AetcdStoreReader", "EtcdOptions"]
+__all__ = ["AetcdStoreReader", "EtcdOptions", "etcd_options"]
 
 # A listing of many thousand cards is one Range response; gRPC's default 4 MiB cap is too small.
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -58,6 +59,18 @@ class EtcdOptions:
             private_key=read(self.key_file),
             certificate_chain=read(self.cert_file),
         )
+
+
+def etcd_options(settings: Settings) -> EtcdOptions:
+    """Build the options to reach the etcd the settings name."""
+    return EtcdOptions(
+        endpoints=parse_endpoints(settings.etcd_endpoints),
+        user=settings.etcd_user,
+        password=settings.etcd_password.get_secret_value() if settings.etcd_password else None,
+        ca_file=settings.etcd_tls_ca_file,
+        cert_file=settings.etcd_tls_cert_file,
+        key_file=settings.etcd_tls_key_file,
+    )
 
 
 class _Client(aetcd.Client):  # type: ignore[misc]

@@ -13,6 +13,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import ReconnectToServerHandler, Server
+from workerset_admission.config import Settings, mask_url
 from workerset_admission.errors import ConfigError, Unreachable
 
 from .raw_delivery import RawDeliveryClient
@@ -22,6 +23,7 @@ __all__ = [
     "ConnectionCallbacks",
     "NatsConnectOptions",
     "connect",
+    "connect_options",
     "mask_url",
     "probe_bucket",
     "servers_for_display",
@@ -36,11 +38,28 @@ _RECANCEL_INTERVAL = 0.05
 ErrorCallback = Callable[[Exception], Awaitable[None]]
 
 
-def mask_url(url: str) -> str:
-    """Return ``url`` with any user, password or token in it masked, for messages."""
-    scheme, sep, rest = url.rpartition("://")
-    userinfo, at, host = rest.rpartition("@")
-    return f"{scheme}{sep}***@{host}" if at and userinfo else url
+def connect_options(
+    settings: Settings, servers: Sequence[str] | None = None, *, client_name: str | None = None
+) -> NatsConnectOptions:
+    """Build the connect options the settings describe (``servers`` overrides theirs).
+
+    The connection is named ``client_name``, or else after the frontend's identity (what a
+    frontend's connections are told apart by in the server's monitoring).
+    """
+    chosen = tuple(servers) if servers is not None else settings.nats_servers
+    return NatsConnectOptions(
+        servers=chosen,
+        name=client_name or f"workerset-admission {settings.frontend_id}",
+        user=settings.nats_user,
+        password=settings.nats_password.get_secret_value() if settings.nats_password else None,
+        token=settings.nats_token.get_secret_value() if settings.nats_token else None,
+        nkey_seed_file=settings.nats_nkey_seed_file,
+        creds_file=settings.nats_creds_file,
+        tls_ca_file=settings.nats_tls_ca_file,
+        tls_cert_file=settings.nats_tls_cert_file,
+        tls_key_file=settings.nats_tls_key_file,
+        tls_hostname=settings.nats_tls_hostname,
+    )
 
 
 def servers_for_display(servers: Sequence[str]) -> str:

@@ -35,10 +35,10 @@ from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 from workerset_admission.adapters.etcd.bridge import EtcdDiscoveryBridge
 from workerset_admission.adapters.etcd.client import AetcdStoreReader, EtcdOptions
-from workerset_admission.adapters.etcd.endpoints import parse_endpoints
 from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 from workerset_admission.card import encode_model_record, model_kv_key
+from workerset_admission.discovery_paths import parse_endpoints
 from workerset_admission.identity import EndpointId
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from workerset_admission.adapters.etcd.endpoints import EtcdEndpoint, parse_endpoints
+from workerset_admission.adapters.etcd.client import etcd_options
 from workerset_admission.config import load_settings
+from workerset_admission.discovery_paths import EtcdEndpoint, parse_endpoints
 from workerset_admission.errors import ConfigError
 
 
@@ -77,7 +78,7 @@ def test_etcd_options_carry_the_secret_and_tls_files_to_the_reader() -> None:
         },
     )
 
-    options = settings.etcd_options()
+    options = etcd_options(settings)
 
     assert options.endpoints == (EtcdEndpoint("h", 2379, secure=True),)
     assert (options.user, options.password) == ("u", "pw")
@@ -91,7 +92,7 @@ def test_a_tls_file_that_cannot_be_read_is_a_config_error_naming_it(tmp_path: Pa
     )
 
     with pytest.raises(ConfigError, match=r"absent-ca\.pem"):
-        settings.etcd_options().credentials()
+        etcd_options(settings).credentials()
 
 
 def test_an_etcd_bridge_is_named_by_host_and_endpoints_so_a_restart_owns_its_keys() -> None:
