@@ -1,6 +1,6 @@
 """The package's shape: NATS stays inside adapters/nats, adapters never import one another, the
-admission core is one plain state machine, the card's speed code stays in card/fast, and modules
-stay small enough to read.
+admission core is one plain state machine, the card's speed code stays in card/fast, and every
+module says its one concern in its first line.
 
 Nothing in the product disguises how it builds an object: no ``__class__`` assignment, no slot
 written through its descriptor.
