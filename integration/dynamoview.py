@@ -96,6 +96,10 @@ class Deployment:
     workers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     sidecar: subprocess.Popen[bytes] | None = None
     status_subject: str = "workerset-admission.status.view-test"
+    # Dynamo's event plane: ``nats`` on ``event_plane_url`` (the plugin's server when unset),
+    # or ``zmq``, Dynamo's default.
+    event_plane: str = "nats"
+    event_plane_url: str | None = None
 
     def __post_init__(self) -> None:
         self.store = self.root / "workers-kv"
@@ -120,9 +124,11 @@ class Deployment:
                 "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
                 "DYN_EVENT_PLANE_HOST": "127.0.0.1",
                 "DYN_SELF_HOST_METADATA": "0",
-                "DYN_EVENT_PLANE": "nats",
-                "NATS_SERVER": self.nats_url,
+                "DYN_EVENT_PLANE": self.event_plane,
+                "NATS_SERVER": self.event_plane_url or self.nats_url,
                 "DYN_LOG": "warn",
+                # A failed request would otherwise print a whole backtrace.
+                "RUST_BACKTRACE": "0",
             }
         )
         return env

@@ -23,11 +23,19 @@ says which are live and holds their raw records. The view is, per binding:
 Event channels that name no worker (load metrics, forward-pass metrics) cannot be attributed to
 an admitted worker and are left out, rather than let a rejected worker's channel in.
 
-Publishing follows the file store's rules and the contract's order. A file is written as a
-``.tmp_`` file (which the file store ignores) and renamed into place. Records of a tenure that
-ended are withdrawn first; then new records are added (event and instance records before the
-model card that makes the frontend build the model); only then are records that left a tenure
-removed (add before remove). Files are touched every ``refresh_interval`` seconds, well inside
+Publishing follows the file store's rules and the frontend's own behaviour. A file is written
+as a ``.tmp_`` file (which the file store ignores) and renamed into place. New records are
+added first (event and instance records before the model card that makes the frontend build
+the model); only then are records removed (add before remove), at a succession too. That is
+what makes a succession gapless: on the workers' own store the frontend already holds the
+rejected cohort's records (its own first-wins admission keeps them out), so when the last
+incumbent deregisters it rebuilds the model on the successor's card at once. A view that
+withdrew the incumbent before writing the successor made the frontend drop the model and
+answer ``404`` until the successor's card arrived. The successor's records appear only once
+admission committed it, after the incumbent's last member left, so no frontend, running or
+started late, sees them while the incumbent serves. Because the last member's departure and
+the successor's commit are two steps, a group's last files are kept, for at most
+``succession_grace`` seconds, until its next files are written. Files are touched every ``refresh_interval`` seconds, well inside
 the store's 10 s expiry; when the writer stops its files are deleted, and when its process dies
 the frontend's own file store expires them within 10 s. Either way the frontend fails closed.
 While NATS is unreachable nothing changes the admitted state, and the last view is kept alive.
@@ -167,11 +175,12 @@ class ViewWriter:
                 for t in tenures
             )
             _log.info(
-                "admitted view: %d withdrawn, %d written, %d removed; %d file(s) published; "
-                "serving %s",
-                len(report.withdrawn),
+                "admitted view: %d written, %d withdrawn, %d removed, %d kept for a successor; "
+                "%d file(s) published; serving %s",
                 len(report.written),
+                len(report.withdrawn),
                 len(report.removed),
+                len(report.kept),
                 len(self.view.files),
                 serving or "nothing",
             )
@@ -180,9 +189,13 @@ class ViewWriter:
     async def _run(self) -> None:
         view = self.view
         while True:
+            timeout = view.refresh_interval / 2
+            kept_for = view.kept_for()
+            if kept_for is not None:
+                timeout = min(timeout, kept_for)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=view.refresh_interval / 2)
-            if self._wake.is_set():
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            if self._wake.is_set() or view.kept_for() == 0.0:
                 self._wake.clear()
                 try:
                     self.sync_now()

@@ -194,7 +194,7 @@ def test_a_member_joining_is_added_before_a_member_leaving_is_removed() -> None:
     assert files.ops[5] == ("remove", mdc_file(A1))
 
 
-def test_on_succession_the_old_incumbents_records_go_before_the_successors_appear() -> None:
+def test_on_succession_the_successors_records_appear_before_the_old_incumbents_go() -> None:
     files = FakeFiles()
     view = AdmittedView(files)
     table = table_of(worker_records(A1), worker_records(B, block_size=32))
@@ -203,22 +203,99 @@ def test_on_succession_the_old_incumbents_records_go_before_the_successors_appea
 
     report = view.sync([Tenure(GROUP, 4, frozenset({B}))], table)
 
+    # As on the workers' own store: the frontend holds the successor's records (its own
+    # admission keeps them out) when the incumbent's go, and rebuilds on them at once.
     kinds = [op for op, _file in files.ops]
-    assert kinds == ["remove"] * 5 + ["publish"] * 5
+    assert kinds == ["publish"] * 5 + ["remove"] * 5
+    assert files.ops[4] == ("publish", mdc_file(B))
     assert set(report.withdrawn) == set(files_of(A1, report.withdrawn))
     assert set(files.content) == set(files_of(B, files.content))
 
 
-def test_a_retired_tenure_with_no_successor_yet_empties_the_view() -> None:
+def test_the_last_members_files_wait_for_the_successor_committed_a_step_later() -> None:
+    files = FakeFiles()
+    clock = Clock()
+    view = AdmittedView(files, succession_grace=1.0, clock=clock)
+    table = table_of(worker_records(A1), worker_records(B, block_size=32))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    files.ops.clear()
+
+    # The last member's card left: the tenure is empty, its successor not committed yet.
+    emptied = view.sync([Tenure(GROUP, 1, frozenset())], table)
+    # Its card and its instance record at the endpoint stay; the rest goes at once.
+    assert set(emptied.kept) == {instance_file(A1), mdc_file(A1)}
+    assert len(emptied.removed) == 3
+    assert view.kept_for() == 1.0
+    files.ops.clear()
+
+    clock.now += 0.01
+    view.sync([Tenure(GROUP, 2, frozenset({B}))], table)
+
+    assert [op for op, _file in files.ops] == ["publish"] * 5 + ["remove"] * 2
+    assert set(files.content) == set(files_of(B, files.content))
+    assert view.kept_for() is None
+
+
+def test_a_groups_last_instance_record_stays_while_its_card_is_still_admitted() -> None:
     files = FakeFiles()
     view = AdmittedView(files)
+    table = table_of(worker_records(A1))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    files.ops.clear()
+
+    # The bucket lost the worker's endpoint record first; its card leaves a step later.
+    table.apply(SourceDelete(endpoint_kv_key(EP, A1), 9))
+    report = view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    # A card with no instance record would make the frontend answer "not ready".
+    assert report.kept == (instance_file(A1),)
+    assert instance_file(A1) in files.content
+    assert files.ops == []
+
+
+def test_a_member_leaving_beside_others_is_removed_at_once() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    files.ops.clear()
+
+    report = view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
+
+    assert report.kept == ()
+    assert set(report.removed) == set(files_of(A1, report.removed))
+    assert len(report.removed) == 5
+
+
+def test_a_retired_tenure_with_no_successor_empties_the_view_after_the_grace() -> None:
+    files = FakeFiles()
+    clock = Clock()
+    view = AdmittedView(files, succession_grace=1.0, clock=clock)
+    table = table_of(worker_records(A1))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    view.sync([], table)
+    assert set(files.content) == {instance_file(A1), mdc_file(A1)}
+    clock.now += 0.6
+    assert view.kept_for() == pytest.approx(0.4)
+    clock.now += 0.4
+    report = view.sync([], table)
+
+    assert set(report.withdrawn) == {instance_file(A1), mdc_file(A1)}
+    assert files.content == {}
+    assert files.manifest == []
+    assert view.kept_for() is None
+
+
+def test_with_no_grace_a_retired_tenure_empties_the_view_at_once() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files, succession_grace=0.0)
     table = table_of(worker_records(A1))
     view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
 
     view.sync([], table)
 
     assert files.content == {}
-    assert files.manifest == []
 
 
 def test_files_are_touched_only_when_a_refresh_is_due_and_a_lost_file_is_rewritten() -> None:
@@ -271,8 +348,8 @@ def test_a_previous_writers_files_are_settled_by_the_first_sync_and_not_kept_ali
 
     assert set(files.content) == set(files_of(A2, files.content))
     assert len(files.content) == 5
-    # Content unknown: the wanted files are written again, the others withdrawn first.
-    assert [op for op, _file in files.ops] == ["remove"] * 5 + ["publish"] * 5
+    # Content unknown: the wanted files are written again, then the others withdrawn.
+    assert [op for op, _file in files.ops] == ["publish"] * 5 + ["remove"] * 5
 
 
 def test_a_refused_value_keeps_the_last_valid_record_in_the_view() -> None:
@@ -446,13 +523,13 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         await _until(lambda: mdc_file(A1) in files.content)
         assert set(files.content) == set(files_of(A1, files.content))
 
-        # The incumbent drains: its records go, then the successor's appear.
+        # The incumbent drains: the successor's records appear, then its last ones go.
         for entry in worker_records(A1):
             source.queue.put_nowait(SourceDelete(entry.key, 3))
-        await _until(lambda: mdc_file(B) in files.content)
-        removed = max(i for i, op in enumerate(files.ops) if op == ("remove", mdc_file(A1)))
+        await _until(lambda: mdc_file(B) in files.content and mdc_file(A1) not in files.content)
+        removed = files.ops.index(("remove", mdc_file(A1)))
         added = files.ops.index(("publish", mdc_file(B)))
-        assert removed < added
+        assert added < removed
         assert set(files.content) == set(files_of(B, files.content))
 
         # Kept alive while nothing changes (NATS away: no events at all).
@@ -462,6 +539,28 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         await service.stop()
         await writer.close()
     assert files.content == {}
+
+
+async def test_the_writer_removes_kept_files_when_the_grace_ends_with_nothing_else_to_wake_it() -> None:
+    files = FakeFiles()
+    table = RecordTable()
+    source = QueueSource()
+    service = AdmissionService(TappedSource(source, table))
+    # Refreshes far apart: only the grace's deadline can wake the writer in time.
+    writer = ViewWriter(AdmittedView(files, refresh_interval=60, succession_grace=0.2), table)
+    writer.attach(service)
+    await service.start()
+    try:
+        source.queue.put_nowait(SourceSnapshot(worker_records(A1)))
+        await _until(lambda: mdc_file(A1) in files.content)
+        for entry in worker_records(A1):
+            source.queue.put_nowait(SourceDelete(entry.key, 3))
+        await _until(lambda: len(files.content) == 2)
+        assert set(files.content) == {instance_file(A1), mdc_file(A1)}
+        await _until(lambda: not files.content)
+    finally:
+        await service.stop()
+        await writer.close()
 
 
 def test_the_index_follows_puts_removals_and_listings() -> None:

@@ -1,0 +1,249 @@
+"""Dynamo alone beside Dynamo on the admitted view: one deployment, two frontends, steady load.
+
+The same ``python -m dynamo.mocker`` workers register in their own file store. Frontend
+"direct" reads that store (Dynamo 1.6.1 alone, with its own first-wins admission); frontend
+"view" reads the admitted view that ``workerset-admission serve --view-dir`` writes from the
+bucket the ``bridge`` fills. Each gets the same steady load, and every request is kept with
+its send time, status and serving worker, so a fault's cost reads the same way on both.
+
+The plugin's nats-server (``plugin_nats``, restartable, wipeable) is not Dynamo's event plane:
+the Dynamo processes use a second nats-server, or zmq, so a fault injected on one does not hit
+the other. Everything listens on loopback (zmq publishers bind every interface, so a zmq run
+belongs in a network namespace with only loopback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dynamoview import MODEL_NAME, Deployment, Frontend, wait_for
+from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
+
+__all__ = [
+    "Figures",
+    "Load",
+    "Request",
+    "SideBySide",
+    "figures",
+    "side_by_side",
+]
+
+RATE = 15.0  # requests per second to each frontend
+TIMEOUT = 10.0  # per request, as a client of a real deployment would wait
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request: when it was sent and answered, its HTTP status (0: no answer), its worker."""
+
+    sent: float
+    done: float
+    status: int
+    worker: int | None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.worker is not None
+
+
+class Load:
+    """Chat requests at a steady rate on one frontend, each on its own, all kept in order.
+
+    A slow request does not hold back the next one: each is sent on schedule and runs
+    concurrently, up to ``timeout`` seconds. Runs on its own thread and event loop.
+    """
+
+    def __init__(self, port: int, *, rate: float = RATE, timeout: float = TIMEOUT) -> None:
+        self.url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        self.rate = rate
+        self.timeout = timeout
+        self.requests: list[Request] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _one(self, client: Any, turn: int) -> None:
+        sent = time.monotonic()
+        body = {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": f"a b a {turn % 7}"}],
+            "max_tokens": 2,
+            "nvext": {"extra_fields": ["worker_id"]},
+        }
+        status, worker, error = 0, None, ""
+        try:
+            reply = await client.post(self.url, json=body)
+            status = reply.status_code
+            if status == 200:
+                ids = (reply.json().get("nvext") or {}).get("worker_id") or {}
+                worker = ids.get("decode_worker_id")
+            else:
+                error = reply.text[:200]
+        except Exception as exc:  # a timeout or a refused connection: no answer
+            error = f"{type(exc).__name__}: {exc}"[:200]
+        self.requests.append(Request(sent, time.monotonic(), status, worker, error))
+
+    async def _run(self) -> None:
+        import httpx2 as httpx  # the openai client's own HTTP library
+
+        limits = httpx.Limits(max_connections=int(self.rate * self.timeout) + 8)
+        async with httpx.AsyncClient(timeout=self.timeout, limits=limits) as client:
+            pending: set[asyncio.Task[None]] = set()
+            start = time.monotonic()
+            turn = 0
+            while not self._stop.is_set():
+                task = asyncio.ensure_future(self._one(client, turn))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                turn += 1
+                await asyncio.sleep(max(0.0, start + turn / self.rate - time.monotonic()))
+            if pending:
+                await asyncio.wait(pending, timeout=self.timeout + 2)
+
+    def start(self) -> Load:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self.timeout + 10)
+
+    def between(self, start: float, end: float) -> list[Request]:
+        """The requests sent in ``[start, end)``, in send order."""
+        return sorted((r for r in self.requests if start <= r.sent < end), key=lambda r: r.sent)
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What a fault cost one frontend."""
+
+    sent: int
+    failed: int
+    longest_gap: float  # seconds between the send times of two successive successes
+    to_rejected: int  # successes served by a worker that must not serve yet
+    errors: tuple[str, ...] = ()
+
+    def row(self) -> str:
+        return f"{self.failed} of {self.sent} failed, longest no-success {self.longest_gap:.2f} s"
+
+
+def figures(
+    requests: Iterable[Request], *, rejected: Iterable[int] = (), rejected_until: float = 0.0
+) -> Figures:
+    """Count failures, the longest no-success window and early requests to ``rejected``.
+
+    The window runs from the send time of one successful request to that of the next, so at a
+    steady rate with no failure it is one request's spacing. A success of a ``rejected`` worker
+    counts against it when the request was sent before ``rejected_until``.
+    """
+    ordered = sorted(requests, key=lambda r: r.sent)
+    banned = set(rejected)
+    successes = [r.sent for r in ordered if r.ok]
+    if not ordered:
+        gap = 0.0
+    elif not successes:
+        gap = ordered[-1].sent - ordered[0].sent
+    else:
+        edges = [ordered[0].sent, *successes, ordered[-1].sent]
+        gap = max(b - a for a, b in zip(edges, edges[1:], strict=False))
+    failed = [r for r in ordered if not r.ok]
+    early = [r for r in ordered if r.ok and r.worker in banned and r.sent < rejected_until]
+    errors = tuple(f"{r.sent:.3f} {r.status} {r.error}" for r in failed[:20])
+    return Figures(len(ordered), len(failed), gap, len(early), errors)
+
+
+@dataclass
+class SideBySide:
+    """One deployment with both frontends; :meth:`load` runs the same traffic on each."""
+
+    deployment: Deployment
+    plugin_nats: Any  # EmbeddedNatsServer or a container: stop/start/restart(wipe=...)
+    view: Frontend | None = None
+    direct: Frontend | None = None
+    loads: dict[str, Load] = field(default_factory=dict)
+
+    def start(self, *frontend_args: str, frontend_env: dict[str, str] | None = None) -> None:
+        """The bridge, the plugin and both frontends; returns once both answer."""
+        self.deployment.start_bridge()
+        self.deployment.start_sidecar()
+        self.view = self.deployment.start_frontend("frontend-view", *frontend_args, env=frontend_env)
+        self.direct = self.deployment.start_frontend(
+            "frontend-direct", *frontend_args, view=self.deployment.store, env=frontend_env
+        )
+
+    @property
+    def frontends(self) -> dict[str, Frontend]:
+        assert self.view is not None and self.direct is not None, "call start() first"
+        return {"direct": self.direct, "view": self.view}
+
+    def wait_serving(self, workers: Iterable[int], seconds: float = 60.0) -> None:
+        """Until both frontends list the model and the view holds exactly ``workers``."""
+        expected = set(workers)
+        wait_for(
+            lambda: self.deployment.view_instance_ids() == expected,
+            seconds,
+            f"the view holds {sorted(expected)}",
+        )
+        for name, frontend in self.frontends.items():
+            wait_for(lambda f=frontend: MODEL_NAME in f.models(), seconds, f"{name} lists model")
+            wait_for(lambda f=frontend: f.ask().decode in expected, seconds, f"{name} serves")
+
+    @contextlib.contextmanager
+    def load(self) -> Iterator[dict[str, Load]]:
+        """Steady load on both frontends while the block runs."""
+        self.loads = {name: Load(f.port) for name, f in self.frontends.items()}
+        for load in self.loads.values():
+            load.start()
+        try:
+            yield self.loads
+        finally:
+            for load in self.loads.values():
+                load._stop.set()
+            for load in self.loads.values():
+                load.stop()
+
+    def figures(
+        self, start: float, end: float, *, rejected: Iterable[int] = (), until: float = 0.0
+    ) -> dict[str, Figures]:
+        banned = set(rejected)
+        return {
+            name: figures(load.between(start, end), rejected=banned, rejected_until=until)
+            for name, load in self.loads.items()
+        }
+
+
+@contextlib.contextmanager
+def side_by_side(
+    root: Path, plugin_nats: Any, *, event_plane: str = "nats"
+) -> Iterator[SideBySide]:
+    """A side-by-side deployment under ``root``; the Dynamo event plane is its own.
+
+    ``plugin_nats`` is the plugin's restartable server (its ``url`` and a handle with
+    ``restart``). With ``event_plane="nats"`` a second nats-server carries Dynamo's events;
+    with ``"zmq"`` Dynamo's default transport does.
+    """
+    events: EmbeddedNatsServer | None = None
+    if event_plane == "nats":
+        events = EmbeddedNatsServer(root / "event-plane")
+        events.start()
+    running = Deployment(
+        root,
+        plugin_nats.url,
+        f"side-{uuid.uuid4().hex[:10]}",
+        event_plane=event_plane,
+        event_plane_url=events.url if events is not None else None,
+    )
+    try:
+        yield SideBySide(running, plugin_nats.handle)
+    finally:
+        running.close()
+        if events is not None:
+            events.close()
