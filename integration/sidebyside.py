@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 import time
 import uuid
@@ -153,7 +154,7 @@ def figures(
         gap = ordered[-1].sent - ordered[0].sent
     else:
         edges = [ordered[0].sent, *successes, ordered[-1].sent]
-        gap = max(b - a for a, b in zip(edges, edges[1:], strict=False))
+        gap = max(b - a for a, b in itertools.pairwise(edges))
     failed = [r for r in ordered if not r.ok]
     early = [r for r in ordered if r.ok and r.worker in banned and r.sent < rejected_until]
     errors = tuple(f"{r.sent:.3f} {r.status} {r.error}" for r in failed[:20])
@@ -174,15 +175,18 @@ class SideBySide:
         """The bridge, the plugin and both frontends; returns once both answer."""
         self.deployment.start_bridge()
         self.deployment.start_sidecar()
-        self.view = self.deployment.start_frontend("frontend-view", *frontend_args, env=frontend_env)
-        self.direct = self.deployment.start_frontend(
-            "frontend-direct", *frontend_args, view=self.deployment.store, env=frontend_env
+        running = self.deployment
+        self.view = running.start_frontend("frontend-view", *frontend_args, env=frontend_env)
+        self.direct = running.start_frontend(
+            "frontend-direct", *frontend_args, view=running.store, env=frontend_env
         )
 
     @property
     def frontends(self) -> dict[str, Frontend]:
-        assert self.view is not None and self.direct is not None, "call start() first"
-        return {"direct": self.direct, "view": self.view}
+        view, direct = self.view, self.direct
+        assert view is not None, "call start() first"
+        assert direct is not None, "call start() first"
+        return {"direct": direct, "view": view}
 
     def wait_serving(self, workers: Iterable[int], seconds: float = 60.0) -> None:
         """Until both frontends list the model and the view holds exactly ``workers``."""

@@ -34,11 +34,13 @@ withdrew the incumbent before writing the successor made the frontend drop the m
 answer ``404`` until the successor's card arrived. The successor's records appear only once
 admission committed it, after the incumbent's last member left, so no frontend, running or
 started late, sees them while the incumbent serves. Because the last member's departure and
-the successor's commit are two steps, a group's last files are kept, for at most
-``succession_grace`` seconds, until its next files are written. Files are touched every ``refresh_interval`` seconds, well inside
-the store's 10 s expiry; when the writer stops its files are deleted, and when its process dies
-the frontend's own file store expires them within 10 s. Either way the frontend fails closed.
-While NATS is unreachable nothing changes the admitted state, and the last view is kept alive.
+the successor's commit are two steps, a group's last model card and instance record at its
+endpoint are kept, for at most ``succession_grace`` seconds, until its next ones are written.
+
+Files are touched every ``refresh_interval`` seconds, well inside the store's 10 s expiry; when
+the writer stops its files are deleted, and when its process dies the frontend's own file store
+expires them within 10 s. Either way the frontend fails closed. While NATS is unreachable
+nothing changes the admitted state, and the last view is kept alive.
 
 The writer owns its directory: a lock file held for the process's life refuses a second live
 writer, and a manifest of the files it wrote lets the next writer remove what a crashed one left

@@ -93,7 +93,7 @@ class SyncReport:
 
 
 def _slot(file: ViewFile) -> tuple[str, str]:
-    """A file's bucket and path without its last part (the instance or publisher id).
+    """Return a file's bucket and its path without the last part (instance or publisher id).
 
     A group's files of one slot are its instance records of one endpoint, its model cards
     at one endpoint, or its event records of one topic. Only the slots at the group's own
@@ -104,7 +104,7 @@ def _slot(file: ViewFile) -> tuple[str, str]:
 
 
 def _endpoint_slot(bucket: str, group: GroupKey) -> tuple[str, str] | None:
-    """The slot of a group's instance records or model cards at its own endpoint."""
+    """Return the slot of a group's instance records or model cards at its own endpoint."""
     if bucket not in ("instances", "mdc"):
         return None
     endpoint = group.endpoint
@@ -176,7 +176,7 @@ class AdmittedView:
         wanted = plan_view(tenures, table)
         live = {(t.group, t.generation) for t in tenures}
         # Which groups keep a file in each slot: the last of a slot is kept for the successor.
-        lit = {(_slot(file), group) for file, (_v, owners) in wanted.items() for group, _g in owners}
+        lit = {(_slot(f), group) for f, (_v, owners) in wanted.items() for group, _g in owners}
         now = self._clock()
         written: list[ViewFile] = []
         for file in _add_order(wanted):

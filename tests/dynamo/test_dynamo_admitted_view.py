@@ -541,7 +541,7 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
     assert files.content == {}
 
 
-async def test_the_writer_removes_kept_files_when_the_grace_ends_with_nothing_else_to_wake_it() -> None:
+async def test_the_writer_removes_kept_files_when_the_grace_ends_without_another_wake() -> None:
     files = FakeFiles()
     table = RecordTable()
     source = QueueSource()
