@@ -18,10 +18,15 @@ says which are live and holds their raw records. The view is, per binding:
 * its ``v1/mdc`` records at the binding's endpoint (with any LoRA adapter cards);
 * its ``v1/event_sources`` records (``metadata.worker.worker_id`` names the worker) and the
   ``v1/event_channels`` records published under the same publisher id, so KV-aware routing
-  hears the admitted workers' KV events.
-
-Event channels that name no worker (load metrics, forward-pass metrics) cannot be attributed to
-an admitted worker and are left out, rather than let a rejected worker's channel in.
+  hears the admitted workers' KV events;
+* the binding endpoint's other event channels the frontend subscribes to (load metrics,
+  forward-pass metrics, active sequences). Their records name only a random publisher id and
+  an address, nothing that ties them to a worker, so the channels of a rejected worker at the
+  same endpoint come along. That is harmless and no more than Dynamo alone does: the frontend
+  on the workers' own store subscribes to the same channels, their events are keyed by worker
+  id, and the router looks them up only for the workers its WorkerSet holds, which come from
+  the view's model cards and instance records. A channel topic of any other name is left out,
+  with a WARNING once.
 
 Publishing follows the file store's rules and the frontend's own behaviour. A file is written
 as a ``.tmp_`` file (which the file store ignores) and renamed into place. New records are
@@ -72,6 +77,8 @@ from workerset_admission.adapters.dynamo.view_directory import (
     file_name_for,
 )
 from workerset_admission.adapters.dynamo.view_publish import (
+    SCOPE_TOPICS,
+    SUCCESSION_GRACE,
     AdmittedView,
     SyncReport,
     Tenure,
@@ -90,6 +97,8 @@ __all__ = [
     "BUCKETS",
     "LOCK_NAME",
     "MANIFEST_NAME",
+    "SCOPE_TOPICS",
+    "SUCCESSION_GRACE",
     "AdmittedView",
     "DirectoryFiles",
     "HeldRecord",

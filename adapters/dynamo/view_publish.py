@@ -16,7 +16,15 @@ from workerset_admission.adapters.dynamo.view_directory import (
 from workerset_admission.adapters.dynamo.view_records import HeldRecord, RecordTable
 from workerset_admission.identity import EndpointId, GroupKey
 
-__all__ = ["SUCCESSION_GRACE", "AdmittedView", "SyncReport", "Tenure", "plan_view"]
+__all__ = [
+    "SCOPE_TOPICS",
+    "SUCCESSION_GRACE",
+    "AdmittedView",
+    "SyncReport",
+    "Tenure",
+    "plan_view",
+    "untied_topics",
+]
 
 # One logger name for the whole view, so an operator follows or silences it in one place.
 _log = logging.getLogger("workerset_admission.adapters.dynamo.view")
@@ -25,6 +33,9 @@ _ADD_ORDER = {bucket: index for index, bucket in enumerate(BUCKETS)}
 # The successor commits within milliseconds of the last departure; the bound only matters
 # when none comes, and is short against the frontend's own 10 s expiry.
 SUCCESSION_GRACE = 1.0
+# The event channels the 1.6.1 frontend subscribes to besides KV events (load metrics,
+# forward-pass metrics, active sequences), carried for a serving tenure's endpoint.
+SCOPE_TOPICS = frozenset({"kv_metrics", "forward-pass-metrics", "active_sequences_events"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,19 +70,49 @@ def _records_of(endpoint: EndpointId, instance_id: int, table: RecordTable) -> l
     return mine
 
 
+def _scope_channels(endpoint: EndpointId, table: RecordTable) -> list[HeldRecord]:
+    """Return the endpoint's event channels no record ties to a worker (all but KV events)."""
+    return table.lookup("scope", endpoint.namespace, endpoint.component, endpoint.endpoint)
+
+
 def plan_view(
     tenures: Iterable[Tenure], table: RecordTable
 ) -> dict[ViewFile, tuple[bytes, frozenset[tuple[GroupKey, int]]]]:
-    """Every file the view must hold: its bytes, and the tenures that want it."""
+    """Every file the view must hold: its bytes, and the tenures that want it.
+
+    A tenure serving anyone also carries its endpoint's channels of :data:`SCOPE_TOPICS`.
+    Their records name only a random publisher and an address, so the ones of a rejected
+    worker at the same endpoint come along: the frontend on the workers' own store
+    subscribes to exactly these too, and their events are keyed by worker id, which the
+    router only looks up for the workers its WorkerSet (the view's cards and instance
+    records) admits.
+    """
     wanted: dict[ViewFile, tuple[bytes, set[tuple[GroupKey, int]]]] = {}
     for tenure in tenures:
         endpoint = tenure.group.endpoint
-        for instance_id in sorted(tenure.routable):
-            for record in _records_of(endpoint, instance_id, table):
-                file = (record.bucket, record.file_name)
-                entry = wanted.setdefault(file, (record.value, set()))
-                entry[1].add((tenure.group, tenure.generation))
+        records = [
+            record
+            for instance_id in sorted(tenure.routable)
+            for record in _records_of(endpoint, instance_id, table)
+        ]
+        if tenure.routable:
+            records += [c for c in _scope_channels(endpoint, table) if c.topic in SCOPE_TOPICS]
+        for record in records:
+            file = (record.bucket, record.file_name)
+            entry = wanted.setdefault(file, (record.value, set()))
+            entry[1].add((tenure.group, tenure.generation))
     return {file: (value, frozenset(owners)) for file, (value, owners) in wanted.items()}
+
+
+def untied_topics(tenures: Iterable[Tenure], table: RecordTable) -> set[str]:
+    """Channel topics at a serving tenure's endpoint that the view leaves out."""
+    return {
+        str(channel.topic)
+        for tenure in tenures
+        if tenure.routable
+        for channel in _scope_channels(tenure.group.endpoint, table)
+        if channel.topic not in SCOPE_TOPICS
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +183,7 @@ class AdmittedView:
         self._owners: dict[ViewFile, frozenset[tuple[GroupKey, int]]] = {}
         # A group's last files, kept after its tenure emptied: when each must go at the latest.
         self._kept_until: dict[ViewFile, float] = {}
+        self._warned_topics: set[str] = set()
         self._last_touch = clock()
         self.publish_errors = 0
 
@@ -174,6 +216,14 @@ class AdmittedView:
         card with no instance (``503 not ready``) or no card (``404``) in between.
         """
         wanted = plan_view(tenures, table)
+        for topic in sorted(untied_topics(tenures, table) - self._warned_topics):
+            self._warned_topics.add(topic)
+            _log.warning(
+                "admitted view: event channel topic %r is left out: no record ties its "
+                "publishers to a worker, so the frontend on the view does not hear it (it "
+                "would on the workers' own store)",
+                topic,
+            )
         live = {(t.group, t.generation) for t in tenures}
         # Which groups keep a file in each slot: the last of a slot is kept for the successor.
         lit = {(_slot(f), group) for f, (_v, owners) in wanted.items() for group, _g in owners}

@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
+from urllib.parse import unquote
 from typing import Any
 
 import pytest
@@ -50,8 +51,14 @@ def _entry(key: str, value: bytes) -> DiscoveryEntry:
     return DiscoveryEntry(key, value, 1)
 
 
-def _event_records(worker: int, publisher: int) -> list[DiscoveryEntry]:
-    """A worker's event source and channels, shaped as the 1.6.1 mocker registers them."""
+def _event_records(
+    worker: int, publisher: int, channels: tuple[str, ...] = ()
+) -> list[DiscoveryEntry]:
+    """A worker's KV event source and channel, and its ``channels`` of other topics.
+
+    Shaped as the 1.6.1 mocker registers them; a channel of another topic has a publisher id
+    of its own and names no worker.
+    """
     scope = {
         "kind": "endpoint",
         "endpoint": {"namespace": "pns", "component": "backend", "name": "generate"},
@@ -66,22 +73,27 @@ def _event_records(worker: int, publisher: int) -> list[DiscoveryEntry]:
     }
     transport = {"kind": "Nats", "config": {"subject_prefix": "namespace.pns"}}
     channel = {"type": "EventChannel", "scope": scope, "topic": "kv-events"}
-    # A metrics channel names no worker at all: it can never be attributed to one.
-    metrics = {**channel, "topic": "kv_metrics", "instance_id": publisher + 1}
-    return [
+    records = [
         _entry(f"v1.event_sources.{tail}.kv-events.{publisher:x}", json.dumps(source).encode()),
         _entry(
             f"v1.event_channels.{tail}.kv-events.{publisher:x}",
             json.dumps({**channel, "instance_id": publisher, "transport": transport}).encode(),
         ),
-        _entry(
-            f"v1.event_channels.{tail}.kv_metrics.{publisher + 1:x}",
-            json.dumps({**metrics, "transport": transport}).encode(),
-        ),
     ]
+    for number, topic in enumerate(channels, start=1):
+        other = {**channel, "topic": topic, "instance_id": publisher + number}
+        records.append(
+            _entry(
+                f"v1.event_channels.{tail}.{topic}.{publisher + number:x}",
+                json.dumps({**other, "transport": transport}).encode(),
+            )
+        )
+    return records
 
 
-def worker_records(instance_id: int, block_size: int = 16) -> list[DiscoveryEntry]:
+def worker_records(
+    instance_id: int, block_size: int = 16, channels: tuple[str, ...] = ()
+) -> list[DiscoveryEntry]:
     """Everything one worker registers: endpoint records, its card, its event records."""
     query = EndpointId("pns", "backend", f"worker_kv_query_source_{instance_id:x}")
     return [
@@ -91,7 +103,7 @@ def worker_records(instance_id: int, block_size: int = 16) -> list[DiscoveryEntr
             model_kv_key(EP, instance_id),
             encode_model_record(EP, instance_id, demo_card(block_size)),
         ),
-        *_event_records(instance_id, instance_id % 1000 + 5000),
+        *_event_records(instance_id, instance_id % 1000 + 5000, channels),
     ]
 
 
@@ -298,6 +310,58 @@ def test_with_no_grace_a_retired_tenure_empties_the_view_at_once() -> None:
     assert files.content == {}
 
 
+LOAD_TOPICS = ("kv_metrics", "forward-pass-metrics", "active_sequences_events")
+
+
+def test_a_serving_tenure_carries_its_endpoints_load_channels_and_only_admitted_kv_events() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(
+        worker_records(A1, channels=LOAD_TOPICS),
+        worker_records(B, block_size=32, channels=LOAD_TOPICS),
+    )
+
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    channels = sorted(name for bucket, name in files.content if bucket == "event_channels")
+    topics = [unquote(name).split("/")[-2] for name in channels]
+    # Every topic of the admitted worker; the rejected one's load channels come along (their
+    # records name no worker), its KV events never.
+    assert sorted(topics) == sorted(["kv-events", *LOAD_TOPICS, *LOAD_TOPICS])
+    assert not files_of(B, [f for f in files.content if f[0] != "event_channels"])
+    assert [f for f in files.content if f[0] == "event_sources"] == files_of(A1, files.content)[:1]
+
+
+def test_no_serving_tenure_means_no_load_channels() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files, succession_grace=0.0)
+    table = table_of(worker_records(A1, channels=LOAD_TOPICS))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    view.sync([Tenure(GROUP, 1, frozenset())], table)
+
+    assert files.content == {}
+
+
+def test_a_channel_topic_the_view_cannot_tie_is_left_out_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1, channels=("kv_metrics", "brand-new-topic")))
+
+    with caplog.at_level("WARNING"):
+        view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+        view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    names = [unquote(name) for _bucket, name in files.content]
+    assert not [n for n in names if "brand-new-topic" in n]
+    assert [n for n in names if "/kv_metrics/" in n]
+    warnings = [r.getMessage() for r in caplog.records if "brand-new-topic" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "does not hear it" in warnings[0]
+
+
 def test_files_are_touched_only_when_a_refresh_is_due_and_a_lost_file_is_rewritten() -> None:
     files = FakeFiles()
     clock = Clock()
@@ -387,8 +451,8 @@ async def test_a_tapped_source_feeds_the_table_before_the_service_sees_each_even
 
     sizes = [len(table) async for _event in TappedSource(_Listed(), table).events()]
 
-    assert sizes == [6, 5]
-    assert seen == [6, 5]
+    assert sizes == [5, 4]
+    assert seen == [5, 4]
 
 
 # --------------------------------------------------------------------------- real files
