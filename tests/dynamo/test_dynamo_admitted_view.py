@@ -7,8 +7,8 @@ import json
 import os
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from urllib.parse import unquote
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from support.cards import base_card as demo_card
