@@ -95,6 +95,7 @@ class Deployment:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     workers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     sidecar: subprocess.Popen[bytes] | None = None
+    bridge: subprocess.Popen[bytes] | None = None
     status_subject: str = "workerset-admission.status.view-test"
     # Dynamo's event plane: ``nats`` on ``event_plane_url`` (the plugin's server when unset),
     # or ``zmq``, Dynamo's default.
@@ -145,7 +146,7 @@ class Deployment:
     # -- the pieces --------------------------------------------------------------------------
 
     def start_bridge(self) -> None:
-        self._start(
+        self.bridge = self._start(
             "bridge",
             self._cli(
                 "bridge",
@@ -309,6 +310,12 @@ class Deployment:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(5)
+
+    def kill_worker(self, instance_id: int) -> None:
+        """SIGKILL: the worker dies at once; its files stay until the store expires them."""
+        process = self.workers.pop(instance_id)
+        process.kill()
+        process.wait(10)
 
     def view_instance_ids(self, namespace: str = "viewns") -> set[int]:
         """Instance ids of a namespace with a model card in the view right now."""

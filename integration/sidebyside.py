@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,15 @@ from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 __all__ = [
     "Figures",
     "Load",
+    "Outcome",
     "Request",
     "SideBySide",
     "figures",
     "side_by_side",
 ]
+
+# One line per request at INFO would bury a failing test's output.
+logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 RATE = 15.0  # requests per second to each frontend
 TIMEOUT = 10.0  # per request, as a client of a real deployment would wait
@@ -161,15 +166,33 @@ def figures(
     return Figures(len(ordered), len(failed), gap, len(early), errors)
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One fault under load: what it cost each frontend, and when the load ran."""
+
+    name: str
+    figures: dict[str, Figures]
+    started: float
+    ended: float
+
+
 @dataclass
 class SideBySide:
-    """One deployment with both frontends; :meth:`load` runs the same traffic on each."""
+    """One deployment with both frontends; :meth:`load` runs the same traffic on each.
+
+    The fault methods run one row of the availability table each under steady load and
+    leave the deployment serving again (a replaced worker, a restarted server), so one
+    deployment serves every row in turn. ``incumbent`` is the serving cohort.
+    """
 
     deployment: Deployment
     plugin_nats: Any  # EmbeddedNatsServer or a container: stop/start/restart(wipe=...)
     view: Frontend | None = None
     direct: Frontend | None = None
     loads: dict[str, Load] = field(default_factory=dict)
+    incumbent: list[int] = field(default_factory=list)
+    block_size: int = 16
+    _started: int = 0
 
     def start(self, *frontend_args: str, frontend_env: dict[str, str] | None = None) -> None:
         """The bridge, the plugin and both frontends; returns once both answer."""
@@ -223,6 +246,103 @@ class SideBySide:
             for name, load in self.loads.items()
         }
 
+    # -- workers ------------------------------------------------------------------------------
+
+    def add_worker(self, block_size: int | None = None) -> int:
+        """Start one mocker (the incumbent's block size unless told) and return its id."""
+        self._started += 1
+        size = self.block_size if block_size is None else block_size
+        return self.deployment.start_worker(f"worker-{self._started}-bs{size}", block_size=size)
+
+    def serve(self, count: int = 3) -> None:
+        """Bring the incumbent up to ``count`` workers, served by both frontends."""
+        while len(self.incumbent) < count:
+            self.incumbent.append(self.add_worker())
+        self.wait_serving(self.incumbent)
+
+    # -- the faults ---------------------------------------------------------------------------
+
+    def _under_load(
+        self,
+        name: str,
+        fault: Callable[[], tuple[list[int], float] | None],
+        *,
+        lead: float = 1.0,
+        settle: float = 3.0,
+    ) -> Outcome:
+        """Run ``fault`` under load; it may return a cohort that must not serve before a time."""
+        with self.load():
+            time.sleep(lead)  # the steady state before the fault, in every window
+            started = time.monotonic() - lead
+            early = fault()
+            time.sleep(settle)
+            ended = time.monotonic()
+        rejected, until = early if early is not None else ([], 0.0)
+        figures = self.figures(started, ended, rejected=rejected, until=until)
+        return Outcome(name, figures, started, ended)
+
+    def outage(self, seconds: float = 15.0, settle: float = 5.0) -> Outcome:
+        """The plugin's nats-server down ``seconds`` (SIGKILL), its store kept."""
+
+        def fault() -> None:
+            self.plugin_nats.restart(kill=True, downtime=seconds)
+
+        return self._under_load(f"nats-server down {seconds:g} s, store kept", fault, settle=settle)
+
+    def wipe(self, downtime: float = 2.0, settle: float = 15.0) -> Outcome:
+        """The plugin's nats-server killed and restarted after ``downtime`` with an empty store."""
+
+        def fault() -> None:
+            self.plugin_nats.restart(kill=True, wipe=True, downtime=downtime)
+
+        name = f"nats-server killed, back after {downtime:g} s with a wiped store"
+        return self._under_load(name, fault, settle=settle)
+
+    def drain(self, settle: float = 3.0) -> Outcome:
+        """SIGTERM one incumbent worker (it deregisters and exits); a new one replaces it."""
+        leaving = self.incumbent.pop(0)
+        outcome = self._under_load(
+            "SIGTERM (drain) of one worker",
+            lambda: self.deployment.stop_worker(leaving),
+            settle=settle,
+        )
+        self.serve(len(self.incumbent) + 1)
+        return outcome
+
+    def kill(self, settle: float = 12.0) -> Outcome:
+        """SIGKILL one incumbent worker; its records stay until the store's 10 s expiry."""
+        dying = self.incumbent.pop(0)
+        outcome = self._under_load(
+            "SIGKILL of one worker", lambda: self.deployment.kill_worker(dying), settle=settle
+        )
+        self.serve(len(self.incumbent) + 1)
+        return outcome
+
+    def rolling_update(self, rivals: int = 2, spacing: float = 5.0, settle: float = 3.0) -> Outcome:
+        """Workers of another block size join, then the incumbent's are SIGTERMed in turn.
+
+        A request one of them serves before the last incumbent's SIGTERM counts against the
+        frontend. Afterwards they are the incumbent.
+        """
+        size = 32 if self.block_size == 16 else 16
+        cohort = [self.add_worker(size) for _ in range(rivals)]
+        wait_for(lambda: set(cohort) <= self.deployment.rejected(), 30, "the plugin rejects them")
+        leaving = list(self.incumbent)
+
+        def fault() -> tuple[list[int], float]:
+            last = 0.0
+            for number, worker in enumerate(leaving):
+                if number:
+                    time.sleep(spacing)
+                last = time.monotonic()
+                self.deployment.stop_worker(worker)
+            return cohort, last
+
+        outcome = self._under_load("rolling update", fault, settle=settle)
+        self.incumbent, self.block_size = cohort, size
+        self.wait_serving(cohort)
+        return outcome
+
 
 @contextlib.contextmanager
 def side_by_side(
@@ -230,9 +350,9 @@ def side_by_side(
 ) -> Iterator[SideBySide]:
     """A side-by-side deployment under ``root``; the Dynamo event plane is its own.
 
-    ``plugin_nats`` is the plugin's restartable server (its ``url`` and a handle with
-    ``restart``). With ``event_plane="nats"`` a second nats-server carries Dynamo's events;
-    with ``"zmq"`` Dynamo's default transport does.
+    ``plugin_nats`` is the plugin's server: a handle with ``url`` and ``restart`` (an
+    :class:`EmbeddedNatsServer` or a container). With ``event_plane="nats"`` a second
+    nats-server carries Dynamo's events; with ``"zmq"`` Dynamo's default transport does.
     """
     events: EmbeddedNatsServer | None = None
     if event_plane == "nats":
@@ -246,7 +366,7 @@ def side_by_side(
         event_plane_url=events.url if events is not None else None,
     )
     try:
-        yield SideBySide(running, plugin_nats.handle)
+        yield SideBySide(running, plugin_nats)
     finally:
         running.close()
         if events is not None:
