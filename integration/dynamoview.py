@@ -101,6 +101,8 @@ class Deployment:
     # or ``zmq``, Dynamo's default.
     event_plane: str = "nats"
     event_plane_url: str | None = None
+    # How often the bridge scans the workers' store.
+    bridge_interval: float = 0.1
 
     def __post_init__(self) -> None:
         self.store = self.root / "workers-kv"
@@ -153,7 +155,7 @@ class Deployment:
                 "--file-kv",
                 str(self.store),
                 "--interval",
-                "0.1",
+                str(self.bridge_interval),
                 "--nats-server",
                 self.nats_url,
                 "--discovery-bucket",

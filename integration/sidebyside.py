@@ -31,6 +31,7 @@ from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 
 __all__ = [
     "Figures",
+    "Flip",
     "Load",
     "Outcome",
     "Request",
@@ -167,6 +168,27 @@ def figures(
 
 
 @dataclass(frozen=True, slots=True)
+class Flip:
+    """A succession as one frontend saw it, from the last incumbent's SIGTERM."""
+
+    failed: int  # requests sent from the SIGTERM to the successor's first success
+    first_success: float  # seconds from the SIGTERM to the send of that success
+    errors: tuple[str, ...] = ()
+
+
+def flip(requests: Iterable[Request], successor: Iterable[int], at: float) -> Flip | None:
+    """How a frontend moved to ``successor`` after the SIGTERM at ``at`` (None: it never did)."""
+    ordered = sorted((r for r in requests if r.sent >= at), key=lambda r: r.sent)
+    cohort = set(successor)
+    first = next((r for r in ordered if r.ok and r.worker in cohort), None)
+    if first is None:
+        return None
+    failed = [r for r in ordered if r.sent < first.sent and not r.ok]
+    errors = tuple(f"+{r.sent - at:.3f} {r.status} {r.error[:60]}" for r in failed)
+    return Flip(len(failed), first.sent - at, errors)
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """One fault under load: what it cost each frontend, and when the load ran."""
 
@@ -174,6 +196,7 @@ class Outcome:
     figures: dict[str, Figures]
     started: float
     ended: float
+    flips: dict[str, Flip | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -192,7 +215,9 @@ class SideBySide:
     loads: dict[str, Load] = field(default_factory=dict)
     incumbent: list[int] = field(default_factory=list)
     block_size: int = 16
+    rate: float = RATE
     _started: int = 0
+    _last_stop: float = 0.0
 
     def start(self, *frontend_args: str, frontend_env: dict[str, str] | None = None) -> None:
         """The bridge, the plugin and both frontends; returns once both answer."""
@@ -226,7 +251,7 @@ class SideBySide:
     @contextlib.contextmanager
     def load(self) -> Iterator[dict[str, Load]]:
         """Steady load on both frontends while the block runs."""
-        self.loads = {name: Load(f.port) for name, f in self.frontends.items()}
+        self.loads = {name: Load(f.port, rate=self.rate) for name, f in self.frontends.items()}
         for load in self.loads.values():
             load.start()
         try:
@@ -336,9 +361,14 @@ class SideBySide:
                     time.sleep(spacing)
                 last = time.monotonic()
                 self.deployment.stop_worker(worker)
+            self._last_stop = last
             return cohort, last
 
         outcome = self._under_load("rolling update", fault, settle=settle)
+        last = self._last_stop
+        outcome.flips.update(
+            {name: flip(load.requests, cohort, last) for name, load in self.loads.items()}
+        )
         self.incumbent, self.block_size = cohort, size
         self.wait_serving(cohort)
         return outcome

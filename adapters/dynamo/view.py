@@ -31,16 +31,15 @@ says which are live and holds their raw records. The view is, per binding:
 Publishing follows the file store's rules and the frontend's own behaviour. A file is written
 as a ``.tmp_`` file (which the file store ignores) and renamed into place. New records are
 added first (event and instance records before the model card that makes the frontend build
-the model); only then are records removed (add before remove), at a succession too. That is
-what makes a succession gapless: on the workers' own store the frontend already holds the
-rejected cohort's records (its own first-wins admission keeps them out), so when the last
-incumbent deregisters it rebuilds the model on the successor's card at once. A view that
-withdrew the incumbent before writing the successor made the frontend drop the model and
-answer ``404`` until the successor's card arrived. The successor's records appear only once
-admission committed it, after the incumbent's last member left, so no frontend, running or
-started late, sees them while the incumbent serves. Because the last member's departure and
-the successor's commit are two steps, a group's last model card and instance record at its
-endpoint are kept, for at most ``succession_grace`` seconds, until its next ones are written.
+the model); only then are records removed (add before remove), at a succession too: when the
+incumbent's last records and the successor's commit reach one pass, the frontend holds the
+successor's card while the incumbent's goes, as on the workers' own store, where its own
+first-wins admission keeps the rejected cohort out until then. The successor's records appear
+only once admission committed it, after the incumbent's last member left, so no frontend,
+running or started late, sees them while the incumbent serves. Nothing of a departed worker is
+kept for the successor: a SIGTERMed worker stops serving at once, and a request routed to it
+fails (measured: keeping its card and instance record until the successor's commit cost more
+requests than dropping them).
 
 Files are touched every ``refresh_interval`` seconds, well inside the store's 10 s expiry; when
 the writer stops its files are deleted, and when its process dies the frontend's own file store
@@ -78,7 +77,6 @@ from workerset_admission.adapters.dynamo.view_directory import (
 )
 from workerset_admission.adapters.dynamo.view_publish import (
     SCOPE_TOPICS,
-    SUCCESSION_GRACE,
     AdmittedView,
     SyncReport,
     Tenure,
@@ -98,7 +96,6 @@ __all__ = [
     "LOCK_NAME",
     "MANIFEST_NAME",
     "SCOPE_TOPICS",
-    "SUCCESSION_GRACE",
     "AdmittedView",
     "DirectoryFiles",
     "HeldRecord",
@@ -186,12 +183,11 @@ class ViewWriter:
                 for t in tenures
             )
             _log.info(
-                "admitted view: %d written, %d withdrawn, %d removed, %d kept for a successor; "
-                "%d file(s) published; serving %s",
+                "admitted view: %d written, %d withdrawn, %d removed; %d file(s) published; "
+                "serving %s",
                 len(report.written),
                 len(report.withdrawn),
                 len(report.removed),
-                len(report.kept),
                 len(self.view.files),
                 serving or "nothing",
             )
@@ -200,13 +196,9 @@ class ViewWriter:
     async def _run(self) -> None:
         view = self.view
         while True:
-            timeout = view.refresh_interval / 2
-            kept_for = view.kept_for()
-            if kept_for is not None:
-                timeout = min(timeout, kept_for)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-            if self._wake.is_set() or view.kept_for() == 0.0:
+                await asyncio.wait_for(self._wake.wait(), timeout=view.refresh_interval / 2)
+            if self._wake.is_set():
                 self._wake.clear()
                 try:
                     self.sync_now()

@@ -11,14 +11,12 @@ from workerset_admission.adapters.dynamo.view_directory import (
     BUCKETS,
     ViewFile,
     ViewFiles,
-    file_name_for,
 )
 from workerset_admission.adapters.dynamo.view_records import HeldRecord, RecordTable
 from workerset_admission.identity import EndpointId, GroupKey
 
 __all__ = [
     "SCOPE_TOPICS",
-    "SUCCESSION_GRACE",
     "AdmittedView",
     "SyncReport",
     "Tenure",
@@ -29,10 +27,6 @@ __all__ = [
 # One logger name for the whole view, so an operator follows or silences it in one place.
 _log = logging.getLogger("workerset_admission.adapters.dynamo.view")
 _ADD_ORDER = {bucket: index for index, bucket in enumerate(BUCKETS)}
-# How long a group's last files stay after its tenure emptied, waiting for the successor's.
-# The successor commits within milliseconds of the last departure; the bound only matters
-# when none comes, and is short against the frontend's own 10 s expiry.
-SUCCESSION_GRACE = 1.0
 # The event channels the 1.6.1 frontend subscribes to besides KV events (load metrics,
 # forward-pass metrics, active sequences), carried for a serving tenure's endpoint.
 SCOPE_TOPICS = frozenset({"kv_metrics", "forward-pass-metrics", "active_sequences_events"})
@@ -120,36 +114,16 @@ class SyncReport:
     """What one pass did, in the order it did it: write, withdraw, remove.
 
     ``withdrawn`` are the files of tenures that ended, ``removed`` those of members that left
-    a live tenure; ``kept`` are a group's last files, left in place for its successor.
+    a live tenure.
     """
 
     written: tuple[ViewFile, ...] = ()
     withdrawn: tuple[ViewFile, ...] = ()
     removed: tuple[ViewFile, ...] = ()
-    kept: tuple[ViewFile, ...] = ()
 
     @property
     def changed(self) -> bool:
         return bool(self.withdrawn or self.written or self.removed)
-
-
-def _slot(file: ViewFile) -> tuple[str, str]:
-    """Return a file's bucket and its path without the last part (instance or publisher id).
-
-    A group's files of one slot are its instance records of one endpoint, its model cards
-    at one endpoint, or its event records of one topic. Only the slots at the group's own
-    endpoint matter to the frontend's readiness (a card with no instance answers ``503 not
-    ready``, no card ``404``); a worker's auxiliary endpoints are its own slots.
-    """
-    return file[0], file[1].rpartition("%2F")[0]
-
-
-def _endpoint_slot(bucket: str, group: GroupKey) -> tuple[str, str] | None:
-    """Return the slot of a group's instance records or model cards at its own endpoint."""
-    if bucket not in ("instances", "mdc"):
-        return None
-    endpoint = group.endpoint
-    return bucket, file_name_for(f"{endpoint.namespace}/{endpoint.component}/{endpoint.endpoint}")
 
 
 def _removal_order(files: Iterable[ViewFile]) -> list[ViewFile]:
@@ -172,17 +146,13 @@ class AdmittedView:
         files: ViewFiles,
         *,
         refresh_interval: float = 2.0,
-        succession_grace: float = SUCCESSION_GRACE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._files = files
         self.refresh_interval = refresh_interval
-        self.succession_grace = succession_grace
         self._clock = clock
         self._written: dict[ViewFile, bytes | None] = {}
         self._owners: dict[ViewFile, frozenset[tuple[GroupKey, int]]] = {}
-        # A group's last files, kept after its tenure emptied: when each must go at the latest.
-        self._kept_until: dict[ViewFile, float] = {}
         self._warned_topics: set[str] = set()
         self._last_touch = clock()
         self.publish_errors = 0
@@ -206,14 +176,11 @@ class AdmittedView:
     def sync(self, tenures: Sequence[Tenure], table: RecordTable) -> SyncReport:
         """Make the directory equal to the view the tenures and records call for.
 
-        The new files are written before any old one goes, at a succession too: the frontend
-        then sees the successor's records while the incumbent's are still there, as it does
-        on the workers' own store, and moves to it the moment they go, without dropping the
-        model. A group's last instance record and last model card at its endpoint are each
-        kept until the group has one there again, for at most ``succession_grace``
-        seconds: the last member's records leave the bucket one at a time, and the successor
-        is committed only once its card is gone, so without that the frontend would hold a
-        card with no instance (``503 not ready``) or no card (``404``) in between.
+        The new files are written before any old one goes, at a succession too: when the
+        incumbent's last records and the successor's commit reach one pass, the frontend sees
+        the successor's card while the incumbent's is still there, as it does on the workers'
+        own store (its own admission keeps the successor out), and rebuilds on it the moment
+        the incumbent's go, instead of dropping the model first.
         """
         wanted = plan_view(tenures, table)
         for topic in sorted(untied_topics(tenures, table) - self._warned_topics):
@@ -225,41 +192,22 @@ class AdmittedView:
                 topic,
             )
         live = {(t.group, t.generation) for t in tenures}
-        # Which groups keep a file in each slot: the last of a slot is kept for the successor.
-        lit = {(_slot(f), group) for f, (_v, owners) in wanted.items() for group, _g in owners}
-        now = self._clock()
         written: list[ViewFile] = []
         for file in _add_order(wanted):
             value, owners = wanted[file]
             self._owners[file] = owners
-            self._kept_until.pop(file, None)
             if self._written.get(file) == value:
                 continue
             if self._publish(file, value):
                 written.append(file)
-        ended: list[ViewFile] = []
-        left: list[ViewFile] = []
-        kept: list[ViewFile] = []
-        for file in [f for f in self._written if f not in wanted]:
-            owners = self._owners.get(file, frozenset())
-            slot = _slot(file)
-            if any(slot == _endpoint_slot(file[0], g) and (slot, g) not in lit for g, _ in owners):
-                until = self._kept_until.setdefault(file, now + self.succession_grace)
-                if now < until:
-                    kept.append(file)
-                    continue
-            (left if owners & live else ended).append(file)
+        stale = [f for f in self._written if f not in wanted]
+        ended = [f for f in stale if not (self._owners.get(f, frozenset()) & live)]
         withdrawn = self._remove_all(ended)
-        removed = self._remove_all(left)
-        report = SyncReport(tuple(written), tuple(withdrawn), tuple(removed), tuple(kept))
+        removed = self._remove_all([f for f in stale if f not in set(ended)])
+        report = SyncReport(tuple(written), tuple(withdrawn), tuple(removed))
         if report.changed:
             self._save_manifest()
         return report
-
-    def kept_for(self) -> float | None:
-        """Seconds until the earliest kept file must go (a sync is due then), or ``None``."""
-        until = min(self._kept_until.values(), default=None)
-        return None if until is None else max(0.0, until - self._clock())
 
     def _publish(self, file: ViewFile, value: bytes) -> bool:
         try:
@@ -283,7 +231,6 @@ class AdmittedView:
                 continue
             self._written.pop(file, None)
             self._owners.pop(file, None)
-            self._kept_until.pop(file, None)
             done.append(file)
         return done
 

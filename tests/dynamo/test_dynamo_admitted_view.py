@@ -224,47 +224,6 @@ def test_on_succession_the_successors_records_appear_before_the_old_incumbents_g
     assert set(files.content) == set(files_of(B, files.content))
 
 
-def test_the_last_members_files_wait_for_the_successor_committed_a_step_later() -> None:
-    files = FakeFiles()
-    clock = Clock()
-    view = AdmittedView(files, succession_grace=1.0, clock=clock)
-    table = table_of(worker_records(A1), worker_records(B, block_size=32))
-    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
-    files.ops.clear()
-
-    # The last member's card left: the tenure is empty, its successor not committed yet.
-    emptied = view.sync([Tenure(GROUP, 1, frozenset())], table)
-    # Its card and its instance record at the endpoint stay; the rest goes at once.
-    assert set(emptied.kept) == {instance_file(A1), mdc_file(A1)}
-    assert len(emptied.removed) == 3
-    assert view.kept_for() == 1.0
-    files.ops.clear()
-
-    clock.now += 0.01
-    view.sync([Tenure(GROUP, 2, frozenset({B}))], table)
-
-    assert [op for op, _file in files.ops] == ["publish"] * 5 + ["remove"] * 2
-    assert set(files.content) == set(files_of(B, files.content))
-    assert view.kept_for() is None
-
-
-def test_a_groups_last_instance_record_stays_while_its_card_is_still_admitted() -> None:
-    files = FakeFiles()
-    view = AdmittedView(files)
-    table = table_of(worker_records(A1))
-    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
-    files.ops.clear()
-
-    # The bucket lost the worker's endpoint record first; its card leaves a step later.
-    table.apply(SourceDelete(endpoint_kv_key(EP, A1), 9))
-    report = view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
-
-    # A card with no instance record would make the frontend answer "not ready".
-    assert report.kept == (instance_file(A1),)
-    assert instance_file(A1) in files.content
-    assert files.ops == []
-
-
 def test_a_member_leaving_beside_others_is_removed_at_once() -> None:
     files = FakeFiles()
     view = AdmittedView(files)
@@ -274,40 +233,22 @@ def test_a_member_leaving_beside_others_is_removed_at_once() -> None:
 
     report = view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
 
-    assert report.kept == ()
+    assert report.withdrawn == ()
     assert set(report.removed) == set(files_of(A1, report.removed))
     assert len(report.removed) == 5
 
 
-def test_a_retired_tenure_with_no_successor_empties_the_view_after_the_grace() -> None:
+def test_a_retired_tenure_with_no_successor_yet_empties_the_view() -> None:
     files = FakeFiles()
-    clock = Clock()
-    view = AdmittedView(files, succession_grace=1.0, clock=clock)
+    view = AdmittedView(files)
     table = table_of(worker_records(A1))
     view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
 
-    view.sync([], table)
-    assert set(files.content) == {instance_file(A1), mdc_file(A1)}
-    clock.now += 0.6
-    assert view.kept_for() == pytest.approx(0.4)
-    clock.now += 0.4
     report = view.sync([], table)
 
-    assert set(report.withdrawn) == {instance_file(A1), mdc_file(A1)}
+    assert len(report.withdrawn) == 5
     assert files.content == {}
     assert files.manifest == []
-    assert view.kept_for() is None
-
-
-def test_with_no_grace_a_retired_tenure_empties_the_view_at_once() -> None:
-    files = FakeFiles()
-    view = AdmittedView(files, succession_grace=0.0)
-    table = table_of(worker_records(A1))
-    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
-
-    view.sync([], table)
-
-    assert files.content == {}
 
 
 LOAD_TOPICS = ("kv_metrics", "forward-pass-metrics", "active_sequences_events")
@@ -334,7 +275,7 @@ def test_a_serving_tenure_carries_its_endpoints_load_channels_and_only_admitted_
 
 def test_no_serving_tenure_means_no_load_channels() -> None:
     files = FakeFiles()
-    view = AdmittedView(files, succession_grace=0.0)
+    view = AdmittedView(files)
     table = table_of(worker_records(A1, channels=LOAD_TOPICS))
     view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
 
@@ -603,28 +544,6 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         await service.stop()
         await writer.close()
     assert files.content == {}
-
-
-async def test_the_writer_removes_kept_files_when_the_grace_ends_without_another_wake() -> None:
-    files = FakeFiles()
-    table = RecordTable()
-    source = QueueSource()
-    service = AdmissionService(TappedSource(source, table))
-    # Refreshes far apart: only the grace's deadline can wake the writer in time.
-    writer = ViewWriter(AdmittedView(files, refresh_interval=60, succession_grace=0.2), table)
-    writer.attach(service)
-    await service.start()
-    try:
-        source.queue.put_nowait(SourceSnapshot(worker_records(A1)))
-        await _until(lambda: mdc_file(A1) in files.content)
-        for entry in worker_records(A1):
-            source.queue.put_nowait(SourceDelete(entry.key, 3))
-        await _until(lambda: len(files.content) == 2)
-        assert set(files.content) == {instance_file(A1), mdc_file(A1)}
-        await _until(lambda: not files.content)
-    finally:
-        await service.stop()
-        await writer.close()
 
 
 def test_the_index_follows_puts_removals_and_listings() -> None:
