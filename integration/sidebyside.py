@@ -343,15 +343,24 @@ class SideBySide:
         self.serve(len(self.incumbent) + 1)
         return outcome
 
-    def rolling_update(self, rivals: int = 2, spacing: float = 5.0, settle: float = 3.0) -> Outcome:
+    def rolling_update(
+        self,
+        rivals: int = 2,
+        spacing: float = 5.0,
+        settle: float = 3.0,
+        before: Callable[[list[int]], None] | None = None,
+    ) -> Outcome:
         """Workers of another block size join, then the incumbent's are SIGTERMed in turn.
 
         A request one of them serves before the last incumbent's SIGTERM counts against the
-        frontend. Afterwards they are the incumbent.
+        frontend. ``before`` is called with them once the plugin rejects them, before any
+        SIGTERM. Afterwards they are the incumbent.
         """
         size = 32 if self.block_size == 16 else 16
         cohort = [self.add_worker(size) for _ in range(rivals)]
         wait_for(lambda: set(cohort) <= self.deployment.rejected(), 30, "the plugin rejects them")
+        if before is not None:
+            before(cohort)
         leaving = list(self.incumbent)
 
         def fault() -> tuple[list[int], float]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from dynamoview import wait_for
 from natsfixture import restartable_server, show
 from sidebyside import Outcome, SideBySide, side_by_side
 
@@ -91,7 +92,23 @@ def test_a_killed_worker_costs_the_view_no_more_than_dynamo_alone(
 def test_a_rolling_update_costs_the_view_no_more_than_dynamo_alone_and_never_serves_early(
     deployment: SideBySide, record_property: pytest.RecordProperty
 ) -> None:
-    outcome = deployment.rolling_update(rivals=2, spacing=5.0)
+    incumbent = set(deployment.incumbent)
+
+    def late_frontend_serves_the_incumbent_only(cohort: list[int]) -> None:
+        # A frontend started now reads only what the view holds: the incumbent.
+        late = deployment.deployment.start_frontend("frontend-late")
+        try:
+            wait_for(lambda: late.models(), 60, "the late frontend lists the model")
+            assert {late.ask().decode for _ in range(10)} <= incumbent
+        finally:
+            late.process.terminate()
+            late.process.wait(20)
+        names = [p.name for p in deployment.deployment.view.rglob("*")]
+        assert not [n for n in names for worker in cohort if f"{worker:x}" in n]
+
+    outcome = deployment.rolling_update(
+        rivals=2, spacing=5.0, before=late_frontend_serves_the_incumbent_only
+    )
     _report(outcome, record_property)
     _steady(outcome)
     view, direct = outcome.figures["view"], outcome.figures["direct"]
