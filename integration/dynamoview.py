@@ -4,7 +4,9 @@ Real processes only: ``python -m dynamo.mocker`` workers on their own file store
 ``workerset-admission bridge`` mirroring that store into the NATS bucket, ``workerset-admission
 serve --view-dir`` writing the admitted view, and ``python -m dynamo.frontend`` on the view
 (``--discovery-backend file``, ``DYN_FILE_KV`` = the view). Every Dynamo process uses the test's
-nats-server as its event plane, so no Dynamo socket listens beyond loopback. Requests go
+nats-server as its event plane (or ``event_plane_url``, another one), so no Dynamo socket
+listens beyond loopback; ``event_plane="zmq"`` (Dynamo's default) binds every interface and
+belongs in a network namespace with only loopback. Requests go
 through the OpenAI HTTP API with the ``openai`` client; the serving worker is read from
 ``nvext.worker_id``.
 """

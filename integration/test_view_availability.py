@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from dynamoview import wait_for
 from natsfixture import restartable_server, show
-from sidebyside import Outcome, SideBySide, side_by_side
+from sidebyside import Figures, Outcome, SideBySide, side_by_side
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -41,7 +41,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SideBySide]
         servers.close()
 
 
-def _report(outcome: Outcome, record_property: pytest.RecordProperty) -> None:
+def _measured(outcome: Outcome, record_property: pytest.RecordProperty) -> tuple[Figures, Figures]:
+    """Report what the fault cost each frontend; return the figures of view and direct."""
     for name, figures in outcome.figures.items():
         record_property(f"{name}_failed", figures.failed)
         record_property(f"{name}_sent", figures.sent)
@@ -50,41 +51,31 @@ def _report(outcome: Outcome, record_property: pytest.RecordProperty) -> None:
         show(f"[availability] {outcome.name}: {name} {figures.row()}")
         for error in figures.errors:
             show(f"[availability]   {name} {error}")
-
-
-def _steady(outcome: Outcome) -> None:
-    """Both frontends carried the load the whole window (the load itself was not the fault)."""
-    for name, figures in outcome.figures.items():
+        # Both frontends carried the load the whole window (the load was not the fault).
         assert figures.sent >= 10, f"{name}: only {figures.sent} requests were sent"
+    return outcome.figures["view"], outcome.figures["direct"]
 
 
 def test_a_fifteen_second_outage_of_the_plugins_nats_server_costs_the_view_nothing(
     deployment: SideBySide, record_property: pytest.RecordProperty
 ) -> None:
-    outcome = deployment.outage(15.0)
-    _report(outcome, record_property)
-    _steady(outcome)
+    view, _direct = _measured(deployment.outage(15.0), record_property)
 
-    assert outcome.figures["view"].failed == 0, outcome.figures["view"].errors
+    assert view.failed == 0, view.errors
 
 
 def test_a_drained_worker_costs_the_view_nothing(
     deployment: SideBySide, record_property: pytest.RecordProperty
 ) -> None:
-    outcome = deployment.drain()
-    _report(outcome, record_property)
-    _steady(outcome)
+    view, _direct = _measured(deployment.drain(), record_property)
 
-    assert outcome.figures["view"].failed == 0, outcome.figures["view"].errors
+    assert view.failed == 0, view.errors
 
 
 def test_a_killed_worker_costs_the_view_no_more_than_dynamo_alone(
     deployment: SideBySide, record_property: pytest.RecordProperty
 ) -> None:
-    outcome = deployment.kill()
-    _report(outcome, record_property)
-    _steady(outcome)
-    view, direct = outcome.figures["view"], outcome.figures["direct"]
+    view, direct = _measured(deployment.kill(), record_property)
 
     assert view.failed <= direct.failed, (view.errors, direct.errors)
 
@@ -109,9 +100,7 @@ def test_a_rolling_update_costs_the_view_no_more_than_dynamo_alone_and_never_ser
     outcome = deployment.rolling_update(
         rivals=2, spacing=5.0, before=late_frontend_serves_the_incumbent_only
     )
-    _report(outcome, record_property)
-    _steady(outcome)
-    view, direct = outcome.figures["view"], outcome.figures["direct"]
+    view, direct = _measured(outcome, record_property)
 
     # No request reached the new cohort before the last old worker's SIGTERM.
     assert view.to_rejected == 0
@@ -127,11 +116,9 @@ def test_a_wiped_nats_store_costs_the_view_nothing_and_the_bridge_is_not_restart
 ) -> None:
     bridge = deployment.deployment.bridge
     assert bridge is not None
-    outcome = deployment.wipe(downtime=2.0, settle=15.0)
-    _report(outcome, record_property)
-    _steady(outcome)
+    view, _direct = _measured(deployment.wipe(downtime=2.0, settle=15.0), record_property)
 
     assert bridge.poll() is None, "the bridge is the one that was started with the deployment"
-    assert outcome.figures["view"].failed == 0, outcome.figures["view"].errors
+    assert view.failed == 0, view.errors
     # The bucket was refilled: the plugin admits the serving workers again.
     assert set(deployment.incumbent) <= deployment.deployment.view_instance_ids()

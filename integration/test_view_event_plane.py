@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from natsfixture import show
-from phoenixfixture import network_namespace_problem
+from phoenixfixture import network_namespace_problem, run_in_own_session
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -45,22 +43,10 @@ def test_the_view_frontend_opens_as_many_zmq_event_streams_as_the_direct_one(
     out = tmp_path / "result.json"
     command = [unshare, "--net", "--", sys.executable, str(SCENARIO), "--out", str(out)]
     command += ["--root", str(tmp_path / "run"), "--workers", str(WORKERS)]
-    # A session of its own, so an overrunning scenario is ended with all it started.
-    scenario = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        output, _ = scenario.communicate(timeout=SCENARIO_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(scenario.pid, signal.SIGKILL)
-        output, _ = scenario.communicate()
+    returncode, output = run_in_own_session(command, env, SCENARIO_TIMEOUT)
+    if returncode is None:
         pytest.fail(f"the scenario overran {SCENARIO_TIMEOUT:g} s: {output[-3000:]}")
-    assert scenario.returncode == 0, output[-3000:]
+    assert returncode == 0, output[-3000:]
     result = json.loads(out.read_text())
     streams = result["streams"]
     show(f"[event plane] zmq streams connected: {json.dumps(streams)}")
