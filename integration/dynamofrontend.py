@@ -21,9 +21,14 @@ def free_port() -> int:
 
 @contextmanager
 def running_frontend(
-    http_port: int, env: Mapping[str, str], log_path: Path, *, stop_timeout: float = 20.0
+    http_port: int,
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    stop_timeout: float = 20.0,
+    extension: bool = True,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``python -m dynamo.frontend`` with the route extension; stop it on exit.
+    """Run ``python -m dynamo.frontend`` (with the route extension unless told not to).
 
     The frontend listens on 127.0.0.1 only; its output goes to ``log_path``. On exit it gets
     SIGTERM, and SIGKILL if it has not stopped within ``stop_timeout`` seconds.
@@ -36,8 +41,7 @@ def running_frontend(
                 "dynamo.frontend",
                 "--discovery-backend",
                 "file",
-                "--frontend-route-extension",
-                "workerset-admission",
+                *(("--frontend-route-extension", "workerset-admission") if extension else ()),
                 "--http-host",
                 "127.0.0.1",
                 "--http-port",

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,43 @@ def read_line_matching(process: subprocess.Popen[str], pattern: str, timeout: fl
     raise AssertionError(f"no line matching {pattern!r} in {seen!r}")
 
 
+def status_until(
+    flags: list[str], done: Callable[[dict[str, Any]], bool], timeout: float = 20
+) -> dict[str, Any]:
+    """Ask ``status --json`` until its answer is ``done``; return that answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = subprocess.run(
+            [*CLI, "status", *flags, "--json"],
+            capture_output=True,
+            text=True,
+            env=cli_env(),
+            timeout=30,
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr
+        answer: dict[str, Any] = json.loads(status.stdout)
+        if done(answer):
+            return answer
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.2)  # a status round trip is cheap; poll it a few times a second
+
+
+def stop_serve(serve: subprocess.Popen[str]) -> None:
+    """Stop a serve process a test left running, and close its pipes."""
+    if serve.poll() is None:
+        # SIGTERM first: serve stops its embedded nats-server; a kill would orphan it.
+        serve.terminate()
+        try:
+            serve.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            serve.wait(timeout=10)
+    for stream in (serve.stdout, serve.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def test_serve_starts_an_embedded_server_answers_status_and_stops_on_sigterm(
     tmp_path: Path,
 ) -> None:
@@ -84,23 +122,15 @@ def test_serve_starts_an_embedded_server_answers_status_and_stops_on_sigterm(
             await nc.close()
 
         asyncio.run(register())
-        deadline = time.monotonic() + 20
-        while True:
-            status = subprocess.run(
-                [*CLI, "status", "--nats-server", url.group(0), "--json"],
-                capture_output=True,
-                text=True,
-                env=cli_env(),
-                timeout=30,
-                check=False,
-            )
-            assert status.returncode == 0, status.stderr
-            answer = json.loads(status.stdout)
-            groups = answer["groups"]
-            if groups and groups[0]["status"] == "ready" and len(groups[0]["cohorts"]) == 2:
-                break
-            assert time.monotonic() < deadline, answer
-            time.sleep(0.2)
+        answer = status_until(
+            ["--nats-server", url.group(0)],
+            lambda a: (
+                bool(a["groups"])
+                and a["groups"][0]["status"] == "ready"
+                and len(a["groups"][0]["cohorts"]) == 2
+            ),
+        )
+        groups = answer["groups"]
         assert groups[0]["admitted"] == [0x1A]
         assert groups[0]["rejected"] == [groups[0]["cohorts"][1]["checksum"]]
         assert answer["readiness"][0]["ready"] is True
@@ -130,17 +160,7 @@ def test_serve_starts_an_embedded_server_answers_status_and_stops_on_sigterm(
         assert serve.wait(timeout=30) == 0
         assert not announced.exists()
     finally:
-        if serve.poll() is None:
-            # SIGTERM first: serve stops its embedded nats-server; a kill would orphan it.
-            serve.terminate()
-            try:
-                serve.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                serve.kill()
-                serve.wait(timeout=10)
-        for stream in (serve.stdout, serve.stderr):
-            if stream is not None:
-                stream.close()
+        stop_serve(serve)
 
 
 def test_status_without_a_running_service_says_so_and_fails(nats_server: NatsServer) -> None:
@@ -206,7 +226,7 @@ async def test_record_then_replay_gives_the_state_the_live_service_holds(
     assert await asyncio.to_thread(main, ["replay", str(path)]) == 0
     replayed = json.loads(capsys.readouterr().out)
     # The same ingestion and core ran both: every field replay shows equals the live one.
-    fields = ("group", "model", "worker_set", "incumbent", "status", "generation", "receiver")
+    fields = ("group_id", "model", "worker_set_id", "incumbent", "status", "generation", "receiver")
     live_groups = [g.to_json() for g in live.groups]
     assert len(live_groups) == len(replayed["groups"]) == 1
     for live_group, replayed_group in zip(live_groups, replayed["groups"], strict=True):
@@ -265,3 +285,43 @@ def test_serve_against_an_unreachable_server_exits_with_a_clear_error() -> None:
     assert serve.returncode == 3
     assert serve.stderr.startswith("workerset-admission serve: cannot reach NATS: ")
     assert "Traceback" not in serve.stderr
+
+
+def test_serve_names_what_a_conflicting_card_differs_in_in_status_and_its_error_line(
+    nats_server_fn: NatsServer, bucket_name: str
+) -> None:
+    url = nats_server_fn.url
+    flags = ["--nats-server", url, "--discovery-bucket", bucket_name]
+    serve = subprocess.Popen(
+        [*CLI, "serve", *flags, "--admission-bucket", f"adm-{bucket_name}", "--frontend-id", "fe"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        read_line_matching(serve, r"^synced:", 30)
+
+        async def register() -> None:
+            nc = await nats.connect(url)
+            workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+            await workers.register(EP, 1, CARD)
+            await workers.register(EP, 2, demo_card(32, aliases=["v2"]))
+            await nc.close()
+
+        asyncio.run(register())
+        (rejection,) = status_until(flags, lambda answer: bool(answer["rejections"]))["rejections"]
+        assert rejection["instance"] == "dgd/backend/generate/2"
+        assert (rejection["model"], rejection["namespace"]) == (CARD["display_name"], "dgd")
+        assert rejection["differences"] == [
+            {"field": "kv_cache_block_size", "incumbent": "16", "rejected": "32"},
+            {"field": "aliases", "incumbent": "[]", "rejected": '["v2"]'},
+        ]
+        serve.send_signal(signal.SIGTERM)
+        _, err = serve.communicate(timeout=30)
+        assert serve.returncode == 0
+        [line] = [line for line in err.splitlines() if " ERROR " in line]
+        assert "rejected cohort: " in line
+        assert 'differs in: kv_cache_block_size 16 -> 32; aliases [] -> ["v2"] (' in line
+    finally:
+        stop_serve(serve)

@@ -110,7 +110,7 @@ def comparable(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
         (
             {
                 "model": g["model"],
-                "worker_set": g["worker_set"],
+                "worker_set": g["worker_set_id"],
                 "incumbent": g["incumbent"],
                 "status": g["status"],
                 "admitted": sorted(g["admitted"]),

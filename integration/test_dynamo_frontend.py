@@ -8,7 +8,7 @@ import os
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 from dynamofrontend import free_port, running_frontend
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
+from support.cards import base_card
 from support.workers import (
     InProcessWorker,
     file_discovery_environment,
@@ -34,6 +35,8 @@ from workerset_admission.adapters.dynamo.routes import (
 )
 from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.card import encode_model_record, model_kv_key
+from workerset_admission.identity import EndpointId
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -173,6 +176,20 @@ def _get(url: str) -> tuple[int, Any]:
         return 0, None
 
 
+async def _healthy_frontend(base: str, process: Any) -> Callable[[str], Awaitable[tuple[int, Any]]]:
+    """Wait until the frontend's extension is healthy; return an HTTP GET of its paths."""
+
+    async def get(path: str) -> tuple[int, Any]:
+        return await asyncio.to_thread(_get, base + path)
+
+    async def healthy() -> bool:
+        assert process.poll() is None, "the frontend exited"
+        return (await get(HEALTH_PATH))[0] == 200
+
+    await _eventually(healthy, 60, "the frontend's extension becoming healthy")
+    return get
+
+
 @pytest.fixture
 def frontend(environment: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, Any]]:
     port = free_port()
@@ -187,16 +204,8 @@ async def test_the_real_frontend_serves_the_extensions_routes_over_http(
     nats_server: NatsServer,
     tmp_path: Path,
 ) -> None:
-    base, process = frontend
-
-    async def get(path: str) -> tuple[int, Any]:
-        return await asyncio.to_thread(_get, base + path)
-
-    async def healthy() -> bool:
-        assert process.poll() is None, "the frontend exited"
-        return (await get(HEALTH_PATH))[0] == 200
-
-    await _eventually(healthy, 60, "the frontend's extension becoming healthy")
+    process = frontend[1]
+    get = await _healthy_frontend(*frontend)
 
     async with _Workers(Path(environment["DYN_FILE_KV"]), bucket, tmp_path / "models") as w:
         worker = await w.start()
@@ -250,6 +259,38 @@ async def test_the_real_frontend_serves_the_extensions_routes_over_http(
             assert await _live_keys(admission) == []
         finally:
             await client.close()
+
+
+async def test_the_workersets_route_names_what_a_conflicting_card_differs_in(
+    bucket: KeyValue, frontend: tuple[str, Any]
+) -> None:
+    get = await _healthy_frontend(*frontend)
+    endpoint = EndpointId(NAMESPACE, "backend", "generate")
+    incumbent = base_card(16, display_name=MODEL, slug=MODEL)
+    conflicting = dict(incumbent, kv_cache_block_size=32, context_length=8192)
+    for instance_id, card in ((1, incumbent), (2, conflicting)):
+        await bucket.put(
+            model_kv_key(endpoint, instance_id), encode_model_record(endpoint, instance_id, card)
+        )
+
+    async def rejected() -> Any:
+        status, body = await get(WORKERSETS_PATH)
+        return status == 200 and [r for r in body["rejections"] if r["model"] == MODEL]
+
+    [rejection] = await _eventually(rejected, 60, "the rejection seen over HTTP")
+    assert rejection["namespace"] == NAMESPACE
+    assert rejection["instance"] == f"{NAMESPACE}/backend/generate/2"
+    assert rejection["differences"] == [
+        {
+            "field": "context_length",
+            "incumbent": "4096 (context_length)",
+            "rejected": "8192 (context_length)",
+        },
+        {"field": "kv_cache_block_size", "incumbent": "16", "rejected": "32"},
+    ]
+    [workerset] = [s for s in (await get(WORKERSETS_PATH))[1]["workersets"] if s["model"] == MODEL]
+    assert workerset["group_id"] == rejection["group_id"]
+    assert workerset["rejected"] == [rejection["rejected_checksum"]]
 
 
 async def _live_keys(kv: KeyValue) -> list[str]:

@@ -86,6 +86,11 @@ def test_a_conflicting_worker_never_serves_in_round_robin_or_kv_mode(cluster: Cl
 
     b = view.start_worker("b", block_size=32)
     wait_for(lambda: b in view.rejected(), 30, "the plugin rejects the B worker")
+    # Real mocker cards that differ in their block size differ in nothing else the checksum reads.
+    [rejection] = view.status()["rejections"]
+    assert rejection["differences"] == [
+        {"field": "kv_cache_block_size", "incumbent": "16", "rejected": "32"}
+    ]
     cluster.incumbent, cluster.conflicting = (a1, a2), b
 
     frontends = [

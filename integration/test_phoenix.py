@@ -151,7 +151,7 @@ def model_writes(run: dict[str, Any], operation: str, ids: tuple[int, ...]) -> l
 
 def group_id(run: dict[str, Any]) -> str:
     (group,) = run["status"]["succession"]["groups"]
-    return str(group["group"])
+    return str(group["group_id"])
 
 
 def test_the_status_the_scenario_waited_for_shows_the_succession_between_the_two_cards(
@@ -266,8 +266,9 @@ def test_the_rejected_cohort_is_one_event_with_both_checksums_on_its_first_cards
         n.ATTR_INCUMBENT_CHECKSUM: OLD,
         n.ATTR_REJECTED_CHECKSUM: NEW,
         n.ATTR_MODEL: group["model"],
-        n.ATTR_WORKER_SET: group["worker_set"],
+        n.ATTR_WORKER_SET: group["worker_set_id"],
         n.ATTR_INSTANCE: f"dgd/backend/generate/{SUCCESSOR_IDS[0]:x}",
+        n.ATTR_DIFFERENCES: ["kv_cache_block_size 16 -> 32"],
     }
 
 

@@ -56,7 +56,8 @@ __all__ = [
 EXIT_OK = 0
 """Done; for a command that runs until stopped, stopped by a signal."""
 EXIT_NO = 1
-"""The answer is no: ``rollout``'s gate is closed, ``explain``'s instance is not admitted."""
+"""The answer is no: ``rollout``'s gate is closed, ``explain``'s instance is not admitted,
+``diff``'s cards would not join one cohort."""
 EXIT_USAGE = 2
 """Bad input from the operator: flags, settings, a trace, a card, an output path or folder."""
 EXIT_UNREACHABLE = 3
@@ -83,6 +84,11 @@ COMMANDS: dict[str, CommandSpec] = {
     "explain": CommandSpec(
         "workerset_admission.replay_cli",
         "explain why an instance is or is not admitted (exit 1 when it is not)",
+        connects=False,
+    ),
+    "diff": CommandSpec(
+        "workerset_admission.diff_cli",
+        "compare two cards: both checksums and what differs (exit 1 when they differ)",
         connects=False,
     ),
     "serve": CommandSpec(
@@ -154,7 +160,8 @@ def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
 
 EXIT_STATUSES: dict[int, str] = {
     EXIT_OK: "success (a long-running command stopped by SIGINT or SIGTERM counts as success)",
-    EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted",
+    EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted, diff cards "
+    "differ",
     EXIT_USAGE: "bad flags, settings, trace, card, output path or view folder; nothing changed",
     EXIT_UNREACHABLE: "NATS (or etcd, for bridge) unreachable, credentials refused, or no answer "
     "in time",

@@ -58,12 +58,16 @@ class DecisionState:
             raise DecisionStateError("the status answer lists no groups")
         cohorts: dict[GroupId, tuple[str, ...]] = {}
         for group in groups:
-            if not isinstance(group, Mapping) or not isinstance(group.get("group"), str):
+            # ``group_id``; frontends of earlier releases answer with ``group``.
+            group_id = (
+                group.get("group_id", group.get("group")) if isinstance(group, Mapping) else None
+            )
+            if not isinstance(group_id, str):
                 raise DecisionStateError("a status group without its id")
             order = [c.get("checksum") for c in group.get("cohorts") or () if isinstance(c, dict)]
             checksums = tuple(c for c in order if isinstance(c, str))
             if checksums and len(checksums) == len(order):
-                cohorts[_group_id(group["group"])] = checksums
+                cohorts[_group_id(group_id)] = checksums
         return cls(frontend, cohorts)
 
     @classmethod

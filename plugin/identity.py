@@ -18,6 +18,7 @@ __all__ = [
     "Registration",
     "WorkerType",
     "compact_json",
+    "group_fields",
     "instance_key",
 ]
 
@@ -115,6 +116,25 @@ class GroupKey:
     @property
     def worker_type(self) -> WorkerType:
         return WorkerType(json.loads(self.worker_set)[4])
+
+
+def group_fields(group: GroupKey) -> dict[str, Any]:
+    """Give a group's identity as plain JSON fields, with Dynamo's two id strings beside them.
+
+    ``model_types`` lists the model-type names (``["chat", "completions"]``); ``worker_type``
+    is the effective worker type the WorkerSet key names.
+    """
+    namespace, component, endpoint, model_types, worker_type = json.loads(group.worker_set)
+    return {
+        "model": group.model,
+        "namespace": namespace,
+        "component": component,
+        "endpoint": endpoint,
+        "model_types": model_types.split("|") if model_types else [],
+        "worker_type": worker_type,
+        "group_id": group.id,
+        "worker_set_id": group.worker_set,
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,11 +48,13 @@ from workerset_admission.admission import (
     WorkerRemoved,
 )
 from workerset_admission.card import BoundarySettings, jsonio
+from workerset_admission.card.differences import describe
 from workerset_admission.decision_state import DecisionState, DecisionStateError
 from workerset_admission.errors import RemoteDataError, UsageError
-from workerset_admission.identity import GroupKey
+from workerset_admission.identity import GroupKey, group_fields
 from workerset_admission.ingest import CardRecordDecoder, Ingested, Ingestor
 from workerset_admission.keys import parse_key as parse_kv_key
+from workerset_admission.rejections import RejectionSnapshot, standing_rejections
 
 __all__ = [
     "MUTATION_REFUSED",
@@ -101,34 +103,23 @@ class ReplayResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "groups": [_group_json(v) for v in self.core.groups()],
-            "rejections": [
-                {
-                    "model": r.model,
-                    "worker_set": r.worker_set,
-                    "incumbent_checksum": r.incumbent_checksum,
-                    "rejected_checksum": r.rejected_checksum,
-                    "instance": r.instance,
-                }
-                for r in self.rejections
-            ],
+            "rejections": [RejectionSnapshot.of_report(r).to_json() for r in self.rejections],
             "invalid": [{"key": key, "reason": reason} for key, reason in self.invalid],
         }
 
 
 def _group_json(view: GroupView) -> dict[str, Any]:
-    group: dict[str, Any] = {
-        "group": view.key.id,
-        "model": view.key.model,
-        "worker_set": view.key.worker_set,
-        "incumbent": view.incumbent,
-        "status": view.status.value,
-        "generation": view.generation,
-        "receiver": view.receiver,
-        "admitted": list(view.admitted),
-        "cohorts": [
+    group = group_fields(view.key)
+    group.update(
+        incumbent=view.incumbent,
+        status=view.status.value,
+        generation=view.generation,
+        receiver=view.receiver,
+        admitted=list(view.admitted),
+        cohorts=[
             {"checksum": c.mdc_checksum, "members": sorted(c.instance_ids)} for c in view.cohorts
         ],
-    }
+    )
     if view.held_until is not None:
         # Only while held, so the output of every trace without a hold is unchanged.
         group["held_until"] = view.held_until
@@ -387,6 +378,20 @@ def is_admitted(result: ReplayResult, instance: str) -> bool:
     return placement.attached_to is not None if placement.is_lora else placement.admitted
 
 
+def _differences_in_words(result: ReplayResult, view: GroupView, checksum: str) -> list[str]:
+    for rejection in standing_rejections(result.core, [view]):
+        if rejection.rejected_checksum != checksum:
+            continue
+        if rejection.differences is None:
+            return ["What differs cannot be told: the incumbent's card is not at hand."]
+        return [
+            f"It differs from the incumbent in {len(rejection.differences)} input(s) of the "
+            "checksum:",
+            *(f"  - {describe(d)}" for d in rejection.differences),
+        ]
+    return []
+
+
 def explain(result: ReplayResult, instance: str) -> str:
     """Say in words why ``instance`` (see :func:`resolve_instance`) is or is not admitted."""
     key = resolve_instance(result, instance)
@@ -436,6 +441,7 @@ def explain(result: ReplayResult, instance: str) -> str:
                 f"is number {placement.position + 1} of {len(view.cohorts)} in line; it can "
                 "only be served after every worker of the cohorts ahead of it is gone."
             )
+            lines.extend(_differences_in_words(result, view, placement.mdc_checksum))
         if view.held_until is not None:
             lines.append(
                 f"The tenure of {view.incumbent} is held after an outage until clock "

@@ -82,6 +82,7 @@ from workerset_admission.snapshots import (
     group_snapshot,
     readiness,
     serving_records,
+    standing_rejections,
     state_summary,
 )
 from workerset_admission.telemetry import AdmissionTelemetry, RefusalWarnings, UpdateScope
@@ -574,11 +575,12 @@ class AdmissionService:
     # -- snapshots ---------------------------------------------------------------------------
 
     def _build_snapshot(self) -> ServiceSnapshot:
-        groups = tuple(group_snapshot(v, self.liveness, self._clock) for v in self.core.groups())
+        views = self.core.groups()
         snap = ServiceSnapshot(
             health=self._health(),
             synced=self._synced.is_set(),
-            groups=groups,
+            groups=tuple(group_snapshot(v, self.liveness, self._clock) for v in views),
+            rejections=standing_rejections(self.core, views),
             readiness=readiness(self.core, self._committed, self.liveness),
             invalid_total=self.counters.invalid,
             recent_invalid=tuple(self._invalid),

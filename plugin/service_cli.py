@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from workerset_admission.card.differences import Difference, differences_of, summarize
 from workerset_admission.cli import EXIT_FAILED, EXIT_OK, positive_seconds
 from workerset_admission.config import Settings, add_serve_settings_arguments
 from workerset_admission.errors import Unreachable, UsageError, WorkersetAdmissionError
@@ -304,9 +305,7 @@ def render_status_table(status: Mapping[str, Any]) -> str:
     headers = ("group", "incumbent", "status", "gen", "admitted", "rejected", "readiness")
     rows: list[tuple[str, ...]] = []
     for group in status.get("groups", []):
-        worker_set = json.loads(group["worker_set"])
-        namespace = worker_set[0]
-        ready = readiness.get((group["model"], namespace))
+        ready = readiness.get((group["model"], group["namespace"]))
         if ready is None:
             ready_text = "-"
         elif ready["ready"]:
@@ -318,7 +317,8 @@ def render_status_table(status: Mapping[str, Any]) -> str:
         )
         rows.append(
             (
-                f"{group['model']} @ {'/'.join(worker_set[:3])} [{worker_set[4]}]",
+                f"{group['model']} @ {group['namespace']}/{group['component']}/"
+                f"{group['endpoint']} [{group['worker_type']}]",
                 _short(group["incumbent"]),
                 group["status"],
                 "-" if group["generation"] is None else str(group["generation"]),
@@ -336,6 +336,16 @@ def render_status_table(status: Mapping[str, Any]) -> str:
     )
     if status.get("frontend"):
         lines.append(f"frontend: {status['frontend']}")
+    for rejection in status.get("rejections", []):
+        differences = rejection.get("differences")
+        said = (
+            "unknown" if differences is None else summarize([Difference(**d) for d in differences])
+        )
+        lines.append(
+            f"rejected {_short(rejection['rejected_checksum'])} in {rejection['model']} @ "
+            f"{rejection['namespace']}/{rejection['component']}/{rejection['endpoint']}: "
+            f"differs in: {said}"
+        )
     return "\n".join(lines)
 
 
@@ -394,9 +404,11 @@ class _DecisionPrinter:
         if kind == "PublishAdmissions":
             return f"receiver #{effect.receiver} admits {_ids(sorted(effect.admitted))}"
         if kind == "RejectionReported":
+            differences = differences_of(effect.incumbent_card, effect.rejected_card)
             return (
                 f"REJECTED cohort {_short(effect.rejected_checksum)} "
                 f"(incumbent {_short(effect.incumbent_checksum)}), e.g. {effect.instance}"
+                + (f"; differs in: {summarize(differences)}" if differences else "")
             )
         if kind == "WithdrawGroup":
             return f"withdrew committed generation {effect.generation}"

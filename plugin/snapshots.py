@@ -9,8 +9,9 @@ from typing import Any
 
 from .admission import AdmissionCore, GroupView
 from .admission.readiness import ReadinessUnit, evaluate_readiness
-from .identity import GroupKey, instance_key
+from .identity import GroupKey, group_fields, instance_key
 from .liveness import LivenessIndex
+from .rejections import RejectionSnapshot, standing_rejections
 from .telemetry import AdmissionStateSummary
 
 __all__ = [
@@ -19,12 +20,14 @@ __all__ = [
     "GroupSnapshot",
     "InvalidRecord",
     "ReadinessSnapshot",
+    "RejectionSnapshot",
     "ServiceCounters",
     "ServiceSnapshot",
     "ServingRecord",
     "group_snapshot",
     "readiness",
     "serving_records",
+    "standing_rejections",
     "state_summary",
 ]
 
@@ -61,24 +64,25 @@ class GroupSnapshot:
         def ids(values: tuple[int, ...]) -> list[int] | int:
             return len(values) if brief else list(values)
 
-        return {
-            "group": self.group.id,
-            "model": self.group.model,
-            "worker_set": self.group.worker_set,
-            "incumbent": self.incumbent,
-            "status": self.status,
-            "generation": self.generation,
-            "committed_generation": self.committed_generation,
-            "receiver": self.receiver,
-            "admitted": ids(self.admitted),
-            "routable": ids(self.routable),
-            "cohorts": [
-                {"checksum": c.mdc_checksum, "members": ids(c.members)} for c in self.cohorts
-            ],
-            "rejected": [c.mdc_checksum for c in self.rejected],
-            "held": self.held_until is not None,
-            "held_until": self.held_until,
-        }
+        out = group_fields(self.group)
+        out.update(
+            {
+                "incumbent": self.incumbent,
+                "status": self.status,
+                "generation": self.generation,
+                "committed_generation": self.committed_generation,
+                "receiver": self.receiver,
+                "admitted": ids(self.admitted),
+                "routable": ids(self.routable),
+                "cohorts": [
+                    {"checksum": c.mdc_checksum, "members": ids(c.members)} for c in self.cohorts
+                ],
+                "rejected": [c.mdc_checksum for c in self.rejected],
+                "held": self.held_until is not None,
+                "held_until": self.held_until,
+            }
+        )
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,8 @@ class ServiceSnapshot:
     builds_in_flight: int
     snapshots_applied: int
     frontend: str | None = None
+    # Every cohort standing rejected, with what its card differs in from the incumbent's.
+    rejections: tuple[RejectionSnapshot, ...] = ()
 
     def group(self, key: GroupKey) -> GroupSnapshot | None:
         for g in self.groups:
@@ -141,6 +147,7 @@ class ServiceSnapshot:
             "health": self.health,
             "synced": self.synced,
             "groups": [g.to_json(brief) for g in self.groups],
+            "rejections": [r.to_json() for r in self.rejections],
             "readiness": [r.to_json() for r in self.readiness],
             "invalid_total": self.invalid_total,
             "recent_invalid": [r.to_json() for r in self.recent_invalid],
@@ -272,14 +279,25 @@ def serving_records(
 
 
 def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
-    """Count groups per status and the admitted workers of committed groups, for metrics."""
+    """Count groups per status, admitted workers of committed groups, workers by state."""
     by_status: dict[str, int] = {}
     admitted = 0
     held = 0
+    workers: dict[tuple[str, str], int] = {}
     for group in snap.groups:
         by_status[group.status] = by_status.get(group.status, 0) + 1
         if group.committed_generation is not None:
             admitted += len(group.admitted)
+        model = group.group.model
         if group.held_until is not None:
             held += 1
-    return AdmissionStateSummary(by_status, admitted, held)
+            # Nothing is admitted while the tenure is held: every worker waits for its end.
+            counts = {"held": sum(len(c.members) for c in group.cohorts)}
+        else:
+            counts = {
+                "admitted": len(group.admitted),
+                "rejected": sum(len(c.members) for c in group.rejected),
+            }
+        for state, count in counts.items():
+            workers[(model, state)] = workers.get((model, state), 0) + count
+    return AdmissionStateSummary(by_status, admitted, held, workers)

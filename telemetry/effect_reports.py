@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ..admission import effects as fx
+from ..card.differences import differences_of
 from ..identity import GroupKey
 
 if TYPE_CHECKING:
@@ -28,6 +29,11 @@ def _on_rejection(telemetry: AdmissionTelemetry, effect: fx.RejectionReported) -
         incumbent_checksum=effect.incumbent_checksum,
         rejected_checksum=effect.rejected_checksum,
         instance=effect.instance,
+        differences=differences_of(
+            effect.incumbent_card,
+            effect.rejected_card,
+            (effect.incumbent_checksum, effect.rejected_checksum),
+        ),
     )
 
 

@@ -29,13 +29,14 @@ than no telemetry.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind
 
 from .. import __version__
+from ..card.differences import Difference, differences_json, summarize
 from ..ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
 from . import names as n
 from .effect_reports import EFFECT_HANDLERS, MUTATION_REFUSED, decision_of
@@ -258,44 +259,51 @@ class AdmissionTelemetry:
         incumbent_checksum: str,
         rejected_checksum: str,
         instance: str,
+        differences: Sequence[Difference] | None = None,
     ) -> None:
         """Log one newly rejected cohort at ERROR, note it on the current span, and count it.
 
-        The core already suppresses unchanged repeats; every call here is logged.
+        ``differences`` are the checksum inputs the rejected card differs in (``None`` when
+        the cards were not at hand); the line shows the first five. The core already
+        suppresses unchanged repeats; every call here is logged.
         """
         try:
-            fields = {
+            fields: dict[str, Any] = {
                 "model": model,
                 "worker_set": worker_set,
                 "incumbent_checksum": incumbent_checksum,
                 "rejected_checksum": rejected_checksum,
                 "instance": instance,
+                "differences": differences_json(differences),
             }
+            said = "" if differences is None else f" differs in: {summarize(differences)}"
             # The host forwards only the message text, so every field is in it as well.
             self._rejection_log.error(
                 "rejected cohort: model=%s worker_set=%s incumbent_checksum=%s "
-                "rejected_checksum=%s instance=%s (its configuration differs from the "
+                "rejected_checksum=%s instance=%s%s (its configuration differs from the "
                 "incumbent's; it is tracked but not admitted)",
                 model,
                 worker_set,
                 incumbent_checksum,
                 rejected_checksum,
                 instance,
+                said,
                 extra=fields,
             )
             self._instruments.rejected.add(1, {n.LABEL_MODEL: model})
             span = trace.get_current_span()
             if span.is_recording():
-                span.add_event(
-                    n.EVENT_COHORT_REJECTED,
-                    {
-                        n.ATTR_MODEL: model,
-                        n.ATTR_WORKER_SET: worker_set,
-                        n.ATTR_INCUMBENT_CHECKSUM: incumbent_checksum,
-                        n.ATTR_REJECTED_CHECKSUM: rejected_checksum,
-                        n.ATTR_INSTANCE: instance,
-                    },
-                )
+                attrs: dict[str, Any] = {
+                    n.ATTR_MODEL: model,
+                    n.ATTR_WORKER_SET: worker_set,
+                    n.ATTR_INCUMBENT_CHECKSUM: incumbent_checksum,
+                    n.ATTR_REJECTED_CHECKSUM: rejected_checksum,
+                    n.ATTR_INSTANCE: instance,
+                }
+                if differences is not None:
+                    # One "field incumbent -> rejected" string per difference, all of them.
+                    attrs[n.ATTR_DIFFERENCES] = [str(d) for d in differences]
+                span.add_event(n.EVENT_COHORT_REJECTED, attrs)
         except Exception:
             _log.debug("could not report a rejected cohort", exc_info=True)
 

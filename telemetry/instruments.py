@@ -47,6 +47,9 @@ class AdmissionStateSummary:
     admitted_workers: int = 0
     # Groups whose tenure is held after an outage (their incumbent has no live member).
     held_groups: int = 0
+    # Registered workers per (model, state): admitted, rejected (their cohort's configuration
+    # differs from a live incumbent's), held (in a group whose tenure is held).
+    workers: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 class AdmissionInstruments:
@@ -118,6 +121,12 @@ class AdmissionInstruments:
             callbacks=[self._observe_admitted],
             unit="{worker}",
             description="Workers currently admitted for routing, across all groups.",
+        )
+        meter.create_observable_gauge(
+            n.METRIC_WORKERS,
+            callbacks=[self._observe_workers],
+            unit="{worker}",
+            description="Registered workers by model and state: admitted, rejected or held.",
         )
 
     # --- discovery updates -------------------------------------------------------------------
@@ -191,6 +200,17 @@ class AdmissionInstruments:
     def _observe_held(self, _options: CallbackOptions) -> Iterable[Observation]:
         summary = self._summary()
         return [] if summary is None else [Observation(summary.held_groups)]
+
+    def _observe_workers(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        if summary is None:
+            return []
+        counts = {(model, state): 0 for model, _ in summary.workers for state in n.WORKER_STATES}
+        counts.update(summary.workers)
+        return [
+            Observation(count, {n.LABEL_MODEL: model, n.LABEL_STATE: state})
+            for (model, state), count in sorted(counts.items())
+        ]
 
     def _observe_admitted(self, _options: CallbackOptions) -> Iterable[Observation]:
         summary = self._summary()

@@ -18,6 +18,7 @@ __all__ = [
     "ATTR_CHECKSUM",
     "ATTR_DECISION",
     "ATTR_DETAIL",
+    "ATTR_DIFFERENCES",
     "ATTR_DISCOVERY_KEY",
     "ATTR_DISCOVERY_OPERATION",
     "ATTR_DISCOVERY_REVISION",
@@ -53,6 +54,7 @@ __all__ = [
     "LABEL_OPERATION",
     "LABEL_OUTCOME",
     "LABEL_REASON",
+    "LABEL_STATE",
     "LABEL_STATUS",
     "METRIC_ADMISSION_LATENCY",
     "METRIC_BUILDS",
@@ -63,6 +65,7 @@ __all__ = [
     "METRIC_REJECTED_COHORTS",
     "METRIC_SUCCESSIONS",
     "METRIC_UPDATES",
+    "METRIC_WORKERS",
     "METRIC_WORKERS_ADMITTED",
     "PREFIX",
     "SPAN_APPLY_SNAPSHOT",
@@ -72,6 +75,7 @@ __all__ = [
     "SPAN_HOLD",
     "SPAN_SUCCEED",
     "SPAN_WITHDRAW",
+    "WORKER_STATES",
 ]
 
 PREFIX: Final = "workerset_admission"
@@ -115,6 +119,7 @@ ATTR_RETRY_DELAY: Final = f"{PREFIX}.build.retry_delay"
 ATTR_INCUMBENT_CHECKSUM: Final = f"{PREFIX}.incumbent_checksum"
 ATTR_REJECTED_CHECKSUM: Final = f"{PREFIX}.rejected_checksum"
 ATTR_INSTANCE: Final = f"{PREFIX}.instance"
+ATTR_DIFFERENCES: Final = f"{PREFIX}.differences"
 ATTR_OLD_CHECKSUM: Final = f"{PREFIX}.succession.old_checksum"
 ATTR_NEW_CHECKSUM: Final = f"{PREFIX}.succession.new_checksum"
 ATTR_OLD_GENERATION: Final = f"{PREFIX}.succession.old_generation"
@@ -134,6 +139,7 @@ LABEL_REASON: Final = "reason"
 LABEL_MODEL: Final = "model"
 LABEL_OUTCOME: Final = "outcome"
 LABEL_STATUS: Final = "status"
+LABEL_STATE: Final = "state"
 
 # --- metrics ----------------------------------------------------------------------------------
 METRIC_UPDATES: Final = f"{PREFIX}.discovery.updates"
@@ -145,8 +151,13 @@ METRIC_BUILD_DURATION: Final = f"{PREFIX}.build.duration"
 METRIC_GROUPS: Final = f"{PREFIX}.groups"
 METRIC_GROUPS_HELD: Final = f"{PREFIX}.groups.held"
 METRIC_WORKERS_ADMITTED: Final = f"{PREFIX}.workers.admitted"
+METRIC_WORKERS: Final = f"{PREFIX}.workers"
 METRIC_ADMISSION_LATENCY: Final = f"{PREFIX}.admission.latency"
 
 # Every status the core's transition table knows; the gauge reports each of them (zero
 # included) so a status that empties shows 0 instead of a series that silently vanishes.
 GROUP_STATUSES: Final = tuple(status.value for status in GroupStatus)
+
+# The states the worker gauge counts registered workers in; each is reported for every model
+# (zero included), so an alert on "rejected" sees it clear.
+WORKER_STATES: Final = ("admitted", "rejected", "held")

@@ -159,6 +159,69 @@ def test_status_4_a_command_that_fails_while_running(
     assert capsys.readouterr().err == "workerset-admission fail: the service stopped on an error\n"
 
 
+def _card_file(tmp_path: Path, name: str, card: object) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(card), encoding="utf-8")
+    return str(path)
+
+
+def test_status_0_diff_of_cards_that_would_join_one_cohort(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _card_file(tmp_path, "a.json", base_card(16))
+    # Unhashed fields differ; the second card comes as a whole discovery record, on stdin.
+    record = encode_model_record(EP, 7, base_card(16, migration_limit=3))
+    monkeypatch.setattr(
+        sys, "stdin", types.SimpleNamespace(buffer=types.SimpleNamespace(read=lambda: record))
+    )
+    assert cli.main(["diff", "--json", a, "-"]) == cli.EXIT_OK
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["equal"] is True
+    assert answer["differences"] == []
+    assert answer["card_a"]["mdc_checksum"] == answer["card_b"]["mdc_checksum"]
+
+
+def test_status_1_diff_of_cards_that_differ_names_what_differs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _card_file(tmp_path, "a.json", base_card(16))
+    b = _card_file(tmp_path, "b.json", base_card(32))
+    assert cli.main(["diff", a, b]) == cli.EXIT_NO
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in out[:2]] == [["card", "A"], ["card", "B"]]
+    assert out[2:] == [
+        "different checksums; B differs from A in 1 input(s):",
+        "  kv_cache_block_size: 16 -> 32",
+    ]
+
+
+def test_status_2_diff_refuses_a_card_the_service_would_refuse_with_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _card_file(tmp_path, "a.json", base_card(16))
+    b = _card_file(tmp_path, "b.json", base_card(kv_cache_block_size="sixteen"))
+    assert cli.main(["diff", a, b]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"workerset-admission diff: {b}: the service would refuse it: invalid_type"
+    )
+    assert cli.main(["diff", a, str(tmp_path / "missing.json")]) == cli.EXIT_USAGE
+    assert "cannot read" in capsys.readouterr().err
+
+
+def _readme_commands() -> dict[int, str]:
+    rows = re.findall(r"^\| (\d+) \| [^|]+ \| ([^|]+) \|$", README.read_text(), flags=re.M)
+    return {int(code): commands for code, commands in rows}
+
+
+def test_the_readme_table_names_the_statuses_diff_answers_with() -> None:
+    commands = _readme_commands()
+    assert commands[cli.EXIT_OK].strip() == "all"
+    assert "`diff`" in commands[cli.EXIT_NO]
+    assert commands[cli.EXIT_USAGE].strip() == "all"
+    assert "diff cards differ" in cli.EXIT_STATUSES[cli.EXIT_NO]
+
+
 @pytest.mark.parametrize(
     ("error", "status"),
     [

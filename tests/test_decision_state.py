@@ -15,10 +15,10 @@ def test_a_status_answer_becomes_a_state_line_and_back() -> None:
     status = {
         "groups": [
             {
-                "group": G.id,
+                "group_id": G.id,
                 "cohorts": [{"checksum": "b", "members": [2]}, {"checksum": "a", "members": 1}],
             },
-            {"group": G.id.replace("ns", "idle"), "cohorts": []},
+            {"group_id": G.id.replace("ns", "idle"), "cohorts": []},
         ]
     }
     state = DecisionState.from_status("fe-1", status)
@@ -30,6 +30,12 @@ def test_a_status_answer_becomes_a_state_line_and_back() -> None:
         "groups": [{"group": G.id, "cohorts": ["b", "a"]}],
     }
     assert DecisionState.from_line(line) == state
+
+
+def test_the_status_of_a_frontend_that_names_its_groups_group_is_read_too() -> None:
+    # Frontends of earlier releases gave the group id as "group".
+    status = {"groups": [{"group": G.id, "cohorts": [{"checksum": "a", "members": [1]}]}]}
+    assert DecisionState.from_status("fe-1", status).cohorts == {(G.model, G.worker_set): ("a",)}
 
 
 @pytest.mark.parametrize(

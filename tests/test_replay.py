@@ -28,6 +28,7 @@ CARD: dict[str, Any] = {
     "worker_type": "aggregated",
     "needs": [],
 }
+ROUTER = {"router_mode": "k_v", "kv_router_config": {}, "load_threshold_config": {}}
 GID = GroupKey.build("m", EP, "chat|completions", WorkerType.AGGREGATED).id
 
 
@@ -172,6 +173,38 @@ def test_the_explain_command_explains_a_rejected_instance(
     assert text.startswith("ns1/backend/generate/2 is not admitted")
     assert main(["explain", str(trace), model_kv_key(EP, 1)]) == 0
     assert capsys.readouterr().out.startswith("ns1/backend/generate/1 is admitted")
+
+
+def test_a_rejection_lists_the_checksum_inputs_its_card_differs_in() -> None:
+    result = out([put(1), put(2, kv_cache_block_size=32, aliases=["m2"], migration_limit=3)])
+    [rejection] = result["rejections"]
+    assert rejection["differences"] == [
+        {"field": "kv_cache_block_size", "incumbent": "16", "rejected": "32"},
+        {"field": "aliases", "incumbent": "[]", "rejected": '["m2"]'},
+    ]
+    assert {key: rejection[key] for key in ("model", "namespace", "component", "endpoint")} == {
+        "model": "m",
+        "namespace": "ns1",
+        "component": "backend",
+        "endpoint": "generate",
+    }
+    assert (rejection["model_types"], rejection["worker_type"]) == (
+        ["chat", "completions"],
+        "aggregated",
+    )
+    assert rejection["group_id"] == GID
+    [group] = result["groups"]
+    assert (group["group_id"], group["worker_set_id"]) == (GID, json.loads(GID)[1])
+
+
+def test_explain_says_in_words_what_a_rejected_card_differs_in() -> None:
+    result = replay([put(1), put(2, router_config=ROUTER)])
+    text = explain(result, "ns1/backend/generate/2")
+    assert "It differs from the incumbent in 1 input(s) of the checksum:" in text
+    assert "  - router_config is absent from the incumbent card and set to {" in text
+    assert "an absent router config and an explicit default one" in text
+    # An admitted instance has nothing to differ in.
+    assert "differs from the incumbent in" not in explain(result, "ns1/backend/generate/1")
 
 
 def test_explain_takes_an_instance_id_in_decimal_or_in_hex(

@@ -355,6 +355,14 @@ async def test_status_json_lists_groups_with_incumbent_generation_and_readiness(
                 "missing": [],
             }
         ]
+        assert group["namespace"] == "dgd-v1"
+        assert group["group_id"] == group_key().id
+        (rejection,) = status["rejections"]
+        assert rejection["rejected_checksum"] == group["cohorts"][1]["checksum"]
+        assert rejection["instance"] == "dgd-v1/backend/generate/2"
+        assert rejection["differences"] == [
+            {"field": "kv_cache_block_size", "incumbent": "16", "rejected": "32"}
+        ]
         brief = json.loads(svc.render_status(brief=True))
         assert brief["groups"][0]["admitted"] == 1
     finally:

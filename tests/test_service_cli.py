@@ -13,7 +13,11 @@ def test_the_status_table_names_rejected_cohorts_and_missing_roles() -> None:
         "groups": [
             {
                 "model": "m",
-                "worker_set": '["ns","backend","generate","","decode"]',
+                "namespace": "ns",
+                "component": "backend",
+                "endpoint": "generate",
+                "model_types": [],
+                "worker_type": "decode",
                 "incumbent": "a" * 64,
                 "status": "ready",
                 "generation": 4,
@@ -21,6 +25,19 @@ def test_the_status_table_names_rejected_cohorts_and_missing_roles() -> None:
                 "cohorts": [
                     {"checksum": "a" * 64, "members": [26]},
                     {"checksum": "b" * 64, "members": [1, 2]},
+                ],
+            }
+        ],
+        "rejections": [
+            {
+                "model": "m",
+                "namespace": "ns",
+                "component": "backend",
+                "endpoint": "generate",
+                "rejected_checksum": "b" * 64,
+                "differences": [
+                    {"field": "kv_cache_block_size", "incumbent": "16", "rejected": "32"},
+                    {"field": "aliases", "incumbent": "[]", "rejected": '["x"]'},
                 ],
             }
         ],
@@ -34,3 +51,8 @@ def test_the_status_table_names_rejected_cohorts_and_missing_roles() -> None:
     assert "missing prefill" in row
     # Instance ids print as integers, as in the status JSON: 26, not its hex spelling 1a.
     assert re.search(r" ready +4 +26 +bbbb", row)
+    assert row.startswith("m @ ns/backend/generate [decode]")
+    assert table.splitlines()[-1] == (
+        "rejected bbbbbbbbbbbb in m @ ns/backend/generate: differs in: "
+        'kv_cache_block_size 16 -> 32; aliases [] -> ["x"]'
+    )

@@ -7,8 +7,9 @@ on its own thread and event loop (configured from ``WORKERSET_ADMISSION_*`` and 
 config file), stops it when the process exits, and returns three GET routes under
 :data:`ROUTE_PREFIX` (a built-in path collision would stop the frontend at startup):
 
-* ``/workerset-admission/v1/workersets``: every WorkerSet with its incumbent, status, build
-  generation, admitted and routable ids, and its cohorts (incumbent first, then the rejected);
+* ``/workerset-admission/v1/workersets``: every WorkerSet with its identity, incumbent,
+  status, build generation, admitted and routable ids, and its cohorts (incumbent first, then
+  the rejected); and every rejected cohort with the checksum inputs its card differs in;
 * ``/workerset-admission/v1/readiness``: readiness per model and namespace from the shared
   evaluator, beside what the frontend itself reports for the model;
 * ``/workerset-admission/v1/health``: 200 once the service has applied its first discovery
@@ -116,6 +117,7 @@ class AdmissionRoutes:
                 "health": snap.health,
                 "synced": snap.synced,
                 "workersets": [group.to_json() for group in snap.groups],
+                "rejections": [rejection.to_json() for rejection in snap.rejections],
                 "invalid_total": snap.invalid_total,
                 "recent_invalid": [record.to_json() for record in snap.recent_invalid],
             },

@@ -320,7 +320,7 @@ def replay_of(listing: SourceSnapshot) -> dict[str, dict[str, Any]]:
         "entries": [{"key": e.key, "value": e.value.decode()} for e in listing.entries],
     }
     result = replay([json.dumps(trace)]).to_json()
-    return {g["group"]: g for g in result["groups"]}
+    return {g["group_id"]: g for g in result["groups"]}
 
 
 def live_groups(service: AdmissionService) -> dict[str, GroupSnapshot]:

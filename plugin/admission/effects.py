@@ -197,6 +197,10 @@ class RejectionReported:
     incumbent_checksum: str
     rejected_checksum: str
     instance: str
+    # The two cards compared, so a report can say what differs; None when a held incumbent
+    # has no member left to take its card from.
+    incumbent_card: Any = field(default=None, compare=False, repr=False)
+    rejected_card: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

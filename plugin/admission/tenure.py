@@ -155,6 +155,8 @@ class _TenureMixin(_CoreState):
     def _report(self, group: _Group, cohort: _Cohort) -> None:
         assert group.checksum is not None
         group.reported.add(cohort.checksum)
+        incumbent = group.cohorts[group.checksum]
+        representative = _representative(cohort)
         self._out.append(
             fx.RejectionReported(
                 group=group.key,
@@ -162,6 +164,8 @@ class _TenureMixin(_CoreState):
                 worker_set=group.key.worker_set,
                 incumbent_checksum=group.checksum,
                 rejected_checksum=cohort.checksum,
-                instance=_representative(cohort).key,
+                instance=representative.key,
+                incumbent_card=_representative(incumbent).card if incumbent.members else None,
+                rejected_card=representative.card,
             )
         )

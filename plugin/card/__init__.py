@@ -40,6 +40,7 @@ from .boundary import (
     unescape_token,
 )
 from .checksum import card_checksum, mdc_local_path, mdcsum, router_config_json, slug
+from .differences import Difference, card_differences
 from .events import (
     EventKey,
     EventRecord,
@@ -54,12 +55,14 @@ __all__ = [
     "DEFAULT_MAX_VALUE_SIZE",
     "BoundarySettings",
     "DecodedCard",
+    "Difference",
     "EndpointRecord",
     "EventKey",
     "EventRecord",
     "NamespaceFilter",
     "ParsedKey",
     "card_checksum",
+    "card_differences",
     "decode_card",
     "decode_endpoint_record",
     "decode_event_record",

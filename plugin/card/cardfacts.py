@@ -74,7 +74,12 @@ def _projection_fingerprint(fields: dict[str, Any], lora: Any) -> str:
     return blake3.blake3(text.encode()).hexdigest()
 
 
-_TOKENS_SURFACES = PREFILL_BIT | 0b111  # chat, completions, embedding, legacy prefill bit
+# 1.6.1's supported (input, model type) combinations, as its frontend checks them before
+# admission: Text serves any declared surface; Tokens needs at least one surface its
+# preprocessor can build (chat, completions or embedding), whatever else the card declares;
+# Tensor needs TensorBased among its types. A prefill worker (explicit or through the legacy
+# Prefill bit) and a surface-less encode worker are checked on their input alone.
+_TOKENS_SURFACES = 0b111  # chat, completions, embedding
 _TENSOR_BIT = 1 << 3
 
 
@@ -83,15 +88,19 @@ def _validate_shape(card: DecodedCard, effective: str) -> None:
     model_input = card.model_input
     if not card.display_name:
         raise CardDecodeError("invalid_card_shape", "model name must not be empty")
-    if effective == "prefill" and model_input != "Tokens":
-        raise CardDecodeError("invalid_card_shape", "a prefill worker requires Tokens input")
-    if card.worker_type == "encode" and bits == 0 and model_input != "Tokens":
-        raise CardDecodeError("invalid_card_shape", "an encode worker requires Tokens input")
+    if effective == "prefill":
+        if model_input != "Tokens":
+            raise CardDecodeError("invalid_card_shape", "a prefill worker requires Tokens input")
+        return
+    if card.worker_type == "encode" and bits == 0:
+        if model_input != "Tokens":
+            raise CardDecodeError("invalid_card_shape", "an encode worker requires Tokens input")
+        return
     if bits == 0 or model_input == "Text":
         return
-    if model_input == "Tokens" and not bits & ~_TOKENS_SURFACES:
+    if model_input == "Tokens" and bits & _TOKENS_SURFACES:
         return
-    if model_input == "Tensor" and bits == _TENSOR_BIT:
+    if model_input == "Tensor" and bits & _TENSOR_BIT:
         return
     raise CardDecodeError(
         "invalid_card_shape",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import blake3
@@ -20,6 +20,7 @@ from .model import DecodedCard, decode_card, rust_trim
 from .paths import file_basename
 
 __all__ = [
+    "CHECKSUM_INPUTS",
     "card_checksum",
     "mdc_local_path",
     "mdcsum",
@@ -158,6 +159,122 @@ def _truthy(value: Any) -> bool:
     return False
 
 
+# The inputs of the checksum in the order the layout takes them: each reads the card's fields
+# and gives the bytes it adds (nothing when the input is absent). ``differences`` compares two
+# cards input by input over this table, so what it reports is exactly what is hashed.
+
+
+def _display_name(fields: Mapping[str, Any]) -> bytes:
+    return bytes(fields["display_name"].encode())
+
+
+def _source_path(fields: Mapping[str, Any]) -> bytes:
+    path = fields["source_path"]
+    return b"" if path is None else bytes(path.encode())
+
+
+def _slot(name: str) -> Callable[[Mapping[str, Any]], bytes]:
+    def part(fields: Mapping[str, Any]) -> bytes:
+        value = fields[name]
+        return b"" if value is None else _slot_checksum(value).encode()
+
+    return part
+
+
+def _extra_files(fields: Mapping[str, Any]) -> bytes:
+    extra = sorted((file_basename(f["path"]), f["checksum"][1]) for f in fields["extra_files"])
+    return b"".join(name.encode() + b"\0" + digest.encode() for name, digest in extra)
+
+
+def _prompt_context(fields: Mapping[str, Any]) -> bytes:
+    items = fields["prompt_context"]
+    if items is None:
+        return b""
+    return ("[" + ", ".join(_PROMPT_CONTEXT_DEBUG[item] for item in items) + "]").encode()
+
+
+def _context_length(fields: Mapping[str, Any]) -> bytes:
+    return _u32(_effective_context_length(fields))
+
+
+def _block_size(fields: Mapping[str, Any]) -> bytes:
+    return _u32(fields["kv_cache_block_size"])
+
+
+def _worker_type(fields: Mapping[str, Any]) -> bytes:
+    return bytes((_WT_CODE[fields["worker_type"]],))
+
+
+def _needs(fields: Mapping[str, Any]) -> bytes:
+    out = bytearray(_u32(len(fields["needs"])))
+    for alternative in fields["needs"]:
+        out += _u32(len(alternative))
+        out += bytes(_WT_CODE[item] for item in alternative)
+    return bytes(out)
+
+
+def _router_config(fields: Mapping[str, Any]) -> bytes:
+    router = fields["router_config"]
+    return b"" if router is None else blake3.blake3(router_config_json(router).encode()).digest()
+
+
+def _indexer_identity(fields: Mapping[str, Any]) -> bytes:
+    identity = fields["indexer_identity"]
+    return b"" if identity is None else _indexer_identity_bytes(identity)
+
+
+def _aliases(fields: Mapping[str, Any]) -> bytes:
+    aliases = fields["aliases"]
+    if not aliases:
+        return b""
+    out = bytearray(_u32(len(aliases)))
+    for alias in aliases:
+        data = alias.encode()
+        out += _u32(len(data)) + data
+    return bytes(out)
+
+
+def _flag(flag: str) -> Callable[[Mapping[str, Any]], bytes]:
+    def part(fields: Mapping[str, Any]) -> bytes:
+        if _truthy(fields["runtime_config"]["runtime_data"].get(flag)):
+            return b"\0" + flag.encode() + b"\0true"
+        return b""
+
+    return part
+
+
+def _video_contract(fields: Mapping[str, Any]) -> bytes:
+    runtime_data = fields["runtime_config"]["runtime_data"]
+    if _VIDEO_CONTRACT not in runtime_data:
+        return b""
+    key = _VIDEO_CONTRACT.encode()
+    value = jsonio.dumps_compact(jsonio.sorted_keys(runtime_data[_VIDEO_CONTRACT])).encode()
+    return _CONTRACT_TAG + struct.pack(">Q", len(key)) + key + struct.pack(">Q", len(value)) + value
+
+
+_RUNTIME_DATA = "runtime_config.runtime_data."
+
+CHECKSUM_INPUTS: tuple[tuple[str, Callable[[Mapping[str, Any]], bytes]], ...] = (
+    ("display_name", _display_name),
+    ("source_path", _source_path),
+    *((name, _slot(name)) for name in _SLOTS),
+    ("extra_files", _extra_files),
+    ("prompt_context", _prompt_context),
+    ("context_length", _context_length),
+    ("kv_cache_block_size", _block_size),
+    ("worker_type", _worker_type),
+    ("needs", _needs),
+    ("router_config", _router_config),
+    ("indexer_identity", _indexer_identity),
+    ("aliases", _aliases),
+    *((_RUNTIME_DATA + flag, _flag(flag)) for flag in _TRUTHY_FLAGS),
+    (_RUNTIME_DATA + _VIDEO_CONTRACT, _video_contract),
+)
+"""Every input of ``mdcsum()`` in layout order: its dotted card path and the bytes it adds."""
+
+
+# The layout itself is written out in one function: it runs for every distinct card, and the
+# table's call per input would cost about as much again. A test holds the two byte-equal.
 def _layout(card: DecodedCard) -> bytes:
     fields = card.fields
     out = bytearray(fields["display_name"].encode())

@@ -233,6 +233,60 @@ def test_cards_with_a_bad_shape_are_refused_with_a_reason(
     assert info.value.reason == reason
 
 
+# Shapes the real 1.6.1 frontend builds a WorkerSet for (the full table is checked against a
+# running frontend in integration/test_frontend_shapes.py).
+@pytest.mark.parametrize(
+    ("model_input", "model_type", "worker_type"),
+    [
+        ("Tokens", "Embedding|Pooling", "aggregated"),
+        ("Tokens", "Chat|Pooling", "aggregated"),
+        ("Tokens", "Completions|Classify", "aggregated"),
+        ("Tokens", "Embedding|Classify|Pooling", "aggregated"),
+        ("Tokens", "Chat|Completions|Embedding|Pooling", "decode"),
+        ("Tokens", "Chat|Images", "aggregated"),
+        ("Tokens", "Completions|Videos", "aggregated"),
+        ("Tokens", "Embedding|Rerank", "aggregated"),
+        ("Tokens", "Chat|Prefill", "aggregated"),
+        ("Tensor", "TensorBased|Chat", "aggregated"),
+        ("Text", "Classify", "aggregated"),
+        ("Tokens", "TensorBased", "prefill"),
+        ("Tokens", "Images", "prefill"),
+        ("Text", "", "aggregated"),
+        ("Tensor", "", "decode"),
+    ],
+)
+def test_the_boundary_admits_every_shape_the_frontend_builds(
+    model_input: str, model_type: str, worker_type: str
+) -> None:
+    value = card(model_input=model_input, model_type=model_type, worker_type=worker_type)
+    assert decode(encode_model_record(EP, 1, value), instance=1) is not None
+
+
+@pytest.mark.parametrize(
+    ("model_input", "model_type", "worker_type"),
+    [
+        ("Tokens", "Images", "aggregated"),
+        ("Tokens", "Pooling|Classify|Rerank", "aggregated"),
+        ("Tokens", "Prefill", "aggregated"),
+        ("Tokens", "TensorBased", "decode"),
+        ("Tensor", "Chat|Embedding", "aggregated"),
+        ("Text", "Chat", "prefill"),
+        ("Tensor", "TensorBased|Prefill", None),
+        ("Text", "", "encode"),
+    ],
+)
+def test_the_boundary_refuses_every_shape_the_frontend_refuses(
+    model_input: str, model_type: str, worker_type: str | None
+) -> None:
+    value = card(model_input=model_input, model_type=model_type, worker_type=worker_type)
+    if worker_type is None:
+        value.pop("worker_type")
+        value["needs"] = []
+    with pytest.raises(CardDecodeError) as info:
+        decode(encode_model_record(EP, 1, value), instance=1)
+    assert info.value.reason == "invalid_card_shape"
+
+
 @pytest.mark.parametrize(
     "value",
     [

@@ -6,11 +6,18 @@ from dataclasses import dataclass, field
 
 from workerset_admission.adapters.dynamo.host import HostState
 from workerset_admission.adapters.dynamo.routes import AdmissionRoutes
+from workerset_admission.card import Difference
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.service import GroupSnapshot, ServiceSnapshot
-from workerset_admission.snapshots import CohortSnapshot, InvalidRecord, ReadinessSnapshot
+from workerset_admission.snapshots import (
+    CohortSnapshot,
+    InvalidRecord,
+    ReadinessSnapshot,
+    RejectionSnapshot,
+)
 
 GROUP = GroupKey.build("m", EndpointId("ns", "backend", "generate"), "chat", WorkerType.AGGREGATED)
+BLOCK_SIZE_DIFFERENCE = Difference("kv_cache_block_size", "16", "32")
 
 
 def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceSnapshot:
@@ -36,6 +43,11 @@ def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceSnapsho
         live_instances=2,
         builds_in_flight=0,
         snapshots_applied=1,
+        rejections=(
+            RejectionSnapshot(
+                GROUP, "a" * 64, "b" * 64, "ns/backend/generate/7", (BLOCK_SIZE_DIFFERENCE,)
+            ),
+        ),
     )
 
 
@@ -71,7 +83,16 @@ def test_workersets_list_incumbent_generation_admitted_and_rejected_cohorts() ->
 
     assert reply.status == 200
     [workerset] = reply.body["workersets"]
-    assert workerset["group"] == GROUP.id
+    assert {key: workerset[key] for key in ("model", "namespace", "component", "endpoint")} == {
+        "model": "m",
+        "namespace": "ns",
+        "component": "backend",
+        "endpoint": "generate",
+    }
+    assert workerset["model_types"] == ["chat"]
+    assert workerset["worker_type"] == "aggregated"
+    assert workerset["group_id"] == GROUP.id
+    assert workerset["worker_set_id"] == GROUP.worker_set
     assert workerset["incumbent"] == "a" * 64
     assert workerset["generation"] == 3
     assert workerset["admitted"] == [1, 2]
@@ -80,7 +101,13 @@ def test_workersets_list_incumbent_generation_admitted_and_rejected_cohorts() ->
         {"checksum": "a" * 64, "members": [1, 2]},
         {"checksum": "b" * 64, "members": [7]},
     ]
-    assert "rejected" in workerset
+    assert workerset["rejected"] == ["b" * 64]
+    [rejection] = reply.body["rejections"]
+    assert rejection["group_id"] == GROUP.id
+    assert rejection["instance"] == "ns/backend/generate/7"
+    assert rejection["differences"] == [
+        {"field": "kv_cache_block_size", "incumbent": "16", "rejected": "32"}
+    ]
     assert reply.body["recent_invalid"] == [
         {"key": "v1.mdc.x", "reason": "bad_key", "detail": "three tokens"}
     ]

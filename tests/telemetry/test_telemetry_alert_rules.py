@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from workerset_admission.ports import DiscoveryEntry, SourcePut
 from workerset_admission.telemetry import AdmissionStateSummary, AdmissionTelemetry
-from workerset_admission.telemetry.names import GROUP_STATUSES
+from workerset_admission.telemetry.names import GROUP_STATUSES, WORKER_STATES
 
 RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 METRIC_NAME = re.compile(r"\bworkerset_admission_[a-z_]+\b")
@@ -45,7 +45,9 @@ def exported() -> dict[str, str]:
         tracer_provider=TracerProvider(shutdown_on_exit=False),
         meter_provider=MeterProvider(metric_readers=[reader], shutdown_on_exit=False),
     )
-    telemetry.observe_state(lambda: AdmissionStateSummary({"ready": 1}, 2))
+    telemetry.observe_state(
+        lambda: AdmissionStateSummary({"ready": 1}, 2, workers={("m", "rejected"): 1})
+    )
     entry = DiscoveryEntry("v1.mdc.ns.c.e.1", b"", 1, published_at=time.time())
     with telemetry.apply_update(SourcePut(entry)) as update:
         update.record_decision("admitted")
@@ -103,6 +105,7 @@ def test_the_alerts_cover_rejections_successions_retries_invalid_records_and_lat
         "workerset_admission_builds_total",
         "workerset_admission_discovery_invalid_records_total",
         "workerset_admission_admission_latency_seconds_bucket",
+        'workerset_admission_workers{state="rejected"}',
     ):
         assert metric in expressions
 
@@ -111,7 +114,11 @@ def test_label_values_the_rules_match_on_are_ones_the_plugin_emits(
     rules: list[dict[str, Any]],
 ) -> None:
     matchers = re.findall(r'(\w+)="([^"]*)"', " ".join(rule["expr"] for rule in rules))
-    allowed = {"status": set(GROUP_STATUSES), "outcome": {"ok", "failed", "cancelled"}}
+    allowed = {
+        "status": set(GROUP_STATUSES),
+        "outcome": {"ok", "failed", "cancelled"},
+        "state": set(WORKER_STATES),
+    }
     for label, value in matchers:
         assert value in allowed[label], (label, value)
 

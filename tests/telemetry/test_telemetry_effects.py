@@ -6,6 +6,8 @@ import logging
 
 import pytest
 from opentelemetry import trace
+from support.cards import base_card
+from support.differences import normalized
 from support.registrations import reg
 from telemetry_harness import Harness
 from workerset_admission.admission import (
@@ -22,6 +24,7 @@ from workerset_admission.admission import (
     WorkerAdded,
     WorkerRemoved,
 )
+from workerset_admission.card import card_checksum
 from workerset_admission.identity import EndpointId, GroupKey, Registration, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
 from workerset_admission.telemetry import (
@@ -263,3 +266,53 @@ def test_a_held_tenure_is_logged_counted_and_spanned(
         "WARNING",
         "WARNING",
     ]
+
+
+def carded(instance_id: int, card: dict[str, object]) -> Registration:
+    decoded = normalized(card)
+    return reg(instance_id, card_checksum(decoded), group=GROUP, fingerprint="", card=decoded)
+
+
+def test_the_error_line_the_extra_and_the_event_say_what_the_rejected_card_differs_in(
+    harness: Harness, rejection_records: list[logging.LogRecord]
+) -> None:
+    core = AdmissionCore()
+    apply(harness, core, WorkerAdded(carded(1, base_card(16))))
+    apply(harness, core, WorkerAdded(carded(2, base_card(32, aliases=["x"]))))
+
+    (record,) = errors(rejection_records)
+    assert 'differs in: kv_cache_block_size 16 -> 32; aliases [] -> ["x"] (' in record.getMessage()
+    assert record.differences == [  # type: ignore[attr-defined]
+        {"field": "kv_cache_block_size", "incumbent": "16", "rejected": "32"},
+        {"field": "aliases", "incumbent": "[]", "rejected": '["x"]'},
+    ]
+    (event,) = harness.finished(n.SPAN_APPLY_UPDATE)[1].events
+    assert event.attributes is not None
+    assert list(event.attributes[n.ATTR_DIFFERENCES]) == [  # type: ignore[arg-type]
+        "kv_cache_block_size 16 -> 32",
+        'aliases [] -> ["x"]',
+    ]
+
+
+def test_the_error_line_shows_five_differences_and_counts_the_rest(
+    harness: Harness, rejection_records: list[logging.LogRecord]
+) -> None:
+    changed = base_card(
+        32,
+        display_name="other",
+        source_path="elsewhere",
+        context_length=8192,
+        needs=[["decode"]],
+        aliases=["x"],
+        prompt_context=["oai_chat"],
+    )
+    core = AdmissionCore()
+    apply(harness, core, WorkerAdded(carded(1, base_card(16))))
+    apply(harness, core, WorkerAdded(carded(2, changed)))
+
+    (record,) = errors(rejection_records)
+    said = record.getMessage().split("differs in: ", 1)[1]
+    assert said.startswith('display_name "Qwen/Qwen3-0.6B" -> "other"; source_path ')
+    assert "; and 2 more (" in said
+    assert said.count(" -> ") == 5
+    assert len(record.differences) == 7  # type: ignore[attr-defined]

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
 from telemetry_harness import Harness
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
+from workerset_admission.snapshots import (
+    EMPTY_SNAPSHOT,
+    CohortSnapshot,
+    GroupSnapshot,
+    state_summary,
+)
 from workerset_admission.telemetry import AdmissionStateSummary
 from workerset_admission.telemetry import names as n
 
@@ -125,6 +132,44 @@ def test_gauges_report_every_status_and_the_admitted_workers_from_the_state_call
     assert admitted.value == 7
 
 
+def _group(model: str, cohorts: tuple[tuple[int, ...], ...], held: bool) -> GroupSnapshot:
+    key = GroupKey.build(model, EndpointId("ns", "backend", "generate"), "chat", WorkerType.DECODE)
+    return GroupSnapshot(
+        group=key,
+        incumbent="c0",
+        status="ready",
+        generation=1,
+        committed_generation=1,
+        receiver=1,
+        admitted=() if held else cohorts[0],
+        routable=(),
+        cohorts=tuple(CohortSnapshot(f"c{i}", ids) for i, ids in enumerate(cohorts)),
+        held_until=100.0 if held else None,
+    )
+
+
+def test_workers_are_counted_by_model_as_admitted_rejected_or_held(harness: Harness) -> None:
+    snap = dataclasses.replace(
+        EMPTY_SNAPSHOT,
+        groups=(
+            _group("llama", ((1, 2, 3), (4,), (5, 6)), held=False),
+            _group("qwen", ((), (7, 8)), held=True),
+        ),
+    )
+    harness.telemetry.observe_state(lambda: state_summary(snap))
+
+    points = harness.points("workerset_admission.workers")
+    counts = {(dict(k)["model"], dict(k)["state"]): p.value for k, p in points.items()}
+    assert counts == {
+        ("llama", "admitted"): 3,
+        ("llama", "rejected"): 3,
+        ("llama", "held"): 0,
+        ("qwen", "admitted"): 0,
+        ("qwen", "rejected"): 0,
+        ("qwen", "held"): 2,
+    }
+
+
 def test_without_a_state_callback_the_gauges_report_nothing(harness: Harness) -> None:
     harness.telemetry.invalid_record("k", "bad_json")  # so that a collection has data at all
     found = harness.metrics()
@@ -133,7 +178,9 @@ def test_without_a_state_callback_the_gauges_report_nothing(harness: Harness) ->
 
 
 def test_metric_names_units_and_kinds_are_as_documented(harness: Harness) -> None:
-    harness.telemetry.observe_state(lambda: AdmissionStateSummary({}, 0))
+    harness.telemetry.observe_state(
+        lambda: AdmissionStateSummary({}, 0, workers={("m", "admitted"): 1})
+    )
     with harness.telemetry.apply_update(put(published_at=time.time())) as update:
         update.record_decision("admitted")
     with harness.telemetry.build_attempt(GROUP, "a", 1):
@@ -156,6 +203,7 @@ def test_metric_names_units_and_kinds_are_as_documented(harness: Harness) -> Non
         "workerset_admission.groups": "Gauge",
         "workerset_admission.groups.held": "Gauge",
         "workerset_admission.workers.admitted": "Gauge",
+        "workerset_admission.workers": "Gauge",
     }
     for metric in harness.metrics().values():
         if type(metric.data).__name__ == "Sum":
