@@ -5,8 +5,9 @@ network namespace of its own (only loopback, brought up here), since Dynamo's zm
 bind every interface. It starts a side-by-side deployment (``sidebyside``) on Dynamo's default
 event plane, zmq, with the KV router on both frontends and three ``dynamo.mocker`` workers,
 waits until both frontends have connected their event streams, sends KV-routed requests to
-each, and writes what it saw as JSON: per frontend the streams connected (the
-``ZMQ single-consumer stream connected`` lines of its log), by topic, and the workers served.
+each, then adds a worker the plugin rejects and does both again. It writes what it saw as
+JSON: per frontend the streams connected (the ``ZMQ single-consumer stream connected`` lines
+of its log), by topic, and the workers served.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dynamoview import wait_for
 from phoenix_scenario import bring_up_loopback
 from sidebyside import side_by_side
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
@@ -40,6 +42,19 @@ def streams(log: Path) -> Counter[str]:
     return found
 
 
+def settled_streams(logs: Path, settle: float) -> dict[str, dict[str, int]]:
+    """Each frontend's streams by topic, once neither has connected another for 2 s."""
+    # Streams are connected as channel records are discovered.
+    deadline = time.monotonic() + settle
+    last: dict[str, dict[str, int]] = {}
+    while True:
+        now = {n: dict(streams(logs / f"frontend-{n}.log")) for n in ("direct", "view")}
+        if (now == last and all(now.values())) or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(2.0)
+
+
 def run(root: Path, workers: int, settle: float) -> dict[str, Any]:
     plugin_nats = EmbeddedNatsServer(root / "plugin-nats")
     plugin_nats.start()
@@ -49,29 +64,27 @@ def run(root: Path, workers: int, settle: float) -> dict[str, Any]:
             running.start("--router-mode", "kv", frontend_env={"DYN_LOG": "info"})
             running.serve(workers)
             logs = running.deployment.logs
-            # Streams are connected as channel records are discovered; wait until both
-            # frontends stop adding any.
-            deadline = time.monotonic() + settle
-            last: dict[str, int] = {}
-            while time.monotonic() < deadline:
-                now = {
-                    n: sum(streams(logs / f"frontend-{n}.log").values()) for n in ("direct", "view")
-                }
-                if now == last and all(now.values()):
-                    break
-                last = now
-                time.sleep(2.0)
+            counted = settled_streams(logs, settle)
             served = {
                 name: sorted({f"{frontend.ask().decode or 0:x}" for _ in range(12)})
                 for name, frontend in running.frontends.items()
             }
+            # A rejected worker: the view carries its load channels (they name no worker),
+            # never its KV events, and KV routing must still reach admitted workers only.
+            rival = running.add_worker(32)
+            wait_for(lambda: rival in running.deployment.rejected(), 30, "the rival is rejected")
+            with_rival = settled_streams(logs, settle)
+            served_with_rival = {
+                name: sorted({f"{frontend.ask().decode or 0:x}" for _ in range(20)})
+                for name, frontend in running.frontends.items()
+            }
             return {
                 "workers": sorted(f"{w:x}" for w in running.incumbent),
-                "streams": {
-                    name: dict(streams(logs / f"frontend-{name}.log"))
-                    for name in ("direct", "view")
-                },
+                "rival": f"{rival:x}",
+                "streams": counted,
+                "streams_with_rival": with_rival,
                 "served": served,
+                "served_with_rival": served_with_rival,
                 "view_channels": sorted(
                     p.name
                     for p in (running.deployment.view / "v1" / "event_channels").iterdir()

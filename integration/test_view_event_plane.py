@@ -2,7 +2,8 @@
 
 The scenario (``eventplane_scenario.py``) runs in a network namespace of its own with only
 loopback, because Dynamo's zmq publishers bind every interface: three ``dynamo.mocker``
-workers, a KV-router frontend on their own store and one on the admitted view.
+workers, a KV-router frontend on their own store and one on the admitted view, then a
+fourth worker of another configuration that the plugin rejects.
 """
 
 from __future__ import annotations
@@ -59,3 +60,11 @@ def test_the_view_frontend_opens_as_many_zmq_event_streams_as_the_direct_one(
     assert all(count == WORKERS for count in streams["view"].values()), streams
     for name, served in result["served"].items():
         assert set(served) <= set(result["workers"]), name
+    # With a rejected worker beside them: its load channels come along on both, its KV events
+    # only on Dynamo alone, and KV routing on the view still reaches admitted workers only.
+    rival = result["streams_with_rival"]
+    show(f"[event plane] with a rejected worker: {json.dumps(rival)}")
+    assert rival["view"]["kv-events"] == WORKERS
+    for topic in ("kv_metrics", "active_sequences_events"):
+        assert rival["view"][topic] == rival["direct"][topic] == WORKERS + 1, rival
+    assert set(result["served_with_rival"]["view"]) <= set(result["workers"])
