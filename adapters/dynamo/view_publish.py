@@ -7,11 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from workerset_admission.adapters.dynamo.view_directory import (
-    BUCKETS,
-    ViewFile,
-    ViewFiles,
-)
+from workerset_admission.adapters.dynamo.view_directory import BUCKETS, ViewFile, ViewFiles
 from workerset_admission.adapters.dynamo.view_records import HeldRecord, RecordTable
 from workerset_admission.identity import EndpointId, GroupKey
 
