@@ -6,9 +6,8 @@ serve --view-dir`` writing the admitted view, and ``python -m dynamo.frontend`` 
 (``--discovery-backend file``, ``DYN_FILE_KV`` = the view). Every Dynamo process uses the test's
 nats-server as its event plane (or ``event_plane_url``, another one), so no Dynamo socket
 listens beyond loopback; ``event_plane="zmq"`` (Dynamo's default) binds every interface and
-belongs in a network namespace with only loopback. Requests go
-through the OpenAI HTTP API with the ``openai`` client; the serving worker is read from
-``nvext.worker_id``.
+belongs in a network namespace with only loopback. Requests go through the OpenAI HTTP API with
+the ``openai`` client; the serving worker is read from ``nvext.worker_id``.
 """
 
 from __future__ import annotations
