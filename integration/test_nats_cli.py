@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nats
@@ -152,7 +153,7 @@ def test_a_missing_card_file_is_a_clear_error(
     assert "card file" in capsys.readouterr().err
 
 
-async def test_record_writes_a_snapshot_with_raw_text_then_live_lines(
+async def test_record_writes_a_header_a_snapshot_with_raw_text_then_live_lines_with_times(
     nats_server: NatsServer, bucket_name: str, tmp_path: Path
 ) -> None:
     nc = await nats.connect(nats_server.url)
@@ -166,20 +167,31 @@ async def test_record_writes_a_snapshot_with_raw_text_then_live_lines(
         sink = LineSink()
         stop = asyncio.Event()
         recorder = asyncio.create_task(record_trace(settings, sink, duration=20, stop=stop))  # type: ignore[arg-type]
-        await sink.wait_for_lines(1)
+        await sink.wait_for_lines(2)
         await kv.put("v1.instances.a.b.c.1", b"{}")
         await kv.delete("v1.mdc.a.b.c.1")
-        await sink.wait_for_lines(3)
+        await kv.purge("v1.mdc.a.b.c.2")
+        await sink.wait_for_lines(5)
         stop.set()
-        assert await asyncio.wait_for(recorder, 10) == 3
+        assert await asyncio.wait_for(recorder, 10) == 5
     finally:
         await nc.close()
     lines = [json.loads(line) for line in sink.text.splitlines()]
-    assert lines[0]["kind"] == "snapshot"
-    values = {e["key"]: e["value"] for e in lines[0]["entries"]}
+    header, snapshot, *live = lines
+    assert header["kind"] == "trace"
+    assert header["version"] == 2
+    assert header["observer"] == "bucket"
+    assert abs(header["wall_time"] - time.time()) < 60
+    assert snapshot["kind"] == "snapshot"
+    assert snapshot["reason"] == "initial"
+    values = {e["key"]: e["value"] for e in snapshot["entries"]}
     assert values["v1.mdc.a.b.c.1"] == '{"type": "Model" }'
     assert values["v1.mdc.a.b.c.2"].encode("utf-8", "surrogateescape") == b"\xff not utf-8"
-    assert lines[1:] == [
+    times = [line["t"] for line in (snapshot, *live)]
+    assert times == sorted(times)
+    assert all(0 <= t < 20 for t in times)
+    assert [{k: v for k, v in line.items() if k != "t"} for line in live] == [
         {"kind": "put", "key": "v1.instances.a.b.c.1", "value": "{}"},
-        {"kind": "delete", "key": "v1.mdc.a.b.c.1"},
+        {"kind": "delete", "key": "v1.mdc.a.b.c.1", "operation": "delete"},
+        {"kind": "delete", "key": "v1.mdc.a.b.c.2", "operation": "purge"},
     ]

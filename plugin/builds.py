@@ -69,9 +69,14 @@ class Builds:
         self._finished = finished
         self._builds: dict[tuple[GroupKey, int], _Build] = {}
         self.committed: dict[GroupKey, Committed] = {}
+        # The service's task group while it runs; builds asked for outside of that never start.
+        self.task_group: Any = None
 
-    def start(self, effect: StartBuild, tg: Any) -> None:
-        """Run the builder for ``effect`` as a task of ``tg`` (a task group)."""
+    def start(self, effect: StartBuild) -> None:
+        """Run the builder for ``effect`` as a task of the service's task group."""
+        tg = self.task_group
+        if tg is None:
+            return
         sender = self._channels.sender(effect.receiver)
         if sender is None:
             return  # the tenure already ended: the build would be cancelled at once anyway
@@ -113,13 +118,15 @@ class Builds:
                 error,
             )
             request.receiver.close()
-        if self._builds.get((effect.group, effect.generation)) is not build:
-            return  # cancelled by the core while finishing: the result is stale
+        # A result for an attempt the core already cancelled (a builder that finished anyway)
+        # goes back too: the core fences it on checksum and generation, in one place, and a
+        # recording of this frontend shows it arrive.
         self._finished(
             BuildFinished(effect.group, effect.mdc_checksum, effect.generation, ok, error)
         )
         # A committed build was taken over by its commit; anything else is dropped here.
-        self._builds.pop((effect.group, effect.generation), None)
+        if self._builds.get((effect.group, effect.generation)) is build:
+            del self._builds[(effect.group, effect.generation)]
 
     def cancel(self, group: GroupKey, generation: int) -> None:
         build = self._builds.pop((group, generation), None)
@@ -172,6 +179,9 @@ class Builds:
     def withdraw_all(self) -> None:
         for key, held in list(self.committed.items()):
             self.withdraw(key, held.generation)
+
+    def is_committed(self, group: GroupKey) -> bool:
+        return group in self.committed
 
     def pipeline(self, group: GroupKey) -> object:
         held = self.committed.get(group)

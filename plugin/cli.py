@@ -119,7 +119,8 @@ COMMANDS: dict[str, CommandSpec] = {
     ),
     "record": CommandSpec(
         "workerset_admission.nats_cli",
-        "record a replay trace from the live discovery bucket",
+        "record a replay trace from the discovery bucket, as a second watch beside the "
+        "frontends (for what one frontend itself observed, run it with --trace-out)",
         connects=True,
     ),
     "rollout": CommandSpec(
@@ -192,6 +193,11 @@ def positive_seconds(text: str) -> float:
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+# ``serve`` tells what it decides as it goes; ``replay`` and ``explain`` run the live step code,
+# whose warnings (a hold, a succession) are already in the answer they print.
+_DEFAULT_LOG_LEVELS = {"serve": "INFO", "replay": "ERROR", "explain": "ERROR"}
+
+
 def _log_level(text: str) -> str:
     level = text.upper()
     if level not in _LEVELS:
@@ -227,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--log-level",
             type=_log_level,
-            default="WARNING" if name != "serve" else "INFO",
+            default=_DEFAULT_LOG_LEVELS.get(name, "WARNING"),
             help="log level: DEBUG, INFO, WARNING, ERROR or CRITICAL",
         )
         if spec.connects:

@@ -124,6 +124,9 @@ class Settings(BaseModel):
 
     # Write the admitted discovery view here: the Dynamo frontend's DYN_FILE_KV directory.
     view_dir: Path | None = None
+    # Write every discovery event this frontend observes, and its build results, to this
+    # file as a replay trace (what ``replay`` needs to reach the frontend's own decisions).
+    trace_out: Path | None = None
 
     # Telemetry switches; exporters are wired only when asked for.
     tracing: bool = True
@@ -469,6 +472,13 @@ _SERVE_FLAG_SPECS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         "file (its DYN_FILE_KV)",
         {"type": Path},
     ),
+    (
+        "--trace-out",
+        "trace_out",
+        "record what this frontend observes (every discovery event, build result and the "
+        "clock) to this file as a replay trace",
+        {"type": Path},
+    ),
 )
 
 
@@ -535,6 +545,8 @@ class ServiceSettings:
     publish_retry: float = 1.0
     # How long a tenure is held when a resync after an outage lists none of its members.
     tenure_hold: float = 30.0
+    # Where the service writes the trace of what it observes (``serve --trace-out``).
+    trace_out: Path | None = None
 
     def __post_init__(self) -> None:
         if self.reconcile_interval <= 0:

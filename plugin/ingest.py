@@ -77,6 +77,11 @@ class CardRecordDecoder:
         self._card = card
         self._settings = settings if settings is not None else card.BoundarySettings()
 
+    @property
+    def settings(self) -> Any:
+        """The boundary settings records are judged with."""
+        return self._settings
+
     def decode(self, key: str, value: bytes) -> DecodedRecord:
         card = self._card
         if key.startswith("v1.mdc."):
@@ -230,15 +235,24 @@ class Ingestor:
         return Ingested(verdicts=(Verdict(key, live=True),), liveness_changed=changed)
 
     def listing(
-        self, event: SourceSnapshot, keep: Collection[str] = (), *, now: float | None = None
+        self,
+        event: SourceSnapshot,
+        keep: Collection[str] = (),
+        *,
+        now: float | None = None,
+        recorded: Mapping[GroupId, Sequence[str]] | None = None,
     ) -> Ingested:
-        """Judge a source's listing event, with its reason and the peers it carries."""
+        """Judge a source's listing event, with its reason and the peers it carries.
+
+        ``recorded`` is a recorded frontend's cohort order (a trace's ``state`` line).
+        """
         return self.snapshot(
             ((entry.key, entry.value) for entry in event.entries),
             keep,
             reconnect=event.reason == "reconnect",
             now=now,
             peers=event.peers,
+            recorded=recorded,
             forget_refused=event.reason != "periodic",
         )
 

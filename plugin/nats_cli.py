@@ -26,7 +26,7 @@ from workerset_admission.errors import ConfigError, UsageError
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.ownership import register_writer
 
-__all__ = ["STOPS_ON_SIGNAL", "arguments", "check_card", "main", "record_trace", "trace_line"]
+__all__ = ["STOPS_ON_SIGNAL", "arguments", "check_card", "main", "record_trace"]
 
 
 def _instance_id(text: str) -> int:
@@ -243,27 +243,6 @@ async def _deregister(args: argparse.Namespace, settings: Settings, stop: asynci
         await nc.close()
 
 
-def _raw_text(value: bytes) -> str:
-    # Invalid UTF-8 survives as surrogate escapes, so the exact bytes can be rebuilt.
-    return value.decode("utf-8", errors="surrogateescape")
-
-
-def trace_line(event: object) -> dict[str, Any]:
-    """Translate one source event into a replay-trace object."""
-    from workerset_admission.ports import SourceDelete, SourcePut, SourceSnapshot
-
-    if isinstance(event, SourceSnapshot):
-        return {
-            "kind": "snapshot",
-            "entries": [{"key": e.key, "value": _raw_text(e.value)} for e in event.entries],
-        }
-    if isinstance(event, SourcePut):
-        return {"kind": "put", "key": event.entry.key, "value": _raw_text(event.entry.value)}
-    if isinstance(event, SourceDelete):
-        return {"kind": "delete", "key": event.key}
-    raise TypeError(f"not a source event: {event!r}")
-
-
 async def record_trace(
     settings: Settings,
     out: IO[str],
@@ -274,20 +253,22 @@ async def record_trace(
 ) -> int:
     """Write a trace from the live discovery bucket until ``duration`` or ``stop``.
 
-    With a frontend's decision ``state`` the trace opens with it (a ``state`` line), before the
-    listing, so a replay chooses the incumbents that frontend chose.
+    This is a second watch beside the frontends (``observer: bucket`` in the header): it sees
+    every record and when it saw it, but no frontend's builds or timers. With a frontend's
+    decision ``state`` the trace opens with it (a ``state`` line), before the listing, so a
+    replay chooses the incumbents that frontend chose. A frontend's own observations, builds
+    and timers included, are recorded by that frontend: ``serve --trace-out``.
     """
     from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+    from workerset_admission.traces.writer import TraceWriter
 
     source = JetStreamDiscoverySource(
         settings.nats_connect_options(_servers(settings)), bucket=settings.discovery_bucket
     )
     stop = stop or asyncio.Event()
     deadline = None if duration is None else time.monotonic() + duration
-    lines = 0
-    if state is not None:
-        out.write(json.dumps(state.to_line(), separators=(",", ":")) + "\n")
-        lines += 1
+    writer = TraceWriter(out, observer="bucket")
+    writer.begin(time.monotonic(), None if state is None else state.to_line())
     events = source.events()
     try:
         while not stop.is_set():
@@ -305,15 +286,14 @@ async def record_trace(
                 with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                     await next_event
                 break
-            line = trace_line(next_event.result())
             # ASCII escapes keep lone surrogates (invalid UTF-8 in a value) valid JSON text.
-            out.write(json.dumps(line, separators=(",", ":")) + "\n")
-            out.flush()
-            lines += 1
+            writer.write_event(next_event.result(), time.monotonic())
+            writer.flush()
     finally:
         await source.close()
         await events.aclose()
-    return lines
+        writer.flush()
+    return writer.lines
 
 
 async def _record(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:

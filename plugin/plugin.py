@@ -57,6 +57,7 @@ def service_settings(settings: Settings) -> ServiceSettings:
         max_concurrent_builds=settings.max_concurrent_builds,
         retry_delays=tuple(settings.retry_delays),
         tenure_hold=settings.effective_tenure_hold,
+        trace_out=settings.trace_out,
     )
 
 

@@ -1,60 +1,80 @@
-"""Offline replay of a discovery trace through the card boundary and the admission core.
+"""Offline replay of a discovery trace through the live service's own step code.
 
-A trace is JSON Lines, one event per line (the format ``record`` writes)::
+A trace is JSON Lines (:mod:`workerset_admission.traces.format` gives the format and its two
+versions). Replay builds the same :class:`~workerset_admission.step.AdmissionStep` the live
+service runs, with the same ingestion, core, receivers' channels and effect handling, and
+feeds it the trace's lines as the source events they were: a put, a delete with its operation,
+a listing with its reason (and the keys and peers it carried), a build result. What differs
+from a live frontend is only what the step is plugged into:
 
-    {"kind": "state", "frontend": "<id>", "groups": [{"group": ..., "cohorts": [...]}]}
-    {"kind": "put", "key": "<KV key>", "value": <record object> | "<raw value text>"}
-    {"kind": "delete", "key": "<KV key>"}
-    {"kind": "snapshot", "entries": [{"key": ..., "value": ...}, ...], "reason": "reconnect"}
-    {"kind": "build", "group": "<group id>", "outcome": "ok" | "failed"}
-    {"kind": "tick", "seconds": <float>}
+* the clock follows the trace: a version 2 line's ``t`` (the reading the live step made), or
+  version 1's ``tick`` lines;
+* a frontend's own recording (``observer: frontend``) holds every build result, with its
+  generation and checksum, and every tick its timers made: replay builds and ticks exactly
+  there, and a build without a result line stays in flight, as it was when the recording
+  ended. In any other trace a build stays in flight when a later ``build`` line names its
+  group (the first such line decides it) and any other build succeeds at once, before the
+  next line; a version 2 trace's deadlines fire as its clock passes them, a version 1 trace's
+  at its ``tick`` lines;
+* nothing is served: no hops are bound, and the rejection reports are collected, not logged.
 
-Records are decoded exactly as the live service decodes them; a record the boundary refuses
-is listed under ``invalid`` and changes nothing (a refused value for a known key keeps the last
-valid one, in a snapshot too). Builds are simulated: a build that starts stays in flight when a
-later ``build`` line names its group (the first such line decides it); any other build succeeds
-at once, before the next line. ``tick`` advances the replay clock by ``seconds``; a retry runs
-when the clock reaches its deadline. A snapshot's optional ``reason`` (``"reconnect"``: the
-listing follows a lost connection) lets the core hold a tenure the listing empties, as live;
-without it a snapshot is an ordinary listing. A listing is observed in the order the live
-service observes it (``admission.ordering``: key order); an optional ``state`` line, which
-``record`` writes first from a live frontend's status, makes the next listing reproduce that
-frontend's cohort order instead, so the replay reaches the decision it made. Both additions are
-optional: older traces replay as before. Endpoint (liveness) records are validated but do not
-change admission, as in the live service.
+A ``state`` line (``record`` writes one from a live frontend's status) makes the next listing
+be observed in that frontend's cohort order, so a recording started mid-rollout reaches the
+decision that frontend made. A record the boundary refuses is listed under ``invalid`` and
+changes nothing (a refused value for a known key keeps the last valid one, in a snapshot too).
 
 The result is deterministic: the same trace always renders to the same bytes.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from workerset_admission.admission import (
     AdmissionCore,
     BuildFinished,
-    CancelBuild,
+    CommitGroup,
     CoreSettings,
     Effect,
     GroupView,
     Input,
+    LoraProjectionChanged,
     MutationRefused,
     RejectionReported,
     StartBuild,
-    Tick,
     WorkerRemoved,
 )
+from workerset_admission.admission.ordering import GroupId
 from workerset_admission.card import BoundarySettings, jsonio
 from workerset_admission.card.differences import describe
-from workerset_admission.decision_state import DecisionState, DecisionStateError
+from workerset_admission.decision_state import DecisionState
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey, group_fields
 from workerset_admission.ingest import CardRecordDecoder, Ingested, Ingestor
 from workerset_admission.keys import parse_key as parse_kv_key
+from workerset_admission.ports import (
+    DiscoveryEntry,
+    SourceDelete,
+    SourceEvent,
+    SourcePut,
+    SourceSnapshot,
+)
+from workerset_admission.receivers import AdmissionChannels
 from workerset_admission.rejections import RejectionSnapshot, standing_rejections
+from workerset_admission.step import AdmissionStep, StepObserver
+from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
+from workerset_admission.traces.format import (
+    TraceError,
+    read_trace,
+    recorded_by_frontend,
+    recorded_settings,
+    trace_version,
+)
 
 __all__ = [
     "MUTATION_REFUSED",
@@ -69,15 +89,13 @@ __all__ = [
     "resolve_instance",
 ]
 
-_KINDS = ("state", "put", "delete", "snapshot", "build", "tick")
-_SNAPSHOT_REASONS = ("listing", "initial", "reconnect", "periodic")
-
 # The reason a refused in-place change is listed under: the same word as the metric label.
 MUTATION_REFUSED = "mutation_refused"
 
-
-class TraceError(UsageError):
-    """A trace line that is not valid trace syntax (the file, not a record in it, is wrong)."""
+# Rejections are collected into the result; a replay on a laptop logs nothing about them.
+_QUIET = logging.getLogger("workerset_admission.replay.quiet")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 
 @dataclass(slots=True)
@@ -99,6 +117,7 @@ class ReplayResult:
     invalid: list[tuple[str, str]]
     history: dict[str, KeyHistory]
     effects: int
+    version: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -131,107 +150,168 @@ def render(result: ReplayResult) -> str:
     return json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n"
 
 
-def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """Parse and check trace syntax; blank lines are skipped."""
-    events: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"line {number}: not JSON: {exc}") from None
-        if not isinstance(event, dict) or event.get("kind") not in _KINDS:
-            raise TraceError(f"line {number}: expected an object with kind in {_KINDS}")
-        kind = event["kind"]
-        if kind in ("put", "delete") and not isinstance(event.get("key"), str):
-            raise TraceError(f"line {number}: {kind} needs a string key")
-        if kind == "put" and "value" not in event:
-            raise TraceError(f"line {number}: put needs a value")
-        if kind == "snapshot" and not (
-            isinstance(event.get("entries"), list)
-            and all(isinstance(e, dict) and isinstance(e.get("key"), str) for e in event["entries"])
-        ):
-            raise TraceError(f"line {number}: snapshot needs a list of {{key, value}} entries")
-        if kind == "snapshot" and event.get("reason", "listing") not in _SNAPSHOT_REASONS:
-            raise TraceError(f"line {number}: a snapshot reason is one of {_SNAPSHOT_REASONS}")
-        if kind == "build" and (
-            not isinstance(event.get("group"), str) or event.get("outcome") not in ("ok", "failed")
-        ):
-            raise TraceError(f"line {number}: build needs a group id and outcome ok|failed")
-        if kind == "tick" and not (
-            isinstance(event.get("seconds"), (int, float))
-            and not isinstance(event.get("seconds"), bool)
-            and event["seconds"] >= 0
-        ):
-            raise TraceError(f"line {number}: tick needs non-negative seconds")
-        if kind == "state":
-            try:
-                DecisionState.from_line(event)
-            except DecisionStateError as exc:
-                raise TraceError(f"line {number}: {exc}") from None
-        events.append(event)
-    return events
+class _TraceBuilds:
+    """The step's builds during a replay: started as asked, answered from the trace."""
+
+    def __init__(self, immediate: bool, waits: Mapping[str, Sequence[int]]) -> None:
+        # Version 1: a build no later line answers succeeds at once.
+        self._immediate = immediate
+        self._waits = waits
+        self.line = 0
+        self.in_flight: dict[GroupKey, tuple[str, int]] = {}
+        self.ready: list[BuildFinished] = []
+
+    def start(self, effect: StartBuild) -> None:
+        self.in_flight[effect.group] = (effect.mdc_checksum, effect.generation)
+        later = any(i > self.line for i in self._waits.get(effect.group.id, ()))
+        if self._immediate and not later:
+            self.ready.append(
+                BuildFinished(effect.group, effect.mdc_checksum, effect.generation, True)
+            )
+
+    def cancel(self, group: GroupKey, generation: int) -> None:
+        flight = self.in_flight.get(group)
+        if flight is not None and flight[1] == generation:
+            del self.in_flight[group]
+
+    def answered(self, result: BuildFinished) -> None:
+        if self.in_flight.get(result.group) == (result.mdc_checksum, result.generation):
+            del self.in_flight[result.group]
+
+    def commit(self, effect: CommitGroup) -> Input | None:
+        return None
+
+    def withdraw(self, group: GroupKey, generation: int) -> None:
+        pass
+
+    def replace_failed(self, effect: LoraProjectionChanged, error: str) -> Sequence[Input]:
+        return ()
+
+    def is_committed(self, group: GroupKey) -> bool:
+        return False
 
 
-class _Replayer:
-    def __init__(self, boundary: BoundarySettings, core_settings: CoreSettings) -> None:
+class _Replayer(StepObserver):
+    """Drives an :class:`AdmissionStep` with a trace's lines; notes what ``explain`` tells."""
+
+    def __init__(
+        self,
+        boundary: BoundarySettings,
+        core_settings: CoreSettings,
+        events: Sequence[Mapping[str, Any]],
+    ) -> None:
+        self.version = trace_version(events)
+        # A frontend's own recording holds its every build result and tick; any other trace
+        # lets builds succeed at once and, when it has times, fires deadlines as they pass.
+        self.by_frontend = recorded_by_frontend(events)
+        waits: dict[str, list[int]] = {}
+        for index, event in enumerate(events):
+            if event["kind"] == "build":
+                waits.setdefault(event["group"], []).append(index)
+        self.builds = _TraceBuilds(immediate=not self.by_frontend, waits=waits)
+        self.now = 0.0
+        self._deadlines: list[float] = []
         self.core = AdmissionCore(core_settings)
-        # The service's own ingestion: records are judged here exactly as they are live.
-        self.ingest = Ingestor(CardRecordDecoder(boundary))
+        telemetry = AdmissionTelemetry(trace_updates=False, rejection_logger=_QUIET)
+        # The service's own ingestion and step: records are judged, and effects carried out,
+        # by the very code that did it live.
+        self.step = AdmissionStep(
+            self.core,
+            Ingestor(CardRecordDecoder(boundary)),
+            channels=AdmissionChannels(),
+            builds=self.builds,
+            clock=lambda: self.now,
+            tenure_hold=core_settings.tenure_hold,
+            telemetry=telemetry,
+            refuse=self._refused,
+            schedule=self._schedule,
+            log=_QUIET,
+        )
+        self.step.observers.append(self)
         self.rejections: list[RejectionReported] = []
         self.invalid: list[tuple[str, str]] = []
         self.history: dict[str, KeyHistory] = {}
-        self.in_flight: dict[GroupKey, tuple[str, int]] = {}
-        self.clock = 0.0
-        self.effects = 0
-        # group id -> line indexes of its build lines, to know if a build must wait
-        self.build_lines: dict[str, list[int]] = {}
+        self.effect_count = 0
         self.line = 0
         self.kv_key_of: dict[str, str] = {}
         # A recorded frontend's cohort order, for the listing that follows its state line.
-        self.recorded: Mapping[tuple[str, str], Sequence[str]] | None = None
-
-    def _note(self, instance_key: str, kv_key: str, text: str) -> KeyHistory:
-        entry = self.history.get(instance_key)
-        if entry is None:
-            entry = self.history[instance_key] = KeyHistory(kv_key)
-        entry.events.append(f"line {self.line + 1}: {text}")
-        return entry
+        self.recorded: Mapping[GroupId, Sequence[str]] | None = None
 
     def run(self, events: Sequence[Mapping[str, Any]]) -> None:
         for index, event in enumerate(events):
-            if event["kind"] == "build":
-                self.build_lines.setdefault(event["group"], []).append(index)
-        ingest = self.ingest
-        for index, event in enumerate(events):
-            self.line = index
+            self.line = self.builds.line = index
             kind = event["kind"]
+            if kind == "trace":
+                continue
+            if self.version >= 2:
+                self._advance(float(event["t"]))
             if kind == "state":
                 self.recorded = DecisionState.from_line(event).cohorts
-            elif kind == "put":
-                self._ingested(ingest.put(event["key"], _value_bytes(event["value"])))
-            elif kind == "delete":
-                self._ingested(ingest.delete(event["key"]))
-            elif kind == "snapshot":
-                listing = [(e["key"], _value_bytes(e.get("value"))) for e in event["entries"]]
-                reconnect = event.get("reason") == "reconnect"
-                recorded, self.recorded = self.recorded, None
-                self._ingested(ingest.snapshot(listing, reconnect=reconnect, recorded=recorded))
+            elif kind == "tick":
+                if self.version < 2:
+                    self.now += float(event["seconds"])
+                self.step.tick()
             elif kind == "build":
-                self._build(event["group"], event["outcome"] == "ok")
+                self._build(event)
             else:
-                self.clock += float(event["seconds"])
-                self._apply(Tick(self.clock))
+                self._source(_source_event(event), event)
+            self._finish_builds()
 
-    def _ingested(self, result: Ingested) -> None:
-        """Note what ingestion judged, then apply its inputs as the service would."""
+    def _schedule(self, deadline: float) -> None:
+        if self.version >= 2 and not self.by_frontend:
+            heapq.heappush(self._deadlines, deadline)
+
+    def _advance(self, t: float) -> None:
+        """Move the clock to ``t``, firing the deadlines due by then at their own times."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0] <= t:
+            due = heapq.heappop(deadlines)
+            while deadlines and deadlines[0] <= due:
+                heapq.heappop(deadlines)
+            self.now = max(self.now, due)
+            self.step.tick()
+            self._finish_builds()
+        self.now = max(self.now, t)
+
+    def _source(self, event: SourceEvent, line: Mapping[str, Any]) -> None:
+        keep: Collection[str] = ()
+        recorded = None
+        if isinstance(event, SourceSnapshot):
+            keep = tuple(line.get("keep", ()))
+            recorded, self.recorded = self.recorded, None
+        self.step.handle_event(event, keep, recorded=recorded)
+
+    def _build(self, line: Mapping[str, Any]) -> None:
+        try:
+            key = GroupKey.from_id(line["group"])
+        except (ValueError, TypeError):
+            return  # a group that cannot exist has no build to answer
+        ok = line["outcome"] == "ok"
+        error = None if ok else str(line.get("error", "failed (trace)"))
+        if line.get("generation") is not None:
+            result = BuildFinished(key, line["checksum"], int(line["generation"]), ok, error)
+        else:
+            flight = self.builds.in_flight.get(key)
+            if flight is None:
+                return
+            result = BuildFinished(key, flight[0], flight[1], ok, error)
+        self.builds.answered(result)
+        self.step.build_finished(result)
+
+    def _finish_builds(self) -> None:
+        ready = self.builds.ready
+        while ready:
+            result = ready.pop(0)
+            self.builds.answered(result)
+            self.step.build_finished(result)
+
+    # -- what the step tells its observers -------------------------------------------------------
+
+    def ingested(self, result: Ingested) -> None:
         for verdict in result.verdicts:
             kv_key = verdict.key
             if verdict.refusal is not None:
                 reason = verdict.refusal.reason
-                if not verdict.repeated:  # listed once per key and value, as live
-                    self.invalid.append((kv_key, reason))
                 self._note(_instance_key_of(kv_key), kv_key, f"refused ({reason})").refused = reason
             elif verdict.registration is not None:
                 key = verdict.registration.key
@@ -243,56 +323,55 @@ class _Replayer:
         for event in result.inputs:
             if isinstance(event, WorkerRemoved) and self.core.registration(event.key) is not None:
                 self._note(event.key, self.kv_key_of.get(event.key, event.key), "deleted")
-            self._apply(event)
 
-    def _build(self, group_id: str, ok: bool) -> None:
-        try:
-            key = GroupKey.from_id(group_id)
-        except (ValueError, TypeError):
-            return  # a group that cannot exist has no build in flight
-        flight = self.in_flight.get(key)
-        if flight is None:
-            return
-        checksum, generation = flight
-        self._apply(BuildFinished(key, checksum, generation, ok, None if ok else "failed (trace)"))
-
-    def _waits(self, group: GroupKey) -> bool:
-        return any(i > self.line for i in self.build_lines.get(group.id, ()))
-
-    def _apply(self, event: Input) -> None:
-        pending: list[Input] = [event]
-        while pending:
-            current = pending.pop(0)
-            # A result ends the simulated build it answers.
-            if isinstance(current, BuildFinished) and self.in_flight.get(current.group) == (
-                current.mdc_checksum,
-                current.generation,
-            ):
-                del self.in_flight[current.group]
-            effects = self.core.apply(current)
-            self.effects += len(effects)
-            pending.extend(self._observe(effects))
-
-    def _observe(self, effects: list[Effect]) -> list[Input]:
-        follow: list[Input] = []
+    def effects(self, effects: Sequence[Effect]) -> None:
+        self.effect_count += len(effects)
         for effect in effects:
-            if isinstance(effect, StartBuild):
-                self.in_flight[effect.group] = (effect.mdc_checksum, effect.generation)
-                if not self._waits(effect.group):
-                    follow.append(
-                        BuildFinished(effect.group, effect.mdc_checksum, effect.generation, True)
-                    )
-            elif isinstance(effect, CancelBuild):
-                if self.in_flight.get(effect.group) == (effect.mdc_checksum, effect.generation):
-                    del self.in_flight[effect.group]
-            elif isinstance(effect, RejectionReported):
+            if isinstance(effect, RejectionReported):
                 self.rejections.append(effect)
             elif isinstance(effect, MutationRefused):
                 kv_key = self.kv_key_of.get(effect.key, effect.key)
                 self.invalid.append((kv_key, MUTATION_REFUSED))
                 note = self._note(effect.key, kv_key, "in-place change refused")
                 note.refused = MUTATION_REFUSED
-        return follow
+
+    def _refused(self, key: str, exc: RemoteDataError, _scope: UpdateScope | None) -> None:
+        # Called once per key and value, as the live service reports it.
+        self.invalid.append((key, exc.reason))
+
+    def _note(self, instance_key: str, kv_key: str, text: str) -> KeyHistory:
+        entry = self.history.get(instance_key)
+        if entry is None:
+            entry = self.history[instance_key] = KeyHistory(kv_key)
+        entry.events.append(f"line {self.line + 1}: {text}")
+        return entry
+
+
+def _source_event(line: Mapping[str, Any]) -> SourceEvent:
+    """Rebuild the source event a trace line records."""
+    kind = line["kind"]
+    if kind == "put":
+        return SourcePut(DiscoveryEntry(line["key"], _value_bytes(line["value"]), 0))
+    if kind == "delete":
+        return SourceDelete(line["key"], 0, line.get("operation", "delete"))
+    entries = tuple(
+        DiscoveryEntry(e["key"], _value_bytes(e.get("value")), 0) for e in line["entries"]
+    )
+    reason = line.get("reason", "listing")
+    peers = {
+        _group_id(group): tuple(checksums) for group, checksums in line.get("peers", {}).items()
+    }
+    # Version 1's "listing" is an ordinary listing; "resync" is a new watch on a live link.
+    source_reason = {"listing": "initial", "resync": "initial"}.get(reason, reason)
+    return SourceSnapshot(entries, source_reason, peers or None)
+
+
+def _group_id(text: str) -> GroupId:
+    try:
+        model, worker_set = json.loads(text)
+    except (ValueError, TypeError):
+        raise TraceError(f"not a group id: {text!r}") from None
+    return (str(model), str(worker_set))
 
 
 def _value_bytes(value: Any) -> bytes:
@@ -322,15 +401,25 @@ def replay(
     boundary: BoundarySettings | None = None,
     core_settings: CoreSettings | None = None,
 ) -> ReplayResult:
-    """Replay a trace and return the final state, rejections and refused records."""
-    replayer = _Replayer(boundary or BoundarySettings(), core_settings or CoreSettings())
-    replayer.run(read_trace(lines))
+    """Replay a trace and return the final state, rejections and refused records.
+
+    Settings not given are the ones the trace's header records, else the defaults.
+    """
+    events = read_trace(lines)
+    recorded_core, recorded_boundary = recorded_settings(events)
+    replayer = _Replayer(
+        boundary or recorded_boundary or BoundarySettings(),
+        core_settings or recorded_core or CoreSettings(),
+        events,
+    )
+    replayer.run(events)
     return ReplayResult(
         core=replayer.core,
         rejections=replayer.rejections,
         invalid=replayer.invalid,
         history=replayer.history,
-        effects=replayer.effects,
+        effects=replayer.effect_count,
+        version=replayer.version,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from workerset_admission.admission import CoreSettings
 from workerset_admission.card import BoundarySettings
 from workerset_admission.errors import UsageError
 from workerset_admission.replay import ReplayResult, explain, is_admitted, render, replay
+from workerset_admission.traces.format import read_trace, recorded_settings
 
 __all__ = ["arguments", "main"]
 
@@ -41,23 +43,31 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--json", action="store_true", help="print the answer as JSON for machines"
         )
+    # Unset flags take what the trace's header records (a frontend's own recording holds its
+    # settings), else Dynamo's defaults.
     parser.add_argument(
-        "--namespace", default=None, help="only watch this worker namespace (as the frontend)"
+        "--namespace",
+        default=None,
+        help="only watch this worker namespace (as the frontend; default: as recorded, else all)",
     )
     parser.add_argument(
-        "--max-builds", type=int, default=8, help="builds allowed at once (default 8)"
+        "--max-builds",
+        type=int,
+        default=None,
+        help="builds allowed at once (default: as recorded, else 8)",
     )
     parser.add_argument(
         "--retry-delays",
         type=_retry_delays,
-        default=(1.0, 2.0, 4.0, 8.0, 16.0, 30.0),
-        help="comma-separated retry delays in seconds (default 1,2,4,8,16,30)",
+        default=None,
+        help="comma-separated retry delays in seconds (default: as recorded, else 1,2,4,8,16,30)",
     )
     parser.add_argument(
         "--tenure-hold",
         type=float,
-        default=30.0,
-        help="seconds a tenure is held after a reconnect snapshot omits it (default 30; 0 off)",
+        default=None,
+        help="seconds a tenure is held after a reconnect snapshot omits it (default: as "
+        "recorded, else 30; 0 off)",
     )
 
 
@@ -71,15 +81,33 @@ def _lines(trace: str) -> list[str]:
 
 
 def _replay(args: argparse.Namespace) -> ReplayResult:
-    try:
-        core_settings = CoreSettings(
-            max_concurrent_builds=args.max_builds,
-            retry_delays=args.retry_delays,
-            tenure_hold=args.tenure_hold,
+    lines = _lines(args.trace)
+    recorded_core, recorded_boundary = recorded_settings(read_trace(lines))
+    core = recorded_core or CoreSettings()
+    overrides = {
+        name: value
+        for name, value in (
+            ("max_concurrent_builds", args.max_builds),
+            ("retry_delays", args.retry_delays),
+            ("tenure_hold", args.tenure_hold),
         )
+        if value is not None
+    }
+    boundary = recorded_boundary or BoundarySettings()
+    try:
+        core = dataclasses.replace(core, **overrides)
+        if args.namespace is not None:
+            boundary = dataclasses.replace(boundary, namespace=args.namespace)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return replay(_lines(args.trace), BoundarySettings(namespace=args.namespace), core_settings)
+    result = replay(lines, boundary, core)
+    if result.version < 2:
+        print(
+            f"{args.trace}: a version 1 trace carries no times: its clock moves only at its "
+            "tick lines, and its builds are simulated",
+            file=sys.stderr,
+        )
+    return result
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:

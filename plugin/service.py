@@ -32,32 +32,15 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from types import TracebackType
 
-from workerset_admission.admission import (
-    AdmissionCore,
-    BuildFinished,
-    CancelBuild,
-    CommitGroup,
-    Effect,
-    Input,
-    LoraProjectionChanged,
-    MutationRefused,
-    OpenReceiver,
-    PublishAdmissions,
-    RetireReceiver,
-    RetryScheduled,
-    StartBuild,
-    TaintsUpdated,
-    TenureHeld,
-    Tick,
-    WithdrawGroup,
-)
-from workerset_admission.aio import cancel_and_wait, collector_paused, on_loop, unwrap_group
+from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
+from workerset_admission.aio import cancel_and_wait, on_loop, unwrap_group
 from workerset_admission.bindings import AdmittedHopBinding, FrontendRouting, HopBindings
 from workerset_admission.builds import Builds
+from workerset_admission.card import BoundarySettings
 from workerset_admission.config import ServiceSettings
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey
-from workerset_admission.ingest import CardRecordDecoder, Ingested, Ingestor, RecordDecoder
+from workerset_admission.ingest import CardRecordDecoder, Ingestor, RecordDecoder
 from workerset_admission.ports import (
     AdmissionPublisher,
     BuildRequest,
@@ -85,7 +68,10 @@ from workerset_admission.snapshots import (
     standing_rejections,
     state_summary,
 )
+from workerset_admission.step import AdmissionStep, StepObserver
 from workerset_admission.telemetry import AdmissionTelemetry, RefusalWarnings, UpdateScope
+from workerset_admission.traces.format import settings_of
+from workerset_admission.traces.writer import TraceWriter
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
@@ -134,7 +120,6 @@ class AdmissionService:
         self._telemetry.observe_state(lambda: state_summary(self.snapshot()))
         self._clock = clock
         self._closers = tuple(closers)
-        self._effect_listeners: list[Callable[[Sequence[Effect]], None]] = []
 
         self.core = AdmissionCore(self.settings.core_settings())
         self.channels = AdmissionChannels()
@@ -150,7 +135,7 @@ class AdmissionService:
             finished=self._build_finished,
         )
         self._committed = self.builds.committed
-        self._timers = RetryTimers(clock, lambda now: self._step([Tick(now)]))
+        self._timers = RetryTimers(clock, lambda now: self.step.tick(now))
         self._publication = (
             None
             if publisher is None
@@ -179,6 +164,32 @@ class AdmissionService:
         self._touched: set[str] | None = None
         self._resyncs = 0
         self._state_listeners: list[Callable[[], None]] = []
+        self.step = AdmissionStep(
+            self.core,
+            self.ingest,
+            channels=self.channels,
+            builds=self.builds,
+            hops=self.hops,
+            clock=clock,
+            tenure_hold=self.settings.tenure_hold,
+            telemetry=self._telemetry,
+            refuse=self._refuse,
+            schedule=self._timers.add,
+            publications_changed=self._publications_changed,
+            changed=self._changed,
+            log=_log,
+        )
+        self._trace: TraceWriter | None = None
+        if self.settings.trace_out is not None:
+            boundary = getattr(decoder, "settings", None) if decoder is not None else None
+            self._trace = TraceWriter.open(
+                self.settings.trace_out,
+                settings_of(
+                    self.settings.core_settings(),
+                    boundary if isinstance(boundary, BoundarySettings) else None,
+                ),
+            )
+            self.step.observers.append(self._trace)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -260,6 +271,7 @@ class AdmissionService:
         try:
             async with TaskGroup() as tg:
                 self._tg = tg
+                self.builds.task_group = tg
                 source = tg.create_task(self._source_loop(), name="admission source")
                 helpers = [
                     tg.create_task(self._timers.run(), name="admission timers"),
@@ -286,6 +298,9 @@ class AdmissionService:
             await self._shutdown()
         finally:
             self._tg = None
+            self.builds.task_group = None
+            if self._trace is not None:
+                self._trace.close()
             started.set()
             self._stopping.set()
             self._stopped.set()
@@ -294,6 +309,7 @@ class AdmissionService:
         if self._shut_down:
             return
         self._shut_down = True
+        self.builds.task_group = None
         # Serving records first: an operator must never see this frontend claim a worker it no
         # longer routes to.
         if self._publication is not None:
@@ -370,7 +386,7 @@ class AdmissionService:
 
     def on_effects(self, listener: Callable[[Sequence[Effect]], None]) -> None:
         """Call ``listener`` with the effects of every core step, before they are carried out."""
-        self._effect_listeners.append(listener)
+        self.step.observers.append(_EffectListener(listener))
 
     def on_state_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the loop) after each step that changed admission state."""
@@ -389,60 +405,29 @@ class AdmissionService:
             _log.warning("the discovery source ended; stopping the admission service")
             self._stopping.set()
 
-    def handle_event(self, event: SourceEvent) -> None:
-        """Apply one source event as one core step (exposed for tests and replay tools)."""
+    def handle_event(self, event: SourceEvent, keep: Collection[str] = ()) -> None:
+        """Apply one source event as one core step (the step ``replay`` runs too)."""
         touched = self._touched
         if isinstance(event, SourcePut):
             self.counters.puts += 1
             if touched is not None:
                 touched.add(event.entry.key)
-            self._on_put(event)
         elif isinstance(event, SourceDelete):
             self.counters.deletes += 1
             if touched is not None:
                 touched.add(event.key)
-            self._on_delete(event)
         elif isinstance(event, SourceSnapshot):
             self.counters.snapshots += 1
             if event.reason != "periodic":
                 self._resyncs += 1
             if event.reason == "reconnect" and self._publication is not None:
                 self._publication.republish()  # the store may have lost them
-            self._on_snapshot(event)
         else:
             raise UsageError(f"not a discovery event: {type(event).__name__}")
-
-    def _on_put(self, event: SourcePut) -> None:
-        entry = event.entry
-        with self._telemetry.apply_update(event) as scope:
-            self._ingested(self.ingest.put(entry.key, entry.value), scope)
-
-    def _on_delete(self, event: SourceDelete) -> None:
-        with self._telemetry.apply_update(event) as scope:
-            result = self.ingest.removal(event, now=self._clock(), window=self.settings.tenure_hold)
-            self._ingested(result, scope)
-
-    def _on_snapshot(self, event: SourceSnapshot, keep: Collection[str] = ()) -> None:
-        with collector_paused(), self._telemetry.apply_update(event) as scope:
-            result = self.ingest.listing(event, keep, now=self._clock())
-            # Refusals in a listing are reported one by one, not as the listing's own failure.
-            self._ingested(result, scope, refusals_in_scope=False)
-        if not self._synced.is_set():
+        self.step.handle_event(event, keep)
+        self.counters.notifications = self.step.notifications
+        if isinstance(event, SourceSnapshot) and not self._synced.is_set():
             self._synced.set()
-            self._changed()
-
-    def _ingested(
-        self, result: Ingested, scope: UpdateScope, *, refusals_in_scope: bool = True
-    ) -> None:
-        for verdict in result.refusals:
-            assert verdict.refusal is not None
-            self._refuse(verdict.key, verdict.refusal, scope if refusals_in_scope else None)
-        if result.inputs:
-            self._step(result.inputs, scope, force=result.liveness_changed)
-            return
-        if not result.refusals:
-            scope.record_decision(result.decision)
-        if result.liveness_changed:
             self._changed()
 
     def _refuse(self, key: str, exc: RemoteDataError, scope: UpdateScope | None) -> None:
@@ -455,69 +440,13 @@ class AdmissionService:
             self._telemetry.invalid_record(key, exc.reason, exc.detail)
         self._changed()
 
-    # -- one core step and its effects ------------------------------------------------------
-
-    def _step(
-        self, inputs: Sequence[Input], scope: UpdateScope | None = None, *, force: bool = False
-    ) -> None:
-        effects = self.core.apply_many(inputs)
-        for listener in self._effect_listeners:
-            try:
-                listener(effects)
-            except Exception:  # noqa: PERF203 - a failing observer must not stop admission
-                _log.debug("an effect listener failed", exc_info=True)
-        if scope is not None:
-            scope.effects(effects)
-        else:
-            self._telemetry.effects(effects)
-        self._carry_out(effects)
-        if effects or force:
-            self._changed()
-
-    def _carry_out(self, effects: list[Effect]) -> None:
-        refeed: list[Input] = []
-        publications = False
-        for effect in effects:
-            if isinstance(effect, (OpenReceiver, PublishAdmissions, RetireReceiver)):
-                self.channels.handle(effect)
-                if isinstance(effect, PublishAdmissions):
-                    self.counters.notifications += 1
-                    publications = publications or effect.group in self._committed
-            elif isinstance(effect, StartBuild):
-                if self._tg is not None and not self._stopping.is_set():
-                    self.builds.start(effect, self._tg)
-            elif isinstance(effect, CancelBuild):
-                self.builds.cancel(effect.group, effect.generation)
-            elif isinstance(effect, CommitGroup):
-                failure = self.builds.commit(effect)
-                if failure is not None:
-                    refeed.append(failure)
-                publications = True
-            elif isinstance(effect, WithdrawGroup):
-                self.builds.withdraw(effect.group, effect.generation)
-                publications = True
-            elif isinstance(effect, LoraProjectionChanged):
-                refused = self.hops.project(effect)
-                if refused is not None:
-                    refeed.extend(self.builds.replace_failed(effect, refused))
-            elif isinstance(effect, TaintsUpdated):
-                self.hops.carry_taints(effect, self.core.placement(effect.key))
-            elif isinstance(effect, (RetryScheduled, TenureHeld)):
-                self._timers.add(effect.deadline)
-            elif isinstance(effect, MutationRefused):
-                _log.warning(
-                    "refused an in-place change of %s: kept %s, offered %s",
-                    effect.key,
-                    effect.kept_checksum,
-                    effect.offered_checksum,
-                )
-        if publications and self._publication is not None:
+    def _publications_changed(self) -> None:
+        if self._publication is not None:
             self._publication.wake()
-        if refeed:
-            self._step([Tick(self._clock()), *refeed])
 
     def _build_finished(self, result: BuildFinished) -> None:
-        self._step([Tick(self._clock()), result])
+        self.step.build_finished(result)
+        self.counters.notifications = self.step.notifications
 
     def _changed(self) -> None:
         self._snapshot = None
@@ -557,8 +486,7 @@ class AdmissionService:
         if self._resyncs != resyncs:
             _log.debug("discarded a reconciliation listing that predates a resync")
             return False
-        self._on_snapshot(listing, keep=touched)
-        self.counters.snapshots += 1
+        self.handle_event(listing, keep=touched)
         return True
 
     # -- serving-admission publications -----------------------------------------------------
@@ -598,3 +526,13 @@ class AdmissionService:
         if not self._synced.is_set():
             return "starting"
         return "healthy"
+
+
+class _EffectListener(StepObserver):
+    """Adapts an ``on_effects`` callback to a step observer that hears only the effects."""
+
+    def __init__(self, listener: Callable[[Sequence[Effect]], None]) -> None:
+        self._listener = listener
+
+    def effects(self, effects: Sequence[Effect]) -> None:
+        self._listener(effects)

@@ -496,7 +496,7 @@ def test_a_refused_key_a_reconciliation_keeps_from_live_updates_is_not_counted_a
     bad = DiscoveryEntry(model_kv_key(EP, GOOD_ID + 1), b'{"type":"Model",', 2)
     service = synced_service(good_entry(), bad)
     # A listing that missed the key because a live re-send landed while it was read.
-    service._on_snapshot(SourceSnapshot((good_entry(),), reason="periodic"), keep={bad.key})
+    service.handle_event(SourceSnapshot((good_entry(),), reason="periodic"), keep={bad.key})
     service.handle_event(SourceSnapshot((good_entry(), bad), reason="periodic"))
     service.handle_event(SourcePut(bad))
     assert service.snapshot().invalid_total == 1

@@ -1,0 +1,364 @@
+"""A live service's own recording replays to its own final decision, on a real nats-server.
+
+Each test runs the service with ``trace_out`` (what ``serve --trace-out`` sets), plays one
+scenario against a real server, stops the service, then replays the trace it wrote and
+compares the replay with the live state: every group's incumbent, status, generation,
+receiver, admitted ids, cohorts in order and hold; every rejection report, in order; every
+refused record. The scenarios are the ones an operator records for: a rolling update with a
+conflicting cohort, an outage longer than the registration TTL with the tenure hold, a wiped
+store, churn with refused records, a build that fails and retries on its deadline, and a
+build result that arrives after a succession.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from natsfixture import NatsServer
+from support.fleet import (
+    DISCOVERY,
+    NEW,
+    OLD,
+    Builder,
+    admin,
+    endpoint,
+    fresh_buckets,
+    group_of,
+    rebuilt_buckets,
+    running,
+    settings_for,
+    until,
+)
+from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.admission import CoreSettings, Effect, RejectionReported
+from workerset_admission.nats_cli import record_trace
+from workerset_admission.replay import replay
+from workerset_admission.service import AdmissionService
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+EP = endpoint(7)
+GROUP = group_of(EP)
+RETRIES = (0.05, 0.1, 0.2, 0.4)
+
+
+@contextlib.asynccontextmanager
+async def recorded(
+    url: str, trace: Path, builder: Builder | None = None, **overrides: Any
+) -> AsyncIterator[tuple[AdmissionService, list[RejectionReported]]]:
+    """A running service that records its own trace; yields it and its live rejections."""
+    reports: list[RejectionReported] = []
+
+    def collect(effects: Sequence[Effect]) -> None:
+        reports.extend(e for e in effects if isinstance(e, RejectionReported))
+
+    async with running(url, builder, trace_out=trace, **overrides) as (service, _watchdog):
+        service.on_effects(collect)
+        yield service, reports
+
+
+def assert_replay_matches(
+    service: AdmissionService,
+    reports: Sequence[RejectionReported],
+    trace: Path,
+    *,
+    tenure_hold: float,
+) -> dict[str, Any]:
+    """Replay the service's trace and compare with its state after it stopped."""
+    lines = trace.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    assert header["kind"] == "trace"
+    assert header["observer"] == "frontend"
+    result = replay(
+        lines, core_settings=CoreSettings(retry_delays=RETRIES, tenure_hold=tenure_hold)
+    )
+    replayed = result.to_json()
+    live = service.snapshot()
+    start = _trace_start(service)
+    fields = ("group_id", "incumbent", "status", "generation", "receiver")
+    live_groups = [g.to_json() for g in live.groups]
+    assert [{f: g[f] for f in fields} for g in replayed["groups"]] == [
+        {f: g[f] for f in fields} for g in live_groups
+    ]
+    for mine, view, theirs in zip(
+        live_groups, service.core.groups(), replayed["groups"], strict=True
+    ):
+        assert theirs["admitted"] == mine["admitted"]
+        assert theirs["cohorts"] == mine["cohorts"]
+        assert ("held_until" in theirs) == mine["held"]
+        if view.held_until is not None:
+            # The core's clock is the monotonic one; the trace counts from its first line.
+            assert theirs["held_until"] == pytest.approx(view.held_until - start, abs=1e-6)
+    assert [
+        (r["group_id"], r["incumbent_checksum"], r["rejected_checksum"], r["instance"])
+        for r in replayed["rejections"]
+    ] == [(r.group.id, r.incumbent_checksum, r.rejected_checksum, r.instance) for r in reports]
+    assert replayed["invalid"] == [
+        {"key": record.key, "reason": record.reason} for record in live.recent_invalid
+    ]
+    return replayed
+
+
+def _trace_start(service: AdmissionService) -> float:
+    """The live clock reading the trace counts its times from."""
+    writer = service._trace
+    assert writer is not None
+    start = writer._start
+    assert start is not None
+    return start
+
+
+def kinds(trace: Path) -> list[str]:
+    return [json.loads(line)["kind"] for line in trace.read_text(encoding="utf-8").splitlines()]
+
+
+def admitted(service: AdmissionService) -> tuple[int, ...]:
+    group = service.snapshot().group(GROUP)
+    return () if group is None else group.admitted
+
+
+async def test_a_rolling_update_with_a_conflicting_cohort_replays_to_the_live_succession(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    async with admin(nats_server.url) as nc:
+        fleet = await fresh_buckets(nc)
+        async with recorded(nats_server.url, trace) as (service, reports):
+            await fleet.register(EP, [1, 2], OLD)
+            await until(lambda: admitted(service) == (1, 2), what="the old cohort admitted")
+            await fleet.register(EP, [3, 4], NEW)
+            await until(lambda: len(reports) == 1, what="the new cohort rejected")
+            await fleet.remove(EP, [1])
+            await fleet.remove(EP, [2])
+            await until(lambda: admitted(service) == (3, 4), what="the succession")
+            await fleet.register(EP, [5], OLD)  # the old configuration returns at the end
+            await until(lambda: len(reports) == 2, what="the returning cohort rejected")
+    replayed = assert_replay_matches(service, reports, trace, tenure_hold=1.0)
+    assert replayed["groups"][0]["generation"] >= 2
+
+
+async def test_an_outage_longer_than_the_ttl_replays_with_its_hold_and_succession(
+    nats_server_fn: NatsServer, tmp_path: Path
+) -> None:
+    handle = nats_server_fn.handle
+    assert handle is not None
+    trace = tmp_path / "trace.jsonl"
+    ttl, hold = 1.0, 2.0
+    # The service creates the buckets as it does in production (TTL expiry markers on), so
+    # A's records, expired during the outage, arrive as expiries after the reconnect.
+    async with admin(nats_server_fn.url) as nc_a, admin(nats_server_fn.url) as nc_b:
+
+        def publisher(nc: Any) -> DiscoveryPublisher:
+            return DiscoveryPublisher(
+                nc.jetstream(timeout=2),
+                bucket=DISCOVERY,
+                ttl=ttl,
+                on_removed="reregister",
+            )
+
+        a, b = publisher(nc_a), publisher(nc_b)
+        async with recorded(nats_server_fn.url, trace, registration_ttl=ttl, tenure_hold=hold) as (
+            service,
+            reports,
+        ):
+            await a.register(EP, 1, OLD)
+            await until(lambda: admitted(service) == (1,), what="A admitted")
+            await b.register(EP, 2, NEW)
+            await until(lambda: len(reports) == 1, what="B rejected")
+            await a.stop_heartbeat()  # A dies with the outage
+            await asyncio.to_thread(handle.restart, kill=True, downtime=2.5 * ttl)
+            await until(lambda: admitted(service) == (2,), 60, what="the succession to B")
+            await b.close()
+            await a.close(withdraw=False)
+    assert_replay_matches(service, reports, trace, tenure_hold=hold)
+    # Replayed line by line, the recording is held from the line where the live hold began
+    # (a reconnect listing without A, or A's expiry soon after one) until the succession.
+    text = trace.read_text(encoding="utf-8").splitlines()
+    lines = [json.loads(line) for line in text]
+    settings = CoreSettings(retry_delays=RETRIES, tenure_hold=hold)
+    prefixes = [replay(text[: n + 1], core_settings=settings).to_json() for n in range(len(text))]
+    held = [
+        n for n, out in enumerate(prefixes) if out["groups"] and "held_until" in out["groups"][0]
+    ]
+    assert held, "the replay never held the tenure"
+    began = lines[held[0]]
+    assert (began["kind"], began.get("reason", began.get("operation"))) in (
+        ("snapshot", "reconnect"),
+        ("delete", "expired"),
+    )
+    group = prefixes[held[0]]["groups"][0]
+    assert group["held_until"] == pytest.approx(began["t"] + hold)
+    assert group["incumbent"] == reports[0].incumbent_checksum
+    assert group["admitted"] == []
+
+
+async def test_a_wiped_store_replays_to_what_the_workers_registered_again(
+    nats_server_fn: NatsServer, tmp_path: Path
+) -> None:
+    handle = nats_server_fn.handle
+    assert handle is not None
+    trace = tmp_path / "trace.jsonl"
+    async with admin(nats_server_fn.url) as nc:
+        fleet = await fresh_buckets(nc)
+        async with recorded(nats_server_fn.url, trace, tenure_hold=1.0) as (service, reports):
+            await fleet.register(EP, [1, 2], OLD)
+            await fleet.register(EP, [3], NEW)
+            await until(lambda: len(reports) == 1, what="the conflict")
+            await asyncio.to_thread(handle.restart, wipe=True, downtime=0.3)
+            fleet = await rebuilt_buckets(nc)
+            await fleet.register(EP, [3], NEW)
+            await fleet.register(EP, [1, 2], OLD)
+            await until(
+                lambda: bool(admitted(service)) and service.snapshot().groups[0].held_until is None,
+                60,
+                what="the group to settle after the wipe",
+            )
+    assert_replay_matches(service, reports, trace, tenure_hold=1.0)
+
+
+async def test_churn_with_refused_records_replays_to_the_same_state_and_refusals(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    async with admin(nats_server.url) as nc:
+        fleet = await fresh_buckets(nc)
+        kv = fleet.kv
+        async with recorded(nats_server.url, trace) as (service, reports):
+            for round_ in range(6):
+                base = 100 + 10 * round_
+                await fleet.register(EP, range(base, base + 5), OLD if round_ % 2 else NEW)
+                await kv.put(f"v1.mdc.{EP.namespace}.backend.generate.{base + 9:x}", b"{not json")
+                await kv.put(f"v1.mdc.{EP.namespace}.backend.generate.{base + 8:x}", b"[]")
+                await fleet.remove(EP, range(base, base + 3))
+            await until(lambda: service.counters.invalid >= 12, what="every refusal reported")
+            await until(
+                lambda: service.snapshot().groups[0].status == "ready", what="a ready group"
+            )
+    assert_replay_matches(service, reports, trace, tenure_hold=1.0)
+
+
+async def test_a_build_that_fails_and_retries_on_its_deadline_replays_with_the_same_generations(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    builder = Builder(fail={GROUP: 3})
+    async with admin(nats_server.url) as nc:
+        fleet = await fresh_buckets(nc)
+        async with recorded(nats_server.url, trace, builder) as (service, reports):
+            await fleet.register(EP, [1, 2], OLD)
+            await until(
+                lambda: (
+                    service.snapshot().groups[0].status == "ready"
+                    if service.snapshot().groups
+                    else False
+                ),
+                what="ready after the retries",
+            )
+    replayed = assert_replay_matches(service, reports, trace, tenure_hold=1.0)
+    assert builder.failed == 3
+    assert replayed["groups"][0]["generation"] == 4
+    lines = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
+    outcomes = [line["outcome"] for line in lines if line["kind"] == "build"]
+    assert outcomes == ["failed", "failed", "failed", "ok"]
+    assert kinds(trace).count("tick") >= 3
+
+
+async def test_a_build_result_that_arrives_after_a_succession_is_fenced_in_the_replay_too(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    builder = Builder(late={GROUP})
+    async with admin(nats_server.url) as nc:
+        fleet = await fresh_buckets(nc)
+        async with recorded(nats_server.url, trace, builder) as (service, reports):
+            await fleet.register(EP, [1], OLD)
+            await fleet.register(EP, [2], NEW)
+            await until(lambda: len(reports) == 1, what="the conflict")
+            # The old incumbent goes while its build hangs; the builder returns anyway, late.
+            builder.late.clear()
+            await fleet.remove(EP, [1])
+            await until(lambda: builder.late_returned.is_set(), what="the late result")
+            await until(lambda: admitted(service) == (2,), what="the successor served")
+    lines = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
+    builds = [line for line in lines if line["kind"] == "build"]
+    deleted_at = next(line["t"] for line in lines if line["kind"] == "delete")
+    # The late result is in the trace, for the first tenure's generation, after the old
+    # incumbent went; the core fenced it live, and does again in the replay.
+    late = [line for line in builds if line["generation"] == 1]
+    assert len(late) == 1
+    assert late[0]["t"] >= deleted_at
+    assert any(line["generation"] == 2 and line["outcome"] == "ok" for line in builds)
+    replayed = assert_replay_matches(service, reports, trace, tenure_hold=1.0)
+    assert replayed["groups"][0]["incumbent"] != late[0]["checksum"]
+    assert replayed["groups"][0]["generation"] == 2
+    assert replayed["groups"][0]["status"] == "ready"
+
+
+async def test_record_from_the_bucket_through_an_outage_holds_and_lands_on_the_live_incumbent(
+    nats_server_fn: NatsServer, tmp_path: Path
+) -> None:
+    handle = nats_server_fn.handle
+    assert handle is not None
+    # A dies with an outage shorter than its TTL: its records are still listed when the
+    # watches reconnect, and expire just after, within the hold's window.
+    ttl, hold = 3.0, 2.0
+    recording = io.StringIO()
+    stop = asyncio.Event()
+    async with (
+        admin(nats_server_fn.url) as nc_a,
+        admin(nats_server_fn.url) as nc_b,
+        running(nats_server_fn.url, registration_ttl=ttl, tenure_hold=hold) as (service, _dog),
+    ):
+        settings = settings_for(nats_server_fn.url, registration_ttl=ttl, tenure_hold=hold)
+        recorder = asyncio.create_task(record_trace(settings, recording, stop=stop))
+        await until(lambda: recording.getvalue().count("\n") >= 2, what="the recorder's listing")
+        a = DiscoveryPublisher(nc_a.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl)
+        b = DiscoveryPublisher(
+            nc_b.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl, on_removed="reregister"
+        )
+        await a.register(EP, 1, OLD)
+        await until(lambda: admitted(service) == (1,), what="A admitted")
+        await b.register(EP, 2, NEW)
+        await until(lambda: len(service.snapshot().groups[0].cohorts) == 2, what="B seen")
+        await a.stop_heartbeat()
+        await asyncio.to_thread(handle.restart, kill=True, downtime=1.0)
+        await until(lambda: admitted(service) == (2,), 60, what="the succession to B")
+        await asyncio.sleep(0.5)  # the recorder's watch sees what the service saw
+        stop.set()
+        await asyncio.wait_for(recorder, 15)
+        live = service.snapshot().groups[0]
+        await b.close()
+        await a.close(withdraw=False)
+    text = recording.getvalue().splitlines()
+    lines = [json.loads(line) for line in text]
+    assert lines[0]["kind"] == "trace"
+    assert lines[0]["observer"] == "bucket"
+    assert all(isinstance(line["t"], float) for line in lines[1:])
+    reconnect = next(
+        i
+        for i, line in enumerate(lines)
+        if line["kind"] == "snapshot" and line["reason"] == "reconnect"
+    )
+    expired = [
+        i
+        for i, line in enumerate(lines)
+        if line["kind"] == "delete" and line["operation"] == "expired"
+    ]
+    assert expired, "the expiry of A's records is recorded as an expiry"
+    assert expired[0] > reconnect
+    core = CoreSettings(tenure_hold=hold)
+    prefixes = [replay(text[: n + 1], core_settings=core).to_json() for n in range(len(text))]
+    held = [
+        n for n, out in enumerate(prefixes) if out["groups"] and "held_until" in out["groups"][0]
+    ]
+    assert held, "the replay of the recording never held the tenure"
+    assert prefixes[held[0]]["groups"][0]["admitted"] == []
+    [group] = prefixes[-1]["groups"]
+    assert (group["incumbent"], group["admitted"]) == (live.incumbent, list(live.admitted))

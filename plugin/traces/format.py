@@ -1,0 +1,301 @@
+"""The replay trace format: JSON Lines, one observation per line; read, checked and written here.
+
+Version 2, which ``serve --trace-out`` and ``record`` write, loses nothing the decision depends
+on. It opens with a header, and every line after it carries ``t``, the monotonic seconds since
+the trace began at which the frontend observed it::
+
+    {"kind": "trace", "version": 2, "wall_time": <unix seconds at t = 0>,
+     "observer": "frontend" | "bucket",
+     "settings": {"core": {...}, "boundary": {...}}}                       (frontend only)
+    {"kind": "state", "t": 0.0, "frontend": "<id>", "groups": [...]}        (optional)
+    {"kind": "snapshot", "t": ..., "reason": "initial" | "reconnect" | "periodic" | "resync",
+     "entries": [{"key": ..., "value": "<raw text>"}, ...],
+     "keep": [<keys live updates touched while the listing was read>],     (when any)
+     "peers": {"<group id>": ["<checksum a peer frontend serves>", ...]}}   (when any)
+    {"kind": "put", "t": ..., "key": "<KV key>", "value": "<raw text>"}
+    {"kind": "delete", "t": ..., "key": "<KV key>", "operation": "delete" | "purge" | "expired"}
+    {"kind": "build", "t": ..., "group": "<group id>", "outcome": "ok" | "failed",
+     "generation": <int>, "checksum": "<mdc checksum>"}
+    {"kind": "tick", "t": ...}        (a timer the core scheduled fell due: a retry, a hold)
+
+The header's ``observer`` says who recorded it. ``frontend``: the service itself
+(``serve --trace-out``), which records every build result and timer tick, so a replay builds
+and ticks exactly where the frontend did. ``bucket``: a second watch on the bucket
+(``record``), which sees no builds and no timers; its replay lets builds succeed at once and
+fires the core's deadlines as its clock passes them.
+
+A frontend's header also records the settings its decisions depend on (retry delays, tenure
+hold, build limit; the namespace filter and other boundary settings); replay uses them unless
+told otherwise.
+
+Times are written at full precision (a float's shortest exact spelling): the core compares
+deadlines computed from them, and a rounded time could put a recorded tick before the deadline
+it fired for. A version 2 replay ticks exactly where the recording did.
+
+A build line with its generation and checksum answers exactly that attempt, so a result that
+arrives after its attempt was cancelled (a late result after a succession) is expressible and
+is fenced by the core as it was live. Version 1 traces (no header, no times, no operations)
+still replay: ``tick`` lines move their clock, a delete is a plain deletion, and a build line
+answers the attempt in flight for its group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from workerset_admission.admission import BuildFinished, CoreSettings
+from workerset_admission.admission.ordering import GroupId
+from workerset_admission.card import BoundarySettings
+from workerset_admission.decision_state import DecisionState, DecisionStateError
+from workerset_admission.errors import UsageError
+from workerset_admission.identity import compact_json
+from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
+
+__all__ = [
+    "SNAPSHOT_REASONS",
+    "TRACE_VERSION",
+    "TraceError",
+    "build_line",
+    "event_line",
+    "header_line",
+    "raw_text",
+    "read_trace",
+    "recorded_by_frontend",
+    "recorded_settings",
+    "settings_of",
+    "trace_version",
+]
+
+TRACE_VERSION: Final = 2
+KINDS: Final = ("trace", "state", "put", "delete", "snapshot", "build", "tick")
+# "listing" is version 1's word for a snapshot that states no reason.
+SNAPSHOT_REASONS: Final = ("listing", "initial", "reconnect", "periodic", "resync")
+DELETE_OPERATIONS: Final = ("delete", "purge", "expired")
+OBSERVERS: Final = ("frontend", "bucket")
+
+
+class TraceError(UsageError):
+    """A trace line that is not valid trace syntax (the file, not a record in it, is wrong)."""
+
+
+def raw_text(value: bytes) -> str:
+    """Return a value as trace text; invalid UTF-8 survives as surrogate escapes."""
+    return value.decode("utf-8", errors="surrogateescape")
+
+
+def header_line(
+    wall_time: float, observer: str, settings: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    line = {"kind": "trace", "version": TRACE_VERSION, "wall_time": wall_time, "observer": observer}
+    if settings:
+        line["settings"] = dict(settings)
+    return line
+
+
+def settings_of(core: CoreSettings, boundary: BoundarySettings | None = None) -> dict[str, Any]:
+    """Return the settings a decision depends on, for a trace's header."""
+    found: dict[str, Any] = {"core": _fields(core)}
+    if boundary is not None:
+        found["boundary"] = _fields(boundary)
+    return found
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    return {
+        f.name: list(v) if isinstance(v := getattr(value, f.name), tuple) else v
+        for f in dataclasses.fields(value)
+    }
+
+
+def recorded_settings(
+    events: Sequence[Mapping[str, Any]],
+) -> tuple[CoreSettings | None, BoundarySettings | None]:
+    """Return the core and boundary settings a trace's header records (``None`` if it does not).
+
+    Settings this release does not know are left out, so a newer recording still replays.
+    """
+    header = events[0] if events and events[0]["kind"] == "trace" else None
+    settings = header.get("settings") if header is not None else None
+    if not isinstance(settings, Mapping):
+        return None, None
+    return (
+        _build(CoreSettings, settings.get("core")),
+        _build(BoundarySettings, settings.get("boundary")),
+    )
+
+
+def _build(kind: Any, values: object) -> Any:
+    if not isinstance(values, Mapping):
+        return None
+    known = {f.name for f in dataclasses.fields(kind)}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in known}
+    try:
+        return kind(**given)
+    except (TypeError, ValueError, UsageError) as exc:
+        raise TraceError(f"the trace header's settings are not valid: {exc}") from None
+
+
+def event_line(
+    event: SourceEvent,
+    t: float,
+    keep: Collection[str] = (),
+    peers: Mapping[GroupId, Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """Translate one source event, observed at ``t``, into a version 2 trace line."""
+    if isinstance(event, SourcePut):
+        entry = event.entry
+        return {"kind": "put", "t": t, "key": entry.key, "value": raw_text(entry.value)}
+    if isinstance(event, SourceDelete):
+        return {"kind": "delete", "t": t, "key": event.key, "operation": event.operation}
+    if isinstance(event, SourceSnapshot):
+        line: dict[str, Any] = {
+            "kind": "snapshot",
+            "t": t,
+            "reason": event.reason,
+            "entries": [{"key": e.key, "value": raw_text(e.value)} for e in event.entries],
+        }
+        if keep:
+            line["keep"] = sorted(keep)
+        served = event.peers if peers is None else peers
+        if served:
+            line["peers"] = {
+                compact_json(list(group)): list(checksums)
+                for group, checksums in sorted(served.items())
+            }
+        return line
+    raise TypeError(f"not a source event: {event!r}")
+
+
+def build_line(result: BuildFinished, t: float) -> dict[str, Any]:
+    """Translate a build result, fed back at ``t``, into a version 2 trace line."""
+    line: dict[str, Any] = {
+        "kind": "build",
+        "t": t,
+        "group": result.group.id,
+        "outcome": "ok" if result.ok else "failed",
+        "generation": result.generation,
+        "checksum": result.mdc_checksum,
+    }
+    if result.error is not None:
+        line["error"] = result.error
+    return line
+
+
+def trace_version(events: Sequence[Mapping[str, Any]]) -> int:
+    """Return a read trace's version: its header's, or 1 for a trace without one."""
+    if events and events[0]["kind"] == "trace":
+        return int(events[0]["version"])
+    return 1
+
+
+def recorded_by_frontend(events: Sequence[Mapping[str, Any]]) -> bool:
+    """Tell whether a read trace holds every build result and tick of the frontend."""
+    return bool(events) and events[0]["kind"] == "trace" and events[0]["observer"] == "frontend"
+
+
+def _number(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def _check(number: int, event: Mapping[str, Any], version: int, last_t: float) -> float:
+    """Check one line's syntax; return its time (``last_t`` for lines without one)."""
+    kind = event["kind"]
+    where = f"line {number}"
+    if kind == "trace":
+        raise TraceError(f"{where}: the trace header must be the first line")
+    t = last_t
+    if version >= 2:
+        if not _number(event.get("t")):
+            raise TraceError(f"{where}: a version {version} line needs t, non-negative seconds")
+        t = float(event["t"])
+        if t < last_t:
+            raise TraceError(f"{where}: t goes back in time ({t} after {last_t})")
+    if kind in ("put", "delete") and not isinstance(event.get("key"), str):
+        raise TraceError(f"{where}: {kind} needs a string key")
+    if kind == "put" and "value" not in event:
+        raise TraceError(f"{where}: put needs a value")
+    if kind == "delete" and event.get("operation", "delete") not in DELETE_OPERATIONS:
+        raise TraceError(f"{where}: a delete operation is one of {DELETE_OPERATIONS}")
+    if kind == "snapshot":
+        entries = event.get("entries")
+        if not (
+            isinstance(entries, list)
+            and all(isinstance(e, dict) and isinstance(e.get("key"), str) for e in entries)
+        ):
+            raise TraceError(f"{where}: snapshot needs a list of {{key, value}} entries")
+        if event.get("reason", "listing") not in SNAPSHOT_REASONS:
+            raise TraceError(f"{where}: a snapshot reason is one of {SNAPSHOT_REASONS}")
+        keep = event.get("keep", [])
+        if not (isinstance(keep, list) and all(isinstance(k, str) for k in keep)):
+            raise TraceError(f"{where}: a snapshot's keep is a list of keys")
+        peers = event.get("peers", {})
+        if not (
+            isinstance(peers, dict)
+            and all(
+                isinstance(v, list) and all(isinstance(c, str) for c in v) for v in peers.values()
+            )
+        ):
+            raise TraceError(f"{where}: a snapshot's peers map group ids to checksum lists")
+    if kind == "build":
+        if not isinstance(event.get("group"), str) or event.get("outcome") not in ("ok", "failed"):
+            raise TraceError(f"{where}: build needs a group id and outcome ok|failed")
+        generation, checksum = event.get("generation"), event.get("checksum")
+        if (generation is None) != (checksum is None) or not (
+            generation is None
+            or (
+                (isinstance(generation, int) and not isinstance(generation, bool))
+                and isinstance(checksum, str)
+            )
+        ):
+            raise TraceError(f"{where}: a build names both its generation and checksum, or neither")
+    if kind == "tick" and version < 2 and not _number(event.get("seconds")):
+        raise TraceError(f"{where}: tick needs non-negative seconds")
+    if kind == "state":
+        try:
+            DecisionState.from_line(event)
+        except DecisionStateError as exc:
+            raise TraceError(f"{where}: {exc}") from None
+    return t
+
+
+def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """Parse and check a trace's syntax; blank lines are skipped."""
+    events: list[dict[str, Any]] = []
+    version = 1
+    last_t = 0.0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"line {number}: not JSON: {exc}") from None
+        if not isinstance(event, dict) or event.get("kind") not in KINDS:
+            raise TraceError(f"line {number}: expected an object with kind in {KINDS}")
+        if event["kind"] == "trace" and not events:
+            found = event.get("version")
+            if not isinstance(found, int) or isinstance(found, bool) or found < 2:
+                raise TraceError(f"line {number}: a trace header names its version (2 or more)")
+            if found > TRACE_VERSION:
+                raise TraceError(
+                    f"line {number}: trace version {found} is newer than this release reads "
+                    f"({TRACE_VERSION})"
+                )
+            if not _number(event.get("wall_time")):
+                raise TraceError(f"line {number}: a trace header needs wall_time")
+            if event.get("observer") not in OBSERVERS:
+                raise TraceError(f"line {number}: a trace header's observer is one of {OBSERVERS}")
+            version = found
+        else:
+            last_t = _check(number, event, version, last_t)
+        events.append(event)
+    return events
