@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from urllib.parse import unquote
 
 from dynamofrontend import free_port
 
-__all__ = ["Deployment", "Served", "wait_for"]
+__all__ = ["Deployment", "Served", "Traffic", "wait_for"]
 
 MODEL_NAME = "tiny"
 
@@ -86,6 +87,37 @@ class Frontend:
         return Served(ids.get("decode_worker_id"), ids.get("prefill_worker_id"))
 
 
+class Traffic:
+    """Requests in a loop on one frontend, each outcome kept in order."""
+
+    def __init__(self, frontend: Frontend) -> None:
+        self.frontend = frontend
+        self.outcomes: list[tuple[float, int | None]] = []  # (time, decode worker or None)
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        turn = 0
+        while not self._stop.is_set():
+            try:
+                decode = self.frontend.ask(chat=turn % 2 == 0).decode
+            except Exception as exc:
+                decode = None
+                self.errors.append(f"{time.monotonic():.3f} {exc}"[:300])
+                time.sleep(0.01)  # a refused request comes back at once
+            self.outcomes.append((time.monotonic(), decode))
+            turn += 1
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
 @dataclass
 class Deployment:
     """The processes of one test module, under ``root``; :meth:`close` stops every one."""
@@ -98,8 +130,9 @@ class Deployment:
     sidecar: subprocess.Popen[bytes] | None = None
     bridge: subprocess.Popen[bytes] | None = None
     status_subject: str = "workerset-admission.status.view-test"
-    # Dynamo's event plane: ``nats`` on ``event_plane_url`` (the plugin's server when unset),
-    # or ``zmq``, Dynamo's default.
+    # Dynamo's own event plane: ``nats`` on ``event_plane_url``, the plugin's server
+    # (``nats_url``) when not given (a test that stops the plugin's server gives Dynamo another
+    # one, so only discovery sees the outage); or ``zmq``, Dynamo's default.
     event_plane: str = "nats"
     event_plane_url: str | None = None
     # How often the bridge scans the workers' store.
@@ -304,6 +337,12 @@ class Deployment:
         self.workers[instance_id] = process
         return int(instance_id)
 
+    def kill_worker(self, instance_id: int) -> None:
+        """SIGKILL: the worker dies without deregistering; its files stay, unrefreshed."""
+        process = self.workers.pop(instance_id)
+        process.kill()
+        process.wait(10)
+
     def stop_worker(self, instance_id: int) -> None:
         """SIGTERM: the worker deregisters (its files go at once) and exits."""
         process = self.workers.pop(instance_id)
@@ -313,12 +352,6 @@ class Deployment:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(5)
-
-    def kill_worker(self, instance_id: int) -> None:
-        """SIGKILL: the worker dies at once; its files stay until the store expires them."""
-        process = self.workers.pop(instance_id)
-        process.kill()
-        process.wait(10)
 
     def view_instance_ids(self, namespace: str = "viewns") -> set[int]:
         """Instance ids of a namespace with a model card in the view right now."""
@@ -370,8 +403,10 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def deployment(root: Path, nats_url: str, bucket: str) -> Iterator[Deployment]:
-    running = Deployment(root, nats_url, bucket)
+def deployment(
+    root: Path, nats_url: str, bucket: str, event_plane_url: str | None = None
+) -> Iterator[Deployment]:
+    running = Deployment(root, nats_url, bucket, event_plane_url=event_plane_url)
     try:
         yield running
     finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from dynamoview import MODEL_NAME, Deployment, Frontend, Served, deployment, wait_for
+from dynamoview import MODEL_NAME, Deployment, Frontend, Served, Traffic, deployment, wait_for
 from natsfixture import NatsServer
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(240)]
@@ -135,37 +134,6 @@ def test_disaggregated_prefill_and_decode_serve_only_admitted_workers(cluster: C
     assert view.view_instance_ids("pdns") == {decode, prefill}
 
 
-class _Traffic:
-    """Requests in a loop on one frontend, each outcome kept in order."""
-
-    def __init__(self, frontend: Frontend) -> None:
-        self.frontend = frontend
-        self.outcomes: list[tuple[float, int | None]] = []  # (time, decode worker or None)
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        turn = 0
-        while not self._stop.is_set():
-            try:
-                decode = self.frontend.ask(chat=turn % 2 == 0).decode
-            except Exception as exc:
-                decode = None
-                self.errors.append(f"{time.monotonic():.3f} {exc}"[:300])
-                time.sleep(0.01)  # a refused request comes back at once
-            self.outcomes.append((time.monotonic(), decode))
-            turn += 1
-
-    def __enter__(self) -> _Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-
 def test_when_the_incumbent_drains_the_successor_serves_after_a_short_gap(
     cluster: Cluster, record_property: pytest.RecordProperty
 ) -> None:
@@ -174,7 +142,7 @@ def test_when_the_incumbent_drains_the_successor_serves_after_a_short_gap(
     b = cluster.conflicting
     assert b, "runs after the conflicting-worker case"
 
-    with _Traffic(cluster.round_robin) as rr, _Traffic(cluster.kv) as kv:
+    with Traffic(cluster.round_robin) as rr, Traffic(cluster.kv) as kv:
         time.sleep(1.0)
         # A member leaves first: a request the frontend already routed to it may fail while
         # its removal travels (worker store, bridge, bucket, view); that window is measured.

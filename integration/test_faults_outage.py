@@ -165,8 +165,11 @@ async def test_when_the_incumbents_workers_are_really_gone_the_succession_follow
             await asyncio.to_thread(handle.restart, kill=True, downtime=2.5 * TTL)
             await until(lambda: "holding the tenure" in caplog.text, 60, "the hold")
             held_at = time.monotonic()
-            # Held: nobody admitted, B not admitted either, the tenure still A's.
-            assert admitted(service) == ()
+            # Held: A's workers are served on their last known records for one registration
+            # TTL (B is not admitted), then withdrawn while the tenure stays A's.
+            assert 3 not in admitted(service)
+            assert not receiver.retired
+            await until(lambda: admitted(service) == (), TTL + 5, "A's last known workers go")
             assert not receiver.retired
 
             await until(lambda: admitted(service) == (3,), 3 * TTL + 30, "the succession to B")

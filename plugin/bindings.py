@@ -191,8 +191,18 @@ class AdmittedHopBinding:
         return self._receiver.current().admitted
 
     def routable(self) -> frozenset[int]:
-        """Live and admitted: the only instances this hop may pick. Empty means none."""
-        return self._live.live_ids(self._endpoint) & self._receiver.current().admitted
+        """Live and admitted: the only instances this hop may pick. Empty means none.
+
+        Members a held tenure serves on their last known records count as live: their
+        instance records may be missing only because the store lost them in an outage.
+        """
+        state = self._receiver.current()
+        live = self._live.live_ids(self._endpoint) & state.admitted
+        return live | state.last_known if state.last_known else live
+
+    def last_known(self) -> frozenset[int]:
+        """Admitted ids served on their last known records during a hold (usually none)."""
+        return self._receiver.current().last_known
 
     def lora(self) -> tuple[LoraWorker, ...]:
         """Return the group's LoRA projection now: the adapters each admitted worker serves."""

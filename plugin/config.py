@@ -114,7 +114,9 @@ class Settings(BaseModel):
     retry_delays: tuple[float, ...] = _DEFAULT_RETRY_DELAYS
     max_value_bytes: int = Field(default=1024 * 1024, ge=256, le=64 * 1024 * 1024)
     reconcile_interval: float = Field(default=30.0, gt=0, le=86400)
-    # The TTL workers register with (Dynamo's default 10 s); it sizes the tenure hold.
+    # The TTL workers register with (Dynamo's default 10 s): a live worker, or the bridge
+    # mirroring it, re-writes its record within it. It sizes the tenure hold, and how long a
+    # held tenure keeps serving its members on their last known records.
     registration_ttl: float = Field(default=10.0, gt=0, le=3600)
     # How long a tenure is held when a resync after a lost connection lists none of its
     # workers (0 turns holding off); unset means three registration TTLs.
@@ -545,6 +547,8 @@ class ServiceSettings:
     publish_retry: float = 1.0
     # How long a tenure is held when a resync after an outage lists none of its members.
     tenure_hold: float = 30.0
+    # How long a held tenure keeps its members admitted on their last known records.
+    registration_ttl: float = 10.0
     # Where the service writes the trace of what it observes (``serve --trace-out``).
     trace_out: Path | None = None
 
@@ -561,4 +565,5 @@ class ServiceSettings:
             max_concurrent_builds=self.max_concurrent_builds,
             retry_delays=self.retry_delays,
             tenure_hold=self.tenure_hold,
+            registration_ttl=self.registration_ttl,
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .admission import Input, Snapshot, Tick, WorkerAdded, WorkerRemoved
 from .admission.ordering import GroupId, PeerServed, observation_order
@@ -28,30 +28,42 @@ from .liveness import LivenessIndex
 from .ports import SourceDelete, SourceSnapshot
 
 __all__ = [
-    "EVENT_RECORD",
     "CardRecordDecoder",
     "DecodedRecord",
+    "EventRecord",
     "Ingested",
     "Ingestor",
+    "LiveInstance",
     "RecordDecoder",
     "Verdict",
     "default_decoder",
 ]
 
-EVENT_RECORD: Final = "event"
-"""What the boundary makes of a valid event-plane record: checked, then left out of admission."""
 
-DecodedRecord = Registration | tuple[EndpointId, int] | str | None
-"""What the boundary makes of a put: a registration, a live endpoint instance,
-:data:`EVENT_RECORD`, or nothing (a record the frontend ignores)."""
+class LiveInstance(NamedTuple):
+    """What the boundary makes of an endpoint-instance record: this instance is live."""
+
+    endpoint: EndpointId
+    instance_id: int
+
+
+class EventRecord(NamedTuple):
+    """What the boundary makes of a valid event-plane record: checked, left out of admission."""
+
+    key: str
+
+
+DecodedRecord = Registration | LiveInstance | EventRecord | None
+"""What the boundary makes of a put: a registration, a live endpoint instance, a valid
+event-plane record, or ``None`` (a record this frontend ignores)."""
 
 
 class RecordDecoder(Protocol):
     """The card boundary as ingestion uses it.
 
-    ``decode`` turns a put into a :class:`Registration` (a model card), an
-    ``(endpoint, instance id)`` pair (an endpoint-instance record), :data:`EVENT_RECORD` (a
-    valid event source or channel), or ``None`` (a record this frontend ignores, such as a
+    ``decode`` turns a put into a :class:`Registration` (a model card), a
+    :class:`LiveInstance` (an endpoint-instance record), an :class:`EventRecord` (a valid event
+    source or channel), or ``None`` (a record this frontend ignores, such as a
     namespace outside its filter). ``removal`` says what a deleted
     key was: ``("model", registration key)``, ``("instance", key)`` or ``None``. Both raise
     :class:`~workerset_admission.errors.RemoteDataError` for records they refuse.
@@ -65,7 +77,7 @@ class RecordDecoder(Protocol):
 class CardRecordDecoder:
     """The default :class:`RecordDecoder`: the card boundary of :mod:`workerset_admission.card`.
 
-    Endpoint-instance records become ``(endpoint, instance id)`` pairs for the liveness index;
+    Endpoint-instance records become :class:`LiveInstance` values for the liveness index;
     event-plane records are validated and otherwise left alone (they only ride along with the
     workers admission admits); model records become registrations, their card decoded and hashed
     by the boundary (which caches by card text, so a fleet sharing one card pays for it once).
@@ -97,12 +109,12 @@ class CardRecordDecoder:
             card.decode_event_record(
                 card.parse_event_key(key), value, max_value_size=self._settings.max_value_size
             )
-            return EVENT_RECORD
+            return EventRecord(key)
         # Anything else is an endpoint record or a key parse_key refuses (every model key starts
         # with the prefix above).
         parsed = parse_key(key)
         record = card.decode_endpoint_record(parsed, value, self._settings)
-        return (record.endpoint, record.instance_id)
+        return LiveInstance(record.endpoint, record.instance_id)
 
     def removal(self, key: str) -> tuple[str, str] | None:
         if self._card.is_event_key(key):
@@ -228,7 +240,7 @@ class Ingestor:
             return Ingested((WorkerAdded(record),), (Verdict(key, registration=record),))
         if record is None:
             return Ingested(verdicts=(Verdict(key),))
-        if isinstance(record, str):
+        if isinstance(record, EventRecord):
             return Ingested(verdicts=(Verdict(key, event=True),))
         endpoint, instance_id = record
         changed = self.liveness.put(key, endpoint, instance_id)
@@ -266,8 +278,9 @@ class Ingestor:
 
         ``expiry`` is ``(now, window)`` for a TTL expiry. One that comes within ``window``
         seconds of a listing that followed a lost connection is most likely the outage's doing
-        (the worker could not refresh): the core may hold a tenure it empties, as it does for
-        the listing itself.
+        (the worker could not refresh): it carries that listing's time, and the core may hold
+        a tenure it empties as it does for the listing itself, counted from the same moment,
+        so one reconnect never holds a WorkerSet longer than the tenure hold in all.
         """
         self._decoded.pop(key, None)
         self._refused.pop(key, None)
@@ -280,7 +293,7 @@ class Ingestor:
         kind, name = removal
         if kind == "model":
             if expiry is not None and expiry[0] - self._outage_end < expiry[1]:
-                return Ingested((Tick(expiry[0]), WorkerRemoved(name, hold=True)))
+                return Ingested((Tick(expiry[0]), WorkerRemoved(name, outage=self._outage_end)))
             return Ingested((WorkerRemoved(name),))
         return Ingested(liveness_changed=self.liveness.remove(name))
 
@@ -332,7 +345,7 @@ class Ingestor:
             if isinstance(record, Registration):
                 registrations.append(record)
                 verdicts.append(_registered(key, record))
-            elif isinstance(record, tuple):
+            elif isinstance(record, LiveInstance):
                 live[key] = record
                 verdicts.append(Verdict(key, live=True))
             else:

@@ -27,9 +27,16 @@ def _view_hook(
     from workerset_admission.adapters.dynamo.view import DirectoryFiles, ViewHook
 
     if files is not None:
-        return ViewHook(files, boundary, owns_files=False)
+        return ViewHook(
+            files, boundary, owns_files=False, keep_removed_for=settings.registration_ttl
+        )
     assert settings.view_dir is not None
-    return ViewHook(DirectoryFiles.open(settings.view_dir), boundary, owns_files=True)
+    return ViewHook(
+        DirectoryFiles.open(settings.view_dir),
+        boundary,
+        owns_files=True,
+        keep_removed_for=settings.registration_ttl,
+    )
 
 
 def boundary_settings(settings: Settings) -> BoundarySettings:
@@ -57,6 +64,7 @@ def service_settings(settings: Settings) -> ServiceSettings:
         max_concurrent_builds=settings.max_concurrent_builds,
         retry_delays=tuple(settings.retry_delays),
         tenure_hold=settings.effective_tenure_hold,
+        registration_ttl=settings.registration_ttl,
         trace_out=settings.trace_out,
     )
 

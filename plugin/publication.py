@@ -1,17 +1,15 @@
-"""The service's background loops besides the source: publications, retry timers, status."""
+"""The serving-admission publication: this frontend's records, kept in step with its groups."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import heapq
 import logging
 from collections.abc import Callable
 
-from .ports import AdmissionPublisher, StatusResponder
+from .ports import AdmissionPublisher
 from .snapshots import ServingRecord
 
-__all__ = ["RetryTimers", "ServingPublication", "serve_status"]
+__all__ = ["ServingPublication"]
 
 _log = logging.getLogger(__name__)
 
@@ -102,50 +100,3 @@ class ServingPublication:
                 await asyncio.sleep(self._retry)
                 continue
             await asyncio.sleep(self._interval)
-
-
-class RetryTimers:
-    """The retry deadlines the core scheduled; ``run`` ticks the core when one falls due."""
-
-    def __init__(self, clock: Callable[[], float], tick: Callable[[float], None]) -> None:
-        self._clock = clock
-        self._tick = tick
-        self._deadlines: list[float] = []
-        self._wake = asyncio.Event()
-
-    def add(self, deadline: float) -> None:
-        heapq.heappush(self._deadlines, deadline)
-        self._wake.set()
-
-    def wake(self) -> None:
-        """Re-read the clock now (a host or test clock may jump)."""
-        self._wake.set()
-
-    async def run(self) -> None:
-        deadlines = self._deadlines
-        while True:
-            self._wake.clear()
-            if not deadlines:
-                await self._wake.wait()
-                continue
-            delay = deadlines[0] - self._clock()
-            if delay > 0:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
-                continue
-            now = self._clock()
-            while deadlines and deadlines[0] <= now:
-                heapq.heappop(deadlines)
-            self._tick(now)
-
-
-async def serve_status(
-    status: StatusResponder, render: Callable[[bool], bytes], retry: float
-) -> None:
-    """Answer status requests until cancelled, restarting the responder after a failure."""
-    while True:
-        try:
-            await status.serve(render)
-        except Exception as exc:  # NATS may be away: status must not take admission down
-            _log.warning("the status responder failed, retrying: %s", exc)
-        await asyncio.sleep(retry)

@@ -62,6 +62,8 @@ class AdmissionState(HoldsAdmittedIds):
     card: Any = field(default=None, compare=False, repr=False)
     lora: tuple[LoraWorker, ...] = ()
     taints: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _NO_TAINTS)
+    # Admitted ids a held tenure serves on their last known records (see PublishAdmissions).
+    last_known: frozenset[int] = frozenset()
 
 
 _NO_TAINTS: Mapping[str, tuple[str, ...]] = MappingProxyType({})
@@ -178,6 +180,7 @@ class AdmissionSender:
         *,
         generation: int | None = None,
         card: Any = None,
+        last_known: frozenset[int] = frozenset(),
     ) -> AdmissionState:
         """Replace the admitted ids (and optionally generation and card); wake the readers.
 
@@ -193,6 +196,7 @@ class AdmissionSender:
             generation=old.generation if generation is None else generation,
             card=old.card if card is None else card,
             version=old.version + 1,
+            last_known=last_known,
         )
         channel.bump(new)
         return new
@@ -273,7 +277,12 @@ class AdmissionChannels:
             if sender is None:
                 raise UsageError(f"no open admission channel {effect.receiver}")
             # The snapshot, not effect.admitted: readers materialise it only if they look.
-            sender.send(effect.ids, generation=effect.generation, card=effect.card)
+            sender.send(
+                effect.ids,
+                generation=effect.generation,
+                card=effect.card,
+                last_known=effect.last_known,
+            )
         elif isinstance(effect, OpenReceiver):
             if effect.receiver in self._by_id:
                 raise UsageError(f"admission channel {effect.receiver} is already open")

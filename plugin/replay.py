@@ -142,6 +142,11 @@ def _group_json(view: GroupView) -> dict[str, Any]:
     if view.held_until is not None:
         # Only while held, so the output of every trace without a hold is unchanged.
         group["held_until"] = view.held_until
+    if view.last_known_until is not None:
+        group["last_known"] = list(view.last_known)
+        group["last_known_until"] = view.last_known_until
+    if view.arrivals:
+        group["held_arrivals"] = list(view.arrivals)
     return group
 
 
@@ -516,7 +521,14 @@ def explain(result: ReplayResult, instance: str) -> str:
             f"model {view.key.model!r}, WorkerSet {view.key.worker_set}; status "
             f"{view.status.value}, generation {view.generation}, receiver {view.receiver}"
         )
-        if placement.admitted:
+        if placement.position is None:
+            lines.append(
+                f"{key} is not admitted: it registered with the checksum of {view.incumbent} "
+                "while that tenure was held after an outage. It joins the incumbent if a worker "
+                "the tenure had before the outage comes back, and otherwise the end of the "
+                "order when the hold expires."
+            )
+        elif placement.admitted:
             lines.append(
                 f"{key} is admitted: its checksum {placement.mdc_checksum} is the incumbent "
                 f"cohort, the first configuration this frontend observed that still has workers "
@@ -532,10 +544,16 @@ def explain(result: ReplayResult, instance: str) -> str:
             )
             lines.extend(_differences_in_words(result, view, placement.mdc_checksum))
         if view.held_until is not None:
+            served = (
+                f"workers {', '.join(map(str, view.last_known))} stay admitted on their last "
+                f"known records until clock {view.last_known_until:g} s"
+                if view.last_known_until is not None
+                else "none of its workers is admitted any longer"
+            )
             lines.append(
                 f"The tenure of {view.incumbent} is held after an outage until clock "
-                f"{view.held_until:g} s: none of its workers is listed, nothing is admitted, and "
-                "the succession happens only if none registers again by then."
+                f"{view.held_until:g} s: none of its workers is listed, {served}, and the "
+                "succession happens only if none of them registers again by then."
             )
     if history is not None:
         if history.refused == MUTATION_REFUSED:

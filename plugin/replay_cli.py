@@ -69,6 +69,13 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         help="seconds a tenure is held after a reconnect snapshot omits it (default: as "
         "recorded, else 30; 0 off)",
     )
+    parser.add_argument(
+        "--registration-ttl",
+        type=float,
+        default=None,
+        help="seconds a held tenure serves its members on their last known records (default: "
+        "as recorded, else 10)",
+    )
 
 
 def _lines(trace: str) -> list[str]:
@@ -90,6 +97,7 @@ def _replay(args: argparse.Namespace) -> ReplayResult:
             ("max_concurrent_builds", args.max_builds),
             ("retry_delays", args.retry_delays),
             ("tenure_hold", args.tenure_hold),
+            ("registration_ttl", args.registration_ttl),
         )
         if value is not None
     }

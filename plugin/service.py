@@ -53,7 +53,7 @@ from workerset_admission.ports import (
     SourceSnapshot,
     StatusResponder,
 )
-from workerset_admission.publication import RetryTimers, ServingPublication, serve_status
+from workerset_admission.publication import ServingPublication
 from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
 from workerset_admission.snapshots import (
     EMPTY_SNAPSHOT,
@@ -70,6 +70,7 @@ from workerset_admission.snapshots import (
 )
 from workerset_admission.step import AdmissionStep, StepObserver
 from workerset_admission.telemetry import AdmissionTelemetry, RefusalWarnings, UpdateScope
+from workerset_admission.timers import RetryTimers
 from workerset_admission.traces.format import settings_of
 from workerset_admission.traces.writer import TraceWriter
 
@@ -536,3 +537,15 @@ class _EffectListener(StepObserver):
 
     def effects(self, effects: Sequence[Effect]) -> None:
         self._listener(effects)
+
+
+async def serve_status(
+    status: StatusResponder, render: Callable[[bool], bytes], retry: float
+) -> None:
+    """Answer status requests until cancelled, restarting the responder after a failure."""
+    while True:
+        try:
+            await status.serve(render)
+        except Exception as exc:  # NATS may be away: status must not take admission down
+            _log.warning("the status responder failed, retrying: %s", exc)
+        await asyncio.sleep(retry)

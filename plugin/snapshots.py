@@ -12,7 +12,7 @@ from .admission.readiness import ReadinessUnit, evaluate_readiness
 from .identity import GroupKey, group_fields, instance_key
 from .liveness import LivenessIndex
 from .rejections import RejectionSnapshot, standing_rejections
-from .telemetry import AdmissionStateSummary
+from .telemetry import AdmissionStateSummary, HeldGroup
 
 __all__ = [
     "EMPTY_SNAPSHOT",
@@ -55,6 +55,10 @@ class GroupSnapshot:
     cohorts: tuple[CohortSnapshot, ...]
     # When a tenure held after an outage ends (Unix time); None when it is not held.
     held_until: float | None = None
+    # Admitted ids served on their last known records during a hold, and until when (Unix
+    # time); routable though their instance records may be missing.
+    last_known: tuple[int, ...] = ()
+    last_known_until: float | None = None
 
     @property
     def rejected(self) -> tuple[CohortSnapshot, ...]:
@@ -80,6 +84,8 @@ class GroupSnapshot:
                 "rejected": [c.mdc_checksum for c in self.rejected],
                 "held": self.held_until is not None,
                 "held_until": self.held_until,
+                "last_known": ids(self.last_known),
+                "last_known_until": self.last_known_until,
             }
         )
         return out
@@ -200,12 +206,17 @@ def group_snapshot(
     ``clock`` is the service clock the core's hold deadlines are on; with it a held group's
     deadline is shown as Unix time.
     """
-    routable = liveness.routable(view.key.endpoint, view.admitted)
-    held_until = None
-    if view.held_until is not None and clock is not None:
-        held_until = round(time.time() + view.held_until - clock(), 3)
+    routable = liveness.routable(view.key.endpoint, view.admitted) | set(view.last_known)
+
+    def unix(at: float | None) -> float | None:
+        if at is None or clock is None:
+            return None
+        return round(time.time() + at - clock(), 3)
+
     return GroupSnapshot(
-        held_until=held_until,
+        held_until=unix(view.held_until),
+        last_known=view.last_known,
+        last_known_until=unix(view.last_known_until),
         group=view.key,
         incumbent=view.incumbent,
         status=view.status.value,
@@ -282,7 +293,7 @@ def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
     """Count groups per status, admitted workers of committed groups, workers by state."""
     by_status: dict[str, int] = {}
     admitted = 0
-    held = 0
+    held: list[HeldGroup] = []
     workers: dict[tuple[str, str], int] = {}
     for group in snap.groups:
         by_status[group.status] = by_status.get(group.status, 0) + 1
@@ -290,9 +301,17 @@ def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
             admitted += len(group.admitted)
         model = group.group.model
         if group.held_until is not None:
-            held += 1
-            # Nothing is admitted while the tenure is held: every worker waits for its end.
-            counts = {"held": sum(len(c.members) for c in group.cohorts)}
+            held.append(
+                HeldGroup(
+                    group.group.id, group.held_until, group.last_known, group.last_known_until
+                )
+            )
+            # While the tenure is held, its last known members are still served (admitted);
+            # every other worker waits for the hold's end, neither admitted nor rejected.
+            counts = {
+                "admitted": len(group.admitted),
+                "held": sum(len(c.members) for c in group.cohorts) - len(group.admitted),
+            }
         else:
             counts = {
                 "admitted": len(group.admitted),
@@ -300,4 +319,4 @@ def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
             }
         for state, count in counts.items():
             workers[(model, state)] = workers.get((model, state), 0) + count
-    return AdmissionStateSummary(by_status, admitted, held, workers)
+    return AdmissionStateSummary(by_status, admitted, len(held), tuple(held), workers)

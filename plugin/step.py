@@ -272,6 +272,9 @@ class AdmissionStep:
                     self._hops.carry_taints(effect, self.core.placement(effect.key))
             elif isinstance(effect, (RetryScheduled, TenureHeld)):
                 self._schedule(effect.deadline)
+                if isinstance(effect, TenureHeld) and effect.last_known_until is not None:
+                    # The last known members are withdrawn then, before the hold ends.
+                    self._schedule(effect.last_known_until)
             elif isinstance(effect, MutationRefused):
                 self._log.warning(
                     "refused an in-place change of %s: kept %s, offered %s",

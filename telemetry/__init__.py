@@ -13,6 +13,7 @@ from .facade import (
     UpdateScope,
     decision_of,
 )
+from .instruments import HeldGroup
 from .logs import JsonFormatter, RefusalWarnings, configure_logging, install_log_correlation
 from .propagation import inject_headers, link_from_headers
 from .setup import DEFAULT_SERVICE_NAME, TelemetryHandle, setup_telemetry
@@ -22,6 +23,7 @@ __all__ = [
     "AdmissionStateSummary",
     "AdmissionTelemetry",
     "BuildScope",
+    "HeldGroup",
     "JsonFormatter",
     "RefusalWarnings",
     "TelemetryHandle",

@@ -65,7 +65,14 @@ def _on_succession(telemetry: AdmissionTelemetry, effect: fx.Succession) -> None
 
 
 def _on_held(telemetry: AdmissionTelemetry, effect: fx.TenureHeld) -> None:
-    telemetry.tenure_held(effect.group, effect.mdc_checksum, effect.generation, effect.deadline)
+    telemetry.tenure_held(
+        effect.group,
+        effect.mdc_checksum,
+        effect.generation,
+        effect.deadline,
+        effect.last_known,
+        effect.last_known_until,
+    )
 
 
 def _on_hold_ended(telemetry: AdmissionTelemetry, effect: fx.TenureHoldEnded) -> None:

@@ -371,26 +371,49 @@ class AdmissionTelemetry:
         self._instant_span(n.SPAN_SUCCEED, attrs)
 
     def tenure_held(
-        self, group: object, checksum: str, generation: int | None, deadline: float
+        self,
+        group: object,
+        checksum: str,
+        generation: int | None,
+        deadline: float,
+        last_known: Sequence[str] = (),
+        last_known_until: float | None = None,
     ) -> None:
         """Log and mark a tenure held after an outage: its incumbent has no member listed."""
         group_id = self.group_id(group)
         try:
-            _log.warning(
-                "holding the tenure of %s (incumbent %s) after a discovery outage: none of its "
-                "workers is listed; nothing is admitted until one registers again or the hold "
-                "ends at clock %.1f",
-                group_id,
-                checksum,
-                deadline,
-            )
+            if last_known_until is not None:
+                _log.warning(
+                    "holding the tenure of %s (incumbent %s) after a discovery outage: none of "
+                    "its workers is listed; %d of them (%s) stay admitted on their last known "
+                    "records until clock %.1f, and the hold ends at clock %.1f unless one of "
+                    "them registers again",
+                    group_id,
+                    checksum,
+                    len(last_known),
+                    ", ".join(last_known),
+                    last_known_until,
+                    deadline,
+                )
+            else:
+                _log.warning(
+                    "holding the tenure of %s (incumbent %s) after a discovery outage: none of "
+                    "its workers is listed or admitted; the hold ends at clock %.1f unless one "
+                    "of them registers again",
+                    group_id,
+                    checksum,
+                    deadline,
+                )
         except Exception:
             _log.debug("could not log a held tenure", exc_info=True)
         attrs: dict[str, Any] = {
             n.ATTR_GROUP: group_id,
             n.ATTR_CHECKSUM: checksum,
             n.ATTR_HOLD_DEADLINE: float(deadline),
+            n.ATTR_HOLD_LAST_KNOWN: list(last_known),
         }
+        if last_known_until is not None:
+            attrs[n.ATTR_HOLD_LAST_KNOWN_UNTIL] = float(last_known_until)
         if generation is not None:
             attrs[n.ATTR_GENERATION] = generation
         self._instant_span(n.SPAN_HOLD, attrs)

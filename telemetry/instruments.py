@@ -14,7 +14,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from . import names as n
 
-__all__ = ["AdmissionInstruments", "AdmissionStateSummary"]
+__all__ = ["AdmissionInstruments", "AdmissionStateSummary", "HeldGroup"]
 
 _log = logging.getLogger(__name__)
 
@@ -40,6 +40,16 @@ _BUILD_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 
 
 @dataclass(frozen=True, slots=True)
+class HeldGroup:
+    """One group whose tenure is held: until when, and who is served on last known good."""
+
+    group: str
+    held_until: float | None
+    last_known: tuple[int, ...] = ()
+    last_known_until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionStateSummary:
     """What the gauges report: groups per status, and the workers admitted across all groups."""
 
@@ -47,8 +57,11 @@ class AdmissionStateSummary:
     admitted_workers: int = 0
     # Groups whose tenure is held after an outage (their incumbent has no live member).
     held_groups: int = 0
+    # Those groups one by one, when known: the gauge then reports each with its members
+    # served on last known good.
+    held: tuple[HeldGroup, ...] = ()
     # Registered workers per (model, state): admitted, rejected (their cohort's configuration
-    # differs from a live incumbent's), held (in a group whose tenure is held).
+    # differs from a live incumbent's), held (waiting in a group whose tenure is held).
     workers: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
@@ -199,7 +212,24 @@ class AdmissionInstruments:
 
     def _observe_held(self, _options: CallbackOptions) -> Iterable[Observation]:
         summary = self._summary()
-        return [] if summary is None else [Observation(summary.held_groups)]
+        if summary is None:
+            return []
+        if not summary.held:
+            return [Observation(summary.held_groups)]
+        # One point per held group (few, and only during an outage), saying whom it serves on
+        # last known good and until when (Unix time; 0 when nobody is served so).
+        return [
+            Observation(
+                1,
+                {
+                    n.ATTR_GROUP: held.group,
+                    n.ATTR_HOLD_DEADLINE: held.held_until or 0.0,
+                    n.ATTR_HOLD_LAST_KNOWN: ",".join(f"{i:x}" for i in held.last_known),
+                    n.ATTR_HOLD_LAST_KNOWN_UNTIL: held.last_known_until or 0.0,
+                },
+            )
+            for held in summary.held
+        ]
 
     def _observe_workers(self, _options: CallbackOptions) -> Iterable[Observation]:
         summary = self._summary()

@@ -27,6 +27,8 @@ __all__ = [
     "ATTR_GROUP",
     "ATTR_HOLD_DEADLINE",
     "ATTR_HOLD_DURATION",
+    "ATTR_HOLD_LAST_KNOWN",
+    "ATTR_HOLD_LAST_KNOWN_UNTIL",
     "ATTR_HOLD_OUTCOME",
     "ATTR_INCUMBENT_CHECKSUM",
     "ATTR_INSTANCE",
@@ -128,6 +130,9 @@ ATTR_REASON: Final = f"{PREFIX}.reason"
 ATTR_HOLD_DEADLINE: Final = f"{PREFIX}.hold.deadline"
 ATTR_HOLD_OUTCOME: Final = f"{PREFIX}.hold.outcome"
 ATTR_HOLD_DURATION: Final = f"{PREFIX}.hold.duration"
+# The instance keys a held tenure serves on their last known records, and until when.
+ATTR_HOLD_LAST_KNOWN: Final = f"{PREFIX}.hold.last_known"
+ATTR_HOLD_LAST_KNOWN_UNTIL: Final = f"{PREFIX}.hold.last_known_until"
 ATTR_DETAIL: Final = f"{PREFIX}.detail"
 
 # --- metric attributes ------------------------------------------------------------------------

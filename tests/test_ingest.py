@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 from support.cards import EP, base_card, endpoint_entry, model_entry
-from workerset_admission.admission import Snapshot, Tick, WorkerAdded, WorkerRemoved
+from workerset_admission.admission import (
+    AdmissionCore,
+    Effect,
+    RejectionReported,
+    Snapshot,
+    Tick,
+    WorkerAdded,
+    WorkerRemoved,
+)
 from workerset_admission.card import BoundarySettings
 from workerset_admission.identity import EndpointId
 from workerset_admission.ingest import CardRecordDecoder, Ingestor
@@ -107,7 +117,7 @@ def test_a_namespace_mismatch_is_described_as_one() -> None:
     )
 
 
-def test_an_expiry_soon_after_a_reconnect_listing_is_marked_to_hold_and_others_are_not() -> None:
+def test_an_expiry_soon_after_a_reconnect_listing_carries_its_time_and_others_do_not() -> None:
     ingest = Ingestor()
     key = "v1.mdc.ns.backend.generate.1"
     expired = SourceDelete(key, 2, operation="expired")
@@ -115,7 +125,7 @@ def test_an_expiry_soon_after_a_reconnect_listing_is_marked_to_hold_and_others_a
     assert ingest.removal(expired, now=5.0, window=30.0).inputs == (gone,)
     ingest.listing(SourceSnapshot((), reason="reconnect"), now=10.0)
     held = ingest.removal(expired, now=20.0, window=30.0).inputs
-    assert held == (Tick(20.0), WorkerRemoved("ns/backend/generate/1", hold=True))
+    assert held == (Tick(20.0), WorkerRemoved("ns/backend/generate/1", outage=10.0))
     deleted = SourceDelete(key, 3, operation="delete")
     assert ingest.removal(deleted, now=20.0, window=30.0).inputs == (
         WorkerRemoved("ns/backend/generate/1"),
@@ -138,3 +148,21 @@ def test_the_listing_verdict_builder_writes_every_field_as_the_dataclass_would()
     built = ingest._registered("v1.mdc.k", registration)
     assert built == ingest.Verdict("v1.mdc.k", registration=registration)
     assert (built.refusal, built.live, built.event, built.repeated) == (None, False, False, False)
+
+
+def test_cards_differing_in_model_types_are_two_worksets_and_neither_is_rejected() -> None:
+    # Dynamo 1.6.1's worker_set_key joins the model types: Chat and Chat|Completions are two
+    # WorkerSets, whatever their checksums, so neither rejects the other.
+    ingest = Ingestor()
+    core = AdmissionCore()
+    chat = model_entry(1, base_card(model_type="Chat"))
+    both = model_entry(2, base_card(block_size=32))
+    effects: list[Effect] = []
+    for entry in (chat, both):
+        for event in ingest.put(entry.key, entry.value).inputs:
+            effects += core.apply(event)
+    assert not [e for e in effects if isinstance(e, RejectionReported)]
+    views = core.groups()
+    assert sorted(json.loads(v.key.worker_set)[3] for v in views) == ["chat", "chat|completions"]
+    assert len({v.incumbent for v in views}) == 2
+    assert all(len(v.cohorts) == 1 for v in views)

@@ -1,4 +1,5 @@
-"""The package's shape: NATS stays inside adapters/nats, and modules stay small enough to read."""
+"""The package's shape: NATS stays inside adapters/nats, modules stay small enough to read, and
+the admission core is one plain state machine."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("plugin", "adapters", "telemetry")
 NATS_HOME = ROOT / "adapters" / "nats"
 MAX_LINES = 600
+ADMISSION = ROOT / "plugin" / "admission"
+# One concern that is read top to bottom, as the contract reads: the admission state machine
+# (groups, cohorts, succession, builds, the hold, LoRA) is this one module, whatever its length.
+STATE_MACHINE = ADMISSION / "core.py"
 
 
 def _modules() -> list[Path]:
@@ -49,8 +54,47 @@ def test_the_import_walk_sees_an_import_of_nats(tmp_path: Path) -> None:
     assert {"nats.errors", "nats.js"} <= _imported(module)
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize(
+    "path",
+    [p for p in _modules() if p != STATE_MACHINE],
+    ids=lambda p: p.relative_to(ROOT).as_posix(),
+)
 def test_every_product_module_stays_under_the_line_limit(path: Path) -> None:
     name = path.relative_to(ROOT).as_posix()
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines"
+
+
+def _classes(path: Path) -> list[ast.ClassDef]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+
+
+def test_every_state_change_of_a_group_is_in_the_state_machine_module() -> None:
+    # The group record and everything that writes it live in core.py: no other admission
+    # module assigns to a group's fields or defines a part of the core to inherit.
+    assert "class _Group" in STATE_MACHINE.read_text(encoding="utf-8")
+    for path in sorted(ADMISSION.glob("*.py")):
+        names = [c.name for c in _classes(path)]
+        assert not [n for n in names if n.endswith("Mixin")], path.name
+        if path == STATE_MACHINE:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        writes = [
+            target.value.id
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Assign, ast.AugAssign))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and target.value.id in ("group", "hold", "cohort")
+        ]
+        assert writes == [], f"{path.name} changes a group's state"
+
+
+def test_the_admission_core_makes_its_values_one_plain_way() -> None:
+    for path in sorted(ADMISSION.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert "__class__ =" not in text, path.name
+        assert ".__set__" not in text, path.name
+        assert "type: ignore" not in text, path.name

@@ -242,9 +242,14 @@ def test_a_reconnect_snapshot_in_a_trace_holds_the_tenure_until_the_clock_runs_o
     ]
     held = replay(trace, core_settings=CoreSettings(tenure_hold=30.0))
     (group,) = held.to_json()["groups"]
-    assert (group["admitted"], group["held_until"]) == ([], 30.0)
+    # Worker 1 stays admitted on its last known record for one registration TTL.
+    assert (group["admitted"], group["held_until"]) == ([1], 30.0)
+    assert (group["last_known"], group["last_known_until"]) == ([1], 10.0)
     assert group["incumbent"] == group["cohorts"][0]["checksum"]
     assert "held after an outage" in explain(held, "ns1/backend/generate/2")
+    (group,) = out([*trace, line(kind="tick", seconds=10)])["groups"]
+    assert (group["admitted"], group["held_until"]) == ([], 30.0)
+    assert "last_known" not in group
     (group,) = out([*trace, line(kind="tick", seconds=30)])["groups"]
     assert group["admitted"] == [2]
     assert "held_until" not in group

@@ -620,11 +620,22 @@ async def test_a_reconnect_that_lists_no_incumbent_worker_holds_the_tenure_until
         source.queue.put_nowait(SourceSnapshot((model_entry(2, NEW),), reason="reconnect"))
         await settle(lambda: svc.snapshot().groups[0].held_until is not None)
         (group,) = svc.snapshot().groups
-        assert (group.admitted, group.incumbent) == ((), receiver.current().mdc_checksum)
+        # Worker 1 is served on its last known record for one registration TTL (10 s), though
+        # no instance record of it is listed either.
+        assert (group.admitted, group.incumbent) == ((1,), receiver.current().mdc_checksum)
+        assert (group.routable, group.last_known) == ((1,), (1,))
         assert group.to_json()["held"] is True
-        assert receiver.current().admitted == frozenset()
+        assert group.last_known_until is not None
+        assert group.held_until is not None
+        assert group.held_until - group.last_known_until == pytest.approx(20.0, abs=0.01)
+        assert receiver.current().last_known == frozenset({1})
         assert "holding the tenure" in caplog.text
-        clock.now += 29.0
+        clock.now += 10.0
+        svc.wake_timers()
+        await settle(lambda: svc.snapshot().groups[0].admitted == ())
+        assert svc.snapshot().groups[0].held_until is not None
+        assert receiver.current().last_known == frozenset()
+        clock.now += 19.0
         svc.wake_timers()
         await asyncio.sleep(0.05)
         assert svc.snapshot().groups[0].held_until is not None

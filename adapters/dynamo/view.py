@@ -46,6 +46,13 @@ the writer stops its files are deleted, and when its process dies the frontend's
 expires them within 10 s. Either way the frontend fails closed. While NATS is unreachable
 nothing changes the admitted state, and the last view is kept alive.
 
+After an outage a tenure may be *held* with its members served on their last known records
+(the core's theory of operation): their records may have left the bucket (a wiped store, or
+TTLs that ran out while nobody could refresh them). The record table keeps every record it
+drops for one registration TTL (``keep_removed_for``), and a tenure's ``last_known`` members are
+published from those when the bucket no longer has them, for exactly as long as the core still
+admits them. Nothing else is ever published from a dropped record.
+
 The writer owns its directory: a lock file held for the process's life refuses a second live
 writer, and a manifest of the files it wrote lets the next writer remove what a crashed one left
 behind. It never deletes a file it did not write.
@@ -136,7 +143,14 @@ def tenures_of(service: ViewService) -> list[Tenure]:
             routable = binding.routable()
         except ReceiverRetired:
             continue  # the tenure ended in this very step; its withdrawal is on the way
-        out.append(Tenure(binding.id.group, binding.id.generation, frozenset(routable)))
+        out.append(
+            Tenure(
+                binding.id.group,
+                binding.id.generation,
+                frozenset(routable),
+                frozenset(binding.last_known()),
+            )
+        )
     return out
 
 
@@ -234,10 +248,11 @@ class ViewHook:
         *,
         owns_files: bool = True,
         refresh_interval: float = 2.0,
+        keep_removed_for: float = 10.0,
     ) -> None:
         self.files = files
         self._owns_files = owns_files
-        self.table = RecordTable(boundary)
+        self.table = RecordTable(boundary, keep_removed_for=keep_removed_for)
         self.view = AdmittedView(files, refresh_interval=refresh_interval)
         adopted = self.view.adopt_leftovers()
         if adopted:

@@ -35,34 +35,45 @@ class Tenure:
     group: GroupKey
     generation: int
     routable: frozenset[int]
+    # Routable ids a held tenure serves on their last known records: published from the
+    # records the table dropped when the bucket no longer has them.
+    last_known: frozenset[int] = frozenset()
 
 
-def _records_of(endpoint: EndpointId, instance_id: int, table: RecordTable) -> list[HeldRecord]:
+def _records_of(
+    endpoint: EndpointId, instance_id: int, table: RecordTable, last_known: bool = False
+) -> list[HeldRecord]:
     ns, comp = endpoint.namespace, endpoint.component
+    lookup = table.lookup_last_known if last_known else table.lookup
     mine = [
         record
-        for record in table.lookup("worker", ns, comp, instance_id)
+        for record in lookup("worker", ns, comp, instance_id)
         # Every endpoint record of the instance in the component (the KV query endpoint
         # too), and its cards at the binding's own endpoint.
         if record.bucket == "instances" or record.endpoint == endpoint.endpoint
     ]
-    sources = [
-        s for s in table.lookup("source", ns, None, instance_id) if s.component in (None, comp)
-    ]
+    sources = [s for s in lookup("source", ns, None, instance_id) if s.component in (None, comp)]
     mine += sources
     for source in sources:
         # A channel is the worker's when it shares scope and publisher id with its source.
         mine += [
             channel
-            for channel in table.lookup("channel", ns, None, source.instance_id)
+            for channel in lookup("channel", ns, None, source.instance_id)
             if (channel.component, channel.endpoint) == (source.component, source.endpoint)
         ]
     return mine
 
 
-def _scope_channels(endpoint: EndpointId, table: RecordTable) -> list[HeldRecord]:
-    """Return the endpoint's event channels no record ties to a worker (all but KV events)."""
-    return table.lookup("scope", endpoint.namespace, endpoint.component, endpoint.endpoint)
+def _scope_channels(
+    endpoint: EndpointId, table: RecordTable, last_known: bool = False
+) -> list[HeldRecord]:
+    """Return the endpoint's event channels no record ties to a worker (all but KV events).
+
+    With ``last_known`` (a held tenure serves members on their last known records), those
+    that left the bucket within the table's keep time come along.
+    """
+    lookup = table.lookup_last_known if last_known else table.lookup
+    return lookup("scope", endpoint.namespace, endpoint.component, endpoint.endpoint)
 
 
 def plan_view(
@@ -83,10 +94,13 @@ def plan_view(
         records = [
             record
             for instance_id in sorted(tenure.routable)
-            for record in _records_of(endpoint, instance_id, table)
+            for record in _records_of(
+                endpoint, instance_id, table, instance_id in tenure.last_known
+            )
         ]
         if tenure.routable:
-            records += [c for c in _scope_channels(endpoint, table) if c.topic in SCOPE_TOPICS]
+            channels = _scope_channels(endpoint, table, bool(tenure.last_known))
+            records += [c for c in channels if c.topic in SCOPE_TOPICS]
         for record in records:
             file = (record.bucket, record.file_name)
             entry = wanted.setdefault(file, (record.value, set()))

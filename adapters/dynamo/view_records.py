@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
@@ -56,11 +57,19 @@ class RecordTable:
     """The last valid raw record per bucket key, judged by the same boundary as admission.
 
     A refused value leaves the key's last valid record in place, as the service keeps the last
-    valid registration; a key the namespace filter drops is not held.
+    valid registration; a key the namespace filter drops is not held. A record that leaves the
+    bucket (a removal, or a listing without it) is kept aside for ``keep_removed_for`` seconds
+    (one registration TTL), for :meth:`lookup_last_known` alone: a held tenure's members are
+    served on those records while the core still admits them.
     """
 
     def __init__(
-        self, settings: BoundarySettings | None = None, on_change: Callable[[], None] | None = None
+        self,
+        settings: BoundarySettings | None = None,
+        on_change: Callable[[], None] | None = None,
+        *,
+        keep_removed_for: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings or BoundarySettings()
         self._records: dict[str, HeldRecord] = {}
@@ -68,6 +77,11 @@ class RecordTable:
         # not per record held.
         self._index: dict[_Tie, set[str]] = {}
         self._on_change = on_change
+        self._keep_removed_for = keep_removed_for
+        self._clock = clock
+        # Records that left the bucket: key -> (record, when), in removal order, and by tie.
+        self._removed: dict[str, tuple[HeldRecord, float]] = {}
+        self._removed_index: dict[_Tie, set[str]] = {}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -93,6 +107,48 @@ class RecordTable:
         """
         keys = self._index.get((kind, namespace, component, number), ())
         return [self._records[key] for key in sorted(keys)]
+
+    def lookup_last_known(
+        self, kind: str, namespace: str, component: str | None, number: int | str | None
+    ) -> list[HeldRecord]:
+        """Like :meth:`lookup`, with the records that left the bucket within the keep time."""
+        self._forget_old_removals()
+        tie = (kind, namespace, component, number)
+        held = self._index.get(tie, set())
+        gone = self._removed_index.get(tie, set()) - held
+        records = {key: self._records[key] for key in held}
+        records.update((key, self._removed[key][0]) for key in gone)
+        return [records[key] for key in sorted(records)]
+
+    def _set_aside(self, key: str, record: HeldRecord) -> None:
+        self._removed.pop(key, None)
+        self._removed[key] = (record, self._clock())
+        for tie in self._ties(record):
+            self._removed_index.setdefault(tie, set()).add(key)
+
+    def _back(self, key: str) -> None:
+        entry = self._removed.pop(key, None)
+        if entry is not None:
+            self._drop_removed_tie(key, entry[0])
+
+    def _drop_removed_tie(self, key: str, record: HeldRecord) -> None:
+        for tie in self._ties(record):
+            keys = self._removed_index.get(tie)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._removed_index[tie]
+
+    def _forget_old_removals(self) -> None:
+        oldest = self._clock() - self._keep_removed_for
+        removed = self._removed
+        # Oldest first (insertion order): stop at the first one still young enough.
+        while removed:
+            key, (record, when) = next(iter(removed.items()))
+            if when > oldest:
+                break
+            del removed[key]
+            self._drop_removed_tie(key, record)
 
     @staticmethod
     def _ties(record: HeldRecord) -> tuple[_Tie, ...]:
@@ -131,11 +187,15 @@ class RecordTable:
                 new = self._records.get(key)
                 if new is not None:
                     self._reindex(key, new)
+                    self._back(key)
+                elif old is not None:
+                    self._set_aside(key, old)
         elif isinstance(event, SourceDelete):
             old = self._records.pop(event.key, None)
             changed = old is not None
             if old is not None:
                 self._unindex(event.key, old)
+                self._set_aside(event.key, old)
         else:
             fresh: dict[str, HeldRecord] = {}
             for entry in event.entries:
@@ -144,10 +204,17 @@ class RecordTable:
                     fresh[entry.key] = old  # a refused value keeps the last valid one
             changed = fresh != self._records
             if changed:
+                for key, record in self._records.items():
+                    if key not in fresh:
+                        self._set_aside(key, record)
+                for key in fresh:
+                    self._back(key)
                 self._records = fresh
                 self._index = {}
                 for key, record in fresh.items():
                     self._reindex(key, record)
+        # Each record is set aside once and forgotten once: the table stays bounded.
+        self._forget_old_removals()
         if changed and self._on_change is not None:
             self._on_change()
 

@@ -42,7 +42,7 @@ from workerset_admission.identity import (
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # The target: core apply() at most this many times the membership tracker's CPU per input.
-TARGET_RATIO = 3.0
+TARGET_RATIO = 3.5
 
 
 def fleet(groups: int, workers: int, conflicting: float, seed: int) -> list[Registration]:

@@ -239,8 +239,9 @@ class Builder:
 class Watchdog:
     """Checks, after every state change of a service, what every receiver shows.
 
-    A receiver may show only members of its own tenure's cohort, and only while that cohort is
-    its group's incumbent; a retired receiver shows nothing new. The checker holds every
+    A receiver may show only members of its own tenure's cohort (and, during a hold, the members
+    served on their last known records), and only while that cohort is its group's incumbent;
+    a retired receiver shows nothing new. The checker holds every
     receiver it has ever seen (old tenures included), like hops that keep a stale client.
     """
 
@@ -286,7 +287,8 @@ class Watchdog:
                     f"incumbent is {str(view.incumbent)[:8]}"
                 )
             cohort = view.cohorts[0].instance_ids if view.cohorts else ()
-            outside = set(state.admitted) - set(cohort)
+            # A held tenure also serves the members it had, on their last known records.
+            outside = set(state.admitted) - set(cohort) - set(view.last_known)
             if outside:
                 self.violations.append(
                     f"receiver {state.receiver} shows {sorted(outside)} outside its cohort"

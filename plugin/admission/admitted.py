@@ -29,26 +29,22 @@ class AdmittedIds(Set[int]):
     """
 
     __slots__ = ("_base", "_ids", "_length", "_log")
-    # No __init__: the core makes one snapshot per publication (AdmittedLog.snapshot), and a
-    # class without one is made by a C-level call and filled with plain slot stores. Anything
-    # else makes one with AdmittedIds.of(ids). Nothing writes the slots afterwards except the
-    # one-time cache of the worked-out ids.
-    _base: frozenset[int]
-    _log: Sequence[int]
-    _length: int
-    _ids: frozenset[int] | None
+
+    def __init__(
+        self, base: frozenset[int], log: Sequence[int] = _NO_CHANGES, length: int = 0
+    ) -> None:
+        # Nothing writes these afterwards except the one-time cache of the worked-out ids.
+        self._base = base
+        self._log = log
+        self._length = length
+        self._ids: frozenset[int] | None = None
 
     @classmethod
     def of(cls, ids: Iterable[int]) -> AdmittedIds:
         """Return a snapshot of exactly ``ids`` (``ids`` itself when already a snapshot)."""
         if isinstance(ids, AdmittedIds):
             return ids
-        snapshot = cls()
-        snapshot._base = ids if type(ids) is frozenset else frozenset(ids)
-        snapshot._log = _NO_CHANGES
-        snapshot._length = 0
-        snapshot._ids = None
-        return snapshot
+        return cls(ids if type(ids) is frozenset else frozenset(ids))
 
     def as_frozenset(self) -> frozenset[int]:
         """Return the ids as a frozenset, worked out from base and log on the first call only."""
@@ -104,9 +100,9 @@ class AdmittedIds(Set[int]):
 
 
 class HoldsAdmittedIds:
-    """Base of the frozen dataclasses that carry admitted ids: the effect and a receiver's state.
+    """Base of a frozen dataclass that carries admitted ids (a receiver's ``AdmissionState``).
 
-    They keep an :class:`AdmittedIds` snapshot in ``ids`` (any other set given is wrapped in one
+    It keeps an :class:`AdmittedIds` snapshot in ``ids`` (any other set given is wrapped in one
     when the dataclass is made) and show it to readers as a frozenset, ``admitted``, worked out
     on the first read.
     """
@@ -157,10 +153,5 @@ class AdmittedLog:
         if length > self.limit:
             self.rebase(ids)
             log, length = self.log, 0
-        last = AdmittedIds()
-        last._base = self.base
-        last._log = log
-        last._length = length
-        last._ids = None
-        self.last = last
+        last = self.last = AdmittedIds(self.base, log, length)
         return last

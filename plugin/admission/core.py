@@ -37,15 +37,24 @@ Dynamo 1.6.1 starts queued builds in sorted key order; the contract does not fix
 FIFO is what an operator expects.
 
 *Holding a tenure across an outage.* A listing that follows a lost connection
-(``Snapshot(reconnect=True)``) may miss the incumbent's workers only because their heartbeats
-could not reach the store while it was away. When such a listing empties the incumbent cohort,
-the tenure is not ended: the empty cohort stays in front, receiver, generation and committed
-build stay, nothing is admitted (no vanished worker is served), and the hold runs for
-``tenure_hold`` seconds of the injected clock. A member of the incumbent checksum that
-registers meanwhile rejoins and the hold ends (``TenureHoldEnded("rejoined")``); competitors
-that register meanwhile are rejected as usual. When a ``Tick`` reaches the deadline with the
-cohort still empty, the hold ends (``"expired"``) and the ordinary succession follows. Live
-removals and other listings never hold: only an outage can make a present worker look gone.
+(``Snapshot(reconnect=True)``), and an expiry reported soon after it (``WorkerRemoved`` with
+the listing's time as ``outage``), may miss the incumbent's workers only because their
+heartbeats could not reach the store while it was away. When such a removal empties the
+incumbent cohort, the tenure is held, never changed: the empty cohort stays in front with its
+receiver, generation and committed build until the reconnect plus ``tenure_hold``. The hold
+delays the decision and nothing else. Only a member the cohort had when the hold began (the
+same instance key) ends it (``TenureHoldEnded("rejoined")``), and the tenure goes on; a new
+instance of the incumbent's checksum is tracked aside, not admitted, and joins the cohort with
+a returning member. When a ``Tick`` reaches the deadline with no pre-hold member back, the hold
+ends (``"expired"``) and the core does what it would have done with no hold: the cohort is
+gone, the new instances make a cohort in the place the first of them would have taken (cohorts
+carry their creation number, ``seq``), and the oldest remaining cohort succeeds. Meanwhile the
+hold serves: the members the outage's removals took stay admitted on their last known records
+for one ``registration_ttl`` (``PublishAdmissions.last_known`` names them, so a hop routes to
+them without their instance records), then those not back are withdrawn while the reservation
+lasts. A hold builds nothing: a queued build or a due retry waits, and the rejoin rebuilds at
+once. Live removals and other listings never hold: only an outage can make a present worker
+look gone.
 
 *Rejections.* Each non-incumbent cohort is reported once per tenure: when it first appears,
 or, after a succession, against the new incumbent. A cohort that empties and returns is a
@@ -87,35 +96,32 @@ fences and status here are keyed by the checksum alone. 1.6.1's generation count
 
 *Liveness* (endpoint instance records) is not an input here. Admission depends only on model
 registrations; a hop intersects admitted ids with live instances at routing time
-(``bindings.py``), exactly as Dynamo's admitted client does. Keeping liveness out of the core
-means instance churn never touches the core's state or its generation counter.
+(``bindings.py``), exactly as Dynamo's admitted client does; only the members a hold serves
+on last known good (``PublishAdmissions.last_known``) are routed to without that check. Keeping
+liveness out of the core means instance churn never touches the core's state or its generation
+counter.
 
-*Where the steps live.* This module holds the entry points and the path nearly every input
-takes (``_add``, ``_remove`` and the publication at the end of a call). ``AdmissionCore``
-inherits the rest from its parts, so a call between them is an ordinary method call:
-``state.py`` (settings, per-group records, the shared small steps), ``tenure.py`` (tenures,
-succession, rejection reports, the post-outage hold, snapshots), ``builds.py`` (build results,
-commit failures, retry timers, starting builds), ``lora.py`` (adapters and in-place changes),
-``readout.py`` (read-only views), ``builders.py`` (the blank classes from which the effects
-of nearly every input are built inline, see there why) and ``admitted.py`` (admitted-id
-snapshots and the cohort's change log).
+*Reading this module.* Everything that changes a group's state is here, in the order the
+contract reads: the settings; the records (``_Cohort``, ``_Hold``, ``_Group``); then
+``AdmissionCore``: its entry points, the discovery inputs, tenures and succession, the hold,
+builds and their fencing, LoRA adapters and in-place changes, and the publication at the end of
+each call. Effects are made by their own constructors, one readable way. Beside it, read-only:
+``readout.py`` (the views of groups and placements), ``admitted.py`` (admitted-id snapshots and
+the cohort's change log), ``status.py`` (the status table), ``effects.py`` and ``inputs.py``.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Literal
 
 from workerset_admission.admission import effects as fx
-from workerset_admission.admission.builders import (
-    _BlankPublishAdmissions,
-    _BlankWorkerDeparted,
-    _BlankWorkerPlaced,
-    publish,
-)
-from workerset_admission.admission.builds import _BuildsMixin
-from workerset_admission.admission.effects import PublishAdmissions, WorkerDeparted, WorkerPlaced
+from workerset_admission.admission import readout
+from workerset_admission.admission.admitted import AdmittedLog
 from workerset_admission.admission.inputs import (
     BuildFinished,
     CommitFailed,
@@ -125,37 +131,192 @@ from workerset_admission.admission.inputs import (
     WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.admission.lora import _LoraMixin
-from workerset_admission.admission.readout import _ReadoutMixin
-from workerset_admission.admission.state import (
-    _BLOCKED,
-    _QUEUED,
-    _RETRYING,
-    CoreSettings,
-    _Cohort,
-    _Group,
-)
-from workerset_admission.admission.tenure import _TenureMixin
-from workerset_admission.errors import UsageError
-from workerset_admission.identity import Registration
+from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
+from workerset_admission.admission.views import GroupView, PlacementView
+from workerset_admission.errors import ConfigError, UsageError
+from workerset_admission.identity import GroupKey, Registration, instance_key
 
 __all__ = ["AdmissionCore", "CoreSettings"]
 
+_QUEUED = GroupStatus.QUEUED
+_RETRYING = GroupStatus.RETRYING
+_BLOCKED = GroupStatus.BLOCKED
+_BLOCKED_READY = GroupStatus.BLOCKED_READY
+_READY = GroupStatus.READY
+_by_key = attrgetter("key")
+_by_seq = attrgetter("seq")
+_NO_IDS: frozenset[int] = frozenset()
 
-def _admissions(group: _Group) -> fx.PublishAdmissions:
-    """Publish the incumbent's admitted ids: a snapshot of its log, not a copy of its set."""
-    cohort = group.cohorts[group.checksum]  # type: ignore[index]
-    return publish(
-        group.key,
-        group.receiver,  # type: ignore[arg-type]
-        group.checksum,  # type: ignore[arg-type]
-        group.generation,  # type: ignore[arg-type]
-        cohort.snapshot(cohort.members),
-        group.card,
+
+# ---------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    """Tunables of the core; the defaults are Dynamo 1.6.1's."""
+
+    max_concurrent_builds: int = 8
+    retry_delays: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+    # Seconds a tenure is held when a post-outage resync lists none of its members (0: never);
+    # three of Dynamo's default 10 s registration TTLs.
+    tenure_hold: float = 30.0
+    # The TTL workers register with: a live worker (or the bridge mirroring it) re-writes its
+    # record within it, so during a hold the members the incumbent had stay admitted on their
+    # last known records this long, and no longer (Dynamo's default 10 s).
+    registration_ttl: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent_builds < 1:
+            raise ConfigError("max_concurrent_builds must be at least 1")
+        if not self.retry_delays or any(d < 0 for d in self.retry_delays):
+            raise ConfigError("retry_delays must be a non-empty list of non-negative seconds")
+        if not self.tenure_hold >= 0:
+            raise ConfigError("tenure_hold must be zero or more seconds")
+        if not self.registration_ttl > 0:
+            raise ConfigError("registration_ttl must be more than zero seconds")
+
+    def retry_delay(self, attempt: int) -> float:
+        """Delay after the ``attempt``-th consecutive failure (1-based); the last one repeats."""
+        delays = self.retry_delays
+        return delays[min(max(attempt, 1), len(delays)) - 1]
+
+
+# ---------------------------------------------------------------------------------- records
+
+
+class _Cohort(AdmittedLog):
+    """The registrations sharing one checksum in a group; as the incumbent, its admitted ids.
+
+    While the cohort is the incumbent, every change of membership is appended to its log (see
+    ``AdmittedLog``); changes before that are not, so a tenure start rebases it.
+    """
+
+    __slots__ = ("checksum", "members", "seq")
+
+    def __init__(self, checksum: str, seq: int) -> None:
+        super().__init__()
+        self.checksum = checksum
+        # The group's count of cohorts made when this one was: its place in the order.
+        self.seq = seq
+        # Keyed by instance id: a group has one endpoint and a base card per instance, so within
+        # a group an instance id names exactly one registration key. Insertion-ordered;
+        # membership, not order, matters inside a cohort. The keys are the cohort's ids, so a
+        # rebase is one C-level copy of them.
+        self.members: dict[int, Registration] = {}
+
+
+class _Hold:
+    """A tenure held after an outage, and the members it serves on last known good.
+
+    ``held`` is true from the emptying removal until a pre-hold member comes back or ``until``
+    is reached; the last-known-good window (``last_known``, until ``last_known_until``) may
+    outlast a rejoin, so the object stays on the group until both are over.
+    """
+
+    __slots__ = (
+        "arrival_seq",
+        "arrivals",
+        "held",
+        "last_known",
+        "last_known_until",
+        "members",
+        "since",
+        "until",
     )
 
+    def __init__(
+        self, since: float, until: float, members: dict[int, Registration], last_known_until: float
+    ) -> None:
+        self.held = True
+        # The clock value of the reconnect the hold counts from, and its deadline.
+        self.since = since
+        self.until = until
+        # The members the incumbent had when the hold began: only one of these ends it.
+        self.members = members
+        # Those of them not back yet, still admitted on their last known records.
+        self.last_known = dict(members)
+        self.last_known_until = last_known_until
+        # New instances of the incumbent's checksum registered during the hold: tracked, not
+        # admitted; they join the incumbent on a rejoin, or the end of the order on expiry.
+        self.arrivals: dict[int, Registration] = {}
+        self.arrival_seq: int | None = None
 
-class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
+
+class _Group:
+    """One group's state; only ``AdmissionCore`` changes it, and only in this module."""
+
+    __slots__ = (
+        "attempt",
+        "card",
+        "checksum",
+        "cohorts",
+        "committed_generation",
+        "deadline",
+        "dirty",
+        "generation",
+        "hold",
+        "in_flight",
+        "key",
+        "lora",
+        "lora_dirty",
+        "outage_gone",
+        "receiver",
+        "reported",
+        "representative",
+        "seq",
+        "status",
+    )
+
+    def __init__(self, key: GroupKey) -> None:
+        self.key = key
+        self.cohorts: dict[str, _Cohort] = {}
+        self.status = StatusMachine()
+        # Tenure fields: all None/empty while idle.
+        self.checksum: str | None = None
+        self.receiver: int | None = None
+        self.generation: int | None = None
+        self.committed_generation: int | None = None
+        self.in_flight: int | None = None
+        self.attempt = 0
+        self.deadline: float | None = None
+        self.representative: str | None = None
+        self.card: Any = None
+        self.reported: set[str] = set()
+        # None forces the next flush to announce the projection even if unchanged.
+        self.lora: tuple[fx.LoraWorker, ...] | None = ()
+        self.dirty = False
+        self.lora_dirty = False
+        # How many cohorts the group has made: each new one is numbered with it.
+        self.seq = 0
+        # Set while the tenure is held after an outage, or its members are still served on
+        # last known good (see the theory of operation).
+        self.hold: _Hold | None = None
+        # The clock value of the last reconnect whose removals took incumbent members away,
+        # and those members: a hold that reconnect causes serves them on last known good.
+        self.outage_gone: tuple[float, dict[int, Registration]] | None = None
+
+    def served_ids(self, cohort: _Cohort) -> Iterable[int]:
+        """Return the incumbent's admitted ids: its members, and any on last known good."""
+        hold = self.hold
+        if hold is None or not hold.last_known:
+            return cohort.members
+        return cohort.members.keys() | hold.last_known.keys()
+
+
+def _base_key(reg: Registration) -> str:
+    """Return the instance key of the base card an adapter rides on (a base card's own key)."""
+    return instance_key(reg.endpoint, reg.instance_id)
+
+
+def _representative(cohort: _Cohort) -> Registration:
+    # Dynamo keeps members in a BTreeSet and takes the first: the smallest key.
+    return min(cohort.members.values(), key=_by_key)
+
+
+# ---------------------------------------------------------------------------------- the core
+
+
+class AdmissionCore:
     """Pure, synchronous admission decisions for every group one frontend observes."""
 
     def __init__(self, settings: CoreSettings | None = None) -> None:
@@ -171,22 +332,16 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         self._last_receiver = 0
         self._now = 0.0
         self._queue: deque[tuple[_Group, int]] = deque()
+        # How many builds are started and not yet answered (read it; only the core changes it).
         self.builds_in_flight = 0
         self._timers: list[tuple[float, int, _Group, int]] = []
         self._timer_seq = 0
         self._holds: list[tuple[float, int, _Group]] = []
-        # True while a post-outage listing removes the keys it omits.
-        self._holding = False
+        # When the last-known-good windows of holds end: (time, seq, group).
+        self._last_known_ends: list[tuple[float, int, _Group]] = []
         self._dirty: list[_Group] = []
         self._lora_dirty: list[_Group] = []
         self._out: list[fx.Effect] = []
-        # WorkerAdded and WorkerRemoved are dispatched inline by apply/apply_many.
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            Snapshot: self._on_snapshot,
-            BuildFinished: self._on_build_finished,
-            CommitFailed: self._on_commit_failed,
-            Tick: self._on_tick,
-        }
 
     # ------------------------------------------------------------------ entry points
 
@@ -194,68 +349,50 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         """Apply one input and return the effects, in the order to carry them out."""
         out: list[fx.Effect] = []
         self._out = out
-        kind = type(event)
-        # The two discovery inputs are nearly all the traffic: skip the table for them.
-        if kind is WorkerAdded:
-            self._add(event.registration)  # type: ignore[union-attr]
-        elif kind is WorkerRemoved:
-            if event.hold:  # type: ignore[union-attr]
-                self._remove_holding(event.key)  # type: ignore[union-attr]
-            else:
-                self._remove(event.key)  # type: ignore[union-attr]
+        # The two discovery inputs are nearly all the traffic: they are tested first.
+        if type(event) is WorkerAdded:
+            self._add(event.registration)
+        elif type(event) is WorkerRemoved:
+            self._remove(event.key, event.outage)
         else:
-            handler = self._handlers.get(kind)
-            if handler is None:
-                raise UsageError(f"not an admission input: {kind.__name__}")
-            handler(event)
+            self._apply_other(event)
         # Most calls leave nothing queued and at most the one group they touched dirty:
         # publish that group here and skip the general flush.
         dirty = self._dirty
-        if self._queue or self._lora_dirty:
+        if self._queue or self._lora_dirty or len(dirty) > 1:
             self._flush()
         elif dirty:
             group = dirty.pop()
-            if dirty:
-                # More than one group changed: put it back, in its place, for the flush.
-                dirty.append(group)
-                self._flush()
-            elif group.dirty:
+            if group.dirty:
                 group.dirty = False
-                # _admissions and builders.publish, inlined: two Python calls less per input.
-                cohort = group.cohorts[group.checksum]  # type: ignore[index]
-                effect = _BlankPublishAdmissions()
-                effect.group = group.key
-                effect.receiver = group.receiver  # type: ignore[assignment]
-                effect.mdc_checksum = group.checksum  # type: ignore[assignment]
-                effect.generation = group.generation  # type: ignore[assignment]
-                effect.ids = cohort.snapshot(cohort.members)
-                effect.card = group.card
-                effect.__class__ = PublishAdmissions  # type: ignore[assignment]
-                out.append(effect)  # type: ignore[arg-type]
+                out.append(self._publication(group))
         return out
 
     def apply_many(self, events: Iterable[Input]) -> list[fx.Effect]:
         """Apply inputs in order, publishing admissions once per changed group at the end."""
         out: list[fx.Effect] = []
         self._out = out
-        handlers = self._handlers
-        add, remove = self._add, self._remove
         for event in events:
-            kind = type(event)
-            if kind is WorkerAdded:
-                add(event.registration)  # type: ignore[union-attr]
-            elif kind is WorkerRemoved:
-                if event.hold:  # type: ignore[union-attr]
-                    self._remove_holding(event.key)  # type: ignore[union-attr]
-                else:
-                    remove(event.key)  # type: ignore[union-attr]
+            if type(event) is WorkerAdded:
+                self._add(event.registration)
+            elif type(event) is WorkerRemoved:
+                self._remove(event.key, event.outage)
             else:
-                handler = handlers.get(kind)
-                if handler is None:
-                    raise UsageError(f"not an admission input: {kind.__name__}")
-                handler(event)
+                self._apply_other(event)
         self._flush()
         return out
+
+    def _apply_other(self, event: Input) -> None:
+        if type(event) is Snapshot:
+            self._on_snapshot(event)
+        elif type(event) is BuildFinished:
+            self._on_build_finished(event)
+        elif type(event) is CommitFailed:
+            self._on_commit_failed(event)
+        elif type(event) is Tick:
+            self._on_tick(event)
+        else:
+            raise UsageError(f"not an admission input: {type(event).__name__}")
 
     # ------------------------------------------------------------------ discovery inputs
 
@@ -274,28 +411,24 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         if group is None:
             group = self._groups[(gk.model, gk.worker_set)] = _Group(gk)
         checksum = reg.mdc_checksum
+        if group.hold is not None and checksum == group.checksum:
+            self._add_during_hold(group, group.hold, reg)
+            return
         cohort = group.cohorts.get(checksum)
         if cohort is None:
-            cohort = group.cohorts[checksum] = _Cohort(checksum)
+            # A new cohort joins the end of the order.
+            group.seq += 1
+            cohort = group.cohorts[checksum] = _Cohort(checksum, group.seq)
         iid = reg.instance_id
         cohort.members[iid] = reg
         regs[key] = reg
         incumbent = group.checksum
         admitted = incumbent is None or incumbent == checksum
-        # builders.placed, inlined: a Python call less per input.
-        effect = _BlankWorkerPlaced()
-        effect.key = key
-        effect.group = group.key
-        effect.mdc_checksum = checksum
-        effect.admitted = admitted
-        effect.__class__ = WorkerPlaced  # type: ignore[assignment]
-        self._out.append(effect)  # type: ignore[arg-type]
+        self._out.append(fx.WorkerPlaced(key, gk, checksum, admitted))
         if incumbent is None:
             self._start_tenure(group)
         elif admitted:
             cohort.log.append(iid)
-            if group.held_until is not None:
-                self._end_hold(group, "rejoined")
             if not group.dirty:
                 group.dirty = True
                 self._dirty.append(group)
@@ -303,11 +436,13 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
                 self._mark_lora(group)
             state = group.status.state
             if state is _RETRYING or state is _BLOCKED:
+                # A membership change ends a retry backoff.
                 self._rebuild_now(group)
         elif checksum not in group.reported:
             self._report(group, cohort)
 
-    def _remove(self, key: str) -> None:
+    def _remove(self, key: str, outage: float | None = None) -> None:
+        """Remove a registration; ``outage``: the reconnect an outage's removal follows."""
         reg = self._regs.pop(key, None)
         if reg is None:
             self._remove_lora(key)
@@ -315,43 +450,571 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         gk = reg.group
         group = self._groups[(gk.model, gk.worker_set)]
         checksum = reg.mdc_checksum
-        cohort = group.cohorts[checksum]
         iid = reg.instance_id
-        del cohort.members[iid]
         was_admitted = group.checksum == checksum
+        hold = group.hold
+        if hold is not None and was_admitted and hold.held:
+            # While held the incumbent cohort is empty: this is an instance that arrived.
+            self._remove_arrival(group, hold, reg)
+            return
+        cohort = group.cohorts[checksum]
+        del cohort.members[iid]
+        self._out.append(fx.WorkerDeparted(key, gk, checksum, was_admitted))
         if was_admitted:
             cohort.log.append(~iid)
-        # builders.departed, inlined: a Python call less per input.
-        gone = _BlankWorkerDeparted()
-        gone.key = key
-        gone.group = group.key
-        gone.mdc_checksum = checksum
-        gone.was_admitted = was_admitted
-        gone.__class__ = WorkerDeparted  # type: ignore[assignment]
-        self._out.append(gone)  # type: ignore[arg-type]
-        if not cohort.members:
-            if was_admitted and self._holding:
-                self._hold(group)
-                # Emptied is a membership change like any other: a pending retry runs now.
+            if outage is not None:
+                self._note_outage_removal(group, reg, outage)
+        if cohort.members:
+            if was_admitted:
+                if not group.dirty:
+                    group.dirty = True
+                    self._dirty.append(group)
+                if key in self._adapters_at:
+                    self._mark_lora(group)
                 state = group.status.state
                 if state is _RETRYING or state is _BLOCKED:
                     self._rebuild_now(group)
-                return
+        elif (
+            was_admitted and outage is not None and outage + self._settings.tenure_hold > self._now
+        ):
+            # A pending retry waits: a hold builds nothing until a member is back.
+            self._hold(group, outage)
+        else:
             del group.cohorts[checksum]
             group.reported.discard(checksum)
             if was_admitted:
                 self._succeed(group)
-        elif was_admitted:
-            if not group.dirty:
-                group.dirty = True
-                self._dirty.append(group)
-            if key in self._adapters_at:
-                self._mark_lora(group)
+
+    def _on_snapshot(self, event: Snapshot) -> None:
+        listed: set[str] = set(event.retain)
+        for reg in event.registrations:
+            listed.add(reg.key)
+            self._add(reg)
+        # A listing after a lost connection removes what it omits as the outage's doing.
+        outage = self._now if event.reconnect else None
+        for key in [k for k in self._regs if k not in listed]:
+            self._remove(key, outage)
+        for key in [k for k in self._loras if k not in listed]:
+            self._remove(key)
+
+    # ------------------------------------------------------------------ tenures and succession
+
+    def _start_tenure(self, group: _Group) -> None:
+        cohort = next(iter(group.cohorts.values()))
+        # Changes were not logged while the cohort was not the incumbent.
+        cohort.rebase(cohort.members)
+        representative = _representative(cohort)
+        self._last_receiver += 1
+        group.checksum = cohort.checksum
+        group.receiver = receiver = self._last_receiver
+        group.generation = generation = self._next_generation()
+        group.representative = representative.key
+        group.card = representative.card
+        group.lora = ()
+        self._out.append(fx.OpenReceiver(group.key, receiver, cohort.checksum, generation))
+        self._transition(group, StatusEvent.RESERVE)
+        self._queue.append((group, generation))
+        self._mark_dirty(group)
+        self._mark_lora(group)
+
+    def _end_tenure(self, group: _Group) -> None:
+        checksum = group.checksum
+        receiver = group.receiver
+        assert checksum is not None
+        assert receiver is not None
+        if group.in_flight is not None:
+            self._out.append(fx.CancelBuild(group.key, checksum, group.in_flight))
+            self.builds_in_flight -= 1
+            group.in_flight = None
+        if group.status.state.committed:
+            assert group.committed_generation is not None
+            self._out.append(fx.WithdrawGroup(group.key, checksum, group.committed_generation))
+        self._out.append(fx.RetireReceiver(group.key, receiver, checksum))
+        self._transition(group, StatusEvent.DRAIN)
+        group.checksum = None
+        group.receiver = None
+        group.committed_generation = None
+        group.attempt = 0
+        group.deadline = None
+        group.representative = None
+        group.card = None
+        group.reported.clear()
+        group.lora = ()
+        group.dirty = False
+        group.lora_dirty = False
+        group.hold = None
+        group.outage_gone = None
+
+    def _succeed(self, group: _Group) -> None:
+        """End the tenure of a cohort that is gone; the oldest remaining cohort takes over."""
+        old_checksum = group.checksum
+        old_generation = group.generation
+        old_receiver = group.receiver
+        assert old_checksum is not None
+        assert old_receiver is not None
+        self._end_tenure(group)
+        if not group.cohorts:
+            self._out.append(
+                fx.Succession(
+                    group.key, old_checksum, None, old_generation, None, old_receiver, None
+                )
+            )
+            return
+        self._start_tenure(group)
+        self._out.append(
+            fx.Succession(
+                group.key,
+                old_checksum,
+                group.checksum,
+                old_generation,
+                group.generation,
+                old_receiver,
+                group.receiver,
+            )
+        )
+        # Every disagreement still standing is reported again against the new incumbent.
+        for cohort in list(group.cohorts.values())[1:]:
+            self._report(group, cohort)
+
+    def _report(self, group: _Group, cohort: _Cohort) -> None:
+        assert group.checksum is not None
+        group.reported.add(cohort.checksum)
+        representative = _representative(cohort)
+        self._out.append(
+            fx.RejectionReported(
+                group=group.key,
+                model=group.key.model,
+                worker_set=group.key.worker_set,
+                incumbent_checksum=group.checksum,
+                rejected_checksum=cohort.checksum,
+                instance=representative.key,
+                # The tenure's card (kept through a hold), so the report can say what differs.
+                incumbent_card=group.card,
+                rejected_card=representative.card,
+            )
+        )
+
+    # ------------------------------------------------------------------ the hold
+
+    def _note_outage_removal(self, group: _Group, reg: Registration, outage: float) -> None:
+        """Remember an incumbent member an outage's removal took: a hold may serve it."""
+        if not self._settings.tenure_hold > 0:
+            return
+        gone = group.outage_gone
+        if gone is None or gone[0] != outage:
+            gone = group.outage_gone = (outage, {})
+        gone[1][reg.instance_id] = reg
+
+    def _hold(self, group: _Group, outage: float) -> None:
+        """Keep an emptied incumbent reserved, serving its last known members for a while.
+
+        The hold counts from the reconnect (``outage``), so an expiry that empties the cohort
+        later in the same outage never holds it past ``outage + tenure_hold``.
+        """
+        checksum = group.checksum
+        assert checksum is not None
+        assert group.receiver is not None
+        settings = self._settings
+        gone = group.outage_gone
+        members = gone[1] if gone is not None and gone[0] == outage else {}
+        group.outage_gone = None
+        old = group.hold
+        if old is not None:
+            # A second emptying within an earlier hold's window: those not back stay served.
+            members = {**old.last_known, **members}
+        until = outage + settings.tenure_hold
+        last_known_until = min(outage + settings.registration_ttl, until)
+        hold = group.hold = _Hold(outage, until, members, last_known_until)
+        self._timer_seq += 1
+        heapq.heappush(self._holds, (until, self._timer_seq, group))
+        if last_known_until > self._now and members:
+            log = group.cohorts[checksum].log
+            for iid in members:
+                log.append(iid)  # served again (or still) on its last known record
+            heapq.heappush(self._last_known_ends, (last_known_until, self._timer_seq, group))
+        else:
+            hold.last_known = {}
+        self._out.append(
+            fx.TenureHeld(
+                group.key,
+                checksum,
+                group.receiver,
+                group.generation,
+                until,
+                tuple(sorted(r.key for r in hold.last_known.values())),
+                last_known_until if hold.last_known else None,
+            )
+        )
+        self._mark_dirty(group)
+        self._mark_lora(group)
+
+    def _add_during_hold(self, group: _Group, hold: _Hold, reg: Registration) -> None:
+        """Place an instance of the checksum a hold (or its last-known-good window) is about."""
+        key = reg.key
+        iid = reg.instance_id
+        self._regs[key] = reg
+        prior = hold.members.get(iid)
+        returning = prior is not None and prior.key == key
+        if hold.held and not returning:
+            # A new instance does not end the hold: tracked, not admitted (see _expire_holds).
+            if not hold.arrivals:
+                group.seq += 1
+                hold.arrival_seq = group.seq
+            hold.arrivals[iid] = reg
+            self._out.append(fx.WorkerPlaced(key, group.key, reg.mdc_checksum, False))
+            return
+        checksum = reg.mdc_checksum
+        cohort = group.cohorts[checksum]
+        cohort.members[iid] = reg
+        cohort.log.append(iid)
+        hold.last_known.pop(iid, None)
+        self._out.append(fx.WorkerPlaced(key, group.key, checksum, True))
+        rejoined = hold.held
+        if rejoined:
+            # A pre-hold member is back: the emptying was the outage's; the new instances
+            # join the incumbent with it.
+            for arrival in hold.arrivals.values():
+                cohort.members[arrival.instance_id] = arrival
+                cohort.log.append(arrival.instance_id)
+            hold.arrivals = {}
+            hold.arrival_seq = None
+            self._end_hold(group, hold, "rejoined")
+        if not hold.last_known:
+            group.hold = None
+        self._mark_dirty(group)
+        if key in self._adapters_at or rejoined:
+            self._mark_lora(group)
+        state = group.status.state
+        if state is _RETRYING or state is _BLOCKED:
+            self._rebuild_now(group)
+        elif state is _QUEUED and rejoined:
+            # Its queue entry may have been passed over while held: queue it again, under a
+            # fresh generation so that no build starts after a newer one.
+            group.generation = generation = self._next_generation()
+            self._queue.append((group, generation))
+
+    def _remove_arrival(self, group: _Group, hold: _Hold, reg: Registration) -> None:
+        del hold.arrivals[reg.instance_id]
+        if not hold.arrivals:
+            hold.arrival_seq = None  # it would have emptied and left: a return is new again
+        self._out.append(fx.WorkerDeparted(reg.key, group.key, reg.mdc_checksum, False))
+
+    def _end_hold(
+        self, group: _Group, hold: _Hold, outcome: Literal["rejoined", "expired"]
+    ) -> None:
+        assert group.checksum is not None
+        hold.held = False
+        self._out.append(
+            fx.TenureHoldEnded(group.key, group.checksum, outcome, self._now - hold.since)
+        )
+
+    def _expire_holds(self) -> None:
+        now = self._now
+        ends = self._last_known_ends
+        while ends and ends[0][0] <= now:
+            until, _seq, group = heapq.heappop(ends)
+            hold = group.hold
+            if hold is None or hold.last_known_until != until or not hold.last_known:
+                continue  # the tenure ended, or every member is back
+            self._stop_serving_last_known(group, hold)
+        holds = self._holds
+        while holds and holds[0][0] <= now:
+            deadline, _seq, group = heapq.heappop(holds)
+            hold = group.hold
+            if hold is None or not hold.held or hold.until != deadline:
+                continue  # a member rejoined before the deadline
+            checksum = group.checksum
+            assert checksum is not None
+            self._end_hold(group, hold, "expired")
+            del group.cohorts[checksum]
+            group.reported.discard(checksum)
+            if hold.arrivals:
+                # The new instances make the cohort they would have made with no hold, in the
+                # place their first registration would have put it.
+                assert hold.arrival_seq is not None
+                cohort = _Cohort(checksum, hold.arrival_seq)
+                cohort.members = hold.arrivals
+                ordered = sorted([*group.cohorts.values(), cohort], key=_by_seq)
+                group.cohorts = {c.checksum: c for c in ordered}
+            self._succeed(group)
+
+    def _stop_serving_last_known(self, group: _Group, hold: _Hold) -> None:
+        """One registration TTL is over: members not back by now were not alive."""
+        assert group.checksum is not None
+        log = group.cohorts[group.checksum].log
+        for iid in hold.last_known:
+            log.append(~iid)
+        hold.last_known = {}
+        if not hold.held:
+            group.hold = None
+        self._mark_dirty(group)
+
+    # ------------------------------------------------------------------ builds and fencing
+
+    def _on_build_finished(self, event: BuildFinished) -> None:
+        group = self._groups.get((event.group.model, event.group.worker_set))
+        if group is None or group.in_flight is None:
+            self._discard(event.group, event.mdc_checksum, event.generation, "no build in flight")
+            return
+        if group.in_flight != event.generation or group.checksum != event.mdc_checksum:
+            self._discard(
+                event.group, event.mdc_checksum, event.generation, "stale checksum or generation"
+            )
+            return
+        group.in_flight = None
+        self.builds_in_flight -= 1
+        checksum = group.checksum
+        receiver = group.receiver
+        assert checksum is not None
+        assert receiver is not None
+        if event.ok:
+            self._transition(group, StatusEvent.BUILD_OK)
+            group.committed_generation = event.generation
+            group.attempt = 0
+            cohort = group.cohorts[checksum]
+            assert group.representative is not None
+            hold = group.hold
+            last_known = () if hold is None else hold.last_known.values()
+            members = {r.key for r in (*cohort.members.values(), *last_known)}
+            self._out.append(
+                fx.CommitGroup(
+                    group=group.key,
+                    mdc_checksum=checksum,
+                    generation=event.generation,
+                    receiver=receiver,
+                    members=tuple(sorted(members)),
+                    admitted=cohort.snapshot(group.served_ids(cohort)).as_frozenset(),
+                    representative=group.representative,
+                    card=group.card,
+                )
+            )
+        else:
+            self._transition(group, StatusEvent.BUILD_FAILED)
+            self._schedule_retry(group, event.generation, event.error or "build failed")
+
+    def _on_commit_failed(self, event: CommitFailed) -> None:
+        group = self._groups.get((event.group.model, event.group.worker_set))
+        if (
+            group is None
+            or group.committed_generation != event.generation
+            or group.checksum != event.mdc_checksum
+            or not group.status.state.committed
+        ):
+            self._discard(event.group, event.mdc_checksum, event.generation, "no such commit")
+            return
+        if event.phase == "commit":
+            if group.status.state is not _READY:
+                self._discard(
+                    event.group, event.mdc_checksum, event.generation, "commit already judged"
+                )
+                return
+            self._transition(group, StatusEvent.COMMIT_FAILED)
+            group.committed_generation = None
+        else:
+            self._transition(group, StatusEvent.REPLACE_FAILED)
+        group.attempt += 1
+        self._schedule_retry(group, event.generation, event.error or f"{event.phase} failed")
+
+    def _schedule_retry(self, group: _Group, generation: int, error: str) -> None:
+        assert group.checksum is not None
+        delay = self._settings.retry_delay(group.attempt)
+        deadline = self._now + delay
+        group.deadline = deadline
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (deadline, self._timer_seq, group, generation))
+        self._out.append(
+            fx.RetryScheduled(
+                group.key, group.checksum, generation, group.attempt, delay, deadline, error
+            )
+        )
+
+    def _on_tick(self, event: Tick) -> None:
+        # The clock never runs backwards: an older tick only means a late delivery.
+        if event.now > self._now:
+            self._now = event.now
+        if self._holds or self._last_known_ends:
+            self._expire_holds()
+        timers = self._timers
+        while timers and timers[0][0] <= self._now:
+            deadline, _seq, group, generation = heapq.heappop(timers)
+            if group.deadline != deadline or generation != group.generation:
+                continue  # the timer outlived its tenure or attempt
+            group.deadline = None
             state = group.status.state
+            hold = group.hold
+            if hold is not None and hold.held and (state is _RETRYING or state is _BLOCKED):
+                # A hold pauses the retry: nothing to build for until a member is back, and
+                # the rejoin that brings one rebuilds at once.
+                continue
             if state is _RETRYING or state is _BLOCKED:
-                self._rebuild_now(group)
+                group.generation = self._next_generation()
+                self._transition(group, StatusEvent.RETRY_DUE)
+                self._queue.append((group, group.generation))
+                self._mark_dirty(group)
+            elif state is _BLOCKED_READY:
+                self._transition(group, StatusEvent.REPLACE_DUE)
+                self._mark_dirty(group)
+                group.lora = None
+                self._mark_lora(group)
+
+    def _rebuild_now(self, group: _Group) -> None:
+        """Queue a rebuild at once: the incumbent's membership changed during a backoff."""
+        # The failure being waited out was about other members, so the backoff restarts from
+        # its first step (1.6.1 resets its attempt count too); the pending timer goes stale.
+        group.deadline = None
+        group.attempt = 0
+        group.generation = self._next_generation()
+        self._transition(group, StatusEvent.MEMBERS_CHANGED)
+        self._queue.append((group, group.generation))
+        self._mark_dirty(group)
+
+    def _start_build(self, group: _Group) -> None:
+        checksum = group.checksum
+        generation = group.generation
+        receiver = group.receiver
+        assert checksum is not None
+        assert generation is not None
+        assert receiver is not None
+        self._transition(group, StatusEvent.START_BUILD)
+        cohort = group.cohorts[checksum]
+        # Builds wait out a hold, but after a rejoin members may still be on last known good.
+        if cohort.members:
+            representative = _representative(cohort)
+            if representative.key != group.representative:
+                # The card travels with the admissions: a new representative is news.
+                group.representative = representative.key
+                group.card = representative.card
+                self._mark_dirty(group)
+        assert group.representative is not None
+        group.attempt += 1
+        group.in_flight = generation
+        self.builds_in_flight += 1
+        self._out.append(
+            fx.StartBuild(
+                group=group.key,
+                mdc_checksum=checksum,
+                generation=generation,
+                attempt=group.attempt,
+                receiver=receiver,
+                admitted=cohort.snapshot(group.served_ids(cohort)).as_frozenset(),
+                representative=group.representative,
+                card=group.card,
+            )
+        )
+
+    # ------------------------------------------------------------------ LoRA and in-place changes
+
+    def _update_in_place(self, old: Registration, reg: Registration) -> None:
+        if old.group != reg.group or old.mdc_checksum != reg.mdc_checksum:
+            self._out.append(
+                fx.MutationRefused(
+                    key=reg.key,
+                    reason="in-place materialization change; the first incarnation is kept",
+                    kept_group=old.group,
+                    kept_checksum=old.mdc_checksum,
+                    offered_group=reg.group,
+                    offered_checksum=reg.mdc_checksum,
+                )
+            )
+            return
+        taints_changed = old.taints != reg.taints
+        fingerprint_changed = old.lora_fingerprint != reg.lora_fingerprint
+        if not (taints_changed or fingerprint_changed):
+            return  # a duplicate: the first incarnation's card stays
+        if reg.model_suffix is None:
+            self._regs[reg.key] = reg
+            group = self._group_of(reg)
+            hold = group.hold
+            if hold is not None and hold.arrivals.get(reg.instance_id) is old:
+                hold.arrivals[reg.instance_id] = reg
+            else:
+                group.cohorts[reg.mdc_checksum].members[reg.instance_id] = reg
+        else:
+            self._loras[reg.key] = reg
+            self._adapters_at[_base_key(reg)][reg.key] = reg
+        if taints_changed:
+            self._out.append(fx.TaintsUpdated(reg.key, reg.taints))
+        if fingerprint_changed:
+            base_key = _base_key(reg)
+            host = self._admitted_host(base_key)
+            if host is not None and base_key in self._adapters_at:
+                self._mark_lora(host)
+
+    def _add_lora(self, reg: Registration) -> None:
+        old = self._loras.get(reg.key)
+        if old is not None:
+            self._update_in_place(old, reg)
+            return
+        base_key = _base_key(reg)
+        self._loras[reg.key] = reg
+        self._adapters_at.setdefault(base_key, {})[reg.key] = reg
+        host = self._admitted_host(base_key)
+        if host is not None:
+            self._mark_lora(host)
+
+    def _remove_lora(self, key: str) -> None:
+        reg = self._loras.pop(key, None)
+        if reg is None:
+            return  # an unknown key: removing it again is harmless
+        base_key = _base_key(reg)
+        adapters = self._adapters_at[base_key]
+        del adapters[key]
+        if not adapters:
+            del self._adapters_at[base_key]
+        host = self._admitted_host(base_key)
+        if host is not None:
+            self._mark_lora(host)
+
+    def _projection(self, group: _Group) -> tuple[fx.LoraWorker, ...]:
+        assert group.checksum is not None
+        workers = []
+        adapters_at = self._adapters_at
+        for reg in group.cohorts[group.checksum].members.values():
+            adapters = adapters_at.get(reg.key)
+            if adapters:
+                workers.append(
+                    fx.LoraWorker(
+                        endpoint=reg.endpoint,
+                        instance_id=reg.instance_id,
+                        base_fingerprint=reg.lora_fingerprint,
+                        adapters=tuple(
+                            fx.LoraAdapter(a.key, a.model_suffix or "", a.lora_fingerprint, a.card)
+                            for a in sorted(adapters.values(), key=_by_key)
+                        ),
+                    )
+                )
+        workers.sort(key=lambda w: w.instance_id)
+        return tuple(workers)
+
+    def _admitted_host(self, base_key: str) -> _Group | None:
+        """Find the group whose incumbent cohort holds this base card, if any."""
+        base = self._regs.get(base_key)
+        if base is None:
+            return None
+        group = self._group_of(base)
+        return group if group.checksum == base.mdc_checksum else None
 
     # ------------------------------------------------------------------ end of a call
+
+    def _publication(self, group: _Group) -> fx.PublishAdmissions:
+        """Publish the incumbent's admitted ids: a snapshot of its log, not a copy of its set."""
+        checksum = group.checksum
+        receiver = group.receiver
+        generation = group.generation
+        assert checksum is not None
+        assert receiver is not None
+        assert generation is not None
+        cohort = group.cohorts[checksum]
+        hold = group.hold
+        if hold is None:
+            ids = cohort.snapshot(cohort.members)
+            last_known = _NO_IDS
+        else:
+            ids = cohort.snapshot(group.served_ids(cohort))
+            last_known = frozenset(hold.last_known)
+        return fx.PublishAdmissions(
+            group.key, receiver, checksum, generation, ids, group.card, last_known
+        )
 
     def _flush(self) -> None:
         queue = self._queue
@@ -362,13 +1025,15 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
         while queue and self.builds_in_flight < limit:
             group, generation = queue.popleft()
             if group.status.state is _QUEUED and group.generation == generation:
+                hold = group.hold
+                if hold is not None and hold.held:
+                    continue  # nothing to build for until a member is back; a rejoin queues it
                 self._start_build(group)
         if self._dirty:
             for group in self._dirty:
-                if not group.dirty:
-                    continue
-                group.dirty = False
-                out.append(_admissions(group))
+                if group.dirty:
+                    group.dirty = False
+                    out.append(self._publication(group))
             self._dirty.clear()
         if self._lora_dirty:
             for group in self._lora_dirty:
@@ -386,3 +1051,69 @@ class AdmissionCore(_ReadoutMixin, _LoraMixin, _TenureMixin, _BuildsMixin):
                         )
                     )
             self._lora_dirty.clear()
+
+    # ------------------------------------------------------------------ small shared steps
+
+    def _group_of(self, reg: Registration) -> _Group:
+        gk = reg.group
+        return self._groups[(gk.model, gk.worker_set)]
+
+    def _discard(self, key: GroupKey, checksum: str, generation: int, reason: str) -> None:
+        self._out.append(fx.BuildDiscarded(key, checksum, generation, reason))
+
+    def _next_generation(self) -> int:
+        self._last_generation += 1
+        return self._last_generation
+
+    def _transition(self, group: _Group, event: StatusEvent) -> None:
+        old = group.status.state
+        new = group.status.process(event)
+        self._out.append(fx.StatusChanged(group.key, old, new, group.generation))
+
+    def _mark_dirty(self, group: _Group) -> None:
+        if not group.dirty:
+            group.dirty = True
+            self._dirty.append(group)
+
+    def _mark_lora(self, group: _Group) -> None:
+        if not group.lora_dirty:
+            group.lora_dirty = True
+            self._lora_dirty.append(group)
+
+    # ------------------------------------------------------------------ read-only views
+
+    @property
+    def settings(self) -> CoreSettings:
+        return self._settings
+
+    @property
+    def now(self) -> float:
+        """The latest clock value a ``Tick`` brought."""
+        return self._now
+
+    def group(self, key: GroupKey) -> GroupView | None:
+        group = self._groups.get((key.model, key.worker_set))
+        return None if group is None else readout.group_view(group)
+
+    def groups(self) -> list[GroupView]:
+        """Every group ever seen (idle ones included), sorted by model then WorkerSet key."""
+        ordered = sorted(self._groups.values(), key=_by_key)
+        return [readout.group_view(g) for g in ordered]
+
+    def registration(self, key: str) -> Registration | None:
+        """Return the registration held for ``key`` (base or LoRA): its first incarnation."""
+        return self._regs.get(key) or self._loras.get(key)
+
+    def registrations(self) -> Iterator[Registration]:
+        yield from self._regs.values()
+        yield from self._loras.values()
+
+    def placement(self, key: str) -> PlacementView | None:
+        """Where ``key`` stands: cohort position, whether admitted, adapter attachment."""
+        reg = self._regs.get(key)
+        if reg is not None:
+            return readout.base_placement(self._group_of(reg), reg)
+        lora = self._loras.get(key)
+        if lora is None:
+            return None
+        return readout.adapter_placement(lora, self._admitted_host(_base_key(lora)))

@@ -1,17 +1,20 @@
 """Effects returned by the admission core: decisions for the service to carry out and trace.
 
-Every effect is a frozen value. Effects that touch an admission channel name the receiver id;
-effects that concern a build name the ``(group, mdc_checksum, generation)`` triple, which is
+Every effect is a value, never changed once made: a frozen dataclass, or, for the three made
+on nearly every input, a slotted class with an explicit ``__init__`` (``_Value``). Effects that
+touch an admission channel name the receiver id; effects that concern a build name the
+``(group, mdc_checksum, generation)`` triple, which is
 also the fence the core applies to results. ``card`` fields hold the opaque normalized card the
 boundary produced; they do not take part in equality.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from workerset_admission.admission.admitted import AdmittedIds, HoldsAdmittedIds
+from workerset_admission.admission.admitted import AdmittedIds
 from workerset_admission.admission.status import GroupStatus
 from workerset_admission.identity import EndpointId, GroupKey
 
@@ -41,24 +44,60 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerPlaced:
+class _Value:
+    """Base of the three effects made on nearly every input: slotted, with an explicit ``__init__``.
+
+    A frozen dataclass writes each field through ``object.__setattr__`` when it is made, and
+    for the effects every discovery input emits that was a third of the core's time. These
+    three are therefore slotted classes whose ``__init__`` stores their fields plainly. They are
+    values all the same: they compare and hash by their ``_compared`` fields (and their type),
+    and nothing writes them after ``__init__`` (the core never does, and neither may a reader).
+    """
+
+    __slots__ = ()
+    _compared: ClassVar[tuple[str, ...]]
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self._compared)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, _Value)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._compared)
+        return f"{type(self).__name__}({fields})"
+
+
+class WorkerPlaced(_Value):
     """A new registration joined a cohort; ``admitted``: that cohort is the incumbent."""
 
-    key: str
-    group: GroupKey
-    mdc_checksum: str
-    admitted: bool
+    __slots__ = ("admitted", "group", "key", "mdc_checksum")
+    _compared = ("key", "group", "mdc_checksum", "admitted")
+
+    def __init__(self, key: str, group: GroupKey, mdc_checksum: str, admitted: bool) -> None:
+        self.key = key
+        self.group = group
+        self.mdc_checksum = mdc_checksum
+        self.admitted = admitted
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerDeparted:
+class WorkerDeparted(_Value):
     """A registration left its cohort; ``was_admitted`` says whether it was being served."""
 
-    key: str
-    group: GroupKey
-    mdc_checksum: str
-    was_admitted: bool
+    __slots__ = ("group", "key", "mdc_checksum", "was_admitted")
+    _compared = ("key", "group", "mdc_checksum", "was_admitted")
+
+    def __init__(self, key: str, group: GroupKey, mdc_checksum: str, was_admitted: bool) -> None:
+        self.key = key
+        self.group = group
+        self.mdc_checksum = mdc_checksum
+        self.was_admitted = was_admitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,20 +110,42 @@ class OpenReceiver:
     generation: int
 
 
-@dataclass(frozen=True, slots=True)
-class PublishAdmissions(HoldsAdmittedIds):
+class PublishAdmissions(_Value):
     """Set the admitted instance ids (and the selected card) seen through one receiver.
 
     ``ids`` is a lazy snapshot (a plain set of ids given here is wrapped in one): publishing
     does not copy the cohort, and ``admitted`` works the frozenset out when first read.
+    ``last_known`` names the admitted ids a held tenure serves on their last known records:
+    routable whether or not their instance records are listed now. The card does not take
+    part in equality.
     """
 
-    group: GroupKey
-    receiver: int
-    mdc_checksum: str
-    generation: int
-    ids: AdmittedIds
-    card: Any = field(default=None, compare=False, repr=False)
+    __slots__ = ("card", "generation", "group", "ids", "last_known", "mdc_checksum", "receiver")
+    _compared = ("group", "receiver", "mdc_checksum", "generation", "ids", "last_known")
+
+    def __init__(
+        self,
+        group: GroupKey,
+        receiver: int,
+        mdc_checksum: str,
+        generation: int,
+        ids: Iterable[int],
+        card: Any = None,
+        last_known: frozenset[int] = frozenset(),
+    ) -> None:
+        self.group = group
+        self.receiver = receiver
+        self.mdc_checksum = mdc_checksum
+        self.generation = generation
+        # The core hands in its snapshot as it is; anything else is wrapped in one.
+        self.ids = ids if type(ids) is AdmittedIds else AdmittedIds.of(ids)
+        self.card = card
+        self.last_known = last_known
+
+    @property
+    def admitted(self) -> frozenset[int]:
+        """The admitted ids as a frozenset (materialised once per snapshot)."""
+        return self.ids.as_frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +225,12 @@ class Succession:
 
 @dataclass(frozen=True, slots=True)
 class TenureHeld:
-    """A resync after a lost connection listed no incumbent member: the tenure is held.
+    """An outage's resync (or expiry) emptied the incumbent cohort: the tenure is held.
 
-    The receiver, generation and any committed build stay, with nothing admitted, until a
-    member of ``mdc_checksum`` registers again or the clock reaches ``deadline``.
+    The receiver, generation and any committed build stay until a member the cohort had when
+    the hold began (``last_known`` names those, by instance key) registers again or the clock
+    reaches ``deadline``. Those members stay admitted on their last known records until
+    ``last_known_until`` (one registration TTL; ``None`` when none is served).
     """
 
     group: GroupKey
@@ -175,6 +238,8 @@ class TenureHeld:
     receiver: int
     generation: int | None
     deadline: float
+    last_known: tuple[str, ...] = ()
+    last_known_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,8 +262,8 @@ class RejectionReported:
     incumbent_checksum: str
     rejected_checksum: str
     instance: str
-    # The two cards compared, so a report can say what differs; None when a held incumbent
-    # has no member left to take its card from.
+    # The two cards compared (the incumbent's is its tenure's card), so a report can say what
+    # differs; left out of equality.
     incumbent_card: Any = field(default=None, compare=False, repr=False)
     rejected_card: Any = field(default=None, compare=False, repr=False)
 

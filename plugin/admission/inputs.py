@@ -36,13 +36,14 @@ class WorkerAdded:
 class WorkerRemoved:
     """A model registration key was deleted, purged or expired; only the key is known.
 
-    ``hold`` marks an expiry the store reports just after a lost connection (its TTL ran out
-    while the worker could not reach the store): like a post-outage listing, it may hold the
-    tenure instead of ending it.
+    ``outage`` marks an expiry the store reports soon after a lost connection (its TTL ran out
+    while the worker could not reach the store): the clock value of the listing that followed
+    the reconnect. Like that listing, it may hold a tenure it empties, until ``outage`` plus
+    the tenure hold: the hold counts from the reconnect, not from the expiry.
     """
 
     key: str
-    hold: bool = False
+    outage: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,11 @@ So a listing is observed in an order every frontend computes alike:
    instance key: the order etcd lists keys in, which is what Dynamo's own frontends observe,
    so frontends that cold-start together agree with each other and with a Dynamo frontend.
 
-Groups the frontend already holds are not affected: their cohort order is first-observation
-order and a listing never changes it (the core keeps survivors in place whatever the order).
+Groups the frontend already holds keep their cohort order: it is first-observation order and a
+listing never changes it, because the core keeps every cohort it holds in place whatever order
+the listing comes in, not because this function leaves such groups alone. Ingestion passes no
+``known`` groups, so the peer rule applies to them too, and all it can change there is the
+relative order of cohorts the frontend has not seen yet, which join behind the ones it holds.
 The function is pure and total; it never drops or duplicates a registration.
 
 A *recorded* cohort order (the decision state a trace starts with, taken from a live frontend)
@@ -64,9 +67,10 @@ def observation_order(
 ) -> list[Registration]:
     """Return ``registrations`` in the order to observe them (see the theory of operation).
 
-    ``known`` names groups the frontend already holds registrations of: peers do not reorder
-    those. ``recorded`` gives, per group, a cohort order to reproduce (checksums, first
-    first); it wins over peers. LoRA adapters never create a group and keep their key order.
+    ``known`` names groups whose registrations peers must not reorder (they keep key order);
+    the service and replay pass none (see the theory of operation). ``recorded`` gives, per
+    group, a cohort order to reproduce (checksums, first first); it wins over peers. LoRA
+    adapters never create a group and keep their key order.
     """
     first: dict[GroupId, Mapping[str, int]] = {}
     if recorded:

@@ -41,10 +41,10 @@ happens on entry to ``queued``, not on a successful build, which is why a larger
 cohort never displaces an incumbent that is still building or retrying.
 
 A tenure *held* after an outage (the core's theory of operation) is not a status of its own:
-the build lifecycle of the held incumbent goes on unchanged (a ready group stays ready with
-nothing admitted, a due retry still runs), and ``DRAIN`` is processed only if the hold runs out
-with no member back. Keeping the hold beside the status rather than in it means no transition
-of this table changes, and every build, commit and retry rule applies during a hold as before.
+a ready group stays ready while its last known members are served, a retrying group stays
+retrying (the due retry waits for a member, since there is nothing to build for), and ``DRAIN``
+is processed only if the hold runs out with no member back. Keeping the hold beside the status
+rather than in it means no transition of this table changes.
 """
 
 from __future__ import annotations

@@ -52,6 +52,13 @@ class GroupView:
     lora: tuple[LoraWorker, ...]
     # Set while the tenure is held after an outage: the clock value at which it ends.
     held_until: float | None = None
+    # Members the incumbent had when a hold began, not back yet and admitted on their last
+    # known records until the clock reaches ``last_known_until`` (one registration TTL).
+    last_known: tuple[int, ...] = ()
+    last_known_until: float | None = None
+    # New instances of a held incumbent's checksum: tracked, admitted only if a pre-hold
+    # member comes back, otherwise a cohort at the end of the order when the hold expires.
+    arrivals: tuple[int, ...] = ()
 
     @property
     def rejected(self) -> tuple[CohortView, ...]:

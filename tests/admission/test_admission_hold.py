@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from admission_support import G, finish, of, one, reg
+from admission_support import G, finish, group_key, of, one, reg
 from workerset_admission.admission import (
     AdmissionCore,
+    BuildFinished,
     CoreSettings,
     GroupStatus,
     PublishAdmissions,
@@ -24,8 +25,8 @@ from workerset_admission.admission import (
 from workerset_admission.errors import ConfigError
 
 
-def _ready_a_with_b_waiting(hold: float = 30.0) -> AdmissionCore:
-    core = AdmissionCore(CoreSettings(tenure_hold=hold))
+def _ready_a_with_b_waiting(hold: float = 30.0, ttl: float = 10.0) -> AdmissionCore:
+    core = AdmissionCore(CoreSettings(tenure_hold=hold, registration_ttl=ttl))
     core.apply(Tick(100.0))
     finish(core, core.apply_many([WorkerAdded(reg(1, "A")), WorkerAdded(reg(2, "A"))]))
     core.apply(WorkerAdded(reg(3, "B")))
@@ -43,33 +44,117 @@ def test_a_resync_after_an_outage_that_lists_no_incumbent_member_holds_the_tenur
     effects = _outage_lists_only_b(core)
     held = one(effects, TenureHeld)
     assert (held.mdc_checksum, held.receiver, held.deadline) == ("A", before.receiver, 130.0)
+    assert (held.last_known, held.last_known_until) == ((reg(1).key, reg(2).key), 110.0)
     assert of(effects, Succession) == []
     assert of(effects, RetireReceiver) == []
     assert of(effects, WithdrawGroup) == []
-    # No vanished worker stays admitted, and the competitor is not admitted either.
-    assert one(effects, PublishAdmissions).admitted == frozenset()
+    # The members it had stay admitted on last known good; the competitor is not admitted.
+    assert one(effects, PublishAdmissions).admitted == frozenset({1, 2})
     view = core.group(G)
     assert view is not None
-    assert (view.incumbent, view.receiver, view.admitted) == ("A", before.receiver, ())
+    assert (view.incumbent, view.receiver, view.admitted) == ("A", before.receiver, (1, 2))
+    assert (view.last_known, view.last_known_until) == ((1, 2), 110.0)
     assert view.status is GroupStatus.READY
     assert view.held_until == 130.0
     assert [c.mdc_checksum for c in view.cohorts] == ["A", "B"]
     assert view.cohorts[0].members == ()
 
 
+def test_after_one_registration_ttl_the_members_not_back_are_withdrawn_and_the_hold_stays() -> None:
+    core = _ready_a_with_b_waiting()
+    _outage_lists_only_b(core)
+    assert of(core.apply(Tick(109.9)), PublishAdmissions) == []
+    effects = core.apply(Tick(110.0))
+    assert one(effects, PublishAdmissions).admitted == frozenset()
+    assert of(effects, Succession) == []
+    view = core.group(G)
+    assert view is not None
+    assert (view.incumbent, view.admitted, view.last_known, view.held_until) == ("A", (), (), 130.0)
+
+
+def test_the_registration_ttl_is_a_setting_and_never_outlasts_the_hold() -> None:
+    core = _ready_a_with_b_waiting(hold=30.0, ttl=4.0)
+    assert one(_outage_lists_only_b(core), TenureHeld).last_known_until == 104.0
+    short = _ready_a_with_b_waiting(hold=3.0, ttl=10.0)
+    assert one(_outage_lists_only_b(short), TenureHeld).last_known_until == 103.0
+    with pytest.raises(ConfigError):
+        CoreSettings(registration_ttl=0.0)
+
+
 def test_a_member_that_registers_again_during_the_hold_rejoins_the_same_tenure() -> None:
     core = _ready_a_with_b_waiting()
     receiver = core.group(G).receiver  # type: ignore[union-attr]
     _outage_lists_only_b(core)
-    core.apply(Tick(110.0))
+    core.apply(Tick(105.0))
     effects = core.apply(WorkerAdded(reg(1, "A")))
     ended = one(effects, TenureHoldEnded)
-    assert (ended.outcome, ended.held_for) == ("rejoined", 10.0)
-    assert one(effects, PublishAdmissions).admitted == frozenset({1})
+    assert (ended.outcome, ended.held_for) == ("rejoined", 5.0)
+    # Worker 2 is not back yet: still served on last known good until one TTL is over.
+    assert one(effects, PublishAdmissions).admitted == frozenset({1, 2})
+    assert one(core.apply(Tick(110.0)), PublishAdmissions).admitted == frozenset({1})
     assert of(core.apply(Tick(1000.0)), Succession) == []
     view = core.group(G)
     assert view is not None
     assert (view.incumbent, view.receiver, view.held_until) == ("A", receiver, None)
+
+
+def test_a_new_instance_of_the_incumbents_checksum_does_not_end_the_hold() -> None:
+    core = _ready_a_with_b_waiting()
+    _outage_lists_only_b(core)
+    core.apply(Tick(105.0))
+    effects = core.apply(WorkerAdded(reg(7, "A")))
+    assert of(effects, TenureHoldEnded) == []
+    assert of(effects, PublishAdmissions) == []
+    view = core.group(G)
+    assert view is not None
+    assert (view.admitted, view.arrivals, view.held_until) == ((1, 2), (7,), 130.0)
+    placement = core.placement(reg(7).key)
+    assert placement is not None
+    assert (placement.admitted, placement.position) == (False, None)
+
+
+def test_on_expiry_the_new_instances_join_the_end_as_with_no_hold() -> None:
+    core = _ready_a_with_b_waiting()
+    _outage_lists_only_b(core)
+    core.apply(WorkerAdded(reg(7, "A")))
+    effects = core.apply(Tick(130.0))
+    assert one(effects, TenureHoldEnded).outcome == "expired"
+    assert one(effects, Succession).new_checksum == "B"
+    assert one(effects, RejectionReported).rejected_checksum == "A"
+    view = core.group(G)
+    assert view is not None
+    assert [(c.mdc_checksum, c.instance_ids) for c in view.cohorts] == [("B", (3, 4)), ("A", (7,))]
+    assert view.admitted == (3, 4)
+
+
+def test_new_instances_keep_their_place_among_cohorts_that_came_after_them() -> None:
+    core = _ready_a_with_b_waiting()
+    _outage_lists_only_b(core)
+    core.apply_many([WorkerAdded(reg(7, "A")), WorkerAdded(reg(8, "C"))])
+    core.apply(Tick(130.0))
+    order = [c.mdc_checksum for c in core.group(G).cohorts]  # type: ignore[union-attr]
+    assert order == ["B", "A", "C"]
+
+
+def test_a_returning_pre_hold_member_brings_the_new_instances_into_the_incumbent() -> None:
+    core = _ready_a_with_b_waiting()
+    _outage_lists_only_b(core)
+    core.apply(WorkerAdded(reg(7, "A")))
+    effects = core.apply(WorkerAdded(reg(2, "A")))
+    assert one(effects, TenureHoldEnded).outcome == "rejoined"
+    assert one(effects, PublishAdmissions).admitted == frozenset({1, 2, 7})
+    view = core.group(G)
+    assert view is not None
+    assert (view.cohorts[0].instance_ids, view.arrivals) == ((2, 7), ())
+
+
+def test_a_new_instance_that_leaves_during_the_hold_leaves_no_cohort_behind() -> None:
+    core = _ready_a_with_b_waiting()
+    _outage_lists_only_b(core)
+    core.apply(WorkerAdded(reg(7, "A")))
+    core.apply(WorkerRemoved(reg(7).key))
+    core.apply(Tick(130.0))
+    assert [c.mdc_checksum for c in core.group(G).cohorts] == ["B"]  # type: ignore[union-attr]
 
 
 def test_a_competitor_registering_during_the_hold_is_rejected_not_admitted() -> None:
@@ -77,7 +162,7 @@ def test_a_competitor_registering_during_the_hold_is_rejected_not_admitted() -> 
     _outage_lists_only_b(core)
     effects = core.apply(WorkerAdded(reg(5, "C")))
     assert one(effects, RejectionReported).rejected_checksum == "C"
-    assert core.group(G).admitted == ()  # type: ignore[union-attr]
+    assert core.group(G).admitted == (1, 2)  # type: ignore[union-attr]
 
 
 def test_when_no_member_returns_the_succession_happens_at_the_deadline() -> None:
@@ -138,18 +223,31 @@ def test_a_hold_of_zero_seconds_disables_holding() -> None:
     assert one(effects, Succession).new_checksum == "B"
 
 
-def test_a_pending_retry_rebuilds_at_once_from_the_card_the_held_tenure_keeps() -> None:
+def test_a_hold_pauses_a_pending_retry_and_a_rejoin_rebuilds_at_once() -> None:
     core = AdmissionCore(CoreSettings(tenure_hold=30.0, retry_delays=(5.0,)))
     start = one(core.apply(WorkerAdded(reg(1, "A"))), StartBuild)
     finish(core, [start], ok=False)
-    # Emptied by the resync is a membership change: the backoff ends, as for any other.
-    retry = one(core.apply(Snapshot([], reconnect=True)), StartBuild)
-    assert (retry.representative, retry.card, retry.admitted) == (
-        start.representative,
-        start.card,
-        frozenset(),
-    )
-    assert core.group(G).held_until == 30.0  # type: ignore[union-attr]
+    effects = core.apply(Snapshot([], reconnect=True))
+    assert of(effects, StartBuild) == []
+    # The retry falls due during the hold: nothing is built or committed for no member.
+    assert of(core.apply(Tick(6.0)), StartBuild) == []
+    assert core.group(G).status is GroupStatus.RETRYING  # type: ignore[union-attr]
+    retry = one(core.apply(WorkerAdded(reg(1, "A"))), StartBuild)
+    assert (retry.representative, retry.admitted) == (start.representative, frozenset({1}))
+
+
+def test_a_build_queued_when_the_hold_begins_waits_for_a_member() -> None:
+    core = AdmissionCore(CoreSettings(tenure_hold=30.0, max_concurrent_builds=1))
+    busy = reg(9, "A", group=group_key("other"))
+    one(core.apply(WorkerAdded(busy)), StartBuild)
+    assert of(core.apply(WorkerAdded(reg(1, "A"))), StartBuild) == []
+    core.apply(Snapshot([busy], reconnect=True))
+    other = core.group(busy.group)
+    assert other is not None
+    assert other.generation is not None
+    finished = core.apply(BuildFinished(other.key, "A", other.generation, True))
+    assert of(finished, StartBuild) == []
+    assert one(core.apply(WorkerAdded(reg(1, "A"))), StartBuild).admitted == frozenset({1})
 
 
 def test_a_negative_hold_is_refused() -> None:
@@ -157,9 +255,33 @@ def test_a_negative_hold_is_refused() -> None:
         CoreSettings(tenure_hold=-1.0)
 
 
-def test_an_expiry_reported_just_after_an_outage_holds_like_the_listing_would() -> None:
+def test_an_expiry_soon_after_a_reconnect_holds_until_the_reconnect_plus_the_hold() -> None:
     core = _ready_a_with_b_waiting()
-    core.apply(WorkerRemoved(reg(1, "A").key))
-    effects = core.apply(WorkerRemoved(reg(2, "A").key, hold=True))
-    assert one(effects, TenureHeld).deadline == 130.0
-    assert of(effects, Succession) == []
+    core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
+    core.apply_many([Tick(125.0), WorkerRemoved(reg(1, "A").key, outage=100.0)])
+    effects = core.apply(WorkerRemoved(reg(2, "A").key, outage=100.0))
+    held = one(effects, TenureHeld)
+    # Counted from the reconnect at 100, not from the expiry at 125.
+    assert (held.deadline, held.last_known, held.last_known_until) == (130.0, (), None)
+    assert one(effects, PublishAdmissions).admitted == frozenset()
+    assert one(core.apply(Tick(130.0)), Succession).new_checksum == "B"
+
+
+def test_expiries_within_one_ttl_of_the_reconnect_serve_every_member_they_took() -> None:
+    core = _ready_a_with_b_waiting()
+    core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
+    core.apply_many([Tick(103.0), WorkerRemoved(reg(1, "A").key, outage=100.0)])
+    effects = core.apply(WorkerRemoved(reg(2, "A").key, outage=100.0))
+    held = one(effects, TenureHeld)
+    assert (held.last_known, held.last_known_until) == ((reg(1).key, reg(2).key), 110.0)
+    assert one(effects, PublishAdmissions).admitted == frozenset({1, 2})
+
+
+def test_an_expiry_after_the_hold_would_be_over_succeeds_at_once() -> None:
+    core = _ready_a_with_b_waiting()
+    core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
+    core.apply(Tick(131.0))
+    core.apply(WorkerRemoved(reg(1, "A").key, outage=100.0))
+    effects = core.apply(WorkerRemoved(reg(2, "A").key, outage=100.0))
+    assert of(effects, TenureHeld) == []
+    assert one(effects, Succession).new_checksum == "B"

@@ -43,6 +43,7 @@ ENDPOINTS = [EndpointId(f"ns{i}", "workers", "generate") for i in range(3)]
 GROUPS = [GroupKey.build("m", ep, "chat", WorkerType.AGGREGATED) for ep in ENDPOINTS]
 CHECKSUMS = ["A", "B", "C"]
 HOLD = 10.0
+TTL = 4.0
 
 group_index = st.integers(0, len(GROUPS) - 1)
 instance = st.integers(1, 6)
@@ -68,39 +69,96 @@ def adapter(g: int, iid: int, suffix: str, fingerprint: str) -> Registration:
 class RefGroup:
     """What the contract says a group must look like, computed independently of the core."""
 
+    # Cohorts in order; while a hold tracks new instances of the incumbent's checksum, a
+    # marker "+<checksum>" stands where their cohort would be with no hold.
     order: list[str] = field(default_factory=list)
     members: dict[str, dict[str, int]] = field(default_factory=dict)
     incarnation: dict[str, int] = field(default_factory=dict)
-    # When a post-outage resync emptied the incumbent: the clock value its hold ends at.
+    # When an outage's removal emptied the incumbent: the clock value its hold ends at.
     held_until: float | None = None
+    # The members it had then (only these end the hold), and those served on last known good.
+    prehold: dict[str, int] = field(default_factory=dict)
+    last_known: dict[str, int] = field(default_factory=dict)
+    last_known_until: float | None = None
+    arrivals: dict[str, int] = field(default_factory=dict)
+    # Incumbent members taken by the removals of one reconnect: (its time, key -> id).
+    gone: tuple[float, dict[str, int]] | None = None
+
+    def cohorts(self) -> list[str]:
+        return [cs for cs in self.order if not cs.startswith("+")]
 
     def add(self, key: str, cs: str, iid: int) -> None:
+        incumbent = self.order[0] if self.order else None
+        if self.held_until is not None and cs == incumbent:
+            if key not in self.prehold:
+                if not self.arrivals:
+                    self.order.append("+" + cs)
+                self.arrivals[key] = iid
+                return
+            self.members[cs].update(self.arrivals)
+            self.arrivals = {}
+            if self.order.count("+" + cs):
+                self.order.remove("+" + cs)
+            self.held_until = None
+            self.prehold = {}
+        if cs == incumbent:
+            self.last_known.pop(key, None)
         if cs not in self.order:
             self.order.append(cs)
             self.members[cs] = {}
             self.incarnation[cs] = self.incarnation.get(cs, 0) + 1
         self.members[cs][key] = iid
-        if self.order[0] == cs:
-            self.held_until = None
 
-    def remove(self, key: str, cs: str, hold_until: float | None = None) -> None:
-        del self.members[cs][key]
-        if not self.members[cs]:
-            if hold_until is not None and self.order[0] == cs:
-                # The tenure is held: the empty incumbent stays in front, admitting nobody.
-                if self.held_until is None:
-                    self.held_until = hold_until
-                return
-            del self.members[cs]
-            self.order.remove(cs)
+    def remove(self, key: str, cs: str, now: float, outage: float | None = None) -> None:
+        incumbent = self.order[0]
+        if self.held_until is not None and cs == incumbent:
+            del self.arrivals[key]
+            if not self.arrivals:
+                self.order.remove("+" + cs)
+            return
+        iid = self.members[cs].pop(key)
+        if cs == incumbent and outage is not None:
+            if self.gone is None or self.gone[0] != outage:
+                self.gone = (outage, {})
+            self.gone[1][key] = iid
+        if self.members[cs]:
+            return
+        if cs == incumbent and outage is not None and outage + HOLD > now:
+            taken = self.gone[1] if self.gone is not None and self.gone[0] == outage else {}
+            self.gone = None
+            self.held_until = outage + HOLD
+            self.prehold = {**self.last_known, **taken}
+            self.last_known_until = min(outage + TTL, self.held_until)
+            self.last_known = dict(self.prehold) if self.last_known_until > now else {}
+            return
+        del self.members[cs]
+        self.order.remove(cs)
+        if cs == incumbent:
+            self._tenure_ended()
+
+    def _tenure_ended(self) -> None:
+        self.held_until = None
+        self.prehold, self.last_known, self.arrivals, self.gone = {}, {}, {}, None
 
     def tick(self, now: float) -> None:
+        if self.last_known_until is not None and self.last_known_until <= now:
+            self.last_known = {}
+            self.last_known_until = None
         if self.held_until is not None and self.held_until <= now:
-            self.held_until = None
-            del self.members[self.order.pop(0)]
+            cs = self.order.pop(0)
+            del self.members[cs]
+            if self.arrivals:
+                # The new instances' cohort takes the place their first registration had.
+                self.order[self.order.index("+" + cs)] = cs
+                self.members[cs] = self.arrivals
+                self.incarnation[cs] += 1
+            self._tenure_ended()
 
     def admitted(self) -> tuple[int, ...]:
-        return tuple(sorted(self.members[self.order[0]].values())) if self.order else ()
+        if not self.order:
+            return ()
+        served = {**self.members[self.order[0]], **self.last_known}
+        return tuple(sorted(set(served.values())))
 
     def incumbent_members(self) -> tuple[str | None, frozenset[str]]:
         if not self.order:
@@ -111,7 +169,11 @@ class RefGroup:
 class AdmissionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.core = AdmissionCore(CoreSettings(max_concurrent_builds=2, tenure_hold=HOLD))
+        self.core = AdmissionCore(
+            CoreSettings(max_concurrent_builds=2, tenure_hold=HOLD, registration_ttl=TTL)
+        )
+        # The clock value of the last reconnect listing: expiries may carry it.
+        self.reconnected_at: float | None = None
         self.channels = AdmissionChannels()
         self.ref = [RefGroup() for _ in GROUPS]
         self.first: dict[str, Registration] = {}  # first incarnation per key
@@ -126,6 +188,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.retired: list[AdmissionReceiver] = []
         self.receivers: dict[GroupKey, AdmissionReceiver] = {}
         self.incumbents: list[str | None] = [None] * len(GROUPS)
+        # Each group's incumbent cohort's incarnation as of the end of the last step.
+        self.incumbent_incarnation = [0] * len(GROUPS)
         # Each group's incumbent cohort and members as of the end of the last step.
         self.seen_members = [ref.incumbent_members() for ref in self.ref]
 
@@ -169,26 +233,34 @@ class AdmissionMachine(RuleBasedStateMachine):
         g = GROUPS.index(registration.group)
         self.ref[g].add(registration.key, registration.mdc_checksum, registration.instance_id)
 
-    def _ref_remove(self, key: str, hold_until: float | None = None) -> None:
+    def _ref_remove(self, key: str, outage: float | None = None) -> None:
         registration = self.first.pop(key, None)
         if registration is not None:
             g = GROUPS.index(registration.group)
-            self.ref[g].remove(key, registration.mdc_checksum, hold_until)
+            self.ref[g].remove(key, registration.mdc_checksum, self.now, outage)
 
     def _check_succession(self, before: list[str | None]) -> None:
         for g, old in enumerate(before):
             view = self.core.group(GROUPS[g])
             new = None if view is None else view.incumbent
             if old is not None and new != old:
-                assert old not in self.ref[g].members, "incumbent replaced while it had members"
+                # A cohort of the same checksum may be back, made by instances a hold tracked.
+                same = self.ref[g].incarnation[old] == self.incumbent_incarnation[g]
+                assert not (same and old in self.ref[g].members), (
+                    "incumbent replaced while it had members"
+                )
                 assert self.ref[g].held_until is None, "incumbent replaced while it was held"
+            ref = self.ref[g]
+            self.incumbent_incarnation[g] = ref.incarnation[ref.order[0]] if ref.order else 0
 
     def _check_backoff(self, waiting: list[bool]) -> None:
         # A retry backoff is about the members it failed with: once the incumbent cohort
         # gains or loses a worker, the rebuild starts at once (Dynamo 1.6.1's rule).
         for g, was_waiting in enumerate(waiting):
             now = self.ref[g].incumbent_members()
-            if was_waiting and now != self.seen_members[g]:
+            # A hold pauses the retry instead: there is nothing to build for.
+            held = self.ref[g].held_until is not None
+            if was_waiting and now != self.seen_members[g] and not held:
                 view = self.core.group(GROUPS[g])
                 assert view is not None
                 assert view.status not in (GroupStatus.RETRYING, GroupStatus.BLOCKED)
@@ -226,6 +298,13 @@ class AdmissionMachine(RuleBasedStateMachine):
         self._ref_remove(key)
         self._step(WorkerRemoved(key))
 
+    @precondition(lambda self: self.reconnected_at is not None)
+    @rule(g=group_index, iid=instance)
+    def expire_after_a_reconnect(self, g: int, iid: int) -> None:
+        key = instance_key(ENDPOINTS[g], iid)
+        self._ref_remove(key, self.reconnected_at)
+        self._step(WorkerRemoved(key, outage=self.reconnected_at))
+
     @rule(data=st.data(), reconnect=st.booleans())
     def snapshot(self, data: st.DataObject, reconnect: bool) -> None:
         keep = data.draw(st.lists(st.sampled_from(sorted(self.first) or ["none"]), unique=True))
@@ -241,9 +320,11 @@ class AdmissionMachine(RuleBasedStateMachine):
         for registration in fresh:
             self._ref_add(registration)
         listed_keys = {r.key for r in listed} | set(retain)
-        hold_until = self.now + HOLD if reconnect else None
+        outage = self.now if reconnect else None
+        if reconnect:
+            self.reconnected_at = self.now
         for key in [k for k in self.first if k not in listed_keys]:
-            self._ref_remove(key, hold_until)
+            self._ref_remove(key, outage)
         self._step(Snapshot(listed, retain, reconnect=reconnect))
 
     @precondition(lambda self: bool(self.in_flight))
@@ -314,6 +395,8 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert view.admitted == expected
             assert view.incumbent == (self.ref[g].order[0] if self.ref[g].order else None)
             assert view.held_until == self.ref[g].held_until
+            assert view.last_known == tuple(sorted(self.ref[g].last_known.values()))
+            assert view.arrivals == tuple(sorted(self.ref[g].arrivals.values()))
             live = self.channels.subscribe(key)
             if live is not None:
                 assert tuple(sorted(live.current().admitted)) == expected
@@ -323,7 +406,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         for g, key in enumerate(GROUPS):
             view = self.core.group(key)
             order = [] if view is None else [c.mdc_checksum for c in view.cohorts]
-            assert order == self.ref[g].order
+            assert order == self.ref[g].cohorts()
 
     @invariant()
     def a_retired_receiver_never_shows_ids_again(self) -> None:
@@ -341,7 +424,8 @@ class AdmissionMachine(RuleBasedStateMachine):
             view = self.core.group(key)
             if view is None:
                 continue
-            admitted = set(view.admitted)
+            # Members served on last known good have no registration for an adapter to ride on.
+            admitted = set(view.admitted) - set(view.last_known)
             expected = sorted(
                 (a.instance_id, a.key, a.lora_fingerprint)
                 for a in self.adapters.values()

@@ -222,3 +222,18 @@ def test_every_publication_of_the_core_is_exactly_the_registered_ids_of_its_chec
     # Every publication is read only now, after all later changes, rebases and successions.
     for effect, expected in published:
         assert effect.admitted == expected
+
+
+def test_a_published_snapshot_reads_as_the_frozenset_of_the_admitted_ids() -> None:
+    core = AdmissionCore()
+    effects = core.apply(WorkerAdded(reg(1, "A")))
+    effects += core.apply(WorkerAdded(reg(2, "A")))
+    effects += core.apply(WorkerAdded(reg(3, "B")))
+    effects += core.apply(WorkerRemoved(reg(1, "A").key))
+    publications = [e for e in effects if isinstance(e, PublishAdmissions)]
+    assert [p.admitted for p in publications] == [
+        frozenset({1}),
+        frozenset({1, 2}),
+        frozenset({2}),
+    ]
+    assert all(type(p.admitted) is frozenset for p in publications)

@@ -563,3 +563,65 @@ def test_the_index_follows_puts_removals_and_listings() -> None:
     table.apply(SourceSnapshot(worker_records(A2)))
     assert table.lookup("worker", "pns", "backend", A1) == []
     assert len(table.lookup("worker", "pns", "backend", A2)) == 3
+
+
+def test_a_held_tenures_last_known_members_keep_their_records_for_one_ttl() -> None:
+    clock = Clock()
+    files = FakeFiles()
+    view = AdmittedView(files, clock=clock)
+    table = RecordTable(keep_removed_for=10.0, clock=clock)
+    table.apply(SourceSnapshot([*worker_records(A1), *worker_records(A2)]))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    published = dict(files.content)
+    # A wiped store: the listing after the reconnect holds nothing at all.
+    table.apply(SourceSnapshot([]))
+    clock.now += 9.0
+    report = view.sync([Tenure(GROUP, 1, frozenset({A1, A2}), frozenset({A1, A2}))], table)
+    assert not report.changed
+    assert files.content == published
+    # Only the members the core serves on last known good: a plain routable id is not.
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}), frozenset({A1}))], table)
+    assert set(files.content) == set(files_of(A1, published))
+    clock.now += 1.0
+    view.sync([Tenure(GROUP, 1, frozenset({A1}), frozenset({A1}))], table)
+    assert files.content == {}
+
+
+def test_a_record_back_in_the_bucket_is_served_from_the_bucket_again() -> None:
+    clock = Clock()
+    table = RecordTable(keep_removed_for=10.0, clock=clock)
+    old, new = worker_records(A1), worker_records(A1, block_size=32)
+    table.apply(SourceSnapshot(old))
+    table.apply(SourceDelete(old[2].key, 2))
+    assert [r.value for r in table.lookup("worker", "pns", "backend", A1)] == [
+        old[0].value,
+        old[1].value,
+    ]
+    assert old[2].value in [
+        r.value for r in table.lookup_last_known("worker", "pns", "backend", A1)
+    ]
+    table.apply(SourcePut(_entry(new[2].key, new[2].value)))
+    values = [r.value for r in table.lookup_last_known("worker", "pns", "backend", A1)]
+    assert new[2].value in values
+    assert old[2].value not in values
+    clock.now += 60.0
+    table.apply(SourceSnapshot(new))
+    assert len(table.lookup_last_known("worker", "pns", "backend", A1)) == 3
+
+
+def test_a_held_tenure_keeps_its_load_channels_while_serving_last_known_members() -> None:
+    clock = Clock()
+    files = FakeFiles()
+    view = AdmittedView(files, clock=clock)
+    table = RecordTable(keep_removed_for=10.0, clock=clock)
+    table.apply(SourceSnapshot(worker_records(A1, channels=LOAD_TOPICS)))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    published = dict(files.content)
+    assert len([f for f in published if f[0] == "event_channels"]) == 1 + len(LOAD_TOPICS)
+
+    table.apply(SourceSnapshot([]))  # a wiped store
+    clock.now += 5.0
+    report = view.sync([Tenure(GROUP, 1, frozenset({A1}), frozenset({A1}))], table)
+
+    assert not report.changed
+    assert files.content == published

@@ -29,6 +29,7 @@ from workerset_admission.identity import EndpointId, GroupKey, Registration, Wor
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
 from workerset_admission.telemetry import (
     AdmissionStateSummary,
+    HeldGroup,
     decision_of,
     install_log_correlation,
 )
@@ -251,17 +252,26 @@ def test_a_snapshot_is_reconciled_not_admitted_or_rejected(harness: Harness) -> 
 def test_a_held_tenure_is_logged_counted_and_spanned(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
-    harness.telemetry.observe_state(lambda: AdmissionStateSummary({}, 0, held_groups=1))
+    held_group = HeldGroup(GROUP.id, 1130.0, (1, 2), 1110.0)
+    harness.telemetry.observe_state(
+        lambda: AdmissionStateSummary({}, 0, held_groups=1, held=(held_group,))
+    )
     harness.telemetry.effects(
         [
-            TenureHeld(GROUP, "a", 3, 2, 130.0),
+            TenureHeld(GROUP, "a", 3, 2, 130.0, ("ns/c/e/1", "ns/c/e/2"), 110.0),
             TenureHoldEnded(GROUP, "a", "expired", 30.0),
         ]
     )
     held, ended = harness.finished(n.SPAN_HOLD)
     assert held.attributes[n.ATTR_HOLD_DEADLINE] == 130.0
+    assert tuple(held.attributes[n.ATTR_HOLD_LAST_KNOWN]) == ("ns/c/e/1", "ns/c/e/2")
+    assert held.attributes[n.ATTR_HOLD_LAST_KNOWN_UNTIL] == 110.0
     assert ended.attributes[n.ATTR_HOLD_OUTCOME] == "expired"
-    assert harness.metrics()["workerset_admission.groups.held"].data.data_points[0].value == 1
+    (point,) = harness.metrics()["workerset_admission.groups.held"].data.data_points
+    assert point.value == 1
+    assert point.attributes[n.ATTR_HOLD_LAST_KNOWN] == "1,2"
+    assert point.attributes[n.ATTR_HOLD_LAST_KNOWN_UNTIL] == 1110.0
+    assert "2 of them (ns/c/e/1, ns/c/e/2) stay admitted" in caplog.text
     assert [r.levelname for r in caplog.records if "hold" in r.getMessage()] == [
         "WARNING",
         "WARNING",
