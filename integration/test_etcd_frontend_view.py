@@ -24,6 +24,7 @@ import pytest
 from dynamofrontend import free_port
 from etcdfixture import LEASE_TTL, EtcdServer, MockerWorkers, card_gone, eventually, new_instance
 from natsfixture import NatsServer
+from support.buckets import held_values
 from support.workers import write_model_dir
 
 pytestmark = [
@@ -191,3 +192,107 @@ async def test_requests_reach_only_workers_the_plugin_admitted_from_etcd(
 
 async def _served(base: str) -> bool:
     return await _served_by(base) is not None
+
+
+# How long requests are sent around the wipe, their spacing, and when the wipe starts.
+STEADY_SECONDS = 30.0
+STEADY_SPACING = 0.1
+WIPE_AFTER = 5.0
+
+
+async def _steady_requests(base: str, seconds: float) -> list[tuple[float, int | None]]:
+    """Send a request every ``STEADY_SPACING`` s for ``seconds``; (send time, server) each."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    sent: list[tuple[float, asyncio.Future[int | None]]] = []
+    while loop.time() - start < seconds:
+        sent.append((loop.time() - start, asyncio.ensure_future(_served_by(base))))
+        await asyncio.sleep(STEADY_SPACING)
+    return [(at, await answer) for at, answer in sent]
+
+
+async def test_a_plugin_nats_server_restarted_on_a_wiped_store_loses_no_request_fed_from_etcd(
+    etcd_server: EtcdServer,
+    etcd_client: aetcd.Client,
+    mockers: MockerWorkers,
+    nats_server_fn: NatsServer,
+    bucket_name: str,
+    dynamo_etcd_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    # The plugin's nats-server is the test's own (``nats_server_fn``), apart from the one the
+    # Dynamo processes use as their event plane, so the wipe reaches only the plugin's side.
+    handle = nats_server_fn.handle
+    assert handle is not None
+    model = write_model_dir(tmp_path / "model-a")
+    view = tmp_path / "view"
+    view.mkdir()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    known: set[int] = set()
+    workers = set()
+    for _ in range(2):
+        mockers.start(model, name=MODEL, endpoint=ENDPOINT)
+        workers.add(await new_instance(etcd_client, known))
+
+    cli = [sys.executable, "-m", "workerset_admission.cli"]
+    nats_flags = ["--nats-server", nats_server_fn.url, "--discovery-bucket", bucket_name]
+    port = free_port()
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def spawn(command: list[str], log: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with (logs / log).open("wb") as out:
+            process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        processes.append(process)
+        return process
+
+    try:
+        bridge = spawn(
+            [*cli, "bridge", "--etcd", etcd_server.url, *nats_flags], "bridge.log", dynamo_etcd_env
+        )
+        serve = spawn(
+            [*cli, "serve", "--view-dir", str(view), *nats_flags], "serve.log", dynamo_etcd_env
+        )
+        spawn(
+            [
+                *(sys.executable, "-m", "dynamo.frontend", "--discovery-backend", "file"),
+                *("--http-host", "127.0.0.1", "--http-port", str(port)),
+            ],
+            "frontend.log",
+            {**dynamo_etcd_env, "DYN_FILE_KV": str(view)},
+        )
+        base = f"http://127.0.0.1:{port}"
+
+        async def both_serving() -> bool:
+            served = {await _served_by(base) for _ in range(6)}
+            return served == workers
+
+        await eventually(both_serving, 120, "both workers serving through the view", 0.5)
+
+        async def wipe() -> float:
+            await asyncio.sleep(WIPE_AFTER)
+            # Killed, its store wiped, back after 2 s: the plugin's whole discovery side lost.
+            await asyncio.to_thread(handle.restart, kill=True, wipe=True, downtime=2.0)
+            return asyncio.get_running_loop().time()
+
+        wiping = asyncio.ensure_future(wipe())
+        answers = await _steady_requests(base, STEADY_SECONDS)
+        await wiping
+        failed = [at for at, served in answers if served is None]
+        strangers = [served for _at, served in answers if served not in (None, *workers)]
+        print(
+            f"{len(failed)} of {len(answers)} requests failed"
+            + (f", from +{failed[0]:.1f} s to +{failed[-1]:.1f} s" if failed else "")
+            + f" (the wipe began at +{WIPE_AFTER:.0f} s)"
+        )
+        assert strangers == []
+        # The bridge was never restarted: the bucket holds every worker's records again.
+        held = await held_values(nats_server_fn.url, bucket_name)
+        cards = {int(key.rsplit(".", 1)[1], 16) for key in held if key.startswith("v1.mdc.")}
+        assert cards == workers
+        assert bridge.poll() is None
+        assert serve.poll() is None
+        assert failed == [], f"{len(failed)} requests failed around the wipe"
+    finally:
+        for process in reversed(processes):
+            _stop(process)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,7 +15,9 @@ from typing import TYPE_CHECKING
 from workerset_admission.errors import ConfigError
 
 if TYPE_CHECKING:
+    from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
     from workerset_admission.config import Settings
+    from workerset_admission.ownership import WriterId
 
 __all__ = ["STOPS_ON_SIGNAL", "arguments", "main"]
 
@@ -24,6 +28,7 @@ STOPS_ON_SIGNAL = frozenset({"bridge"})
 
 def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     from workerset_admission.adapters.dynamo.filestore import DEFAULT_FILE_TTL, default_store_root
+    from workerset_admission.cli import positive_seconds
 
     parser.add_argument(
         "--file-kv",
@@ -31,7 +36,27 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"Dynamo's file store root (default: $DYN_FILE_KV, now {default_store_root()})",
     )
-    parser.add_argument("--interval", type=float, default=0.5, help="seconds between passes")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=0.5,
+        help="seconds between passes when nothing changed (a change in the store starts one at "
+        "once, through inotify)",
+    )
+    parser.add_argument(
+        "--no-notify",
+        dest="notify",
+        action="store_false",
+        help="do not watch the file store with inotify: only poll it every --interval",
+    )
+    parser.add_argument(
+        "--heal-interval",
+        type=positive_seconds,
+        default=5.0,
+        help="seconds between readings of the bucket's whole contents, after which every "
+        "record the bucket lost is written again (a lost or re-created bucket is noticed "
+        "within a second, or at once after a reconnect)",
+    )
     parser.add_argument(
         "--ttl",
         type=float,
@@ -60,9 +85,6 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, check_store_root
     from workerset_admission.adapters.dynamo.filestore import FileStoreReader, default_store_root
-    from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
-    from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
-    from workerset_admission.adapters.nats.connect import connect
     from workerset_admission.ownership import bridge_writer
 
     settings = args.settings
@@ -79,58 +101,99 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     # Refused before connecting: a wrong path must not get as far as a prune.
     check_store_root(root)
     owner = bridge_writer(root, args.bridge_id)
-    client = await connect(replace(settings.nats_connect_options(), name="workerset-bridge"))
-    try:
-        bucket = settings.discovery_bucket
-        status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket))
+    async with _bucket_writer(settings, owner) as (writer, woken):
         bridge = DiscoveryBridge(
             root,
-            JetStreamBucketWriter(status.kv, owner=owner, js=client.jetstream(), bucket=bucket),
+            writer,
             interval=args.interval,
             ttl=args.ttl,
             prune=args.prune,
+            notify=args.notify,
+            reconcile_interval=args.heal_interval,
             scan=FileStoreReader(settings.max_value_bytes).scan,
         )
+        woken.append(bridge.wake)
         if args.once:
             await bridge.sync_once()
         else:
+            bucket = settings.discovery_bucket
             print(f"bridging {root} -> bucket {bucket}", file=sys.stderr, flush=True)
             await bridge.run(stop)
-    finally:
-        await client.close()
     print(json.dumps(asdict(bridge.stats), sort_keys=True))
     return 0
 
 
-async def _bridge_etcd(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
-    from workerset_admission.adapters.etcd.bridge import EtcdDiscoveryBridge
+@contextlib.asynccontextmanager
+async def _bucket_writer(
+    settings: Settings, owner: WriterId
+) -> AsyncIterator[tuple[JetStreamBucketWriter, list[Callable[[], None]]]]:
+    """Connect, bind the bucket (created as configured) and yield its writer.
+
+    Each callable the caller adds to the yielded list runs after every reconnect, once the
+    writer has counted it: a bridge then checks at once whether the bucket is still the one it
+    wrote to.
+    """
     from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
     from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
-    from workerset_admission.adapters.nats.connect import connect
+    from workerset_admission.adapters.nats.connect import ConnectionCallbacks, connect
+
+    woken: list[Callable[[], None]] = []
+    writers: list[JetStreamBucketWriter] = []
+
+    async def reconnected() -> None:
+        for writer in writers:
+            writer.note_reconnect()
+        for wake in woken:
+            wake()
+
+    # A bridge is what refills a bucket a restarted server lost, so it retries at least every
+    # second: it is back (and writing) before the frontends' longer backoff lets them re-read
+    # the bucket. One process per store, so the extra attempts cost the server little.
+    configured = settings.nats_connect_options()
+    options = replace(
+        configured,
+        name="workerset-bridge",
+        max_reconnect_wait=min(1.0, configured.max_reconnect_wait),
+    )
+    client = await connect(options, ConnectionCallbacks(reconnected=reconnected))
+    try:
+        bucket = settings.discovery_bucket
+        spec = BucketSpec(name=bucket, replicas=settings.bucket_replicas)
+        js = client.jetstream()
+        status = await ensure_bucket(js, spec)
+        writers.append(
+            JetStreamBucketWriter(status.kv, owner=owner, js=js, bucket=bucket, spec=spec)
+        )
+        yield writers[0], woken
+    finally:
+        await client.close()
+
+
+async def _bridge_etcd(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    from workerset_admission.adapters.etcd.bridge import EtcdDiscoveryBridge
+    from workerset_admission.adapters.etcd.client import AetcdStoreReader
     from workerset_admission.ownership import etcd_bridge_writer
 
     options = settings.etcd_options()
-    from workerset_admission.adapters.etcd.client import AetcdStoreReader
-
     # Stable across restarts, so a restarted bridge owns (and may prune) what it wrote before,
     # and never what a worker, a register process or another bridge wrote.
     owner = etcd_bridge_writer([str(endpoint) for endpoint in options.endpoints], args.bridge_id)
     reader = AetcdStoreReader(options)
-    client = await connect(replace(settings.nats_connect_options(), name="workerset-bridge"))
     try:
-        bucket = settings.discovery_bucket
-        status = await ensure_bucket(client.jetstream(), BucketSpec(name=bucket))
-        writer = JetStreamBucketWriter(status.kv, owner=owner, js=client.jetstream(), bucket=bucket)
-        bridge = EtcdDiscoveryBridge(reader, writer, prune=args.prune)
-        if args.once:
-            # Only here does an unreadable etcd end the command; a running bridge retries.
-            await bridge.resync()
-        else:
-            shown = ",".join(str(endpoint) for endpoint in options.endpoints)
-            print(f"bridging etcd {shown} -> bucket {bucket}", file=sys.stderr, flush=True)
-            await bridge.run(stop)
+        async with _bucket_writer(settings, owner) as (writer, woken):
+            bridge = EtcdDiscoveryBridge(
+                reader, writer, prune=args.prune, reconcile_interval=args.heal_interval
+            )
+            woken.append(bridge.wake)
+            if args.once:
+                # Only here does an unreadable etcd end the command; a running bridge retries.
+                await bridge.resync()
+            else:
+                shown = ",".join(str(endpoint) for endpoint in options.endpoints)
+                bucket = settings.discovery_bucket
+                print(f"bridging etcd {shown} -> bucket {bucket}", file=sys.stderr, flush=True)
+                await bridge.run(stop)
     finally:
         await reader.close()
-        await client.close()
     print(json.dumps(asdict(bridge.stats), sort_keys=True))
     return 0

@@ -172,18 +172,32 @@ def check_card(
 
 
 async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
-    from workerset_admission.adapters.nats.connect import connect
+    from workerset_admission.adapters.nats.buckets import BucketSpec
+    from workerset_admission.adapters.nats.connect import ConnectionCallbacks, connect
     from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 
     card = _read_card(args.card)
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
     instance_id = args.instance_id if args.instance_id is not None else secrets.randbits(63)
     check_card(settings, endpoint, instance_id, card, args.suffix)
-    nc = await connect(settings.nats_connect_options(_servers(settings)))
+    publishers: list[DiscoveryPublisher] = []
+
+    async def reconnected() -> None:
+        # The server may have come back on an empty store: refresh (and heal) at once.
+        for publisher in publishers:
+            publisher.refresh_now()
+
+    nc = await connect(
+        settings.nats_connect_options(_servers(settings)),
+        ConnectionCallbacks(reconnected=reconnected),
+    )
     try:
         publisher = DiscoveryPublisher(
             nc.jetstream(),
             bucket=settings.discovery_bucket,
+            bucket_spec=BucketSpec(
+                name=settings.discovery_bucket, replicas=settings.bucket_replicas
+            ),
             ttl=None if args.once else args.ttl,
             heartbeat=args.heartbeat,
             writer=register_writer(instance_key(endpoint, instance_id, args.suffix)),
@@ -191,6 +205,7 @@ async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.
             # another writer took over is never fought for.
             on_removed="report" if args.exit_on_loss else "reregister",
         )
+        publishers.append(publisher)
         key = await publisher.register(endpoint, instance_id, card, args.suffix)
         keys = [key]
         if not args.no_endpoint_record:

@@ -1,5 +1,5 @@
-"""The package's shape: NATS stays inside adapters/nats, modules stay small enough to read, and
-the admission core is one plain state machine."""
+"""The package's shape: NATS stays inside adapters/nats, adapters never import one another,
+modules stay small enough to read, and the admission core is one plain state machine."""
 
 from __future__ import annotations
 
@@ -52,6 +52,34 @@ def test_the_import_walk_sees_an_import_of_nats(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from nats.errors import Error\n    import nats.js\n")
     assert {"nats.errors", "nats.js"} <= _imported(module)
+
+
+def _foreign_adapters(path: Path, own: str) -> list[str]:
+    prefix = "workerset_admission.adapters."
+    return sorted(
+        name
+        for name in _imported(path)
+        if name.startswith(prefix) and name[len(prefix) :].split(".")[0] != own
+    )
+
+
+def test_no_adapter_imports_another_adapter() -> None:
+    # What two adapters share (the bridges' bucket writer port, Dynamo's store paths) lives in
+    # the package's own modules, so each adapter can be read and replaced on its own.
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in _modules()
+        if path.relative_to(ROOT).parts[0] == "adapters" and len(path.relative_to(ROOT).parts) > 2
+        for name in _foreign_adapters(path, path.relative_to(ROOT).parts[1])
+    ]
+    assert offenders == []
+
+
+def test_the_adapter_walk_sees_an_import_of_another_adapter(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge\n")
+    assert _foreign_adapters(module, "etcd") == ["workerset_admission.adapters.dynamo.bridge"]
+    assert _foreign_adapters(module, "dynamo") == []
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,11 @@
 """Mirror Dynamo's file discovery store into the JetStream discovery bucket.
 
 Dynamo 1.6.1 workers on ``--discovery-backend file`` write one file per record; the plugin reads
-a NATS KV bucket. The bridge polls the store, and for each record file puts its bytes, unchanged,
-under the bucket key of DESIGN.md. A file that disappears, or whose owner stopped refreshing it
-for longer than the TTL, becomes a delete. The bridge translates and never judges a value: a
-record the plugin would refuse is forwarded and refused there, where the refusal is reported.
+a NATS KV bucket. The bridge scans the store whenever inotify says it changed (and every
+interval regardless), and for each record file puts its bytes, unchanged, under the bucket key
+of DESIGN.md. A file that disappears, or whose owner stopped refreshing it for longer than the
+TTL, becomes a delete. The bridge translates and never judges a value: a record the plugin
+would refuse is forwarded and refused there, where the refusal is reported.
 
 It mirrors all four discovery buckets: model cards, endpoint instances, and the event-plane
 sources and channels a KV-aware router needs, under the ``v1.mdc.>``, ``v1.instances.>``,
@@ -14,6 +15,12 @@ carries its writer identity (:mod:`workerset_admission.ownership`). On start it 
 converges; a key another writer put (a ``register`` process, a worker, another bridge) is never
 its to delete. A store root that is missing or unreadable is refused before anything is written
 or deleted, and a pass that finds it gone later changes nothing.
+
+The bucket is not trusted to keep what was written to it. A NATS server restarted with an empty
+store, a stream deleted and created again, or a key deleted by someone else would otherwise
+leave the bucket without the bridge's records until the store changed again; the bridge reads
+the bucket's mark and, periodically, its contents, and writes again at once everything it owns
+that the bucket lost (:mod:`workerset_admission.mirror`).
 """
 
 from __future__ import annotations
@@ -25,31 +32,29 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 from workerset_admission.adapters.dynamo.filestore import (
     DEFAULT_FILE_TTL,
     FileRecord,
     FileStoreReader,
     FileStoreScan,
-    RecordKind,
     SkippedFile,
-    parse_record_path,
 )
+from workerset_admission.adapters.dynamo.notify import StoreNotifier, open_notifier
+from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import event_kv_key
-from workerset_admission.card.events import parse_dynamo_event_path
-from workerset_admission.errors import ConfigError, InvalidRecordError
-from workerset_admission.identity import EndpointId
-from workerset_admission.keys import endpoint_kv_key, model_kv_key
+from workerset_admission.discovery_paths import bucket_key_for_parts
+from workerset_admission.errors import ConfigError
+from workerset_admission.mirror import BucketMark, BucketWriter, heal_reason, reconciled_mirror
 
 __all__ = [
     "BridgeStats",
-    "BucketWriter",
     "DiscoveryBridge",
     "SyncPlan",
     "bucket_key_for",
-    "bucket_key_for_path",
     "check_store_root",
+    "live_records",
     "plan_sync",
 ]
 
@@ -58,37 +63,11 @@ _log = logging.getLogger(__name__)
 RemovalReason = Literal["removed", "expired"]
 
 
-class BucketWriter(Protocol):
-    """The write side of the discovery bucket, as the bridge needs it."""
-
-    async def put(self, key: str, value: bytes) -> None: ...
-
-    async def delete(self, key: str) -> None: ...
-
-    async def keys(self) -> list[str]:
-        """Every live key under the four discovery prefixes that this writer wrote."""
-        ...
-
-
-def _bucket_key(
-    kind: RecordKind,
-    namespace: str,
-    component: str,
-    endpoint_name: str,
-    instance_id: int,
-    suffix: str | None,
-) -> str:
-    endpoint = EndpointId(namespace, component, endpoint_name)
-    if kind == "instances":
-        return endpoint_kv_key(endpoint, instance_id)
-    return model_kv_key(endpoint, instance_id, suffix)
-
-
 def bucket_key_for(record: FileRecord) -> str:
     """Return the bucket key DESIGN.md gives a file record."""
     if record.event is not None:
         return event_kv_key(record.event)
-    return _bucket_key(
+    return bucket_key_for_parts(
         record.kind,
         record.namespace,
         record.component,
@@ -96,22 +75,6 @@ def bucket_key_for(record: FileRecord) -> str:
         record.instance_id,
         record.model_suffix,
     )
-
-
-def bucket_key_for_path(kind: RecordKind, path: str) -> str:
-    """Return the bucket key of the record any Dynamo store keeps at ``v1/<kind>/<path>``.
-
-    ``path`` is the discovery path as Dynamo writes it, the same for etcd keys and decoded file
-    names: ``<ns>/<component>/<endpoint>/<id hex>`` (and a LoRA suffix for an adapter card), or
-    ``namespace/<ns>[/component/<c>[/endpoint/<e>]]/topic/<topic>/<publisher id hex>`` for the
-    event buckets. Raises :class:`InvalidRecordError` (with a reason token) otherwise.
-    """
-    if kind == "event_sources" or kind == "event_channels":
-        return event_kv_key(parse_dynamo_event_path(kind, path))
-    parsed = parse_record_path(kind, path)
-    if isinstance(parsed, str):
-        raise InvalidRecordError(parsed, f"not a {kind} record path", key=f"v1/{kind}/{path}")
-    return _bucket_key(kind, *parsed)
 
 
 def check_store_root(root: Path) -> None:
@@ -130,19 +93,13 @@ class SyncPlan:
     deletes: tuple[tuple[str, RemovalReason], ...]
 
 
-def plan_sync(
-    mirrored: Mapping[str, bytes | None],
-    scan: FileStoreScan,
-    *,
-    now: float,
-    ttl: float,
-    key_of: Callable[[FileRecord], str],
-) -> SyncPlan:
-    """Diff the bucket as last written (``None`` = value unknown) against one store scan.
+def live_records(
+    scan: FileStoreScan, *, now: float, ttl: float, key_of: Callable[[FileRecord], str]
+) -> tuple[dict[str, bytes], dict[str, float], set[str]]:
+    """Split one scan into the live records (key to value, key to last write) and stale keys.
 
     A record older than ``ttl`` counts as expired even though its file is still there: Dynamo's
     own readers treat it the same way, and only a live FileStore ever deletes such a file.
-    Puts come oldest write first (ties by key); deletes come sorted by key.
     """
     live: dict[str, bytes] = {}
     written: dict[str, float] = {}
@@ -154,6 +111,22 @@ def plan_sync(
         else:
             live[key] = record.value
             written[key] = record.mtime
+    return live, written, stale
+
+
+def plan_sync(
+    mirrored: Mapping[str, bytes | None],
+    scan: FileStoreScan,
+    *,
+    now: float,
+    ttl: float,
+    key_of: Callable[[FileRecord], str],
+) -> SyncPlan:
+    """Diff the bucket as last written (``None`` = value unknown) against one store scan.
+
+    Puts come oldest write first (ties by key); deletes come sorted by key.
+    """
+    live, written, stale = live_records(scan, now=now, ttl=ttl, key_of=key_of)
     # Oldest write first: two configurations registered within one pass must reach the bucket
     # in the order they registered, because the first one observed becomes the incumbent.
     puts = tuple(
@@ -179,11 +152,27 @@ class BridgeStats:
     expired: int = 0
     pruned: int = 0
     write_errors: int = 0
+    # Passes woken before the interval was up: by inotify, or by a reconnect.
+    notified_passes: int = 0
+    # Times the bucket was found lost or replaced, and readings of its whole contents.
+    heals: int = 0
+    reconciles: int = 0
+    # Records the bucket had lost that this bridge had written, found by a reconciliation.
+    restored: int = 0
+    check_errors: int = 0
     skipped_files: dict[str, str] = field(default_factory=dict)
 
 
 class DiscoveryBridge:
-    """Poll a Dynamo file store and keep a bucket equal to its live records."""
+    """Keep a bucket equal to a Dynamo file store's live records, and heal it when it is lost.
+
+    A pass runs when the store changes (inotify, unless ``notify`` is false) and every
+    ``interval`` seconds whatever happens (the safety net, and what notices expiry). Every
+    ``check_interval`` seconds, and at once after a failed write or a :meth:`wake`, a pass
+    first reads the bucket's mark; every ``reconcile_interval`` seconds, and at once when the
+    mark says the bucket was lost or replaced, it reads the bucket's contents and re-writes what
+    the bucket lacks (:mod:`workerset_admission.mirror`).
+    """
 
     def __init__(
         self,
@@ -193,6 +182,9 @@ class DiscoveryBridge:
         interval: float = 0.5,
         ttl: float = DEFAULT_FILE_TTL,
         prune: bool = True,
+        notify: bool = True,
+        check_interval: float = 1.0,
+        reconcile_interval: float = 5.0,
         clock: Callable[[], float] = time.time,
         scan: Callable[[Path], FileStoreScan] | None = None,
         key_of: Callable[[FileRecord], str] | None = None,
@@ -202,6 +194,9 @@ class DiscoveryBridge:
         self._interval = interval
         self._ttl = ttl
         self._prune = prune
+        self._notify = notify
+        self._check_interval = check_interval
+        self._reconcile_interval = reconcile_interval
         # mtimes are wall-clock, so expiry compares against wall-clock time too.
         self._clock = clock
         self._scan = scan or FileStoreReader().scan
@@ -210,12 +205,28 @@ class DiscoveryBridge:
         self._failing: set[str] = set()
         self._started = False
         self._root_missing = False
+        self._mark: BucketMark | None = None
+        self._check_soon = False
+        self._check_failing = False
+        self._heal_pending = False
+        self._last_check = float("-inf")
+        self._last_reconcile = float("-inf")
+        self._wake = asyncio.Event()
+        self._notifier: StoreNotifier | None = None
+        self.notifying = False
         self.stats = BridgeStats()
+
+    def wake(self, *, check: bool = True) -> None:
+        """Run a pass now; with ``check``, one that reads the bucket's mark first."""
+        self._check_soon = self._check_soon or check
+        self._wake.set()
 
     async def _start(self) -> None:
         # Before anything is deleted: an empty scan of a wrong path would read as "every
         # record is gone".
         check_store_root(self._root)
+        self._mark = await self._writer.mark()
+        self._last_check = self._last_reconcile = time.monotonic()
         if self._prune:
             # Values unknown: every live record is written once, every other key deleted.
             self._mirrored = dict.fromkeys(await self._writer.keys())
@@ -236,11 +247,16 @@ class DiscoveryBridge:
         if self._root_missing:
             _log.info("discovery bridge resumes: %s is back", self._root)
             self._root_missing = False
+            if self._notifier is not None:
+                # The watches went with the old folders.
+                self._notifier.rearm()
+        reconcile = await self._check_bucket()
         scan = await asyncio.to_thread(self._scan, self._root)
         self._note_skipped(scan.skipped)
-        plan = plan_sync(
-            self._mirrored, scan, now=self._clock(), ttl=self._ttl, key_of=self._key_of
-        )
+        now = self._clock()
+        if reconcile:
+            await self._reconcile(scan, now)
+        plan = plan_sync(self._mirrored, scan, now=now, ttl=self._ttl, key_of=self._key_of)
         for key, value in plan.puts:
             if await self._write(self._writer.put(key, value), key):
                 self._mirrored[key] = value
@@ -257,14 +273,83 @@ class DiscoveryBridge:
         self.stats.passes += 1
         return plan
 
+    async def _check_bucket(self) -> bool:
+        """Read the bucket's mark when due; return whether its contents must be read now."""
+        moment = time.monotonic()
+        reconcile = self._heal_pending or moment - self._last_reconcile >= self._reconcile_interval
+        if not (self._check_soon or moment - self._last_check >= self._check_interval):
+            return reconcile
+        self._last_check = moment
+        try:
+            mark = await self._writer.mark()
+        except Exception as exc:  # the bucket unreachable: writes fail too, and are retried
+            self.stats.check_errors += 1
+            level = logging.DEBUG if self._check_failing else logging.WARNING
+            _log.log(level, "discovery bridge cannot read the bucket's state: %s", exc)
+            self._check_soon = self._check_failing = True
+            return False
+        self._check_soon = self._check_failing = False
+        reason = heal_reason(self._mark, mark)
+        self._mark = mark
+        if reason is None:
+            return reconcile
+        self.stats.heals += 1
+        _log.warning("discovery bridge re-writes every record it owns that is missing: %s", reason)
+        # Until a reading of the contents succeeds: a mark taken later compares equal.
+        self._heal_pending = True
+        return True
+
+    async def _reconcile(self, scan: FileStoreScan, now: float) -> None:
+        try:
+            held = await self._writer.contents()
+        except Exception as exc:  # tried again on the next pass
+            self.stats.check_errors += 1
+            _log.debug("discovery bridge cannot read the bucket's contents: %s", exc)
+            self._check_soon = True
+            return
+        self._last_reconcile = time.monotonic()
+        self._heal_pending = False
+        self.stats.reconciles += 1
+        live, _written, _stale = live_records(scan, now=now, ttl=self._ttl, key_of=self._key_of)
+        memory = reconciled_mirror(live, self._mirrored, held, prune=self._prune)
+        lost = sorted(key for key in self._mirrored if key in live and key not in memory)
+        if lost:
+            self.stats.restored += len(lost)
+            _log.warning(
+                "discovery bridge writes again %d record(s) the bucket lost, e.g. %s",
+                len(lost),
+                lost[0],
+            )
+        self._mirrored = memory
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Sync every ``interval`` seconds until ``stop`` is set."""
-        while not stop.is_set():
-            await self.sync_once()
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self._interval)
-            except asyncio.TimeoutError:
-                continue
+        """Sync on every store change and every ``interval`` seconds until ``stop`` is set."""
+        notifier = open_notifier(self._root, self._wake) if self._notify else None
+        self._notifier = notifier
+        self.notifying = notifier is not None
+        relay = asyncio.ensure_future(self._relay(stop))
+        try:
+            notified = False
+            while not stop.is_set():
+                self._wake.clear()
+                await self.sync_once()
+                if notified:
+                    self.stats.notified_passes += 1
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._interval)
+                    notified = True
+                except asyncio.TimeoutError:
+                    notified = False
+        finally:
+            await cancel_and_wait([relay])
+            self._notifier = None
+            if notifier is not None:
+                notifier.close()
+
+    async def _relay(self, stop: asyncio.Event) -> None:
+        # One event to wait on: a stop wakes the loop like a change does.
+        await stop.wait()
+        self._wake.set()
 
     async def _write(self, operation: Awaitable[None], key: str) -> bool:
         # A failed write leaves the mirror as it was, so the next pass retries the same change.
@@ -276,6 +361,8 @@ class DiscoveryBridge:
             level = logging.DEBUG if key in self._failing else logging.WARNING
             _log.log(level, "discovery bridge could not write %s: %s", key, exc)
             self._failing.add(key)
+            # The bucket may be gone: the next pass reads its mark first.
+            self._check_soon = True
             return False
         self._failing.discard(key)
         return True

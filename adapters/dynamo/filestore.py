@@ -13,12 +13,10 @@ it turns a directory listing into (kind, path, bytes, mtime) rows and never writ
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 from urllib.parse import unquote
 
 from workerset_admission.card.events import (
@@ -27,6 +25,7 @@ from workerset_admission.card.events import (
     EventKey,
     parse_dynamo_event_path,
 )
+from workerset_admission.discovery_paths import RECORD_KINDS, RecordKind, parse_record_path
 from workerset_admission.errors import InvalidRecordError
 
 __all__ = [
@@ -42,13 +41,9 @@ __all__ = [
     "scan_file_store",
 ]
 
-RecordKind = Literal["mdc", "instances", "event_sources", "event_channels"]
-
 # Dynamo's FileStore lease: owners refresh every max(ttl/3, 1 s); readers treat older files as dead.
 DEFAULT_FILE_TTL = 10.0
 
-_KINDS: tuple[RecordKind, ...] = ("instances", "mdc", "event_sources", "event_channels")
-_HEX_ID = re.compile(r"0|[1-9a-f][0-9a-f]{0,15}")
 # The bucket's default value limit; Dynamo's records are a few kilobytes.
 DEFAULT_MAX_FILE_SIZE = 1 << 20
 # Dynamo stages a revision-0 insert as ``.tmp_<16 hex>`` and hard-links it into place.
@@ -99,22 +94,6 @@ class FileStoreScan:
 
     records: tuple[FileRecord, ...]
     skipped: tuple[SkippedFile, ...]
-
-
-def parse_record_path(kind: RecordKind, path: str) -> tuple[str, str, str, int, str | None] | str:
-    """Split a discovery path; return the parts, or a reason token when it is not one."""
-    parts = path.split("/")
-    allowed = (4,) if kind == "instances" else (4, 5)
-    if len(parts) not in allowed:
-        return "bad_path_shape"
-    if any(part == "" for part in parts):
-        return "empty_path_segment"
-    namespace, component, endpoint, id_hex = parts[:4]
-    # Dynamo prints ids as lowercase hex without padding and parses them back the same way.
-    if not _HEX_ID.fullmatch(id_hex):
-        return "bad_instance_id"
-    suffix = parts[4] if len(parts) == 5 else None
-    return namespace, component, endpoint, int(id_hex, 16), suffix
 
 
 def _describe(
@@ -187,7 +166,7 @@ class FileStoreReader:
     def scan(self, root: Path) -> FileStoreScan:
         """List every record file under ``root`` (blocking; run it off the event loop)."""
         seen: dict[tuple[RecordKind, str], tuple[_Signature, FileRecord | SkippedFile]] = {}
-        for kind in _KINDS:
+        for kind in RECORD_KINDS:
             try:
                 listing = list(os.scandir(root / "v1" / kind))
             except FileNotFoundError:

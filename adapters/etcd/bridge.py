@@ -17,6 +17,13 @@ and none is applied twice. Every watch event updates ``desired`` for one key and
   etcd cannot be read.
 - A failed bucket write leaves ``mirrored`` as it was and marks the key dirty; dirty keys are
   retried every ``retry_interval`` seconds and by the next change of the same key.
+- The bucket itself may lose what was written to it (a NATS server restarted on an empty
+  store, a stream deleted and created again, a key deleted behind the bridge's back). Every
+  ``check_interval`` seconds, and at once after a failed write or a :meth:`wake` (a reconnect),
+  the bridge reads the bucket's mark; every ``reconcile_interval`` seconds, and at once when
+  the mark says the bucket was lost or replaced, it reads the bucket's contents, corrects
+  ``mirrored`` to them and writes every key again that differs from ``desired``, in the order
+  etcd created them (:mod:`workerset_admission.mirror`).
 - Deletes touch only keys this bridge owns: the ones it wrote, and (when pruning) the ones the
   bucket writer reports as owned at start. A key another writer put there is never in
   ``mirrored``, so no path deletes it.
@@ -35,10 +42,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from workerset_admission.adapters.dynamo.bridge import BucketWriter, bucket_key_for_path
-from workerset_admission.adapters.dynamo.filestore import RecordKind
 from workerset_admission.aio import cancel_and_wait
+from workerset_admission.discovery_paths import RECORD_KINDS, bucket_key_for_path
 from workerset_admission.errors import InvalidRecordError, StoreCompacted, StoreUnavailable
+from workerset_admission.mirror import BucketMark, BucketWriter, heal_reason, reconciled_mirror
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
@@ -62,8 +69,6 @@ _log = logging.getLogger(__name__)
 DISCOVERY_PREFIX = "v1/"
 # Seconds between attempts while etcd cannot be read; the last one repeats.
 DEFAULT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
-# All four: the admitted view needs a worker's event sources and channels for KV routing.
-_MIRRORED_KINDS: tuple[RecordKind, ...] = ("instances", "mdc", "event_sources", "event_channels")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +135,7 @@ def bucket_key_for_etcd(key: str) -> str | None:
     bucket, sep, path = key[len(DISCOVERY_PREFIX) :].partition("/")
     if not sep:
         return None
-    for kind in _MIRRORED_KINDS:
+    for kind in RECORD_KINDS:
         if bucket == kind:
             return bucket_key_for_path(kind, path)
     return None
@@ -149,6 +154,11 @@ class EtcdBridgeStats:
     pruned: int = 0
     write_errors: int = 0
     ignored_keys: int = 0
+    # Times the bucket was found lost or replaced, readings of its contents, keys it had lost.
+    heals: int = 0
+    reconciles: int = 0
+    restored: int = 0
+    check_errors: int = 0
     revision: int = 0
     skipped_keys: dict[str, str] = field(default_factory=dict)
 
@@ -166,6 +176,8 @@ class EtcdDiscoveryBridge:
         backoff: Sequence[float] = DEFAULT_BACKOFF,
         retry_interval: float = 1.0,
         probe_interval: float = 10.0,
+        check_interval: float = 1.0,
+        reconcile_interval: float = 5.0,
         key_of: Callable[[str], str | None] = bucket_key_for_etcd,
     ) -> None:
         if not backoff or any(delay <= 0 for delay in backoff):
@@ -177,8 +189,16 @@ class EtcdDiscoveryBridge:
         self._backoff = tuple(backoff)
         self._retry_interval = retry_interval
         self._probe_interval = probe_interval
+        self._check_interval = check_interval
+        self._reconcile_interval = reconcile_interval
         self._key_of = key_of
         self._desired: dict[str, bytes] = {}
+        # The etcd revision that created each desired key: re-writes go oldest first.
+        self._created: dict[str, int] = {}
+        self._mark: BucketMark | None = None
+        self._check_soon = asyncio.Event()
+        self._check_failing = False
+        self._heal_pending = False
         self._mirrored: dict[str, bytes | None] = {}
         self._dirty: set[str] = set()
         self._failing: set[str] = set()
@@ -203,6 +223,10 @@ class EtcdDiscoveryBridge:
         listing = await self._reader.list_prefix(self._prefix)
         self.stats.listings += 1
         if not self._started:
+            try:
+                self._mark = await self._writer.mark()
+            except Exception as exc:  # retried like an unreadable store
+                raise StoreUnavailable(f"the bucket could not be read: {exc}") from exc
             if self._prune:
                 # Values unknown: each owned key is either rewritten or deleted below.
                 try:
@@ -220,6 +244,7 @@ class EtcdDiscoveryBridge:
                 created[key] = entry.create_revision
         async with self._lock:
             self._desired = desired
+            self._created = created
             # First registered first: the first configuration observed becomes the incumbent,
             # so registrations must reach the bucket in the order etcd created them.
             for key in sorted(desired, key=lambda k: (created[k], k)):
@@ -239,8 +264,10 @@ class EtcdDiscoveryBridge:
             async with self._lock:
                 if change.value is None:
                     self._desired.pop(key, None)
+                    self._created.pop(key, None)
                 else:
                     self._desired[key] = change.value
+                    self._created.setdefault(key, change.revision)
                 await self._write_key(key)
         self._revision = max(self._revision, change.revision)
         self.stats.revision = self._revision
@@ -267,11 +294,87 @@ class EtcdDiscoveryBridge:
     async def run(self, stop: asyncio.Event) -> None:
         """Follow etcd until ``stop`` is set, resyncing after every failure."""
         async with TaskGroup() as tg:
-            follower = tg.create_task(self._follow(stop))
-            retrier = tg.create_task(self._retry_dirty(stop))
+            tasks = [
+                tg.create_task(self._follow(stop)),
+                tg.create_task(self._retry_dirty(stop)),
+                tg.create_task(self._keep_healed(stop)),
+            ]
             await stop.wait()
-            follower.cancel()
-            retrier.cancel()
+            for task in tasks:
+                task.cancel()
+
+    def wake(self) -> None:
+        """Read the bucket's mark now (after a reconnect, say) instead of at the next check."""
+        self._check_soon.set()
+
+    async def heal_once(self, *, reconcile: bool = False) -> str | None:
+        """Read the bucket's mark, and its contents when due; return why it healed, if it did.
+
+        With ``reconcile`` the contents are read whatever the mark says.
+        """
+        try:
+            mark = await self._writer.mark()
+        except Exception as exc:  # the bucket unreachable: writes fail too, and are retried
+            self.stats.check_errors += 1
+            level = logging.DEBUG if self._check_failing else logging.WARNING
+            _log.log(level, "discovery bridge cannot read the bucket's state: %s", exc)
+            # Tried again at the next check, not at once: an outage would make it a busy loop.
+            self._check_failing = True
+            return None
+        self._check_failing = False
+        reason = heal_reason(self._mark, mark)
+        self._mark = mark
+        if reason is not None:
+            self.stats.heals += 1
+            _log.warning(
+                "discovery bridge re-writes every record it owns that is missing: %s", reason
+            )
+        if reason is not None:
+            # Until a reading of the contents succeeds: a mark taken later compares equal.
+            self._heal_pending = True
+        if self._heal_pending or reconcile:
+            await self._reconcile()
+        return reason
+
+    async def _reconcile(self) -> None:
+        async with self._lock:
+            try:
+                held = await self._writer.contents()
+            except Exception as exc:  # tried again at the next check
+                self.stats.check_errors += 1
+                _log.debug("discovery bridge cannot read the bucket's contents: %s", exc)
+                return
+            self.stats.reconciles += 1
+            self._heal_pending = False
+            memory = reconciled_mirror(self._desired, self._mirrored, held, prune=self._prune)
+            lost = sorted(k for k in self._mirrored if k in self._desired and k not in memory)
+            if lost:
+                self.stats.restored += len(lost)
+                _log.warning(
+                    "discovery bridge writes again %d record(s) the bucket lost, e.g. %s",
+                    len(lost),
+                    lost[0],
+                )
+            self._mirrored = memory
+            order = sorted(self._desired, key=lambda k: (self._created.get(k, 0), k))
+            for key in order + sorted(set(self._mirrored) - set(self._desired)):
+                await self._write_key(key)
+
+    async def _keep_healed(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        last_reconcile = loop.time()
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._check_soon.wait(), timeout=self._check_interval)
+            self._check_soon.clear()
+            if not self.synced.is_set():
+                # No listing yet (or etcd unreadable): nothing known to write, so nothing to
+                # heal; the next listing writes its difference anyway.
+                continue
+            due = loop.time() - last_reconcile >= self._reconcile_interval
+            await self.heal_once(reconcile=due)
+            if due:
+                last_reconcile = loop.time()
 
     async def _follow(self, stop: asyncio.Event) -> None:
         failures = 0
@@ -345,6 +448,8 @@ class EtcdDiscoveryBridge:
         except Exception as exc:  # the bucket being unreachable must not stop the bridge
             self.stats.write_errors += 1
             self._dirty.add(key)
+            # The bucket may be gone: read its mark before the next retry.
+            self._check_soon.set()
             level = logging.DEBUG if key in self._failing else logging.WARNING
             _log.log(level, "discovery bridge could not write %s: %s", key, exc)
             self._failing.add(key)

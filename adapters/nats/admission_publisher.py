@@ -23,6 +23,9 @@ A failed write may mean the store lost the bucket (a wiped or re-created store):
 bound again (created, with the configured replicas, when absent) and every record is written
 again on the next round, not only the ones that changed. ``republish()`` asks for the same
 after a discovery resync, when another frontend may already have re-created the bucket empty.
+Every ``audit_interval`` seconds the records written so far are read back: one the bucket lost
+(a stream deleted or re-created by someone else, a key deleted behind this frontend's back) is
+written again on the next round, and a bucket that is gone is created again.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.keys import escape_token
@@ -79,6 +82,7 @@ class NatsAdmissionPublisher:
         record_ttl: float | None = 60.0,
         clock: Callable[[], float] = time.monotonic,
         replicas: int = 1,
+        audit_interval: float | None = 2.0,
     ) -> None:
         self._js = js
         self.frontend_id = frontend_id
@@ -88,6 +92,7 @@ class NatsAdmissionPublisher:
         self._record_ttl = record_ttl
         self._clock = clock
         self._replicas = replicas
+        self._audit_interval = audit_interval
         self._capability_key, self._member_key = admission_keys(frontend_id)
         self._kv: KeyValue | None = None
         self._desired: dict[str, bytes | None] = {}
@@ -214,15 +219,24 @@ class NatsAdmissionPublisher:
 
     async def _writer(self) -> None:
         refresh_every = self._record_ttl / 3 if self._record_ttl else None
+        next_refresh = None if refresh_every is None else self._clock() + refresh_every
+        next_audit = None if self._audit_interval is None else self._clock() + self._audit_interval
         while True:
-            if refresh_every is None:
+            due = [moment for moment in (next_refresh, next_audit) if moment is not None]
+            if not due:
                 await self._dirty.wait()
             else:
                 try:
-                    await asyncio.wait_for(self._dirty.wait(), timeout=refresh_every)
+                    timeout = max(0.0, min(due) - self._clock())
+                    await asyncio.wait_for(self._dirty.wait(), timeout=timeout)
                 except asyncio.TimeoutError:
+                    refreshing = next_refresh is not None and self._clock() >= next_refresh
+                    if refreshing and refresh_every is not None:
+                        next_refresh = self._clock() + refresh_every
+                    elif self._audit_interval is not None:
+                        next_audit = self._clock() + self._audit_interval
                     try:
-                        await self._refresh()
+                        await (self._refresh() if refreshing else self._audit())
                     except Exception as exc:
                         self._lost_bucket()
                         self._dirty.set()
@@ -258,8 +272,7 @@ class NatsAdmissionPublisher:
     async def _write_round(self) -> None:
         kv = await self._bucket()
         if self._capability_wanted and not self._capability_published:
-            record = {"protocol": PROTOCOL, "capability": True, "frontend": self.frontend_id}
-            await kv.put(self._capability_key, _encode(record))
+            await kv.put(self._capability_key, self._capability_record())
             self._capability_published = True
         for namespace, value in list(self._desired.items()):
             if self._published.get(namespace) == value:
@@ -276,11 +289,46 @@ class NatsAdmissionPublisher:
                 if namespace in self._desired and self._desired[namespace] is None:
                     del self._desired[namespace]
 
+    async def _audit(self) -> None:
+        """Read back what was written; forget what the bucket lost, so the next round writes it."""
+        if not (self._published or self._capability_published):
+            return
+        kv = await self._bucket()
+        lost: list[str] = []
+        if self._capability_published and await self._lost(
+            kv, self._capability_key, self._capability_record()
+        ):
+            self._capability_published = False
+            lost.append(self._capability_key)
+        for namespace, value in list(self._published.items()):
+            if await self._lost(kv, self._member_key(namespace), value):
+                self._desired.setdefault(namespace, value)
+                del self._published[namespace]
+                lost.append(self._member_key(namespace))
+        if lost:
+            _log.warning(
+                "the admission bucket lost %d record(s) of this frontend (%s first); writing again",
+                len(lost),
+                lost[0],
+            )
+            self._idle.clear()
+            self._dirty.set()
+
+    def _capability_record(self) -> bytes:
+        return _encode({"protocol": PROTOCOL, "capability": True, "frontend": self.frontend_id})
+
+    @staticmethod
+    async def _lost(kv: KeyValue, key: str, value: bytes) -> bool:
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            return True
+        return bool(entry.value != value)
+
     async def _refresh(self) -> None:
         """Rewrite every published record so it outlives the bucket's max age."""
         kv = await self._bucket()
         if self._capability_published:
-            record = {"protocol": PROTOCOL, "capability": True, "frontend": self.frontend_id}
-            await kv.put(self._capability_key, _encode(record))
+            await kv.put(self._capability_key, self._capability_record())
         for namespace, value in list(self._published.items()):
             await kv.put(self._member_key(namespace), value)

@@ -12,6 +12,12 @@ again (with a WARNING: a worker that is alive must not look gone), ``"report"`` 
 it. Either way every key lost for good (taken over, or deleted under ``"report"``) is listed in
 ``lost`` and sets ``lost_event``, so the process that owns the publisher never runs on
 unregistered without knowing.
+
+A bucket that is gone (a NATS server restarted on an empty store, the stream deleted) is created
+again with the publisher's bucket settings at the next heartbeat, and every registration is
+written again at once; a bucket created again by someone else refuses the conditional refresh,
+which then finds the key gone and writes it again. :meth:`refresh_now` (on a reconnect) runs
+the heartbeat at once instead of at the end of its interval.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any, Literal
 
 from nats.js.api import Header
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import encode_endpoint_record, encode_model_record
 from workerset_admission.errors import UsageError
@@ -105,8 +111,11 @@ class DiscoveryPublisher:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._writer = writer
         self._on_removed = on_removed
+        self._wake = asyncio.Event()
         self.refreshes = 0
         self.reregistrations = 0
+        # Times the bucket was found gone and created again.
+        self.heals = 0
         # Keys lost for good, and how: "deleted" or "taken" (overwritten by another writer).
         self.lost: dict[str, str] = {}
         self.lost_event = asyncio.Event()
@@ -240,7 +249,9 @@ class DiscoveryPublisher:
             if interval is None:
                 self._heartbeat_task = None
                 return
-            await asyncio.sleep(interval)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+            self._wake.clear()
             for key, registration in list(self._registrations.items()):
                 if registration.ttl is None:
                     continue
@@ -252,6 +263,10 @@ class DiscoveryPublisher:
                         registration.headers,
                         expected_revision=registration.revision,
                     )
+                except (NoStreamResponseError, NotFoundError) as exc:
+                    # No stream answers for the bucket: it is gone with everything in it.
+                    await self._heal(exc)
+                    break
                 except APIError as exc:
                     if exc.err_code not in _WRONG_LAST_SEQUENCE:
                         _log.warning("refreshing %s failed: %r", key, exc)
@@ -264,6 +279,42 @@ class DiscoveryPublisher:
                 if self._registrations.get(key) is registration:
                     self._registrations[key] = replace(registration, revision=revision)
                     self.refreshes += 1
+
+    def refresh_now(self) -> None:
+        """Run the heartbeat now (after a reconnect the store may have lost everything)."""
+        self._wake.set()
+
+    async def _heal(self, exc: Exception) -> None:
+        """Create the bucket again and write every registration again, unconditionally."""
+        if not self._create_bucket:
+            _log.warning(
+                "refreshing in %s failed and the bucket is not ours to create: %r", self.bucket, exc
+            )
+            return
+        try:
+            await ensure_bucket(self._js, self._bucket_spec)
+        except Exception as retry:  # the server not ready yet: the next beat tries again
+            _log.warning(
+                "the bucket %s is gone and could not be created yet: %r", self.bucket, retry
+            )
+            return
+        self.heals += 1
+        _log.warning(
+            "the bucket %s was gone; created it again and registering %d key(s) again",
+            self.bucket,
+            len(self._registrations),
+        )
+        for key, registration in list(self._registrations.items()):
+            try:
+                revision = await self._write(
+                    key, registration.value, registration.ttl, registration.headers
+                )
+            except Exception as failed:  # the next beat's conditional refresh finds out
+                _log.warning("registering %s again failed: %r", key, failed)
+                continue
+            if self._registrations.get(key) is registration:
+                self._registrations[key] = replace(registration, revision=revision)
+                self.reregistrations += 1
 
     async def _recover(self, key: str, registration: Registration) -> None:
         """Find out why a conditional refresh was refused; write again or give the key up."""

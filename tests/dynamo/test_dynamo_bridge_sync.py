@@ -4,39 +4,17 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from support.fakebucket import FakeBucket
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, bucket_key_for
 from workerset_admission.adapters.dynamo.filestore import FileRecord
 from workerset_admission.errors import ConfigError
 from workerset_admission.ownership import WRITER_HEADER, WriterId, bridge_writer, register_writer
 
 NOW = 1_000_000.0
-
-
-@dataclass
-class _Bucket:
-    data: dict[str, bytes] = field(default_factory=dict)
-    log: list[tuple[str, str]] = field(default_factory=list)
-    failing: set[str] = field(default_factory=set)
-
-    async def put(self, key: str, value: bytes) -> None:
-        if key in self.failing:
-            raise ConnectionError("bucket unreachable")
-        self.data[key] = value
-        self.log.append(("put", key))
-
-    async def delete(self, key: str) -> None:
-        if key in self.failing:
-            raise ConnectionError("bucket unreachable")
-        self.data.pop(key, None)
-        self.log.append(("delete", key))
-
-    async def keys(self) -> list[str]:
-        return sorted(self.data)
 
 
 def _key(record: FileRecord) -> str:
@@ -62,12 +40,12 @@ def store(tmp_path: Path) -> _Store:
     return _Store(tmp_path)
 
 
-def _bridge(store: _Store, bucket: _Bucket, *, prune: bool = True) -> DiscoveryBridge:
+def _bridge(store: _Store, bucket: FakeBucket, *, prune: bool = True) -> DiscoveryBridge:
     return DiscoveryBridge(store.root, bucket, clock=lambda: NOW, key_of=_key, prune=prune)
 
 
 async def test_new_records_are_put_once_and_refreshes_write_nothing(store: _Store) -> None:
-    bucket = _Bucket()
+    bucket = FakeBucket()
     bridge = _bridge(store, bucket)
     store.write("mdc", "ns/backend/generate/a1", b"card")
     store.write("instances", "ns/backend/generate/a1", b"endpoint")
@@ -87,7 +65,7 @@ async def test_new_records_are_put_once_and_refreshes_write_nothing(store: _Stor
 async def test_records_new_in_one_pass_are_put_in_the_order_they_were_written(
     store: _Store,
 ) -> None:
-    bucket = _Bucket()
+    bucket = FakeBucket()
     bridge = _bridge(store, bucket)
     store.write("mdc", "ns/backend/generate/ff", b"first card", age=0.5)
     store.write("mdc", "ns/backend/generate/11", b"second card", age=0.2)
@@ -103,7 +81,7 @@ async def test_records_new_in_one_pass_are_put_in_the_order_they_were_written(
 
 
 async def test_a_changed_value_is_put_again(store: _Store) -> None:
-    bucket = _Bucket()
+    bucket = FakeBucket()
     bridge = _bridge(store, bucket)
     store.write("mdc", "ns/backend/generate/a1", b"card")
     await bridge.sync_once()
@@ -116,7 +94,7 @@ async def test_a_changed_value_is_put_again(store: _Store) -> None:
 
 
 async def test_a_removed_file_is_deleted_from_the_bucket(store: _Store) -> None:
-    bucket = _Bucket()
+    bucket = FakeBucket()
     bridge = _bridge(store, bucket)
     store.write("mdc", "ns/backend/generate/a1", b"card")
     store.write("mdc", "ns/backend/generate/a1/my-lora", b"lora")
@@ -132,7 +110,7 @@ async def test_a_removed_file_is_deleted_from_the_bucket(store: _Store) -> None:
 async def test_a_record_its_owner_stopped_refreshing_expires_and_returns_when_refreshed(
     store: _Store,
 ) -> None:
-    bucket = _Bucket()
+    bucket = FakeBucket()
     bridge = _bridge(store, bucket)
     store.write("mdc", "ns/backend/generate/a1", b"card")
     await bridge.sync_once()
@@ -148,7 +126,7 @@ async def test_a_record_its_owner_stopped_refreshing_expires_and_returns_when_re
 
 
 async def test_an_already_stale_record_is_never_put(store: _Store) -> None:
-    bucket = _Bucket()
+    bucket = FakeBucket()
     store.write("mdc", "ns/backend/generate/a1", b"card", age=60)
 
     await _bridge(store, bucket).sync_once()
@@ -157,8 +135,8 @@ async def test_an_already_stale_record_is_never_put(store: _Store) -> None:
 
 
 async def test_start_prunes_keys_the_store_no_longer_holds(store: _Store) -> None:
-    bucket = _Bucket(
-        data={"mdc:ns/backend/generate/gone": b"old", "mdc:ns/backend/generate/a1": b"x"}
+    bucket = FakeBucket(
+        {"mdc:ns/backend/generate/gone": b"old", "mdc:ns/backend/generate/a1": b"x"}
     )
     store.write("mdc", "ns/backend/generate/a1", b"card")
     bridge = _bridge(store, bucket)
@@ -170,7 +148,7 @@ async def test_start_prunes_keys_the_store_no_longer_holds(store: _Store) -> Non
 
 
 async def test_without_pruning_foreign_keys_are_left_alone(store: _Store) -> None:
-    bucket = _Bucket(data={"mdc:other/writer/generate/b2": b"theirs"})
+    bucket = FakeBucket({"mdc:other/writer/generate/b2": b"theirs"}, owned=())
     store.write("mdc", "ns/backend/generate/a1", b"card")
 
     await _bridge(store, bucket, prune=False).sync_once()
@@ -179,7 +157,7 @@ async def test_without_pruning_foreign_keys_are_left_alone(store: _Store) -> Non
 
 
 async def test_a_failed_write_is_retried_on_the_next_pass(store: _Store) -> None:
-    bucket = _Bucket(failing={"mdc:ns/backend/generate/a1"})
+    bucket = FakeBucket(failing={"mdc:ns/backend/generate/a1"})
     bridge = _bridge(store, bucket)
     store.write("mdc", "ns/backend/generate/a1", b"card")
 
@@ -193,7 +171,7 @@ async def test_a_failed_write_is_retried_on_the_next_pass(store: _Store) -> None
 
 
 async def test_files_that_name_no_record_are_reported_once_and_skipped(store: _Store) -> None:
-    bucket = _Bucket()
+    bucket = FakeBucket()
     bridge = _bridge(store, bucket)
     store.write("mdc", "ns/backend/generate", b"three parts")
 
@@ -220,7 +198,7 @@ def test_bucket_keys_follow_the_design_wire_format() -> None:
 async def test_a_key_that_keeps_failing_is_warned_about_once(
     store: _Store, caplog: pytest.LogCaptureFixture
 ) -> None:
-    bucket = _Bucket(failing={"mdc:ns/backend/generate/a1"})
+    bucket = FakeBucket(failing={"mdc:ns/backend/generate/a1"})
     bridge = _bridge(store, bucket)
     store.write("mdc", "ns/backend/generate/a1", b"card")
 
@@ -239,7 +217,7 @@ async def test_a_store_root_that_is_not_a_readable_directory_is_refused_before_a
     root = tmp_path / "store"
     if shape == "a file":
         root.write_text("not a directory")
-    bucket = _Bucket(data={"mdc:ns/backend/generate/a1": b"mine"})
+    bucket = FakeBucket({"mdc:ns/backend/generate/a1": b"mine"})
     with pytest.raises(ConfigError, match="file store"):
         await DiscoveryBridge(root, bucket, clock=lambda: NOW, key_of=_key).sync_once()
     assert bucket.log == []
@@ -250,7 +228,7 @@ async def test_a_store_root_that_vanishes_while_running_pauses_the_bridge(
     store: _Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     store.write("mdc", "ns/backend/generate/a1", b"card")
-    bucket = _Bucket()
+    bucket = FakeBucket()
     bridge = _bridge(store, bucket)
     await bridge.sync_once()
     moved = store.root.with_name("moved")

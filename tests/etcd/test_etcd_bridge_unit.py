@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from support.fakebucket import FakeBucket
 from workerset_admission.adapters.etcd.bridge import (
     EtcdDiscoveryBridge,
     StoreChange,
@@ -89,33 +90,6 @@ class FakeEtcd:
 
     async def reset(self) -> None:
         self.resets += 1
-
-
-class FakeBucket:
-    """The bucket writer port; writes fail while ``broken`` is set."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self.owned: set[str] = set()
-        self.broken = False
-        self.writes: list[tuple[str, bytes | None]] = []
-
-    async def put(self, key: str, value: bytes) -> None:
-        if self.broken:
-            raise ConnectionError("bucket unreachable")
-        self.data[key] = value
-        self.owned.add(key)
-        self.writes.append((key, value))
-
-    async def delete(self, key: str) -> None:
-        if self.broken:
-            raise ConnectionError("bucket unreachable")
-        self.data.pop(key, None)
-        self.owned.discard(key)
-        self.writes.append((key, None))
-
-    async def keys(self) -> list[str]:
-        return sorted(self.owned)
 
 
 async def _until(condition: object, seconds: float = 5.0) -> None:
@@ -316,3 +290,69 @@ async def test_a_store_that_hangs_without_closing_the_watch_is_noticed_by_the_pr
 
     stop.set()
     await task
+
+
+async def test_a_wiped_bucket_gets_every_record_back_in_the_order_etcd_created_them() -> None:
+    etcd, bucket = FakeEtcd(), FakeBucket()
+    etcd.put(MDC_B, b"b")
+    etcd.put(MDC_A, b"a")
+    bridge = EtcdDiscoveryBridge(etcd, bucket)
+    await bridge.resync()
+    etcd.put(INST_A, b"inst")
+    await bridge.apply(etcd.log[-1])
+
+    bucket.wipe()
+    del bucket.writes[:]
+    assert await bridge.heal_once() is not None
+
+    assert [key for key, _ in bucket.writes] == [KEY_B, KEY_A, KEY_INST_A]
+    assert bucket.data == {KEY_A: b"a", KEY_B: b"b", KEY_INST_A: b"inst"}
+    assert bridge.stats.heals == 1
+
+
+async def test_a_key_deleted_behind_the_etcd_bridges_back_is_written_again_when_read() -> None:
+    etcd, bucket = FakeEtcd(), FakeBucket()
+    etcd.put(MDC_A, b"a")
+    etcd.put(MDC_B, b"b")
+    bridge = EtcdDiscoveryBridge(etcd, bucket)
+    await bridge.resync()
+
+    bucket.lose(KEY_A)
+    assert await bridge.heal_once() is None
+    assert KEY_A not in bucket.data  # the mark alone cannot tell one lost key
+    await bridge.heal_once(reconcile=True)
+
+    assert bucket.data == {KEY_A: b"a", KEY_B: b"b"}
+    assert bridge.stats.restored == 1
+
+
+async def test_a_running_etcd_bridge_heals_a_gone_bucket_when_woken() -> None:
+    etcd, bucket = FakeEtcd(), FakeBucket()
+    etcd.put(MDC_A, b"a")
+    bridge = EtcdDiscoveryBridge(etcd, bucket, check_interval=600.0)
+    stop, task = await _running(bridge)
+
+    bucket.wipe(recreate=False)
+    bucket.reconnect()
+    bridge.wake()
+    await _until(lambda: bucket.data == {KEY_A: b"a"})
+
+    stop.set()
+    await task
+    assert bridge.stats.heals == 1
+
+
+async def test_an_etcd_bridge_heal_whose_reading_failed_is_tried_again() -> None:
+    etcd, bucket = FakeEtcd(), FakeBucket()
+    etcd.put(MDC_A, b"a")
+    bridge = EtcdDiscoveryBridge(etcd, bucket)
+    await bridge.resync()
+    bucket.wipe()
+    bucket.unreadable = True
+
+    assert await bridge.heal_once() is not None
+    assert bucket.data == {}
+    bucket.unreadable = False
+    assert await bridge.heal_once() is None
+
+    assert bucket.data == {KEY_A: b"a"}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 from typing import Any
 
-from nats.js.errors import NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
+from support.aio import eventually
 from workerset_admission.adapters.nats.admission_publisher import (
     NatsAdmissionPublisher,
     admission_keys,
@@ -32,6 +34,11 @@ class FakeKV:
         self.data.pop(key, None)
         self.writes.append(("delete", key))
         return True
+
+    async def get(self, key: str) -> Any:
+        if key not in self.data:
+            raise KeyNotFoundError
+        return SimpleNamespace(key=key, value=self.data[key])
 
 
 class FakeJetStream:
@@ -184,3 +191,39 @@ async def test_withdrawing_from_a_bucket_that_is_gone_is_quiet_and_creates_nothi
     pub._kv = None  # as after a failed write
     await pub.withdraw_all()
     assert js.created == []
+
+
+async def test_a_record_the_bucket_lost_behind_its_back_is_written_again_by_the_audit() -> None:
+    js = FakeJetStream()
+    pub = publisher(js, audit_interval=0.05)
+    await pub.publish_capability()
+    await pub.publish_members("ns", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    capability, member = admission_keys("fe/1")
+    written = dict(js.kv.data)
+
+    del js.kv.data[member("ns")]
+    js.kv.data[capability] = b"overwritten"
+    await eventually(
+        lambda: js.kv.data.get(member("ns")) == written[member("ns")], "the members written again"
+    )
+    assert js.kv.data[member("ns")] == written[member("ns")]
+    await eventually(lambda: js.kv.data[capability] == written[capability], "capability again")
+    await pub.close()
+
+
+async def test_records_are_refreshed_on_time_even_while_other_records_keep_changing() -> None:
+    js = FakeJetStream()
+    pub = publisher(js, record_ttl=0.3, audit_interval=None)
+    _capability, member = admission_keys("fe/1")
+    await pub.publish_members("steady", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    first = js.kv.writes.count(("put", member("steady")))
+
+    # A change every 20 ms, for ten refresh periods (0.1 s each).
+    for n in range(50):
+        await pub.publish_members("busy", [f"ns/c/e/{n:x}"])
+        await asyncio.sleep(0.02)
+
+    assert js.kv.writes.count(("put", member("steady"))) - first >= 5
+    await pub.close()
