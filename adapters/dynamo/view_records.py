@@ -132,12 +132,7 @@ class RecordTable:
             self._drop_removed_tie(key, entry[0])
 
     def _drop_removed_tie(self, key: str, record: HeldRecord) -> None:
-        for tie in self._ties(record):
-            keys = self._removed_index.get(tie)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._removed_index[tie]
+        self._discard(self._removed_index, key, record)
 
     def _forget_old_removals(self) -> None:
         oldest = self._clock() - self._keep_removed_for
@@ -164,12 +159,16 @@ class RecordTable:
         return by_publisher, ("scope", record.namespace, record.component, record.endpoint)
 
     def _unindex(self, key: str, record: HeldRecord) -> None:
-        for tie in self._ties(record):
-            keys = self._index.get(tie)
+        self._discard(self._index, key, record)
+
+    @classmethod
+    def _discard(cls, index: dict[_Tie, set[str]], key: str, record: HeldRecord) -> None:
+        for tie in cls._ties(record):
+            keys = index.get(tie)
             if keys is not None:
                 keys.discard(key)
                 if not keys:
-                    del self._index[tie]
+                    del index[tie]
 
     def _reindex(self, key: str, record: HeldRecord) -> None:
         for tie in self._ties(record):
