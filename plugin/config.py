@@ -35,6 +35,7 @@ from pydantic import (
 )
 from workerset_admission.admission import CoreSettings
 from workerset_admission.errors import ConfigError, UsageError
+from workerset_admission.keys import ADMISSION_BUCKET, DISCOVERY_BUCKET, STATUS_SUBJECT
 
 if TYPE_CHECKING:
     from workerset_admission.adapters.etcd.client import EtcdOptions
@@ -93,12 +94,12 @@ class Settings(BaseModel):
     etcd_tls_key_file: Path | None = None
 
     # Buckets and subjects.
-    discovery_bucket: str = "dynamo-discovery"
-    admission_bucket: str = "frontend-model-admission"
+    discovery_bucket: str = DISCOVERY_BUCKET
+    admission_bucket: str = ADMISSION_BUCKET
     # Replicas of the buckets this plugin creates: 1 for a single server, 3 on a cluster. An
     # existing bucket is never changed; a different value is only reported.
     bucket_replicas: int = Field(default=1, ge=1, le=5)
-    status_subject: str = "workerset-admission.status"
+    status_subject: str = STATUS_SUBJECT
 
     # Which worker namespaces this frontend serves (Dynamo's namespace filter).
     namespace_filter_mode: Literal["global", "exact", "prefix"] = "global"

@@ -131,13 +131,13 @@ def default_decoder() -> RecordDecoder:
     return CardRecordDecoder()
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     """How one record (by KV key) was judged.
 
     Exactly one of: a ``registration`` (a model card), a ``refusal``, ``live`` (an
     endpoint-instance record), ``event`` (an event source or channel), or none of them
-    (ignored by the namespace filter).
+    (ignored by the namespace filter). A named tuple: a listing makes one per record, and a
+    tuple is built in one step.
     """
 
     key: str
@@ -183,25 +183,6 @@ class Ingested:
 
 
 _Cache = dict[str, tuple[int, DecodedRecord]]
-
-_VERDICT_SLOTS: tuple[Any, ...] = tuple(
-    vars(Verdict)[name].__set__
-    for name in ("key", "registration", "refusal", "live", "event", "repeated")
-)
-
-
-def _registered(key: str, registration: Registration) -> Verdict:
-    # One verdict per registration in a listing: its slots are written directly instead of
-    # through the frozen dataclass __init__, which sets each field through object.__setattr__.
-    verdict = object.__new__(Verdict)
-    set_key, set_registration, set_refusal, set_live, set_event, set_repeated = _VERDICT_SLOTS
-    set_key(verdict, key)
-    set_registration(verdict, registration)
-    set_refusal(verdict, None)
-    set_live(verdict, False)
-    set_event(verdict, False)
-    set_repeated(verdict, False)
-    return verdict
 
 
 class Ingestor:
@@ -344,7 +325,7 @@ class Ingestor:
                 continue
             if isinstance(record, Registration):
                 registrations.append(record)
-                verdicts.append(_registered(key, record))
+                verdicts.append(Verdict(key, record))
             elif isinstance(record, LiveInstance):
                 live[key] = record
                 verdicts.append(Verdict(key, live=True))

@@ -14,8 +14,11 @@ from .errors import InvalidRecordError, UsageError
 from .identity import EndpointId, instance_key
 
 __all__ = [
+    "ADMISSION_BUCKET",
+    "DISCOVERY_BUCKET",
     "ENDPOINT_PREFIX",
     "MODEL_PREFIX",
+    "STATUS_SUBJECT",
     "ParsedKey",
     "check_instance_id",
     "endpoint_kv_key",
@@ -25,6 +28,14 @@ __all__ = [
     "plain_model_key",
     "unescape_token",
 ]
+
+# The default names of what the plugin reads and writes on NATS, spelled here once.
+DISCOVERY_BUCKET = "dynamo-discovery"
+"""The discovery bucket: the workers' records, mirrored from Dynamo's store."""
+ADMISSION_BUCKET = "frontend-model-admission"
+"""The serving-admission bucket: what each frontend serves, read by the rollout gate."""
+STATUS_SUBJECT = "workerset-admission.status"
+"""The subject a running service answers status requests on."""
 
 # Parsed endpoints are interned up to this many (a fleet has few endpoints).
 _ENDPOINT_CACHE_LIMIT = 1024
@@ -128,11 +139,6 @@ class ParsedKey:
 
 
 _ENDPOINTS: dict[tuple[str, str, str], EndpointId] = {}
-_new = object.__new__
-_PARSED_KEY_SLOTS = tuple(
-    vars(ParsedKey)[name].__set__
-    for name in ("kind", "endpoint", "instance_id", "model_suffix", "key")
-)
 
 
 def _intern_endpoint(ns: str, comp: str, ep: str) -> EndpointId:
@@ -172,16 +178,8 @@ def parse_key(kv_key: str) -> ParsedKey:
                 "bad_key", f"wrong number of key tokens in {kv_key!r}", key=kv_key
             )
         endpoint = _ENDPOINTS.get((ns, comp, ep)) or _intern_endpoint(ns, comp, ep)
-        # One parsed key per record: its slots are written directly instead of through the
-        # frozen dataclass __init__, which sets each field through object.__setattr__.
-        parsed = _new(ParsedKey)
-        set_kind, set_endpoint, set_id, set_suffix, set_key = _PARSED_KEY_SLOTS
-        set_kind(parsed, "model" if kind_token == "mdc" else "endpoint")
-        set_endpoint(parsed, endpoint)
-        set_id(parsed, int(hex_id, 16))
-        set_suffix(parsed, suffix_token)
-        set_key(parsed, kv_key)
-        return parsed
+        plain_kind: Literal["model", "endpoint"] = "model" if kind_token == "mdc" else "endpoint"
+        return ParsedKey(plain_kind, endpoint, int(hex_id, 16), suffix_token, kv_key)
     if not isinstance(kv_key, str):
         raise InvalidRecordError("bad_key", "a KV key must be a string")
     parts = kv_key.split(".")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from .identity import GroupKey
 
@@ -33,13 +33,13 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class DiscoveryEntry:
+class DiscoveryEntry(NamedTuple):
     """One KV entry as the bucket holds it.
 
     ``headers`` carries message headers when the transport has them (W3C ``traceparent`` for
     example); ``received_at`` is the monotonic time the entry reached this process, and
-    ``published_at`` the wall-clock time the server stored it, when known.
+    ``published_at`` the wall-clock time the server stored it, when known. A named tuple: the
+    source makes one per message, and a tuple is built in one step.
     """
 
     key: str

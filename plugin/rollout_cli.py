@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TextIO
 
 from workerset_admission.errors import InvalidRecordError
+from workerset_admission.keys import ADMISSION_BUCKET
 from workerset_admission.rollout import (
     BucketRead,
     GateReport,
@@ -47,7 +48,7 @@ __all__ = [
     "wait_for_gate",
 ]
 
-DEFAULT_BUCKET = "frontend-model-admission"
+DEFAULT_BUCKET = ADMISSION_BUCKET
 
 EXIT_OPEN = 0
 EXIT_CLOSED = 1

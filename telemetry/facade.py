@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind
+from workerset_admission.keys import DISCOVERY_BUCKET
 
 from .. import __version__
 from ..card.differences import Difference, differences_json, summarize
@@ -85,7 +86,7 @@ class AdmissionTelemetry:
         *,
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
-        bucket: str = "dynamo-discovery",
+        bucket: str = DISCOVERY_BUCKET,
         trace_updates: bool = True,
         rejection_logger: logging.Logger | None = None,
     ) -> None:

@@ -134,22 +134,6 @@ def test_an_expiry_soon_after_a_reconnect_listing_carries_its_time_and_others_do
     assert late == (WorkerRemoved("ns/backend/generate/1"),)
 
 
-def test_the_listing_verdict_builder_writes_every_field_as_the_dataclass_would() -> None:
-    import dataclasses
-
-    from workerset_admission import ingest
-
-    assert {s.__self__.__name__ for s in ingest._VERDICT_SLOTS} == {
-        f.name for f in dataclasses.fields(ingest.Verdict)
-    }
-    entry = model_entry(1)
-    registration = Ingestor().put(entry.key, entry.value).verdicts[0].registration
-    assert registration is not None
-    built = ingest._registered("v1.mdc.k", registration)
-    assert built == ingest.Verdict("v1.mdc.k", registration=registration)
-    assert (built.refusal, built.live, built.event, built.repeated) == (None, False, False, False)
-
-
 def test_cards_differing_in_model_types_are_two_worksets_and_neither_is_rejected() -> None:
     # Dynamo 1.6.1's worker_set_key joins the model types: Chat and Chat|Completions are two
     # WorkerSets, whatever their checksums, so neither rejects the other.

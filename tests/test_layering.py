@@ -1,9 +1,15 @@
-"""The package's shape: NATS stays inside adapters/nats, adapters never import one another,
-modules stay small enough to read, and the admission core is one plain state machine."""
+"""The package's shape: NATS stays inside adapters/nats, adapters never import one another, the
+admission core is one plain state machine, the card's speed code stays in card/fast, and modules
+stay small enough to read.
+
+Nothing in the product disguises how it builds an object: no ``__class__`` assignment, no slot
+written through its descriptor.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("plugin", "adapters", "telemetry")
 NATS_HOME = ROOT / "adapters" / "nats"
 MAX_LINES = 600
+FAST_HOME = ROOT / "plugin" / "card" / "fast"
+FAST_PACKAGE = "workerset_admission.card.fast"
+# The one module that may try the fast paths: the boundary's entry point, decode_model_record.
+FAST_ENTRY = ROOT / "plugin" / "card" / "boundary.py"
+# Where each top folder is installed (pyproject's package-dir).
+PACKAGE_OF = {
+    "plugin": "workerset_admission",
+    "adapters": "workerset_admission.adapters",
+    "telemetry": "workerset_admission.telemetry",
+}
 ADMISSION = ROOT / "plugin" / "admission"
 # One concern that is read top to bottom, as the contract reads: the admission state machine
 # (groups, cohorts, succession, builds, the hold, LoRA) is this one module, whatever its length.
@@ -29,6 +45,27 @@ def _imported(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
+    return names
+
+
+def _package(path: Path) -> str:
+    """The dotted package a product module sits in."""
+    top, *folders = path.relative_to(ROOT).parent.parts
+    return ".".join([PACKAGE_OF[top], *folders])
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, relative imports resolved, ``from m import x`` as m and m.x."""
+    package = _package(path).split(".")
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -91,6 +128,45 @@ def test_every_product_module_stays_under_the_line_limit(path: Path) -> None:
     name = path.relative_to(ROOT).as_posix()
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines"
+
+
+def test_no_module_outside_card_fast_imports_it_but_the_boundary_entry_point() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in _modules()
+        if FAST_HOME not in path.parents and path != FAST_ENTRY
+        for name in sorted(_imported_modules(path))
+        if name == FAST_PACKAGE or name.startswith(FAST_PACKAGE + ".")
+    ]
+    assert offenders == []
+    assert any(name.startswith(FAST_PACKAGE) for name in _imported_modules(FAST_ENTRY))
+
+
+def test_the_import_walk_resolves_relative_imports_of_card_fast() -> None:
+    card = ROOT / "plugin" / "card"
+    assert _package(card / "envelope.py") == "workerset_admission.card"
+    assert FAST_PACKAGE in _imported_modules(FAST_ENTRY)
+    assert "workerset_admission.card.card_facts" in _imported_modules(FAST_HOME / "memo.py")
+    assert "workerset_admission.identity" in _imported_modules(FAST_HOME / "memo.py")
+
+
+_CLASS_ASSIGNMENT = re.compile(r"__class__\s*=(?!=)")
+_SLOT_WRITE = re.compile(r"\.__set__\b")
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_product_module_assigns_a_class_or_writes_a_slot_through_its_descriptor(
+    path: Path,
+) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert not _CLASS_ASSIGNMENT.search(text)
+    assert not _SLOT_WRITE.search(text)
+
+
+def test_the_construction_check_sees_a_class_assignment_and_a_slot_write() -> None:
+    assert _CLASS_ASSIGNMENT.search("effect.__class__ = Placed")
+    assert not _CLASS_ASSIGNMENT.search("if value.__class__ == Placed:")
+    assert _SLOT_WRITE.search("vars(cls)[name].__set__(made, value)")
 
 
 def _classes(path: Path) -> list[ast.ClassDef]:

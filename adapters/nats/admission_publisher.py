@@ -42,7 +42,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from workerset_admission.aio import cancel_and_wait
-from workerset_admission.keys import escape_token
+from workerset_admission.keys import ADMISSION_BUCKET, escape_token
 
 from .buckets import BucketSpec, ensure_bucket
 
@@ -50,7 +50,7 @@ __all__ = ["DEFAULT_ADMISSION_BUCKET", "NatsAdmissionPublisher", "admission_keys
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_ADMISSION_BUCKET = "frontend-model-admission"
+DEFAULT_ADMISSION_BUCKET = ADMISSION_BUCKET
 PROTOCOL = "v1"
 
 

@@ -12,12 +12,13 @@ import asyncio
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
+from workerset_admission.keys import ADMISSION_BUCKET
 from workerset_admission.rollout import BucketRead, RawEntry
 
 from .connect import ConnectionCallbacks, NatsConnectOptions, connect, servers_for_display
 from .source import JetStreamDiscoverySource
 
-DEFAULT_ADMISSION_BUCKET = "frontend-model-admission"
+DEFAULT_ADMISSION_BUCKET = ADMISSION_BUCKET
 
 __all__ = ["DEFAULT_ADMISSION_BUCKET", "NatsRecordSource"]
 

@@ -38,7 +38,7 @@ from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import encode_endpoint_record, encode_model_record
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId
-from workerset_admission.keys import endpoint_kv_key, model_kv_key
+from workerset_admission.keys import DISCOVERY_BUCKET, endpoint_kv_key, model_kv_key
 from workerset_admission.ownership import WriterId
 
 from .buckets import BucketSpec, ensure_bucket
@@ -85,7 +85,7 @@ class DiscoveryPublisher:
         self,
         js: JetStreamContext,
         *,
-        bucket: str = "dynamo-discovery",
+        bucket: str = DISCOVERY_BUCKET,
         ttl: float | None = 10.0,
         heartbeat: float | None = None,
         create_bucket: bool = True,

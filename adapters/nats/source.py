@@ -43,6 +43,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.errors import Error as JetStreamError
 from workerset_admission.errors import UsageError
+from workerset_admission.keys import DISCOVERY_BUCKET
 from workerset_admission.ports import SourceEvent, SourceSnapshot
 
 from .buckets import BucketSpec, ensure_bucket
@@ -60,7 +61,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_BUCKET: Final = "dynamo-discovery"
+DEFAULT_BUCKET: Final = DISCOVERY_BUCKET
 DEFAULT_KEY_PREFIXES: Final = (
     "v1.mdc",
     "v1.instances",

@@ -8,11 +8,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from workerset_admission.keys import STATUS_SUBJECT
+
 __all__ = ["DEFAULT_STATUS_SUBJECT", "NatsStatusResponder", "frontend_subject"]
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_STATUS_SUBJECT = "workerset-admission.status"
+DEFAULT_STATUS_SUBJECT = STATUS_SUBJECT
 
 
 def frontend_subject(subject: str, frontend_id: str) -> str:

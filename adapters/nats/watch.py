@@ -35,7 +35,7 @@ from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceEvent,
 
 from .kv import removal_kind
 
-__all__ = ["WAKE", "Wake", "Watch", "entry", "parse_delivery"]
+__all__ = ["WAKE", "Wake", "Watch", "parse_delivery"]
 
 # A consumer is given up after this many heartbeat periods without a message or heartbeat, as
 # nats-py's ordered consumer does.
@@ -73,32 +73,6 @@ def parse_delivery(reply: str) -> _Delivery | None:
     except ValueError:
         return None
     return None
-
-
-_ENTRY_SLOTS: Final = tuple(
-    vars(DiscoveryEntry)[name].__set__
-    for name in ("key", "value", "revision", "headers", "received_at", "published_at")
-)
-
-
-def entry(
-    key: str,
-    value: bytes,
-    revision: int,
-    headers: Mapping[str, str] | None,
-    received_at: float,
-    published_at: float,
-) -> DiscoveryEntry:
-    """Build a discovery entry by writing its slots (the frozen ``__init__`` costs more)."""
-    made = object.__new__(DiscoveryEntry)
-    set_key, set_value, set_revision, set_headers, set_received, set_published = _ENTRY_SLOTS
-    set_key(made, key)
-    set_value(made, value)
-    set_revision(made, revision)
-    set_headers(made, headers)
-    set_received(made, received_at)
-    set_published(made, published_at)
-    return made
 
 
 class Watch:
@@ -315,7 +289,7 @@ class Watch:
             initial = None
         made = None
         if kind is None:
-            made = entry(key, value, stream_seq, headers, now, timestamp_ns / 1e9)
+            made = DiscoveryEntry(key, value, stream_seq, headers, now, timestamp_ns / 1e9)
         if initial is not None:
             # A removal among the initial values leaves the key out of the snapshot.
             initial[key] = made

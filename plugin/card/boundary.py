@@ -29,22 +29,17 @@ A record is parsed whole into serde_json values before its card is read, as 1.6.
 inside ``card_json`` a repeated key keeps its last value, every number is evaluated and the
 128-level nesting limit counts the envelope; a repeated envelope field is refused.
 
-Speed: registrations that share a card (a fleet) usually carry byte-identical ``card_json``
-text. The decoded card, its checksum and fingerprint are cached by those exact bytes (and by
-the tokenizer overrides), so each further record costs a small parse of the envelope only.
-A record spelled exactly as 1.6.1 writes it for its key (``fastpaths.try_canonical``) is not
-parsed at all outside its card. A card that differs from the last field-by-field decoded card
-inside one value only (a fleet's neighbour, ``neighbour``) is decoded as that card with the one
-value decoded afresh, and keeps its checksum and other facts when computing them never read
-that value. Other cards are decoded field by field, each field's value once per distinct spelling
-(``fieldmemo``), and anything else by the whole-text decoder.
+The serde-faithful decode is :func:`decode_whole_record`, readable on its own: it parses the
+whole record, checks the envelope, decodes the card and computes its facts. The speed code lives
+in the :mod:`.fast` package; :func:`decode_model_record` is the one place that tries it first
+(each fast path answers as :func:`decode_whole_record` does, or declines), and ``.fast`` says
+what each shortcut assumes and which differential test holds it to the whole-record decode.
 
-This module holds the model-record entry point and re-exports the boundary's public names from
-the modules that hold them: ``boundarysettings`` (the frontend's settings), ``cardfacts``
+This module holds the model-record entry points and re-exports the boundary's public names from
+the modules that hold them: ``boundary_settings`` (the frontend's settings), ``card_facts``
 (normalization, shape rules, checksum and fingerprint of a card), ``envelope`` (size, text and
-envelope checks, key/value agreement, the registration), ``fastpaths`` (the card-facts cache
-and the fast record paths), ``endpointrecord`` (endpoint liveness records) and ``encoders``
-(the record encoders publishers and tests use).
+envelope checks, key/value agreement, the registration), ``endpoint_record`` (endpoint liveness
+records) and ``encoders`` (the record encoders publishers and tests use).
 """
 
 from __future__ import annotations
@@ -66,10 +61,10 @@ from ..keys import (
     unescape_token,
 )
 from . import jsonio
-from .boundarysettings import DEFAULT_MAX_VALUE_SIZE, BoundarySettings, NamespaceFilter
-from .cardfacts import facts_for, lora_projection_fingerprint, normalize_card
+from .boundary_settings import DEFAULT_MAX_VALUE_SIZE, BoundarySettings, NamespaceFilter
+from .card_facts import facts_for, lora_projection_fingerprint, normalize_card
 from .encoders import encode_endpoint_record, encode_model_record
-from .endpointrecord import EndpointRecord, decode_endpoint_record
+from .endpoint_record import EndpointRecord, decode_endpoint_record
 from .envelope import (
     MODEL_FIELDS,
     as_text,
@@ -79,7 +74,7 @@ from .envelope import (
     parse,
     registration,
 )
-from .fastpaths import decode_plain_model, try_canonical, try_shared_card
+from .fast import decode_plain_model, try_canonical, try_shared_card
 from .schema import Ctx
 
 __all__ = [
@@ -91,6 +86,7 @@ __all__ = [
     "decode_endpoint_record",
     "decode_model_record",
     "decode_plain_model",
+    "decode_whole_record",
     "encode_endpoint_record",
     "encode_model_record",
     "endpoint_kv_key",
@@ -114,22 +110,42 @@ def decode_model_record(
 
     Raises :class:`InvalidRecordError` (bad envelope, key/value disagreement, LoRA
     disagreement) or :class:`CardDecodeError` (a card 1.6.1 refuses), never anything else.
-    ``ctx`` may supply a file reader for the router files a card names (tests).
+    ``ctx`` may supply a file reader for the router files a card names (tests). The answer is
+    :func:`decode_whole_record`'s; the fast paths reach it sooner for the records they know.
     """
     settings = settings or BoundarySettings()
-    if parsed_key.kind != "model":
-        raise UsageError("decode_model_record needs a model key")
-    key = parsed_key.key or model_kv_key(
-        parsed_key.endpoint, parsed_key.instance_id, parsed_key.model_suffix
-    )
+    key = _model_key(parsed_key)
     if not settings.namespace_matches(parsed_key.endpoint.namespace):
         return None
-    if type(raw) is bytes:
-        # The wire's own type, checked before the costlier abstract Mapping check below.
+    if isinstance(raw, (bytearray, memoryview)):
+        raw = bytes(raw)
+    if isinstance(raw, (bytes, str)):
         check_size(raw, settings, key)
-        fast = try_canonical(raw, parsed_key, settings, ctx, key)
+        fast = None
+        if type(raw) is bytes:
+            fast = try_canonical(raw, parsed_key, settings, ctx, key)
+        if fast is None:
+            fast = try_shared_card(raw, parsed_key, settings, ctx, key)
         if fast is not None:
             return fast
+    return decode_whole_record(parsed_key, raw, settings, ctx=ctx)
+
+
+def decode_whole_record(
+    parsed_key: ParsedKey,
+    raw: bytes | bytearray | memoryview | str | Mapping[str, Any],
+    settings: BoundarySettings | None = None,
+    *,
+    ctx: Ctx | None = None,
+) -> Registration | None:
+    """Decode one model record as 1.6.1 does, parsing it whole: the serde-faithful path.
+
+    Same contract as :func:`decode_model_record`, without any cache or shortcut.
+    """
+    settings = settings or BoundarySettings()
+    key = _model_key(parsed_key)
+    if not settings.namespace_matches(parsed_key.endpoint.namespace):
+        return None
     if not isinstance(raw, (bytes, bytearray, memoryview, str)) and isinstance(raw, Mapping):
         envelope = mapping_value(raw, key)
         obj = check_envelope(envelope, parsed_key, "Model", MODEL_FIELDS)
@@ -141,9 +157,6 @@ def decode_model_record(
         if isinstance(raw, (bytearray, memoryview)):
             raw = bytes(raw)
         check_size(raw, settings, key)
-        fast = try_shared_card(raw, parsed_key, settings, ctx, key)
-        if fast is not None:
-            return fast
         text = as_text(raw, settings, key)
         check = jsonio.has_lone_surrogate_escape(text)
         whole = parse(text, key)
@@ -157,3 +170,11 @@ def decode_model_record(
     if "card_json" not in obj:
         raise InvalidRecordError("invalid_record", "missing field `card_json`", key=key)
     return registration(obj, parsed_key, facts_for(card_value, check, settings, ctx), key)
+
+
+def _model_key(parsed_key: ParsedKey) -> str:
+    if parsed_key.kind != "model":
+        raise UsageError("decode_model_record needs a model key")
+    return parsed_key.key or model_kv_key(
+        parsed_key.endpoint, parsed_key.instance_id, parsed_key.model_suffix
+    )

@@ -34,7 +34,7 @@ from .checksum import (
 )
 from .model import DecodedCard
 from .paths import file_basename
-from .routerconfig import KV_ROUTER_CONFIG, LOAD_THRESHOLD_CONFIG
+from .router_config import KV_ROUTER_CONFIG, LOAD_THRESHOLD_CONFIG
 
 __all__ = [
     "ABSENT",

@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidRecordError
-from ..identity import EndpointId, GroupKey, Registration, WorkerType
+from ..identity import EndpointId, GroupKey, Registration
 from ..keys import ParsedKey
 from . import jsonio
-from .boundarysettings import BoundarySettings
-from .cardfacts import CACHE_LIMIT, CardFacts
+from .boundary_settings import BoundarySettings
+from .card_facts import CardFacts
 
 __all__ = [
     "CARD_MARK",
@@ -139,12 +139,14 @@ def _disagreement(obj: dict[str, Any], parsed: ParsedKey) -> str:
     )
 
 
-_GROUPS: dict[tuple[str, tuple[str, str, str], str, WorkerType], GroupKey] = {}
-
-
 def registration(
-    obj: dict[str, Any], parsed_key: ParsedKey, facts: CardFacts, key: str
+    obj: dict[str, Any],
+    parsed_key: ParsedKey,
+    facts: CardFacts,
+    key: str,
+    group: GroupKey | None = None,
 ) -> Registration:
+    """Check the envelope's suffix against the key and the card, then build the registration."""
     suffix = obj.get("model_suffix")
     if suffix != parsed_key.model_suffix:
         if suffix is not None and not isinstance(suffix, str):
@@ -158,73 +160,31 @@ def registration(
         raise InvalidRecordError(
             "lora_mismatch", "LoRA discovery identity and card metadata disagree", key=key
         )
-    return build_registration(parsed_key.endpoint, parsed_key.instance_id, suffix, facts)
+    return build_registration(parsed_key.endpoint, parsed_key.instance_id, suffix, facts, group)
 
 
 def build_registration(
-    endpoint: EndpointId, instance_id: int, suffix: str | None, facts: CardFacts
+    endpoint: EndpointId,
+    instance_id: int,
+    suffix: str | None,
+    facts: CardFacts,
+    group: GroupKey | None = None,
 ) -> Registration:
-    """Build the registration of a record whose identity and card agree (the caller checked)."""
-    where = (endpoint.namespace, endpoint.component, endpoint.endpoint)
-    group = facts.groups.get(where)
-    if group is None:
-        # Distinct cards of one fleet still share their group: one GroupKey object for all.
-        shared = (facts.card.display_name, where, facts.model_types, facts.effective)
-        group = _GROUPS.get(shared)
-        if group is None:
-            group = GroupKey.build(
-                facts.card.display_name, endpoint, facts.model_types, facts.effective
-            )
-            if len(_GROUPS) >= CACHE_LIMIT:
-                _GROUPS.clear()
-            _GROUPS[shared] = group
-        if len(facts.groups) < CACHE_LIMIT:
-            facts.groups[where] = group
-    path = f"{where[0]}/{where[1]}/{where[2]}/{instance_id:x}"
-    # One registration per record: its slots are written directly, as the core writes its
-    # effects, instead of through the frozen dataclass __init__ (object.__setattr__ per field).
-    reg = _new(Registration)
-    (
-        set_key,
-        set_endpoint,
-        set_instance_id,
-        set_suffix,
-        set_group,
-        set_checksum,
-        set_fingerprint,
-        set_worker_type,
-        set_needs,
-        set_taints,
-        set_card,
-    ) = _REGISTRATION_SLOTS
-    set_key(reg, f"{path}/{suffix}" if suffix else path)
-    set_endpoint(reg, endpoint)
-    set_instance_id(reg, instance_id)
-    set_suffix(reg, suffix)
-    set_group(reg, group)
-    set_checksum(reg, facts.checksum)
-    set_fingerprint(reg, facts.fingerprint)
-    set_worker_type(reg, facts.worker_type)
-    set_needs(reg, facts.needs)
-    set_taints(reg, facts.taints)
-    set_card(reg, facts.card)
-    return reg
+    """Build the registration of a record whose identity and card agree (the caller checked).
 
-
-_new = object.__new__
-_REGISTRATION_SLOTS = tuple(
-    vars(Registration)[name].__set__
-    for name in (
-        "key",
-        "endpoint",
-        "instance_id",
-        "model_suffix",
-        "group",
-        "mdc_checksum",
-        "lora_fingerprint",
-        "worker_type",
-        "needs",
-        "taints",
-        "card",
+    ``group`` is the card's group under this endpoint when the caller already holds it.
+    """
+    path = f"{endpoint.namespace}/{endpoint.component}/{endpoint.endpoint}/{instance_id:x}"
+    return Registration(
+        key=f"{path}/{suffix}" if suffix else path,
+        endpoint=endpoint,
+        instance_id=instance_id,
+        model_suffix=suffix,
+        group=facts.group_key(endpoint) if group is None else group,
+        mdc_checksum=facts.checksum,
+        lora_fingerprint=facts.fingerprint,
+        worker_type=facts.worker_type,
+        needs=facts.needs,
+        taints=facts.taints,
+        card=facts.card,
     )
-)

@@ -18,6 +18,7 @@ and what a checksum covers, so this module wraps it:
 from __future__ import annotations
 
 import json
+import json.decoder
 import json.encoder
 import math
 import re
@@ -37,6 +38,7 @@ __all__ = [
     "loads",
     "quote",
     "scan_once",
+    "scanstring",
     "serde_f64",
     "sorted_keys",
     "within_limits",
@@ -73,7 +75,7 @@ class Overflow:
         return f"Overflow({self.text!r})"
 
 
-class DupDict(dict):  # type: ignore[type-arg]
+class DupDict(dict[str, Any]):
     """An object whose text repeated at least one key; the last value of each key is kept.
 
     ``dropped`` holds the earlier values of repeated keys, in text order: serde_json still
@@ -216,6 +218,8 @@ _DECODER = json.JSONDecoder(
 
 # The C scanner behind _DECODER: parses one value at an index and returns it with its end.
 scan_once: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+# The C scanner of one JSON string after its opening quote: the string and its end.
+scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 
 
 def loads(text: str | bytes) -> Any:
@@ -327,20 +331,11 @@ def depth_of(value: Any) -> int:
     return best
 
 
-_FORMATTED: dict[float, str] = {}
-
-
 def format_f64(value: float) -> str:
     """Write a finite float the way serde_json does."""
     if value == 0.0:
-        # Checked before the memo: 0.0 and -0.0 are equal as dict keys.
         return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
-    text = _FORMATTED.get(value)
-    if text is None:
-        text = _format_nonzero(value)
-        if len(_FORMATTED) < 4096:
-            _FORMATTED[value] = text
-    return text
+    return _format_nonzero(value)
 
 
 def _format_nonzero(value: float) -> str:

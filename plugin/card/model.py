@@ -21,8 +21,8 @@ earlier wire generations in the N-2 window, and the generation each one serves:
     config digest.
 
 This module holds the top-level card, its file slots and the decoder; the sections with rules
-of their own live beside it (``runtimeconfig``, ``routerconfig`` with ``routerpolicy``,
-``indexeridentity``, ``media``, ``tensor``) and their structs are re-exported here.
+of their own live beside it (``runtime_config``, ``router_config`` with ``router_policy``,
+``indexer_identity``, ``media``, ``tensor``) and their structs are re-exported here.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from typing import Any
 
 from ..errors import CardDecodeError
 from . import jsonio
-from .indexeridentity import INDEXER_IDENTITY
+from .indexer_identity import INDEXER_IDENTITY
 from .media import DURATION, IMAGE_DECODER, IMAGE_LIMITS, MEDIA_DECODER, MEDIA_FETCHER
-from .routerconfig import KV_ROUTER_CONFIG, LOAD_THRESHOLD_CONFIG, ROUTER_CONFIG, ROUTER_MODES
-from .runtimeconfig import DISAGGREGATED_ENDPOINT, RUNTIME_CONFIG, STRUCTURAL_TAG
+from .router_config import KV_ROUTER_CONFIG, LOAD_THRESHOLD_CONFIG, ROUTER_CONFIG, ROUTER_MODES
+from .runtime_config import DISAGGREGATED_ENDPOINT, RUNTIME_CONFIG, STRUCTURAL_TAG
 from .schema import (
     ANY,
     BOOL,

@@ -19,7 +19,7 @@ from workerset_admission.card import (
     unescape_token,
 )
 from workerset_admission.errors import CardDecodeError, InvalidRecordError
-from workerset_admission.identity import EndpointId, Registration, WorkerType
+from workerset_admission.identity import EndpointId, WorkerType
 
 EP = EndpointId("ns1", "workers", "generate")
 
@@ -349,7 +349,7 @@ def test_endpoint_records_decode_and_must_agree_with_their_key() -> None:
 
 
 def test_the_card_cache_stays_within_its_byte_budget() -> None:
-    from workerset_admission.card.fastpaths import _FactsCache
+    from workerset_admission.card.fast.card_cache import _FactsCache
 
     cache = _FactsCache(max_entries=100, max_bytes=1000)
     error = CardDecodeError("x")
@@ -409,24 +409,6 @@ def test_envelope_oddities_get_serde_verdicts_on_every_path(
     for raw in (bad, bad.encode()):
         with pytest.raises(InvalidRecordError):
             decode(raw, instance=0)
-
-
-def test_the_registration_builder_writes_every_field_of_a_registration() -> None:
-    import dataclasses
-
-    from workerset_admission.card import envelope
-
-    slots = {setter.__self__.__name__ for setter in envelope._REGISTRATION_SLOTS}
-    assert slots == {f.name for f in dataclasses.fields(Registration)}
-
-
-def test_the_parsed_key_builder_writes_every_field_of_a_parsed_key() -> None:
-    import dataclasses
-
-    from workerset_admission import keys
-
-    slots = {setter.__self__.__name__ for setter in keys._PARSED_KEY_SLOTS}
-    assert slots == {f.name for f in dataclasses.fields(keys.ParsedKey)}
 
 
 @pytest.mark.parametrize("as_bytes", [True, False])

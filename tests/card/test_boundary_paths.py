@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from conformance.cards import cards
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from workerset_admission.card import BoundarySettings, decode_model_record, model_kv_key, parse_key
+from workerset_admission.card.boundary import decode_whole_record
 from workerset_admission.errors import CardDecodeError, InvalidRecordError
 from workerset_admission.identity import EndpointId
 
 EP = EndpointId("ns", "workers", "generate")
 
 
-def outcome(raw: bytes | str, suffix: str | None) -> tuple[str, ...]:
+def outcome(
+    raw: bytes | str, suffix: str | None, decode: Any = decode_model_record
+) -> tuple[str, ...]:
     key = parse_key(model_kv_key(EP, 0x2A, suffix))
     try:
-        reg = decode_model_record(key, raw, BoundarySettings())
+        reg = decode(key, raw, BoundarySettings())
     except (CardDecodeError, InvalidRecordError) as exc:
         return (type(exc).__name__, exc.reason)
     assert reg is not None
@@ -41,4 +46,5 @@ def test_fast_and_whole_record_paths_agree(
     whole = envelope(card_text, suffix, spaced=True)  # the spacing defeats the fast path
     first = outcome(fast.encode() if as_bytes else fast, suffix)
     again = outcome(fast.encode() if as_bytes else fast, suffix)  # now from the cache
-    assert first == again == outcome(whole, suffix)
+    general = outcome(fast.encode() if as_bytes else fast, suffix, decode_whole_record)
+    assert first == again == outcome(whole, suffix) == general

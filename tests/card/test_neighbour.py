@@ -7,15 +7,16 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from workerset_admission.card import cardfacts, envelope, fastpaths, jsonio, neighbour
+from workerset_admission.card import fast
 from workerset_admission.card.boundary import (
     BoundarySettings,
     decode_model_record,
+    decode_whole_record,
     encode_model_record,
     model_kv_key,
     parse_key,
 )
-from workerset_admission.card.fieldmemo import clear_memo
+from workerset_admission.card.fast import card_cache, neighbour
 from workerset_admission.errors import RemoteDataError
 from workerset_admission.identity import EndpointId, Registration
 
@@ -131,28 +132,17 @@ def verdict(key: str, value: bytes | str) -> object:
 
 
 def forget() -> None:
-    clear_memo()
-    fastpaths.clear_caches()
+    fast.clear_caches()
 
 
 def slow_verdict(key: str, value: bytes) -> object:
-    """The whole-text decoder's verdict: the record parsed whole, then its card typed."""
+    """The whole-record decoder's verdict: the record parsed whole, then its card typed."""
     forget()
-    parsed = parse_key(key)
-    settings = BoundarySettings()
     try:
-        text = envelope.as_text(value, settings, key)
-        check = jsonio.has_lone_surrogate_escape(text)
-        whole = envelope.parse(text, key)
-        if jsonio.depth_of(whole) > jsonio.MAX_DEPTH:
-            return ("refused", "InvalidRecordError", "depth_limit")
-        if check and jsonio.has_lone_surrogate(whole):
-            return ("refused", "InvalidRecordError", "invalid_string")
-        obj = envelope.check_envelope(whole, parsed, "Model", envelope.MODEL_FIELDS)
-        facts = cardfacts.facts_for(obj["card_json"], False, settings, None)
-        reg = envelope.registration(obj, parsed, facts, key)
+        reg = decode_whole_record(parse_key(key), value, BoundarySettings())
     except RemoteDataError as exc:
         return ("refused", type(exc).__name__, exc.reason)
+    assert isinstance(reg, Registration)
     return (reg, repr(reg.card.fields))
 
 
@@ -177,7 +167,7 @@ def test_a_fleet_whose_cards_differ_in_one_member_is_decoded_by_difference() -> 
     for i, text in enumerate(texts):
         key, value = record(text, i + 1)
         card = value[value.index(b'"card_json":') + 12 : -1]
-        used += neighbour.decode_near(card, fastpaths._FAST_CTX) is not None
+        used += neighbour.decode_near(card, card_cache._FAST_CTX) is not None
         got = verdict(key, value)
         assert got == slow_verdict(key, value)
         forget() if i == 0 else None
@@ -190,7 +180,7 @@ def test_the_facts_of_a_neighbour_are_reused_only_for_a_value_they_never_read() 
     key, value = record(respell("runtime_config.total_kv_blocks", "1"))
     verdict(key, value)
     note = neighbour._reference[0].note
-    assert isinstance(note, fastpaths._NearFacts)
+    assert isinstance(note, card_cache._NearFacts)
     assert "runtime_config.total_kv_blocks" not in note.reads
     assert {"display_name", "runtime_config.runtime_data", "aliases"} <= note.reads
     assert note.reusable("runtime_config.total_kv_blocks", (None, None))

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from support.cards import base_card, lora_card
 from workerset_admission.card import (
     BoundarySettings,
-    decode_model_record,
     decode_plain_model,
     encode_model_record,
-    fastpaths,
+    fast,
     model_kv_key,
     parse_key,
 )
+from workerset_admission.card.boundary import decode_whole_record
 from workerset_admission.errors import RemoteDataError
 from workerset_admission.identity import EndpointId
 
@@ -28,7 +28,7 @@ CARD = base_card()
 
 def general(key: str, raw: bytes, boundary: BoundarySettings) -> object:
     try:
-        return decode_model_record(parse_key(key), raw, boundary)
+        return decode_whole_record(parse_key(key), raw, boundary)
     except RemoteDataError as exc:
         return (type(exc).__name__, exc.reason)
 
@@ -53,7 +53,7 @@ def canonical(card: dict[str, Any] | str, instance_id: int = 0x2A) -> tuple[str,
 
 
 def test_a_canonical_record_of_a_base_card_is_decoded_in_one_step_as_in_the_general_path() -> None:
-    fastpaths.clear_caches()
+    fast.clear_caches()
     for instance_id in (0, 1, 0x2A, 0xFFFF_FFFF_FFFF_FFFF):
         assert agree(*canonical(CARD, instance_id))
     # Distinct cards of a fleet, each new to the last-card memo.
@@ -78,7 +78,7 @@ def test_a_canonical_record_of_a_base_card_is_decoded_in_one_step_as_in_the_gene
     ],
 )
 def test_anything_but_the_plain_case_is_left_to_the_general_path(mangle: Any, why: str) -> None:
-    fastpaths.clear_caches()
+    fast.clear_caches()
     key, raw = mangle(*canonical(CARD))
     assert decode_plain_model(key, raw, BoundarySettings()) is None, why
 
@@ -95,7 +95,7 @@ def test_the_size_limit_and_the_namespace_filter_are_left_to_the_general_path() 
 
 
 def test_a_card_with_lora_metadata_under_a_base_key_is_refused_by_the_general_path() -> None:
-    fastpaths.clear_caches()
+    fast.clear_caches()
     key, raw = canonical(lora_card("my-lora"))
     assert decode_plain_model(key, raw, BoundarySettings()) is None
     assert general(key, raw, BoundarySettings()) == ("InvalidRecordError", "lora_mismatch")
@@ -107,7 +107,7 @@ def test_generated_cards_get_the_general_paths_answer_or_none(
     card_text: str, instance_id: int, fresh: bool
 ) -> None:
     if fresh:
-        fastpaths.clear_caches()
+        fast.clear_caches()
     key, raw = canonical(card_text, instance_id)
     if decode_plain_model(key, raw, BoundarySettings()) is None:
         return

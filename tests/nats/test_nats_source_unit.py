@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
-from workerset_admission.adapters.nats import watch as watch_module
 from workerset_admission.adapters.nats.kv import removal_kind
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.adapters.nats.watch import Watch, parse_delivery
@@ -175,17 +174,6 @@ async def test_the_initial_values_are_handed_over_once_and_not_kept_by_the_watch
     entries = watch.take_snapshot()
     assert [e.value for e in entries] == [b"A", b"B"]
     assert watch.take_snapshot() == ()
-
-
-def test_the_entry_builder_writes_every_field_of_a_discovery_entry() -> None:
-    import dataclasses
-
-    from workerset_admission.ports import DiscoveryEntry
-
-    slots = {setter.__self__.__name__ for setter in watch_module._ENTRY_SLOTS}
-    assert slots == {f.name for f in dataclasses.fields(DiscoveryEntry)}
-    entry = watch_module.entry("k", b"v", 3, None, 1.5, 2.5)
-    assert entry == DiscoveryEntry("k", b"v", 3, None, 1.5, 2.5)
 
 
 class _State:

@@ -14,14 +14,12 @@ verdict and its error.
 
 from __future__ import annotations
 
-import json.decoder
-from collections.abc import Callable
 from typing import Any
 
-from . import jsonio
-from .model import CARD, DecodedCard
+from .. import jsonio
+from ..model import CARD, DecodedCard
+from ..schema import _CONSTANT, _FACTORY, _OPTIONAL, Ctx, Refused
 from .neighbour import clear_reference
-from .schema import _CONSTANT, _FACTORY, _OPTIONAL, Ctx, Refused
 
 __all__ = ["clear_memo", "decode_card_fields"]
 
@@ -31,7 +29,7 @@ _FIELD_LEVEL = 2
 _MAX_ENTRIES = 256
 _MAX_TEXT = 4096
 
-_scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+_scanstring = jsonio.scanstring
 _scan_once = jsonio.scan_once
 _PLAN = CARD._plan
 _KNOWN = frozenset(name for name, *_ in _PLAN)

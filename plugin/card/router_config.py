@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .routerpolicy import policy_file
+from .router_policy import policy_file
 from .schema import (
     BOOL,
     F64,

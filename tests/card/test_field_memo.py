@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.cards import base_card as demo_card
 from workerset_admission.card import jsonio
-from workerset_admission.card.fieldmemo import clear_memo, decode_card_fields
+from workerset_admission.card.fast.field_memo import clear_memo, decode_card_fields
 from workerset_admission.card.model import decode_card_value
 from workerset_admission.card.schema import Ctx
 from workerset_admission.errors import CardDecodeError

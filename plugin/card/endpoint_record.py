@@ -10,7 +10,7 @@ from ..errors import InvalidRecordError, UsageError
 from ..identity import EndpointId, instance_key
 from ..keys import ParsedKey, endpoint_kv_key
 from . import jsonio
-from .boundarysettings import BoundarySettings
+from .boundary_settings import BoundarySettings
 from .envelope import as_text, check_envelope, mapping_value, parse
 
 __all__ = ["EndpointRecord", "decode_endpoint_record"]

@@ -2,7 +2,7 @@
 
 Cards of one fleet that are not byte-identical usually differ from each other in one value (a
 KV block count, a port). :func:`decode_near` compares compact card text with a reference card
-(the last one :mod:`.fieldmemo` decoded) by its common prefix and suffix. When everything that
+(the last one :mod:`.field_memo` decoded) by its common prefix and suffix. When everything that
 differs lies inside the value of one top-level field, or of one member of a top-level struct
 field, the new text is the reference with that one value respelled, so it decodes as the
 reference's decoded card with only that value decoded afresh.
@@ -20,18 +20,16 @@ rule that refuses) answers ``None`` and the caller decides the slower way.
 from __future__ import annotations
 
 import bisect
-import json.decoder
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from . import jsonio
-from .model import CARD, DecodedCard
-from .schema import Ctx, Refused, Struct
+from .. import jsonio
+from ..model import CARD, DecodedCard
+from ..schema import Ctx, Refused, Struct
 
 __all__ = ["Near", "clear_reference", "decode_near", "learn"]
 
-_scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+_scanstring = jsonio.scanstring
 _scan_once = jsonio.scan_once
 # A card sits at level 1 inside its record: its fields' values at 2, their members at 3.
 _FIELD_LEVEL = 2

@@ -6,20 +6,20 @@ so it is computed once per distinct card and shared by every record that carries
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import blake3
 
 from ..errors import CardDecodeError
-from ..identity import GroupKey, WorkerType
+from ..identity import EndpointId, GroupKey, WorkerType
 from . import jsonio
-from .boundarysettings import BoundarySettings
+from .boundary_settings import BoundarySettings
 from .checksum import card_checksum
 from .model import PREFILL_BIT, DecodedCard, decode_card_value, model_type_names
 from .schema import Ctx
 
 __all__ = [
-    "CACHE_LIMIT",
     "CardFacts",
     "card_facts",
     "facts_for",
@@ -27,36 +27,11 @@ __all__ = [
     "normalize_card",
 ]
 
-# Every memo of the boundary (facts, fingerprints, model-type names, group keys, record heads)
-# holds at most this many entries.
-CACHE_LIMIT = 1024
-
-
-_FINGERPRINTS: dict[tuple[Any, ...], str] = {}
-
 
 def lora_projection_fingerprint(card: DecodedCard) -> str:
     """1.6.1's LoRA projection fingerprint: blake3 of the key-sorted projection JSON."""
     fields = card.fields
     lora = fields["lora"]
-    # The projection reads four typed fields (strings, u32 or None): a cheap exact memo key.
-    memo_key = (
-        fields["display_name"],
-        tuple(fields["aliases"]),
-        fields["runtime_config"]["max_gpu_lora_count"],
-        None if lora is None else (lora["name"], lora["max_gpu_lora_count"]),
-    )
-    known = _FINGERPRINTS.get(memo_key)
-    if known is not None:
-        return known
-    fingerprint = _projection_fingerprint(fields, lora)
-    if len(_FINGERPRINTS) >= CACHE_LIMIT:
-        _FINGERPRINTS.clear()
-    _FINGERPRINTS[memo_key] = fingerprint
-    return fingerprint
-
-
-def _projection_fingerprint(fields: dict[str, Any], lora: Any) -> str:
     if lora is not None:
         # LoraInfo leaves out an unset capacity when it is serialized.
         lora = {
@@ -154,25 +129,27 @@ class CardFacts(NamedTuple):
     needs: tuple[tuple[WorkerType, ...], ...]
     taints: tuple[str, ...]
     has_lora: bool
-    # Group keys by endpoint: a fleet shares one card across a few endpoints.
-    groups: dict[tuple[str, str, str], GroupKey]
+
+    def group_key(self, endpoint: EndpointId) -> GroupKey:
+        """Return the group a record of this card under ``endpoint`` would materialize."""
+        return GroupKey.build(self.card.display_name, endpoint, self.model_types, self.effective)
 
 
 _WORKER_TYPES = {kind.value: kind for kind in WorkerType}
-_MODEL_TYPES: dict[int, str] = {}
 
 
-def _model_types(bits: int) -> str:
-    # A fleet uses one or two model-type sets: spell each once.
-    names = _MODEL_TYPES.get(bits)
-    if names is None:
-        names = model_type_names(bits)
-        if len(_MODEL_TYPES) < CACHE_LIMIT:
-            _MODEL_TYPES[bits] = names
-    return names
+def card_facts(
+    card: DecodedCard,
+    settings: BoundarySettings,
+    *,
+    fingerprint: Callable[[DecodedCard], str] = lora_projection_fingerprint,
+    model_types: Callable[[int], str] = model_type_names,
+) -> CardFacts:
+    """Normalize a decoded card, check its shape and compute what the boundary needs of it.
 
-
-def card_facts(card: DecodedCard, settings: BoundarySettings) -> CardFacts:
+    ``fingerprint`` and ``model_types`` are the two pure functions computed here; a caller
+    that memoizes them may pass its memoized versions, which must answer as these do.
+    """
     card = normalize_card(card, settings)
     effective = _effective_worker_type(card)
     _validate_shape(card, effective)
@@ -182,14 +159,13 @@ def card_facts(card: DecodedCard, settings: BoundarySettings) -> CardFacts:
     return CardFacts(
         card=card,
         checksum=card_checksum(card),
-        fingerprint=lora_projection_fingerprint(card),
-        model_types=_model_types(card.model_type_bits),
+        fingerprint=fingerprint(card),
+        model_types=model_types(card.model_type_bits),
         effective=_WORKER_TYPES[effective],
         worker_type=None if worker_type is None else _WORKER_TYPES[worker_type],
         needs=tuple(tuple(_WORKER_TYPES[w] for w in alt) for alt in needs) if needs else (),
         taints=tuple(sorted(fields["runtime_config"]["taints"])),
         has_lora=fields["lora"] is not None,
-        groups={},
     )
 
 
