@@ -4,9 +4,10 @@ Real processes only: ``python -m dynamo.mocker`` workers on their own file store
 ``workerset-admission bridge`` mirroring that store into the NATS bucket, ``workerset-admission
 serve --view-dir`` writing the admitted view, and ``python -m dynamo.frontend`` on the view
 (``--discovery-backend file``, ``DYN_FILE_KV`` = the view). Every Dynamo process uses the test's
-nats-server as its event plane, so no Dynamo socket listens beyond loopback. Requests go
-through the OpenAI HTTP API with the ``openai`` client; the serving worker is read from
-``nvext.worker_id``.
+nats-server as its event plane (or ``event_plane_url``, another one), so no Dynamo socket
+listens beyond loopback; ``event_plane="zmq"`` (Dynamo's default) binds every interface and
+belongs in a network namespace with only loopback. Requests go through the OpenAI HTTP API with
+the ``openai`` client; the serving worker is read from ``nvext.worker_id``.
 """
 
 from __future__ import annotations
@@ -127,10 +128,15 @@ class Deployment:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     workers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     sidecar: subprocess.Popen[bytes] | None = None
+    bridge: subprocess.Popen[bytes] | None = None
     status_subject: str = "workerset-admission.status.view-test"
-    # Dynamo's own event plane; the plugin's server (``nats_url``) when not given. A test that
-    # stops the plugin's server gives Dynamo another one, so only discovery sees the outage.
+    # Dynamo's own event plane: ``nats`` on ``event_plane_url``, the plugin's server
+    # (``nats_url``) when not given (a test that stops the plugin's server gives Dynamo another
+    # one, so only discovery sees the outage); or ``zmq``, Dynamo's default.
+    event_plane: str = "nats"
     event_plane_url: str | None = None
+    # How often the bridge scans the workers' store.
+    bridge_interval: float = 0.1
 
     def __post_init__(self) -> None:
         self.store = self.root / "workers-kv"
@@ -155,9 +161,11 @@ class Deployment:
                 "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
                 "DYN_EVENT_PLANE_HOST": "127.0.0.1",
                 "DYN_SELF_HOST_METADATA": "0",
-                "DYN_EVENT_PLANE": "nats",
+                "DYN_EVENT_PLANE": self.event_plane,
                 "NATS_SERVER": self.event_plane_url or self.nats_url,
                 "DYN_LOG": "warn",
+                # A failed request would otherwise print a whole backtrace.
+                "RUST_BACKTRACE": "0",
             }
         )
         return env
@@ -174,14 +182,14 @@ class Deployment:
     # -- the pieces --------------------------------------------------------------------------
 
     def start_bridge(self) -> None:
-        self._start(
+        self.bridge = self._start(
             "bridge",
             self._cli(
                 "bridge",
                 "--file-kv",
                 str(self.store),
                 "--interval",
-                "0.1",
+                str(self.bridge_interval),
                 "--nats-server",
                 self.nats_url,
                 "--discovery-bucket",

@@ -34,6 +34,7 @@ __all__ = [
     "restartable_server",
     "set_announcer",
     "shared_server",
+    "show",
 ]
 
 
@@ -75,6 +76,11 @@ def set_announcer(write: Callable[[str], None]) -> None:
 def announce(line: str, *, fixture: str = "nats fixture") -> None:
     """Say which server a fixture started (the CI log counts the container ones)."""
     _announcer[0](f"[{fixture}] {line}")
+
+
+def show(line: str) -> None:
+    """Write one line to the terminal past pytest's output capture (a test's figures)."""
+    _announcer[0](line)
 
 
 def _announce(server: NatsServer, detail: str) -> None:

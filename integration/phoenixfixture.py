@@ -38,6 +38,7 @@ __all__ = [
     "fetch_spans",
     "network_namespace_problem",
     "phoenix_enabled",
+    "run_in_own_session",
 ]
 
 PHOENIX_REQUIREMENT = "arize-phoenix==20.26.1"
@@ -88,6 +89,35 @@ def network_namespace_problem() -> str | None:
         detail = (probe.stderr or probe.stdout).strip() or f"exit status {probe.returncode}"
         return f"unshare --net is not permitted here: {detail}"
     return None
+
+
+def run_in_own_session(
+    command: list[str], env: Mapping[str, str], timeout: float
+) -> tuple[int | None, str]:
+    """Run a scenario in a session of its own; return its exit status (None: it overran).
+
+    Its own session, so a scenario that overruns, or a run interrupted some other way (Ctrl-C,
+    a test timeout), is killed with everything it started, wherever it got stuck.
+    """
+    scenario = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(env),
+        start_new_session=True,
+    )
+    try:
+        output, _ = scenario.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(scenario.pid, signal.SIGKILL)
+        output, _ = scenario.communicate()
+        return None, output
+    finally:
+        if scenario.poll() is None:
+            os.killpg(scenario.pid, signal.SIGKILL)
+            scenario.wait(timeout=10)
+    return scenario.returncode, output
 
 
 def _phoenix_in(venv: Path) -> Path | None:

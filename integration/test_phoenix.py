@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from phoenixfixture import (
     PhoenixVenvError,
     ensure_phoenix_venv,
     network_namespace_problem,
+    run_in_own_session,
 )
 from workerset_admission.card import mdcsum
 from workerset_admission.telemetry import names as n
@@ -100,33 +100,15 @@ def run(phoenix_executable: Path) -> Iterator[dict[str, Any]]:
             f"workerset-admission-{uuid.uuid4().hex[:10]}",
         ]
         started = time.monotonic()
-        # A session of its own, so a scenario that overruns is killed with everything it
-        # started, wherever it got stuck.
-        scenario = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            output, _ = scenario.communicate(timeout=SCENARIO_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(scenario.pid, signal.SIGKILL)
-            output, _ = scenario.communicate()
+        returncode, output = run_in_own_session(command, env, SCENARIO_TIMEOUT)
+        if returncode is None:
             pytest.fail(f"the scenario ran over {SCENARIO_TIMEOUT:.0f} s: {output[-4000:]}")
-        finally:
-            # Interrupted some other way (Ctrl-C, a test timeout): take the whole group down.
-            if scenario.poll() is None:
-                os.killpg(scenario.pid, signal.SIGKILL)
-                scenario.wait(timeout=10)
         elapsed = time.monotonic() - started
-        assert out.is_file(), f"no result (exit {scenario.returncode}): {output[-4000:]}"
+        assert out.is_file(), f"no result (exit {returncode}): {output[-4000:]}"
         result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
-        if result["error"] is not None or scenario.returncode != 0:
+        if result["error"] is not None or returncode != 0:
             pytest.fail(
-                f"scenario failed (exit {scenario.returncode}): {result['error']}\n"
+                f"scenario failed (exit {returncode}): {result['error']}\n"
                 + "\n".join(result.get("serve_output", []))
                 + f"\n{result.get('phoenix_log_tail', '')}\n{output[-4000:]}"
             )

@@ -18,19 +18,33 @@ says which are live and holds their raw records. The view is, per binding:
 * its ``v1/mdc`` records at the binding's endpoint (with any LoRA adapter cards);
 * its ``v1/event_sources`` records (``metadata.worker.worker_id`` names the worker) and the
   ``v1/event_channels`` records published under the same publisher id, so KV-aware routing
-  hears the admitted workers' KV events.
+  hears the admitted workers' KV events;
+* the binding endpoint's other event channels the frontend subscribes to (load metrics,
+  forward-pass metrics, active sequences). Their records name only a random publisher id and
+  an address, nothing that ties them to a worker, so the channels of a rejected worker at the
+  same endpoint come along. That is harmless and no more than Dynamo alone does: the frontend
+  on the workers' own store subscribes to the same channels, their events are keyed by worker
+  id, and the router looks them up only for the workers its WorkerSet holds, which come from
+  the view's model cards and instance records. A channel topic of any other name is left out,
+  with a WARNING once.
 
-Event channels that name no worker (load metrics, forward-pass metrics) cannot be attributed to
-an admitted worker and are left out, rather than let a rejected worker's channel in.
+Publishing follows the file store's rules and the frontend's own behaviour. A file is written
+as a ``.tmp_`` file (which the file store ignores) and renamed into place. New records are
+added first (event and instance records before the model card that makes the frontend build
+the model); only then are records removed (add before remove), at a succession too: when the
+incumbent's last records and the successor's commit reach one pass, the frontend holds the
+successor's card while the incumbent's goes, as on the workers' own store, where its own
+first-wins admission keeps the rejected cohort out until then. The successor's records appear
+only once admission committed it, after the incumbent's last member left, so no frontend,
+running or started late, sees them while the incumbent serves. Nothing of a departed worker is
+kept for the successor: a SIGTERMed worker stops serving at once, and a request routed to it
+fails (measured: keeping its card and instance record until the successor's commit cost more
+requests than dropping them).
 
-Publishing follows the file store's rules and the contract's order. A file is written as a
-``.tmp_`` file (which the file store ignores) and renamed into place. Records of a tenure that
-ended are withdrawn first; then new records are added (event and instance records before the
-model card that makes the frontend build the model); only then are records that left a tenure
-removed (add before remove). Files are touched every ``refresh_interval`` seconds, well inside
-the store's 10 s expiry; when the writer stops its files are deleted, and when its process dies
-the frontend's own file store expires them within 10 s. Either way the frontend fails closed.
-While NATS is unreachable nothing changes the admitted state, and the last view is kept alive.
+Files are touched every ``refresh_interval`` seconds, well inside the store's 10 s expiry; when
+the writer stops its files are deleted, and when its process dies the frontend's own file store
+expires them within 10 s. Either way the frontend fails closed. While NATS is unreachable
+nothing changes the admitted state, and the last view is kept alive.
 
 After an outage a tenure may be *held* with its members served on their last known records
 (the core's theory of operation): their records may have left the bucket (a wiped store, or
@@ -69,6 +83,7 @@ from workerset_admission.adapters.dynamo.view_directory import (
     file_name_for,
 )
 from workerset_admission.adapters.dynamo.view_publish import (
+    SCOPE_TOPICS,
     AdmittedView,
     SyncReport,
     Tenure,
@@ -87,6 +102,7 @@ __all__ = [
     "BUCKETS",
     "LOCK_NAME",
     "MANIFEST_NAME",
+    "SCOPE_TOPICS",
     "AdmittedView",
     "DirectoryFiles",
     "HeldRecord",
@@ -181,10 +197,10 @@ class ViewWriter:
                 for t in tenures
             )
             _log.info(
-                "admitted view: %d withdrawn, %d written, %d removed; %d file(s) published; "
+                "admitted view: %d written, %d withdrawn, %d removed; %d file(s) published; "
                 "serving %s",
-                len(report.withdrawn),
                 len(report.written),
+                len(report.withdrawn),
                 len(report.removed),
                 len(self.view.files),
                 serving or "nothing",

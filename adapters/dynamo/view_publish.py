@@ -11,11 +11,21 @@ from workerset_admission.adapters.dynamo.view_directory import BUCKETS, ViewFile
 from workerset_admission.adapters.dynamo.view_records import HeldRecord, RecordTable
 from workerset_admission.identity import EndpointId, GroupKey
 
-__all__ = ["AdmittedView", "SyncReport", "Tenure", "plan_view"]
+__all__ = [
+    "SCOPE_TOPICS",
+    "AdmittedView",
+    "SyncReport",
+    "Tenure",
+    "plan_view",
+    "untied_topics",
+]
 
 # One logger name for the whole view, so an operator follows or silences it in one place.
 _log = logging.getLogger("workerset_admission.adapters.dynamo.view")
 _ADD_ORDER = {bucket: index for index, bucket in enumerate(BUCKETS)}
+# The event channels the 1.6.1 frontend subscribes to besides KV events (load metrics,
+# forward-pass metrics, active sequences), carried for a serving tenure's endpoint.
+SCOPE_TOPICS = frozenset({"kv_metrics", "forward-pass-metrics", "active_sequences_events"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,28 +64,71 @@ def _records_of(
     return mine
 
 
+def _scope_channels(
+    endpoint: EndpointId, table: RecordTable, last_known: bool = False
+) -> list[HeldRecord]:
+    """Return the endpoint's event channels no record ties to a worker (all but KV events).
+
+    With ``last_known`` (a held tenure serves members on their last known records), those
+    that left the bucket within the table's keep time come along.
+    """
+    lookup = table.lookup_last_known if last_known else table.lookup
+    return lookup("scope", endpoint.namespace, endpoint.component, endpoint.endpoint)
+
+
 def plan_view(
     tenures: Iterable[Tenure], table: RecordTable
 ) -> dict[ViewFile, tuple[bytes, frozenset[tuple[GroupKey, int]]]]:
-    """Every file the view must hold: its bytes, and the tenures that want it."""
+    """Every file the view must hold: its bytes, and the tenures that want it.
+
+    A tenure serving anyone also carries its endpoint's channels of :data:`SCOPE_TOPICS`.
+    Their records name only a random publisher and an address, so the ones of a rejected
+    worker at the same endpoint come along: the frontend on the workers' own store
+    subscribes to exactly these too, and their events are keyed by worker id, which the
+    router only looks up for the workers its WorkerSet (the view's cards and instance
+    records) admits.
+    """
     wanted: dict[ViewFile, tuple[bytes, set[tuple[GroupKey, int]]]] = {}
     for tenure in tenures:
         endpoint = tenure.group.endpoint
-        for instance_id in sorted(tenure.routable):
-            last_known = instance_id in tenure.last_known
-            for record in _records_of(endpoint, instance_id, table, last_known):
-                file = (record.bucket, record.file_name)
-                entry = wanted.setdefault(file, (record.value, set()))
-                entry[1].add((tenure.group, tenure.generation))
+        records = [
+            record
+            for instance_id in sorted(tenure.routable)
+            for record in _records_of(
+                endpoint, instance_id, table, instance_id in tenure.last_known
+            )
+        ]
+        if tenure.routable:
+            channels = _scope_channels(endpoint, table, bool(tenure.last_known))
+            records += [c for c in channels if c.topic in SCOPE_TOPICS]
+        for record in records:
+            file = (record.bucket, record.file_name)
+            entry = wanted.setdefault(file, (record.value, set()))
+            entry[1].add((tenure.group, tenure.generation))
     return {file: (value, frozenset(owners)) for file, (value, owners) in wanted.items()}
+
+
+def untied_topics(tenures: Iterable[Tenure], table: RecordTable) -> set[str]:
+    """Channel topics at a serving tenure's endpoint that the view leaves out."""
+    return {
+        str(channel.topic)
+        for tenure in tenures
+        if tenure.routable
+        for channel in _scope_channels(tenure.group.endpoint, table)
+        if channel.topic not in SCOPE_TOPICS
+    }
 
 
 @dataclass(frozen=True, slots=True)
 class SyncReport:
-    """What one pass did, in the order it did it."""
+    """What one pass did, in the order it did it: write, withdraw, remove.
 
-    withdrawn: tuple[ViewFile, ...] = ()
+    ``withdrawn`` are the files of tenures that ended, ``removed`` those of members that left
+    a live tenure.
+    """
+
     written: tuple[ViewFile, ...] = ()
+    withdrawn: tuple[ViewFile, ...] = ()
     removed: tuple[ViewFile, ...] = ()
 
     @property
@@ -110,6 +163,7 @@ class AdmittedView:
         self._clock = clock
         self._written: dict[ViewFile, bytes | None] = {}
         self._owners: dict[ViewFile, frozenset[tuple[GroupKey, int]]] = {}
+        self._warned_topics: set[str] = set()
         self._last_touch = clock()
         self.publish_errors = 0
 
@@ -130,15 +184,24 @@ class AdmittedView:
         return len(self._written)
 
     def sync(self, tenures: Sequence[Tenure], table: RecordTable) -> SyncReport:
-        """Make the directory equal to the view the tenures and records call for."""
+        """Make the directory equal to the view the tenures and records call for.
+
+        The new files are written before any old one goes, at a succession too: when the
+        incumbent's last records and the successor's commit reach one pass, the frontend sees
+        the successor's card while the incumbent's is still there, as it does on the workers'
+        own store (its own admission keeps the successor out), and rebuilds on it the moment
+        the incumbent's go, instead of dropping the model first.
+        """
         wanted = plan_view(tenures, table)
+        for topic in sorted(untied_topics(tenures, table) - self._warned_topics):
+            self._warned_topics.add(topic)
+            _log.warning(
+                "admitted view: event channel topic %r is left out: no record ties its "
+                "publishers to a worker, so the frontend on the view does not hear it (it "
+                "would on the workers' own store)",
+                topic,
+            )
         live = {(t.group, t.generation) for t in tenures}
-        stale = [f for f in self._written if f not in wanted]
-        # A file whose tenure ended goes first: a successor's records never share the view
-        # with its predecessor's.
-        ended = [f for f in stale if not (self._owners.get(f, frozenset()) & live)]
-        rest = [f for f in stale if f not in set(ended)]
-        withdrawn = self._remove_all(ended)
         written: list[ViewFile] = []
         for file in _add_order(wanted):
             value, owners = wanted[file]
@@ -147,8 +210,11 @@ class AdmittedView:
                 continue
             if self._publish(file, value):
                 written.append(file)
-        removed = self._remove_all(rest)
-        report = SyncReport(tuple(withdrawn), tuple(written), tuple(removed))
+        stale = [f for f in self._written if f not in wanted]
+        ended = [f for f in stale if not (self._owners.get(f, frozenset()) & live)]
+        withdrawn = self._remove_all(ended)
+        removed = self._remove_all([f for f in stale if f not in set(ended)])
+        report = SyncReport(tuple(written), tuple(withdrawn), tuple(removed))
         if report.changed:
             self._save_manifest()
         return report

@@ -25,7 +25,12 @@ from workerset_admission.ports import (
     SourceSnapshot,
 )
 
-__all__ = ["HeldRecord", "RecordTable", "TappedSource"]
+__all__ = ["KV_EVENTS", "HeldRecord", "RecordTable", "TappedSource"]
+
+# The one event topic whose source names its worker; every other channel is tied by scope.
+KV_EVENTS = "kv-events"
+
+_Tie = tuple[str, str, str | None, int | str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +38,8 @@ class HeldRecord:
     """One valid discovery record the view may publish, with what ties it to a worker.
 
     ``instance_id`` is the instance for endpoint and model records and the publisher id for
-    event records; ``worker_id`` is the worker an event source names.
+    event records; ``worker_id`` is the worker an event source names; ``topic`` is an event
+    record's topic.
     """
 
     bucket: str
@@ -44,9 +50,7 @@ class HeldRecord:
     endpoint: str | None
     instance_id: int
     worker_id: int | None = None
-
-
-_Tie = tuple[str, str, str | None, int]
+    topic: str | None = None
 
 
 class RecordTable:
@@ -92,19 +96,20 @@ class RecordTable:
         return self._records.values()
 
     def lookup(
-        self, kind: str, namespace: str, component: str | None, number: int
+        self, kind: str, namespace: str, component: str | None, number: int | str | None
     ) -> list[HeldRecord]:
-        """Return the records tied to a worker or publisher.
+        """Return the records tied to a worker, a publisher or an endpoint.
 
         ``worker``: endpoint and model records of an instance in a component; ``source``:
         event sources naming a worker; ``channel``: event channels of a publisher (these two
-        in any component; pass ``None``).
+        in any component; pass ``None``); ``scope``: event channels other than KV events
+        published at an endpoint (pass its component and endpoint name).
         """
         keys = self._index.get((kind, namespace, component, number), ())
         return [self._records[key] for key in sorted(keys)]
 
     def lookup_last_known(
-        self, kind: str, namespace: str, component: str | None, number: int
+        self, kind: str, namespace: str, component: str | None, number: int | str | None
     ) -> list[HeldRecord]:
         """Like :meth:`lookup`, with the records that left the bucket within the keep time."""
         self._forget_old_removals()
@@ -118,8 +123,7 @@ class RecordTable:
     def _set_aside(self, key: str, record: HeldRecord) -> None:
         self._removed.pop(key, None)
         self._removed[key] = (record, self._clock())
-        tie = self._tie(record)
-        if tie is not None:
+        for tie in self._ties(record):
             self._removed_index.setdefault(tie, set()).add(key)
 
     def _back(self, key: str) -> None:
@@ -128,14 +132,7 @@ class RecordTable:
             self._drop_removed_tie(key, entry[0])
 
     def _drop_removed_tie(self, key: str, record: HeldRecord) -> None:
-        tie = self._tie(record)
-        if tie is None:
-            return
-        keys = self._removed_index.get(tie)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._removed_index[tie]
+        self._discard(self._removed_index, key, record)
 
     def _forget_old_removals(self) -> None:
         oldest = self._clock() - self._keep_removed_for
@@ -149,28 +146,32 @@ class RecordTable:
             self._drop_removed_tie(key, record)
 
     @staticmethod
-    def _tie(record: HeldRecord) -> tuple[str, str, str | None, int] | None:
+    def _ties(record: HeldRecord) -> tuple[_Tie, ...]:
         if record.bucket in ("instances", "mdc"):
-            return ("worker", record.namespace, record.component, record.instance_id)
+            return (("worker", record.namespace, record.component, record.instance_id),)
         if record.bucket == "event_sources":
             if record.worker_id is None:
-                return None
-            return ("source", record.namespace, None, record.worker_id)
-        return ("channel", record.namespace, None, record.instance_id)
+                return ()
+            return (("source", record.namespace, None, record.worker_id),)
+        by_publisher = ("channel", record.namespace, None, record.instance_id)
+        if record.topic == KV_EVENTS or record.endpoint is None:
+            return (by_publisher,)
+        return by_publisher, ("scope", record.namespace, record.component, record.endpoint)
 
     def _unindex(self, key: str, record: HeldRecord) -> None:
-        tie = self._tie(record)
-        if tie is None:
-            return
-        keys = self._index.get(tie)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._index[tie]
+        self._discard(self._index, key, record)
+
+    @classmethod
+    def _discard(cls, index: dict[_Tie, set[str]], key: str, record: HeldRecord) -> None:
+        for tie in cls._ties(record):
+            keys = index.get(tie)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del index[tie]
 
     def _reindex(self, key: str, record: HeldRecord) -> None:
-        tie = self._tie(record)
-        if tie is not None:
+        for tie in self._ties(record):
             self._index.setdefault(tie, set()).add(key)
 
     def apply(self, event: SourceEvent) -> None:
@@ -248,6 +249,7 @@ class RecordTable:
                 parsed_event.endpoint,
                 parsed_event.publisher_id,
                 record.worker_id,
+                parsed_event.topic,
             )
         parsed = parse_key(key)
         endpoint = parsed.endpoint

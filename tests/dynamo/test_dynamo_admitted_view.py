@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from support.cards import base_card as demo_card
@@ -50,8 +51,14 @@ def _entry(key: str, value: bytes) -> DiscoveryEntry:
     return DiscoveryEntry(key, value, 1)
 
 
-def _event_records(worker: int, publisher: int) -> list[DiscoveryEntry]:
-    """A worker's event source and channels, shaped as the 1.6.1 mocker registers them."""
+def _event_records(
+    worker: int, publisher: int, channels: tuple[str, ...] = ()
+) -> list[DiscoveryEntry]:
+    """A worker's KV event source and channel, and its ``channels`` of other topics.
+
+    Shaped as the 1.6.1 mocker registers them; a channel of another topic has a publisher id
+    of its own and names no worker.
+    """
     scope = {
         "kind": "endpoint",
         "endpoint": {"namespace": "pns", "component": "backend", "name": "generate"},
@@ -66,22 +73,27 @@ def _event_records(worker: int, publisher: int) -> list[DiscoveryEntry]:
     }
     transport = {"kind": "Nats", "config": {"subject_prefix": "namespace.pns"}}
     channel = {"type": "EventChannel", "scope": scope, "topic": "kv-events"}
-    # A metrics channel names no worker at all: it can never be attributed to one.
-    metrics = {**channel, "topic": "kv_metrics", "instance_id": publisher + 1}
-    return [
+    records = [
         _entry(f"v1.event_sources.{tail}.kv-events.{publisher:x}", json.dumps(source).encode()),
         _entry(
             f"v1.event_channels.{tail}.kv-events.{publisher:x}",
             json.dumps({**channel, "instance_id": publisher, "transport": transport}).encode(),
         ),
-        _entry(
-            f"v1.event_channels.{tail}.kv_metrics.{publisher + 1:x}",
-            json.dumps({**metrics, "transport": transport}).encode(),
-        ),
     ]
+    for number, topic in enumerate(channels, start=1):
+        other = {**channel, "topic": topic, "instance_id": publisher + number}
+        records.append(
+            _entry(
+                f"v1.event_channels.{tail}.{topic}.{publisher + number:x}",
+                json.dumps({**other, "transport": transport}).encode(),
+            )
+        )
+    return records
 
 
-def worker_records(instance_id: int, block_size: int = 16) -> list[DiscoveryEntry]:
+def worker_records(
+    instance_id: int, block_size: int = 16, channels: tuple[str, ...] = ()
+) -> list[DiscoveryEntry]:
     """Everything one worker registers: endpoint records, its card, its event records."""
     query = EndpointId("pns", "backend", f"worker_kv_query_source_{instance_id:x}")
     return [
@@ -91,7 +103,7 @@ def worker_records(instance_id: int, block_size: int = 16) -> list[DiscoveryEntr
             model_kv_key(EP, instance_id),
             encode_model_record(EP, instance_id, demo_card(block_size)),
         ),
-        *_event_records(instance_id, instance_id % 1000 + 5000),
+        *_event_records(instance_id, instance_id % 1000 + 5000, channels),
     ]
 
 
@@ -194,7 +206,7 @@ def test_a_member_joining_is_added_before_a_member_leaving_is_removed() -> None:
     assert files.ops[5] == ("remove", mdc_file(A1))
 
 
-def test_on_succession_the_old_incumbents_records_go_before_the_successors_appear() -> None:
+def test_on_succession_the_successors_records_appear_before_the_old_incumbents_go() -> None:
     files = FakeFiles()
     view = AdmittedView(files)
     table = table_of(worker_records(A1), worker_records(B, block_size=32))
@@ -203,10 +215,27 @@ def test_on_succession_the_old_incumbents_records_go_before_the_successors_appea
 
     report = view.sync([Tenure(GROUP, 4, frozenset({B}))], table)
 
+    # As on the workers' own store: the frontend holds the successor's records (its own
+    # admission keeps them out) when the incumbent's go, and rebuilds on them at once.
     kinds = [op for op, _file in files.ops]
-    assert kinds == ["remove"] * 5 + ["publish"] * 5
+    assert kinds == ["publish"] * 5 + ["remove"] * 5
+    assert files.ops[4] == ("publish", mdc_file(B))
     assert set(report.withdrawn) == set(files_of(A1, report.withdrawn))
     assert set(files.content) == set(files_of(B, files.content))
+
+
+def test_a_member_leaving_beside_others_is_removed_at_once() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    files.ops.clear()
+
+    report = view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
+
+    assert report.withdrawn == ()
+    assert set(report.removed) == set(files_of(A1, report.removed))
+    assert len(report.removed) == 5
 
 
 def test_a_retired_tenure_with_no_successor_yet_empties_the_view() -> None:
@@ -215,10 +244,63 @@ def test_a_retired_tenure_with_no_successor_yet_empties_the_view() -> None:
     table = table_of(worker_records(A1))
     view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
 
-    view.sync([], table)
+    report = view.sync([], table)
 
+    assert len(report.withdrawn) == 5
     assert files.content == {}
     assert files.manifest == []
+
+
+LOAD_TOPICS = ("kv_metrics", "forward-pass-metrics", "active_sequences_events")
+
+
+def test_a_serving_tenure_carries_its_endpoints_load_channels_and_only_admitted_kv_events() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(
+        worker_records(A1, channels=LOAD_TOPICS),
+        worker_records(B, block_size=32, channels=LOAD_TOPICS),
+    )
+
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    channels = sorted(name for bucket, name in files.content if bucket == "event_channels")
+    topics = [unquote(name).split("/")[-2] for name in channels]
+    # Every topic of the admitted worker; the rejected one's load channels come along (their
+    # records name no worker), its KV events never.
+    assert sorted(topics) == sorted(["kv-events", *LOAD_TOPICS, *LOAD_TOPICS])
+    assert not files_of(B, [f for f in files.content if f[0] != "event_channels"])
+    assert [f for f in files.content if f[0] == "event_sources"] == files_of(A1, files.content)[:1]
+
+
+def test_no_serving_tenure_means_no_load_channels() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1, channels=LOAD_TOPICS))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    view.sync([Tenure(GROUP, 1, frozenset())], table)
+
+    assert files.content == {}
+
+
+def test_a_channel_topic_the_view_cannot_tie_is_left_out_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1, channels=("kv_metrics", "brand-new-topic")))
+
+    with caplog.at_level("WARNING"):
+        view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+        view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    names = [unquote(name) for _bucket, name in files.content]
+    assert not [n for n in names if "brand-new-topic" in n]
+    assert [n for n in names if "/kv_metrics/" in n]
+    warnings = [r.getMessage() for r in caplog.records if "brand-new-topic" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "does not hear it" in warnings[0]
 
 
 def test_files_are_touched_only_when_a_refresh_is_due_and_a_lost_file_is_rewritten() -> None:
@@ -271,8 +353,8 @@ def test_a_previous_writers_files_are_settled_by_the_first_sync_and_not_kept_ali
 
     assert set(files.content) == set(files_of(A2, files.content))
     assert len(files.content) == 5
-    # Content unknown: the wanted files are written again, the others withdrawn first.
-    assert [op for op, _file in files.ops] == ["remove"] * 5 + ["publish"] * 5
+    # Content unknown: the wanted files are written again, then the others withdrawn.
+    assert [op for op, _file in files.ops] == ["publish"] * 5 + ["remove"] * 5
 
 
 def test_a_refused_value_keeps_the_last_valid_record_in_the_view() -> None:
@@ -310,8 +392,8 @@ async def test_a_tapped_source_feeds_the_table_before_the_service_sees_each_even
 
     sizes = [len(table) async for _event in TappedSource(_Listed(), table).events()]
 
-    assert sizes == [6, 5]
-    assert seen == [6, 5]
+    assert sizes == [5, 4]
+    assert seen == [5, 4]
 
 
 # --------------------------------------------------------------------------- real files
@@ -446,13 +528,13 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         await _until(lambda: mdc_file(A1) in files.content)
         assert set(files.content) == set(files_of(A1, files.content))
 
-        # The incumbent drains: its records go, then the successor's appear.
+        # The incumbent drains: the successor's records appear, then its last ones go.
         for entry in worker_records(A1):
             source.queue.put_nowait(SourceDelete(entry.key, 3))
-        await _until(lambda: mdc_file(B) in files.content)
-        removed = max(i for i, op in enumerate(files.ops) if op == ("remove", mdc_file(A1)))
+        await _until(lambda: mdc_file(B) in files.content and mdc_file(A1) not in files.content)
+        removed = files.ops.index(("remove", mdc_file(A1)))
         added = files.ops.index(("publish", mdc_file(B)))
-        assert removed < added
+        assert added < removed
         assert set(files.content) == set(files_of(B, files.content))
 
         # Kept alive while nothing changes (NATS away: no events at all).
@@ -525,3 +607,21 @@ def test_a_record_back_in_the_bucket_is_served_from_the_bucket_again() -> None:
     clock.now += 60.0
     table.apply(SourceSnapshot(new))
     assert len(table.lookup_last_known("worker", "pns", "backend", A1)) == 3
+
+
+def test_a_held_tenure_keeps_its_load_channels_while_serving_last_known_members() -> None:
+    clock = Clock()
+    files = FakeFiles()
+    view = AdmittedView(files, clock=clock)
+    table = RecordTable(keep_removed_for=10.0, clock=clock)
+    table.apply(SourceSnapshot(worker_records(A1, channels=LOAD_TOPICS)))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    published = dict(files.content)
+    assert len([f for f in published if f[0] == "event_channels"]) == 1 + len(LOAD_TOPICS)
+
+    table.apply(SourceSnapshot([]))  # a wiped store
+    clock.now += 5.0
+    report = view.sync([Tenure(GROUP, 1, frozenset({A1}), frozenset({A1}))], table)
+
+    assert not report.changed
+    assert files.content == published

@@ -1,0 +1,189 @@
+"""Availability through faults and a rolling update: Dynamo alone beside the admitted view.
+
+A plain script: ``python integration/bench/bench_rollout.py [--rows NAMES] [--repeat N]``
+(``BENCH_QUICK=1`` shortens the outage to 5 s and the rolling update's spacing to 2 s). It
+starts one side-by-side deployment (``integration/sidebyside.py``): three ``dynamo.mocker``
+workers on their own file store, frontend "direct" on that store (Dynamo 1.6.1 alone), frontend
+"view" on the plugin's admitted view, the plugin's own loopback nats-server and a second one as
+Dynamo's event plane. Both frontends get the same steady load (15 requests/s each, 10 s
+timeout, every request kept) through each row, in this order:
+
+* ``outage``: the plugin's nats-server killed and restarted after 15 s, its store kept;
+* ``drain``: one worker SIGTERMed (a new one replaces it afterwards);
+* ``kill``: one worker SIGKILLed (its records stay until the file store's 10 s expiry);
+* ``rolling``: two workers of another block size join (rejected), then the three incumbents
+  are SIGTERMed 5 s apart;
+* ``wipe``: the plugin's nats-server killed and restarted after 2 s with an empty store (the
+  bridge is not restarted).
+
+Per row and frontend it prints the failed requests, the longest window with no successful
+request (send time to send time; one request's spacing, 0.07 s, when nothing failed) and the
+requests the rejected cohort served before the last incumbent's SIGTERM, as a table; for each
+rolling update also the flip: the requests that failed from the last incumbent's SIGTERM to the
+successor's first success, and how long after the SIGTERM that success was sent (``--rate``
+raises the load, and the resolution, from 15 requests/s; ``--bridge-interval`` sets how often
+the bridge scans the workers' store, 0.1 s by default). Everything goes to
+``results/bench_rollout.json`` with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
+
+from sidebyside import Flip, Outcome, SideBySide, side_by_side  # noqa: E402
+from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer  # noqa: E402
+
+RESULTS = HERE / "results"
+ROWS = ("outage", "drain", "kill", "rolling", "wipe")
+
+
+def run_row(running: SideBySide, row: str, quick: bool) -> Outcome:
+    if row == "outage":
+        return running.outage(5.0 if quick else 15.0)
+    if row == "drain":
+        return running.drain()
+    if row == "kill":
+        return running.kill()
+    if row == "rolling":
+        return running.rolling_update(rivals=2, spacing=2.0 if quick else 5.0)
+    return running.wipe(downtime=2.0, settle=15.0)
+
+
+def table(outcomes: list[Outcome]) -> str:
+    lines = [
+        "| fault | direct: failed | view: failed | direct: longest no-success | "
+        "view: longest no-success | direct: to rejected | view: to rejected |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for outcome in outcomes:
+        d, v = outcome.figures["direct"], outcome.figures["view"]
+        lines.append(
+            f"| {outcome.name} | {d.failed} of {d.sent} | {v.failed} of {v.sent} | "
+            f"{d.longest_gap:.2f} s | {v.longest_gap:.2f} s | {d.to_rejected} | {v.to_rejected} |"
+        )
+    flips = [o for o in outcomes if o.flips]
+    if flips:
+        lines += [
+            "",
+            "| succession | direct: failed at the flip | view: failed at the flip | "
+            "direct: successor serves after | view: successor serves after |",
+            "|---|---|---|---|---|",
+        ]
+        for number, outcome in enumerate(flips, start=1):
+            d, v = outcome.flips.get("direct"), outcome.flips.get("view")
+            lines.append(
+                f"| {number} | {_flip_failed(d)} | {_flip_failed(v)} | "
+                f"{_flip_after(d)} | {_flip_after(v)} |"
+            )
+    return "\n".join(lines)
+
+
+def _flip_failed(f: Flip | None) -> str:
+    return "never served" if f is None else str(f.failed)
+
+
+def _flip_after(f: Flip | None) -> str:
+    return "never" if f is None else f"{f.first_success:.3f} s"
+
+
+def main(
+    rows: list[str], repeat: int, quick: bool, rate: float, bridge_interval: float
+) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
+    plugin_nats = EmbeddedNatsServer(root / "plugin-nats")
+    plugin_nats.start()
+    outcomes: list[Outcome] = []
+    loads: list[float] = []
+    try:
+        with side_by_side(root / "deployment", plugin_nats) as running:
+            running.rate = rate
+            running.deployment.bridge_interval = bridge_interval
+            running.start()
+            running.serve(3)
+            for _ in range(repeat):
+                for row in rows:
+                    outcomes.append(run_row(running, row, quick))
+                    loads.append(os.getloadavg()[0])
+                    print(
+                        f"{outcomes[-1].name}: "
+                        + "; ".join(
+                            f"{name} {figures.row()}"
+                            for name, figures in outcomes[-1].figures.items()
+                        ),
+                        flush=True,
+                    )
+    finally:
+        plugin_nats.close()
+        shutil.rmtree(root, ignore_errors=True)
+    print()
+    print(table(outcomes))
+    return {
+        "rows": [
+            {
+                "fault": outcome.name,
+                "load_average": load,
+                **{
+                    name: {
+                        "sent": f.sent,
+                        "failed": f.failed,
+                        "longest_no_success_seconds": round(f.longest_gap, 3),
+                        "to_rejected": f.to_rejected,
+                        "errors": list(f.errors),
+                    }
+                    for name, f in outcome.figures.items()
+                },
+                "flips": {
+                    name: None
+                    if f is None
+                    else {
+                        "failed": f.failed,
+                        "successor_serves_after_seconds": round(f.first_success, 3),
+                        "errors": list(f.errors),
+                    }
+                    for name, f in outcome.flips.items()
+                },
+            }
+            for outcome, load in zip(outcomes, loads, strict=True)
+        ],
+        "quick": quick,
+        "rate_per_frontend": rate,
+        "bridge_interval": bridge_interval,
+        "cpus": os.cpu_count(),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {ROWS}")
+    parser.add_argument("--repeat", type=int, default=1, help="run the rows this many times")
+    parser.add_argument(
+        "--rate", type=float, default=15.0, help="requests per second to each frontend"
+    )
+    parser.add_argument(
+        "--bridge-interval",
+        type=float,
+        default=0.1,
+        help="seconds between the bridge's scans of the workers' store",
+    )
+    args = parser.parse_args()
+    chosen = [row.strip() for row in args.rows.split(",") if row.strip()]
+    unknown = sorted(set(chosen) - set(ROWS))
+    if unknown:
+        parser.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
+    quick = os.environ.get("BENCH_QUICK") == "1"
+    result = main(chosen, args.repeat, quick, args.rate, args.bridge_interval)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_rollout.json").write_text(json.dumps(result, indent=2) + "\n")
