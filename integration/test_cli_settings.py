@@ -22,7 +22,7 @@ from natsfixture import NatsServer
 from support.cards import base_card
 from support.fleet import all_ready, running
 from workerset_admission import bridge_cli, cli, nats_cli, rollout_cli, service_cli
-from workerset_admission.config import CONNECTION_SETTINGS, FLAGGED_SETTINGS, Settings
+from workerset_admission.settings import CONNECTION_SETTINGS, FLAGGED_SETTINGS, Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -28,8 +28,8 @@ from workerset_admission.adapters.nats.connect import (
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.identity import EndpointId
-from workerset_admission.replay import replay
-from workerset_admission.service import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService, ServiceSettings
+from workerset_admission.traces.replay import replay
 
 __all__ = ["nats_cluster"]
 

@@ -28,7 +28,7 @@ from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.ownership import bridge_writer
-from workerset_admission.service import AdmissionService
+from workerset_admission.service.shell import AdmissionService
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

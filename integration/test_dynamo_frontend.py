@@ -25,7 +25,10 @@ from support.workers import (
     write_model_dir,
 )
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
-from workerset_admission.adapters.dynamo.routes import (
+from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
+from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.card import encode_model_record, model_kv_key
+from workerset_admission.frontend.routes import (
     HEALTH_PATH,
     READINESS_PATH,
     WORKERSETS_PATH,
@@ -33,9 +36,6 @@ from workerset_admission.adapters.dynamo.routes import (
     shared_host,
     stop_shared_host,
 )
-from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
-from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
-from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.identity import EndpointId
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(120)]

@@ -31,7 +31,6 @@ from workerset_admission.admission import (
     WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.bindings import HopRole
 from workerset_admission.errors import NoRoutableInstance, ReceiverRetired
 from workerset_admission.identity import (
     EndpointId,
@@ -39,8 +38,9 @@ from workerset_admission.identity import (
     WorkerType,
     instance_key,
 )
-from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
-from workerset_admission.service import AdmissionService
+from workerset_admission.service.bindings import HopRole
+from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
+from workerset_admission.service.shell import AdmissionService
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -21,7 +21,7 @@ from dynamofrontend import free_port, running_frontend
 from natsfixture import NatsServer
 from prometheus_client.parser import text_string_to_metric_families
 from support.workers import file_discovery_environment
-from workerset_admission.adapters.dynamo.routes import (
+from workerset_admission.frontend.routes import (
     HEALTH_PATH,
     shared_telemetry,
     stop_shared_host,

@@ -24,11 +24,11 @@ from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
 from workerset_admission.adapters.dynamo.view import file_name_for
 from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
-from workerset_admission.bindings import HopRole
 from workerset_admission.card import encode_endpoint_record, encode_model_record
-from workerset_admission.config import Settings
 from workerset_admission.identity import EndpointId
-from workerset_admission.plugin import create_service
+from workerset_admission.service.bindings import HopRole
+from workerset_admission.service.factory import create_service
+from workerset_admission.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -46,7 +46,7 @@ from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.discovery_paths import parse_endpoints
 from workerset_admission.errors import StoreUnavailable
 from workerset_admission.ownership import WriterId
-from workerset_admission.service import AdmissionService
+from workerset_admission.service.shell import AdmissionService
 
 pytestmark = [pytest.mark.integration, pytest.mark.etcd, pytest.mark.timeout(180)]
 

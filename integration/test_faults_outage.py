@@ -24,11 +24,11 @@ from workerset_admission.adapters.nats.buckets import BucketSpec, stream_name
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-from workerset_admission.config import Settings
+from workerset_admission.cli.rollout import GateQuery, check_gate
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.plugin import create_service
-from workerset_admission.rollout_cli import GateQuery, check_gate
-from workerset_admission.service import AdmissionService, ServiceSettings
+from workerset_admission.service.factory import create_service
+from workerset_admission.service.shell import AdmissionService, ServiceSettings
+from workerset_admission.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

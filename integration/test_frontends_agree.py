@@ -22,11 +22,11 @@ from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
 from support.cards import base_card
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
-from workerset_admission.config import Settings
 from workerset_admission.identity import EndpointId, instance_key
-from workerset_admission.plugin import create_service
-from workerset_admission.replay import is_admitted, replay
-from workerset_admission.service import AdmissionService
+from workerset_admission.service.factory import create_service
+from workerset_admission.service.shell import AdmissionService
+from workerset_admission.settings import Settings
+from workerset_admission.traces.replay import is_admitted, replay
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

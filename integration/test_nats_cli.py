@@ -16,8 +16,8 @@ import pytest
 from natsfixture import NatsServer
 from support.cards import base_card
 from workerset_admission import cli
-from workerset_admission.config import load_settings
-from workerset_admission.nats_cli import record_trace
+from workerset_admission.cli.workers import record_trace
+from workerset_admission.settings import load_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -22,11 +22,11 @@ from natsfixture import NatsServer
 from prometheus_client.parser import text_string_to_metric_families
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
-from workerset_admission.config import Settings
 from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId
-from workerset_admission.plugin import create_service
-from workerset_admission.service import AdmissionService, GroupSnapshot
+from workerset_admission.service.factory import create_service
+from workerset_admission.service.shell import AdmissionService, GroupSnapshot
+from workerset_admission.settings import Settings
 from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle, setup_telemetry
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -177,8 +177,8 @@ def test_an_unreachable_collector_is_said_once_per_signal_and_serve_runs_on(
 
 _FAILING_SERVE = """
 import argparse, asyncio, socket, sys
-from workerset_admission.config import Settings
-from workerset_admission.service_cli import _serve
+from workerset_admission.settings import Settings
+from workerset_admission.cli.serve import _serve
 
 settings = Settings(nats_servers=(sys.argv[1],), prometheus_port=int(sys.argv[2]))
 args = argparse.Namespace(log_format=None, log_level="CRITICAL", telemetry=False)

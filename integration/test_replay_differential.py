@@ -38,9 +38,9 @@ from support.fleet import (
 )
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.admission import CoreSettings, Effect, RejectionReported
-from workerset_admission.nats_cli import record_trace
-from workerset_admission.replay import replay
-from workerset_admission.service import AdmissionService
+from workerset_admission.cli.workers import record_trace
+from workerset_admission.service.shell import AdmissionService
+from workerset_admission.traces.replay import replay
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -31,9 +31,7 @@ from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-from workerset_admission.identity import EndpointId
-from workerset_admission.ports import DefaultPipelineBuilder
-from workerset_admission.rollout_cli import (
+from workerset_admission.cli.rollout import (
     EXIT_CLOSED,
     EXIT_OPEN,
     GateCheck,
@@ -42,7 +40,9 @@ from workerset_admission.rollout_cli import (
     run_async,
     wait_for_gate,
 )
-from workerset_admission.service import AdmissionService, BuildRequest, ServiceSettings
+from workerset_admission.identity import EndpointId
+from workerset_admission.ports import DefaultPipelineBuilder
+from workerset_admission.service.shell import AdmissionService, BuildRequest, ServiceSettings
 
 __all__ = ["nats_cluster"]
 

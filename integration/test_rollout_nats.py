@@ -14,7 +14,7 @@ import pytest
 from natsfixture import NatsServer
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.rollout_cli import BucketRead, GateQuery, check_gate
+from workerset_admission.cli.rollout import BucketRead, GateQuery, check_gate
 
 pytestmark = pytest.mark.integration
 

@@ -43,11 +43,11 @@ from workerset_admission.card import (
     endpoint_kv_key,
     model_kv_key,
 )
-from workerset_admission.config import Settings
+from workerset_admission.cli.serve import render_status_table
 from workerset_admission.identity import EndpointId
-from workerset_admission.plugin import create_service
-from workerset_admission.service import AdmissionService
-from workerset_admission.service_cli import render_status_table
+from workerset_admission.service.factory import create_service
+from workerset_admission.service.shell import AdmissionService
+from workerset_admission.settings import Settings
 from workerset_admission.telemetry import AdmissionTelemetry
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

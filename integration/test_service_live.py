@@ -21,7 +21,7 @@ from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.errors import ReceiverRetired
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService, ServiceSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -6,8 +6,8 @@ worker is gone, and reports incompatible cohorts, so rolling updates never mix c
 
 from __future__ import annotations
 
-from .card import mdcsum
-from .errors import CardDecodeError
+from workerset_admission.card import mdcsum
+from workerset_admission.errors import CardDecodeError
 
 __all__ = ["CardDecodeError", "__version__", "mdcsum"]
 

@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import InvalidRecordError, UsageError
-from .identity import EndpointId, instance_key
+from workerset_admission.errors import InvalidRecordError, UsageError
+from workerset_admission.identity import EndpointId, instance_key
 
 __all__ = [
     "ADMISSION_BUCKET",

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
-from .identity import GroupKey
+from workerset_admission.identity import GroupKey
 
 if TYPE_CHECKING:
-    from .bindings import FrontendRouting
-    from .liveness import LivenessIndex
-    from .receivers import AdmissionReceiver
+    from workerset_admission.service.bindings import FrontendRouting
+    from workerset_admission.service.liveness import LivenessIndex
+    from workerset_admission.service.receivers import AdmissionReceiver
 
 __all__ = [
     "AdmissionPublisher",
@@ -170,7 +170,7 @@ class DefaultPipelineBuilder:
         self._frontend = frontend
 
     async def build(self, request: BuildRequest) -> object:
-        from .bindings import FrontendRouting, RoutingSettings
+        from workerset_admission.service.bindings import FrontendRouting, RoutingSettings
 
         return RoutingSettings.resolve(request.card, self._frontend or FrontendRouting())
 

@@ -6,17 +6,26 @@ every span and instrument is an OpenTelemetry API no-op, and log records are lef
 
 from __future__ import annotations
 
-from .facade import (
+from workerset_admission.telemetry.facade import (
     AdmissionStateSummary,
     AdmissionTelemetry,
     BuildScope,
     UpdateScope,
     decision_of,
 )
-from .instruments import HeldGroup
-from .logs import JsonFormatter, RefusalWarnings, configure_logging, install_log_correlation
-from .propagation import inject_headers, link_from_headers
-from .setup import DEFAULT_SERVICE_NAME, TelemetryHandle, setup_telemetry
+from workerset_admission.telemetry.instruments import HeldGroup
+from workerset_admission.telemetry.logs import (
+    JsonFormatter,
+    RefusalWarnings,
+    configure_logging,
+    install_log_correlation,
+)
+from workerset_admission.telemetry.propagation import inject_headers, link_from_headers
+from workerset_admission.telemetry.setup import (
+    DEFAULT_SERVICE_NAME,
+    TelemetryHandle,
+    setup_telemetry,
+)
 
 __all__ = [
     "DEFAULT_SERVICE_NAME",

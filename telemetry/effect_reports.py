@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from ..admission import effects as fx
-from ..card.differences import differences_of
-from ..identity import GroupKey
+from workerset_admission.admission import effects as fx
+from workerset_admission.card.differences import differences_of
+from workerset_admission.identity import GroupKey
 
 if TYPE_CHECKING:
-    from .facade import AdmissionTelemetry
+    from workerset_admission.telemetry.facade import AdmissionTelemetry
 
 __all__ = ["EFFECT_HANDLERS", "MUTATION_REFUSED", "decision_of"]
 

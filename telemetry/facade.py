@@ -34,16 +34,19 @@ from typing import Any, Final
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind
+from workerset_admission import __version__
+from workerset_admission.card.differences import Difference, differences_json, summarize
 from workerset_admission.keys import DISCOVERY_BUCKET
-
-from .. import __version__
-from ..card.differences import Difference, differences_json, summarize
-from ..ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
-from . import names as n
-from .effect_reports import EFFECT_HANDLERS, MUTATION_REFUSED, decision_of
-from .instruments import AdmissionInstruments, AdmissionStateSummary
-from .propagation import link_from_headers
-from .scopes import DEFAULT_DECISION, BuildScope, UpdateScope
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
+from workerset_admission.telemetry import names as n
+from workerset_admission.telemetry.effect_reports import (
+    EFFECT_HANDLERS,
+    MUTATION_REFUSED,
+    decision_of,
+)
+from workerset_admission.telemetry.instruments import AdmissionInstruments, AdmissionStateSummary
+from workerset_admission.telemetry.propagation import link_from_headers
+from workerset_admission.telemetry.scopes import DEFAULT_DECISION, BuildScope, UpdateScope
 
 __all__ = [
     "DEFAULT_DECISION",

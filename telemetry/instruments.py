@@ -11,8 +11,7 @@ from typing import Final
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
-
-from . import names as n
+from workerset_admission.telemetry import names as n
 
 __all__ = ["AdmissionInstruments", "AdmissionStateSummary", "HeldGroup"]
 

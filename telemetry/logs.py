@@ -18,9 +18,8 @@ from collections.abc import Callable
 from typing import Any, Literal, TextIO
 
 from opentelemetry import trace
-
-from ..errors import UsageError
-from .names import PREFIX
+from workerset_admission.errors import UsageError
+from workerset_admission.telemetry.names import PREFIX
 
 __all__ = [
     "LOGGER_NAME",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..admission.status import GroupStatus
+from workerset_admission.admission.status import GroupStatus
 
 __all__ = [
     "ATTR_BUILD_ATTEMPT",

@@ -11,12 +11,11 @@ from typing import TYPE_CHECKING, Any, Final
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-
-from . import names as n
-from .effect_reports import decision_of
+from workerset_admission.telemetry import names as n
+from workerset_admission.telemetry.effect_reports import decision_of
 
 if TYPE_CHECKING:
-    from .facade import AdmissionTelemetry
+    from workerset_admission.telemetry.facade import AdmissionTelemetry
 
 __all__ = ["DEFAULT_DECISION", "BuildScope", "UpdateScope"]
 

@@ -34,8 +34,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from .logs import install_log_correlation
+from workerset_admission.errors import ConfigError
+from workerset_admission.telemetry.logs import install_log_correlation
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider

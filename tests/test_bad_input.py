@@ -36,7 +36,7 @@ from workerset_admission.card import (
 from workerset_admission.errors import CardDecodeError, InvalidRecordError, RemoteDataError
 from workerset_admission.identity import EndpointId, Registration
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
-from workerset_admission.service import AdmissionService, ServiceSnapshot
+from workerset_admission.service.shell import AdmissionService, ServiceSnapshot
 
 CORPUS = Path(__file__).with_name("corpus") / "bad_records.jsonl"
 REASON = re.compile(r"[a-z][a-z0-9_]*")

@@ -15,13 +15,6 @@ from workerset_admission.admission import (
     WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.bindings import (
-    FrontendRouting,
-    HopBindings,
-    HopRole,
-    LegacyExplicitEndpointBinding,
-    RoutingSettings,
-)
 from workerset_admission.errors import ReceiverRetired
 from workerset_admission.identity import (
     EndpointId,
@@ -29,7 +22,14 @@ from workerset_admission.identity import (
     Registration,
     WorkerType,
 )
-from workerset_admission.receivers import AdmissionChannels
+from workerset_admission.service.bindings import (
+    FrontendRouting,
+    HopBindings,
+    HopRole,
+    LegacyExplicitEndpointBinding,
+    RoutingSettings,
+)
+from workerset_admission.service.receivers import AdmissionChannels
 
 EP = EndpointId("ns1", "workers", "generate")
 G = GroupKey.build("m", EP, "chat|completions", WorkerType.DECODE)
@@ -209,6 +209,6 @@ def test_settings_resolve_from_a_decoded_card_of_the_card_boundary() -> None:
     assert registration is not None
     settings = RoutingSettings.resolve(registration.card, FrontendRouting("random"))
     assert (settings.router_mode, settings.kv_cache_block_size) == ("k_v", 64)
-    from workerset_admission.bindings import _encoder_handoff
+    from workerset_admission.service.bindings import _encoder_handoff
 
     assert _encoder_handoff(registration.card)

@@ -15,7 +15,6 @@ import pytest
 from support.cards import EP, base_card, lora_card
 from workerset_admission import cli
 from workerset_admission.card import encode_model_record, model_kv_key
-from workerset_admission.config import CONNECTION_SETTINGS, FLAGGED_SETTINGS
 from workerset_admission.errors import (
     ConfigError,
     InvalidRecordError,
@@ -24,6 +23,7 @@ from workerset_admission.errors import (
     ViewDirectoryError,
     WorkersetAdmissionError,
 )
+from workerset_admission.settings import CONNECTION_SETTINGS, FLAGGED_SETTINGS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

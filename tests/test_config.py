@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 from workerset_admission.adapters.nats.connect import connect_options
-from workerset_admission.config import (
+from workerset_admission.errors import ConfigError
+from workerset_admission.settings import (
     Settings,
     add_settings_arguments,
     flags_from_args,
     load_settings,
 )
-from workerset_admission.errors import ConfigError
 
 ENV = "WORKERSET_ADMISSION_"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from workerset_admission.decision_state import DecisionState, DecisionStateError
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.traces.state_line import DecisionState, DecisionStateError
 
 G = GroupKey.build("m", EndpointId("ns", "backend", "generate"), "chat", WorkerType.AGGREGATED)
 

@@ -16,9 +16,9 @@ from workerset_admission.admission import (
 )
 from workerset_admission.card import BoundarySettings
 from workerset_admission.identity import EndpointId
-from workerset_admission.ingest import CardRecordDecoder, Ingestor
 from workerset_admission.keys import endpoint_kv_key, model_kv_key
 from workerset_admission.ports import SourceDelete, SourceSnapshot
+from workerset_admission.service.ingest import CardRecordDecoder, Ingestor
 
 
 def test_a_model_record_becomes_one_worker_added() -> None:

@@ -70,7 +70,11 @@ def _imported_modules(path: Path) -> set[str]:
 
 def test_the_walk_finds_the_product_modules() -> None:
     found = {p.relative_to(ROOT).as_posix() for p in _modules()}
-    assert {"plugin/service.py", "adapters/nats/source.py", "plugin/ingest.py"} <= found
+    assert {
+        "plugin/service/shell.py",
+        "adapters/nats/source.py",
+        "plugin/service/ingest.py",
+    } <= found
 
 
 def test_no_module_outside_adapters_nats_imports_nats() -> None:
@@ -127,8 +131,34 @@ def test_every_product_module_opens_with_one_line_saying_its_concern(path: Path)
     assert first.endswith((".", ":")), f"{path.relative_to(ROOT)}: {first!r} is not one sentence"
 
 
+# The top of plugin/ shows the architecture: rooms, and only the shared vocabulary loose.
+_VOCABULARY = {
+    "__init__.py",
+    "aio.py",
+    "discovery_paths.py",
+    "errors.py",
+    "identity.py",
+    "keys.py",
+    "mirror.py",
+    "ownership.py",
+    "plugin.py",
+    "ports.py",
+    "settings.py",
+}
+_ROOMS = {"admission", "card", "cli", "examples", "frontend", "rollout", "service", "traces"}
+
+
+def test_the_top_of_the_package_holds_rooms_and_the_shared_vocabulary_only() -> None:
+    top = ROOT / "plugin"
+    loose = {p.name for p in top.glob("*.py")}
+    rooms = {p.name for p in top.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert loose == _VOCABULARY
+    assert len(loose) <= 12
+    assert rooms == _ROOMS
+
+
 # The shared vocabulary and the parts that decide: none of them may lean on an adapter.
-_NO_ADAPTERS = ("plugin/config.py", "plugin/identity.py", "plugin/keys.py", "plugin/errors.py")
+_NO_ADAPTERS = ("plugin/settings.py", "plugin/identity.py", "plugin/keys.py", "plugin/errors.py")
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from workerset_admission.identity import (
     Registration,
     WorkerType,
 )
-from workerset_admission.receivers import AdmissionChannels, open_admission_channel
+from workerset_admission.service.receivers import AdmissionChannels, open_admission_channel
 
 EP = EndpointId("ns1", "workers", "generate")
 G = GroupKey.build("m", EP, "chat|completions", WorkerType.DECODE)

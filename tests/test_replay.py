@@ -11,7 +11,7 @@ from workerset_admission.admission import CoreSettings
 from workerset_admission.card import encode_model_record, endpoint_kv_key, model_kv_key
 from workerset_admission.cli import main
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.replay import TraceError, explain, render, replay
+from workerset_admission.traces.replay import TraceError, explain, render, replay
 
 EP = EndpointId("ns1", "backend", "generate")
 CARD: dict[str, Any] = {

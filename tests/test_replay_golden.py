@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from workerset_admission.cli import main
-from workerset_admission.replay import explain, render, replay
+from workerset_admission.traces.replay import explain, render, replay
 
 EXAMPLES = importlib.resources.files("workerset_admission.examples")
 NAMES = ["rolling_update_clean", "rolling_update_conflict", "lora_adapters"]

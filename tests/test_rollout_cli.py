@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 
 from workerset_admission.cli import build_parser
-from workerset_admission.rollout_cli import (
+from workerset_admission.cli.rollout import (
     EXIT_CLOSED,
     EXIT_OPEN,
     EXIT_UNREADABLE,

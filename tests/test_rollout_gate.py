@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from workerset_admission.errors import InvalidRecordError, RemoteDataError
-from workerset_admission.rollout import (
+from workerset_admission.rollout.gate import (
     CapabilityRecord,
     NamespaceRecord,
     Record,

@@ -38,7 +38,7 @@ from workerset_admission.ports import (
     SourcePut,
     SourceSnapshot,
 )
-from workerset_admission.service import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService, ServiceSettings
 
 CARD: dict[str, Any] = base_card(16)
 OLD = CARD
@@ -497,7 +497,7 @@ async def test_the_service_stops_when_its_source_ends(source: FakeSource) -> Non
 
 
 def test_the_liveness_index_keeps_an_instance_live_while_any_record_names_it() -> None:
-    from workerset_admission.liveness import LivenessIndex
+    from workerset_admission.service.liveness import LivenessIndex
 
     index = LivenessIndex()
     assert index.put("a", EP, 1)
@@ -520,7 +520,7 @@ class CountingDecoder:
     """The real card boundary, counting how often it is asked to decode."""
 
     def __init__(self) -> None:
-        from workerset_admission.ingest import CardRecordDecoder
+        from workerset_admission.service.ingest import CardRecordDecoder
 
         self._inner = CardRecordDecoder()
         self.decoded: list[str] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from workerset_admission.service_cli import render_status_table
+from workerset_admission.cli.serve import render_status_table
 
 
 def test_the_status_table_names_rejected_cohorts_and_missing_roles() -> None:

@@ -10,7 +10,7 @@ from support.cards import base_card as demo_card
 from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.identity import EndpointId
 from workerset_admission.ports import DiscoveryEntry, SourceSnapshot
-from workerset_admission.service import AdmissionService
+from workerset_admission.service.shell import AdmissionService
 
 EP = EndpointId("dynamo", "backend", "generate")
 

@@ -11,7 +11,7 @@ from support.cards import model_delete as delete
 from support.fakes import FakeClock, FakeSource, settle
 from workerset_admission.adapters.dynamo.hop import AdmittedHop
 from workerset_admission.ports import SourceSnapshot
-from workerset_admission.service import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService, ServiceSettings
 
 BASE = base_card()
 G = group_of(BASE)

@@ -13,9 +13,9 @@ from support.fakes import FakeBuilder, FakeClock, FakeSource, settle
 from workerset_admission.admission import CoreSettings
 from workerset_admission.cli import main
 from workerset_admission.ports import SourceDelete, SourceSnapshot
-from workerset_admission.replay import TraceError, replay
-from workerset_admission.service import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService, ServiceSettings
 from workerset_admission.traces.format import raw_text
+from workerset_admission.traces.replay import TraceError, replay
 
 A = base_card(16)
 B = base_card(32)

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any, Protocol
 
 from workerset_admission.admission.effects import LoraWorker
-from workerset_admission.bindings import AdmittedHopBinding, HopRole, RoutingSettings
 from workerset_admission.errors import NoRoutableInstance, UsageError
 from workerset_admission.identity import GroupKey
+from workerset_admission.service.bindings import AdmittedHopBinding, HopRole, RoutingSettings
 
 __all__ = [
     "AdmissionValue",

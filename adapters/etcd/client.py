@@ -20,9 +20,9 @@ import aetcd.exceptions  # type: ignore[import-untyped,unused-ignore]
 import grpc  # type: ignore[import-untyped,unused-ignore]
 from aetcd import rpc  # type: ignore[import-untyped,unused-ignore]
 from workerset_admission.adapters.etcd.bridge import StoreChange, StoreEntry, StoreListing
-from workerset_admission.config import Settings
 from workerset_admission.discovery_paths import EtcdEndpoint, parse_endpoints
 from workerset_admission.errors import ConfigError, StoreCompacted, StoreUnavailable
+from workerset_admission.settings import Settings
 
 __all__ = ["AetcdStoreReader", "EtcdOptions", "etcd_options"]
 

@@ -41,10 +41,9 @@ from typing import Any
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
+from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.keys import ADMISSION_BUCKET, escape_token
-
-from .buckets import BucketSpec, ensure_bucket
 
 __all__ = ["DEFAULT_ADMISSION_BUCKET", "NatsAdmissionPublisher", "admission_keys"]
 

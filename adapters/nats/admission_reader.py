@@ -12,11 +12,15 @@ import asyncio
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
+from workerset_admission.adapters.nats.connect import (
+    ConnectionCallbacks,
+    NatsConnectOptions,
+    connect,
+    servers_for_display,
+)
+from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.keys import ADMISSION_BUCKET
-from workerset_admission.rollout import BucketRead, RawEntry
-
-from .connect import ConnectionCallbacks, NatsConnectOptions, connect, servers_for_display
-from .source import JetStreamDiscoverySource
+from workerset_admission.rollout.gate import BucketRead, RawEntry
 
 DEFAULT_ADMISSION_BUCKET = ADMISSION_BUCKET
 

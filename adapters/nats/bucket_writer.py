@@ -23,12 +23,16 @@ from nats.js.api import DeliverPolicy, StreamInfo
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
+from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.adapters.nats.kv import (
+    delete_headers,
+    removal_kind,
+    stream_name,
+    subject_prefix,
+)
 from workerset_admission.errors import ConfigError
 from workerset_admission.mirror import BucketMark, HeldRecord
 from workerset_admission.ownership import WriterId
-
-from .buckets import BucketSpec, ensure_bucket
-from .kv import delete_headers, removal_kind, stream_name, subject_prefix
 
 __all__ = ["JetStreamBucketWriter"]
 

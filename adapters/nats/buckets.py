@@ -13,8 +13,7 @@ from nats.js.errors import (
     NotFoundError,
 )
 from nats.js.kv import KeyValue
-
-from .kv import stream_name
+from workerset_admission.adapters.nats.kv import stream_name
 
 __all__ = [
     "BucketSpec",

@@ -13,10 +13,9 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import ReconnectToServerHandler, Server
-from workerset_admission.config import Settings, mask_url
+from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
 from workerset_admission.errors import ConfigError, Unreachable
-
-from .raw_delivery import RawDeliveryClient
+from workerset_admission.settings import Settings, mask_url
 
 __all__ = [
     "DEFAULT_SERVERS",
@@ -295,8 +294,7 @@ async def probe_bucket(options: NatsConnectOptions, bucket: str, timeout: float 
     """
     from nats.errors import Error as NatsError
     from nats.js.errors import NotFoundError
-
-    from .kv import stream_name
+    from workerset_admission.adapters.nats.kv import stream_name
 
     where = servers_for_display(options.servers)
     try:

@@ -34,15 +34,19 @@ from typing import Any, Literal
 from nats.js.api import Header
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.adapters.nats.kv import (
+    delete_headers,
+    removal_kind,
+    stream_name,
+    subject_prefix,
+)
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import encode_endpoint_record, encode_model_record
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId
 from workerset_admission.keys import DISCOVERY_BUCKET, endpoint_kv_key, model_kv_key
 from workerset_admission.ownership import WriterId
-
-from .buckets import BucketSpec, ensure_bucket
-from .kv import delete_headers, removal_kind, stream_name, subject_prefix
 
 __all__ = ["DiscoveryPublisher", "Registration", "trace_headers"]
 

@@ -42,15 +42,18 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.errors import Error as JetStreamError
+from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.adapters.nats.connect import (
+    ConnectionCallbacks,
+    NatsConnectOptions,
+    connect,
+)
+from workerset_admission.adapters.nats.kv import stream_name, subject_prefix
+from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
+from workerset_admission.adapters.nats.watch import WAKE, Wake, Watch
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import DISCOVERY_BUCKET
 from workerset_admission.ports import SourceEvent, SourceSnapshot
-
-from .buckets import BucketSpec, ensure_bucket
-from .connect import ConnectionCallbacks, NatsConnectOptions, connect
-from .kv import stream_name, subject_prefix
-from .raw_delivery import RawDeliveryClient
-from .watch import WAKE, Wake, Watch
 
 __all__ = [
     "DEFAULT_BUCKET",

@@ -31,9 +31,8 @@ from typing import Final, NamedTuple
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import Header
+from workerset_admission.adapters.nats.kv import removal_kind
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceEvent, SourcePut
-
-from .kv import removal_kind
 
 __all__ = ["WAKE", "Wake", "Watch", "parse_delivery"]
 

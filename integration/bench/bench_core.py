@@ -223,7 +223,7 @@ def run_batched(inputs: list[Input], batch: int) -> tuple[float, float, int, int
 
 
 def replay_time(lines: list[str], repeats: int) -> float:
-    from workerset_admission.replay import render, replay
+    from workerset_admission.traces.replay import render, replay
 
     start = time.perf_counter()
     for _ in range(repeats):

@@ -47,7 +47,7 @@ from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.identity import EndpointId
-from workerset_admission.service import AdmissionService
+from workerset_admission.service.shell import AdmissionService
 
 RESULTS = Path(__file__).parent / "results"
 EP = EndpointId("bench", "backend", "generate")

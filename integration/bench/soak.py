@@ -56,8 +56,8 @@ from support.fleet import (  # noqa: E402 - the fault tests' live fleet, reused 
     settings_for,
 )
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer  # noqa: E402
-from workerset_admission.plugin import create_service  # noqa: E402
-from workerset_admission.service import AdmissionService  # noqa: E402
+from workerset_admission.service.factory import create_service  # noqa: E402
+from workerset_admission.service.shell import AdmissionService  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)

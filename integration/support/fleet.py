@@ -28,13 +28,13 @@ from workerset_admission.card import (
     endpoint_kv_key,
     model_kv_key,
 )
-from workerset_admission.config import Settings
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.plugin import create_service
 from workerset_admission.ports import SourceSnapshot
-from workerset_admission.receivers import AdmissionReceiver
-from workerset_admission.replay import replay
-from workerset_admission.service import AdmissionService, BuildRequest, GroupSnapshot
+from workerset_admission.service.factory import create_service
+from workerset_admission.service.receivers import AdmissionReceiver
+from workerset_admission.service.shell import AdmissionService, BuildRequest, GroupSnapshot
+from workerset_admission.settings import Settings
+from workerset_admission.traces.replay import replay
 
 DISCOVERY = "dynamo-discovery"
 ADMISSION = "frontend-model-admission"

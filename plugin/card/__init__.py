@@ -20,7 +20,7 @@ Event-plane records (``events``) are refused with the record reasons above.
 
 from __future__ import annotations
 
-from .boundary import (
+from workerset_admission.card.boundary import (
     DEFAULT_MAX_VALUE_SIZE,
     BoundarySettings,
     EndpointRecord,
@@ -39,9 +39,15 @@ from .boundary import (
     parse_key,
     unescape_token,
 )
-from .checksum import card_checksum, mdc_local_path, mdcsum, router_config_json, slug
-from .differences import Difference, card_differences
-from .events import (
+from workerset_admission.card.checksum import (
+    card_checksum,
+    mdc_local_path,
+    mdcsum,
+    router_config_json,
+    slug,
+)
+from workerset_admission.card.differences import Difference, card_differences
+from workerset_admission.card.events import (
     EventKey,
     EventRecord,
     decode_event_record,
@@ -49,7 +55,7 @@ from .events import (
     is_event_key,
     parse_event_key,
 )
-from .model import DecodedCard, decode_card, model_type_names
+from workerset_admission.card.model import DecodedCard, decode_card, model_type_names
 
 __all__ = [
     "DEFAULT_MAX_VALUE_SIZE",

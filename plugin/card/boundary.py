@@ -47,25 +47,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidRecordError, UsageError
-from ..identity import Registration
-
-# The key codec lives beside the identities it names, so the NATS adapters and the service
-# share it without reaching into the card package; it stays importable from here too.
-from ..keys import (
-    ParsedKey,
-    endpoint_kv_key,
-    escape_token,
-    model_kv_key,
-    parse_key,
-    unescape_token,
+from workerset_admission.card import jsonio
+from workerset_admission.card.boundary_settings import (
+    DEFAULT_MAX_VALUE_SIZE,
+    BoundarySettings,
+    NamespaceFilter,
 )
-from . import jsonio
-from .boundary_settings import DEFAULT_MAX_VALUE_SIZE, BoundarySettings, NamespaceFilter
-from .card_facts import facts_for, lora_projection_fingerprint, normalize_card
-from .encoders import encode_endpoint_record, encode_model_record
-from .endpoint_record import EndpointRecord, decode_endpoint_record
-from .envelope import (
+from workerset_admission.card.card_facts import (
+    facts_for,
+    lora_projection_fingerprint,
+    normalize_card,
+)
+from workerset_admission.card.encoders import encode_endpoint_record, encode_model_record
+from workerset_admission.card.endpoint_record import EndpointRecord, decode_endpoint_record
+from workerset_admission.card.envelope import (
     MODEL_FIELDS,
     as_text,
     check_envelope,
@@ -74,8 +69,21 @@ from .envelope import (
     parse,
     registration,
 )
-from .fast import decode_plain_model, try_canonical, try_shared_card
-from .schema import Ctx
+from workerset_admission.card.fast import decode_plain_model, try_canonical, try_shared_card
+from workerset_admission.card.schema import Ctx
+from workerset_admission.errors import InvalidRecordError, UsageError
+from workerset_admission.identity import Registration
+
+# The key codec lives beside the identities it names, so the NATS adapters and the service
+# share it without reaching into the card package; it stays importable from here too.
+from workerset_admission.keys import (
+    ParsedKey,
+    endpoint_kv_key,
+    escape_token,
+    model_kv_key,
+    parse_key,
+    unescape_token,
+)
 
 __all__ = [
     "DEFAULT_MAX_VALUE_SIZE",

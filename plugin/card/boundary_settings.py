@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from workerset_admission.errors import UsageError
 
 __all__ = ["DEFAULT_MAX_VALUE_SIZE", "BoundarySettings", "NamespaceFilter"]
 

@@ -10,14 +10,18 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import blake3
-
-from ..errors import CardDecodeError
-from ..identity import EndpointId, GroupKey, WorkerType
-from . import jsonio
-from .boundary_settings import BoundarySettings
-from .checksum import card_checksum
-from .model import PREFILL_BIT, DecodedCard, decode_card_value, model_type_names
-from .schema import Ctx
+from workerset_admission.card import jsonio
+from workerset_admission.card.boundary_settings import BoundarySettings
+from workerset_admission.card.checksum import card_checksum
+from workerset_admission.card.model import (
+    PREFILL_BIT,
+    DecodedCard,
+    decode_card_value,
+    model_type_names,
+)
+from workerset_admission.card.schema import Ctx
+from workerset_admission.errors import CardDecodeError
+from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 
 __all__ = [
     "CardFacts",

@@ -13,11 +13,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import blake3
-
-from ..errors import CardDecodeError, UsageError
-from . import jsonio
-from .model import DecodedCard, decode_card, rust_trim
-from .paths import file_basename
+from workerset_admission.card import jsonio
+from workerset_admission.card.model import DecodedCard, decode_card, rust_trim
+from workerset_admission.card.paths import file_basename
+from workerset_admission.errors import CardDecodeError, UsageError
 
 __all__ = [
     "CHECKSUM_INPUTS",

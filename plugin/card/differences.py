@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import jsonio
-from .checksum import (
+from workerset_admission.card import jsonio
+from workerset_admission.card.checksum import (
     _VIDEO_CONTRACT,
     CHECKSUM_INPUTS,
     _kv_router_json,
@@ -32,9 +32,9 @@ from .checksum import (
     card_checksum,
     router_config_json,
 )
-from .model import DecodedCard
-from .paths import file_basename
-from .router_config import KV_ROUTER_CONFIG, LOAD_THRESHOLD_CONFIG
+from workerset_admission.card.model import DecodedCard
+from workerset_admission.card.paths import file_basename
+from workerset_admission.card.router_config import KV_ROUTER_CONFIG, LOAD_THRESHOLD_CONFIG
 
 __all__ = [
     "ABSENT",

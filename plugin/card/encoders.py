@@ -6,11 +6,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import UsageError
-from ..identity import EndpointId
-from ..keys import check_instance_id
-from . import jsonio
-from .envelope import CARD_MARK
+from workerset_admission.card import jsonio
+from workerset_admission.card.envelope import CARD_MARK
+from workerset_admission.errors import UsageError
+from workerset_admission.identity import EndpointId
+from workerset_admission.keys import check_instance_id
 
 __all__ = ["encode_endpoint_record", "encode_model_record"]
 

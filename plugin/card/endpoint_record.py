@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidRecordError, UsageError
-from ..identity import EndpointId, instance_key
-from ..keys import ParsedKey, endpoint_kv_key
-from . import jsonio
-from .boundary_settings import BoundarySettings
-from .envelope import as_text, check_envelope, mapping_value, parse
+from workerset_admission.card import jsonio
+from workerset_admission.card.boundary_settings import BoundarySettings
+from workerset_admission.card.envelope import as_text, check_envelope, mapping_value, parse
+from workerset_admission.errors import InvalidRecordError, UsageError
+from workerset_admission.identity import EndpointId, instance_key
+from workerset_admission.keys import ParsedKey, endpoint_kv_key
 
 __all__ = ["EndpointRecord", "decode_endpoint_record"]
 

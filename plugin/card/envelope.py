@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidRecordError
-from ..identity import EndpointId, GroupKey, Registration
-from ..keys import ParsedKey
-from . import jsonio
-from .boundary_settings import BoundarySettings
-from .card_facts import CardFacts
+from workerset_admission.card import jsonio
+from workerset_admission.card.boundary_settings import BoundarySettings
+from workerset_admission.card.card_facts import CardFacts
+from workerset_admission.errors import InvalidRecordError
+from workerset_admission.identity import EndpointId, GroupKey, Registration
+from workerset_admission.keys import ParsedKey
 
 __all__ = [
     "CARD_MARK",

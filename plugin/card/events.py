@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..errors import InvalidRecordError, UsageError
-from . import jsonio
-from .boundary import DEFAULT_MAX_VALUE_SIZE, escape_token, unescape_token
-from .envelope import mapping_value, text_within
+from workerset_admission.card import jsonio
+from workerset_admission.card.boundary import DEFAULT_MAX_VALUE_SIZE, escape_token, unescape_token
+from workerset_admission.card.envelope import mapping_value, text_within
+from workerset_admission.errors import InvalidRecordError, UsageError
 
 __all__ = [
     "EVENT_BUCKETS",

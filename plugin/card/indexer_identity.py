@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import jsonio
-from .schema import STR, Ctx, Field, Opt, Refused, Struct, Type, none
+from workerset_admission.card import jsonio
+from workerset_admission.card.schema import STR, Ctx, Field, Opt, Refused, Struct, Type, none
 
 __all__ = ["INDEXER_IDENTITY"]
 

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schema import BOOL, STR, U32, U64, Ctx, Field, Opt, Refused, Seq, Struct, const, none
+from workerset_admission.card.schema import (
+    BOOL,
+    STR,
+    U32,
+    U64,
+    Ctx,
+    Field,
+    Opt,
+    Refused,
+    Seq,
+    Struct,
+    const,
+    none,
+)
 
 __all__ = ["DURATION", "IMAGE_DECODER", "IMAGE_LIMITS", "MEDIA_DECODER", "MEDIA_FETCHER"]
 

@@ -31,13 +31,27 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CardDecodeError
-from . import jsonio
-from .indexer_identity import INDEXER_IDENTITY
-from .media import DURATION, IMAGE_DECODER, IMAGE_LIMITS, MEDIA_DECODER, MEDIA_FETCHER
-from .router_config import KV_ROUTER_CONFIG, LOAD_THRESHOLD_CONFIG, ROUTER_CONFIG, ROUTER_MODES
-from .runtime_config import DISAGGREGATED_ENDPOINT, RUNTIME_CONFIG, STRUCTURAL_TAG
-from .schema import (
+from workerset_admission.card import jsonio
+from workerset_admission.card.indexer_identity import INDEXER_IDENTITY
+from workerset_admission.card.media import (
+    DURATION,
+    IMAGE_DECODER,
+    IMAGE_LIMITS,
+    MEDIA_DECODER,
+    MEDIA_FETCHER,
+)
+from workerset_admission.card.router_config import (
+    KV_ROUTER_CONFIG,
+    LOAD_THRESHOLD_CONFIG,
+    ROUTER_CONFIG,
+    ROUTER_MODES,
+)
+from workerset_admission.card.runtime_config import (
+    DISAGGREGATED_ENDPOINT,
+    RUNTIME_CONFIG,
+    STRUCTURAL_TAG,
+)
+from workerset_admission.card.schema import (
     ANY,
     BOOL,
     STR,
@@ -56,7 +70,13 @@ from .schema import (
     none,
     rust_trim,
 )
-from .tensor import TENSOR_DATA_TYPES, TENSOR_METADATA, TENSOR_MODEL_CONFIG, TENSOR_PARAMETER
+from workerset_admission.card.tensor import (
+    TENSOR_DATA_TYPES,
+    TENSOR_METADATA,
+    TENSOR_MODEL_CONFIG,
+    TENSOR_PARAMETER,
+)
+from workerset_admission.errors import CardDecodeError
 
 # The section structs live in their own modules and stay importable from here.
 __all__ = [

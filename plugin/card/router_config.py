@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .router_policy import policy_file
-from .schema import (
+from workerset_admission.card.router_policy import policy_file
+from workerset_admission.card.schema import (
     BOOL,
     F64,
     STR,

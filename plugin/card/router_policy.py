@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schema import Ctx, Refused
+from workerset_admission.card.schema import Ctx, Refused
 
 __all__ = ["policy_file"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .schema import (
+from workerset_admission.card.schema import (
     ANY,
     BOOL,
     F32,

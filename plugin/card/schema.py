@@ -20,7 +20,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .jsonio import MAX_DEPTH, DupDict, Overflow, depth_of, has_lone_surrogate, has_overflow
+from workerset_admission.card.jsonio import (
+    MAX_DEPTH,
+    DupDict,
+    Overflow,
+    depth_of,
+    has_lone_surrogate,
+    has_overflow,
+)
 
 __all__ = [
     "ANY",

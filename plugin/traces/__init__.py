@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .format import TRACE_VERSION, TraceError, read_trace
+from workerset_admission.traces.format import TRACE_VERSION, TraceError, read_trace
 
 __all__ = ["TRACE_VERSION", "TraceError", "read_trace"]

@@ -50,10 +50,10 @@ from typing import Any, Final
 from workerset_admission.admission import BuildFinished, CoreSettings
 from workerset_admission.admission.ordering import GroupId
 from workerset_admission.card import BoundarySettings
-from workerset_admission.decision_state import DecisionState, DecisionStateError
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import compact_json
 from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
+from workerset_admission.traces.state_line import DecisionState, DecisionStateError
 
 __all__ = [
     "SNAPSHOT_REASONS",

@@ -12,9 +12,8 @@ from typing import IO, Any
 from workerset_admission.admission import BuildFinished
 from workerset_admission.admission.ordering import GroupId
 from workerset_admission.ports import SourceEvent
-from workerset_admission.step import StepObserver
-
-from .format import build_line, event_line, header_line
+from workerset_admission.service.step import StepObserver
+from workerset_admission.traces.format import build_line, event_line, header_line
 
 __all__ = ["TraceWriter"]
 

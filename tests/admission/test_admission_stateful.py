@@ -37,7 +37,7 @@ from workerset_admission.identity import (
     WorkerType,
     instance_key,
 )
-from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
+from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
 
 ENDPOINTS = [EndpointId(f"ns{i}", "workers", "generate") for i in range(3)]
 GROUPS = [GroupKey.build("m", ep, "chat", WorkerType.AGGREGATED) for ep in ENDPOINTS]

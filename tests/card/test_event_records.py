@@ -19,7 +19,7 @@ from workerset_admission.card import (
 from workerset_admission.card.events import dynamo_event_path, parse_dynamo_event_path
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.ports import DiscoveryEntry, SourcePut
-from workerset_admission.service import AdmissionService, CardRecordDecoder
+from workerset_admission.service.shell import AdmissionService, CardRecordDecoder
 
 WORKER = 6931318943588571538
 PUBLISHER = 2659330722633680
@@ -182,7 +182,7 @@ async def test_the_service_reports_a_bad_event_record_and_keeps_it_out_of_admiss
 
 
 def test_replay_lists_a_refused_event_record_and_ignores_a_valid_one() -> None:
-    from workerset_admission.replay import replay
+    from workerset_admission.traces.replay import replay
 
     trace = [
         {"kind": "put", "key": SOURCE_KEY, "value": SOURCE},

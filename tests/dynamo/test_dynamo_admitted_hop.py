@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from support.fakes import LiveInstanceSet
 from workerset_admission.adapters.dynamo.hop import AdmittedHop, LegacyExplicitEndpointHop
-from workerset_admission.bindings import AdmittedHopBinding, HopRole
 from workerset_admission.errors import NoRoutableInstance, ReceiverRetired, UsageError
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.receivers import open_admission_channel
+from workerset_admission.service.bindings import AdmittedHopBinding, HopRole
+from workerset_admission.service.receivers import open_admission_channel
 
 ENDPOINT = EndpointId("ns", "backend", "generate")
 DECODE = GroupKey.build("m", ENDPOINT, "chat|completions", WorkerType.DECODE)

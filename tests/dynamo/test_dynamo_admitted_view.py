@@ -40,7 +40,7 @@ from workerset_admission.ports import (
     SourcePut,
     SourceSnapshot,
 )
-from workerset_admission.service import AdmissionService
+from workerset_admission.service.shell import AdmissionService
 
 EP = EndpointId("pns", "backend", "generate")
 GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGGREGATED)

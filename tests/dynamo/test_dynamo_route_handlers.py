@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workerset_admission.adapters.dynamo.host import HostState
-from workerset_admission.adapters.dynamo.routes import AdmissionRoutes
 from workerset_admission.card import Difference
+from workerset_admission.frontend.host import HostState
+from workerset_admission.frontend.routes import AdmissionRoutes
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service import GroupSnapshot, ServiceSnapshot
-from workerset_admission.snapshots import (
+from workerset_admission.service.shell import GroupSnapshot, ServiceSnapshot
+from workerset_admission.service.snapshots import (
     CohortSnapshot,
     InvalidRecord,
     ReadinessSnapshot,

@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from workerset_admission.adapters.dynamo.host import HostState, ServiceThread
+from workerset_admission.frontend.host import HostState, ServiceThread
 
 
 @dataclass

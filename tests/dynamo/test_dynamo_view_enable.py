@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from workerset_admission.adapters.dynamo import routes
 from workerset_admission.adapters.dynamo.view import DirectoryFiles
 from workerset_admission.errors import ViewDirectoryError
+from workerset_admission.frontend import routes
 
 
 def _serve(view_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 from workerset_admission.adapters.etcd.client import etcd_options
-from workerset_admission.config import load_settings
 from workerset_admission.discovery_paths import EtcdEndpoint, parse_endpoints
 from workerset_admission.errors import ConfigError
+from workerset_admission.settings import load_settings
 
 
 def test_endpoints_parse_like_dynamos_etcd_endpoints() -> None:

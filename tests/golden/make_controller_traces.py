@@ -24,7 +24,7 @@ from make_examples import card, delete, group_id, live, put
 from trace_readiness import readiness_of
 from workerset_admission.card import model_kv_key
 from workerset_admission.identity import EndpointId
-from workerset_admission.replay import render, replay
+from workerset_admission.traces.replay import render, replay
 
 OUT = Path(__file__).with_name("controller")
 EP = EndpointId("namespace", "worker", "generate")

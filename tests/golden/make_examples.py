@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.cards import base_card as demo_card
 from workerset_admission.card import encode_model_record, endpoint_kv_key, model_kv_key
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.replay import explain, render, replay
+from workerset_admission.traces.replay import explain, render, replay
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "plugin" / "examples"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from make_controller_traces import EP, GID, SPEC, add, build, remove, tick
-from workerset_admission.replay import render, replay
+from workerset_admission.traces.replay import render, replay
 
 OUT = Path(__file__).with_name("hold")
 Event = dict[str, Any]

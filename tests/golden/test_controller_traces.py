@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from trace_readiness import readiness_of
 from workerset_admission.admission import GroupStatus
-from workerset_admission.replay import render, replay
+from workerset_admission.traces.replay import render, replay
 
 FOLDER = Path(__file__).with_name("controller")
 CONTRACT = Path(__file__).resolve().parents[2] / "plugin" / "CONTRACT.md"

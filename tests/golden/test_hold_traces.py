@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from workerset_admission.admission import CoreSettings
-from workerset_admission.replay import render, replay
+from workerset_admission.traces.replay import render, replay
 
 FOLDER = Path(__file__).with_name("hold")
 CONTRACT = Path(__file__).resolve().parents[2] / "plugin" / "CONTRACT.md"

@@ -15,7 +15,7 @@ from typing import Any
 
 from workerset_admission.admission.readiness import ReadinessUnit, evaluate_readiness
 from workerset_admission.card import parse_key
-from workerset_admission.replay import ReplayResult
+from workerset_admission.traces.replay import ReplayResult
 
 
 def _live_endpoints(lines: Iterable[str]) -> tuple[set[tuple[str, int]], set[str]]:

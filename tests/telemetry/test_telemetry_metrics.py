@@ -9,7 +9,7 @@ from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
 from telemetry_harness import Harness
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
-from workerset_admission.snapshots import (
+from workerset_admission.service.snapshots import (
     EMPTY_SNAPSHOT,
     CohortSnapshot,
     GroupSnapshot,

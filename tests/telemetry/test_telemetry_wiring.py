@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from workerset_admission.adapters.dynamo.routes import start_extension_telemetry
-from workerset_admission.config import Settings, load_settings
-from workerset_admission.service_cli import start_serve_telemetry
+from workerset_admission.cli.serve import start_serve_telemetry
+from workerset_admission.frontend.routes import start_extension_telemetry
+from workerset_admission.settings import Settings, load_settings
 from workerset_admission.telemetry import setup as telemetry_setup
 from workerset_admission.telemetry import setup_telemetry
 
@@ -141,7 +141,7 @@ def test_telemetry_the_frontend_cannot_start_is_logged_and_left_off(
 ) -> None:
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
     assert start_extension_telemetry(Settings(telemetry=True)) is None
-    (warning,) = messages(records, "workerset_admission.adapters.dynamo.routes", logging.WARNING)
+    (warning,) = messages(records, "workerset_admission.frontend.routes", logging.WARNING)
     assert "telemetry is off" in warning
     assert "zipkin" in warning
 

@@ -39,6 +39,11 @@ assumption, and a differential test holds it to the general path:
 
 from __future__ import annotations
 
-from .records import clear_caches, decode_plain_model, try_canonical, try_shared_card
+from workerset_admission.card.fast.records import (
+    clear_caches,
+    decode_plain_model,
+    try_canonical,
+    try_shared_card,
+)
 
 __all__ = ["clear_caches", "decode_plain_model", "try_canonical", "try_shared_card"]

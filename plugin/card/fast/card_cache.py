@@ -13,16 +13,16 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import CardDecodeError, InvalidRecordError
-from .. import jsonio
-from ..boundary_settings import BoundarySettings
-from ..card_facts import CardFacts, card_facts, facts_for
-from ..envelope import parse
-from ..model import DecodedCard
-from ..schema import Ctx
-from . import memo
-from .field_memo import decode_card_fields
-from .neighbour import Near, decode_near, learn
+from workerset_admission.card import jsonio
+from workerset_admission.card.boundary_settings import BoundarySettings
+from workerset_admission.card.card_facts import CardFacts, card_facts, facts_for
+from workerset_admission.card.envelope import parse
+from workerset_admission.card.fast import memo
+from workerset_admission.card.fast.field_memo import decode_card_fields
+from workerset_admission.card.fast.neighbour import Near, decode_near, learn
+from workerset_admission.card.model import DecodedCard
+from workerset_admission.card.schema import Ctx
+from workerset_admission.errors import CardDecodeError, InvalidRecordError
 
 __all__ = ["cached_facts", "clear"]
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import jsonio
-from ..model import CARD, DecodedCard
-from ..schema import _CONSTANT, _FACTORY, _OPTIONAL, Ctx, Refused
-from .neighbour import clear_reference
+from workerset_admission.card import jsonio
+from workerset_admission.card.fast.neighbour import clear_reference
+from workerset_admission.card.model import CARD, DecodedCard
+from workerset_admission.card.schema import _CONSTANT, _FACTORY, _OPTIONAL, Ctx, Refused
 
 __all__ = ["clear_memo", "decode_card_fields"]
 

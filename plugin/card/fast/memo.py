@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...identity import EndpointId, GroupKey
-from .. import jsonio
-from ..boundary_settings import BoundarySettings
-from ..card_facts import CardFacts, card_facts, lora_projection_fingerprint
-from ..model import DecodedCard, model_type_names
+from workerset_admission.card import jsonio
+from workerset_admission.card.boundary_settings import BoundarySettings
+from workerset_admission.card.card_facts import CardFacts, card_facts, lora_projection_fingerprint
+from workerset_admission.card.model import DecodedCard, model_type_names
+from workerset_admission.identity import EndpointId, GroupKey
 
 __all__ = [
     "CACHE_LIMIT",

@@ -23,9 +23,9 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .. import jsonio
-from ..model import CARD, DecodedCard
-from ..schema import Ctx, Refused, Struct
+from workerset_admission.card import jsonio
+from workerset_admission.card.model import CARD, DecodedCard
+from workerset_admission.card.schema import Ctx, Refused, Struct
 
 __all__ = ["Near", "clear_reference", "decode_near", "learn"]
 

@@ -11,16 +11,22 @@ import json
 import math
 from typing import Any
 
-from ...errors import InvalidRecordError, RemoteDataError
-from ...identity import Registration
-from ...keys import ParsedKey, plain_model_key
-from .. import jsonio
-from ..boundary_settings import BoundarySettings
-from ..card_facts import CardFacts
-from ..envelope import CARD_MARK, MODEL_FIELDS, build_registration, check_envelope, registration
-from ..schema import Ctx
-from . import card_cache, field_memo, memo
-from .card_cache import cached_facts
+from workerset_admission.card import jsonio
+from workerset_admission.card.boundary_settings import BoundarySettings
+from workerset_admission.card.card_facts import CardFacts
+from workerset_admission.card.envelope import (
+    CARD_MARK,
+    MODEL_FIELDS,
+    build_registration,
+    check_envelope,
+    registration,
+)
+from workerset_admission.card.fast import card_cache, field_memo, memo
+from workerset_admission.card.fast.card_cache import cached_facts
+from workerset_admission.card.schema import Ctx
+from workerset_admission.errors import InvalidRecordError, RemoteDataError
+from workerset_admission.identity import Registration
+from workerset_admission.keys import ParsedKey, plain_model_key
 
 __all__ = ["clear_caches", "decode_plain_model", "try_canonical", "try_shared_card"]
 

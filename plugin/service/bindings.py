@@ -34,7 +34,7 @@ from workerset_admission.admission.topology import TopologyBinding, TopologySet,
 from workerset_admission.admission.views import PlacementView
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
+from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
 
 __all__ = [
     "AdmittedHopBinding",

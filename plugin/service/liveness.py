@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from .identity import EndpointId
+from workerset_admission.identity import EndpointId
 
 __all__ = ["LivenessIndex"]
 

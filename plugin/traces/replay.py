@@ -1,7 +1,7 @@
 """Offline replay of a discovery trace through the live service's own step code.
 
 A trace is JSON Lines (:mod:`workerset_admission.traces.format` gives the format and its two
-versions). Replay builds the same :class:`~workerset_admission.step.AdmissionStep` the live
+versions). Replay builds the same :class:`~workerset_admission.service.step.AdmissionStep` the live
 service runs, with the same ingestion, core, receivers' channels and effect handling, and
 feeds it the trace's lines as the source events they were: a put, a delete with its operation,
 a listing with its reason (and the keys and peers it carried), a build result. What differs
@@ -52,10 +52,8 @@ from workerset_admission.admission import (
 from workerset_admission.admission.ordering import GroupId
 from workerset_admission.card import BoundarySettings, jsonio
 from workerset_admission.card.differences import describe
-from workerset_admission.decision_state import DecisionState
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey, group_fields
-from workerset_admission.ingest import CardRecordDecoder, Ingested, Ingestor
 from workerset_admission.keys import parse_key as parse_kv_key
 from workerset_admission.ports import (
     DiscoveryEntry,
@@ -64,9 +62,10 @@ from workerset_admission.ports import (
     SourcePut,
     SourceSnapshot,
 )
-from workerset_admission.receivers import AdmissionChannels
-from workerset_admission.rejections import RejectionSnapshot, standing_rejections
-from workerset_admission.step import AdmissionStep, StepObserver
+from workerset_admission.service.ingest import CardRecordDecoder, Ingested, Ingestor
+from workerset_admission.service.receivers import AdmissionChannels
+from workerset_admission.service.rejections import RejectionSnapshot, standing_rejections
+from workerset_admission.service.step import AdmissionStep, StepObserver
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 from workerset_admission.traces.format import (
     TraceError,
@@ -75,6 +74,7 @@ from workerset_admission.traces.format import (
     recorded_settings,
     trace_version,
 )
+from workerset_admission.traces.state_line import DecisionState
 
 __all__ = [
     "MUTATION_REFUSED",
@@ -93,7 +93,7 @@ __all__ = [
 MUTATION_REFUSED = "mutation_refused"
 
 # Rejections are collected into the result; a replay on a laptop logs nothing about them.
-_QUIET = logging.getLogger("workerset_admission.replay.quiet")
+_QUIET = logging.getLogger("workerset_admission.traces.replay.quiet")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 

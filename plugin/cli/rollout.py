@@ -1,6 +1,6 @@
 """``workerset-admission rollout``: gate a rolling update on what every frontend serves.
 
-Reads the serving-admission bucket, asks :func:`workerset_admission.rollout.evaluate_gate`, and
+Reads the serving-admission bucket, asks :func:`workerset_admission.rollout.gate.evaluate_gate`, and
 prints a table (or JSON with ``--json``). The exit status is the answer, so a rollout script can
 branch on it: 0 the gate is open, 1 it is closed (or ``--wait`` timed out or was interrupted),
 3 the bucket could not be read (the command line's table of exit statuses).
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol, TextIO
 
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.keys import ADMISSION_BUCKET
-from workerset_admission.rollout import (
+from workerset_admission.rollout.gate import (
     BucketRead,
     GateReport,
     RawEntry,

@@ -6,8 +6,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from .ports import AdmissionPublisher
-from .snapshots import ServingRecord
+from workerset_admission.ports import AdmissionPublisher
+from workerset_admission.service.snapshots import ServingRecord
 
 __all__ = ["ServingPublication"]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .admission import (
+from workerset_admission.admission import (
     BuildFinished,
     CommitFailed,
     CommitGroup,
@@ -21,11 +21,11 @@ from .admission import (
     StartBuild,
     WithdrawGroup,
 )
-from .bindings import HopBindings
-from .identity import GroupKey
-from .liveness import LivenessIndex
-from .ports import BuildRequest, PipelineBuilder
-from .receivers import AdmissionChannels
+from workerset_admission.identity import GroupKey
+from workerset_admission.ports import BuildRequest, PipelineBuilder
+from workerset_admission.service.bindings import HopBindings
+from workerset_admission.service.liveness import LivenessIndex
+from workerset_admission.service.receivers import AdmissionChannels
 
 __all__ = ["Builds", "Committed"]
 

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .admission import AdmissionCore, GroupView, RejectionReported
-from .card.differences import Difference, differences_json, differences_of
-from .identity import GroupKey, group_fields
+from workerset_admission.admission import AdmissionCore, GroupView, RejectionReported
+from workerset_admission.card.differences import Difference, differences_json, differences_of
+from workerset_admission.identity import GroupKey, group_fields
 
 __all__ = ["RejectionSnapshot", "standing_rejections"]
 

@@ -49,13 +49,13 @@ from workerset_admission.admission.ordering import GroupId
 from workerset_admission.aio import collector_paused
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey
-from workerset_admission.ingest import Ingested, Ingestor
 from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
+from workerset_admission.service.ingest import Ingested, Ingestor
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 
 __all__ = ["AdmissionStep", "BuildRunner", "StepObserver"]
 
-_log = logging.getLogger("workerset_admission.service")
+_log = logging.getLogger("workerset_admission.service.shell")
 
 
 class BuildRunner(Protocol):

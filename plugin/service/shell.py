@@ -5,15 +5,16 @@ Theory of operation
 
 One :class:`AdmissionService` owns every task it runs in a single ``asyncio.TaskGroup``:
 
-* the *source loop* hands each source event to :mod:`~workerset_admission.ingest` (the same
-  translation ``replay`` runs), reports what it refused, and applies the resulting inputs as
-  one core step; a snapshot is one step, so receivers hear about it once;
-* the *timer loop* feeds the core a ``Tick`` whenever a retry it scheduled falls due, and the
-  *reconciliation loop* applies a full listing every ``reconcile_interval`` seconds;
-* :mod:`~workerset_admission.builds` runs one task per ``StartBuild`` and feeds the result back
-  as ``BuildFinished`` (fenced by checksum and generation);
-* :mod:`~workerset_admission.publication` keeps the serving-admission records in step with the
-  committed groups; the optional *status responder* answers status requests.
+* the *source loop* hands each source event to the :class:`~.step.AdmissionStep` (the step
+  ``replay`` runs too): ingestion, one core step, the effects carried out; a snapshot is one
+  step, so receivers hear about it once;
+* the *timer loop* feeds the core a ``Tick`` whenever a deadline it scheduled (a retry, a hold)
+  falls due, and the *reconciliation loop* applies a full listing every
+  ``reconcile_interval`` seconds;
+* :mod:`~.builds` runs one task per ``StartBuild`` and feeds the result back as
+  ``BuildFinished`` (fenced by checksum and generation);
+* :mod:`~.publication` keeps the serving-admission records in step with the committed groups;
+  the optional *status responder* answers status requests.
 
 Every core step runs synchronously on the event loop, and its effects are carried out before
 the next one starts, so the core, the receivers and the bindings never disagree for longer than
@@ -34,13 +35,9 @@ from types import TracebackType
 
 from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
 from workerset_admission.aio import cancel_and_wait, on_loop, unwrap_group
-from workerset_admission.bindings import AdmittedHopBinding, FrontendRouting, HopBindings
-from workerset_admission.builds import Builds
 from workerset_admission.card import BoundarySettings
-from workerset_admission.config import ServiceSettings
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey
-from workerset_admission.ingest import CardRecordDecoder, Ingestor, RecordDecoder
 from workerset_admission.ports import (
     AdmissionPublisher,
     BuildRequest,
@@ -53,9 +50,12 @@ from workerset_admission.ports import (
     SourceSnapshot,
     StatusResponder,
 )
-from workerset_admission.publication import ServingPublication
-from workerset_admission.receivers import AdmissionChannels, AdmissionReceiver
-from workerset_admission.snapshots import (
+from workerset_admission.service.bindings import AdmittedHopBinding, FrontendRouting, HopBindings
+from workerset_admission.service.builds import Builds
+from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, RecordDecoder
+from workerset_admission.service.publication import ServingPublication
+from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
+from workerset_admission.service.snapshots import (
     EMPTY_SNAPSHOT,
     GroupSnapshot,
     InvalidRecord,
@@ -68,9 +68,10 @@ from workerset_admission.snapshots import (
     standing_rejections,
     state_summary,
 )
-from workerset_admission.step import AdmissionStep, StepObserver
+from workerset_admission.service.step import AdmissionStep, StepObserver
+from workerset_admission.service.timers import RetryTimers
+from workerset_admission.settings import ServiceSettings
 from workerset_admission.telemetry import AdmissionTelemetry, RefusalWarnings, UpdateScope
-from workerset_admission.timers import RetryTimers
 from workerset_admission.traces.format import settings_of
 from workerset_admission.traces.writer import TraceWriter
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from workerset_admission.admission import CoreSettings
 from workerset_admission.card import BoundarySettings
 from workerset_admission.errors import UsageError
-from workerset_admission.replay import ReplayResult, explain, is_admitted, render, replay
 from workerset_admission.traces.format import read_trace, recorded_settings
+from workerset_admission.traces.replay import ReplayResult, explain, is_admitted, render, replay
 
 __all__ = ["arguments", "main"]
 

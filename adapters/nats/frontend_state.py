@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 from nats.errors import Error as NatsError
-from workerset_admission.decision_state import DecisionState, DecisionStateError
+from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
+from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
+from workerset_admission.adapters.nats.status import frontend_subject
 from workerset_admission.errors import Unreachable
-from workerset_admission.rollout import CapabilityRecord, NamespaceRecord, parse_record
-
-from .admission_reader import NatsRecordSource
-from .connect import NatsConnectOptions, connect
-from .status import frontend_subject
+from workerset_admission.rollout.gate import CapabilityRecord, NamespaceRecord, parse_record
+from workerset_admission.traces.state_line import DecisionState, DecisionStateError
 
 __all__ = ["decision_state_of", "live_frontends"]
 

@@ -20,11 +20,11 @@ from typing import IO, TYPE_CHECKING, Any
 
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.cli import EXIT_FAILED, positive_seconds
-from workerset_admission.config import Settings
-from workerset_admission.decision_state import DecisionState
 from workerset_admission.errors import ConfigError, Unreachable, UsageError
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.ownership import register_writer
+from workerset_admission.settings import Settings
+from workerset_admission.traces.state_line import DecisionState
 
 if TYPE_CHECKING:
     from workerset_admission.adapters.nats.connect import NatsConnectOptions
@@ -168,9 +168,9 @@ def check_card(
     path, with the service's boundary settings (a namespace outside the filter included).
     """
     from workerset_admission.card import encode_model_record
-    from workerset_admission.ingest import CardRecordDecoder
     from workerset_admission.keys import model_kv_key
-    from workerset_admission.plugin import boundary_settings
+    from workerset_admission.service.factory import boundary_settings
+    from workerset_admission.service.ingest import CardRecordDecoder
 
     key = model_kv_key(endpoint, instance_id, suffix)
     decoded = CardRecordDecoder(boundary_settings(settings)).decode(
@@ -360,7 +360,7 @@ async def _record(args: argparse.Namespace, settings: Settings, stop: asyncio.Ev
 
 async def _decision_state(args: argparse.Namespace, settings: Settings) -> DecisionState | None:
     """Pick the frontend whose decisions the trace starts from, and read its state."""
-    from workerset_admission.adapters.nats.decision import decision_state_of, live_frontends
+    from workerset_admission.adapters.nats.frontend_state import decision_state_of, live_frontends
 
     options = _options(settings, "record")
     frontends = await live_frontends(options, settings.admission_bucket)

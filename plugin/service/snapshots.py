@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .admission import AdmissionCore, GroupView
-from .admission.readiness import ReadinessUnit, evaluate_readiness
-from .identity import GroupKey, group_fields, instance_key
-from .liveness import LivenessIndex
-from .rejections import RejectionSnapshot, standing_rejections
-from .telemetry import AdmissionStateSummary, HeldGroup
+from workerset_admission.admission import AdmissionCore, GroupView
+from workerset_admission.admission.readiness import ReadinessUnit, evaluate_readiness
+from workerset_admission.identity import GroupKey, group_fields, instance_key
+from workerset_admission.service.liveness import LivenessIndex
+from workerset_admission.service.rejections import RejectionSnapshot, standing_rejections
+from workerset_admission.telemetry import AdmissionStateSummary, HeldGroup
 
 __all__ = [
     "EMPTY_SNAPSHOT",

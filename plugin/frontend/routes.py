@@ -44,10 +44,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from workerset_admission.adapters.dynamo.host import HostState, RunningService, ServiceThread
-from workerset_admission.config import Settings, load_settings
 from workerset_admission.errors import ViewDirectoryError, WorkersetAdmissionError
-from workerset_admission.service import ServiceSnapshot
+from workerset_admission.frontend.host import HostState, RunningService, ServiceThread
+from workerset_admission.service.shell import ServiceSnapshot
+from workerset_admission.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from workerset_admission.adapters.dynamo.view import DirectoryFiles
@@ -209,7 +209,7 @@ def start_extension_telemetry(settings: Settings) -> TelemetryHandle | None:
 async def _start_from_environment(
     telemetry: AdmissionTelemetry | None, view: DirectoryFiles | None
 ) -> SnapshotService:
-    from workerset_admission.plugin import create_service
+    from workerset_admission.service.factory import create_service
 
     # The same factory as ``workerset-admission serve``: discovery source, serving-admission
     # publisher and status responder, all from WORKERSET_ADMISSION_* and the config file.

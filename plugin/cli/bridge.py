@@ -16,8 +16,8 @@ from workerset_admission.errors import ConfigError
 
 if TYPE_CHECKING:
     from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
-    from workerset_admission.config import Settings
     from workerset_admission.ownership import WriterId
+    from workerset_admission.settings import Settings
 
 __all__ = ["STOPS_ON_SIGNAL", "arguments", "main"]
 

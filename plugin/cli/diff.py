@@ -18,7 +18,7 @@ from typing import Any
 from workerset_admission.card import BoundarySettings, card_differences, model_kv_key
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import EndpointId, Registration
-from workerset_admission.ingest import CardRecordDecoder
+from workerset_admission.service.ingest import CardRecordDecoder
 
 __all__ = ["EXIT_DIFFER", "EXIT_EQUAL", "arguments", "judge", "main"]
 

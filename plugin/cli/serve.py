@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from workerset_admission.card.differences import Difference, differences_of, summarize
 from workerset_admission.cli import EXIT_FAILED, EXIT_OK, positive_seconds
-from workerset_admission.config import Settings
 from workerset_admission.errors import Unreachable, UsageError, WorkersetAdmissionError
+from workerset_admission.settings import Settings
 
 if TYPE_CHECKING:
     from workerset_admission.telemetry import TelemetryHandle
@@ -81,7 +81,7 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
         return await _serve(args.settings, args, stop)
     if name == "status":
         return await _status(args.settings, args)
-    from workerset_admission.config import load_settings
+    from workerset_admission.settings import load_settings
 
     # The demo brings its own embedded server: no settings from the environment apply.
     return await play_demo(load_settings(env={}), timeout=args.timeout, stream=sys.stdout)
@@ -166,7 +166,7 @@ async def _serve_service(
     telemetry_handle: TelemetryHandle | None,
     stop: asyncio.Event,
 ) -> int:
-    from workerset_admission.plugin import create_service
+    from workerset_admission.service.factory import create_service
     from workerset_admission.telemetry import AdmissionTelemetry
 
     telemetry = None
@@ -432,7 +432,7 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
     from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
     from workerset_admission.errors import ReceiverRetired
     from workerset_admission.identity import EndpointId
-    from workerset_admission.plugin import create_service
+    from workerset_admission.service.factory import create_service
     from workerset_admission.telemetry import configure_logging
 
     configure_logging("plain", "ERROR", stream=stream)

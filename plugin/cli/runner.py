@@ -120,65 +120,65 @@ _ETCD_SETTINGS = (
 
 COMMANDS: dict[str, CommandSpec] = {
     "replay": CommandSpec(
-        "workerset_admission.replay_cli",
+        "workerset_admission.cli.traces",
         "replay a discovery trace offline and print the state",
         connects=False,
     ),
     "explain": CommandSpec(
-        "workerset_admission.replay_cli",
+        "workerset_admission.cli.traces",
         "explain why an instance is or is not admitted (exit 1 when it is not)",
         connects=False,
     ),
     "diff": CommandSpec(
-        "workerset_admission.diff_cli",
+        "workerset_admission.cli.diff",
         "compare two cards: both checksums and what differs (exit 1 when they differ)",
         connects=False,
     ),
     "serve": CommandSpec(
-        "workerset_admission.service_cli",
+        "workerset_admission.cli.serve",
         "run the admission service (the main job)",
         connects=True,
         settings=_SERVE_SETTINGS,
     ),
     "status": CommandSpec(
-        "workerset_admission.service_cli",
+        "workerset_admission.cli.serve",
         "ask a running service for its admission state",
         connects=True,
         settings=("status_subject",),
     ),
     "demo": CommandSpec(
-        "workerset_admission.service_cli",
+        "workerset_admission.cli.serve",
         "play a rolling update on an embedded server and show each decision",
         connects=False,
     ),
     "bridge": CommandSpec(
-        "workerset_admission.bridge_cli",
+        "workerset_admission.cli.bridge",
         "mirror Dynamo's discovery store (its file store, or etcd with --etcd) into the NATS "
         "discovery bucket",
         connects=True,
         settings=("discovery_bucket", "max_value_bytes", *_ETCD_SETTINGS),
     ),
     "register": CommandSpec(
-        "workerset_admission.nats_cli",
+        "workerset_admission.cli.workers",
         "register a worker's model card in the discovery bucket (kept alive until stopped)",
         connects=True,
         settings=_REGISTER_SETTINGS,
     ),
     "deregister": CommandSpec(
-        "workerset_admission.nats_cli",
+        "workerset_admission.cli.workers",
         "remove a worker's registration from the discovery bucket",
         connects=True,
         settings=("discovery_bucket",),
     ),
     "record": CommandSpec(
-        "workerset_admission.nats_cli",
+        "workerset_admission.cli.workers",
         "record a replay trace from the discovery bucket, as a second watch beside the "
         "frontends (for what one frontend itself observed, run it with --trace-out)",
         connects=True,
         settings=("discovery_bucket", "admission_bucket", "status_subject"),
     ),
     "rollout": CommandSpec(
-        "workerset_admission.rollout_cli",
+        "workerset_admission.cli.rollout",
         "gate a rolling update: is a worker namespace served by every live frontend",
         connects=True,
         settings=("admission_bucket",),
@@ -292,14 +292,14 @@ def build_parser() -> argparse.ArgumentParser:
             help="log level: DEBUG, INFO, WARNING, ERROR or CRITICAL",
         )
         if spec.connects:
-            from workerset_admission.config import add_settings_arguments
+            from workerset_admission.settings import add_settings_arguments
 
             add_settings_arguments(command, spec.settings)
     return parser
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from workerset_admission.config import flags_from_args, load_settings
+    from workerset_admission.settings import flags_from_args, load_settings
 
     return load_settings(flags=flags_from_args(args), config_file=args.config_file)
 

@@ -5,7 +5,7 @@ live service calls it for every source event and ``replay`` calls it for every t
 an offline replay judges records by the very code that judged them live:
 
 * a model record becomes ``WorkerAdded`` (a put) or a member of a ``Snapshot`` (a listing);
-* an endpoint-instance record updates the :class:`~workerset_admission.liveness.LivenessIndex`;
+* an endpoint-instance record updates the :class:`~.liveness.LivenessIndex`;
 * a record outside the namespace filter is ignored;
 * a record the card boundary refuses is reported as a refusal and changes nothing: a listed key
   whose value is refused keeps its last valid value (the ``retain`` list of a ``Snapshot``).
@@ -19,13 +19,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from .admission import Input, Snapshot, Tick, WorkerAdded, WorkerRemoved
-from .admission.ordering import GroupId, PeerServed, observation_order
-from .errors import RemoteDataError
-from .identity import EndpointId, Registration
-from .keys import parse_key
-from .liveness import LivenessIndex
-from .ports import SourceDelete, SourceSnapshot
+from workerset_admission.admission import Input, Snapshot, Tick, WorkerAdded, WorkerRemoved
+from workerset_admission.admission.ordering import GroupId, PeerServed, observation_order
+from workerset_admission.errors import RemoteDataError
+from workerset_admission.identity import EndpointId, Registration
+from workerset_admission.keys import parse_key
+from workerset_admission.ports import SourceDelete, SourceSnapshot
+from workerset_admission.service.liveness import LivenessIndex
 
 __all__ = [
     "CardRecordDecoder",
