@@ -23,7 +23,7 @@ from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-from workerset_admission.cli.workers import record_trace
+from workerset_admission.cli.traces import record_trace
 from workerset_admission.identity import EndpointId
 from workerset_admission.service.shell import AdmissionService
 from workerset_admission.settings import load_settings

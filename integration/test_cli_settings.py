@@ -21,7 +21,8 @@ from etcdfixture import EtcdServer
 from natsfixture import NatsServer
 from support.cards import base_card
 from support.fleet import all_ready, running
-from workerset_admission import bridge_cli, cli, nats_cli, rollout_cli, service_cli
+from workerset_admission import cli
+from workerset_admission.cli import bridge, rollout, serve, traces, workers
 from workerset_admission.settings import CONNECTION_SETTINGS, FLAGGED_SETTINGS, Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -92,13 +93,13 @@ async def test_serve_reads_the_settings_it_shows(
     settings = settings_for(nats_server.url, bucket_name, view_dir=tmp_path / "view", **PREFIX)
     args = parse(["serve"])
 
-    async def serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
+    async def run_serve(args: argparse.Namespace, stop: asyncio.Event) -> int:
         # serve's own process setup (logging, global providers) is left out; the rest is its.
-        handle = service_cli.start_serve_telemetry(args.settings, otlp=False)
+        handle = serve.start_serve_telemetry(args.settings, otlp=False)
         assert handle is None
-        return await service_cli._serve_service(args.settings, args, handle, stop)
+        return await serve._serve_service(args.settings, args, handle, stop)
 
-    reads = await reads_of(serve, args, settings, stopped=True)
+    reads = await reads_of(run_serve, args, settings, stopped=True)
     # The Prometheus address is read in full only once a port is given; serve then opens it,
     # which a test process shares with every other test, so the read is made here alone.
     with_port = settings_for(nats_server.url, bucket_name, prometheus_port=0)
@@ -111,7 +112,7 @@ async def test_status_reads_the_settings_it_shows(
 ) -> None:
     args = parse(["status", "--timeout", "0.5"])
     reads = await reads_of(
-        main_of(service_cli, "status"), args, settings_for(nats_server.url, bucket_name)
+        main_of(serve, "status"), args, settings_for(nats_server.url, bucket_name)
     )
     assert reads == expected("status")
 
@@ -124,7 +125,7 @@ async def test_register_deregister_and_record_read_the_settings_they_show(
     worker = ["--namespace", "dgd", "--component", "backend", "--endpoint", "generate"]
     register = parse(["register", "--card", str(card), *worker, "--instance-id", "7", "--once"])
     reads = await reads_of(
-        main_of(nats_cli, "register"),
+        main_of(workers, "register"),
         register,
         settings_for(nats_server.url, bucket_name, **PREFIX),
     )
@@ -141,7 +142,7 @@ async def test_register_deregister_and_record_read_the_settings_they_show(
         await all_ready(service)
         record = parse(["record", "--duration", "0.5", "-o", str(tmp_path / "trace.jsonl")])
         reads = await reads_of(
-            main_of(nats_cli, "record"), record, settings_for(nats_server.url, bucket_name)
+            main_of(traces, "record"), record, settings_for(nats_server.url, bucket_name)
         )
     assert reads == expected("record")
     trace = (tmp_path / "trace.jsonl").read_text(encoding="utf-8")
@@ -150,7 +151,7 @@ async def test_register_deregister_and_record_read_the_settings_they_show(
 
     deregister = parse(["deregister", *worker, "--instance-id", "7"])
     reads = await reads_of(
-        main_of(nats_cli, "deregister"), deregister, settings_for(nats_server.url, bucket_name)
+        main_of(workers, "deregister"), deregister, settings_for(nats_server.url, bucket_name)
     )
     assert reads == expected("deregister")
 
@@ -160,7 +161,7 @@ async def test_rollout_reads_the_settings_it_shows(
 ) -> None:
     args = parse(["rollout", "--model", "Qwen/Qwen3-0.6B", "--namespace", "dgd-v2"])
     reads = await reads_of(
-        main_of(rollout_cli, "rollout"), args, settings_for(nats_server.url, bucket_name)
+        main_of(rollout, "rollout"), args, settings_for(nats_server.url, bucket_name)
     )
     assert reads == expected("rollout")
 
@@ -171,12 +172,12 @@ async def test_bridge_reads_the_settings_it_shows_over_a_file_store_and_etcd(
     store = tmp_path / "file-kv"
     store.mkdir()
     on_files = await reads_of(
-        main_of(bridge_cli, "bridge"),
+        main_of(bridge, "bridge"),
         parse(["bridge", "--once", "--file-kv", str(store)]),
         settings_for(nats_server.url, bucket_name),
     )
     on_etcd = await reads_of(
-        main_of(bridge_cli, "bridge"),
+        main_of(bridge, "bridge"),
         parse(["bridge", "--once"]),
         settings_for(nats_server.url, bucket_name, etcd_endpoints=(etcd_server.url,)),
     )

@@ -16,7 +16,7 @@ import pytest
 from natsfixture import NatsServer
 from support.cards import base_card
 from workerset_admission import cli
-from workerset_admission.cli.workers import record_trace
+from workerset_admission.cli.traces import record_trace
 from workerset_admission.settings import load_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -173,7 +173,8 @@ async def test_record_writes_a_header_a_snapshot_with_raw_text_then_live_lines_w
         await kv.purge("v1.mdc.a.b.c.2")
         await sink.wait_for_lines(5)
         stop.set()
-        assert await asyncio.wait_for(recorder, 10) == 5
+        # The header, the listing, three changes and the tick that ends the recording.
+        assert await asyncio.wait_for(recorder, 10) == 6
     finally:
         await nc.close()
     lines = [json.loads(line) for line in sink.text.splitlines()]
@@ -194,6 +195,7 @@ async def test_record_writes_a_header_a_snapshot_with_raw_text_then_live_lines_w
         {"kind": "put", "key": "v1.instances.a.b.c.1", "value": "{}"},
         {"kind": "delete", "key": "v1.mdc.a.b.c.1", "operation": "delete"},
         {"kind": "delete", "key": "v1.mdc.a.b.c.2", "operation": "purge"},
+        {"kind": "tick"},
     ]
 
 
@@ -213,7 +215,7 @@ async def test_a_recording_shorter_than_the_listing_still_holds_the_listing(
     )
     sink = LineSink()
     # Far shorter than connecting and listing take.
-    assert await asyncio.wait_for(record_trace(settings, sink, duration=0.001), 30) == 2  # type: ignore[arg-type]
-    header, listing = [json.loads(text) for text in sink.text.splitlines()]
-    assert (header["kind"], listing["kind"]) == ("trace", "snapshot")
+    assert await asyncio.wait_for(record_trace(settings, sink, duration=0.001), 30) == 3  # type: ignore[arg-type]
+    header, listing, end = [json.loads(text) for text in sink.text.splitlines()]
+    assert (header["kind"], listing["kind"], end["kind"]) == ("trace", "snapshot", "tick")
     assert [e["key"] for e in listing["entries"]] == ["v1.mdc.a.b.c.1"]

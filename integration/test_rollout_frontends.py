@@ -31,9 +31,8 @@ from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.cli.exits import EXIT_NO, EXIT_OK
 from workerset_admission.cli.rollout import (
-    EXIT_CLOSED,
-    EXIT_OPEN,
     GateCheck,
     GateQuery,
     check_gate,
@@ -247,7 +246,7 @@ async def test_the_gate_follows_three_frontends_through_a_rolling_update(
         out, err = io.StringIO(), io.StringIO()
         args = _rollout_args("--json", "--wait", "--timeout", "0.5", "--interval", "0.2")
         code = await run_async(args, gate_source(nats_cluster), out=out, err=err)
-        assert code == EXIT_CLOSED
+        assert code == EXIT_NO
         assert json.loads(out.getvalue())["missing"] == ["fe-b"]
         assert "waiting for fe-b" in err.getvalue()
 
@@ -304,7 +303,7 @@ async def test_the_gate_follows_three_frontends_through_a_rolling_update(
 
         out, err = io.StringIO(), io.StringIO()
         code = await run_async(_rollout_args(), gate_source(nats_cluster), out=out, err=err)
-        assert code == EXIT_OPEN, out.getvalue() + err.getvalue()
+        assert code == EXIT_OK, out.getvalue() + err.getvalue()
         assert "gate: OPEN" in out.getvalue()
     await workers_client.close()
 

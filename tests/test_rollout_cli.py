@@ -8,10 +8,8 @@ import json
 from collections.abc import Sequence
 
 from workerset_admission.cli import build_parser
+from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNREACHABLE
 from workerset_admission.cli.rollout import (
-    EXIT_CLOSED,
-    EXIT_OPEN,
-    EXIT_UNREADABLE,
     BucketRead,
     GateQuery,
     RawEntry,
@@ -85,7 +83,7 @@ CLOSED = BucketRead(entries=(record("fe-a", NEW), record("fe-b", OLD)))
 
 async def test_an_open_gate_exits_zero_and_prints_the_table() -> None:
     code, out, _err = await invoke(ScriptedSource([OPEN]))
-    assert code == EXIT_OPEN
+    assert code == EXIT_OK
     assert "gate: OPEN" in out
     assert "fe-a" in out
     assert "fe-b" in out
@@ -93,7 +91,7 @@ async def test_an_open_gate_exits_zero_and_prints_the_table() -> None:
 
 async def test_a_closed_gate_exits_one_and_says_who_is_missing() -> None:
     code, out, _err = await invoke(ScriptedSource([CLOSED]))
-    assert code == EXIT_CLOSED
+    assert code == EXIT_NO
     assert "gate: CLOSED" in out
     assert "fe-b" in out
 
@@ -101,7 +99,7 @@ async def test_a_closed_gate_exits_one_and_says_who_is_missing() -> None:
 async def test_json_output_carries_the_answer_for_machines() -> None:
     code, out, _err = await invoke(ScriptedSource([CLOSED]), "--json")
     answer = json.loads(out)
-    assert code == EXIT_CLOSED
+    assert code == EXIT_NO
     assert answer["open"] is False
     assert answer["missing"] == ["fe-b"]
     assert answer["serving"] == ["fe-a"]
@@ -111,7 +109,7 @@ async def test_json_output_carries_the_answer_for_machines() -> None:
 async def test_an_unreadable_bucket_exits_two_with_the_reason() -> None:
     source = ScriptedSource([BucketRead(problem="cannot connect to nats://127.0.0.1:1")])
     code, out, err = await invoke(source, "--json")
-    assert code == EXIT_UNREADABLE
+    assert code == EXIT_UNREACHABLE
     assert json.loads(out) == {"open": False, "error": "cannot connect to nats://127.0.0.1:1"}
     assert "cannot connect" in err
 
@@ -119,13 +117,13 @@ async def test_an_unreadable_bucket_exits_two_with_the_reason() -> None:
 async def test_a_garbage_record_is_reported_and_the_rest_still_decides() -> None:
     entries = (*OPEN.entries, RawEntry("junk", b"\x00not json"))
     code, out, _err = await invoke(ScriptedSource([BucketRead(entries=entries)]), "--json")
-    assert code == EXIT_OPEN
+    assert code == EXIT_OK
     assert json.loads(out)["invalid"] == [{"key": "junk", "reason": "not_json"}]
 
 
 async def test_an_empty_bucket_keeps_the_gate_closed() -> None:
     code, _out, _err = await invoke(ScriptedSource([BucketRead()]))
-    assert code == EXIT_CLOSED
+    assert code == EXIT_NO
 
 
 async def test_waiting_stops_as_soon_as_the_gate_opens_and_reports_progress() -> None:
@@ -169,7 +167,7 @@ async def test_waiting_gives_up_at_the_timeout_with_the_gate_closed() -> None:
 
 async def test_wait_with_a_closed_gate_exits_one_and_says_it_timed_out() -> None:
     code, out, err = await invoke(ScriptedSource([CLOSED]), "--wait", "--timeout", "0")
-    assert code == EXIT_CLOSED
+    assert code == EXIT_NO
     assert "still closed" in err
     assert "gate: CLOSED" in out
 
@@ -177,11 +175,11 @@ async def test_wait_with_a_closed_gate_exits_one_and_says_it_timed_out() -> None
 async def test_wait_with_an_open_gate_exits_zero_at_once() -> None:
     source = ScriptedSource([OPEN])
     code, _out, err = await invoke(source, "--wait", "--timeout", "30")
-    assert code == EXIT_OPEN
+    assert code == EXIT_OK
     assert source.calls == 1
     assert "gate open" in err
 
 
 async def test_an_expected_checksum_is_passed_to_the_gate() -> None:
     code, _out, _err = await invoke(ScriptedSource([OPEN]), "--checksum", "d" * 64)
-    assert code == EXIT_CLOSED
+    assert code == EXIT_NO

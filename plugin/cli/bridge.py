@@ -19,11 +19,7 @@ if TYPE_CHECKING:
     from workerset_admission.ownership import WriterId
     from workerset_admission.settings import Settings
 
-__all__ = ["STOPS_ON_SIGNAL", "arguments", "main"]
-
-
-# The bridge runs until a signal sets ``stop``, then prints what it did.
-STOPS_ON_SIGNAL = frozenset({"bridge"})
+__all__ = ["arguments", "main"]
 
 
 def arguments(name: str, parser: argparse.ArgumentParser) -> None:
@@ -148,12 +144,8 @@ async def _bucket_writer(
     # the bucket. One process per store, so the extra attempts cost the server little.
     from workerset_admission.adapters.nats.connect import connect_options
 
-    configured = connect_options(settings)
-    options = replace(
-        configured,
-        name="workerset-bridge",
-        max_reconnect_wait=min(1.0, configured.max_reconnect_wait),
-    )
+    configured = connect_options(settings, client_name="workerset-bridge")
+    options = replace(configured, max_reconnect_wait=min(1.0, configured.max_reconnect_wait))
     client = await connect(options, ConnectionCallbacks(reconnected=reconnected))
     try:
         bucket = settings.discovery_bucket

@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from workerset_admission.card import BoundarySettings, card_differences, model_kv_key
+from workerset_admission.cli.exits import EXIT_NO, EXIT_OK
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import EndpointId, Registration
 from workerset_admission.service.ingest import CardRecordDecoder
 
-__all__ = ["EXIT_DIFFER", "EXIT_EQUAL", "arguments", "judge", "main"]
+__all__ = ["arguments", "judge", "main"]
 
-EXIT_EQUAL = 0
-EXIT_DIFFER = 1
 
 # Where a bare card is registered for judging: any endpoint the default filter accepts.
 _PLACE = EndpointId("diff", "diff", "diff")
@@ -108,4 +107,4 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
             print(f"different checksums; B differs from A in {len(differences)} input(s):")
             for difference in differences:
                 print(f"  {difference.field}: {difference.incumbent} -> {difference.rejected}")
-    return EXIT_EQUAL if equal else EXIT_DIFFER
+    return EXIT_OK if equal else EXIT_NO

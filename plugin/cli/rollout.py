@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TextIO
 
+from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNREACHABLE
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.keys import ADMISSION_BUCKET
 from workerset_admission.rollout.gate import (
@@ -34,10 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_BUCKET",
-    "EXIT_CLOSED",
-    "EXIT_OPEN",
-    "EXIT_UNREADABLE",
-    "INTERRUPTED_STATUS",
     "BucketRead",
     "GateQuery",
     "RawEntry",
@@ -49,12 +46,6 @@ __all__ = [
 ]
 
 DEFAULT_BUCKET = ADMISSION_BUCKET
-
-EXIT_OPEN = 0
-EXIT_CLOSED = 1
-EXIT_UNREADABLE = 3
-# An operator who interrupts ``--wait`` has not seen the gate open.
-INTERRUPTED_STATUS = EXIT_CLOSED
 
 
 class RecordSource(Protocol):
@@ -232,12 +223,12 @@ def emit(check: GateCheck, *, as_json: bool, out: TextIO, err: TextIO) -> int:
         if as_json:
             out.write(json.dumps({"open": False, "error": check.problem}) + "\n")
         err.write(f"workerset-admission rollout: {check.problem}\n")
-        return EXIT_UNREADABLE
+        return EXIT_UNREACHABLE
     if as_json:
         out.write(json.dumps(check.report.as_json(), indent=2, sort_keys=True) + "\n")
     else:
         out.write(render_table(check.report))
-    return EXIT_OPEN if check.report.open else EXIT_CLOSED
+    return EXIT_OK if check.report.open else EXIT_NO
 
 
 async def run_async(
@@ -263,7 +254,7 @@ async def run_async(
         if not check.open and check.report is not None:
             err.write(f"workerset-admission rollout: gate still closed after {args.timeout:g} s\n")
             emit(check, as_json=args.json, out=out, err=err)
-            return EXIT_CLOSED
+            return EXIT_NO
     else:
         check = await check_gate(source, query)
     return emit(check, as_json=args.json, out=out, err=err)

@@ -30,13 +30,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from workerset_admission.cli.exits import (
+    EXIT_FAILED,
+    EXIT_NO,
+    EXIT_OK,
+    EXIT_STATUSES,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    exit_status,
+)
 from workerset_admission.errors import (
-    RemoteDataError,
     StoreUnavailable,
     Unreachable,
-    UsageError,
-    ViewDirectoryError,
-    WorkersetAdmissionError,
 )
 
 __all__ = [
@@ -53,31 +58,25 @@ __all__ = [
     "positive_seconds",
 ]
 
-EXIT_OK = 0
-"""Done; for a command that runs until stopped, stopped by a signal."""
-EXIT_NO = 1
-"""The answer is no: ``rollout``'s gate is closed, ``explain``'s instance is not admitted,
-``diff``'s cards would not join one cohort."""
-EXIT_USAGE = 2
-"""Bad input from the operator: flags, settings, a trace, a card, an output path or folder."""
-EXIT_UNREACHABLE = 3
-"""NATS (or, for ``bridge``, etcd) could not be reached or did not answer in time."""
-EXIT_FAILED = 4
-"""The command failed while it ran (the service stopped on an error, an unexpected fault)."""
-
 
 @dataclass(frozen=True, slots=True)
 class CommandSpec:
     """Where a subcommand lives, its one-line help, and whether it connects to NATS.
 
     ``settings`` names the settings, besides the NATS connection, that the command reads: it
-    shows a flag for each of them and for no other.
+    shows a flag for each of them and for no other. ``runs_until_stopped`` and
+    ``interrupted_status`` say what a signal does to it.
     """
 
     module: str
     help: str
     connects: bool
     settings: tuple[str, ...] = ()
+    # Runs until SIGINT or SIGTERM asks it to stop (then finishes cleanly and exits 0);
+    # any other command is simply cancelled by a signal.
+    runs_until_stopped: bool = False
+    # The status a command ends with when a signal interrupts it.
+    interrupted_status: int = EXIT_OK
 
 
 # What the service reads: everything from the buckets to the limits and the view it writes.
@@ -103,6 +102,8 @@ _SERVE_SETTINGS = (
 # register judges the card as the service would before writing it: the same boundary settings.
 _REGISTER_SETTINGS = (
     "discovery_bucket",
+    # A bucket lost with its server is created again as configured.
+    "bucket_replicas",
     "namespace_filter_mode",
     "namespace_filter",
     "tokenizer_backend",
@@ -139,6 +140,7 @@ COMMANDS: dict[str, CommandSpec] = {
         "run the admission service (the main job)",
         connects=True,
         settings=_SERVE_SETTINGS,
+        runs_until_stopped=True,
     ),
     "status": CommandSpec(
         "workerset_admission.cli.serve",
@@ -147,7 +149,7 @@ COMMANDS: dict[str, CommandSpec] = {
         settings=("status_subject",),
     ),
     "demo": CommandSpec(
-        "workerset_admission.cli.serve",
+        "workerset_admission.cli.demo",
         "play a rolling update on an embedded server and show each decision",
         connects=False,
     ),
@@ -156,13 +158,15 @@ COMMANDS: dict[str, CommandSpec] = {
         "mirror Dynamo's discovery store (its file store, or etcd with --etcd) into the NATS "
         "discovery bucket",
         connects=True,
-        settings=("discovery_bucket", "max_value_bytes", *_ETCD_SETTINGS),
+        settings=("discovery_bucket", "bucket_replicas", "max_value_bytes", *_ETCD_SETTINGS),
+        runs_until_stopped=True,
     ),
     "register": CommandSpec(
         "workerset_admission.cli.workers",
         "register a worker's model card in the discovery bucket (kept alive until stopped)",
         connects=True,
         settings=_REGISTER_SETTINGS,
+        runs_until_stopped=True,
     ),
     "deregister": CommandSpec(
         "workerset_admission.cli.workers",
@@ -171,17 +175,20 @@ COMMANDS: dict[str, CommandSpec] = {
         settings=("discovery_bucket",),
     ),
     "record": CommandSpec(
-        "workerset_admission.cli.workers",
+        "workerset_admission.cli.traces",
         "record a replay trace from the discovery bucket, as a second watch beside the "
         "frontends (for what one frontend itself observed, run it with --trace-out)",
         connects=True,
         settings=("discovery_bucket", "admission_bucket", "status_subject"),
+        runs_until_stopped=True,
     ),
     "rollout": CommandSpec(
         "workerset_admission.cli.rollout",
         "gate a rolling update: is a worker namespace served by every live frontend",
         connects=True,
         settings=("admission_bucket",),
+        # rollout --wait stopped by a signal: the gate was not seen open.
+        interrupted_status=EXIT_NO,
     ),
 }
 
@@ -192,46 +199,6 @@ class CommandModule(Protocol):
     def arguments(self, name: str, parser: argparse.ArgumentParser) -> None: ...
 
     def main(self, name: str, args: argparse.Namespace, stop: asyncio.Event) -> Awaitable[int]: ...
-
-
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    errors: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError, TimeoutError)
-    # Only when a command loaded the NATS client: an offline command never imports it.
-    if "nats" in sys.modules:
-        from workerset_admission.adapters.nats.errors import NatsError
-
-        errors += (NatsError,)
-    return errors
-
-
-def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
-    return (
-        ((UsageError,), EXIT_USAGE),
-        ((RemoteDataError, ViewDirectoryError), EXIT_USAGE),
-        ((Unreachable, StoreUnavailable), EXIT_UNREACHABLE),
-        (_transport_errors(), EXIT_UNREACHABLE),
-        ((WorkersetAdmissionError,), EXIT_FAILED),
-    )
-
-
-EXIT_STATUSES: dict[int, str] = {
-    EXIT_OK: "success (a long-running command stopped by SIGINT or SIGTERM counts as success)",
-    EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted, diff cards "
-    "differ",
-    EXIT_USAGE: "bad flags, settings, trace, card, output path or view folder; nothing changed",
-    EXIT_UNREACHABLE: "NATS (or etcd, for bridge) unreachable, credentials refused, or no answer "
-    "in time",
-    EXIT_FAILED: "the command failed while running",
-}
-"""Every exit status the command line uses, with its meaning (the README shows this table)."""
-
-
-def exit_status(error: BaseException) -> int:
-    """Map an error that ended a command to its exit status (first matching row wins)."""
-    for kinds, status in _exit_table():
-        if isinstance(error, kinds):
-            return status
-    return EXIT_FAILED
 
 
 def positive_seconds(text: str) -> float:
@@ -342,11 +309,11 @@ def run_command(name: str, args: argparse.Namespace) -> int:
         if COMMANDS[name].connects:
             args.settings = _settings(args)
         stop = asyncio.Event()
-        waits = name in getattr(module, "STOPS_ON_SIGNAL", ())
-        interrupted: int = getattr(module, "INTERRUPTED_STATUS", EXIT_OK)
+        spec = COMMANDS[name]
+        waits, interrupted = spec.runs_until_stopped, spec.interrupted_status
         return asyncio.run(_run(lambda: module.main(name, args, stop), stop, waits, interrupted))
     except KeyboardInterrupt:
-        return int(getattr(module, "INTERRUPTED_STATUS", EXIT_OK))
+        return COMMANDS[name].interrupted_status
     except Exception as error:
         status = exit_status(error)
         text = str(error) or type(error).__name__

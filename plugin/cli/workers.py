@@ -1,35 +1,28 @@
-"""The NATS-side subcommands: ``register`` and ``deregister`` a worker, ``record`` a trace.
+"""Worker registration: ``register`` and ``deregister`` a worker's records as a Dynamo worker would.
 
-``register`` publishes a model card (and the endpoint's liveness record) as a Dynamo worker
-would, then keeps it alive with a heartbeat until interrupted, when it deregisters; with
-``--once`` it writes and exits. ``record`` writes a replay trace from a live bucket: one
-snapshot line holding every value's raw text, then ``put`` and ``delete`` lines as they happen.
+``register`` publishes a model card (and the endpoint's liveness record), then keeps it alive
+with a heartbeat until interrupted, when it deregisters; with ``--once`` it writes and exits.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import secrets
 import sys
-import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import Any
 
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.cli import EXIT_FAILED, positive_seconds
-from workerset_admission.errors import ConfigError, Unreachable, UsageError
+from workerset_admission.cli.connection import client_options
+from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.ownership import register_writer
 from workerset_admission.settings import Settings
-from workerset_admission.traces.state_line import DecisionState
 
-if TYPE_CHECKING:
-    from workerset_admission.adapters.nats.connect import NatsConnectOptions
-
-__all__ = ["STOPS_ON_SIGNAL", "arguments", "check_card", "main", "record_trace"]
+__all__ = ["arguments", "check_card", "main"]
 
 
 def _instance_id(text: str) -> int:
@@ -54,17 +47,6 @@ def _add_worker_arguments(parser: argparse.ArgumentParser, *, id_required: bool)
         help="instance id (decimal or 0x-hex)" + ("" if id_required else "; default random"),
     )
     parser.add_argument("--suffix", help="LoRA adapter suffix (registers an adapter card)")
-
-
-def _output(text: str) -> Path:
-    """Check an output file's folder exists, before anything connects."""
-    path = Path(text)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"no such folder for the output file: {folder}")
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{path} is a folder, not a file")
-    return path
 
 
 def arguments(name: str, parser: argparse.ArgumentParser) -> None:
@@ -108,42 +90,8 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
             action="store_true",
             help="also delete the endpoint's liveness record",
         )
-    elif name == "record":
-        parser.add_argument(
-            "--output", "-o", type=_output, help="trace file to write (default: standard output)"
-        )
-        parser.add_argument(
-            "--json", action="store_true", help="end with a JSON summary on standard output"
-        )
-        parser.add_argument(
-            "--duration",
-            type=positive_seconds,
-            help="record changes for this many seconds after the listing (default: until "
-            "interrupted)",
-        )
-        parser.add_argument(
-            "--frontend",
-            default=None,
-            help="start the trace with this live frontend's decision state, so replay and "
-            "explain reproduce what it decided (default: the only live frontend)",
-        )
-    else:  # pragma: no cover - the dispatch table only routes the three names here
+    else:  # pragma: no cover - the dispatch table only routes the two names here
         raise ValueError(name)
-
-
-def _options(settings: Settings, command: str) -> NatsConnectOptions:
-    from workerset_admission.adapters.nats.connect import connect_options
-
-    return connect_options(
-        settings, _servers(settings), client_name=f"workerset-admission {command}"
-    )
-
-
-def _servers(settings: Settings) -> tuple[str, ...]:
-    from workerset_admission.adapters.nats.connect import DEFAULT_SERVERS
-
-    # A tool talks to an existing server; with none configured, the conventional local one.
-    return settings.nats_servers or DEFAULT_SERVERS
 
 
 def _read_card(path: Path) -> dict[str, Any]:
@@ -199,7 +147,9 @@ async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.
         for publisher in publishers:
             publisher.refresh_now()
 
-    nc = await connect(_options(settings, "register"), ConnectionCallbacks(reconnected=reconnected))
+    nc = await connect(
+        client_options(settings, "register"), ConnectionCallbacks(reconnected=reconnected)
+    )
     try:
         publisher = DiscoveryPublisher(
             nc.jetstream(),
@@ -253,7 +203,7 @@ async def _deregister(args: argparse.Namespace, settings: Settings, stop: asynci
     from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
-    nc = await connect(_options(settings, "deregister"))
+    nc = await connect(client_options(settings, "deregister"))
     try:
         publisher = DiscoveryPublisher(
             nc.jetstream(), bucket=settings.discovery_bucket, create_bucket=False
@@ -267,127 +217,6 @@ async def _deregister(args: argparse.Namespace, settings: Settings, stop: asynci
         await nc.close()
 
 
-LISTING_TIMEOUT = 30.0
-"""How long ``record --duration`` waits for the bucket's listing before giving up."""
-
-
-async def record_trace(
-    settings: Settings,
-    out: IO[str],
-    *,
-    duration: float | None = None,
-    stop: asyncio.Event | None = None,
-    state: DecisionState | None = None,
-) -> int:
-    """Write a trace from the live discovery bucket: its listing, then changes for a while.
-
-    Changes are written for ``duration`` seconds, or until ``stop``. The duration counts from
-    the listing on, so a short recording over a slow connection still holds the listing; the
-    listing itself may take up to :data:`LISTING_TIMEOUT`. This is a second watch beside the
-    frontends (``observer: bucket`` in the header): it sees every record and when it saw it,
-    but no frontend's builds or timers. With a frontend's
-    decision ``state`` the trace opens with it (a ``state`` line), before the listing, so a
-    replay chooses the incumbents that frontend chose. A frontend's own observations, builds
-    and timers included, are recorded by that frontend: ``serve --trace-out``.
-    """
-    from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-    from workerset_admission.ports import SourceSnapshot
-    from workerset_admission.traces.writer import TraceWriter
-
-    source = JetStreamDiscoverySource(
-        _options(settings, "record"), bucket=settings.discovery_bucket
-    )
-    stop = stop or asyncio.Event()
-    listing_deadline = time.monotonic() + LISTING_TIMEOUT
-    deadline = None
-    writer = TraceWriter(out, observer="bucket")
-    writer.begin(time.monotonic(), None if state is None else state.to_line())
-    events = source.events()
-    try:
-        while not stop.is_set():
-            # Until the listing, a recording with a duration waits for it (bounded); after it,
-            # until the duration is over.
-            limit = deadline if deadline is not None or duration is None else listing_deadline
-            timeout = None if limit is None else max(0.0, limit - time.monotonic())
-            next_event = asyncio.ensure_future(anext(events))
-            stopped = asyncio.ensure_future(stop.wait())
-            done, _pending = await asyncio.wait(
-                {next_event, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            stopped.cancel()
-            if next_event not in done:
-                next_event.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await next_event
-                if stop.is_set() or deadline is not None:
-                    break
-                raise Unreachable(
-                    f"no listing of bucket {settings.discovery_bucket!r} within "
-                    f"{LISTING_TIMEOUT:g} s"
-                )
-            event = next_event.result()
-            if isinstance(event, SourceSnapshot) and deadline is None and duration is not None:
-                deadline = time.monotonic() + duration
-            # ASCII escapes keep lone surrogates (invalid UTF-8 in a value) valid JSON text.
-            writer.write_event(event, time.monotonic())
-            writer.flush()
-    finally:
-        await source.close()
-        await events.aclose()
-        writer.flush()
-    return writer.lines
-
-
-async def _record(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
-    from workerset_admission.adapters.nats.connect import probe_bucket
-
-    options = _options(settings, "record")
-    await probe_bucket(options, settings.discovery_bucket)
-    state = await _decision_state(args, settings)
-    with contextlib.ExitStack() as stack:
-        out: IO[str] = (
-            stack.enter_context(args.output.open("w", encoding="utf-8"))
-            if args.output
-            else sys.stdout
-        )
-        lines = await record_trace(settings, out, duration=args.duration, stop=stop, state=state)
-    if args.json:
-        print(json.dumps({"lines": lines, "output": str(args.output or "-")}), flush=True)
-    else:
-        print(f"recorded {lines} line(s)", file=sys.stderr)
-    return 0
-
-
-async def _decision_state(args: argparse.Namespace, settings: Settings) -> DecisionState | None:
-    """Pick the frontend whose decisions the trace starts from, and read its state."""
-    from workerset_admission.adapters.nats.frontend_state import decision_state_of, live_frontends
-
-    options = _options(settings, "record")
-    frontends = await live_frontends(options, settings.admission_bucket)
-    chosen = args.frontend
-    if chosen is None:
-        if not frontends:
-            print(
-                "record: no live frontend publishes its admissions; the trace starts from the "
-                "listing alone",
-                file=sys.stderr,
-            )
-            return None
-        if len(frontends) > 1:
-            raise UsageError(
-                f"several live frontends: {', '.join(frontends)}; choose one with --frontend"
-            )
-        chosen = frontends[0]
-    elif chosen not in frontends:
-        listed = ", ".join(frontends) or "none"
-        raise UsageError(f"frontend {chosen!r} is not live (live frontends: {listed})")
-    return await decision_state_of(options, settings.status_subject, chosen)
-
-
-# ``register`` and ``record`` run until a signal sets ``stop``, then finish cleanly.
-STOPS_ON_SIGNAL = frozenset({"register", "record"})
-
-
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
-    handler = {"register": _register, "deregister": _deregister, "record": _record}[name]
+    handler = {"register": _register, "deregister": _deregister}[name]
     return await handler(args, args.settings, stop)

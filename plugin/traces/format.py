@@ -16,7 +16,8 @@ the trace began at which the frontend observed it::
     {"kind": "delete", "t": ..., "key": "<KV key>", "operation": "delete" | "purge" | "expired"}
     {"kind": "build", "t": ..., "group": "<group id>", "outcome": "ok" | "failed",
      "generation": <int>, "checksum": "<mdc checksum>"}
-    {"kind": "tick", "t": ...}        (a timer the core scheduled fell due: a retry, a hold)
+    {"kind": "tick", "t": ...}        (a timer the core scheduled fell due: a retry, a hold;
+                                       a bucket recording ends with one, at its last moment)
 
 The header's ``observer`` says who recorded it. ``frontend``: the service itself
 (``serve --trace-out``), which records every build result and timer tick, so a replay builds

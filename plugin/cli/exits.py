@@ -1,0 +1,77 @@
+"""The command line's exit statuses: one table, its meanings, and how an error maps to one."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from workerset_admission.errors import (
+    RemoteDataError,
+    StoreUnavailable,
+    Unreachable,
+    UsageError,
+    ViewDirectoryError,
+    WorkersetAdmissionError,
+)
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_NO",
+    "EXIT_OK",
+    "EXIT_STATUSES",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "exit_status",
+]
+
+EXIT_OK = 0
+"""Done; for a command that runs until stopped, stopped by a signal."""
+EXIT_NO = 1
+"""The answer is no: ``rollout``'s gate is closed, ``explain``'s instance is not admitted,
+``diff``'s cards would not join one cohort."""
+EXIT_USAGE = 2
+"""Bad input from the operator: flags, settings, a trace, a card, an output path or folder."""
+EXIT_UNREACHABLE = 3
+"""NATS (or, for ``bridge``, etcd) could not be reached or did not answer in time."""
+EXIT_FAILED = 4
+"""The command failed while it ran (the service stopped on an error, an unexpected fault)."""
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError, TimeoutError)
+    # Only when a command loaded the NATS client: an offline command never imports it.
+    if "nats" in sys.modules:
+        from workerset_admission.adapters.nats.errors import NatsError
+
+        errors += (NatsError,)
+    return errors
+
+
+def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
+    return (
+        ((UsageError,), EXIT_USAGE),
+        ((RemoteDataError, ViewDirectoryError), EXIT_USAGE),
+        ((Unreachable, StoreUnavailable), EXIT_UNREACHABLE),
+        (_transport_errors(), EXIT_UNREACHABLE),
+        ((WorkersetAdmissionError,), EXIT_FAILED),
+    )
+
+
+EXIT_STATUSES: dict[int, str] = {
+    EXIT_OK: "success (a long-running command stopped by SIGINT or SIGTERM counts as success)",
+    EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted, diff cards "
+    "differ",
+    EXIT_USAGE: "bad flags, settings, trace, card, output path or view folder; nothing changed",
+    EXIT_UNREACHABLE: "NATS (or etcd, for bridge) unreachable, credentials refused, or no answer "
+    "in time",
+    EXIT_FAILED: "the command failed while running",
+}
+"""Every exit status the command line uses, with its meaning (the README shows this table)."""
+
+
+def exit_status(error: BaseException) -> int:
+    """Map an error that ended a command to its exit status (first matching row wins)."""
+    for kinds, status in _exit_table():
+        if isinstance(error, kinds):
+            return status
+    return EXIT_FAILED
