@@ -28,7 +28,8 @@ from workerset_admission.adapters.nats.connect import (
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.identity import EndpointId
-from workerset_admission.service.shell import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService
+from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import replay
 
 __all__ = ["nats_cluster"]
@@ -172,7 +173,7 @@ async def frontend(
     service = AdmissionService(
         source,
         publisher=publisher,
-        settings=ServiceSettings(publish_interval=0.05, publish_retry=0.2),
+        settings=Settings(publish_interval=0.05, publish_retry=0.2),
     )
     await service.start()
     try:

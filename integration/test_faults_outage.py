@@ -27,7 +27,7 @@ from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.cli.rollout import GateQuery, check_gate
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.service.factory import create_service
-from workerset_admission.service.shell import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService
 from workerset_admission.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -258,7 +258,7 @@ async def test_a_churn_run_makes_no_spurious_resync_and_counts_each_bad_record_o
         bucket_spec=BucketSpec(name=DISCOVERY),
         health_interval=0.05,
     )
-    service = AdmissionService(source, settings=ServiceSettings(reconcile_interval=1.0))
+    service = AdmissionService(source, settings=Settings(reconcile_interval=1.0))
     await service.start()
     try:
         await service.wait_synced(30)

@@ -41,7 +41,8 @@ from workerset_admission.cli.rollout import (
 )
 from workerset_admission.identity import EndpointId
 from workerset_admission.ports import DefaultPipelineBuilder
-from workerset_admission.service.shell import AdmissionService, BuildRequest, ServiceSettings
+from workerset_admission.service.shell import AdmissionService, BuildRequest
+from workerset_admission.settings import Settings
 
 __all__ = ["nats_cluster"]
 
@@ -121,7 +122,7 @@ class Fleet:
             source,
             publisher=publisher,
             builder=builder,
-            settings=ServiceSettings(publish_interval=0.05, publish_retry=0.2),
+            settings=Settings(publish_interval=0.05, publish_retry=0.2),
         )
         await service.start()
         await service.wait_synced(STEP_TIMEOUT)

@@ -21,7 +21,8 @@ from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.errors import ReceiverRetired
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.shell import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService
+from workerset_admission.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -212,7 +213,7 @@ async def test_a_server_restart_with_a_wiped_store_clears_admissions_and_starts_
     # The resync after the wipe holds the tenure briefly (its worker might re-register), then
     # the tenure ends.
     service = await start_service(
-        nats_server_fn.url, bucket_name, settings=ServiceSettings(tenure_hold=1.0)
+        nats_server_fn.url, bucket_name, settings=Settings(tenure_hold=1.0)
     )
     nc = await nats.connect(nats_server_fn.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
     try:

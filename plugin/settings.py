@@ -20,7 +20,6 @@ import re
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +34,7 @@ from pydantic import (
 )
 from workerset_admission.admission import CoreSettings
 from workerset_admission.discovery_paths import parse_endpoints
-from workerset_admission.errors import ConfigError, UsageError
+from workerset_admission.errors import ConfigError
 from workerset_admission.keys import ADMISSION_BUCKET, DISCOVERY_BUCKET, STATUS_SUBJECT
 
 __all__ = [
@@ -44,7 +43,6 @@ __all__ = [
     "ENV_PREFIX",
     "FLAGGED_SETTINGS",
     "FlagSpec",
-    "ServiceSettings",
     "Settings",
     "add_settings_arguments",
     "default_frontend_id",
@@ -58,7 +56,9 @@ CONFIG_FILE_ENV = f"{ENV_PREFIX}CONFIG_FILE"
 
 _BUCKET_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _SUBJECT_TOKEN = re.compile(r"^[^\s.*>]+$")
-_DEFAULT_RETRY_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+# The core's defaults are Dynamo 1.6.1's, written once in the core; every setting that feeds the
+# core takes its default from there.
+_CORE = CoreSettings()
 
 
 def mask_url(url: str) -> str:
@@ -117,17 +117,23 @@ class Settings(BaseModel):
     tokenizer_fallback: bool | None = None
 
     # Limits.
-    max_concurrent_builds: int = Field(default=8, ge=1, le=1024)
-    retry_delays: tuple[float, ...] = _DEFAULT_RETRY_DELAYS
+    max_concurrent_builds: int = Field(default=_CORE.max_concurrent_builds, ge=1, le=1024)
+    retry_delays: tuple[float, ...] = _CORE.retry_delays
     max_value_bytes: int = Field(default=1024 * 1024, ge=256, le=64 * 1024 * 1024)
     reconcile_interval: float = Field(default=30.0, gt=0, le=86400)
     # The TTL workers register with (Dynamo's default 10 s): a live worker, or the bridge
     # mirroring it, re-writes its record within it. It sizes the tenure hold, and how long a
     # held tenure keeps serving its members on their last known records.
-    registration_ttl: float = Field(default=10.0, gt=0, le=3600)
+    registration_ttl: float = Field(default=_CORE.registration_ttl, gt=0, le=3600)
     # How long a tenure is held when a resync after a lost connection lists none of its
     # workers (0 turns holding off); unset means three registration TTLs.
     tenure_hold: float | None = Field(default=None, ge=0, le=86400)
+    # Refused records kept for status; the serving records are rewritten at most every
+    # publish_interval seconds (like Dynamo's publisher), and a failed write is retried after
+    # publish_retry.
+    invalid_history: int = Field(default=100, ge=1, le=100_000)
+    publish_interval: float = Field(default=0.2, ge=0, le=60)
+    publish_retry: float = Field(default=1.0, gt=0, le=600)
 
     frontend_id: str = Field(default_factory=default_frontend_id)
 
@@ -248,6 +254,15 @@ class Settings(BaseModel):
     def effective_tenure_hold(self) -> float:
         """The tenure hold in seconds: as set, or three registration TTLs."""
         return 3 * self.registration_ttl if self.tenure_hold is None else self.tenure_hold
+
+    def core_settings(self) -> CoreSettings:
+        """Return the core's parameters, from these settings."""
+        return CoreSettings(
+            max_concurrent_builds=self.max_concurrent_builds,
+            retry_delays=tuple(self.retry_delays),
+            tenure_hold=self.effective_tenure_hold,
+            registration_ttl=self.registration_ttl,
+        )
 
     @property
     def prometheus_address(self) -> tuple[str, int] | None:
@@ -497,38 +512,3 @@ def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
             # Repeated flags and comma-separated lists mean the same thing.
             flags[dest] = ",".join(value) if isinstance(value, list) else value
     return flags
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceSettings:
-    """Tunables of the service; the defaults follow Dynamo 1.6.1's frontend."""
-
-    reconcile_interval: float = 30.0
-    max_concurrent_builds: int = 8
-    retry_delays: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-    invalid_history: int = 100
-    # The serving-admission records are rewritten at most this often, like Dynamo's publisher.
-    publish_interval: float = 0.2
-    publish_retry: float = 1.0
-    # How long a tenure is held when a resync after an outage lists none of its members.
-    tenure_hold: float = 30.0
-    # How long a held tenure keeps its members admitted on their last known records.
-    registration_ttl: float = 10.0
-    # Where the service writes the trace of what it observes (``serve --trace-out``).
-    trace_out: Path | None = None
-
-    def __post_init__(self) -> None:
-        if self.reconcile_interval <= 0:
-            raise UsageError("reconcile_interval must be positive")
-        if self.invalid_history < 1:
-            raise UsageError("invalid_history must be at least 1")
-        if self.publish_interval < 0 or self.publish_retry <= 0:
-            raise UsageError("publication intervals must be positive")
-
-    def core_settings(self) -> CoreSettings:
-        return CoreSettings(
-            max_concurrent_builds=self.max_concurrent_builds,
-            retry_delays=self.retry_delays,
-            tenure_hold=self.tenure_hold,
-            registration_ttl=self.registration_ttl,
-        )

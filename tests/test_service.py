@@ -38,7 +38,8 @@ from workerset_admission.ports import (
     SourcePut,
     SourceSnapshot,
 )
-from workerset_admission.service.shell import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService
+from workerset_admission.settings import Settings
 
 CARD: dict[str, Any] = base_card(16)
 OLD = CARD
@@ -143,7 +144,7 @@ async def test_an_invalid_record_is_counted_and_remembered_and_changes_nothing(
 
 
 async def test_the_recent_invalid_list_is_bounded(source: FakeSource) -> None:
-    svc = await started(source, settings=ServiceSettings(invalid_history=3))
+    svc = await started(source, settings=Settings(invalid_history=3))
     try:
         for n in range(10):
             source.queue.put_nowait(SourcePut(DiscoveryEntry(f"v1.mdc.bad{n}", b"", n)))
@@ -273,7 +274,7 @@ async def test_endpoint_liveness_is_intersected_with_admissions(source: FakeSour
 
 async def test_serving_admissions_are_published_and_withdrawn_on_stop(source: FakeSource) -> None:
     publisher = FakePublisher()
-    svc = await started(source, publisher=publisher, settings=ServiceSettings(publish_interval=0))
+    svc = await started(source, publisher=publisher, settings=Settings(publish_interval=0))
     source.queue.put_nowait(SourceSnapshot((model_entry(0x1A), model_entry(0x2B))))
     source.queue.put_nowait(model_put(0x3C, NEW))
     expected = ("dgd-v1/backend/generate/1a", "dgd-v1/backend/generate/2b")
@@ -317,7 +318,7 @@ async def test_a_build_still_running_when_its_tenure_ends_is_cancelled(source: F
 async def test_periodic_reconciliation_removes_keys_missing_from_the_listing(
     source: FakeSource,
 ) -> None:
-    svc = await started(source, settings=ServiceSettings(reconcile_interval=0.05))
+    svc = await started(source, settings=Settings(reconcile_interval=0.05))
     try:
         source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2))))
         source.listing = [model_entry(2)]
@@ -474,7 +475,7 @@ async def test_a_failing_status_responder_is_restarted_and_admission_goes_on(
     source: FakeSource,
 ) -> None:
     status = FlakyStatus()
-    svc = await started(source, status=status, settings=ServiceSettings(publish_retry=0.01))
+    svc = await started(source, status=status, settings=Settings(publish_retry=0.01))
     try:
         source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
         await settle(lambda: status.starts == 2 and svc.binding(group_key()) is not None)
@@ -588,7 +589,7 @@ async def test_serving_records_name_each_groups_checksum_and_generation_when_ask
     source: FakeSource,
 ) -> None:
     publisher = GroupsPublisher()
-    svc = await started(source, publisher=publisher, settings=ServiceSettings(publish_interval=0))
+    svc = await started(source, publisher=publisher, settings=Settings(publish_interval=0))
     try:
         await serve_listing(svc, source, (model_entry(0x1A), model_entry(0x2B, NEW)))
         await settle(lambda: publisher.groups.get("dgd-v1") is not None)
@@ -610,7 +611,7 @@ async def test_a_reconnect_that_lists_no_incumbent_worker_holds_the_tenure_until
     source: FakeSource, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = FakeClock()
-    svc = await started(source, clock=clock, settings=ServiceSettings(tenure_hold=30.0))
+    svc = await started(source, clock=clock, settings=Settings(tenure_hold=30.0))
     try:
         source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2, NEW))))
         await settle(lambda: svc.binding(group_key()) is not None)
@@ -653,7 +654,7 @@ async def test_an_incumbent_worker_registering_during_the_hold_rejoins_the_same_
     source: FakeSource,
 ) -> None:
     clock = FakeClock()
-    svc = await started(source, clock=clock, settings=ServiceSettings(tenure_hold=30.0))
+    svc = await started(source, clock=clock, settings=Settings(tenure_hold=30.0))
     try:
         source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2, NEW))))
         await settle(lambda: svc.binding(group_key()) is not None)

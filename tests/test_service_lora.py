@@ -11,7 +11,8 @@ from support.cards import model_delete as delete
 from support.fakes import FakeClock, FakeSource, settle
 from workerset_admission.adapters.dynamo.hop import AdmittedHop
 from workerset_admission.ports import SourceSnapshot
-from workerset_admission.service.shell import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService
+from workerset_admission.settings import Settings
 
 BASE = base_card()
 G = group_of(BASE)
@@ -76,7 +77,7 @@ async def test_an_adapter_name_with_two_fingerprints_blocks_the_projection_and_k
 ):
     source = FakeSource()
     clock = FakeClock()
-    svc, hop = await _serving(source, clock=clock, settings=ServiceSettings(retry_delays=(5.0,)))
+    svc, hop = await _serving(source, clock=clock, settings=Settings(retry_delays=(5.0,)))
     try:
         source.queue.put_nowait(model_put(1, lora_card(ADAPTER, capacity=4), suffix=ADAPTER))
         await settle(lambda: hop.adapter_instances(ADAPTER) == (1,))

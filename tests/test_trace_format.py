@@ -13,7 +13,8 @@ from support.fakes import FakeBuilder, FakeClock, FakeSource, settle
 from workerset_admission.admission import CoreSettings
 from workerset_admission.cli import main
 from workerset_admission.ports import SourceDelete, SourceSnapshot
-from workerset_admission.service.shell import AdmissionService, ServiceSettings
+from workerset_admission.service.shell import AdmissionService
+from workerset_admission.settings import Settings
 from workerset_admission.traces.format import raw_text
 from workerset_admission.traces.replay import TraceError, replay
 
@@ -209,7 +210,7 @@ async def test_a_service_recording_itself_replays_to_its_own_state(tmp_path: Pat
     trace = tmp_path / "trace.jsonl"
     source, clock, builder = FakeSource(), FakeClock(), FakeBuilder()
     builder.fail_next = 1
-    settings = ServiceSettings(retry_delays=(0.5,), tenure_hold=3.0, trace_out=trace)
+    settings = Settings(retry_delays=(0.5,), tenure_hold=3.0, trace_out=trace)
     service = AdmissionService(source, builder=builder, clock=clock, settings=settings)
     async with time_limit(10):
         await service.start()

@@ -14,7 +14,6 @@ from workerset_admission.service.shell import (
     CardRecordDecoder,
     GroupSnapshot,
     PipelineBuilder,
-    ServiceSettings,
     ServiceSnapshot,
 )
 from workerset_admission.service.step import AdmissionStep
@@ -26,7 +25,6 @@ __all__ = [
     "CardRecordDecoder",
     "GroupSnapshot",
     "PipelineBuilder",
-    "ServiceSettings",
     "ServiceSnapshot",
     "create_service",
 ]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from workerset_admission.ports import DiscoverySource
 from workerset_admission.service.ingest import CardRecordDecoder
-from workerset_admission.service.shell import AdmissionService, PipelineBuilder, ServiceSettings
+from workerset_admission.service.shell import AdmissionService, PipelineBuilder
 from workerset_admission.settings import Settings, load_settings
 from workerset_admission.telemetry import AdmissionTelemetry
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from workerset_admission.adapters.dynamo.view import DirectoryFiles, ViewHook
     from workerset_admission.card import BoundarySettings
 
-__all__ = ["boundary_settings", "create_service", "service_settings"]
+__all__ = ["boundary_settings", "create_service"]
 
 
 def _view_hook(
@@ -55,17 +55,6 @@ def boundary_settings(settings: Settings) -> BoundarySettings:
         tokenizer_backend=settings.tokenizer_backend,
         tokenizer_fallback_enabled=settings.tokenizer_fallback,
         max_value_size=settings.max_value_bytes,
-    )
-
-
-def service_settings(settings: Settings) -> ServiceSettings:
-    return ServiceSettings(
-        reconcile_interval=settings.reconcile_interval,
-        max_concurrent_builds=settings.max_concurrent_builds,
-        retry_delays=tuple(settings.retry_delays),
-        tenure_hold=settings.effective_tenure_hold,
-        registration_ttl=settings.registration_ttl,
-        trace_out=settings.trace_out,
     )
 
 
@@ -143,7 +132,7 @@ async def create_service(
             publisher=publisher,
             status=responder,
             telemetry=telemetry or AdmissionTelemetry(bucket=settings.discovery_bucket),
-            settings=service_settings(settings),
+            settings=settings,
             closers=closers,
         )
         if view is not None:

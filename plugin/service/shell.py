@@ -70,7 +70,7 @@ from workerset_admission.service.snapshots import (
 )
 from workerset_admission.service.step import AdmissionStep, StepObserver
 from workerset_admission.service.timers import RetryTimers
-from workerset_admission.settings import ServiceSettings
+from workerset_admission.settings import Settings
 from workerset_admission.telemetry import AdmissionTelemetry, RefusalWarnings, UpdateScope
 from workerset_admission.traces.format import settings_of
 from workerset_admission.traces.writer import TraceWriter
@@ -86,7 +86,6 @@ __all__ = [
     "CardRecordDecoder",
     "GroupSnapshot",
     "PipelineBuilder",
-    "ServiceSettings",
     "ServiceSnapshot",
 ]
 
@@ -108,11 +107,11 @@ class AdmissionService:
         publisher: AdmissionPublisher | None = None,
         status: StatusResponder | None = None,
         telemetry: AdmissionTelemetry | None = None,
-        settings: ServiceSettings | None = None,
+        settings: Settings | None = None,
         clock: Callable[[], float] = time.monotonic,
         closers: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
-        self.settings = settings or ServiceSettings()
+        self.settings = settings or Settings()
         self._source = source
         self._publisher = publisher
         # The identity this frontend publishes under; its status shows it too.
@@ -173,7 +172,7 @@ class AdmissionService:
             builds=self.builds,
             hops=self.hops,
             clock=clock,
-            tenure_hold=self.settings.tenure_hold,
+            tenure_hold=self.settings.effective_tenure_hold,
             telemetry=self._telemetry,
             refuse=self._refuse,
             schedule=self._timers.add,
