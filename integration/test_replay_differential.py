@@ -338,7 +338,9 @@ async def test_record_from_the_bucket_through_an_outage_holds_and_lands_on_the_l
         await a.stop_heartbeat()
         await asyncio.to_thread(handle.restart, kill=True, downtime=1.0)
         await until(lambda: admitted(service) == (2,), 60, what="the succession to B")
-        await asyncio.sleep(0.5)  # the recorder's watch sees what the service saw
+        # The recorder is a second watch: its reconnect, and so its hold, may come a little
+        # later than the service's. It runs on until that hold has ended as well.
+        await asyncio.sleep(hold + 0.5)
         stop.set()
         await asyncio.wait_for(recorder, 15)
         live = service.snapshot().groups[0]
