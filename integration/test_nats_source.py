@@ -115,6 +115,39 @@ async def test_initial_values_become_one_snapshot_then_puts_and_removals_stream_
             await collector.close()
 
 
+async def test_a_listing_taken_while_heartbeats_rewrite_keys_still_holds_every_key(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    # Workers refresh their registrations all the time, and the bucket keeps one value per key:
+    # a key rewritten while a listing is delivered must still be in that listing.
+    keys = [f"v1.mdc.ns.backend.generate.{i:x}" for i in range(200)]
+    async with kv_bucket(nats_server.url, bucket_name) as kv:
+        for key in keys:
+            await kv.put(key, b"{}")
+        stop = asyncio.Event()
+
+        async def heartbeats() -> int:
+            written = 0
+            while not stop.is_set() and written < 200_000:
+                # Newest first: the keys the listing reaches last are rewritten first.
+                await kv.put(keys[-1 - written % len(keys)], b"{}")
+                written += 1
+            return written
+
+        writer = asyncio.create_task(heartbeats())
+        try:
+            for _ in range(10):
+                collector = Collector(source_for(nats_server.url, bucket_name))
+                try:
+                    snapshot = await collector.next_snapshot()
+                finally:
+                    await collector.close()
+                assert sorted(e.key for e in snapshot.entries) == sorted(keys)
+        finally:
+            stop.set()
+        assert await writer > 0
+
+
 async def test_an_empty_bucket_gives_an_empty_snapshot_at_once(
     nats_server: NatsServer, bucket_name: str
 ) -> None:

@@ -39,7 +39,7 @@ from nats.aio.client import Client as NatsClient
 from nats.errors import AuthorizationError, ConnectionClosedError, NoRespondersError
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamInfo
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.errors import Error as JetStreamError
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
@@ -76,6 +76,9 @@ Connector = Callable[[ConnectionCallbacks], Awaitable[NatsClient]]
 
 # Seconds between the server's heartbeats on an idle consumer, unless a source says otherwise.
 IDLE_HEARTBEAT: Final = 5.0
+
+# Seconds without a delivery after which a listing stops waiting for keys it was told of.
+LISTING_QUIET: Final = 0.5
 
 _RETRYABLE = (
     NotFoundError,
@@ -253,12 +256,16 @@ class JetStreamDiscoverySource:
         js = nc.jetstream(timeout=self._request_timeout)
         jsm = nc.jsm(timeout=self._request_timeout)
         stream = stream_name(self.bucket)
-        info = await js.stream_info(stream)
+        # The bucket's keys with the state the consumer starts from (see Watch._ends_listing).
+        info = await js.stream_info(stream, subjects_filter=f"{self._subject_prefix}>")
+        expected = _expected_keys(info, self._subject_prefix, self._key_prefixes)
         attempts: list[tuple[list[str], tuple[str, ...] | None]] = [(list(self._filters), None)]
         if len(self._filters) > 1:
             attempts.append(([f"{self._subject_prefix}>"], self._key_prefixes))
         for filters, key_filter in attempts:
-            watch = Watch(len(self._subject_prefix), queue_size, info.state.last_seq, key_filter)
+            watch = Watch(
+                len(self._subject_prefix), queue_size, info.state.last_seq, key_filter, expected
+            )
             if adopt is not None:
                 adopt(watch)
             config = self._consumer_config(nc.new_inbox(), filters)
@@ -426,10 +433,20 @@ class JetStreamDiscoverySource:
             await self._close_client()
 
     async def _initial_values(self, watch: Watch) -> None:
-        """Wait for the end of the initial values; a raw consumer that falls silent restarts."""
+        """Wait for the end of the initial values; a raw consumer that falls silent restarts.
+
+        A listing that only waits for keys the bucket held at the start ends once the consumer
+        has delivered nothing for :data:`LISTING_QUIET` seconds: those keys went without a trace.
+        """
         while not watch.snapshot_done.is_set():
+            stalled, seen = watch.listing_stalled(), watch.last_seen_seq
+            wait = LISTING_QUIET if stalled else self._idle_heartbeat
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(watch.snapshot_done.wait(), self._idle_heartbeat)
+                await asyncio.wait_for(watch.snapshot_done.wait(), wait)
+            if stalled and watch.listing_stalled() and watch.last_seen_seq == seen:
+                _log.debug("%s listing ends without keys that were removed silently", self.bucket)
+                watch.finish_initial()
+                break
             if watch.looks_dead(time.monotonic(), self._idle_heartbeat):
                 self._request_restart("the consumer sent nothing, not even heartbeats")
 
@@ -502,3 +519,15 @@ class JetStreamDiscoverySource:
         if nc is not None and not nc.is_closed:
             with contextlib.suppress(Exception):
                 await nc.close()
+
+
+def _expected_keys(
+    info: StreamInfo, subject_prefix: str, key_prefixes: tuple[str, ...]
+) -> frozenset[str] | None:
+    """Return the discovery keys a stream info with subjects names; ``None`` when it names none."""
+    subjects = info.state.subjects
+    if not subjects:
+        return None
+    offset = len(subject_prefix)
+    keys = (subject[offset:] for subject in subjects)
+    return frozenset(key for key in keys if not key_prefixes or key.startswith(key_prefixes))

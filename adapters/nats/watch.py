@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Final, NamedTuple
 
 from nats.aio.msg import Msg
@@ -83,6 +83,7 @@ class Watch:
         queue_size: int,
         last_seq_at_start: int,
         key_prefixes: tuple[str, ...] | None = None,
+        expected_keys: Collection[str] | None = None,
     ) -> None:
         self.key_offset = key_offset
         self.key_prefixes = key_prefixes
@@ -90,6 +91,10 @@ class Watch:
         self.queue: asyncio.Queue[SourceEvent | Wake] = asyncio.Queue(queue_size)
         self.initial: dict[str, DiscoveryEntry | None] | None = {}
         self.last_seq_at_start = last_seq_at_start
+        # The keys the bucket held just before the consumer was created, not yet delivered.
+        self._unseen: set[str] | None = None if expected_keys is None else set(expected_keys)
+        # Newer messages the listing may still take in once the values at the start are in.
+        self._listing_rest: int | None = None
         self.snapshot_done = asyncio.Event()
         self.last_seen_seq = 0
         self.stopped = False
@@ -276,23 +281,18 @@ class Watch:
         if self.key_prefixes is not None and not key.startswith(self.key_prefixes):
             # A key outside the filters (only with the single-filter fallback): it still counts
             # for the end of the initial values.
-            if self.initial is not None and pending == 0:
+            if self.initial is not None and self._ends_listing(key, stream_seq, pending):
                 self.finish_initial()
             return None
         kind = removal_kind(headers)
-        initial = self.initial
-        if initial is not None and stream_seq > self.last_seq_at_start > 0:
-            # Newer than anything that existed when the consumer was created: the initial
-            # values are complete and this message is already a live change.
-            self.finish_initial()
-            initial = None
         made = None
         if kind is None:
             made = DiscoveryEntry(key, value, stream_seq, headers, now, timestamp_ns / 1e9)
+        initial = self.initial
         if initial is not None:
             # A removal among the initial values leaves the key out of the snapshot.
             initial[key] = made
-            if pending == 0:
+            if self._ends_listing(key, stream_seq, pending):
                 self.finish_initial()
             return None
         if made is not None:
@@ -301,6 +301,46 @@ class Watch:
         return SourceDelete(
             key=key, revision=stream_seq, operation=kind, headers=headers, received_at=now
         )
+
+    def _ends_listing(self, key: str, stream_seq: int, pending: int) -> bool:
+        """Whether the initial values are complete with this message (one of them).
+
+        The consumer delivers the last value of every key as of its creation, then what came
+        later. A key rewritten meanwhile (a registration's heartbeat) loses its older value,
+        which the bucket keeps no longer, so it is never delivered among the values at the
+        start: it lives on only in a later message. A listing that ended with the values at the
+        start would leave such a key out, to arrive a moment later as a live put: this frontend
+        would then observe that worker after the others, not in key order as a frontend whose
+        listing was quiet does, and a reconnect listing would drop a live worker and add it back.
+        The consumer's pending count cannot close that gap: the server counts messages stored
+        during the delivery a little late.
+
+        So the source reads which keys the bucket holds just before creating the consumer
+        (``expected_keys``), and the listing goes on, taking later messages in, until every one
+        of them has been delivered: it then stands for the bucket a moment after the start, with
+        every key. It is bounded all the same: after the values at the start, it takes in at most
+        as many later messages as it holds keys (a whole round of rewrites, far more than
+        heartbeats write while a listing is read), and the source ends it when the consumer goes
+        quiet with keys still unseen (removed without a trace, as an age limit does). Without
+        ``expected_keys`` it ends with the values at the start.
+        """
+        unseen = self._unseen
+        if unseen is not None:
+            unseen.discard(key)
+        if self._listing_rest is None:
+            if pending != 0 and not stream_seq > self.last_seq_at_start > 0:
+                return False
+            # The values at the start are all in (this one may be the first later message).
+            if not unseen:
+                return True
+            self._listing_rest = len(self.initial or ()) + len(unseen)
+            return False
+        self._listing_rest -= 1
+        return not unseen or self._listing_rest <= 0
+
+    def listing_stalled(self) -> bool:
+        """Whether the values at the start are in and the listing only waits for unseen keys."""
+        return self.initial is not None and self._listing_rest is not None
 
     def wake(self) -> None:
         with contextlib.suppress(asyncio.QueueFull):

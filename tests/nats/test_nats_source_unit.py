@@ -73,15 +73,56 @@ async def test_initial_values_collapse_to_the_latest_state_per_key_without_tombs
     assert watch.queue.empty()
 
 
-async def test_a_message_newer_than_the_stream_at_start_ends_a_busy_snapshot() -> None:
-    watch = Watch(len(PREFIX), 16, last_seq_at_start=4)
-    await watch.on_message(message("v1.mdc.a", 4, 50, b"A"))
-    await watch.on_message(message("v1.mdc.b", 5, 49, b"B"))
+async def test_a_key_rewritten_while_the_listing_is_delivered_is_still_in_it() -> None:
+    # At the start the bucket held a/3, b/5 and c/6. b's heartbeat rewrote it (seq 8) before
+    # the consumer reached seq 5, so b/5 is never delivered: b/8 stands for it, in the listing,
+    # even though the server's pending count had not caught up with it.
+    keys = {"v1.mdc.a", "v1.mdc.b", "v1.mdc.c"}
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=6, expected_keys=keys)
+    await watch.on_message(message("v1.mdc.a", 3, 1, b"A"))
+    await watch.on_message(message("v1.mdc.c", 6, 0, b"C"))
+    await watch.on_message(message("v1.mdc.a", 7, 1, b"A2"))
+    assert not watch.snapshot_done.is_set()
+    assert watch.listing_stalled()
+    await watch.on_message(message("v1.mdc.b", 8, 0, b"B2"))
     assert watch.snapshot_done.is_set()
-    assert [e.key for e in watch.snapshot_entries] == ["v1.mdc.a"]
+    assert {e.key: e.value for e in watch.snapshot_entries} == {
+        "v1.mdc.a": b"A2",
+        "v1.mdc.b": b"B2",
+        "v1.mdc.c": b"C",
+    }
+    await watch.on_message(message("v1.mdc.c", 9, 0, b"C2"))
     live = watch.queue.get_nowait()
     assert isinstance(live, SourcePut)
-    assert live.entry.key == "v1.mdc.b"
+    assert live.entry.value == b"C2"
+
+
+async def test_without_the_keys_at_the_start_the_listing_ends_with_their_values() -> None:
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=4)
+    await watch.on_message(message("v1.mdc.a", 4, 50, b"A"))
+    # The first message newer than the start: the values at the start are all in.
+    await watch.on_message(message("v1.mdc.b", 5, 49, b"B"))
+    assert watch.snapshot_done.is_set()
+    assert [e.key for e in watch.snapshot_entries] == ["v1.mdc.a", "v1.mdc.b"]
+    await watch.on_message(message("v1.mdc.c", 6, 48, b"C"))
+    live = watch.queue.get_nowait()
+    assert isinstance(live, SourcePut)
+    assert live.entry.key == "v1.mdc.c"
+
+
+async def test_a_listing_waiting_for_a_key_ends_after_a_round_of_later_writes() -> None:
+    # x was in the bucket at the start and went without a trace; writes never pause.
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=2, expected_keys={"v1.mdc.a", "v1.mdc.x"})
+    await watch.on_message(message("v1.mdc.a", 2, 0, b"A"))
+    # One value and one unseen key: two later messages at most.
+    await watch.on_message(message("v1.mdc.a", 3, 5, b"A2"))
+    assert not watch.snapshot_done.is_set()
+    await watch.on_message(message("v1.mdc.b", 4, 5, b"B"))
+    assert watch.snapshot_done.is_set()
+    assert {e.key: e.value for e in watch.snapshot_entries} == {
+        "v1.mdc.a": b"A2",
+        "v1.mdc.b": b"B",
+    }
 
 
 async def test_live_messages_become_puts_and_removals_in_order() -> None:
@@ -237,3 +278,17 @@ async def test_a_stream_shorter_than_what_was_delivered_or_newly_created_is_a_ch
     await watch.on_message(message("v1.mdc.a", 40, 0, b"A"))
     assert await _racing_source(watch, "T1", last_seq=3)._stream_changed(watch)
     assert await _racing_source(watch, "T2", last_seq=50)._stream_changed(watch)
+
+
+async def test_a_listing_that_only_waits_for_keys_gone_without_a_trace_ends_when_quiet() -> None:
+    async def never(_callbacks: object) -> Any:
+        raise AssertionError("not connected in this test")
+
+    source = JetStreamDiscoverySource(connector=never, bucket="disc")
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=1, expected_keys={"v1.mdc.a", "v1.mdc.x"})
+    await watch.on_message(message("v1.mdc.a", 1, 0, b"A"))
+    assert watch.listing_stalled()
+    # x never comes and nothing else is delivered: the source ends the listing without it.
+    await asyncio.wait_for(source._initial_values(watch), 5)
+    assert watch.snapshot_done.is_set()
+    assert [e.key for e in watch.snapshot_entries] == ["v1.mdc.a"]
