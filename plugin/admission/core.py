@@ -127,6 +127,7 @@ from workerset_admission.admission.inputs import (
     CommitFailed,
     Input,
     Snapshot,
+    TenureRecorded,
     Tick,
     WorkerAdded,
     WorkerRemoved,
@@ -225,13 +226,14 @@ class _Hold:
     )
 
     def __init__(
-        self, since: float, until: float, members: dict[int, Registration], last_known_until: float
+        self, since: float, until: float, members: dict[int, str], last_known_until: float
     ) -> None:
         self.held = True
         # The clock value of the reconnect the hold counts from, and its deadline.
         self.since = since
         self.until = until
-        # The members the incumbent had when the hold began: only one of these ends it.
+        # The members the incumbent had when the hold began (instance id to key): only one of
+        # these ends it.
         self.members = members
         # Those of them not back yet, still admitted on their last known records.
         self.last_known = dict(members)
@@ -293,7 +295,7 @@ class _Group:
         self.hold: _Hold | None = None
         # The clock value of the last reconnect whose removals took incumbent members away,
         # and those members: a hold that reconnect causes serves them on last known good.
-        self.outage_gone: tuple[float, dict[int, Registration]] | None = None
+        self.outage_gone: tuple[float, dict[int, str]] | None = None
 
     def served_ids(self, cohort: _Cohort) -> Iterable[int]:
         """Return the incumbent's admitted ids: its members, and any on last known good."""
@@ -342,6 +344,8 @@ class AdmissionCore:
         self._dirty: list[_Group] = []
         self._lora_dirty: list[_Group] = []
         self._out: list[fx.Effect] = []
+        # Recorded tenures not held, taken up when their group's tenure starts.
+        self._recorded: dict[tuple[str, str], TenureRecorded] = {}
 
     # ------------------------------------------------------------------ entry points
 
@@ -391,6 +395,8 @@ class AdmissionCore:
             self._on_commit_failed(event)
         elif type(event) is Tick:
             self._on_tick(event)
+        elif type(event) is TenureRecorded:
+            self._on_tenure_recorded(event)
         else:
             raise UsageError(f"not an admission input: {type(event).__name__}")
 
@@ -504,10 +510,15 @@ class AdmissionCore:
         # Changes were not logged while the cohort was not the incumbent.
         cohort.rebase(cohort.members)
         representative = _representative(cohort)
-        self._last_receiver += 1
+        recorded = self._recorded.pop((group.key.model, group.key.worker_set), None)
+        if recorded is not None and recorded.mdc_checksum == cohort.checksum:
+            receiver, generation = self._take_recorded_numbers(recorded)
+        else:
+            self._last_receiver += 1
+            receiver, generation = self._last_receiver, self._next_generation()
         group.checksum = cohort.checksum
-        group.receiver = receiver = self._last_receiver
-        group.generation = generation = self._next_generation()
+        group.receiver = receiver
+        group.generation = generation
         group.representative = representative.key
         group.card = representative.card
         group.lora = ()
@@ -516,6 +527,67 @@ class AdmissionCore:
         self._queue.append((group, generation))
         self._mark_dirty(group)
         self._mark_lora(group)
+
+    def _on_tenure_recorded(self, event: TenureRecorded) -> None:
+        """Take up a tenure a recording began with (see ``TenureRecorded``)."""
+        gk = event.group
+        key = (gk.model, gk.worker_set)
+        if key in self._groups:
+            raise UsageError(f"a recorded tenure of {gk.id} comes after that group's inputs")
+        if event.held_until is None:
+            self._recorded[key] = event
+            return
+        # Held when the recording began: the incumbent cohort is empty and in front.
+        group = self._groups[key] = _Group(gk)
+        group.seq = 1
+        checksum = event.mdc_checksum
+        group.cohorts[checksum] = cohort = _Cohort(checksum, group.seq)
+        group.checksum = checksum
+        group.receiver, group.generation = receiver, generation = self._take_recorded_numbers(event)
+        self._out.append(fx.OpenReceiver(gk, receiver, checksum, generation))
+        self._transition(group, StatusEvent.RESERVE)
+        if event.committed_generation == generation:
+            # Its build was committed: the tenure goes on from there, as live.
+            self._transition(group, StatusEvent.START_BUILD)
+            self._transition(group, StatusEvent.BUILD_OK)
+            group.committed_generation = generation
+        else:
+            # A hold builds nothing; the rejoin that brings a member back queues the build.
+            self._queue.append((group, generation))
+        endpoint = gk.endpoint
+        members = {iid: instance_key(endpoint, iid) for iid in event.hold_members}
+        last_known = {iid: instance_key(endpoint, iid) for iid in event.last_known}
+        last_known_until = event.last_known_until
+        if last_known_until is None or not last_known:
+            last_known, last_known_until = {}, event.held_until
+        # The reconnect it counts from is before the recording: its length counts from here.
+        hold = group.hold = _Hold(self._now, event.held_until, members, last_known_until)
+        hold.last_known = last_known
+        self._timer_seq += 1
+        heapq.heappush(self._holds, (event.held_until, self._timer_seq, group))
+        if last_known:
+            for iid in last_known:
+                cohort.log.append(iid)
+            heapq.heappush(self._last_known_ends, (last_known_until, self._timer_seq, group))
+        self._out.append(
+            fx.TenureHeld(
+                gk,
+                checksum,
+                receiver,
+                generation,
+                event.held_until,
+                tuple(sorted(last_known.values())),
+                last_known_until if last_known else None,
+            )
+        )
+        self._mark_dirty(group)
+        self._mark_lora(group)
+
+    def _take_recorded_numbers(self, recorded: TenureRecorded) -> tuple[int, int]:
+        """Use a recorded receiver and generation; later ones are numbered after them."""
+        self._last_receiver = max(self._last_receiver, recorded.receiver)
+        self._last_generation = max(self._last_generation, recorded.generation)
+        return recorded.receiver, recorded.generation
 
     def _end_tenure(self, group: _Group) -> None:
         checksum = group.checksum
@@ -603,7 +675,7 @@ class AdmissionCore:
         gone = group.outage_gone
         if gone is None or gone[0] != outage:
             gone = group.outage_gone = (outage, {})
-        gone[1][reg.instance_id] = reg
+        gone[1][reg.instance_id] = reg.key
 
     def _hold(self, group: _Group, outage: float) -> None:
         """Keep an emptied incumbent reserved, serving its last known members for a while.
@@ -641,7 +713,7 @@ class AdmissionCore:
                 group.receiver,
                 group.generation,
                 until,
-                tuple(sorted(r.key for r in hold.last_known.values())),
+                tuple(sorted(hold.last_known.values())),
                 last_known_until if hold.last_known else None,
             )
         )
@@ -654,7 +726,7 @@ class AdmissionCore:
         iid = reg.instance_id
         self._regs[key] = reg
         prior = hold.members.get(iid)
-        returning = prior is not None and prior.key == key
+        returning = prior == key
         if hold.held and not returning:
             # A new instance does not end the hold: tracked, not admitted (see _expire_holds).
             if not hold.arrivals:
@@ -774,8 +846,9 @@ class AdmissionCore:
             cohort = group.cohorts[checksum]
             assert group.representative is not None
             hold = group.hold
-            last_known = () if hold is None else hold.last_known.values()
-            members = {r.key for r in (*cohort.members.values(), *last_known)}
+            members = {r.key for r in cohort.members.values()}
+            if hold is not None:
+                members.update(hold.last_known.values())
             self._out.append(
                 fx.CommitGroup(
                     group=group.key,

@@ -19,6 +19,7 @@ __all__ = [
     "CommitFailed",
     "Input",
     "Snapshot",
+    "TenureRecorded",
     "Tick",
     "WorkerAdded",
     "WorkerRemoved",
@@ -94,10 +95,40 @@ class CommitFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class TenureRecorded:
+    """A tenure a live frontend held when a recording of it began; only a replay sends it.
+
+    It comes before anything else of its group, ahead of the recording's first listing, and
+    carries what that frontend's status said: the incumbent checksum with its receiver and
+    build generation, the generation of its committed build if there was one, and, when the
+    recording began during a hold, the hold's deadline, the instance ids of the members the
+    hold began with (only one of them ends it), and those served on last known good and until
+    when. Times are on the core's clock.
+
+    A tenure that was not held is taken up when the recorded checksum's first registration
+    starts the group's tenure, with the recorded receiver and generation instead of new ones.
+    A held one is in place at once: the empty incumbent cohort in front, held as the live
+    frontend held it, so the listing that follows, which lacks its members, changes nothing.
+    """
+
+    group: GroupKey
+    mdc_checksum: str
+    receiver: int
+    generation: int
+    committed_generation: int | None = None
+    held_until: float | None = None
+    hold_members: tuple[int, ...] = ()
+    last_known: tuple[int, ...] = ()
+    last_known_until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """The injected clock moved to ``now`` (seconds, any monotonic origin)."""
 
     now: float
 
 
-Input = WorkerAdded | WorkerRemoved | Snapshot | BuildFinished | CommitFailed | Tick
+Input = (
+    WorkerAdded | WorkerRemoved | Snapshot | BuildFinished | CommitFailed | Tick | TenureRecorded
+)

@@ -49,6 +49,7 @@ def group_view(group: _Group) -> GroupView:
         deadline=group.deadline,
         lora=group.lora or (),
         held_until=hold.until if hold is not None and hold.held else None,
+        hold_members=tuple(sorted(hold.members)) if hold is not None and hold.held else (),
         last_known=() if hold is None else tuple(sorted(hold.last_known)),
         last_known_until=hold.last_known_until if hold is not None and hold.last_known else None,
         arrivals=() if hold is None else tuple(sorted(hold.arrivals)),

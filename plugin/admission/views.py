@@ -50,8 +50,10 @@ class GroupView:
     attempt: int
     deadline: float | None
     lora: tuple[LoraWorker, ...]
-    # Set while the tenure is held after an outage: the clock value at which it ends.
+    # Set while the tenure is held after an outage: the clock value at which it ends, and the
+    # instance ids the incumbent had when the hold began (only one of these ends it).
     held_until: float | None = None
+    hold_members: tuple[int, ...] = ()
     # Members the incumbent had when a hold began, not back yet and admitted on their last
     # known records until the clock reaches ``last_known_until`` (one registration TTL).
     last_known: tuple[int, ...] = ()

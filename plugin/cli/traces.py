@@ -216,8 +216,10 @@ async def record_trace(
     stop = stop or asyncio.Event()
     listing_deadline = time.monotonic() + LISTING_TIMEOUT
     deadline = None
-    writer = TraceWriter(out, observer="bucket")
-    writer.begin(time.monotonic(), None if state is None else state.to_line())
+    started = time.time()
+    writer = TraceWriter(out, observer="bucket", wall=lambda: started)
+    # The state's times are Unix times: the line counts them from the trace's start.
+    writer.begin(time.monotonic(), None if state is None else state.to_line(started))
     events = source.events()
     try:
         while not stop.is_set():

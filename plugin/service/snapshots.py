@@ -53,8 +53,10 @@ class GroupSnapshot:
     admitted: tuple[int, ...]
     routable: tuple[int, ...]
     cohorts: tuple[CohortSnapshot, ...]
-    # When a tenure held after an outage ends (Unix time); None when it is not held.
+    # When a tenure held after an outage ends (Unix time), None when it is not held; and the
+    # instance ids it was held for (one of them coming back ends it).
     held_until: float | None = None
+    hold_members: tuple[int, ...] = ()
     # Admitted ids served on their last known records during a hold, and until when (Unix
     # time); routable though their instance records may be missing.
     last_known: tuple[int, ...] = ()
@@ -84,6 +86,7 @@ class GroupSnapshot:
                 "rejected": [c.mdc_checksum for c in self.rejected],
                 "held": self.held_until is not None,
                 "held_until": self.held_until,
+                "hold_members": ids(self.hold_members),
                 "last_known": ids(self.last_known),
                 "last_known_until": self.last_known_until,
             }
@@ -215,6 +218,7 @@ def group_snapshot(
 
     return GroupSnapshot(
         held_until=unix(view.held_until),
+        hold_members=view.hold_members,
         last_known=view.last_known,
         last_known_until=unix(view.last_known_until),
         group=view.key,

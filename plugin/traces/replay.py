@@ -47,6 +47,7 @@ from workerset_admission.admission import (
     MutationRefused,
     RejectionReported,
     StartBuild,
+    Tick,
     WorkerRemoved,
 )
 from workerset_admission.admission.ordering import GroupId
@@ -251,7 +252,10 @@ class _Replayer(StepObserver):
             if self.version >= 2:
                 self._advance(float(event["t"]))
             if kind == "state":
-                self.recorded = DecisionState.from_line(event).cohorts
+                state = DecisionState.from_line(event)
+                self.recorded = state.cohorts
+                # The recorded tenures, on the trace's clock (a version 1 line names none).
+                self.step.apply([Tick(self.now), *state.inputs()])
             elif kind == "tick":
                 if self.version < 2:
                     self.now += float(event["seconds"])
