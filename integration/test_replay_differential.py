@@ -36,11 +36,16 @@ from support.fleet import (
     settings_for,
     until,
 )
+from workerset_admission.adapters.nats.frontend_state import decision_state_of
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.admission import CoreSettings, Effect, RejectionReported
+from workerset_admission.cli.connection import client_options
 from workerset_admission.cli.traces import record_trace
+from workerset_admission.errors import Unreachable
 from workerset_admission.service.shell import AdmissionService
+from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import replay
+from workerset_admission.traces.state_line import DecisionState
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -378,3 +383,85 @@ async def test_record_from_the_bucket_through_an_outage_holds_and_lands_on_the_l
     assert began["last_known_until"] <= began["held_until"]
     [group] = prefixes[-1]["groups"]
     assert (group["incumbent"], group["admitted"]) == (live.incumbent, list(live.admitted))
+
+
+async def _state_of(settings: Settings, timeout: float = 10.0) -> DecisionState:
+    """The frontend's decision state, once its status responder is back after the outage."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        options = client_options(settings, "record")
+        try:
+            return await decision_state_of(options, settings.status_subject, settings.frontend_id)
+        except Unreachable:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def test_a_bucket_recording_begun_during_a_hold_replays_as_held_and_lands_as_live(
+    nats_server_fn: NatsServer,
+) -> None:
+    handle = nats_server_fn.handle
+    assert handle is not None
+    ttl, hold = 1.0, 4.0
+    recording = io.StringIO()
+    stop = asyncio.Event()
+    settings = settings_for(nats_server_fn.url, registration_ttl=ttl, tenure_hold=hold)
+    async with (
+        admin(nats_server_fn.url) as nc_a,
+        admin(nats_server_fn.url) as nc_b,
+        running(nats_server_fn.url, registration_ttl=ttl, tenure_hold=hold) as (service, _dog),
+    ):
+        a = DiscoveryPublisher(nc_a.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl)
+        b = DiscoveryPublisher(
+            nc_b.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl, on_removed="reregister"
+        )
+        await a.register(EP, 1, OLD)
+        await until(lambda: admitted(service) == (1,), what="A admitted")
+        await b.register(EP, 2, NEW)
+        await until(lambda: len(service.snapshot().groups[0].cohorts) == 2, what="B seen")
+        await a.stop_heartbeat()  # A dies with an outage longer than its TTL
+        await asyncio.to_thread(handle.restart, kill=True, downtime=2.5 * ttl)
+        await until(
+            lambda: service.snapshot().groups[0].held_until is not None, 30, what="the hold"
+        )
+        held = service.snapshot().groups[0]
+        # The recording begins now, mid-hold: the bucket lists B alone, and only the live
+        # frontend's state says A holds the WorkerSet.
+        state = await _state_of(settings)
+        recorder = asyncio.create_task(record_trace(settings, recording, stop=stop, state=state))
+        await until(lambda: admitted(service) == (2,), 30, what="the succession to B")
+        await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.wait_for(recorder, 15)
+        live = service.snapshot().groups[0]
+        await b.close()
+        await a.close(withdraw=False)
+    text = recording.getvalue().splitlines()
+    lines = [json.loads(line) for line in text]
+    assert [line["kind"] for line in lines[:3]] == ["trace", "state", "snapshot"]
+    assert all(entry["key"].endswith(".2") for entry in lines[2]["entries"]), "B alone listed"
+    core = CoreSettings(tenure_hold=hold, registration_ttl=ttl)
+    listed = replay(text[:3], core_settings=core).to_json()["groups"][0]
+    # As live when the recording began: A holds the WorkerSet, on its receiver and generation.
+    assert (listed["incumbent"], listed["receiver"], listed["generation"]) == (
+        held.incumbent,
+        held.receiver,
+        held.generation,
+    )
+    assert held.held_until is not None
+    assert listed["held_until"] == pytest.approx(held.held_until - lines[0]["wall_time"], abs=0.2)
+    assert [c["checksum"] for c in listed["cohorts"]] == [c.mdc_checksum for c in held.cohorts]
+    # ... and as live at the end: the succession to B when the hold ran out.
+    [group] = replay(text, core_settings=core).to_json()["groups"]
+    assert (group["incumbent"], group["receiver"], group["generation"], group["admitted"]) == (
+        live.incumbent,
+        live.receiver,
+        live.generation,
+        list(live.admitted),
+    )
+    assert "held_until" not in group
+    # Without the state line, the listing alone gives B the WorkerSet at once.
+    [alone] = replay([text[0], *text[2:3]], core_settings=core).to_json()["groups"]
+    assert alone["incumbent"] == live.incumbent
+    assert "held_until" not in alone
