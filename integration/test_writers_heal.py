@@ -147,6 +147,24 @@ def _assert_healed_by(fault: str, stats: Mapping[str, Any]) -> None:
         assert stats["heals"] >= 1, stats
 
 
+async def _bridge_heals(fault: str, server: NatsServer, bucket: str, *source: str) -> None:
+    """Run ``bridge`` on a store holding ``RECORDS``; check it heals ``fault`` by itself."""
+    process = await _spawn(
+        "bridge",
+        *source,
+        *("--heal-interval", RECONCILE),
+        *("--nats-server", server.url, "--discovery-bucket", bucket),
+    )
+    try:
+        seconds = await _heals(fault, server, bucket, process, {_bucket_key(p) for p in RECORDS})
+    finally:
+        returncode, stdout, stderr = await _finish(process)
+    assert returncode == 0, stderr.decode()
+    _assert_healed_by(fault, _stats(stdout))
+    if fault != "key deleted":
+        assert seconds < float(RECONCILE), "the lost bucket was only found by the periodic read"
+
+
 @pytest.fixture
 def server(nats_server_fn: NatsServer) -> NatsServer:
     return nats_server_fn
@@ -170,21 +188,7 @@ def file_store(tmp_path: Path) -> Path:
 async def test_the_file_bridge_fills_the_bucket_again_after_losing_it(
     fault: str, server: NatsServer, bucket_name: str, file_store: Path
 ) -> None:
-    process = await _spawn(
-        "bridge",
-        *("--file-kv", str(file_store), "--ttl", "3600", "--heal-interval", RECONCILE),
-        *("--nats-server", server.url, "--discovery-bucket", bucket_name),
-    )
-    try:
-        seconds = await _heals(
-            fault, server, bucket_name, process, {_bucket_key(p) for p in RECORDS}
-        )
-    finally:
-        returncode, stdout, stderr = await _finish(process)
-    assert returncode == 0, stderr.decode()
-    _assert_healed_by(fault, _stats(stdout))
-    if fault != "key deleted":
-        assert seconds < float(RECONCILE), "the lost bucket was only found by the periodic read"
+    await _bridge_heals(fault, server, bucket_name, "--file-kv", str(file_store), "--ttl", "3600")
 
 
 @pytest.fixture
@@ -209,21 +213,7 @@ async def test_the_etcd_bridge_fills_the_bucket_again_after_losing_it(
     etcd_server: EtcdServer,
     etcd_records: None,
 ) -> None:
-    process = await _spawn(
-        "bridge",
-        *("--etcd", etcd_server.url, "--heal-interval", RECONCILE),
-        *("--nats-server", server.url, "--discovery-bucket", bucket_name),
-    )
-    try:
-        seconds = await _heals(
-            fault, server, bucket_name, process, {_bucket_key(p) for p in RECORDS}
-        )
-    finally:
-        returncode, stdout, stderr = await _finish(process)
-    assert returncode == 0, stderr.decode()
-    _assert_healed_by(fault, _stats(stdout))
-    if fault != "key deleted":
-        assert seconds < float(RECONCILE), "the lost bucket was only found by the periodic read"
+    await _bridge_heals(fault, server, bucket_name, "--etcd", etcd_server.url)
 
 
 @pytest.mark.parametrize("fault", FAULTS)

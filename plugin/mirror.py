@@ -13,7 +13,8 @@ Two checks turn the guess back into the truth:
   discovery prefixes, its value and whether this writer stamped it.
   :func:`reconciled_mirror` turns that reading into the bridge's new memory, and the bridge's
   ordinary diff then writes what is missing or different and deletes what it owns and no longer
-  wants.
+  wants. :func:`healed_mirror` does the same and also names the keys the bucket lost, which
+  a bridge counts and reports.
 
 These are pure functions; the bridges in ``adapters/dynamo`` and ``adapters/etcd`` and the
 writer in ``adapters/nats`` supply the I/O.
@@ -28,8 +29,10 @@ from typing import Protocol
 __all__ = [
     "BucketMark",
     "BucketWriter",
+    "HealedMirror",
     "HeldRecord",
     "heal_reason",
+    "healed_mirror",
     "reconciled_mirror",
 ]
 
@@ -58,6 +61,18 @@ class BucketMark:
     last_seq: int
     written_seq: int = 0
     connections: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class HealedMirror:
+    """A reading of the bucket turned into the writer's new memory, and the keys it lost.
+
+    ``lost`` holds, sorted, every key the writer remembered and still wants that the reading
+    did not show: the new ``memory`` leaves it out, so the writer's ordinary diff puts it again.
+    """
+
+    memory: dict[str, bytes | None]
+    lost: tuple[str, ...]
 
 
 class BucketWriter(Protocol):
@@ -129,3 +144,16 @@ def reconciled_mirror(
         if key not in desired and key not in memory:
             memory[key] = value
     return memory
+
+
+def healed_mirror(
+    desired: Mapping[str, bytes],
+    mirrored: Mapping[str, bytes | None],
+    held: Mapping[str, HeldRecord],
+    *,
+    prune: bool,
+) -> HealedMirror:
+    """Return :func:`reconciled_mirror`'s memory with the keys it dropped that are still wanted."""
+    memory = reconciled_mirror(desired, mirrored, held, prune=prune)
+    lost = tuple(sorted(key for key in mirrored if key in desired and key not in memory))
+    return HealedMirror(memory, lost)

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from workerset_admission.mirror import BucketMark, HeldRecord, heal_reason, reconciled_mirror
+from workerset_admission.mirror import (
+    BucketMark,
+    HeldRecord,
+    heal_reason,
+    healed_mirror,
+    reconciled_mirror,
+)
 
 BASE = BucketMark(existed=True, created="t0", last_seq=10, connections=1)
 
@@ -92,3 +98,26 @@ def test_a_delete_still_owed_is_kept_even_when_the_reading_does_not_show_the_key
     memory = reconciled_mirror({"kept": b"2"}, mirrored, {}, prune=True)
 
     assert memory == {"gone from the store": b"1"}
+
+
+def test_healing_names_in_order_the_wanted_keys_the_bucket_lost() -> None:
+    desired = {"b": b"2", "a": b"1", "kept": b"3"}
+    mirrored: dict[str, bytes | None] = {"b": b"2", "a": b"1", "kept": b"3"}
+    held = {"kept": HeldRecord(b"3", owned=True)}
+
+    healed = healed_mirror(desired, mirrored, held, prune=True)
+
+    assert healed.memory == {"kept": b"3"}
+    assert healed.lost == ("a", "b")
+
+
+def test_a_key_holding_another_value_or_no_longer_wanted_is_not_counted_as_lost() -> None:
+    desired = {"changed": b"1", "new": b"2"}
+    mirrored: dict[str, bytes | None] = {"changed": b"1", "owed delete": b"x"}
+    held = {"changed": HeldRecord(b"other", owned=False)}
+
+    healed = healed_mirror(desired, mirrored, held, prune=True)
+
+    # "new" was never written and "owed delete" is no longer wanted: neither was lost.
+    assert healed.memory == {"changed": b"other", "owed delete": b"x"}
+    assert healed.lost == ()

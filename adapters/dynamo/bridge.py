@@ -46,7 +46,7 @@ from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import event_kv_key
 from workerset_admission.discovery_paths import bucket_key_for_parts
 from workerset_admission.errors import ConfigError
-from workerset_admission.mirror import BucketMark, BucketWriter, heal_reason, reconciled_mirror
+from workerset_admission.mirror import BucketMark, BucketWriter, heal_reason, healed_mirror
 
 __all__ = [
     "BridgeStats",
@@ -311,16 +311,15 @@ class DiscoveryBridge:
         self._heal_pending = False
         self.stats.reconciles += 1
         live, _written, _stale = live_records(scan, now=now, ttl=self._ttl, key_of=self._key_of)
-        memory = reconciled_mirror(live, self._mirrored, held, prune=self._prune)
-        lost = sorted(key for key in self._mirrored if key in live and key not in memory)
-        if lost:
-            self.stats.restored += len(lost)
+        healed = healed_mirror(live, self._mirrored, held, prune=self._prune)
+        if healed.lost:
+            self.stats.restored += len(healed.lost)
             _log.warning(
                 "discovery bridge writes again %d record(s) the bucket lost, e.g. %s",
-                len(lost),
-                lost[0],
+                len(healed.lost),
+                healed.lost[0],
             )
-        self._mirrored = memory
+        self._mirrored = healed.memory
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sync on every store change and every ``interval`` seconds until ``stop`` is set."""

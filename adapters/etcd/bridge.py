@@ -45,7 +45,7 @@ from typing import Protocol
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.discovery_paths import RECORD_KINDS, bucket_key_for_path
 from workerset_admission.errors import InvalidRecordError, StoreCompacted, StoreUnavailable
-from workerset_admission.mirror import BucketMark, BucketWriter, heal_reason, reconciled_mirror
+from workerset_admission.mirror import BucketMark, BucketWriter, heal_reason, healed_mirror
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
@@ -346,16 +346,15 @@ class EtcdDiscoveryBridge:
                 return
             self.stats.reconciles += 1
             self._heal_pending = False
-            memory = reconciled_mirror(self._desired, self._mirrored, held, prune=self._prune)
-            lost = sorted(k for k in self._mirrored if k in self._desired and k not in memory)
-            if lost:
-                self.stats.restored += len(lost)
+            healed = healed_mirror(self._desired, self._mirrored, held, prune=self._prune)
+            if healed.lost:
+                self.stats.restored += len(healed.lost)
                 _log.warning(
                     "discovery bridge writes again %d record(s) the bucket lost, e.g. %s",
-                    len(lost),
-                    lost[0],
+                    len(healed.lost),
+                    healed.lost[0],
                 )
-            self._mirrored = memory
+            self._mirrored = healed.memory
             order = sorted(self._desired, key=lambda k: (self._created.get(k, 0), k))
             for key in order + sorted(set(self._mirrored) - set(self._desired)):
                 await self._write_key(key)

@@ -10,6 +10,7 @@ from workerset_admission.card import (
     endpoint_kv_key,
     model_kv_key,
 )
+from workerset_admission.cli.demo import demo_card
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
 
@@ -28,23 +29,8 @@ EP = EndpointId("dgd-v1", "backend", "generate")
 
 
 def base_card(block_size: int = 16, **changes: Any) -> dict[str, Any]:
-    """Return a small aggregated chat card; the block size tells configurations apart."""
-    card: dict[str, Any] = {
-        "display_name": "Qwen/Qwen3-0.6B",
-        "slug": "qwen_qwen3-0_6b",
-        "source_path": "Qwen/Qwen3-0.6B",
-        "model_info": None,
-        "tokenizer": None,
-        "context_length": 4096,
-        "kv_cache_block_size": block_size,
-        "migration_limit": 0,
-        "model_type": "Chat | Completions",
-        "model_input": "Tokens",
-        "worker_type": "aggregated",
-        "needs": [],
-    }
-    card.update(changes)
-    return card
+    """Return the demo's small aggregated chat card with ``changes`` applied."""
+    return demo_card(block_size) | changes
 
 
 def lora_card(name: str, capacity: int = 4, block_size: int = 16) -> dict[str, Any]:
