@@ -7,7 +7,8 @@ the trace began at which the frontend observed it::
     {"kind": "trace", "version": 2, "wall_time": <unix seconds at t = 0>,
      "observer": "frontend" | "bucket",
      "settings": {"core": {...}, "boundary": {...}}}                       (frontend only)
-    {"kind": "state", "t": 0.0, "frontend": "<id>", "groups": [...]}        (optional)
+    {"kind": "state", "t": 0.0, "frontend": "<id>", "groups": [...]}        (optional; see
+                                                                             state_line.py)
     {"kind": "snapshot", "t": ..., "reason": "initial" | "reconnect" | "periodic" | "resync",
      "entries": [{"key": ..., "value": "<raw text>"}, ...],
      "keep": [<keys live updates touched while the listing was read>],     (when any)
