@@ -143,6 +143,14 @@ async def test_a_listing_taken_while_heartbeats_rewrite_keys_still_holds_every_k
                 finally:
                     await collector.close()
                 assert sorted(e.key for e in snapshot.entries) == sorted(keys)
+            # The periodic reconciliation's listing too.
+            for _ in range(5):
+                source = source_for(nats_server.url, bucket_name)
+                try:
+                    listed = await source.list_all()
+                finally:
+                    await source.close()
+                assert sorted(e.key for e in listed.entries) == sorted(keys)
         finally:
             stop.set()
         assert await writer > 0

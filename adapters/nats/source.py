@@ -433,7 +433,11 @@ class JetStreamDiscoverySource:
             await self._close_client()
 
     async def _initial_values(self, watch: Watch) -> None:
-        """Wait for the end of the initial values; a raw consumer that falls silent restarts.
+        """Wait for the end of the initial values; a raw consumer that falls silent restarts."""
+        await self._listing(watch, dead=self._request_restart)
+
+    async def _listing(self, watch: Watch, dead: Callable[[str], None] | None = None) -> None:
+        """Wait until ``watch`` has its listing; ``dead`` hears of a consumer gone silent.
 
         A listing that only waits for keys the bucket held at the start ends once the consumer
         has delivered nothing for :data:`LISTING_QUIET` seconds: those keys went without a trace.
@@ -447,8 +451,8 @@ class JetStreamDiscoverySource:
                 _log.debug("%s listing ends without keys that were removed silently", self.bucket)
                 watch.finish_initial()
                 break
-            if watch.looks_dead(time.monotonic(), self._idle_heartbeat):
-                self._request_restart("the consumer sent nothing, not even heartbeats")
+            if dead is not None and watch.looks_dead(time.monotonic(), self._idle_heartbeat):
+                dead("the consumer sent nothing, not even heartbeats")
 
     async def _live(self, watch: Watch) -> AsyncIterator[SourceEvent]:
         queue = watch.queue
@@ -488,7 +492,7 @@ class JetStreamDiscoverySource:
         interrupted: list[str] = []
         try:
             watch, _ = await self._open_watch(nc, 1, None, interrupted.append)
-            await asyncio.wait_for(watch.snapshot_done.wait(), timeout=60.0)
+            await asyncio.wait_for(self._listing(watch), timeout=60.0)
             if interrupted:
                 raise NatsError(f"the listing of {self.bucket} was interrupted: {interrupted[0]}")
             # A listing read while the watch is being re-created after a lost connection says
