@@ -80,6 +80,9 @@ IDLE_HEARTBEAT: Final = 5.0
 # Seconds without a delivery after which a listing stops waiting for keys it was told of.
 LISTING_QUIET: Final = 0.5
 
+# The most keys a stream info answer names (the server's limit on subject details).
+KEYS_AT_START_LIMIT: Final = 100_000
+
 _RETRYABLE = (
     NotFoundError,
     ServiceUnavailableError,
@@ -256,9 +259,15 @@ class JetStreamDiscoverySource:
         js = nc.jetstream(timeout=self._request_timeout)
         jsm = nc.jsm(timeout=self._request_timeout)
         stream = stream_name(self.bucket)
-        # The bucket's keys with the state the consumer starts from (see Watch._ends_listing).
-        info = await js.stream_info(stream, subjects_filter=f"{self._subject_prefix}>")
-        expected = _expected_keys(info, self._subject_prefix, self._key_prefixes)
+        info = await js.stream_info(stream)
+        # The bucket's keys, with the state the consumer starts from (see Watch._ends_listing).
+        # A bucket too large for one answer, or a server that cannot give them, is listed
+        # without them, as a listing always was before.
+        expected = None
+        if 0 < info.state.messages <= KEYS_AT_START_LIMIT:
+            with contextlib.suppress(JetStreamError, NatsError):
+                info = await js.stream_info(stream, subjects_filter=f"{self._subject_prefix}>")
+                expected = _expected_keys(info, self._subject_prefix, self._key_prefixes)
         attempts: list[tuple[list[str], tuple[str, ...] | None]] = [(list(self._filters), None)]
         if len(self._filters) > 1:
             attempts.append(([f"{self._subject_prefix}>"], self._key_prefixes))

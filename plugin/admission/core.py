@@ -56,6 +56,13 @@ lasts. A hold builds nothing: a queued build or a due retry waits, and the rejoi
 once. Live removals and other listings never hold: only an outage can make a present worker
 look gone.
 
+*Recorded tenures.* A replay of a recording that began mid-rollout starts from what the
+recorded frontend decided: ``TenureRecorded``, before anything else of its group. A tenure
+that was not held lends its receiver and generation to the tenure the listing starts for that
+checksum; a held one is put in place at once, exactly as ``_hold`` leaves a live group (the
+empty cohort in front, its members served on last known good, the deadline scheduled), so
+everything after it runs through the same code as live.
+
 *Rejections.* Each non-incumbent cohort is reported once per tenure: when it first appears,
 or, after a succession, against the new incumbent. A cohort that empties and returns is a
 new cohort and is reported again.
