@@ -43,6 +43,7 @@ from workerset_admission.cli.connection import client_options
 from workerset_admission.cli.traces import record_trace
 from workerset_admission.errors import Unreachable
 from workerset_admission.service.shell import AdmissionService
+from workerset_admission.service.snapshots import GroupSnapshot
 from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import replay
 from workerset_admission.traces.state_line import DecisionState
@@ -314,6 +315,37 @@ async def test_a_build_result_that_arrives_after_a_succession_is_fenced_in_the_r
     assert replayed["groups"][0]["status"] == "ready"
 
 
+async def a_serves_and_b_waits(
+    service: AdmissionService, nc_a: Any, nc_b: Any, ttl: float
+) -> tuple[DiscoveryPublisher, DiscoveryPublisher]:
+    """A/1 admitted and B/2 rejected, each on its own connection; B re-registers if removed."""
+    a = DiscoveryPublisher(nc_a.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl)
+    b = DiscoveryPublisher(
+        nc_b.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl, on_removed="reregister"
+    )
+    await a.register(EP, 1, OLD)
+    await until(lambda: admitted(service) == (1,), what="A admitted")
+    await b.register(EP, 2, NEW)
+    await until(lambda: len(service.snapshot().groups[0].cohorts) == 2, what="B seen")
+    return a, b
+
+
+async def stop_recording_and_workers(
+    stop: asyncio.Event,
+    recorder: asyncio.Task[int],
+    service: AdmissionService,
+    a: DiscoveryPublisher,
+    b: DiscoveryPublisher,
+) -> GroupSnapshot:
+    """End the recording, take the live group as it stands, and let the workers go quietly."""
+    stop.set()
+    await asyncio.wait_for(recorder, 15)
+    live = service.snapshot().groups[0]
+    await b.close()
+    await a.close(withdraw=False)
+    return live
+
+
 async def test_record_from_the_bucket_through_an_outage_holds_and_lands_on_the_live_incumbent(
     nats_server_fn: NatsServer, tmp_path: Path
 ) -> None:
@@ -335,25 +367,14 @@ async def test_record_from_the_bucket_through_an_outage_holds_and_lands_on_the_l
         settings = settings_for(nats_server_fn.url, registration_ttl=ttl, tenure_hold=hold)
         recorder = asyncio.create_task(record_trace(settings, recording, stop=stop))
         await until(lambda: recording.getvalue().count("\n") >= 2, what="the recorder's listing")
-        a = DiscoveryPublisher(nc_a.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl)
-        b = DiscoveryPublisher(
-            nc_b.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl, on_removed="reregister"
-        )
-        await a.register(EP, 1, OLD)
-        await until(lambda: admitted(service) == (1,), what="A admitted")
-        await b.register(EP, 2, NEW)
-        await until(lambda: len(service.snapshot().groups[0].cohorts) == 2, what="B seen")
+        a, b = await a_serves_and_b_waits(service, nc_a, nc_b, ttl)
         await a.stop_heartbeat()
         await asyncio.to_thread(handle.restart, kill=True, downtime=1.0)
         await until(lambda: admitted(service) == (2,), 60, what="the succession to B")
         # The recorder is a second watch: its reconnect, and so its hold, may come a little
         # later than the service's. It runs on until that hold has ended as well.
         await asyncio.sleep(hold + 0.5)
-        stop.set()
-        await asyncio.wait_for(recorder, 15)
-        live = service.snapshot().groups[0]
-        await b.close()
-        await a.close(withdraw=False)
+        live = await stop_recording_and_workers(stop, recorder, service, a, b)
     text = recording.getvalue().splitlines()
     lines = [json.loads(line) for line in text]
     assert lines[0]["kind"] == "trace"
@@ -412,14 +433,7 @@ async def test_a_bucket_recording_begun_during_a_hold_replays_as_held_and_lands_
         admin(nats_server_fn.url) as nc_b,
         running(nats_server_fn.url, registration_ttl=ttl, tenure_hold=hold) as (service, _dog),
     ):
-        a = DiscoveryPublisher(nc_a.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl)
-        b = DiscoveryPublisher(
-            nc_b.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl, on_removed="reregister"
-        )
-        await a.register(EP, 1, OLD)
-        await until(lambda: admitted(service) == (1,), what="A admitted")
-        await b.register(EP, 2, NEW)
-        await until(lambda: len(service.snapshot().groups[0].cohorts) == 2, what="B seen")
+        a, b = await a_serves_and_b_waits(service, nc_a, nc_b, ttl)
         await a.stop_heartbeat()  # A dies with an outage longer than its TTL
         await asyncio.to_thread(handle.restart, kill=True, downtime=2.5 * ttl)
         await until(
@@ -432,11 +446,7 @@ async def test_a_bucket_recording_begun_during_a_hold_replays_as_held_and_lands_
         recorder = asyncio.create_task(record_trace(settings, recording, stop=stop, state=state))
         await until(lambda: admitted(service) == (2,), 30, what="the succession to B")
         await asyncio.sleep(0.5)
-        stop.set()
-        await asyncio.wait_for(recorder, 15)
-        live = service.snapshot().groups[0]
-        await b.close()
-        await a.close(withdraw=False)
+        live = await stop_recording_and_workers(stop, recorder, service, a, b)
     text = recording.getvalue().splitlines()
     lines = [json.loads(line) for line in text]
     assert [line["kind"] for line in lines[:3]] == ["trace", "state", "snapshot"]

@@ -35,7 +35,7 @@ from workerset_admission.admission.ordering import GroupId
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import GroupKey, compact_json
 
-__all__ = ["DecisionState", "DecisionStateError", "Tenure"]
+__all__ = ["DecisionState", "DecisionStateError"]
 
 
 class DecisionStateError(UsageError):
@@ -52,40 +52,14 @@ def _group_id(raw: str) -> GroupId:
     return (model, worker_set)
 
 
-@dataclass(frozen=True, slots=True)
-class Tenure:
-    """One group's tenure as a frontend held it; times on the clock the state was read on."""
-
-    incumbent: str
-    receiver: int
-    generation: int
-    committed_generation: int | None = None
-    held_until: float | None = None
-    hold_members: tuple[int, ...] = ()
-    last_known: tuple[int, ...] = ()
-    last_known_until: float | None = None
-
-    def shifted(self, by: float) -> Tenure:
-        """Return the same tenure with its times ``by`` seconds earlier."""
-        return replace(
-            self,
-            held_until=None if self.held_until is None else self.held_until - by,
-            last_known_until=None if self.last_known_until is None else self.last_known_until - by,
-        )
-
-    def to_input(self, group: GroupId) -> TenureRecorded:
-        """Return the core input that takes this tenure up."""
-        return TenureRecorded(
-            GroupKey(*group),
-            self.incumbent,
-            self.receiver,
-            self.generation,
-            self.committed_generation,
-            self.held_until,
-            self.hold_members,
-            self.last_known,
-            self.last_known_until,
-        )
+def _shifted(tenure: TenureRecorded, by: float) -> TenureRecorded:
+    """Return ``tenure`` with its times ``by`` seconds earlier."""
+    held, served = tenure.held_until, tenure.last_known_until
+    return replace(
+        tenure,
+        held_until=None if held is None else held - by,
+        last_known_until=None if served is None else served - by,
+    )
 
 
 def _int(value: object) -> int | None:
@@ -104,7 +78,9 @@ def _ids(value: object) -> tuple[int, ...] | None:
     return tuple(sorted(value))
 
 
-def _tenure(group: Mapping[str, Any], order: tuple[str, ...], where: str) -> Tenure | None:
+def _tenure(
+    key: GroupId, group: Mapping[str, Any], order: tuple[str, ...], where: str
+) -> TenureRecorded | None:
     """Read a group's tenure fields; ``None`` when it names no incumbent (the first form)."""
     incumbent = group.get("incumbent")
     if incumbent is None:
@@ -119,7 +95,7 @@ def _tenure(group: Mapping[str, Any], order: tuple[str, ...], where: str) -> Ten
         raise DecisionStateError(f"{where}: a committed generation is a whole number")
     held_until = group.get("held_until")
     if held_until is None:
-        return Tenure(incumbent, receiver, generation, _int(committed))
+        return TenureRecorded(GroupKey(*key), incumbent, receiver, generation, _int(committed))
     members, last_known = _ids(group.get("hold_members", [])), _ids(group.get("last_known", []))
     last_known_until = group.get("last_known_until")
     if (
@@ -129,7 +105,8 @@ def _tenure(group: Mapping[str, Any], order: tuple[str, ...], where: str) -> Ten
         or (last_known_until is not None and _time(last_known_until) is None)
     ):
         raise DecisionStateError(f"{where}: a hold needs its deadline and instance id lists")
-    return Tenure(
+    return TenureRecorded(
+        GroupKey(*key),
         incumbent,
         receiver,
         generation,
@@ -147,7 +124,7 @@ class DecisionState:
 
     frontend: str
     cohorts: Mapping[GroupId, tuple[str, ...]]
-    tenures: Mapping[GroupId, Tenure]
+    tenures: Mapping[GroupId, TenureRecorded]
 
     @classmethod
     def from_status(cls, frontend: str, status: Mapping[str, Any]) -> DecisionState:
@@ -160,7 +137,7 @@ class DecisionState:
         if not isinstance(groups, list):
             raise DecisionStateError("the status answer lists no groups")
         cohorts: dict[GroupId, tuple[str, ...]] = {}
-        tenures: dict[GroupId, Tenure] = {}
+        tenures: dict[GroupId, TenureRecorded] = {}
         for group in groups:
             # ``group_id``; frontends of earlier releases answer with ``group``.
             group_id = (
@@ -178,7 +155,7 @@ class DecisionState:
             for name in ("hold_members", "last_known"):
                 if not isinstance(fields.get(name), list):
                     fields[name] = []
-            tenure = _tenure(fields, checksums, f"the status of {group_id}")
+            tenure = _tenure(key, fields, checksums, f"the status of {group_id}")
             if tenure is not None:
                 tenures[key] = tenure
         return cls(frontend, cohorts, tenures)
@@ -191,7 +168,7 @@ class DecisionState:
         if not isinstance(frontend, str) or not isinstance(groups, list):
             raise DecisionStateError("a state line needs a frontend and a list of groups")
         cohorts: dict[GroupId, tuple[str, ...]] = {}
-        tenures: dict[GroupId, Tenure] = {}
+        tenures: dict[GroupId, TenureRecorded] = {}
         for group in groups:
             order = group.get("cohorts") if isinstance(group, Mapping) else None
             if (
@@ -203,7 +180,7 @@ class DecisionState:
                 raise DecisionStateError("each state group needs a group id and cohort checksums")
             key = _group_id(group["group"])
             cohorts[key] = tuple(order)
-            tenure = _tenure(group, tuple(order), f"state group {group['group']}")
+            tenure = _tenure(key, group, tuple(order), f"state group {group['group']}")
             if tenure is not None:
                 tenures[key] = tenure
         return cls(frontend, cohorts, tenures)
@@ -219,9 +196,9 @@ class DecisionState:
             line: dict[str, Any] = {"group": compact_json(list(group)), "cohorts": list(order)}
             tenure = self.tenures.get(group)
             if tenure is not None:
-                tenure = tenure.shifted(origin)
+                tenure = _shifted(tenure, origin)
                 line.update(
-                    incumbent=tenure.incumbent,
+                    incumbent=tenure.mdc_checksum,
                     receiver=tenure.receiver,
                     generation=tenure.generation,
                     committed_generation=tenure.committed_generation,
@@ -240,4 +217,4 @@ class DecisionState:
 
     def inputs(self) -> list[TenureRecorded]:
         """Return the core inputs that take this state's tenures up (times as in the state)."""
-        return [tenure.to_input(group) for group, tenure in sorted(self.tenures.items())]
+        return [tenure for _group, tenure in sorted(self.tenures.items())]
