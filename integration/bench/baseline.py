@@ -33,19 +33,28 @@ async def fill_bucket(url: str, bucket: str, items: Iterable[tuple[str, bytes]])
 
 
 async def bare_watchall_seconds(url: str, bucket: str, count: int, timeout: float = 60) -> float:
-    """Seconds from connect until ``watchall()`` has delivered and decoded all ``count`` values."""
+    """Seconds from connect until ``watchall()`` has delivered and decoded all ``count`` values.
+
+    A bucket that holds fewer values never gets there: ``updates`` then times out and raises.
+    """
     start = time.perf_counter()
     nc = await nats.connect(url)
     try:
         kv = await nc.jetstream().key_value(bucket)
         watcher = await kv.watchall()
         seen = 0
-        while (entry := await watcher.updates(timeout=timeout)) is not None:  # type: ignore[no-untyped-call]
+        while seen < count:
+            entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+            if entry is None:
+                # nats-py's end-of-initial-values marker. On a loaded machine it can come first:
+                # when every value has reached the client before nats-py's consumer-info call
+                # returns but none has been handed over yet, it sees nothing pending and nothing
+                # received. The values still follow, and the baseline waits for them.
+                continue
             json.loads(entry.value)
             seen += 1
         elapsed = time.perf_counter() - start
         await watcher.stop()  # type: ignore[no-untyped-call]
     finally:
         await nc.close()
-    assert seen == count, (seen, count)
     return elapsed
