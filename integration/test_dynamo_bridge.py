@@ -140,7 +140,7 @@ async def test_start_prunes_only_the_keys_this_bridge_wrote_that_the_store_no_lo
             await js.publish(f"$KV.{bucket_name}.{key}", b"{}", headers=owner.headers())
         await bucket.put("v1.mdc.ns.backend.generate.unstamped", b"{}")
         await bucket.put("elsewhere.key", b"not ours")
-        writer = JetStreamBucketWriter(bucket, owner=owner, js=js, bucket=bucket_name)
+        writer = JetStreamBucketWriter(bucket, owner=owner, client=client, bucket=bucket_name)
         bridge = DiscoveryBridge(store, writer)
 
         await bridge.sync_once()

@@ -69,7 +69,7 @@ async def bucket_and_writer(
         writer = JetStreamBucketWriter(
             status.kv,
             owner=WriterId("bridge", "etcd-integration-test"),
-            js=client.jetstream(),
+            client=client,
             bucket=bucket_name,
         )
         yield status.kv, writer

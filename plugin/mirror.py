@@ -22,13 +22,14 @@ writer in ``adapters/nats`` supply the I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
     "BucketMark",
     "BucketWriter",
+    "Change",
     "HealedMirror",
     "HeldRecord",
     "heal_reason",
@@ -75,12 +76,24 @@ class HealedMirror:
     lost: tuple[str, ...]
 
 
+# One write of a bridge's pass: a key and its new value, or ``None`` to delete the key.
+Change = tuple[str, bytes | None]
+
+
 class BucketWriter(Protocol):
     """The write side of the discovery bucket, as a bridge needs it."""
 
     async def put(self, key: str, value: bytes) -> None: ...
 
     async def delete(self, key: str) -> None: ...
+
+    async def write(self, changes: Sequence[Change]) -> list[Exception | None]:
+        """Apply ``changes`` in their order; one outcome each (``None``: written).
+
+        The writes of one call may be in flight together, but they reach the bucket in the
+        order given. A failed one does not stop the others: the caller retries it.
+        """
+        ...
 
     async def keys(self) -> list[str]:
         """Every live key under the four discovery prefixes that this writer wrote."""

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -46,7 +46,13 @@ from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import event_kv_key
 from workerset_admission.discovery_paths import bucket_key_for_parts
 from workerset_admission.errors import ConfigError
-from workerset_admission.mirror import BucketMark, BucketWriter, heal_reason, healed_mirror
+from workerset_admission.mirror import (
+    BucketMark,
+    BucketWriter,
+    Change,
+    heal_reason,
+    healed_mirror,
+)
 
 __all__ = [
     "BridgeStats",
@@ -114,6 +120,14 @@ def live_records(
     return live, written, stale
 
 
+_REMOVAL_RANK = {"instances": 0, "mdc": 1, "event_sources": 2, "event_channels": 3}
+
+
+def _removal_order(key: str) -> tuple[int, str]:
+    kind = key.split(".", 2)[1] if key.count(".") >= 2 else ""
+    return _REMOVAL_RANK.get(kind, len(_REMOVAL_RANK)), key
+
+
 def plan_sync(
     mirrored: Mapping[str, bytes | None],
     scan: FileStoreScan,
@@ -124,7 +138,10 @@ def plan_sync(
 ) -> SyncPlan:
     """Diff the bucket as last written (``None`` = value unknown) against one store scan.
 
-    Puts come oldest write first (ties by key); deletes come sorted by key.
+    Puts come oldest write first (ties by key). Deletes come in the order that stops routing
+    to a departed worker soonest: its instance records (what a frontend routes by), then its
+    model cards (its membership; the last one gone lets a successor in), then its event
+    records; by key within each.
     """
     live, written, stale = live_records(scan, now=now, ttl=ttl, key_of=key_of)
     # Oldest write first: two configurations registered within one pass must reach the bucket
@@ -138,7 +155,8 @@ def plan_sync(
     def reason(key: str) -> RemovalReason:
         return "expired" if key in stale else "removed"
 
-    deletes = tuple((key, reason(key)) for key in sorted(mirrored) if key not in live)
+    gone = sorted((key for key in mirrored if key not in live), key=_removal_order)
+    deletes = tuple((key, reason(key)) for key in gone)
     return SyncPlan(puts=puts, deletes=deletes)
 
 
@@ -257,12 +275,15 @@ class DiscoveryBridge:
         if reconcile:
             await self._reconcile(scan, now)
         plan = plan_sync(self._mirrored, scan, now=now, ttl=self._ttl, key_of=self._key_of)
-        for key, value in plan.puts:
-            if await self._write(self._writer.put(key, value), key):
+        changes: list[Change] = [*plan.puts, *((key, None) for key, _ in plan.deletes)]
+        outcomes = await self._writer.write(changes) if changes else []
+        put_outcomes, delete_outcomes = outcomes[: len(plan.puts)], outcomes[len(plan.puts) :]
+        for (key, value), outcome in zip(plan.puts, put_outcomes, strict=True):
+            if self._settle(key, outcome):
                 self._mirrored[key] = value
                 self.stats.puts += 1
-        for key, reason in plan.deletes:
-            if await self._write(self._writer.delete(key), key):
+        for (key, reason), outcome in zip(plan.deletes, delete_outcomes, strict=True):
+            if self._settle(key, outcome):
                 known = self._mirrored.pop(key)
                 if known is None:
                     self.stats.pruned += 1
@@ -350,15 +371,17 @@ class DiscoveryBridge:
         await stop.wait()
         self._wake.set()
 
-    async def _write(self, operation: Awaitable[None], key: str) -> bool:
-        # A failed write leaves the mirror as it was, so the next pass retries the same change.
-        try:
-            await operation
-        except Exception as exc:  # the bucket being unreachable must not stop the bridge
+    def _settle(self, key: str, failure: Exception | None) -> bool:
+        """Account for one write of a pass; a failed one leaves the mirror, so it is retried.
+
+        The bucket being unreachable must not stop the bridge: the failure is counted and
+        logged, and the next pass writes the same change again.
+        """
+        if failure is not None:
             self.stats.write_errors += 1
             # Once per failing key, not once per pass.
             level = logging.DEBUG if key in self._failing else logging.WARNING
-            _log.log(level, "discovery bridge could not write %s: %s", key, exc)
+            _log.log(level, "discovery bridge could not write %s: %s", key, failure)
             self._failing.add(key)
             # The bucket may be gone: the next pass reads its mark first.
             self._check_soon = True

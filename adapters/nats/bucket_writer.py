@@ -5,6 +5,8 @@ Every put carries the writer's identity in a ``Workerset-Writer`` header
 that same stamp, so a bridge's prune never deletes what a worker, a ``register`` process or
 another bridge wrote. nats-py's KV API neither writes nor reads headers: puts go through the
 JetStream publish the KV API is built on, and stamps are read from each key's last message.
+A bridge's pass goes out through :meth:`JetStreamBucketWriter.write`: its changes sent back to
+back, in order, and acknowledged together.
 
 For healing (:mod:`workerset_admission.mirror`) the writer also reads the bucket's mark (its
 stream's creation time and sequences, and the connection count the owner keeps with
@@ -17,11 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
+from collections.abc import Sequence
 
+from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy, StreamInfo
-from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.api import DeliverPolicy, Header, StreamInfo
+from nats.js.errors import (
+    APIError,
+    KeyNotFoundError,
+    NoKeysError,
+    NoStreamResponseError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.kv import (
@@ -31,7 +42,7 @@ from workerset_admission.adapters.nats.kv import (
     subject_prefix,
 )
 from workerset_admission.errors import ConfigError
-from workerset_admission.mirror import BucketMark, HeldRecord
+from workerset_admission.mirror import BucketMark, Change, HeldRecord
 from workerset_admission.ownership import WriterId
 
 __all__ = ["JetStreamBucketWriter"]
@@ -40,14 +51,82 @@ __all__ = ["JetStreamBucketWriter"]
 _DISCOVERY = ("v1.mdc.", "v1.instances.", "v1.event_sources.", "v1.event_channels.")
 # A listing that has not ended by then is reported as a failure and tried again later.
 _CONTENTS_TIMEOUT = 30.0
+# How long a write waits for the server's acknowledgement (nats-py's own default).
+_ACK_TIMEOUT = 5.0
+# The status of a reply that says no stream listens on the subject.
+_NO_RESPONDERS = "503"
+
+
+class _Acks:
+    """Publishes sent back to back, each acknowledged on a reply subscription of our own.
+
+    nats-py's ``publish_async`` does the same, but when the server refuses a message its reply
+    handler raises inside the callback instead of failing that publish (2.9 to 2.16), so a
+    refused write would hang until the timeout. Here a refusal fails its own future at once.
+    A future that is never answered is cancelled by the caller, which also forgets it.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._prefix: str | None = None
+        self._tokens = itertools.count()
+        self._waiting: dict[str, asyncio.Future[int]] = {}
+
+    async def send(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None
+    ) -> asyncio.Future[int]:
+        """Publish now; the future gets the stream sequence, or the server's refusal."""
+        if self._prefix is None:
+            prefix = f"{self._client.new_inbox()}."
+            await self._client.subscribe(f"{prefix}*", cb=self._answer)
+            self._prefix = prefix
+        token = str(next(self._tokens))
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = future
+        future.add_done_callback(lambda _: self._waiting.pop(token, None))
+        reply = self._prefix + token
+        try:
+            await self._client.publish(subject, payload, reply=reply, headers=headers)
+        except BaseException:
+            future.cancel()
+            raise
+        return future
+
+    async def _answer(self, msg: Msg) -> None:
+        assert self._prefix is not None
+        future = self._waiting.get(msg.subject[len(self._prefix) :])
+        if future is None or future.done():
+            return
+        if msg.headers and msg.headers.get(Header.STATUS) == _NO_RESPONDERS:
+            future.set_exception(NoStreamResponseError())
+            return
+        try:
+            answer = json.loads(msg.data)
+        except ValueError:
+            future.set_exception(APIError(description=f"unreadable acknowledgement {msg.data!r}"))
+            return
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if error:
+            future.set_exception(
+                APIError(
+                    code=error.get("code"),
+                    err_code=error.get("err_code"),
+                    description=error.get("description"),
+                )
+            )
+        elif isinstance(answer, dict) and isinstance(answer.get("seq"), int):
+            future.set_result(answer["seq"])
+        else:
+            future.set_exception(APIError(description=f"unexpected acknowledgement {answer!r}"))
 
 
 class JetStreamBucketWriter:
     """:class:`BucketWriter` over a JetStream KV bucket, stamping each put with ``owner``.
 
     Without an owner nothing is stamped and ``keys()`` owns nothing, so a prune deletes nothing.
-    With ``js`` and ``spec`` a bucket found gone is created again with ``spec``'s settings;
-    without them :meth:`mark` raises for a bucket that is gone.
+    With the ``client`` and ``spec`` a bucket found gone is created again with ``spec``'s
+    settings; without them :meth:`mark` raises for a bucket that is gone. Without the client
+    (and the bucket's name) :meth:`write` writes one change after the other.
     """
 
     def __init__(
@@ -55,17 +134,18 @@ class JetStreamBucketWriter:
         kv: KeyValue,
         *,
         owner: WriterId | None = None,
-        js: JetStreamContext | None = None,
+        client: Client | None = None,
         bucket: str | None = None,
         spec: BucketSpec | None = None,
     ) -> None:
-        if owner is not None and (js is None or bucket is None):
+        if owner is not None and (client is None or bucket is None):
             raise ConfigError("stamping records with their writer needs JetStream and the bucket")
-        if spec is not None and (js is None or spec.name != bucket):
+        if spec is not None and (client is None or spec.name != bucket):
             raise ConfigError("creating the bucket again needs JetStream and the same bucket name")
         self._kv = kv
         self._owner = owner
-        self._js = js
+        self._js = client.jetstream() if client is not None else None
+        self._acks = _Acks(client) if client is not None else None
         self._bucket = bucket
         self._spec = spec
         self._connections = 1
@@ -90,6 +170,56 @@ class JetStreamBucketWriter:
             return
         ack = await self._js.publish(f"$KV.{self._bucket}.{key}", b"", headers=delete_headers())
         self._note_written(ack.seq)
+
+    async def write(self, changes: Sequence[Change]) -> list[Exception | None]:
+        """Send every change in order, then wait for all their acknowledgements at once.
+
+        A pass that removes a departed worker deletes its instance, card and event records
+        together; one after the other, each waiting for its acknowledgement, the last of them
+        reached the bucket several round trips after the first. Sent back to back they all
+        arrive within about one, in the same order.
+        """
+        acks, bucket = self._acks, self._bucket
+        if acks is None or bucket is None:
+            return [await self._one(key, value) for key, value in changes]
+        sent: list[asyncio.Future[int] | Exception] = []
+        for key, value in changes:
+            headers: dict[str, str] | None
+            if value is None:
+                payload, headers = b"", delete_headers()
+            else:
+                payload = value
+                headers = self._owner.headers() if self._owner is not None else None
+            try:
+                sent.append(await acks.send(f"$KV.{bucket}.{key}", payload, headers))
+            except Exception as exc:  # not sent (no connection): reported, the rest still go
+                sent.append(exc)
+        pending = [ack for ack in sent if isinstance(ack, asyncio.Future)]
+        if pending:
+            await asyncio.wait(pending, timeout=_ACK_TIMEOUT)
+        return [self._outcome(item) for item in sent]
+
+    def _outcome(self, sent: asyncio.Future[int] | Exception) -> Exception | None:
+        if isinstance(sent, Exception):
+            return sent
+        if not sent.done():
+            sent.cancel()
+            return TimeoutError("no acknowledgement from the bucket's stream")
+        error = sent.exception()
+        if error is not None:
+            return error if isinstance(error, Exception) else RuntimeError(str(error))
+        self._note_written(sent.result())
+        return None
+
+    async def _one(self, key: str, value: bytes | None) -> Exception | None:
+        try:
+            if value is None:
+                await self.delete(key)
+            else:
+                await self.put(key, value)
+        except Exception as exc:  # reported to the caller, which retries it
+            return exc
+        return None
 
     def _note_written(self, seq: int | None) -> None:
         if seq is not None and seq > self._written_seq:

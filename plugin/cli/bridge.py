@@ -150,10 +150,9 @@ async def _bucket_writer(
     try:
         bucket = settings.discovery_bucket
         spec = BucketSpec(name=bucket, replicas=settings.bucket_replicas)
-        js = client.jetstream()
-        status = await ensure_bucket(js, spec)
+        status = await ensure_bucket(client.jetstream(), spec)
         writers.append(
-            JetStreamBucketWriter(status.kv, owner=owner, js=js, bucket=bucket, spec=spec)
+            JetStreamBucketWriter(status.kv, owner=owner, client=client, bucket=bucket, spec=spec)
         )
         yield writers[0], woken
     finally:

@@ -9,8 +9,8 @@ from urllib.parse import quote
 
 import pytest
 from support.fakebucket import FakeBucket
-from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, bucket_key_for
-from workerset_admission.adapters.dynamo.filestore import FileRecord
+from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, bucket_key_for, plan_sync
+from workerset_admission.adapters.dynamo.filestore import FileRecord, FileStoreScan
 from workerset_admission.errors import ConfigError
 from workerset_admission.ownership import WRITER_HEADER, WriterId, bridge_writer, register_writer
 
@@ -154,6 +154,74 @@ async def test_without_pruning_foreign_keys_are_left_alone(store: _Store) -> Non
     await _bridge(store, bucket, prune=False).sync_once()
 
     assert bucket.data["mdc:other/writer/generate/b2"] == b"theirs"
+
+
+def test_a_departed_workers_instance_records_go_first_then_its_card_then_the_rest() -> None:
+    # What a frontend routes by goes first; the card (its membership) next; events last.
+    gone = [
+        "v1.event_channels.ns.backend.generate.kv-events.1f",
+        "v1.mdc.ns.backend.generate.ab12",
+        "v1.event_sources.ns.backend.generate.kv-events.1f",
+        "v1.instances.ns.backend.worker_kv_query_source_1f.ab12",
+        "v1.instances.ns.backend.generate.ab12",
+    ]
+
+    plan = plan_sync(
+        dict.fromkeys(gone, b"x"),
+        FileStoreScan(records=(), skipped=()),
+        now=NOW,
+        ttl=10.0,
+        key_of=bucket_key_for,
+    )
+
+    assert [key for key, _ in plan.deletes] == [
+        "v1.instances.ns.backend.generate.ab12",
+        "v1.instances.ns.backend.worker_kv_query_source_1f.ab12",
+        "v1.mdc.ns.backend.generate.ab12",
+        "v1.event_sources.ns.backend.generate.kv-events.1f",
+        "v1.event_channels.ns.backend.generate.kv-events.1f",
+    ]
+
+
+async def test_one_pass_hands_all_its_changes_to_the_bucket_in_one_write(store: _Store) -> None:
+    # Sent together, a departed worker's records all reach the bucket within one round trip.
+    bucket = FakeBucket()
+    bridge = DiscoveryBridge(store.root, bucket, clock=lambda: NOW)
+    for kind in ("mdc", "instances"):
+        store.write(kind, "ns/backend/generate/a1", b"leaving")
+    await bridge.sync_once()
+
+    store.write("mdc", "ns/backend/generate/b2", b"arriving")
+    for kind in ("mdc", "instances"):
+        store.remove(kind, "ns/backend/generate/a1")
+    await bridge.sync_once()
+
+    assert bucket.batches == [2, 3]
+    # Puts first (a replacement joins before its predecessor leaves), then the deletes,
+    # the instance record (what a frontend routes by) before the card.
+    assert bucket.log[2:] == [
+        ("put", "v1.mdc.ns.backend.generate.b2"),
+        ("delete", "v1.instances.ns.backend.generate.a1"),
+        ("delete", "v1.mdc.ns.backend.generate.a1"),
+    ]
+
+
+async def test_a_failed_write_in_a_pass_leaves_the_others_written_and_is_retried_alone(
+    store: _Store,
+) -> None:
+    bucket = FakeBucket(failing={"mdc:ns/backend/generate/a1"})
+    bridge = _bridge(store, bucket)
+    store.write("mdc", "ns/backend/generate/a1", b"card")
+    store.write("instances", "ns/backend/generate/a1", b"endpoint")
+
+    await bridge.sync_once()
+    assert bucket.data == {"instances:ns/backend/generate/a1": b"endpoint"}
+
+    bucket.failing.clear()
+    await bridge.sync_once()
+    assert bucket.batches == [2, 1]
+    assert bucket.data["mdc:ns/backend/generate/a1"] == b"card"
+    assert bridge.stats.write_errors == 1
 
 
 async def test_a_failed_write_is_retried_on_the_next_pass(store: _Store) -> None:

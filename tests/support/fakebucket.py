@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from workerset_admission.mirror import BucketMark, HeldRecord
 
@@ -12,12 +12,12 @@ __all__ = ["FakeBucket"]
 class FakeBucket:
     """Keys and values in a dict, with the stamps, failures and losses a real bucket has.
 
-        ``owned`` holds the keys this writer stamped (by default every key given at creation:
-        written by an earlier run). Writes fail while ``broken`` is set or for keys in ``failing``;
-    reading the contents fails while ``unreadable`` is set.
-        :meth:`wipe` is a server restarted on an empty store (``recreate=False``: the stream is gone
-        until the next :meth:`mark` creates it again); :meth:`lose` deletes a key behind the
-        writer's back; :meth:`reconnect` is a connection that came back.
+    ``owned`` holds the keys this writer stamped (by default every key given at creation:
+    written by an earlier run). Writes fail while ``broken`` is set or for keys in ``failing``;
+    reading the contents fails while ``unreadable`` is set. :meth:`wipe` is a server restarted
+    on an empty store (``recreate=False``: the stream is gone until the next :meth:`mark`
+    creates it again); :meth:`lose` deletes a key behind the writer's back; :meth:`reconnect`
+    is a connection that came back.
     """
 
     def __init__(
@@ -40,6 +40,8 @@ class FakeBucket:
         self.connections = 1
         self.marks = 0
         self.readings = 0
+        # How many changes each ``write`` call carried, in call order.
+        self.batches: list[int] = []
 
     @property
     def log(self) -> list[tuple[str, str]]:
@@ -65,6 +67,20 @@ class FakeBucket:
         self.owned.discard(key)
         self.last_seq += 1
         self.writes.append((key, None))
+
+    async def write(self, changes: Sequence[tuple[str, bytes | None]]) -> list[Exception | None]:
+        self.batches.append(len(changes))
+        return [await self._one(key, value) for key, value in changes]
+
+    async def _one(self, key: str, value: bytes | None) -> Exception | None:
+        try:
+            if value is None:
+                await self.delete(key)
+            else:
+                await self.put(key, value)
+        except ConnectionError as exc:
+            return exc
+        return None
 
     async def keys(self) -> list[str]:
         return sorted(self.owned & set(self.data))
