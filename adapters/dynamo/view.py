@@ -29,17 +29,21 @@ says which are live and holds their raw records. The view is, per binding:
   with a WARNING once.
 
 Publishing follows the file store's rules and the frontend's own behaviour. A file is written
-as a ``.tmp_`` file (which the file store ignores) and renamed into place. New records are
-added first (event and instance records before the model card that makes the frontend build
-the model); only then are records removed (add before remove), at a succession too: when the
-incumbent's last records and the successor's commit reach one pass, the frontend holds the
-successor's card while the incumbent's goes, as on the workers' own store, where its own
-first-wins admission keeps the rejected cohort out until then. The successor's records appear
-only once admission committed it, after the incumbent's last member left, so no frontend,
-running or started late, sees them while the incumbent serves. Nothing of a departed worker is
-kept for the successor: a SIGTERMed worker stops serving at once, and a request routed to it
-fails (measured: keeping its card and instance record until the successor's commit cost more
-requests than dropping them).
+as a ``.tmp_`` file (which the file store ignores) and renamed into place; event and instance
+records go in before the model card that makes the frontend build the model, and a card goes
+out before its instance records. Within a tenure new records are added before departed ones
+are removed, so a replacement joins before its predecessor leaves and the model never empties.
+A tenure that ended is withdrawn before anything else in the pass: at a succession the
+incumbent's records go, then the successor's appear, so the view never holds two
+configurations of one WorkerSet at once (a frontend started in that moment could take either)
+and nothing routes to the departed cohort while the successor's files are written. The
+frontend then drops the model and builds it on the successor, as it does on the workers' own
+store, where its own first-wins admission kept the successor out until the incumbent left. The
+successor's records appear only once admission committed it, after the incumbent's last
+member left, so no frontend, running or started late, sees them while the incumbent serves.
+Nothing of a departed worker is kept for the successor: a SIGTERMed worker stops serving at
+once, and a request routed to it fails (measured: keeping its card and instance record until
+the successor's commit cost more requests than dropping them).
 
 Files are touched every ``refresh_interval`` seconds, well inside the store's 10 s expiry; when
 the writer stops its files are deleted, and when its process dies the frontend's own file store

@@ -186,11 +186,11 @@ class AdmittedView:
     def sync(self, tenures: Sequence[Tenure], table: RecordTable) -> SyncReport:
         """Make the directory equal to the view the tenures and records call for.
 
-        The new files are written before any old one goes, at a succession too: when the
-        incumbent's last records and the successor's commit reach one pass, the frontend sees
-        the successor's card while the incumbent's is still there, as it does on the workers'
-        own store (its own admission keeps the successor out), and rebuilds on it the moment
-        the incumbent's go, instead of dropping the model first.
+        A tenure that ended is withdrawn first, so the view never holds two configurations of
+        one WorkerSet at once (a frontend starting then could take either), and nothing routes
+        to the departed cohort while the successor's files are written. Then the new files go
+        in, and only then the departed members of tenures that go on: a replacement joins
+        before its predecessor leaves, and the model never empties in between.
         """
         wanted = plan_view(tenures, table)
         for topic in sorted(untied_topics(tenures, table) - self._warned_topics):
@@ -202,6 +202,9 @@ class AdmittedView:
                 topic,
             )
         live = {(t.group, t.generation) for t in tenures}
+        stale = [f for f in self._written if f not in wanted]
+        ended = [f for f in stale if not (self._owners.get(f, frozenset()) & live)]
+        withdrawn = self._remove_all(ended)
         written: list[ViewFile] = []
         for file in _add_order(wanted):
             value, owners = wanted[file]
@@ -210,9 +213,6 @@ class AdmittedView:
                 continue
             if self._publish(file, value):
                 written.append(file)
-        stale = [f for f in self._written if f not in wanted]
-        ended = [f for f in stale if not (self._owners.get(f, frozenset()) & live)]
-        withdrawn = self._remove_all(ended)
         removed = self._remove_all([f for f in stale if f not in set(ended)])
         report = SyncReport(tuple(written), tuple(withdrawn), tuple(removed))
         if report.changed:

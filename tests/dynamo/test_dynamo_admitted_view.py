@@ -206,7 +206,7 @@ def test_a_member_joining_is_added_before_a_member_leaving_is_removed() -> None:
     assert files.ops[5] == ("remove", mdc_file(A1))
 
 
-def test_on_succession_the_successors_records_appear_before_the_old_incumbents_go() -> None:
+def test_on_succession_the_old_incumbents_records_go_before_the_successors_appear() -> None:
     files = FakeFiles()
     view = AdmittedView(files)
     table = table_of(worker_records(A1), worker_records(B, block_size=32))
@@ -215,11 +215,12 @@ def test_on_succession_the_successors_records_appear_before_the_old_incumbents_g
 
     report = view.sync([Tenure(GROUP, 4, frozenset({B}))], table)
 
-    # As on the workers' own store: the frontend holds the successor's records (its own
-    # admission keeps them out) when the incumbent's go, and rebuilds on them at once.
+    # The view never holds both configurations: a frontend starting in between could take
+    # either, and a request routed to the departed cohort while B's files go in would fail.
     kinds = [op for op, _file in files.ops]
-    assert kinds == ["publish"] * 5 + ["remove"] * 5
-    assert files.ops[4] == ("publish", mdc_file(B))
+    assert kinds == ["remove"] * 5 + ["publish"] * 5
+    assert files.ops[0] == ("remove", mdc_file(A1))
+    assert files.ops[-1] == ("publish", mdc_file(B))
     assert set(report.withdrawn) == set(files_of(A1, report.withdrawn))
     assert set(files.content) == set(files_of(B, files.content))
 
@@ -353,8 +354,9 @@ def test_a_previous_writers_files_are_settled_by_the_first_sync_and_not_kept_ali
 
     assert set(files.content) == set(files_of(A2, files.content))
     assert len(files.content) == 5
-    # Content unknown: the wanted files are written again, then the others withdrawn.
-    assert [op for op, _file in files.ops] == ["publish"] * 5 + ["remove"] * 5
+    # No tenure owns the leftovers A1 had: they are withdrawn first. Then A2's are written
+    # again over themselves (their content was unknown), so they never leave the view.
+    assert [op for op, _file in files.ops] == ["remove"] * 5 + ["publish"] * 5
 
 
 def test_a_refused_value_keeps_the_last_valid_record_in_the_view() -> None:
@@ -528,13 +530,13 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         await _until(lambda: mdc_file(A1) in files.content)
         assert set(files.content) == set(files_of(A1, files.content))
 
-        # The incumbent drains: the successor's records appear, then its last ones go.
+        # The incumbent drains: its last records go, then the successor's appear.
         for entry in worker_records(A1):
             source.queue.put_nowait(SourceDelete(entry.key, 3))
         await _until(lambda: mdc_file(B) in files.content and mdc_file(A1) not in files.content)
         removed = files.ops.index(("remove", mdc_file(A1)))
         added = files.ops.index(("publish", mdc_file(B)))
-        assert added < removed
+        assert removed < added
         assert set(files.content) == set(files_of(B, files.content))
 
         # Kept alive while nothing changes (NATS away: no events at all).
