@@ -212,6 +212,9 @@ class SideBySide:
     plugin_nats: Any  # EmbeddedNatsServer or a container: stop/start/restart(wipe=...)
     view: Frontend | None = None
     direct: Frontend | None = None
+    # A second frontend on the workers' own store ("control"), with ``start(control=True)``:
+    # how far two frontends of Dynamo alone differ on the same fault, run to run.
+    control: Frontend | None = None
     loads: dict[str, Load] = field(default_factory=dict)
     incumbent: list[int] = field(default_factory=list)
     block_size: int = 16
@@ -219,8 +222,13 @@ class SideBySide:
     _started: int = 0
     _last_stop: float = 0.0
 
-    def start(self, *frontend_args: str, frontend_env: dict[str, str] | None = None) -> None:
-        """The bridge, the plugin and both frontends; returns once both answer."""
+    def start(
+        self,
+        *frontend_args: str,
+        frontend_env: dict[str, str] | None = None,
+        control: bool = False,
+    ) -> None:
+        """The bridge, the plugin and the frontends; returns once every one answers."""
         self.deployment.start_bridge()
         self.deployment.start_sidecar()
         running = self.deployment
@@ -228,13 +236,19 @@ class SideBySide:
         self.direct = running.start_frontend(
             "frontend-direct", *frontend_args, view=running.store, env=frontend_env
         )
+        if control:
+            self.control = running.start_frontend(
+                "frontend-control", *frontend_args, view=running.store, env=frontend_env
+            )
 
     @property
     def frontends(self) -> dict[str, Frontend]:
         view, direct = self.view, self.direct
         assert view is not None, "call start() first"
         assert direct is not None, "call start() first"
-        return {"direct": direct, "view": view}
+        if self.control is None:
+            return {"direct": direct, "view": view}
+        return {"direct": direct, "view": view, "control": self.control}
 
     def wait_serving(self, workers: Iterable[int], seconds: float = 60.0) -> None:
         """Until both frontends list the model and the view holds exactly ``workers``."""

@@ -104,14 +104,22 @@ def test_a_rolling_update_costs_the_view_no_more_than_dynamo_alone_and_never_ser
 
     # No request reached the new cohort before the last old worker's SIGTERM.
     assert view.to_rejected == 0
-    # Not yet as good as Dynamo alone. The frontend on the view hears of each old worker's
-    # deregistration later than the one on the workers' own store: in that while it may still
-    # route a request to the worker that left (a 503), and at the last flip it may find the
-    # model gone before the successor's records are there (a 404). Measured over seven full
-    # runs: the view lost 0 to 2 requests per rolling update, Dynamo alone 0 to 1, the view
-    # never more than two beyond it. This bound holds that measured gap, so that it cannot
-    # widen unnoticed, until the view's lag at the flip is found and closed.
-    assert view.failed <= direct.failed + 2, (view.errors, direct.errors)
+    flips = outcome.flips
+    view_flip, direct_flip = flips["view"], flips["direct"]
+    assert view_flip is not None, "the view never served the successor"
+    assert direct_flip is not None, "Dynamo alone never served the successor"
+    show(f"[availability]   at the flip: view {view_flip.failed}, direct {direct_flip.failed}")
+    # Each old worker's departure but the last: the view withdraws it a few milliseconds
+    # after the workers' store, and must lose nothing Dynamo alone does not.
+    assert view.failed - view_flip.failed <= direct.failed - direct_flip.failed, (
+        view.errors,
+        direct.errors,
+    )
+    # The last one: every frontend drops the model and builds it again on the successor, and
+    # whether a request falls into that rebuild is chance, for two frontends of Dynamo alone
+    # as much as for the view beside Dynamo (``bench_rollout.py --control``). One request
+    # either way is that chance; more would be the view's own gap.
+    assert view_flip.failed <= direct_flip.failed + 1, (view_flip.errors, direct_flip.errors)
     # And it serves now, on both.
     successor = set(deployment.incumbent)
     for name, frontend in deployment.frontends.items():

@@ -7,6 +7,12 @@ of DESIGN.md. A file that disappears, or whose owner stopped refreshing it for l
 TTL, becomes a delete. The bridge translates and never judges a value: a record the plugin
 would refuse is forwarded and refused there, where the refusal is reported.
 
+A pass sends all its changes to the bucket together, a departed worker's instance records
+first. Removals are the latency that costs requests (a frontend on the admitted view keeps
+routing to a worker until its withdrawal arrives), so a record file inotify reports removed is
+deleted from the bucket at once, before the pass that confirms it
+(:meth:`DiscoveryBridge.withdraw_removed`, the one shortcut, held to the pass by a test).
+
 It mirrors all four discovery buckets: model cards, endpoint instances, and the event-plane
 sources and channels a KV-aware router needs, under the ``v1.mdc.>``, ``v1.instances.>``,
 ``v1.event_sources.>`` and ``v1.event_channels.>`` keys of its bucket. Every record it puts
@@ -29,7 +35,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -44,7 +50,7 @@ from workerset_admission.adapters.dynamo.filestore import (
 from workerset_admission.adapters.dynamo.notify import StoreNotifier, open_notifier
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import event_kv_key
-from workerset_admission.discovery_paths import bucket_key_for_parts
+from workerset_admission.discovery_paths import RecordKind, bucket_key_for_parts
 from workerset_admission.errors import ConfigError
 from workerset_admission.mirror import (
     BucketMark,
@@ -172,6 +178,8 @@ class BridgeStats:
     write_errors: int = 0
     # Passes woken before the interval was up: by inotify, or by a reconnect.
     notified_passes: int = 0
+    # Removals deleted from the bucket as soon as inotify reported them, before any pass.
+    removed_at_once: int = 0
     # Times the bucket was found lost or replaced, and readings of its whole contents.
     heals: int = 0
     reconciles: int = 0
@@ -217,7 +225,13 @@ class DiscoveryBridge:
         self._reconcile_interval = reconcile_interval
         # mtimes are wall-clock, so expiry compares against wall-clock time too.
         self._clock = clock
-        self._scan = scan or FileStoreReader().scan
+        # The reader's memory of the last scan serves the removal shortcut; a scan given from
+        # outside has none, and then every change waits for a pass.
+        self._reader: FileStoreReader | None = None
+        if scan is None:
+            self._reader = FileStoreReader()
+            scan = self._reader.scan
+        self._scan = scan
         self._key_of = key_of or bucket_key_for
         self._mirrored: dict[str, bytes | None] = {}
         self._failing: set[str] = set()
@@ -294,6 +308,45 @@ class DiscoveryBridge:
         self.stats.passes += 1
         return plan
 
+    async def withdraw_removed(self, files: Iterable[tuple[RecordKind, str]]) -> int:
+        """Delete at once the keys of record files seen removed; return how many were deleted.
+
+        This is the bridge's one shortcut. A departed worker's records are what a frontend on
+        the bucket must stop routing to soonest, and a pass first lists and stats the whole
+        store, a millisecond or several on a busy machine. This deletes exactly what that pass
+        would: the key of each record the last scan read whose file is gone now and that the
+        bucket holds from this bridge. The pass that follows stays the source of truth (a file
+        written again in between is put back by it). ``tests/dynamo/test_dynamo_bridge_fast.py``
+        holds the two to the same bucket.
+        """
+        gone = self._keys_removed(files)
+        if not gone:
+            return 0
+        outcomes = await self._writer.write([(key, None) for key in gone])
+        deleted = 0
+        for key, outcome in zip(gone, outcomes, strict=True):
+            if self._settle(key, outcome):
+                self._mirrored.pop(key, None)
+                self.stats.removed += 1
+                deleted += 1
+        self.stats.removed_at_once += deleted
+        return deleted
+
+    def _keys_removed(self, files: Iterable[tuple[RecordKind, str]]) -> list[str]:
+        """List the keys the next pass would delete for ``files``, in the order it would."""
+        reader = self._reader
+        if reader is None or not self._started or self._root_missing:
+            return []
+        gone: set[str] = set()
+        for kind, name in files:
+            record = reader.known(kind, name)
+            if record is None or os.path.lexists(self._root / "v1" / kind / name):
+                continue  # not a record it read, or written again since
+            key = self._key_of(record)
+            if key in self._mirrored:
+                gone.add(key)
+        return sorted(gone, key=_removal_order)
+
     async def _check_bucket(self) -> bool:
         """Read the bucket's mark when due; return whether its contents must be read now."""
         moment = time.monotonic()
@@ -352,6 +405,8 @@ class DiscoveryBridge:
             notified = False
             while not stop.is_set():
                 self._wake.clear()
+                if notifier is not None:
+                    await self.withdraw_removed(notifier.take_removed())
                 await self.sync_once()
                 if notified:
                     self.stats.notified_passes += 1

@@ -163,6 +163,11 @@ class FileStoreReader:
         self._max_size = max_size
         self._seen: dict[tuple[RecordKind, str], tuple[_Signature, FileRecord | SkippedFile]] = {}
 
+    def known(self, kind: RecordKind, name: str) -> FileRecord | None:
+        """Return the record the last scan read from file ``name`` of bucket ``kind``, if any."""
+        seen = self._seen.get((kind, name))
+        return seen[1] if seen is not None and isinstance(seen[1], FileRecord) else None
+
     def scan(self, root: Path) -> FileStoreScan:
         """List every record file under ``root`` (blocking; run it off the event loop)."""
         seen: dict[tuple[RecordKind, str], tuple[_Signature, FileRecord | SkippedFile]] = {}

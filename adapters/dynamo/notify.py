@@ -4,9 +4,11 @@ Dynamo 1.6.1's own file store watches the same directories with inotify, so a fr
 workers' store sees a worker's records vanish at once; a bridge that only polled would lag
 behind it by its interval. This wrapper watches the store root, ``v1`` and the four bucket
 folders for records created, written, renamed in or out, and removed, and sets the
-:class:`asyncio.Event` the bridge waits on. It never says *what* changed: the bridge's scan is
-the one source of truth, and a notification only says when to look. Owners' refreshes (a new
-mtime) are not watched, since they change no record. A folder created later is watched from
+:class:`asyncio.Event` the bridge waits on. A notification mostly says only when to look: the
+bridge's scan is the one source of truth. The one thing it also says is which record files were
+removed (:meth:`StoreNotifier.take_removed`), so the bridge can withdraw a departed worker's
+records without waiting for a scan. Owners' refreshes (a new mtime) are not watched, since they
+change no record. A folder created later is watched from
 then on, and a queue overflow just wakes the bridge. Where inotify cannot be had (another OS,
 or the per-user watch limit reached) :func:`open_notifier` returns ``None`` and the bridge polls.
 
@@ -27,7 +29,7 @@ import struct
 import sys
 from pathlib import Path
 
-from workerset_admission.discovery_paths import RECORD_KINDS
+from workerset_admission.discovery_paths import RECORD_KINDS, RecordKind
 
 __all__ = ["StoreNotifier", "open_notifier"]
 
@@ -90,6 +92,9 @@ class StoreNotifier:
         self._fd = fd
         self._folders = (root, root / "v1", *(root / "v1" / kind for kind in RECORD_KINDS))
         self._watched: set[Path] = set()
+        # Which bucket folder each watch descriptor is, and the record files seen removed.
+        self._kinds: dict[int, RecordKind] = {}
+        self._removed: set[tuple[RecordKind, str]] = set()
         self.changed = changed
         self.events = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,10 +116,20 @@ class StoreNotifier:
             return
         # Adding a watch that exists returns the same descriptor, so re-arming is idempotent.
         watched: set[Path] = set()
+        kinds: dict[int, RecordKind] = {}
         for folder in self._folders:
-            if self._inotify.add_watch(self._fd, folder, _FOLDER_EVENTS) is not None:
+            wd = self._inotify.add_watch(self._fd, folder, _FOLDER_EVENTS)
+            if wd is not None:
                 watched.add(folder)
+                if folder.parent.name == "v1" and folder.name in RECORD_KINDS:
+                    kinds[wd] = folder.name
         self._watched = watched
+        self._kinds = kinds
+
+    def take_removed(self) -> set[tuple[RecordKind, str]]:
+        """Hand over the (bucket, file name) of each record file removed since the last call."""
+        removed, self._removed = self._removed, set()
+        return removed
 
     def _readable(self) -> None:
         try:
@@ -129,7 +144,7 @@ class StoreNotifier:
         woke = rearm = False
         offset = 0
         while offset + _HEADER.size <= len(data):
-            _wd, mask, _cookie, length = _HEADER.unpack_from(data, offset)
+            wd, mask, _cookie, length = _HEADER.unpack_from(data, offset)
             name = data[offset + _HEADER.size : offset + _HEADER.size + length].rstrip(b"\0")
             offset += _HEADER.size + length
             if mask & (_REARM | _IN_ISDIR):
@@ -137,6 +152,9 @@ class StoreNotifier:
                 rearm = woke = True
             elif not name.startswith(_TEMP_PREFIX):
                 woke = True
+                kind = self._kinds.get(wd)
+                if kind is not None and mask & (_IN_DELETE | _IN_MOVED_FROM):
+                    self._removed.add((kind, os.fsdecode(name)))
         if rearm:
             try:
                 self.rearm()

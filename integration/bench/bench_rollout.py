@@ -22,8 +22,11 @@ requests the rejected cohort served before the last incumbent's SIGTERM, as a ta
 rolling update also the flip: the requests that failed from the last incumbent's SIGTERM to the
 successor's first success, and how long after the SIGTERM that success was sent (``--rate``
 raises the load, and the resolution, from 15 requests/s; ``--bridge-interval`` sets how often
-the bridge scans the workers' store, 0.1 s by default). Everything goes to
-``results/bench_rollout.json`` with the load average.
+the bridge scans the workers' store, 0.1 s by default). ``--control`` adds a second frontend
+on the workers' own store, loaded the same: how far two frontends of Dynamo alone differ on
+the same fault, so a difference between direct and view can be read against it; with more
+than one rolling update the totals and how often each frontend lost more than another close
+the table. Everything goes to ``results/bench_rollout.json`` with the load average.
 """
 
 from __future__ import annotations
@@ -62,32 +65,68 @@ def run_row(running: SideBySide, row: str, quick: bool) -> Outcome:
 
 
 def table(outcomes: list[Outcome]) -> str:
+    names = list(outcomes[0].figures) if outcomes else ["direct", "view"]
     lines = [
-        "| fault | direct: failed | view: failed | direct: longest no-success | "
-        "view: longest no-success | direct: to rejected | view: to rejected |",
-        "|---|---|---|---|---|---|---|",
+        "| fault | "
+        + " | ".join(f"{n}: failed" for n in names)
+        + " | "
+        + " | ".join(f"{n}: longest no-success" for n in names)
+        + " | "
+        + " | ".join(f"{n}: to rejected" for n in names)
+        + " |",
+        "|---" * (1 + 3 * len(names)) + "|",
     ]
     for outcome in outcomes:
-        d, v = outcome.figures["direct"], outcome.figures["view"]
+        f = [outcome.figures[n] for n in names]
         lines.append(
-            f"| {outcome.name} | {d.failed} of {d.sent} | {v.failed} of {v.sent} | "
-            f"{d.longest_gap:.2f} s | {v.longest_gap:.2f} s | {d.to_rejected} | {v.to_rejected} |"
+            f"| {outcome.name} | "
+            + " | ".join(f"{x.failed} of {x.sent}" for x in f)
+            + " | "
+            + " | ".join(f"{x.longest_gap:.2f} s" for x in f)
+            + " | "
+            + " | ".join(str(x.to_rejected) for x in f)
+            + " |"
         )
     flips = [o for o in outcomes if o.flips]
     if flips:
         lines += [
             "",
-            "| succession | direct: failed at the flip | view: failed at the flip | "
-            "direct: successor serves after | view: successor serves after |",
-            "|---|---|---|---|---|",
+            "| succession | "
+            + " | ".join(f"{n}: failed at the flip" for n in names)
+            + " | "
+            + " | ".join(f"{n}: successor serves after" for n in names)
+            + " |",
+            "|---" * (1 + 2 * len(names)) + "|",
         ]
         for number, outcome in enumerate(flips, start=1):
-            d, v = outcome.flips.get("direct"), outcome.flips.get("view")
+            got = [outcome.flips.get(n) for n in names]
             lines.append(
-                f"| {number} | {_flip_failed(d)} | {_flip_failed(v)} | "
-                f"{_flip_after(d)} | {_flip_after(v)} |"
+                f"| {number} | "
+                + " | ".join(_flip_failed(x) for x in got)
+                + " | "
+                + " | ".join(_flip_after(x) for x in got)
+                + " |"
             )
+    rolling = [o for o in outcomes if o.name == "rolling update"]
+    if len(rolling) > 1:
+        lines += ["", spread(rolling, names)]
     return "\n".join(lines)
+
+
+def spread(rolling: list[Outcome], names: list[str]) -> str:
+    """Totals over the rolling updates, and how often one frontend lost more than another."""
+    totals = ", ".join(f"{n} {sum(o.figures[n].failed for o in rolling)}" for n in names)
+    pairs = [(a, b) for a in names for b in names if a < b]
+    counts = []
+    for a, b in pairs:
+        more = sum(o.figures[a].failed > o.figures[b].failed for o in rolling)
+        fewer = sum(o.figures[a].failed < o.figures[b].failed for o in rolling)
+        counts.append(f"{a} lost more than {b} in {more}, fewer in {fewer}")
+    return (
+        f"Over {len(rolling)} rolling updates, failed requests in all: {totals}; "
+        + "; ".join(counts)
+        + "."
+    )
 
 
 def _flip_failed(f: Flip | None) -> str:
@@ -99,7 +138,12 @@ def _flip_after(f: Flip | None) -> str:
 
 
 def main(
-    rows: list[str], repeat: int, quick: bool, rate: float, bridge_interval: float
+    rows: list[str],
+    repeat: int,
+    quick: bool,
+    rate: float,
+    bridge_interval: float,
+    control: bool = False,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     plugin_nats = EmbeddedNatsServer(root / "plugin-nats")
@@ -110,7 +154,7 @@ def main(
         with side_by_side(root / "deployment", plugin_nats) as running:
             running.rate = rate
             running.deployment.bridge_interval = bridge_interval
-            running.start()
+            running.start(control=control)
             running.serve(3)
             for _ in range(repeat):
                 for row in rows:
@@ -160,6 +204,7 @@ def main(
         "quick": quick,
         "rate_per_frontend": rate,
         "bridge_interval": bridge_interval,
+        "control": control,
         "cpus": os.cpu_count(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -178,12 +223,17 @@ if __name__ == "__main__":
         default=0.1,
         help="seconds between the bridge's scans of the workers' store",
     )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="a second frontend on the workers' own store: Dynamo alone against itself",
+    )
     args = parser.parse_args()
     chosen = [row.strip() for row in args.rows.split(",") if row.strip()]
     unknown = sorted(set(chosen) - set(ROWS))
     if unknown:
         parser.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
     quick = os.environ.get("BENCH_QUICK") == "1"
-    result = main(chosen, args.repeat, quick, args.rate, args.bridge_interval)
+    result = main(chosen, args.repeat, quick, args.rate, args.bridge_interval, args.control)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_rollout.json").write_text(json.dumps(result, indent=2) + "\n")
