@@ -104,22 +104,18 @@ def test_a_rolling_update_costs_the_view_no_more_than_dynamo_alone_and_never_ser
 
     # No request reached the new cohort before the last old worker's SIGTERM.
     assert view.to_rejected == 0
-    flips = outcome.flips
-    view_flip, direct_flip = flips["view"], flips["direct"]
+    view_flip, direct_flip = outcome.flips["view"], outcome.flips["direct"]
     assert view_flip is not None, "the view never served the successor"
     assert direct_flip is not None, "Dynamo alone never served the successor"
     show(f"[availability]   at the flip: view {view_flip.failed}, direct {direct_flip.failed}")
-    # Each old worker's departure but the last: the view withdraws it a few milliseconds
-    # after the workers' store, and must lose nothing Dynamo alone does not.
-    assert view.failed - view_flip.failed <= direct.failed - direct_flip.failed, (
-        view.errors,
-        direct.errors,
-    )
-    # The last one: every frontend drops the model and builds it again on the successor, and
-    # whether a request falls into that rebuild is chance, for two frontends of Dynamo alone
-    # as much as for the view beside Dynamo (``bench_rollout.py --control``). One request
-    # either way is that chance; more would be the view's own gap.
-    assert view_flip.failed <= direct_flip.failed + 1, (view_flip.errors, direct_flip.errors)
+    # As available as Dynamo alone, up to the chance of a single request. Whether a request
+    # falls into a frontend's own rebuild of the model at the last flip, or into the
+    # milliseconds before it sees a SIGTERMed worker leave, is chance for every frontend: two
+    # frontends of Dynamo alone on the same store and load lost different numbers in 9 of 24
+    # rolling updates, never apart by more than one, and the view was never more than one
+    # beyond either (``bench_rollout.py --rows rolling --repeat 12 --control``, twice;
+    # docs/benchmarks.md). Two more than Dynamo alone in one rolling update is the view's own.
+    assert view.failed <= direct.failed + 1, (view.errors, direct.errors)
     # And it serves now, on both.
     successor = set(deployment.incumbent)
     for name, frontend in deployment.frontends.items():
