@@ -8,9 +8,9 @@ folders for records created, written, renamed in or out, and removed, and sets t
 bridge's scan is the one source of truth. The one thing it also says is which record files were
 removed (:meth:`StoreNotifier.take_removed`), so the bridge can withdraw a departed worker's
 records without waiting for a scan. Owners' refreshes (a new mtime) are not watched, since they
-change no record. A folder created later is watched from
-then on, and a queue overflow just wakes the bridge. Where inotify cannot be had (another OS,
-or the per-user watch limit reached) :func:`open_notifier` returns ``None`` and the bridge polls.
+change no record. A folder created later is watched from then on, and a queue overflow just
+wakes the bridge. Where inotify cannot be had (another OS, or the per-user watch limit
+reached) :func:`open_notifier` returns ``None`` and the bridge polls.
 
 The three libc calls are made through ctypes rather than a watcher library: watchfiles, say,
 hands changes over from a thread in steps (50 ms by default), which is the very lag this is

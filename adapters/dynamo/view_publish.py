@@ -213,7 +213,8 @@ class AdmittedView:
                 continue
             if self._publish(file, value):
                 written.append(file)
-        removed = self._remove_all([f for f in stale if f not in set(ended)])
+        ending = set(ended)
+        removed = self._remove_all([f for f in stale if f not in ending])
         report = SyncReport(tuple(written), tuple(withdrawn), tuple(removed))
         if report.changed:
             self._save_manifest()
