@@ -35,6 +35,7 @@ __all__ = [
     "heal_reason",
     "healed_mirror",
     "reconciled_mirror",
+    "removal_order",
 ]
 
 
@@ -106,6 +107,21 @@ class BucketWriter(Protocol):
     async def mark(self) -> BucketMark:
         """Read the bucket's identity now; create the bucket again (as configured) if gone."""
         ...
+
+
+_REMOVAL_RANK = {"instances": 0, "mdc": 1, "event_sources": 2, "event_channels": 3}
+
+
+def removal_order(key: str) -> tuple[int, str]:
+    """Sort key for a bridge's deletes: the order that stops routing to a departed worker soonest.
+
+    Its instance records first (what a frontend routes by), then its model cards (its
+    membership; the last one gone lets a successor in), then its event records; by key within
+    each. ``key`` is a bucket key (``v1.<kind>.…``); anything else sorts last.
+    """
+    parts = key.split(".", 2)
+    kind = parts[1] if len(parts) == 3 else ""
+    return _REMOVAL_RANK.get(kind, len(_REMOVAL_RANK)), key
 
 
 def heal_reason(before: BucketMark | None, now: BucketMark) -> str | None:

@@ -58,6 +58,7 @@ from workerset_admission.mirror import (
     Change,
     heal_reason,
     healed_mirror,
+    removal_order,
 )
 
 __all__ = [
@@ -126,14 +127,6 @@ def live_records(
     return live, written, stale
 
 
-_REMOVAL_RANK = {"instances": 0, "mdc": 1, "event_sources": 2, "event_channels": 3}
-
-
-def _removal_order(key: str) -> tuple[int, str]:
-    kind = key.split(".", 2)[1] if key.count(".") >= 2 else ""
-    return _REMOVAL_RANK.get(kind, len(_REMOVAL_RANK)), key
-
-
 def plan_sync(
     mirrored: Mapping[str, bytes | None],
     scan: FileStoreScan,
@@ -161,7 +154,7 @@ def plan_sync(
     def reason(key: str) -> RemovalReason:
         return "expired" if key in stale else "removed"
 
-    gone = sorted((key for key in mirrored if key not in live), key=_removal_order)
+    gone = sorted((key for key in mirrored if key not in live), key=removal_order)
     deletes = tuple((key, reason(key)) for key in gone)
     return SyncPlan(puts=puts, deletes=deletes)
 
@@ -345,7 +338,7 @@ class DiscoveryBridge:
             key = self._key_of(record)
             if key in self._mirrored:
                 gone.add(key)
-        return sorted(gone, key=_removal_order)
+        return sorted(gone, key=removal_order)
 
     async def _check_bucket(self) -> bool:
         """Read the bucket's mark when due; return whether its contents must be read now."""

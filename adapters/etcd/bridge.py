@@ -4,7 +4,10 @@ Theory of operation. The bridge holds two maps keyed by bucket key: ``desired``,
 (translated), and ``mirrored``, what this bridge has written to the bucket. A *resync* lists
 Dynamo's ``v1/`` prefix at one revision R, replaces ``desired`` with that listing, and writes the
 difference; the watch then starts at R + 1, so no change between the list and the watch is lost
-and none is applied twice. Every watch event updates ``desired`` for one key and writes that key.
+and none is applied twice. Every watch event updates ``desired`` for one key. The events that
+arrived together (a worker's lease ending deletes all its records in one revision), or while
+the last batch was being written, are written to the bucket in one go: the puts in revision
+order, then the deletes, a departed worker's instance records first.
 
 - A lease that expires (a killed worker) is a delete event like any other.
 - A watch that starts below etcd's compaction revision raises :class:`StoreCompacted`: the
@@ -38,14 +41,21 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.discovery_paths import RECORD_KINDS, bucket_key_for_path
 from workerset_admission.errors import InvalidRecordError, StoreCompacted, StoreUnavailable
-from workerset_admission.mirror import BucketMark, BucketWriter, heal_reason, healed_mirror
+from workerset_admission.mirror import (
+    BucketMark,
+    BucketWriter,
+    Change,
+    heal_reason,
+    healed_mirror,
+    removal_order,
+)
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
@@ -247,10 +257,8 @@ class EtcdDiscoveryBridge:
             self._created = created
             # First registered first: the first configuration observed becomes the incumbent,
             # so registrations must reach the bucket in the order etcd created them.
-            for key in sorted(desired, key=lambda k: (created[k], k)):
-                await self._write_key(key)
-            for key in sorted(set(self._mirrored) - set(desired)):
-                await self._write_key(key)
+            order = sorted(desired, key=lambda k: (created[k], k))
+            await self._write_keys(order + sorted(set(self._mirrored) - set(desired)))
         self._revision = listing.revision
         self.stats.revision = listing.revision
         self.synced.set()
@@ -258,18 +266,33 @@ class EtcdDiscoveryBridge:
 
     async def apply(self, change: StoreChange) -> None:
         """Apply one watch event to the bucket."""
-        self.stats.changes += 1
-        key = self._translate(change.key)
-        if key is not None:
-            async with self._lock:
+        await self.apply_all([change])
+
+    async def apply_all(self, changes: Sequence[StoreChange]) -> None:
+        """Apply watch events that arrived together, in revision order, in one bucket write.
+
+        A worker's lease ending deletes all its records in one etcd revision; written one
+        after the other, each waiting for its acknowledgement, the last of them would reach
+        the bucket several round trips after the first.
+        """
+        if not changes:
+            return
+        self.stats.changes += len(changes)
+        async with self._lock:
+            keys: list[str] = []
+            for change in changes:
+                key = self._translate(change.key)
+                if key is None:
+                    continue
                 if change.value is None:
                     self._desired.pop(key, None)
                     self._created.pop(key, None)
                 else:
                     self._desired[key] = change.value
                     self._created.setdefault(key, change.revision)
-                await self._write_key(key)
-        self._revision = max(self._revision, change.revision)
+                keys.append(key)
+            await self._write_keys(keys)
+        self._revision = max(self._revision, *(change.revision for change in changes))
         self.stats.revision = self._revision
 
     async def follow_once(self) -> None:
@@ -288,8 +311,34 @@ class EtcdDiscoveryBridge:
             await cancel_and_wait([watching])
 
     async def _watch(self, start_revision: int) -> None:
-        async for change in self._reader.watch_prefix(self._prefix, start_revision):
-            await self.apply(change)
+        """Apply the watch's events, each batch that arrived while the last one was written."""
+        received: list[StoreChange] = []
+        arrived = asyncio.Event()
+
+        async def receive() -> None:
+            async for change in self._reader.watch_prefix(self._prefix, start_revision):
+                received.append(change)
+                arrived.set()
+
+        receiving = asyncio.ensure_future(receive())
+        try:
+            while True:
+                if received:
+                    batch = received.copy()
+                    received.clear()
+                    await self.apply_all(batch)
+                    continue
+                if receiving.done():
+                    receiving.result()  # the watch's failure, if it failed
+                    return
+                arrived.clear()
+                waiting = asyncio.ensure_future(arrived.wait())
+                try:
+                    await asyncio.wait({receiving, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiting.cancel()
+        finally:
+            await cancel_and_wait([receiving])
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow etcd until ``stop`` is set, resyncing after every failure."""
@@ -356,8 +405,7 @@ class EtcdDiscoveryBridge:
                 )
             self._mirrored = healed.memory
             order = sorted(self._desired, key=lambda k: (self._created.get(k, 0), k))
-            for key in order + sorted(set(self._mirrored) - set(self._desired)):
-                await self._write_key(key)
+            await self._write_keys(order + sorted(set(self._mirrored) - set(self._desired)))
 
     async def _keep_healed(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
@@ -406,8 +454,7 @@ class EtcdDiscoveryBridge:
                 await asyncio.wait_for(stop.wait(), timeout=self._retry_interval)
             if self._dirty:
                 async with self._lock:
-                    for key in sorted(self._dirty):
-                        await self._write_key(key)
+                    await self._write_keys(sorted(self._dirty))
 
     def _translate(self, etcd_key: str) -> str | None:
         try:
@@ -421,36 +468,52 @@ class EtcdDiscoveryBridge:
             self.stats.ignored_keys += 1
         return key
 
-    async def _write_key(self, key: str) -> None:
-        """Make the bucket hold ``desired[key]`` (or not hold the key); the lock is held."""
-        want = self._desired.get(key)
-        if want is not None:
-            if key in self._mirrored and self._mirrored[key] == want:
+    async def _write_keys(self, keys: Sequence[str]) -> None:
+        """Make the bucket hold ``desired[key]`` (or not hold the key) for each; the lock is held.
+
+        One write for all of them: the puts in the order given (registrations oldest first),
+        then the deletes in the order that stops routing to a departed worker soonest.
+        """
+        puts: list[Change] = []
+        deletes: list[Change] = []
+        for key in dict.fromkeys(keys):
+            want = self._desired.get(key)
+            if want is not None:
+                if key in self._mirrored and self._mirrored[key] == want:
+                    self._dirty.discard(key)
+                else:
+                    puts.append((key, want))
+            elif key in self._mirrored:
+                deletes.append((key, None))
+            else:
                 self._dirty.discard(key)
-                return
-            if await self._write(self._writer.put(key, want), key):
-                self._mirrored[key] = want
+        changes = puts + sorted(deletes, key=lambda change: removal_order(change[0]))
+        if not changes:
+            return
+        outcomes = await self._writer.write(changes)
+        for (key, value), failure in zip(changes, outcomes, strict=True):
+            if not self._settle(key, failure):
+                continue
+            if value is not None:
+                self._mirrored[key] = value
                 self.stats.puts += 1
-            return
-        if key not in self._mirrored:
-            self._dirty.discard(key)
-            return
-        if await self._write(self._writer.delete(key), key):
-            if self._mirrored.pop(key) is None:
+            elif self._mirrored.pop(key) is None:
                 self.stats.pruned += 1
             else:
                 self.stats.deletes += 1
 
-    async def _write(self, operation: Awaitable[None], key: str) -> bool:
-        try:
-            await operation
-        except Exception as exc:  # the bucket being unreachable must not stop the bridge
+    def _settle(self, key: str, failure: Exception | None) -> bool:
+        """Account for one write; a failed one stays dirty and is retried.
+
+        The bucket being unreachable must not stop the bridge: the failure is counted and
+        logged (once per failing key), and the bucket's mark is read before the retry.
+        """
+        if failure is not None:
             self.stats.write_errors += 1
             self._dirty.add(key)
-            # The bucket may be gone: read its mark before the next retry.
             self._check_soon.set()
             level = logging.DEBUG if key in self._failing else logging.WARNING
-            _log.log(level, "discovery bridge could not write %s: %s", key, exc)
+            _log.log(level, "discovery bridge could not write %s: %s", key, failure)
             self._failing.add(key)
             return False
         self._dirty.discard(key)

@@ -51,6 +51,14 @@ class FakeEtcd:
         self.log.append(StoreChange(key, None, self.revision))
         self._wakeup.set()
 
+    def revoke(self, *keys: str) -> None:
+        """A lease ending: every one of its keys deleted in one revision."""
+        self.revision += 1
+        for key in keys:
+            del self.data[key]
+            self.log.append(StoreChange(key, None, self.revision))
+        self._wakeup.set()
+
     def compact(self) -> None:
         self.compacted = self.revision
 
@@ -73,11 +81,13 @@ class FakeEtcd:
             raise StoreUnavailable("etcd is down")
         if start_revision <= self.compacted:
             raise StoreCompacted(self.compacted)
-        position = start_revision
+        # By place in the log, not by revision: one revision may carry several events.
+        position = 0
         while True:
-            for change in self.log:
-                if change.revision >= position and change.key.startswith(prefix):
-                    position = change.revision + 1
+            while position < len(self.log):
+                change = self.log[position]
+                position += 1
+                if change.revision >= start_revision and change.key.startswith(prefix):
                     yield change
             self._wakeup.clear()
             await self._wakeup.wait()
@@ -139,6 +149,50 @@ async def test_a_listing_is_written_in_creation_order_and_the_watch_follows_it()
     await _until(lambda: bucket.data == {KEY_A: b"a", KEY_INST_A: b"inst"})
     assert bridge.revision == etcd.revision
 
+    stop.set()
+    await task
+
+
+async def test_a_lease_ending_reaches_the_bucket_in_one_write_instance_records_first() -> None:
+    etcd, bucket = FakeEtcd(), FakeBucket()
+    for key in (MDC_A, INST_A, MDC_B):
+        etcd.put(key, b"record")
+    bridge = EtcdDiscoveryBridge(etcd, bucket)
+    stop, task = await _running(bridge)
+    writes_before = len(bucket.batches)
+
+    # Etcd deletes every key of the lease in one revision, delivered in one watch response.
+    etcd.revoke(MDC_A, INST_A)
+    await _until(lambda: bucket.data == {KEY_B: b"record"})
+
+    assert bucket.batches[writes_before:] == [2]
+    assert bucket.log[-2:] == [("delete", KEY_INST_A), ("delete", KEY_A)]
+    assert bridge.stats.deletes == 2
+    assert bridge.revision == etcd.revision
+    stop.set()
+    await task
+
+
+async def test_watch_events_applied_together_put_first_and_a_failed_one_alone_is_retried() -> None:
+    etcd, bucket = FakeEtcd(), FakeBucket()
+    etcd.put(MDC_A, b"a")
+    bridge = EtcdDiscoveryBridge(etcd, bucket, retry_interval=0.05)
+    await bridge.resync()
+    bucket.failing.add(KEY_INST_A)
+    etcd.delete(MDC_A)
+    etcd.put(MDC_B, b"b")
+    etcd.put(INST_A, b"inst")
+
+    await bridge.apply_all(etcd.log[-3:])
+
+    assert bucket.batches[-1] == 3
+    assert bucket.log[-2:] == [("put", KEY_B), ("delete", KEY_A)]
+    assert bucket.data == {KEY_B: b"b"}
+    assert bridge.stats.write_errors == 1
+    bucket.failing.clear()
+    stop = asyncio.Event()
+    task = asyncio.create_task(bridge.run(stop))
+    await _until(lambda: bucket.data.get(KEY_INST_A) == b"inst")
     stop.set()
     await task
 
