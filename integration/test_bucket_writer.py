@@ -67,6 +67,23 @@ async def test_changes_sent_together_land_in_the_order_given_and_stamped(
     assert (await writer.mark()).written_seq == 23
 
 
+async def test_a_long_write_goes_out_a_window_at_a_time_and_keeps_its_order(
+    client: Client, bucket_name: str
+) -> None:
+    writer = await _writer(client, BucketSpec(name=bucket_name))
+    keys = [f"v1.instances.ns.backend.generate.{n:x}" for n in range(1, 2_501)]
+
+    assert await writer.write([(key, b"{}") for key in keys]) == [None] * len(keys)
+
+    js = client.jetstream()
+    sequences = [
+        (await js.get_last_msg(stream_name(bucket_name), f"$KV.{bucket_name}.{key}")).seq
+        for key in keys[::250]
+    ]
+    assert sequences == sorted(sequences)
+    assert (await writer.mark()).written_seq == len(keys)
+
+
 async def test_a_change_the_server_refuses_fails_alone_and_the_rest_land(
     client: Client, bucket_name: str
 ) -> None:

@@ -53,6 +53,8 @@ _DISCOVERY = ("v1.mdc.", "v1.instances.", "v1.event_sources.", "v1.event_channel
 _CONTENTS_TIMEOUT = 30.0
 # How long a write waits for the server's acknowledgement (nats-py's own default).
 _ACK_TIMEOUT = 5.0
+# At most this many writes in flight; each window has the acknowledgement timeout to itself.
+_WINDOW = 1000
 # The status of a reply that says no stream listens on the subject.
 _NO_RESPONDERS = "503"
 
@@ -182,6 +184,15 @@ class JetStreamBucketWriter:
         acks, bucket = self._acks, self._bucket
         if acks is None or bucket is None:
             return [await self._one(key, value) for key, value in changes]
+        outcomes: list[Exception | None] = []
+        # A window at a time, so a long resync waits for each window's acknowledgements.
+        for start in range(0, len(changes), _WINDOW):
+            outcomes += await self._window(acks, bucket, changes[start : start + _WINDOW])
+        return outcomes
+
+    async def _window(
+        self, acks: _Acks, bucket: str, changes: Sequence[Change]
+    ) -> list[Exception | None]:
         sent: list[asyncio.Future[int] | Exception] = []
         for key, value in changes:
             headers: dict[str, str] | None

@@ -7,6 +7,9 @@ data, and measures, in the same run:
 * latency: a record put into etcd at a steady rate (200/s), until a bucket watcher sees it,
   through the running bridge; against the raw paths it is made of, an aetcd put seen by an
   aetcd watch, and a nats-py put seen by a nats-py KV watcher;
+* a worker's lease revoked: its nine records (instances, card, event records) deleted by etcd
+  in one revision, until the bucket lost its instance record and its last record, through the
+  bridge; against an aetcd watch seeing the nine deletes;
 * a full resync: ``EtcdDiscoveryBridge.resync()`` of N records into an empty bucket (list at one
   revision, write each), against the raw work: one aetcd ``get_prefix`` plus the bare nats-py
   fill of the same records; then the resync of a restarted bridge over an equal bucket (values
@@ -156,7 +159,8 @@ async def latency(etcd: EtcdServer, nats_url: str, count: int, rate: float) -> d
     try:
         kv = await bucket_of(nc, "bench-latency")
         reader = AetcdStoreReader(EtcdOptions(parse_endpoints(etcd.url)))
-        bridge = EtcdDiscoveryBridge(reader, JetStreamBucketWriter(kv))
+        writer = JetStreamBucketWriter(kv, client=nc, bucket="bench-latency")
+        bridge = EtcdDiscoveryBridge(reader, writer)
         stop = asyncio.Event()
         running = asyncio.create_task(bridge.run(stop))
         await bridge.synced.wait()
@@ -197,6 +201,94 @@ async def latency(etcd: EtcdServer, nats_url: str, count: int, rate: float) -> d
     }
 
 
+CHANNEL_TOPICS = ("kv-events", "kv_metrics", "forward-pass-metrics", "active_sequences_events")
+
+
+def worker_keys(instance_id: int) -> list[bytes]:
+    """The nine keys a 1.6.1 mocker registers under its lease (values do not matter here)."""
+    worker = f"{instance_id:x}"
+    publisher = f"{instance_id + 7:x}"
+    events = "namespace/bench/component/backend/endpoint/generate/topic"
+    keys = [
+        f"v1/instances/bench/backend/generate/{worker}",
+        f"v1/instances/bench/backend/worker_kv_query_source_{publisher}/{worker}",
+        f"v1/mdc/bench/backend/generate/{worker}",
+        f"v1/event_sources/{events}/kv-events/{publisher}",
+        *(f"v1/event_channels/{events}/{topic}/{publisher}" for topic in CHANNEL_TOPICS),
+    ]
+    return [key.encode() for key in keys]
+
+
+async def lease_revocation(etcd: EtcdServer, nats_url: str, rounds: int) -> dict[str, Any]:
+    """A worker's nine records under one lease, revoked: when the bucket lost each of them.
+
+    Through the running bridge (written as the ``bridge --etcd`` command writes), from the
+    revocation to the deletion of the worker's instance record, and of its last record, as a
+    subscriber on the bucket's subjects sees them; against the raw path, an aetcd watch seeing
+    all nine deletes.
+    """
+    nc = await nats.connect(nats_url)
+    client = raw_client(etcd)
+    name = "bench-lease"
+    try:
+        kv = await bucket_of(nc, name)
+        reader = AetcdStoreReader(EtcdOptions(parse_endpoints(etcd.url)))
+        bridge = EtcdDiscoveryBridge(
+            reader, JetStreamBucketWriter(kv, client=nc, bucket=name), prefix="v1/"
+        )
+        stop = asyncio.Event()
+        running = asyncio.create_task(bridge.run(stop))
+        await bridge.synced.wait()
+        # Every write the bridge makes: (when, deleted?, key).
+        writes: asyncio.Queue[tuple[float, bool, str]] = asyncio.Queue()
+
+        async def on_message(msg: Any) -> None:
+            removal = (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE")
+            writes.put_nowait((time.perf_counter(), removal, msg.subject.split(".", 2)[2]))
+
+        subscription = await nc.subscribe(f"$KV.{name}.>", cb=on_message)
+        first: list[float] = []
+        last: list[float] = []
+        raw: list[float] = []
+        watch = await client.watch_prefix(b"v1/")
+        seen_raw = aiter(watch)
+        for n in range(rounds):
+            keys = worker_keys(0x5000 + n)
+            lease = await client.lease(30)
+            for key in keys:
+                await client.put(key, b"{}", lease=lease)
+            for _ in keys:  # the raw watch's puts, and the bridge's
+                await anext(seen_raw)
+                await asyncio.wait_for(writes.get(), 10)
+            revoked = time.perf_counter()
+            await lease.revoke()
+            for _ in keys:
+                await anext(seen_raw)
+            raw.append(time.perf_counter() - revoked)
+            times: dict[str, float] = {}
+            while len(times) < len(keys):
+                at, removal, key = await asyncio.wait_for(writes.get(), 10)
+                if removal:
+                    times[key] = at - revoked
+            first.append(min(t for k, t in times.items() if k.startswith("v1.instances.")))
+            last.append(max(times.values()))
+        await subscription.unsubscribe()
+        await watch.cancel()
+        stop.set()
+        await running
+        await reader.close()
+    finally:
+        await client.close()
+        await nc.close()
+    return {
+        "rounds": rounds,
+        "records_per_worker": 9,
+        "bridge_instance_record_gone": percentiles(first),
+        "bridge_last_record_gone": percentiles(last),
+        "raw_etcd_watch_all_nine": percentiles(raw),
+    }
+
+
 async def fill_etcd(client: aetcd.Client, count: int) -> None:
     window: list[Awaitable[object]] = []
     for i in range(1, count + 1):
@@ -215,7 +307,9 @@ async def resync(etcd: EtcdServer, nats_url: str, count: int) -> dict[str, Any]:
         await fill_etcd(client, count)
         kv = await bucket_of(nc, "bench-resync")
         reader = AetcdStoreReader(EtcdOptions(parse_endpoints(etcd.url)))
-        bridge = EtcdDiscoveryBridge(reader, JetStreamBucketWriter(kv))
+        bridge = EtcdDiscoveryBridge(
+            reader, JetStreamBucketWriter(kv, client=nc, bucket="bench-resync")
+        )
         started = time.perf_counter()
         listing = await bridge.resync()
         full = time.perf_counter() - started
@@ -223,7 +317,9 @@ async def resync(etcd: EtcdServer, nats_url: str, count: int) -> dict[str, Any]:
         await reader.close()
 
         restarted_reader = AetcdStoreReader(EtcdOptions(parse_endpoints(etcd.url)))
-        restarted = EtcdDiscoveryBridge(restarted_reader, JetStreamBucketWriter(kv))
+        restarted = EtcdDiscoveryBridge(
+            restarted_reader, JetStreamBucketWriter(kv, client=nc, bucket="bench-resync")
+        )
         started = time.perf_counter()
         await restarted.resync()
         again = time.perf_counter() - started
@@ -266,6 +362,7 @@ async def main(records: int, updates: int) -> dict[str, Any]:
             with EmbeddedNatsServer() as server:
                 results = {
                     "latency": await latency(etcd, server.url, updates, rate=200.0),
+                    "lease_revocation": await lease_revocation(etcd, server.url, rounds=50),
                     "resync": await resync(etcd, server.url, records),
                 }
         finally:
