@@ -201,7 +201,7 @@ class Outcome:
 
 @dataclass
 class SideBySide:
-    """One deployment with both frontends; :meth:`load` runs the same traffic on each.
+    """One deployment, its frontends (and a control, if asked); :meth:`load` loads each alike.
 
     The fault methods run one row of the availability table each under steady load and
     leave the deployment serving again (a replaced worker, a restarted server), so one
@@ -251,7 +251,7 @@ class SideBySide:
         return {"direct": direct, "view": view, "control": self.control}
 
     def wait_serving(self, workers: Iterable[int], seconds: float = 60.0) -> None:
-        """Until both frontends list the model and the view holds exactly ``workers``."""
+        """Until every frontend lists the model and the view holds exactly ``workers``."""
         expected = set(workers)
         wait_for(
             lambda: self.deployment.view_instance_ids() == expected,
@@ -264,7 +264,7 @@ class SideBySide:
 
     @contextlib.contextmanager
     def load(self) -> Iterator[dict[str, Load]]:
-        """Steady load on both frontends while the block runs."""
+        """Steady load on every frontend while the block runs."""
         self.loads = {name: Load(f.port, rate=self.rate) for name, f in self.frontends.items()}
         for load in self.loads.values():
             load.start()
@@ -294,7 +294,7 @@ class SideBySide:
         return self.deployment.start_worker(f"worker-{self._started}-bs{size}", block_size=size)
 
     def serve(self, count: int = 3) -> None:
-        """Bring the incumbent up to ``count`` workers, served by both frontends."""
+        """Bring the incumbent up to ``count`` workers, served by every frontend."""
         while len(self.incumbent) < count:
             self.incumbent.append(self.add_worker())
         self.wait_serving(self.incumbent)
