@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from clusterfixture import NatsCluster
 from etcdfixture import EtcdServer, MockerWorkers, dynamo_etcd_environment, running_etcd
+from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer, restartable_server, set_announcer, shared_server
 from phoenixfixture import RUN_PHOENIX_ENV, phoenix_enabled
 
@@ -66,6 +68,16 @@ async def etcd_client(etcd_server: EtcdServer) -> AsyncIterator[Any]:
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def client(nats_server: NatsServer) -> AsyncIterator[NatsClient]:
+    """A nats-py connection to the session's server, closed after the test."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        yield nc
+    finally:
+        await nc.close()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ a change the server refuses fails alone while the rest land.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
@@ -24,15 +23,6 @@ from workerset_admission.ownership import WRITER_HEADER, bridge_writer
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 OWNER = bridge_writer(Path("/store"), "writer-under-test")
-
-
-@pytest.fixture
-async def client(nats_server: NatsServer) -> AsyncIterator[Client]:
-    nc = await nats.connect(nats_server.url)
-    try:
-        yield nc
-    finally:
-        await nc.close()
 
 
 async def _writer(nc: Client, spec: BucketSpec) -> JetStreamBucketWriter:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
 
 import nats
 import pytest
@@ -30,13 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 ENDPOINT = EndpointId("dgd-v1", "backend", "generate")
 CARD = {"display_name": "m", "service_name": "m"}
-
-
-@pytest.fixture
-async def client(nats_server: NatsServer) -> AsyncIterator[NatsClient]:
-    nc = await nats.connect(nats_server.url)
-    yield nc
-    await nc.close()
 
 
 async def test_a_registration_is_a_dynamo_model_record_under_its_escaped_key(

@@ -34,13 +34,6 @@ GROUP = GroupKey.build(CARD["display_name"], EP, "chat|completions", WorkerType.
 
 
 @pytest.fixture
-async def client(nats_server: NatsServer) -> AsyncIterator[NatsClient]:
-    nc = await nats.connect(nats_server.url)
-    yield nc
-    await nc.close()
-
-
-@pytest.fixture
 async def workers(client: NatsClient, bucket_name: str) -> AsyncIterator[DiscoveryPublisher]:
     publisher = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=None)
     yield publisher

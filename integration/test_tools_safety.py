@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import KeyNotFoundError
@@ -24,15 +22,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 EP = EndpointId("tools", "backend", "generate")
 CLI = (sys.executable, "-m", "workerset_admission.cli")
-
-
-@pytest.fixture
-async def client(nats_server: NatsServer) -> AsyncIterator[NatsClient]:
-    nc = await nats.connect(nats_server.url)
-    try:
-        yield nc
-    finally:
-        await nc.close()
 
 
 @pytest.fixture
