@@ -36,6 +36,7 @@ __all__ = [
     "healed_mirror",
     "reconciled_mirror",
     "removal_order",
+    "write_in_turn",
 ]
 
 
@@ -107,6 +108,26 @@ class BucketWriter(Protocol):
     async def mark(self) -> BucketMark:
         """Read the bucket's identity now; create the bucket again (as configured) if gone."""
         ...
+
+
+async def write_in_turn(writer: BucketWriter, changes: Sequence[Change]) -> list[Exception | None]:
+    """Apply ``changes`` one after the other through ``put`` and ``delete``; one outcome each.
+
+    For a writer that cannot send its writes together: the same contract as
+    :meth:`BucketWriter.write`, one round trip per change.
+    """
+    return [await _write_one(writer, key, value) for key, value in changes]
+
+
+async def _write_one(writer: BucketWriter, key: str, value: bytes | None) -> Exception | None:
+    try:
+        if value is None:
+            await writer.delete(key)
+        else:
+            await writer.put(key, value)
+    except Exception as exc:  # reported to the caller, which retries it
+        return exc
+    return None
 
 
 _REMOVAL_RANK = {"instances": 0, "mdc": 1, "event_sources": 2, "event_channels": 3}

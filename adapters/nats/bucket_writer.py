@@ -42,7 +42,7 @@ from workerset_admission.adapters.nats.kv import (
     subject_prefix,
 )
 from workerset_admission.errors import ConfigError
-from workerset_admission.mirror import BucketMark, Change, HeldRecord
+from workerset_admission.mirror import BucketMark, Change, HeldRecord, write_in_turn
 from workerset_admission.ownership import WriterId
 
 __all__ = ["JetStreamBucketWriter"]
@@ -183,7 +183,7 @@ class JetStreamBucketWriter:
         """
         acks, bucket = self._acks, self._bucket
         if acks is None or bucket is None:
-            return [await self._one(key, value) for key, value in changes]
+            return await write_in_turn(self, changes)
         outcomes: list[Exception | None] = []
         # A window at a time, so a long resync waits for each window's acknowledgements.
         for start in range(0, len(changes), _WINDOW):
@@ -220,16 +220,6 @@ class JetStreamBucketWriter:
         if error is not None:
             return error if isinstance(error, Exception) else RuntimeError(str(error))
         self._note_written(sent.result())
-        return None
-
-    async def _one(self, key: str, value: bytes | None) -> Exception | None:
-        try:
-            if value is None:
-                await self.delete(key)
-            else:
-                await self.put(key, value)
-        except Exception as exc:  # reported to the caller, which retries it
-            return exc
         return None
 
     def _note_written(self, seq: int | None) -> None:

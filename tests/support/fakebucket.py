@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from workerset_admission.mirror import BucketMark, HeldRecord
+from workerset_admission.mirror import BucketMark, Change, HeldRecord, write_in_turn
 
 __all__ = ["FakeBucket"]
 
@@ -68,19 +68,9 @@ class FakeBucket:
         self.last_seq += 1
         self.writes.append((key, None))
 
-    async def write(self, changes: Sequence[tuple[str, bytes | None]]) -> list[Exception | None]:
+    async def write(self, changes: Sequence[Change]) -> list[Exception | None]:
         self.batches.append(len(changes))
-        return [await self._one(key, value) for key, value in changes]
-
-    async def _one(self, key: str, value: bytes | None) -> Exception | None:
-        try:
-            if value is None:
-                await self.delete(key)
-            else:
-                await self.put(key, value)
-        except ConnectionError as exc:
-            return exc
-        return None
+        return await write_in_turn(self, changes)
 
     async def keys(self) -> list[str]:
         return sorted(self.owned & set(self.data))
