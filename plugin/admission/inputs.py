@@ -17,6 +17,9 @@ from workerset_admission.identity import GroupKey, Registration
 __all__ = [
     "BuildFinished",
     "CommitFailed",
+    "Drain",
+    "DrainLifted",
+    "DrainSet",
     "Input",
     "Snapshot",
     "TenureRecorded",
@@ -48,6 +51,41 @@ class WorkerRemoved:
 
 
 @dataclass(frozen=True, slots=True)
+class Drain:
+    """An operator's word that one worker is about to stop: take it out of routing now.
+
+    A worker is named by its namespace and instance id, and a drain covers every registration
+    of that instance in that namespace (every model and endpoint it registered). ``by`` says who
+    drained it and ``at`` when (Unix seconds, as written); neither takes part in a decision.
+    """
+
+    namespace: str
+    instance_id: int
+    by: str = ""
+    at: float | None = None
+
+    @property
+    def worker(self) -> tuple[str, int]:
+        """The worker the drain names: (namespace, instance id)."""
+        return (self.namespace, self.instance_id)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainSet:
+    """A drain record was written: for admission its worker has left (see ``core.py``)."""
+
+    drain: Drain
+
+
+@dataclass(frozen=True, slots=True)
+class DrainLifted:
+    """A drain record was withdrawn (or expired): its worker rejoins as a returning member."""
+
+    namespace: str
+    instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """A full listing of every valid registration: keys not listed are gone.
 
@@ -61,11 +99,18 @@ class Snapshot:
     ``reconnect`` says the listing follows a lost connection: registrations may have expired
     only because their heartbeats could not reach the store, so an incumbent cohort that the
     listing empties is held for a while instead of succeeded at once.
+
+    ``drains`` are every drain the listing holds (drains not listed are lifted), and
+    ``retain_drains`` the workers whose drain record is listed with a value the boundary
+    refused: their last valid drain stays. New drains are applied before the registrations,
+    so a drained worker is never admitted, not even for the length of a listing.
     """
 
     registrations: Sequence[Registration]
     retain: Collection[str] = ()
     reconnect: bool = False
+    drains: Sequence[Drain] = ()
+    retain_drains: Collection[tuple[str, int]] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,5 +175,13 @@ class Tick:
 
 
 Input = (
-    WorkerAdded | WorkerRemoved | Snapshot | BuildFinished | CommitFailed | Tick | TenureRecorded
+    WorkerAdded
+    | WorkerRemoved
+    | Snapshot
+    | BuildFinished
+    | CommitFailed
+    | Tick
+    | TenureRecorded
+    | DrainSet
+    | DrainLifted
 )
