@@ -36,7 +36,12 @@ are removed, so a replacement joins before its predecessor leaves and the model 
 A tenure that ended is withdrawn before anything else in the pass: at a succession the
 incumbent's records go, then the successor's appear, so the view never holds two
 configurations of one WorkerSet at once (a frontend started in that moment could take either)
-and nothing routes to the departed cohort while the successor's files are written. The
+and nothing routes to the departed cohort while the successor's files are written. A drained
+tenure is the exception the core decides (its successor's commit names it, ``handover_from``):
+its workers still serve, so the successor's records go in first and the drained ones go
+after, in the same pass. The frontend then holds the successor's records when the drained
+workers go, as it does on the workers' own store, and its own first-wins admission keeps the
+successor out until that moment. The
 frontend then drops the model and builds it on the successor, as it does on the workers' own
 store, where its own first-wins admission kept the successor out until the incumbent left. The
 successor's records appear only once admission committed it, after the incumbent's last
@@ -153,6 +158,7 @@ def tenures_of(service: ViewService) -> list[Tenure]:
                 binding.id.generation,
                 frozenset(routable),
                 frozenset(binding.last_known()),
+                getattr(binding, "handover_from", None),
             )
         )
     return out

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from workerset_admission.admission.admitted import AdmittedIds
-from workerset_admission.admission.inputs import Drain
 from workerset_admission.admission.status import GroupStatus
-from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.identity import Drain, EndpointId, GroupKey
 
 __all__ = [
     "BuildDiscarded",

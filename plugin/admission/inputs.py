@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from workerset_admission.identity import GroupKey, Registration
+from workerset_admission.identity import Drain, GroupKey, Registration
 
 __all__ = [
     "BuildFinished",
@@ -48,26 +48,6 @@ class WorkerRemoved:
 
     key: str
     outage: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Drain:
-    """An operator's word that one worker is about to stop: take it out of routing now.
-
-    A worker is named by its namespace and instance id, and a drain covers every registration
-    of that instance in that namespace (every model and endpoint it registered). ``by`` says who
-    drained it and ``at`` when (Unix seconds, as written); neither takes part in a decision.
-    """
-
-    namespace: str
-    instance_id: int
-    by: str = ""
-    at: float | None = None
-
-    @property
-    def worker(self) -> tuple[str, int]:
-        """The worker the drain names: (namespace, instance id)."""
-        return (self.namespace, self.instance_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from workerset_admission.admission.inputs import Drain
 from workerset_admission.admission.views import (
     CohortView,
     DrainedView,
@@ -18,7 +17,7 @@ from workerset_admission.admission.views import (
     MemberView,
     PlacementView,
 )
-from workerset_admission.identity import Registration
+from workerset_admission.identity import Drain, Registration
 
 if TYPE_CHECKING:
     from workerset_admission.admission.core import _Group

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workerset_admission.admission.effects import LoraWorker
-from workerset_admission.admission.inputs import Drain
 from workerset_admission.admission.status import GroupStatus
-from workerset_admission.identity import GroupKey
+from workerset_admission.identity import Drain, GroupKey
 
 __all__ = ["CohortView", "DrainedView", "GroupView", "HandoverView", "MemberView", "PlacementView"]
 

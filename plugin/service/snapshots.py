@@ -272,7 +272,14 @@ def serving_records(
     out: dict[str, list[dict[str, Any]]] = {}
     for key, (generation, checksum) in sorted(committed.items()):
         view = core.group(key)
-        if view is None or not view.admitted:
+        if view is None:
+            continue
+        admitted = view.admitted
+        handover = view.handover
+        if handover is not None and handover.generation == generation:
+            # A drained tenure still serves its drained members until its successor commits.
+            admitted = handover.members
+        if not admitted:
             continue
         endpoint = key.endpoint
         out.setdefault(endpoint.namespace, []).append(
@@ -281,7 +288,7 @@ def serving_records(
                 "worker_set": key.worker_set,
                 "checksum": checksum,
                 "generation": generation,
-                "members": [instance_key(endpoint, i) for i in view.admitted],
+                "members": [instance_key(endpoint, i) for i in admitted],
             }
         )
     return {
