@@ -1,4 +1,4 @@
-"""Drains as a property: a drain decides what a departure decides, and never serves a successor's ids.
+"""Drains as a property: a drain decides what a departure decides; a handover serves drained ids.
 
 A core that is given drains and a shadow core that is given, instead, the drained workers'
 removals (and their registrations again when a drain is lifted) must agree at every step on
@@ -12,7 +12,6 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-
 from support.registrations import group_key, reg
 from workerset_admission.admission import (
     AdmissionCore,
