@@ -60,7 +60,8 @@ class AdmissionStateSummary:
     # served on last known good.
     held: tuple[HeldGroup, ...] = ()
     # Registered workers per (model, state): admitted, rejected (their cohort's configuration
-    # differs from a live incumbent's), held (waiting in a group whose tenure is held).
+    # differs from a live incumbent's), held (waiting in a group whose tenure is held),
+    # drained (set aside by an operator's drain, about to stop).
     workers: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 

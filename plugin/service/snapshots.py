@@ -347,6 +347,8 @@ def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
                 "admitted": len(group.admitted),
                 "rejected": sum(len(c.members) for c in group.rejected),
             }
+        if group.drained:
+            counts["drained"] = len(group.drained)
         for state, count in counts.items():
             workers[(model, state)] = workers.get((model, state), 0) + count
     return AdmissionStateSummary(by_status, admitted, len(held), tuple(held), workers)
