@@ -143,6 +143,8 @@ class ViewService(Protocol):
 
     def on_state_change(self, listener: Callable[[], None]) -> None: ...
 
+    def before_publication(self, hook: Callable[[], object]) -> None: ...
+
 
 def tenures_of(service: ViewService) -> list[Tenure]:
     """Each committed binding's tenure, its routable ids read through its admission receiver."""
@@ -186,6 +188,8 @@ class ViewWriter:
         """Follow ``service`` (call on its loop); the writer starts at once."""
         self._service = service
         service.on_state_change(self.wake)
+        # The serving records say what this frontend routes to: the files first.
+        service.before_publication(self.sync_now)
         self.table.set_listener(self.wake)
         self._task = asyncio.ensure_future(self._run())
 
