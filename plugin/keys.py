@@ -156,13 +156,13 @@ def _intern_endpoint(ns: str, comp: str, ep: str) -> EndpointId:
 def plain_model_key(kv_key: str) -> tuple[EndpointId, int] | None:
     """Return the endpoint and instance id of a plain base model card key (no unescaping).
 
-    ``None`` for any other key (an adapter's, an instance record's, an escaped or malformed
+    ``None`` for any other key (an adapter's, an instance record's, a long, escaped or malformed
     one): :func:`parse_key` says what those are. For the keys it answers, the answer is what
     :func:`parse_key` gives, without building a :class:`ParsedKey`.
     """
     plain = _PLAIN_KEY_RE.fullmatch(kv_key)
-    if plain is None:
-        return None
+    if plain is None or len(kv_key) > _SHORT_KEY:
+        return None  # a long key may name no file: parse_key measures it
     kind_token, ns, comp, ep, hex_id, suffix_token = plain.groups()
     if kind_token != "mdc" or suffix_token is not None:
         return None
