@@ -9,16 +9,23 @@ nothing is admitted that the view cannot name.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from natsfixture import NatsServer
+from natsfixture import NatsServer, restartable_server
 from support.fleet import (
+    ADMISSION,
     DISCOVERY,
     OLD,
     Builder,
@@ -178,3 +185,101 @@ async def test_one_huge_refused_value_leaves_status_answering_with_a_bounded_det
             assert (await status_reply(nc))["invalid_total"] >= 3
     longest = max(len(r.getMessage()) for r in caplog.records)
     assert longest < 4 * DETAIL_LIMIT, f"a log line of {longest} characters"
+
+
+# -- a serve started while NATS is down -----------------------------------------------------------
+
+CLI = [sys.executable, "-m", "workerset_admission.cli"]
+
+
+def _serve(url: str, view_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKERSET_ADMISSION_")}
+    env |= {"PYTHONUNBUFFERED": "1", "DYN_FILE_KV": str(view_dir)}
+    return subprocess.Popen(
+        [
+            *(*CLI, "serve", "--nats-server", url, "--view-dir", str(view_dir)),
+            *("--discovery-bucket", DISCOVERY, "--admission-bucket", ADMISSION),
+            *("--frontend-id", "fe-restarted", *extra),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def _record_files(view_dir: Path) -> dict[str, float]:
+    return {
+        f"{path.parent.name}/{path.name}": path.stat().st_mtime
+        for path in (view_dir / "v1").glob("*/*")
+        if not path.name.startswith(".")
+    }
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def _stop(process: subprocess.Popen[str]) -> tuple[int, str]:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        output, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+    return process.returncode, output
+
+
+@pytest.mark.timeout(120)
+async def test_a_serve_started_while_nats_is_down_keeps_the_last_view_and_retries(
+    tmp_path: Path,
+) -> None:
+    servers = restartable_server(tmp_path / "nats")
+    server = next(servers)
+    view_dir = tmp_path / "view"
+    view_dir.mkdir()
+    ep = EndpointId("ns-lkg", "backend", "generate")
+    first = second = None
+    try:
+        async with admin(server.url) as nc:
+            fleet = await fresh_buckets(nc)
+            await register(fleet.kv, ep, 1)
+        first = _serve(server.url, view_dir)
+        name = file_name_for(instance_key(ep, 1))
+        wanted = {f"mdc/{name}", f"instances/{name}"}
+        _wait(lambda: wanted <= set(_record_files(view_dir)), 30, "the worker in the view")
+        # The sidecar crashes, and NATS goes away before its supervisor restarts it.
+        first.kill()
+        first.communicate(timeout=10)
+        server.handle.stop()
+        crashed_at = time.time()
+        second = _serve(server.url, view_dir, "--registration-ttl", "8")
+        await asyncio.sleep(4.0)
+        assert second.poll() is None, "serve exited while NATS was down"
+        files = _record_files(view_dir)
+        assert wanted <= set(files), "the predecessor's view was emptied"
+        assert min(files[f] for f in wanted) > crashed_at, "the view was not kept alive"
+        # NATS comes back: the retrying serve connects and takes the view over.
+        server.handle.start()
+        _wait(lambda: wanted <= set(_record_files(view_dir)), 30, "the view after reconnect")
+        _wait(
+            lambda: min(_record_files(view_dir).get(f, 0) for f in wanted) > time.time() - 3,
+            30,
+            "the new writer refreshing the view",
+        )
+        code, output = _stop(second)
+        assert code == 0, output
+        assert "cannot reach NATS yet" in output
+        assert "keeping the previous writer's" in output
+        assert "Traceback" not in output
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.communicate()
+        servers.close()

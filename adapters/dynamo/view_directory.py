@@ -172,6 +172,13 @@ class DirectoryFiles:
         with contextlib.suppress(FileNotFoundError):
             self._path(file).unlink()
 
+    def modified(self, file: ViewFile) -> float | None:
+        """When the file was last written or touched (wall clock), or ``None`` when it is gone."""
+        try:
+            return os.stat(self._path(file)).st_mtime
+        except OSError:
+            return None
+
     def save_manifest(self, files: Iterable[ViewFile]) -> None:
         body = json.dumps(sorted(f"{bucket}/{name}" for bucket, name in files))
         temp = self.root / f"{MANIFEST_NAME}.tmp"
