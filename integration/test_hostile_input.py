@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -24,9 +25,11 @@ from typing import Any
 
 import pytest
 from natsfixture import NatsServer, restartable_server
+from support.cards import lora_card
 from support.fleet import (
     ADMISSION,
     DISCOVERY,
+    NEW,
     OLD,
     Builder,
     admin,
@@ -37,9 +40,10 @@ from support.fleet import (
 )
 from workerset_admission.adapters.dynamo.view import DirectoryFiles, file_name_for
 from workerset_admission.card import encode_endpoint_record, encode_model_record
-from workerset_admission.errors import DETAIL_LIMIT
+from workerset_admission.card.events import dynamo_event_path, parse_event_key
+from workerset_admission.errors import DETAIL_LIMIT, InvalidRecordError
 from workerset_admission.identity import EndpointId, instance_key
-from workerset_admission.keys import STATUS_SUBJECT
+from workerset_admission.keys import STATUS_SUBJECT, escape_token, parse_key, unescape_token
 from workerset_admission.service.factory import create_service
 from workerset_admission.service.shell import AdmissionService
 
@@ -283,3 +287,212 @@ async def test_a_serve_started_while_nats_is_down_keeps_the_last_view_and_retrie
                 process.kill()
                 process.communicate()
         servers.close()
+
+
+# -- fuzzing the boundary --------------------------------------------------------------------------
+
+FUZZ_RECORDS = int(os.environ.get("WORKERSET_ADMISSION_FUZZ_RECORDS", "400"))
+FUZZ_SEED = int(os.environ.get("WORKERSET_ADMISSION_FUZZ_SEED", "20261201"))
+# Names as the wire grammar allows them and as hostile writers spell them.
+_NAME_POOL = (
+    "fz",
+    "fz-b",
+    "a/b",
+    "..",
+    "%2F",
+    "=2F",
+    "back\\slash",
+    "nul\x00byte",
+    "ünïcødé",
+    "\U0001f600",
+    "x" * 84,
+    "%" * 85,
+    "n" * 230,
+    "_" * 90,
+)
+
+
+def _token(rng: random.Random) -> str:
+    """A key token: mostly an escaped name, sometimes a malformed or non-canonical escape."""
+    roll = rng.random()
+    if roll < 0.35:
+        return rng.choice(["fz", "backend", "generate"])
+    if roll < 0.8:
+        name = rng.choice(_NAME_POOL)
+        if rng.random() < 0.3:
+            name += "".join(chr(rng.randrange(1, 0x2FF)) for _ in range(rng.randrange(1, 6)))
+        return escape_token(name)
+    return rng.choice(["=2f", "=41", "=4", "=ZZ", "a=", "=C3", "=E2=82", "-_-", "0" * 300])
+
+
+def _fuzz_key(rng: random.Random) -> tuple[str, EndpointId | None, int, str | None]:
+    ns, comp, ep = _token(rng), _token(rng), _token(rng)
+    instance = rng.choice([1, 2, 0xFFFFFFFFFFFFFFFF, rng.randrange(1 << 64)])
+    hex_id = rng.choice([f"{instance:x}", f"{instance:x}", f"0{instance:x}", f"{instance:X}"])
+    kind = rng.choice(["mdc", "mdc", "instances", "adapter", "event_sources", "event_channels"])
+    try:
+        endpoint = EndpointId(*(unescape_token(t) for t in (ns, comp, ep)))
+    except Exception:
+        endpoint = None
+    if kind == "adapter":
+        suffix = _token(rng)
+        return f"v1.mdc.{ns}.{comp}.{ep}.{hex_id}.{suffix}", endpoint, instance, suffix
+    if kind.startswith("event"):
+        topic = rng.choice(["kv-events", "kv_metrics", _token(rng)])
+        key = f"v1.{kind}.namespace.{ns}.component.{comp}.endpoint.{ep}.topic.{topic}.{hex_id}"
+        return key, endpoint, instance, topic
+    return f"v1.{kind}.{ns}.{comp}.{ep}.{hex_id}", endpoint, instance, None
+
+
+def _fuzz_value(
+    rng: random.Random, key: str, endpoint: EndpointId | None, instance: int, extra: str | None
+) -> bytes:
+    claimed = endpoint or EndpointId("fz", "backend", "generate")
+    if rng.random() < 0.15:  # the value claims another identity than its key
+        claimed = EndpointId(claimed.namespace + "-other", claimed.component, claimed.endpoint)
+    roll = rng.random()
+    if roll < 0.1:
+        return rng.choice([b"", b"{", b"[]", b"null", b"\xff\xfe", b'{"type":"Model"}'])
+    if roll < 0.15:
+        return json.dumps(
+            {"type": "Model", "namespace": "y" * rng.randrange(10**4, 3 * 10**5)}
+        ).encode()
+    if key.startswith("v1.instances."):
+        return encode_endpoint_record(claimed, instance)
+    if key.startswith("v1.event_"):
+        scope = {
+            "namespace": claimed.namespace,
+            "component": claimed.component,
+            "name": claimed.endpoint,
+        }
+        kind = "EventSource" if key.startswith("v1.event_sources") else "EventChannel"
+        record: dict[str, Any] = {"type": kind, "scope": {"kind": "endpoint", "endpoint": scope}}
+        record["topic"] = _name(extra)
+        if kind == "EventSource":
+            record |= {"publisher_id": instance, "metadata": {"worker": {"worker_id": instance}}}
+        else:
+            record |= {"instance_id": instance, "transport": {"kind": "Nats", "config": {}}}
+        return json.dumps(record).encode()
+    if extra is not None:
+        name = _name(extra)
+        return encode_model_record(claimed, instance, lora_card(name), name)
+    return encode_model_record(claimed, instance, OLD if rng.random() < 0.8 else NEW)
+
+
+def _name(token: str | None) -> str:
+    """The name a key token stands for, or a plain one when the token is malformed."""
+    try:
+        return unescape_token(token or "")
+    except InvalidRecordError:
+        return "malformed"
+
+
+def _subject_safe(key: str) -> bool:
+    return all(part and not any(c in part for c in " \t\r\n*>") for part in key.split("."))
+
+
+def _files_outside(root: Path, view_dir: Path) -> set[str]:
+    return {
+        str(path.relative_to(root))
+        for path in root.rglob("*")
+        if view_dir not in path.parents and path != view_dir
+    }
+
+
+@pytest.mark.timeout(180)
+async def test_fuzzed_keys_and_values_from_the_wire_grammar_keep_every_invariant(
+    nats_server_fn: NatsServer, tmp_path: Path
+) -> None:
+    rng = random.Random(FUZZ_SEED)
+    view_dir = tmp_path / "view"
+    view_dir.mkdir()
+    (tmp_path / "beside").mkdir()
+    (tmp_path / "beside" / "keep.txt").write_text("not the view's")
+    honest = EndpointId("fz-honest", "backend", "generate")
+    async with admin(nats_server_fn.url) as nc:
+        fleet = await fresh_buckets(nc)
+        outside = _files_outside(tmp_path, view_dir)
+        js = nc.jetstream()
+        async with serving_view(nats_server_fn.url, view_dir) as service:
+            sent: list[str] = []
+            started = time.monotonic()
+            for _ in range(FUZZ_RECORDS):
+                key, endpoint, instance, extra = _fuzz_key(rng)
+                if not _subject_safe(key):
+                    continue
+                if sent and rng.random() < 0.1:
+                    await js.publish(
+                        f"$KV.{DISCOVERY}.{rng.choice(sent)}", b"", headers={"KV-Operation": "DEL"}
+                    )
+                    continue
+                value = _fuzz_value(rng, key, endpoint, instance, extra)
+                await js.publish(f"$KV.{DISCOVERY}.{key}", value)
+                sent.append(key)
+                if key.startswith("v1.mdc.") and extra is None and rng.random() < 0.7:
+                    # Its worker is live too: an instance record under the same names.
+                    live = "v1.instances." + key.removeprefix("v1.mdc.")
+                    claimed = endpoint or EndpointId("fz", "backend", "generate")
+                    await js.publish(
+                        f"$KV.{DISCOVERY}.{live}", encode_endpoint_record(claimed, instance)
+                    )
+                    sent.append(live)
+            # The watch applies in order: once an honest worker written last is served, every
+            # fuzzed record before it has been judged.
+            await register(fleet.kv, honest, 7)
+            await until(lambda: 7 in _routable_of(service, honest), 60, "the honest worker")
+            await until(lambda: not routable_in_view(service, view_dir), 30, "the view settles")
+            assert time.monotonic() - started < 120
+            status = await status_reply(nc)
+            assert status["invalid_total"] == service.snapshot().invalid_total
+            assert status["invalid_total"] > 0
+            assert not routable_in_view(service, view_dir)
+            _assert_one_key_per_file(service, view_dir)
+            _assert_one_file_per_key(await fleet.kv.keys())
+            snapshot = service.snapshot()
+            assert snapshot.health == "healthy"
+            served = sum(len(b.routable()) for b in service.bindings())
+            print(
+                f"\n[fuzz] seed {FUZZ_SEED}: {len(sent)} records sent, {snapshot.invalid_total} "
+                f"refused, {len(snapshot.groups)} group(s), {served} routable worker(s), "
+                f"{len(view_names(view_dir))} view file(s)"
+            )
+        assert _files_outside(tmp_path, view_dir) == outside
+        for path in view_dir.rglob("*"):
+            relative = path.relative_to(view_dir).parts
+            assert relative[0] in ("v1", ".workerset-admission.lock", ".workerset-admission.files")
+            assert len(relative) <= 3
+            assert len(path.name.encode()) <= 255
+
+
+def _assert_one_file_per_key(keys: list[str]) -> None:
+    """No two keys the boundary accepts name one registration or one view file."""
+    files: dict[tuple[str, str], str] = {}
+    for key in keys:
+        try:
+            if key.startswith("v1.event_"):
+                event = parse_event_key(key)
+                file = (event.bucket, file_name_for(dynamo_event_path(event)))
+            else:
+                parsed = parse_key(key)
+                bucket = "mdc" if parsed.kind == "model" else "instances"
+                file = (bucket, file_name_for(parsed.instance_key))
+        except InvalidRecordError:
+            continue
+        assert files.setdefault(file, key) == key, f"{key} and {files[file]} are one file"
+        assert len(file[1].encode()) <= 255
+
+
+def _routable_of(service: AdmissionService, ep: EndpointId) -> set[int]:
+    return {i for b in service.bindings() if b.id.group.endpoint == ep for i in b.routable()}
+
+
+def _assert_one_key_per_file(service: AdmissionService, view_dir: Path) -> None:
+    """Every card or instance file in the view is one registration's, and named for it alone."""
+    names: dict[str, str] = {}
+    for reg in service.core.registrations():
+        name = file_name_for(reg.key)
+        assert names.setdefault(name, reg.key) == reg.key, f"{reg.key} and {names[name]} collide"
+    for bucket in ("mdc", "instances"):
+        for path in (view_dir / "v1" / bucket).glob("*"):
+            if not path.name.startswith("."):
+                assert path.name in names, f"{bucket}/{path.name} is no registration's"
