@@ -12,16 +12,14 @@ import asyncio
 import contextlib
 import gc
 import json
-import os
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from workerset_admission.card.differences import Difference, summarize
-from workerset_admission.cli import positive_seconds
+from workerset_admission.cli import connection, positive_seconds
 from workerset_admission.errors import Unreachable, UsageError
 from workerset_admission.settings import Settings
 
@@ -74,41 +72,9 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
 
 # --------------------------------------------------------------------------- serve
 
-SERVE_FILE_ENV = "WORKERSET_ADMISSION_SERVE_FILE"
-
-
-def serve_file() -> Path:
-    """Where a ``serve`` with an embedded server says where it listens, for ``status``."""
-    override = os.environ.get(SERVE_FILE_ENV)
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return Path(base) / f"workerset-admission-{os.getuid()}.serve.json"
-
-
-def _announce_local(url: str, subject: str) -> Callable[[], None]:
-    path = serve_file()
-    body = json.dumps({"url": url, "status_subject": subject, "pid": os.getpid()})
-    try:
-        path.write_text(body + "\n", encoding="utf-8")
-    except OSError:
-        return lambda: None
-
-    def withdraw() -> None:
-        # Only our own announcement: a newer serve may have replaced it meanwhile.
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid():
-                path.unlink()
-
-    return withdraw
-
-
-def _local_serve() -> dict[str, Any] | None:
-    try:
-        found = json.loads(serve_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) and isinstance(found.get("url"), str) else None
+# Kept here for callers that found them in this module first.
+SERVE_FILE_ENV = connection.SERVE_FILE_ENV
+serve_file = connection.serve_file
 
 
 async def _serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
@@ -174,11 +140,11 @@ async def _serve_service(
             from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 
             store = args.store_dir or settings.embedded_store_dir
-            server = await EmbeddedNatsServer(store).astart()
+            server = await EmbeddedNatsServer(store, die_with_owner=True).astart()
             stack.push_async_callback(server.aclose)
             servers = (server.url,)
             say(f"embedded nats-server listening on {server.url} (store {server.store_dir})")
-            stack.callback(_announce_local(server.url, settings.status_subject))
+            stack.callback(connection.announce_local_serve(server.url, settings.status_subject))
         from workerset_admission.adapters.nats.connect import servers_for_display
 
         where = servers_for_display(servers or settings.nats_servers)
@@ -242,20 +208,12 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     from workerset_admission.adapters.nats.errors import NatsTimeoutError, NoRespondersError
 
     subject = args.subject or settings.status_subject
-    servers: Sequence[str] | None = None
-    if settings.embedded:
+    if not settings.nats_servers:
         # No server configured: ask the local serve that runs an embedded one, if any.
-        local = _local_serve()
-        if local is None:
-            raise Unreachable(
-                "no NATS server given (--nats-server or settings) and no local serve "
-                f"announced in {serve_file()}"
-            )
-        servers = (local["url"],)
-        subject = args.subject or str(local.get("status_subject") or subject)
-    from workerset_admission.adapters.nats.connect import connect_options
-
-    options = connect_options(settings, servers, client_name="workerset-admission status")
+        local = connection.local_serve()
+        if local is not None:
+            subject = args.subject or str(local.get("status_subject") or subject)
+    options = connection.client_options(settings, "status")
     try:
         nc = await asyncio.wait_for(connect(options), args.timeout)
     except asyncio.TimeoutError:
@@ -313,7 +271,7 @@ def render_status_table(status: Mapping[str, Any]) -> str:
                 ready_text,
             )
         )
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.append(
