@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from workerset_admission.card.differences import Difference, summarize
 from workerset_admission.cli import connection, positive_seconds
 from workerset_admission.errors import Unreachable, UsageError
+from workerset_admission.identity import with_id_strings
 from workerset_admission.settings import Settings
 
 if TYPE_CHECKING:
@@ -226,7 +227,7 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         await nc.close()
     status = json.loads(reply.data)
     if args.json:
-        print(json.dumps(status, indent=2, sort_keys=True))
+        print(json.dumps(with_id_strings(status), indent=2, sort_keys=True))
     else:
         print(render_status_table(status))
     return 0
