@@ -157,3 +157,39 @@ def test_register_record_rollout_and_status_find_a_local_serve_with_no_server_gi
         finally:
             serve.send_signal(signal.SIGTERM)
             serve.wait(timeout=30)
+
+
+def test_status_card_prints_the_served_card_in_a_form_diff_takes(tmp_path: Path) -> None:
+    env = cli_env(tmp_path)
+    serve = subprocess.Popen(
+        [*CLI, "serve"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    commands = _commands(tmp_path)
+    with serve:
+        try:
+            _read_line(serve, "synced:")
+            subprocess.run(
+                [*CLI, *commands["register"], "--instance-id", "42", "--once"],
+                env=env, timeout=60, check=True, capture_output=True,
+            )  # fmt: skip
+            served = tmp_path / "served.json"
+            deadline = time.monotonic() + 30
+            while True:
+                ran = subprocess.run(
+                    [*CLI, "status", "--card", base_card()["display_name"]],
+                    capture_output=True, text=True, env=env, timeout=60, check=False,
+                )  # fmt: skip
+                if ran.returncode == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert ran.returncode == 0, ran.stderr
+            served.write_text(ran.stdout)
+            same = subprocess.run(
+                [*CLI, "diff", str(served), str(tmp_path / "card.json")],
+                capture_output=True, text=True, env=env, timeout=60, check=False,
+            )  # fmt: skip
+            assert same.returncode == 0, same.stdout + same.stderr
+            assert json.loads(ran.stdout) == base_card()
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(timeout=30)

@@ -147,9 +147,9 @@ COMMANDS: dict[str, CommandSpec] = {
     ),
     "status": CommandSpec(
         "workerset_admission.cli.serve",
-        "ask a running service for its admission state",
+        "ask a running service for its admission state (or, with --card, its served card)",
         connects=True,
-        settings=("status_subject",),
+        settings=("status_subject", "discovery_bucket"),
     ),
     "demo": CommandSpec(
         "workerset_admission.cli.demo",

@@ -63,6 +63,16 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
             "--timeout", type=positive_seconds, default=5.0, help="seconds to wait for an answer"
         )
         parser.add_argument("--subject", default=None, help="status subject of the service")
+        parser.add_argument(
+            "--card",
+            metavar="MODEL",
+            default=None,
+            help="print the card the service serves MODEL with now, as JSON that diff reads "
+            "(with several WorkerSets of MODEL, choose one with --namespace)",
+        )
+        parser.add_argument(
+            "--namespace", default=None, help="with --card: the WorkerSet's worker namespace"
+        )
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
@@ -222,15 +232,63 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     try:
         reply = await nc.request(subject, b"", timeout=args.timeout)
     except (NoRespondersError, NatsTimeoutError):
+        await nc.close()
         raise Unreachable(f"no admission service answers on {subject!r}") from None
+    try:
+        if args.card is not None:
+            card = await _served_card(nc, settings.discovery_bucket, status_of(reply), args)
+            print(json.dumps(card, indent=2, sort_keys=True))
+            return 0
     finally:
         await nc.close()
-    status = json.loads(reply.data)
+    status = status_of(reply)
     if args.json:
         print(json.dumps(with_id_strings(status), indent=2, sort_keys=True))
     else:
         print(render_status_table(status))
     return 0
+
+
+def status_of(reply: Any) -> dict[str, Any]:
+    """Decode a status reply."""
+    status: dict[str, Any] = json.loads(reply.data)
+    return status
+
+
+async def _served_card(
+    nc: Any, bucket: str, status: Mapping[str, Any], args: argparse.Namespace
+) -> Any:
+    """Read the incumbent card of one WorkerSet of ``args.card`` from the discovery bucket.
+
+    The card is that of an admitted worker (every admitted worker's card has the incumbent's
+    checksum), as the worker wrote it: ``diff`` takes it as is.
+    """
+    from workerset_admission.identity import EndpointId
+    from workerset_admission.keys import model_kv_key
+
+    groups = [
+        g
+        for g in status.get("groups", [])
+        if g["model"] == args.card
+        and args.namespace in (None, g["namespace"])
+        and isinstance(g.get("admitted"), list)
+        and g["admitted"]
+    ]
+    if not groups:
+        where = "" if args.namespace is None else f" in namespace {args.namespace!r}"
+        raise UsageError(f"the service admits no worker of model {args.card!r}{where}")
+    if len(groups) > 1:
+        choices = ", ".join(sorted({g["namespace"] for g in groups}))
+        raise UsageError(
+            f"model {args.card!r} is served by {len(groups)} WorkerSets: choose one with "
+            f"--namespace ({choices})"
+        )
+    (group,) = groups
+    endpoint = EndpointId(group["namespace"], group["component"], group["endpoint"])
+    key = model_kv_key(endpoint, int(group["admitted"][0]))
+    kv = await nc.jetstream().key_value(bucket)
+    record = json.loads((await kv.get(key)).value)
+    return record.get("card_json", record)
 
 
 def brief(checksum: object) -> str:

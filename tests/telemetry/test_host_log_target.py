@@ -1,4 +1,4 @@
-"""The rejected-cohort line is named ``workerset_admission.admission`` in the Dynamo frontend too."""
+"""The rejected-cohort line is named workerset_admission.admission in the Dynamo frontend too."""
 
 from __future__ import annotations
 
