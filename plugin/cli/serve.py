@@ -219,6 +219,8 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     from workerset_admission.adapters.nats.errors import NatsTimeoutError, NoRespondersError
 
     subject = args.subject or settings.status_subject
+    # Where --card reads the served card from.
+    bucket = settings.discovery_bucket
     if not settings.nats_servers:
         # No server configured: ask the local serve that runs an embedded one, if any.
         local = connection.local_serve()
@@ -236,7 +238,7 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         raise Unreachable(f"no admission service answers on {subject!r}") from None
     try:
         if args.card is not None:
-            card = await _served_card(nc, settings.discovery_bucket, status_of(reply), args)
+            card = await _served_card(nc, bucket, status_of(reply), args)
             print(json.dumps(card, indent=2, sort_keys=True))
             return 0
     finally:
