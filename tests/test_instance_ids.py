@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cards import base_card
 from workerset_admission.card import encode_model_record, model_kv_key
+from workerset_admission.cli import main
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId, parse_instance_id, with_id_strings
-from workerset_admission.traces.replay import render, replay, resolve_instance
+from workerset_admission.traces.replay import replay, resolve_instance
 
 EP = EndpointId("ns", "c", "e")
 BIG = 5102475244781244677  # above 2**53, as a worker registered by a 64-bit tool may be
@@ -60,8 +62,13 @@ def _as_jq_16_or_javascript_reads(text: str) -> Any:
     return json.loads(text, parse_int=float)
 
 
-def test_replay_json_carries_every_id_list_as_strings_that_lose_no_digit() -> None:
-    text = render(replay([put(BIG)]))
+def test_replay_json_carries_every_id_list_as_strings_that_lose_no_digit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(put(BIG) + "\n", encoding="utf-8")
+    assert main(["replay", str(trace)]) == 0
+    text = capsys.readouterr().out
     (group,) = _as_jq_16_or_javascript_reads(text)["groups"]
     assert int(group["admitted"][0]) != BIG
     assert group["admitted_str"] == [str(BIG)]

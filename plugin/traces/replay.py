@@ -54,7 +54,7 @@ from workerset_admission.admission.ordering import GroupId
 from workerset_admission.card import BoundarySettings, jsonio
 from workerset_admission.card.differences import describe
 from workerset_admission.errors import RemoteDataError, UsageError
-from workerset_admission.identity import GroupKey, group_fields, with_id_strings
+from workerset_admission.identity import GroupKey, group_fields
 from workerset_admission.keys import parse_key as parse_kv_key
 from workerset_admission.ports import (
     DiscoveryEntry,
@@ -153,8 +153,7 @@ def _group_json(view: GroupView) -> dict[str, Any]:
 
 def render(result: ReplayResult) -> str:
     """Render the ``replay`` output: indented JSON, fixed key order, a trailing newline."""
-    # Every id list also as decimal strings, which jq 1.6 and JavaScript read without loss.
-    return json.dumps(with_id_strings(result.to_json()), indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n"
 
 
 class _TraceBuilds:
