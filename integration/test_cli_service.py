@@ -221,13 +221,15 @@ async def test_record_then_replay_gives_the_state_the_live_service_holds(
     path = tmp_path / "trace.jsonl"
     path.write_text(trace.getvalue(), encoding="utf-8")
     from workerset_admission.cli import main
+    from workerset_admission.identity import with_id_strings
 
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["replay", str(path)]) == 0
     replayed = json.loads(capsys.readouterr().out)
     # The same ingestion and core ran both: every field replay shows equals the live one.
     fields = ("group_id", "model", "worker_set_id", "incumbent", "status", "generation", "receiver")
-    live_groups = [g.to_json() for g in live.groups]
+    # The replay command prints each id list a second time as strings, as status --json does.
+    live_groups = [with_id_strings(g.to_json()) for g in live.groups]
     assert len(live_groups) == len(replayed["groups"]) == 1
     for live_group, replayed_group in zip(live_groups, replayed["groups"], strict=True):
         assert {f: replayed_group[f] for f in fields} == {f: live_group[f] for f in fields}

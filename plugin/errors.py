@@ -11,6 +11,7 @@
     │   ├── CardDecodeError         a card Dynamo 1.6.1 would refuse to decode
     │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
     ├── Unreachable                 NATS, or a service answering over it, did not answer
+    ├── CredentialsRefused          NATS answered and refused the credentials
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
     ├── NoRoutableInstance          a routing hop with no instance both live and admitted
     ├── ViewDirectoryError          the admitted view's directory cannot be used
@@ -31,6 +32,7 @@ __all__ = [
     "DETAIL_LIMIT",
     "CardDecodeError",
     "ConfigError",
+    "CredentialsRefused",
     "DiscoveryStoreError",
     "EmbeddedServerError",
     "InvalidRecordError",
@@ -111,6 +113,10 @@ class InvalidRecordError(RemoteDataError):
 
 class Unreachable(WorkersetAdmissionError):
     """NATS, or a service answering over it, could not be reached or did not answer in time."""
+
+
+class CredentialsRefused(WorkersetAdmissionError):
+    """NATS answered and refused the credentials: retrying with the same ones cannot help."""
 
 
 class ReceiverRetired(WorkersetAdmissionError):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "ID_LIST_FIELDS",
     "STORE_NAME_MAX",
     "Drain",
     "EndpointId",
@@ -22,8 +23,10 @@ __all__ = [
     "compact_json",
     "group_fields",
     "instance_key",
+    "parse_instance_id",
     "path_name_problem",
     "store_file_name",
+    "with_id_strings",
 ]
 
 STORE_NAME_MAX = 255
@@ -227,3 +230,52 @@ class Drain:
     def worker(self) -> tuple[str, int]:
         """The worker the drain names: (namespace, instance id)."""
         return (self.namespace, self.instance_id)
+
+
+# --------------------------------------------------------------------------- id spellings
+# Instance ids as the command line reads and writes them.
+#
+# Dynamo's instance ids are unsigned 64-bit integers. Keys and log lines spell them in lowercase
+# hex without a prefix (``v1.mdc.ns.c.e.3c``, ``instance=ns/c/e/3c``); the command line's tables
+# and JSON print them in decimal, the canonical spelling (Dynamo's own ``worker_id`` in a
+# response is decimal too). Every command reads both decimal and ``0x`` hex.
+#
+# A JSON number above 2**53 loses digits in jq 1.6 and in JavaScript's ``JSON.parse`` (Dynamo
+# masks the ids it writes as JSON numbers to 53 bits for that reason; a worker registered by
+# another tool may use all 64). So beside every list of ids the JSON output carries the same ids
+# as decimal strings, under the field's name with ``_str``: ``admitted`` and ``admitted_str``.
+
+ID_LIST_FIELDS = frozenset({"admitted", "routable", "members", "hold_members", "last_known"})
+"""The JSON fields that hold lists of instance ids."""
+
+
+def parse_instance_id(text: str) -> int:
+    """Read an instance id in decimal or ``0x`` hex; raise ``ValueError`` naming both forms."""
+    spelled = text.strip()
+    try:
+        value = int(spelled, 16) if spelled.lower().startswith("0x") else int(spelled, 10)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an instance id (decimal, or hex with 0x)") from None
+    if not 0 <= value < 2**64:
+        raise ValueError(f"{text!r} is not an instance id (an unsigned 64-bit integer)")
+    return value
+
+
+def with_id_strings(document: Any) -> Any:
+    """Return ``document`` with an ``<field>_str`` list of decimal strings beside each id list."""
+    if isinstance(document, list):
+        return [with_id_strings(item) for item in document]
+    if not isinstance(document, dict):
+        return document
+    out: dict[str, Any] = {}
+    for key, value in document.items():
+        out[key] = with_id_strings(value)
+        if key in ID_LIST_FIELDS and _ids(value):
+            out[f"{key}_str"] = [str(i) for i in value]
+    return out
+
+
+def _ids(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in value
+    )

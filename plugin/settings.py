@@ -12,9 +12,11 @@ A config file holds the settings by name, flat or grouped one level deep: ``[nat
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import itertools
 import json
+import logging
 import os
 import re
 import socket
@@ -49,9 +51,11 @@ __all__ = [
     "flags_from_args",
     "load_settings",
     "mask_url",
+    "unknown_environment",
 ]
 
 ENV_PREFIX = "WORKERSET_ADMISSION_"
+_log = logging.getLogger(__name__)
 CONFIG_FILE_ENV = f"{ENV_PREFIX}CONFIG_FILE"
 
 _BUCKET_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -315,6 +319,40 @@ def _env_settings(env: Mapping[str, str]) -> dict[str, Any]:
     return found
 
 
+# Variables with the prefix that are read elsewhere, not settings: the settings file, where a
+# local serve announces itself, and the test suite's own choices.
+OTHER_VARIABLES = frozenset(
+    f"{ENV_PREFIX}{name}"
+    for name in (
+        "CONFIG_FILE",
+        "SERVE_FILE",
+        "NATS",
+        "NATS_IMAGE",
+        "ETCD_BIN",
+        "ENGINE_DIR",
+        "RUN_PHOENIX",
+    )
+)
+
+
+def unknown_environment(env: Mapping[str, str] | None = None) -> list[str]:
+    """Name every ``WORKERSET_ADMISSION_*`` variable that no setting reads, with a guess.
+
+    A misspelled variable would otherwise be ignored in silence, and the setting it meant would
+    keep its default (``..._NATS_SERVER`` for ``..._NATS_SERVERS`` starts an embedded server).
+    """
+    environ = os.environ if env is None else env
+    known = {f"{ENV_PREFIX}{field.upper()}" for field in _FIELDS} | OTHER_VARIABLES
+    said = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        said.append(f"unknown environment variable {name} is ignored{hint}")
+    return said
+
+
 def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in data.items():
@@ -382,6 +420,8 @@ def load_settings(
     if path is not None:
         merged.update(_file_settings(Path(path)))
     merged.update(_env_settings(environ))
+    for warning in unknown_environment(environ):
+        _log.warning("%s", warning)
     if flags:
         given = {k: v for k, v in flags.items() if v is not None}
         unknown = sorted(set(given) - _FIELDS)

@@ -45,6 +45,7 @@ from workerset_admission.telemetry.effect_reports import (
     decision_of,
 )
 from workerset_admission.telemetry.instruments import AdmissionInstruments, AdmissionStateSummary
+from workerset_admission.telemetry.logs import named_for_hosts
 from workerset_admission.telemetry.propagation import link_from_headers
 from workerset_admission.telemetry.scopes import DEFAULT_DECISION, BuildScope, UpdateScope
 
@@ -104,7 +105,9 @@ class AdmissionTelemetry:
         meter = metrics.get_meter(
             n.INSTRUMENTATION_NAME, __version__, meter_provider=meter_provider
         )
-        self._rejection_log = rejection_logger or logging.getLogger(f"{n.PREFIX}.admission")
+        self._rejection_log = rejection_logger or named_for_hosts(
+            logging.getLogger(f"{n.PREFIX}.admission")
+        )
         self._group_ids: dict[object, str] = {}
         self._instruments = AdmissionInstruments(meter)
 

@@ -30,6 +30,7 @@ __all__ = [
     "RefusalWarnings",
     "configure_logging",
     "install_log_correlation",
+    "named_for_hosts",
 ]
 
 LOGGER_NAME = PREFIX
@@ -105,6 +106,26 @@ def install_log_correlation() -> Callable[[], None]:
                 logging.setLogRecordFactory(previous)
 
     return uninstall
+
+
+class _NamedByLogger(logging.Filter):
+    """Give a record the logger's name as its ``module.funcName``.
+
+    The Dynamo frontend's log bridge names each Python line by ``module.funcName`` (the
+    rejected-cohort line would read ``facade.cohort_rejected``); with this filter it reads as
+    the logger, ``workerset_admission.admission``, in the frontend's log as everywhere else.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.module, _, record.funcName = record.name.rpartition(".")
+        return True
+
+
+def named_for_hosts(logger: logging.Logger) -> logging.Logger:
+    """Have ``logger``'s records named by the logger in a host's log too (idempotent)."""
+    if not any(isinstance(f, _NamedByLogger) for f in logger.filters):
+        logger.addFilter(_NamedByLogger())
+    return logger
 
 
 class JsonFormatter(logging.Formatter):

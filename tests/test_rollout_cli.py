@@ -183,3 +183,23 @@ async def test_wait_with_an_open_gate_exits_zero_at_once() -> None:
 async def test_an_expected_checksum_is_passed_to_the_gate() -> None:
     code, _out, _err = await invoke(ScriptedSource([OPEN]), "--checksum", "d" * 64)
     assert code == EXIT_NO
+
+
+async def test_wait_says_what_it_waits_for_before_the_first_look() -> None:
+    _code, _out, err = await invoke(ScriptedSource([OPEN]), "--wait", "--timeout", "30")
+    assert err.splitlines()[0] == (
+        f"waiting up to 30 s for every live frontend to serve {MODEL} from namespace {NEW} "
+        "(a look every 2 s)"
+    )
+
+
+async def test_wait_with_nats_unreachable_from_the_first_look_says_so_at_once() -> None:
+    unreachable = BucketRead(problem="cannot connect to nats://127.0.0.1:1: NoServersError()")
+    source = ScriptedSource([unreachable, OPEN])
+    code, _out, err = await invoke(source, "--wait", "--timeout", "600")
+    assert code == EXIT_UNREACHABLE
+    # One look, not ten minutes of them.
+    assert source.calls == 1
+    assert err.splitlines()[-1] == (
+        "workerset-admission rollout: cannot connect to nats://127.0.0.1:1: NoServersError()"
+    )

@@ -13,8 +13,10 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import ReconnectToServerHandler, Server
+from nats.errors import AuthorizationError
+from nats.errors import Error as NatsError
 from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
-from workerset_admission.errors import ConfigError, Unreachable
+from workerset_admission.errors import ConfigError, CredentialsRefused, Unreachable
 from workerset_admission.settings import Settings, mask_url
 
 __all__ = [
@@ -170,6 +172,9 @@ async def connect(
     if first_attempts < 1:
         raise ConfigError("first_attempts must be at least 1")
     callbacks = callbacks or ConnectionCallbacks()
+    # nats-py reports a refused login to the error callback and then retries; what the first
+    # connection finally raises is "no servers available", which would hide the cause.
+    refusals: list[Exception] = []
     kwargs: dict[str, Any] = {
         "servers": list(options.servers),
         "connect_timeout": options.connect_timeout,
@@ -178,7 +183,7 @@ async def connect(
         "max_reconnect_attempts": max(1, first_attempts - 1),
         "reconnect_time_wait": options.reconnect_wait,
         "ping_interval": options.ping_interval,
-        "error_cb": callbacks.error or _quiet_error,
+        "error_cb": _noting_refusals(callbacks.error or _quiet_error, refusals),
         "reconnect_to_server_handler": _backoff_handler(options),
     }
     if options.name:
@@ -218,10 +223,39 @@ async def connect(
         # Connected: from now on a lost connection is retried forever (nats-py reads this
         # option at every reconnect).
         client.options["max_reconnect_attempts"] = -1
-    except BaseException:
+    except BaseException as error:
         await _abandon(client, attempt)
+        if _refused(error) or (refusals and isinstance(error, Exception)):
+            raise CredentialsRefused(
+                f"NATS at {servers_for_display(options.servers)} refused the credentials "
+                f"({refusals[-1] if refusals else error}): check the NATS user and password, "
+                "token, nkey seed or credentials file"
+            ) from None
         raise
     return client
+
+
+# What the server says when it refuses a login (nats-py raises its plain ``Error`` for some).
+_REFUSALS = ("authorization violation", "authentication")
+
+
+def _refused(error: BaseException) -> bool:
+    """Tell whether the server refused the credentials (not whether it could be reached)."""
+    if isinstance(error, AuthorizationError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, NatsError) and any(refusal in text for refusal in _REFUSALS)
+
+
+def _noting_refusals(owner: ErrorCallback, refusals: list[Exception]) -> ErrorCallback:
+    """Wrap the owner's error callback so a refused login is remembered, then passed on."""
+
+    async def on_error(error: Exception) -> None:
+        if _refused(error):
+            refusals.append(error)
+        await owner(error)
+
+    return on_error
 
 
 async def _abandon(client: NatsClient, attempt: asyncio.Future[None]) -> None:

@@ -8,14 +8,17 @@ wheel installs it next to the Python interpreter's scripts); no binary is downlo
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +100,11 @@ class EmbeddedNatsServer:
 
     The port is chosen once and kept across :meth:`restart`, so clients reconnect to the same
     address. ``store_dir`` defaults to a temporary directory removed by :meth:`close`.
+
+    With ``die_with_owner`` the server is ended by the kernel when the thread that started it
+    ends, however it ends (SIGKILL included), so it never outlives its owner (Linux only: the
+    ``PR_SET_PDEATHSIG`` of ``prctl``). :meth:`astart` starts the process from the event loop's
+    own thread for that reason; the owner is that thread, which lives as long as the loop.
     """
 
     def __init__(
@@ -107,6 +115,7 @@ class EmbeddedNatsServer:
         binary: Path | str | None = None,
         extra_args: tuple[str, ...] = (),
         ready_timeout: float = 15.0,
+        die_with_owner: bool = False,
     ) -> None:
         self.binary = Path(binary) if binary is not None else find_nats_server_binary()
         self._own_tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -118,6 +127,7 @@ class EmbeddedNatsServer:
         self.port = port or 0
         self.extra_args = extra_args
         self.ready_timeout = ready_timeout
+        self.die_with_owner = die_with_owner
         self._running: _Running | None = None
         self._log_dir = Path(tempfile.mkdtemp(prefix="workerset-nats-log-"))
         self._starts = 0
@@ -161,6 +171,9 @@ class EmbeddedNatsServer:
         raise last_error
 
     def _spawn(self) -> None:
+        self._await_ready(*self._launch())
+
+    def _launch(self) -> tuple[subprocess.Popen[bytes], Path]:
         log_path = self._log_dir / f"nats-server-{self._starts}.log"
         args = [
             str(self.binary),
@@ -175,8 +188,15 @@ class EmbeddedNatsServer:
         ]
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_end_with_parent() if self.die_with_owner else None,
             )
+        return process, log_path
+
+    def _await_ready(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -239,7 +259,29 @@ class EmbeddedNatsServer:
             self._own_tmp = None
 
     async def astart(self) -> EmbeddedNatsServer:
-        return await asyncio.to_thread(self.start)
+        """Start as :meth:`start` does; the process is launched from the loop's thread."""
+        if self.running:
+            return self
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        attempts = 1 if self._requested_port or self._starts else 3
+        last_error: NatsServerStartError | None = None
+        for _ in range(attempts):
+            if not self.port:
+                self.port = free_loopback_port()
+            # Launched here, on the loop's long-lived thread (see die_with_owner); only the
+            # wait for readiness goes to a worker thread.
+            launched = self._launch()
+            try:
+                await asyncio.to_thread(self._await_ready, *launched)
+            except NatsServerStartError as exc:
+                last_error = exc
+                if not self._requested_port and not self._starts:
+                    self.port = 0
+                continue
+            self._starts += 1
+            return self
+        assert last_error is not None
+        raise last_error
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
@@ -255,6 +297,29 @@ class EmbeddedNatsServer:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent() -> Callable[[], None] | None:
+    """Return a ``preexec_fn`` that has the kernel end the child when its parent thread ends.
+
+    SIGTERM, so the server still closes its JetStream store cleanly. ``None`` where ``prctl``
+    does not exist (the server then only ends with :meth:`EmbeddedNatsServer.close`).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        # The parent may have died between fork and prctl; then nothing will send the signal.
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def _accepts(port: int) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from workerset_admission.cli.runner import (
     COMMANDS,
+    EXIT_CREDENTIALS,
     EXIT_FAILED,
     EXIT_NO,
     EXIT_OK,
@@ -19,6 +20,7 @@ from workerset_admission.cli.runner import (
 
 __all__ = [
     "COMMANDS",
+    "EXIT_CREDENTIALS",
     "EXIT_FAILED",
     "EXIT_NO",
     "EXIT_OK",

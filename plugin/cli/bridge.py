@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, replace
@@ -81,16 +82,11 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     from workerset_admission.ownership import bridge_writer
 
     settings = args.settings
-    if settings.embedded:
-        raise ConfigError(
-            "the bridge writes the bucket the frontends read: give their NATS server "
-            "(--nats-server or WORKERSET_ADMISSION_NATS_SERVERS)"
-        )
     if settings.etcd_endpoints:
         if args.file_kv is not None:
             raise ConfigError("give either --file-kv or etcd endpoints, not both")
         return await _bridge_etcd(settings, args, stop)
-    root: Path = args.file_kv or default_store_root()
+    root = _store_root(args.file_kv, default_store_root())
     # Refused before connecting: a wrong path must not get as far as a prune.
     check_store_root(root)
     owner = bridge_writer(root, args.bridge_id)
@@ -114,6 +110,20 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
             await bridge.run(stop)
     print(json.dumps(asdict(bridge.stats), sort_keys=True))
     return 0
+
+
+def _store_root(given: Path | None, default: Path) -> Path:
+    """Return the file store to mirror; an unnamed one must exist where Dynamo keeps it."""
+    if given is not None:
+        return given
+    if not os.environ.get("DYN_FILE_KV") and not default.is_dir():
+        # The user named no store, and Dynamo's own default place holds none either: naming
+        # that place in an error would point at a path the user never typed.
+        raise ConfigError(
+            "no discovery store given: --file-kv DIR (the workers' DYN_FILE_KV) for Dynamo's "
+            "file store, or --etcd ENDPOINTS for etcd"
+        )
+    return default
 
 
 @contextlib.asynccontextmanager
@@ -143,8 +153,9 @@ async def _bucket_writer(
     # second: it is back (and writing) before the frontends' longer backoff lets them re-read
     # the bucket. One process per store, so the extra attempts cost the server little.
     from workerset_admission.adapters.nats.connect import connect_options
+    from workerset_admission.cli.connection import servers
 
-    configured = connect_options(settings, client_name="workerset-bridge")
+    configured = connect_options(settings, servers(settings), client_name="workerset-bridge")
     options = replace(configured, max_reconnect_wait=min(1.0, configured.max_reconnect_wait))
     client = await connect(options, ConnectionCallbacks(reconnected=reconnected))
     try:

@@ -138,7 +138,7 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
             await asyncio.sleep(0.02)
 
     async with contextlib.AsyncExitStack() as stack:
-        server = await EmbeddedNatsServer().astart()
+        server = await EmbeddedNatsServer(die_with_owner=True).astart()
         stack.push_async_callback(server.aclose)
         say(f"embedded nats-server on {server.url}", stream)
         demo_settings = settings.model_copy(

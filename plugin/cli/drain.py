@@ -278,15 +278,11 @@ async def run_undrain(args: argparse.Namespace, store: DrainStore, out: TextIO =
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     del stop
-    from workerset_admission.adapters.nats.connect import DEFAULT_SERVERS, connect_options
     from workerset_admission.adapters.nats.drain_store import NatsDrainStore
+    from workerset_admission.cli.connection import client_options
 
     settings = args.settings
-    options = connect_options(
-        settings,
-        settings.nats_servers or DEFAULT_SERVERS,
-        client_name=f"workerset-admission {name}",
-    )
+    options = client_options(settings, name)
 
     def progress(line: str) -> None:
         sys.stderr.write(line + "\n")

@@ -6,6 +6,7 @@ import asyncio
 import sys
 
 from workerset_admission.errors import (
+    CredentialsRefused,
     RemoteDataError,
     StoreUnavailable,
     Unreachable,
@@ -15,6 +16,7 @@ from workerset_admission.errors import (
 )
 
 __all__ = [
+    "EXIT_CREDENTIALS",
     "EXIT_FAILED",
     "EXIT_NO",
     "EXIT_OK",
@@ -35,6 +37,8 @@ EXIT_UNREACHABLE = 3
 """NATS (or, for ``bridge``, etcd) could not be reached or did not answer in time."""
 EXIT_FAILED = 4
 """The command failed while it ran (the service stopped on an error, an unexpected fault)."""
+EXIT_CREDENTIALS = 5
+"""NATS answered and refused the credentials (retrying with the same ones cannot help)."""
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
@@ -50,6 +54,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
     return (
         ((UsageError,), EXIT_USAGE),
+        ((CredentialsRefused,), EXIT_CREDENTIALS),
         ((RemoteDataError, ViewDirectoryError), EXIT_USAGE),
         ((Unreachable, StoreUnavailable), EXIT_UNREACHABLE),
         (_transport_errors(), EXIT_UNREACHABLE),
@@ -62,9 +67,9 @@ EXIT_STATUSES: dict[int, str] = {
     EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted, diff cards "
     "differ",
     EXIT_USAGE: "bad flags, settings, trace, card, output path or view folder; nothing changed",
-    EXIT_UNREACHABLE: "NATS (or etcd, for bridge) unreachable, credentials refused, or no answer "
-    "in time",
+    EXIT_UNREACHABLE: "NATS (or etcd, for bridge) unreachable, or no answer in time",
     EXIT_FAILED: "the command failed while running",
+    EXIT_CREDENTIALS: "NATS refused the credentials",
 }
 """Every exit status the command line uses, with its meaning (the README shows this table)."""
 

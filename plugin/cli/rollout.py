@@ -43,6 +43,7 @@ __all__ = [
     "check_gate",
     "main",
     "wait_for_gate",
+    "waiting_line",
 ]
 
 DEFAULT_BUCKET = ADMISSION_BUCKET
@@ -132,6 +133,17 @@ def progress_line(check: GateCheck, elapsed: float) -> str:
     return line
 
 
+def waiting_line(query: GateQuery, timeout: float, interval: float) -> str:
+    """Say, before the first look, what ``--wait`` waits for and for how long."""
+    line = (
+        f"waiting up to {timeout:g} s for every live frontend to serve {query.model} from "
+        f"namespace {query.namespace}"
+    )
+    if query.expected_checksum:
+        line += f" with checksum {query.expected_checksum}"
+    return line + f" (a look every {interval:g} s)"
+
+
 async def wait_for_gate(
     source: RecordSource,
     query: GateQuery,
@@ -153,7 +165,12 @@ async def wait_for_gate(
         # Only changes are printed, so a long wait does not flood the operator's terminal.
         if last_line is None or line.split("] ", 1)[1] != last_line.split("] ", 1)[1]:
             progress(line)
+            first_look = last_line is None
             last_line = line
+            if first_look and check.report is None:
+                # Not even the first look could read the bucket (a wrong address, NATS down):
+                # say so now instead of at the timeout. Later failures are waited through.
+                return check
         if check.open or elapsed >= timeout:
             return check
         await sleep(min(interval, max(0.0, timeout - elapsed)))
@@ -244,6 +261,8 @@ async def run_async(
             err.write(line + "\n")
             err.flush()
 
+        progress(waiting_line(query, args.timeout, args.interval))
+
         check = await wait_for_gate(
             source,
             query,
@@ -263,15 +282,8 @@ async def run_async(
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     del name, stop
     from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
-    from workerset_admission.adapters.nats.connect import DEFAULT_SERVERS
+    from workerset_admission.cli.connection import client_options
 
     settings = args.settings
-    # A tool reads an existing deployment; with no servers configured, the local default.
-    from workerset_admission.adapters.nats.connect import connect_options
-
-    options = connect_options(
-        settings,
-        settings.nats_servers or DEFAULT_SERVERS,
-        client_name="workerset-admission rollout",
-    )
+    options = client_options(settings, "rollout")
     return await run_async(args, NatsRecordSource(options, settings.admission_bucket))

@@ -26,11 +26,13 @@ import importlib
 import logging
 import signal
 import sys
+import typing
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from workerset_admission.cli.exits import (
+    EXIT_CREDENTIALS,
     EXIT_FAILED,
     EXIT_NO,
     EXIT_OK,
@@ -46,6 +48,7 @@ from workerset_admission.errors import (
 
 __all__ = [
     "COMMANDS",
+    "EXIT_CREDENTIALS",
     "EXIT_FAILED",
     "EXIT_NO",
     "EXIT_OK",
@@ -144,9 +147,9 @@ COMMANDS: dict[str, CommandSpec] = {
     ),
     "status": CommandSpec(
         "workerset_admission.cli.serve",
-        "ask a running service for its admission state",
+        "ask a running service for its admission state (or, with --card, its served card)",
         connects=True,
-        settings=("status_subject",),
+        settings=("status_subject", "discovery_bucket"),
     ),
     "demo": CommandSpec(
         "workerset_admission.cli.demo",
@@ -255,17 +258,30 @@ def _load(name: str) -> CommandModule:
     return cast(CommandModule, importlib.import_module(COMMANDS[name].module))
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose errors are one line, ``<prog>: <what went wrong>``, and exit 2.
+
+    A subcommand's parser is named ``workerset-admission <command>``, so an argument error
+    names the command as every other error does; ``--help`` shows the usage.
+    """
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="workerset-admission",
         description="WorkerSet admission for the Dynamo frontend.",
         epilog="Exit statuses: "
         + "; ".join(f"{code} {text}" for code, text in EXIT_STATUSES.items()),
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    version = f"workerset-admission {_version()}"
+    parser.add_argument("--version", action="version", version=version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, spec in COMMANDS.items():
         command = sub.add_parser(name, help=spec.help, description=spec.help)
+        command.add_argument("--version", action="version", version=version)
         _load(name).arguments(name, command)
         command.add_argument(
             "--log-level",
@@ -341,7 +357,15 @@ def run_command(name: str, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # The top-level parser collects what a subcommand did not know: say which command.
+        parser.exit(
+            EXIT_USAGE,
+            f"workerset-admission {args.command}: unrecognized arguments: {' '.join(unknown)} "
+            f"(see workerset-admission {args.command} --help)\n",
+        )
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     return run_command(args.command, args)
 

@@ -12,17 +12,16 @@ import asyncio
 import contextlib
 import gc
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from workerset_admission.card.differences import Difference, summarize
-from workerset_admission.cli import positive_seconds
+from workerset_admission.cli import connection, positive_seconds
 from workerset_admission.errors import Unreachable, UsageError
+from workerset_admission.identity import with_id_strings
 from workerset_admission.settings import Settings
 
 if TYPE_CHECKING:
@@ -64,6 +63,16 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
             "--timeout", type=positive_seconds, default=5.0, help="seconds to wait for an answer"
         )
         parser.add_argument("--subject", default=None, help="status subject of the service")
+        parser.add_argument(
+            "--card",
+            metavar="MODEL",
+            default=None,
+            help="print the card the service serves MODEL with now, as JSON that diff reads "
+            "(with several WorkerSets of MODEL, choose one with --namespace)",
+        )
+        parser.add_argument(
+            "--namespace", default=None, help="with --card: the WorkerSet's worker namespace"
+        )
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
@@ -74,41 +83,9 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
 
 # --------------------------------------------------------------------------- serve
 
-SERVE_FILE_ENV = "WORKERSET_ADMISSION_SERVE_FILE"
-
-
-def serve_file() -> Path:
-    """Where a ``serve`` with an embedded server says where it listens, for ``status``."""
-    override = os.environ.get(SERVE_FILE_ENV)
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return Path(base) / f"workerset-admission-{os.getuid()}.serve.json"
-
-
-def _announce_local(url: str, subject: str) -> Callable[[], None]:
-    path = serve_file()
-    body = json.dumps({"url": url, "status_subject": subject, "pid": os.getpid()})
-    try:
-        path.write_text(body + "\n", encoding="utf-8")
-    except OSError:
-        return lambda: None
-
-    def withdraw() -> None:
-        # Only our own announcement: a newer serve may have replaced it meanwhile.
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid():
-                path.unlink()
-
-    return withdraw
-
-
-def _local_serve() -> dict[str, Any] | None:
-    try:
-        found = json.loads(serve_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) and isinstance(found.get("url"), str) else None
+# Kept here for callers that found them in this module first.
+SERVE_FILE_ENV = connection.SERVE_FILE_ENV
+serve_file = connection.serve_file
 
 
 async def _serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
@@ -174,11 +151,11 @@ async def _serve_service(
             from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 
             store = args.store_dir or settings.embedded_store_dir
-            server = await EmbeddedNatsServer(store).astart()
+            server = await EmbeddedNatsServer(store, die_with_owner=True).astart()
             stack.push_async_callback(server.aclose)
             servers = (server.url,)
             say(f"embedded nats-server listening on {server.url} (store {server.store_dir})")
-            stack.callback(_announce_local(server.url, settings.status_subject))
+            stack.callback(connection.announce_local_serve(server.url, settings.status_subject))
         from workerset_admission.adapters.nats.connect import servers_for_display
 
         where = servers_for_display(servers or settings.nats_servers)
@@ -295,20 +272,14 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     from workerset_admission.adapters.nats.errors import NatsTimeoutError, NoRespondersError
 
     subject = args.subject or settings.status_subject
-    servers: Sequence[str] | None = None
-    if settings.embedded:
+    # Where --card reads the served card from.
+    bucket = settings.discovery_bucket
+    if not settings.nats_servers:
         # No server configured: ask the local serve that runs an embedded one, if any.
-        local = _local_serve()
-        if local is None:
-            raise Unreachable(
-                "no NATS server given (--nats-server or settings) and no local serve "
-                f"announced in {serve_file()}"
-            )
-        servers = (local["url"],)
-        subject = args.subject or str(local.get("status_subject") or subject)
-    from workerset_admission.adapters.nats.connect import connect_options
-
-    options = connect_options(settings, servers, client_name="workerset-admission status")
+        local = connection.local_serve()
+        if local is not None:
+            subject = args.subject or str(local.get("status_subject") or subject)
+    options = connection.client_options(settings, "status")
     try:
         nc = await asyncio.wait_for(connect(options), args.timeout)
     except asyncio.TimeoutError:
@@ -316,15 +287,63 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     try:
         reply = await nc.request(subject, b"", timeout=args.timeout)
     except (NoRespondersError, NatsTimeoutError):
+        await nc.close()
         raise Unreachable(f"no admission service answers on {subject!r}") from None
+    try:
+        if args.card is not None:
+            card = await _served_card(nc, bucket, status_of(reply), args)
+            print(json.dumps(card, indent=2, sort_keys=True))
+            return 0
     finally:
         await nc.close()
-    status = json.loads(reply.data)
+    status = status_of(reply)
     if args.json:
-        print(json.dumps(status, indent=2, sort_keys=True))
+        print(json.dumps(with_id_strings(status), indent=2, sort_keys=True))
     else:
         print(render_status_table(status))
     return 0
+
+
+def status_of(reply: Any) -> dict[str, Any]:
+    """Decode a status reply."""
+    status: dict[str, Any] = json.loads(reply.data)
+    return status
+
+
+async def _served_card(
+    nc: Any, bucket: str, status: Mapping[str, Any], args: argparse.Namespace
+) -> Any:
+    """Read the incumbent card of one WorkerSet of ``args.card`` from the discovery bucket.
+
+    The card is that of an admitted worker (every admitted worker's card has the incumbent's
+    checksum), as the worker wrote it: ``diff`` takes it as is.
+    """
+    from workerset_admission.identity import EndpointId
+    from workerset_admission.keys import model_kv_key
+
+    groups = [
+        g
+        for g in status.get("groups", [])
+        if g["model"] == args.card
+        and args.namespace in (None, g["namespace"])
+        and isinstance(g.get("admitted"), list)
+        and g["admitted"]
+    ]
+    if not groups:
+        where = "" if args.namespace is None else f" in namespace {args.namespace!r}"
+        raise UsageError(f"the service admits no worker of model {args.card!r}{where}")
+    if len(groups) > 1:
+        choices = ", ".join(sorted({g["namespace"] for g in groups}))
+        raise UsageError(
+            f"model {args.card!r} is served by {len(groups)} WorkerSets: choose one with "
+            f"--namespace ({choices})"
+        )
+    (group,) = groups
+    endpoint = EndpointId(group["namespace"], group["component"], group["endpoint"])
+    key = model_kv_key(endpoint, int(group["admitted"][0]))
+    kv = await nc.jetstream().key_value(bucket)
+    record = json.loads((await kv.get(key)).value)
+    return record.get("card_json", record)
 
 
 def brief(checksum: object) -> str:
@@ -366,7 +385,7 @@ def render_status_table(status: Mapping[str, Any]) -> str:
                 ready_text,
             )
         )
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.append(

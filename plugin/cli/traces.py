@@ -23,9 +23,10 @@ from workerset_admission.cli import positive_seconds
 from workerset_admission.cli.connection import client_options
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK
 from workerset_admission.errors import Unreachable, UsageError
+from workerset_admission.identity import with_id_strings
 from workerset_admission.settings import Settings
 from workerset_admission.traces.format import read_trace, recorded_settings
-from workerset_admission.traces.replay import ReplayResult, explain, is_admitted, render, replay
+from workerset_admission.traces.replay import ReplayResult, explain, is_admitted, replay
 from workerset_admission.traces.state_line import DecisionState
 
 __all__ = ["LISTING_TIMEOUT", "arguments", "main", "record_trace"]
@@ -168,7 +169,9 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     # A replay is short and offline: a signal simply cancels it.
     result = _replay(args)
     if name == "replay":
-        sys.stdout.write(render(result))
+        # Every id list also as decimal strings, which jq 1.6 and JavaScript read without loss.
+        document = with_id_strings(result.to_json())
+        sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
         return 0
     text = explain(result, args.instance)
     admitted = is_admitted(result, args.instance)

@@ -18,7 +18,7 @@ from workerset_admission.aio import cancel_and_wait
 from workerset_admission.cli import EXIT_FAILED, positive_seconds
 from workerset_admission.cli.connection import client_options
 from workerset_admission.errors import ConfigError
-from workerset_admission.identity import EndpointId, instance_key
+from workerset_admission.identity import EndpointId, instance_key, parse_instance_id
 from workerset_admission.ownership import register_writer
 from workerset_admission.settings import Settings
 
@@ -26,14 +26,10 @@ __all__ = ["arguments", "check_card", "main"]
 
 
 def _instance_id(text: str) -> int:
-    base = 16 if text.lower().startswith("0x") else 10
     try:
-        value = int(text, base)
-    except ValueError:
-        raise argparse.ArgumentTypeError("an instance id is a decimal or 0x-hex integer") from None
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError("an instance id is an unsigned 64-bit integer")
-    return value
+        return parse_instance_id(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _add_worker_arguments(parser: argparse.ArgumentParser, *, id_required: bool) -> None:
@@ -169,7 +165,9 @@ async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.
         keys = [key]
         if not args.no_endpoint_record:
             keys.append(await publisher.register_endpoint(endpoint, instance_id))
-        print(json.dumps({"registered": keys, "instance_id": instance_id}), flush=True)
+        # The id as a string too: a 64-bit id loses digits as a number in jq 1.6 and JavaScript.
+        said = {"registered": keys, "instance_id": instance_id, "instance_id_str": str(instance_id)}
+        print(json.dumps(said), flush=True)
         if args.once:
             return 0
         await _first(stop, publisher.lost_event)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workerset_admission import identity
 from workerset_admission.card import jsonio
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import ENDPOINT_PREFIX, MODEL_PREFIX, parse_key
@@ -66,16 +67,10 @@ class Worker:
 
 def parse_instance_id(text: str) -> int:
     """Read an instance id as an operator types it: decimal, or hex with ``0x``."""
-    spelled = text.strip().lower()
     try:
-        value = int(spelled[2:], 16) if spelled.startswith("0x") else int(spelled, 10)
-    except ValueError:
-        raise UsageError(
-            f"{text!r} is not an instance id (decimal, or hex with 0x, as status prints it)"
-        ) from None
-    if not 0 <= value < 1 << 64:
-        raise UsageError(f"instance id {text!r} does not fit in 64 bits")
-    return value
+        return identity.parse_instance_id(text)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def _host_of(value: bytes) -> str | None:

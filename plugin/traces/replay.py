@@ -453,29 +453,70 @@ def replay(
 def resolve_instance(result: ReplayResult, instance: str) -> str:
     """Return the instance key ``instance`` names: an instance key, a KV key, or a bare id.
 
-    Instance ids are printed as integers (``status --json``, ``replay``) and spelled in hex in
-    keys; a bare id may be given either way (``26`` or ``0x1a``). A bare id must name one
-    registration of the trace; several are refused with the keys to choose from.
+    Keys and log lines spell the id in hex without a prefix (``ns/c/e/3c``); tables and JSON
+    print it in decimal (``60``). Both are accepted, in a key or alone, and ``0x3c`` too. A
+    spelling that reads as two different registered ids (``60`` is decimal 60 and hex 0x60) is
+    refused with both keys to choose from; one that names several keys of one id is refused
+    with the keys.
     """
     if instance.startswith("v1."):
-        return _instance_key_of(instance)
+        instance = _instance_key_of(instance)
     if "/" in instance:
+        if instance in result.history:
+            return instance
+        parts = instance.split("/")
+        if len(parts) < 4:
+            return instance
+        wanted = _spelled_ids(parts[3])
+        found = {f"{'/'.join(parts[:3])}/{'/'.join([f'{i:x}', *parts[4:]])}" for i in wanted} & set(
+            result.history
+        )
+        if len(found) == 1:
+            return found.pop()
+        if len(found) > 1:
+            raise UsageError(
+                f"{instance!r} is ambiguous: {' or '.join(sorted(found))} (write the id as "
+                "0x<hex> or as the decimal the tables print)"
+            )
         return instance
-    try:
-        wanted = int(instance, 16) if instance.lower().startswith("0x") else int(instance, 10)
-    except ValueError:
+    wanted = _spelled_ids(instance)
+    if not wanted:
         raise UsageError(
             f"{instance!r} is neither an instance key, a KV key nor an instance id"
         ) from None
-    matches = sorted(key for key in result.history if _instance_id_of(key) == wanted)
-    if not matches:
-        raise UsageError(f"the trace never registers instance id {wanted} (0x{wanted:x})")
+    by_id = {i: sorted(key for key in result.history if _instance_id_of(key) == i) for i in wanted}
+    by_id = {i: keys for i, keys in by_id.items() if keys}
+    if not by_id:
+        shown = " nor ".join(f"{i} (0x{i:x})" for i in sorted(wanted))
+        raise UsageError(f"the trace never registers instance id {shown}")
+    if len(by_id) > 1:
+        raise UsageError(
+            f"{instance!r} is ambiguous: decimal {int(instance, 10)} or hex 0x{instance} (write "
+            "the id as 0x<hex> or as the decimal the tables print)"
+        )
+    ((wanted_id, matches),) = by_id.items()
     bases = [key for key in matches if key.count("/") == 3]
     if len(bases) == 1:
         return bases[0]
     if len(matches) == 1:
         return matches[0]
-    raise UsageError(f"instance id {wanted} names several keys: {', '.join(matches)}")
+    raise UsageError(f"instance id {wanted_id} names several keys: {', '.join(matches)}")
+
+
+def _spelled_ids(text: str) -> set[int]:
+    """Every id ``text`` may spell: ``0x`` hex, decimal, or the bare hex of keys and logs."""
+    lowered = text.strip().lower()
+    if lowered.startswith("0x"):
+        try:
+            return {int(lowered, 16)}
+        except ValueError:
+            return set()
+    found = set()
+    if lowered.isdecimal():
+        found.add(int(lowered, 10))
+    if lowered and all(c in "0123456789abcdef" for c in lowered):
+        found.add(int(lowered, 16))
+    return {i for i in found if 0 <= i < 2**64}
 
 
 def _instance_id_of(key: str) -> int | None:

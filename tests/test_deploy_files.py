@@ -1,0 +1,86 @@
+"""What an operator looks for: license, changelog, examples, container and systemd files.
+
+The Containerfiles are not built here (no registry for a Python base image): this checks that
+what they copy exists and that the commands they run parse with the real parsers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from workerset_admission import cli
+from workerset_admission.settings import load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
+CONTAINERFILES = sorted((ROOT / "deploy" / "container").glob("Containerfile.*"))
+
+
+def test_the_license_is_the_apache_2_0_text_pyproject_names() -> None:
+    license_text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in license_text
+    assert "Version 2.0, January 2004" in license_text
+    assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_the_changelog_names_the_version_the_package_has() -> None:
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    assert f"## {version.group(1)} " in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+
+
+def test_the_sample_settings_file_loads_as_it_is() -> None:
+    settings = load_settings(config_file=ROOT / "examples" / "settings.toml", env={})
+    assert settings.nats_servers == ("nats://127.0.0.1:4222",)
+
+
+def _unit_command(unit: Path) -> list[str]:
+    (line,) = [x for x in unit.read_text().splitlines() if x.startswith("ExecStart=")]
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
+def test_a_systemd_unit_runs_a_command_and_flags_that_exist(unit: Path) -> None:
+    argv = _unit_command(unit)
+    assert argv[0].endswith("/workerset-admission")
+    args = cli.build_parser().parse_args(argv[1:])
+    assert cli.COMMANDS[args.command].runs_until_stopped
+    text = unit.read_text()
+    # A bad setting (2) or refused credentials (5) is not cured by restarting.
+    assert f"RestartPreventExitStatus={cli.EXIT_USAGE} {cli.EXIT_CREDENTIALS}" in text
+
+
+def _json_array(text: str, instruction: str) -> list[str]:
+    found = re.search(rf"^{instruction} (\[.*\])$", text, re.M)
+    assert found is not None, instruction
+    value: list[str] = json.loads(found.group(1))
+    return value
+
+
+@pytest.mark.parametrize("path", CONTAINERFILES, ids=[p.name for p in CONTAINERFILES])
+def test_a_containerfile_copies_what_the_package_needs_and_runs_what_exists(path: Path) -> None:
+    text = path.read_text()
+    for folder in ("plugin", "adapters", "telemetry"):
+        assert f"COPY {folder} {folder}" in text
+        assert (ROOT / folder).is_dir()
+    entry, command = _json_array(text, "ENTRYPOINT"), _json_array(text, "CMD")
+    if entry == ["workerset-admission"]:
+        args = cli.build_parser().parse_args(command)
+        assert args.command == "serve"
+    else:
+        assert entry[:3] == ["python", "-m", "dynamo.frontend"]
+        assert "DYN_FRONTEND_ROUTE_EXTENSIONS=workerset-admission" in text
+        from dynamo.frontend.main import parse_args  # the real 1.6.1 frontend's parser
+
+        saved = sys.argv
+        sys.argv = ["dynamo.frontend", *entry[3:], *command]
+        try:
+            config = parse_args()[0]
+        finally:
+            sys.argv = saved
+        assert (config.http_port, config.discovery_backend) == (8000, "file")
