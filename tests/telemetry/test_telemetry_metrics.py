@@ -204,6 +204,7 @@ def test_metric_names_units_and_kinds_are_as_documented(harness: Harness) -> Non
         "workerset_admission.groups.held": "Gauge",
         "workerset_admission.workers.admitted": "Gauge",
         "workerset_admission.workers": "Gauge",
+        "workerset_admission.view.lag": "Gauge",
     }
     for metric in harness.metrics().values():
         if type(metric.data).__name__ == "Sum":
