@@ -294,7 +294,7 @@ class AdmissionTelemetry:
                 said,
                 extra=fields,
             )
-            self._instruments.rejected.add(1, {n.LABEL_MODEL: model})
+            self._instruments.count_rejection(model)
             span = trace.get_current_span()
             if span.is_recording():
                 attrs: dict[str, Any] = {
@@ -367,9 +367,7 @@ class AdmissionTelemetry:
             # A group whose last worker left has no successor: that is a withdrawal, not a
             # succession, and counting it would make every scale-to-zero look like an update.
             try:
-                self._instruments.successions.add(
-                    1, {n.LABEL_MODEL: str(model)} if model is not None else {}
-                )
+                self._instruments.count_succession("" if model is None else str(model))
             except Exception:
                 _log.debug("could not count a succession", exc_info=True)
         self._instant_span(n.SPAN_SUCCEED, attrs)
@@ -420,7 +418,7 @@ class AdmissionTelemetry:
             attrs[n.ATTR_HOLD_LAST_KNOWN_UNTIL] = float(last_known_until)
         try:
             model = getattr(group, "model", None)
-            self._instruments.holds.add(1, {n.LABEL_MODEL: str(model)} if model is not None else {})
+            self._instruments.count_hold("" if model is None else str(model))
         except Exception:
             _log.debug("could not count a held tenure", exc_info=True)
         if generation is not None:

@@ -19,7 +19,7 @@ from workerset_admission.telemetry.worker_states import (
     RejectionLike,
     WorkerSetLabels,
     WorkerSetState,
-    differs_in,
+    rejection_reasons,
     worker_sets,
 )
 
@@ -81,8 +81,11 @@ class AdmissionStateSummary:
 class AdmissionInstruments:
     """Every instrument of one admission service, made on one meter, and what records into them.
 
-    The counters ``invalid``, ``rejected`` and ``successions`` are added to directly by the
-    facade; update counts, latency samples, builds and the gauges go through the methods here.
+    The counter ``invalid`` is added to directly by the facade; update counts, rejected
+    cohorts, successions, holds, latency samples, builds and the gauges go through the methods
+    here. Rejections, successions and holds are counted per model and reported for every model
+    that has a group, 0 included, so a query's ``increase()`` sees the first one: Prometheus
+    takes a series' first sample as its start, not as an increase from nothing.
     """
 
     def __init__(self, meter: metrics.Meter) -> None:
@@ -94,6 +97,12 @@ class AdmissionInstruments:
         # When each tenure began (Unix time), by group, with the receiver that names the tenure.
         self._tenures: dict[object, tuple[int | None, float]] = {}
         self._lag: float | None = None
+        self._rejections: dict[str, int] = {}
+        self._successions: dict[str, int] = {}
+        # What each pair of checksums (incumbent's, rejected card's) differs in, once known:
+        # a held incumbent may have no card left to compare with.
+        self._differs: dict[tuple[str, str], str] = {}
+        self._holds: dict[str, int] = {}
         self._update_counts: dict[tuple[str, str], int] = {}
         self._update_labels: dict[tuple[str, str], dict[str, str]] = {}
         self._latency_seen = 0
@@ -112,19 +121,25 @@ class AdmissionInstruments:
             unit="{record}",
             description="Discovery records refused at the boundary, by reason.",
         )
-        self.rejected = meter.create_counter(
+        meter.create_observable_counter(
             n.METRIC_REJECTED_COHORTS,
+            callbacks=[self._observe_rejections],
             unit="{cohort}",
             description="Cohorts newly rejected because their checksum differs from the incumbent.",
         )
-        self.successions = meter.create_counter(
+        meter.create_observable_counter(
             n.METRIC_SUCCESSIONS,
+            callbacks=[self._observe_successions],
             unit="{succession}",
             description="WorkerSets whose incumbent cohort emptied and was succeeded.",
         )
         self._builds = meter.create_counter(
             n.METRIC_BUILDS, unit="{build}", description="Pipeline build attempts, by outcome."
         )
+        # Every outcome from the start, at 0: a series that first appears at 1 is one that
+        # ``increase()`` never sees increase.
+        for outcome in n.BUILD_OUTCOMES:
+            self._builds.add(0, {n.LABEL_OUTCOME: outcome})
         self._build_duration = meter.create_histogram(
             n.METRIC_BUILD_DURATION,
             unit="s",
@@ -188,8 +203,9 @@ class AdmissionInstruments:
             description="Workers of each rejected cohort, with the first checksum input its "
             "card differs in.",
         )
-        self.holds = meter.create_counter(
+        meter.create_observable_counter(
             n.METRIC_HOLDS,
+            callbacks=[self._observe_holds],
             unit="{hold}",
             description="Tenures held after a discovery outage (their incumbent not listed).",
         )
@@ -305,6 +321,37 @@ class AdmissionInstruments:
         summary = self._summary()
         return [] if summary is None else [Observation(summary.admitted_workers)]
 
+    # --- successions and holds, per model -----------------------------------------------------
+
+    def count_rejection(self, model: str) -> None:
+        self._rejections[model] = self._rejections.get(model, 0) + 1
+
+    def count_succession(self, model: str) -> None:
+        self._successions[model] = self._successions.get(model, 0) + 1
+
+    def count_hold(self, model: str) -> None:
+        self._holds[model] = self._holds.get(model, 0) + 1
+
+    def _per_model(self, counts: Mapping[str, int]) -> Iterable[Observation]:
+        summary = self._summary()
+        models = (WorkerSetLabels.of(g.group).model for g in summary.groups) if summary else ()
+        every = dict.fromkeys(models, 0)
+        every.update(counts)
+        # A group object without a model (only a host's own, never the service's) has no label.
+        return [
+            Observation(count, {n.LABEL_MODEL: model} if model else {})
+            for model, count in sorted(every.items())
+        ]
+
+    def _observe_rejections(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._per_model(self._rejections)
+
+    def _observe_successions(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._per_model(self._successions)
+
+    def _observe_holds(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._per_model(self._holds)
+
     # --- WorkerSets and workers in Dynamo's vocabulary ---------------------------------------
 
     def tenure_began(self, group: object, receiver: int | None) -> None:
@@ -319,7 +366,7 @@ class AdmissionInstruments:
     def _worker_sets(self, summary: AdmissionStateSummary) -> tuple[WorkerSetState, ...]:
         of = (summary.groups, summary.rejections)
         if self._sets_of is None or of[0] is not self._sets_of[0] or of[1] is not self._sets_of[1]:
-            self._sets = worker_sets(summary.groups, summary.rejections)
+            self._sets = worker_sets(summary.groups, summary.rejections, self._differs)
             self._sets_of = of
         return self._sets
 
@@ -377,10 +424,7 @@ class AdmissionInstruments:
         summary = self._summary()
         if summary is None:
             return []
-        why = {
-            (rejection.group, rejection.rejected_checksum): differs_in(rejection.differences)
-            for rejection in summary.rejections
-        }
+        why = rejection_reasons(summary.rejections, self._differs)
         out = []
         for group in summary.groups:
             if group.incumbent is None:

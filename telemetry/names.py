@@ -46,6 +46,7 @@ __all__ = [
     "ATTR_SNAPSHOT_ENTRIES",
     "ATTR_SNAPSHOT_REASON",
     "ATTR_WORKER_SET",
+    "BUILD_OUTCOMES",
     "EVENT_COHORT_REJECTED",
     "EVENT_INVALID_RECORD",
     "EVENT_RETRY_SCHEDULED",
@@ -188,6 +189,9 @@ METRIC_VIEW_LAG: Final = f"{PREFIX}.view.lag"
 # Every status the core's transition table knows; the gauge reports each of them (zero
 # included) so a status that empties shows 0 instead of a series that silently vanishes.
 GROUP_STATUSES: Final = tuple(status.value for status in GroupStatus)
+
+# Every outcome of a build attempt; the build counter reports each from the start, at 0.
+BUILD_OUTCOMES: Final = ("ok", "failed", "cancelled")
 
 # The states the worker gauge counts registered workers in; each is reported for every model
 # (zero included), so an alert on "rejected" sees it clear.

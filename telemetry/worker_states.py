@@ -46,6 +46,7 @@ __all__ = [
     "WorkerSetLabels",
     "WorkerSetState",
     "differs_in",
+    "rejection_reasons",
     "worker_sets",
     "worker_state",
 ]
@@ -137,6 +138,8 @@ class RejectionLike(Protocol):
 
     @property
     def group(self) -> object: ...
+    @property
+    def incumbent_checksum(self) -> str: ...
     @property
     def rejected_checksum(self) -> str: ...
     @property
@@ -276,11 +279,43 @@ def _group_workers(
     return out
 
 
+_REMEMBERED_LIMIT: Final = 1024
+
+
+def rejection_reasons(
+    rejections: Iterable[RejectionLike], remembered: dict[tuple[str, str], str] | None = None
+) -> dict[tuple[object, str], str]:
+    """``differs_in`` per (group, rejected checksum), from ``rejections``.
+
+    ``remembered`` keeps what each pair of checksums (incumbent's, rejected card's) was found to
+    differ in; the same pair always differs in the same inputs, so when the cards are not at
+    hand (a held incumbent with no member left) the remembered answer still stands.
+    """
+    out: dict[tuple[object, str], str] = {}
+    for rejection in rejections:
+        why = differs_in(rejection.differences)
+        if remembered is not None:
+            pair = (rejection.incumbent_checksum, rejection.rejected_checksum)
+            if why == DIFFERS_IN_UNKNOWN:
+                why = remembered.get(pair, why)
+            elif pair not in remembered:
+                if len(remembered) >= _REMEMBERED_LIMIT:
+                    remembered.clear()
+                remembered[pair] = why
+        out[(rejection.group, rejection.rejected_checksum)] = why
+    return out
+
+
 def worker_sets(
-    groups: Iterable[GroupLike], rejections: Iterable[RejectionLike] = ()
+    groups: Iterable[GroupLike],
+    rejections: Iterable[RejectionLike] = (),
+    remembered: dict[tuple[str, str], str] | None = None,
 ) -> tuple[WorkerSetState, ...]:
-    """Every WorkerSet's workers with their states, sorted by labels."""
-    reasons = {(r.group, r.rejected_checksum): differs_in(r.differences) for r in rejections}
+    """Every WorkerSet's workers with their states, sorted by labels.
+
+    ``remembered`` is :func:`rejection_reasons`' memory of what checksum pairs differ in.
+    """
+    reasons = rejection_reasons(rejections, remembered)
     pools: dict[WorkerSetLabels, dict[int, tuple[str, str]]] = {}
     for group in groups:
         pool = pools.setdefault(WorkerSetLabels.of(group.group), {})

@@ -181,6 +181,35 @@ def test_groups_sharing_dynamos_labels_make_one_workerset_and_a_worker_keeps_its
     assert sets[0].counts() == {"discovered": 3, "available": 3, "pending": 0, "excluded": 0}
 
 
+def test_a_pair_of_checksums_keeps_what_it_differs_in_when_the_cards_are_gone() -> None:
+    remembered: dict[tuple[str, str], str] = {}
+    worker_sets([group(((1,), (3,)))], (rejection("b", "kv_cache_block_size"),), remembered)
+    held = group(((), (3,)), admitted=(), held_until=time.time() + 30)
+    (worker_set,) = worker_sets([held], (rejection("b"),), remembered)
+    assert worker_set.workers[3] == ("held", "kv_cache_block_size")
+    (worker_set,) = worker_sets([held], (rejection("b"),))
+    assert worker_set.workers[3] == ("held", "unknown")
+
+
+def test_rejected_cohorts_successions_and_holds_are_reported_for_every_model_from_zero(
+    harness: Harness,
+) -> None:
+    snap = dataclasses.replace(EMPTY_SNAPSHOT, groups=(group(((1,),)),))
+    harness.telemetry.observe_state(lambda: state_summary(snap))
+    for name in ("cohorts.rejected", "successions", "holds"):
+        points = harness.points(f"workerset_admission.{name}")
+        assert {k: p.value for k, p in points.items()} == {frozenset({("model", GROUP.model)}): 0}
+    harness.telemetry.cohort_rejected(
+        model=GROUP.model,
+        worker_set="w",
+        incumbent_checksum="a",
+        rejected_checksum="b",
+        instance="i",
+    )
+    (point,) = harness.points("workerset_admission.cohorts.rejected").values()
+    assert point.value == 1
+
+
 def test_the_first_difference_names_a_checksum_input_from_a_fixed_set() -> None:
     assert differs_in([Difference("router_config.kv_router_config.x", "1", "2")]) == (
         "router_config"
