@@ -67,21 +67,27 @@ class PrometheusServer:
         self.folder = folder
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = {
-            "global": {
-                "scrape_interval": f"{interval:g}s",
-                "evaluation_interval": f"{interval:g}s",
-            },
-            "rule_files": [str(path) for path in rule_files],
-            "scrape_configs": [
+        self.interval = interval
+        self.rule_files = rule_files
+        self.config = folder / "prometheus.yml"
+        self.write_config(
+            [
                 {"job_name": job, "static_configs": [{"targets": addresses}]}
                 for job, addresses in targets.items()
-            ],
-        }
-        self.config = folder / "prometheus.yml"
-        self.config.write_text(yaml.safe_dump(config), encoding="utf-8")
+            ]
+        )
         self.log = folder / "prometheus.log"
         self.process: subprocess.Popen[bytes] | None = None
+
+    def write_config(self, scrape_configs: list[dict[str, Any]]) -> None:
+        """Write the configuration: these scrape jobs, the rule files, one interval for both."""
+        every = f"{self.interval:g}s"
+        config = {
+            "global": {"scrape_interval": every, "evaluation_interval": every},
+            "rule_files": [str(path) for path in self.rule_files],
+            "scrape_configs": scrape_configs,
+        }
+        self.config.write_text(yaml.safe_dump(config), encoding="utf-8")
 
     def start(self, timeout: float = 30.0) -> PrometheusServer:
         with self.log.open("wb") as out:
