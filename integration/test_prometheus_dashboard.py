@@ -254,6 +254,12 @@ def series(prom: PrometheusServer, expr: str) -> dict[frozenset[tuple[str, str]]
     return prom.values(instantiate(expr))
 
 
+def upstream_counts(prom: PrometheusServer) -> dict[str, float]:
+    """What a dashboard written for Dynamo reads: workers by state, under Dynamo's name."""
+    found = prom.values("sum by (state) (dynamo_frontend_router_workers)")
+    return {dict(labels)["state"]: value for labels, value in found.items()}
+
+
 def labelled(value: float, **labels: str) -> tuple[frozenset[tuple[str, str]], float]:
     return frozenset(labels.items()), value
 
@@ -315,6 +321,12 @@ async def test_every_dashboard_query_shows_the_rolling_update_a_real_prometheus_
             marks["B rejected"] = time.time()
             await asyncio.sleep(3)  # a few scrapes of the standing rejection
             check_while_b_waits({(t, r): series(prom, e) for t, r, e in dashboard_queries()})
+            assert upstream_counts(prom) == {
+                "discovered": 3,
+                "available": 2,
+                "pending": 0,
+                "excluded": 1,
+            }
             # The alert rules run in this Prometheus too: the first rejection of a model fires.
             await waiting(
                 prom,
@@ -335,6 +347,13 @@ async def test_every_dashboard_query_shows_the_rolling_update_a_real_prometheus_
             assert held["metric"]["router_worker_id"] == "3"
             assert held["metric"]["state"] == "pending"
             assert held["metric"]["differs_in"] == "kv_cache_block_size"
+            # Dynamo's own query, through deploy/prometheus/upstream_names.yml (loaded here).
+            await until(
+                lambda: upstream_counts(prom).get("pending") == 1,
+                prom,
+                30,
+                "Dynamo's query to count B's worker pending",
+            )
             await waiting(
                 prom,
                 'workerset_admission_router_worker_state{router_worker_id="3", state="available"}',
@@ -353,6 +372,13 @@ async def test_every_dashboard_query_shows_the_rolling_update_a_real_prometheus_
 
             results = {(title, ref): series(prom, expr) for title, ref, expr in dashboard_queries()}
             check_end_state(results)
+            assert upstream_counts(prom) == {
+                "discovered": 1,
+                "available": 1,
+                "pending": 0,
+                "excluded": 0,
+            }
+            assert not prom.query('dynamo_frontend_router_worker_state{reason="checksum_mismatch"}')
             check_names_and_labels(prom)
             write_panels(prom, started, ended, marks)
             await b.close()
