@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import subprocess
 import threading
 import time
 import uuid
@@ -137,6 +138,9 @@ class Figures:
     longest_gap: float  # seconds between the send times of two successive successes
     to_rejected: int  # successes served by a worker that must not serve yet
     errors: tuple[str, ...] = ()
+    # Failed requests by HTTP status (0: no answer): 503 is a request routed to a worker that
+    # no longer serves, 404 one that found the model gone (a frontend's own rebuild).
+    statuses: tuple[tuple[int, int], ...] = ()
 
     def row(self) -> str:
         return f"{self.failed} of {self.sent} failed, longest no-success {self.longest_gap:.2f} s"
@@ -164,7 +168,12 @@ def figures(
     failed = [r for r in ordered if not r.ok]
     early = [r for r in ordered if r.ok and r.worker in banned and r.sent < rejected_until]
     errors = tuple(f"{r.sent:.3f} {r.status} {r.error}" for r in failed[:20])
-    return Figures(len(ordered), len(failed), gap, len(early), errors)
+    statuses: dict[int, int] = {}
+    for request in failed:
+        statuses[request.status] = statuses.get(request.status, 0) + 1
+    return Figures(
+        len(ordered), len(failed), gap, len(early), errors, tuple(sorted(statuses.items()))
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,18 +224,29 @@ class SideBySide:
     # A second frontend on the workers' own store ("control"), with ``start(control=True)``:
     # how far two frontends of Dynamo alone differ on the same fault, run to run.
     control: Frontend | None = None
+    # A second frontend on a view of its own, the plugin inside it (the route extension),
+    # with ``start(second_view=True)``: a drain waits for every frontend that admits.
+    view2: Frontend | None = None
     loads: dict[str, Load] = field(default_factory=dict)
     incumbent: list[int] = field(default_factory=list)
     block_size: int = 16
+    # The incumbent's worker namespace; a versioned rolling update moves to a new one.
+    namespace: str = "viewns"
     rate: float = RATE
     _started: int = 0
     _last_stop: float = 0.0
+    _generations: int = 1
+    # How long each ``drain --wait`` of the last rolling update took, in order, and when each
+    # step of it happened (monotonic clock, as request send times): drain, drained, SIGTERM.
+    drain_waits: list[float] = field(default_factory=list)
+    marks: list[tuple[str, int, float]] = field(default_factory=list)
 
     def start(
         self,
         *frontend_args: str,
         frontend_env: dict[str, str] | None = None,
         control: bool = False,
+        second_view: bool = False,
     ) -> None:
         """The bridge, the plugin and the frontends; returns once every one answers."""
         self.deployment.start_bridge()
@@ -240,21 +260,36 @@ class SideBySide:
             self.control = running.start_frontend(
                 "frontend-control", *frontend_args, view=running.store, env=frontend_env
             )
+        if second_view:
+            own = running.root / "view-2-kv"
+            own.mkdir(exist_ok=True)
+            self.view2 = running.start_frontend(
+                "frontend-view-2",
+                *frontend_args,
+                "--frontend-route-extension",
+                "workerset-admission",
+                view=own,
+                env=(frontend_env or {})
+                | running.extension_env(own, "workerset-admission.status.view-2"),
+            )
 
     @property
     def frontends(self) -> dict[str, Frontend]:
         view, direct = self.view, self.direct
         assert view is not None, "call start() first"
         assert direct is not None, "call start() first"
-        if self.control is None:
-            return {"direct": direct, "view": view}
-        return {"direct": direct, "view": view, "control": self.control}
+        out = {"direct": direct, "view": view}
+        if self.view2 is not None:
+            out["view-2"] = self.view2
+        if self.control is not None:
+            out["control"] = self.control
+        return out
 
     def wait_serving(self, workers: Iterable[int], seconds: float = 60.0) -> None:
         """Until every frontend lists the model and the view holds exactly ``workers``."""
         expected = set(workers)
         wait_for(
-            lambda: self.deployment.view_instance_ids() == expected,
+            lambda: self.deployment.view_instance_ids(self.namespace) == expected,
             seconds,
             f"the view holds {sorted(expected)}",
         )
@@ -287,11 +322,45 @@ class SideBySide:
 
     # -- workers ------------------------------------------------------------------------------
 
-    def add_worker(self, block_size: int | None = None) -> int:
-        """Start one mocker (the incumbent's block size unless told) and return its id."""
+    def add_worker(self, block_size: int | None = None, namespace: str | None = None) -> int:
+        """Start one mocker (the incumbent's block size and namespace unless told); its id."""
         self._started += 1
         size = self.block_size if block_size is None else block_size
-        return self.deployment.start_worker(f"worker-{self._started}-bs{size}", block_size=size)
+        return self.deployment.start_worker(
+            f"worker-{self._started}-bs{size}",
+            block_size=size,
+            namespace=namespace or self.namespace,
+        )
+
+    def drain_worker(self, worker: int, namespace: str, timeout: float = 60.0) -> float:
+        """``workerset-admission drain --wait`` for one worker; return how long it took."""
+        running = self.deployment
+        started = time.monotonic()
+        result = subprocess.run(
+            running._cli(
+                "drain",
+                str(worker),
+                "--namespace",
+                namespace,
+                "--wait",
+                "--timeout",
+                str(timeout),
+                "--by",
+                "side-by-side",
+                "--nats-server",
+                running.nats_url,
+                "--discovery-bucket",
+                running.bucket,
+                "--admission-bucket",
+                f"{running.bucket}-adm",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=timeout + 30,
+            check=False,
+        )
+        assert result.returncode == 0, f"drain {worker:x}: {result.stderr}"
+        return time.monotonic() - started
 
     def serve(self, count: int = 3) -> None:
         """Bring the incumbent up to ``count`` workers, served by every frontend."""
@@ -363,36 +432,70 @@ class SideBySide:
         spacing: float = 5.0,
         settle: float = 3.0,
         before: Callable[[list[int]], None] | None = None,
+        *,
+        drained: bool = False,
+        versioned: bool = False,
     ) -> Outcome:
         """Workers of another block size join, then the incumbent's are SIGTERMed in turn.
 
-        A request one of them serves before the last incumbent's SIGTERM counts against the
-        frontend. ``before`` is called with them once the plugin rejects them, before any
-        SIGTERM. Afterwards they are the incumbent.
+        In the incumbent's namespace the newcomers are a conflicting cohort: a request one of
+        them serves before the last incumbent's SIGTERM (with ``drained``, before its drain
+        began) counts against the frontend, and ``before`` is called with them once the
+        plugin rejects them. ``versioned`` puts them in a namespace of their own instead (the
+        contract's deployment generations): they serve beside the incumbent at once. With
+        ``drained`` each incumbent worker is drained (``drain --wait``) before its SIGTERM; a
+        frontend of Dynamo alone knows nothing of drains and sees the SIGTERMs only.
+        Afterwards the newcomers are the incumbent.
         """
         size = 32 if self.block_size == 16 else 16
-        cohort = [self.add_worker(size) for _ in range(rivals)]
-        wait_for(lambda: set(cohort) <= self.deployment.rejected(), 30, "the plugin rejects them")
+        old_namespace = namespace = self.namespace
+        if versioned:
+            self._generations += 1
+            namespace = f"viewns-v{self._generations}"
+        cohort = [self.add_worker(size, namespace) for _ in range(rivals)]
+        if versioned:
+            wait_for(
+                lambda: set(cohort) <= self.deployment.view_instance_ids(namespace),
+                30,
+                "the view serves the new generation",
+            )
+        else:
+            wait_for(
+                lambda: set(cohort) <= self.deployment.rejected(), 30, "the plugin rejects them"
+            )
         if before is not None:
             before(cohort)
         leaving = list(self.incumbent)
+        self.drain_waits = []
+        self.marks = []
+        drain_began = 0.0
 
         def fault() -> tuple[list[int], float]:
+            nonlocal drain_began
             last = 0.0
             for number, worker in enumerate(leaving):
                 if number:
                     time.sleep(spacing)
+                if drained:
+                    drain_began = time.monotonic()
+                    self.marks.append(("drain", worker, drain_began))
+                    self.drain_waits.append(self.drain_worker(worker, old_namespace))
+                    self.marks.append(("drained", worker, time.monotonic()))
                 last = time.monotonic()
+                self.marks.append(("sigterm", worker, last))
                 self.deployment.stop_worker(worker)
             self._last_stop = last
-            return cohort, last
+            # The newcomers may serve from the moment the last incumbent begins to leave.
+            return ([] if versioned else cohort), (drain_began if drained else last)
 
-        outcome = self._under_load("rolling update", fault, settle=settle)
-        last = self._last_stop
-        outcome.flips.update(
-            {name: flip(load.requests, cohort, last) for name, load in self.loads.items()}
-        )
-        self.incumbent, self.block_size = cohort, size
+        name = "rolling update" + (" to a new namespace" if versioned else "")
+        outcome = self._under_load(name + (", drained" if drained else ""), fault, settle=settle)
+        for frontend, load in self.loads.items():
+            # A drain reaches only the frontends on a view; the others see the SIGTERM.
+            on_view = frontend.startswith("view")
+            at = drain_began if drained and on_view else self._last_stop
+            outcome.flips[frontend] = flip(load.requests, cohort, at)
+        self.incumbent, self.block_size, self.namespace = cohort, size, namespace
         self.wait_serving(cohort)
         return outcome
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "Drain",
     "EndpointId",
     "GroupKey",
     "Registration",
@@ -166,3 +167,23 @@ class Registration:
     @property
     def effective_worker_type(self) -> WorkerType:
         return self.group.worker_type
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """An operator's word that one worker is about to stop: take it out of routing now.
+
+    A worker is named by its namespace and instance id, and a drain covers every registration
+    of that instance in that namespace (every model and endpoint it registered). ``by`` says who
+    drained it and ``at`` when (Unix seconds, as written); neither takes part in a decision.
+    """
+
+    namespace: str
+    instance_id: int
+    by: str = ""
+    at: float | None = None
+
+    @property
+    def worker(self) -> tuple[str, int]:
+        """The worker the drain names: (namespace, instance id)."""
+        return (self.namespace, self.instance_id)

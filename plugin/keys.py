@@ -1,4 +1,4 @@
-"""Discovery KV keys: the ``v1.mdc.*`` and ``v1.instances.*`` names and their token escaping.
+"""Discovery KV keys: ``v1.mdc.*``, ``v1.instances.*`` and ``v1.drain.*``, and their escaping.
 
 One codec for every reader and writer of the discovery bucket: the card boundary parses keys
 with it, the NATS publishers build keys with it, the ingestion path reads removals with it.
@@ -16,14 +16,17 @@ from workerset_admission.identity import EndpointId, instance_key
 __all__ = [
     "ADMISSION_BUCKET",
     "DISCOVERY_BUCKET",
+    "DRAIN_PREFIX",
     "ENDPOINT_PREFIX",
     "MODEL_PREFIX",
     "STATUS_SUBJECT",
     "ParsedKey",
     "check_instance_id",
+    "drain_kv_key",
     "endpoint_kv_key",
     "escape_token",
     "model_kv_key",
+    "parse_drain_key",
     "parse_key",
     "plain_model_key",
     "unescape_token",
@@ -41,6 +44,8 @@ STATUS_SUBJECT = "workerset-admission.status"
 _ENDPOINT_CACHE_LIMIT = 1024
 MODEL_PREFIX = "v1.mdc."
 ENDPOINT_PREFIX = "v1.instances."
+DRAIN_PREFIX = "v1.drain."
+"""Drain records: ``v1.drain.<namespace>.<instance id hex>``, written by the drain tools only."""
 
 _PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TOKEN_RE = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
@@ -120,6 +125,28 @@ def endpoint_kv_key(endpoint: EndpointId, instance_id: int) -> str:
             f"{instance_id:x}",
         ]
     )
+
+
+def drain_kv_key(namespace: str, instance_id: int) -> str:
+    """KV key of the drain record of one worker (its namespace and instance id)."""
+    check_instance_id(instance_id)
+    return f"{DRAIN_PREFIX}{escape_token(namespace)}.{instance_id:x}"
+
+
+def parse_drain_key(kv_key: str) -> tuple[str, int]:
+    """Return the (namespace, instance id) a drain key names, or raise ``InvalidRecordError``."""
+    parts = kv_key.split(".")
+    if len(parts) != 4 or parts[:2] != ["v1", "drain"]:
+        raise InvalidRecordError("bad_key", f"not a drain key: {kv_key!r}", key=kv_key)
+    try:
+        namespace = unescape_token(parts[2])
+    except InvalidRecordError as exc:
+        raise InvalidRecordError(exc.reason, exc.detail, key=kv_key) from None
+    if not _HEX_ID_RE.fullmatch(parts[3]):
+        raise InvalidRecordError(
+            "bad_key", f"instance id {parts[3]!r} is not canonical lowercase hex", key=kv_key
+        )
+    return namespace, int(parts[3], 16)
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,18 @@ def _on_succession(telemetry: AdmissionTelemetry, effect: fx.Succession) -> None
         effect.new_checksum,
         effect.old_generation,
         effect.new_generation,
+        drained=effect.drained,
     )
+
+
+def _on_drained(telemetry: AdmissionTelemetry, effect: fx.WorkerDrained) -> None:
+    telemetry.worker_drained(
+        effect.group, effect.key, effect.mdc_checksum, effect.was_admitted, effect.drain.by
+    )
+
+
+def _on_handover_ended(telemetry: AdmissionTelemetry, effect: fx.HandoverEnded) -> None:
+    telemetry.handover_ended(effect.group, effect.mdc_checksum, effect.generation, effect.reason)
 
 
 def _on_held(telemetry: AdmissionTelemetry, effect: fx.TenureHeld) -> None:
@@ -107,6 +118,8 @@ EFFECT_HANDLERS: Final[dict[type, Callable[[AdmissionTelemetry, Any], None]]] = 
     fx.CommitGroup: _on_commit,
     fx.WithdrawGroup: _on_withdraw,
     fx.Succession: _on_succession,
+    fx.WorkerDrained: _on_drained,
+    fx.HandoverEnded: _on_handover_ended,
     fx.TenureHeld: _on_held,
     fx.TenureHoldEnded: _on_hold_ended,
     fx.RetryScheduled: _on_retry,
@@ -119,14 +132,17 @@ def decision_of(effects: Sequence[object]) -> tuple[str, GroupKey | None]:
     """Summarize what the core's effects say about the one update that caused them.
 
     ``admitted`` or ``rejected`` for a registration placed in the incumbent or another cohort,
-    ``removed`` for a departure, ``refused`` for a refused in-place change, ``updated`` for
-    any other change, ``unchanged`` for a duplicate.
+    ``removed`` for a departure, ``drained`` for a registration a drain set aside,
+    ``refused`` for a refused in-place change, ``updated`` for any other change,
+    ``unchanged`` for a duplicate.
     """
     for effect in effects:
         if isinstance(effect, fx.WorkerPlaced):
             return ("admitted" if effect.admitted else "rejected"), effect.group
         if isinstance(effect, fx.WorkerDeparted):
             return "removed", effect.group
+        if isinstance(effect, fx.WorkerDrained):
+            return "drained", effect.group
         if isinstance(effect, fx.MutationRefused):
             return "refused", effect.kept_group
     return ("updated" if effects else "unchanged"), None

@@ -338,10 +338,13 @@ class AdmissionTelemetry:
         new_checksum: str | None,
         old_generation: int | None,
         new_generation: int | None,
+        *,
+        drained: bool = False,
     ) -> None:
-        """Mark a WorkerSet whose incumbent cohort drained with a short span; count it if succeeded.
+        """Mark a WorkerSet whose incumbent cohort emptied with a short span; count it if succeeded.
 
-        ``new_checksum`` is None when no cohort was left to take over.
+        ``new_checksum`` is None when no cohort was left to take over; ``drained``: the last
+        incumbent workers were drained and hand over to the successor.
         """
         sides = {
             n.ATTR_OLD_CHECKSUM: old_checksum,
@@ -351,13 +354,17 @@ class AdmissionTelemetry:
         }
         attrs: dict[str, Any] = {n.ATTR_GROUP: self.group_id(group)}
         attrs.update({key: value for key, value in sides.items() if value is not None})
+        attrs[n.ATTR_DRAINED] = drained
         model = getattr(group, "model", None)
         try:
             if new_checksum is not None:
                 _log.warning(
-                    "succession in %s: incumbent %s drained, %s takes over with generation %s",
+                    "succession in %s: incumbent %s %s, %s takes over with generation %s",
                     attrs[n.ATTR_GROUP],
                     old_checksum,
+                    "drained by an operator (it serves until the successor is committed)"
+                    if drained
+                    else "has no worker left",
                     new_checksum,
                     new_generation,
                 )
@@ -371,6 +378,55 @@ class AdmissionTelemetry:
             except Exception:
                 _log.debug("could not count a succession", exc_info=True)
         self._instant_span(n.SPAN_SUCCEED, attrs)
+
+    def worker_drained(
+        self, group: object, key: str, checksum: str, was_admitted: bool, by: str
+    ) -> None:
+        """Log and mark a registration a drain took out of its cohort."""
+        group_id = self.group_id(group)
+        try:
+            _log.info(
+                "drained %s in %s (%s, checksum %s)%s",
+                key,
+                group_id,
+                "was admitted" if was_admitted else "was not admitted",
+                checksum,
+                f" by {by}" if by else "",
+            )
+        except Exception:
+            _log.debug("could not log a drain", exc_info=True)
+        self._instant_span(
+            n.SPAN_DRAIN,
+            {
+                n.ATTR_GROUP: group_id,
+                n.ATTR_INSTANCE: key,
+                n.ATTR_CHECKSUM: checksum,
+                n.ATTR_DRAIN_BY: by,
+            },
+        )
+
+    def handover_ended(self, group: object, checksum: str, generation: int, reason: str) -> None:
+        """Log and mark the end of a drained tenure's handover to its successor."""
+        group_id = self.group_id(group)
+        try:
+            _log.info(
+                "handover of %s done (%s): drained incumbent %s generation %s withdrawn",
+                group_id,
+                reason,
+                checksum,
+                generation,
+            )
+        except Exception:
+            _log.debug("could not log a handover", exc_info=True)
+        self._instant_span(
+            n.SPAN_HANDOVER,
+            {
+                n.ATTR_GROUP: group_id,
+                n.ATTR_CHECKSUM: checksum,
+                n.ATTR_GENERATION: generation,
+                n.ATTR_HANDOVER_REASON: reason,
+            },
+        )
 
     def tenure_held(
         self,

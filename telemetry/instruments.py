@@ -70,7 +70,8 @@ class AdmissionStateSummary:
     # served on last known good.
     held: tuple[HeldGroup, ...] = ()
     # Registered workers per (model, state): admitted, rejected (their cohort's configuration
-    # differs from a live incumbent's), held (waiting in a group whose tenure is held).
+    # differs from a live incumbent's), held (waiting in a group whose tenure is held),
+    # drained (set aside by an operator's drain, about to stop).
     workers: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # The groups and standing rejections themselves, for the per-WorkerSet and per-worker
     # series in Dynamo's vocabulary (``worker_states``).

@@ -22,9 +22,12 @@ __all__ = [
     "ATTR_DISCOVERY_KEY",
     "ATTR_DISCOVERY_OPERATION",
     "ATTR_DISCOVERY_REVISION",
+    "ATTR_DRAINED",
+    "ATTR_DRAIN_BY",
     "ATTR_ERROR_TYPE",
     "ATTR_GENERATION",
     "ATTR_GROUP",
+    "ATTR_HANDOVER_REASON",
     "ATTR_HOLD_DEADLINE",
     "ATTR_HOLD_DURATION",
     "ATTR_HOLD_LAST_KNOWN",
@@ -85,6 +88,8 @@ __all__ = [
     "SPAN_APPLY_UPDATE",
     "SPAN_BUILD",
     "SPAN_COMMIT",
+    "SPAN_DRAIN",
+    "SPAN_HANDOVER",
     "SPAN_HOLD",
     "SPAN_SUCCEED",
     "SPAN_WITHDRAW",
@@ -102,6 +107,8 @@ SPAN_COMMIT: Final = "commit worker_set"
 SPAN_WITHDRAW: Final = "withdraw worker_set"
 SPAN_SUCCEED: Final = "succeed worker_set"
 SPAN_HOLD: Final = "hold worker_set"
+SPAN_DRAIN: Final = "drain worker"
+SPAN_HANDOVER: Final = "handover worker_set"
 
 # --- span events ------------------------------------------------------------------------------
 EVENT_COHORT_REJECTED: Final = f"{PREFIX}.cohort_rejected"
@@ -132,6 +139,11 @@ ATTR_RETRY_DELAY: Final = f"{PREFIX}.build.retry_delay"
 ATTR_INCUMBENT_CHECKSUM: Final = f"{PREFIX}.incumbent_checksum"
 ATTR_REJECTED_CHECKSUM: Final = f"{PREFIX}.rejected_checksum"
 ATTR_INSTANCE: Final = f"{PREFIX}.instance"
+# A drain: who drained the worker (the drain record's ``by``), whether a succession was caused
+# by a drain, and why a drained tenure's handover ended.
+ATTR_DRAIN_BY: Final = f"{PREFIX}.drain.by"
+ATTR_DRAINED: Final = f"{PREFIX}.drained"
+ATTR_HANDOVER_REASON: Final = f"{PREFIX}.handover.reason"
 ATTR_DIFFERENCES: Final = f"{PREFIX}.differences"
 ATTR_OLD_CHECKSUM: Final = f"{PREFIX}.succession.old_checksum"
 ATTR_NEW_CHECKSUM: Final = f"{PREFIX}.succession.new_checksum"
@@ -195,4 +207,4 @@ BUILD_OUTCOMES: Final = ("ok", "failed", "cancelled")
 
 # The states the worker gauge counts registered workers in; each is reported for every model
 # (zero included), so an alert on "rejected" sees it clear.
-WORKER_STATES: Final = ("admitted", "rejected", "held")
+WORKER_STATES: Final = ("admitted", "rejected", "held", "drained")

@@ -36,7 +36,12 @@ are removed, so a replacement joins before its predecessor leaves and the model 
 A tenure that ended is withdrawn before anything else in the pass: at a succession the
 incumbent's records go, then the successor's appear, so the view never holds two
 configurations of one WorkerSet at once (a frontend started in that moment could take either)
-and nothing routes to the departed cohort while the successor's files are written. The
+and nothing routes to the departed cohort while the successor's files are written. A drained
+tenure is the exception the core decides (its successor's commit names it, ``handover_from``):
+its workers still serve, so the successor's records go in first and the drained ones go
+after, in the same pass. The frontend then holds the successor's records when the drained
+workers go, as it does on the workers' own store, and its own first-wins admission keeps the
+successor out until that moment. The
 frontend then drops the model and builds it on the successor, as it does on the workers' own
 store, where its own first-wins admission kept the successor out until the incumbent left. The
 successor's records appear only once admission committed it, after the incumbent's last
@@ -138,6 +143,8 @@ class ViewService(Protocol):
 
     def on_state_change(self, listener: Callable[[], None]) -> None: ...
 
+    def before_publication(self, hook: Callable[[], object]) -> None: ...
+
 
 def tenures_of(service: ViewService) -> list[Tenure]:
     """Each committed binding's tenure, its routable ids read through its admission receiver."""
@@ -153,6 +160,7 @@ def tenures_of(service: ViewService) -> list[Tenure]:
                 binding.id.generation,
                 frozenset(routable),
                 frozenset(binding.last_known()),
+                getattr(binding, "handover_from", None),
             )
         )
     return out
@@ -180,6 +188,8 @@ class ViewWriter:
         """Follow ``service`` (call on its loop); the writer starts at once."""
         self._service = service
         service.on_state_change(self.wake)
+        # The serving records say what this frontend routes to: the files first.
+        service.before_publication(self.sync_now)
         self.table.set_listener(self.wake)
         self._task = asyncio.ensure_future(self._run())
 

@@ -38,6 +38,9 @@ class Tenure:
     # Routable ids a held tenure serves on their last known records: published from the
     # records the table dropped when the bucket no longer has them.
     last_known: frozenset[int] = frozenset()
+    # The generation of a drained tenure of the same group this one takes over from: that
+    # tenure's files are removed after this one's are written.
+    handover_from: int | None = None
 
 
 def _records_of(
@@ -190,7 +193,9 @@ class AdmittedView:
         one WorkerSet at once (a frontend starting then could take either), and nothing routes
         to the departed cohort while the successor's files are written. Then the new files go
         in, and only then the departed members of tenures that go on: a replacement joins
-        before its predecessor leaves, and the model never empties in between.
+        before its predecessor leaves, and the model never empties in between. A drained tenure
+        a live one took over from (``Tenure.handover_from``) still serves, so its files go
+        last, after the successor's are written.
         """
         wanted = plan_view(tenures, table)
         for topic in sorted(untied_topics(tenures, table) - self._warned_topics):
@@ -202,8 +207,13 @@ class AdmittedView:
                 topic,
             )
         live = {(t.group, t.generation) for t in tenures}
+        handed_over = {(t.group, t.handover_from) for t in tenures if t.handover_from is not None}
         stale = [f for f in self._written if f not in wanted]
-        ended = [f for f in stale if not (self._owners.get(f, frozenset()) & live)]
+        ended = []
+        for file in stale:
+            owners = self._owners.get(file, frozenset())
+            if not owners & live and not (owners and owners <= handed_over):
+                ended.append(file)
         withdrawn = self._remove_all(ended)
         written: list[ViewFile] = []
         for file in _add_order(wanted):

@@ -17,6 +17,7 @@ from workerset_admission.card import (
     parse_key,
 )
 from workerset_admission.errors import RemoteDataError
+from workerset_admission.keys import DRAIN_PREFIX
 from workerset_admission.ports import (
     DiscoverySource,
     SourceDelete,
@@ -231,6 +232,8 @@ class RecordTable:
 
     def _judge(self, key: str, value: bytes) -> HeldRecord | None:
         settings = self._settings
+        if key.startswith(DRAIN_PREFIX):
+            return None  # a drain is admission's input, never a file of the view
         if is_event_key(key):
             parsed_event = parse_event_key(key)
             if not settings.namespace_matches(parsed_event.namespace):

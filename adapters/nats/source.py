@@ -1,7 +1,8 @@
 """Discovery records from a JetStream KV bucket: one snapshot, then live puts and removals.
 
 The watch is an ordered push consumer (deliver ``last_per_subject``) on the bucket's stream,
-filtered to the discovery keys (model cards, endpoint instances, event sources and channels).
+filtered to the discovery keys (model cards, endpoint instances, event sources and channels,
+drains).
 It skips nats-py's ``KeyWatcher`` layer, which costs more than half of the client's CPU for the
 same messages (see the NATS reference notes). On the client :func:`.connect.connect` makes
 (a :class:`.raw_delivery.RawDeliveryClient`) it also skips nats-py's per-message subscription
@@ -70,6 +71,7 @@ DEFAULT_KEY_PREFIXES: Final = (
     "v1.instances",
     "v1.event_sources",
     "v1.event_channels",
+    "v1.drain",
 )
 
 Connector = Callable[[ConnectionCallbacks], Awaitable[NatsClient]]

@@ -13,6 +13,11 @@ timeout, every request kept) through each row, in this order:
 * ``kill``: one worker SIGKILLed (its records stay until the file store's 10 s expiry);
 * ``rolling``: two workers of another block size join (rejected), then the three incumbents
   are SIGTERMed 5 s apart;
+* ``rolling-drained``: the same, but each incumbent is first drained (``workerset-admission
+  drain --wait``), then SIGTERMed; frontends of Dynamo alone see only the SIGTERMs;
+* ``versioned-drained``: two workers of the new configuration join in a namespace of their
+  own (a deployment generation, served beside the old one at once), then each incumbent is
+  drained and SIGTERMed, 5 s apart;
 * ``wipe``: the plugin's nats-server killed and restarted after 2 s with an empty store (the
   bridge is not restarted).
 
@@ -49,7 +54,7 @@ from sidebyside import Flip, Outcome, SideBySide, side_by_side  # noqa: E402
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer  # noqa: E402
 
 RESULTS = HERE / "results"
-ROWS = ("outage", "drain", "kill", "rolling", "wipe")
+ROWS = ("outage", "drain", "kill", "rolling", "rolling-drained", "versioned-drained", "wipe")
 
 
 def run_row(running: SideBySide, row: str, quick: bool) -> Outcome:
@@ -61,6 +66,12 @@ def run_row(running: SideBySide, row: str, quick: bool) -> Outcome:
         return running.kill()
     if row == "rolling":
         return running.rolling_update(rivals=2, spacing=2.0 if quick else 5.0)
+    if row == "rolling-drained":
+        return running.rolling_update(rivals=2, spacing=2.0 if quick else 5.0, drained=True)
+    if row == "versioned-drained":
+        return running.rolling_update(
+            rivals=2, spacing=2.0 if quick else 5.0, drained=True, versioned=True
+        )
     return running.wipe(downtime=2.0, settle=15.0)
 
 
@@ -107,15 +118,17 @@ def table(outcomes: list[Outcome]) -> str:
                 + " | ".join(_flip_after(x) for x in got)
                 + " |"
             )
-    rolling = [o for o in outcomes if o.name == "rolling update"]
-    if len(rolling) > 1:
-        lines += ["", spread(rolling, names)]
+    for kind in dict.fromkeys(o.name for o in outcomes if o.name.startswith("rolling update")):
+        rolling = [o for o in outcomes if o.name == kind]
+        if len(rolling) > 1:
+            lines += ["", f"{kind}: {spread(rolling, names)}"]
     return "\n".join(lines)
 
 
 def spread(rolling: list[Outcome], names: list[str]) -> str:
     """Totals over the rolling updates, and how often one frontend lost more than another."""
     totals = ", ".join(f"{n} {sum(o.figures[n].failed for o in rolling)}" for n in names)
+    statuses = "; ".join(f"{n} {_statuses(rolling, n)}" for n in names)
     pairs = [(a, b) for a in names for b in names if a < b]
     counts = []
     for a, b in pairs:
@@ -123,10 +136,17 @@ def spread(rolling: list[Outcome], names: list[str]) -> str:
         fewer = sum(o.figures[a].failed < o.figures[b].failed for o in rolling)
         counts.append(f"{a} lost more than {b} in {more}, fewer in {fewer}")
     return (
-        f"Over {len(rolling)} rolling updates, failed requests in all: {totals}; "
-        + "; ".join(counts)
-        + "."
+        f"Over {len(rolling)} rolling updates, failed requests in all: {totals} "
+        f"(by status: {statuses}); " + "; ".join(counts) + "."
     )
+
+
+def _statuses(outcomes: list[Outcome], name: str) -> str:
+    counts: dict[int, int] = {}
+    for outcome in outcomes:
+        for status, count in outcome.figures[name].statuses:
+            counts[status] = counts.get(status, 0) + count
+    return ", ".join(f"{count} x {status}" for status, count in sorted(counts.items())) or "none"
 
 
 def _flip_failed(f: Flip | None) -> str:
@@ -150,6 +170,8 @@ def main(
     plugin_nats.start()
     outcomes: list[Outcome] = []
     loads: list[float] = []
+    drain_waits: list[list[float]] = []
+    marks: list[list[list[Any]]] = []
     try:
         with side_by_side(root / "deployment", plugin_nats) as running:
             running.rate = rate
@@ -160,6 +182,9 @@ def main(
                 for row in rows:
                     outcomes.append(run_row(running, row, quick))
                     loads.append(os.getloadavg()[0])
+                    if row.endswith("drained"):
+                        drain_waits.append([round(w, 3) for w in running.drain_waits])
+                        marks.append([[m[0], m[1], round(m[2], 3)] for m in running.marks])
                     print(
                         f"{outcomes[-1].name}: "
                         + "; ".join(
@@ -184,6 +209,7 @@ def main(
                         "failed": f.failed,
                         "longest_no_success_seconds": round(f.longest_gap, 3),
                         "to_rejected": f.to_rejected,
+                        "failed_by_status": {str(s): c for s, c in f.statuses},
                         "errors": list(f.errors),
                     }
                     for name, f in outcome.figures.items()
@@ -205,6 +231,8 @@ def main(
         "rate_per_frontend": rate,
         "bridge_interval": bridge_interval,
         "control": control,
+        "drain_waits_seconds": drain_waits,
+        "drain_marks": marks,
         "cpus": os.cpu_count(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -11,7 +11,9 @@ from workerset_admission.admission.effects import (
     BuildDiscarded,
     CancelBuild,
     CommitGroup,
+    DrainChanged,
     Effect,
+    HandoverEnded,
     LoraAdapter,
     LoraProjectionChanged,
     LoraWorker,
@@ -29,11 +31,15 @@ from workerset_admission.admission.effects import (
     TenureHoldEnded,
     WithdrawGroup,
     WorkerDeparted,
+    WorkerDrained,
     WorkerPlaced,
 )
 from workerset_admission.admission.inputs import (
     BuildFinished,
     CommitFailed,
+    Drain,
+    DrainLifted,
+    DrainSet,
     Input,
     Snapshot,
     TenureRecorded,
@@ -42,7 +48,14 @@ from workerset_admission.admission.inputs import (
     WorkerRemoved,
 )
 from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
-from workerset_admission.admission.views import CohortView, GroupView, MemberView, PlacementView
+from workerset_admission.admission.views import (
+    CohortView,
+    DrainedView,
+    GroupView,
+    HandoverView,
+    MemberView,
+    PlacementView,
+)
 
 __all__ = [
     "AdmissionCore",
@@ -53,9 +66,16 @@ __all__ = [
     "CommitFailed",
     "CommitGroup",
     "CoreSettings",
+    "Drain",
+    "DrainChanged",
+    "DrainLifted",
+    "DrainSet",
+    "DrainedView",
     "Effect",
     "GroupStatus",
     "GroupView",
+    "HandoverEnded",
+    "HandoverView",
     "Input",
     "LoraAdapter",
     "LoraProjectionChanged",
@@ -82,6 +102,7 @@ __all__ = [
     "WithdrawGroup",
     "WorkerAdded",
     "WorkerDeparted",
+    "WorkerDrained",
     "WorkerPlaced",
     "WorkerRemoved",
 ]

@@ -63,6 +63,29 @@ checksum; a held one is put in place at once, exactly as ``_hold`` leaves a live
 empty cohort in front, its members served on last known good, the deadline scheduled), so
 everything after it runs through the same code as live.
 
+*Drains.* A drain (``DrainSet``) is an operator's word that a worker is about to stop: for
+admission its registrations have left (an operator-declared departure). They are set aside,
+not forgotten (``WorkerDrained``): the cohort loses them as it would lose departed workers,
+a rejected cohort simply shrinks, and a registration of a drained worker that arrives later
+is set aside at once, never admitted. The worker's real removal forgets them. Lifting the
+drain (``DrainLifted``) places them again exactly as a returning member is placed: into the
+cohort of their checksum if it still has members, else as a new cohort at the end of the order.
+A drain never holds a tenure; only an outage does, and a drained member of a held tenure is
+no longer served on its last known record.
+
+*Handover.* A drained worker still serves; a departed one does not. So when a drain takes the
+last member of a committed incumbent and another cohort waits, the successor's tenure starts
+as for any succession (fresh receiver, fresh generation, its build queued), but the old
+tenure's committed build and receiver stay in place, still serving the drained members, until
+the successor is committed: its ``CommitGroup`` names the generation it takes over from
+(``handover_from``), and the old tenure's ``WithdrawGroup``, ``RetireReceiver`` and
+``HandoverEnded`` follow in the same step. The frontend therefore knows the successor before
+the drained workers go, as it does on the workers' own store, and never routes to nothing in
+between. The handover also ends when the drained workers really leave, when one of them is
+given back (it rejoins behind the successor), or when the successor's own tenure ends. With
+no cohort waiting, or with an incumbent not yet committed, a drain ends the tenure at once,
+as a departure does.
+
 *Rejections.* Each non-incumbent cohort is reported once per tenure: when it first appears,
 or, after a succession, against the new incumbent. A cohort that empties and returns is a
 new cohort and is reported again.
@@ -132,6 +155,9 @@ from workerset_admission.admission.admitted import AdmittedLog
 from workerset_admission.admission.inputs import (
     BuildFinished,
     CommitFailed,
+    Drain,
+    DrainLifted,
+    DrainSet,
     Input,
     Snapshot,
     TenureRecorded,
@@ -251,6 +277,22 @@ class _Hold:
         self.arrival_seq: int | None = None
 
 
+class _Handover:
+    """A drained tenure still serving its drained members until its successor is committed."""
+
+    __slots__ = ("card", "checksum", "generation", "members", "receiver")
+
+    def __init__(
+        self, checksum: str, receiver: int, generation: int, members: dict[int, str]
+    ) -> None:
+        self.checksum = checksum
+        self.receiver = receiver
+        # The committed build it keeps serving, and the drained members it serves (id to key).
+        self.generation = generation
+        self.members = members
+        self.card: Any = None
+
+
 class _Group:
     """One group's state; only ``AdmissionCore`` changes it, and only in this module."""
 
@@ -263,12 +305,14 @@ class _Group:
         "deadline",
         "dirty",
         "generation",
+        "handover",
         "hold",
         "in_flight",
         "key",
         "lora",
         "lora_dirty",
         "outage_gone",
+        "parked",
         "receiver",
         "reported",
         "representative",
@@ -303,6 +347,11 @@ class _Group:
         # The clock value of the last reconnect whose removals took incumbent members away,
         # and those members: a hold that reconnect causes serves them on last known good.
         self.outage_gone: tuple[float, dict[int, str]] | None = None
+        # Incumbent members drained since the last publication (id to key): the receiver
+        # still lists them, so a handover that begins now keeps serving exactly these.
+        self.parked: dict[int, str] = {}
+        # Set while a drained tenure hands over to its successor (see the theory of operation).
+        self.handover: _Handover | None = None
 
     def served_ids(self, cohort: _Cohort) -> Iterable[int]:
         """Return the incumbent's admitted ids: its members, and any on last known good."""
@@ -353,6 +402,10 @@ class AdmissionCore:
         self._out: list[fx.Effect] = []
         # Recorded tenures not held, taken up when their group's tenure starts.
         self._recorded: dict[tuple[str, str], TenureRecorded] = {}
+        # Drains in force, by worker (namespace, instance id), and the base registrations they
+        # set aside, by key: tracked, in no cohort.
+        self._drains: dict[tuple[str, int], Drain] = {}
+        self._drained: dict[str, Registration] = {}
 
     # ------------------------------------------------------------------ entry points
 
@@ -404,6 +457,10 @@ class AdmissionCore:
             self._on_tick(event)
         elif type(event) is TenureRecorded:
             self._on_tenure_recorded(event)
+        elif type(event) is DrainSet:
+            self._on_drain(event.drain)
+        elif type(event) is DrainLifted:
+            self._on_drain_lifted((event.namespace, event.instance_id))
         else:
             raise UsageError(f"not an admission input: {type(event).__name__}")
 
@@ -412,6 +469,9 @@ class AdmissionCore:
     def _add(self, reg: Registration) -> None:
         if reg.model_suffix is not None:
             self._add_lora(reg)
+            return
+        if self._drains and (reg.endpoint.namespace, reg.instance_id) in self._drains:
+            self._add_drained(reg)
             return
         key = reg.key
         regs = self._regs
@@ -458,7 +518,10 @@ class AdmissionCore:
         """Remove a registration; ``outage``: the reconnect an outage's removal follows."""
         reg = self._regs.pop(key, None)
         if reg is None:
-            self._remove_lora(key)
+            if key in self._drained:
+                self._remove_drained(key)
+            else:
+                self._remove_lora(key)
             return
         gk = reg.group
         group = self._groups[(gk.model, gk.worker_set)]
@@ -499,6 +562,11 @@ class AdmissionCore:
                 self._succeed(group)
 
     def _on_snapshot(self, event: Snapshot) -> None:
+        # Drains first, so no registration of a drained worker is admitted even for a moment;
+        # lifted ones last, so what they give back is what the listing holds.
+        drains = {d.worker: d for d in event.drains}
+        for drain in drains.values():
+            self._on_drain(drain)
         listed: set[str] = set(event.retain)
         for reg in event.registrations:
             listed.add(reg.key)
@@ -507,8 +575,134 @@ class AdmissionCore:
         outage = self._now if event.reconnect else None
         for key in [k for k in self._regs if k not in listed]:
             self._remove(key, outage)
+        for key in [k for k in self._drained if k not in listed]:
+            self._remove(key)
         for key in [k for k in self._loras if k not in listed]:
             self._remove(key)
+        kept = set(event.retain_drains)
+        for worker in [w for w in self._drains if w not in drains and w not in kept]:
+            self._on_drain_lifted(worker)
+
+    # ------------------------------------------------------------------ drains
+
+    def _on_drain(self, drain: Drain) -> None:
+        worker = drain.worker
+        old = self._drains.get(worker)
+        if old == drain:
+            return  # a re-listing or a duplicate changes nothing
+        self._drains[worker] = drain
+        self._out.append(fx.DrainChanged(drain.namespace, drain.instance_id, drain))
+        if old is not None:
+            return  # who or when changed; the worker was set aside already
+        namespace, iid = worker
+        for reg in [r for r in self._regs.values() if r.instance_id == iid]:
+            if reg.endpoint.namespace == namespace:
+                self._set_aside(reg, drain)
+        # Members a held tenure serves on last known records are not registered now.
+        for group in self._groups.values():
+            hold = group.hold
+            if group.key.endpoint.namespace == namespace and hold is not None:
+                hold.members.pop(iid, None)
+                if hold.last_known.pop(iid, None) is not None:
+                    assert group.checksum is not None
+                    group.cohorts[group.checksum].log.append(~iid)
+                    if not hold.last_known and not hold.held:
+                        group.hold = None
+                    self._mark_dirty(group)
+
+    def _on_drain_lifted(self, worker: tuple[str, int]) -> None:
+        if self._drains.pop(worker, None) is None:
+            return
+        namespace, iid = worker
+        self._out.append(fx.DrainChanged(namespace, iid, None))
+        returning = [
+            r
+            for r in self._drained.values()
+            if r.instance_id == iid and r.endpoint.namespace == namespace
+        ]
+        for reg in sorted(returning, key=_by_key):
+            del self._drained[reg.key]
+            group = self._group_of(reg)
+            handover = group.handover
+            if handover is not None and iid in handover.members:
+                # It rejoins behind the successor: the old tenure stops serving it now.
+                self._end_handover(group, "undrained")
+            self._add(reg)
+
+    def _set_aside(self, reg: Registration, drain: Drain) -> None:
+        """Take a drained worker's registration out of its cohort, as if it had left."""
+        key = reg.key
+        del self._regs[key]
+        self._drained[key] = reg
+        gk = reg.group
+        group = self._groups[(gk.model, gk.worker_set)]
+        checksum = reg.mdc_checksum
+        iid = reg.instance_id
+        hold = group.hold
+        was_admitted = group.checksum == checksum
+        if hold is not None and was_admitted and hold.held:
+            # While held the incumbent cohort is empty: this is an instance that arrived.
+            del hold.arrivals[iid]
+            if not hold.arrivals:
+                hold.arrival_seq = None
+            self._out.append(fx.WorkerDrained(key, gk, checksum, False, drain))
+            return
+        cohort = group.cohorts[checksum]
+        del cohort.members[iid]
+        self._out.append(fx.WorkerDrained(key, gk, checksum, was_admitted, drain))
+        if was_admitted:
+            cohort.log.append(~iid)
+            group.parked[iid] = key
+            self._mark_dirty(group)
+            if key in self._adapters_at:
+                self._mark_lora(group)
+        if cohort.members:
+            if was_admitted:
+                state = group.status.state
+                if state is _RETRYING or state is _BLOCKED:
+                    self._rebuild_now(group)
+            return
+        del group.cohorts[checksum]
+        group.reported.discard(checksum)
+        if was_admitted:
+            self._succeed(group, drained=True)
+
+    def _add_drained(self, reg: Registration) -> None:
+        """Set aside a registration of a drained worker; it is never placed."""
+        key = reg.key
+        old = self._drained.get(key)
+        if old is not None:
+            if old.group != reg.group or old.mdc_checksum != reg.mdc_checksum:
+                self._update_in_place(old, reg)  # refused: the first incarnation stays
+            return
+        gk = reg.group
+        if (gk.model, gk.worker_set) not in self._groups:
+            self._groups[(gk.model, gk.worker_set)] = _Group(gk)
+        self._drained[key] = reg
+        drain = self._drains[(reg.endpoint.namespace, reg.instance_id)]
+        self._out.append(fx.WorkerDrained(key, gk, reg.mdc_checksum, False, drain))
+
+    def _remove_drained(self, key: str) -> None:
+        """Forget a drained worker's registration: it is really gone."""
+        reg = self._drained.pop(key)
+        group = self._group_of(reg)
+        self._out.append(fx.WorkerDeparted(key, reg.group, reg.mdc_checksum, False))
+        handover = group.handover
+        if handover is not None and handover.members.get(reg.instance_id) == key:
+            del handover.members[reg.instance_id]
+            if not handover.members:
+                self._end_handover(group, "departed")
+            else:
+                self._out.append(
+                    fx.PublishAdmissions(
+                        group.key,
+                        handover.receiver,
+                        handover.checksum,
+                        handover.generation,
+                        frozenset(handover.members),
+                        handover.card,
+                    )
+                )
 
     # ------------------------------------------------------------------ tenures and succession
 
@@ -596,20 +790,38 @@ class AdmissionCore:
         self._last_generation = max(self._last_generation, recorded.generation)
         return recorded.receiver, recorded.generation
 
-    def _end_tenure(self, group: _Group) -> None:
+    def _end_tenure(self, group: _Group, *, hand_over: bool = False) -> None:
+        """End the tenure; with ``hand_over`` its committed build and receiver stay serving."""
         checksum = group.checksum
         receiver = group.receiver
         assert checksum is not None
         assert receiver is not None
+        if group.handover is not None:
+            self._end_handover(group, "superseded")
         if group.in_flight is not None:
             self._out.append(fx.CancelBuild(group.key, checksum, group.in_flight))
             self.builds_in_flight -= 1
             group.in_flight = None
-        if group.status.state.committed:
+        if hand_over:
             assert group.committed_generation is not None
-            self._out.append(fx.WithdrawGroup(group.key, checksum, group.committed_generation))
-        self._out.append(fx.RetireReceiver(group.key, receiver, checksum))
-        self._transition(group, StatusEvent.DRAIN)
+            assert group.generation is not None
+            members = dict(group.parked)
+            handover = group.handover = _Handover(
+                checksum, receiver, group.committed_generation, members
+            )
+            handover.card = group.card
+            # The receiver lists exactly the drained members it goes on serving.
+            self._out.append(
+                fx.PublishAdmissions(
+                    group.key, receiver, checksum, group.generation, frozenset(members), group.card
+                )
+            )
+        else:
+            if group.status.state.committed:
+                assert group.committed_generation is not None
+                self._out.append(fx.WithdrawGroup(group.key, checksum, group.committed_generation))
+            self._out.append(fx.RetireReceiver(group.key, receiver, checksum))
+        self._transition(group, StatusEvent.END_TENURE)
         group.checksum = None
         group.receiver = None
         group.committed_generation = None
@@ -623,15 +835,39 @@ class AdmissionCore:
         group.lora_dirty = False
         group.hold = None
         group.outage_gone = None
+        group.parked = {}
 
-    def _succeed(self, group: _Group) -> None:
-        """End the tenure of a cohort that is gone; the oldest remaining cohort takes over."""
+    def _end_handover(
+        self,
+        group: _Group,
+        reason: Literal["committed", "departed", "undrained", "superseded"],
+    ) -> None:
+        """Withdraw a drained tenure that handed over, and retire its receiver."""
+        handover = group.handover
+        assert handover is not None
+        group.handover = None
+        key = group.key
+        self._out.append(fx.WithdrawGroup(key, handover.checksum, handover.generation))
+        self._out.append(fx.RetireReceiver(key, handover.receiver, handover.checksum))
+        self._out.append(
+            fx.HandoverEnded(key, handover.checksum, handover.generation, handover.receiver, reason)
+        )
+
+    def _succeed(self, group: _Group, *, drained: bool = False) -> None:
+        """End the tenure of a cohort that is gone; the oldest remaining cohort takes over.
+
+        ``drained``: its last members were drained and still serve; a committed tenure then
+        hands over to the successor instead of being withdrawn at once.
+        """
         old_checksum = group.checksum
         old_generation = group.generation
         old_receiver = group.receiver
         assert old_checksum is not None
         assert old_receiver is not None
-        self._end_tenure(group)
+        hand_over = (
+            drained and bool(group.cohorts) and bool(group.parked) and group.status.state.committed
+        )
+        self._end_tenure(group, hand_over=hand_over)
         if not group.cohorts:
             self._out.append(
                 fx.Succession(
@@ -649,6 +885,7 @@ class AdmissionCore:
                 group.generation,
                 old_receiver,
                 group.receiver,
+                hand_over,
             )
         )
         # Every disagreement still standing is reported again against the new incumbent.
@@ -856,6 +1093,7 @@ class AdmissionCore:
             members = {r.key for r in cohort.members.values()}
             if hold is not None:
                 members.update(hold.last_known.values())
+            handover = group.handover
             self._out.append(
                 fx.CommitGroup(
                     group=group.key,
@@ -866,8 +1104,12 @@ class AdmissionCore:
                     admitted=cohort.snapshot(group.served_ids(cohort)).as_frozenset(),
                     representative=group.representative,
                     card=group.card,
+                    handover_from=None if handover is None else handover.generation,
                 )
             )
+            if handover is not None:
+                # The successor serves now: the drained tenure goes, after it.
+                self._end_handover(group, "committed")
         else:
             self._transition(group, StatusEvent.BUILD_FAILED)
             self._schedule_retry(group, event.generation, event.error or "build failed")
@@ -1085,6 +1327,7 @@ class AdmissionCore:
         assert receiver is not None
         assert generation is not None
         cohort = group.cohorts[checksum]
+        group.parked = {}
         hold = group.hold
         if hold is None:
             ids = cohort.snapshot(cohort.members)
@@ -1173,19 +1416,34 @@ class AdmissionCore:
 
     def group(self, key: GroupKey) -> GroupView | None:
         group = self._groups.get((key.model, key.worker_set))
-        return None if group is None else readout.group_view(group)
+        return None if group is None else readout.group_view(group, self._drained_in(group))
 
     def groups(self) -> list[GroupView]:
         """Every group ever seen (idle ones included), sorted by model then WorkerSet key."""
         ordered = sorted(self._groups.values(), key=_by_key)
-        return [readout.group_view(g) for g in ordered]
+        return [readout.group_view(g, self._drained_in(g)) for g in ordered]
+
+    def drains(self) -> list[Drain]:
+        """Every drain in force, by namespace then instance id."""
+        return [self._drains[w] for w in sorted(self._drains)]
+
+    def _drained_in(self, group: _Group) -> list[tuple[Registration, Drain]]:
+        if not self._drained:
+            return []
+        key = group.key
+        return [
+            (reg, self._drains[(reg.endpoint.namespace, reg.instance_id)])
+            for reg in self._drained.values()
+            if reg.group == key
+        ]
 
     def registration(self, key: str) -> Registration | None:
         """Return the registration held for ``key`` (base or LoRA): its first incarnation."""
-        return self._regs.get(key) or self._loras.get(key)
+        return self._regs.get(key) or self._drained.get(key) or self._loras.get(key)
 
     def registrations(self) -> Iterator[Registration]:
         yield from self._regs.values()
+        yield from self._drained.values()
         yield from self._loras.values()
 
     def placement(self, key: str) -> PlacementView | None:
@@ -1193,6 +1451,10 @@ class AdmissionCore:
         reg = self._regs.get(key)
         if reg is not None:
             return readout.base_placement(self._group_of(reg), reg)
+        drained = self._drained.get(key)
+        if drained is not None:
+            drain = self._drains[(drained.endpoint.namespace, drained.instance_id)]
+            return readout.drained_placement(drained, drain)
         lora = self._loras.get(key)
         if lora is None:
             return None

@@ -16,13 +16,15 @@ from typing import Any, ClassVar, Literal
 
 from workerset_admission.admission.admitted import AdmittedIds
 from workerset_admission.admission.status import GroupStatus
-from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.identity import Drain, EndpointId, GroupKey
 
 __all__ = [
     "BuildDiscarded",
     "CancelBuild",
     "CommitGroup",
+    "DrainChanged",
     "Effect",
+    "HandoverEnded",
     "LoraAdapter",
     "LoraProjectionChanged",
     "LoraWorker",
@@ -40,6 +42,7 @@ __all__ = [
     "TenureHoldEnded",
     "WithdrawGroup",
     "WorkerDeparted",
+    "WorkerDrained",
     "WorkerPlaced",
 ]
 
@@ -186,7 +189,12 @@ class CancelBuild:
 
 @dataclass(frozen=True, slots=True)
 class CommitGroup:
-    """Serve the successful build: the binding is identified by ``(group, generation)``."""
+    """Serve the successful build: the binding is identified by ``(group, generation)``.
+
+    ``handover_from`` is the committed generation of a drained tenure this commit takes over
+    from (see ``Succession.drained``): its withdrawal follows in the same step, and a
+    publisher puts this tenure in place before it takes the drained one away.
+    """
 
     group: GroupKey
     mdc_checksum: str
@@ -196,6 +204,7 @@ class CommitGroup:
     admitted: frozenset[int]
     representative: str
     card: Any = field(default=None, compare=False, repr=False)
+    handover_from: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +221,10 @@ class Succession:
     """The incumbent cohort drained and the oldest remaining cohort took over.
 
     ``new_checksum`` and ``new_generation`` are ``None`` when no cohort was left to succeed.
+    ``drained``: the last incumbent members were drained, not gone. They still serve, so the
+    old tenure's committed build and receiver stay in place (a handover) until the successor
+    is committed (``CommitGroup.handover_from``) or the drained workers really leave; then
+    ``WithdrawGroup``, ``RetireReceiver`` and ``HandoverEnded`` follow.
     """
 
     group: GroupKey
@@ -221,6 +234,47 @@ class Succession:
     new_generation: int | None
     old_receiver: int
     new_receiver: int | None
+    drained: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HandoverEnded:
+    """A drained tenure's handover is over; its build was withdrawn and its receiver retired.
+
+    ``reason``: ``committed`` (the successor serves), ``departed`` (the drained workers left),
+    ``undrained`` (a drained worker was given back, and rejoins behind the successor) or
+    ``superseded`` (the successor's own tenure ended first).
+    """
+
+    group: GroupKey
+    mdc_checksum: str
+    generation: int
+    receiver: int
+    reason: Literal["committed", "departed", "undrained", "superseded"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerDrained:
+    """A registration was set aside by a drain: for admission it has left its cohort.
+
+    It stays tracked: its real removal forgets it, and lifting the drain places it again as a
+    returning member would be placed.
+    """
+
+    key: str
+    group: GroupKey
+    mdc_checksum: str
+    was_admitted: bool
+    drain: Drain
+
+
+@dataclass(frozen=True, slots=True)
+class DrainChanged:
+    """A drain began or changed (``drain`` set) or was lifted (``drain`` is ``None``)."""
+
+    namespace: str
+    instance_id: int
+    drain: Drain | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +408,9 @@ class LoraProjectionChanged:
 Effect = (
     WorkerPlaced
     | WorkerDeparted
+    | WorkerDrained
+    | DrainChanged
+    | HandoverEnded
     | OpenReceiver
     | PublishAdmissions
     | RetireReceiver

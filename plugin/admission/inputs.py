@@ -12,11 +12,14 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from workerset_admission.identity import GroupKey, Registration
+from workerset_admission.identity import Drain, GroupKey, Registration
 
 __all__ = [
     "BuildFinished",
     "CommitFailed",
+    "Drain",
+    "DrainLifted",
+    "DrainSet",
     "Input",
     "Snapshot",
     "TenureRecorded",
@@ -48,6 +51,21 @@ class WorkerRemoved:
 
 
 @dataclass(frozen=True, slots=True)
+class DrainSet:
+    """A drain record was written: for admission its worker has left (see ``core.py``)."""
+
+    drain: Drain
+
+
+@dataclass(frozen=True, slots=True)
+class DrainLifted:
+    """A drain record was withdrawn (or expired): its worker rejoins as a returning member."""
+
+    namespace: str
+    instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """A full listing of every valid registration: keys not listed are gone.
 
@@ -61,11 +79,18 @@ class Snapshot:
     ``reconnect`` says the listing follows a lost connection: registrations may have expired
     only because their heartbeats could not reach the store, so an incumbent cohort that the
     listing empties is held for a while instead of succeeded at once.
+
+    ``drains`` are every drain the listing holds (drains not listed are lifted), and
+    ``retain_drains`` the workers whose drain record is listed with a value the boundary
+    refused: their last valid drain stays. New drains are applied before the registrations,
+    so a drained worker is never admitted, not even for the length of a listing.
     """
 
     registrations: Sequence[Registration]
     retain: Collection[str] = ()
     reconnect: bool = False
+    drains: Sequence[Drain] = ()
+    retain_drains: Collection[tuple[str, int]] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,5 +155,13 @@ class Tick:
 
 
 Input = (
-    WorkerAdded | WorkerRemoved | Snapshot | BuildFinished | CommitFailed | Tick | TenureRecorded
+    WorkerAdded
+    | WorkerRemoved
+    | Snapshot
+    | BuildFinished
+    | CommitFailed
+    | Tick
+    | TenureRecorded
+    | DrainSet
+    | DrainLifted
 )

@@ -6,19 +6,30 @@ frozen views of ``views.py`` for status pages, ``replay`` and ``explain``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from workerset_admission.admission.views import CohortView, GroupView, MemberView, PlacementView
-from workerset_admission.identity import Registration
+from workerset_admission.admission.views import (
+    CohortView,
+    DrainedView,
+    GroupView,
+    HandoverView,
+    MemberView,
+    PlacementView,
+)
+from workerset_admission.identity import Drain, Registration
 
 if TYPE_CHECKING:
     from workerset_admission.admission.core import _Group
 
-__all__ = ["adapter_placement", "base_placement", "group_view"]
+__all__ = ["adapter_placement", "base_placement", "drained_placement", "group_view"]
 
 
-def group_view(group: _Group) -> GroupView:
-    """Picture one group: incumbent, status, generations, cohorts in order, any hold."""
+def group_view(group: _Group, drained: Iterable[tuple[Registration, Drain]] = ()) -> GroupView:
+    """Picture one group: incumbent, status, generations, cohorts in order, any hold.
+
+    ``drained`` are the group's registrations a drain set aside, with their drains.
+    """
     cohorts = tuple(
         CohortView(
             mdc_checksum=c.checksum,
@@ -36,6 +47,7 @@ def group_view(group: _Group) -> GroupView:
         # The ids themselves, not a snapshot: taking one may rebase the cohort's log.
         admitted = tuple(sorted(group.served_ids(group.cohorts[group.checksum])))
     hold = group.hold
+    handover = group.handover
     return GroupView(
         key=group.key,
         incumbent=group.checksum,
@@ -53,6 +65,20 @@ def group_view(group: _Group) -> GroupView:
         last_known=() if hold is None else tuple(sorted(hold.last_known)),
         last_known_until=hold.last_known_until if hold is not None and hold.last_known else None,
         arrivals=() if hold is None else tuple(sorted(hold.arrivals)),
+        drained=tuple(
+            sorted(
+                (DrainedView(r.key, r.instance_id, r.mdc_checksum, d) for r, d in drained),
+                key=lambda v: (v.instance_id, v.key),
+            )
+        ),
+        handover=None
+        if handover is None
+        else HandoverView(
+            handover.checksum,
+            handover.generation,
+            handover.receiver,
+            tuple(sorted(handover.members)),
+        ),
     )
 
 
@@ -71,6 +97,20 @@ def base_placement(group: _Group, reg: Registration) -> PlacementView:
         position=position,
         admitted=position == 0,
         attached_to=None,
+    )
+
+
+def drained_placement(reg: Registration, drain: Drain) -> PlacementView:
+    """Where a drained registration stands: in no cohort, not admitted, drained by ``drain``."""
+    return PlacementView(
+        key=reg.key,
+        group=reg.group,
+        mdc_checksum=reg.mdc_checksum,
+        is_lora=False,
+        position=None,
+        admitted=False,
+        attached_to=None,
+        drained_by=drain,
     )
 
 

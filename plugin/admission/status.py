@@ -33,16 +33,16 @@ Events::
     COMMIT_FAILED   the service could not commit a successful build
     REPLACE_FAILED  the service could not apply a membership change to the committed group
     REPLACE_DUE     the deadline to retry a failed replacement was reached
-    DRAIN           the incumbent cohort lost its last member: the tenure ends
+    END_TENURE      the incumbent cohort lost its last member (or was drained): the tenure ends
 
-``DRAIN`` is accepted from every state but ``idle`` because a tenure can end at any point of
+``END_TENURE`` is accepted from every state but ``idle`` because a tenure can end at any point of
 its life; after it the core may at once ``RESERVE`` again for the successor cohort. Reservation
 happens on entry to ``queued``, not on a successful build, which is why a larger competing
 cohort never displaces an incumbent that is still building or retrying.
 
 A tenure *held* after an outage (the core's theory of operation) is not a status of its own:
 a ready group stays ready while its last known members are served, a retrying group stays
-retrying (the due retry waits for a member, since there is nothing to build for), and ``DRAIN``
+retrying (the due retry waits for a member, since there is nothing to build for), and ``END_TENURE``
 is processed only if the hold runs out with no member back. Keeping the hold beside the status
 rather than in it means no transition of this table changes.
 """
@@ -91,7 +91,7 @@ class StatusEvent(str, enum.Enum):
     COMMIT_FAILED = "commit_failed"
     REPLACE_FAILED = "replace_failed"
     REPLACE_DUE = "replace_due"
-    DRAIN = "drain"
+    END_TENURE = "end_tenure"
 
 
 _S = GroupStatus
@@ -101,22 +101,22 @@ _E = StatusEvent
 TRANSITIONS: Mapping[tuple[GroupStatus, StatusEvent], GroupStatus] = {
     (_S.IDLE, _E.RESERVE): _S.QUEUED,
     (_S.QUEUED, _E.START_BUILD): _S.BUILDING,
-    (_S.QUEUED, _E.DRAIN): _S.IDLE,
+    (_S.QUEUED, _E.END_TENURE): _S.IDLE,
     (_S.BUILDING, _E.BUILD_OK): _S.READY,
     (_S.BUILDING, _E.BUILD_FAILED): _S.RETRYING,
-    (_S.BUILDING, _E.DRAIN): _S.IDLE,
+    (_S.BUILDING, _E.END_TENURE): _S.IDLE,
     (_S.READY, _E.COMMIT_FAILED): _S.BLOCKED,
     (_S.READY, _E.REPLACE_FAILED): _S.BLOCKED_READY,
-    (_S.READY, _E.DRAIN): _S.IDLE,
+    (_S.READY, _E.END_TENURE): _S.IDLE,
     (_S.RETRYING, _E.RETRY_DUE): _S.QUEUED,
     (_S.RETRYING, _E.MEMBERS_CHANGED): _S.QUEUED,
-    (_S.RETRYING, _E.DRAIN): _S.IDLE,
+    (_S.RETRYING, _E.END_TENURE): _S.IDLE,
     (_S.BLOCKED, _E.RETRY_DUE): _S.QUEUED,
     (_S.BLOCKED, _E.MEMBERS_CHANGED): _S.QUEUED,
-    (_S.BLOCKED, _E.DRAIN): _S.IDLE,
+    (_S.BLOCKED, _E.END_TENURE): _S.IDLE,
     (_S.BLOCKED_READY, _E.REPLACE_DUE): _S.READY,
     (_S.BLOCKED_READY, _E.REPLACE_FAILED): _S.BLOCKED_READY,
-    (_S.BLOCKED_READY, _E.DRAIN): _S.IDLE,
+    (_S.BLOCKED_READY, _E.END_TENURE): _S.IDLE,
 }
 
 

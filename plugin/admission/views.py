@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from workerset_admission.admission.effects import LoraWorker
 from workerset_admission.admission.status import GroupStatus
-from workerset_admission.identity import GroupKey
+from workerset_admission.identity import Drain, GroupKey
 
-__all__ = ["CohortView", "GroupView", "MemberView", "PlacementView"]
+__all__ = ["CohortView", "DrainedView", "GroupView", "HandoverView", "MemberView", "PlacementView"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,26 @@ class CohortView:
     @property
     def instance_ids(self) -> tuple[int, ...]:
         return tuple(m.instance_id for m in self.members)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainedView:
+    """A registration a drain set aside: tracked, in no cohort, never admitted."""
+
+    key: str
+    instance_id: int
+    mdc_checksum: str
+    drain: Drain
+
+
+@dataclass(frozen=True, slots=True)
+class HandoverView:
+    """A drained tenure still serving its drained members until its successor is committed."""
+
+    mdc_checksum: str
+    generation: int
+    receiver: int
+    members: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +81,10 @@ class GroupView:
     # New instances of a held incumbent's checksum: tracked, admitted only if a pre-hold
     # member comes back, otherwise a cohort at the end of the order when the hold expires.
     arrivals: tuple[int, ...] = ()
+    # Registrations drained out of the group, sorted by instance id, and a drained tenure
+    # handing over to the incumbent, if one is.
+    drained: tuple[DrainedView, ...] = ()
+    handover: HandoverView | None = None
 
     @property
     def rejected(self) -> tuple[CohortView, ...]:
@@ -82,3 +106,5 @@ class PlacementView:
     position: int | None
     admitted: bool
     attached_to: GroupKey | None
+    # The drain that set this registration aside, if one did.
+    drained_by: Drain | None = None

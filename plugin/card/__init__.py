@@ -15,7 +15,8 @@ a short, stable ``reason``:
   ``invalid_indexer_identity``, ``invalid_card_shape``,
   ``invalid_json``, ``invalid_utf8``.
 
-Event-plane records (``events``) are refused with the record reasons above.
+Event-plane records (``events``) and drain records (``drain_record``) are refused with the
+record reasons above.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ from workerset_admission.card.checksum import (
     slug,
 )
 from workerset_admission.card.differences import Difference, card_differences
+from workerset_admission.card.drain_record import (
+    decode_drain_record,
+    encode_drain_record,
+    is_drain_key,
+)
 from workerset_admission.card.events import (
     EventKey,
     EventRecord,
@@ -70,15 +76,18 @@ __all__ = [
     "card_checksum",
     "card_differences",
     "decode_card",
+    "decode_drain_record",
     "decode_endpoint_record",
     "decode_event_record",
     "decode_model_record",
     "decode_plain_model",
+    "encode_drain_record",
     "encode_endpoint_record",
     "encode_model_record",
     "endpoint_kv_key",
     "escape_token",
     "event_kv_key",
+    "is_drain_key",
     "is_event_key",
     "lora_projection_fingerprint",
     "mdc_local_path",

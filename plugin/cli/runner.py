@@ -182,6 +182,21 @@ COMMANDS: dict[str, CommandSpec] = {
         settings=("discovery_bucket", "admission_bucket", "status_subject"),
         runs_until_stopped=True,
     ),
+    "drain": CommandSpec(
+        "workerset_admission.cli.drain",
+        "take a worker out of routing on every frontend; with --wait, answer when it is safe "
+        "to stop (exit 1 when the timeout passes first)",
+        connects=True,
+        settings=("discovery_bucket", "admission_bucket"),
+        # drain --wait stopped by a signal: safe to stop was not seen; the drain stays.
+        interrupted_status=EXIT_NO,
+    ),
+    "undrain": CommandSpec(
+        "workerset_admission.cli.drain",
+        "withdraw a worker's drain: it rejoins as a returning cohort member",
+        connects=True,
+        settings=("discovery_bucket",),
+    ),
     "rollout": CommandSpec(
         "workerset_admission.cli.rollout",
         "gate a rolling update: is a worker namespace served by every live frontend",

@@ -147,7 +147,7 @@ class LiveInstances(Protocol):
 class AdmittedHopBinding:
     """A discovery-managed hop bound to one committed group and build generation."""
 
-    __slots__ = ("_endpoint", "_id", "_live", "_receiver", "_role", "_settings")
+    __slots__ = ("_endpoint", "_id", "_live", "_receiver", "_role", "_settings", "handover_from")
 
     def __init__(
         self,
@@ -156,8 +156,12 @@ class AdmittedHopBinding:
         generation: int,
         live: LiveInstances,
         frontend: FrontendRouting | None = None,
+        handover_from: int | None = None,
     ) -> None:
         state = receiver.current()
+        # The generation of a drained tenure this binding took over from (``CommitGroup``):
+        # a publisher puts this binding in place before it takes that one's workers away.
+        self.handover_from = handover_from
         self._role = role
         self._receiver = receiver
         self._id = BindingId(state.group, generation)
@@ -278,7 +282,7 @@ class HopBindings:
                 old.close()
             role = HopRole.for_worker_type(effect.group.worker_type)
             binding = AdmittedHopBinding(
-                role, receiver, effect.generation, self._live, self._frontend
+                role, receiver, effect.generation, self._live, self._frontend, effect.handover_from
             )
             self._bindings[effect.group] = binding
             self._handoff[effect.group] = _encoder_handoff(effect.card)

@@ -6,6 +6,8 @@ an offline replay judges records by the very code that judged them live:
 
 * a model record becomes ``WorkerAdded`` (a put) or a member of a ``Snapshot`` (a listing);
 * an endpoint-instance record updates the :class:`~.liveness.LivenessIndex`;
+* a drain record becomes ``DrainSet`` (its removal ``DrainLifted``, a listing's drains go in
+  the ``Snapshot``);
 * a record outside the namespace filter is ignored;
 * a record the card boundary refuses is reported as a refusal and changes nothing: a listed key
   whose value is refused keeps its last valid value (the ``retain`` list of a ``Snapshot``).
@@ -19,11 +21,19 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from workerset_admission.admission import Input, Snapshot, Tick, WorkerAdded, WorkerRemoved
+from workerset_admission.admission import (
+    DrainLifted,
+    DrainSet,
+    Input,
+    Snapshot,
+    Tick,
+    WorkerAdded,
+    WorkerRemoved,
+)
 from workerset_admission.admission.ordering import GroupId, PeerServed, observation_order
 from workerset_admission.errors import RemoteDataError
-from workerset_admission.identity import EndpointId, Registration
-from workerset_admission.keys import parse_key
+from workerset_admission.identity import Drain, EndpointId, Registration
+from workerset_admission.keys import parse_drain_key, parse_key
 from workerset_admission.ports import SourceDelete, SourceSnapshot
 from workerset_admission.service.liveness import LivenessIndex
 
@@ -53,9 +63,9 @@ class EventRecord(NamedTuple):
     key: str
 
 
-DecodedRecord = Registration | LiveInstance | EventRecord | None
+DecodedRecord = Registration | LiveInstance | EventRecord | Drain | None
 """What the boundary makes of a put: a registration, a live endpoint instance, a valid
-event-plane record, or ``None`` (a record this frontend ignores)."""
+event-plane record, a drain, or ``None`` (a record this frontend ignores)."""
 
 
 class RecordDecoder(Protocol):
@@ -65,7 +75,8 @@ class RecordDecoder(Protocol):
     :class:`LiveInstance` (an endpoint-instance record), an :class:`EventRecord` (a valid event
     source or channel), or ``None`` (a record this frontend ignores, such as a
     namespace outside its filter). ``removal`` says what a deleted
-    key was: ``("model", registration key)``, ``("instance", key)`` or ``None``. Both raise
+    key was: ``("model", registration key)``, ``("instance", key)``, ``("drain", key)`` or
+    ``None``. Both raise
     :class:`~workerset_admission.errors.RemoteDataError` for records they refuse.
     """
 
@@ -110,6 +121,9 @@ class CardRecordDecoder:
                 card.parse_event_key(key), value, max_value_size=self._settings.max_value_size
             )
             return EventRecord(key)
+        if card.is_drain_key(key):
+            drain: Drain = card.decode_drain_record(key, value)
+            return drain if self._settings.namespace_matches(drain.namespace) else None
         # Anything else is an endpoint record or a key parse_key refuses (every model key starts
         # with the prefix above).
         parsed = parse_key(key)
@@ -120,6 +134,9 @@ class CardRecordDecoder:
         if self._card.is_event_key(key):
             self._card.parse_event_key(key)
             return None
+        if self._card.is_drain_key(key):
+            namespace, _ = parse_drain_key(key)
+            return ("drain", key) if self._settings.namespace_matches(namespace) else None
         parsed = parse_key(key)
         if parsed.kind == "model":
             return ("model", parsed.instance_key)
@@ -145,13 +162,18 @@ class Verdict(NamedTuple):
     refusal: RemoteDataError | None = None
     live: bool = False
     event: bool = False
+    drain: bool = False
     # A refusal of the very value refused last time under this key (a re-listing, a heartbeat
     # re-sending it): the same bad record, already reported and counted.
     repeated: bool = False
 
     @property
     def ignored(self) -> bool:
-        return self.registration is None and self.refusal is None and not (self.live or self.event)
+        return (
+            self.registration is None
+            and self.refusal is None
+            and not (self.live or self.event or self.drain)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +245,8 @@ class Ingestor:
             return Ingested(verdicts=(Verdict(key),))
         if isinstance(record, EventRecord):
             return Ingested(verdicts=(Verdict(key, event=True),))
+        if isinstance(record, Drain):
+            return Ingested((DrainSet(record),), (Verdict(key, drain=True),))
         endpoint, instance_id = record
         changed = self.liveness.put(key, endpoint, instance_id)
         return Ingested(verdicts=(Verdict(key, live=True),), liveness_changed=changed)
@@ -272,6 +296,8 @@ class Ingestor:
         if removal is None:
             return Ingested()
         kind, name = removal
+        if kind == "drain":
+            return Ingested((DrainLifted(*parse_drain_key(name)),))
         if kind == "model":
             if expiry is not None and expiry[0] - self._outage_end < expiry[1]:
                 return Ingested((Tick(expiry[0]), WorkerRemoved(name, outage=self._outage_end)))
@@ -299,6 +325,7 @@ class Ingestor:
         cohort ``peers`` serve first, or the ``recorded`` cohort order, otherwise key order.
         """
         registrations: list[Registration] = []
+        drains: list[Drain] = []
         retain: list[str] = []
         live: dict[str, tuple[EndpointId, int]] = {}
         verdicts: list[Verdict] = []
@@ -329,6 +356,9 @@ class Ingestor:
             elif isinstance(record, LiveInstance):
                 live[key] = record
                 verdicts.append(Verdict(key, live=True))
+            elif isinstance(record, Drain):
+                drains.append(record)
+                verdicts.append(Verdict(key, drain=True))
             else:
                 verdicts.append(Verdict(key, event=record is not None))
         self._decoded = decoded
@@ -337,7 +367,14 @@ class Ingestor:
         self._refused = refused if forget_refused else {**self._refused, **refused}
         changed = self.liveness.replace(live)
         ordered = observation_order(registrations, peers, recorded=recorded)
-        snapshot = Snapshot(ordered, retain, reconnect=reconnect)
+        kept = [parse_drain_key(k) for k in retain if k.startswith("v1.drain.")]
+        snapshot = Snapshot(
+            ordered,
+            [k for k in retain if not k.startswith("v1.drain.")],
+            reconnect=reconnect,
+            drains=drains,
+            retain_drains=kept,
+        )
         if reconnect and now is not None:
             self._outage_end = now
         inputs: tuple[Input, ...] = (snapshot,) if now is None else (Tick(now), snapshot)
@@ -369,7 +406,7 @@ class Ingestor:
         if removal is None:
             return
         kind, name = removal
-        if kind == "model":
+        if kind in ("model", "drain"):
             retain.append(name)
         else:
             held = self.liveness.entry(name)

@@ -19,6 +19,9 @@ class ServingPublication:
 
     Bursts are coalesced (at most one round per ``interval``) and a failed round is retried
     after ``retry`` seconds; the capability record is written once, before anything else.
+    ``prepare`` runs before each round reads what to publish: a record says what this
+    frontend routes to, so whatever carries routing out (the admitted view's files) must be
+    in step first. A ``drain --wait`` that reads "not served" may then stop the worker.
     """
 
     def __init__(
@@ -27,9 +30,11 @@ class ServingPublication:
         wanted: Callable[[], dict[str, ServingRecord]],
         interval: float,
         retry: float,
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         self._publisher = publisher
         self._wanted = wanted
+        self._prepare = prepare
         self._interval = interval
         self._retry = retry
         self._wake = asyncio.Event()
@@ -84,6 +89,8 @@ class ServingPublication:
                 if not self._capability_published:
                     await publisher.publish_capability()
                     self._capability_published = True
+                if self._prepare is not None:
+                    self._prepare()
                 wanted = self._wanted()
                 for namespace in sorted(set(wanted) | set(self._published)):
                     record = wanted.get(namespace)

@@ -145,8 +145,10 @@ class AdmissionService:
                 self.serving_records,
                 self.settings.publish_interval,
                 self.settings.publish_retry,
+                prepare=self._before_publication,
             )
         )
+        self._publication_hooks: list[Callable[[], object]] = []
         self._invalid: collections.deque[InvalidRecord] = collections.deque(
             maxlen=self.settings.invalid_history
         )
@@ -392,6 +394,14 @@ class AdmissionService:
     def on_state_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the loop) after each step that changed admission state."""
         self._state_listeners.append(listener)
+
+    def before_publication(self, hook: Callable[[], object]) -> None:
+        """Call ``hook`` before each serving publication reads what this frontend serves."""
+        self._publication_hooks.append(hook)
+
+    def _before_publication(self) -> None:
+        for hook in self._publication_hooks:
+            hook()
 
     # -- the source loop ---------------------------------------------------------------------
 

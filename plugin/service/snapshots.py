@@ -61,6 +61,11 @@ class GroupSnapshot:
     # time); routable though their instance records may be missing.
     last_known: tuple[int, ...] = ()
     last_known_until: float | None = None
+    # Workers a drain set aside: (instance id, who drained it, when as Unix time), sorted; and
+    # a drained tenure still serving its drained members until the incumbent is committed
+    # (checksum, committed generation, members).
+    drained: tuple[tuple[int, str, float | None], ...] = ()
+    handover: tuple[str, int, tuple[int, ...]] | None = None
 
     @property
     def rejected(self) -> tuple[CohortSnapshot, ...]:
@@ -89,6 +94,16 @@ class GroupSnapshot:
                 "hold_members": ids(self.hold_members),
                 "last_known": ids(self.last_known),
                 "last_known_until": self.last_known_until,
+                "drained": len(self.drained)
+                if brief
+                else [{"instance_id": i, "by": by, "at": at} for i, by, at in self.drained],
+                "handover": None
+                if self.handover is None
+                else {
+                    "checksum": self.handover[0],
+                    "committed_generation": self.handover[1],
+                    "members": ids(self.handover[2]),
+                },
             }
         )
         return out
@@ -230,6 +245,10 @@ def group_snapshot(
         admitted=view.admitted,
         routable=tuple(sorted(routable)),
         cohorts=tuple(CohortSnapshot(c.mdc_checksum, c.instance_ids) for c in view.cohorts),
+        drained=tuple((d.instance_id, d.drain.by, d.drain.at) for d in view.drained),
+        handover=None
+        if view.handover is None
+        else (view.handover.mdc_checksum, view.handover.generation, view.handover.members),
     )
 
 
@@ -272,7 +291,14 @@ def serving_records(
     out: dict[str, list[dict[str, Any]]] = {}
     for key, (generation, checksum) in sorted(committed.items()):
         view = core.group(key)
-        if view is None or not view.admitted:
+        if view is None:
+            continue
+        admitted = view.admitted
+        handover = view.handover
+        if handover is not None and handover.generation == generation:
+            # A drained tenure still serves its drained members until its successor commits.
+            admitted = handover.members
+        if not admitted:
             continue
         endpoint = key.endpoint
         out.setdefault(endpoint.namespace, []).append(
@@ -281,7 +307,7 @@ def serving_records(
                 "worker_set": key.worker_set,
                 "checksum": checksum,
                 "generation": generation,
-                "members": [instance_key(endpoint, i) for i in view.admitted],
+                "members": [instance_key(endpoint, i) for i in admitted],
             }
         )
     return {
@@ -321,6 +347,8 @@ def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
                 "admitted": len(group.admitted),
                 "rejected": sum(len(c.members) for c in group.rejected),
             }
+        if group.drained:
+            counts["drained"] = len(group.drained)
         for state, count in counts.items():
             workers[(model, state)] = workers.get((model, state), 0) + count
     return AdmissionStateSummary(

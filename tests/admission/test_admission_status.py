@@ -51,7 +51,7 @@ def test_every_status_is_reachable_from_idle() -> None:
 def test_every_status_but_idle_can_drain_back_to_idle() -> None:
     for state in GroupStatus:
         if state is not GroupStatus.IDLE:
-            assert TRANSITIONS[(state, StatusEvent.DRAIN)] is GroupStatus.IDLE
+            assert TRANSITIONS[(state, StatusEvent.END_TENURE)] is GroupStatus.IDLE
 
 
 def test_status_values_are_the_output_spellings() -> None:

@@ -26,13 +26,15 @@ from workerset_admission.adapters.dynamo.view import (
 )
 from workerset_admission.card import (
     BoundarySettings,
+    encode_drain_record,
     encode_endpoint_record,
     encode_model_record,
     endpoint_kv_key,
     model_kv_key,
 )
 from workerset_admission.errors import ViewDirectoryError
-from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.identity import Drain, EndpointId, GroupKey, WorkerType
+from workerset_admission.keys import drain_kv_key
 from workerset_admission.ports import (
     DiscoveryEntry,
     SourceDelete,
@@ -223,6 +225,36 @@ def test_on_succession_the_old_incumbents_records_go_before_the_successors_appea
     assert files.ops[-1] == ("publish", mdc_file(B))
     assert set(report.withdrawn) == set(files_of(A1, report.withdrawn))
     assert set(files.content) == set(files_of(B, files.content))
+
+
+def test_a_drained_tenure_handing_over_goes_after_its_successor_is_written() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(B, block_size=32))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    files.ops.clear()
+
+    # The successor's commit names the drained tenure it takes over from: A1 still serves.
+    report = view.sync([Tenure(GROUP, 4, frozenset({B}), handover_from=1)], table)
+
+    kinds = [op for op, _file in files.ops]
+    assert kinds == ["publish"] * 5 + ["remove"] * 5
+    assert files.ops[4] == ("publish", mdc_file(B))
+    assert files.ops[5] == ("remove", mdc_file(A1))
+    assert report.withdrawn == ()
+    assert set(files.content) == set(files_of(B, files.content))
+
+
+def test_a_handover_from_another_generation_does_not_delay_an_ended_tenure() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(B, block_size=32))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    files.ops.clear()
+
+    view.sync([Tenure(GROUP, 4, frozenset({B}), handover_from=2)], table)
+
+    assert [op for op, _file in files.ops] == ["remove"] * 5 + ["publish"] * 5
 
 
 def test_a_member_leaving_beside_others_is_removed_at_once() -> None:
@@ -546,6 +578,36 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         await service.stop()
         await writer.close()
     assert files.content == {}
+
+
+async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first() -> None:
+    files = FakeFiles()
+    table = RecordTable()
+    source = QueueSource()
+    service = AdmissionService(TappedSource(source, table))
+    writer = ViewWriter(AdmittedView(files, refresh_interval=0.2), table)
+    writer.attach(service)
+    await service.start()
+    try:
+        source.queue.put_nowait(SourceSnapshot(worker_records(A1)))
+        for entry in worker_records(B, 32):
+            source.queue.put_nowait(SourcePut(entry))
+        await _until(lambda: mdc_file(A1) in files.content)
+        files.ops.clear()
+
+        # A1 is drained, not gone: B goes in before A1 goes out.
+        drain = Drain(EP.namespace, A1, "ops", 1.0)
+        source.queue.put_nowait(
+            SourcePut(_entry(drain_kv_key(EP.namespace, A1), encode_drain_record(drain)))
+        )
+        await _until(lambda: mdc_file(B) in files.content and mdc_file(A1) not in files.content)
+        assert files.ops.index(("publish", mdc_file(B))) < files.ops.index(
+            ("remove", mdc_file(A1))
+        )
+        assert set(files.content) == set(files_of(B, files.content))
+    finally:
+        await service.stop()
+        await writer.close()
 
 
 def test_the_index_follows_puts_removals_and_listings() -> None:

@@ -150,13 +150,15 @@ def _group(model: str, cohorts: tuple[tuple[int, ...], ...], held: bool) -> Grou
     )
 
 
-def test_workers_are_counted_by_model_as_admitted_rejected_or_held(harness: Harness) -> None:
+def test_workers_are_counted_by_model_as_admitted_rejected_held_or_drained(
+    harness: Harness,
+) -> None:
+    llama = dataclasses.replace(
+        _group("llama", ((1, 2, 3), (4,), (5, 6)), held=False),
+        drained=((9, "ops", None),),
+    )
     snap = dataclasses.replace(
-        EMPTY_SNAPSHOT,
-        groups=(
-            _group("llama", ((1, 2, 3), (4,), (5, 6)), held=False),
-            _group("qwen", ((), (7, 8)), held=True),
-        ),
+        EMPTY_SNAPSHOT, groups=(llama, _group("qwen", ((), (7, 8)), held=True))
     )
     harness.telemetry.observe_state(lambda: state_summary(snap))
 
@@ -166,9 +168,11 @@ def test_workers_are_counted_by_model_as_admitted_rejected_or_held(harness: Harn
         ("llama", "admitted"): 3,
         ("llama", "rejected"): 3,
         ("llama", "held"): 0,
+        ("llama", "drained"): 1,
         ("qwen", "admitted"): 0,
         ("qwen", "rejected"): 0,
         ("qwen", "held"): 2,
+        ("qwen", "drained"): 0,
     }
 
 

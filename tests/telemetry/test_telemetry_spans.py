@@ -230,6 +230,30 @@ def test_commit_withdraw_and_succession_spans_have_their_names_and_typed_attribu
         "workerset_admission.succession.new_checksum": "bbb",
         "workerset_admission.succession.old_generation": 1,
         "workerset_admission.succession.new_generation": 2,
+        "workerset_admission.drained": False,
+    }
+
+
+def test_drain_and_handover_spans_name_the_worker_who_drained_it_and_why_it_ended(
+    harness: Harness,
+) -> None:
+    harness.telemetry.succession(GROUP, "aaa", "bbb", 1, 2, drained=True)
+    harness.telemetry.worker_drained(GROUP, "ns/c/e/1a", "aaa", True, "preStop:pod/w-0")
+    harness.telemetry.handover_ended(GROUP, "aaa", 1, "committed")
+    succeed, drain, handover = harness.finished()
+    assert (succeed.attributes or {})[n.ATTR_DRAINED] is True
+    assert (drain.name, handover.name) == ("drain worker", "handover worker_set")
+    assert dict(drain.attributes or {}) == {
+        n.ATTR_GROUP: GROUP.id,
+        n.ATTR_INSTANCE: "ns/c/e/1a",
+        n.ATTR_CHECKSUM: "aaa",
+        n.ATTR_DRAIN_BY: "preStop:pod/w-0",
+    }
+    assert dict(handover.attributes or {}) == {
+        n.ATTR_GROUP: GROUP.id,
+        n.ATTR_CHECKSUM: "aaa",
+        n.ATTR_GENERATION: 1,
+        n.ATTR_HANDOVER_REASON: "committed",
     }
 
 

@@ -1,0 +1,147 @@
+"""The drain tools' NATS side: list the discovery bucket, write or withdraw a drain, read serving.
+
+One connection for the whole command. A drain given while NATS is away waits for it (up to the
+caller's deadline) instead of failing at once: a ``preStop`` hook runs while the cluster may be
+restarting its nats-server, and a drain that gave up would let the worker stop while frontends
+still route to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from nats.aio.client import Client as NatsClient
+from nats.errors import Error as NatsError
+from nats.js.errors import NotFoundError
+from workerset_admission.adapters.nats.connect import (
+    ConnectionCallbacks,
+    NatsConnectOptions,
+    connect,
+    servers_for_display,
+)
+from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.errors import Unreachable, UsageError
+from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX
+from workerset_admission.rollout.gate import BucketRead, RawEntry
+
+__all__ = ["NatsDrainStore"]
+
+# How long one request (a listing, a write) may take before the store reports NATS as away.
+_REQUEST_TIMEOUT = 5.0
+
+
+class NatsDrainStore:
+    """Reads and writes what a drain needs, over one NATS connection."""
+
+    def __init__(
+        self,
+        options: NatsConnectOptions,
+        discovery_bucket: str,
+        admission_bucket: str,
+        *,
+        progress: Callable[[str], None] = lambda line: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._options = options
+        self._discovery = discovery_bucket
+        self._admission = admission_bucket
+        self._progress = progress
+        self._clock = clock
+        self._client: NatsClient | None = None
+
+    async def open(self, deadline: float) -> None:
+        """Connect, trying again until the clock passes ``deadline``; raise ``Unreachable``."""
+        servers = servers_for_display(self._options.servers)
+        told = False
+        while True:
+            try:
+                self._client = await asyncio.wait_for(
+                    connect(self._options, allow_reconnect=True), timeout=_REQUEST_TIMEOUT
+                )
+            except (OSError, NatsError, asyncio.TimeoutError) as error:
+                if self._clock() >= deadline:
+                    raise Unreachable(f"cannot reach NATS at {servers}: {error!r}") from None
+                if not told:
+                    self._progress(f"waiting for NATS at {servers} ({error!r})")
+                    told = True
+                await asyncio.sleep(0.5)
+                continue
+            if told:
+                self._progress(f"NATS at {servers} answers again")
+            return
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    def _nc(self) -> NatsClient:
+        if self._client is None:
+            raise UsageError("the drain store is not open")
+        return self._client
+
+    async def _list(self, bucket: str, prefixes: tuple[str, ...] | None) -> list[RawEntry]:
+        self._nc()  # only an open store reads
+
+        async def fresh(_callbacks: ConnectionCallbacks) -> NatsClient:
+            # A listing closes the connection it is given when it is done: its own, then.
+            return await connect(self._options, allow_reconnect=False)
+
+        source = JetStreamDiscoverySource(bucket=bucket, key_prefixes=prefixes, connector=fresh)
+        listing = await asyncio.wait_for(source.list_all(), timeout=_REQUEST_TIMEOUT)
+        return [RawEntry(e.key, e.value, e.published_at) for e in listing.entries]
+
+    async def workers_listing(self) -> list[tuple[str, bytes]]:
+        """Every model and endpoint record of the discovery bucket, by key."""
+        try:
+            entries = await self._list(
+                self._discovery, (MODEL_PREFIX.rstrip("."), ENDPOINT_PREFIX.rstrip("."))
+            )
+        except NotFoundError:
+            raise UsageError(f"there is no discovery bucket {self._discovery!r}") from None
+        return [(e.key, e.value) for e in entries]
+
+    async def drains(self) -> list[tuple[str, bytes]]:
+        """Every drain record of the discovery bucket, by key."""
+        entries = await self._list(self._discovery, (DRAIN_PREFIX.rstrip("."),))
+        return [(e.key, e.value) for e in entries]
+
+    async def serving(self) -> BucketRead:
+        """Read the serving-admission bucket; ``problem`` says why it could not be read."""
+        try:
+            entries = await self._list(self._admission, None)
+        except NotFoundError:
+            return BucketRead()  # no frontend has published: none routes to anything
+        except (OSError, NatsError, asyncio.TimeoutError) as error:
+            return BucketRead(problem=f"cannot read bucket {self._admission}: {error!r}")
+        return BucketRead(entries=tuple(entries))
+
+    async def put(self, key: str, value: bytes, ttl: float | None) -> None:
+        """Write a drain record; ``ttl`` (seconds) makes the server remove it then.
+
+        A server or bucket that cannot keep a per-key TTL (before nats-server 2.11, or a
+        bucket made without it) refuses the header: the record is then written without one,
+        and it stays until it is withdrawn.
+        """
+        js = self._nc().jetstream()
+        subject = f"$KV.{self._discovery}.{key}"
+        if ttl is None:
+            await js.publish(subject, value, timeout=_REQUEST_TIMEOUT)
+            return
+        try:
+            await js.publish(subject, value, msg_ttl=ttl, timeout=_REQUEST_TIMEOUT)
+        except NatsError as error:
+            self._progress(f"the bucket keeps no per-key TTL ({error}); drain written without")
+            await js.publish(subject, value, timeout=_REQUEST_TIMEOUT)
+
+    async def delete(self, key: str) -> bool:
+        """Withdraw a drain record; return whether there was one."""
+        kv = await self._nc().jetstream().key_value(self._discovery)
+        try:
+            await kv.get(key)
+        except NotFoundError:
+            return False
+        await kv.delete(key)
+        return True

@@ -1,0 +1,208 @@
+"""``drain`` and ``undrain`` end to end: a real nats-server, a real ``serve``, the real commands.
+
+The story: incumbent A has two workers and B (another configuration) waits. Draining one A
+worker takes it out at once; draining the last A worker hands over: ``drain --wait`` answers
+only once the frontend serves B. ``undrain`` gives the A worker back behind B. Bad input
+(an unknown instance, a hand-written malformed drain record) changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from natsfixture import NatsServer
+from support.cards import base_card
+from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.identity import EndpointId
+from workerset_admission.keys import drain_kv_key
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+CLI = [sys.executable, "-m", "workerset_admission.cli"]
+EP = EndpointId("dgd", "backend", "generate")
+A1, A2, B1 = 0xA1, 0xA2, 0xB1
+
+
+@pytest.fixture
+def buckets(nats_server: NatsServer) -> list[str]:
+    suffix = uuid.uuid4().hex[:8]
+    return [
+        "--nats-server",
+        nats_server.url,
+        "--discovery-bucket",
+        f"disc-{suffix}",
+        "--admission-bucket",
+        f"adm-{suffix}",
+    ]
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture
+def serve(buckets: list[str], tmp_path: Path) -> Iterator[list[str]]:
+    subject = f"status-{uuid.uuid4().hex[:8]}"
+    with (tmp_path / "serve.log").open("w") as log:
+        process = subprocess.Popen(
+            [*CLI, "serve", *buckets, "--frontend-id", "fe-1", "--status-subject", subject],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        try:
+            yield ["--nats-server", buckets[1], "--status-subject", subject]
+        finally:
+            process.terminate()
+            process.wait(timeout=20)
+
+
+def status(flags: list[str]) -> dict[str, Any]:
+    answer = run("status", *flags, "--json")
+    assert answer.returncode == 0, answer.stderr
+    result: dict[str, Any] = json.loads(answer.stdout)
+    return result
+
+
+def status_until(flags: list[str], done: Any, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            answer = status(flags)
+        except AssertionError:
+            answer = {}
+        if answer and done(answer):
+            return answer
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.2)
+
+
+def group(answer: dict[str, Any]) -> dict[str, Any]:
+    (only,) = answer["groups"]
+    result: dict[str, Any] = only
+    return result
+
+
+async def register(url: str, bucket: str, *workers: tuple[int, int]) -> None:
+    nc = await nats.connect(url)
+    try:
+        publisher = DiscoveryPublisher(nc.jetstream(), bucket=bucket, ttl=None)
+        for instance, block_size in workers:
+            await publisher.register(EP, instance, base_card(block_size))
+            await publisher.register_endpoint(
+                EP, instance, transport={"tcp": f"10.0.0.{instance & 0xF}:4000/x"}
+            )
+    finally:
+        await nc.close()
+
+
+async def bucket_keys(url: str, bucket: str) -> list[str]:
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        return sorted(await kv.keys())
+    finally:
+        await nc.close()
+
+
+def test_drain_takes_a_worker_out_hands_over_at_the_last_one_and_undrain_gives_it_back(
+    nats_server: NatsServer, buckets: list[str], serve: list[str]
+) -> None:
+    discovery = buckets[3]
+    asyncio.run(register(nats_server.url, discovery, (A1, 16), (A2, 16), (B1, 32)))
+    ready = status_until(serve, lambda s: s["groups"] and group(s)["status"] == "ready")
+    incumbent = group(ready)["incumbent"]
+    assert group(ready)["admitted"] == [A1, A2]
+
+    # One of two A workers, named by id in hex: out of routing, nothing else changes.
+    drained = run("drain", f"0x{A1:x}", "--wait", "--json", "--by", "ops", *buckets)
+    assert drained.returncode == 0, drained.stderr
+    answer = json.loads(drained.stdout)
+    assert answer["safe"] is True
+    assert answer["frontends"] == [{"frontend": "fe-1", "confirmed": True, "still_serving": []}]
+    now = group(status(serve))
+    assert (now["incumbent"], now["admitted"]) == (incumbent, [A2])
+    assert [(d["instance_id"], d["by"]) for d in now["drained"]] == [(A1, "ops")]
+
+    # The last A worker, named by host as a preStop hook would: B succeeds, and --wait
+    # returns only once B serves.
+    drained = run("drain", "--host", f"10.0.0.{A2 & 0xF}", "--wait", "--json", *buckets)
+    assert drained.returncode == 0, drained.stderr
+    now = group(status(serve))
+    assert now["incumbent"] != incumbent
+    assert (now["status"], now["admitted"]) == ("ready", [B1])
+
+    # Given back, the A worker rejoins behind B as a returning cohort member.
+    undrained = run("undrain", str(A2), *buckets[:4])
+    assert undrained.returncode == 0, undrained.stderr
+    back = status_until(serve, lambda s: len(group(s)["cohorts"]) == 2)
+    cohorts = group(back)["cohorts"]
+    assert [c["members"] for c in cohorts] == [[B1], [A2]]
+    assert group(back)["admitted"] == [B1]
+
+
+def test_drain_refuses_an_unknown_worker_and_writes_nothing(
+    nats_server: NatsServer, buckets: list[str]
+) -> None:
+    discovery = buckets[3]
+    asyncio.run(register(nats_server.url, discovery, (A1, 16)))
+    refused = run("drain", "0x1234", "--wait", "--timeout", "5", *buckets)
+    assert refused.returncode == 2
+    assert "no worker 0x1234 is registered in the discovery bucket" in refused.stderr
+    bad = run("drain", "zz", *buckets)
+    assert bad.returncode == 2
+    assert "is not an instance id" in bad.stderr
+    keys = asyncio.run(bucket_keys(nats_server.url, discovery))
+    assert not [k for k in keys if k.startswith("v1.drain.")]
+
+
+def test_a_malformed_drain_record_is_refused_and_the_worker_stays_admitted(
+    nats_server: NatsServer, buckets: list[str], serve: list[str]
+) -> None:
+    discovery = buckets[3]
+    asyncio.run(register(nats_server.url, discovery, (A1, 16)))
+    status_until(serve, lambda s: s["groups"] and group(s)["status"] == "ready")
+
+    async def forge() -> None:
+        nc = await nats.connect(nats_server.url)
+        try:
+            kv = await nc.jetstream().key_value(discovery)
+            # Names another worker in its value than in its key; and one that is not JSON.
+            await kv.put(
+                drain_kv_key(EP.namespace, A1),
+                json.dumps({"type": "Drain", "namespace": "dgd", "instance_id": 7}).encode(),
+            )
+            await kv.put(drain_kv_key("dgd", 0xFF), b"{not json")
+        finally:
+            await nc.close()
+
+    asyncio.run(forge())
+    answer = status_until(serve, lambda s: s["invalid_total"] >= 2)
+    reasons = {r["key"]: r["reason"] for r in answer["recent_invalid"]}
+    assert reasons[drain_kv_key(EP.namespace, A1)] == "identity_mismatch"
+    assert reasons[drain_kv_key("dgd", 0xFF)] == "invalid_json"
+    assert group(answer)["admitted"] == [A1]
+    assert group(answer)["drained"] == []
+
+
+def test_drain_wait_on_a_worker_no_frontend_admits_returns_at_once(
+    nats_server: NatsServer, buckets: list[str], serve: list[str]
+) -> None:
+    asyncio.run(register(nats_server.url, buckets[3], (A1, 16), (B1, 32)))
+    status_until(serve, lambda s: s["groups"] and group(s)["status"] == "ready")
+    started = time.monotonic()
+    drained = run("drain", str(B1), "--wait", *buckets)
+    assert drained.returncode == 0, drained.stderr
+    assert "safe to stop" in drained.stdout
+    assert time.monotonic() - started < 10

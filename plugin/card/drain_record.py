@@ -1,0 +1,103 @@
+"""Drain records (``v1.drain.<ns>.<id hex>``): an operator's "take this worker out of routing".
+
+The drain tools write one record per drained worker into the discovery bucket, so every
+frontend, and one that starts later, reads the same drain. The value is a small JSON object::
+
+    {"type": "Drain", "namespace": "dgd", "instance_id": 5102475244781244677,
+     "by": "preStop:pod/worker-0", "at": 1764626400.25}
+
+``by`` (who drained it, at most 256 characters) and ``at`` (Unix seconds) are optional and
+only reported. The value must agree with its key on namespace and instance id, like every
+record at the boundary; any other field, a wrong type, or a value over 4 KiB is refused with
+the boundary's reasons (``invalid_json``, ``invalid_record``, ``wrong_record_type``,
+``identity_mismatch``, ``value_too_large``, ``duplicate_field``, ...), and changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from workerset_admission.card import jsonio
+from workerset_admission.card.envelope import text_within
+from workerset_admission.errors import InvalidRecordError
+from workerset_admission.identity import Drain
+from workerset_admission.keys import DRAIN_PREFIX, check_instance_id, parse_drain_key
+
+__all__ = [
+    "MAX_BY_LENGTH",
+    "MAX_DRAIN_VALUE",
+    "decode_drain_record",
+    "encode_drain_record",
+    "is_drain_key",
+]
+
+# A drain record is a handful of fields; anything larger is not one of ours.
+MAX_DRAIN_VALUE = 4096
+MAX_BY_LENGTH = 256
+_FIELDS = frozenset({"type", "namespace", "instance_id", "by", "at"})
+
+
+def _u64(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 64
+
+
+def decode_drain_record(key: str, raw: bytes | str) -> Drain:
+    """Validate one drain record against its key; raise :class:`InvalidRecordError` if refused."""
+    namespace, instance_id = parse_drain_key(key)
+    try:
+        value = jsonio.loads(text_within(raw, MAX_DRAIN_VALUE, key))
+    except jsonio.JsonError as exc:
+        raise InvalidRecordError(exc.reason, exc.detail, key=key) from None
+    if not isinstance(value, dict):
+        raise InvalidRecordError("invalid_record", "a drain record must be a JSON object", key=key)
+    if isinstance(value, jsonio.DupDict) and value.dups:
+        name = sorted(value.dups)[0]
+        raise InvalidRecordError("duplicate_field", f"duplicate field `{name}`", key=key)
+    if value.get("type") != "Drain":
+        raise InvalidRecordError(
+            "wrong_record_type", f"expected a Drain record, got type {value.get('type')!r}", key=key
+        )
+    unknown = sorted(set(value) - _FIELDS)
+    if unknown:
+        raise InvalidRecordError("invalid_record", f"unknown field `{unknown[0]}`", key=key)
+    if not isinstance(value.get("namespace"), str):
+        raise InvalidRecordError("invalid_record", "field `namespace` must be a string", key=key)
+    if not _u64(value.get("instance_id")):
+        raise InvalidRecordError("invalid_record", "field `instance_id` must be a u64", key=key)
+    if (value["namespace"], value["instance_id"]) != (namespace, instance_id):
+        raise InvalidRecordError(
+            "identity_mismatch",
+            "the value's namespace or instance id disagrees with its key",
+            key=key,
+        )
+    by = value.get("by", "")
+    if not isinstance(by, str) or len(by) > MAX_BY_LENGTH:
+        raise InvalidRecordError(
+            "invalid_record", f"field `by` must be a string of at most {MAX_BY_LENGTH}", key=key
+        )
+    at = value.get("at")
+    if at is not None and (
+        isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at)
+    ):
+        raise InvalidRecordError("invalid_record", "field `at` must be a finite number", key=key)
+    return Drain(namespace, instance_id, by, None if at is None else float(at))
+
+
+def encode_drain_record(drain: Drain) -> bytes:
+    """Return the record the drain tools write for ``drain`` (compact JSON)."""
+    check_instance_id(drain.instance_id)
+    record: dict[str, Any] = {
+        "type": "Drain",
+        "namespace": drain.namespace,
+        "instance_id": drain.instance_id,
+    }
+    if drain.by:
+        record["by"] = drain.by[:MAX_BY_LENGTH]
+    if drain.at is not None:
+        record["at"] = drain.at
+    return jsonio.dumps_compact(record).encode()
+
+
+def is_drain_key(key: str) -> bool:
+    return key.startswith(DRAIN_PREFIX)
