@@ -106,10 +106,7 @@ class CohortLike(Protocol):
 
 
 class GroupLike(Protocol):
-    """The fields of the service's group snapshot the worker states are read from.
-
-    A snapshot may also carry ``drained``: the ids an operator declared leaving.
-    """
+    """The fields of the service's group snapshot the worker states are read from."""
 
     @property
     def group(self) -> object: ...  # a GroupKey: ``model`` and ``worker_set``
@@ -131,6 +128,8 @@ class GroupLike(Protocol):
     def held_until(self) -> float | None: ...
     @property
     def last_known(self) -> tuple[int, ...]: ...
+    @property
+    def drained(self) -> Sequence[tuple[int, str, float | None]]: ...  # (id, by whom, when)
 
 
 class RejectionLike(Protocol):
@@ -226,8 +225,7 @@ class _GroupFacts:
             admitted=frozenset(group.admitted),
             routable=frozenset(group.routable),
             last_known=frozenset(group.last_known),
-            # The ids an operator declared leaving, once the snapshot carries them.
-            drained=frozenset(getattr(group, "drained", ()) or ()),
+            drained=frozenset(entry[0] for entry in group.drained),
             committed=group.committed_generation is not None,
             held=group.held_until is not None,
             status=group.status,
@@ -272,8 +270,10 @@ def _group_workers(
         for worker in cohort.members:
             state = _state(facts, worker, incumbent_member)
             out[worker] = (state, why if state in _WAITING else DIFFERS_IN_NONE)
-    # Workers served on their last known records may have no record left to list them.
-    for worker in group.admitted:
+    # Workers served on their last known records may have no record left to list them, and a
+    # drain takes a worker out of its cohort (during a handover it still serves until the
+    # successor is committed; it is excluded all the same, as the operator declared it leaving).
+    for worker in (*group.admitted, *sorted(facts.drained)):
         if worker not in out:
             out[worker] = (_state(facts, worker, True), DIFFERS_IN_NONE)
     return out

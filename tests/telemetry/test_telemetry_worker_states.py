@@ -154,21 +154,14 @@ def test_during_a_hold_last_known_workers_are_available_and_the_others_wait() ->
     }
 
 
-@dataclasses.dataclass(frozen=True)
-class DrainedGroup:
-    """A group snapshot that also names the workers an operator declared leaving."""
-
-    base: GroupSnapshot
-    drained: tuple[int, ...]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.base, name)
-
-
 def test_a_drained_worker_is_excluded_with_reason_drained() -> None:
-    found = states(DrainedGroup(group(((1, 2), (3,))), drained=(2,)))
+    # A drain takes the worker out of its cohort; the snapshot lists it apart, with who and when.
+    drained = group(((1,), (3,)), drained=((2, "operator", 1.0),))
+    found = states(drained)
     assert found[2] == ("excluded", "drained", "none")
     assert found[1] == ("available", "none", "none")
+    (worker_set,) = worker_sets([drained])
+    assert worker_set.counts() == {"discovered": 3, "available": 1, "pending": 0, "excluded": 2}
 
 
 def test_groups_sharing_dynamos_labels_make_one_workerset_and_a_worker_keeps_its_best_state() -> (
