@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
+from workerset_admission.keys import escape_token
 
 __all__ = [
     "Identity",
@@ -84,9 +85,13 @@ def plugin_permissions(
     admission_bucket: str,
     status_subject: str,
     *,
+    frontend_id: str = "frontend-1",
     inbox_prefix: str = "_INBOX",
 ) -> Permissions:
     """What the plugin needs: watch and read the discovery bucket, write its admission bucket.
+
+    It writes only its own frontend's serving records (``v1.<frontend id>.``, escaped as a
+    key token): a frontend cannot write, or delete, another frontend's records.
 
     Reading a KV bucket means creating ordered consumers on its stream and answering their flow
     control; writing means publishing to the bucket's ``$KV`` subjects; status requests arrive
@@ -115,7 +120,7 @@ def plugin_permissions(
             f"$JS.API.CONSUMER.INFO.{adm}.>",
             f"$JS.API.CONSUMER.DELETE.{adm}.>",
             f"$JS.FC.{adm}.>",
-            f"$KV.{admission_bucket}.>",
+            f"$KV.{admission_bucket}.v1.{escape_token(frontend_id)}.>",
         ),
         subscribe=(f"{inbox_prefix}.>", status_subject, f"{status_subject}.*"),
         allow_responses=True,
@@ -477,6 +482,14 @@ def users_config(
     users: list[dict[str, Any]] = [
         {"user": "workerset-admission", "password": material.plugin_password, "permissions": perms},
         {"nkey": material.plugin_nkey.public, "permissions": perms},
+        # A second frontend's user, to show one frontend cannot write another's records.
+        {
+            "user": "workerset-admission-2",
+            "password": material.plugin_password,
+            "permissions": plugin_permissions(
+                discovery_bucket, admission_bucket, status_subject, frontend_id="frontend-2"
+            ).as_config(),
+        },
         {"user": "admin", "password": material.admin_password},
         {
             "user": "status-reader",

@@ -240,7 +240,40 @@ async def test_the_plugin_cannot_write_discovery_records(
         kv = await js.key_value(DISCOVERY)
         assert await put_refused(kv, record_key("ns-a", 0x1F), log)
         admission = await js.key_value(ADMISSION)
-        assert await admission.put("ns-a", b'{"protocol":"v1","members":[]}') > 0
+        own = b'{"protocol":"v1","frontend":"frontend-1","members":[]}'
+        assert await admission.put("v1.frontend-1.members.ns-a", own) > 0
+
+
+async def test_a_frontend_writes_its_own_serving_records_and_no_other_frontends(
+    users_server: str, material: SecurityMaterial
+) -> None:
+    await create_buckets(users_server, user="admin", password=material.admin_password)
+    async with client(
+        users_server, user="workerset-admission-2", password=material.plugin_password
+    ) as (nc, log):
+        admission = await nc.jetstream(timeout=1.0).key_value(ADMISSION)
+        assert await admission.put("v1.frontend-2.capability", b"{}") > 0
+        # frontend-1's records, and those of a frontend nobody runs, are refused.
+        assert await put_refused(admission, "v1.frontend-1.members.ns-b", log)
+        assert await put_refused(admission, "v1.frontend-1.capability", log)
+        assert await put_refused(admission, "v1.invented.capability", log)
+        assert await put_refused(admission, "v1.frontend-2x.capability", log)
+        log.errors.clear()
+        # Deleting another frontend's record is a publish on its subject too: refused.
+        with contextlib.suppress(nats.errors.TimeoutError):
+            await admission.delete("v1.frontend-1.capability")
+        await until_violation(log)
+    async with client(users_server, user="admin", password=material.admin_password) as (nc, _):
+        admission = await nc.jetstream().key_value(ADMISSION)
+        assert sorted(await admission.keys()) == ["v1.frontend-2.capability"]
+
+
+async def until_violation(log: ErrorLog) -> None:
+    for _ in range(50):
+        if log.violations():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the server reported no permission violation")
 
 
 # -- every authentication method ----------------------------------------------------------------

@@ -28,6 +28,7 @@ fix, the second is an everyday event to report and count.
 from __future__ import annotations
 
 __all__ = [
+    "DETAIL_LIMIT",
     "CardDecodeError",
     "ConfigError",
     "DiscoveryStoreError",
@@ -46,6 +47,7 @@ __all__ = [
     "UsageError",
     "ViewDirectoryError",
     "WorkersetAdmissionError",
+    "bounded_text",
 ]
 
 
@@ -69,6 +71,17 @@ class ReceiverClosed(UsageError):
     """An admission receiver was used after its holder called ``close()`` on it."""
 
 
+DETAIL_LIMIT = 400
+"""The most characters of remote text an error detail or a refusal report carries."""
+
+
+def bounded_text(text: str, limit: int = DETAIL_LIMIT) -> str:
+    """Return ``text``, or its first ``limit`` characters and how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
+
+
 class RemoteDataError(WorkersetAdmissionError):
     """Data received from discovery was refused.
 
@@ -78,7 +91,9 @@ class RemoteDataError(WorkersetAdmissionError):
 
     def __init__(self, reason: str, detail: str = "") -> None:
         self.reason = reason
-        self.detail = detail
+        # A detail may quote the remote data; it is cut here, once, so no log line, span,
+        # status reply or refusal list can grow with what a writer sends.
+        self.detail = detail = bounded_text(detail)
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 

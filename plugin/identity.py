@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "STORE_NAME_MAX",
     "Drain",
     "EndpointId",
     "GroupKey",
@@ -21,7 +22,15 @@ __all__ = [
     "compact_json",
     "group_fields",
     "instance_key",
+    "path_name_problem",
+    "store_file_name",
 ]
+
+STORE_NAME_MAX = 255
+"""The longest file name (in bytes) a Linux file system takes: Dynamo's file store names each
+record's file after its whole discovery path, so a longer path has no file."""
+
+_ALNUM = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 
 
 def compact_json(value: Any) -> str:
@@ -67,6 +76,37 @@ def instance_key(endpoint: EndpointId, instance_id: int, model_suffix: str | Non
     """Dynamo's per-instance path: lowercase hex id without padding, plus the LoRA suffix."""
     key = f"{endpoint.path()}/{instance_id:x}"
     return f"{key}/{model_suffix}" if model_suffix else key
+
+
+def store_file_name(path: str) -> str:
+    """Dynamo's file-store name for a path: each byte outside ``[A-Za-z0-9]`` as ``%XX``."""
+    return "".join(chr(b) if b in _ALNUM else f"%{b:02X}" for b in path.encode("utf-8"))
+
+
+def path_name_problem(names: tuple[str | None, ...], path: str) -> str | None:
+    """Say why a discovery path cannot name one record of its own, or ``None`` when it can.
+
+    Dynamo joins the names with ``/``, so a name holding ``/`` makes two different keys one
+    path (one registration, one view file); and the file store cannot hold a path whose file
+    name passes :data:`STORE_NAME_MAX` bytes, so such a worker could never be routed to.
+    """
+    for name in names:
+        if name is not None and "/" in name:
+            return f"the name {_brief(name)} holds '/', the separator of Dynamo's discovery paths"
+    # A byte of the path is at most three of the file name (a character at most twelve):
+    # only a path that could pass the limit is measured.
+    if len(path) * (3 if path.isascii() else 12) > STORE_NAME_MAX:
+        size = len(store_file_name(path))
+        if size > STORE_NAME_MAX:
+            return (
+                f"its discovery path's file name would be {size} bytes, over the "
+                f"{STORE_NAME_MAX} a file system takes"
+            )
+    return None
+
+
+def _brief(name: str, limit: int = 64) -> str:
+    return repr(name) if len(name) <= limit else f"{name[:limit]!r}… ({len(name)} characters)"
 
 
 @dataclass(frozen=True, slots=True, order=True)

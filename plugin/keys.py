@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from workerset_admission.errors import InvalidRecordError, UsageError
-from workerset_admission.identity import EndpointId, instance_key
+from workerset_admission.identity import EndpointId, instance_key, path_name_problem
 
 __all__ = [
     "ADMISSION_BUCKET",
@@ -50,6 +50,9 @@ DRAIN_PREFIX = "v1.drain."
 _PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TOKEN_RE = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
 _HEX_ID_RE = re.compile(r"(?:0|[1-9a-f][0-9a-f]{0,15})")
+# A plain key no longer than this has a plain path short enough for any file name (each of
+# the path's bytes is at most three of the name), so the fast path skips measuring it.
+_SHORT_KEY = 80
 _PLAIN_KEY_RE = re.compile(
     r"v1\.(mdc|instances)\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)"
     r"\.(0|[1-9a-f][0-9a-f]{0,15})(?:\.([A-Za-z0-9_-]+))?"
@@ -146,6 +149,10 @@ def parse_drain_key(kv_key: str) -> tuple[str, int]:
         raise InvalidRecordError(
             "bad_key", f"instance id {parts[3]!r} is not canonical lowercase hex", key=kv_key
         )
+    # A namespace no worker key may have names no worker: refused as theirs are.
+    problem = path_name_problem((namespace,), f"{namespace}/{parts[3]}")
+    if problem is not None:
+        raise InvalidRecordError("bad_key", problem, key=kv_key)
     return namespace, int(parts[3], 16)
 
 
@@ -180,13 +187,13 @@ def _intern_endpoint(ns: str, comp: str, ep: str) -> EndpointId:
 def plain_model_key(kv_key: str) -> tuple[EndpointId, int] | None:
     """Return the endpoint and instance id of a plain base model card key (no unescaping).
 
-    ``None`` for any other key (an adapter's, an instance record's, an escaped or malformed
+    ``None`` for any other key (an adapter's, an instance record's, a long, escaped or malformed
     one): :func:`parse_key` says what those are. For the keys it answers, the answer is what
     :func:`parse_key` gives, without building a :class:`ParsedKey`.
     """
     plain = _PLAIN_KEY_RE.fullmatch(kv_key)
-    if plain is None:
-        return None
+    if plain is None or len(kv_key) > _SHORT_KEY:
+        return None  # a long key may name no file: parse_key measures it
     kind_token, ns, comp, ep, hex_id, suffix_token = plain.groups()
     if kind_token != "mdc" or suffix_token is not None:
         return None
@@ -206,7 +213,10 @@ def parse_key(kv_key: str) -> ParsedKey:
             )
         endpoint = _ENDPOINTS.get((ns, comp, ep)) or _intern_endpoint(ns, comp, ep)
         plain_kind: Literal["model", "endpoint"] = "model" if kind_token == "mdc" else "endpoint"
-        return ParsedKey(plain_kind, endpoint, int(hex_id, 16), suffix_token, kv_key)
+        parsed = ParsedKey(plain_kind, endpoint, int(hex_id, 16), suffix_token, kv_key)
+        if len(kv_key) > _SHORT_KEY:
+            _check_path(parsed)
+        return parsed
     if not isinstance(kv_key, str):
         raise InvalidRecordError("bad_key", "a KV key must be a string")
     parts = kv_key.split(".")
@@ -225,4 +235,15 @@ def parse_key(kv_key: str) -> ParsedKey:
         raise InvalidRecordError(
             "bad_key", f"instance id {parts[5]!r} is not canonical lowercase hex", key=kv_key
         )
-    return ParsedKey(kind, EndpointId(ns, comp, ep), int(parts[5], 16), suffix, kv_key)
+    parsed = ParsedKey(kind, EndpointId(ns, comp, ep), int(parts[5], 16), suffix, kv_key)
+    _check_path(parsed)
+    return parsed
+
+
+def _check_path(parsed: ParsedKey) -> None:
+    """Refuse a key whose Dynamo path is not its own: one key, one registration, one file."""
+    endpoint = parsed.endpoint
+    names = (endpoint.namespace, endpoint.component, endpoint.endpoint, parsed.model_suffix)
+    problem = path_name_problem(names, parsed.instance_key)
+    if problem is not None:
+        raise InvalidRecordError("bad_key", problem, key=parsed.key)

@@ -11,7 +11,7 @@ from workerset_admission.cli import main
 from workerset_admission.traces.replay import explain, render, replay
 
 EXAMPLES = importlib.resources.files("workerset_admission.examples")
-NAMES = ["rolling_update_clean", "rolling_update_conflict", "lora_adapters"]
+NAMES = ["rolling_update_clean", "rolling_update_conflict", "lora_adapters", "rolling_update_drained"]
 
 
 def _text(name: str) -> str:

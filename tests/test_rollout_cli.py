@@ -39,7 +39,7 @@ def record(frontend: str, namespace: str, checksum: str = "c" * 64) -> RawEntry:
             }
         ],
     }
-    return RawEntry(f"{frontend}.{namespace}", json.dumps(value).encode())
+    return RawEntry(f"v1.{frontend}.members.{namespace}", json.dumps(value).encode())
 
 
 class ScriptedSource:

@@ -60,12 +60,14 @@ def served(
             }
         ],
     }
-    return parse_record(f"{frontend}.{namespace}", json.dumps(value).encode(), published_at)
+    return parse_record(
+        f"v1.{frontend}.members.{namespace}", json.dumps(value).encode(), published_at
+    )
 
 
 def present(frontend: str, published_at: float | None = None) -> Record:
     value = {"protocol": "v1", "capability": True, "frontend": frontend}
-    return parse_record(f"{frontend}.capability", json.dumps(value).encode(), published_at)
+    return parse_record(f"v1.{frontend}.capability", json.dumps(value).encode(), published_at)
 
 
 def gate(records: list[Record], **options: Any) -> Any:
@@ -84,11 +86,11 @@ class TestParsing:
 
     def test_a_capability_record_only_says_the_frontend_is_there(self) -> None:
         record = present("fe-a")
-        assert record == CapabilityRecord(key="fe-a.capability", frontend="fe-a")
+        assert record == CapabilityRecord(key="v1.fe-a.capability", frontend="fe-a")
 
     def test_a_members_only_record_takes_its_namespace_from_the_members(self) -> None:
         value = {"protocol": "v1", "frontend": "fe-a", "members": [member(NEW, 7)]}
-        record = parse_record("k", json.dumps(value).encode())
+        record = parse_record(f"v1.fe-a.members.{NEW}", json.dumps(value).encode())
         assert isinstance(record, NamespaceRecord)
         assert record.namespace == NEW
         assert record.groups is None
@@ -116,16 +118,52 @@ class TestParsing:
                 "bad_group",
             ),
             (b'{"protocol": "v1", "frontend": "f", "members": [], "namespace": 3}', "bad_field"),
+            # A record under frontend f's key claiming another frontend, or namespace.
+            (b'{"protocol": "v1", "frontend": "g", "members": []}', "identity_mismatch"),
+            (b'{"protocol": "v1", "frontend": "f.g", "members": []}', "identity_mismatch"),
+            (b'{"protocol": "v1", "frontend": "f", "capability": true}', "identity_mismatch"),
+            (
+                b'{"protocol": "v1", "frontend": "f", "members": [], "namespace": "other"}',
+                "identity_mismatch",
+            ),
+            (b'{"protocol": "v1", "frontend": "f", "members": ["a/b/c/1"]}', "identity_mismatch"),
         ],
     )
     def test_bad_records_are_refused_with_a_reason_and_their_key(
         self, raw: bytes, reason: str
     ) -> None:
         with pytest.raises(InvalidRecordError) as refused:
-            parse_record("some.key", raw)
+            parse_record("v1.f.members.ns", raw)
         assert refused.value.reason == reason
-        assert refused.value.key == "some.key"
+        assert refused.value.key == "v1.f.members.ns"
         assert isinstance(refused.value, RemoteDataError)
+
+    @pytest.mark.parametrize(
+        "key",
+        ["v1.fe-b.capability", "fe-a.capability", "v1.fe-a.members.ns", "v1.fe-a", "v1.fe-a.x"],
+    )
+    def test_a_capability_counts_only_under_its_own_frontends_key(self, key: str) -> None:
+        value = b'{"protocol": "v1", "frontend": "fe-a", "capability": true}'
+        with pytest.raises(InvalidRecordError) as refused:
+            parse_record(key, value)
+        assert refused.value.reason == "identity_mismatch"
+
+    def test_forged_records_for_other_frontends_are_refused_and_leave_the_gate_closed(
+        self,
+    ) -> None:
+        # Frontend fe-b (which may write only under v1.fe-b.) claims that fe-a serves the new
+        # namespace, and that an invented frontend is live and serves it too.
+        for frontend in ("fe-a", "invented"):
+            claim = {"protocol": "v1", "frontend": frontend, "namespace": NEW}
+            claim["members"] = [member(NEW, 1)]
+            for key in (f"v1.fe-b.members.{NEW}", "v1.fe-b.capability"):
+                with pytest.raises(InvalidRecordError) as refused:
+                    parse_record(key, json.dumps(claim).encode())
+                assert refused.value.reason == "identity_mismatch"
+        # Only fe-a's own records count: it serves the old namespace, so the gate stays closed.
+        report = gate([present("fe-a"), served("fe-a", OLD)])
+        assert not report.open
+        assert report.missing == ("fe-a",)
 
 
 class TestGate:
@@ -221,7 +259,7 @@ class TestGate:
 
     def test_a_members_only_record_serves_by_namespace_with_the_model_unverified(self) -> None:
         value = {"protocol": "v1", "frontend": "fe-a", "members": [member(NEW, 1)]}
-        record = parse_record("k", json.dumps(value).encode())
+        record = parse_record(f"v1.fe-a.members.{NEW}", json.dumps(value).encode())
         report = gate([record])
         assert report.open
         assert not report.frontends[0].model_verified

@@ -66,6 +66,13 @@ The writer owns its directory: a lock file held for the process's life refuses a
 writer, and a manifest of the files it wrote lets the next writer remove what a crashed one left
 behind. It never deletes a file it did not write.
 
+A writer that starts while NATS is unreachable has nothing to sync from, and the files a
+crashed predecessor left are the frontend's only view. They are last known good, kept alive
+(:class:`LastKnownGood`) while the writer retries, for at most one registration TTL after the
+predecessor last refreshed them (the time a live worker would have refreshed its record), and
+then withdrawn. A writer that stops before its first sync leaves them as they are, to expire
+as the predecessor's would have: only a writer that synced withdraws its view when it stops.
+
 The parts live beside this module: ``view_directory`` (file naming, the lock, the manifest, the
 real directory), ``view_records`` (the record table fed from discovery), ``view_publish`` (the
 plan and the publication order). This module holds the writer that runs them from the service,
@@ -115,6 +122,7 @@ __all__ = [
     "AdmittedView",
     "DirectoryFiles",
     "HeldRecord",
+    "LastKnownGood",
     "RecordTable",
     "SyncReport",
     "TappedSource",
@@ -243,8 +251,66 @@ class ViewWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.table.set_listener(None)
+        if not self.syncs:
+            # Nothing here is this writer's: a predecessor's files expire as its would have.
+            _log.info("admitted view left as found: this writer never synced")
+            return
         removed = self.view.clear()
         _log.info("admitted view withdrawn (%d file(s))", removed)
+
+
+class LastKnownGood:
+    """Keep a predecessor's view files alive while this writer cannot start (NATS is down).
+
+    The files in the manifest are touched at each :meth:`keep_alive` until ``keep_for``
+    seconds (one registration TTL) after the newest of them was last refreshed, so a crashed
+    writer's view outlives it by no more than a live writer's records would outlive it; then
+    they are removed, once, and the frontend routes nowhere until a writer syncs.
+    """
+
+    def __init__(
+        self,
+        files: DirectoryFiles,
+        keep_for: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._files = files
+        self._clock = clock
+        self.kept = files.load_manifest()
+        ages = [wall() - when for when in map(files.modified, self.kept) if when is not None]
+        age = max(0.0, min(ages)) if ages else keep_for
+        self.until = clock() + max(0.0, keep_for - age)
+        self.withdrawn = False
+
+    @property
+    def serving(self) -> bool:
+        """Whether the predecessor's files are still kept."""
+        return not self.withdrawn and bool(self.kept) and self._clock() < self.until
+
+    def keep_alive(self) -> int:
+        """Touch the kept files, or withdraw them once their time is up; return how many."""
+        if self.withdrawn or not self.kept:
+            return 0
+        if self._clock() < self.until:
+            return sum(1 for file in self.kept if self._touch(file))
+        self.withdrawn = True
+        for file in reversed(self.kept):
+            with contextlib.suppress(OSError):
+                self._files.remove(file)
+        _log.warning(
+            "admitted view: %d file(s) of a previous writer withdrawn: NATS stayed out of "
+            "reach for a registration TTL after they were last refreshed",
+            len(self.kept),
+        )
+        return len(self.kept)
+
+    def _touch(self, file: ViewFile) -> bool:
+        try:
+            return self._files.touch(file)
+        except OSError:
+            return False
 
 
 class ViewHook:

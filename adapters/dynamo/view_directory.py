@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from workerset_admission.errors import ViewDirectoryError
+from workerset_admission.identity import store_file_name
 
 __all__ = [
     "BUCKETS",
@@ -34,7 +35,6 @@ MANIFEST_NAME = ".workerset-admission.files"
 # The file store ignores names starting with ``.tmp_``; ours carry a mark so a restart can
 # tell its own leftovers from a worker's.
 _TEMP_PREFIX = ".tmp_wsa-"
-_ALNUM = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 
 ViewFile = tuple[str, str]
 """A file of the view: (bucket, file name)."""
@@ -42,7 +42,7 @@ ViewFile = tuple[str, str]
 
 def file_name_for(path: str) -> str:
     """Dynamo's file name for a discovery path: every byte outside ``[A-Za-z0-9]`` as ``%XX``."""
-    return "".join(chr(b) if b in _ALNUM else f"%{b:02X}" for b in path.encode("utf-8"))
+    return store_file_name(path)
 
 
 class ViewFiles(Protocol):
@@ -171,6 +171,13 @@ class DirectoryFiles:
     def remove(self, file: ViewFile) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(file).unlink()
+
+    def modified(self, file: ViewFile) -> float | None:
+        """When the file was last written or touched (wall clock), or ``None`` when it is gone."""
+        try:
+            return os.stat(self._path(file)).st_mtime
+        except OSError:
+            return None
 
     def save_manifest(self, files: Iterable[ViewFile]) -> None:
         body = json.dumps(sorted(f"{bucket}/{name}" for bucket, name in files))

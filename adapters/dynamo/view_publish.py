@@ -26,6 +26,8 @@ _ADD_ORDER = {bucket: index for index, bucket in enumerate(BUCKETS)}
 # The event channels the 1.6.1 frontend subscribes to besides KV events (load metrics,
 # forward-pass metrics, active sequences), carried for a serving tenure's endpoint.
 SCOPE_TOPICS = frozenset({"kv_metrics", "forward-pass-metrics", "active_sequences_events"})
+# Names whose writes keep failing that the view remembers, to warn once for each.
+_MAX_FAILING = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,8 @@ class AdmittedView:
         self._written: dict[ViewFile, bytes | None] = {}
         self._owners: dict[ViewFile, frozenset[tuple[GroupKey, int]]] = {}
         self._warned_topics: set[str] = set()
+        # Failed writes by record file name: how many tries failed since the last success.
+        self._failing: dict[str, int] = {}
         self._last_touch = clock()
         self.publish_errors = 0
 
@@ -236,10 +240,34 @@ class AdmittedView:
         except OSError as exc:
             # Kept out of the written set, so the next pass tries again.
             self.publish_errors += 1
-            _log.warning("admitted view: could not write %s/%s: %s", file[0], file[1], exc)
+            self._write_failed(file, exc)
             return False
         self._written[file] = value
+        failed = self._failing.pop(file[1], 0)
+        if failed:
+            _log.info("admitted view: wrote %s after %d failed attempt(s)", file[1], failed)
         return True
+
+    def _write_failed(self, file: ViewFile, exc: OSError) -> None:
+        """Warn once per record name (a worker's instance and card files share it), counting.
+
+        Every pass tries a failed file again; a warning per try would flood the log with one
+        line per file per pass, so later failures of a name only count, and a write that
+        succeeds at last says how many tries failed.
+        """
+        failing = self._failing
+        count = failing.get(file[1], 0)
+        if not count and len(failing) >= _MAX_FAILING:
+            failing.clear()  # names that are no longer wanted: forget them, bounded
+        failing[file[1]] = count + 1
+        if not count:
+            _log.warning(
+                "admitted view: could not write %s/%s: %s (retried at every pass; "
+                "reported again only once it is written)",
+                file[0],
+                file[1],
+                exc.strerror or exc,
+            )
 
     def _remove_all(self, files: Iterable[ViewFile]) -> list[ViewFile]:
         done = []

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from workerset_admission.keys import STATUS_SUBJECT
 
-__all__ = ["DEFAULT_STATUS_SUBJECT", "NatsStatusResponder", "frontend_subject"]
+__all__ = ["DEFAULT_STATUS_SUBJECT", "NatsStatusResponder", "fitted", "frontend_subject"]
 
 _log = logging.getLogger(__name__)
 
@@ -22,6 +23,41 @@ def frontend_subject(subject: str, frontend_id: str) -> str:
     from workerset_admission.keys import escape_token
 
     return f"{subject}.{escape_token(frontend_id)}"
+
+
+# The most characters a summary keeps of any one text field (a frontend id, a health word).
+_SUMMARY_TEXT = 200
+
+
+def fitted(render: Callable[[bool], bytes], max_payload: int) -> bytes:
+    """Return the fullest status reply that fits in one NATS message of ``max_payload`` bytes.
+
+    The whole status first, then the brief one (counts for member lists), and when even that
+    is too large (a fleet of very many groups), a summary: every plain field of the brief
+    reply, each list as its length (``<name>_count``, the list itself left empty) and a
+    ``truncated`` note. The summary's size depends on no input: a request is always answered.
+    """
+    body = render(False)
+    if len(body) <= max_payload:
+        return body
+    brief = render(True)
+    if len(brief) <= max_payload:
+        return brief
+    summary: dict[str, Any] = {}
+    for name, value in json.loads(brief).items():
+        if isinstance(value, list):
+            summary[name] = []
+            summary[f"{name}_count"] = len(value)
+        elif isinstance(value, str):
+            summary[name] = value[:_SUMMARY_TEXT]
+        elif value is None or isinstance(value, (bool, int, float)):
+            summary[name] = value
+    summary["truncated"] = (
+        f"the status is {len(body)} bytes ({len(brief)} brief), over this server's "
+        f"max_payload of {max_payload}: lists are given as counts; read them from "
+        "/workerset-admission/v1/workersets"
+    )
+    return json.dumps(summary, sort_keys=True).encode()
 
 
 class NatsStatusResponder:
@@ -45,10 +81,7 @@ class NatsStatusResponder:
             if not msg.reply:
                 return
             try:
-                body = render(False)
-                if len(body) > nc.max_payload:
-                    body = render(True)
-                await msg.respond(body)
+                await msg.respond(fitted(render, nc.max_payload))
             except Exception:
                 _log.warning("could not answer a status request", exc_info=True)
 

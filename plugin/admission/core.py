@@ -151,6 +151,7 @@ from typing import Any, Literal
 
 from workerset_admission.admission import effects as fx
 from workerset_admission.admission import readout
+from workerset_admission.admission.adapters import AdapterLog
 from workerset_admission.admission.admitted import AdmittedLog
 from workerset_admission.admission.inputs import (
     BuildFinished,
@@ -366,6 +367,21 @@ def _base_key(reg: Registration) -> str:
     return instance_key(reg.endpoint, reg.instance_id)
 
 
+def _adapter(reg: Registration) -> fx.LoraAdapter:
+    return fx.LoraAdapter(reg.key, reg.model_suffix or "", reg.lora_fingerprint, reg.card)
+
+
+def _same_projection(new: tuple[fx.LoraWorker, ...], old: tuple[fx.LoraWorker, ...] | None) -> bool:
+    # Entries are remade only on a change, so identity says "unchanged" without reading any
+    # worker's adapters (an adapter added and removed again counts as a change: one more
+    # publication, never a missed one).
+    return (
+        old is not None
+        and len(new) == len(old)
+        and all(a is b for a, b in zip(new, old, strict=True))
+    )
+
+
 def _representative(cohort: _Cohort) -> Registration:
     # Dynamo keeps members in a BTreeSet and takes the first: the smallest key.
     return min(cohort.members.values(), key=_by_key)
@@ -384,8 +400,11 @@ class AdmissionCore:
         self._groups: dict[tuple[str, str], _Group] = {}
         self._regs: dict[str, Registration] = {}
         self._loras: dict[str, Registration] = {}
-        # Adapters by the instance key of the base card they ride on.
+        # Adapters by the instance key of the base card they ride on, as registrations and
+        # as the projection's change log, and each worker's latest projection entry.
         self._adapters_at: dict[str, dict[str, Registration]] = {}
+        self._adapter_logs: dict[str, AdapterLog] = {}
+        self._lora_workers: dict[str, fx.LoraWorker] = {}
         self._last_generation = 0
         self._last_receiver = 0
         self._now = 0.0
@@ -1254,6 +1273,7 @@ class AdmissionCore:
         else:
             self._loras[reg.key] = reg
             self._adapters_at[_base_key(reg)][reg.key] = reg
+            self._adapter_logs[_base_key(reg)].put(_adapter(reg))
         if taints_changed:
             self._out.append(fx.TaintsUpdated(reg.key, reg.taints))
         if fingerprint_changed:
@@ -1270,6 +1290,10 @@ class AdmissionCore:
         base_key = _base_key(reg)
         self._loras[reg.key] = reg
         self._adapters_at.setdefault(base_key, {})[reg.key] = reg
+        log = self._adapter_logs.get(base_key)
+        if log is None:
+            log = self._adapter_logs[base_key] = AdapterLog()
+        log.put(_adapter(reg))
         host = self._admitted_host(base_key)
         if host is not None:
             self._mark_lora(host)
@@ -1281,30 +1305,45 @@ class AdmissionCore:
         base_key = _base_key(reg)
         adapters = self._adapters_at[base_key]
         del adapters[key]
+        self._adapter_logs[base_key].remove(key)
         if not adapters:
             del self._adapters_at[base_key]
+            del self._adapter_logs[base_key]
+            self._lora_workers.pop(base_key, None)
         host = self._admitted_host(base_key)
         if host is not None:
             self._mark_lora(host)
 
     def _projection(self, group: _Group) -> tuple[fx.LoraWorker, ...]:
+        """Return the adapters of each admitted worker: one entry per worker that has any.
+
+        A worker's entry is made again only when its adapters or its base card changed, and
+        its adapters are a snapshot of its change log (``adapters.py``): an adapter that comes
+        or goes costs O(1) amortised here, however many the worker carries, plus one step per
+        admitted worker that has adapters.
+        """
         assert group.checksum is not None
         workers = []
-        adapters_at = self._adapters_at
+        logs = self._adapter_logs
+        made = self._lora_workers
         for reg in group.cohorts[group.checksum].members.values():
-            adapters = adapters_at.get(reg.key)
-            if adapters:
-                workers.append(
-                    fx.LoraWorker(
+            log = logs.get(reg.key)
+            if log:
+                adapters = log.snapshot()
+                worker = made.get(reg.key)
+                if (
+                    worker is None
+                    or worker.adapters is not adapters
+                    or worker.base_fingerprint != reg.lora_fingerprint
+                    or worker.instance_id != reg.instance_id
+                ):
+                    worker = made[reg.key] = fx.LoraWorker(
                         endpoint=reg.endpoint,
                         instance_id=reg.instance_id,
                         base_fingerprint=reg.lora_fingerprint,
-                        adapters=tuple(
-                            fx.LoraAdapter(a.key, a.model_suffix or "", a.lora_fingerprint, a.card)
-                            for a in sorted(adapters.values(), key=_by_key)
-                        ),
+                        adapters=adapters,
                     )
-                )
+                workers.append(worker)
         workers.sort(key=lambda w: w.instance_id)
         return tuple(workers)
 
@@ -1364,7 +1403,7 @@ class AdmissionCore:
                     continue
                 group.lora_dirty = False
                 projection = self._projection(group)
-                if projection != group.lora:
+                if not _same_projection(projection, group.lora):
                     group.lora = projection
                     assert group.receiver is not None
                     assert group.generation is not None

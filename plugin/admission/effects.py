@@ -10,7 +10,7 @@ boundary produced; they do not take part in equality.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -392,7 +392,7 @@ class LoraWorker:
     endpoint: EndpointId
     instance_id: int
     base_fingerprint: str
-    adapters: tuple[LoraAdapter, ...]
+    adapters: Sequence[LoraAdapter]  # sorted by key; an ``Adapters`` snapshot from the core
 
 
 @dataclass(frozen=True, slots=True)

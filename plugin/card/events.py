@@ -30,6 +30,7 @@ from workerset_admission.card import jsonio
 from workerset_admission.card.boundary import DEFAULT_MAX_VALUE_SIZE, escape_token, unescape_token
 from workerset_admission.card.envelope import mapping_value, text_within
 from workerset_admission.errors import InvalidRecordError, UsageError
+from workerset_admission.identity import path_name_problem
 
 __all__ = [
     "EVENT_BUCKETS",
@@ -129,7 +130,12 @@ def parse_event_key(kv_key: str) -> EventKey:
             raise InvalidRecordError(exc.reason, exc.detail, key=kv_key) from None
 
     namespace, component, endpoint, topic, hex_id = _split_scope(parts[2:], unescape, kv_key)
-    return EventKey(bucket, namespace, component, endpoint, topic, int(hex_id, 16), kv_key)
+    key = EventKey(bucket, namespace, component, endpoint, topic, int(hex_id, 16), kv_key)
+    # Dynamo percent-encodes the names, so only the length can keep a record out of the view.
+    problem = path_name_problem((), dynamo_event_path(key))
+    if problem is not None:
+        raise InvalidRecordError("bad_key", problem, key=kv_key)
+    return key
 
 
 def _dynamo_encode(name: str) -> str:

@@ -182,10 +182,18 @@ async def _serve_service(
         from workerset_admission.adapters.nats.connect import servers_for_display
 
         where = servers_for_display(servers or settings.nats_servers)
-        service = await with_progress(
-            create_service(settings, servers=servers, telemetry=telemetry, view_files=view_files),
-            f"connecting to NATS at {where}",
-        )
+
+        def start() -> Awaitable[Any]:
+            return create_service(
+                settings, servers=servers, telemetry=telemetry, view_files=view_files
+            )
+
+        if view_files is None:
+            service = await with_progress(start(), f"connecting to NATS at {where}")
+        else:
+            service = await _start_keeping_the_view(start, view_files, settings, where, stop)
+            if service is None:
+                return 0  # stopped while NATS was still out of reach
         stack.push_async_callback(service.stop)
         stopper = asyncio.ensure_future(_stop_when(stop, service))
         stack.callback(stopper.cancel)
@@ -206,6 +214,51 @@ async def _serve_service(
             gc.freeze()
         await service.run()
     return 0
+
+
+async def _start_keeping_the_view(
+    start: Callable[[], Awaitable[Any]],
+    view_files: Any,
+    settings: Settings,
+    where: str,
+    stop: asyncio.Event,
+) -> Any:
+    """Start the service, retrying while NATS is out of reach; the view stays last known good.
+
+    Exiting would leave the frontend without the view a crashed predecessor left (a sidecar
+    restarted during a NATS outage would take its models down for the rest of the outage),
+    so the predecessor's files are kept alive for at most one registration TTL and every
+    attempt that fails says so. ``None`` when ``stop`` is set first.
+    """
+    from workerset_admission.adapters.dynamo.view import LastKnownGood
+    from workerset_admission.cli.exits import EXIT_UNREACHABLE, exit_status
+
+    keeper = None
+    delay = 1.0
+    while True:
+        try:
+            return await with_progress(start(), f"connecting to NATS at {where}")
+        except Exception as exc:
+            # Only an unreachable server is worth waiting for; a refused secret never heals.
+            if exit_status(exc) != EXIT_UNREACHABLE or "authorization" in str(exc).lower():
+                raise
+            if keeper is None:
+                keeper = LastKnownGood(view_files, settings.registration_ttl)
+            kept = (
+                f"keeping the previous writer's {len(keeper.kept)} view file(s) for "
+                f"{max(0.0, keeper.until - time.monotonic()):.0f} s more"
+                if keeper.serving
+                else "the view is empty until the first sync"
+            )
+            say(f"cannot reach NATS yet ({exc}); {kept}; retrying in {delay:g} s")
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and keeper is not None:
+            keeper.keep_alive()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(1.0, deadline - time.monotonic()))
+            if stop.is_set():
+                return None
+        delay = min(delay * 2, 8.0)
 
 
 async def _stop_when(stop: asyncio.Event, service: Any) -> None:

@@ -15,6 +15,12 @@ here and speaks protocol v1". A record looks like::
 WorkerSet) is what a gate needs to tell models and configurations apart. A record without
 ``groups`` still counts, by namespace, with the model marked unverified.
 
+A record counts only under its own frontend's key: ``v1.<frontend>.capability`` and
+``v1.<frontend>.members.<namespace>`` (tokens escaped as discovery keys are), naming the same
+frontend and namespace as its value. Each frontend's NATS user may write only under its own
+``v1.<frontend>.`` (``docs/security.md``), so together no frontend can make the gate, or a peer
+aligning its start, count a record for another frontend or for one that does not exist.
+
 A deployment generation is a worker namespace. For a model M and a namespace N the gate answers:
 
 - *live*: frontends with at least one record in the bucket. Records of a frontend that stopped
@@ -40,7 +46,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workerset_admission.errors import InvalidRecordError
+from workerset_admission.errors import InvalidRecordError, bounded_text
+from workerset_admission.keys import escape_token
 
 __all__ = [
     "PROTOCOL",
@@ -165,6 +172,24 @@ def _namespace_of(members: Sequence[str]) -> str | None:
     return namespaces.pop() if len(namespaces) == 1 else None
 
 
+def _check_key(key: str, frontend: str, capability: bool) -> str | None:
+    """Refuse a record whose key is not its own frontend's; return the key's namespace token.
+
+    A frontend's NATS user may write only under ``v1.<its id>.``, so a record counts only when
+    the frontend its value names is the one its key names: no frontend can speak for another,
+    or for one that does not exist.
+    """
+    parts = key.split(".")
+    own = parts[:2] == [PROTOCOL, escape_token(frontend)]
+    if capability and own and parts[2:] == ["capability"]:
+        return None
+    if not capability and own and len(parts) == 4 and parts[2] == "members":
+        return parts[3]
+    raise _refuse(
+        key, "identity_mismatch", f"the key is not frontend {bounded_text(frontend, 64)!r}'s"
+    )
+
+
 def parse_record(key: str, value: bytes, published_at: float | None = None) -> Record:
     """Decode one bucket entry; bad data raises ``InvalidRecordError`` naming the key."""
     if len(value) > _MAX_RECORD_BYTES:
@@ -180,6 +205,7 @@ def parse_record(key: str, value: bytes, published_at: float | None = None) -> R
     frontend = data.get("frontend")
     if not isinstance(frontend, str) or not frontend:
         raise _refuse(key, "no_frontend", "the record does not name its frontend")
+    key_namespace = _check_key(key, frontend, data.get("capability") is True)
     if data.get("capability") is True:
         return CapabilityRecord(key=key, frontend=frontend, published_at=published_at)
     members = _string_list(key, data.get("members"), "members")
@@ -192,6 +218,8 @@ def parse_record(key: str, value: bytes, published_at: float | None = None) -> R
     namespace = _optional_str(key, data.get("namespace"), "namespace")
     if namespace is None:
         namespace = _namespace_of(members)
+    if namespace is not None and (not namespace or escape_token(namespace) != key_namespace):
+        raise _refuse(key, "identity_mismatch", "the value's namespace is not its key's")
     return NamespaceRecord(
         key=key,
         frontend=frontend,

@@ -34,6 +34,7 @@ from workerset_admission.admission.topology import TopologyBinding, TopologySet,
 from workerset_admission.admission.views import PlacementView
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.service.projection_check import ProjectionConflicts
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
 
 __all__ = [
@@ -258,7 +259,7 @@ class HopBindings:
     channel of a committed group exists before its commit).
     """
 
-    __slots__ = ("_bindings", "_channels", "_frontend", "_handoff", "_live")
+    __slots__ = ("_bindings", "_channels", "_conflicts", "_frontend", "_handoff", "_live")
 
     def __init__(
         self,
@@ -271,6 +272,8 @@ class HopBindings:
         self._frontend = frontend or FrontendRouting()
         self._bindings: dict[GroupKey, AdmittedHopBinding] = {}
         self._handoff: dict[GroupKey, bool] = {}
+        # projection_conflict's verdict, kept per group change by change (a marked shortcut).
+        self._conflicts = ProjectionConflicts()
 
     def handle(self, effect: object) -> None:
         if isinstance(effect, CommitGroup):
@@ -300,7 +303,7 @@ class HopBindings:
         for the adapter to any worker serving it. A projection that names an adapter with two
         fingerprints is refused (the hops keep the last projection) and the reason returned.
         """
-        conflict = projection_conflict(effect.workers)
+        conflict = self._conflicts.check(effect.group, effect.receiver, effect.workers)
         if conflict is None:
             self._channels.handle(effect)
         return conflict

@@ -36,7 +36,7 @@ from types import TracebackType
 from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
 from workerset_admission.aio import cancel_and_wait, on_loop, unwrap_group
 from workerset_admission.card import BoundarySettings
-from workerset_admission.errors import RemoteDataError, UsageError
+from workerset_admission.errors import RemoteDataError, UsageError, bounded_text
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import (
     AdmissionPublisher,
@@ -442,6 +442,7 @@ class AdmissionService:
             self._changed()
 
     def _refuse(self, key: str, exc: RemoteDataError, scope: UpdateScope | None) -> None:
+        key = bounded_text(key)  # what is reported of a refused key, not what it is counted by
         self.counters.invalid += 1
         self._invalid.append(InvalidRecord(key, exc.reason, exc.detail, self._clock()))
         self._refusal_warnings.refused(key, exc.reason, exc.detail)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ from workerset_admission.admission import (
     RejectionReported,
     StartBuild,
     Tick,
+    WorkerDrained,
     WorkerRemoved,
 )
 from workerset_admission.admission.ordering import GroupId
@@ -148,6 +150,17 @@ def _group_json(view: GroupView) -> dict[str, Any]:
         group["last_known_until"] = view.last_known_until
     if view.arrivals:
         group["held_arrivals"] = list(view.arrivals)
+    # Only when there are, so the output of every trace without a drain is unchanged.
+    if view.drained:
+        group["drained"] = [
+            {"instance_id": d.instance_id, "by": d.drain.by, "at": d.drain.at} for d in view.drained
+        ]
+    if view.handover is not None:
+        group["handover"] = {
+            "checksum": view.handover.mdc_checksum,
+            "committed_generation": view.handover.generation,
+            "members": list(view.handover.members),
+        }
     return group
 
 
@@ -327,6 +340,8 @@ class _Replayer(StepObserver):
                 self.kv_key_of[key] = kv_key
                 checksum = verdict.registration.mdc_checksum
                 self._note(key, kv_key, f"valid record ({checksum[:12]}…)").valid_seen = True
+            elif verdict.drain:
+                continue  # a drain is noted on the registrations it sets aside
             elif verdict.ignored:
                 self._note(_instance_key_of(kv_key), kv_key, "ignored by the namespace filter")
         for event in result.inputs:
@@ -338,6 +353,9 @@ class _Replayer(StepObserver):
         for effect in effects:
             if isinstance(effect, RejectionReported):
                 self.rejections.append(effect)
+            elif isinstance(effect, WorkerDrained):
+                by = f" by {effect.drain.by}" if effect.drain.by else ""
+                self._note(effect.key, self.kv_key_of.get(effect.key, effect.key), f"drained{by}")
             elif isinstance(effect, MutationRefused):
                 kv_key = self.kv_key_of.get(effect.key, effect.key)
                 self.invalid.append((kv_key, MUTATION_REFUSED))
@@ -525,7 +543,27 @@ def explain(result: ReplayResult, instance: str) -> str:
             f"model {view.key.model!r}, WorkerSet {view.key.worker_set}; status "
             f"{view.status.value}, generation {view.generation}, receiver {view.receiver}"
         )
-        if placement.position is None:
+        if placement.drained_by is not None:
+            drain = placement.drained_by
+            by = f" by {drain.by}" if drain.by else ""
+            at = (
+                time.strftime(" at %Y-%m-%dT%H:%M:%SZ", time.gmtime(drain.at))
+                if drain.at is not None
+                else ""
+            )
+            lines.append(
+                f"{key} is not admitted: its worker was drained{by}{at}. For admission a "
+                "drained worker has left (an operator-declared departure); it rejoins as a "
+                "returning cohort member if the drain is withdrawn."
+            )
+            if view.handover is not None and placement.key.endswith(
+                tuple(f"/{i:x}" for i in view.handover.members)
+            ):
+                lines.append(
+                    f"Its tenure ({view.handover.mdc_checksum}) still serves it until the "
+                    f"successor {view.incumbent} is committed, so no request is lost between."
+                )
+        elif placement.position is None:
             lines.append(
                 f"{key} is not admitted: it registered with the checksum of {view.incumbent} "
                 "while that tenure was held after an outage. It joins the incumbent if a worker "

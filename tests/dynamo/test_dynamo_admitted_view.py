@@ -601,9 +601,7 @@ async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first(
             SourcePut(_entry(drain_kv_key(EP.namespace, A1), encode_drain_record(drain)))
         )
         await _until(lambda: mdc_file(B) in files.content and mdc_file(A1) not in files.content)
-        assert files.ops.index(("publish", mdc_file(B))) < files.ops.index(
-            ("remove", mdc_file(A1))
-        )
+        assert files.ops.index(("publish", mdc_file(B))) < files.ops.index(("remove", mdc_file(A1)))
         assert set(files.content) == set(files_of(B, files.content))
     finally:
         await service.stop()
