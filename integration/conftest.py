@@ -16,6 +16,7 @@ from etcdfixture import EtcdServer, MockerWorkers, dynamo_etcd_environment, runn
 from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer, restartable_server, set_announcer, shared_server
 from phoenixfixture import RUN_PHOENIX_ENV, phoenix_enabled
+from promfixture import SKIP_PREFIX as PROMETHEUS_SKIP
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +92,8 @@ def bucket_name() -> str:
 _KINDS: dict[str, set[str]] = {}
 _ETCDS: dict[str, set[str]] = {}
 _SECONDS: Counter[str] = Counter()
+# Tests skipped because promtool or prometheus could not be found, with the reason.
+_PROMETHEUS_SKIPS: dict[str, str] = {}
 
 
 def pytest_runtest_call(item: pytest.Item) -> None:
@@ -104,6 +107,10 @@ def pytest_runtest_call(item: pytest.Item) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _SECONDS[report.nodeid] += report.duration
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2])
+        if PROMETHEUS_SKIP in reason:
+            _PROMETHEUS_SKIPS[report.nodeid] = reason
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -120,6 +127,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         f"({spent['container']:.0f} s), {tests['binary']} tests on binary "
         f"({spent['binary']:.0f} s); integration tests: {len(_SECONDS)} in "
         f"{sum(_SECONDS.values()):.0f} s"
+    )
+    reasons = sorted(set(_PROMETHEUS_SKIPS.values()))
+    terminalreporter.write_line(
+        f"prometheus tools: {len(_PROMETHEUS_SKIPS)} tests skipped for want of them"
+        + (f" ({'; '.join(reasons)})" if reasons else "")
     )
     on_etcd: Counter[str] = Counter(etcd for etcds in _ETCDS.values() for etcd in etcds)
     terminalreporter.write_line(

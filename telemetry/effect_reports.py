@@ -101,8 +101,17 @@ def _on_retry(telemetry: AdmissionTelemetry, effect: fx.RetryScheduled) -> None:
     )
 
 
-# The effects worth reporting; the others (receivers, publications, build requests) are the
-# service's to carry out and show up in the spans of the work they cause.
+def _on_open(telemetry: AdmissionTelemetry, effect: fx.OpenReceiver) -> None:
+    telemetry.tenure_began(effect.group, effect.receiver)
+
+
+def _on_retire(telemetry: AdmissionTelemetry, effect: fx.RetireReceiver) -> None:
+    telemetry.tenure_ended(effect.group, effect.receiver)
+
+
+# The effects worth reporting; the others (publications, build requests) are the service's to
+# carry out and show up in the spans of the work they cause. A receiver opened or retired marks
+# a tenure's start or end, which the incumbent gauge reports.
 EFFECT_HANDLERS: Final[dict[type, Callable[[AdmissionTelemetry, Any], None]]] = {
     fx.RejectionReported: _on_rejection,
     fx.MutationRefused: _on_mutation,
@@ -114,6 +123,8 @@ EFFECT_HANDLERS: Final[dict[type, Callable[[AdmissionTelemetry, Any], None]]] = 
     fx.TenureHeld: _on_held,
     fx.TenureHoldEnded: _on_hold_ended,
     fx.RetryScheduled: _on_retry,
+    fx.OpenReceiver: _on_open,
+    fx.RetireReceiver: _on_retire,
 }
 
 

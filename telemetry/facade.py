@@ -297,7 +297,7 @@ class AdmissionTelemetry:
                 said,
                 extra=fields,
             )
-            self._instruments.rejected.add(1, {n.LABEL_MODEL: model})
+            self._instruments.count_rejection(model)
             span = trace.get_current_span()
             if span.is_recording():
                 attrs: dict[str, Any] = {
@@ -377,9 +377,7 @@ class AdmissionTelemetry:
             # A group whose last worker left has no successor: that is a withdrawal, not a
             # succession, and counting it would make every scale-to-zero look like an update.
             try:
-                self._instruments.successions.add(
-                    1, {n.LABEL_MODEL: str(model)} if model is not None else {}
-                )
+                self._instruments.count_succession("" if model is None else str(model))
             except Exception:
                 _log.debug("could not count a succession", exc_info=True)
         self._instant_span(n.SPAN_SUCCEED, attrs)
@@ -477,9 +475,28 @@ class AdmissionTelemetry:
         }
         if last_known_until is not None:
             attrs[n.ATTR_HOLD_LAST_KNOWN_UNTIL] = float(last_known_until)
+        try:
+            model = getattr(group, "model", None)
+            self._instruments.count_hold("" if model is None else str(model))
+        except Exception:
+            _log.debug("could not count a held tenure", exc_info=True)
         if generation is not None:
             attrs[n.ATTR_GENERATION] = generation
         self._instant_span(n.SPAN_HOLD, attrs)
+
+    def tenure_began(self, group: object, receiver: int | None) -> None:
+        """Note the start of a tenure (a receiver opened for the group's incumbent)."""
+        try:
+            self._instruments.tenure_began(group, receiver)
+        except Exception:
+            _log.debug("could not note a tenure", exc_info=True)
+
+    def tenure_ended(self, group: object, receiver: int | None) -> None:
+        """Note the end of a tenure (its receiver retired)."""
+        try:
+            self._instruments.tenure_ended(group, receiver)
+        except Exception:
+            _log.debug("could not note the end of a tenure", exc_info=True)
 
     def tenure_hold_ended(
         self, group: object, checksum: str, outcome: str, held_for: float

@@ -5,13 +5,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 from workerset_admission.telemetry import names as n
+from workerset_admission.telemetry.worker_states import (
+    DIFFERS_IN_UNKNOWN,
+    STATE_TABLE,
+    GroupLike,
+    RejectionLike,
+    WorkerSetLabels,
+    WorkerSetState,
+    rejection_reasons,
+    worker_sets,
+)
 
 __all__ = ["AdmissionInstruments", "AdmissionStateSummary", "HeldGroup"]
 
@@ -63,17 +73,37 @@ class AdmissionStateSummary:
     # differs from a live incumbent's), held (waiting in a group whose tenure is held),
     # drained (set aside by an operator's drain, about to stop).
     workers: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # The groups and standing rejections themselves, for the per-WorkerSet and per-worker
+    # series in Dynamo's vocabulary (``worker_states``).
+    groups: Sequence[GroupLike] = ()
+    rejections: Sequence[RejectionLike] = ()
 
 
 class AdmissionInstruments:
     """Every instrument of one admission service, made on one meter, and what records into them.
 
-    The counters ``invalid``, ``rejected`` and ``successions`` are added to directly by the
-    facade; update counts, latency samples, builds and the gauges go through the methods here.
+    The counter ``invalid`` is added to directly by the facade; update counts, rejected
+    cohorts, successions, holds, latency samples, builds and the gauges go through the methods
+    here. Rejections, successions and holds are counted per model and reported for every model
+    that has a group, 0 included, so a query's ``increase()`` sees the first one: Prometheus
+    takes a series' first sample as its start, not as an increase from nothing.
     """
 
     def __init__(self, meter: metrics.Meter) -> None:
         self._state: Callable[[], AdmissionStateSummary] | None = None
+        # The worker states of the last groups read, kept while the same groups are read again:
+        # one collection reads the state once per gauge.
+        self._sets_of: tuple[object, object] | None = None
+        self._sets: tuple[WorkerSetState, ...] = ()
+        # When each tenure began (Unix time), by group, with the receiver that names the tenure.
+        self._tenures: dict[object, tuple[int | None, float]] = {}
+        self._lag: float | None = None
+        self._rejections: dict[str, int] = {}
+        self._successions: dict[str, int] = {}
+        # What each pair of checksums (incumbent's, rejected card's) differs in, once known:
+        # a held incumbent may have no card left to compare with.
+        self._differs: dict[tuple[str, str], str] = {}
+        self._holds: dict[str, int] = {}
         self._update_counts: dict[tuple[str, str], int] = {}
         self._update_labels: dict[tuple[str, str], dict[str, str]] = {}
         self._latency_seen = 0
@@ -92,19 +122,25 @@ class AdmissionInstruments:
             unit="{record}",
             description="Discovery records refused at the boundary, by reason.",
         )
-        self.rejected = meter.create_counter(
+        meter.create_observable_counter(
             n.METRIC_REJECTED_COHORTS,
+            callbacks=[self._observe_rejections],
             unit="{cohort}",
             description="Cohorts newly rejected because their checksum differs from the incumbent.",
         )
-        self.successions = meter.create_counter(
+        meter.create_observable_counter(
             n.METRIC_SUCCESSIONS,
+            callbacks=[self._observe_successions],
             unit="{succession}",
             description="WorkerSets whose incumbent cohort emptied and was succeeded.",
         )
         self._builds = meter.create_counter(
             n.METRIC_BUILDS, unit="{build}", description="Pipeline build attempts, by outcome."
         )
+        # Every outcome from the start, at 0: a series that first appears at 1 is one that
+        # ``increase()`` never sees increase.
+        for outcome in n.BUILD_OUTCOMES:
+            self._builds.add(0, {n.LABEL_OUTCOME: outcome})
         self._build_duration = meter.create_histogram(
             n.METRIC_BUILD_DURATION,
             unit="s",
@@ -141,6 +177,45 @@ class AdmissionInstruments:
             unit="{worker}",
             description="Registered workers by model and state: admitted, rejected or held.",
         )
+        meter.create_observable_gauge(
+            n.METRIC_ROUTER_WORKERS,
+            callbacks=[self._observe_router_workers],
+            unit="{worker}",
+            description="Workers per WorkerSet by router state: discovered, available, pending, "
+            "excluded.",
+        )
+        meter.create_observable_gauge(
+            n.METRIC_ROUTER_WORKER_STATE,
+            callbacks=[self._observe_worker_state],
+            unit="{state}",
+            description="Each worker's current router state and its reason (1 = current).",
+        )
+        meter.create_observable_gauge(
+            n.METRIC_INCUMBENT_SINCE,
+            callbacks=[self._observe_incumbents],
+            unit="s",
+            description="Each WorkerSet's incumbent checksum, valued at its tenure's start "
+            "(Unix time).",
+        )
+        meter.create_observable_gauge(
+            n.METRIC_REJECTED_COHORT_WORKERS,
+            callbacks=[self._observe_rejected_cohorts],
+            unit="{worker}",
+            description="Workers of each rejected cohort, with the first checksum input its "
+            "card differs in.",
+        )
+        meter.create_observable_counter(
+            n.METRIC_HOLDS,
+            callbacks=[self._observe_holds],
+            unit="{hold}",
+            description="Tenures held after a discovery outage (their incumbent not listed).",
+        )
+        meter.create_observable_gauge(
+            n.METRIC_VIEW_LAG,
+            callbacks=[self._observe_lag],
+            unit="s",
+            description="From the server storing the newest applied record to its being applied.",
+        )
 
     # --- discovery updates -------------------------------------------------------------------
 
@@ -161,7 +236,8 @@ class AdmissionInstruments:
             return
         now = time.time()
         # The server's clock and ours differ a little; a negative age means "just now".
-        self._latency.record(max(0.0, now - published_at))
+        self._lag = max(0.0, now - published_at)
+        self._latency.record(self._lag)
         elapsed = now - self._latency_window_start
         # A short window, so the stride catches up with a burst within a tenth of a second.
         if elapsed >= 0.1:
@@ -245,3 +321,129 @@ class AdmissionInstruments:
     def _observe_admitted(self, _options: CallbackOptions) -> Iterable[Observation]:
         summary = self._summary()
         return [] if summary is None else [Observation(summary.admitted_workers)]
+
+    # --- successions and holds, per model -----------------------------------------------------
+
+    def count_rejection(self, model: str) -> None:
+        self._rejections[model] = self._rejections.get(model, 0) + 1
+
+    def count_succession(self, model: str) -> None:
+        self._successions[model] = self._successions.get(model, 0) + 1
+
+    def count_hold(self, model: str) -> None:
+        self._holds[model] = self._holds.get(model, 0) + 1
+
+    def _per_model(self, counts: Mapping[str, int]) -> Iterable[Observation]:
+        summary = self._summary()
+        models = (WorkerSetLabels.of(g.group).model for g in summary.groups) if summary else ()
+        every = dict.fromkeys(models, 0)
+        every.update(counts)
+        # A group object without a model (only a host's own, never the service's) has no label.
+        return [
+            Observation(count, {n.LABEL_MODEL: model} if model else {})
+            for model, count in sorted(every.items())
+        ]
+
+    def _observe_rejections(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._per_model(self._rejections)
+
+    def _observe_successions(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._per_model(self._successions)
+
+    def _observe_holds(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._per_model(self._holds)
+
+    # --- WorkerSets and workers in Dynamo's vocabulary ---------------------------------------
+
+    def tenure_began(self, group: object, receiver: int | None) -> None:
+        """Note that a tenure of ``group`` began now, under ``receiver``."""
+        self._tenures[group] = (receiver, time.time())
+
+    def tenure_ended(self, group: object, receiver: int | None) -> None:
+        """Forget the tenure of ``group`` named by ``receiver``."""
+        if self._tenures.get(group, (None, 0.0))[0] == receiver:
+            del self._tenures[group]
+
+    def _worker_sets(self, summary: AdmissionStateSummary) -> tuple[WorkerSetState, ...]:
+        of = (summary.groups, summary.rejections)
+        if self._sets_of is None or of[0] is not self._sets_of[0] or of[1] is not self._sets_of[1]:
+            self._sets = worker_sets(summary.groups, summary.rejections, self._differs)
+            self._sets_of = of
+        return self._sets
+
+    def _observe_router_workers(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        if summary is None:
+            return []
+        out = []
+        for worker_set in self._worker_sets(summary):
+            labels = worker_set.labels.as_dict()
+            for state, count in worker_set.counts().items():
+                out.append(Observation(count, {**labels, n.LABEL_STATE: state}))
+        return out
+
+    def _observe_worker_state(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        if summary is None:
+            return []
+        out = []
+        for worker_set in self._worker_sets(summary):
+            labels = worker_set.labels.as_dict()
+            for worker, (state, why) in sorted(worker_set.workers.items()):
+                router = STATE_TABLE[state]
+                attributes = {
+                    **labels,
+                    n.LABEL_ROUTER_WORKER_ID: str(worker),
+                    n.LABEL_STATE: router.state,
+                    n.LABEL_REASON: router.reason,
+                    n.LABEL_DIFFERS_IN: why,
+                }
+                out.append(Observation(1, attributes))
+        return out
+
+    def _observe_incumbents(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        if summary is None:
+            return []
+        out = []
+        now = time.time()
+        for group in summary.groups:
+            if group.incumbent is None:
+                continue
+            receiver = group.receiver
+            known = self._tenures.get(group.group)
+            if known is None or known[0] != receiver:
+                # A tenure this telemetry did not see begin (it began before a restart, or in
+                # a recording): it counts from when it was first seen.
+                known = self._tenures[group.group] = (receiver, now)
+            labels = WorkerSetLabels.of(group.group).as_dict()
+            labels[n.LABEL_MDC_CHECKSUM] = group.incumbent
+            out.append(Observation(known[1], labels))
+        return out
+
+    def _observe_rejected_cohorts(self, _options: CallbackOptions) -> Iterable[Observation]:
+        summary = self._summary()
+        if summary is None:
+            return []
+        why = rejection_reasons(summary.rejections, self._differs)
+        out = []
+        for group in summary.groups:
+            if group.incumbent is None:
+                continue
+            labels = WorkerSetLabels.of(group.group).as_dict()
+            for cohort in group.cohorts[1:]:
+                if not cohort.members:
+                    continue
+                attributes = {
+                    **labels,
+                    n.LABEL_INCUMBENT_CHECKSUM: group.incumbent,
+                    n.LABEL_MDC_CHECKSUM: cohort.mdc_checksum,
+                    n.LABEL_DIFFERS_IN: why.get(
+                        (group.group, cohort.mdc_checksum), DIFFERS_IN_UNKNOWN
+                    ),
+                }
+                out.append(Observation(len(cohort.members), attributes))
+        return out
+
+    def _observe_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [] if self._lag is None else [Observation(self._lag)]

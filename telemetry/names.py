@@ -49,16 +49,21 @@ __all__ = [
     "ATTR_SNAPSHOT_ENTRIES",
     "ATTR_SNAPSHOT_REASON",
     "ATTR_WORKER_SET",
+    "BUILD_OUTCOMES",
     "EVENT_COHORT_REJECTED",
     "EVENT_INVALID_RECORD",
     "EVENT_RETRY_SCHEDULED",
     "GROUP_STATUSES",
     "INSTRUMENTATION_NAME",
     "LABEL_DECISION",
+    "LABEL_DIFFERS_IN",
+    "LABEL_INCUMBENT_CHECKSUM",
+    "LABEL_MDC_CHECKSUM",
     "LABEL_MODEL",
     "LABEL_OPERATION",
     "LABEL_OUTCOME",
     "LABEL_REASON",
+    "LABEL_ROUTER_WORKER_ID",
     "LABEL_STATE",
     "LABEL_STATUS",
     "METRIC_ADMISSION_LATENCY",
@@ -66,10 +71,16 @@ __all__ = [
     "METRIC_BUILD_DURATION",
     "METRIC_GROUPS",
     "METRIC_GROUPS_HELD",
+    "METRIC_HOLDS",
+    "METRIC_INCUMBENT_SINCE",
     "METRIC_INVALID_RECORDS",
     "METRIC_REJECTED_COHORTS",
+    "METRIC_REJECTED_COHORT_WORKERS",
+    "METRIC_ROUTER_WORKERS",
+    "METRIC_ROUTER_WORKER_STATE",
     "METRIC_SUCCESSIONS",
     "METRIC_UPDATES",
+    "METRIC_VIEW_LAG",
     "METRIC_WORKERS",
     "METRIC_WORKERS_ADMITTED",
     "PREFIX",
@@ -157,6 +168,14 @@ LABEL_MODEL: Final = "model"
 LABEL_OUTCOME: Final = "outcome"
 LABEL_STATUS: Final = "status"
 LABEL_STATE: Final = "state"
+# Dynamo's own label names for a WorkerSet and a worker (its frontend's router metrics), so a
+# query written for Dynamo reads this plugin's series unchanged; the WorkerSet's five labels are
+# ``worker_states.WorkerSetLabels``.
+LABEL_ROUTER_WORKER_ID: Final = "router_worker_id"
+# The first input of the checksum a rejected card differs in (``worker_states.differs_in``).
+LABEL_DIFFERS_IN: Final = "differs_in"
+LABEL_MDC_CHECKSUM: Final = "mdc_checksum"
+LABEL_INCUMBENT_CHECKSUM: Final = "incumbent_checksum"
 
 # --- metrics ----------------------------------------------------------------------------------
 METRIC_UPDATES: Final = f"{PREFIX}.discovery.updates"
@@ -170,10 +189,21 @@ METRIC_GROUPS_HELD: Final = f"{PREFIX}.groups.held"
 METRIC_WORKERS_ADMITTED: Final = f"{PREFIX}.workers.admitted"
 METRIC_WORKERS: Final = f"{PREFIX}.workers"
 METRIC_ADMISSION_LATENCY: Final = f"{PREFIX}.admission.latency"
+# Dynamo's router worker metrics under this plugin's prefix, with Dynamo's labels and values
+# (deploy/prometheus/README.md says why not under Dynamo's own names).
+METRIC_ROUTER_WORKERS: Final = f"{PREFIX}.router.workers"
+METRIC_ROUTER_WORKER_STATE: Final = f"{PREFIX}.router.worker_state"
+METRIC_INCUMBENT_SINCE: Final = f"{PREFIX}.incumbent.since"
+METRIC_REJECTED_COHORT_WORKERS: Final = f"{PREFIX}.rejected_cohort.workers"
+METRIC_HOLDS: Final = f"{PREFIX}.holds"
+METRIC_VIEW_LAG: Final = f"{PREFIX}.view.lag"
 
 # Every status the core's transition table knows; the gauge reports each of them (zero
 # included) so a status that empties shows 0 instead of a series that silently vanishes.
 GROUP_STATUSES: Final = tuple(status.value for status in GroupStatus)
+
+# Every outcome of a build attempt; the build counter reports each from the start, at 0.
+BUILD_OUTCOMES: Final = ("ok", "failed", "cancelled")
 
 # The states the worker gauge counts registered workers in; each is reported for every model
 # (zero included), so an alert on "rejected" sees it clear.

@@ -351,4 +351,6 @@ def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
             counts["drained"] = len(group.drained)
         for state, count in counts.items():
             workers[(model, state)] = workers.get((model, state), 0) + count
-    return AdmissionStateSummary(by_status, admitted, len(held), tuple(held), workers)
+    return AdmissionStateSummary(
+        by_status, admitted, len(held), tuple(held), workers, snap.groups, snap.rejections
+    )

@@ -65,9 +65,11 @@ def test_builds_are_counted_by_outcome_and_timed_in_a_histogram(harness: Harness
         build.set_outcome("failed", "RuntimeError")
 
     counts = harness.points("workerset_admission.builds")
+    # Every outcome is there from the start, so the first of each is an increase.
     assert {k: p.value for k, p in counts.items()} == {
         labels(outcome="ok"): 1,
         labels(outcome="failed"): 1,
+        labels(outcome="cancelled"): 0,
     }
     metric = harness.metrics()["workerset_admission.build.duration"]
     assert metric.unit == "s"
@@ -208,6 +210,7 @@ def test_metric_names_units_and_kinds_are_as_documented(harness: Harness) -> Non
         "workerset_admission.groups.held": "Gauge",
         "workerset_admission.workers.admitted": "Gauge",
         "workerset_admission.workers": "Gauge",
+        "workerset_admission.view.lag": "Gauge",
     }
     for metric in harness.metrics().values():
         if type(metric.data).__name__ == "Sum":
