@@ -146,6 +146,38 @@ def worker_permissions(discovery_bucket: str, namespace: str) -> Permissions:
     )
 
 
+def drain_permissions(discovery_bucket: str, admission_bucket: str, namespace: str) -> Permissions:
+    """What ``drain``/``undrain`` for one namespace need: read both buckets, write its drains.
+
+    It lists the discovery bucket (to find the worker) and the serving records (to answer
+    "safe to stop"), and writes and withdraws drain records of its own namespace only: it
+    cannot drain another namespace's workers or touch any worker's own records.
+    """
+    disc = _stream(discovery_bucket)
+    adm = _stream(admission_bucket)
+    return Permissions(
+        publish=(
+            "$JS.API.INFO",
+            f"$JS.API.STREAM.INFO.{disc}",
+            f"$JS.API.CONSUMER.CREATE.{disc}",
+            f"$JS.API.CONSUMER.CREATE.{disc}.>",
+            f"$JS.API.CONSUMER.INFO.{disc}.>",
+            f"$JS.API.CONSUMER.DELETE.{disc}.>",
+            f"$JS.API.DIRECT.GET.{disc}.>",
+            f"$JS.API.STREAM.MSG.GET.{disc}",
+            f"$JS.FC.{disc}.>",
+            f"$KV.{discovery_bucket}.v1.drain.{escape_token(namespace)}.>",
+            f"$JS.API.STREAM.INFO.{adm}",
+            f"$JS.API.CONSUMER.CREATE.{adm}",
+            f"$JS.API.CONSUMER.CREATE.{adm}.>",
+            f"$JS.API.CONSUMER.INFO.{adm}.>",
+            f"$JS.API.CONSUMER.DELETE.{adm}.>",
+            f"$JS.FC.{adm}.>",
+        ),
+        subscribe=("_INBOX.>",),
+    )
+
+
 # --- secrets and keys -------------------------------------------------------------------------
 
 
@@ -475,8 +507,9 @@ def users_config(
 ) -> dict[str, Any]:
     """Password and nkey users: the plugin (both ways), one worker per namespace, an admin.
 
-    Worker users are named ``worker-<namespace>`` and share ``material.worker_password``; the
-    ``status`` command's user is ``status-reader`` with the same password.
+    Worker users are named ``worker-<namespace>``, the drain tools' ``drain-<namespace>``, and
+    share ``material.worker_password``; the ``status`` command's user is ``status-reader``
+    with the same password.
     """
     perms = plugin_permissions(discovery_bucket, admission_bucket, status_subject).as_config()
     users: list[dict[str, Any]] = [
@@ -497,14 +530,23 @@ def users_config(
             "permissions": status_permissions(status_subject).as_config(),
         },
     ]
-    users.extend(
-        {
-            "user": f"worker-{ns}",
-            "password": material.worker_password,
-            "permissions": worker_permissions(discovery_bucket, ns).as_config(),
-        }
-        for ns in worker_namespaces
-    )
+    for ns in worker_namespaces:
+        users.append(
+            {
+                "user": f"worker-{ns}",
+                "password": material.worker_password,
+                "permissions": worker_permissions(discovery_bucket, ns).as_config(),
+            }
+        )
+        users.append(
+            {
+                "user": f"drain-{ns}",
+                "password": material.worker_password,
+                "permissions": drain_permissions(
+                    discovery_bucket, admission_bucket, ns
+                ).as_config(),
+            }
+        )
     return {"authorization": {"users": users}}
 
 

@@ -12,6 +12,8 @@ import contextlib
 import gc
 import re
 import ssl
+import subprocess
+import sys
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
@@ -27,6 +29,7 @@ from secfixture import (
     SecurityMaterial,
     configured_server,
     contains_secret,
+    drain_permissions,
     operator_config,
     plugin_permissions,
     tls_config,
@@ -167,6 +170,15 @@ def test_the_documented_worker_permissions_are_exactly_the_tested_ones() -> None
     assert publish is not None
     documented = re.findall(r'"([^"]+)"', publish.group(1))
     assert documented == list(worker_permissions(DISCOVERY, "ns-a").publish)
+
+
+def test_the_documented_drain_permissions_are_exactly_the_tested_ones() -> None:
+    text = DOCS.read_text()
+    block = text.split("## The drain tools' user", 1)[1].split("```", 2)[1]
+    publish = re.search(r"publish: \{ allow: \[(.*?)\]", block, re.S)
+    assert publish is not None
+    documented = re.findall(r'"([^"]+)"', publish.group(1))
+    assert documented == list(drain_permissions(DISCOVERY, ADMISSION, "ns-a").publish)
 
 
 # -- workers -----------------------------------------------------------------------------------
@@ -426,3 +438,67 @@ async def test_a_client_certificate_from_another_ca_is_refused(
             refused = True
         collect_refused_sockets()
     assert refused
+
+
+# -- the drain tools ---------------------------------------------------------------------------
+
+
+def _drain_cli(url: str, user: str, password: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workerset_admission.cli",
+            "drain",
+            *args,
+            "--nats-server",
+            url,
+            "--nats-user",
+            user,
+            "--nats-password",
+            password,
+            "--timeout",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+async def test_a_drain_user_drains_its_own_namespace_and_is_refused_another(
+    users_server: str, material: SecurityMaterial
+) -> None:
+    await create_buckets(users_server, user="admin", password=material.admin_password)
+    for ns, instance in (("ns-a", 0x1F), ("ns-b", 0x2F)):
+        async with client(users_server, user=f"worker-{ns}", password=material.worker_password) as (
+            nc,
+            _,
+        ):
+            kv = await nc.jetstream(timeout=1.0).key_value(DISCOVERY)
+            await kv.put(record_key(ns, instance), b"{}")
+
+    own = await asyncio.to_thread(
+        _drain_cli, users_server, "drain-ns-a", material.worker_password, "0x1f"
+    )
+    assert own.returncode == 0, own.stderr
+    other = await asyncio.to_thread(
+        _drain_cli, users_server, "drain-ns-a", material.worker_password, "0x2f"
+    )
+    assert other.returncode == 5, other.stderr
+    assert "NATS refused to store the drain record v1.drain.ns-b.2f" in other.stderr
+    assert material.worker_password not in other.stderr + other.stdout
+
+    # A worker's user may not write a drain record, not even for its own namespace.
+    async with client(users_server, user="worker-ns-a", password=material.worker_password) as (
+        nc,
+        log,
+    ):
+        kv = await nc.jetstream(timeout=1.0).key_value(DISCOVERY)
+        assert await put_refused(kv, "v1.drain.ns-a.1f", log)
+
+    async with client(users_server, user="admin", password=material.admin_password) as (nc, _):
+        kv = await nc.jetstream().key_value(DISCOVERY)
+        drains = sorted(k for k in await kv.keys() if k.startswith("v1.drain."))
+    assert drains == ["v1.drain.ns-a.1f"]

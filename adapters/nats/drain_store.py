@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
@@ -22,7 +22,7 @@ from workerset_admission.adapters.nats.connect import (
     servers_for_display,
 )
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-from workerset_admission.errors import Unreachable, UsageError
+from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError
 from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX
 from workerset_admission.rollout.gate import BucketRead, RawEntry
 
@@ -50,6 +50,8 @@ class NatsDrainStore:
         self._progress = progress
         self._clock = clock
         self._client: NatsClient | None = None
+        # What the server refused, as nats-py reports it (a refused publish is not answered).
+        self._violations: list[str] = []
 
     async def open(self, deadline: float) -> None:
         """Connect, trying again until the clock passes ``deadline``; raise ``Unreachable``."""
@@ -58,7 +60,12 @@ class NatsDrainStore:
         while True:
             try:
                 self._client = await asyncio.wait_for(
-                    connect(self._options, allow_reconnect=True), timeout=_REQUEST_TIMEOUT
+                    connect(
+                        self._options,
+                        ConnectionCallbacks(error=self._on_error),
+                        allow_reconnect=True,
+                    ),
+                    timeout=_REQUEST_TIMEOUT,
                 )
             except (OSError, NatsError, asyncio.TimeoutError) as error:
                 if self._clock() >= deadline:
@@ -71,6 +78,10 @@ class NatsDrainStore:
             if told:
                 self._progress(f"NATS at {servers} answers again")
             return
+
+    async def _on_error(self, error: Exception) -> None:
+        if "permissions violation" in str(error).lower():
+            self._violations.append(str(error))
 
     async def close(self) -> None:
         client, self._client = self._client, None
@@ -127,21 +138,39 @@ class NatsDrainStore:
         """
         js = self._nc().jetstream()
         subject = f"$KV.{self._discovery}.{key}"
-        if ttl is None:
-            await js.publish(subject, value, timeout=_REQUEST_TIMEOUT)
-            return
         try:
-            await js.publish(subject, value, msg_ttl=ttl, timeout=_REQUEST_TIMEOUT)
-        except NatsError as error:
-            self._progress(f"the bucket keeps no per-key TTL ({error}); drain written without")
-            await js.publish(subject, value, timeout=_REQUEST_TIMEOUT)
+            if ttl is None:
+                await js.publish(subject, value, timeout=_REQUEST_TIMEOUT)
+                return
+            try:
+                await js.publish(subject, value, msg_ttl=ttl, timeout=_REQUEST_TIMEOUT)
+            except APIError as error:
+                # The server answered: it keeps no per-key TTL here (before 2.11, or a stream
+                # made without it). A refused or lost publish is never answered.
+                self._progress(f"the bucket keeps no per-key TTL ({error}); drain written without")
+                await js.publish(subject, value, timeout=_REQUEST_TIMEOUT)
+        except (NatsError, asyncio.TimeoutError):
+            self._refused(key)
+            raise
+
+    def _refused(self, key: str) -> None:
+        """Raise ``CredentialsRefused`` when the server refused the write (it never answers)."""
+        if self._violations:
+            raise CredentialsRefused(
+                f"NATS refused to store the drain record {key} ({self._violations[-1]}); this "
+                "user may drain the namespaces its permissions name only (docs/security.md)"
+            ) from None
 
     async def delete(self, key: str) -> bool:
         """Withdraw a drain record; return whether there was one."""
-        kv = await self._nc().jetstream().key_value(self._discovery)
+        kv = await self._nc().jetstream(timeout=_REQUEST_TIMEOUT).key_value(self._discovery)
         try:
             await kv.get(key)
         except NotFoundError:
             return False
-        await kv.delete(key)
+        try:
+            await kv.delete(key)
+        except (NatsError, asyncio.TimeoutError):
+            self._refused(key)
+            raise
         return True

@@ -38,7 +38,8 @@ EXIT_UNREACHABLE = 3
 EXIT_FAILED = 4
 """The command failed while it ran (the service stopped on an error, an unexpected fault)."""
 EXIT_CREDENTIALS = 5
-"""NATS answered and refused the credentials (retrying with the same ones cannot help)."""
+"""NATS answered and refused the credentials, or the user's permissions refused a write
+(``drain`` of a namespace its user may not drain): retrying the same cannot help."""
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
@@ -65,11 +66,11 @@ def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
 EXIT_STATUSES: dict[int, str] = {
     EXIT_OK: "success (a long-running command stopped by SIGINT or SIGTERM counts as success)",
     EXIT_NO: "the answer is no: rollout gate closed, explain instance not admitted, diff cards "
-    "differ",
+    "differ, drain --wait still routed to at its timeout",
     EXIT_USAGE: "bad flags, settings, trace, card, output path or view folder; nothing changed",
     EXIT_UNREACHABLE: "NATS (or etcd, for bridge) unreachable, or no answer in time",
     EXIT_FAILED: "the command failed while running",
-    EXIT_CREDENTIALS: "NATS refused the credentials",
+    EXIT_CREDENTIALS: "NATS refused the credentials, or the user's permissions refused a write",
 }
 """Every exit status the command line uses, with its meaning (the README shows this table)."""
 
