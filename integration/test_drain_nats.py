@@ -107,6 +107,16 @@ async def register(url: str, bucket: str, *workers: tuple[int, int]) -> None:
         await nc.close()
 
 
+async def drain_ttl(url: str, bucket: str, key: str) -> str | None:
+    """The per-key TTL the server keeps the drain record under (its ``Nats-TTL`` header)."""
+    nc = await nats.connect(url)
+    try:
+        msg = await nc.jetstream().get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+        return (msg.headers or {}).get("Nats-TTL")
+    finally:
+        await nc.close()
+
+
 async def bucket_keys(url: str, bucket: str) -> list[str]:
     nc = await nats.connect(url)
     try:
@@ -134,6 +144,8 @@ def test_drain_takes_a_worker_out_hands_over_at_the_last_one_and_undrain_gives_i
     now = group(status(serve))
     assert (now["incumbent"], now["admitted"]) == (incumbent, [A2])
     assert [(d["instance_id"], d["by"]) for d in now["drained"]] == [(A1, "ops")]
+    # The record outlives its worker by the drain's TTL at most (an hour by default).
+    assert asyncio.run(drain_ttl(nats_server.url, discovery, drain_kv_key("dgd", A1))) == "3600"
 
     # The last A worker, named by host as a preStop hook would: B succeeds, and --wait
     # returns only once B serves.
@@ -206,3 +218,49 @@ def test_drain_wait_on_a_worker_no_frontend_admits_returns_at_once(
     assert drained.returncode == 0, drained.stderr
     assert "safe to stop" in drained.stdout
     assert time.monotonic() - started < 10
+
+
+def test_drain_wait_on_a_frontend_that_died_follows_its_serving_records_expiry(
+    nats_server: NatsServer, buckets: list[str]
+) -> None:
+    discovery, admission = buckets[3], buckets[5]
+    record_age = 3.0
+
+    async def a_frontend_that_died() -> None:
+        # Its last words: it served the worker. Nobody rewrites the record now.
+        nc = await nats.connect(nats_server.url)
+        try:
+            js = nc.jetstream()
+            await js.create_key_value(bucket=admission, history=1, ttl=record_age)
+            kv = await js.key_value(admission)
+            member = f"{EP.namespace}/{EP.component}/{EP.endpoint}/{A1:x}"
+            await kv.put(
+                "v1.fe-gone.capability",
+                json.dumps({"protocol": "v1", "frontend": "fe-gone", "capability": True}).encode(),
+            )
+            await kv.put(
+                f"v1.fe-gone.members.{EP.namespace}",
+                json.dumps(
+                    {
+                        "protocol": "v1",
+                        "frontend": "fe-gone",
+                        "namespace": EP.namespace,
+                        "members": [member],
+                    }
+                ).encode(),
+            )
+        finally:
+            await nc.close()
+
+    asyncio.run(register(nats_server.url, discovery, (A1, 16)))
+    asyncio.run(a_frontend_that_died())
+    started = time.monotonic()
+    drained = run("drain", str(A1), "--wait", "--json", "--timeout", "30", *buckets)
+    took = time.monotonic() - started
+    assert drained.returncode == 0, drained.stderr
+    assert "waiting for fe-gone" in drained.stderr
+    assert json.loads(drained.stdout)["frontends"] == []
+    # The answer comes when the dead frontend's records expire (the bucket's max age; 60 s
+    # for the serving-admission bucket serve creates), not before and not much after.
+    print(f"\n[drain] a dead frontend's records expired; drain --wait answered after {took:.2f} s")
+    assert record_age - 0.5 <= took <= record_age + 5.0
