@@ -264,3 +264,33 @@ def test_drain_wait_on_a_frontend_that_died_follows_its_serving_records_expiry(
     # for the serving-admission bucket serve creates), not before and not much after.
     print(f"\n[drain] a dead frontend's records expired; drain --wait answered after {took:.2f} s")
     assert record_age - 0.5 <= took <= record_age + 5.0
+
+
+def test_a_recording_carries_the_drain_and_its_replay_shows_it(
+    nats_server: NatsServer, buckets: list[str], serve: list[str], tmp_path: Path
+) -> None:
+    asyncio.run(register(nats_server.url, buckets[3], (A1, 16), (A2, 16)))
+    status_until(serve, lambda s: s["groups"] and group(s)["status"] == "ready")
+    trace = tmp_path / "trace.jsonl"
+    recorder = subprocess.Popen(
+        [*CLI, "record", *buckets, *serve[2:], "--duration", "6", "-o", str(trace)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(2.0)  # the recording has begun
+        drained = run("drain", str(A2), "--by", "ops", *buckets)
+        assert drained.returncode == 0, drained.stderr
+        _out, err = recorder.communicate(timeout=60)
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+            recorder.wait(10)
+    assert recorder.returncode == 0, err
+    assert any('"v1.drain.dgd.a2"' in line for line in trace.read_text().splitlines())
+    replayed = run("replay", str(trace))
+    assert replayed.returncode == 0, replayed.stderr
+    (only,) = json.loads(replayed.stdout)["groups"]
+    assert only["admitted"] == [A1]
+    assert [(d["instance_id"], d["by"]) for d in only["drained"]] == [(A2, "ops")]

@@ -56,3 +56,28 @@ def test_the_status_table_names_rejected_cohorts_and_missing_roles() -> None:
         "rejected bbbbbbbbbbbb in m @ ns/backend/generate: differs in: "
         'kv_cache_block_size 16 -> 32; aliases [] -> ["x"]'
     )
+
+
+def test_the_status_table_names_drained_workers_and_who_drained_them() -> None:
+    group = {
+        "model": "m",
+        "namespace": "ns",
+        "component": "backend",
+        "endpoint": "generate",
+        "model_types": [],
+        "worker_type": "decode",
+        "incumbent": "a" * 64,
+        "status": "ready",
+        "generation": 4,
+        "admitted": [26],
+        "cohorts": [{"checksum": "a" * 64, "members": [26]}],
+        "drained": [{"instance_id": 27, "by": "preStop:pod/w-1", "at": 1.0}],
+    }
+    table = render_status_table({"health": "healthy", "groups": [group]})
+    assert table.splitlines()[-1] == (
+        "drained 27 in m @ ns/backend/generate by preStop:pod/w-1 (out of routing; safe to stop "
+        "once drain --wait says so)"
+    )
+    # A brief reply counts drained workers only: the table then names none.
+    brief = render_status_table({"health": "healthy", "groups": [group | {"drained": 1}]})
+    assert "drained 27" not in brief

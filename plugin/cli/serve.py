@@ -404,4 +404,15 @@ def render_status_table(status: Mapping[str, Any]) -> str:
             f"{rejection['namespace']}/{rejection['component']}/{rejection['endpoint']}: "
             f"differs in: {said}"
         )
+    for group in status.get("groups", []):
+        drained = group.get("drained")
+        if not isinstance(drained, list):
+            continue  # a brief reply counts them only
+        for worker in drained:
+            by = f" by {worker['by']}" if worker.get("by") else ""
+            lines.append(
+                f"drained {worker['instance_id']} in {group['model']} @ {group['namespace']}/"
+                f"{group['component']}/{group['endpoint']}{by} (out of routing; safe to stop "
+                "once drain --wait says so)"
+            )
     return "\n".join(lines)
