@@ -705,6 +705,8 @@ class AdmissionCore:
         """Forget a drained worker's registration: it is really gone."""
         reg = self._drained.pop(key)
         group = self._group_of(reg)
+        if group.parked.get(reg.instance_id) == key:
+            del group.parked[reg.instance_id]  # gone before a handover could serve it
         self._out.append(fx.WorkerDeparted(key, reg.group, reg.mdc_checksum, False))
         handover = group.handover
         if handover is not None and handover.members.get(reg.instance_id) == key:

@@ -301,3 +301,14 @@ def test_a_retained_receiver_of_the_drained_tenure_never_sees_the_successor() ->
     effects += finish(core, effects)
     seen = {p.admitted for p in of(effects, PublishAdmissions) if p.receiver == old_receiver}
     assert seen == {frozenset({1})}
+
+
+def test_a_drained_worker_gone_in_the_same_batch_is_not_handed_over() -> None:
+    core = AdmissionCore()
+    ready(core, (1, "A"), (2, "A"), (3, "B"))
+    # In one batch (one publication): worker 1 is drained and leaves, then worker 2 is drained.
+    effects = core.apply_many([drain(1), WorkerRemoved(reg(1).key), drain(2)])
+    assert one(effects, Succession).drained is True
+    handover = view(core).handover
+    assert handover is not None
+    assert handover.members == (2,)
