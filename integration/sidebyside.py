@@ -206,6 +206,10 @@ class Outcome:
     started: float
     ended: float
     flips: dict[str, Flip | None] = field(default_factory=dict)
+    # Failed requests sent within a second after a worker's SIGTERM, per frontend: those
+    # routed to a worker that had stopped serving (or was stopping). A frontend's own rebuild
+    # at a flip fails requests too, with 404 or 503 ("not ready"), but not only after a SIGTERM.
+    after_stop: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -490,11 +494,17 @@ class SideBySide:
 
         name = "rolling update" + (" to a new namespace" if versioned else "")
         outcome = self._under_load(name + (", drained" if drained else ""), fault, settle=settle)
+        stops = [at for kind, _worker, at in self.marks if kind == "sigterm"]
         for frontend, load in self.loads.items():
             # A drain reaches only the frontends on a view; the others see the SIGTERM.
             on_view = frontend.startswith("view")
             at = drain_began if drained and on_view else self._last_stop
             outcome.flips[frontend] = flip(load.requests, cohort, at)
+            outcome.after_stop[frontend] = sum(
+                1
+                for r in load.requests
+                if not r.ok and any(stop <= r.sent < stop + 1.0 for stop in stops)
+            )
         self.incumbent, self.block_size, self.namespace = cohort, size, namespace
         self.wait_serving(cohort)
         return outcome

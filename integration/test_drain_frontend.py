@@ -58,6 +58,7 @@ def _measured(outcome: Outcome, deployment: SideBySide) -> dict[str, Figures]:
         for error in figures.errors:
             show(f"[drained rollout]   {name} {error}")
         assert figures.sent >= 10, f"{name}: only {figures.sent} requests were sent"
+    show(f"[drained rollout]   failed within 1 s after a SIGTERM: {outcome.after_stop}")
     for name, got in outcome.flips.items():
         shown = "never" if got is None else f"{got.failed} failed, +{got.first_success:.3f} s"
         show(f"[drained rollout]   flip on {name}: {shown}")
@@ -87,8 +88,10 @@ def test_a_drained_rollout_in_place_never_routes_to_a_stopped_worker(
     figures = _measured(outcome, deployment)
 
     for name in PLUGIN_FRONTENDS:
-        # No request went to a worker that had stopped serving (503): each was drained first.
-        assert 503 not in dict(figures[name].statuses), (name, figures[name].errors)
+        # No request went to a worker that had stopped serving: each was drained first, so
+        # nothing failed after any SIGTERM. (The frontend's own rebuild at the flip may still
+        # answer 404, or 503 "not ready"; it happens while the drained worker serves.)
+        assert outcome.after_stop[name] == 0, (name, figures[name].errors)
         # Nothing reached the new cohort before the last old worker's drain began.
         assert figures[name].to_rejected == 0, name
         got = outcome.flips[name]

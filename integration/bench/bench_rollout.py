@@ -129,6 +129,8 @@ def spread(rolling: list[Outcome], names: list[str]) -> str:
     """Totals over the rolling updates, and how often one frontend lost more than another."""
     totals = ", ".join(f"{n} {sum(o.figures[n].failed for o in rolling)}" for n in names)
     statuses = "; ".join(f"{n} {_statuses(rolling, n)}" for n in names)
+    after_stop = ", ".join(f"{n} {sum(o.after_stop.get(n, 0) for o in rolling)}" for n in names)
+    gaps = ", ".join(f"{n} {max(o.figures[n].longest_gap for o in rolling):.2f} s" for n in names)
     pairs = [(a, b) for a in names for b in names if a < b]
     counts = []
     for a, b in pairs:
@@ -137,7 +139,8 @@ def spread(rolling: list[Outcome], names: list[str]) -> str:
         counts.append(f"{a} lost more than {b} in {more}, fewer in {fewer}")
     return (
         f"Over {len(rolling)} rolling updates, failed requests in all: {totals} "
-        f"(by status: {statuses}); " + "; ".join(counts) + "."
+        f"(by status: {statuses}; sent within 1 s after a SIGTERM: {after_stop}; longest "
+        f"no-success window: {gaps}); " + "; ".join(counts) + "."
     )
 
 
@@ -214,6 +217,7 @@ def main(
                     }
                     for name, f in outcome.figures.items()
                 },
+                "failed_within_1s_after_a_sigterm": outcome.after_stop,
                 "flips": {
                     name: None
                     if f is None
