@@ -381,6 +381,51 @@ async def test_every_dashboard_query_shows_the_rolling_update_a_real_prometheus_
             assert not prom.query('dynamo_frontend_router_worker_state{reason="checksum_mismatch"}')
             check_names_and_labels(prom)
             write_panels(prom, started, ended, marks)
+
+            # A drain, with the real command: a second B worker joins, then is drained out of
+            # routing while it still runs. Dynamo's vocabulary calls it excluded, the reason
+            # says drained, and the dashboard's annotation finds it.
+            await join(b, 4, B)
+            await waiting(
+                prom,
+                'workerset_admission_router_workers{state="available"} == 2',
+                60,
+                "B's second worker available",
+            )
+            drained = await asyncio.to_thread(
+                subprocess.run,
+                [
+                    sys.executable,
+                    "-m",
+                    "workerset_admission.cli",
+                    "drain",
+                    "4",
+                    "--wait",
+                    "--timeout",
+                    "60",
+                    "--nats-server",
+                    nats_server_fn.url,
+                    "--discovery-bucket",
+                    BUCKET,
+                    "--admission-bucket",
+                    "frontend-model-admission",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert drained.returncode == 0, drained.stderr
+            (row,) = await waiting(
+                prom,
+                'workerset_admission_router_worker_state{reason="drained"}',
+                60,
+                "the drained worker excluded, reason drained",
+            )
+            assert (row["metric"]["router_worker_id"], row["metric"]["state"]) == ("4", "excluded")
+            drains = {t: e for t, _r, e in dashboard_queries()}["annotation: Drains"]
+            await until(lambda: bool(series(prom, drains)), prom, 60, "the Drains annotation")
+            assert list(series(prom, drains).values()) == [1]
             await b.close()
             await a.close(withdraw=False)
     finally:
