@@ -97,7 +97,9 @@ async def _serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Eve
         return await _serve_service(settings, args, telemetry_handle, stop)
     finally:
         if telemetry_handle is not None:
-            telemetry_handle.shutdown()
+            # Off the loop: the final metric collection reads the service's state, which it
+            # asks of this loop; blocking the loop here made each gauge wait out its timeout.
+            await asyncio.to_thread(telemetry_handle.shutdown)
 
 
 def start_serve_telemetry(settings: Settings, *, otlp: bool) -> TelemetryHandle | None:
