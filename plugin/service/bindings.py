@@ -19,22 +19,19 @@ an endpoint and takes every live instance. It is kept separate as
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from workerset_admission.admission.effects import (
     CommitGroup,
-    LoraProjectionChanged,
     LoraWorker,
     TaintsUpdated,
     WithdrawGroup,
 )
 from workerset_admission.admission.topology import TopologyBinding, TopologySet, bind_topology
-from workerset_admission.admission.views import PlacementView
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.projection_check import ProjectionConflicts
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
 
 __all__ = [
@@ -259,7 +256,7 @@ class HopBindings:
     channel of a committed group exists before its commit).
     """
 
-    __slots__ = ("_bindings", "_channels", "_conflicts", "_frontend", "_handoff", "_live")
+    __slots__ = ("_bindings", "_channels", "_frontend", "_handoff", "_live")
 
     def __init__(
         self,
@@ -272,8 +269,6 @@ class HopBindings:
         self._frontend = frontend or FrontendRouting()
         self._bindings: dict[GroupKey, AdmittedHopBinding] = {}
         self._handoff: dict[GroupKey, bool] = {}
-        # projection_conflict's verdict, kept per group change by change (a marked shortcut).
-        self._conflicts = ProjectionConflicts()
 
     def handle(self, effect: object) -> None:
         if isinstance(effect, CommitGroup):
@@ -296,26 +291,11 @@ class HopBindings:
                 del self._handoff[effect.group]
                 current.close()
 
-    def project(self, effect: LoraProjectionChanged) -> str | None:
-        """Carry a LoRA projection to the group's hops; say why not when it cannot be served.
-
-        One adapter name must mean one set of weights across the group: a hop routes a request
-        for the adapter to any worker serving it. A projection that names an adapter with two
-        fingerprints is refused (the hops keep the last projection) and the reason returned.
-        """
-        conflict = self._conflicts.check(effect.group, effect.receiver, effect.workers)
-        if conflict is None:
-            self._channels.handle(effect)
-        return conflict
-
-    def carry_taints(self, effect: TaintsUpdated, placement: PlacementView | None) -> bool:
-        """Carry a worker's new taints to the tenure serving it (admitted or attached)."""
-        if placement is None:
+    def carry_taints(self, effect: TaintsUpdated) -> bool:
+        """Carry a worker's new taints to the tenure the core says serves it, if any."""
+        if effect.serving is None:
             return False
-        group = placement.attached_to if placement.is_lora else placement.group
-        if group is None or not (placement.admitted or placement.is_lora):
-            return False
-        return self._channels.update_taints(group, effect.key, effect.taints)
+        return self._channels.update_taints(effect.serving, effect.key, effect.taints)
 
     def binding(self, group: GroupKey) -> AdmittedHopBinding | None:
         return self._bindings.get(group)
@@ -339,17 +319,3 @@ class HopBindings:
             return None
         target = bound.prefill_target if role is HopRole.PREFILL else bound.encoder_target
         return None if target is None else self._bindings.get(target.group)
-
-
-def projection_conflict(workers: Sequence[LoraWorker]) -> str | None:
-    """Name an adapter the projection serves under one name with two fingerprints, if any."""
-    seen: dict[str, str] = {}
-    for worker in workers:
-        for adapter in worker.adapters:
-            held = seen.setdefault(adapter.model_suffix, adapter.lora_fingerprint)
-            if held != adapter.lora_fingerprint:
-                return (
-                    f"adapter {adapter.model_suffix!r} is projected with two fingerprints "
-                    f"({held[:12]}…, {adapter.lora_fingerprint[:12]}…)"
-                )
-    return None

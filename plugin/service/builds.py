@@ -17,7 +17,6 @@ from workerset_admission.admission import (
     BuildFinished,
     CommitFailed,
     CommitGroup,
-    LoraProjectionChanged,
     StartBuild,
     WithdrawGroup,
 )
@@ -156,18 +155,6 @@ class Builds:
             )
         self.committed[effect.group] = Committed(effect.generation, effect.mdc_checksum, pipeline)
         return None
-
-    def replace_failed(self, effect: LoraProjectionChanged, error: str) -> list[CommitFailed]:
-        """Report a projection the hops refused, for the committed group only.
-
-        The core then serves the last safe commit (``blocked_ready``) and retries the
-        projection at the deadline. Before a commit there is nothing served to keep.
-        """
-        _log.warning("LoRA projection of %s refused: %s", effect.group.id, error)
-        held = self.committed.get(effect.group)
-        if held is None or held.generation != effect.generation:
-            return []
-        return [CommitFailed(effect.group, held.mdc_checksum, held.generation, "replace", error)]
 
     def withdraw(self, group: GroupKey, generation: int) -> None:
         held = self.committed.get(group)

@@ -174,7 +174,6 @@ class AdmissionService:
             builds=self.builds,
             hops=self.hops,
             clock=clock,
-            tenure_hold=self.settings.effective_tenure_hold,
             telemetry=self._telemetry,
             refuse=self._refuse,
             schedule=self._timers.add,

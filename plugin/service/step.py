@@ -6,9 +6,11 @@ given: the receivers' channels, a :class:`BuildRunner`, the hop bindings, a time
 publication's wake-up. The live service gives it the real parts (builds as asyncio tasks, the
 Dynamo hops, the serving publication); ``replay`` gives it builds answered from the trace and
 a clock that follows the trace's times. Everything else (the batching of one event into one
-core step, delete handling with its expiry window, the clock read for every snapshot and
-expiry, refusals, the order in which effects are carried out, the build results fed back) is
-the same function in both.
+core step, the clock read for every snapshot and expiry, refusals, the order in which effects
+are carried out, the build results and refused commits fed back) is the same function in both.
+The step decides nothing: whether an expiry is an outage's, whether a LoRA projection may be
+served and which group a taint change reaches are the core's judgements, carried by its
+effects.
 
 The clock is read once when a step begins (an event, a build result, a timer tick), and that
 one reading is used for everything the step does, so a replay whose clock is the recorded
@@ -33,9 +35,9 @@ from workerset_admission.admission import (
     Effect,
     Input,
     LoraProjectionChanged,
+    LoraProjectionRefused,
     MutationRefused,
     OpenReceiver,
-    PlacementView,
     PublishAdmissions,
     RetireReceiver,
     RetryScheduled,
@@ -73,8 +75,6 @@ class BuildRunner(Protocol):
 
     def withdraw(self, group: GroupKey, generation: int) -> None: ...
 
-    def replace_failed(self, effect: LoraProjectionChanged, error: str) -> Sequence[Input]: ...
-
     def is_committed(self, group: GroupKey) -> bool: ...
 
 
@@ -83,9 +83,7 @@ class Hops(Protocol):
 
     def handle(self, effect: object) -> None: ...
 
-    def project(self, effect: LoraProjectionChanged) -> str | None: ...
-
-    def carry_taints(self, effect: TaintsUpdated, placement: PlacementView | None) -> bool: ...
+    def carry_taints(self, effect: TaintsUpdated) -> bool: ...
 
 
 class Channels(Protocol):
@@ -131,7 +129,6 @@ class AdmissionStep:
         channels: Channels,
         builds: BuildRunner,
         clock: Callable[[], float],
-        tenure_hold: float,
         telemetry: AdmissionTelemetry,
         refuse: Callable[[str, RemoteDataError, UpdateScope | None], None],
         schedule: Callable[[float], None],
@@ -145,7 +142,6 @@ class AdmissionStep:
         self.clock = clock
         self._channels = channels
         self._builds = builds
-        self._tenure_hold = tenure_hold
         self._telemetry = telemetry
         self._refuse = refuse
         self._schedule = schedule
@@ -182,7 +178,7 @@ class AdmissionStep:
                 self._ingested(self.ingest.put(entry.key, entry.value), scope)
         elif isinstance(event, SourceDelete):
             with self._telemetry.apply_update(event) as scope:
-                result = self.ingest.removal(event, now=now, window=self._tenure_hold)
+                result = self.ingest.removal(event, now=now)
                 self._ingested(result, scope)
         elif isinstance(event, SourceSnapshot):
             with collector_paused(), self._telemetry.apply_update(event) as scope:
@@ -264,12 +260,14 @@ class AdmissionStep:
                 builds.withdraw(effect.group, effect.generation)
                 publications = True
             elif isinstance(effect, LoraProjectionChanged):
-                refused = None if self._hops is None else self._hops.project(effect)
-                if refused is not None:
-                    refeed.extend(builds.replace_failed(effect, refused))
+                self._channels.handle(effect)
+            elif isinstance(effect, LoraProjectionRefused):
+                self._log.warning(
+                    "LoRA projection of %s refused: %s", effect.group.id, effect.reason
+                )
             elif isinstance(effect, TaintsUpdated):
                 if self._hops is not None:
-                    self._hops.carry_taints(effect, self.core.placement(effect.key))
+                    self._hops.carry_taints(effect)
             elif isinstance(effect, (RetryScheduled, TenureHeld)):
                 self._schedule(effect.deadline)
                 if isinstance(effect, TenureHeld) and effect.last_known_until is not None:

@@ -44,7 +44,6 @@ from workerset_admission.admission import (
     Effect,
     GroupView,
     Input,
-    LoraProjectionChanged,
     MutationRefused,
     RejectionReported,
     StartBuild,
@@ -203,9 +202,6 @@ class _TraceBuilds:
     def withdraw(self, group: GroupKey, generation: int) -> None:
         pass
 
-    def replace_failed(self, effect: LoraProjectionChanged, error: str) -> Sequence[Input]:
-        return ()
-
     def is_committed(self, group: GroupKey) -> bool:
         return False
 
@@ -240,7 +236,6 @@ class _Replayer(StepObserver):
             channels=AdmissionChannels(),
             builds=self.builds,
             clock=lambda: self.now,
-            tenure_hold=core_settings.tenure_hold,
             telemetry=telemetry,
             refuse=self._refused,
             schedule=self._schedule,
