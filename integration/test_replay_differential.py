@@ -45,6 +45,7 @@ from workerset_admission.errors import Unreachable
 from workerset_admission.service.shell import AdmissionService
 from workerset_admission.service.snapshots import GroupSnapshot
 from workerset_admission.settings import Settings
+from workerset_admission.traces.format import STEPPED, read_trace, recorded_settings
 from workerset_admission.traces.replay import replay
 from workerset_admission.traces.state_line import DecisionState
 
@@ -82,9 +83,13 @@ def assert_replay_matches(
     header = json.loads(lines[0])
     assert header["kind"] == "trace"
     assert header["observer"] == "frontend"
-    result = replay(
-        lines, core_settings=CoreSettings(retry_delays=RETRIES, tenure_hold=tenure_hold)
-    )
+    recorded_core, _ = recorded_settings(read_trace(lines))
+    assert recorded_core is not None
+    assert (recorded_core.retry_delays, recorded_core.tenure_hold) == (RETRIES, tenure_hold)
+    # Under the recorded settings every line's effects are checked against the recorded ones.
+    result = replay(lines)
+    stepped = [line for line in read_trace(lines) if line["kind"] in STEPPED]
+    assert result.checked == len(stepped)
     replayed = result.to_json()
     live = service.snapshot()
     start = _trace_start(service)

@@ -16,9 +16,11 @@ The clock is read once when a step begins (an event, a build result, a timer tic
 one reading is used for everything the step does, so a replay whose clock is the recorded
 reading makes the very decisions the live step made. Observers see what the step saw and did,
 in order: every source event as it is handled (with the clock and the keys a reconciliation
-kept), every build result, every timer tick, every ingestion verdict and every list of
-effects. The live service's trace writer is one; ``replay``'s notes for
-``explain`` are another.
+kept), every build result, every timer tick, every ingestion verdict, every input the step made
+itself (a refused commit, fed back as a core step of its own), every list of effects, and the
+end of each step. The live service's trace writer is one (it records every input and the digest
+of each step's effects); ``replay`` is another (it checks its own effects against those
+digests, and keeps its notes for ``explain``).
 """
 
 from __future__ import annotations
@@ -114,8 +116,17 @@ class StepObserver:
     def ingested(self, result: Ingested) -> None:
         """Hear what ingestion judged of a source event, before the core steps."""
 
+    def made(self, event: Input, now: float) -> None:
+        """Hear of an input the step made itself (a commit a hop refused), as it is fed back.
+
+        Its core step follows at once; the effects heard next are that step's.
+        """
+
     def effects(self, effects: Sequence[Effect]) -> None:
         """Hear the effects of one core step, before they are carried out."""
+
+    def step_ended(self) -> None:
+        """Hear that the step a source event, build result or tick began is over."""
 
 
 class AdmissionStep:
@@ -172,6 +183,18 @@ class AdmissionStep:
         now = self._now = self.clock()
         for observer in self.observers:
             self._tell(observer.source_event, event, now, keep, recorded)
+        try:
+            self._handle(event, now, keep, recorded)
+        finally:
+            self._ended()
+
+    def _handle(
+        self,
+        event: SourceEvent,
+        now: float,
+        keep: Collection[str],
+        recorded: Mapping[GroupId, Sequence[str]] | None,
+    ) -> None:
         if isinstance(event, SourcePut):
             entry = event.entry
             with self._telemetry.apply_update(event) as scope:
@@ -211,14 +234,24 @@ class AdmissionStep:
         now = self._now = self.clock()
         for observer in self.observers:
             self._tell(observer.build_result, result, now)
-        self.apply([Tick(now), result])
+        try:
+            self.apply([Tick(now), result])
+        finally:
+            self._ended()
 
     def tick(self, now: float | None = None) -> None:
         """Let the core act on the deadlines due by ``now`` (the clock when not given)."""
         now = self._now = self.clock() if now is None else now
         for observer in self.observers:
             self._tell(observer.tick, now)
-        self.apply([Tick(now)])
+        try:
+            self.apply([Tick(now)])
+        finally:
+            self._ended()
+
+    def _ended(self) -> None:
+        for observer in self.observers:
+            self._tell(observer.step_ended)
 
     # -- one core step -----------------------------------------------------------------------------
 
@@ -282,10 +315,13 @@ class AdmissionStep:
                 )
         if publications and self._publications_changed is not None:
             self._publications_changed()
-        if refeed:
-            # The same reading of the clock as the step that led here: a replay, whose clock
-            # stands still within a line, then computes the very deadlines the live step did.
-            self.apply([Tick(self._now), *refeed])
+        for event in refeed:
+            # Each refusal is a core step of its own, heard by the observers (the trace records
+            # it as an input), on the same reading of the clock as the step that led here: a
+            # replay, whose clock stands still within a line, computes the very deadlines.
+            for observer in self.observers:
+                self._tell(observer.made, event, self._now)
+            self.apply([Tick(self._now), event])
 
     def _note_change(self) -> None:
         if self._changed is not None:
