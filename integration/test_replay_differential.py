@@ -36,11 +36,10 @@ from support.fleet import (
     settings_for,
     until,
 )
-from workerset_admission.adapters.nats.frontend_state import decision_state_of
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.admission import CoreSettings, Effect, RejectionReported
 from workerset_admission.cli.connection import client_options
-from workerset_admission.cli.traces import record_trace
+from workerset_admission.cli.traces import decision_state_of, record_trace
 from workerset_admission.errors import Unreachable
 from workerset_admission.service.shell import AdmissionService
 from workerset_admission.service.snapshots import GroupSnapshot

@@ -18,10 +18,9 @@ an endpoint and takes every live instance. It is kept separate as
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from workerset_admission.admission.effects import (
     CommitGroup,
@@ -31,9 +30,18 @@ from workerset_admission.admission.effects import (
 )
 from workerset_admission.admission.topology import TopologyBinding, TopologySet, bind_topology
 from workerset_admission.errors import UsageError
-from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.routing import (
+    FrontendRouting,
+    HopRole,
+    RoutingSettings,
+    card_field,
+    encoder_handoff,
+)
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
 
+# The routing vocabulary (hop roles, routing settings) lives in ``routing.py``; it is named
+# here too for the callers that bind hops.
 __all__ = [
     "AdmittedHopBinding",
     "BindingId",
@@ -47,93 +55,12 @@ __all__ = [
 ]
 
 
-def card_field(card: Any, name: str, default: Any = None) -> Any:
-    """Read one field of a normalized card: a decoded card, a plain mapping, or an object."""
-    if card is None:
-        return default
-    if isinstance(card, Mapping):
-        return card.get(name, default)
-    fields = getattr(card, "fields", None)  # the card boundary's DecodedCard
-    if isinstance(fields, Mapping):
-        return fields.get(name, default)
-    return getattr(card, name, default)
-
-
-def _encoder_handoff(card: Any) -> bool:
-    """Whether the card advertises encoder-result handoff (``runtime_data``, 1.6.1)."""
-    runtime = card_field(card, "runtime_config")
-    data = runtime.get("runtime_data") if isinstance(runtime, Mapping) else None
-    if not isinstance(data, Mapping):
-        data = card_field(card, "runtime_data")
-    return isinstance(data, Mapping) and data.get("encoder_result_handoff") is True
-
-
-class HopRole(str, enum.Enum):
-    """The three discovery-managed hops of a request."""
-
-    DECODE = "decode"  # decode or aggregated serving
-    PREFILL = "prefill"
-    ENCODER = "encoder"
-
-    @classmethod
-    def for_worker_type(cls, worker_type: WorkerType) -> HopRole:
-        if worker_type is WorkerType.PREFILL:
-            return cls.PREFILL
-        if worker_type is WorkerType.ENCODE:
-            return cls.ENCODER
-        return cls.DECODE
-
-
 @dataclass(frozen=True, slots=True)
 class BindingId:
     """A binding's identity: a succession changes it even when the endpoint does not."""
 
     group: GroupKey
     generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class FrontendRouting:
-    """Frontend-local routing choices.
-
-    ``router_mode`` applies only to a card that advertises no router config; the policies and
-    the session affinity mode always stay the frontend's, as in Dynamo 1.6.1.
-    """
-
-    router_mode: str = "round_robin"
-    router_prefill_policy: Any = None
-    router_decode_policy: Any = None
-    session_affinity_mode: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RoutingSettings:
-    """Routing settings resolved from the selected card (plus the frontend-local choices)."""
-
-    router_mode: str
-    kv_cache_block_size: int | None
-    router_config: Mapping[str, Any] | None = field(default=None, compare=False)
-    from_card: bool = False
-
-    @classmethod
-    def resolve(cls, card: Any, frontend: FrontendRouting) -> RoutingSettings:
-        advertised = card_field(card, "router_config")
-        block_size = card_field(card, "kv_cache_block_size")
-        if not isinstance(advertised, Mapping):
-            return cls(frontend.router_mode, block_size, None, False)
-        # The card's config wins wholesale, except the frontend-local knobs.
-        config = dict(advertised)
-        kv = dict(config.get("kv_router_config") or {})
-        if frontend.router_prefill_policy is not None:
-            kv["router_prefill_policy"] = frontend.router_prefill_policy
-        if frontend.router_decode_policy is not None:
-            kv["router_decode_policy"] = frontend.router_decode_policy
-        if kv:
-            config["kv_router_config"] = kv
-        if frontend.session_affinity_mode is not None:
-            config["session_affinity_mode"] = frontend.session_affinity_mode
-        mode = str(config.get("router_mode") or frontend.router_mode)
-        return cls(mode, block_size, config, True)
 
 
 class LiveInstances(Protocol):
@@ -283,7 +210,7 @@ class HopBindings:
                 role, receiver, effect.generation, self._live, self._frontend, effect.handover_from
             )
             self._bindings[effect.group] = binding
-            self._handoff[effect.group] = _encoder_handoff(effect.card)
+            self._handoff[effect.group] = encoder_handoff(effect.card)
         elif isinstance(effect, WithdrawGroup):
             current = self._bindings.get(effect.group)
             if current is not None and current.id.generation == effect.generation:

@@ -22,13 +22,28 @@ from workerset_admission.admission import (
 )
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import BuildRequest, PipelineBuilder
+from workerset_admission.routing import FrontendRouting, RoutingSettings
 from workerset_admission.service.bindings import HopBindings
 from workerset_admission.service.liveness import LivenessIndex
 from workerset_admission.service.receivers import AdmissionChannels
 
-__all__ = ["Builds", "Committed"]
+__all__ = ["Builds", "Committed", "DefaultPipelineBuilder"]
 
 _log = logging.getLogger(__name__)
+
+
+class DefaultPipelineBuilder:
+    """Builds nothing beyond the hop binding: checks the selected card yields routing settings.
+
+    The hop binding itself is made by the service when the build is committed, from the
+    group's receiver and selected card.
+    """
+
+    def __init__(self, frontend: FrontendRouting | None = None) -> None:
+        self._frontend = frontend
+
+    async def build(self, request: BuildRequest) -> object:
+        return RoutingSettings.resolve(request.card, self._frontend or FrontendRouting())
 
 
 @dataclass(slots=True)
