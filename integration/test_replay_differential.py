@@ -36,15 +36,18 @@ from support.fleet import (
     settings_for,
     until,
 )
-from workerset_admission.adapters.nats.frontend_state import decision_state_of
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
-from workerset_admission.admission import CoreSettings, Effect, RejectionReported
+from workerset_admission.admission import CommitGroup, CoreSettings, Effect, RejectionReported
+from workerset_admission.card import encode_model_record
 from workerset_admission.cli.connection import client_options
-from workerset_admission.cli.traces import record_trace
+from workerset_admission.cli.traces import decision_state_of, record_trace
 from workerset_admission.errors import Unreachable
+from workerset_admission.keys import model_kv_key
+from workerset_admission.service.bindings import HopBindings
 from workerset_admission.service.shell import AdmissionService
 from workerset_admission.service.snapshots import GroupSnapshot
 from workerset_admission.settings import Settings
+from workerset_admission.traces.format import STEPPED, read_trace, recorded_settings
 from workerset_admission.traces.replay import replay
 from workerset_admission.traces.state_line import DecisionState
 
@@ -82,9 +85,13 @@ def assert_replay_matches(
     header = json.loads(lines[0])
     assert header["kind"] == "trace"
     assert header["observer"] == "frontend"
-    result = replay(
-        lines, core_settings=CoreSettings(retry_delays=RETRIES, tenure_hold=tenure_hold)
-    )
+    recorded_core, _ = recorded_settings(read_trace(lines))
+    assert recorded_core is not None
+    assert (recorded_core.retry_delays, recorded_core.tenure_hold) == (RETRIES, tenure_hold)
+    # Under the recorded settings every line's effects are checked against the recorded ones.
+    result = replay(lines)
+    stepped = [line for line in read_trace(lines) if line["kind"] in STEPPED]
+    assert result.checked == len(stepped)
     replayed = result.to_json()
     live = service.snapshot()
     start = _trace_start(service)
@@ -475,3 +482,55 @@ async def test_a_bucket_recording_begun_during_a_hold_replays_as_held_and_lands_
     [alone] = replay([text[0], *text[2:3]], core_settings=core).to_json()["groups"]
     assert alone["incumbent"] == live.incumbent
     assert "held_until" not in alone
+
+
+def _adapter_card(capacity: int) -> dict[str, Any]:
+    name = "my-lora"
+    return {
+        **OLD,
+        "display_name": name,
+        "slug": name,
+        "lora": {"name": name, "max_gpu_lora_count": capacity},
+    }
+
+
+async def test_a_refused_projection_and_a_refused_commit_replay_where_they_happened(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hop refuses the group's first commit (its channel, say, is gone): the frontend feeds
+    # the refusal back, and its trace records it as an input it made itself.
+    handle = HopBindings.handle
+    refused: list[CommitGroup] = []
+
+    def first_refused(self: HopBindings, effect: object) -> None:
+        if isinstance(effect, CommitGroup) and not refused:
+            refused.append(effect)
+            raise RuntimeError("no open admission channel")
+        handle(self, effect)
+
+    monkeypatch.setattr(HopBindings, "handle", first_refused)
+    trace = tmp_path / "trace.jsonl"
+    async with admin(nats_server.url) as nc:
+        fleet = await fresh_buckets(nc)
+        async with recorded(nats_server.url, trace) as (service, reports):
+
+            def status() -> str | None:
+                groups = service.snapshot().groups
+                return groups[0].status if groups else None
+
+            await fleet.register(EP, [1, 2], OLD)
+            await until(lambda: status() == "ready", what="ready after the refused commit")
+            # One adapter name with two fingerprints: the core refuses the projection.
+            for instance_id, capacity in ((1, 4), (2, 8)):
+                await fleet.kv.put(
+                    model_kv_key(EP, instance_id, "my-lora"),
+                    encode_model_record(EP, instance_id, _adapter_card(capacity), "my-lora"),
+                )
+            await until(lambda: status() == "blocked_ready", what="the refused projection")
+            await fleet.kv.delete(model_kv_key(EP, 2, "my-lora"))
+            await until(lambda: status() == "ready", what="ready once the projection is whole")
+    assert refused
+    lines = [json.loads(line) for line in trace.read_text(encoding="utf-8").splitlines()]
+    assert [line["phase"] for line in lines if line["kind"] == "commit_failed"] == ["commit"]
+    replayed = assert_replay_matches(service, reports, trace, tenure_hold=1.0)
+    assert replayed["groups"][0]["status"] == "ready"

@@ -40,7 +40,7 @@ from workerset_admission.cli.rollout import (
     wait_for_gate,
 )
 from workerset_admission.identity import EndpointId
-from workerset_admission.ports import DefaultPipelineBuilder
+from workerset_admission.service.builds import DefaultPipelineBuilder
 from workerset_admission.service.shell import AdmissionService, BuildRequest
 from workerset_admission.settings import Settings
 

@@ -1,29 +1,27 @@
 """Ports between the service and the outside world, as ``typing.Protocol`` classes.
 
 Adapters implement them (``adapters/nats`` for JetStream, tests with small fakes); the service
-depends only on these shapes. Sources deliver raw key/value entries and never decide anything:
-decoding and judging a record is the card boundary's job, deciding admission is the core's.
+depends only on these shapes. This module holds the protocols and the plain values that cross
+them, and nothing else: no implementation, and no import of a room (it sits below all of them).
+Sources deliver raw key/value entries and never decide anything: decoding and judging a record
+is the card boundary's job, deciding admission is the core's.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
-from workerset_admission.identity import GroupKey
-
-if TYPE_CHECKING:
-    from workerset_admission.service.bindings import FrontendRouting
-    from workerset_admission.service.liveness import LivenessIndex
-    from workerset_admission.service.receivers import AdmissionReceiver
+from workerset_admission.identity import EndpointId, GroupKey
 
 __all__ = [
+    "AdmissionFeed",
     "AdmissionPublisher",
     "BuildRequest",
-    "DefaultPipelineBuilder",
     "DiscoveryEntry",
     "DiscoverySource",
+    "LiveInstances",
     "PipelineBuilder",
     "SourceDelete",
     "SourceEvent",
@@ -130,6 +128,38 @@ class AdmissionPublisher(Protocol):
         ...
 
 
+class AdmissionFeed(Protocol):
+    """A tenure's admission receiver, as a builder holds it (the service's ``AdmissionReceiver``).
+
+    ``current()`` is the tenure's admission state now (its group, generation, admitted ids,
+    selected card and LoRA projection) and raises ``ReceiverRetired`` once the tenure ended;
+    ``changed()`` waits for the next one.
+    """
+
+    @property
+    def receiver_id(self) -> int: ...
+
+    @property
+    def group(self) -> GroupKey: ...
+
+    @property
+    def retired(self) -> bool: ...
+
+    def current(self) -> Any: ...
+
+    def admitted(self) -> frozenset[int]: ...
+
+    async def changed(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class LiveInstances(Protocol):
+    """Which instances of an endpoint are live (from its endpoint-instance records)."""
+
+    def live_ids(self, endpoint: EndpointId) -> frozenset[int]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BuildRequest:
     """What a builder gets for one attempt: the incumbent's identity, card and receiver.
@@ -144,8 +174,8 @@ class BuildRequest:
     attempt: int
     representative: str
     card: Any
-    receiver: AdmissionReceiver
-    liveness: LivenessIndex
+    receiver: AdmissionFeed
+    liveness: LiveInstances
 
 
 class PipelineBuilder(Protocol):
@@ -157,22 +187,6 @@ class PipelineBuilder(Protocol):
     """
 
     async def build(self, request: BuildRequest) -> object: ...
-
-
-class DefaultPipelineBuilder:
-    """Builds nothing beyond the hop binding: checks the selected card yields routing settings.
-
-    The hop binding itself is made by the service when the build is committed, from the
-    group's receiver and selected card.
-    """
-
-    def __init__(self, frontend: FrontendRouting | None = None) -> None:
-        self._frontend = frontend
-
-    async def build(self, request: BuildRequest) -> object:
-        from workerset_admission.service.bindings import FrontendRouting, RoutingSettings
-
-        return RoutingSettings.resolve(request.card, self._frontend or FrontendRouting())
 
 
 class StatusResponder(Protocol):

@@ -7,14 +7,87 @@ way only: the core never imports telemetry.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from workerset_admission.admission import effects as fx
-from workerset_admission.card.differences import differences_of
+from workerset_admission.card.differences import Difference, differences_of
 from workerset_admission.identity import GroupKey
 
-if TYPE_CHECKING:
-    from workerset_admission.telemetry.facade import AdmissionTelemetry
+
+class ReportSink(Protocol):
+    """What the handlers report to: the telemetry facade (``facade.AdmissionTelemetry``).
+
+    Named here as a shape so this module does not import the facade that imports it.
+    """
+
+    def cohort_rejected(
+        self,
+        *,
+        model: str,
+        worker_set: str,
+        incumbent_checksum: str,
+        rejected_checksum: str,
+        instance: str,
+        differences: Sequence[Difference] | None = None,
+    ) -> None: ...
+
+    def invalid_record(
+        self, key: str, reason: str, detail: str = "", *, span: Any = None
+    ) -> None: ...
+
+    def group_committed(self, group: object, checksum: str, generation: int) -> None: ...
+
+    def group_withdrawn(
+        self, group: object, checksum: str | None, generation: int | None
+    ) -> None: ...
+
+    def succession(
+        self,
+        group: object,
+        old_checksum: str | None,
+        new_checksum: str | None,
+        old_generation: int | None,
+        new_generation: int | None,
+        *,
+        drained: bool = False,
+    ) -> None: ...
+
+    def worker_drained(
+        self, group: object, key: str, checksum: str, was_admitted: bool, by: str
+    ) -> None: ...
+
+    def handover_ended(
+        self, group: object, checksum: str, generation: int, reason: str
+    ) -> None: ...
+
+    def tenure_held(
+        self,
+        group: object,
+        checksum: str,
+        generation: int | None,
+        deadline: float,
+        last_known: Sequence[str] = (),
+        last_known_until: float | None = None,
+    ) -> None: ...
+
+    def tenure_hold_ended(
+        self, group: object, checksum: str, outcome: str, held_for: float
+    ) -> None: ...
+
+    def retry_scheduled(
+        self,
+        group: object,
+        checksum: str,
+        generation: int,
+        attempt: int,
+        delay: float,
+        error: str,
+    ) -> None: ...
+
+    def tenure_began(self, group: object, receiver: int | None) -> None: ...
+
+    def tenure_ended(self, group: object, receiver: int | None) -> None: ...
+
 
 __all__ = ["EFFECT_HANDLERS", "MUTATION_REFUSED", "decision_of"]
 
@@ -22,7 +95,7 @@ MUTATION_REFUSED: Final = "mutation_refused"
 """The invalid-record reason counted for a registration key re-sent with another identity."""
 
 
-def _on_rejection(telemetry: AdmissionTelemetry, effect: fx.RejectionReported) -> None:
+def _on_rejection(telemetry: ReportSink, effect: fx.RejectionReported) -> None:
     telemetry.cohort_rejected(
         model=effect.model,
         worker_set=effect.worker_set,
@@ -37,7 +110,7 @@ def _on_rejection(telemetry: AdmissionTelemetry, effect: fx.RejectionReported) -
     )
 
 
-def _on_mutation(telemetry: AdmissionTelemetry, effect: fx.MutationRefused) -> None:
+def _on_mutation(telemetry: ReportSink, effect: fx.MutationRefused) -> None:
     telemetry.invalid_record(
         effect.key,
         MUTATION_REFUSED,
@@ -46,15 +119,15 @@ def _on_mutation(telemetry: AdmissionTelemetry, effect: fx.MutationRefused) -> N
     )
 
 
-def _on_commit(telemetry: AdmissionTelemetry, effect: fx.CommitGroup) -> None:
+def _on_commit(telemetry: ReportSink, effect: fx.CommitGroup) -> None:
     telemetry.group_committed(effect.group, effect.mdc_checksum, effect.generation)
 
 
-def _on_withdraw(telemetry: AdmissionTelemetry, effect: fx.WithdrawGroup) -> None:
+def _on_withdraw(telemetry: ReportSink, effect: fx.WithdrawGroup) -> None:
     telemetry.group_withdrawn(effect.group, effect.mdc_checksum, effect.generation)
 
 
-def _on_succession(telemetry: AdmissionTelemetry, effect: fx.Succession) -> None:
+def _on_succession(telemetry: ReportSink, effect: fx.Succession) -> None:
     telemetry.succession(
         effect.group,
         effect.old_checksum,
@@ -65,17 +138,17 @@ def _on_succession(telemetry: AdmissionTelemetry, effect: fx.Succession) -> None
     )
 
 
-def _on_drained(telemetry: AdmissionTelemetry, effect: fx.WorkerDrained) -> None:
+def _on_drained(telemetry: ReportSink, effect: fx.WorkerDrained) -> None:
     telemetry.worker_drained(
         effect.group, effect.key, effect.mdc_checksum, effect.was_admitted, effect.drain.by
     )
 
 
-def _on_handover_ended(telemetry: AdmissionTelemetry, effect: fx.HandoverEnded) -> None:
+def _on_handover_ended(telemetry: ReportSink, effect: fx.HandoverEnded) -> None:
     telemetry.handover_ended(effect.group, effect.mdc_checksum, effect.generation, effect.reason)
 
 
-def _on_held(telemetry: AdmissionTelemetry, effect: fx.TenureHeld) -> None:
+def _on_held(telemetry: ReportSink, effect: fx.TenureHeld) -> None:
     telemetry.tenure_held(
         effect.group,
         effect.mdc_checksum,
@@ -86,11 +159,11 @@ def _on_held(telemetry: AdmissionTelemetry, effect: fx.TenureHeld) -> None:
     )
 
 
-def _on_hold_ended(telemetry: AdmissionTelemetry, effect: fx.TenureHoldEnded) -> None:
+def _on_hold_ended(telemetry: ReportSink, effect: fx.TenureHoldEnded) -> None:
     telemetry.tenure_hold_ended(effect.group, effect.mdc_checksum, effect.outcome, effect.held_for)
 
 
-def _on_retry(telemetry: AdmissionTelemetry, effect: fx.RetryScheduled) -> None:
+def _on_retry(telemetry: ReportSink, effect: fx.RetryScheduled) -> None:
     telemetry.retry_scheduled(
         effect.group,
         effect.mdc_checksum,
@@ -101,18 +174,18 @@ def _on_retry(telemetry: AdmissionTelemetry, effect: fx.RetryScheduled) -> None:
     )
 
 
-def _on_open(telemetry: AdmissionTelemetry, effect: fx.OpenReceiver) -> None:
+def _on_open(telemetry: ReportSink, effect: fx.OpenReceiver) -> None:
     telemetry.tenure_began(effect.group, effect.receiver)
 
 
-def _on_retire(telemetry: AdmissionTelemetry, effect: fx.RetireReceiver) -> None:
+def _on_retire(telemetry: ReportSink, effect: fx.RetireReceiver) -> None:
     telemetry.tenure_ended(effect.group, effect.receiver)
 
 
 # The effects worth reporting; the others (publications, build requests) are the service's to
 # carry out and show up in the spans of the work they cause. A receiver opened or retired marks
 # a tenure's start or end, which the incumbent gauge reports.
-EFFECT_HANDLERS: Final[dict[type, Callable[[AdmissionTelemetry, Any], None]]] = {
+EFFECT_HANDLERS: Final[dict[type, Callable[[ReportSink, Any], None]]] = {
     fx.RejectionReported: _on_rejection,
     fx.MutationRefused: _on_mutation,
     fx.CommitGroup: _on_commit,

@@ -4,22 +4,36 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from workerset_admission.telemetry import names as n
 from workerset_admission.telemetry.effect_reports import decision_of
-
-if TYPE_CHECKING:
-    from workerset_admission.telemetry.facade import AdmissionTelemetry
+from workerset_admission.telemetry.instruments import AdmissionInstruments
 
 __all__ = ["DEFAULT_DECISION", "BuildScope", "UpdateScope"]
 
 _log = logging.getLogger(__name__)
+
+
+class _Telemetry(Protocol):
+    """What a scope reports to: the telemetry facade, named as a shape (it imports this module)."""
+
+    tracer: trace.Tracer
+    _instruments: AdmissionInstruments
+
+    def group_id(self, group: object) -> str: ...
+
+    def effects(self, effects: Iterable[object]) -> None: ...
+
+    def invalid_record(
+        self, key: str, reason: str, detail: str = "", *, span: Span | None = None
+    ) -> None: ...
+
 
 DEFAULT_DECISION: Final = "unchanged"
 """The decision counted for an update whose scope never had a decision: it changed nothing.
@@ -50,7 +64,7 @@ class UpdateScope:
 
     def __init__(
         self,
-        telemetry: AdmissionTelemetry,
+        telemetry: _Telemetry,
         operation: str,
         key: str,
         published_at: float | None,
@@ -160,7 +174,7 @@ class BuildScope:
 
     __slots__ = ("_attrs", "_error_type", "_outcome", "_span", "_started", "_telemetry", "_token")
 
-    def __init__(self, telemetry: AdmissionTelemetry, attrs: dict[str, Any]) -> None:
+    def __init__(self, telemetry: _Telemetry, attrs: dict[str, Any]) -> None:
         self._telemetry = telemetry
         self._attrs = attrs
         self._outcome: str | None = None

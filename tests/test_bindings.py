@@ -209,6 +209,6 @@ def test_settings_resolve_from_a_decoded_card_of_the_card_boundary() -> None:
     assert registration is not None
     settings = RoutingSettings.resolve(registration.card, FrontendRouting("random"))
     assert (settings.router_mode, settings.kv_cache_block_size) == ("k_v", 64)
-    from workerset_admission.service.bindings import _encoder_handoff
+    from workerset_admission.routing import encoder_handoff
 
-    assert _encoder_handoff(registration.card)
+    assert encoder_handoff(registration.card)

@@ -143,6 +143,7 @@ _VOCABULARY = {
     "ownership.py",
     "plugin.py",
     "ports.py",
+    "routing.py",
     "settings.py",
 }
 _ROOMS = {"admission", "card", "cli", "examples", "frontend", "rollout", "service", "traces"}
@@ -250,3 +251,194 @@ def test_the_admission_core_makes_its_values_one_plain_way() -> None:
         assert "__class__ =" not in text, path.name
         assert ".__set__" not in text, path.name
         assert "type: ignore" not in text, path.name
+
+
+# ---------------------------------------------------------------------------------- arrows
+#
+# Arrows point down: the shared vocabulary and the ports at the bottom; the admission core and
+# the card boundary on them; adapters on those; the service and the traces above; the
+# composition roots (the service factory, the commands, the frontend's routes) at the top, the
+# only modules that see both the service and the adapters it is plugged into.
+
+_ROOMS_ABOVE_ADAPTERS = ("service", "traces", "cli", "frontend")
+# Where the service is put together with its adapters.
+_COMPOSITION_ROOTS = ("plugin/service/factory.py", "plugin/cli/", "plugin/frontend/")
+
+
+def _module_names() -> dict[str, Path]:
+    """Every product module by dotted name (a package by its own name)."""
+    found: dict[str, Path] = {}
+    for path in _modules():
+        name = _package(path)
+        found[name if path.name == "__init__.py" else f"{name}.{path.stem}"] = path
+    return found
+
+
+def _arrows(path: Path, modules: dict[str, Path], text: str | None = None) -> set[str]:
+    """The product modules a file imports: anywhere in it, for types only or at run time.
+
+    ``from package import name`` points at the submodule when ``name`` is one, else at the
+    package; an import of a name inside a module points at that module. ``text`` stands in
+    for the file's own.
+    """
+    package = _package(path).split(".")
+    found: set[str] = set()
+    source = path.read_text(encoding="utf-8") if text is None else text
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            targets = [
+                f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target:
+                found.add(target)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _module_names()
+    return {name: _arrows(path, modules) - {name} for name, path in modules.items()}
+
+
+def _room(name: str) -> str:
+    parts = name.split(".")
+    if parts[1:2] == ["adapters"]:
+        return "adapters"
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle_in_product_code() -> None:
+    # Imports for types only count too: a cycle read by a type checker is read by people.
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle_and_only_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_arrow_walk_sees_imports_for_types_and_inside_functions() -> None:
+    modules = _module_names()
+    readout = ROOT / "plugin" / "admission" / "readout.py"
+    assert "workerset_admission.admission.views" in _arrows(readout, modules)
+    text = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from workerset_admission.admission.core import _Group\n"
+        "def f():\n    from . import effects\n"
+    )
+    # As if this text were readout's: a type-only import and a relative one in a function.
+    assert _arrows(readout, modules, text) == {
+        "workerset_admission.admission.core",
+        "workerset_admission.admission.effects",
+    }
+
+
+def test_the_core_and_its_readout_point_one_way() -> None:
+    graph = _graph()
+    assert "workerset_admission.admission.readout" in graph["workerset_admission.admission.core"]
+    assert (
+        "workerset_admission.admission.core" not in graph["workerset_admission.admission.readout"]
+    )
+
+
+def test_ports_hold_protocols_and_the_values_that_cross_them_only() -> None:
+    ports = ROOT / "plugin" / "ports.py"
+    rooms = {_room(name) for name in _graph()["workerset_admission.ports"]}
+    assert rooms <= {"identity", "errors"}, rooms
+    for node in _classes(ports):
+        bases = {ast.unparse(b) for b in node.bases}
+        decorators = {ast.unparse(d).split("(")[0] for d in node.decorator_list}
+        value = "NamedTuple" in bases or "dataclass" in decorators
+        assert "Protocol" in bases or value, f"ports.{node.name} is an implementation"
+        if value:
+            methods = [
+                f.name
+                for f in node.body
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and not f.name.startswith("__")
+                and "property" not in {ast.unparse(d) for d in f.decorator_list}
+            ]
+            assert methods == [], f"ports.{node.name} does more than carry values: {methods}"
+
+
+def test_adapters_never_import_the_rooms_above_them() -> None:
+    offenders = [
+        f"{name} imports {target}"
+        for name, targets in _graph().items()
+        if _room(name) == "adapters"
+        for target in sorted(targets)
+        if _room(target) in _ROOMS_ABOVE_ADAPTERS
+    ]
+    assert offenders == []
+
+
+def test_only_a_composition_root_sees_the_adapters_from_above() -> None:
+    modules = _module_names()
+    offenders = [
+        f"{modules[name].relative_to(ROOT)} imports {target}"
+        for name, targets in _graph().items()
+        if _room(name) in ("service", "traces", "telemetry", "admission", "card", "rollout")
+        and not modules[name].relative_to(ROOT).as_posix().startswith(_COMPOSITION_ROOTS)
+        for target in sorted(targets)
+        if _room(target) == "adapters"
+    ]
+    assert offenders == []
+
+
+def test_the_arrow_rules_see_an_arrow_that_runs_back_up() -> None:
+    assert _room("workerset_admission.adapters.dynamo.hop") == "adapters"
+    assert _room("workerset_admission.service.bindings") == "service"
+    assert _room("workerset_admission.ports") == "ports"
+    graph = _graph()
+    assert any(_room(t) == "adapters" for t in graph["workerset_admission.service.factory"])

@@ -6,9 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from workerset_admission.admission.adapters import AdapterLog
 from workerset_admission.admission.effects import LoraAdapter, LoraWorker
+from workerset_admission.admission.projection import ProjectionConflicts, projection_conflict
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.bindings import projection_conflict
-from workerset_admission.service.projection_check import ProjectionConflicts
 
 EP = EndpointId("ns", "backend", "generate")
 GROUP = GroupKey.build("m", EP, "chat", WorkerType.AGGREGATED)

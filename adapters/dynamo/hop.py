@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 from workerset_admission.admission.effects import LoraWorker
 from workerset_admission.errors import NoRoutableInstance, UsageError
-from workerset_admission.identity import GroupKey
-from workerset_admission.service.bindings import AdmittedHopBinding, HopRole, RoutingSettings
+from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.routing import HopRole, RoutingSettings
 
 __all__ = [
     "AdmissionValue",
@@ -72,6 +72,28 @@ class AdmissionView(Protocol):
     def current(self) -> AdmissionValue: ...
 
 
+class ClonableView(AdmissionView, Protocol):
+    """A receiver a hop can take its own copy of (withdrawing a binding closes the original)."""
+
+    def clone(self) -> AdmissionView: ...
+
+
+class CommittedBinding(Protocol):
+    """A committed group's binding as a hop takes it (the service's ``AdmittedHopBinding``)."""
+
+    @property
+    def role(self) -> HopRole: ...
+
+    @property
+    def endpoint(self) -> EndpointId: ...
+
+    @property
+    def settings(self) -> RoutingSettings: ...
+
+    @property
+    def receiver(self) -> ClonableView: ...
+
+
 class AdmittedHop:
     """Route only to instances that are live and admitted by one binding.
 
@@ -105,14 +127,14 @@ class AdmittedHop:
         self._turn = itertools.count()
 
     @classmethod
-    def for_binding(cls, client: DynamoClient, binding: AdmittedHopBinding) -> AdmittedHop:
+    def for_binding(cls, client: DynamoClient, binding: CommittedBinding) -> AdmittedHop:
         """Wrap ``client`` with a committed binding's receiver and routing settings."""
         # A clone of our own: withdrawing the binding closes its receiver, while this hop must
         # keep answering ReceiverRetired once the tenure has ended.
         return cls(client, binding.receiver.clone(), role=binding.role, settings=binding.settings)
 
     @classmethod
-    async def connect(cls, runtime: DynamoRuntime, binding: AdmittedHopBinding) -> AdmittedHop:
+    async def connect(cls, runtime: DynamoRuntime, binding: CommittedBinding) -> AdmittedHop:
         """Open a Dynamo client on the binding's own endpoint and wrap it."""
         endpoint = binding.endpoint
         client = await runtime.endpoint(

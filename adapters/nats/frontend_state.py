@@ -1,8 +1,6 @@
-"""Which frontends are live, and one frontend's decision state, read over NATS for ``record``."""
+"""Which frontends are live, and one frontend's status, read over NATS for ``record``."""
 
 from __future__ import annotations
-
-import json
 
 from nats.errors import Error as NatsError
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
@@ -10,9 +8,8 @@ from workerset_admission.adapters.nats.connect import NatsConnectOptions, connec
 from workerset_admission.adapters.nats.status import frontend_subject
 from workerset_admission.errors import Unreachable
 from workerset_admission.rollout.gate import CapabilityRecord, NamespaceRecord, parse_record
-from workerset_admission.traces.state_line import DecisionState, DecisionStateError
 
-__all__ = ["decision_state_of", "live_frontends"]
+__all__ = ["frontend_status", "live_frontends"]
 
 
 async def live_frontends(
@@ -33,10 +30,13 @@ async def live_frontends(
     return tuple(sorted(found))
 
 
-async def decision_state_of(
+async def frontend_status(
     options: NatsConnectOptions, status_subject: str, frontend: str, timeout: float = 5.0
-) -> DecisionState:
-    """Ask one frontend, by its own status subject, for the decision state it holds now."""
+) -> bytes:
+    """Ask one frontend, by its own status subject, for its status now, as it answered.
+
+    What the answer means (a decision state for a trace, say) is for the caller to read.
+    """
     client = await connect(options, allow_reconnect=False)
     try:
         try:
@@ -47,10 +47,7 @@ async def decision_state_of(
             raise Unreachable(
                 f"frontend {frontend} did not answer a status request: {exc!r}"
             ) from None
-        try:
-            status = json.loads(reply.data)
-        except ValueError:
-            raise DecisionStateError(f"frontend {frontend} answered with no JSON") from None
-        return DecisionState.from_status(frontend, status)
+        data: bytes = reply.data
+        return data
     finally:
         await client.close()

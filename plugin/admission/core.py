@@ -37,9 +37,11 @@ Dynamo 1.6.1 starts queued builds in sorted key order; the contract does not fix
 FIFO is what an operator expects.
 
 *Holding a tenure across an outage.* A listing that follows a lost connection
-(``Snapshot(reconnect=True)``), and an expiry reported soon after it (``WorkerRemoved`` with
-the listing's time as ``outage``), may miss the incumbent's workers only because their
-heartbeats could not reach the store while it was away. When such a removal empties the
+(``Snapshot(reconnect=True)``), and an expiry reported soon after it, may miss the incumbent's
+workers only because their heartbeats could not reach the store while it was away. Ingestion
+reports an expiry with its time (``WorkerRemoved.expired_at``) and nothing more; the core
+alone judges it the outage's when it comes within ``tenure_hold`` of the last reconnect
+listing, and then counts from that listing. When such a removal empties the
 incumbent cohort, the tenure is held, never changed: the empty cohort stays in front with its
 receiver, generation and committed build until the reconnect plus ``tenure_hold``. The hold
 delays the decision and nothing else. Only a member the cohort had when the hold began (the
@@ -92,12 +94,19 @@ new cohort and is reported again.
 
 *In-place changes.* A key is an immutable incarnation. A re-sent key with another group or
 checksum is refused (``MutationRefused``) and the first incarnation stays; a change of taints
-or of the LoRA projection fingerprint alone is taken in place.
+or of the LoRA projection fingerprint alone is taken in place. ``TaintsUpdated`` names the
+group whose tenure serves the worker at that moment (``serving``), so the hops carry it there
+without asking the core again.
 
 *LoRA adapters* never create or keep a group. An adapter is projected into the group whose
 incumbent cohort holds the base registration of the same (endpoint, instance id); adapters of
 rejected or unknown workers are kept aside and change nothing until their base is admitted.
-A projection change is announced as ``LoraProjectionChanged`` (no rebuild).
+A projection change is announced as ``LoraProjectionChanged`` (no rebuild). One adapter name
+must mean one set of weights across a group, so every projection is judged as it is computed
+(``projection.py``): one that serves a name with two fingerprints is never announced
+(``LoraProjectionRefused``); on a committed group that is a failed replacement, so the group
+goes ``blocked_ready``, serves its last safe commit and projection, and the projection is
+judged again at the retry's deadline, all in the step that made it.
 
 *Batches.* Admissions and LoRA projections are published once per ``apply`` or
 ``apply_many`` call, for the groups that changed, after any builds that became possible have
@@ -166,6 +175,7 @@ from workerset_admission.admission.inputs import (
     WorkerAdded,
     WorkerRemoved,
 )
+from workerset_admission.admission.projection import ProjectionConflicts
 from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
 from workerset_admission.admission.views import GroupView, PlacementView
 from workerset_admission.errors import ConfigError, UsageError
@@ -425,6 +435,10 @@ class AdmissionCore:
         # set aside, by key: tracked, in no cohort.
         self._drains: dict[tuple[str, int], Drain] = {}
         self._drained: dict[str, Registration] = {}
+        # The clock value of the last listing that followed a lost connection (none yet).
+        self._last_reconnect: float | None = None
+        # Every projection's verdict under the one-name-one-fingerprint rule, kept per change.
+        self._conflicts = ProjectionConflicts()
 
     # ------------------------------------------------------------------ entry points
 
@@ -436,7 +450,10 @@ class AdmissionCore:
         if type(event) is WorkerAdded:
             self._add(event.registration)
         elif type(event) is WorkerRemoved:
-            self._remove(event.key, event.outage)
+            if event.expired_at is None:
+                self._remove(event.key)
+            else:
+                self._expire(event.key, event.expired_at)
         else:
             self._apply_other(event)
         # Most calls leave nothing queued and at most the one group they touched dirty:
@@ -459,7 +476,10 @@ class AdmissionCore:
             if type(event) is WorkerAdded:
                 self._add(event.registration)
             elif type(event) is WorkerRemoved:
-                self._remove(event.key, event.outage)
+                if event.expired_at is None:
+                    self._remove(event.key)
+                else:
+                    self._expire(event.key, event.expired_at)
             else:
                 self._apply_other(event)
         self._flush()
@@ -533,6 +553,22 @@ class AdmissionCore:
         elif checksum not in group.reported:
             self._report(group, cohort)
 
+    def _expire(self, key: str, at: float) -> None:
+        """Remove a registration whose TTL ran out at ``at``; judge whether an outage did it.
+
+        An expiry is a clock reading: the clock moves to it as a ``Tick`` would. One that comes
+        within the tenure hold of the last listing that followed a lost connection is most
+        likely the outage's doing (the worker could not refresh its record while the store was
+        away), so it counts from that reconnect, as the listing's own removals do.
+        """
+        if at > self._now:
+            self._advance(at)
+        reconnect = self._last_reconnect
+        if reconnect is not None and at - reconnect < self._settings.tenure_hold:
+            self._remove(key, reconnect)
+        else:
+            self._remove(key)
+
     def _remove(self, key: str, outage: float | None = None) -> None:
         """Remove a registration; ``outage``: the reconnect an outage's removal follows."""
         reg = self._regs.pop(key, None)
@@ -590,8 +626,11 @@ class AdmissionCore:
         for reg in event.registrations:
             listed.add(reg.key)
             self._add(reg)
-        # A listing after a lost connection removes what it omits as the outage's doing.
-        outage = self._now if event.reconnect else None
+        # A listing after a lost connection removes what it omits as the outage's doing, and
+        # expiries soon after it are judged against it (``_expire``).
+        outage = None
+        if event.reconnect:
+            outage = self._last_reconnect = self._now
         for key in [k for k in self._regs if k not in listed]:
             self._remove(key, outage)
         for key in [k for k in self._drained if k not in listed]:
@@ -1146,7 +1185,8 @@ class AdmissionCore:
             self._discard(event.group, event.mdc_checksum, event.generation, "no such commit")
             return
         if event.phase == "commit":
-            if group.status.state is not _READY:
+            # Blocked-ready: the core refused this commit's projection in the commit's step.
+            if group.status.state is not _READY and group.status.state is not _BLOCKED_READY:
                 self._discard(
                     event.group, event.mdc_checksum, event.generation, "commit already judged"
                 )
@@ -1172,9 +1212,13 @@ class AdmissionCore:
         )
 
     def _on_tick(self, event: Tick) -> None:
-        # The clock never runs backwards: an older tick only means a late delivery.
-        if event.now > self._now:
-            self._now = event.now
+        self._advance(event.now)
+
+    def _advance(self, now: float) -> None:
+        """Move the clock to ``now`` and act on every deadline due by then."""
+        # The clock never runs backwards: an older reading only means a late delivery.
+        if now > self._now:
+            self._now = now
         if self._holds or self._last_known_ends:
             self._expire_holds()
         timers = self._timers
@@ -1277,7 +1321,7 @@ class AdmissionCore:
             self._adapters_at[_base_key(reg)][reg.key] = reg
             self._adapter_logs[_base_key(reg)].put(_adapter(reg))
         if taints_changed:
-            self._out.append(fx.TaintsUpdated(reg.key, reg.taints))
+            self._out.append(fx.TaintsUpdated(reg.key, reg.taints, self._serving(reg)))
         if fingerprint_changed:
             base_key = _base_key(reg)
             host = self._admitted_host(base_key)
@@ -1349,6 +1393,19 @@ class AdmissionCore:
         workers.sort(key=lambda w: w.instance_id)
         return tuple(workers)
 
+    def _serving(self, reg: Registration) -> GroupKey | None:
+        """Name the group whose tenure serves ``reg`` (a base card or an adapter), if any."""
+        if reg.model_suffix is not None:
+            host = self._admitted_host(_base_key(reg))
+            return None if host is None else host.key
+        group = self._group_of(reg)
+        if group.checksum != reg.mdc_checksum:
+            return None
+        hold = group.hold
+        if hold is not None and hold.arrivals.get(reg.instance_id) is reg:
+            return None  # a new instance of a held incumbent's checksum: in no cohort yet
+        return group.key
+
     def _admitted_host(self, base_key: str) -> _Group | None:
         """Find the group whose incumbent cohort holds this base card, if any."""
         base = self._regs.get(base_key)
@@ -1409,12 +1466,34 @@ class AdmissionCore:
                     group.lora = projection
                     assert group.receiver is not None
                     assert group.generation is not None
-                    out.append(
-                        fx.LoraProjectionChanged(
-                            group.key, group.receiver, group.generation, projection
+                    conflict = self._conflicts.check(group.key, group.receiver, projection)
+                    if conflict is None:
+                        out.append(
+                            fx.LoraProjectionChanged(
+                                group.key, group.receiver, group.generation, projection
+                            )
                         )
-                    )
+                    else:
+                        self._refuse_projection(group, conflict)
             self._lora_dirty.clear()
+
+    def _refuse_projection(self, group: _Group, reason: str) -> None:
+        """Keep a conflicting projection off the hops; on a committed group, retry it later.
+
+        The hops keep serving the last projection. A committed group's replacement failed: it
+        goes on serving its last safe commit (``blocked_ready``) and the projection is judged
+        again at the retry's deadline (``REPLACE_DUE``). Before a commit nothing is served, so
+        there is nothing to keep and nothing to retry: the next change is judged afresh.
+        """
+        receiver = group.receiver
+        generation = group.generation
+        assert receiver is not None
+        assert generation is not None
+        self._out.append(fx.LoraProjectionRefused(group.key, receiver, generation, reason))
+        if group.status.state.committed and group.committed_generation == generation:
+            self._transition(group, StatusEvent.REPLACE_FAILED)
+            group.attempt += 1
+            self._schedule_retry(group, generation, reason)
 
     # ------------------------------------------------------------------ small shared steps
 

@@ -27,6 +27,7 @@ __all__ = [
     "HandoverEnded",
     "LoraAdapter",
     "LoraProjectionChanged",
+    "LoraProjectionRefused",
     "LoraWorker",
     "MutationRefused",
     "OpenReceiver",
@@ -336,10 +337,16 @@ class MutationRefused:
 
 @dataclass(frozen=True, slots=True)
 class TaintsUpdated:
-    """A registration's taints changed in place (the one mutation allowed); nothing is rebuilt."""
+    """A registration's taints changed in place (the one mutation allowed); nothing is rebuilt.
+
+    ``serving`` is the group whose tenure serves the registration when it changed (its own group
+    for an admitted base card, the group admitting its base for an adapter), or ``None`` when
+    no tenure serves it: the hops carry the new taints to that group's receiver, and nowhere else.
+    """
 
     key: str
     taints: tuple[str, ...]
+    serving: GroupKey | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +412,21 @@ class LoraProjectionChanged:
     workers: tuple[LoraWorker, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class LoraProjectionRefused:
+    """The group's new LoRA projection serves one adapter name with two fingerprints.
+
+    It is not published: the hops keep the last projection. On a committed group this is a
+    failed replacement, and the ``StatusChanged`` to ``blocked_ready`` and the ``RetryScheduled``
+    it leads to follow in the same step.
+    """
+
+    group: GroupKey
+    receiver: int
+    generation: int
+    reason: str
+
+
 Effect = (
     WorkerPlaced
     | WorkerDeparted
@@ -428,4 +450,5 @@ Effect = (
     | BuildDiscarded
     | StatusChanged
     | LoraProjectionChanged
+    | LoraProjectionRefused
 )

@@ -40,14 +40,15 @@ class WorkerAdded:
 class WorkerRemoved:
     """A model registration key was deleted, purged or expired; only the key is known.
 
-    ``outage`` marks an expiry the store reports soon after a lost connection (its TTL ran out
-    while the worker could not reach the store): the clock value of the listing that followed
-    the reconnect. Like that listing, it may hold a tenure it empties, until ``outage`` plus
-    the tenure hold: the hold counts from the reconnect, not from the expiry.
+    ``expired_at`` is set for a TTL expiry: the clock reading at which the store reported it.
+    It says what happened and nothing more; the core alone judges whether the expiry is an
+    outage's doing (it came within the tenure hold of the last listing that followed a lost
+    connection), and then may hold a tenure it empties, as for that listing, counted from the
+    reconnect, not from the expiry.
     """
 
     key: str
-    outage: float | None = None
+    expired_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +109,10 @@ class BuildFinished:
 class CommitFailed:
     """The service could not carry out a commit or a membership replacement.
 
-    ``phase="commit"`` answers a ``CommitGroup``; ``phase="replace"`` a later membership or
-    LoRA update of the committed group with this build generation.
+    ``phase="commit"`` answers a ``CommitGroup`` a hop refused (the service makes this input
+    itself, and its trace records it). ``phase="replace"`` reports that a later update of the
+    committed group with this build generation could not be carried out; the core judges LoRA
+    projections itself, so the service no longer makes this one, but the core still takes it.
     """
 
     group: GroupKey

@@ -1,14 +1,18 @@
 """Read-only views of the core's groups and placements, worked out from its records.
 
 Nothing here changes state: these functions read a group as ``core.py`` left it and build the
-frozen views of ``views.py`` for status pages, ``replay`` and ``explain``.
+frozen views of ``views.py`` for status pages, ``replay`` and ``explain``. They read the core's
+records through the read-only shapes below (``GroupRecord`` and its parts), so this module does
+not import the core that imports it: the arrow runs one way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
+from workerset_admission.admission.effects import LoraWorker
+from workerset_admission.admission.status import GroupStatus
 from workerset_admission.admission.views import (
     CohortView,
     DrainedView,
@@ -17,15 +21,107 @@ from workerset_admission.admission.views import (
     MemberView,
     PlacementView,
 )
-from workerset_admission.identity import Drain, Registration
+from workerset_admission.identity import Drain, GroupKey, Registration
 
-if TYPE_CHECKING:
-    from workerset_admission.admission.core import _Group
+__all__ = [
+    "GroupRecord",
+    "adapter_placement",
+    "base_placement",
+    "drained_placement",
+    "group_view",
+]
 
-__all__ = ["adapter_placement", "base_placement", "drained_placement", "group_view"]
+
+class _Status(Protocol):
+    @property
+    def state(self) -> GroupStatus: ...
 
 
-def group_view(group: _Group, drained: Iterable[tuple[Registration, Drain]] = ()) -> GroupView:
+class _Cohort(Protocol):
+    @property
+    def checksum(self) -> str: ...
+
+    @property
+    def members(self) -> Mapping[int, Registration]: ...
+
+
+class _Hold(Protocol):
+    @property
+    def held(self) -> bool: ...
+
+    @property
+    def until(self) -> float: ...
+
+    @property
+    def members(self) -> Mapping[int, str]: ...
+
+    @property
+    def last_known(self) -> Mapping[int, str]: ...
+
+    @property
+    def last_known_until(self) -> float: ...
+
+    @property
+    def arrivals(self) -> Mapping[int, Registration]: ...
+
+
+class _Handover(Protocol):
+    @property
+    def checksum(self) -> str: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def receiver(self) -> int: ...
+
+    @property
+    def members(self) -> Mapping[int, str]: ...
+
+
+class GroupRecord(Protocol):
+    """One group's record as the core keeps it (``core._Group``), read-only."""
+
+    @property
+    def key(self) -> GroupKey: ...
+
+    @property
+    def cohorts(self) -> Mapping[str, _Cohort]: ...
+
+    @property
+    def status(self) -> _Status: ...
+
+    @property
+    def checksum(self) -> str | None: ...
+
+    @property
+    def generation(self) -> int | None: ...
+
+    @property
+    def committed_generation(self) -> int | None: ...
+
+    @property
+    def receiver(self) -> int | None: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def deadline(self) -> float | None: ...
+
+    @property
+    def lora(self) -> tuple[LoraWorker, ...] | None: ...
+
+    @property
+    def hold(self) -> _Hold | None: ...
+
+    @property
+    def handover(self) -> _Handover | None: ...
+
+    def served_ids(self, cohort: Any) -> Iterable[int]: ...
+
+
+def group_view(group: GroupRecord, drained: Iterable[tuple[Registration, Drain]] = ()) -> GroupView:
     """Picture one group: incumbent, status, generations, cohorts in order, any hold.
 
     ``drained`` are the group's registrations a drain set aside, with their drains.
@@ -82,7 +178,7 @@ def group_view(group: _Group, drained: Iterable[tuple[Registration, Drain]] = ()
     )
 
 
-def base_placement(group: _Group, reg: Registration) -> PlacementView:
+def base_placement(group: GroupRecord, reg: Registration) -> PlacementView:
     """Where a base registration stands in its group."""
     hold = group.hold
     if hold is not None and hold.arrivals.get(reg.instance_id) is reg:
@@ -114,7 +210,7 @@ def drained_placement(reg: Registration, drain: Drain) -> PlacementView:
     )
 
 
-def adapter_placement(lora: Registration, host: _Group | None) -> PlacementView:
+def adapter_placement(lora: Registration, host: GroupRecord | None) -> PlacementView:
     """Where an adapter stands: attached to the group admitting its base card, or not."""
     return PlacementView(
         key=lora.key,

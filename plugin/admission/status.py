@@ -18,8 +18,8 @@ States::
     ready          the last build succeeded and the group is committed (served)
     retrying       the last build failed; a new attempt is due at a deadline
     blocked        the commit of a successful build failed; a rebuild is due at a deadline
-    blocked_ready  a membership replacement failed; the last safe commit is still served and
-                   the replacement is retried at a deadline
+    blocked_ready  a replacement (a LoRA projection the core refused) failed; the last safe
+                   commit is still served and the replacement is retried at a deadline
 
 Events::
 
@@ -30,8 +30,9 @@ Events::
     RETRY_DUE       the retry deadline of a failed build or commit was reached
     MEMBERS_CHANGED a worker joined or left the incumbent cohort while a retry was pending:
                     the rebuild starts at once instead of waiting out the backoff
-    COMMIT_FAILED   the service could not commit a successful build
-    REPLACE_FAILED  the service could not apply a membership change to the committed group
+    COMMIT_FAILED   the service could not commit a successful build (also from
+                    ``blocked_ready``: the core refused the commit's LoRA projection first)
+    REPLACE_FAILED  the committed group's LoRA projection was refused (the core judges it)
     REPLACE_DUE     the deadline to retry a failed replacement was reached
     END_TENURE      the incumbent cohort lost its last member (or was drained): the tenure ends
 
@@ -116,6 +117,9 @@ TRANSITIONS: Mapping[tuple[GroupStatus, StatusEvent], GroupStatus] = {
     (_S.BLOCKED, _E.END_TENURE): _S.IDLE,
     (_S.BLOCKED_READY, _E.REPLACE_DUE): _S.READY,
     (_S.BLOCKED_READY, _E.REPLACE_FAILED): _S.BLOCKED_READY,
+    # The core refuses a conflicting LoRA projection as it commits; a hop may still refuse
+    # the commit itself right after, and then nothing is served.
+    (_S.BLOCKED_READY, _E.COMMIT_FAILED): _S.BLOCKED,
     (_S.BLOCKED_READY, _E.END_TENURE): _S.IDLE,
 }
 

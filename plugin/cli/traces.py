@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from workerset_admission.admission import CoreSettings
 from workerset_admission.card import BoundarySettings
@@ -27,7 +27,7 @@ from workerset_admission.identity import with_id_strings
 from workerset_admission.settings import Settings
 from workerset_admission.traces.format import read_trace, recorded_settings
 from workerset_admission.traces.replay import ReplayResult, explain, is_admitted, replay
-from workerset_admission.traces.state_line import DecisionState
+from workerset_admission.traces.state_line import DecisionState, DecisionStateError
 
 __all__ = ["LISTING_TIMEOUT", "arguments", "main", "record_trace"]
 
@@ -284,7 +284,7 @@ async def _record(args: argparse.Namespace, settings: Settings, stop: asyncio.Ev
 
 async def _decision_state(args: argparse.Namespace, settings: Settings) -> DecisionState | None:
     """Pick the frontend whose decisions the trace starts from, and read its state."""
-    from workerset_admission.adapters.nats.frontend_state import decision_state_of, live_frontends
+    from workerset_admission.adapters.nats.frontend_state import live_frontends
 
     options = client_options(settings, "record")
     frontends = await live_frontends(options, settings.admission_bucket)
@@ -306,3 +306,17 @@ async def _decision_state(args: argparse.Namespace, settings: Settings) -> Decis
         listed = ", ".join(frontends) or "none"
         raise UsageError(f"frontend {chosen!r} is not live (live frontends: {listed})")
     return await decision_state_of(options, settings.status_subject, chosen)
+
+
+async def decision_state_of(
+    options: Any, status_subject: str, frontend: str, timeout: float = 5.0
+) -> DecisionState:
+    """Ask one frontend, by its own status subject, for the decision state it holds now."""
+    from workerset_admission.adapters.nats.frontend_state import frontend_status
+
+    answer = await frontend_status(options, status_subject, frontend, timeout)
+    try:
+        status = json.loads(answer)
+    except ValueError:
+        raise DecisionStateError(f"frontend {frontend} answered with no JSON") from None
+    return DecisionState.from_status(frontend, status)

@@ -18,25 +18,30 @@ an endpoint and takes every live instance. It is kept separate as
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
 from workerset_admission.admission.effects import (
     CommitGroup,
-    LoraProjectionChanged,
     LoraWorker,
     TaintsUpdated,
     WithdrawGroup,
 )
 from workerset_admission.admission.topology import TopologyBinding, TopologySet, bind_topology
-from workerset_admission.admission.views import PlacementView
 from workerset_admission.errors import UsageError
-from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.projection_check import ProjectionConflicts
+from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.routing import (
+    FrontendRouting,
+    HopRole,
+    RoutingSettings,
+    card_field,
+    encoder_handoff,
+)
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
 
+# The routing vocabulary (hop roles, routing settings) lives in ``routing.py``; it is named
+# here too for the callers that bind hops.
 __all__ = [
     "AdmittedHopBinding",
     "BindingId",
@@ -50,93 +55,12 @@ __all__ = [
 ]
 
 
-def card_field(card: Any, name: str, default: Any = None) -> Any:
-    """Read one field of a normalized card: a decoded card, a plain mapping, or an object."""
-    if card is None:
-        return default
-    if isinstance(card, Mapping):
-        return card.get(name, default)
-    fields = getattr(card, "fields", None)  # the card boundary's DecodedCard
-    if isinstance(fields, Mapping):
-        return fields.get(name, default)
-    return getattr(card, name, default)
-
-
-def _encoder_handoff(card: Any) -> bool:
-    """Whether the card advertises encoder-result handoff (``runtime_data``, 1.6.1)."""
-    runtime = card_field(card, "runtime_config")
-    data = runtime.get("runtime_data") if isinstance(runtime, Mapping) else None
-    if not isinstance(data, Mapping):
-        data = card_field(card, "runtime_data")
-    return isinstance(data, Mapping) and data.get("encoder_result_handoff") is True
-
-
-class HopRole(str, enum.Enum):
-    """The three discovery-managed hops of a request."""
-
-    DECODE = "decode"  # decode or aggregated serving
-    PREFILL = "prefill"
-    ENCODER = "encoder"
-
-    @classmethod
-    def for_worker_type(cls, worker_type: WorkerType) -> HopRole:
-        if worker_type is WorkerType.PREFILL:
-            return cls.PREFILL
-        if worker_type is WorkerType.ENCODE:
-            return cls.ENCODER
-        return cls.DECODE
-
-
 @dataclass(frozen=True, slots=True)
 class BindingId:
     """A binding's identity: a succession changes it even when the endpoint does not."""
 
     group: GroupKey
     generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class FrontendRouting:
-    """Frontend-local routing choices.
-
-    ``router_mode`` applies only to a card that advertises no router config; the policies and
-    the session affinity mode always stay the frontend's, as in Dynamo 1.6.1.
-    """
-
-    router_mode: str = "round_robin"
-    router_prefill_policy: Any = None
-    router_decode_policy: Any = None
-    session_affinity_mode: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RoutingSettings:
-    """Routing settings resolved from the selected card (plus the frontend-local choices)."""
-
-    router_mode: str
-    kv_cache_block_size: int | None
-    router_config: Mapping[str, Any] | None = field(default=None, compare=False)
-    from_card: bool = False
-
-    @classmethod
-    def resolve(cls, card: Any, frontend: FrontendRouting) -> RoutingSettings:
-        advertised = card_field(card, "router_config")
-        block_size = card_field(card, "kv_cache_block_size")
-        if not isinstance(advertised, Mapping):
-            return cls(frontend.router_mode, block_size, None, False)
-        # The card's config wins wholesale, except the frontend-local knobs.
-        config = dict(advertised)
-        kv = dict(config.get("kv_router_config") or {})
-        if frontend.router_prefill_policy is not None:
-            kv["router_prefill_policy"] = frontend.router_prefill_policy
-        if frontend.router_decode_policy is not None:
-            kv["router_decode_policy"] = frontend.router_decode_policy
-        if kv:
-            config["kv_router_config"] = kv
-        if frontend.session_affinity_mode is not None:
-            config["session_affinity_mode"] = frontend.session_affinity_mode
-        mode = str(config.get("router_mode") or frontend.router_mode)
-        return cls(mode, block_size, config, True)
 
 
 class LiveInstances(Protocol):
@@ -259,7 +183,7 @@ class HopBindings:
     channel of a committed group exists before its commit).
     """
 
-    __slots__ = ("_bindings", "_channels", "_conflicts", "_frontend", "_handoff", "_live")
+    __slots__ = ("_bindings", "_channels", "_frontend", "_handoff", "_live")
 
     def __init__(
         self,
@@ -272,8 +196,6 @@ class HopBindings:
         self._frontend = frontend or FrontendRouting()
         self._bindings: dict[GroupKey, AdmittedHopBinding] = {}
         self._handoff: dict[GroupKey, bool] = {}
-        # projection_conflict's verdict, kept per group change by change (a marked shortcut).
-        self._conflicts = ProjectionConflicts()
 
     def handle(self, effect: object) -> None:
         if isinstance(effect, CommitGroup):
@@ -288,7 +210,7 @@ class HopBindings:
                 role, receiver, effect.generation, self._live, self._frontend, effect.handover_from
             )
             self._bindings[effect.group] = binding
-            self._handoff[effect.group] = _encoder_handoff(effect.card)
+            self._handoff[effect.group] = encoder_handoff(effect.card)
         elif isinstance(effect, WithdrawGroup):
             current = self._bindings.get(effect.group)
             if current is not None and current.id.generation == effect.generation:
@@ -296,26 +218,11 @@ class HopBindings:
                 del self._handoff[effect.group]
                 current.close()
 
-    def project(self, effect: LoraProjectionChanged) -> str | None:
-        """Carry a LoRA projection to the group's hops; say why not when it cannot be served.
-
-        One adapter name must mean one set of weights across the group: a hop routes a request
-        for the adapter to any worker serving it. A projection that names an adapter with two
-        fingerprints is refused (the hops keep the last projection) and the reason returned.
-        """
-        conflict = self._conflicts.check(effect.group, effect.receiver, effect.workers)
-        if conflict is None:
-            self._channels.handle(effect)
-        return conflict
-
-    def carry_taints(self, effect: TaintsUpdated, placement: PlacementView | None) -> bool:
-        """Carry a worker's new taints to the tenure serving it (admitted or attached)."""
-        if placement is None:
+    def carry_taints(self, effect: TaintsUpdated) -> bool:
+        """Carry a worker's new taints to the tenure the core says serves it, if any."""
+        if effect.serving is None:
             return False
-        group = placement.attached_to if placement.is_lora else placement.group
-        if group is None or not (placement.admitted or placement.is_lora):
-            return False
-        return self._channels.update_taints(group, effect.key, effect.taints)
+        return self._channels.update_taints(effect.serving, effect.key, effect.taints)
 
     def binding(self, group: GroupKey) -> AdmittedHopBinding | None:
         return self._bindings.get(group)
@@ -339,17 +246,3 @@ class HopBindings:
             return None
         target = bound.prefill_target if role is HopRole.PREFILL else bound.encoder_target
         return None if target is None else self._bindings.get(target.group)
-
-
-def projection_conflict(workers: Sequence[LoraWorker]) -> str | None:
-    """Name an adapter the projection serves under one name with two fingerprints, if any."""
-    seen: dict[str, str] = {}
-    for worker in workers:
-        for adapter in worker.adapters:
-            held = seen.setdefault(adapter.model_suffix, adapter.lora_fingerprint)
-            if held != adapter.lora_fingerprint:
-                return (
-                    f"adapter {adapter.model_suffix!r} is projected with two fingerprints "
-                    f"({held[:12]}…, {adapter.lora_fingerprint[:12]}…)"
-                )
-    return None

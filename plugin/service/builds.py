@@ -17,19 +17,33 @@ from workerset_admission.admission import (
     BuildFinished,
     CommitFailed,
     CommitGroup,
-    LoraProjectionChanged,
     StartBuild,
     WithdrawGroup,
 )
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import BuildRequest, PipelineBuilder
+from workerset_admission.routing import FrontendRouting, RoutingSettings
 from workerset_admission.service.bindings import HopBindings
 from workerset_admission.service.liveness import LivenessIndex
 from workerset_admission.service.receivers import AdmissionChannels
 
-__all__ = ["Builds", "Committed"]
+__all__ = ["Builds", "Committed", "DefaultPipelineBuilder"]
 
 _log = logging.getLogger(__name__)
+
+
+class DefaultPipelineBuilder:
+    """Builds nothing beyond the hop binding: checks the selected card yields routing settings.
+
+    The hop binding itself is made by the service when the build is committed, from the
+    group's receiver and selected card.
+    """
+
+    def __init__(self, frontend: FrontendRouting | None = None) -> None:
+        self._frontend = frontend
+
+    async def build(self, request: BuildRequest) -> object:
+        return RoutingSettings.resolve(request.card, self._frontend or FrontendRouting())
 
 
 @dataclass(slots=True)
@@ -156,18 +170,6 @@ class Builds:
             )
         self.committed[effect.group] = Committed(effect.generation, effect.mdc_checksum, pipeline)
         return None
-
-    def replace_failed(self, effect: LoraProjectionChanged, error: str) -> list[CommitFailed]:
-        """Report a projection the hops refused, for the committed group only.
-
-        The core then serves the last safe commit (``blocked_ready``) and retries the
-        projection at the deadline. Before a commit there is nothing served to keep.
-        """
-        _log.warning("LoRA projection of %s refused: %s", effect.group.id, error)
-        held = self.committed.get(effect.group)
-        if held is None or held.generation != effect.generation:
-            return []
-        return [CommitFailed(effect.group, held.mdc_checksum, held.generation, "replace", error)]
 
     def withdraw(self, group: GroupKey, generation: int) -> None:
         held = self.committed.get(group)

@@ -218,7 +218,7 @@ class Ingestor:
     it comes back bad.
     """
 
-    __slots__ = ("_decoded", "_decoder", "_outage_end", "_refused", "liveness")
+    __slots__ = ("_decoded", "_decoder", "_refused", "liveness")
 
     def __init__(
         self, decoder: RecordDecoder | None = None, liveness: LivenessIndex | None = None
@@ -227,8 +227,6 @@ class Ingestor:
         self.liveness = liveness if liveness is not None else LivenessIndex()
         self._decoded: _Cache = {}
         self._refused: dict[str, int] = {}
-        # When the last listing after a lost connection was judged (``now`` of that listing).
-        self._outage_end = float("-inf")
 
     def put(self, key: str, value: bytes) -> Ingested:
         """Judge a put: the key was created or overwritten."""
@@ -273,19 +271,17 @@ class Ingestor:
             forget_refused=event.reason != "periodic",
         )
 
-    def removal(self, event: SourceDelete, *, now: float, window: float) -> Ingested:
-        """Judge a source's removal event; an expiry carries ``(now, window)`` along."""
-        expiry = (now, window) if event.operation == "expired" else None
-        return self.delete(event.key, expiry=expiry)
+    def removal(self, event: SourceDelete, *, now: float) -> Ingested:
+        """Judge a source's removal event; an expiry carries the time it was seen, ``now``."""
+        expired_at = now if event.operation == "expired" else None
+        return self.delete(event.key, expired_at=expired_at)
 
-    def delete(self, key: str, *, expiry: tuple[float, float] | None = None) -> Ingested:
+    def delete(self, key: str, *, expired_at: float | None = None) -> Ingested:
         """Judge a removal: the key was deleted, purged or expired.
 
-        ``expiry`` is ``(now, window)`` for a TTL expiry. One that comes within ``window``
-        seconds of a listing that followed a lost connection is most likely the outage's doing
-        (the worker could not refresh): it carries that listing's time, and the core may hold
-        a tenure it empties as it does for the listing itself, counted from the same moment,
-        so one reconnect never holds a WorkerSet longer than the tenure hold in all.
+        ``expired_at`` is the clock reading of a TTL expiry. It goes to the core as it is: the
+        core alone judges whether an expiry is an outage's doing (it compares it with the last
+        listing that followed a lost connection).
         """
         self._decoded.pop(key, None)
         self._refused.pop(key, None)
@@ -299,9 +295,7 @@ class Ingestor:
         if kind == "drain":
             return Ingested((DrainLifted(*parse_drain_key(name)),))
         if kind == "model":
-            if expiry is not None and expiry[0] - self._outage_end < expiry[1]:
-                return Ingested((Tick(expiry[0]), WorkerRemoved(name, outage=self._outage_end)))
-            return Ingested((WorkerRemoved(name),))
+            return Ingested((WorkerRemoved(name, expired_at=expired_at),))
         return Ingested(liveness_changed=self.liveness.remove(name))
 
     def snapshot(
@@ -375,8 +369,6 @@ class Ingestor:
             drains=drains,
             retain_drains=kept,
         )
-        if reconnect and now is not None:
-            self._outage_end = now
         inputs: tuple[Input, ...] = (snapshot,) if now is None else (Tick(now), snapshot)
         return Ingested(inputs, tuple(verdicts), changed)
 

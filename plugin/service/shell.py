@@ -41,7 +41,6 @@ from workerset_admission.identity import GroupKey
 from workerset_admission.ports import (
     AdmissionPublisher,
     BuildRequest,
-    DefaultPipelineBuilder,
     DiscoverySource,
     PipelineBuilder,
     SourceDelete,
@@ -51,7 +50,7 @@ from workerset_admission.ports import (
     StatusResponder,
 )
 from workerset_admission.service.bindings import AdmittedHopBinding, FrontendRouting, HopBindings
-from workerset_admission.service.builds import Builds
+from workerset_admission.service.builds import Builds, DefaultPipelineBuilder
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, RecordDecoder
 from workerset_admission.service.publication import ServingPublication
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
@@ -174,7 +173,6 @@ class AdmissionService:
             builds=self.builds,
             hops=self.hops,
             clock=clock,
-            tenure_hold=self.settings.effective_tenure_hold,
             telemetry=self._telemetry,
             refuse=self._refuse,
             schedule=self._timers.add,

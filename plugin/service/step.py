@@ -6,17 +6,21 @@ given: the receivers' channels, a :class:`BuildRunner`, the hop bindings, a time
 publication's wake-up. The live service gives it the real parts (builds as asyncio tasks, the
 Dynamo hops, the serving publication); ``replay`` gives it builds answered from the trace and
 a clock that follows the trace's times. Everything else (the batching of one event into one
-core step, delete handling with its expiry window, the clock read for every snapshot and
-expiry, refusals, the order in which effects are carried out, the build results fed back) is
-the same function in both.
+core step, the clock read for every snapshot and expiry, refusals, the order in which effects
+are carried out, the build results and refused commits fed back) is the same function in both.
+The step decides nothing: whether an expiry is an outage's, whether a LoRA projection may be
+served and which group a taint change reaches are the core's judgements, carried by its
+effects.
 
 The clock is read once when a step begins (an event, a build result, a timer tick), and that
 one reading is used for everything the step does, so a replay whose clock is the recorded
 reading makes the very decisions the live step made. Observers see what the step saw and did,
 in order: every source event as it is handled (with the clock and the keys a reconciliation
-kept), every build result, every timer tick, every ingestion verdict and every list of
-effects. The live service's trace writer is one; ``replay``'s notes for
-``explain`` are another.
+kept), every build result, every timer tick, every ingestion verdict, every input the step made
+itself (a refused commit, fed back as a core step of its own), every list of effects, and the
+end of each step. The live service's trace writer is one (it records every input and the digest
+of each step's effects); ``replay`` is another (it checks its own effects against those
+digests, and keeps its notes for ``explain``).
 """
 
 from __future__ import annotations
@@ -33,9 +37,9 @@ from workerset_admission.admission import (
     Effect,
     Input,
     LoraProjectionChanged,
+    LoraProjectionRefused,
     MutationRefused,
     OpenReceiver,
-    PlacementView,
     PublishAdmissions,
     RetireReceiver,
     RetryScheduled,
@@ -73,8 +77,6 @@ class BuildRunner(Protocol):
 
     def withdraw(self, group: GroupKey, generation: int) -> None: ...
 
-    def replace_failed(self, effect: LoraProjectionChanged, error: str) -> Sequence[Input]: ...
-
     def is_committed(self, group: GroupKey) -> bool: ...
 
 
@@ -83,9 +85,7 @@ class Hops(Protocol):
 
     def handle(self, effect: object) -> None: ...
 
-    def project(self, effect: LoraProjectionChanged) -> str | None: ...
-
-    def carry_taints(self, effect: TaintsUpdated, placement: PlacementView | None) -> bool: ...
+    def carry_taints(self, effect: TaintsUpdated) -> bool: ...
 
 
 class Channels(Protocol):
@@ -116,8 +116,17 @@ class StepObserver:
     def ingested(self, result: Ingested) -> None:
         """Hear what ingestion judged of a source event, before the core steps."""
 
+    def made(self, event: Input, now: float) -> None:
+        """Hear of an input the step made itself (a commit a hop refused), as it is fed back.
+
+        Its core step follows at once; the effects heard next are that step's.
+        """
+
     def effects(self, effects: Sequence[Effect]) -> None:
         """Hear the effects of one core step, before they are carried out."""
+
+    def step_ended(self) -> None:
+        """Hear that the step a source event, build result or tick began is over."""
 
 
 class AdmissionStep:
@@ -131,7 +140,6 @@ class AdmissionStep:
         channels: Channels,
         builds: BuildRunner,
         clock: Callable[[], float],
-        tenure_hold: float,
         telemetry: AdmissionTelemetry,
         refuse: Callable[[str, RemoteDataError, UpdateScope | None], None],
         schedule: Callable[[float], None],
@@ -145,7 +153,6 @@ class AdmissionStep:
         self.clock = clock
         self._channels = channels
         self._builds = builds
-        self._tenure_hold = tenure_hold
         self._telemetry = telemetry
         self._refuse = refuse
         self._schedule = schedule
@@ -176,13 +183,25 @@ class AdmissionStep:
         now = self._now = self.clock()
         for observer in self.observers:
             self._tell(observer.source_event, event, now, keep, recorded)
+        try:
+            self._handle(event, now, keep, recorded)
+        finally:
+            self._ended()
+
+    def _handle(
+        self,
+        event: SourceEvent,
+        now: float,
+        keep: Collection[str],
+        recorded: Mapping[GroupId, Sequence[str]] | None,
+    ) -> None:
         if isinstance(event, SourcePut):
             entry = event.entry
             with self._telemetry.apply_update(event) as scope:
                 self._ingested(self.ingest.put(entry.key, entry.value), scope)
         elif isinstance(event, SourceDelete):
             with self._telemetry.apply_update(event) as scope:
-                result = self.ingest.removal(event, now=now, window=self._tenure_hold)
+                result = self.ingest.removal(event, now=now)
                 self._ingested(result, scope)
         elif isinstance(event, SourceSnapshot):
             with collector_paused(), self._telemetry.apply_update(event) as scope:
@@ -215,14 +234,24 @@ class AdmissionStep:
         now = self._now = self.clock()
         for observer in self.observers:
             self._tell(observer.build_result, result, now)
-        self.apply([Tick(now), result])
+        try:
+            self.apply([Tick(now), result])
+        finally:
+            self._ended()
 
     def tick(self, now: float | None = None) -> None:
         """Let the core act on the deadlines due by ``now`` (the clock when not given)."""
         now = self._now = self.clock() if now is None else now
         for observer in self.observers:
             self._tell(observer.tick, now)
-        self.apply([Tick(now)])
+        try:
+            self.apply([Tick(now)])
+        finally:
+            self._ended()
+
+    def _ended(self) -> None:
+        for observer in self.observers:
+            self._tell(observer.step_ended)
 
     # -- one core step -----------------------------------------------------------------------------
 
@@ -264,12 +293,14 @@ class AdmissionStep:
                 builds.withdraw(effect.group, effect.generation)
                 publications = True
             elif isinstance(effect, LoraProjectionChanged):
-                refused = None if self._hops is None else self._hops.project(effect)
-                if refused is not None:
-                    refeed.extend(builds.replace_failed(effect, refused))
+                self._channels.handle(effect)
+            elif isinstance(effect, LoraProjectionRefused):
+                self._log.warning(
+                    "LoRA projection of %s refused: %s", effect.group.id, effect.reason
+                )
             elif isinstance(effect, TaintsUpdated):
                 if self._hops is not None:
-                    self._hops.carry_taints(effect, self.core.placement(effect.key))
+                    self._hops.carry_taints(effect)
             elif isinstance(effect, (RetryScheduled, TenureHeld)):
                 self._schedule(effect.deadline)
                 if isinstance(effect, TenureHeld) and effect.last_known_until is not None:
@@ -284,10 +315,13 @@ class AdmissionStep:
                 )
         if publications and self._publications_changed is not None:
             self._publications_changed()
-        if refeed:
-            # The same reading of the clock as the step that led here: a replay, whose clock
-            # stands still within a line, then computes the very deadlines the live step did.
-            self.apply([Tick(self._now), *refeed])
+        for event in refeed:
+            # Each refusal is a core step of its own, heard by the observers (the trace records
+            # it as an input), on the same reading of the clock as the step that led here: a
+            # replay, whose clock stands still within a line, computes the very deadlines.
+            for observer in self.observers:
+                self._tell(observer.made, event, self._now)
+            self.apply([Tick(self._now), event])
 
     def _note_change(self) -> None:
         if self._changed is not None:

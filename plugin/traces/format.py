@@ -1,10 +1,10 @@
 """The replay trace format: JSON Lines, one observation per line; read, checked and written here.
 
-Version 2, which ``serve --trace-out`` and ``record`` write, loses nothing the decision depends
-on. It opens with a header, and every line after it carries ``t``, the monotonic seconds since
-the trace began at which the frontend observed it::
+Version 3, which ``serve --trace-out`` and ``record`` write, loses nothing the decision depends
+on, and says what each decision was. It opens with a header, and every line after it carries
+``t``, the monotonic seconds since the trace began at which the frontend observed it::
 
-    {"kind": "trace", "version": 2, "wall_time": <unix seconds at t = 0>,
+    {"kind": "trace", "version": 3, "wall_time": <unix seconds at t = 0>,
      "observer": "frontend" | "bucket",
      "settings": {"core": {...}, "boundary": {...}}}                       (frontend only)
     {"kind": "state", "t": 0.0, "frontend": "<id>", "groups": [...]}        (optional; see
@@ -19,6 +19,22 @@ the trace began at which the frontend observed it::
      "generation": <int>, "checksum": "<mdc checksum>"}
     {"kind": "tick", "t": ...}        (a timer the core scheduled fell due: a retry, a hold;
                                        a bucket recording ends with one, at its last moment)
+    {"kind": "commit_failed", "t": ..., "group": "<group id>", "checksum": "<mdc checksum>",
+     "generation": <int>, "phase": "commit", "error": "<why>"}
+                                      (an input the frontend made itself: a hop refused the
+                                       commit of that build, and the refusal went to the core)
+
+*Every input that enters the core is in the trace*, the ones the frontend makes itself
+included: the source events (which ingestion turns into inputs by the same code in replay),
+build results, timer ticks, and refused commits. *Each step's effects are in it too*: a
+frontend writes every line that stepped the core with ``"effects": "<digest>"``, the digest
+(``digest.py``) of the effects that step returned, in order. ``replay`` feeds the inputs through
+the live step and compares its own effects' digest with the recorded one line by line; the
+first line where they differ stops it with a :class:`NondeterminismError` naming that line
+(as Temporal's replayer stops on a history its code no longer makes). A refused commit is
+replayed where the recorded frontend's hop refused it: its line answers the ``CommitGroup`` of
+that group, checksum and generation. Only a replay under the recorded settings is checked; one
+under other settings asks what those would have decided, and differs by design.
 
 The header's ``observer`` says who recorded it. ``frontend``: the service itself
 (``serve --trace-out``), which records every build result and timer tick, so a replay builds
@@ -29,6 +45,9 @@ fires the core's deadlines as its clock passes them.
 A frontend's header also records the settings its decisions depend on (retry delays, tenure
 hold, build limit; the namespace filter and other boundary settings); replay uses them unless
 told otherwise.
+
+Version 2 is version 3 without digests and refused commits; it is upgraded when read (its lines
+are version 3 lines with nothing to compare), so it replays exactly as before, unchecked.
 
 Times are written at full precision (a float's shortest exact spelling): the core compares
 deadlines computed from them, and a rounded time could put a recorded tick before the deadline
@@ -49,7 +68,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from workerset_admission.admission import BuildFinished, CoreSettings
+from workerset_admission.admission import BuildFinished, CommitFailed, CoreSettings
 from workerset_admission.admission.ordering import GroupId
 from workerset_admission.card import BoundarySettings
 from workerset_admission.errors import UsageError
@@ -59,9 +78,12 @@ from workerset_admission.traces.state_line import DecisionState, DecisionStateEr
 
 __all__ = [
     "SNAPSHOT_REASONS",
+    "STEPPED",
     "TRACE_VERSION",
+    "NondeterminismError",
     "TraceError",
     "build_line",
+    "commit_failed_line",
     "event_line",
     "header_line",
     "raw_text",
@@ -72,8 +94,10 @@ __all__ = [
     "trace_version",
 ]
 
-TRACE_VERSION: Final = 2
-KINDS: Final = ("trace", "state", "put", "delete", "snapshot", "build", "tick")
+TRACE_VERSION: Final = 3
+KINDS: Final = ("trace", "state", "put", "delete", "snapshot", "build", "tick", "commit_failed")
+# The lines a frontend's step writes with the digest of its effects.
+STEPPED: Final = ("put", "delete", "snapshot", "build", "tick", "commit_failed")
 # "listing" is version 1's word for a snapshot that states no reason.
 SNAPSHOT_REASONS: Final = ("listing", "initial", "reconnect", "periodic", "resync")
 DELETE_OPERATIONS: Final = ("delete", "purge", "expired")
@@ -82,6 +106,19 @@ OBSERVERS: Final = ("frontend", "bucket")
 
 class TraceError(UsageError):
     """A trace line that is not valid trace syntax (the file, not a record in it, is wrong)."""
+
+
+class NondeterminismError(UsageError):
+    """A replayed step's effects differ from the ones its trace line recorded.
+
+    ``line`` is the 1-based number of the first such line. Either the trace was altered or this
+    release decides differently from the frontend that recorded it; nothing after that line can
+    be trusted to be what the frontend did.
+    """
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 def raw_text(value: bytes) -> str:
@@ -187,6 +224,19 @@ def build_line(result: BuildFinished, t: float) -> dict[str, Any]:
     return line
 
 
+def commit_failed_line(event: CommitFailed, t: float) -> dict[str, Any]:
+    """Translate a commit refusal the frontend made itself, fed back at ``t``, into a line."""
+    return {
+        "kind": "commit_failed",
+        "t": t,
+        "group": event.group.id,
+        "checksum": event.mdc_checksum,
+        "generation": event.generation,
+        "phase": event.phase,
+        "error": event.error,
+    }
+
+
 def trace_version(events: Sequence[Mapping[str, Any]]) -> int:
     """Return a read trace's version: its header's, or 1 for a trace without one."""
     if events and events[0]["kind"] == "trace":
@@ -259,6 +309,17 @@ def _check(number: int, event: Mapping[str, Any], version: int, last_t: float) -
             )
         ):
             raise TraceError(f"{where}: a build names both its generation and checksum, or neither")
+    if kind == "commit_failed" and not (
+        isinstance(event.get("group"), str)
+        and isinstance(event.get("checksum"), str)
+        and isinstance(event.get("generation"), int)
+        and not isinstance(event.get("generation"), bool)
+        and event.get("phase") in ("commit", "replace")
+        and isinstance(event.get("error", ""), str)
+    ):
+        raise TraceError(f"{where}: commit_failed needs group, checksum, generation and phase")
+    if "effects" in event and (kind not in STEPPED or not isinstance(event["effects"], str)):
+        raise TraceError(f"{where}: effects is the digest of a stepped line's effects")
     if kind == "tick" and version < 2 and not _number(event.get("seconds")):
         raise TraceError(f"{where}: tick needs non-negative seconds")
     if kind == "state":
@@ -270,7 +331,7 @@ def _check(number: int, event: Mapping[str, Any], version: int, last_t: float) -
 
 
 def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """Parse and check a trace's syntax; blank lines are skipped."""
+    """Parse and check a trace's syntax; blank lines are skipped; version 2 is upgraded to 3."""
     events: list[dict[str, Any]] = []
     version = 1
     last_t = 0.0
@@ -297,6 +358,9 @@ def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
             if event.get("observer") not in OBSERVERS:
                 raise TraceError(f"line {number}: a trace header's observer is one of {OBSERVERS}")
             version = found
+            if found == 2:
+                # Version 3 without digests or refused commits: nothing else changes.
+                event = {**event, "version": TRACE_VERSION, "upgraded_from": 2}
         else:
             last_t = _check(number, event, version, last_t)
         events.append(event)

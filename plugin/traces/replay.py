@@ -16,7 +16,17 @@ from a live frontend is only what the step is plugged into:
   group (the first such line decides it) and any other build succeeds at once, before the
   next line; a version 2 trace's deadlines fire as its clock passes them, a version 1 trace's
   at its ``tick`` lines;
-* nothing is served: no hops are bound, and the rejection reports are collected, not logged.
+* nothing is served: no hops are bound, and the rejection reports are collected, not logged;
+  a commit is refused exactly where the recorded frontend's hop refused it (a
+  ``commit_failed`` line), and nowhere else.
+
+A frontend's recording is checked as it is replayed under the settings it recorded: every
+line that stepped the core carries the digest of that step's effects, and replay computes the
+digest of its own step's effects for the same line. The first line where they differ stops
+the replay with a :class:`~workerset_admission.traces.format.NondeterminismError` naming it:
+the trace was altered, or this code decides otherwise than the frontend that recorded it, and
+nothing after that line would be what that frontend did. Lines without a digest (version 2, a
+bucket recording) replay unchecked.
 
 A ``state`` line (``record`` writes one from a live frontend's status) makes the next listing
 be observed in that frontend's cohort order, so a recording started mid-rollout reaches the
@@ -39,12 +49,12 @@ from typing import Any
 from workerset_admission.admission import (
     AdmissionCore,
     BuildFinished,
+    CommitFailed,
     CommitGroup,
     CoreSettings,
     Effect,
     GroupView,
     Input,
-    LoraProjectionChanged,
     MutationRefused,
     RejectionReported,
     StartBuild,
@@ -70,7 +80,10 @@ from workerset_admission.service.receivers import AdmissionChannels
 from workerset_admission.service.rejections import RejectionSnapshot, standing_rejections
 from workerset_admission.service.step import AdmissionStep, StepObserver
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
+from workerset_admission.traces.digest import effects_digest
 from workerset_admission.traces.format import (
+    STEPPED,
+    NondeterminismError,
     TraceError,
     read_trace,
     recorded_by_frontend,
@@ -82,6 +95,7 @@ from workerset_admission.traces.state_line import DecisionState
 __all__ = [
     "MUTATION_REFUSED",
     "KeyHistory",
+    "NondeterminismError",
     "ReplayResult",
     "TraceError",
     "explain",
@@ -121,6 +135,8 @@ class ReplayResult:
     history: dict[str, KeyHistory]
     effects: int
     version: int = 1
+    # How many lines' recorded effects the replay's own matched (lines with a digest).
+    checked: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,10 +188,19 @@ def render(result: ReplayResult) -> str:
 class _TraceBuilds:
     """The step's builds during a replay: started as asked, answered from the trace."""
 
-    def __init__(self, immediate: bool, waits: Mapping[str, Sequence[int]]) -> None:
+    def __init__(
+        self,
+        immediate: bool,
+        waits: Mapping[str, Sequence[int]],
+        refusals: Mapping[tuple[str, str, int], tuple[int, CommitFailed]],
+    ) -> None:
         # Version 1: a build no later line answers succeeds at once.
         self._immediate = immediate
         self._waits = waits
+        # The commits the recorded frontend's hops refused, by (group id, checksum, generation),
+        # with their line; the line of the last one handed back.
+        self._refusals = dict(refusals)
+        self.refused_line: int | None = None
         self.line = 0
         self.in_flight: dict[GroupKey, tuple[str, int]] = {}
         self.ready: list[BuildFinished] = []
@@ -198,13 +223,18 @@ class _TraceBuilds:
             del self.in_flight[result.group]
 
     def commit(self, effect: CommitGroup) -> Input | None:
-        return None
+        found = self._refusals.pop((effect.group.id, effect.mdc_checksum, effect.generation), None)
+        if found is None:
+            return None
+        self.refused_line, refusal = found
+        return refusal
+
+    def unanswered(self) -> list[int]:
+        """Return the lines of recorded refusals no commit of the replay asked for."""
+        return sorted(index for index, _ in self._refusals.values())
 
     def withdraw(self, group: GroupKey, generation: int) -> None:
         pass
-
-    def replace_failed(self, effect: LoraProjectionChanged, error: str) -> Sequence[Input]:
-        return ()
 
     def is_committed(self, group: GroupKey) -> bool:
         return False
@@ -218,16 +248,32 @@ class _Replayer(StepObserver):
         boundary: BoundarySettings,
         core_settings: CoreSettings,
         events: Sequence[Mapping[str, Any]],
+        *,
+        check: bool = True,
     ) -> None:
         self.version = trace_version(events)
+        # Whether recorded digests are compared (only under the recorded settings).
+        self.check = check
         # A frontend's own recording holds its every build result and tick; any other trace
         # lets builds succeed at once and, when it has times, fires deadlines as they pass.
         self.by_frontend = recorded_by_frontend(events)
         waits: dict[str, list[int]] = {}
+        refusals: dict[tuple[str, str, int], tuple[int, CommitFailed]] = {}
         for index, event in enumerate(events):
             if event["kind"] == "build":
                 waits.setdefault(event["group"], []).append(index)
-        self.builds = _TraceBuilds(immediate=not self.by_frontend, waits=waits)
+            elif event["kind"] == "commit_failed":
+                refusals[(event["group"], event["checksum"], event["generation"])] = (
+                    index,
+                    _refusal(event),
+                )
+        self.builds = _TraceBuilds(not self.by_frontend, waits, refusals)
+        self.events = events
+        # The line whose step is being replayed, and the effects that step returned so far.
+        self.checking: int | None = None
+        self.gathered: list[Effect] = []
+        self.checked = 0
+        self.diverged: NondeterminismError | None = None
         self.now = 0.0
         self._deadlines: list[float] = []
         self.core = AdmissionCore(core_settings)
@@ -240,7 +286,6 @@ class _Replayer(StepObserver):
             channels=AdmissionChannels(),
             builds=self.builds,
             clock=lambda: self.now,
-            tenure_hold=core_settings.tenure_hold,
             telemetry=telemetry,
             refuse=self._refused,
             schedule=self._schedule,
@@ -264,6 +309,18 @@ class _Replayer(StepObserver):
                 continue
             if self.version >= 2:
                 self._advance(float(event["t"]))
+            if kind == "commit_failed":
+                # Fed back where the replay's own commit was refused (``_TraceBuilds.commit``).
+                if index in self.builds.unanswered():
+                    raise NondeterminismError(
+                        index + 1,
+                        f"line {index + 1}: nondeterminism: the recorded frontend's hop refused "
+                        f"a commit of {event['group']} generation {event['generation']}, and "
+                        "the replay made no such commit",
+                    )
+                continue
+            if kind in STEPPED:
+                self.checking, self.gathered = index, []
             if kind == "state":
                 state = DecisionState.from_line(event)
                 self.recorded = state.cohorts
@@ -277,6 +334,10 @@ class _Replayer(StepObserver):
                 self._build(event)
             else:
                 self._source(_source_event(event), event)
+            # A line the replay did not step (a build it had no attempt for) made no effects.
+            self._verify()
+            if self.diverged is not None:
+                raise self.diverged
             self._finish_builds()
 
     def _schedule(self, deadline: float) -> None:
@@ -329,6 +390,37 @@ class _Replayer(StepObserver):
 
     # -- what the step tells its observers -------------------------------------------------------
 
+    def made(self, event: Input, now: float) -> None:
+        # The line that led here is over; the recorded refusal's own line answers for this step.
+        self._verify()
+        self.checking, self.gathered = self.builds.refused_line, []
+
+    def step_ended(self) -> None:
+        self._verify()
+
+    def _verify(self) -> None:
+        """Compare the effects of the step just replayed with the digest its line recorded."""
+        index, gathered = self.checking, self.gathered
+        self.checking, self.gathered = None, []
+        if index is None or self.diverged is not None or not self.check:
+            return
+        recorded = self.events[index].get("effects")
+        if recorded is None:
+            return
+        replayed = effects_digest(gathered)
+        if replayed == recorded:
+            self.checked += 1
+            return
+        kinds = ", ".join(type(e).__name__ for e in gathered) or "none"
+        line = self.events[index]
+        self.diverged = NondeterminismError(
+            index + 1,
+            f"line {index + 1}: nondeterminism: the replayed effects of this {line['kind']} "
+            f"line differ from the recorded ones (recorded digest {recorded}, replayed "
+            f"{replayed}: {kinds}); the trace was altered, or this release decides otherwise "
+            "than the frontend that recorded it",
+        )
+
     def ingested(self, result: Ingested) -> None:
         for verdict in result.verdicts:
             kv_key = verdict.key
@@ -349,6 +441,8 @@ class _Replayer(StepObserver):
                 self._note(event.key, self.kv_key_of.get(event.key, event.key), "deleted")
 
     def effects(self, effects: Sequence[Effect]) -> None:
+        if self.checking is not None:
+            self.gathered.extend(effects)
         self.effect_count += len(effects)
         for effect in effects:
             if isinstance(effect, RejectionReported):
@@ -372,6 +466,16 @@ class _Replayer(StepObserver):
             entry = self.history[instance_key] = KeyHistory(kv_key)
         entry.events.append(f"line {self.line + 1}: {text}")
         return entry
+
+
+def _refusal(line: Mapping[str, Any]) -> CommitFailed:
+    try:
+        group = GroupKey.from_id(line["group"])
+    except (ValueError, TypeError):
+        raise TraceError(f"not a group id: {line['group']!r}") from None
+    return CommitFailed(
+        group, line["checksum"], int(line["generation"]), line["phase"], line.get("error", "")
+    )
 
 
 def _source_event(line: Mapping[str, Any]) -> SourceEvent:
@@ -430,15 +534,18 @@ def replay(
 ) -> ReplayResult:
     """Replay a trace and return the final state, rejections and refused records.
 
-    Settings not given are the ones the trace's header records, else the defaults.
+    Settings not given are the ones the trace's header records, else the defaults. The
+    recorded effects are checked only when the settings are the recorded ones: a replay under
+    other settings asks what those would have decided, and differs by design.
     """
     events = read_trace(lines)
     recorded_core, recorded_boundary = recorded_settings(events)
-    replayer = _Replayer(
-        boundary or recorded_boundary or BoundarySettings(),
-        core_settings or recorded_core or CoreSettings(),
-        events,
-    )
+    recorded_core = recorded_core or CoreSettings()
+    recorded_boundary = recorded_boundary or BoundarySettings()
+    core_settings = core_settings or recorded_core
+    boundary = boundary or recorded_boundary
+    check = core_settings == recorded_core and boundary == recorded_boundary
+    replayer = _Replayer(boundary, core_settings, events, check=check)
     replayer.run(events)
     return ReplayResult(
         core=replayer.core,
@@ -447,6 +554,7 @@ def replay(
         history=replayer.history,
         effects=replayer.effect_count,
         version=replayer.version,
+        checked=replayer.checked,
     )
 
 

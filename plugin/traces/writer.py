@@ -9,11 +9,17 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from workerset_admission.admission import BuildFinished
+from workerset_admission.admission import BuildFinished, CommitFailed, Effect, Input
 from workerset_admission.admission.ordering import GroupId
 from workerset_admission.ports import SourceEvent
 from workerset_admission.service.step import StepObserver
-from workerset_admission.traces.format import build_line, event_line, header_line
+from workerset_admission.traces.digest import effects_digest
+from workerset_admission.traces.format import (
+    build_line,
+    commit_failed_line,
+    event_line,
+    header_line,
+)
 
 __all__ = ["TraceWriter"]
 
@@ -21,10 +27,13 @@ _log = logging.getLogger(__name__)
 
 
 class TraceWriter(StepObserver):
-    """Writes a version 2 trace of every source event, build result and tick a step sees.
+    """Writes a version 3 trace: every input a step feeds the core, and its effects' digest.
 
     Times are the step's own clock (``now`` as the step read it), counted from the first line,
     so ``replay`` drives its clock with exactly the readings the live decisions were made on.
+    A source event, build result or tick is written when its step is over, with the digest of
+    the effects its core step returned; a commit a hop refused is written as its own line, with
+    the digest of the core step it made, so each line answers for exactly one core step.
     A write that fails (a full disk) is logged once and turns the writer off: recording must
     never stop admission.
     """
@@ -46,6 +55,9 @@ class TraceWriter(StepObserver):
         self._start: float | None = None
         self._failed = False
         self.lines = 0
+        # The line of the step in progress and the effects it has returned so far.
+        self._pending: dict[str, Any] | None = None
+        self._effects: list[Effect] = []
 
     @classmethod
     def open(cls, path: Path, settings: Mapping[str, Any] | None = None) -> TraceWriter:
@@ -78,13 +90,42 @@ class TraceWriter(StepObserver):
         keep: Collection[str],
         recorded: Mapping[GroupId, Sequence[str]] | None,
     ) -> None:
-        self._write(event_line(event, self._since(now), keep))
+        self._begin_line(event_line(event, self._since(now), keep))
 
     def build_result(self, result: BuildFinished, now: float) -> None:
-        self._write(build_line(result, self._since(now)))
+        self._begin_line(build_line(result, self._since(now)))
 
     def tick(self, now: float) -> None:
-        self._write({"kind": "tick", "t": self._since(now)})
+        self._begin_line({"kind": "tick", "t": self._since(now)})
+
+    def made(self, event: Input, now: float) -> None:
+        if isinstance(event, CommitFailed):
+            self._begin_line(commit_failed_line(event, self._since(now)))
+
+    def effects(self, effects: Sequence[Effect]) -> None:
+        if self._pending is not None and not self._failed:
+            self._effects.extend(effects)
+
+    def step_ended(self) -> None:
+        self._end_line()
+
+    def _begin_line(self, line: dict[str, Any]) -> None:
+        self._end_line()
+        self._pending = line
+        self._effects = []
+
+    def _end_line(self) -> None:
+        line = self._pending
+        if line is None:
+            return
+        self._pending = None
+        if self._failed:
+            return
+        if self._observer == "frontend":
+            # Only a frontend's own step returns effects; a second watch on the bucket has none.
+            line["effects"] = effects_digest(self._effects, self._start or 0.0)
+        self._effects = []
+        self._write(line)
 
     def _write(self, line: Mapping[str, Any]) -> None:
         if self._failed:
@@ -97,6 +138,7 @@ class TraceWriter(StepObserver):
             _log.warning("stopped writing the trace: %s", exc)
 
     def flush(self) -> None:
+        self._end_line()
         if not self._failed:
             try:
                 self._out.flush()

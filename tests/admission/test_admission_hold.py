@@ -258,8 +258,8 @@ def test_a_negative_hold_is_refused() -> None:
 def test_an_expiry_soon_after_a_reconnect_holds_until_the_reconnect_plus_the_hold() -> None:
     core = _ready_a_with_b_waiting()
     core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
-    core.apply_many([Tick(125.0), WorkerRemoved(reg(1, "A").key, outage=100.0)])
-    effects = core.apply(WorkerRemoved(reg(2, "A").key, outage=100.0))
+    core.apply(WorkerRemoved(reg(1, "A").key, expired_at=125.0))
+    effects = core.apply(WorkerRemoved(reg(2, "A").key, expired_at=125.0))
     held = one(effects, TenureHeld)
     # Counted from the reconnect at 100, not from the expiry at 125.
     assert (held.deadline, held.last_known, held.last_known_until) == (130.0, (), None)
@@ -270,8 +270,8 @@ def test_an_expiry_soon_after_a_reconnect_holds_until_the_reconnect_plus_the_hol
 def test_expiries_within_one_ttl_of_the_reconnect_serve_every_member_they_took() -> None:
     core = _ready_a_with_b_waiting()
     core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
-    core.apply_many([Tick(103.0), WorkerRemoved(reg(1, "A").key, outage=100.0)])
-    effects = core.apply(WorkerRemoved(reg(2, "A").key, outage=100.0))
+    core.apply(WorkerRemoved(reg(1, "A").key, expired_at=103.0))
+    effects = core.apply(WorkerRemoved(reg(2, "A").key, expired_at=103.0))
     held = one(effects, TenureHeld)
     assert (held.last_known, held.last_known_until) == ((reg(1).key, reg(2).key), 110.0)
     assert one(effects, PublishAdmissions).admitted == frozenset({1, 2})
@@ -280,8 +280,7 @@ def test_expiries_within_one_ttl_of_the_reconnect_serve_every_member_they_took()
 def test_an_expiry_after_the_hold_would_be_over_succeeds_at_once() -> None:
     core = _ready_a_with_b_waiting()
     core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
-    core.apply(Tick(131.0))
-    core.apply(WorkerRemoved(reg(1, "A").key, outage=100.0))
-    effects = core.apply(WorkerRemoved(reg(2, "A").key, outage=100.0))
+    core.apply(WorkerRemoved(reg(1, "A").key, expired_at=131.0))
+    effects = core.apply(WorkerRemoved(reg(2, "A").key, expired_at=131.0))
     assert of(effects, TenureHeld) == []
     assert one(effects, Succession).new_checksum == "B"

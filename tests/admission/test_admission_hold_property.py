@@ -75,7 +75,6 @@ class Driven:
 def run(operations: Sequence[Op]) -> tuple[Driven, Driven]:
     held, unheld = Driven(HOLD), Driven(0.0)
     now = 0.0
-    reconnected: float | None = None
     checksum: dict[int, str] = {}  # the first incarnation of each key (later puts are refused)
     for op in operations:
         events: list[Input] = []
@@ -86,11 +85,9 @@ def run(operations: Sequence[Op]) -> tuple[Driven, Driven]:
             case ("remove", int() as iid):
                 events = [WorkerRemoved(reg(iid).key)]
             case ("expire", int() as iid):
-                recent = reconnected is not None and now - reconnected < HOLD
-                events = [WorkerRemoved(reg(iid).key, outage=reconnected if recent else None)]
+                # What happened, and when: the core judges whether the outage did it.
+                events = [WorkerRemoved(reg(iid).key, expired_at=now)]
             case ("listing", frozenset() as listed, bool() as reconnect):
-                if reconnect:
-                    reconnected = now
                 regs = [reg(i, checksum[i]) for i in sorted(listed) if i in checksum]
                 events = [Snapshot(regs, reconnect=reconnect)]
             case ("tick", float() as seconds):

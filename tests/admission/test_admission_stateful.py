@@ -303,7 +303,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     def expire_after_a_reconnect(self, g: int, iid: int) -> None:
         key = instance_key(ENDPOINTS[g], iid)
         self._ref_remove(key, self.reconnected_at)
-        self._step(WorkerRemoved(key, outage=self.reconnected_at))
+        self._step(WorkerRemoved(key, expired_at=self.now))
 
     @rule(data=st.data(), reconnect=st.booleans())
     def snapshot(self, data: st.DataObject, reconnect: bool) -> None:

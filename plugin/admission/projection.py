@@ -1,15 +1,21 @@
-"""A shortcut: the LoRA projection's fingerprint check, kept up to date change by change.
+"""The LoRA projection's one rule, read plainly, and the same rule kept up to date change by change.
 
-``bindings.projection_conflict`` is the rule, read plainly: a projection that serves one adapter
-name with two fingerprints is refused. It reads every adapter of every worker, O(N) for each
-projection, so a worker registering N adapters one by one costs O(N^2) in checks alone. This
-module answers the same question from counts kept per group (adapter name -> fingerprint ->
-how many), updated from the changes between a worker's last projected adapters and its new ones
+One adapter name must mean one set of weights across a group: a hop routes a request for the
+adapter to any worker serving it. :func:`projection_conflict` is the rule, read plainly: a
+projection that serves one adapter name with two fingerprints is refused. The core judges every
+projection it computes by it (``core.py``, "LoRA adapters"), and a refused projection is never
+published; on a committed group it is a failed replacement (``blocked_ready``) retried at a
+deadline.
+
+The plain rule reads every adapter of every worker, O(N) for each projection, so a worker
+registering N adapters one by one would cost O(N^2) in checks alone. :class:`ProjectionConflicts`
+answers the same question from counts kept per group (adapter name -> fingerprint -> how many),
+updated from the changes between a worker's last projected adapters and its new ones
 (``Adapters.changes_since``), which cost O(1) amortised per adapter change. A worker whose
 snapshots share no log (its log was folded into a new base, or it is new) is counted afresh;
 that happens once per log length, so it stays amortised O(1).
 
-``tests/test_projection_check.py`` holds it to ``projection_conflict`` on random projections
+``tests/test_projection_check.py`` holds the shortcut to the plain rule on random projections
 and change sequences: the same verdict every time, naming an adapter that does conflict.
 """
 
@@ -21,7 +27,7 @@ from workerset_admission.admission.adapters import Adapters
 from workerset_admission.admission.effects import LoraAdapter, LoraWorker
 from workerset_admission.identity import EndpointId, GroupKey
 
-__all__ = ["ProjectionConflicts"]
+__all__ = ["ProjectionConflicts", "projection_conflict"]
 
 _Worker = tuple[EndpointId, int]
 
@@ -112,3 +118,17 @@ class ProjectionConflicts:
 
     def forget(self, group: GroupKey) -> None:
         self._groups.pop(group, None)
+
+
+def projection_conflict(workers: Sequence[LoraWorker]) -> str | None:
+    """Name an adapter the projection serves under one name with two fingerprints, if any."""
+    seen: dict[str, str] = {}
+    for worker in workers:
+        for adapter in worker.adapters:
+            held = seen.setdefault(adapter.model_suffix, adapter.lora_fingerprint)
+            if held != adapter.lora_fingerprint:
+                return (
+                    f"adapter {adapter.model_suffix!r} is projected with two fingerprints "
+                    f"({held[:12]}…, {adapter.lora_fingerprint[:12]}…)"
+                )
+    return None
