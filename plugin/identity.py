@@ -272,6 +272,8 @@ def with_id_strings(document: Any) -> Any:
         out[key] = with_id_strings(value)
         if key in ID_LIST_FIELDS and _ids(value):
             out[f"{key}_str"] = [str(i) for i in value]
+        elif key == "instance_id" and _ids([value]):
+            out["instance_id_str"] = str(value)
     return out
 
 

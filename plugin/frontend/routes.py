@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from workerset_admission.errors import ViewDirectoryError, WorkersetAdmissionError
 from workerset_admission.frontend.host import HostState, RunningService, ServiceThread
+from workerset_admission.identity import with_id_strings
 from workerset_admission.service.shell import ServiceSnapshot
 from workerset_admission.settings import Settings, load_settings
 
@@ -113,14 +114,18 @@ class AdmissionRoutes:
             return Reply(503, _not_running(state))
         return Reply(
             200,
-            {
-                "health": snap.health,
-                "synced": snap.synced,
-                "workersets": [group.to_json() for group in snap.groups],
-                "rejections": [rejection.to_json() for rejection in snap.rejections],
-                "invalid_total": snap.invalid_total,
-                "recent_invalid": [record.to_json() for record in snap.recent_invalid],
-            },
+            # Every id list a second time as decimal strings: JSON tools that read numbers as
+            # doubles round ids above 2^53.
+            with_id_strings(
+                {
+                    "health": snap.health,
+                    "synced": snap.synced,
+                    "workersets": [group.to_json() for group in snap.groups],
+                    "rejections": [rejection.to_json() for rejection in snap.rejections],
+                    "invalid_total": snap.invalid_total,
+                    "recent_invalid": [record.to_json() for record in snap.recent_invalid],
+                }
+            ),
         )
 
     def readiness(self, ctx: ExtensionContext) -> Reply:

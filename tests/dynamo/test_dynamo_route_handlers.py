@@ -96,10 +96,11 @@ def test_workersets_list_incumbent_generation_admitted_and_rejected_cohorts() ->
     assert workerset["incumbent"] == "a" * 64
     assert workerset["generation"] == 3
     assert workerset["admitted"] == [1, 2]
+    assert workerset["admitted_str"] == ["1", "2"]
     assert workerset["routable"] == [1]
     assert workerset["cohorts"] == [
-        {"checksum": "a" * 64, "members": [1, 2]},
-        {"checksum": "b" * 64, "members": [7]},
+        {"checksum": "a" * 64, "members": [1, 2], "members_str": ["1", "2"]},
+        {"checksum": "b" * 64, "members": [7], "members_str": ["7"]},
     ]
     assert workerset["rejected"] == ["b" * 64]
     [rejection] = reply.body["rejections"]
