@@ -687,3 +687,31 @@ def test_a_held_tenure_keeps_its_load_channels_while_serving_last_known_members(
 
     assert not report.changed
     assert files.content == published
+
+
+def test_a_file_that_cannot_be_written_is_warned_about_once_and_counted_until_it_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tenure = [Tenure(GROUP, 1, frozenset({A1}))]
+    table = table_of(worker_records(A1))
+    # The record names the worker's files take (its instance and card files share one).
+    written = FakeFiles()
+    AdmittedView(written).sync(tenure, table)
+    names = {name for _bucket, name in written.content}
+    files = FakeFiles()
+    view = AdmittedView(files)
+    files.fail_publish = True
+    with caplog.at_level("INFO", logger="workerset_admission.adapters.dynamo.view"):
+        for _ in range(5):  # five passes, each trying every file again
+            view.sync(tenure, table)
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        # One line per record name, not one per file per pass; the failures are counted.
+        assert len(warnings) == len(names), warnings
+        assert all("retried at every pass" in line for line in warnings)
+        assert view.publish_errors == 5 * len(written.content)
+        caplog.clear()
+        files.fail_publish = False
+        view.sync(tenure, table)
+    assert set(files.content) == set(written.content)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("after 5 failed attempt(s)" in line for line in said), said
