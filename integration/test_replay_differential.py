@@ -499,16 +499,16 @@ async def test_a_refused_projection_and_a_refused_commit_replay_where_they_happe
 ) -> None:
     # A hop refuses the group's first commit (its channel, say, is gone): the frontend feeds
     # the refusal back, and its trace records it as an input it made itself.
-    handle = HopBindings.handle
+    commit = HopBindings.commit
     refused: list[CommitGroup] = []
 
-    def first_refused(self: HopBindings, effect: object) -> None:
-        if isinstance(effect, CommitGroup) and not refused:
+    def first_refused(self: HopBindings, effect: CommitGroup) -> None:
+        if not refused:
             refused.append(effect)
             raise RuntimeError("no open admission channel")
-        handle(self, effect)
+        commit(self, effect)
 
-    monkeypatch.setattr(HopBindings, "handle", first_refused)
+    monkeypatch.setattr(HopBindings, "commit", first_refused)
     trace = tmp_path / "trace.jsonl"
     async with admin(nats_server.url) as nc:
         fleet = await fresh_buckets(nc)

@@ -201,6 +201,31 @@ EFFECT_HANDLERS: Final[dict[type, Callable[[ReportSink, Any], None]]] = {
 }
 
 
+def _placed(effect: fx.WorkerPlaced) -> tuple[str, GroupKey | None]:
+    return ("admitted" if effect.admitted else "rejected"), effect.group
+
+
+def _departed(effect: fx.WorkerDeparted) -> tuple[str, GroupKey | None]:
+    return "removed", effect.group
+
+
+def _set_aside(effect: fx.WorkerDrained) -> tuple[str, GroupKey | None]:
+    return "drained", effect.group
+
+
+def _refused(effect: fx.MutationRefused) -> tuple[str, GroupKey | None]:
+    return "refused", effect.kept_group
+
+
+# The effects that say what became of the update's registration; the first one found decides.
+_DECISIONS: Final[dict[type, Callable[[Any], tuple[str, GroupKey | None]]]] = {
+    fx.WorkerPlaced: _placed,
+    fx.WorkerDeparted: _departed,
+    fx.WorkerDrained: _set_aside,
+    fx.MutationRefused: _refused,
+}
+
+
 def decision_of(effects: Sequence[object]) -> tuple[str, GroupKey | None]:
     """Summarize what the core's effects say about the one update that caused them.
 
@@ -210,12 +235,7 @@ def decision_of(effects: Sequence[object]) -> tuple[str, GroupKey | None]:
     ``unchanged`` for a duplicate.
     """
     for effect in effects:
-        if isinstance(effect, fx.WorkerPlaced):
-            return ("admitted" if effect.admitted else "rejected"), effect.group
-        if isinstance(effect, fx.WorkerDeparted):
-            return "removed", effect.group
-        if isinstance(effect, fx.WorkerDrained):
-            return "drained", effect.group
-        if isinstance(effect, fx.MutationRefused):
-            return "refused", effect.kept_group
+        decide = _DECISIONS.get(type(effect))
+        if decide is not None:
+            return decide(effect)
     return ("updated" if effects else "unchanged"), None

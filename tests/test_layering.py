@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -442,3 +443,95 @@ def test_the_arrow_rules_see_an_arrow_that_runs_back_up() -> None:
     assert _room("workerset_admission.ports") == "ports"
     graph = _graph()
     assert any(_room(t) == "adapters" for t in graph["workerset_admission.service.factory"])
+
+
+# -------------------------------------------------------------------------------- the effect bus
+#
+# Effects are dispatched once, by the step's table: each effect type to the one method that
+# carries it out, which calls one typed method of one part. No product module asks an effect
+# its type itself (``isinstance``, ``type(e) is``, a class pattern in ``match``); telemetry
+# reads a step's effects as a list, through its own tables keyed by type.
+
+STEP = ROOT / "plugin" / "service" / "step.py"
+
+
+def _effect_names() -> frozenset[str]:
+    from workerset_admission.admission import Effect
+
+    return frozenset(t.__name__ for t in typing.get_args(Effect))
+
+
+def _named(node: ast.expr) -> set[str]:
+    """The class names an expression spells (``X``, ``fx.X``, a tuple of them)."""
+    return {
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in ast.walk(node)
+        if isinstance(n, (ast.Name, ast.Attribute))
+    }
+
+
+def _effect_type_tests(text: str, names: frozenset[str]) -> list[int]:
+    """The lines of ``text`` that test a value against an effect type."""
+    lines = []
+    for node in ast.walk(ast.parse(text)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and len(node.args) == 2
+        ):
+            subject = node.args[0]
+            if _named(node.args[1]) & names or (
+                isinstance(subject, ast.Name) and subject.id == "effect"
+            ):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            typed = any(
+                isinstance(o, ast.Call) and isinstance(o.func, ast.Name) and o.func.id == "type"
+                for o in operands
+            )
+            spelled = any(
+                isinstance(o, (ast.Name, ast.Attribute)) and _named(o) & names for o in operands
+            )
+            if typed and spelled:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.MatchClass) and _named(node.cls) & names:
+            lines.append(node.cls.lineno)
+    return sorted(lines)
+
+
+def test_effects_are_dispatched_in_the_step_only() -> None:
+    names = _effect_names()
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path in _modules()
+        if path != STEP
+        if (found := _effect_type_tests(path.read_text(encoding="utf-8"), names))
+    }
+    assert offenders == {}, "a second dispatch on effect types; carry effects out in the step"
+
+
+def test_the_steps_table_names_a_carrier_for_every_effect_type() -> None:
+    from workerset_admission.admission import Effect
+    from workerset_admission.service.step import CARRIERS
+
+    assert set(CARRIERS) == set(typing.get_args(Effect))
+    # The table is the dispatch: the step keeps no chain of type tests beside it.
+    assert _effect_type_tests(STEP.read_text(encoding="utf-8"), _effect_names()) == []
+
+
+def test_the_dispatch_check_sees_every_way_of_asking_an_effect_its_type() -> None:
+    names = _effect_names()
+    seen = _effect_type_tests(
+        "isinstance(effect, object)\n"
+        "isinstance(e, fx.CommitGroup)\n"
+        "isinstance(e, (int, OpenReceiver))\n"
+        "type(e) is WorkerPlaced\n"
+        "match e:\n"
+        "    case StartBuild():\n"
+        "        pass\n"
+        "isinstance(event, WorkerRemoved)\n",
+        names,
+    )
+    assert seen == [1, 2, 3, 4, 6]

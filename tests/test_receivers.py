@@ -131,7 +131,7 @@ def test_publishing_to_an_unknown_channel_is_a_usage_error() -> None:
     from workerset_admission.admission import PublishAdmissions
 
     with pytest.raises(UsageError):
-        AdmissionChannels().handle(PublishAdmissions(G, 9, "A", 1, frozenset()))
+        AdmissionChannels().publish(PublishAdmissions(G, 9, "A", 1, frozenset()))
 
 
 def test_a_burst_of_publications_is_worked_out_once_when_a_reader_looks() -> None:

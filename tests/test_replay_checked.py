@@ -83,16 +83,16 @@ async def _record(trace: Path, *, refuse_first_commit: bool = False) -> Admissio
 @pytest.fixture
 def refusing_first_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Make the hops refuse the first commit they are given, as a hop with no channel would."""
-    handle = HopBindings.handle
+    commit = HopBindings.commit
     refused: list[CommitGroup] = []
 
-    def first_refused(self: HopBindings, effect: object) -> None:
-        if isinstance(effect, CommitGroup) and not refused:
+    def first_refused(self: HopBindings, effect: CommitGroup) -> None:
+        if not refused:
             refused.append(effect)
             raise RuntimeError("no open admission channel")
-        handle(self, effect)
+        commit(self, effect)
 
-    monkeypatch.setattr(HopBindings, "handle", first_refused)
+    monkeypatch.setattr(HopBindings, "commit", first_refused)
     yield
     assert refused, "no commit was refused"
 

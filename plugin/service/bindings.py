@@ -179,8 +179,8 @@ class LegacyExplicitEndpointBinding:
 class HopBindings:
     """Every committed group's binding, driven by ``CommitGroup`` / ``WithdrawGroup`` effects.
 
-    ``handle`` expects the admission channels to have seen the same effect list first (the
-    channel of a committed group exists before its commit).
+    :meth:`commit` expects the admission channels to have opened the group's channel first (the
+    core opens a tenure's receiver before it commits it).
     """
 
     __slots__ = ("_bindings", "_channels", "_frontend", "_handoff", "_live")
@@ -197,26 +197,28 @@ class HopBindings:
         self._bindings: dict[GroupKey, AdmittedHopBinding] = {}
         self._handoff: dict[GroupKey, bool] = {}
 
-    def handle(self, effect: object) -> None:
-        if isinstance(effect, CommitGroup):
-            receiver = self._channels.subscribe(effect.group)
-            if receiver is None or receiver.receiver_id != effect.receiver:
-                raise UsageError(f"no open admission channel {effect.receiver} to bind")
-            old = self._bindings.pop(effect.group, None)
-            if old is not None:
-                old.close()
-            role = HopRole.for_worker_type(effect.group.worker_type)
-            binding = AdmittedHopBinding(
-                role, receiver, effect.generation, self._live, self._frontend, effect.handover_from
-            )
-            self._bindings[effect.group] = binding
-            self._handoff[effect.group] = encoder_handoff(effect.card)
-        elif isinstance(effect, WithdrawGroup):
-            current = self._bindings.get(effect.group)
-            if current is not None and current.id.generation == effect.generation:
-                del self._bindings[effect.group]
-                del self._handoff[effect.group]
-                current.close()
+    def commit(self, effect: CommitGroup) -> None:
+        """Bind a committed group's hop to its open channel; raises if the hop refuses it."""
+        receiver = self._channels.subscribe(effect.group)
+        if receiver is None or receiver.receiver_id != effect.receiver:
+            raise UsageError(f"no open admission channel {effect.receiver} to bind")
+        old = self._bindings.pop(effect.group, None)
+        if old is not None:
+            old.close()
+        role = HopRole.for_worker_type(effect.group.worker_type)
+        binding = AdmittedHopBinding(
+            role, receiver, effect.generation, self._live, self._frontend, effect.handover_from
+        )
+        self._bindings[effect.group] = binding
+        self._handoff[effect.group] = encoder_handoff(effect.card)
+
+    def withdraw(self, effect: WithdrawGroup) -> None:
+        """Close a group's binding, if it is still the withdrawn generation's."""
+        current = self._bindings.get(effect.group)
+        if current is not None and current.id.generation == effect.generation:
+            del self._bindings[effect.group]
+            del self._handoff[effect.group]
+            current.close()
 
     def carry_taints(self, effect: TaintsUpdated) -> bool:
         """Carry a worker's new taints to the tenure the core says serves it, if any."""

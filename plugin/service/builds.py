@@ -158,7 +158,7 @@ class Builds:
         build = self._builds.pop((effect.group, effect.generation), None)
         pipeline = None if build is None else build.pipeline
         try:
-            self._hops.handle(effect)
+            self._hops.commit(effect)
         except Exception as exc:  # refused commit: the core retries the build
             _log.warning("commit of %s failed: %s", effect.group.id, exc)
             return CommitFailed(
@@ -176,7 +176,7 @@ class Builds:
         if held is None or held.generation != generation:
             return
         del self.committed[group]
-        self._hops.handle(WithdrawGroup(group, held.mdc_checksum, generation))
+        self._hops.withdraw(WithdrawGroup(group, held.mdc_checksum, generation))
 
     def withdraw_all(self) -> None:
         for key, held in list(self.committed.items()):

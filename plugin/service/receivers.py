@@ -259,10 +259,11 @@ def open_admission_channel(
 class AdmissionChannels:
     """Every open admission channel, driven by the core's receiver effects.
 
-    ``handle`` takes ``OpenReceiver``, ``PublishAdmissions``, ``LoraProjectionChanged`` and
-    ``RetireReceiver`` effects (others are ignored) so a service can pass it the whole effect
-    list of one ``apply``. ``update_taints`` carries ``TaintsUpdated`` to the group whose tenure
-    serves the worker (the caller knows the placement; the channel does not).
+    One typed method per effect it carries: :meth:`open` (``OpenReceiver``), :meth:`publish`
+    (``PublishAdmissions``), :meth:`project` (``LoraProjectionChanged``) and :meth:`retire`
+    (``RetireReceiver``); the step chooses which, so nothing here looks at an effect's type.
+    ``update_taints`` carries ``TaintsUpdated`` to the group whose tenure serves the worker (the
+    core names it; the channel does not look it up).
     """
 
     __slots__ = ("_by_group", "_by_id")
@@ -271,36 +272,42 @@ class AdmissionChannels:
         self._by_id: dict[int, AdmissionSender] = {}
         self._by_group: dict[GroupKey, AdmissionSender] = {}
 
-    def handle(self, effect: object) -> None:
-        if isinstance(effect, PublishAdmissions):
-            sender = self._by_id.get(effect.receiver)
-            if sender is None:
-                raise UsageError(f"no open admission channel {effect.receiver}")
-            # The snapshot, not effect.admitted: readers materialise it only if they look.
-            sender.send(
-                effect.ids,
-                generation=effect.generation,
-                card=effect.card,
-                last_known=effect.last_known,
-            )
-        elif isinstance(effect, OpenReceiver):
-            if effect.receiver in self._by_id:
-                raise UsageError(f"admission channel {effect.receiver} is already open")
-            sender, _reader = open_admission_channel(
-                effect.group, effect.receiver, effect.mdc_checksum, effect.generation
-            )
-            self._by_id[effect.receiver] = sender
-            self._by_group[effect.group] = sender
-        elif isinstance(effect, LoraProjectionChanged):
-            sender = self._by_id.get(effect.receiver)
-            if sender is not None:
-                sender.update(lora=effect.workers)
-        elif isinstance(effect, RetireReceiver):
-            sender = self._by_id.pop(effect.receiver, None)
-            if sender is not None:
-                sender.retire()
-                if self._by_group.get(effect.group) is sender:
-                    del self._by_group[effect.group]
+    def open(self, effect: OpenReceiver) -> None:
+        """Open the channel of a new tenure."""
+        if effect.receiver in self._by_id:
+            raise UsageError(f"admission channel {effect.receiver} is already open")
+        sender, _reader = open_admission_channel(
+            effect.group, effect.receiver, effect.mdc_checksum, effect.generation
+        )
+        self._by_id[effect.receiver] = sender
+        self._by_group[effect.group] = sender
+
+    def publish(self, effect: PublishAdmissions) -> None:
+        """Send a tenure's admitted ids to its readers."""
+        sender = self._by_id.get(effect.receiver)
+        if sender is None:
+            raise UsageError(f"no open admission channel {effect.receiver}")
+        # The snapshot, not effect.admitted: readers materialise it only if they look.
+        sender.send(
+            effect.ids,
+            generation=effect.generation,
+            card=effect.card,
+            last_known=effect.last_known,
+        )
+
+    def project(self, effect: LoraProjectionChanged) -> None:
+        """Change a tenure's LoRA projection; the ids stay."""
+        sender = self._by_id.get(effect.receiver)
+        if sender is not None:
+            sender.update(lora=effect.workers)
+
+    def retire(self, effect: RetireReceiver) -> None:
+        """End a tenure: its readers see ``ReceiverRetired``. Idempotent."""
+        sender = self._by_id.pop(effect.receiver, None)
+        if sender is not None:
+            sender.retire()
+            if self._by_group.get(effect.group) is sender:
+                del self._by_group[effect.group]
 
     def update_taints(self, group: GroupKey, key: str, taints: tuple[str, ...]) -> bool:
         """Tell the group's tenure that worker ``key`` now has ``taints``; False if none is open."""

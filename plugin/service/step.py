@@ -12,6 +12,13 @@ The step decides nothing: whether an expiry is an outage's, whether a LoRA proje
 served and which group a taint change reaches are the core's judgements, carried by its
 effects.
 
+Effects are dispatched here and nowhere else: :data:`CARRIERS` maps each effect type to the
+step's one method for it, and that method calls one typed method of one part
+(``channels.open``, ``builds.commit``, ``hops.carry_taints``, an observer's
+``worker_drained`` ...). No part looks at an effect's type again. Telemetry is the one other
+reader of a step's effects, and reads them as a list: it reports them, by its own table, inside
+the update's span before they are carried out.
+
 The clock is read once when a step begins (an event, a build result, a timer tick), and that
 one reading is used for everything the step does, so a replay whose clock is the recorded
 reading makes the very decisions the live step made. Observers see what the step saw and did,
@@ -27,27 +34,38 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
 
 from workerset_admission.admission import (
     AdmissionCore,
+    BuildDiscarded,
     BuildFinished,
     CancelBuild,
     CommitGroup,
+    DrainChanged,
     Effect,
+    HandoverEnded,
     Input,
     LoraProjectionChanged,
     LoraProjectionRefused,
     MutationRefused,
     OpenReceiver,
     PublishAdmissions,
+    RejectionReported,
     RetireReceiver,
     RetryScheduled,
     StartBuild,
+    StatusChanged,
+    Succession,
     TaintsUpdated,
     TenureHeld,
+    TenureHoldEnded,
     Tick,
     WithdrawGroup,
+    WorkerDeparted,
+    WorkerDrained,
+    WorkerPlaced,
 )
 from workerset_admission.admission.ordering import GroupId
 from workerset_admission.aio import collector_paused
@@ -57,7 +75,7 @@ from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, Sour
 from workerset_admission.service.ingest import Ingested, Ingestor
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 
-__all__ = ["AdmissionStep", "BuildRunner", "StepObserver"]
+__all__ = ["CARRIERS", "AdmissionStep", "BuildRunner", "StepObserver"]
 
 _log = logging.getLogger("workerset_admission.service.shell")
 
@@ -81,15 +99,21 @@ class BuildRunner(Protocol):
 
 
 class Hops(Protocol):
-    """The hop bindings, as the step needs them."""
-
-    def handle(self, effect: object) -> None: ...
+    """The hop bindings, as the step needs them (commits reach them through the builds)."""
 
     def carry_taints(self, effect: TaintsUpdated) -> bool: ...
 
 
 class Channels(Protocol):
-    def handle(self, effect: object) -> None: ...
+    """The admission channels: one method per receiver effect."""
+
+    def open(self, effect: OpenReceiver) -> None: ...
+
+    def publish(self, effect: PublishAdmissions) -> None: ...
+
+    def project(self, effect: LoraProjectionChanged) -> None: ...
+
+    def retire(self, effect: RetireReceiver) -> None: ...
 
 
 class StepObserver:
@@ -124,6 +148,15 @@ class StepObserver:
 
     def effects(self, effects: Sequence[Effect]) -> None:
         """Hear the effects of one core step, before they are carried out."""
+
+    def rejection_reported(self, effect: RejectionReported) -> None:
+        """Hear of a rejected cohort, as the step carries the effect out."""
+
+    def worker_drained(self, effect: WorkerDrained) -> None:
+        """Hear of a registration a drain set aside, as the step carries the effect out."""
+
+    def mutation_refused(self, effect: MutationRefused) -> None:
+        """Hear of a refused in-place change, as the step carries the effect out."""
 
     def step_ended(self) -> None:
         """Hear that the step a source event, build result or tick began is over."""
@@ -271,57 +304,89 @@ class AdmissionStep:
             self._note_change()
 
     def _carry_out(self, effects: Sequence[Effect]) -> None:
-        refeed: list[Input] = []
-        publications = False
-        builds = self._builds
+        carried = _Carried()
         for effect in effects:
-            if isinstance(effect, (OpenReceiver, PublishAdmissions, RetireReceiver)):
-                self._channels.handle(effect)
-                if isinstance(effect, PublishAdmissions):
-                    self.notifications += 1
-                    publications = publications or builds.is_committed(effect.group)
-            elif isinstance(effect, StartBuild):
-                builds.start(effect)
-            elif isinstance(effect, CancelBuild):
-                builds.cancel(effect.group, effect.generation)
-            elif isinstance(effect, CommitGroup):
-                failure = builds.commit(effect)
-                if failure is not None:
-                    refeed.append(failure)
-                publications = True
-            elif isinstance(effect, WithdrawGroup):
-                builds.withdraw(effect.group, effect.generation)
-                publications = True
-            elif isinstance(effect, LoraProjectionChanged):
-                self._channels.handle(effect)
-            elif isinstance(effect, LoraProjectionRefused):
-                self._log.warning(
-                    "LoRA projection of %s refused: %s", effect.group.id, effect.reason
-                )
-            elif isinstance(effect, TaintsUpdated):
-                if self._hops is not None:
-                    self._hops.carry_taints(effect)
-            elif isinstance(effect, (RetryScheduled, TenureHeld)):
-                self._schedule(effect.deadline)
-                if isinstance(effect, TenureHeld) and effect.last_known_until is not None:
-                    # The last known members are withdrawn then, before the hold ends.
-                    self._schedule(effect.last_known_until)
-            elif isinstance(effect, MutationRefused):
-                self._log.warning(
-                    "refused an in-place change of %s: kept %s, offered %s",
-                    effect.key,
-                    effect.kept_checksum,
-                    effect.offered_checksum,
-                )
-        if publications and self._publications_changed is not None:
+            carry = CARRIERS.get(type(effect))
+            if carry is not None:
+                carry(self, effect, carried)
+        if carried.publications and self._publications_changed is not None:
             self._publications_changed()
-        for event in refeed:
+        for event in carried.refeed:
             # Each refusal is a core step of its own, heard by the observers (the trace records
             # it as an input), on the same reading of the clock as the step that led here: a
             # replay, whose clock stands still within a line, computes the very deadlines.
             for observer in self.observers:
                 self._tell(observer.made, event, self._now)
             self.apply([Tick(self._now), event])
+
+    # -- one method per effect type (see CARRIERS) -----------------------------------------------
+
+    def _open(self, effect: OpenReceiver, carried: _Carried) -> None:
+        self._channels.open(effect)
+
+    def _publish(self, effect: PublishAdmissions, carried: _Carried) -> None:
+        self._channels.publish(effect)
+        self.notifications += 1
+        carried.publications = carried.publications or self._builds.is_committed(effect.group)
+
+    def _retire(self, effect: RetireReceiver, carried: _Carried) -> None:
+        self._channels.retire(effect)
+
+    def _project(self, effect: LoraProjectionChanged, carried: _Carried) -> None:
+        self._channels.project(effect)
+
+    def _start(self, effect: StartBuild, carried: _Carried) -> None:
+        self._builds.start(effect)
+
+    def _cancel(self, effect: CancelBuild, carried: _Carried) -> None:
+        self._builds.cancel(effect.group, effect.generation)
+
+    def _commit(self, effect: CommitGroup, carried: _Carried) -> None:
+        failure = self._builds.commit(effect)
+        if failure is not None:
+            carried.refeed.append(failure)
+        carried.publications = True
+
+    def _withdraw(self, effect: WithdrawGroup, carried: _Carried) -> None:
+        self._builds.withdraw(effect.group, effect.generation)
+        carried.publications = True
+
+    def _carry_taints(self, effect: TaintsUpdated, carried: _Carried) -> None:
+        if self._hops is not None:
+            self._hops.carry_taints(effect)
+
+    def _retry(self, effect: RetryScheduled, carried: _Carried) -> None:
+        self._schedule(effect.deadline)
+
+    def _hold(self, effect: TenureHeld, carried: _Carried) -> None:
+        self._schedule(effect.deadline)
+        if effect.last_known_until is not None:
+            # The last known members are withdrawn then, before the hold ends.
+            self._schedule(effect.last_known_until)
+
+    def _projection_refused(self, effect: LoraProjectionRefused, carried: _Carried) -> None:
+        self._log.warning("LoRA projection of %s refused: %s", effect.group.id, effect.reason)
+
+    def _mutation_refused(self, effect: MutationRefused, carried: _Carried) -> None:
+        self._log.warning(
+            "refused an in-place change of %s: kept %s, offered %s",
+            effect.key,
+            effect.kept_checksum,
+            effect.offered_checksum,
+        )
+        for observer in self.observers:
+            self._tell(observer.mutation_refused, effect)
+
+    def _rejection(self, effect: RejectionReported, carried: _Carried) -> None:
+        for observer in self.observers:
+            self._tell(observer.rejection_reported, effect)
+
+    def _drained(self, effect: WorkerDrained, carried: _Carried) -> None:
+        for observer in self.observers:
+            self._tell(observer.worker_drained, effect)
+
+    def _reported_only(self, effect: Effect, carried: _Carried) -> None:
+        """Nothing to carry out: telemetry reports it, the view reads it from the core."""
 
     def _note_change(self) -> None:
         if self._changed is not None:
@@ -332,3 +397,47 @@ class AdmissionStep:
             method(*args)
         except Exception:  # an observer must never stop admission
             self._log.debug("a step observer failed", exc_info=True)
+
+
+@dataclass(slots=True)
+class _Carried:
+    """What carrying out one step's effects leaves for its end."""
+
+    # Inputs the parts made (a commit a hop refused), fed back after every effect is carried.
+    refeed: list[Input] = field(default_factory=list)
+    # Whether what is served changed, so the serving publication must be woken.
+    publications: bool = False
+
+
+_Carry = Callable[[AdmissionStep, Any, _Carried], None]
+
+CARRIERS: Final[Mapping[type, _Carry]] = {
+    WorkerPlaced: AdmissionStep._reported_only,
+    WorkerDeparted: AdmissionStep._reported_only,
+    WorkerDrained: AdmissionStep._drained,
+    DrainChanged: AdmissionStep._reported_only,
+    HandoverEnded: AdmissionStep._reported_only,
+    OpenReceiver: AdmissionStep._open,
+    PublishAdmissions: AdmissionStep._publish,
+    RetireReceiver: AdmissionStep._retire,
+    StartBuild: AdmissionStep._start,
+    CancelBuild: AdmissionStep._cancel,
+    CommitGroup: AdmissionStep._commit,
+    WithdrawGroup: AdmissionStep._withdraw,
+    Succession: AdmissionStep._reported_only,
+    TenureHeld: AdmissionStep._hold,
+    TenureHoldEnded: AdmissionStep._reported_only,
+    RejectionReported: AdmissionStep._rejection,
+    MutationRefused: AdmissionStep._mutation_refused,
+    TaintsUpdated: AdmissionStep._carry_taints,
+    RetryScheduled: AdmissionStep._retry,
+    BuildDiscarded: AdmissionStep._reported_only,
+    StatusChanged: AdmissionStep._reported_only,
+    LoraProjectionChanged: AdmissionStep._project,
+    LoraProjectionRefused: AdmissionStep._projection_refused,
+}
+"""The one dispatch over effects: each effect type and the step's method that carries it out.
+
+Every type of :data:`~workerset_admission.admission.Effect` is here, in the order the core's
+effects module declares them; a type with nothing to carry out says so.
+"""

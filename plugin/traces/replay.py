@@ -444,17 +444,19 @@ class _Replayer(StepObserver):
         if self.checking is not None:
             self.gathered.extend(effects)
         self.effect_count += len(effects)
-        for effect in effects:
-            if isinstance(effect, RejectionReported):
-                self.rejections.append(effect)
-            elif isinstance(effect, WorkerDrained):
-                by = f" by {effect.drain.by}" if effect.drain.by else ""
-                self._note(effect.key, self.kv_key_of.get(effect.key, effect.key), f"drained{by}")
-            elif isinstance(effect, MutationRefused):
-                kv_key = self.kv_key_of.get(effect.key, effect.key)
-                self.invalid.append((kv_key, MUTATION_REFUSED))
-                note = self._note(effect.key, kv_key, "in-place change refused")
-                note.refused = MUTATION_REFUSED
+
+    def rejection_reported(self, effect: RejectionReported) -> None:
+        self.rejections.append(effect)
+
+    def worker_drained(self, effect: WorkerDrained) -> None:
+        by = f" by {effect.drain.by}" if effect.drain.by else ""
+        self._note(effect.key, self.kv_key_of.get(effect.key, effect.key), f"drained{by}")
+
+    def mutation_refused(self, effect: MutationRefused) -> None:
+        kv_key = self.kv_key_of.get(effect.key, effect.key)
+        self.invalid.append((kv_key, MUTATION_REFUSED))
+        note = self._note(effect.key, kv_key, "in-place change refused")
+        note.refused = MUTATION_REFUSED
 
     def _refused(self, key: str, exc: RemoteDataError, _scope: UpdateScope | None) -> None:
         # Called once per key and value, as the live service reports it.

@@ -6,6 +6,14 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
+from workerset_admission.admission import (
+    CommitGroup,
+    LoraProjectionChanged,
+    OpenReceiver,
+    PublishAdmissions,
+    RetireReceiver,
+    WithdrawGroup,
+)
 from workerset_admission.identity import EndpointId
 from workerset_admission.ports import BuildRequest, DiscoveryEntry, SourceEvent, SourceSnapshot
 
@@ -152,7 +160,22 @@ class LiveInstanceSet:
         return frozenset(self._live.get(endpoint, ()))
 
 
+# The typed method of the channels or the bindings that carries each effect, as the step's
+# table has it (the step calls the bindings through the builds).
+_METHOD_OF: dict[type, str] = {
+    OpenReceiver: "open",
+    PublishAdmissions: "publish",
+    LoraProjectionChanged: "project",
+    RetireReceiver: "retire",
+    CommitGroup: "commit",
+    WithdrawGroup: "withdraw",
+}
+
+
 def handle_all(handler: Any, effects: Iterable[object]) -> None:
-    """Give every effect of one core step to ``handler`` (channels or bindings), in order."""
+    """Give ``handler`` (channels or bindings) the effects of one core step it carries, in order."""
     for effect in effects:
-        handler.handle(effect)
+        name = _METHOD_OF.get(type(effect))
+        method = None if name is None else getattr(handler, name, None)
+        if method is not None:
+            method(effect)
