@@ -9,13 +9,15 @@ is the card boundary's job, deciding admission is the core's.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from workerset_admission.identity import EndpointId, GroupKey
 
 __all__ = [
+    "AcceptedRecord",
+    "AcceptedRecords",
     "AdmissionFeed",
     "AdmissionPublisher",
     "BuildRequest",
@@ -152,6 +154,43 @@ class AdmissionFeed(Protocol):
     async def changed(self) -> Any: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptedRecord:
+    """A discovery record the card boundary accepted: its key, its raw bytes and its kind.
+
+    ``kind`` is ``"model"`` (a model card), ``"instance"`` (an endpoint-instance record) or
+    ``"event"`` (an event source or channel); ``worker_id`` is the worker an event source
+    names (``None`` for everything else).
+    """
+
+    key: str
+    value: bytes
+    kind: Literal["model", "instance", "event"]
+    worker_id: int | None = None
+
+
+class AcceptedRecords(Protocol):
+    """Where the boundary's verdicts on discovery records go, beside the core (the view).
+
+    Only accepted records cross: a refused value is never passed on, so the receiver keeps the
+    key's last valid record; a record the boundary ignores (outside the namespace filter, a
+    drain) arrives as ``None`` and is not held.
+    """
+
+    def put(self, key: str, record: AcceptedRecord | None) -> None:
+        """Hear a put the boundary accepted (``record``) or ignored (``None``)."""
+
+    def remove(self, key: str) -> None:
+        """Hear that the key left the bucket."""
+
+    def listing(self, records: Sequence[AcceptedRecord], retained: Collection[str]) -> None:
+        """Hear a full listing: ``records`` replace what is held, but for ``retained`` keys.
+
+        A retained key keeps what it holds (or its absence): its listed value was refused,
+        or a live update touched it while the listing was read.
+        """
 
 
 class LiveInstances(Protocol):

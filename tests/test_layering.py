@@ -535,3 +535,42 @@ def test_the_dispatch_check_sees_every_way_of_asking_an_effect_its_type() -> Non
         names,
     )
     assert seen == [1, 2, 3, 4, 6]
+
+
+# -------------------------------------------------------------------- the view never judges
+
+_CARD_DECODERS = frozenset(
+    {"decode_model_record", "decode_endpoint_record", "decode_event_record", "decode_plain_model"}
+)
+DYNAMO_HOME = ROOT / "adapters" / "dynamo"
+
+
+def _card_decoders_used(source: str) -> set[str]:
+    """The card decoders a module imports or reaches by attribute (``card.decode_...``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update(part for alias in node.names for part in alias.name.split("."))
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.Name):
+            found.add(node.id)
+    return found & _CARD_DECODERS
+
+
+def test_the_dynamo_adapters_never_decode_a_record_the_boundary_judged() -> None:
+    # The view publishes the raw bytes the service's ingestion accepted; it files them by key.
+    found = {
+        path.relative_to(ROOT).as_posix(): sorted(used)
+        for path in sorted(DYNAMO_HOME.rglob("*.py"))
+        if (used := _card_decoders_used(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}
+
+
+def test_the_decoder_check_sees_an_import_and_an_attribute() -> None:
+    assert _card_decoders_used("from workerset_admission.card import decode_model_record\n") == {
+        "decode_model_record"
+    }
+    assert _card_decoders_used("import x\nx.decode_event_record(1)\n") == {"decode_event_record"}
+    assert _card_decoders_used("from workerset_admission.card import parse_key\n") == set()

@@ -57,10 +57,16 @@ nothing changes the admitted state, and the last view is kept alive.
 
 After an outage a tenure may be *held* with its members served on their last known records
 (the core's theory of operation): their records may have left the bucket (a wiped store, or
-TTLs that ran out while nobody could refresh them). The record table keeps every record it
-drops for one registration TTL (``keep_removed_for``), and a tenure's ``last_known`` members are
-published from those when the bucket no longer has them, for exactly as long as the core still
-admits them. Nothing else is ever published from a dropped record.
+TTLs that ran out while nobody could refresh them). The record table sets aside every record
+that leaves the bucket, a tenure's ``last_known`` members are published from those when the
+bucket no longer has them, and each pass forgets the set-aside records no last-known member
+called for: the core's window (its ``last_known`` ids, until ``last_known_until``) alone decides
+how long they are served. Nothing else is ever published from a dropped record.
+
+The view never judges a record. The service's ingestion judges every discovery record once,
+and the composition root hands its verdicts to the record table (an ``AcceptedRecords`` sink):
+the raw bytes of each accepted record, filed by key; a refused value never arrives, so the
+key's last accepted record stays; a listing replaces the table.
 
 The writer owns its directory: a lock file held for the process's life refuses a second live
 writer, and a manifest of the files it wrote lets the next writer remove what a crashed one left
@@ -74,9 +80,9 @@ then withdrawn. A writer that stops before its first sync leaves them as they ar
 as the predecessor's would have: only a writer that synced withdraws its view when it stops.
 
 The parts live beside this module: ``view_directory`` (file naming, the lock, the manifest, the
-real directory), ``view_records`` (the record table fed from discovery), ``view_publish`` (the
-plan and the publication order). This module holds the writer that runs them from the service,
-and every public name of the view is importable from here.
+real directory), ``view_records`` (the record table fed with the boundary's verdicts),
+``view_publish`` (the plan and the publication order). This module holds the writer that runs
+them from the service, and every public name of the view is importable from here.
 """
 
 from __future__ import annotations
@@ -105,14 +111,8 @@ from workerset_admission.adapters.dynamo.view_publish import (
     Tenure,
     plan_view,
 )
-from workerset_admission.adapters.dynamo.view_records import (
-    HeldRecord,
-    RecordTable,
-    TappedSource,
-)
-from workerset_admission.card import BoundarySettings
+from workerset_admission.adapters.dynamo.view_records import HeldRecord, RecordTable
 from workerset_admission.errors import ReceiverRetired
-from workerset_admission.ports import DiscoverySource
 
 __all__ = [
     "BUCKETS",
@@ -125,7 +125,6 @@ __all__ = [
     "LastKnownGood",
     "RecordTable",
     "SyncReport",
-    "TappedSource",
     "Tenure",
     "ViewFile",
     "ViewFiles",
@@ -314,7 +313,9 @@ class LastKnownGood:
 
 
 class ViewHook:
-    """What a service factory needs to run the view: a source tap, the writer, its closer.
+    """What a service factory needs to run the view: the record table, the writer, its closer.
+
+    The factory feeds ``table`` with the service's verdicts on discovery records.
 
     ``files`` is the locked directory; with ``owns_files`` the hook releases it on close (the
     sidecar), otherwise its opener keeps it for the process's life (the route extension,
@@ -324,15 +325,13 @@ class ViewHook:
     def __init__(
         self,
         files: DirectoryFiles,
-        boundary: BoundarySettings | None = None,
         *,
         owns_files: bool = True,
         refresh_interval: float = 2.0,
-        keep_removed_for: float = 10.0,
     ) -> None:
         self.files = files
         self._owns_files = owns_files
-        self.table = RecordTable(boundary, keep_removed_for=keep_removed_for)
+        self.table = RecordTable()
         self.view = AdmittedView(files, refresh_interval=refresh_interval)
         adopted = self.view.adopt_leftovers()
         if adopted:
@@ -351,9 +350,6 @@ class ViewHook:
                 *foreign[0],
             )
         self.writer = ViewWriter(self.view, self.table)
-
-    def tap(self, source: DiscoverySource) -> TappedSource:
-        return TappedSource(source, self.table)
 
     def attach(self, service: ViewService) -> None:
         self.writer.attach(service)

@@ -75,7 +75,7 @@ def _scope_channels(
     """Return the endpoint's event channels no record ties to a worker (all but KV events).
 
     With ``last_known`` (a held tenure serves members on their last known records), those
-    that left the bucket within the table's keep time come along.
+    that left the bucket and are still kept come along.
     """
     lookup = table.lookup_last_known if last_known else table.lookup
     return lookup("scope", endpoint.namespace, endpoint.component, endpoint.endpoint)
@@ -200,8 +200,12 @@ class AdmittedView:
         before its predecessor leaves, and the model never empties in between. A drained tenure
         a live one took over from (``Tenure.handover_from``) still serves, so its files go
         last, after the successor's are written.
+
+        Records that left the bucket are kept in ``table`` only while a held tenure's last
+        known members (the core's window) still call for them: the rest are forgotten here.
         """
         wanted = plan_view(tenures, table)
+        table.forget_unused_removals()
         for topic in sorted(untied_topics(tenures, table) - self._warned_topics):
             self._warned_topics.add(topic)
             _log.warning(

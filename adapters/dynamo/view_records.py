@@ -1,32 +1,16 @@
-"""The records the admitted view may publish: the last valid one per key, fed from discovery."""
+"""The view's records: per key, the last raw record the service's boundary accepted."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from workerset_admission.adapters.dynamo.view_directory import file_name_for
-from workerset_admission.card import (
-    BoundarySettings,
-    decode_endpoint_record,
-    decode_event_record,
-    decode_model_record,
-    is_event_key,
-    parse_event_key,
-    parse_key,
-)
-from workerset_admission.errors import RemoteDataError
-from workerset_admission.keys import DRAIN_PREFIX
-from workerset_admission.ports import (
-    DiscoverySource,
-    SourceDelete,
-    SourceEvent,
-    SourcePut,
-    SourceSnapshot,
-)
+from workerset_admission.card import is_event_key, parse_event_key, parse_key
+from workerset_admission.card.events import dynamo_event_path
+from workerset_admission.ports import AcceptedRecord
 
-__all__ = ["KV_EVENTS", "HeldRecord", "RecordTable", "TappedSource"]
+__all__ = ["KV_EVENTS", "HeldRecord", "RecordTable"]
 
 # The one event topic whose source names its worker; every other channel is tied by scope.
 KV_EVENTS = "kv-events"
@@ -55,34 +39,33 @@ class HeldRecord:
 
 
 class RecordTable:
-    """The last valid raw record per bucket key, judged by the same boundary as admission.
+    """The last accepted raw record per bucket key, as the service's boundary judged it.
 
-    A refused value leaves the key's last valid record in place, as the service keeps the last
-    valid registration; a key the namespace filter drops is not held. A record that leaves the
-    bucket (a removal, or a listing without it) is kept aside for ``keep_removed_for`` seconds
-    (one registration TTL), for :meth:`lookup_last_known` alone: a held tenure's members are
-    served on those records while the core still admits them.
+    The table is an :class:`~workerset_admission.ports.AcceptedRecords` sink: it never reads a
+    value, it only files the bytes the boundary accepted under their key (the key names the
+    bucket, the file and the worker). A refused value never reaches it, so the key's last
+    accepted record stays, as the service keeps the last valid registration; a record the
+    boundary ignores is not held.
+
+    A record that leaves the bucket (a removal, or a listing without it) is set aside for
+    :meth:`lookup_last_known` alone: a held tenure's last known members are served on those
+    records for as long as the core still names them. Which are still wanted is the view's
+    pass to say: :meth:`forget_unused_removals` drops every set-aside record no last-known
+    lookup asked for since the previous call, so the core's window, not a clock of the
+    view's, bounds what is kept.
     """
 
-    def __init__(
-        self,
-        settings: BoundarySettings | None = None,
-        on_change: Callable[[], None] | None = None,
-        *,
-        keep_removed_for: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._settings = settings or BoundarySettings()
+    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
         self._records: dict[str, HeldRecord] = {}
         # Keys by what ties a record to a worker, so planning a view costs per admitted worker,
         # not per record held.
         self._index: dict[_Tie, set[str]] = {}
         self._on_change = on_change
-        self._keep_removed_for = keep_removed_for
-        self._clock = clock
-        # Records that left the bucket: key -> (record, when), in removal order, and by tie.
-        self._removed: dict[str, tuple[HeldRecord, float]] = {}
+        # Records that left the bucket, by key and by tie, and the ones a last-known lookup
+        # asked for since the last forgetting.
+        self._removed: dict[str, HeldRecord] = {}
         self._removed_index: dict[_Tie, set[str]] = {}
+        self._wanted: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._records)
@@ -112,39 +95,96 @@ class RecordTable:
     def lookup_last_known(
         self, kind: str, namespace: str, component: str | None, number: int | str | None
     ) -> list[HeldRecord]:
-        """Like :meth:`lookup`, with the records that left the bucket within the keep time."""
-        self._forget_old_removals()
+        """Like :meth:`lookup`, with the records that left the bucket and are still kept."""
         tie = (kind, namespace, component, number)
         held = self._index.get(tie, set())
         gone = self._removed_index.get(tie, set()) - held
+        self._wanted.update(gone)
         records = {key: self._records[key] for key in held}
-        records.update((key, self._removed[key][0]) for key in gone)
+        records.update((key, self._removed[key]) for key in gone)
         return [records[key] for key in sorted(records)]
 
+    def forget_unused_removals(self) -> int:
+        """Drop the set-aside records no last-known lookup asked for since the last call."""
+        unused = [key for key in self._removed if key not in self._wanted]
+        for key in unused:
+            self._drop_removed_tie(key, self._removed.pop(key))
+        self._wanted = set()
+        return len(unused)
+
+    # -- the boundary's verdicts ---------------------------------------------------------------
+
+    def put(self, key: str, record: AcceptedRecord | None) -> None:
+        """File an accepted put (``record``), or drop the key for an ignored one (``None``)."""
+        old = self._records.get(key)
+        new = None if record is None else _held(record)
+        if new == old:
+            return
+        if old is not None:
+            self._unindex(key, old)
+        if new is not None:
+            self._records[key] = new
+            self._reindex(key, new)
+            self._back(key)
+        else:
+            del self._records[key]
+            assert old is not None
+            self._set_aside(key, old)
+        self._changed()
+
+    def remove(self, key: str) -> None:
+        """Set the key's record aside for last-known lookups: it left the bucket."""
+        old = self._records.pop(key, None)
+        if old is None:
+            return
+        self._unindex(key, old)
+        self._set_aside(key, old)
+        self._changed()
+
+    def listing(self, records: Sequence[AcceptedRecord], retained: Collection[str]) -> None:
+        """Replace the table with a listing's accepted records; ``retained`` keys keep theirs."""
+        fresh: dict[str, HeldRecord] = {}
+        for record in records:
+            held = _held(record)
+            if held is not None:
+                fresh[record.key] = held
+        for key in retained:
+            fresh.pop(key, None)
+            old = self._records.get(key)
+            if old is not None:
+                fresh[key] = old
+        if fresh == self._records:
+            return
+        for key, old in self._records.items():
+            if key not in fresh:
+                self._set_aside(key, old)
+        for key in fresh:
+            self._back(key)
+        self._records = fresh
+        self._index = {}
+        for key, held in fresh.items():
+            self._reindex(key, held)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+    # -- the indexes ---------------------------------------------------------------------------
+
     def _set_aside(self, key: str, record: HeldRecord) -> None:
-        self._removed.pop(key, None)
-        self._removed[key] = (record, self._clock())
+        self._back(key)
+        self._removed[key] = record
         for tie in self._ties(record):
             self._removed_index.setdefault(tie, set()).add(key)
 
     def _back(self, key: str) -> None:
-        entry = self._removed.pop(key, None)
-        if entry is not None:
-            self._drop_removed_tie(key, entry[0])
+        record = self._removed.pop(key, None)
+        if record is not None:
+            self._drop_removed_tie(key, record)
 
     def _drop_removed_tie(self, key: str, record: HeldRecord) -> None:
         self._discard(self._removed_index, key, record)
-
-    def _forget_old_removals(self) -> None:
-        oldest = self._clock() - self._keep_removed_for
-        removed = self._removed
-        # Oldest first (insertion order): stop at the first one still young enough.
-        while removed:
-            key, (record, when) = next(iter(removed.items()))
-            if when > oldest:
-                break
-            del removed[key]
-            self._drop_removed_tie(key, record)
 
     @staticmethod
     def _ties(record: HeldRecord) -> tuple[_Tie, ...]:
@@ -175,125 +215,40 @@ class RecordTable:
         for tie in self._ties(record):
             self._index.setdefault(tie, set()).add(key)
 
-    def apply(self, event: SourceEvent) -> None:
-        """Apply one discovery event (a put, a removal, or a full listing)."""
-        if isinstance(event, SourcePut):
-            key = event.entry.key
-            old = self._records.get(key)
-            changed = self._put(key, event.entry.value, self._records)
-            if changed:
-                if old is not None:
-                    self._unindex(key, old)
-                new = self._records.get(key)
-                if new is not None:
-                    self._reindex(key, new)
-                    self._back(key)
-                elif old is not None:
-                    self._set_aside(key, old)
-        elif isinstance(event, SourceDelete):
-            old = self._records.pop(event.key, None)
-            changed = old is not None
-            if old is not None:
-                self._unindex(event.key, old)
-                self._set_aside(event.key, old)
-        else:
-            fresh: dict[str, HeldRecord] = {}
-            for entry in event.entries:
-                old = self._records.get(entry.key)
-                if not self._put(entry.key, entry.value, fresh) and old is not None:
-                    fresh[entry.key] = old  # a refused value keeps the last valid one
-            changed = fresh != self._records
-            if changed:
-                for key, record in self._records.items():
-                    if key not in fresh:
-                        self._set_aside(key, record)
-                for key in fresh:
-                    self._back(key)
-                self._records = fresh
-                self._index = {}
-                for key, record in fresh.items():
-                    self._reindex(key, record)
-        # Each record is set aside once and forgotten once: the table stays bounded.
-        self._forget_old_removals()
-        if changed and self._on_change is not None:
-            self._on_change()
 
-    def _put(self, key: str, value: bytes, into: dict[str, HeldRecord]) -> bool:
-        try:
-            held = self._judge(key, value)
-        except RemoteDataError:
-            return False  # the service reports it; the last valid record stays
-        if held is None:
-            return into.pop(key, None) is not None
-        if into.get(key) == held:
-            return False
-        into[key] = held
-        return True
+def _held(record: AcceptedRecord) -> HeldRecord | None:
+    """File an accepted record by its key: the bucket, the file name and the worker it names.
 
-    def _judge(self, key: str, value: bytes) -> HeldRecord | None:
-        settings = self._settings
-        if key.startswith(DRAIN_PREFIX):
-            return None  # a drain is admission's input, never a file of the view
-        if is_event_key(key):
-            parsed_event = parse_event_key(key)
-            if not settings.namespace_matches(parsed_event.namespace):
-                return None
-            record = decode_event_record(
-                parsed_event, value, max_value_size=settings.max_value_size
-            )
-            from workerset_admission.card.events import dynamo_event_path
-
-            return HeldRecord(
-                parsed_event.bucket,
-                file_name_for(dynamo_event_path(parsed_event)),
-                bytes(value),
-                parsed_event.namespace,
-                parsed_event.component,
-                parsed_event.endpoint,
-                parsed_event.publisher_id,
-                record.worker_id,
-                parsed_event.topic,
-            )
-        parsed = parse_key(key)
-        endpoint = parsed.endpoint
-        if parsed.kind == "endpoint":
-            if not settings.namespace_matches(endpoint.namespace):
-                return None
-            decode_endpoint_record(parsed, value, settings)
-            bucket = "instances"
-        else:
-            if decode_model_record(parsed, value, settings) is None:
-                return None
-            bucket = "mdc"
-        return HeldRecord(
-            bucket,
-            file_name_for(parsed.instance_key),
-            bytes(value),
-            endpoint.namespace,
-            endpoint.component,
-            endpoint.endpoint,
-            parsed.instance_id,
-        )
-
-
-class TappedSource:
-    """A discovery source that also feeds a :class:`RecordTable`, unchanged for the service.
-
-    The table sees each event just before the service applies it. Periodic full listings are
-    left to the service: the watch and its resync snapshots keep the table exact.
+    Only the key is read (naming, not judging); the value is the boundary's to judge, and is
+    kept as the bytes it accepted. An event source's worker comes with the verdict.
     """
-
-    def __init__(self, source: DiscoverySource, table: RecordTable) -> None:
-        self._source = source
-        self._table = table
-
-    async def events(self) -> AsyncIterator[SourceEvent]:
-        async for event in self._source.events():
-            self._table.apply(event)
-            yield event
-
-    async def list_all(self) -> SourceSnapshot:
-        return await self._source.list_all()
-
-    async def close(self) -> None:
-        await self._source.close()
+    key = record.key
+    if is_event_key(key):
+        event = parse_event_key(key)
+        return HeldRecord(
+            event.bucket,
+            file_name_for(dynamo_event_path(event)),
+            record.value,
+            event.namespace,
+            event.component,
+            event.endpoint,
+            event.publisher_id,
+            record.worker_id,
+            event.topic,
+        )
+    if record.kind == "event":
+        return None  # not an event key: nothing the view files as an event
+    parsed = parse_key(key)
+    endpoint = parsed.endpoint
+    kind = "endpoint" if record.kind == "instance" else "model"
+    if parsed.kind != kind:
+        return None  # a verdict that does not fit its key is not filed
+    return HeldRecord(
+        "instances" if kind == "endpoint" else "mdc",
+        file_name_for(parsed.instance_key),
+        record.value,
+        endpoint.namespace,
+        endpoint.component,
+        endpoint.endpoint,
+        parsed.instance_id,
+    )

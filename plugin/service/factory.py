@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from workerset_admission.ports import DiscoverySource
+from workerset_admission.service.accepted import AcceptedRecordsFeed
 from workerset_admission.service.ingest import CardRecordDecoder
 from workerset_admission.service.shell import AdmissionService, PipelineBuilder
 from workerset_admission.settings import Settings, load_settings
@@ -19,24 +20,15 @@ if TYPE_CHECKING:
 __all__ = ["boundary_settings", "create_service"]
 
 
-def _view_hook(
-    settings: Settings, boundary: BoundarySettings, files: DirectoryFiles | None
-) -> ViewHook | None:
+def _view_hook(settings: Settings, files: DirectoryFiles | None) -> ViewHook | None:
     if files is None and settings.view_dir is None:
         return None
     from workerset_admission.adapters.dynamo.view import DirectoryFiles, ViewHook
 
     if files is not None:
-        return ViewHook(
-            files, boundary, owns_files=False, keep_removed_for=settings.registration_ttl
-        )
+        return ViewHook(files, owns_files=False)
     assert settings.view_dir is not None
-    return ViewHook(
-        DirectoryFiles.open(settings.view_dir),
-        boundary,
-        owns_files=True,
-        keep_removed_for=settings.registration_ttl,
-    )
+    return ViewHook(DirectoryFiles.open(settings.view_dir), owns_files=True)
 
 
 def boundary_settings(settings: Settings) -> BoundarySettings:
@@ -86,7 +78,7 @@ async def create_service(
 
     settings = settings or load_settings()
     boundary = boundary_settings(settings)
-    view = _view_hook(settings, boundary, view_files)
+    view = _view_hook(settings, view_files)
     options = connect_options(settings, servers)
     source: DiscoverySource = JetStreamDiscoverySource(
         options,
@@ -103,7 +95,6 @@ async def create_service(
         source = PeerAwareSource(source, peers, settings.frontend_id)
     closers: list[Callable[[], Awaitable[None]]] = []
     if view is not None:
-        source = view.tap(source)
         # After the withdrawal of the serving records and before the connections close.
         closers.append(view.close)
     nc = None
@@ -136,6 +127,9 @@ async def create_service(
             closers=closers,
         )
         if view is not None:
+            # The view files the raw records the service's boundary accepted, as it judged
+            # them, before each core step.
+            service.step.observers.append(AcceptedRecordsFeed(view.table))
             view.attach(service)
         await service.start()
     except BaseException:

@@ -58,9 +58,13 @@ class LiveInstance(NamedTuple):
 
 
 class EventRecord(NamedTuple):
-    """What the boundary makes of a valid event-plane record: checked, left out of admission."""
+    """What the boundary makes of a valid event-plane record: checked, left out of admission.
+
+    ``worker_id`` is the worker an event source names (``None`` for a channel).
+    """
 
     key: str
+    worker_id: int | None = None
 
 
 DecodedRecord = Registration | LiveInstance | EventRecord | Drain | None
@@ -90,8 +94,9 @@ class CardRecordDecoder:
 
     Endpoint-instance records become :class:`LiveInstance` values for the liveness index;
     event-plane records are validated and otherwise left alone (they only ride along with the
-    workers admission admits); model records become registrations, their card decoded and hashed
-    by the boundary (which caches by card text, so a fleet sharing one card pays for it once).
+    workers admission admits); both are ignored outside the namespace filter, as model records
+    are. Model records become registrations, their card decoded and hashed by the boundary
+    (which caches by card text, so a fleet sharing one card pays for it once).
     """
 
     def __init__(self, settings: Any = None) -> None:
@@ -117,16 +122,21 @@ class CardRecordDecoder:
             )
             return result
         if card.is_event_key(key):
-            card.decode_event_record(
-                card.parse_event_key(key), value, max_value_size=self._settings.max_value_size
+            parsed_event = card.parse_event_key(key)
+            if not self._settings.namespace_matches(parsed_event.namespace):
+                return None
+            event = card.decode_event_record(
+                parsed_event, value, max_value_size=self._settings.max_value_size
             )
-            return EventRecord(key)
+            return EventRecord(key, event.worker_id)
         if card.is_drain_key(key):
             drain: Drain = card.decode_drain_record(key, value)
             return drain if self._settings.namespace_matches(drain.namespace) else None
         # Anything else is an endpoint record or a key parse_key refuses (every model key starts
         # with the prefix above).
         parsed = parse_key(key)
+        if not self._settings.namespace_matches(parsed.endpoint.namespace):
+            return None
         record = card.decode_endpoint_record(parsed, value, self._settings)
         return LiveInstance(record.endpoint, record.instance_id)
 
@@ -163,6 +173,8 @@ class Verdict(NamedTuple):
     live: bool = False
     event: bool = False
     drain: bool = False
+    # The worker an event source record names (an event verdict only).
+    worker_id: int | None = None
     # A refusal of the very value refused last time under this key (a re-listing, a heartbeat
     # re-sending it): the same bad record, already reported and counted.
     repeated: bool = False
@@ -242,7 +254,7 @@ class Ingestor:
         if record is None:
             return Ingested(verdicts=(Verdict(key),))
         if isinstance(record, EventRecord):
-            return Ingested(verdicts=(Verdict(key, event=True),))
+            return Ingested(verdicts=(Verdict(key, event=True, worker_id=record.worker_id),))
         if isinstance(record, Drain):
             return Ingested((DrainSet(record),), (Verdict(key, drain=True),))
         endpoint, instance_id = record
@@ -353,8 +365,10 @@ class Ingestor:
             elif isinstance(record, Drain):
                 drains.append(record)
                 verdicts.append(Verdict(key, drain=True))
+            elif record is not None:
+                verdicts.append(Verdict(key, event=True, worker_id=record.worker_id))
             else:
-                verdicts.append(Verdict(key, event=record is not None))
+                verdicts.append(Verdict(key))
         self._decoded = decoded
         # A periodic listing read while keys are rewritten may miss some of them; a refused
         # key is forgotten only when it is removed, or absent from a resync's listing.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -17,13 +17,13 @@ from workerset_admission.adapters.dynamo.view import (
     AdmittedView,
     DirectoryFiles,
     RecordTable,
-    TappedSource,
     Tenure,
     ViewFile,
     ViewWriter,
     check_frontend_store,
     file_name_for,
 )
+from workerset_admission.admission import Effect
 from workerset_admission.card import (
     BoundarySettings,
     encode_drain_record,
@@ -42,7 +42,10 @@ from workerset_admission.ports import (
     SourcePut,
     SourceSnapshot,
 )
+from workerset_admission.service.accepted import AcceptedRecordsFeed
+from workerset_admission.service.ingest import CardRecordDecoder, Ingestor
 from workerset_admission.service.shell import AdmissionService
+from workerset_admission.service.step import StepObserver
 
 EP = EndpointId("pns", "backend", "generate")
 GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGGREGATED)
@@ -109,8 +112,28 @@ def worker_records(
     ]
 
 
-def table_of(*workers: list[DiscoveryEntry]) -> RecordTable:
-    table = RecordTable()
+class FedTable(RecordTable):
+    """A record table fed as the service feeds it: ingestion judges each event, once."""
+
+    def __init__(self, settings: BoundarySettings | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._ingest = Ingestor(CardRecordDecoder(settings))
+        self._feed = AcceptedRecordsFeed(self)
+
+    def apply(self, event: SourceEvent) -> None:
+        self._feed.source_event(event, 0.0, (), None)
+        if isinstance(event, SourcePut):
+            result = self._ingest.put(event.entry.key, event.entry.value)
+        elif isinstance(event, SourceDelete):
+            result = self._ingest.removal(event, now=0.0)
+        else:
+            result = self._ingest.listing(event, now=0.0)
+        self._feed.ingested(result)
+        self._feed.step_ended()
+
+
+def table_of(*workers: list[DiscoveryEntry]) -> FedTable:
+    table = FedTable()
     table.apply(SourceSnapshot([entry for worker in workers for entry in worker]))
     return table
 
@@ -404,30 +427,52 @@ def test_a_refused_value_keeps_the_last_valid_record_in_the_view() -> None:
 
 
 def test_records_outside_the_namespace_filter_are_not_held() -> None:
-    table = RecordTable(BoundarySettings(namespace="other"))
+    table = FedTable(BoundarySettings(namespace="other"))
     table.apply(SourceSnapshot(worker_records(A1)))
     assert len(table) == 0
 
 
-async def test_a_tapped_source_feeds_the_table_before_the_service_sees_each_event() -> None:
+async def test_the_table_is_fed_before_the_core_steps_on_each_event() -> None:
     seen: list[int] = []
+    at_core_step: list[int] = []
     table = RecordTable(on_change=lambda: seen.append(len(table)))
+    source = QueueSource()
+    service = AdmissionService(source)
 
-    class _Listed:
-        async def events(self) -> AsyncIterator[SourceEvent]:
-            yield SourceSnapshot(worker_records(A1))
-            yield SourceDelete(model_kv_key(EP, A1), 2)
+    class _CoreStep(StepObserver):
+        def effects(self, effects: Sequence[Effect]) -> None:
+            at_core_step.append(len(table))
 
-        async def list_all(self) -> SourceSnapshot:
-            return SourceSnapshot(())
-
-        async def close(self) -> None:
-            return None
-
-    sizes = [len(table) async for _event in TappedSource(_Listed(), table).events()]
-
-    assert sizes == [5, 4]
+    service.step.observers += [AcceptedRecordsFeed(table), _CoreStep()]
+    await service.start()
+    try:
+        source.queue.put_nowait(SourceSnapshot(worker_records(A1)))
+        source.queue.put_nowait(SourceDelete(model_kv_key(EP, A1), 2))
+        await _until(lambda: len(seen) == 2)
+    finally:
+        await service.stop()
     assert seen == [5, 4]
+    # The core stepped on the listing with the table already holding its records.
+    assert at_core_step[0] == 5
+
+
+def test_a_refused_listed_value_and_a_key_touched_meanwhile_keep_what_they_hold() -> None:
+    table = table_of(worker_records(A1), worker_records(A2))
+    valid = table.get(model_kv_key(EP, A1))
+    touched = endpoint_kv_key(EP, A2)
+    listed = [
+        entry if entry.key != model_kv_key(EP, A1) else _entry(entry.key, b'{"type":"Model"')
+        for entry in worker_records(A1)
+    ]
+    ingest = Ingestor()
+    feed = AcceptedRecordsFeed(table)
+    event = SourceSnapshot(listed)
+    feed.source_event(event, 0.0, {touched}, None)
+    feed.ingested(ingest.listing(event, {touched}, now=0.0))
+
+    assert table.get(model_kv_key(EP, A1)) == valid
+    assert table.get(touched) is not None
+    assert table.get(model_kv_key(EP, A2)) is None
 
 
 # --------------------------------------------------------------------------- real files
@@ -547,7 +592,8 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
     files = FakeFiles()
     table = RecordTable()
     source = QueueSource()
-    service = AdmissionService(TappedSource(source, table))
+    service = AdmissionService(source)
+    service.step.observers.append(AcceptedRecordsFeed(table))
     writer = ViewWriter(AdmittedView(files, refresh_interval=0.2), table)
     writer.attach(service)
     await service.start()
@@ -584,7 +630,8 @@ async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first(
     files = FakeFiles()
     table = RecordTable()
     source = QueueSource()
-    service = AdmissionService(TappedSource(source, table))
+    service = AdmissionService(source)
+    service.step.observers.append(AcceptedRecordsFeed(table))
     writer = ViewWriter(AdmittedView(files, refresh_interval=0.2), table)
     writer.attach(service)
     await service.start()
@@ -627,31 +674,48 @@ def test_the_index_follows_puts_removals_and_listings() -> None:
     assert len(table.lookup("worker", "pns", "backend", A2)) == 3
 
 
-def test_a_held_tenures_last_known_members_keep_their_records_for_one_ttl() -> None:
+def test_a_held_tenures_last_known_members_keep_their_records_while_the_core_names_them() -> None:
     clock = Clock()
     files = FakeFiles()
     view = AdmittedView(files, clock=clock)
-    table = RecordTable(keep_removed_for=10.0, clock=clock)
+    table = FedTable()
     table.apply(SourceSnapshot([*worker_records(A1), *worker_records(A2)]))
     view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
     published = dict(files.content)
     # A wiped store: the listing after the reconnect holds nothing at all.
     table.apply(SourceSnapshot([]))
-    clock.now += 9.0
     report = view.sync([Tenure(GROUP, 1, frozenset({A1, A2}), frozenset({A1, A2}))], table)
     assert not report.changed
     assert files.content == published
+    # The core's window, not a clock of the view's: still served a minute later.
+    clock.now += 60.0
+    report = view.sync([Tenure(GROUP, 1, frozenset({A1, A2}), frozenset({A1, A2}))], table)
+    assert not report.changed
     # Only the members the core serves on last known good: a plain routable id is not.
     view.sync([Tenure(GROUP, 1, frozenset({A1, A2}), frozenset({A1}))], table)
     assert set(files.content) == set(files_of(A1, published))
-    clock.now += 1.0
-    view.sync([Tenure(GROUP, 1, frozenset({A1}), frozenset({A1}))], table)
+    # A2's records were forgotten: the core naming it again later brings nothing back.
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}), frozenset({A1, A2}))], table)
+    assert set(files.content) == set(files_of(A1, published))
+    # The core's last known window ends: A1 is no longer named, and its records go.
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
     assert files.content == {}
+    assert table.lookup_last_known("worker", "pns", "backend", A1) == []
+
+
+def test_records_that_left_the_bucket_are_forgotten_at_the_next_pass_nobody_needs_them() -> None:
+    table = table_of(worker_records(A1))
+    view = AdmittedView(FakeFiles())
+    table.apply(SourceDelete(model_kv_key(EP, A1), 2))
+    # A pass whose tenures name no last known member: the removed card is not kept.
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    assert len(table.lookup_last_known("worker", "pns", "backend", A1)) == 2
+    assert table.get(model_kv_key(EP, A1)) is None
 
 
 def test_a_record_back_in_the_bucket_is_served_from_the_bucket_again() -> None:
     clock = Clock()
-    table = RecordTable(keep_removed_for=10.0, clock=clock)
+    table = FedTable()
     old, new = worker_records(A1), worker_records(A1, block_size=32)
     table.apply(SourceSnapshot(old))
     table.apply(SourceDelete(old[2].key, 2))
@@ -675,7 +739,7 @@ def test_a_held_tenure_keeps_its_load_channels_while_serving_last_known_members(
     clock = Clock()
     files = FakeFiles()
     view = AdmittedView(files, clock=clock)
-    table = RecordTable(keep_removed_for=10.0, clock=clock)
+    table = FedTable()
     table.apply(SourceSnapshot(worker_records(A1, channels=LOAD_TOPICS)))
     view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
     published = dict(files.content)
