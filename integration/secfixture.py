@@ -80,6 +80,27 @@ def _stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
 
+def _listing(stream: str) -> tuple[str, ...]:
+    """Create, check and remove the ordered consumers that read a bucket's stream."""
+    return (
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+    )
+
+
+def _reading(stream: str) -> tuple[str, ...]:
+    """Bind a bucket, list it and read single keys, answering the listing's flow control."""
+    return (
+        f"$JS.API.STREAM.INFO.{stream}",
+        *_listing(stream),
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.FC.{stream}.>",
+    )
+
+
 def plugin_permissions(
     discovery_bucket: str,
     admission_bucket: str,
@@ -103,22 +124,12 @@ def plugin_permissions(
     return Permissions(
         publish=(
             "$JS.API.INFO",
-            f"$JS.API.STREAM.INFO.{disc}",
-            f"$JS.API.CONSUMER.CREATE.{disc}",
-            f"$JS.API.CONSUMER.CREATE.{disc}.>",
-            f"$JS.API.CONSUMER.INFO.{disc}.>",
-            f"$JS.API.CONSUMER.DELETE.{disc}.>",
-            f"$JS.API.DIRECT.GET.{disc}.>",
-            f"$JS.API.STREAM.MSG.GET.{disc}",
-            f"$JS.FC.{disc}.>",
+            *_reading(disc),
             f"$JS.API.STREAM.INFO.{adm}",
             f"$JS.API.DIRECT.GET.{adm}.>",
             f"$JS.API.STREAM.MSG.GET.{adm}",
             # Reading the peers' serving records when it starts or resyncs.
-            f"$JS.API.CONSUMER.CREATE.{adm}",
-            f"$JS.API.CONSUMER.CREATE.{adm}.>",
-            f"$JS.API.CONSUMER.INFO.{adm}.>",
-            f"$JS.API.CONSUMER.DELETE.{adm}.>",
+            *_listing(adm),
             f"$JS.FC.{adm}.>",
             f"$KV.{admission_bucket}.v1.{escape_token(frontend_id)}.>",
         ),
@@ -158,20 +169,10 @@ def drain_permissions(discovery_bucket: str, admission_bucket: str, namespace: s
     return Permissions(
         publish=(
             "$JS.API.INFO",
-            f"$JS.API.STREAM.INFO.{disc}",
-            f"$JS.API.CONSUMER.CREATE.{disc}",
-            f"$JS.API.CONSUMER.CREATE.{disc}.>",
-            f"$JS.API.CONSUMER.INFO.{disc}.>",
-            f"$JS.API.CONSUMER.DELETE.{disc}.>",
-            f"$JS.API.DIRECT.GET.{disc}.>",
-            f"$JS.API.STREAM.MSG.GET.{disc}",
-            f"$JS.FC.{disc}.>",
+            *_reading(disc),
             f"$KV.{discovery_bucket}.v1.drain.{escape_token(namespace)}.>",
             f"$JS.API.STREAM.INFO.{adm}",
-            f"$JS.API.CONSUMER.CREATE.{adm}",
-            f"$JS.API.CONSUMER.CREATE.{adm}.>",
-            f"$JS.API.CONSUMER.INFO.{adm}.>",
-            f"$JS.API.CONSUMER.DELETE.{adm}.>",
+            *_listing(adm),
             f"$JS.FC.{adm}.>",
         ),
         subscribe=("_INBOX.>",),

@@ -3,30 +3,38 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from workerset_admission.cli.serve import render_status_table
+
+
+def _group(**fields: Any) -> dict[str, Any]:
+    """One ready group of the status reply, with ``fields`` on top."""
+    return {
+        "model": "m",
+        "namespace": "ns",
+        "component": "backend",
+        "endpoint": "generate",
+        "model_types": [],
+        "worker_type": "decode",
+        "incumbent": "a" * 64,
+        "status": "ready",
+        "generation": 4,
+        "admitted": [26],
+        **fields,
+    }
 
 
 def test_the_status_table_names_rejected_cohorts_and_missing_roles() -> None:
     status = {
         "health": "healthy",
         "groups": [
-            {
-                "model": "m",
-                "namespace": "ns",
-                "component": "backend",
-                "endpoint": "generate",
-                "model_types": [],
-                "worker_type": "decode",
-                "incumbent": "a" * 64,
-                "status": "ready",
-                "generation": 4,
-                "admitted": [26],
-                "cohorts": [
+            _group(
+                cohorts=[
                     {"checksum": "a" * 64, "members": [26]},
                     {"checksum": "b" * 64, "members": [1, 2]},
-                ],
-            }
+                ]
+            )
         ],
         "rejections": [
             {
@@ -59,20 +67,10 @@ def test_the_status_table_names_rejected_cohorts_and_missing_roles() -> None:
 
 
 def test_the_status_table_names_drained_workers_and_who_drained_them() -> None:
-    group = {
-        "model": "m",
-        "namespace": "ns",
-        "component": "backend",
-        "endpoint": "generate",
-        "model_types": [],
-        "worker_type": "decode",
-        "incumbent": "a" * 64,
-        "status": "ready",
-        "generation": 4,
-        "admitted": [26],
-        "cohorts": [{"checksum": "a" * 64, "members": [26]}],
-        "drained": [{"instance_id": 27, "by": "preStop:pod/w-1", "at": 1.0}],
-    }
+    group = _group(
+        cohorts=[{"checksum": "a" * 64, "members": [26]}],
+        drained=[{"instance_id": 27, "by": "preStop:pod/w-1", "at": 1.0}],
+    )
     table = render_status_table({"health": "healthy", "groups": [group]})
     assert table.splitlines()[-1] == (
         "drained 27 in m @ ns/backend/generate by preStop:pod/w-1 (out of routing; safe to stop "
