@@ -586,7 +586,8 @@ class AdmissionCore:
         hold = group.hold
         if hold is not None and was_admitted and hold.held:
             # While held the incumbent cohort is empty: this is an instance that arrived.
-            self._remove_arrival(group, hold, reg)
+            self._drop_arrival(hold, reg)
+            self._out.append(fx.WorkerDeparted(reg.key, gk, checksum, False))
             return
         cohort = group.cohorts[checksum]
         del cohort.members[iid]
@@ -700,9 +701,7 @@ class AdmissionCore:
         was_admitted = group.checksum == checksum
         if hold is not None and was_admitted and hold.held:
             # While held the incumbent cohort is empty: this is an instance that arrived.
-            del hold.arrivals[iid]
-            if not hold.arrivals:
-                hold.arrival_seq = None
+            self._drop_arrival(hold, reg)
             self._out.append(fx.WorkerDrained(key, gk, checksum, False, drain))
             return
         cohort = group.cohorts[checksum]
@@ -1069,11 +1068,12 @@ class AdmissionCore:
             group.generation = generation = self._next_generation()
             self._queue.append((group, generation))
 
-    def _remove_arrival(self, group: _Group, hold: _Hold, reg: Registration) -> None:
+    @staticmethod
+    def _drop_arrival(hold: _Hold, reg: Registration) -> None:
+        """Take an instance that arrived during a hold off the hold's list (it left, or drained)."""
         del hold.arrivals[reg.instance_id]
         if not hold.arrivals:
             hold.arrival_seq = None  # it would have emptied and left: a return is new again
-        self._out.append(fx.WorkerDeparted(reg.key, group.key, reg.mdc_checksum, False))
 
     def _end_hold(
         self, group: _Group, hold: _Hold, outcome: Literal["rejoined", "expired"]
