@@ -244,7 +244,8 @@ async def test_a_serve_started_while_nats_is_down_keeps_the_last_view_and_retrie
     tmp_path: Path,
 ) -> None:
     servers = restartable_server(tmp_path / "nats")
-    server = next(servers)
+    # In a thread: a container server's set-up runs an event loop of its own.
+    server = await asyncio.to_thread(next, servers)
     view_dir = tmp_path / "view"
     view_dir.mkdir()
     ep = EndpointId("ns-lkg", "backend", "generate")
@@ -260,7 +261,7 @@ async def test_a_serve_started_while_nats_is_down_keeps_the_last_view_and_retrie
         # The sidecar crashes, and NATS goes away before its supervisor restarts it.
         first.kill()
         first.communicate(timeout=10)
-        server.handle.stop()
+        await asyncio.to_thread(server.handle.stop)
         crashed_at = time.time()
         second = _serve(server.url, view_dir, "--registration-ttl", "8")
         await asyncio.sleep(4.0)
@@ -269,7 +270,7 @@ async def test_a_serve_started_while_nats_is_down_keeps_the_last_view_and_retrie
         assert wanted <= set(files), "the predecessor's view was emptied"
         assert min(files[f] for f in wanted) > crashed_at, "the view was not kept alive"
         # NATS comes back: the retrying serve connects and takes the view over.
-        server.handle.start()
+        await asyncio.to_thread(server.handle.start)
         _wait(lambda: wanted <= set(_record_files(view_dir)), 30, "the view after reconnect")
         _wait(
             lambda: min(_record_files(view_dir).get(f, 0) for f in wanted) > time.time() - 3,
@@ -286,7 +287,7 @@ async def test_a_serve_started_while_nats_is_down_keeps_the_last_view_and_retrie
             if process is not None and process.poll() is None:
                 process.kill()
                 process.communicate()
-        servers.close()
+        await asyncio.to_thread(servers.close)
 
 
 # -- fuzzing the boundary --------------------------------------------------------------------------

@@ -19,7 +19,13 @@ from dynamoview import wait_for
 from natsfixture import restartable_server, show
 from sidebyside import Figures, Outcome, SideBySide, side_by_side
 
-pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(420)]
+# The rollout tier: minutes of real workers under load (README, ".ci/run" runs it on its own).
+pytestmark = [
+    pytest.mark.dynamo,
+    pytest.mark.integration,
+    pytest.mark.rollout,
+    pytest.mark.timeout(420),
+]
 
 _NEEDS = "needs ai-dynamo==1.6.1 (its runtime wheel, then `pip install --no-deps ai-dynamo==1.6.1`)"
 pytest.importorskip("dynamo.frontend.main", reason=_NEEDS)
