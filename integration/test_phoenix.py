@@ -236,6 +236,8 @@ def test_the_succession_span_carries_both_checksums_and_generations(run: dict[st
         n.ATTR_NEW_CHECKSUM: NEW,
         n.ATTR_OLD_GENERATION: before["generation"],
         n.ATTR_NEW_GENERATION: after["generation"],
+        # The workers left: no drain, so no handover.
+        n.ATTR_DRAINED: False,
     }
     # The incumbent empties when its last card is deleted: that update caused the succession.
     last_key = model_writes(run, "delete", WORKER_IDS)[-1]

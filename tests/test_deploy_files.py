@@ -75,7 +75,11 @@ def test_a_containerfile_copies_what_the_package_needs_and_runs_what_exists(path
     else:
         assert entry[:3] == ["python", "-m", "dynamo.frontend"]
         assert "DYN_FRONTEND_ROUTE_EXTENSIONS=workerset-admission" in text
-        from dynamo.frontend.main import parse_args  # the real 1.6.1 frontend's parser
+        # The real 1.6.1 frontend's parser.
+        frontend = pytest.importorskip(
+            "dynamo.frontend.main", reason="needs ai-dynamo==1.6.1 (the dynamo extra)"
+        )
+        parse_args = frontend.parse_args
 
         saved = sys.argv
         sys.argv = ["dynamo.frontend", *entry[3:], *command]

@@ -22,7 +22,10 @@ class _Kept(logging.Handler):
 def test_dynamos_log_bridge_names_the_rejected_cohort_line_as_the_docs_show() -> None:
     # Dynamo 1.6.1's own formatter names a Python line the way its Rust log bridge does
     # (``module.funcName``): without the plugin's filter this line read facade.cohort_rejected.
-    from dynamo.runtime.logging import VllmColorFormatter
+    runtime_logging = pytest.importorskip(
+        "dynamo.runtime.logging", reason="needs ai-dynamo==1.6.1 (the dynamo extra)"
+    )
+    formatter_type = runtime_logging.VllmColorFormatter
 
     kept = _Kept()
     logger = logging.getLogger("workerset_admission.admission")
@@ -38,7 +41,7 @@ def test_dynamos_log_bridge_names_the_rejected_cohort_line_as_the_docs_show() ->
     finally:
         logger.removeHandler(kept)
     (record,) = kept.records
-    line = VllmColorFormatter().format(record)
+    line = formatter_type().format(record)
     assert "workerset_admission.admission" in line
     assert "facade" not in line
     assert f"{record.module}.{record.funcName}" == "workerset_admission.admission"
