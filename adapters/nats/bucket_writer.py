@@ -227,31 +227,12 @@ class JetStreamBucketWriter:
             self._written_seq = seq
 
     async def keys(self) -> list[str]:
-        owner = self._owner
-        if owner is None:
+        # The keys of one listing of the bucket with its stamps (``contents``): nats-py's own
+        # key listing can end before every key has come on a loaded machine, and a start would
+        # then keep records it should prune.
+        if self._owner is None:
             return []
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            return []
-        candidates = [key for key in keys if key.startswith(_DISCOVERY)]
-        owned: list[str] = []
-        for start in range(0, len(candidates), 64):
-            window = candidates[start : start + 64]
-            stamps = await asyncio.gather(*(self._stamp(key) for key in window))
-            owned += [k for k, headers in zip(window, stamps, strict=True) if owner.owns(headers)]
-        return owned
-
-    async def _stamp(self, key: str) -> dict[str, str] | None:
-        assert self._js is not None
-        assert self._bucket is not None
-        try:
-            last = await self._js.get_last_msg(
-                stream_name(self._bucket), f"$KV.{self._bucket}.{key}"
-            )
-        except NotFoundError:
-            return None
-        return last.headers
+        return sorted(key for key, record in (await self.contents()).items() if record.owned)
 
     # -- healing -----------------------------------------------------------------------------
 
