@@ -336,21 +336,15 @@ class SideBySide:
             namespace=namespace or self.namespace,
         )
 
-    def drain_worker(self, worker: int, namespace: str, timeout: float = 60.0) -> float:
-        """``workerset-admission drain --wait`` for one worker; return how long it took."""
+    def drain_command(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run ``workerset-admission drain ARGS`` against this deployment's buckets."""
         running = self.deployment
-        started = time.monotonic()
-        result = subprocess.run(
+        return subprocess.run(
             running._cli(
                 "drain",
-                str(worker),
-                "--namespace",
-                namespace,
-                "--wait",
+                *args,
                 "--timeout",
                 str(timeout),
-                "--by",
-                "side-by-side",
                 "--nats-server",
                 running.nats_url,
                 "--discovery-bucket",
@@ -363,6 +357,14 @@ class SideBySide:
             timeout=timeout + 30,
             check=False,
         )
+
+    def drain_worker(self, worker: int, namespace: str, timeout: float = 60.0) -> float:
+        """``workerset-admission drain --wait`` for one worker; return how long it took."""
+        started = time.monotonic()
+        result = self.drain_command(
+            str(worker), "--namespace", namespace, "--wait", "--by", "side-by-side",
+            timeout=timeout,
+        )  # fmt: skip
         assert result.returncode == 0, f"drain {worker:x}: {result.stderr}"
         return time.monotonic() - started
 

@@ -15,7 +15,6 @@ given while the plugin's nats-server is down.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -155,25 +154,6 @@ def test_a_drain_given_while_the_plugins_nats_server_is_down_waits_and_loses_not
 def test_the_drain_command_refuses_a_worker_the_bucket_does_not_hold(
     deployment: SideBySide,
 ) -> None:
-    running = deployment.deployment
-    result = subprocess.run(
-        running._cli(
-            "drain",
-            "0xdead",
-            "--wait",
-            "--timeout",
-            "5",
-            "--nats-server",
-            running.nats_url,
-            "--discovery-bucket",
-            running.bucket,
-            "--admission-bucket",
-            f"{running.bucket}-adm",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = deployment.drain_command("0xdead", "--wait", timeout=5)
     assert result.returncode == 2
     assert "no worker 0xdead is registered" in result.stderr
