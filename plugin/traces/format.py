@@ -46,8 +46,11 @@ A frontend's header also records the settings its decisions depend on (retry del
 hold, build limit; the namespace filter and other boundary settings); replay uses them unless
 told otherwise.
 
-Version 2 is version 3 without digests and refused commits; it is upgraded when read (its lines
-are version 3 lines with nothing to compare), so it replays exactly as before, unchecked.
+Older versions are upgraded when read, each by one function (``_upgrade_version_2``,
+``upgrade_version_1``), so replay knows one form only: version 3 lines, each with its ``t`` (a
+version 1 trace still has no header: :func:`trace_version` and :func:`recorded_ticks` tell it).
+Version 2 is version 3 without digests and refused commits: its lines are version 3 lines with
+nothing to compare, so it replays exactly as before, unchecked.
 
 Times are written at full precision (a float's shortest exact spelling): the core compares
 deadlines computed from them, and a rounded time could put a recorded tick before the deadline
@@ -55,9 +58,15 @@ it fired for. A version 2 replay ticks exactly where the recording did.
 
 A build line with its generation and checksum answers exactly that attempt, so a result that
 arrives after its attempt was cancelled (a late result after a succession) is expressible and
-is fenced by the core as it was live. Version 1 traces (no header, no times, no operations)
-still replay: ``tick`` lines move their clock, a delete is a plain deletion, and a build line
-answers the attempt in flight for its group.
+is fenced by the core as it was live.
+
+Version 1 (no header, no times, no operations) has a clock of its own: it starts at 0 and moves
+only at ``{"kind": "tick", "seconds": <float>}`` lines, by their seconds. Its upgrade gives every
+line the reading of that clock as its ``t`` (a tick line the reading it moves the clock to), so
+its replay's clock follows ``t`` like any other's and lands on the same readings. Its tick lines
+stay the only moments a timer falls due (a retry is due at the first tick at or past its
+deadline), as in a frontend's recording (:func:`recorded_ticks`); a delete is a plain deletion,
+and a build line without generation answers the attempt in flight for its group.
 """
 
 from __future__ import annotations
@@ -90,8 +99,10 @@ __all__ = [
     "read_trace",
     "recorded_by_frontend",
     "recorded_settings",
+    "recorded_ticks",
     "settings_of",
     "trace_version",
+    "upgrade_version_1",
 ]
 
 TRACE_VERSION: Final = 3
@@ -249,6 +260,18 @@ def recorded_by_frontend(events: Sequence[Mapping[str, Any]]) -> bool:
     return bool(events) and events[0]["kind"] == "trace" and events[0]["observer"] == "frontend"
 
 
+def recorded_ticks(events: Sequence[Mapping[str, Any]]) -> bool:
+    """Tell whether a read trace's tick lines are the only moments its timers fall due.
+
+    A frontend's recording has a tick line wherever one of its timers fired, and version 1's
+    tick lines are its clock. Only a bucket recording, which sees no timers, leaves replay to
+    fire the core's deadlines itself as the clock passes them.
+    """
+    if not events or events[0]["kind"] != "trace":
+        return True  # version 1: no header
+    return bool(events[0]["observer"] == "frontend")
+
+
 def _number(value: object) -> bool:
     return (
         isinstance(value, (int, float))
@@ -330,8 +353,36 @@ def _check(number: int, event: Mapping[str, Any], version: int, last_t: float) -
     return t
 
 
+def _upgrade_version_2(header: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a version 2 header as version 3's: its lines are version 3 lines already."""
+    # Version 3 without digests or refused commits: nothing else changes.
+    return {**header, "version": TRACE_VERSION, "upgraded_from": 2}
+
+
+def upgrade_version_1(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Return checked version 1 lines in the current form: each with ``t``, its clock reading.
+
+    Version 1's clock starts at 0 and moves only at tick lines, by their ``seconds``; every line
+    gets the reading of that clock when it is applied, a tick line the reading it moves the
+    clock to (summed in line order, as replay summed them, so the readings are the same floats).
+    A ``t`` a version 1 line carries is not its time and is replaced. Tick lines keep their
+    ``seconds``, so upgrading an upgraded trace changes nothing.
+    """
+    clock = 0.0
+    upgraded = []
+    for event in events:
+        if event["kind"] == "tick":
+            clock += float(event["seconds"])
+        upgraded.append({**event, "t": clock})
+    return upgraded
+
+
 def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """Parse and check a trace's syntax; blank lines are skipped; version 2 is upgraded to 3."""
+    """Parse and check a trace's syntax and upgrade it to the current form.
+
+    Blank lines are skipped. A version 1 or 2 trace comes back as version 3 lines, each with
+    its ``t`` (see the module's docstring).
+    """
     events: list[dict[str, Any]] = []
     version = 1
     last_t = 0.0
@@ -359,9 +410,8 @@ def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
                 raise TraceError(f"line {number}: a trace header's observer is one of {OBSERVERS}")
             version = found
             if found == 2:
-                # Version 3 without digests or refused commits: nothing else changes.
-                event = {**event, "version": TRACE_VERSION, "upgraded_from": 2}
+                event = _upgrade_version_2(event)
         else:
             last_t = _check(number, event, version, last_t)
         events.append(event)
-    return events
+    return upgrade_version_1(events) if version == 1 else events

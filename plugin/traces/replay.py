@@ -1,21 +1,24 @@
 """Offline replay of a discovery trace through the live service's own step code.
 
-A trace is JSON Lines (:mod:`workerset_admission.traces.format` gives the format and its two
-versions). Replay builds the same :class:`~workerset_admission.service.step.AdmissionStep` the live
-service runs, with the same ingestion, core, receivers' channels and effect handling, and
-feeds it the trace's lines as the source events they were: a put, a delete with its operation,
-a listing with its reason (and the keys and peers it carried), a build result. What differs
-from a live frontend is only what the step is plugged into:
+A trace is JSON Lines (:mod:`workerset_admission.traces.format` gives the format; older versions
+are upgraded to the current form when read, so replay has one mode). Replay builds the same
+:class:`~workerset_admission.service.step.AdmissionStep` the live service runs, with the same
+ingestion, core, receivers' channels and effect handling, and feeds it the trace's lines as the
+source events they were: a put, a delete with its operation, a listing with its reason (and the
+keys and peers it carried), a build result. What differs from a live frontend is only what the
+step is plugged into:
 
-* the clock follows the trace: a version 2 line's ``t`` (the reading the live step made), or
-  version 1's ``tick`` lines;
+* the clock follows every line's ``t`` (the reading the live step made; a version 1 trace's
+  readings of its tick clock);
 * a frontend's own recording (``observer: frontend``) holds every build result, with its
   generation and checksum, and every tick its timers made: replay builds and ticks exactly
   there, and a build without a result line stays in flight, as it was when the recording
   ended. In any other trace a build stays in flight when a later ``build`` line names its
   group (the first such line decides it) and any other build succeeds at once, before the
-  next line; a version 2 trace's deadlines fire as its clock passes them, a version 1 trace's
-  at its ``tick`` lines;
+  next line;
+* timers fire at the trace's ``tick`` lines and, where those are not every moment a timer fell
+  due (a bucket recording, :func:`~workerset_admission.traces.format.recorded_ticks`), also as
+  the clock passes the core's deadlines;
 * nothing is served: no hops are bound, and the rejection reports are collected, not logged;
   a commit is refused exactly where the recorded frontend's hop refused it (a
   ``commit_failed`` line), and nowhere else.
@@ -88,6 +91,7 @@ from workerset_admission.traces.format import (
     read_trace,
     recorded_by_frontend,
     recorded_settings,
+    recorded_ticks,
     trace_version,
 )
 from workerset_admission.traces.state_line import DecisionState
@@ -194,7 +198,7 @@ class _TraceBuilds:
         waits: Mapping[str, Sequence[int]],
         refusals: Mapping[tuple[str, str, int], tuple[int, CommitFailed]],
     ) -> None:
-        # Version 1: a build no later line answers succeeds at once.
+        # Unless the builds' results are recorded: one no later line answers succeeds at once.
         self._immediate = immediate
         self._waits = waits
         # The commits the recorded frontend's hops refused, by (group id, checksum, generation),
@@ -251,12 +255,14 @@ class _Replayer(StepObserver):
         *,
         check: bool = True,
     ) -> None:
+        # Only to tell the reader (1: a trace without a header); replay runs every version alike.
         self.version = trace_version(events)
         # Whether recorded digests are compared (only under the recorded settings).
         self.check = check
         # A frontend's own recording holds its every build result and tick; any other trace
-        # lets builds succeed at once and, when it has times, fires deadlines as they pass.
+        # lets builds succeed at once, and a bucket recording's deadlines fire as they pass.
         self.by_frontend = recorded_by_frontend(events)
+        self.fires_deadlines = not recorded_ticks(events)
         waits: dict[str, list[int]] = {}
         refusals: dict[tuple[str, str, int], tuple[int, CommitFailed]] = {}
         for index, event in enumerate(events):
@@ -307,8 +313,7 @@ class _Replayer(StepObserver):
             kind = event["kind"]
             if kind == "trace":
                 continue
-            if self.version >= 2:
-                self._advance(float(event["t"]))
+            self._advance(float(event["t"]))
             if kind == "commit_failed":
                 # Fed back where the replay's own commit was refused (``_TraceBuilds.commit``).
                 if index in self.builds.unanswered():
@@ -324,11 +329,9 @@ class _Replayer(StepObserver):
             if kind == "state":
                 state = DecisionState.from_line(event)
                 self.recorded = state.cohorts
-                # The recorded tenures, on the trace's clock (a version 1 line names none).
+                # The recorded tenures, on the trace's clock.
                 self.step.apply([Tick(self.now), *state.inputs()])
             elif kind == "tick":
-                if self.version < 2:
-                    self.now += float(event["seconds"])
                 self.step.tick()
             elif kind == "build":
                 self._build(event)
@@ -341,7 +344,7 @@ class _Replayer(StepObserver):
             self._finish_builds()
 
     def _schedule(self, deadline: float) -> None:
-        if self.version >= 2 and not self.by_frontend:
+        if self.fires_deadlines:
             heapq.heappush(self._deadlines, deadline)
 
     def _advance(self, t: float) -> None:
