@@ -257,11 +257,14 @@ def test_the_admission_core_makes_its_values_one_plain_way() -> None:
 # ---------------------------------------------------------------------------------- arrows
 #
 # Arrows point down: the shared vocabulary and the ports at the bottom; the admission core and
-# the card boundary on them; adapters on those; the service and the traces above; the
-# composition roots (the service factory, the commands, the frontend's routes) at the top, the
-# only modules that see both the service and the adapters it is plugged into.
+# the card boundary (with the wire records every reader of a bucket shares) on them; adapters on
+# those; the service, the traces and the rollout gate above; the composition roots (the service
+# factory, the commands, the frontend's routes) at the top, the only modules that see both the
+# service and the adapters it is plugged into.
 
-_ROOMS_ABOVE_ADAPTERS = ("service", "traces", "cli", "frontend")
+_ROOMS_BELOW_ADAPTERS = ("admission", "card")
+# Every other room, a new one included, is above the adapters.
+_ROOMS_ABOVE_ADAPTERS = tuple(sorted(_ROOMS - set(_ROOMS_BELOW_ADAPTERS)))
 # Where the service is put together with its adapters.
 _COMPOSITION_ROOTS = ("plugin/service/factory.py", "plugin/cli/", "plugin/frontend/")
 
@@ -422,6 +425,12 @@ def test_adapters_never_import_the_rooms_above_them() -> None:
         if _room(target) in _ROOMS_ABOVE_ADAPTERS
     ]
     assert offenders == []
+
+
+def test_the_rooms_above_the_adapters_are_every_room_but_the_core_and_the_card() -> None:
+    assert {"service", "traces", "cli", "frontend", "rollout"} <= set(_ROOMS_ABOVE_ADAPTERS)
+    assert _room("workerset_admission.rollout.gate") in _ROOMS_ABOVE_ADAPTERS
+    assert _room("workerset_admission.card.serving_record") not in _ROOMS_ABOVE_ADAPTERS
 
 
 def test_only_a_composition_root_sees_the_adapters_from_above() -> None:

@@ -9,15 +9,14 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from workerset_admission.errors import InvalidRecordError, RemoteDataError
-from workerset_admission.rollout.gate import (
+from workerset_admission.card.serving_record import (
     CapabilityRecord,
     NamespaceRecord,
     Record,
-    evaluate_gate,
     parse_record,
-    render_table,
 )
+from workerset_admission.errors import InvalidRecordError, RemoteDataError
+from workerset_admission.rollout.gate import evaluate_gate, render_table
 
 MODEL = "llama"
 OLD = "prod-v1"

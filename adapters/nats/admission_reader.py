@@ -19,8 +19,8 @@ from workerset_admission.adapters.nats.connect import (
     servers_for_display,
 )
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.keys import ADMISSION_BUCKET
-from workerset_admission.rollout.gate import BucketRead, RawEntry
 
 DEFAULT_ADMISSION_BUCKET = ADMISSION_BUCKET
 

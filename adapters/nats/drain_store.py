@@ -22,9 +22,9 @@ from workerset_admission.adapters.nats.connect import (
     servers_for_display,
 )
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError
 from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX
-from workerset_admission.rollout.gate import BucketRead, RawEntry
 
 __all__ = ["NatsDrainStore"]
 

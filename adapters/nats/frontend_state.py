@@ -6,8 +6,8 @@ from nats.errors import Error as NatsError
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
 from workerset_admission.adapters.nats.status import frontend_subject
+from workerset_admission.card.serving_record import CapabilityRecord, NamespaceRecord, parse_record
 from workerset_admission.errors import Unreachable
-from workerset_admission.rollout.gate import CapabilityRecord, NamespaceRecord, parse_record
 
 __all__ = ["frontend_status", "live_frontends"]
 

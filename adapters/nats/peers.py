@@ -16,8 +16,8 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
+from workerset_admission.card.serving_record import BucketRead, NamespaceRecord, parse_record
 from workerset_admission.ports import DiscoverySource, SourceEvent, SourceSnapshot
-from workerset_admission.rollout.gate import BucketRead, NamespaceRecord, parse_record
 
 __all__ = ["PeerAwareSource", "served_by_peers"]
 

@@ -16,7 +16,8 @@ a short, stable ``reason``:
   ``invalid_json``, ``invalid_utf8``.
 
 Event-plane records (``events``) and drain records (``drain_record``) are refused with the
-record reasons above.
+record reasons above; serving records (``serving_record``, the ``frontend-model-admission``
+bucket) with reasons of their own, listed there.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TextIO
 
+from workerset_admission.card.serving_record import BucketRead, Record, parse_record
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK
 from workerset_admission.errors import InvalidRecordError, UsageError
 from workerset_admission.identity import Drain
@@ -31,7 +32,6 @@ from workerset_admission.rollout.drain import (
     find_workers,
     parse_instance_id,
 )
-from workerset_admission.rollout.gate import BucketRead, Record, parse_record
 
 __all__ = ["DrainStore", "arguments", "main", "run_drain", "run_undrain", "wait_until_safe"]
 

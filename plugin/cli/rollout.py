@@ -17,18 +17,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TextIO
 
+from workerset_admission.card.serving_record import BucketRead, RawEntry, Record, parse_record
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNREACHABLE
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.keys import ADMISSION_BUCKET
-from workerset_admission.rollout.gate import (
-    BucketRead,
-    GateReport,
-    RawEntry,
-    Record,
-    evaluate_gate,
-    parse_record,
-    render_table,
-)
+from workerset_admission.rollout.gate import GateReport, evaluate_gate, render_table
 
 if TYPE_CHECKING:
     pass

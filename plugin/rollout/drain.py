@@ -32,9 +32,9 @@ from typing import Any
 
 from workerset_admission import identity
 from workerset_admission.card import jsonio
+from workerset_admission.card.serving_record import CapabilityRecord, NamespaceRecord, Record
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import ENDPOINT_PREFIX, MODEL_PREFIX, parse_key
-from workerset_admission.rollout.gate import CapabilityRecord, NamespaceRecord, Record
 
 __all__ = [
     "DrainCheck",

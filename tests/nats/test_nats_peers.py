@@ -6,8 +6,8 @@ import json
 from collections.abc import AsyncIterator
 
 from workerset_admission.adapters.nats.peers import PeerAwareSource, served_by_peers
+from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.ports import DiscoveryEntry, SourceEvent, SourcePut, SourceSnapshot
-from workerset_admission.rollout.gate import BucketRead, RawEntry
 
 
 def record(frontend: str, checksum: str, members: list[str]) -> RawEntry:
