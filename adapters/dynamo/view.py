@@ -41,14 +41,18 @@ tenure is the exception the core decides (its successor's commit names it, ``han
 its workers still serve, so the successor's records go in first and the drained ones go
 after, in the same pass. The frontend then holds the successor's records when the drained
 workers go, as it does on the workers' own store, and its own first-wins admission keeps the
-successor out until that moment. The
-frontend then drops the model and builds it on the successor, as it does on the workers' own
-store, where its own first-wins admission kept the successor out until the incumbent left. The
+successor out until that moment; it then drops the model and builds it on the successor. The
 successor's records appear only once admission committed it, after the incumbent's last
 member left, so no frontend, running or started late, sees them while the incumbent serves.
 Nothing of a departed worker is kept for the successor: a SIGTERMed worker stops serving at
 once, and a request routed to it fails (measured: keeping its card and instance record until
 the successor's commit cost more requests than dropping them).
+
+A drained worker leaves routing when its cards go; its endpoint (``v1/instances``) records
+stay in the view until the worker's own leave the bucket. The 1.6.1 frontend cancels the
+requests in flight on an instance the moment its endpoint record goes (its discovery-driven
+cleanup), so removing them while the drained worker still serves would fail the requests a
+drain exists to keep; without its cards no new request reaches it (measured).
 
 Files are touched every ``refresh_interval`` seconds, well inside the store's 10 s expiry; when
 the writer stops its files are deleted, and when its process dies the frontend's own file store
@@ -148,6 +152,8 @@ class ViewService(Protocol):
 
     def bindings(self) -> Sequence[Any]: ...
 
+    def drained_workers(self) -> frozenset[tuple[str, int]]: ...
+
     def on_state_change(self, listener: Callable[[], None]) -> None: ...
 
     def before_publication(self, hook: Callable[[], object]) -> None: ...
@@ -208,7 +214,7 @@ class ViewWriter:
         if service is None or not service.synced:
             return SyncReport()
         tenures = tenures_of(service)
-        report = self.view.sync(tenures, self.table)
+        report = self.view.sync(tenures, self.table, service.drained_workers())
         self.syncs += 1
         self.last_sync_at = time.monotonic()
         if report.changed:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from workerset_admission.adapters.dynamo.view_directory import BUCKETS, ViewFile, ViewFiles
@@ -190,7 +190,12 @@ class AdmittedView:
             self._owners.setdefault(file, frozenset())
         return len(self._written)
 
-    def sync(self, tenures: Sequence[Tenure], table: RecordTable) -> SyncReport:
+    def sync(
+        self,
+        tenures: Sequence[Tenure],
+        table: RecordTable,
+        drained: Collection[tuple[str, int]] = (),
+    ) -> SyncReport:
         """Make the directory equal to the view the tenures and records call for.
 
         A tenure that ended is withdrawn first, so the view never holds two configurations of
@@ -200,6 +205,13 @@ class AdmittedView:
         before its predecessor leaves, and the model never empties in between. A drained tenure
         a live one took over from (``Tenure.handover_from``) still serves, so its files go
         last, after the successor's are written.
+
+        A drained worker (``drained``: namespace and instance id) leaves routing when its cards
+        go; the endpoint records the view already holds for it stay until the worker's own
+        records leave the bucket. The frontend cancels the requests in flight on an instance
+        the moment its endpoint record goes, so removing them while the worker still serves
+        would fail the very requests a drain exists to keep; with its cards gone no new
+        request reaches it. They are never written anew.
 
         Records that left the bucket are kept in ``table`` only while a held tenure's last
         known members (the core's window) still call for them: the rest are forgotten here.
@@ -216,7 +228,12 @@ class AdmittedView:
             )
         live = {(t.group, t.generation) for t in tenures}
         handed_over = {(t.group, t.handover_from) for t in tenures if t.handover_from is not None}
-        stale = [f for f in self._written if f not in wanted]
+        lingering = {
+            (record.bucket, record.file_name)
+            for namespace, instance_id in sorted(drained)
+            for record in table.lookup("instance", namespace, None, instance_id)
+        }
+        stale = [f for f in self._written if f not in wanted and f not in lingering]
         ended = []
         for file in stale:
             owners = self._owners.get(file, frozenset())

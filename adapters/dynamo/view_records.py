@@ -84,10 +84,11 @@ class RecordTable:
     ) -> list[HeldRecord]:
         """Return the records tied to a worker, a publisher or an endpoint.
 
-        ``worker``: endpoint and model records of an instance in a component; ``source``:
-        event sources naming a worker; ``channel``: event channels of a publisher (these two
-        in any component; pass ``None``); ``scope``: event channels other than KV events
-        published at an endpoint (pass its component and endpoint name).
+        ``worker``: endpoint and model records of an instance in a component; ``instance``:
+        endpoint records of an instance in any component; ``source``: event sources naming a
+        worker; ``channel``: event channels of a publisher (these three in any component;
+        pass ``None``); ``scope``: event channels other than KV events published at an
+        endpoint (pass its component and endpoint name).
         """
         keys = self._index.get((kind, namespace, component, number), ())
         return [self._records[key] for key in sorted(keys)]
@@ -188,7 +189,12 @@ class RecordTable:
 
     @staticmethod
     def _ties(record: HeldRecord) -> tuple[_Tie, ...]:
-        if record.bucket in ("instances", "mdc"):
+        if record.bucket == "instances":
+            return (
+                ("worker", record.namespace, record.component, record.instance_id),
+                ("instance", record.namespace, None, record.instance_id),
+            )
+        if record.bucket == "mdc":
             return (("worker", record.namespace, record.component, record.instance_id),)
         if record.bucket == "event_sources":
             if record.worker_id is None:

@@ -343,6 +343,10 @@ class AdmissionService:
         """Return the hop binding of every committed group, sorted by group."""
         return self.hops.bindings()
 
+    def drained_workers(self) -> frozenset[tuple[str, int]]:
+        """Return the workers a drain in force names: (namespace, instance id)."""
+        return frozenset((d.namespace, d.instance_id) for d in self.core.drains())
+
     def binding(self, group: GroupKey) -> AdmittedHopBinding | None:
         return self.hops.binding(group)
 

@@ -268,6 +268,59 @@ def test_a_drained_tenure_handing_over_goes_after_its_successor_is_written() -> 
     assert set(files.content) == set(files_of(B, files.content))
 
 
+def test_a_drained_members_endpoint_records_stay_until_it_leaves_the_bucket() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    files.ops.clear()
+    drained = {("pns", A1)}
+
+    report = view.sync([Tenure(GROUP, 1, frozenset({A2}))], table, drained)
+
+    # Its card goes (no new request reaches it); its endpoint records stay, so the frontend
+    # does not cancel the requests still in flight on it.
+    query = EndpointId("pns", "backend", f"worker_kv_query_source_{A1:x}")
+    kept = {instance_file(A1), instance_file(A1, query)}
+    assert mdc_file(A1) in report.removed
+    assert kept <= set(files.content)
+    assert not kept & set(report.removed)
+    # They are kept alive like every file of the view, and go once the worker's own go.
+    assert kept <= set(view.files)
+    table.apply(SourceDelete(endpoint_kv_key(EP, A1), 9))
+    table.apply(SourceDelete(endpoint_kv_key(query, A1), 10))
+    report = view.sync([Tenure(GROUP, 1, frozenset({A2}))], table, drained)
+    assert set(report.removed) == kept
+    assert set(files.content) == set(files_of(A2, files.content))
+
+
+def test_a_drained_tenures_endpoint_records_outlive_its_handover() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(B, block_size=32))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    files.ops.clear()
+
+    view.sync([Tenure(GROUP, 4, frozenset({B}), handover_from=1)], table, {("pns", A1)})
+
+    # The successor's records went in first; the drained worker's card went after, and its
+    # endpoint records wait for its departure.
+    assert files.ops[4] == ("publish", mdc_file(B))
+    assert mdc_file(A1) not in files.content
+    assert instance_file(A1) in files.content
+
+
+def test_a_drained_worker_the_view_never_held_is_not_written() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(B, block_size=32))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table, {("pns", B)})
+
+    assert files_of(B, files.content) == []
+
+
 def test_a_handover_from_another_generation_does_not_delay_an_ended_tenure() -> None:
     files = FakeFiles()
     view = AdmittedView(files)
@@ -649,7 +702,11 @@ async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first(
         )
         await _until(lambda: mdc_file(B) in files.content and mdc_file(A1) not in files.content)
         assert files.ops.index(("publish", mdc_file(B))) < files.ops.index(("remove", mdc_file(A1)))
-        assert set(files.content) == set(files_of(B, files.content))
+        # A1 still serves the requests it has: its endpoint records wait for its departure.
+        assert instance_file(A1) in files.content
+        for entry in worker_records(A1):
+            source.queue.put_nowait(SourceDelete(entry.key, 50))
+        await _until(lambda: set(files.content) == set(files_of(B, files.content)))
     finally:
         await service.stop()
         await writer.close()
