@@ -302,8 +302,13 @@ class Deployment:
         model: str = MODEL_NAME,
         block_size: int = 16,
         mode: str | None = None,
+        speedup: float = 0.0,
     ) -> int:
-        """Start one mocker and return its instance id once it registered."""
+        """Start one mocker and return its instance id once it registered.
+
+        ``speedup`` is the mocker's ``--speedup-ratio``: 0 answers at once, 1 takes as long as
+        the simulated engine would.
+        """
         component = "prefill" if mode == "prefill" else "backend"
         before = self.instance_ids(namespace, component)
         argv = [
@@ -321,7 +326,7 @@ class Deployment:
             "--kv-bytes-per-token",
             "1024",
             "--speedup-ratio",
-            "0",
+            f"{speedup:g}",
             "--block-size",
             str(block_size),
         ]

@@ -9,8 +9,9 @@ worker is drained with ``workerset-admission drain --wait`` (which waits for bot
 frontends), then SIGTERMed, 5 s apart.
 
 The cases run in file order: a versioned rollout (the new generation in a namespace of its
-own), a rollout in place (a conflicting cohort that succeeds at the last drain), and a drain
-given while the plugin's nats-server is down.
+own), a rollout in place (a conflicting cohort that succeeds at the last drain), a drain
+given while the plugin's nats-server is down, and a drain of a worker with requests in
+flight (they finish).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from natsfixture import restartable_server, show
@@ -149,6 +152,57 @@ def test_a_drain_given_while_the_plugins_nats_server_is_down_waits_and_loses_not
     for name in PLUGIN_FRONTENDS:
         assert figures[name].failed == 0, (name, figures[name].errors)
     deployment.serve(len(deployment.incumbent) + 1)
+
+
+def _long_request(frontend: Any) -> int | None:
+    """One request of 400 tokens (about 2 s on a worker that takes its time); its worker."""
+    reply = frontend.client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "a b a"}],
+        max_tokens=400,
+        extra_body={"ignore_eos": True, "nvext": {"extra_fields": ["worker_id"]}},
+    )
+    ids = ((reply.model_extra or {}).get("nvext") or {}).get("worker_id") or {}
+    worker = ids.get("decode_worker_id")
+    return None if worker is None else int(worker)
+
+
+def test_requests_in_flight_on_a_drained_worker_finish_on_every_frontend(
+    deployment: SideBySide,
+) -> None:
+    # A worker that takes its time: its requests are still in flight when the drain lands.
+    # (The others answer at once, so only the slow one has requests in flight then.)
+    slow = deployment.deployment.start_worker(
+        "worker-slow",
+        block_size=deployment.block_size,
+        namespace=deployment.namespace,
+        speedup=1.0,
+    )
+    deployment.incumbent.append(slow)
+    deployment.wait_serving(deployment.incumbent)
+    fronts = deployment.frontends
+    per_frontend = 4 * len(deployment.incumbent)
+    with ThreadPoolExecutor(max_workers=per_frontend * len(fronts)) as pool:
+        sent = {
+            name: [pool.submit(_long_request, frontend) for _ in range(per_frontend)]
+            for name, frontend in fronts.items()
+        }
+        time.sleep(0.3)
+        took = deployment.drain_worker(slow, deployment.namespace)
+        served = {name: [f.result(timeout=60) for f in futures] for name, futures in sent.items()}
+    deployment.deployment.stop_worker(slow)
+    deployment.incumbent.remove(slow)
+    for name, workers in served.items():
+        show(f"[drained rollout] in flight on the drained worker at {name}: {workers.count(slow)}")
+    show(f"[drained rollout] drain --wait with requests in flight answered after {took:.2f} s")
+    # Every request succeeded (a failed one raised above), and each plugin frontend had some
+    # on the slow worker when its drain took the worker out of routing: the view removed its
+    # cards, not its endpoint records, so the frontend did not cancel them.
+    for name in PLUGIN_FRONTENDS:
+        assert served[name].count(slow) >= 1, (name, served[name])
+    # And nothing new went to it: a request now lands elsewhere on every frontend.
+    for name, frontend in fronts.items():
+        assert frontend.ask().decode != slow, name
 
 
 def test_the_drain_command_refuses_a_worker_the_bucket_does_not_hold(

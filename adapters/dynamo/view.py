@@ -52,7 +52,10 @@ A drained worker leaves routing when its cards go; its endpoint (``v1/instances`
 stay in the view until the worker's own leave the bucket. The 1.6.1 frontend cancels the
 requests in flight on an instance the moment its endpoint record goes (its discovery-driven
 cleanup), so removing them while the drained worker still serves would fail the requests a
-drain exists to keep; without its cards no new request reaches it (measured).
+drain exists to keep; without its cards no new request reaches it (measured). The exception is
+a handover: the frontend admits the successor's configuration only once the old one's last
+instance is gone, so when a successor tenure of the same WorkerSet serves, the drained
+workers' endpoint records go with their cards.
 
 Files are touched every ``refresh_interval`` seconds, well inside the store's 10 s expiry; when
 the writer stops its files are deleted, and when its process dies the frontend's own file store

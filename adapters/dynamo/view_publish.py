@@ -211,7 +211,9 @@ class AdmittedView:
         records leave the bucket. The frontend cancels the requests in flight on an instance
         the moment its endpoint record goes, so removing them while the worker still serves
         would fail the very requests a drain exists to keep; with its cards gone no new
-        request reaches it. They are never written anew.
+        request reaches it. They are never written anew, and they go at once when a successor
+        tenure of their WorkerSet serves: the frontend admits the successor's configuration
+        only once the old one's last instance is gone (measured: it answered 404 until then).
 
         Records that left the bucket are kept in ``table`` only while a held tenure's last
         known members (the core's window) still call for them: the rest are forgotten here.
@@ -228,10 +230,16 @@ class AdmittedView:
             )
         live = {(t.group, t.generation) for t in tenures}
         handed_over = {(t.group, t.handover_from) for t in tenures if t.handover_from is not None}
+        serving = {t.group: t.generation for t in tenures}
         lingering = {
-            (record.bucket, record.file_name)
+            file
             for namespace, instance_id in sorted(drained)
             for record in table.lookup("instance", namespace, None, instance_id)
+            if (file := (record.bucket, record.file_name)) in self._written
+            and not any(
+                serving.get(group, generation) != generation
+                for group, generation in self._owners.get(file, frozenset())
+            )
         }
         stale = [f for f in self._written if f not in wanted and f not in lingering]
         ended = []

@@ -294,19 +294,36 @@ def test_a_drained_members_endpoint_records_stay_until_it_leaves_the_bucket() ->
     assert set(files.content) == set(files_of(A2, files.content))
 
 
-def test_a_drained_tenures_endpoint_records_outlive_its_handover() -> None:
+def test_a_drained_tenure_handing_over_takes_its_endpoint_records_along() -> None:
     files = FakeFiles()
     view = AdmittedView(files)
-    table = table_of(worker_records(A1), worker_records(B, block_size=32))
-    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+    table = table_of(worker_records(A1), worker_records(A2), worker_records(B, block_size=32))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    # A1 drained first, beside A2: its endpoint records stay.
+    view.sync([Tenure(GROUP, 1, frozenset({A2}))], table, {("pns", A1)})
+    assert instance_file(A1) in files.content
     files.ops.clear()
 
-    view.sync([Tenure(GROUP, 4, frozenset({B}), handover_from=1)], table, {("pns", A1)})
+    # A2 drained too: B succeeds. The frontend admits B's configuration only once the old
+    # one's last instance is gone, so every drained worker's records go with the handover.
+    drained = {("pns", A1), ("pns", A2)}
+    view.sync([Tenure(GROUP, 4, frozenset({B}), handover_from=1)], table, drained)
 
-    # The successor's records went in first; the drained worker's card went after, and its
-    # endpoint records wait for its departure.
     assert files.ops[4] == ("publish", mdc_file(B))
-    assert mdc_file(A1) not in files.content
+    assert set(files.content) == set(files_of(B, files.content))
+
+
+def test_a_drained_last_member_with_no_successor_keeps_its_endpoint_records() -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1))
+    view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
+
+    # An old generation's last worker drained (the new one serves under another WorkerSet):
+    # the tenure ends, its card goes, and the requests in flight on it are not cancelled.
+    report = view.sync([], table, {("pns", A1)})
+
+    assert mdc_file(A1) in report.withdrawn
     assert instance_file(A1) in files.content
 
 
@@ -702,11 +719,9 @@ async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first(
         )
         await _until(lambda: mdc_file(B) in files.content and mdc_file(A1) not in files.content)
         assert files.ops.index(("publish", mdc_file(B))) < files.ops.index(("remove", mdc_file(A1)))
-        # A1 still serves the requests it has: its endpoint records wait for its departure.
-        assert instance_file(A1) in files.content
-        for entry in worker_records(A1):
-            source.queue.put_nowait(SourceDelete(entry.key, 50))
-        await _until(lambda: set(files.content) == set(files_of(B, files.content)))
+        # The successor serves: the drained worker's endpoint records go too, or the
+        # frontend would not admit B's configuration.
+        assert set(files.content) == set(files_of(B, files.content))
     finally:
         await service.stop()
         await writer.close()
