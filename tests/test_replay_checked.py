@@ -86,11 +86,11 @@ def refusing_first_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     commit = HopBindings.commit
     refused: list[CommitGroup] = []
 
-    def first_refused(self: HopBindings, effect: CommitGroup) -> None:
+    def first_refused(self: HopBindings, effect: CommitGroup, pipeline: object = None) -> None:
         if not refused:
             refused.append(effect)
             raise RuntimeError("no open admission channel")
-        commit(self, effect)
+        commit(self, effect, pipeline)
 
     monkeypatch.setattr(HopBindings, "commit", first_refused)
     yield

@@ -75,7 +75,6 @@ class _Builds:
 
     def __init__(self) -> None:
         self.in_flight: dict[tuple[GroupKey, int], StartBuild] = {}
-        self.committed: dict[GroupKey, int] = {}
         self.refuse = False
 
     def start(self, effect: StartBuild) -> None:
@@ -90,15 +89,7 @@ class _Builds:
             return CommitFailed(
                 effect.group, effect.mdc_checksum, effect.generation, "commit", "refused"
             )
-        self.committed[effect.group] = effect.generation
         return None
-
-    def withdraw(self, group: GroupKey, generation: int) -> None:
-        if self.committed.get(group) == generation:
-            del self.committed[group]
-
-    def is_committed(self, group: GroupKey) -> bool:
-        return group in self.committed
 
 
 class _Frontend:

@@ -397,6 +397,16 @@ def _representative(cohort: _Cohort) -> Registration:
     return min(cohort.members.values(), key=_by_key)
 
 
+def _served_attempt(group: _Group) -> tuple[int, str] | None:
+    """Return the generation and checksum a group's hop binding serves, if one does."""
+    if group.committed_generation is not None and group.status.state.committed:
+        assert group.checksum is not None
+        return group.committed_generation, group.checksum
+    if group.handover is not None:
+        return group.handover.generation, group.handover.checksum
+    return None
+
+
 # ---------------------------------------------------------------------------------- the core
 
 
@@ -1542,6 +1552,25 @@ class AdmissionCore:
         """Every group ever seen (idle ones included), sorted by model then WorkerSet key."""
         ordered = sorted(self._groups.values(), key=_by_key)
         return [readout.group_view(g, self._drained_in(g)) for g in ordered]
+
+    def serving(self) -> dict[GroupKey, tuple[int, str]]:
+        """Return the generation and checksum each group's hop binding serves now, by group.
+
+        A committed incumbent serves its committed generation; a drained tenure handing over
+        serves its own until the successor commits. This is the one account of what is
+        committed: the service reads it here and keeps no copy of its own.
+        """
+        out: dict[GroupKey, tuple[int, str]] = {}
+        for group in self._groups.values():
+            served = _served_attempt(group)
+            if served is not None:
+                out[group.key] = served
+        return out
+
+    def serves(self, key: GroupKey) -> bool:
+        """Whether a hop binding of the group serves now (see :meth:`serving`)."""
+        group = self._groups.get((key.model, key.worker_set))
+        return group is not None and _served_attempt(group) is not None
 
     def drains(self) -> list[Drain]:
         """Every drain in force, by namespace then instance id."""

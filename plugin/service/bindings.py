@@ -72,7 +72,16 @@ class LiveInstances(Protocol):
 class AdmittedHopBinding:
     """A discovery-managed hop bound to one committed group and build generation."""
 
-    __slots__ = ("_endpoint", "_id", "_live", "_receiver", "_role", "_settings", "handover_from")
+    __slots__ = (
+        "_endpoint",
+        "_id",
+        "_live",
+        "_receiver",
+        "_role",
+        "_settings",
+        "handover_from",
+        "pipeline",
+    )
 
     def __init__(
         self,
@@ -82,8 +91,12 @@ class AdmittedHopBinding:
         live: LiveInstances,
         frontend: FrontendRouting | None = None,
         handover_from: int | None = None,
+        pipeline: object = None,
     ) -> None:
         state = receiver.current()
+        # What the pipeline builder made for this build generation (``None`` for the default
+        # builder, which makes nothing beyond the binding).
+        self.pipeline = pipeline
         # The generation of a drained tenure this binding took over from (``CommitGroup``):
         # a publisher puts this binding in place before it takes that one's workers away.
         self.handover_from = handover_from
@@ -179,6 +192,8 @@ class LegacyExplicitEndpointBinding:
 class HopBindings:
     """Every committed group's binding, driven by ``CommitGroup`` / ``WithdrawGroup`` effects.
 
+    These are the live objects the hops route through, made and closed by effects only; which
+    generation and checksum each group serves is the core's to say (``AdmissionCore.serving``).
     :meth:`commit` expects the admission channels to have opened the group's channel first (the
     core opens a tenure's receiver before it commits it).
     """
@@ -197,7 +212,7 @@ class HopBindings:
         self._bindings: dict[GroupKey, AdmittedHopBinding] = {}
         self._handoff: dict[GroupKey, bool] = {}
 
-    def commit(self, effect: CommitGroup) -> None:
+    def commit(self, effect: CommitGroup, pipeline: object = None) -> None:
         """Bind a committed group's hop to its open channel; raises if the hop refuses it."""
         receiver = self._channels.subscribe(effect.group)
         if receiver is None or receiver.receiver_id != effect.receiver:
@@ -207,7 +222,13 @@ class HopBindings:
             old.close()
         role = HopRole.for_worker_type(effect.group.worker_type)
         binding = AdmittedHopBinding(
-            role, receiver, effect.generation, self._live, self._frontend, effect.handover_from
+            role,
+            receiver,
+            effect.generation,
+            self._live,
+            self._frontend,
+            effect.handover_from,
+            pipeline,
         )
         self._bindings[effect.group] = binding
         self._handoff[effect.group] = encoder_handoff(effect.card)
@@ -219,6 +240,13 @@ class HopBindings:
             del self._bindings[effect.group]
             del self._handoff[effect.group]
             current.close()
+
+    def withdraw_all(self) -> None:
+        """Close every binding (the service stops)."""
+        for group in sorted(self._bindings):
+            binding = self._bindings.pop(group)
+            del self._handoff[group]
+            binding.close()
 
     def carry_taints(self, effect: TaintsUpdated) -> bool:
         """Carry a worker's new taints to the tenure the core says serves it, if any."""

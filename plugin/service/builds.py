@@ -1,8 +1,11 @@
-"""Pipeline builds and committed groups: one task per attempt, results fenced by generation.
+"""Pipeline builds: one task per attempt, results fenced by generation in the core.
 
-The core decides when to build, cancel, commit and withdraw; this carries those effects out for
-the service. A build's result reaches the core as ``BuildFinished`` carrying the attempt's
-checksum and generation, so a late answer from a stale attempt is fenced out.
+The core decides when to build, cancel and commit; this runs the builder as tasks and keeps
+nothing else. A build's result reaches the core as ``BuildFinished`` carrying the attempt's
+checksum and generation, so a late answer from a stale attempt is fenced out there. What a
+finished build made waits here until the core commits or cancels its attempt; at the commit
+it goes to the hop binding with everything else the group serves. What is committed is the
+core's to say (``AdmissionCore.serving``): no account of it is kept here.
 """
 
 from __future__ import annotations
@@ -13,13 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workerset_admission.admission import (
-    BuildFinished,
-    CommitFailed,
-    CommitGroup,
-    StartBuild,
-    WithdrawGroup,
-)
+from workerset_admission.admission import BuildFinished, CommitFailed, CommitGroup, StartBuild
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import BuildRequest, PipelineBuilder
 from workerset_admission.routing import FrontendRouting, RoutingSettings
@@ -27,7 +24,7 @@ from workerset_admission.service.bindings import HopBindings
 from workerset_admission.service.liveness import LivenessIndex
 from workerset_admission.service.receivers import AdmissionChannels
 
-__all__ = ["Builds", "Committed", "DefaultPipelineBuilder"]
+__all__ = ["Builds", "DefaultPipelineBuilder"]
 
 _log = logging.getLogger(__name__)
 
@@ -53,17 +50,8 @@ class _Build:
     pipeline: object = None
 
 
-@dataclass(frozen=True, slots=True)
-class Committed:
-    """A committed group: the generation and checksum served, and what its builder made."""
-
-    generation: int
-    mdc_checksum: str
-    pipeline: object
-
-
 class Builds:
-    """The builds in flight and the committed groups of one service."""
+    """The builds in flight of one service, and what each finished one made until its commit."""
 
     def __init__(
         self,
@@ -82,7 +70,6 @@ class Builds:
         self._telemetry = telemetry
         self._finished = finished
         self._builds: dict[tuple[GroupKey, int], _Build] = {}
-        self.committed: dict[GroupKey, Committed] = {}
         # The service's task group while it runs; builds asked for outside of that never start.
         self.task_group: Any = None
 
@@ -158,7 +145,7 @@ class Builds:
         build = self._builds.pop((effect.group, effect.generation), None)
         pipeline = None if build is None else build.pipeline
         try:
-            self._hops.commit(effect)
+            self._hops.commit(effect, pipeline)
         except Exception as exc:  # refused commit: the core retries the build
             _log.warning("commit of %s failed: %s", effect.group.id, exc)
             return CommitFailed(
@@ -168,23 +155,4 @@ class Builds:
                 "commit",
                 f"{type(exc).__name__}: {exc}",
             )
-        self.committed[effect.group] = Committed(effect.generation, effect.mdc_checksum, pipeline)
         return None
-
-    def withdraw(self, group: GroupKey, generation: int) -> None:
-        held = self.committed.get(group)
-        if held is None or held.generation != generation:
-            return
-        del self.committed[group]
-        self._hops.withdraw(WithdrawGroup(group, held.mdc_checksum, generation))
-
-    def withdraw_all(self) -> None:
-        for key, held in list(self.committed.items()):
-            self.withdraw(key, held.generation)
-
-    def is_committed(self, group: GroupKey) -> bool:
-        return group in self.committed
-
-    def pipeline(self, group: GroupKey) -> object:
-        held = self.committed.get(group)
-        return None if held is None else held.pipeline

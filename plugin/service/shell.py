@@ -134,7 +134,6 @@ class AdmissionService:
             self._telemetry,
             finished=self._build_finished,
         )
-        self._committed = self.builds.committed
         self._timers = RetryTimers(clock, lambda now: self.step.tick(now))
         self._publication = (
             None
@@ -315,7 +314,7 @@ class AdmissionService:
         # longer routes to.
         if self._publication is not None:
             await self._publication.withdraw()
-        self.builds.withdraw_all()
+        self.hops.withdraw_all()
         self.builds.cancel_all()
         for view in self.core.groups():
             if view.receiver is not None:
@@ -352,7 +351,8 @@ class AdmissionService:
 
     def pipeline(self, group: GroupKey) -> object:
         """Return what the builder made for the group's committed build (``None`` if none)."""
-        return self.builds.pipeline(group)
+        binding = self.hops.binding(group)
+        return None if binding is None else binding.pipeline
 
     @property
     def recent_invalid(self) -> tuple[InvalidRecord, ...]:
@@ -507,8 +507,7 @@ class AdmissionService:
 
     def serving_records(self) -> dict[str, ServingRecord]:
         """Return what this frontend serves, per worker namespace (committed groups only)."""
-        committed = {key: (h.generation, h.mdc_checksum) for key, h in self._committed.items()}
-        return serving_records(self.core, committed)
+        return serving_records(self.core, self.core.serving())
 
     def serving_members(self) -> dict[str, tuple[str, ...]]:
         """Return the instance keys this frontend serves, per worker namespace."""
@@ -523,7 +522,7 @@ class AdmissionService:
             synced=self._synced.is_set(),
             groups=tuple(group_snapshot(v, self.liveness, self._clock) for v in views),
             rejections=standing_rejections(self.core, views),
-            readiness=readiness(self.core, self._committed, self.liveness),
+            readiness=readiness(self.core, self.core.serving(), self.liveness),
             invalid_total=self.counters.invalid,
             recent_invalid=tuple(self._invalid),
             live_instances=len(self.liveness),

@@ -81,7 +81,7 @@ _log = logging.getLogger("workerset_admission.service.shell")
 
 
 class BuildRunner(Protocol):
-    """Runs the builds the core asks for and holds what was committed."""
+    """Runs the builds the core asks for and hands a committed one to its hop."""
 
     def start(self, effect: StartBuild) -> None:
         """Start the build; its result comes back through :meth:`AdmissionStep.build_finished`."""
@@ -93,13 +93,11 @@ class BuildRunner(Protocol):
         """Serve the built pipeline; a refusal comes back as an input for the core."""
         ...
 
-    def withdraw(self, group: GroupKey, generation: int) -> None: ...
-
-    def is_committed(self, group: GroupKey) -> bool: ...
-
 
 class Hops(Protocol):
     """The hop bindings, as the step needs them (commits reach them through the builds)."""
+
+    def withdraw(self, effect: WithdrawGroup) -> None: ...
 
     def carry_taints(self, effect: TaintsUpdated) -> bool: ...
 
@@ -327,7 +325,7 @@ class AdmissionStep:
     def _publish(self, effect: PublishAdmissions, carried: _Carried) -> None:
         self._channels.publish(effect)
         self.notifications += 1
-        carried.publications = carried.publications or self._builds.is_committed(effect.group)
+        carried.publications = carried.publications or self.core.serves(effect.group)
 
     def _retire(self, effect: RetireReceiver, carried: _Carried) -> None:
         self._channels.retire(effect)
@@ -348,7 +346,8 @@ class AdmissionStep:
         carried.publications = True
 
     def _withdraw(self, effect: WithdrawGroup, carried: _Carried) -> None:
-        self._builds.withdraw(effect.group, effect.generation)
+        if self._hops is not None:
+            self._hops.withdraw(effect)
         carried.publications = True
 
     def _carry_taints(self, effect: TaintsUpdated, carried: _Carried) -> None:

@@ -237,12 +237,6 @@ class _TraceBuilds:
         """Return the lines of recorded refusals no commit of the replay asked for."""
         return sorted(index for index, _ in self._refusals.values())
 
-    def withdraw(self, group: GroupKey, generation: int) -> None:
-        pass
-
-    def is_committed(self, group: GroupKey) -> bool:
-        return False
-
 
 class _Replayer(StepObserver):
     """Drives an :class:`AdmissionStep` with a trace's lines; notes what ``explain`` tells."""

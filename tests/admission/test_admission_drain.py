@@ -312,3 +312,23 @@ def test_a_drained_worker_gone_in_the_same_batch_is_not_handed_over() -> None:
     handover = view(core).handover
     assert handover is not None
     assert handover.members == (2,)
+
+
+def test_what_is_served_follows_the_handover_and_the_successors_commit() -> None:
+    core = AdmissionCore()
+    assert core.serving() == {}
+    ready(core, (1, "A"), (3, "B"))
+    old = view(core)
+    assert core.serving() == {G: (old.committed_generation, "A")}
+    assert core.serves(G)
+    # During the handover the drained tenure is what serves, not the successor being built.
+    effects = core.apply(drain(1))
+    assert core.serving() == {G: (old.committed_generation, "A")}
+    finish(core, effects)
+    new = view(core)
+    assert new.committed_generation != old.committed_generation
+    assert core.serving() == {G: (new.committed_generation, "B")}
+    # The last member leaving ends the tenure: nothing serves.
+    core.apply(WorkerRemoved(reg(3, "B").key))
+    assert core.serving() == {}
+    assert not core.serves(G)
