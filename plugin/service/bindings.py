@@ -24,6 +24,7 @@ from typing import Protocol
 
 from workerset_admission.admission.effects import (
     CommitGroup,
+    DrainChanged,
     LoraWorker,
     TaintsUpdated,
     WithdrawGroup,
@@ -198,7 +199,7 @@ class HopBindings:
     core opens a tenure's receiver before it commits it).
     """
 
-    __slots__ = ("_bindings", "_channels", "_frontend", "_handoff", "_live")
+    __slots__ = ("_bindings", "_channels", "_drained", "_frontend", "_handoff", "_live")
 
     def __init__(
         self,
@@ -211,6 +212,8 @@ class HopBindings:
         self._frontend = frontend or FrontendRouting()
         self._bindings: dict[GroupKey, AdmittedHopBinding] = {}
         self._handoff: dict[GroupKey, bool] = {}
+        # The workers a drain in force names (namespace, instance id), kept by ``DrainChanged``.
+        self._drained: set[tuple[str, int]] = set()
 
     def commit(self, effect: CommitGroup, pipeline: object = None) -> None:
         """Bind a committed group's hop to its open channel; raises if the hop refuses it."""
@@ -247,6 +250,18 @@ class HopBindings:
             binding = self._bindings.pop(group)
             del self._handoff[group]
             binding.close()
+
+    def drain_changed(self, effect: DrainChanged) -> None:
+        """Follow the drains in force (the view keeps a drained worker's endpoint records)."""
+        worker = (effect.namespace, effect.instance_id)
+        if effect.drain is None:
+            self._drained.discard(worker)
+        else:
+            self._drained.add(worker)
+
+    def drained(self) -> frozenset[tuple[str, int]]:
+        """Return the workers a drain in force names: (namespace, instance id)."""
+        return frozenset(self._drained)
 
     def carry_taints(self, effect: TaintsUpdated) -> bool:
         """Carry a worker's new taints to the tenure the core says serves it, if any."""

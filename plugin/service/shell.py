@@ -344,7 +344,7 @@ class AdmissionService:
 
     def drained_workers(self) -> frozenset[tuple[str, int]]:
         """Return the workers a drain in force names: (namespace, instance id)."""
-        return frozenset((d.namespace, d.instance_id) for d in self.core.drains())
+        return self.hops.drained()
 
     def binding(self, group: GroupKey) -> AdmittedHopBinding | None:
         return self.hops.binding(group)

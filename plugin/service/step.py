@@ -101,6 +101,8 @@ class Hops(Protocol):
 
     def carry_taints(self, effect: TaintsUpdated) -> bool: ...
 
+    def drain_changed(self, effect: DrainChanged) -> None: ...
+
 
 class Channels(Protocol):
     """The admission channels: one method per receiver effect."""
@@ -384,6 +386,10 @@ class AdmissionStep:
         for observer in self.observers:
             self._tell(observer.worker_drained, effect)
 
+    def _drain_changed(self, effect: DrainChanged, carried: _Carried) -> None:
+        if self._hops is not None:
+            self._hops.drain_changed(effect)
+
     def _reported_only(self, effect: Effect, carried: _Carried) -> None:
         """Nothing to carry out: telemetry reports it, the view reads it from the core."""
 
@@ -414,7 +420,7 @@ CARRIERS: Final[Mapping[type, _Carry]] = {
     WorkerPlaced: AdmissionStep._reported_only,
     WorkerDeparted: AdmissionStep._reported_only,
     WorkerDrained: AdmissionStep._drained,
-    DrainChanged: AdmissionStep._reported_only,
+    DrainChanged: AdmissionStep._drain_changed,
     HandoverEnded: AdmissionStep._reported_only,
     OpenReceiver: AdmissionStep._open,
     PublishAdmissions: AdmissionStep._publish,

@@ -727,6 +727,40 @@ async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first(
         await writer.close()
 
 
+async def test_the_writer_keeps_a_drained_members_endpoint_records_until_it_leaves() -> None:
+    files = FakeFiles()
+    table = RecordTable()
+    source = QueueSource()
+    service = AdmissionService(source)
+    service.step.observers.append(AcceptedRecordsFeed(table))
+    writer = ViewWriter(AdmittedView(files, refresh_interval=0.2), table)
+    writer.attach(service)
+    await service.start()
+    try:
+        source.queue.put_nowait(SourceSnapshot([*worker_records(A1), *worker_records(A2)]))
+        await _until(lambda: mdc_file(A1) in files.content and mdc_file(A2) in files.content)
+
+        drain = Drain(EP.namespace, A1, "ops", 1.0)
+        key = drain_kv_key(EP.namespace, A1)
+        source.queue.put_nowait(SourcePut(_entry(key, encode_drain_record(drain))))
+        await _until(lambda: mdc_file(A1) not in files.content)
+        assert service.drained_workers() == {(EP.namespace, A1)}
+        assert instance_file(A1) in files.content
+
+        # Given back: its card returns. Drained again, then gone: everything of it goes.
+        source.queue.put_nowait(SourceDelete(key, 40))
+        await _until(lambda: mdc_file(A1) in files.content)
+        assert service.drained_workers() == frozenset()
+        source.queue.put_nowait(SourcePut(_entry(key, encode_drain_record(drain))))
+        await _until(lambda: mdc_file(A1) not in files.content)
+        for entry in worker_records(A1):
+            source.queue.put_nowait(SourceDelete(entry.key, 50))
+        await _until(lambda: set(files.content) == set(files_of(A2, files.content)))
+    finally:
+        await service.stop()
+        await writer.close()
+
+
 def test_the_index_follows_puts_removals_and_listings() -> None:
     table = table_of(worker_records(A1), worker_records(A2))
     view = AdmittedView(FakeFiles())
