@@ -266,7 +266,7 @@ async def test_duplicate_deliveries_and_reordered_snapshots_keep_the_incumbent(
                 for _ in range(3):
                     await fleet.register(ep, range(1, 6), OLD)
                 proxy.cut()
-                await until(lambda: service.counters.snapshots >= 4, 20, "resyncs")
+                await until(lambda: service.counters.listings >= 4, 20, "resyncs")
 
                 view = live_groups(service)[group_of(ep).id]
                 assert view.admitted == (1, 2, 3, 4, 5)

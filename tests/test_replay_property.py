@@ -32,7 +32,7 @@ from workerset_admission.admission import (
 from workerset_admission.card import encode_drain_record
 from workerset_admission.identity import Drain, GroupKey
 from workerset_admission.keys import drain_kv_key
-from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
 from workerset_admission.service.ingest import Ingestor
 from workerset_admission.service.receivers import AdmissionChannels
 from workerset_admission.service.step import AdmissionStep
@@ -157,7 +157,7 @@ class _Frontend:
             case ("listing", frozenset() as listed, str() as reason):
                 for iid in [i for i in self.cards if i not in listed]:
                     del self.cards[iid]
-                step.handle_event(SourceSnapshot(self._entries(listed), reason))  # type: ignore[arg-type]
+                step.handle_event(SourceListing(self._entries(listed), reason))  # type: ignore[arg-type]
             case ("drain", int() as iid):
                 self.drains.add(iid)
                 step.handle_event(SourcePut(_drain_entry(iid)))

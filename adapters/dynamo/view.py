@@ -111,7 +111,7 @@ from workerset_admission.adapters.dynamo.view_publish import (
     Tenure,
     plan_view,
 )
-from workerset_admission.adapters.dynamo.view_records import HeldRecord, RecordTable
+from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
 from workerset_admission.errors import ReceiverRetired
 
 __all__ = [
@@ -121,8 +121,8 @@ __all__ = [
     "SCOPE_TOPICS",
     "AdmittedView",
     "DirectoryFiles",
-    "HeldRecord",
     "LastKnownGood",
+    "PublishableRecord",
     "RecordTable",
     "SyncReport",
     "Tenure",

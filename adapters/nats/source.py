@@ -54,7 +54,7 @@ from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
 from workerset_admission.adapters.nats.watch import WAKE, Wake, Watch
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import DISCOVERY_BUCKET
-from workerset_admission.ports import SourceEvent, SourceSnapshot
+from workerset_admission.ports import SourceEvent, SourceListing
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -194,7 +194,7 @@ class JetStreamDiscoverySource:
         watch = self._watch
         if watch is not None:
             watch.wake()
-            watch.snapshot_done.set()
+            watch.listing_done.set()
 
     # Callbacks change these flags while a coroutine is suspended; reading them through a method
     # keeps the type checker from assuming they still hold the value seen before the await.
@@ -431,7 +431,7 @@ class JetStreamDiscoverySource:
                     if self._restart_reason() is not None or self._is_closed():
                         continue
                     self._resync_pending = False
-                    yield SourceSnapshot(entries=watch.take_snapshot(), reason=reason)
+                    yield SourceListing(entries=watch.take_listing(), reason=reason)
                     reason = "reconnect"
                     async for event in self._live(watch):
                         yield event
@@ -453,11 +453,11 @@ class JetStreamDiscoverySource:
         A listing that only waits for keys the bucket held at the start ends once the consumer
         has delivered nothing for :data:`LISTING_QUIET` seconds: those keys went without a trace.
         """
-        while not watch.snapshot_done.is_set():
+        while not watch.listing_done.is_set():
             stalled, seen = watch.listing_stalled(), watch.last_seen_seq
             wait = LISTING_QUIET if stalled else self._idle_heartbeat
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(watch.snapshot_done.wait(), wait)
+                await asyncio.wait_for(watch.listing_done.wait(), wait)
             if stalled and watch.listing_stalled() and watch.last_seen_seq == seen:
                 _log.debug("%s listing ends without keys that were removed silently", self.bucket)
                 watch.finish_initial()
@@ -493,7 +493,7 @@ class JetStreamDiscoverySource:
                 continue
             yield item
 
-    async def list_all(self) -> SourceSnapshot:
+    async def list_all(self) -> SourceListing:
         """Read the whole bucket now through a separate consumer, for reconciliation."""
         own: NatsClient | None = None
         nc = self._nc
@@ -511,7 +511,7 @@ class JetStreamDiscoverySource:
             reason: Literal["reconnect", "periodic"] = (
                 "reconnect" if self._resync_pending and self._ever_bound else "periodic"
             )
-            return SourceSnapshot(entries=tuple(watch.snapshot_entries), reason=reason)
+            return SourceListing(entries=tuple(watch.listing_entries), reason=reason)
         finally:
             if watch is not None:
                 await self._unsubscribe(watch)
@@ -526,7 +526,7 @@ class JetStreamDiscoverySource:
         watch = self._watch
         if watch is not None:
             watch.wake()
-            watch.snapshot_done.set()
+            watch.listing_done.set()
         await self._close_client()
 
     async def _close_client(self) -> None:

@@ -132,7 +132,7 @@ class AdapterLog:
         if old is not None:
             self.log.append((key, old, None))
 
-    def snapshot(self) -> Adapters:
+    def adapters(self) -> Adapters:
         """Return the adapters now; a long log is folded into a new base first (O(1) amortised)."""
         log = self.log
         length = len(log)

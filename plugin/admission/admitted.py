@@ -143,7 +143,7 @@ class AdmittedLog:
         self.log = []
         self.limit = max(_MIN_LOG, len(base))
 
-    def snapshot(self, ids: Iterable[int]) -> AdmittedIds:
+    def admitted_ids(self, ids: Iterable[int]) -> AdmittedIds:
         """Return the ids now as a snapshot; ``ids`` (the same set) is read only to fold the log."""
         log = self.log
         length = len(log)

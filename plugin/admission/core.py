@@ -37,7 +37,7 @@ Dynamo 1.6.1 starts queued builds in sorted key order; the contract does not fix
 FIFO is what an operator expects.
 
 *Holding a tenure across an outage.* A listing that follows a lost connection
-(``Snapshot(reconnect=True)``), and an expiry reported soon after it, may miss the incumbent's
+(``Listing(reconnect=True)``), and an expiry reported soon after it, may miss the incumbent's
 workers only because their heartbeats could not reach the store while it was away. Ingestion
 reports an expiry with its time (``WorkerRemoved.expired_at``) and nothing more; the core
 alone judges it the outage's when it comes within ``tenure_hold`` of the last reconnect
@@ -169,7 +169,7 @@ from workerset_admission.admission.inputs import (
     DrainLifted,
     DrainSet,
     Input,
-    Snapshot,
+    Listing,
     TenureRecorded,
     Tick,
     WorkerAdded,
@@ -486,8 +486,8 @@ class AdmissionCore:
         return out
 
     def _apply_other(self, event: Input) -> None:
-        if type(event) is Snapshot:
-            self._on_snapshot(event)
+        if type(event) is Listing:
+            self._on_listing(event)
         elif type(event) is BuildFinished:
             self._on_build_finished(event)
         elif type(event) is CommitFailed:
@@ -617,7 +617,7 @@ class AdmissionCore:
             if was_admitted:
                 self._succeed(group)
 
-    def _on_snapshot(self, event: Snapshot) -> None:
+    def _on_listing(self, event: Listing) -> None:
         # Drains first, so no registration of a drained worker is admitted even for a moment;
         # lifted ones last, so what they give back is what the listing holds.
         drains = {d.worker: d for d in event.drains}
@@ -1161,7 +1161,7 @@ class AdmissionCore:
                     generation=event.generation,
                     receiver=receiver,
                     members=tuple(sorted(members)),
-                    admitted=cohort.snapshot(group.served_ids(cohort)).as_frozenset(),
+                    admitted=cohort.admitted_ids(group.served_ids(cohort)).as_frozenset(),
                     representative=group.representative,
                     card=group.card,
                     handover_from=None if handover is None else handover.generation,
@@ -1283,7 +1283,7 @@ class AdmissionCore:
                 generation=generation,
                 attempt=group.attempt,
                 receiver=receiver,
-                admitted=cohort.snapshot(group.served_ids(cohort)).as_frozenset(),
+                admitted=cohort.admitted_ids(group.served_ids(cohort)).as_frozenset(),
                 representative=group.representative,
                 card=group.card,
             )
@@ -1375,7 +1375,7 @@ class AdmissionCore:
         for reg in group.cohorts[group.checksum].members.values():
             log = logs.get(reg.key)
             if log:
-                adapters = log.snapshot()
+                adapters = log.adapters()
                 worker = made.get(reg.key)
                 if (
                     worker is None
@@ -1428,10 +1428,10 @@ class AdmissionCore:
         group.parked = {}
         hold = group.hold
         if hold is None:
-            ids = cohort.snapshot(cohort.members)
+            ids = cohort.admitted_ids(cohort.members)
             last_known = _NO_IDS
         else:
-            ids = cohort.snapshot(group.served_ids(cohort))
+            ids = cohort.admitted_ids(group.served_ids(cohort))
             last_known = frozenset(hold.last_known)
         return fx.PublishAdmissions(
             group.key, receiver, checksum, generation, ids, group.card, last_known

@@ -21,7 +21,7 @@ __all__ = [
     "DrainLifted",
     "DrainSet",
     "Input",
-    "Snapshot",
+    "Listing",
     "TenureRecorded",
     "Tick",
     "WorkerAdded",
@@ -67,7 +67,7 @@ class DrainLifted:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class Listing:
     """A full listing of every valid registration: keys not listed are gone.
 
     Applied as one point in time: listed registrations are added first (in listing order, so
@@ -160,7 +160,7 @@ class Tick:
 Input = (
     WorkerAdded
     | WorkerRemoved
-    | Snapshot
+    | Listing
     | BuildFinished
     | CommitFailed
     | Tick

@@ -71,13 +71,13 @@ from workerset_admission.admission.ordering import GroupId
 from workerset_admission.aio import collector_paused
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import GroupKey
-from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
+from workerset_admission.ports import SourceDelete, SourceEvent, SourceListing, SourcePut
 from workerset_admission.service.ingest import Ingested, Ingestor
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 
 __all__ = ["CARRIERS", "AdmissionStep", "BuildRunner", "StepObserver"]
 
-_log = logging.getLogger("workerset_admission.service.shell")
+_log = logging.getLogger("workerset_admission.service.admission_service")
 
 
 class BuildRunner(Protocol):
@@ -236,7 +236,7 @@ class AdmissionStep:
             with self._telemetry.apply_update(event) as scope:
                 result = self.ingest.removal(event, now=now)
                 self._ingested(result, scope)
-        elif isinstance(event, SourceSnapshot):
+        elif isinstance(event, SourceListing):
             with collector_paused(), self._telemetry.apply_update(event) as scope:
                 result = self.ingest.listing(event, keep, now=now, recorded=recorded)
                 # Refusals in a listing are reported one by one, not as the listing's failure.

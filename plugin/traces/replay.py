@@ -72,12 +72,12 @@ from workerset_admission.ports import (
     DiscoveryEntry,
     SourceDelete,
     SourceEvent,
+    SourceListing,
     SourcePut,
-    SourceSnapshot,
 )
 from workerset_admission.service.ingest import CardRecordDecoder, Ingested, Ingestor
 from workerset_admission.service.receivers import AdmissionChannels
-from workerset_admission.service.rejections import RejectionSnapshot, standing_rejections
+from workerset_admission.service.rejections import StandingRejection, standing_rejections
 from workerset_admission.service.step import AdmissionStep, StepObserver
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 from workerset_admission.traces.digest import effects_digest
@@ -141,7 +141,7 @@ class ReplayResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "groups": [_group_json(v) for v in self.core.groups()],
-            "rejections": [RejectionSnapshot.of_report(r).to_json() for r in self.rejections],
+            "rejections": [StandingRejection.of_report(r).to_json() for r in self.rejections],
             "invalid": [{"key": key, "reason": reason} for key, reason in self.invalid],
         }
 
@@ -359,7 +359,7 @@ class _Replayer(StepObserver):
     def _source(self, event: SourceEvent, line: Mapping[str, Any]) -> None:
         keep: Collection[str] = ()
         recorded = None
-        if isinstance(event, SourceSnapshot):
+        if isinstance(event, SourceListing):
             keep = tuple(line.get("keep", ()))
             recorded, self.recorded = self.recorded, None
         self.step.handle_event(event, keep, recorded=recorded)
@@ -496,7 +496,7 @@ def _source_event(line: Mapping[str, Any]) -> SourceEvent:
     }
     # Version 1's "listing" is an ordinary listing; "resync" is a new watch on a live link.
     source_reason = {"listing": "initial", "resync": "initial"}.get(reason, reason)
-    return SourceSnapshot(entries, source_reason, peers or None)
+    return SourceListing(entries, source_reason, peers or None)
 
 
 def _group_id(text: str) -> GroupId:

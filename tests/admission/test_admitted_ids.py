@@ -37,7 +37,7 @@ class _Ids(AdmittedLog):
         self.log.append(~iid)
 
     def take(self) -> AdmittedIds:
-        return self.snapshot(self.ids)
+        return self.admitted_ids(self.ids)
 
 
 def test_a_snapshot_reads_as_the_base_with_its_share_of_the_log_applied() -> None:

@@ -8,24 +8,24 @@ from workerset_admission.card import Difference
 from workerset_admission.frontend.host import HostState
 from workerset_admission.frontend.routes import AdmissionRoutes
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.shell import GroupSnapshot, ServiceSnapshot
-from workerset_admission.service.snapshots import (
-    CohortSnapshot,
+from workerset_admission.service.admission_service import GroupStatusView, ServiceStatus
+from workerset_admission.service.status_model import (
+    CohortStatusView,
     InvalidRecord,
-    ReadinessSnapshot,
-    RejectionSnapshot,
+    ModelReadiness,
+    StandingRejection,
 )
 
 GROUP = GroupKey.build("m", EndpointId("ns", "backend", "generate"), "chat", WorkerType.AGGREGATED)
 BLOCK_SIZE_DIFFERENCE = Difference("kv_cache_block_size", "16", "32")
 
 
-def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceSnapshot:
-    return ServiceSnapshot(
+def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceStatus:
+    return ServiceStatus(
         health=health,
         synced=synced,
         groups=(
-            GroupSnapshot(
+            GroupStatusView(
                 group=GROUP,
                 incumbent="a" * 64,
                 status="ready",
@@ -34,17 +34,17 @@ def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceSnapsho
                 receiver=2,
                 admitted=(1, 2),
                 routable=(1,),
-                cohorts=(CohortSnapshot("a" * 64, (1, 2)), CohortSnapshot("b" * 64, (7,))),
+                cohorts=(CohortStatusView("a" * 64, (1, 2)), CohortStatusView("b" * 64, (7,))),
             ),
         ),
-        readiness=(ReadinessSnapshot("m", "ns", True, ("aggregated",), ()),),
+        readiness=(ModelReadiness("m", "ns", True, ("aggregated",), ()),),
         invalid_total=1,
         recent_invalid=(InvalidRecord("v1.mdc.x", "bad_key", "three tokens", 0.0),),
         live_instances=2,
         builds_in_flight=0,
-        snapshots_applied=1,
+        listings_applied=1,
         rejections=(
-            RejectionSnapshot(
+            StandingRejection(
                 GROUP, "a" * 64, "b" * 64, "ns/backend/generate/7", (BLOCK_SIZE_DIFFERENCE,)
             ),
         ),
@@ -53,9 +53,9 @@ def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceSnapsho
 
 @dataclass
 class _Service:
-    snap: ServiceSnapshot
+    snap: ServiceStatus
 
-    def snapshot(self) -> ServiceSnapshot:
+    def status(self) -> ServiceStatus:
         return self.snap
 
     async def stop(self) -> None:
