@@ -30,7 +30,7 @@ from workerset_admission.admission import (
     StartBuild,
 )
 from workerset_admission.card import encode_drain_record
-from workerset_admission.identity import Drain, GroupKey
+from workerset_admission.identity import AttemptId, Drain, GroupKey
 from workerset_admission.keys import drain_kv_key
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
 from workerset_admission.service.ingest import Ingestor
@@ -74,15 +74,15 @@ class _Builds:
     """The live builds as the step sees them, answered by the test; a hop may refuse a commit."""
 
     def __init__(self) -> None:
-        self.in_flight: dict[tuple[GroupKey, int], StartBuild] = {}
+        self.in_flight: dict[AttemptId, StartBuild] = {}
         self.committed: dict[GroupKey, int] = {}
         self.refuse = False
 
     def start(self, effect: StartBuild) -> None:
-        self.in_flight[(effect.group, effect.generation)] = effect
+        self.in_flight[effect.attempt_id] = effect
 
-    def cancel(self, group: GroupKey, generation: int) -> None:
-        self.in_flight.pop((group, generation), None)
+    def cancel(self, attempt: AttemptId) -> None:
+        self.in_flight.pop(attempt, None)
 
     def commit(self, effect: CommitGroup) -> CommitFailed | None:
         if self.refuse:

@@ -23,8 +23,9 @@ cohort never displaces the incumbent: size plays no part anywhere.
 
 *Generations and fencing.* One counter per core hands out build generations; it only goes up
 and a value is never handed out twice. Each build attempt has its own generation, and a
-result is applied only when group, checksum and generation all match the attempt in flight;
-anything else is reported as ``BuildDiscarded`` and changes nothing. A retired receiver id is
+result is applied only when its ``AttemptId`` (group, checksum and generation) is the attempt
+in flight (a commit failure: the committed attempt); anything else is reported as
+``BuildDiscarded`` and changes nothing. A retired receiver id is
 never reused either, so a holder of an old receiver can never see a successor's ids.
 
 *Builds.* Queued groups start building in the order they were queued (FIFO, so no group
@@ -179,7 +180,7 @@ from workerset_admission.admission.projection import ProjectionConflicts
 from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
 from workerset_admission.admission.views import GroupView, PlacementView
 from workerset_admission.errors import ConfigError, UsageError
-from workerset_admission.identity import GroupKey, Registration, instance_key
+from workerset_admission.identity import AttemptId, GroupKey, Registration, instance_key
 
 __all__ = ["AdmissionCore", "CoreSettings"]
 
@@ -363,6 +364,18 @@ class _Group:
         self.parked: dict[int, str] = {}
         # Set while a drained tenure hands over to its successor (see the theory of operation).
         self.handover: _Handover | None = None
+
+    def attempt_in_flight(self) -> AttemptId | None:
+        """Return the build attempt in flight (whose result alone is applied), or None."""
+        if self.checksum is None or self.in_flight is None:
+            return None
+        return AttemptId(self.key, self.checksum, self.in_flight)
+
+    def committed_attempt(self) -> AttemptId | None:
+        """Return the committed build's attempt (a commit failure must name it), or None."""
+        if self.checksum is None or self.committed_generation is None:
+            return None
+        return AttemptId(self.key, self.checksum, self.committed_generation)
 
     def served_ids(self, cohort: _Cohort) -> Iterable[int]:
         """Return the incumbent's admitted ids: its members, and any on last known good."""
@@ -1128,14 +1141,13 @@ class AdmissionCore:
     # ------------------------------------------------------------------ builds and fencing
 
     def _on_build_finished(self, event: BuildFinished) -> None:
+        attempt = event.attempt_id
         group = self._groups.get((event.group.model, event.group.worker_set))
         if group is None or group.in_flight is None:
-            self._discard(event.group, event.mdc_checksum, event.generation, "no build in flight")
+            self._discard(attempt, "no build in flight")
             return
-        if group.in_flight != event.generation or group.checksum != event.mdc_checksum:
-            self._discard(
-                event.group, event.mdc_checksum, event.generation, "stale checksum or generation"
-            )
+        if attempt != group.attempt_in_flight():
+            self._discard(attempt, "stale checksum or generation")
             return
         group.in_flight = None
         self.builds_in_flight -= 1
@@ -1175,21 +1187,19 @@ class AdmissionCore:
             self._schedule_retry(group, event.generation, event.error or "build failed")
 
     def _on_commit_failed(self, event: CommitFailed) -> None:
+        attempt = event.attempt_id
         group = self._groups.get((event.group.model, event.group.worker_set))
         if (
             group is None
-            or group.committed_generation != event.generation
-            or group.checksum != event.mdc_checksum
+            or attempt != group.committed_attempt()
             or not group.status.state.committed
         ):
-            self._discard(event.group, event.mdc_checksum, event.generation, "no such commit")
+            self._discard(attempt, "no such commit")
             return
         if event.phase == "commit":
             # Blocked-ready: the core refused this commit's projection in the commit's step.
             if group.status.state is not _READY and group.status.state is not _BLOCKED_READY:
-                self._discard(
-                    event.group, event.mdc_checksum, event.generation, "commit already judged"
-                )
+                self._discard(attempt, "commit already judged")
                 return
             self._transition(group, StatusEvent.COMMIT_FAILED)
             group.committed_generation = None
@@ -1501,8 +1511,10 @@ class AdmissionCore:
         gk = reg.group
         return self._groups[(gk.model, gk.worker_set)]
 
-    def _discard(self, key: GroupKey, checksum: str, generation: int, reason: str) -> None:
-        self._out.append(fx.BuildDiscarded(key, checksum, generation, reason))
+    def _discard(self, attempt: AttemptId, reason: str) -> None:
+        self._out.append(
+            fx.BuildDiscarded(attempt.group, attempt.mdc_checksum, attempt.generation, reason)
+        )
 
     def _next_generation(self) -> int:
         self._last_generation += 1

@@ -70,7 +70,7 @@ from workerset_admission.admission import (
 from workerset_admission.admission.ordering import GroupId
 from workerset_admission.aio import collector_paused
 from workerset_admission.errors import RemoteDataError, UsageError
-from workerset_admission.identity import GroupKey
+from workerset_admission.identity import AttemptId, GroupKey
 from workerset_admission.ports import SourceDelete, SourceEvent, SourceListing, SourcePut
 from workerset_admission.service.ingest import Ingested, Ingestor
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
@@ -87,7 +87,7 @@ class BuildRunner(Protocol):
         """Start the build; its result comes back through :meth:`AdmissionStep.build_finished`."""
         ...
 
-    def cancel(self, group: GroupKey, generation: int) -> None: ...
+    def cancel(self, attempt: AttemptId) -> None: ...
 
     def commit(self, effect: CommitGroup) -> Input | None:
         """Serve the built pipeline; a refusal comes back as an input for the core."""
@@ -339,7 +339,7 @@ class AdmissionStep:
         self._builds.start(effect)
 
     def _cancel(self, effect: CancelBuild, carried: _Carried) -> None:
-        self._builds.cancel(effect.group, effect.generation)
+        self._builds.cancel(effect.attempt_id)
 
     def _commit(self, effect: CommitGroup, carried: _Carried) -> None:
         failure = self._builds.commit(effect)

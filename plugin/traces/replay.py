@@ -66,7 +66,7 @@ from workerset_admission.admission.ordering import GroupId
 from workerset_admission.card import BoundarySettings, jsonio
 from workerset_admission.card.differences import describe
 from workerset_admission.errors import RemoteDataError, UsageError
-from workerset_admission.identity import GroupKey, group_fields
+from workerset_admission.identity import AttemptId, GroupKey, group_fields
 from workerset_admission.keys import parse_key as parse_kv_key
 from workerset_admission.ports import (
     DiscoveryEntry,
@@ -202,24 +202,23 @@ class _TraceBuilds:
         self._refusals = dict(refusals)
         self.refused_line: int | None = None
         self.line = 0
-        self.in_flight: dict[GroupKey, tuple[str, int]] = {}
+        self.in_flight: dict[GroupKey, AttemptId] = {}
         self.ready: list[BuildFinished] = []
 
     def start(self, effect: StartBuild) -> None:
-        self.in_flight[effect.group] = (effect.mdc_checksum, effect.generation)
+        self.in_flight[effect.group] = effect.attempt_id
         later = any(i > self.line for i in self._waits.get(effect.group.id, ()))
         if self._immediate and not later:
             self.ready.append(
                 BuildFinished(effect.group, effect.mdc_checksum, effect.generation, True)
             )
 
-    def cancel(self, group: GroupKey, generation: int) -> None:
-        flight = self.in_flight.get(group)
-        if flight is not None and flight[1] == generation:
-            del self.in_flight[group]
+    def cancel(self, attempt: AttemptId) -> None:
+        if self.in_flight.get(attempt.group) == attempt:
+            del self.in_flight[attempt.group]
 
     def answered(self, result: BuildFinished) -> None:
-        if self.in_flight.get(result.group) == (result.mdc_checksum, result.generation):
+        if self.in_flight.get(result.group) == result.attempt_id:
             del self.in_flight[result.group]
 
     def commit(self, effect: CommitGroup) -> Input | None:
@@ -377,7 +376,7 @@ class _Replayer(StepObserver):
             flight = self.builds.in_flight.get(key)
             if flight is None:
                 return
-            result = BuildFinished(key, flight[0], flight[1], ok, error)
+            result = BuildFinished(key, flight.mdc_checksum, flight.generation, ok, error)
         self.builds.answered(result)
         self.step.build_finished(result)
 
