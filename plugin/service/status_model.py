@@ -9,7 +9,14 @@ from typing import Any
 
 from workerset_admission.admission import AdmissionCore, GroupView
 from workerset_admission.admission.readiness import ReadinessUnit, evaluate_readiness
-from workerset_admission.identity import GroupKey, group_fields, instance_key
+from workerset_admission.identity import GroupKey, instance_key
+from workerset_admission.service.group_json import (
+    Serving,
+    drained_json,
+    group_json,
+    handover_json,
+    id_list,
+)
 from workerset_admission.service.liveness import LivenessIndex
 from workerset_admission.service.rejections import StandingRejection, standing_rejections
 from workerset_admission.telemetry import AdmissionStateSummary, HeldGroup
@@ -72,38 +79,30 @@ class GroupStatusView:
         return self.cohorts[1:]
 
     def to_json(self, brief: bool = False) -> dict[str, Any]:
-        def ids(values: tuple[int, ...]) -> list[int] | int:
-            return len(values) if brief else list(values)
-
-        out = group_fields(self.group)
+        out = group_json(
+            self.group,
+            incumbent=self.incumbent,
+            status=self.status,
+            generation=self.generation,
+            receiver=self.receiver,
+            admitted=self.admitted,
+            cohorts=((c.mdc_checksum, c.members) for c in self.cohorts),
+            serving=Serving(self.committed_generation, self.routable),
+            brief=brief,
+        )
+        # What the status alone shows: every field always, the hold's times as Unix time.
         out.update(
             {
-                "incumbent": self.incumbent,
-                "status": self.status,
-                "generation": self.generation,
-                "committed_generation": self.committed_generation,
-                "receiver": self.receiver,
-                "admitted": ids(self.admitted),
-                "routable": ids(self.routable),
-                "cohorts": [
-                    {"checksum": c.mdc_checksum, "members": ids(c.members)} for c in self.cohorts
-                ],
                 "rejected": [c.mdc_checksum for c in self.rejected],
                 "held": self.held_until is not None,
                 "held_until": self.held_until,
-                "hold_members": ids(self.hold_members),
-                "last_known": ids(self.last_known),
+                "hold_members": id_list(self.hold_members, brief),
+                "last_known": id_list(self.last_known, brief),
                 "last_known_until": self.last_known_until,
-                "drained": len(self.drained)
-                if brief
-                else [{"instance_id": i, "by": by, "at": at} for i, by, at in self.drained],
+                "drained": len(self.drained) if brief else drained_json(self.drained),
                 "handover": None
                 if self.handover is None
-                else {
-                    "checksum": self.handover[0],
-                    "committed_generation": self.handover[1],
-                    "members": ids(self.handover[2]),
-                },
+                else handover_json(*self.handover, brief=brief),
             }
         )
         return out

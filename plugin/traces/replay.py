@@ -66,7 +66,7 @@ from workerset_admission.admission.ordering import GroupId
 from workerset_admission.card import BoundarySettings, jsonio
 from workerset_admission.card.differences import describe
 from workerset_admission.errors import RemoteDataError, UsageError
-from workerset_admission.identity import AttemptId, GroupKey, group_fields
+from workerset_admission.identity import AttemptId, GroupKey
 from workerset_admission.keys import parse_key as parse_kv_key
 from workerset_admission.ports import (
     DiscoveryEntry,
@@ -75,6 +75,7 @@ from workerset_admission.ports import (
     SourceListing,
     SourcePut,
 )
+from workerset_admission.service.group_json import drained_json, group_json, handover_json
 from workerset_admission.service.ingest import CardRecordDecoder, Ingested, Ingestor
 from workerset_admission.service.receivers import AdmissionChannels
 from workerset_admission.service.rejections import StandingRejection, standing_rejections
@@ -147,36 +148,32 @@ class ReplayResult:
 
 
 def _group_json(view: GroupView) -> dict[str, Any]:
-    group = group_fields(view.key)
-    group.update(
+    group = group_json(
+        view.key,
         incumbent=view.incumbent,
         status=view.status.value,
         generation=view.generation,
         receiver=view.receiver,
-        admitted=list(view.admitted),
-        cohorts=[
-            {"checksum": c.mdc_checksum, "members": sorted(c.instance_ids)} for c in view.cohorts
-        ],
+        admitted=view.admitted,
+        cohorts=((c.mdc_checksum, sorted(c.instance_ids)) for c in view.cohorts),
     )
+    # What replay alone shows, each only when there is one, so the output of every trace
+    # without a hold or a drain is unchanged; a hold's times are on the trace's clock.
     if view.held_until is not None:
-        # Only while held, so the output of every trace without a hold is unchanged.
         group["held_until"] = view.held_until
     if view.last_known_until is not None:
         group["last_known"] = list(view.last_known)
         group["last_known_until"] = view.last_known_until
     if view.arrivals:
         group["held_arrivals"] = list(view.arrivals)
-    # Only when there are, so the output of every trace without a drain is unchanged.
     if view.drained:
-        group["drained"] = [
-            {"instance_id": d.instance_id, "by": d.drain.by, "at": d.drain.at} for d in view.drained
-        ]
+        group["drained"] = drained_json(
+            (d.instance_id, d.drain.by, d.drain.at) for d in view.drained
+        )
     if view.handover is not None:
-        group["handover"] = {
-            "checksum": view.handover.mdc_checksum,
-            "committed_generation": view.handover.generation,
-            "members": list(view.handover.members),
-        }
+        group["handover"] = handover_json(
+            view.handover.mdc_checksum, view.handover.generation, view.handover.members
+        )
     return group
 
 
