@@ -56,7 +56,7 @@ async def drain(events: AsyncIterator[SourceEvent], count: int) -> list[SourceEv
 
 
 @pytest.mark.parametrize("path", ["raw", "callback"])
-async def test_both_delivery_paths_give_the_same_snapshot_and_live_events(
+async def test_both_delivery_paths_give_the_same_listing_and_live_events(
     nats_server: NatsServer, bucket_name: str, path: str
 ) -> None:
     connector = (raw_connector if path == "raw" else plain_connector)(nats_server.url)

@@ -75,7 +75,7 @@ def source_for(url: str, bucket: str, **kwargs: object) -> JetStreamDiscoverySou
     )
 
 
-async def test_initial_values_become_one_snapshot_then_puts_and_removals_stream_live(
+async def test_initial_values_become_one_listing_then_puts_and_removals_stream_live(
     nats_server: NatsServer, bucket_name: str
 ) -> None:
     async with kv_bucket(nats_server.url, bucket_name) as kv:
@@ -156,7 +156,7 @@ async def test_a_listing_taken_while_heartbeats_rewrite_keys_still_holds_every_k
         assert await writer > 0
 
 
-async def test_an_empty_bucket_gives_an_empty_snapshot_at_once(
+async def test_an_empty_bucket_gives_an_empty_listing_at_once(
     nats_server: NatsServer, bucket_name: str
 ) -> None:
     async with kv_bucket(nats_server.url, bucket_name):
@@ -239,7 +239,7 @@ async def test_list_all_reads_the_whole_bucket_for_reconciliation(
             await source.close()
 
 
-async def test_a_restart_with_the_same_store_gives_a_new_snapshot_and_loses_nothing(
+async def test_a_restart_with_the_same_store_gives_a_new_listing_and_loses_nothing(
     nats_server_fn: NatsServer, bucket_name: str
 ) -> None:
     handle = nats_server_fn.handle

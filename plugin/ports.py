@@ -91,7 +91,7 @@ class DiscoverySource(Protocol):
     """Where discovery records come from (a JetStream KV bucket in production)."""
 
     def events(self) -> AsyncIterator[SourceEvent]:
-        """Yield a snapshot first, then live updates; a new snapshot after each reconnect."""
+        """Yield a listing first, then live updates; a new listing after each reconnect."""
         ...
 
     async def list_all(self) -> SourceListing:

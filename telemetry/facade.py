@@ -61,8 +61,8 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# Lots of snapshot entries may carry trace context; a handful of links already shows where
-# the snapshot came from, and backends cap links per span anyway.
+# Lots of listing entries may carry trace context; a handful of links already shows where
+# the listing came from, and backends cap links per span anyway.
 _MAX_LISTING_LINKS: Final = 16
 _PLACEHOLDERS: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _SDK_RECHECK_EVERY: Final = 1024
@@ -180,12 +180,12 @@ class AdmissionTelemetry:
             links=(link,) if link is not None else (),
         )
 
-    def _listing_span(self, snapshot: SourceListing) -> Span:
+    def _listing_span(self, listing: SourceListing) -> Span:
         attrs = self._messaging_attributes("snapshot")
-        attrs[n.ATTR_SNAPSHOT_ENTRIES] = len(snapshot.entries)
-        attrs[n.ATTR_SNAPSHOT_REASON] = snapshot.reason
+        attrs[n.ATTR_SNAPSHOT_ENTRIES] = len(listing.entries)
+        attrs[n.ATTR_SNAPSHOT_REASON] = listing.reason
         links: list[trace.Link] = []
-        for entry in snapshot.entries:
+        for entry in listing.entries:
             link = link_from_headers(entry.headers)
             if link is not None:
                 links.append(link)

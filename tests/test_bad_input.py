@@ -216,7 +216,7 @@ def test_a_bad_value_over_a_good_key_keeps_the_last_valid_registration() -> None
     assert admission_state(service.status()) == before
 
 
-def test_a_bad_value_in_a_reconciliation_snapshot_keeps_the_last_valid_registration() -> None:
+def test_a_bad_value_in_a_reconciliation_listing_keeps_the_last_valid_registration() -> None:
     # Dynamo keeps the last valid value when a resync listing holds a value it cannot parse;
     # a garbled listing must not read as the worker's departure.
     service = synced_service(good_entry())

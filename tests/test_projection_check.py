@@ -62,7 +62,7 @@ def test_the_incremental_check_answers_as_the_plain_one_after_every_change(steps
             assert len(fingerprints) > 1
 
 
-def test_a_snapshot_is_a_sorted_value_and_only_the_log_grows_per_change() -> None:
+def test_the_adapters_handed_out_are_a_sorted_value_and_only_the_log_grows_per_change() -> None:
     log = AdapterLog()
     snapshots = []
     for n in range(200):

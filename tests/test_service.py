@@ -155,7 +155,7 @@ async def test_the_recent_invalid_list_is_bounded(source: FakeSource) -> None:
         await svc.stop()
 
 
-async def test_a_snapshot_notifies_each_receiver_once(source: FakeSource) -> None:
+async def test_a_listing_notifies_each_receiver_once(source: FakeSource) -> None:
     svc = await started(source)
     try:
         await serve_listing(svc, source, (model_entry(1),))
@@ -172,7 +172,7 @@ async def test_a_snapshot_notifies_each_receiver_once(source: FakeSource) -> Non
         await svc.stop()
 
 
-async def test_an_unchanged_reconnect_snapshot_notifies_no_receiver(source: FakeSource) -> None:
+async def test_an_unchanged_reconnect_listing_notifies_no_receiver(source: FakeSource) -> None:
     svc = await started(source)
     try:
         listing = tuple(model_entry(i) for i in range(1, 20))
@@ -368,7 +368,7 @@ async def test_status_json_lists_groups_with_incumbent_generation_and_readiness(
         await svc.stop()
 
 
-async def test_the_snapshot_can_be_read_from_another_thread(source: FakeSource) -> None:
+async def test_the_status_can_be_read_from_another_thread(source: FakeSource) -> None:
     svc = await started(source)
     try:
         await serve_listing(svc, source, (model_entry(1),))
@@ -437,7 +437,7 @@ async def test_a_listing_overtaken_by_a_resync_is_discarded(source: FakeSource) 
         await svc.stop()
 
 
-async def test_a_refused_value_in_a_snapshot_keeps_the_last_valid_registration(
+async def test_a_refused_value_in_a_listing_keeps_the_last_valid_registration(
     source: FakeSource,
 ) -> None:
     svc = await started(source)
@@ -564,7 +564,7 @@ class BrokenSource(FakeSource):
         yield  # pragma: no cover - makes this an async generator
 
 
-async def test_waiting_for_sync_reports_a_service_that_failed_before_its_first_snapshot() -> None:
+async def test_waiting_for_sync_reports_a_service_that_failed_before_its_first_listing() -> None:
     svc = AdmissionService(BrokenSource())
     await svc.start()
     with pytest.raises(ConnectionRefusedError, match="no NATS here"):
@@ -573,7 +573,7 @@ async def test_waiting_for_sync_reports_a_service_that_failed_before_its_first_s
     await svc.stop()
 
 
-async def test_waiting_for_sync_times_out_while_no_snapshot_arrives(source: FakeSource) -> None:
+async def test_waiting_for_sync_times_out_while_no_listing_arrives(source: FakeSource) -> None:
     svc = await started(source)
     try:
         with pytest.raises(asyncio.TimeoutError):

@@ -178,7 +178,7 @@ class ViewWriter:
 
     Every admission state change (and every change of a held record) wakes one coalesced sync;
     between changes the files are kept alive. Nothing is written before the service applied
-    its first discovery snapshot: an empty view then would withdraw a restarted frontend's
+    its first discovery listing: an empty view then would withdraw a restarted frontend's
     workers for no reason.
     """
 

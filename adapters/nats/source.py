@@ -1,4 +1,4 @@
-"""Discovery records from a JetStream KV bucket: one snapshot, then live puts and removals.
+"""Discovery records from a JetStream KV bucket: one listing, then live puts and removals.
 
 The watch is an ordered push consumer (deliver ``last_per_subject``) on the bucket's stream,
 filtered to the discovery keys (model cards, endpoint instances, event sources and channels,
@@ -11,12 +11,12 @@ ordered consumer itself (``watch.py``): flow control, heartbeats, gap detection.
 client (a custom ``connector``) it subscribes through nats-py's own ordered consumer. The end of
 the initial values is detected from the delivery metadata: the first message with nothing
 pending, or the first one newer than the stream's last sequence when the consumer was created
-(so a busy bucket cannot postpone the snapshot forever).
+(so a busy bucket cannot postpone the listing forever).
 
 When the connection drops, the watch stops at once and delivers nothing more; once the client
 is back (and on a closed connection, and when the stream behind the bucket disappears or is
 re-created, a wiped store; and on the raw path, when deliveries skip a consumer sequence or the
-consumer falls silent for two heartbeat periods), the watch is re-created and a new snapshot with
+consumer falls silent for two heartbeat periods), the watch is re-created and a new listing with
 reason ``"reconnect"`` is emitted. A server restart with a fresh store would otherwise leave
 nats-py's ordered consumer silently waiting at the old sequence, and with the same store
 nats-py's own consumer reset would deliver the outage's expiries as live removals ahead of the
@@ -416,7 +416,7 @@ class JetStreamDiscoverySource:
     # -- the port ----------------------------------------------------------------------------
 
     async def events(self) -> AsyncGenerator[SourceEvent, None]:
-        """Yield one snapshot, then live changes; a new snapshot after every re-created watch."""
+        """Yield one listing, then live changes; a new listing after every re-created watch."""
         if self._iterating:
             raise UsageError("events() may be iterated only once per source")
         self._iterating = True

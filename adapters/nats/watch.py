@@ -290,7 +290,7 @@ class Watch:
             made = DiscoveryEntry(key, value, stream_seq, headers, now, timestamp_ns / 1e9)
         initial = self.initial
         if initial is not None:
-            # A removal among the initial values leaves the key out of the snapshot.
+            # A removal among the initial values leaves the key out of the listing.
             initial[key] = made
             if self._ends_listing(key, stream_seq, pending):
                 self.finish_initial()

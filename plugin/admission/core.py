@@ -10,7 +10,7 @@ raises only when called with something that is not an input.
 *Groups and cohorts.* Every base (non-LoRA) registration belongs to one group (model plus
 WorkerSet key) and, inside it, to the cohort of registrations sharing its ``mdc_checksum``.
 Cohorts live in a dict, whose insertion order is their first-observation order: duplicates
-and snapshots never move a cohort, and a cohort that empties is deleted, so if it comes back
+and listings never move a cohort, and a cohort that empties is deleted, so if it comes back
 it is re-inserted at the end.
 
 *Tenure.* The front cohort is the incumbent. The moment a group's first valid card arrives,
@@ -114,18 +114,17 @@ judged again at the retry's deadline, all in the step that made it.
 started. A batch therefore gives the same state as applying its inputs one by one, with fewer
 publications.
 
-*Publication without copies.* A ``PublishAdmissions`` carries an ``AdmittedIds`` snapshot
-(``admitted.py``), not a copy of the cohort's ids: the incumbent cohort keeps a frozen base set
-and an append-only change log (``iid`` for a join, ``~iid`` for a departure), and a snapshot is
-the base, the log and the log's length at that moment, worked out into a frozenset only when
-someone reads it, once. When the log grows longer than the base (and than 32 entries), the
-publication rebases the cohort: a new base from its members and a new, empty log, while older
-snapshots keep the old list, which is never appended to again. A change therefore costs O(1)
-amortised instead of a copy of the whole group, and a burst of changes between two reads of a
-receiver costs one materialisation. Changes to a cohort are logged only while it is the
-incumbent; a new tenure rebases its cohort first. Within a group an instance id names exactly
-one registration key (a group has one endpoint), so a cohort's members are keyed by instance
-id and its ids need no set of their own.
+*Publication without copies.* A ``PublishAdmissions`` carries an ``AdmittedIds`` (``admitted.py``),
+not a copy of the cohort's ids: the incumbent cohort keeps a frozen base set and an append-only
+change log (``iid`` for a join, ``~iid`` for a departure), and an ``AdmittedIds`` is the base, the
+log and the log's length at that moment, worked out into a frozenset only when someone reads it,
+once. When the log grows longer than the base (and than 32 entries), the publication rebases the
+cohort: a new base from its members and a new, empty log, while older ``AdmittedIds`` keep the old
+list, which is never appended to again. A change therefore costs O(1) amortised instead of a copy of
+the whole group, and a burst of changes between two reads of a receiver costs one materialisation.
+Changes to a cohort are logged only while it is the incumbent; a new tenure rebases its cohort
+first. Within a group an instance id names exactly one registration key (a group has one endpoint),
+so a cohort's members are keyed by instance id and its ids need no set of their own.
 
 *Where this differs from Dynamo 1.6.1* (the contract wins): 1.6.1 keeps a group's status
 under a fingerprint that appends the worker's Qwen video prompt-expansion contract to the
@@ -146,7 +145,7 @@ contract reads: the settings; the records (``_Cohort``, ``_Hold``, ``_Group``); 
 ``AdmissionCore``: its entry points, the discovery inputs, tenures and succession, the hold,
 builds and their fencing, LoRA adapters and in-place changes, and the publication at the end of
 each call. Effects are made by their own constructors, one readable way. Beside it, read-only:
-``readout.py`` (the views of groups and placements), ``admitted.py`` (admitted-id snapshots and
+``readout.py`` (the views of groups and placements), ``admitted.py`` (admitted ids and
 the cohort's change log), ``status.py`` (the status table), ``effects.py`` and ``inputs.py``.
 """
 
@@ -1374,7 +1373,7 @@ class AdmissionCore:
         """Return the adapters of each admitted worker: one entry per worker that has any.
 
         A worker's entry is made again only when its adapters or its base card changed, and
-        its adapters are a snapshot of its change log (``adapters.py``): an adapter that comes
+        its adapters are read from its change log (``adapters.py``): an adapter that comes
         or goes costs O(1) amortised here, however many the worker carries, plus one step per
         admitted worker that has adapters.
         """
@@ -1427,7 +1426,7 @@ class AdmissionCore:
     # ------------------------------------------------------------------ end of a call
 
     def _publication(self, group: _Group) -> fx.PublishAdmissions:
-        """Publish the incumbent's admitted ids: a snapshot of its log, not a copy of its set."""
+        """Publish the incumbent's admitted ids: read from its log, not a copy of its set."""
         checksum = group.checksum
         receiver = group.receiver
         generation = group.generation

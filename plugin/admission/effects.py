@@ -117,7 +117,7 @@ class OpenReceiver(CarriesAttempt):
 class PublishAdmissions(_Value, CarriesAttempt):
     """Set the admitted instance ids (and the selected card) seen through one receiver.
 
-    ``ids`` is a lazy snapshot (a plain set of ids given here is wrapped in one): publishing
+    ``ids`` is a lazy ``AdmittedIds`` (a plain set of ids given here is wrapped in one): publishing
     does not copy the cohort, and ``admitted`` works the frozenset out when first read.
     ``last_known`` names the admitted ids a held tenure serves on their last known records:
     routable whether or not their instance records are listed now. The card does not take
@@ -141,14 +141,14 @@ class PublishAdmissions(_Value, CarriesAttempt):
         self.receiver = receiver
         self.mdc_checksum = mdc_checksum
         self.generation = generation
-        # The core hands in its snapshot as it is; anything else is wrapped in one.
+        # The core hands in its ``AdmittedIds`` as they are; anything else is wrapped in one.
         self.ids = ids if type(ids) is AdmittedIds else AdmittedIds.of(ids)
         self.card = card
         self.last_known = last_known
 
     @property
     def admitted(self) -> frozenset[int]:
-        """The admitted ids as a frozenset (materialised once per snapshot)."""
+        """The admitted ids as a frozenset (materialised once per ``AdmittedIds``)."""
         return self.ids.as_frozenset()
 
 
@@ -399,7 +399,7 @@ class LoraWorker:
     endpoint: EndpointId
     instance_id: int
     base_fingerprint: str
-    adapters: Sequence[LoraAdapter]  # sorted by key; an ``Adapters`` snapshot from the core
+    adapters: Sequence[LoraAdapter]  # sorted by key; an ``Adapters`` value from the core
 
 
 @dataclass(frozen=True, slots=True)

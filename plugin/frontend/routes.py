@@ -15,7 +15,7 @@ config file), stops it when the process exits, and returns three GET routes unde
 * ``/workerset-admission/v1/health``: 200 once the service has applied its first discovery
   snapshot, 503 while starting, retrying, draining or stopped (a readiness probe).
 
-Handlers are synchronous and only read the service's last immutable snapshot.
+Handlers are synchronous and only read the service's last immutable status.
 
 With ``WORKERSET_ADMISSION_VIEW_DIR`` set (the frontend's own ``DYN_FILE_KV``, with
 ``--discovery-backend file``) the service also writes the admitted discovery view the frontend

@@ -6,7 +6,7 @@ Theory of operation
 One :class:`AdmissionService` owns every task it runs in a single ``asyncio.TaskGroup``:
 
 * the *source loop* hands each source event to the :class:`~.step.AdmissionStep` (the step
-  ``replay`` runs too): ingestion, one core step, the effects carried out; a snapshot is one
+  ``replay`` runs too): ingestion, one core step, the effects carried out; a listing is one
   step, so receivers hear about it once;
 * the *timer loop* feeds the core a ``Tick`` whenever a deadline it scheduled (a retry, a hold)
   falls due, and the *reconciliation loop* applies a full listing every
@@ -238,7 +238,7 @@ class AdmissionService:
             raise self._failure
 
     async def wait_synced(self, timeout: float | None = None) -> None:
-        """Wait until the first snapshot has been applied.
+        """Wait until the first listing has been applied.
 
         Raises ``TimeoutError`` after ``timeout`` seconds, and the service's failure (or
         ``UsageError``) when it stops before it ever synced.
@@ -408,7 +408,7 @@ class AdmissionService:
             if self._stopping.is_set():
                 break
             self.handle_event(event)
-            # A snapshot carries every raw value of the bucket: let it go before waiting.
+            # A listing carries every raw value of the bucket: let it go before waiting.
             del event
         if not self._stopping.is_set():
             _log.warning("the discovery source ended; stopping the admission service")
@@ -479,7 +479,7 @@ class AdmissionService:
                 _log.warning("periodic reconciliation could not list the bucket: %s", exc)
 
     async def reconcile(self) -> bool:
-        """List the whole bucket and apply it as a snapshot; tell whether it was applied.
+        """List the whole bucket and apply it as a listing; tell whether it was applied.
 
         Live updates keep flowing while the listing is read, so the listing may be older than
         what they said: keys they touched meanwhile keep their live state, and a listing that
@@ -510,7 +510,7 @@ class AdmissionService:
         """Return the instance keys this frontend serves, per worker namespace."""
         return {ns: record.members for ns, record in self.serving_records().items()}
 
-    # -- snapshots ---------------------------------------------------------------------------
+    # -- status ------------------------------------------------------------------------------
 
     def _build_status(self) -> ServiceStatus:
         views = self.core.groups()

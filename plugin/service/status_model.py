@@ -1,4 +1,4 @@
-"""What the service shows: immutable snapshots of its state, their JSON, and running counters."""
+"""What the service shows: an immutable status of its state, its JSON, and running counters."""
 
 from __future__ import annotations
 

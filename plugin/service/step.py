@@ -6,7 +6,7 @@ given: the receivers' channels, a :class:`BuildRunner`, the hop bindings, a time
 publication's wake-up. The live service gives it the real parts (builds as asyncio tasks, the
 Dynamo hops, the serving publication); ``replay`` gives it builds answered from the trace and
 a clock that follows the trace's times. Everything else (the batching of one event into one
-core step, the clock read for every snapshot and expiry, refusals, the order in which effects
+core step, the clock read for every listing and expiry, refusals, the order in which effects
 are carried out, the build results and refused commits fed back) is the same function in both.
 The step decides nothing: whether an expiry is an outage's, whether a LoRA projection may be
 served and which group a taint change reaches are the core's judgements, carried by its
@@ -209,8 +209,8 @@ class AdmissionStep:
     ) -> None:
         """Apply one source event as one core step.
 
-        ``keep`` (snapshots only) names keys that live updates touched while a reconciliation
-        listing was read; ``recorded`` (snapshots only) is a recorded frontend's cohort order,
+        ``keep`` (listings only) names keys that live updates touched while a reconciliation
+        listing was read; ``recorded`` (listings only) is a recorded frontend's cohort order,
         which the listing is then observed in.
         """
         now = self._now = self.clock()

@@ -98,7 +98,7 @@ TRACE_VERSION: Final = 3
 KINDS: Final = ("trace", "state", "put", "delete", "snapshot", "build", "tick", "commit_failed")
 # The lines a frontend's step writes with the digest of its effects.
 STEPPED: Final = ("put", "delete", "snapshot", "build", "tick", "commit_failed")
-# "listing" is version 1's word for a snapshot that states no reason.
+# "listing" is version 1's reason for a snapshot line that states none.
 LISTING_REASONS: Final = ("listing", "initial", "reconnect", "periodic", "resync")
 DELETE_OPERATIONS: Final = ("delete", "purge", "expired")
 OBSERVERS: Final = ("frontend", "bucket")

@@ -31,7 +31,7 @@ bucket recording) replay unchecked.
 A ``state`` line (``record`` writes one from a live frontend's status) makes the next listing
 be observed in that frontend's cohort order, so a recording started mid-rollout reaches the
 decision that frontend made. A record the boundary refuses is listed under ``invalid`` and
-changes nothing (a refused value for a known key keeps the last valid one, in a snapshot too).
+changes nothing (a refused value for a known key keeps the last valid one, in a listing too).
 
 The result is deterministic: the same trace always renders to the same bytes.
 """

@@ -125,7 +125,7 @@ def test_the_last_cohort_leaving_idles_the_group_with_nothing_admitted() -> None
     )
 
 
-def test_a_snapshot_that_keeps_one_incumbent_worker_causes_no_succession() -> None:
+def test_a_listing_that_keeps_one_incumbent_worker_causes_no_succession() -> None:
     core = _ready_a_with_b_waiting()
     effects = core.apply(Listing([reg(5, "A"), reg(3, "B"), reg(4, "B")]))
     assert of(effects, Succession) == []

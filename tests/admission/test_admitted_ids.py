@@ -40,7 +40,7 @@ class _Ids(AdmittedLog):
         return self.admitted_ids(self.ids)
 
 
-def test_a_snapshot_reads_as_the_base_with_its_share_of_the_log_applied() -> None:
+def test_admitted_ids_read_as_the_base_with_their_share_of_the_log_applied() -> None:
     ids = _Ids()
     for iid in range(20):
         ids.add(iid)
@@ -54,7 +54,7 @@ def test_a_snapshot_reads_as_the_base_with_its_share_of_the_log_applied() -> Non
     assert snapshot.as_frozenset() is snapshot.as_frozenset()
 
 
-def test_a_snapshot_is_unaffected_by_changes_made_after_it() -> None:
+def test_admitted_ids_are_unaffected_by_changes_made_after_them() -> None:
     ids = _Ids()
     ids.add(1)
     ids.add(2)
@@ -81,7 +81,7 @@ def test_the_log_is_folded_into_a_new_base_once_it_outgrows_the_old_one() -> Non
     assert ids.limit == 40
 
 
-def test_an_old_snapshot_stays_right_across_several_rebases() -> None:
+def test_old_admitted_ids_stay_right_across_several_rebases() -> None:
     ids = _Ids()
     for iid in range(40):
         ids.add(iid)
@@ -106,7 +106,7 @@ def test_an_old_snapshot_stays_right_across_several_rebases() -> None:
     assert len(old) == 43
 
 
-def test_an_unchanged_log_hands_out_the_same_snapshot_again() -> None:
+def test_an_unchanged_log_hands_out_the_same_admitted_ids_again() -> None:
     ids = _Ids()
     ids.add(7)
     first = ids.take()
@@ -115,7 +115,7 @@ def test_an_unchanged_log_hands_out_the_same_snapshot_again() -> None:
     assert ids.take() is not first
 
 
-def test_a_snapshot_equals_and_hashes_like_the_frozenset_of_its_ids() -> None:
+def test_admitted_ids_equal_and_hash_like_the_frozenset_of_their_ids() -> None:
     ids = _Ids()
     for iid in (5, 3, 9):
         ids.add(iid)
@@ -134,7 +134,7 @@ def test_a_snapshot_equals_and_hashes_like_the_frozenset_of_its_ids() -> None:
     assert snapshot & {9, 10} == frozenset({9})
 
 
-def test_copies_and_pickles_of_a_snapshot_carry_its_ids() -> None:
+def test_copies_and_pickles_of_admitted_ids_carry_the_ids() -> None:
     ids = _Ids()
     ids.add(1)
     ids.add(2)
@@ -144,7 +144,7 @@ def test_copies_and_pickles_of_a_snapshot_carry_its_ids() -> None:
     assert pickle.loads(pickle.dumps(snapshot)) == frozenset({1, 2})
 
 
-def test_of_wraps_any_set_of_ids_and_keeps_a_snapshot_as_it_is() -> None:
+def test_of_wraps_any_set_of_ids_and_keeps_admitted_ids_as_they_are() -> None:
     snapshot = AdmittedIds.of([3, 1, 3])
     assert snapshot == frozenset({1, 3})
     assert AdmittedIds.of(snapshot) is snapshot
@@ -167,7 +167,7 @@ _CHANGES = st.lists(st.tuples(st.booleans(), st.integers(0, 40)), max_size=300)
 
 @settings(max_examples=150, deadline=None)
 @given(_CHANGES)
-def test_every_snapshot_of_a_log_matches_a_plain_set_of_the_same_changes(
+def test_every_admitted_ids_of_a_log_matches_a_plain_set_of_the_same_changes(
     changes: list[tuple[bool, int]],
 ) -> None:
     ids = _Ids()
@@ -224,7 +224,7 @@ def test_every_publication_of_the_core_is_exactly_the_registered_ids_of_its_chec
         assert effect.admitted == expected
 
 
-def test_a_published_snapshot_reads_as_the_frozenset_of_the_admitted_ids() -> None:
+def test_published_admitted_ids_read_as_the_frozenset_of_the_ids() -> None:
     core = AdmissionCore()
     effects = core.apply(WorkerAdded(reg(1, "A")))
     effects += core.apply(WorkerAdded(reg(2, "A")))

@@ -194,7 +194,7 @@ async def test_events_may_be_iterated_only_once() -> None:
     await source.close()
 
 
-async def test_with_client_side_filtering_foreign_keys_are_dropped_but_end_the_snapshot() -> None:
+async def test_with_client_side_filtering_foreign_keys_are_dropped_but_end_the_listing() -> None:
     watch = Watch(len(PREFIX), 8, last_seq_at_start=9, key_prefixes=("v1.mdc.", "v1.instances."))
     await watch.on_message(message("v1.mdc.a", 2, 1, b"A"))
     await watch.on_message(message("other.thing", 3, 0, b"O"))

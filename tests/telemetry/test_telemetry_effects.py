@@ -235,7 +235,7 @@ def test_decisions_follow_from_the_effects_of_one_update() -> None:
     assert decision_of(core.apply(WorkerRemoved("ns/backend/generate/2"))) == ("removed", GROUP)
 
 
-def test_a_snapshot_is_reconciled_not_admitted_or_rejected(harness: Harness) -> None:
+def test_a_listing_is_reconciled_not_admitted_or_rejected(harness: Harness) -> None:
     core = AdmissionCore()
     listing = [registration(1, "aaaa"), registration(2, "bbbb")]
     with harness.telemetry.apply_update(SourceListing([], reason="initial")) as update:

@@ -85,7 +85,7 @@ def test_headers_without_valid_trace_context_give_no_link(harness: Harness) -> N
     assert [len(s.links) for s in harness.finished()] == [0, 0]
 
 
-def test_a_snapshot_gets_its_own_span_with_entry_count_reason_and_bounded_links(
+def test_a_listing_gets_its_own_span_with_entry_count_reason_and_bounded_links(
     harness: Harness,
 ) -> None:
     tracer = harness.tracer_provider.get_tracer("worker")
