@@ -1,4 +1,4 @@
-"""The route extension's handlers, called with a hand-made context and service snapshot."""
+"""The route extension's handlers, called with a hand-made context and service status."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ GROUP = GroupKey.build("m", EndpointId("ns", "backend", "generate"), "chat", Wor
 BLOCK_SIZE_DIFFERENCE = Difference("kv_cache_block_size", "16", "32")
 
 
-def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceStatus:
+def _status(*, health: str = "healthy", synced: bool = True) -> ServiceStatus:
     return ServiceStatus(
         health=health,
         synced=synced,
@@ -53,10 +53,10 @@ def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceStatus:
 
 @dataclass
 class _Service:
-    snap: ServiceStatus
+    current: ServiceStatus
 
     def status(self) -> ServiceStatus:
-        return self.snap
+        return self.current
 
     async def stop(self) -> None:
         return None
@@ -79,7 +79,7 @@ def _routes(state: HostState[_Service]) -> AdmissionRoutes:
 
 
 def test_workersets_list_incumbent_generation_admitted_and_rejected_cohorts() -> None:
-    reply = _routes(HostState("running", _Service(_snapshot()))).workersets(_Context())
+    reply = _routes(HostState("running", _Service(_status()))).workersets(_Context())
 
     assert reply.status == 200
     [workerset] = reply.body["workersets"]
@@ -115,7 +115,7 @@ def test_workersets_list_incumbent_generation_admitted_and_rejected_cohorts() ->
 
 
 def test_readiness_reports_the_evaluator_beside_the_frontends_own_view() -> None:
-    reply = _routes(HostState("running", _Service(_snapshot()))).readiness(_Context())
+    reply = _routes(HostState("running", _Service(_status()))).readiness(_Context())
 
     assert reply.status == 200
     assert reply.body["models"] == [
@@ -131,8 +131,8 @@ def test_readiness_reports_the_evaluator_beside_the_frontends_own_view() -> None
 
 
 def test_health_is_ok_only_once_synced_and_not_draining() -> None:
-    running = _routes(HostState("running", _Service(_snapshot())))
-    starting = _routes(HostState("running", _Service(_snapshot(health="starting", synced=False))))
+    running = _routes(HostState("running", _Service(_status())))
+    starting = _routes(HostState("running", _Service(_status(health="starting", synced=False))))
 
     assert running.health(_Context()).status == 200
     assert starting.health(_Context()).status == 503

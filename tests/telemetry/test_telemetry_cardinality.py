@@ -37,7 +37,7 @@ WORKER_FAMILIES = (
 )
 
 
-def snapshot(worker_sets: int, workers: int, rejected: tuple[int, ...] = ()) -> ServiceStatus:
+def service_status(worker_sets: int, workers: int, rejected: tuple[int, ...] = ()) -> ServiceStatus:
     """``worker_sets`` WorkerSets of ``workers`` admitted workers, and rejected cohorts beside."""
     groups, rejections = [], []
     next_id = 1
@@ -100,11 +100,11 @@ def series(snap: ServiceStatus) -> tuple[Counter[str], float]:
 
 
 def test_series_grow_by_one_per_worker_and_one_per_rejected_cohort() -> None:
-    base, _ = series(snapshot(1, 0))
-    thousand, took = series(snapshot(1, 1000))
-    two_sets, _ = series(snapshot(2, 500))
-    rejected, _ = series(snapshot(1, 1000, rejected=(10,)))
-    three_rejected, _ = series(snapshot(1, 1000, rejected=(10, 10, 10)))
+    base, _ = series(service_status(1, 0))
+    thousand, took = series(service_status(1, 1000))
+    two_sets, _ = series(service_status(2, 500))
+    rejected, _ = series(service_status(1, 1000, rejected=(10,)))
+    three_rejected, _ = series(service_status(1, 1000, rejected=(10, 10, 10)))
 
     def worker_series(counts: Counter[str]) -> int:
         return sum(counts[f] for f in WORKER_FAMILIES)
