@@ -25,7 +25,7 @@ from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.cli.traces import record_trace
 from workerset_admission.identity import EndpointId
-from workerset_admission.service.shell import AdmissionService
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import load_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -206,16 +206,16 @@ async def test_record_then_replay_gives_the_state_the_live_service_holds(
         await workers.put("v1.mdc.dgd.backend.generate.9", b"{not json")
 
         def settled() -> bool:
-            groups = service.snapshot().groups
+            groups = service.status().groups
             return bool(groups) and groups[0].admitted == (2, 4) and groups[0].status == "ready"
 
         await eventually(settled, "the live service settles")
-        await eventually(lambda: service.snapshot().invalid_total == 1, "the refusal is reported")
+        await eventually(lambda: service.status().invalid_total == 1, "the refusal is reported")
         await eventually(lambda: trace.getvalue().count("\n") >= 6, "the recorder saw every change")
     finally:
         stop.set()
         await asyncio.wait_for(recorder, 15)
-        live = service.snapshot()
+        live = service.status()
         await service.stop()
         await nc.close()
     path = tmp_path / "trace.jsonl"

@@ -28,7 +28,7 @@ from workerset_admission.adapters.nats.connect import (
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.identity import EndpointId
-from workerset_admission.service.shell import AdmissionService
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import replay
 
@@ -125,7 +125,7 @@ def comparable(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def live_groups(service: AdmissionService) -> list[dict[str, Any]]:
     # A group whose last member left is gone from a replay; compare what is served.
-    return comparable([g.to_json() for g in service.snapshot().groups if g.cohorts])
+    return comparable([g.to_json() for g in service.status().groups if g.cohorts])
 
 
 def replayed_groups(bucket: dict[str, bytes]) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from workerset_admission.adapters.nats.connect import (
     connect,
 )
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-from workerset_admission.ports import SourceDelete, SourcePut, SourceSnapshot
+from workerset_admission.ports import SourceDelete, SourceListing, SourcePut
 
 __all__ = ["nats_cluster"]
 
@@ -41,7 +41,7 @@ class Mirror:
 
     async def follow(self, source: JetStreamDiscoverySource) -> None:
         async for event in source.events():
-            if isinstance(event, SourceSnapshot):
+            if isinstance(event, SourceListing):
                 self.snapshots.append(event.reason)
                 self.state = {entry.key: entry.value for entry in event.entries}
             elif isinstance(event, SourcePut):

@@ -28,7 +28,7 @@ from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.ownership import bridge_writer
-from workerset_admission.service.shell import AdmissionService
+from workerset_admission.service.admission_service import AdmissionService
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -262,7 +262,7 @@ async def test_workers_registered_by_dynamo_are_admitted_under_dynamos_own_check
         return (file_discovery / "v1" / "mdc" / name).read_bytes()
 
     def rolling() -> Any:
-        groups = [g for g in service.snapshot().groups if g.group.model == "rolling"]
+        groups = [g for g in service.status().groups if g.group.model == "rolling"]
         return groups[0] if groups else None
 
     bridge = DiscoveryBridge(file_discovery, JetStreamBucketWriter(bucket), interval=0.1)

@@ -38,9 +38,9 @@ from workerset_admission.identity import (
     WorkerType,
     instance_key,
 )
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.bindings import HopRole
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
-from workerset_admission.service.shell import AdmissionService
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -192,7 +192,7 @@ async def test_service_bindings_route_dynamo_workers_registered_through_the_brid
             return binding is not None and binding.admitted() == ids and binding
 
         def rejected(instance_id: int) -> bool:
-            group = service.snapshot().group(GROUP)
+            group = service.status().group(GROUP)
             return group is not None and any(instance_id in r.members for r in group.rejected)
 
         # The first configuration observed is the incumbent: c registers only once a and b are

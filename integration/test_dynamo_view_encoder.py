@@ -101,7 +101,7 @@ async def test_recorded_encoder_registrations_reach_the_view_only_when_admitted(
 
         _write(store, rival)
         await _until(
-            lambda: any(c.members for g in service.snapshot().groups for c in g.rejected),
+            lambda: any(c.members for g in service.status().groups for c in g.rejected),
             20,
             "the rival encoder is rejected",
         )

@@ -46,7 +46,7 @@ from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.discovery_paths import parse_endpoints
 from workerset_admission.errors import StoreUnavailable
 from workerset_admission.ownership import WriterId
-from workerset_admission.service.shell import AdmissionService
+from workerset_admission.service.admission_service import AdmissionService
 
 pytestmark = [pytest.mark.integration, pytest.mark.etcd, pytest.mark.timeout(180)]
 
@@ -175,7 +175,7 @@ async def test_workers_registering_deregistering_and_dying_in_etcd_are_followed_
     await service.start()
 
     def rolling() -> Any:
-        groups = [g for g in service.snapshot().groups if g.group.model == "rolling"]
+        groups = [g for g in service.status().groups if g.group.model == "rolling"]
         return groups[0] if groups else None
 
     known: set[int] = set()

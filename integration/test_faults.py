@@ -145,7 +145,7 @@ async def test_a_server_restarted_with_a_wiped_store_converges_on_what_workers_r
             watchdog.assert_clean()
 
 
-async def test_a_connection_cut_while_a_snapshot_is_applied_converges_after_reconnect(
+async def test_a_connection_cut_while_a_listing_is_applied_converges_after_reconnect(
     server: NatsServer,
 ) -> None:
     port = int(server.url.rsplit(":", 1)[1])
@@ -244,7 +244,7 @@ async def test_a_builder_answering_after_its_group_was_succeeded_is_fenced_out(
             watchdog.assert_clean()
 
 
-async def test_duplicate_deliveries_and_reordered_snapshots_keep_the_incumbent(
+async def test_duplicate_deliveries_and_reordered_listings_keep_the_incumbent(
     server: NatsServer,
 ) -> None:
     ep = endpoint()
@@ -266,7 +266,7 @@ async def test_duplicate_deliveries_and_reordered_snapshots_keep_the_incumbent(
                 for _ in range(3):
                     await fleet.register(ep, range(1, 6), OLD)
                 proxy.cut()
-                await until(lambda: service.counters.snapshots >= 4, 20, "resyncs")
+                await until(lambda: service.counters.listings >= 4, 20, "resyncs")
 
                 view = live_groups(service)[group_of(ep).id]
                 assert view.admitted == (1, 2, 3, 4, 5)

@@ -70,12 +70,12 @@ async def test_the_corpus_through_a_real_bucket_is_refused_and_the_service_runs_
             keys = set(watched)
 
             def refused_keys() -> set[str]:
-                return {r.key for r in service.snapshot().recent_invalid}
+                return {r.key for r in service.status().recent_invalid}
 
             await until(lambda: keys <= refused_keys(), 30, "every key refused")
 
             assert service.running
-            snapshot = service.snapshot()
+            snapshot = service.status()
             assert snapshot.health == "healthy"
             assert len(keys) <= snapshot.invalid_total <= len(watched)
             assert live_groups(service)[group_of(ep).id] == before

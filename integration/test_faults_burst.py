@@ -71,7 +71,7 @@ async def test_a_burst_of_registrations_and_removals_while_builds_are_in_flight(
         ):
             await until(lambda: len(builder.started) >= 1, 10, "the first build")
             seconds = await asyncio.to_thread(asyncio.run, _write_burst(server.url, burst))
-            assert 1 <= service.snapshot().builds_in_flight <= 8
+            assert 1 <= service.status().builds_in_flight <= 8
 
             builder.release.set()
             await assert_replays_bucket(service, server.url, timeout=90)

@@ -26,8 +26,8 @@ from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.cli.rollout import GateQuery, check_gate
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.factory import create_service
-from workerset_admission.service.shell import AdmissionService
 from workerset_admission.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -100,7 +100,7 @@ def server(nats_server_fn: NatsServer) -> NatsServer:
 
 
 def admitted(service: AdmissionService) -> tuple[int, ...]:
-    group = service.snapshot().group(GROUP)
+    group = service.status().group(GROUP)
     return () if group is None else group.admitted
 
 
@@ -123,7 +123,7 @@ async def test_an_outage_of_two_and_a_half_ttls_keeps_the_incumbent_and_its_work
             a, b = workers(nc_a), workers(nc_b)
             await serving_a_with_b_waiting(service, a)
             await b.register(EP, 3, B)
-            await until(lambda: len(service.snapshot().groups[0].cohorts) == 2, 30, "B seen")
+            await until(lambda: len(service.status().groups[0].cohorts) == 2, 30, "B seen")
             receiver = service.receiver_for(GROUP)
             assert receiver is not None
 
@@ -133,7 +133,7 @@ async def test_an_outage_of_two_and_a_half_ttls_keeps_the_incumbent_and_its_work
             await until(lambda: admitted(service) == (1, 2), 60, "A's workers to rejoin")
             assert not receiver.retired
             assert receiver.current().admitted == frozenset({1, 2})
-            group = service.snapshot().group(GROUP)
+            group = service.status().group(GROUP)
             assert group is not None
             assert group.held_until is None
             assert [c.members for c in group.cohorts] == [(1, 2), (3,)]
@@ -157,7 +157,7 @@ async def test_when_the_incumbents_workers_are_really_gone_the_succession_follow
             a, b = workers(nc_a), workers(nc_b)
             await serving_a_with_b_waiting(service, a)
             await b.register(EP, 3, B)
-            await until(lambda: len(service.snapshot().groups[0].cohorts) == 2, 30, "B seen")
+            await until(lambda: len(service.status().groups[0].cohorts) == 2, 30, "B seen")
             receiver = service.receiver_for(GROUP)
             assert receiver is not None
 
@@ -272,7 +272,7 @@ async def test_a_churn_run_makes_no_spurious_resync_and_counts_each_bad_record_o
                 key = f"v1.mdc.outage.backend.generate.bad{n}"
                 await fleet.put(key, b"{not json", ttl=10.0)
             await until(lambda: service.counters.invalid >= 14, 30, "the bad records")
-            baseline = service.snapshot().invalid_total
+            baseline = service.status().invalid_total
             loop_end = time.monotonic() + 20
             churned = 21
             while time.monotonic() < loop_end:
@@ -285,7 +285,7 @@ async def test_a_churn_run_makes_no_spurious_resync_and_counts_each_bad_record_o
             # re-create the watch; that is a real resync, not a spurious one).
             assert "stream deleted or re-created" not in caplog.text
             assert "re-created" not in caplog.text
-            assert service.snapshot().invalid_total == baseline == 14
+            assert service.status().invalid_total == baseline == 14
             await fleet.close()
     finally:
         await service.stop()

@@ -23,8 +23,8 @@ from natsfixture import NatsServer
 from support.cards import base_card
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.identity import EndpointId, instance_key
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.factory import create_service
-from workerset_admission.service.shell import AdmissionService
 from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import is_admitted, replay
 
@@ -72,12 +72,12 @@ def settings_for(url: str, bucket: str, frontend: str, **overrides: Any) -> Sett
 
 
 def incumbent(service: AdmissionService) -> str | None:
-    groups = service.snapshot().groups
+    groups = service.status().groups
     return groups[0].incumbent if groups else None
 
 
 def cohorts(service: AdmissionService) -> int:
-    groups = service.snapshot().groups
+    groups = service.status().groups
     return len(groups[0].cohorts) if groups else 0
 
 
@@ -150,7 +150,7 @@ async def test_frontends_cold_started_together_without_peers_agree_in_key_order(
             chosen = {incumbent(s) for s in started}
             assert len(chosen) == 1
             # B's key sorts first: the choice etcd's key order gives, as Dynamo's frontends.
-            group = started[0].snapshot().groups[0]
+            group = started[0].status().groups[0]
             assert group.admitted == B_IDS
     finally:
         for service in started:
@@ -205,7 +205,7 @@ async def test_a_recording_taken_mid_rollout_explains_what_the_live_frontend_dec
             kinds = [json.loads(line)["kind"] for line in lines]
             assert kinds[:3] == ["trace", "state", "snapshot"]
             result = replay(lines)
-            live = service.snapshot().groups[0]
+            live = service.status().groups[0]
             for instance in (*A_IDS, *B_IDS):
                 key = instance_key(EP, instance)
                 assert is_admitted(result, key) == (instance in live.admitted), key

@@ -44,8 +44,8 @@ from workerset_admission.card.events import dynamo_event_path, parse_event_key
 from workerset_admission.errors import DETAIL_LIMIT, InvalidRecordError
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.keys import STATUS_SUBJECT, escape_token, parse_key, unescape_token
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.factory import create_service
-from workerset_admission.service.shell import AdmissionService
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -112,10 +112,10 @@ async def test_a_worker_the_view_cannot_name_is_refused_with_a_reason_and_never_
             await register(fleet.kv, plain, 1)
             await register(fleet.kv, long_ns, 2)
             await until(
-                lambda: len(service.snapshot().recent_invalid) >= 2, 20, "both long keys refused"
+                lambda: len(service.status().recent_invalid) >= 2, 20, "both long keys refused"
             )
             await until(lambda: not routable_in_view(service, tmp_path), 20, "the view")
-            snapshot = service.snapshot()
+            snapshot = service.status()
             assert {g.group for g in snapshot.groups} == {group_of(plain)}
             assert {r.reason for r in snapshot.recent_invalid} == {"bad_key"}
             assert all("over the 255" in r.detail for r in snapshot.recent_invalid)
@@ -148,11 +148,11 @@ async def test_two_keys_that_would_be_one_worker_are_both_refused_and_nothing_is
             await fleet.kv.delete(keys[1])
 
             def refused() -> dict[str, str]:
-                return {r.key: r.detail for r in service.snapshot().recent_invalid}
+                return {r.key: r.detail for r in service.status().recent_invalid}
 
             await until(lambda: set(keys) <= set(refused()), 20, "both keys refused")
             assert all("separator" in refused()[key] for key in keys)
-            assert [g.group for g in service.snapshot().groups] == [group_of(neighbour)]
+            assert [g.group for g in service.status().groups] == [group_of(neighbour)]
             assert {i for b in service.bindings() for i in b.routable()} == {1}
             assert view_names(tmp_path) == before
             assert not routable_in_view(service, tmp_path)
@@ -176,7 +176,7 @@ async def test_one_huge_refused_value_leaves_status_answering_with_a_bounded_det
                 key = f"v1.mdc.ns-a.backend.generate.{n + 10:x}"
                 record["instance_id"] = n + 10
                 await js.publish(f"$KV.{DISCOVERY}.{key}", json.dumps(record).encode())
-            await until(lambda: service.snapshot().invalid_total >= 3, 20, "refused")
+            await until(lambda: service.status().invalid_total >= 3, 20, "refused")
             status = await status_reply(nc)
             assert status["invalid_total"] == 3
             assert status["groups"]
@@ -185,7 +185,7 @@ async def test_one_huge_refused_value_leaves_status_answering_with_a_bounded_det
                 assert len(refused["detail"]) < DETAIL_LIMIT + 40
             # A restarted service reads the same values back and still answers.
         async with serving_view(nats_server_fn.url, tmp_path) as service:
-            await until(lambda: service.snapshot().invalid_total >= 3, 20, "refused again")
+            await until(lambda: service.status().invalid_total >= 3, 20, "refused again")
             assert (await status_reply(nc))["invalid_total"] >= 3
     longest = max(len(r.getMessage()) for r in caplog.records)
     assert longest < 4 * DETAIL_LIMIT, f"a log line of {longest} characters"
@@ -444,12 +444,12 @@ async def test_fuzzed_keys_and_values_from_the_wire_grammar_keep_every_invariant
             await until(lambda: not routable_in_view(service, view_dir), 30, "the view settles")
             assert time.monotonic() - started < 120
             status = await status_reply(nc)
-            assert status["invalid_total"] == service.snapshot().invalid_total
+            assert status["invalid_total"] == service.status().invalid_total
             assert status["invalid_total"] > 0
             assert not routable_in_view(service, view_dir)
             _assert_one_key_per_file(service, view_dir)
             _assert_one_file_per_key(await fleet.kv.keys())
-            snapshot = service.snapshot()
+            snapshot = service.status()
             assert snapshot.health == "healthy"
             served = sum(len(b.routable()) for b in service.bindings())
             print(

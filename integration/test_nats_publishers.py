@@ -23,7 +23,7 @@ from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card import parse_key
 from workerset_admission.identity import EndpointId
-from workerset_admission.ports import SourceDelete, SourcePut, SourceSnapshot
+from workerset_admission.ports import SourceDelete, SourceListing, SourcePut
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -74,7 +74,7 @@ async def test_a_heartbeat_keeps_a_registration_alive_and_a_crash_lets_it_expire
             ENDPOINT, 7, CARD, headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
         )
         snapshot = await asyncio.wait_for(anext(events), 10)
-        assert isinstance(snapshot, SourceSnapshot)
+        assert isinstance(snapshot, SourceListing)
         assert [e.key for e in snapshot.entries] == [key]
         assert (snapshot.entries[0].headers or {}).get("traceparent", "").startswith("00-111")
         # Three TTLs pass; the heartbeat's refreshes arrive as puts, never as a removal.

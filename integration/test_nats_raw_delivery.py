@@ -19,7 +19,7 @@ from workerset_admission.adapters.nats.connect import (
 from workerset_admission.adapters.nats.kv import stream_name
 from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
+from workerset_admission.ports import SourceDelete, SourceEvent, SourceListing, SourcePut
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -56,7 +56,7 @@ async def drain(events: AsyncIterator[SourceEvent], count: int) -> list[SourceEv
 
 
 @pytest.mark.parametrize("path", ["raw", "callback"])
-async def test_both_delivery_paths_give_the_same_snapshot_and_live_events(
+async def test_both_delivery_paths_give_the_same_listing_and_live_events(
     nats_server: NatsServer, bucket_name: str, path: str
 ) -> None:
     connector = (raw_connector if path == "raw" else plain_connector)(nats_server.url)
@@ -69,7 +69,7 @@ async def test_both_delivery_paths_give_the_same_snapshot_and_live_events(
         events = source.events().__aiter__()
         try:
             (snapshot,) = await drain(events, 1)
-            assert isinstance(snapshot, SourceSnapshot)
+            assert isinstance(snapshot, SourceListing)
             assert source._watch is not None
             assert source._watch.raw is (path == "raw")
             assert len(snapshot.entries) == 299
@@ -152,7 +152,7 @@ async def test_a_consumer_removed_under_a_raw_watch_is_noticed_and_the_watch_re_
         events = source.events().__aiter__()
         try:
             (first,) = await drain(events, 1)
-            assert isinstance(first, SourceSnapshot)
+            assert isinstance(first, SourceListing)
             assert first.reason == "initial"
             admin = await nats.connect(nats_server.url)
             try:
@@ -165,7 +165,7 @@ async def test_a_consumer_removed_under_a_raw_watch_is_noticed_and_the_watch_re_
             # No consumer, no heartbeats: two silent checks in a row and the watch is re-created,
             # and its listing has what was written meanwhile.
             (again,) = await drain(events, 1)
-            assert isinstance(again, SourceSnapshot)
+            assert isinstance(again, SourceListing)
             assert again.reason == "reconnect"
             assert sorted(e.key for e in again.entries) == ["v1.mdc.ns.c.e.1", "v1.mdc.ns.c.e.2"]
             assert source.restarts == 1

@@ -20,7 +20,7 @@ from workerset_admission.adapters.nats.connect import (
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card import BoundarySettings, decode_model_record, parse_key
 from workerset_admission.errors import InvalidRecordError
-from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
+from workerset_admission.ports import SourceDelete, SourceEvent, SourceListing, SourcePut
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -46,7 +46,7 @@ class Collector:
 
     def _apply(self, event: SourceEvent) -> None:
         # The state a consumer of the port would hold: a snapshot replaces everything.
-        if isinstance(event, SourceSnapshot):
+        if isinstance(event, SourceListing):
             self.reasons.append(event.reason)
             self.state = {e.key: e.value for e in event.entries}
         elif isinstance(event, SourcePut):
@@ -54,11 +54,11 @@ class Collector:
         else:
             self.state.pop(event.key, None)
 
-    async def next_snapshot(self, timeout: float = 30.0) -> SourceSnapshot:
+    async def next_snapshot(self, timeout: float = 30.0) -> SourceListing:
         async with time_limit(timeout):
             while True:
                 event = await self.next(timeout)
-                if isinstance(event, SourceSnapshot):
+                if isinstance(event, SourceListing):
                     return event
 
     async def close(self) -> None:
@@ -75,7 +75,7 @@ def source_for(url: str, bucket: str, **kwargs: object) -> JetStreamDiscoverySou
     )
 
 
-async def test_initial_values_become_one_snapshot_then_puts_and_removals_stream_live(
+async def test_initial_values_become_one_listing_then_puts_and_removals_stream_live(
     nats_server: NatsServer, bucket_name: str
 ) -> None:
     async with kv_bucket(nats_server.url, bucket_name) as kv:
@@ -87,7 +87,7 @@ async def test_initial_values_become_one_snapshot_then_puts_and_removals_stream_
         collector = Collector(source_for(nats_server.url, bucket_name))
         try:
             snapshot = await collector.next()
-            assert isinstance(snapshot, SourceSnapshot)
+            assert isinstance(snapshot, SourceListing)
             assert snapshot.reason == "initial"
             assert {e.key: e.value for e in snapshot.entries} == {
                 "v1.mdc.ns.backend.generate.1": b'{"a":1}',
@@ -156,14 +156,14 @@ async def test_a_listing_taken_while_heartbeats_rewrite_keys_still_holds_every_k
         assert await writer > 0
 
 
-async def test_an_empty_bucket_gives_an_empty_snapshot_at_once(
+async def test_an_empty_bucket_gives_an_empty_listing_at_once(
     nats_server: NatsServer, bucket_name: str
 ) -> None:
     async with kv_bucket(nats_server.url, bucket_name):
         collector = Collector(source_for(nats_server.url, bucket_name))
         try:
             snapshot = await collector.next(timeout=5)
-            assert isinstance(snapshot, SourceSnapshot)
+            assert isinstance(snapshot, SourceListing)
             assert snapshot.entries == ()
         finally:
             await collector.close()
@@ -200,7 +200,7 @@ async def test_values_over_any_size_and_odd_keys_are_passed_through_untouched(
         collector = Collector(source_for(nats_server.url, bucket_name))
         try:
             snapshot = await collector.next()
-            assert isinstance(snapshot, SourceSnapshot)
+            assert isinstance(snapshot, SourceListing)
             values = {e.key: e.value for e in snapshot.entries}
             # The source only translates; the card boundary refuses the oversized value, with
             # its key, so the service reports it like any other invalid record.
@@ -239,7 +239,7 @@ async def test_list_all_reads_the_whole_bucket_for_reconciliation(
             await source.close()
 
 
-async def test_a_restart_with_the_same_store_gives_a_new_snapshot_and_loses_nothing(
+async def test_a_restart_with_the_same_store_gives_a_new_listing_and_loses_nothing(
     nats_server_fn: NatsServer, bucket_name: str
 ) -> None:
     handle = nats_server_fn.handle
@@ -394,7 +394,7 @@ async def test_a_slow_reader_with_a_tiny_queue_still_receives_every_change(
         events = source.events()
         try:
             snapshot = await asyncio.wait_for(anext(events), 10)
-            assert isinstance(snapshot, SourceSnapshot)
+            assert isinstance(snapshot, SourceListing)
             writes = [kv.put(f"v1.mdc.ns.c.e.{i % 50:x}", str(i).encode()) for i in range(1000)]
             writer = asyncio.gather(*writes)
             seen: dict[str, bytes] = {}

@@ -39,7 +39,7 @@ from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.admission import AdmissionCore, WorkerAdded
 from workerset_admission.identity import EndpointId, GroupKey, Registration, WorkerType
-from workerset_admission.ports import DiscoveryEntry, SourcePut, SourceSnapshot
+from workerset_admission.ports import DiscoveryEntry, SourceListing, SourcePut
 from workerset_admission.telemetry import AdmissionTelemetry, inject_headers, setup_telemetry
 
 pytestmark = pytest.mark.timeout(60)
@@ -302,7 +302,7 @@ async def test_trace_context_survives_a_real_nats_put_and_links_the_frontends_de
         await js.create_key_value(KeyValueConfig(bucket=bucket_name))
         events = source.events()
         snapshot = await asyncio.wait_for(anext(events), 20)
-        assert isinstance(snapshot, SourceSnapshot)
+        assert isinstance(snapshot, SourceListing)
 
         headers, worker_context = worker_span_headers()
         key = "v1.mdc.ns.backend.generate.2"

@@ -200,7 +200,7 @@ def test_model_card_apply_spans_name_the_group_and_the_decision_made(run: dict[s
         assert attributes[n.ATTR_GROUP] == group_id(run), key
 
 
-def test_the_initial_snapshot_is_one_span_with_no_entries(run: dict[str, Any]) -> None:
+def test_the_initial_listing_is_one_span_with_no_entries(run: dict[str, Any]) -> None:
     (snapshot,) = named(run, n.SPAN_APPLY_SNAPSHOT)
     assert snapshot["attributes"][n.ATTR_SNAPSHOT_ENTRIES] == 0
     assert snapshot["attributes"][n.ATTR_SNAPSHOT_REASON] == "initial"

@@ -24,8 +24,8 @@ from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId
+from workerset_admission.service.admission_service import AdmissionService, GroupStatusView
 from workerset_admission.service.factory import create_service
-from workerset_admission.service.shell import AdmissionService, GroupSnapshot
 from workerset_admission.settings import Settings
 from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle, setup_telemetry
 
@@ -103,8 +103,8 @@ async def running(
         metrics_endpoint.shutdown()
 
 
-def only_group(service: AdmissionService) -> GroupSnapshot | None:
-    groups = service.snapshot().groups
+def only_group(service: AdmissionService) -> GroupStatusView | None:
+    groups = service.status().groups
     return groups[0] if len(groups) == 1 else None
 
 
@@ -164,7 +164,7 @@ async def test_a_rolling_update_shows_in_the_scraped_metrics(
 
     # 3. A record that is not a card at all.
     await workers.put("v1.mdc.prom.backend.generate.5e", b"{not json", ttl=None)
-    await until(lambda: service.snapshot().invalid_total >= 1, "the bad record is refused")
+    await until(lambda: service.status().invalid_total >= 1, "the bad record is refused")
     third = scrape(port)
     invalid = {
         dict(labels)["reason"]: count

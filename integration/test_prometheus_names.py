@@ -37,11 +37,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from promfixture import PrometheusServer, tool
 from workerset_admission.card.differences import Difference
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.rejections import RejectionSnapshot
-from workerset_admission.service.snapshots import (
-    EMPTY_SNAPSHOT,
-    CohortSnapshot,
-    GroupSnapshot,
+from workerset_admission.service.rejections import StandingRejection
+from workerset_admission.service.status_model import (
+    EMPTY_STATUS,
+    CohortStatusView,
+    GroupStatusView,
     state_summary,
 )
 from workerset_admission.telemetry import AdmissionTelemetry
@@ -53,9 +53,9 @@ RULES = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
 EP = EndpointId("dgd", "backend", "generate")
 GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGGREGATED)
 SNAPSHOT = dataclasses.replace(
-    EMPTY_SNAPSHOT,
+    EMPTY_STATUS,
     groups=(
-        GroupSnapshot(
+        GroupStatusView(
             group=GROUP,
             incumbent="a" * 64,
             status="ready",
@@ -64,11 +64,11 @@ SNAPSHOT = dataclasses.replace(
             receiver=1,
             admitted=(1, 2),
             routable=(1, 2),
-            cohorts=(CohortSnapshot("a" * 64, (1, 2)), CohortSnapshot("b" * 64, (3,))),
+            cohorts=(CohortStatusView("a" * 64, (1, 2)), CohortStatusView("b" * 64, (3,))),
         ),
     ),
     rejections=(
-        RejectionSnapshot(
+        StandingRejection(
             GROUP,
             "a" * 64,
             "b" * 64,

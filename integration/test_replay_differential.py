@@ -43,9 +43,9 @@ from workerset_admission.cli.connection import client_options
 from workerset_admission.cli.traces import decision_state_of, record_trace
 from workerset_admission.errors import Unreachable
 from workerset_admission.keys import model_kv_key
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.bindings import HopBindings
-from workerset_admission.service.shell import AdmissionService
-from workerset_admission.service.snapshots import GroupSnapshot
+from workerset_admission.service.status_model import GroupStatusView
 from workerset_admission.settings import Settings
 from workerset_admission.traces.format import STEPPED, read_trace, recorded_settings
 from workerset_admission.traces.replay import replay
@@ -93,7 +93,7 @@ def assert_replay_matches(
     stepped = [line for line in read_trace(lines) if line["kind"] in STEPPED]
     assert result.checked == len(stepped)
     replayed = result.to_json()
-    live = service.snapshot()
+    live = service.status()
     start = _trace_start(service)
     fields = ("group_id", "incumbent", "status", "generation", "receiver")
     live_groups = [g.to_json() for g in live.groups]
@@ -133,7 +133,7 @@ def kinds(trace: Path) -> list[str]:
 
 
 def admitted(service: AdmissionService) -> tuple[int, ...]:
-    group = service.snapshot().group(GROUP)
+    group = service.status().group(GROUP)
     return () if group is None else group.admitted
 
 
@@ -237,7 +237,7 @@ async def test_a_wiped_store_replays_to_what_the_workers_registered_again(
             await fleet.register(EP, [3], NEW)
             await fleet.register(EP, [1, 2], OLD)
             await until(
-                lambda: bool(admitted(service)) and service.snapshot().groups[0].held_until is None,
+                lambda: bool(admitted(service)) and service.status().groups[0].held_until is None,
                 60,
                 what="the group to settle after the wipe",
             )
@@ -259,9 +259,7 @@ async def test_churn_with_refused_records_replays_to_the_same_state_and_refusals
                 await kv.put(f"v1.mdc.{EP.namespace}.backend.generate.{base + 8:x}", b"[]")
                 await fleet.remove(EP, range(base, base + 3))
             await until(lambda: service.counters.invalid >= 12, what="every refusal reported")
-            await until(
-                lambda: service.snapshot().groups[0].status == "ready", what="a ready group"
-            )
+            await until(lambda: service.status().groups[0].status == "ready", what="a ready group")
     assert_replay_matches(service, reports, trace, tenure_hold=1.0)
 
 
@@ -276,8 +274,8 @@ async def test_a_build_that_fails_and_retries_on_its_deadline_replays_with_the_s
             await fleet.register(EP, [1, 2], OLD)
             await until(
                 lambda: (
-                    service.snapshot().groups[0].status == "ready"
-                    if service.snapshot().groups
+                    service.status().groups[0].status == "ready"
+                    if service.status().groups
                     else False
                 ),
                 what="ready after the retries",
@@ -333,7 +331,7 @@ async def a_serves_and_b_waits(
     await a.register(EP, 1, OLD)
     await until(lambda: admitted(service) == (1,), what="A admitted")
     await b.register(EP, 2, NEW)
-    await until(lambda: len(service.snapshot().groups[0].cohorts) == 2, what="B seen")
+    await until(lambda: len(service.status().groups[0].cohorts) == 2, what="B seen")
     return a, b
 
 
@@ -343,11 +341,11 @@ async def stop_recording_and_workers(
     service: AdmissionService,
     a: DiscoveryPublisher,
     b: DiscoveryPublisher,
-) -> GroupSnapshot:
+) -> GroupStatusView:
     """End the recording, take the live group as it stands, and let the workers go quietly."""
     stop.set()
     await asyncio.wait_for(recorder, 15)
-    live = service.snapshot().groups[0]
+    live = service.status().groups[0]
     await b.close()
     await a.close(withdraw=False)
     return live
@@ -443,10 +441,8 @@ async def test_a_bucket_recording_begun_during_a_hold_replays_as_held_and_lands_
         a, b = await a_serves_and_b_waits(service, nc_a, nc_b, ttl)
         await a.stop_heartbeat()  # A dies with an outage longer than its TTL
         await asyncio.to_thread(handle.restart, kill=True, downtime=2.5 * ttl)
-        await until(
-            lambda: service.snapshot().groups[0].held_until is not None, 30, what="the hold"
-        )
-        held = service.snapshot().groups[0]
+        await until(lambda: service.status().groups[0].held_until is not None, 30, what="the hold")
+        held = service.status().groups[0]
         # The recording begins now, mid-hold: the bucket lists B alone, and only the live
         # frontend's state says A holds the WorkerSet.
         state = await _state_of(settings)
@@ -515,7 +511,7 @@ async def test_a_refused_projection_and_a_refused_commit_replay_where_they_happe
         async with recorded(nats_server.url, trace) as (service, reports):
 
             def status() -> str | None:
-                groups = service.snapshot().groups
+                groups = service.status().groups
                 return groups[0].status if groups else None
 
             await fleet.register(EP, [1, 2], OLD)

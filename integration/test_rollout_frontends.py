@@ -40,8 +40,8 @@ from workerset_admission.cli.rollout import (
     wait_for_gate,
 )
 from workerset_admission.identity import EndpointId
+from workerset_admission.service.admission_service import AdmissionService, BuildRequest
 from workerset_admission.service.builds import DefaultPipelineBuilder
-from workerset_admission.service.shell import AdmissionService, BuildRequest
 from workerset_admission.settings import Settings
 
 __all__ = ["nats_cluster"]
@@ -171,7 +171,7 @@ def _answer(check: GateCheck) -> Any:
 
 
 def checksum_of(frontend: Frontend, namespace: str) -> str:
-    for group in frontend.service.snapshot().groups:
+    for group in frontend.service.status().groups:
         if group.group.endpoint.namespace == namespace and group.incumbent is not None:
             return group.incumbent
     raise AssertionError(f"{frontend.name} has no incumbent in {namespace}")
@@ -187,7 +187,7 @@ async def wait_until(condition: Callable[[], bool], what: str) -> None:
 def committed_in(frontend: Frontend, namespace: str) -> bool:
     return any(
         group.group.endpoint.namespace == namespace and group.committed_generation is not None
-        for group in frontend.service.snapshot().groups
+        for group in frontend.service.status().groups
     )
 
 

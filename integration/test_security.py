@@ -40,7 +40,7 @@ from secfixture import (
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.errors import CredentialsRefused
-from workerset_admission.ports import SourcePut, SourceSnapshot
+from workerset_admission.ports import SourceListing, SourcePut
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -108,12 +108,12 @@ async def create_buckets(url: str, **auth: Any) -> None:
             await js.create_key_value(KeyValueConfig(bucket=bucket, history=1))
 
 
-async def first_snapshot(options: NatsConnectOptions, timeout: float = 20.0) -> SourceSnapshot:
+async def first_snapshot(options: NatsConnectOptions, timeout: float = 20.0) -> SourceListing:
     source = JetStreamDiscoverySource(options, bucket=DISCOVERY, bind_retry_max=0.5)
 
-    async def first() -> SourceSnapshot:
+    async def first() -> SourceListing:
         async for event in source.events():
-            if isinstance(event, SourceSnapshot):
+            if isinstance(event, SourceListing):
                 return event
         raise AssertionError("the source ended without a snapshot")
 
@@ -228,7 +228,7 @@ async def test_the_plugin_watches_discovery_under_its_documented_permissions(
 
         async def watch() -> None:
             async for event in source.events():
-                if isinstance(event, SourceSnapshot):
+                if isinstance(event, SourceListing):
                     seen.extend(e.key for e in event.entries)
                     await kv.put(record_key("ns-a", 0x2F), b'{"type":"Model"}')
                 elif isinstance(event, SourcePut):

@@ -45,8 +45,8 @@ from workerset_admission.card import (
 )
 from workerset_admission.cli.serve import render_status_table
 from workerset_admission.identity import EndpointId
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.factory import create_service
-from workerset_admission.service.shell import AdmissionService
 from workerset_admission.settings import Settings
 from workerset_admission.telemetry import AdmissionTelemetry
 
@@ -133,11 +133,11 @@ async def test_the_service_runs_with_only_its_documented_permissions(
         )
         try:
             await service.wait_synced(20)
-            await until(lambda: [g.status for g in service.snapshot().groups] == ["ready"])
-            assert service.snapshot().groups[0].admitted == (0x1F,)
+            await until(lambda: [g.status for g in service.status().groups] == ["ready"])
+            assert service.status().groups[0].admitted == (0x1F,)
             # A periodic re-listing, the serving records and a status request all happen
             # under the same user.
-            await until(lambda: service.counters.snapshots >= 2)
+            await until(lambda: service.counters.listings >= 2)
             async with connected(server.url, **admin) as nc:
                 admission = await nc.jetstream().key_value(ADMISSION)
 
@@ -178,7 +178,7 @@ async def test_the_service_waits_for_buckets_it_may_not_create(
             assert service.running, "a missing bucket must not stop the service"
             await prepare(server.url, {"user": "admin", "password": material.admin_password})
             await service.wait_synced(30)
-            await until(lambda: [g.admitted for g in service.snapshot().groups] == [(0x1F,)])
+            await until(lambda: [g.admitted for g in service.status().groups] == [(0x1F,)])
         finally:
             await service.stop()
 
@@ -195,7 +195,7 @@ async def test_a_worker_record_claiming_another_identity_is_refused(
         )
         try:
             await service.wait_synced(20)
-            before = [g.to_json() for g in service.snapshot().groups]
+            before = [g.to_json() for g in service.status().groups]
             async with connected(
                 server.url, user="worker-ns-a", password=material.worker_password
             ) as nc:
@@ -203,11 +203,11 @@ async def test_a_worker_record_claiming_another_identity_is_refused(
                 # Under its own key, a worker of ns-a claims to be an ns-b worker.
                 forged = encode_model_record(EndpointId("ns-b", "backend", "generate"), 0x2F, CARD)
                 await kv.put(model_kv_key(EP_A, 0x2F), forged)
-            await until(lambda: service.snapshot().invalid_total == 1)
-            refused = service.snapshot().recent_invalid[-1]
+            await until(lambda: service.status().invalid_total == 1)
+            refused = service.status().recent_invalid[-1]
             assert refused.reason == "identity_mismatch"
             assert refused.key == model_kv_key(EP_A, 0x2F)
-            assert [g.to_json() for g in service.snapshot().groups] == before
+            assert [g.to_json() for g in service.status().groups] == before
         finally:
             await service.stop()
 
@@ -315,7 +315,7 @@ async def test_no_secret_appears_in_logs_spans_status_or_errors(
         )
         try:
             await service.wait_synced(20)
-            await until(lambda: [g.status for g in service.snapshot().groups] == ["ready"])
+            await until(lambda: [g.status for g in service.status().groups] == ["ready"])
             status = json.loads(service.render_status())
             texts += [json.dumps(status), render_status_table(status)]
         finally:

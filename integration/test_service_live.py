@@ -21,7 +21,7 @@ from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.errors import ReceiverRetired
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.shell import AdmissionService
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -54,7 +54,7 @@ async def start_service(url: str, bucket: str, **kwargs: Any) -> AdmissionServic
 
 
 def group(service: AdmissionService) -> Any:
-    return service.snapshot().group(GROUP)
+    return service.status().group(GROUP)
 
 
 def serving(service: AdmissionService, ids: tuple[int, ...]) -> Callable[[], bool]:
@@ -185,9 +185,9 @@ async def test_a_server_restart_with_the_same_store_keeps_incumbent_order_and_re
         receiver = service.receiver_for(GROUP)
         assert receiver is not None
         before = group(service)
-        snapshots = service.counters.snapshots
+        snapshots = service.counters.listings
         await asyncio.to_thread(handle.restart)
-        await eventually(lambda: service.counters.snapshots > snapshots, "the watch resyncs", 30)
+        await eventually(lambda: service.counters.listings > snapshots, "the watch resyncs", 30)
         after = group(service)
         assert after.incumbent == before.incumbent
         assert after.cohorts == before.cohorts
@@ -295,8 +295,8 @@ async def test_two_frontends_fed_conflicting_orders_keep_their_own_incumbents_an
         assert a.incumbent != b.incumbent
         assert a.rejected[0].mdc_checksum == b.incumbent
         assert b.rejected[0].mdc_checksum == a.incumbent
-        ready_a = service_a.snapshot().readiness
-        ready_b = service_b.snapshot().readiness
+        ready_a = service_a.status().readiness
+        ready_b = service_b.status().readiness
         assert [r.ready for r in ready_a] == [True]
         assert [r.ready for r in ready_b] == [True]
     finally:

@@ -15,6 +15,8 @@ from typing import Any
 __all__ = [
     "ID_LIST_FIELDS",
     "STORE_NAME_MAX",
+    "AttemptId",
+    "CarriesAttempt",
     "Drain",
     "EndpointId",
     "GroupKey",
@@ -160,6 +162,34 @@ class GroupKey:
     @property
     def worker_type(self) -> WorkerType:
         return WorkerType(json.loads(self.worker_set)[4])
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptId:
+    """Which build attempt a result answers: the group, the checksum built, its generation.
+
+    Build generations are never reused, so the three name one attempt for good; the core applies
+    a result only when its ``AttemptId`` is the attempt in flight (a build) or the committed
+    one (a commit). ``attempt`` elsewhere is a count: the attempt's number within a tenure.
+    """
+
+    group: GroupKey
+    mdc_checksum: str
+    generation: int
+
+
+class CarriesAttempt:
+    """Base of the inputs and effects that name a build attempt by its three fields."""
+
+    __slots__ = ()
+    group: GroupKey
+    mdc_checksum: str
+    generation: int
+
+    @property
+    def attempt_id(self) -> AttemptId:
+        """The attempt this value names."""
+        return AttemptId(self.group, self.mdc_checksum, self.generation)
 
 
 def group_fields(group: GroupKey) -> dict[str, Any]:

@@ -28,10 +28,10 @@ from typing import Protocol
 
 __all__ = [
     "BucketMark",
+    "BucketValue",
     "BucketWriter",
     "Change",
     "HealedMirror",
-    "HeldRecord",
     "heal_reason",
     "healed_mirror",
     "reconciled_mirror",
@@ -41,7 +41,7 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class HeldRecord:
+class BucketValue:
     """One live key as the bucket holds it now: its value, and whether this writer stamped it."""
 
     value: bytes
@@ -101,7 +101,7 @@ class BucketWriter(Protocol):
         """Every live key under the four discovery prefixes that this writer wrote."""
         ...
 
-    async def contents(self) -> Mapping[str, HeldRecord]:
+    async def contents(self) -> Mapping[str, BucketValue]:
         """Every live key under the four discovery prefixes, as the bucket holds it now."""
         ...
 
@@ -169,7 +169,7 @@ def heal_reason(before: BucketMark | None, now: BucketMark) -> str | None:
 def reconciled_mirror(
     desired: Mapping[str, bytes],
     mirrored: Mapping[str, bytes | None],
-    held: Mapping[str, HeldRecord],
+    held: Mapping[str, BucketValue],
     *,
     prune: bool,
 ) -> dict[str, bytes | None]:
@@ -199,7 +199,7 @@ def reconciled_mirror(
 def healed_mirror(
     desired: Mapping[str, bytes],
     mirrored: Mapping[str, bytes | None],
-    held: Mapping[str, HeldRecord],
+    held: Mapping[str, BucketValue],
     *,
     prune: bool,
 ) -> HealedMirror:

@@ -27,8 +27,8 @@ __all__ = [
     "PipelineBuilder",
     "SourceDelete",
     "SourceEvent",
+    "SourceListing",
     "SourcePut",
-    "SourceSnapshot",
     "StatusResponder",
 ]
 
@@ -51,7 +51,7 @@ class DiscoveryEntry(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class SourceSnapshot:
+class SourceListing:
     """A full listing of the bucket: every key not listed is gone.
 
     Emitted once when the watch's initial values end, again after every reconnect or re-created
@@ -83,7 +83,7 @@ class SourceDelete:
     received_at: float = 0.0
 
 
-SourceEvent = SourceSnapshot | SourcePut | SourceDelete
+SourceEvent = SourceListing | SourcePut | SourceDelete
 
 
 @runtime_checkable
@@ -91,10 +91,10 @@ class DiscoverySource(Protocol):
     """Where discovery records come from (a JetStream KV bucket in production)."""
 
     def events(self) -> AsyncIterator[SourceEvent]:
-        """Yield a snapshot first, then live updates; a new snapshot after each reconnect."""
+        """Yield a listing first, then live updates; a new listing after each reconnect."""
         ...
 
-    async def list_all(self) -> SourceSnapshot:
+    async def list_all(self) -> SourceListing:
         """Read the whole bucket now, for periodic reconciliation."""
         ...
 

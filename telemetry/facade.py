@@ -37,7 +37,7 @@ from opentelemetry.trace import Span, SpanKind
 from workerset_admission import __version__
 from workerset_admission.card.differences import Difference, differences_json, summarize
 from workerset_admission.keys import DISCOVERY_BUCKET
-from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
 from workerset_admission.telemetry import names as n
 from workerset_admission.telemetry.effect_reports import (
     EFFECT_HANDLERS,
@@ -61,9 +61,9 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# Lots of snapshot entries may carry trace context; a handful of links already shows where
-# the snapshot came from, and backends cap links per span anyway.
-_MAX_SNAPSHOT_LINKS: Final = 16
+# Lots of listing entries may carry trace context; a handful of links already shows where
+# the listing came from, and backends cap links per span anyway.
+_MAX_LISTING_LINKS: Final = 16
 _PLACEHOLDERS: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _SDK_RECHECK_EVERY: Final = 1024
 _MAX_CACHED_GROUP_IDS: Final = 4096
@@ -114,17 +114,17 @@ class AdmissionTelemetry:
     # --- discovery updates -------------------------------------------------------------------
 
     def apply_update(
-        self, event: SourcePut | SourceDelete | SourceSnapshot | DiscoveryEntry
+        self, event: SourcePut | SourceDelete | SourceListing | DiscoveryEntry
     ) -> UpdateScope:
         """Return a context manager around applying one discovery event: an UpdateScope."""
         key = ""
         published_at: float | None = None
         span: Span | None = None
         try:
-            if isinstance(event, SourceSnapshot):
+            if isinstance(event, SourceListing):
                 operation = "snapshot"
                 if self._tracing_updates():
-                    span = self._snapshot_span(event)
+                    span = self._listing_span(event)
             else:
                 if isinstance(event, SourceDelete):
                     operation = event.operation
@@ -180,16 +180,16 @@ class AdmissionTelemetry:
             links=(link,) if link is not None else (),
         )
 
-    def _snapshot_span(self, snapshot: SourceSnapshot) -> Span:
+    def _listing_span(self, listing: SourceListing) -> Span:
         attrs = self._messaging_attributes("snapshot")
-        attrs[n.ATTR_SNAPSHOT_ENTRIES] = len(snapshot.entries)
-        attrs[n.ATTR_SNAPSHOT_REASON] = snapshot.reason
+        attrs[n.ATTR_SNAPSHOT_ENTRIES] = len(listing.entries)
+        attrs[n.ATTR_SNAPSHOT_REASON] = listing.reason
         links: list[trace.Link] = []
-        for entry in snapshot.entries:
+        for entry in listing.entries:
             link = link_from_headers(entry.headers)
             if link is not None:
                 links.append(link)
-                if len(links) >= _MAX_SNAPSHOT_LINKS:
+                if len(links) >= _MAX_LISTING_LINKS:
                     break
         return self.tracer.start_span(
             n.SPAN_APPLY_SNAPSHOT, kind=SpanKind.CONSUMER, attributes=attrs, links=links

@@ -46,7 +46,7 @@ namespace filter), invalid, error.
 
 
 class UpdateScope:
-    """One discovery update (or snapshot) being applied; returned by ``apply_update``.
+    """One discovery update (or listing) being applied; returned by ``apply_update``.
 
     Used as a context manager. ``record_decision`` may be called any number of times; the last
     call wins, since the service may learn the final decision only after the core's effects.

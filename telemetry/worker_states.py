@@ -11,7 +11,7 @@ plugin's states once, with the upstream state a query written for Dynamo counts 
 reason it is shown with. Reasons are unique, so the reason alone tells the plugin state; a new
 state is one line in the table and one branch in :func:`worker_state`.
 
-:func:`worker_sets` reads the service's group snapshots (duck-typed, see :class:`GroupLike`) and
+:func:`worker_sets` reads the service's group status views (duck-typed, see :class:`GroupLike`) and
 gives one :class:`WorkerSetState` per label set: Dynamo labels a WorkerSet by model, namespace,
 component, endpoint and worker type, while this plugin's group key also carries the model types,
 so two groups may share labels. A worker listed in both keeps its best state (available before
@@ -97,7 +97,7 @@ _WAITING: Final = frozenset({"rejected", "held"})
 
 
 class CohortLike(Protocol):
-    """A cohort as the service's snapshot shows it."""
+    """A cohort as the service's status shows it."""
 
     @property
     def mdc_checksum(self) -> str: ...
@@ -106,7 +106,7 @@ class CohortLike(Protocol):
 
 
 class GroupLike(Protocol):
-    """The fields of the service's group snapshot the worker states are read from."""
+    """The fields of the service's group status view the worker states are read from."""
 
     @property
     def group(self) -> object: ...  # a GroupKey: ``model`` and ``worker_set``
@@ -133,7 +133,7 @@ class GroupLike(Protocol):
 
 
 class RejectionLike(Protocol):
-    """A standing rejection as the service's snapshot shows it."""
+    """A standing rejection as the service's status shows it."""
 
     @property
     def group(self) -> object: ...

@@ -35,8 +35,8 @@ from workerset_admission.card import (
 )
 from workerset_admission.errors import CardDecodeError, InvalidRecordError, RemoteDataError
 from workerset_admission.identity import EndpointId, Registration
-from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
-from workerset_admission.service.shell import AdmissionService, ServiceSnapshot
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
+from workerset_admission.service.admission_service import AdmissionService, ServiceStatus
 
 CORPUS = Path(__file__).with_name("corpus") / "bad_records.jsonl"
 REASON = re.compile(r"[a-z][a-z0-9_]*")
@@ -173,33 +173,33 @@ class IdleSource:
         return
         yield
 
-    async def list_all(self) -> SourceSnapshot:
-        return SourceSnapshot(())
+    async def list_all(self) -> SourceListing:
+        return SourceListing(())
 
     async def close(self) -> None:
         return None
 
 
-def admission_state(snapshot: ServiceSnapshot) -> list[dict[str, Any]]:
+def admission_state(snapshot: ServiceStatus) -> list[dict[str, Any]]:
     """The parts of the status that admission decisions consist of."""
     return [g.to_json() for g in snapshot.groups]
 
 
 def synced_service(*entries: DiscoveryEntry) -> AdmissionService:
     service = AdmissionService(IdleSource())
-    service.handle_event(SourceSnapshot(entries))
+    service.handle_event(SourceListing(entries))
     return service
 
 
 def test_every_corpus_record_is_counted_by_the_service_and_changes_nothing() -> None:
     service = synced_service(good_entry())
-    before = admission_state(service.snapshot())
+    before = admission_state(service.status())
     assert before, "the baseline registration must have made a group"
 
     for revision, case in enumerate(CASES, start=2):
         service.handle_event(SourcePut(DiscoveryEntry(case.key, case.value, revision)))
 
-    after = service.snapshot()
+    after = service.status()
     assert admission_state(after) == before
     assert after.invalid_total == len(CASES)
     assert service.counters.invalid == len(CASES)
@@ -209,22 +209,22 @@ def test_every_corpus_record_is_counted_by_the_service_and_changes_nothing() -> 
 
 def test_a_bad_value_over_a_good_key_keeps_the_last_valid_registration() -> None:
     service = synced_service(good_entry())
-    before = admission_state(service.snapshot())
+    before = admission_state(service.status())
     key = model_kv_key(EP, GOOD_ID)
     for revision, case in enumerate(c for c in CASES if c.layer != "key"):
         service.handle_event(SourcePut(DiscoveryEntry(key, case.value, revision + 2)))
-    assert admission_state(service.snapshot()) == before
+    assert admission_state(service.status()) == before
 
 
-def test_a_bad_value_in_a_reconciliation_snapshot_keeps_the_last_valid_registration() -> None:
+def test_a_bad_value_in_a_reconciliation_listing_keeps_the_last_valid_registration() -> None:
     # Dynamo keeps the last valid value when a resync listing holds a value it cannot parse;
     # a garbled listing must not read as the worker's departure.
     service = synced_service(good_entry())
-    before = admission_state(service.snapshot())
+    before = admission_state(service.status())
     garbled = DiscoveryEntry(model_kv_key(EP, GOOD_ID), b'{"type":"Model",', 5)
-    service.handle_event(SourceSnapshot((garbled,), reason="reconnect"))
-    assert admission_state(service.snapshot()) == before
-    assert service.snapshot().invalid_total == 1
+    service.handle_event(SourceListing((garbled,), reason="reconnect"))
+    assert admission_state(service.status()) == before
+    assert service.status().invalid_total == 1
 
 
 def test_a_refused_value_is_counted_once_per_key_and_value_however_often_it_is_listed() -> None:
@@ -232,33 +232,33 @@ def test_a_refused_value_is_counted_once_per_key_and_value_however_often_it_is_l
         DiscoveryEntry(model_kv_key(EP, GOOD_ID + n), b'{"type":"Model",', n) for n in range(1, 15)
     ]
     service = synced_service(good_entry(), *bad)
-    assert service.snapshot().invalid_total == 14
+    assert service.status().invalid_total == 14
     for reason in ("reconnect", "periodic") * 10:
-        service.handle_event(SourceSnapshot((good_entry(), *bad), reason=reason))
+        service.handle_event(SourceListing((good_entry(), *bad), reason=reason))
         service.handle_event(SourcePut(bad[0]))
-    assert service.snapshot().invalid_total == 14
+    assert service.status().invalid_total == 14
     changed = DiscoveryEntry(bad[0].key, b"{", 99)
     service.handle_event(SourcePut(changed))
-    assert service.snapshot().invalid_total == 15
+    assert service.status().invalid_total == 15
     # A periodic listing that misses a key (read while it was rewritten) forgets nothing.
-    service.handle_event(SourceSnapshot((good_entry(), *bad[1:]), reason="periodic"))
-    service.handle_event(SourceSnapshot((good_entry(), changed, *bad[1:]), reason="periodic"))
-    assert service.snapshot().invalid_total == 15
+    service.handle_event(SourceListing((good_entry(), *bad[1:]), reason="periodic"))
+    service.handle_event(SourceListing((good_entry(), changed, *bad[1:]), reason="periodic"))
+    assert service.status().invalid_total == 15
     # A bad key that is removed and comes back is a new bad record; so is one a resync misses.
     service.handle_event(SourceDelete(bad[1].key, 100))
     service.handle_event(SourcePut(bad[1]))
-    service.handle_event(SourceSnapshot((good_entry(), changed, *bad[3:]), reason="reconnect"))
+    service.handle_event(SourceListing((good_entry(), changed, *bad[3:]), reason="reconnect"))
     service.handle_event(SourcePut(bad[2]))
-    assert service.snapshot().invalid_total == 17
+    assert service.status().invalid_total == 17
 
 
 def test_removals_of_keys_that_do_not_parse_are_refused_and_change_nothing() -> None:
     service = synced_service(good_entry())
-    before = admission_state(service.snapshot())
+    before = admission_state(service.status())
     for revision, case in enumerate(c for c in CASES if c.layer == "key"):
         service.handle_event(SourceDelete(case.key, revision + 2))
-    assert admission_state(service.snapshot()) == before
-    assert service.snapshot().invalid_total == sum(1 for c in CASES if c.layer == "key")
+    assert admission_state(service.status()) == before
+    assert service.status().invalid_total == sum(1 for c in CASES if c.layer == "key")
 
 
 # -- Hypothesis: keys --------------------------------------------------------------------------
@@ -463,7 +463,7 @@ def test_the_service_state_depends_only_on_the_valid_events_it_was_given(ops: li
     noisy = AdmissionService(IdleSource())
     clean = AdmissionService(IdleSource())
     for service in (noisy, clean):
-        service.handle_event(SourceSnapshot(()))
+        service.handle_event(SourceListing(()))
     refused = 0
     # A bad value is counted once per key and value: a re-sent copy is the same bad record.
     held_bad: dict[str, bytes] = {}
@@ -487,16 +487,16 @@ def test_the_service_state_depends_only_on_the_valid_events_it_was_given(ops: li
                 refused += 1
             held_bad[key] = _BAD_VALUES[op.bad]
         noisy.handle_event(event)
-    assert admission_state(noisy.snapshot()) == admission_state(clean.snapshot())
-    assert noisy.snapshot().invalid_total == refused
-    assert clean.snapshot().invalid_total == 0
+    assert admission_state(noisy.status()) == admission_state(clean.status())
+    assert noisy.status().invalid_total == refused
+    assert clean.status().invalid_total == 0
 
 
 def test_a_refused_key_a_reconciliation_keeps_from_live_updates_is_not_counted_again() -> None:
     bad = DiscoveryEntry(model_kv_key(EP, GOOD_ID + 1), b'{"type":"Model",', 2)
     service = synced_service(good_entry(), bad)
     # A listing that missed the key because a live re-send landed while it was read.
-    service.handle_event(SourceSnapshot((good_entry(),), reason="periodic"), keep={bad.key})
-    service.handle_event(SourceSnapshot((good_entry(), bad), reason="periodic"))
+    service.handle_event(SourceListing((good_entry(),), reason="periodic"), keep={bad.key})
+    service.handle_event(SourceListing((good_entry(), bad), reason="periodic"))
     service.handle_event(SourcePut(bad))
-    assert service.snapshot().invalid_total == 1
+    assert service.status().invalid_total == 1

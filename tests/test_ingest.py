@@ -8,15 +8,15 @@ from support.cards import EP, base_card, endpoint_entry, model_entry
 from workerset_admission.admission import (
     AdmissionCore,
     Effect,
+    Listing,
     RejectionReported,
-    Snapshot,
     WorkerAdded,
     WorkerRemoved,
 )
 from workerset_admission.card import BoundarySettings
 from workerset_admission.identity import EndpointId
 from workerset_admission.keys import endpoint_kv_key, model_kv_key
-from workerset_admission.ports import SourceDelete, SourceSnapshot
+from workerset_admission.ports import SourceDelete, SourceListing
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor
 
 
@@ -64,9 +64,9 @@ def test_a_removed_model_key_becomes_worker_removed() -> None:
 def test_a_listing_keeps_the_last_valid_value_of_a_key_whose_new_value_is_refused() -> None:
     ingest = Ingestor()
     good, other = model_entry(1), model_entry(2, base_card(32))
-    result = ingest.snapshot([(good.key, good.value), (other.key, b"{broken")])
+    result = ingest.listed([(good.key, good.value), (other.key, b"{broken")])
     (snapshot,) = result.inputs
-    assert isinstance(snapshot, Snapshot)
+    assert isinstance(snapshot, Listing)
     assert [r.key for r in snapshot.registrations] == ["dgd-v1/backend/generate/1"]
     assert list(snapshot.retain) == ["dgd-v1/backend/generate/2"]
     assert [v.key for v in result.refusals] == [other.key]
@@ -77,7 +77,7 @@ def test_keys_touched_during_a_listing_keep_their_live_state() -> None:
     live = endpoint_entry(3)
     ingest.put(live.key, live.value)
     # The listing predates the live put: it does not name the key, which stays live.
-    result = ingest.snapshot([], keep={live.key})
+    result = ingest.listed([], keep={live.key})
     assert ingest.liveness.live_ids(EP) == {3}
     assert result.liveness_changed is False
 
@@ -92,8 +92,8 @@ def test_a_value_seen_before_under_the_same_key_is_not_decoded_again() -> None:
 
     ingest = Ingestor(Counting())
     entry = model_entry(1)
-    ingest.snapshot([(entry.key, entry.value)])
-    ingest.snapshot([(entry.key, entry.value)])
+    ingest.listed([(entry.key, entry.value)])
+    ingest.listed([(entry.key, entry.value)])
     assert calls == [entry.key]
 
 
@@ -125,7 +125,7 @@ def test_an_expiry_reports_what_happened_and_when_and_judges_nothing() -> None:
     assert ingest.removal(expired, now=5.0).inputs == (
         WorkerRemoved("ns/backend/generate/1", expired_at=5.0),
     )
-    ingest.listing(SourceSnapshot((), reason="reconnect"), now=10.0)
+    ingest.listing(SourceListing((), reason="reconnect"), now=10.0)
     assert ingest.removal(expired, now=20.0).inputs == (
         WorkerRemoved("ns/backend/generate/1", expired_at=20.0),
     )

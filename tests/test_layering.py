@@ -72,7 +72,7 @@ def _imported_modules(path: Path) -> set[str]:
 def test_the_walk_finds_the_product_modules() -> None:
     found = {p.relative_to(ROOT).as_posix() for p in _modules()}
     assert {
-        "plugin/service/shell.py",
+        "plugin/service/admission_service.py",
         "adapters/nats/source.py",
         "plugin/service/ingest.py",
     } <= found

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from workerset_admission.mirror import (
     BucketMark,
-    HeldRecord,
+    BucketValue,
     heal_reason,
     healed_mirror,
     reconciled_mirror,
@@ -58,7 +58,7 @@ def test_a_bucket_found_gone_is_healed_even_at_the_first_mark() -> None:
 def test_keys_the_bucket_lost_are_forgotten_so_they_are_written_again() -> None:
     desired = {"a": b"1", "b": b"2"}
     mirrored: dict[str, bytes | None] = {"a": b"1", "b": b"2"}
-    held = {"a": HeldRecord(b"1", owned=True)}
+    held = {"a": BucketValue(b"1", owned=True)}
 
     assert reconciled_mirror(desired, mirrored, held, prune=True) == {"a": b"1"}
 
@@ -68,13 +68,13 @@ def test_a_wiped_bucket_leaves_nothing_remembered() -> None:
 
 
 def test_a_remembered_key_holding_another_value_keeps_the_value_the_bucket_holds() -> None:
-    held = {"a": HeldRecord(b"changed", owned=False)}
+    held = {"a": BucketValue(b"changed", owned=False)}
 
     assert reconciled_mirror({"a": b"1"}, {"a": b"1"}, held, prune=True) == {"a": b"changed"}
 
 
 def test_an_owned_key_no_longer_wanted_is_remembered_so_it_is_deleted_only_when_pruning() -> None:
-    held = {"old": HeldRecord(b"x", owned=True)}
+    held = {"old": BucketValue(b"x", owned=True)}
 
     assert reconciled_mirror({}, {}, held, prune=True) == {"old": b"x"}
     assert reconciled_mirror({}, {}, held, prune=False) == {}
@@ -82,9 +82,9 @@ def test_an_owned_key_no_longer_wanted_is_remembered_so_it_is_deleted_only_when_
 
 def test_another_writers_key_is_never_claimed_unless_it_holds_exactly_what_is_wanted() -> None:
     held = {
-        "theirs": HeldRecord(b"their value", owned=False),
-        "same": HeldRecord(b"wanted", owned=False),
-        "differs": HeldRecord(b"their value", owned=False),
+        "theirs": BucketValue(b"their value", owned=False),
+        "same": BucketValue(b"wanted", owned=False),
+        "differs": BucketValue(b"their value", owned=False),
     }
     desired = {"same": b"wanted", "differs": b"wanted"}
 
@@ -103,7 +103,7 @@ def test_a_delete_still_owed_is_kept_even_when_the_reading_does_not_show_the_key
 def test_healing_names_in_order_the_wanted_keys_the_bucket_lost() -> None:
     desired = {"b": b"2", "a": b"1", "kept": b"3"}
     mirrored: dict[str, bytes | None] = {"b": b"2", "a": b"1", "kept": b"3"}
-    held = {"kept": HeldRecord(b"3", owned=True)}
+    held = {"kept": BucketValue(b"3", owned=True)}
 
     healed = healed_mirror(desired, mirrored, held, prune=True)
 
@@ -114,7 +114,7 @@ def test_healing_names_in_order_the_wanted_keys_the_bucket_lost() -> None:
 def test_a_key_holding_another_value_or_no_longer_wanted_is_not_counted_as_lost() -> None:
     desired = {"changed": b"1", "new": b"2"}
     mirrored: dict[str, bytes | None] = {"changed": b"1", "owed delete": b"x"}
-    held = {"changed": HeldRecord(b"other", owned=False)}
+    held = {"changed": BucketValue(b"other", owned=False)}
 
     healed = healed_mirror(desired, mirrored, held, prune=True)
 

@@ -47,7 +47,7 @@ def test_the_incremental_check_answers_as_the_plain_one_after_every_change(steps
             else:
                 log.put(LoraAdapter(f"k{key}", name, fingerprint))
         workers = tuple(
-            LoraWorker(EP, worker, "base", log.snapshot())
+            LoraWorker(EP, worker, "base", log.adapters())
             for worker, log in sorted(logs.items())
             if len(log)
         )
@@ -62,14 +62,14 @@ def test_the_incremental_check_answers_as_the_plain_one_after_every_change(steps
             assert len(fingerprints) > 1
 
 
-def test_a_snapshot_is_a_sorted_value_and_only_the_log_grows_per_change() -> None:
+def test_the_adapters_handed_out_are_a_sorted_value_and_only_the_log_grows_per_change() -> None:
     log = AdapterLog()
     snapshots = []
     for n in range(200):
         log.put(LoraAdapter(f"k{n:03d}", f"a{n}", "f"))
-        snapshots.append(log.snapshot())
+        snapshots.append(log.adapters())
     log.remove("k000")
-    last = log.snapshot()
+    last = log.adapters()
     assert [a.key for a in last] == [f"k{n:03d}" for n in range(1, 200)]
     # Every earlier snapshot still reads what it was when taken.
     assert [len(s) for s in snapshots] == list(range(1, 201))

@@ -103,7 +103,7 @@ def test_an_invalid_record_is_listed_and_changes_nothing() -> None:
     assert all(entry["reason"] for entry in result["invalid"])
 
 
-def test_a_snapshot_keeps_a_listed_key_whose_new_value_is_refused() -> None:
+def test_a_listing_keeps_a_listed_key_whose_new_value_is_refused() -> None:
     snapshot = line(kind="snapshot", entries=[{"key": model_kv_key(EP, 1), "value": "junk"}])
     result = out([put(1), put(2), snapshot])
     assert result["groups"][0]["admitted"] == [1]

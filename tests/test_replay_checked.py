@@ -20,9 +20,9 @@ from support.cards import base_card, lora_card, model_delete, model_entry, model
 from support.fakes import FakeBuilder, FakeClock, FakeSource, settle
 from workerset_admission.admission import CommitGroup
 from workerset_admission.cli import main
-from workerset_admission.ports import SourceDelete, SourceSnapshot
+from workerset_admission.ports import SourceDelete, SourceListing
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.bindings import HopBindings
-from workerset_admission.service.shell import AdmissionService
 from workerset_admission.settings import Settings
 from workerset_admission.traces.digest import effects_digest
 from workerset_admission.traces.format import STEPPED, read_trace, recorded_settings
@@ -35,7 +35,7 @@ ADAPTER = "my-lora"
 
 
 def _status(service: AdmissionService) -> str:
-    return str(service.snapshot().groups[0].status)
+    return str(service.status().groups[0].status)
 
 
 def _adapters(service: AdmissionService) -> int:
@@ -49,7 +49,7 @@ async def _record(trace: Path, *, refuse_first_commit: bool = False) -> Admissio
     service = AdmissionService(source, builder=builder, clock=clock, settings=settings)
     async with time_limit(10):
         await service.start()
-        source.queue.put_nowait(SourceSnapshot((model_entry(1, A), model_entry(2, A))))
+        source.queue.put_nowait(SourceListing((model_entry(1, A), model_entry(2, A))))
         source.queue.put_nowait(model_put(3, B))
         await settle(lambda: builder.fail_next == 0 and service.core.builds_in_flight == 0)
         clock.now += 1.0
@@ -73,9 +73,9 @@ async def _record(trace: Path, *, refuse_first_commit: bool = False) -> Admissio
         # An outage: the reconnect listing misses worker 1, an expiry takes worker 2.
         clock.now += 1.0
         listing = (model_entry(2, A), model_entry(3, B))
-        source.queue.put_nowait(SourceSnapshot(listing, reason="reconnect"))
+        source.queue.put_nowait(SourceListing(listing, reason="reconnect"))
         source.queue.put_nowait(SourceDelete(model_delete(2).key, 3, "expired"))
-        await settle(lambda: service.snapshot().groups[0].held_until is not None)
+        await settle(lambda: service.status().groups[0].held_until is not None)
         await service.stop()
     return service
 

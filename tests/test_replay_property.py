@@ -30,9 +30,9 @@ from workerset_admission.admission import (
     StartBuild,
 )
 from workerset_admission.card import encode_drain_record
-from workerset_admission.identity import Drain, GroupKey
+from workerset_admission.identity import AttemptId, Drain
 from workerset_admission.keys import drain_kv_key
-from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
 from workerset_admission.service.ingest import Ingestor
 from workerset_admission.service.receivers import AdmissionChannels
 from workerset_admission.service.step import AdmissionStep
@@ -74,14 +74,14 @@ class _Builds:
     """The live builds as the step sees them, answered by the test; a hop may refuse a commit."""
 
     def __init__(self) -> None:
-        self.in_flight: dict[tuple[GroupKey, int], StartBuild] = {}
+        self.in_flight: dict[AttemptId, StartBuild] = {}
         self.refuse = False
 
     def start(self, effect: StartBuild) -> None:
-        self.in_flight[(effect.group, effect.generation)] = effect
+        self.in_flight[effect.attempt_id] = effect
 
-    def cancel(self, group: GroupKey, generation: int) -> None:
-        self.in_flight.pop((group, generation), None)
+    def cancel(self, attempt: AttemptId) -> None:
+        self.in_flight.pop(attempt, None)
 
     def commit(self, effect: CommitGroup) -> CommitFailed | None:
         if self.refuse:
@@ -148,7 +148,7 @@ class _Frontend:
             case ("listing", frozenset() as listed, str() as reason):
                 for iid in [i for i in self.cards if i not in listed]:
                     del self.cards[iid]
-                step.handle_event(SourceSnapshot(self._entries(listed), reason))  # type: ignore[arg-type]
+                step.handle_event(SourceListing(self._entries(listed), reason))  # type: ignore[arg-type]
             case ("drain", int() as iid):
                 self.drains.add(iid)
                 step.handle_event(SourcePut(_drain_entry(iid)))

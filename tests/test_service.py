@@ -35,10 +35,10 @@ from workerset_admission.ports import (
     DiscoveryEntry,
     SourceDelete,
     SourceEvent,
+    SourceListing,
     SourcePut,
-    SourceSnapshot,
 )
-from workerset_admission.service.shell import AdmissionService
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import Settings
 
 CARD: dict[str, Any] = base_card(16)
@@ -65,7 +65,7 @@ async def serve_listing(
     svc: AdmissionService, source: FakeSource, listing: tuple[DiscoveryEntry, ...]
 ) -> None:
     """Feed a snapshot and wait until its group is committed and bound."""
-    source.queue.put_nowait(SourceSnapshot(listing))
+    source.queue.put_nowait(SourceListing(listing))
     await settle(lambda: svc.binding(group_key()) is not None)
 
 
@@ -80,7 +80,7 @@ async def test_first_registration_is_admitted_and_committed_with_a_receiver(
 ) -> None:
     svc = await started(source)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(0x1A), endpoint_entry(0x1A))))
+        source.queue.put_nowait(SourceListing((model_entry(0x1A), endpoint_entry(0x1A))))
         await svc.wait_synced(5)
         await settle(lambda: svc.binding(group_key()) is not None)
         receiver = svc.receiver_for(group_key())
@@ -90,7 +90,7 @@ async def test_first_registration_is_admitted_and_committed_with_a_receiver(
         assert binding is not None
         assert binding.routable() == {0x1A}
         assert binding.settings.kv_cache_block_size == 16
-        group = svc.snapshot().group(group_key())
+        group = svc.status().group(group_key())
         assert group is not None
         assert group.status == "ready"
         assert group.admitted == (0x1A,)
@@ -104,7 +104,7 @@ async def test_a_conflicting_cohort_is_rejected_and_logged_once_at_error(
     svc = await started(source)
     try:
         caplog.set_level(logging.ERROR)
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        source.queue.put_nowait(SourceListing((model_entry(1),)))
         for instance_id in (2, 3, 4):
             source.queue.put_nowait(model_put(instance_id, NEW))
         source.queue.put_nowait(model_put(2, NEW))  # a duplicate changes nothing
@@ -112,11 +112,11 @@ async def test_a_conflicting_cohort_is_rejected_and_logged_once_at_error(
         errors = [r for r in caplog.records if "rejected cohort" in r.getMessage()]
         assert len(errors) == 1
         assert errors[0].levelno == logging.ERROR
-        group = svc.snapshot().group(group_key())
+        group = svc.status().group(group_key())
         assert group is not None
         assert group.admitted == (1,)
         assert [c.members for c in group.rejected] == [(2, 3, 4)]
-        status = svc.snapshot().to_json()["groups"][0]
+        status = svc.status().to_json()["groups"][0]
         assert status["rejected"] == [group.rejected[0].mdc_checksum]
     finally:
         await svc.stop()
@@ -127,9 +127,9 @@ async def test_an_invalid_record_is_counted_and_remembered_and_changes_nothing(
 ) -> None:
     svc = await started(source)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        source.queue.put_nowait(SourceListing((model_entry(1),)))
         await svc.wait_synced(5)
-        before = svc.snapshot().groups
+        before = svc.status().groups
         bad_value = SourcePut(DiscoveryEntry(model_kv_key(EP, 2), b"{not json", 3))
         bad_key = SourcePut(DiscoveryEntry("v1.mdc.only", b"{}", 4))
         source.queue.put_nowait(bad_value)
@@ -137,7 +137,7 @@ async def test_an_invalid_record_is_counted_and_remembered_and_changes_nothing(
         await settle(lambda: svc.counters.invalid == 2)
         assert [r.key for r in svc.recent_invalid] == [model_kv_key(EP, 2), "v1.mdc.only"]
         assert all(r.reason for r in svc.recent_invalid)
-        assert svc.snapshot().groups == before
+        assert svc.status().groups == before
         assert svc.running
     finally:
         await svc.stop()
@@ -150,12 +150,12 @@ async def test_the_recent_invalid_list_is_bounded(source: FakeSource) -> None:
             source.queue.put_nowait(SourcePut(DiscoveryEntry(f"v1.mdc.bad{n}", b"", n)))
         await settle(lambda: svc.counters.invalid == 10)
         assert [r.key for r in svc.recent_invalid] == ["v1.mdc.bad7", "v1.mdc.bad8", "v1.mdc.bad9"]
-        assert svc.snapshot().invalid_total == 10
+        assert svc.status().invalid_total == 10
     finally:
         await svc.stop()
 
 
-async def test_a_snapshot_notifies_each_receiver_once(source: FakeSource) -> None:
+async def test_a_listing_notifies_each_receiver_once(source: FakeSource) -> None:
     svc = await started(source)
     try:
         await serve_listing(svc, source, (model_entry(1),))
@@ -163,8 +163,8 @@ async def test_a_snapshot_notifies_each_receiver_once(source: FakeSource) -> Non
         assert receiver is not None
         version = receiver.current().version
         listing = tuple(model_entry(i) for i in range(1, 200))
-        source.queue.put_nowait(SourceSnapshot(listing, reason="reconnect"))
-        await settle(lambda: svc.counters.snapshots == 2)
+        source.queue.put_nowait(SourceListing(listing, reason="reconnect"))
+        await settle(lambda: svc.counters.listings == 2)
         state = receiver.current()
         assert state.admitted == frozenset(range(1, 200))
         assert state.version == version + 1
@@ -172,7 +172,7 @@ async def test_a_snapshot_notifies_each_receiver_once(source: FakeSource) -> Non
         await svc.stop()
 
 
-async def test_an_unchanged_reconnect_snapshot_notifies_no_receiver(source: FakeSource) -> None:
+async def test_an_unchanged_reconnect_listing_notifies_no_receiver(source: FakeSource) -> None:
     svc = await started(source)
     try:
         listing = tuple(model_entry(i) for i in range(1, 20))
@@ -181,8 +181,8 @@ async def test_an_unchanged_reconnect_snapshot_notifies_no_receiver(source: Fake
         assert receiver is not None
         version = receiver.current().version
         notifications = svc.counters.notifications
-        source.queue.put_nowait(SourceSnapshot(listing, reason="reconnect"))
-        await settle(lambda: svc.counters.snapshots == 2)
+        source.queue.put_nowait(SourceListing(listing, reason="reconnect"))
+        await settle(lambda: svc.counters.listings == 2)
         assert receiver.current().version == version
         assert svc.counters.notifications == notifications
     finally:
@@ -197,10 +197,8 @@ async def test_a_failed_build_is_retried_when_the_clock_reaches_its_deadline(
     builder.fail_next = 1
     svc = await started(source, builder=builder, clock=clock)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
-        await settle(
-            lambda: svc.snapshot().groups and svc.snapshot().groups[0].status == "retrying"
-        )
+        source.queue.put_nowait(SourceListing((model_entry(1),)))
+        await settle(lambda: svc.status().groups and svc.status().groups[0].status == "retrying")
         assert len(builder.requests) == 1
         clock.now += 0.5
         svc.wake_timers()
@@ -220,7 +218,7 @@ async def test_drain_and_succession_give_a_new_receiver_and_generation_and_the_o
 ) -> None:
     svc = await started(source)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2))))
+        source.queue.put_nowait(SourceListing((model_entry(1), model_entry(2))))
         source.queue.put_nowait(model_put(3, NEW))
         await settle(lambda: svc.binding(group_key()) is not None and svc.counters.puts == 1)
         old_receiver = svc.receiver_for(group_key())
@@ -254,7 +252,7 @@ async def test_endpoint_liveness_is_intersected_with_admissions(source: FakeSour
     svc = await started(source)
     try:
         source.queue.put_nowait(
-            SourceSnapshot((model_entry(1), model_entry(2), endpoint_entry(1), endpoint_entry(9)))
+            SourceListing((model_entry(1), model_entry(2), endpoint_entry(1), endpoint_entry(9)))
         )
         await settle(lambda: svc.binding(group_key()) is not None)
         binding = svc.binding(group_key())
@@ -264,7 +262,7 @@ async def test_endpoint_liveness_is_intersected_with_admissions(source: FakeSour
         await settle(lambda: binding.routable() == {1, 2})
         source.queue.put_nowait(SourceDelete(endpoint_kv_key(EP, 1), 9, "expired"))
         await settle(lambda: binding.routable() == {2})
-        group = svc.snapshot().group(group_key())
+        group = svc.status().group(group_key())
         assert group is not None
         assert group.routable == (2,)
         assert group.admitted == (1, 2)
@@ -275,7 +273,7 @@ async def test_endpoint_liveness_is_intersected_with_admissions(source: FakeSour
 async def test_serving_admissions_are_published_and_withdrawn_on_stop(source: FakeSource) -> None:
     publisher = FakePublisher()
     svc = await started(source, publisher=publisher, settings=Settings(publish_interval=0))
-    source.queue.put_nowait(SourceSnapshot((model_entry(0x1A), model_entry(0x2B))))
+    source.queue.put_nowait(SourceListing((model_entry(0x1A), model_entry(0x2B))))
     source.queue.put_nowait(model_put(0x3C, NEW))
     expected = ("dgd-v1/backend/generate/1a", "dgd-v1/backend/generate/2b")
     await settle(lambda: publisher.records.get("dgd-v1") == expected)
@@ -288,7 +286,7 @@ async def test_serving_admissions_are_published_and_withdrawn_on_stop(source: Fa
 async def test_stop_cancels_builds_in_flight_and_retires_receivers(source: FakeSource) -> None:
     builder = FakeBuilder(hold=True)
     svc = await started(source, builder=builder)
-    source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+    source.queue.put_nowait(SourceListing((model_entry(1),)))
     await settle(lambda: len(builder.requests) == 1)
     receiver = svc.receiver_for(group_key())
     assert receiver is not None
@@ -297,18 +295,18 @@ async def test_stop_cancels_builds_in_flight_and_retires_receivers(source: FakeS
     assert source.closed
     with pytest.raises(ReceiverRetired):
         receiver.current()
-    assert svc.snapshot().health == "shutting_down"
+    assert svc.status().health == "shutting_down"
 
 
 async def test_a_build_still_running_when_its_tenure_ends_is_cancelled(source: FakeSource) -> None:
     builder = FakeBuilder(hold=True)
     svc = await started(source, builder=builder)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        source.queue.put_nowait(SourceListing((model_entry(1),)))
         await settle(lambda: len(builder.requests) == 1)
         source.queue.put_nowait(model_delete(1))
         await settle(lambda: builder.cancelled == 1)
-        group = svc.snapshot().group(group_key())
+        group = svc.status().group(group_key())
         assert group is not None
         assert group.status == "idle"
     finally:
@@ -320,10 +318,10 @@ async def test_periodic_reconciliation_removes_keys_missing_from_the_listing(
 ) -> None:
     svc = await started(source, settings=Settings(reconcile_interval=0.05))
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2))))
+        source.queue.put_nowait(SourceListing((model_entry(1), model_entry(2))))
         source.listing = [model_entry(2)]
-        await settle(lambda: source.list_calls >= 1 and svc.counters.snapshots >= 2)
-        group = svc.snapshot().group(group_key())
+        await settle(lambda: source.list_calls >= 1 and svc.counters.listings >= 2)
+        group = svc.status().group(group_key())
         assert group is not None
         assert group.admitted == (2,)
     finally:
@@ -335,7 +333,7 @@ async def test_status_json_lists_groups_with_incumbent_generation_and_readiness(
 ) -> None:
     svc = await started(source)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1), endpoint_entry(1))))
+        source.queue.put_nowait(SourceListing((model_entry(1), endpoint_entry(1))))
         source.queue.put_nowait(model_put(2, NEW))
         await settle(lambda: svc.binding(group_key()) is not None and svc.counters.puts == 1)
         import json
@@ -370,14 +368,14 @@ async def test_status_json_lists_groups_with_incumbent_generation_and_readiness(
         await svc.stop()
 
 
-async def test_the_snapshot_can_be_read_from_another_thread(source: FakeSource) -> None:
+async def test_the_status_can_be_read_from_another_thread(source: FakeSource) -> None:
     svc = await started(source)
     try:
         await serve_listing(svc, source, (model_entry(1),))
         source.queue.put_nowait(model_put(2))
         await settle(lambda: svc.counters.puts == 1)
         seen: list[Any] = []
-        thread = threading.Thread(target=lambda: seen.append(svc.snapshot()))
+        thread = threading.Thread(target=lambda: seen.append(svc.status()))
         thread.start()
         await settle(lambda: bool(seen))
         thread.join()
@@ -413,7 +411,7 @@ async def test_a_listing_older_than_live_updates_keeps_what_they_changed(
         await settle(lambda: svc.counters.deletes == 1)
         source.listing_gate.set()
         assert await reconciling is True
-        group = svc.snapshot().group(group_key())
+        group = svc.status().group(group_key())
         assert group is not None
         assert group.admitted == (2, 3)
     finally:
@@ -428,27 +426,27 @@ async def test_a_listing_overtaken_by_a_resync_is_discarded(source: FakeSource) 
         source.listing_gate.clear()
         reconciling = asyncio.create_task(svc.reconcile())
         await settle(lambda: source.list_calls == 1)
-        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2)), "reconnect"))
-        await settle(lambda: svc.counters.snapshots == 2)
+        source.queue.put_nowait(SourceListing((model_entry(1), model_entry(2)), "reconnect"))
+        await settle(lambda: svc.counters.listings == 2)
         source.listing_gate.set()
         assert await reconciling is False
-        group = svc.snapshot().group(group_key())
+        group = svc.status().group(group_key())
         assert group is not None
         assert group.admitted == (1, 2)
     finally:
         await svc.stop()
 
 
-async def test_a_refused_value_in_a_snapshot_keeps_the_last_valid_registration(
+async def test_a_refused_value_in_a_listing_keeps_the_last_valid_registration(
     source: FakeSource,
 ) -> None:
     svc = await started(source)
     try:
         await serve_listing(svc, source, (model_entry(1), model_entry(2)))
         garbled = DiscoveryEntry(model_kv_key(EP, 2), b"{garbled", 7)
-        source.queue.put_nowait(SourceSnapshot((model_entry(1), garbled), "reconnect"))
-        await settle(lambda: svc.counters.snapshots == 2)
-        group = svc.snapshot().group(group_key())
+        source.queue.put_nowait(SourceListing((model_entry(1), garbled), "reconnect"))
+        await settle(lambda: svc.counters.listings == 2)
+        group = svc.status().group(group_key())
         assert group is not None
         assert group.admitted == (1, 2)
         assert svc.recent_invalid[-1].key == model_kv_key(EP, 2)
@@ -477,7 +475,7 @@ async def test_a_failing_status_responder_is_restarted_and_admission_goes_on(
     status = FlakyStatus()
     svc = await started(source, status=status, settings=Settings(publish_retry=0.01))
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        source.queue.put_nowait(SourceListing((model_entry(1),)))
         await settle(lambda: status.starts == 2 and svc.binding(group_key()) is not None)
         assert svc.running
         assert b'"groups"' in status.rendered[0]
@@ -541,10 +539,10 @@ async def test_a_value_seen_before_under_the_same_key_is_not_decoded_again(
     svc = await started(source, decoder=decoder)
     try:
         listing = (model_entry(1), model_entry(2), endpoint_entry(1))
-        source.queue.put_nowait(SourceSnapshot(listing))
+        source.queue.put_nowait(SourceListing(listing))
         await svc.wait_synced(5)
         assert len(decoder.decoded) == 3
-        source.queue.put_nowait(SourceSnapshot(listing, "reconnect"))
+        source.queue.put_nowait(SourceListing(listing, "reconnect"))
         source.queue.put_nowait(model_put(2))  # re-sent unchanged
         source.queue.put_nowait(model_put(1, NEW))  # changed in place: decoded, then refused
         await settle(lambda: svc.counters.puts == 2)
@@ -553,7 +551,7 @@ async def test_a_value_seen_before_under_the_same_key_is_not_decoded_again(
         source.queue.put_nowait(model_put(2))
         await settle(lambda: svc.counters.puts == 3)
         assert decoder.decoded[4:] == [model_kv_key(EP, 2)]
-        group = svc.snapshot().group(group_key())
+        group = svc.status().group(group_key())
         assert group is not None
         assert group.admitted == (1, 2)
     finally:
@@ -566,7 +564,7 @@ class BrokenSource(FakeSource):
         yield  # pragma: no cover - makes this an async generator
 
 
-async def test_waiting_for_sync_reports_a_service_that_failed_before_its_first_snapshot() -> None:
+async def test_waiting_for_sync_reports_a_service_that_failed_before_its_first_listing() -> None:
     svc = AdmissionService(BrokenSource())
     await svc.start()
     with pytest.raises(ConnectionRefusedError, match="no NATS here"):
@@ -575,12 +573,12 @@ async def test_waiting_for_sync_reports_a_service_that_failed_before_its_first_s
     await svc.stop()
 
 
-async def test_waiting_for_sync_times_out_while_no_snapshot_arrives(source: FakeSource) -> None:
+async def test_waiting_for_sync_times_out_while_no_listing_arrives(source: FakeSource) -> None:
     svc = await started(source)
     try:
         with pytest.raises(asyncio.TimeoutError):
             await svc.wait_synced(0.05)
-        assert svc.snapshot().health == "starting"
+        assert svc.status().health == "starting"
     finally:
         await svc.stop()
 
@@ -593,7 +591,7 @@ async def test_serving_records_name_each_groups_checksum_and_generation_when_ask
     try:
         await serve_listing(svc, source, (model_entry(0x1A), model_entry(0x2B, NEW)))
         await settle(lambda: publisher.groups.get("dgd-v1") is not None)
-        group = svc.snapshot().group(group_key())
+        group = svc.status().group(group_key())
         assert group is not None
         (served,) = publisher.groups["dgd-v1"]
         assert served == {
@@ -613,14 +611,14 @@ async def test_a_reconnect_that_lists_no_incumbent_worker_holds_the_tenure_until
     clock = FakeClock()
     svc = await started(source, clock=clock, settings=Settings(tenure_hold=30.0))
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2, NEW))))
+        source.queue.put_nowait(SourceListing((model_entry(1), model_entry(2, NEW))))
         await settle(lambda: svc.binding(group_key()) is not None)
         receiver = svc.receiver_for(group_key())
         assert receiver is not None
         clock.now += 20.0  # the outage
-        source.queue.put_nowait(SourceSnapshot((model_entry(2, NEW),), reason="reconnect"))
-        await settle(lambda: svc.snapshot().groups[0].held_until is not None)
-        (group,) = svc.snapshot().groups
+        source.queue.put_nowait(SourceListing((model_entry(2, NEW),), reason="reconnect"))
+        await settle(lambda: svc.status().groups[0].held_until is not None)
+        (group,) = svc.status().groups
         # Worker 1 is served on its last known record for one registration TTL (10 s), though
         # no instance record of it is listed either.
         assert (group.admitted, group.incumbent) == ((1,), receiver.current().mdc_checksum)
@@ -633,16 +631,16 @@ async def test_a_reconnect_that_lists_no_incumbent_worker_holds_the_tenure_until
         assert "holding the tenure" in caplog.text
         clock.now += 10.0
         svc.wake_timers()
-        await settle(lambda: svc.snapshot().groups[0].admitted == ())
-        assert svc.snapshot().groups[0].held_until is not None
+        await settle(lambda: svc.status().groups[0].admitted == ())
+        assert svc.status().groups[0].held_until is not None
         assert receiver.current().last_known == frozenset()
         clock.now += 19.0
         svc.wake_timers()
         await asyncio.sleep(0.05)
-        assert svc.snapshot().groups[0].held_until is not None
+        assert svc.status().groups[0].held_until is not None
         clock.now += 1.0
         svc.wake_timers()
-        await settle(lambda: svc.snapshot().groups[0].admitted == (2,))
+        await settle(lambda: svc.status().groups[0].admitted == (2,))
         assert receiver.retired
         assert "the succession follows" in caplog.text
         assert "succession in" in caplog.text
@@ -656,19 +654,19 @@ async def test_an_incumbent_worker_registering_during_the_hold_rejoins_the_same_
     clock = FakeClock()
     svc = await started(source, clock=clock, settings=Settings(tenure_hold=30.0))
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1), model_entry(2, NEW))))
+        source.queue.put_nowait(SourceListing((model_entry(1), model_entry(2, NEW))))
         await settle(lambda: svc.binding(group_key()) is not None)
         receiver = svc.receiver_for(group_key())
         assert receiver is not None
-        source.queue.put_nowait(SourceSnapshot((model_entry(2, NEW),), reason="reconnect"))
-        await settle(lambda: svc.snapshot().groups[0].held_until is not None)
+        source.queue.put_nowait(SourceListing((model_entry(2, NEW),), reason="reconnect"))
+        await settle(lambda: svc.status().groups[0].held_until is not None)
         source.queue.put_nowait(model_put(1, revision=5))
-        await settle(lambda: svc.snapshot().groups[0].admitted == (1,))
+        await settle(lambda: svc.status().groups[0].admitted == (1,))
         clock.now += 100.0
         svc.wake_timers()
         await asyncio.sleep(0.05)
         assert receiver.current().admitted == frozenset({1})
-        assert svc.snapshot().groups[0].held_until is None
+        assert svc.status().groups[0].held_until is None
     finally:
         await svc.stop()
 
@@ -679,12 +677,12 @@ async def test_a_resync_after_a_lost_connection_writes_every_serving_record_agai
     publisher = FakePublisher()
     svc = await started(source, publisher=publisher)
     try:
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+        source.queue.put_nowait(SourceListing((model_entry(1),)))
         await settle(lambda: svc.binding(group_key()) is not None)
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),), reason="periodic"))
+        source.queue.put_nowait(SourceListing((model_entry(1),), reason="periodic"))
         await asyncio.sleep(0.05)
         assert publisher.republished == 0
-        source.queue.put_nowait(SourceSnapshot((model_entry(1),), reason="reconnect"))
+        source.queue.put_nowait(SourceListing((model_entry(1),), reason="reconnect"))
         await settle(lambda: publisher.republished == 1)
     finally:
         await svc.stop()
@@ -698,7 +696,7 @@ async def test_a_stop_whose_withdrawal_fails_logs_one_line_without_a_traceback(
             raise ConnectionError("nats is away")
 
     svc = await started(source, publisher=Unreachable())
-    source.queue.put_nowait(SourceSnapshot((model_entry(1),)))
+    source.queue.put_nowait(SourceListing((model_entry(1),)))
     await svc.wait_synced(5)
     await svc.stop()
     (record,) = [r for r in caplog.records if "withdraw" in r.getMessage()]

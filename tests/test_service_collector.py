@@ -9,8 +9,8 @@ import pytest
 from support.cards import base_card as demo_card
 from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.identity import EndpointId
-from workerset_admission.ports import DiscoveryEntry, SourceSnapshot
-from workerset_admission.service.shell import AdmissionService
+from workerset_admission.ports import DiscoveryEntry, SourceListing
+from workerset_admission.service.admission_service import AdmissionService
 
 EP = EndpointId("dynamo", "backend", "generate")
 
@@ -19,8 +19,8 @@ class IdleSource:
     """A source never started: these tests hand events to the service directly."""
 
 
-def listing(count: int) -> SourceSnapshot:
-    return SourceSnapshot(
+def listing(count: int) -> SourceListing:
+    return SourceListing(
         entries=tuple(
             DiscoveryEntry(model_kv_key(EP, i), encode_model_record(EP, i, demo_card()), i)
             for i in range(1, count + 1)

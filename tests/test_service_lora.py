@@ -10,8 +10,8 @@ from support.cards import base_card, endpoint_entry, group_of, lora_card, model_
 from support.cards import model_delete as delete
 from support.fakes import FakeClock, FakeSource, settle
 from workerset_admission.adapters.dynamo.hop import AdmittedHop
-from workerset_admission.ports import SourceSnapshot
-from workerset_admission.service.shell import AdmissionService
+from workerset_admission.ports import SourceListing
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import Settings
 
 BASE = base_card()
@@ -44,7 +44,7 @@ async def _serving(source: FakeSource, **kwargs: Any) -> tuple[AdmissionService,
     svc = AdmissionService(source, **kwargs)
     await svc.start()
     listing = (model_entry(1), model_entry(2), endpoint_entry(1), endpoint_entry(2))
-    source.queue.put_nowait(SourceSnapshot(listing))
+    source.queue.put_nowait(SourceListing(listing))
     await settle(lambda: svc.binding(G) is not None)
     binding = svc.binding(G)
     assert binding is not None
@@ -83,7 +83,7 @@ async def test_an_adapter_name_with_two_fingerprints_blocks_the_projection_and_k
         await settle(lambda: hop.adapter_instances(ADAPTER) == (1,))
         # Worker 2 announces the same adapter name with other settings: other weights.
         source.queue.put_nowait(model_put(2, lora_card(ADAPTER, capacity=8), suffix=ADAPTER))
-        await settle(lambda: svc.snapshot().groups[0].status == "blocked_ready")
+        await settle(lambda: svc.status().groups[0].status == "blocked_ready")
         # The last safe projection is still served, and the group's workers too.
         assert hop.adapter_instances(ADAPTER) == (1,)
         assert hop.routable() == (1, 2)
@@ -91,7 +91,7 @@ async def test_an_adapter_name_with_two_fingerprints_blocks_the_projection_and_k
         source.queue.put_nowait(delete(2, suffix=ADAPTER))
         clock.now += 5.0
         svc.wake_timers()
-        await settle(lambda: svc.snapshot().groups[0].status == "ready")
+        await settle(lambda: svc.status().groups[0].status == "ready")
         assert hop.adapter_instances(ADAPTER) == (1,)
     finally:
         await svc.stop()

@@ -12,8 +12,8 @@ from support.cards import base_card, group_of, model_delete, model_entry, model_
 from support.fakes import FakeBuilder, FakeClock, FakeSource, settle
 from workerset_admission.admission import CoreSettings
 from workerset_admission.cli import main
-from workerset_admission.ports import SourceDelete, SourceSnapshot
-from workerset_admission.service.shell import AdmissionService
+from workerset_admission.ports import SourceDelete, SourceListing
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import Settings
 from workerset_admission.traces.format import raw_text
 from workerset_admission.traces.replay import TraceError, replay
@@ -214,20 +214,20 @@ async def test_a_service_recording_itself_replays_to_its_own_state(tmp_path: Pat
     service = AdmissionService(source, builder=builder, clock=clock, settings=settings)
     async with time_limit(10):
         await service.start()
-        source.queue.put_nowait(SourceSnapshot((model_entry(1, A),)))
+        source.queue.put_nowait(SourceListing((model_entry(1, A),)))
         source.queue.put_nowait(model_put(2, B))
         await settle(lambda: builder.fail_next == 0 and service.core.builds_in_flight == 0)
         clock.now += 1.0
         service.wake_timers()
-        await settle(lambda: service.snapshot().groups[0].status == "ready")
+        await settle(lambda: service.status().groups[0].status == "ready")
         clock.now += 1.0
-        source.queue.put_nowait(SourceSnapshot((model_entry(2, B),), reason="reconnect"))
-        await settle(lambda: service.snapshot().groups[0].held_until is not None)
+        source.queue.put_nowait(SourceListing((model_entry(2, B),), reason="reconnect"))
+        await settle(lambda: service.status().groups[0].held_until is not None)
         source.queue.put_nowait(SourceDelete(model_delete(2).key, 3, "expired"))
         source.queue.put_nowait(model_put(3, B))
-        await settle(lambda: service.snapshot().groups[0].cohorts[-1].members == (3,))
+        await settle(lambda: service.status().groups[0].cohorts[-1].members == (3,))
         await service.stop()
-    live = service.snapshot().groups[0].to_json()
+    live = service.status().groups[0].to_json()
     [view] = service.core.groups()
     lines = trace.read_text(encoding="utf-8").splitlines()
     kinds = [json.loads(line)["kind"] for line in lines]

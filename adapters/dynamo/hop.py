@@ -51,7 +51,7 @@ class DynamoRuntime(Protocol):
 
 
 class AdmissionValue(Protocol):
-    """What a hop reads from a receiver's snapshot."""
+    """What a hop reads from a receiver's current state."""
 
     @property
     def group(self) -> GroupKey: ...

@@ -118,7 +118,7 @@ from workerset_admission.adapters.dynamo.view_publish import (
     Tenure,
     plan_view,
 )
-from workerset_admission.adapters.dynamo.view_records import HeldRecord, RecordTable
+from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
 from workerset_admission.errors import ReceiverRetired
 
 __all__ = [
@@ -128,8 +128,8 @@ __all__ = [
     "SCOPE_TOPICS",
     "AdmittedView",
     "DirectoryFiles",
-    "HeldRecord",
     "LastKnownGood",
+    "PublishableRecord",
     "RecordTable",
     "SyncReport",
     "Tenure",
@@ -187,7 +187,7 @@ class ViewWriter:
 
     Every admission state change (and every change of a held record) wakes one coalesced sync;
     between changes the files are kept alive. Nothing is written before the service applied
-    its first discovery snapshot: an empty view then would withdraw a restarted frontend's
+    its first discovery listing: an empty view then would withdraw a restarted frontend's
     workers for no reason.
     """
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from workerset_admission.adapters.dynamo.view_directory import BUCKETS, ViewFile, ViewFiles
-from workerset_admission.adapters.dynamo.view_records import HeldRecord, RecordTable
+from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
 from workerset_admission.identity import EndpointId, GroupKey
 
 __all__ = [
@@ -47,7 +47,7 @@ class Tenure:
 
 def _records_of(
     endpoint: EndpointId, instance_id: int, table: RecordTable, last_known: bool = False
-) -> list[HeldRecord]:
+) -> list[PublishableRecord]:
     ns, comp = endpoint.namespace, endpoint.component
     lookup = table.lookup_last_known if last_known else table.lookup
     mine = [
@@ -71,7 +71,7 @@ def _records_of(
 
 def _scope_channels(
     endpoint: EndpointId, table: RecordTable, last_known: bool = False
-) -> list[HeldRecord]:
+) -> list[PublishableRecord]:
     """Return the endpoint's event channels no record ties to a worker (all but KV events).
 
     With ``last_known`` (a held tenure serves members on their last known records), those

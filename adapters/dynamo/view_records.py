@@ -10,7 +10,7 @@ from workerset_admission.card import is_event_key, parse_event_key, parse_key
 from workerset_admission.card.events import dynamo_event_path
 from workerset_admission.ports import AcceptedRecord
 
-__all__ = ["KV_EVENTS", "HeldRecord", "RecordTable"]
+__all__ = ["KV_EVENTS", "PublishableRecord", "RecordTable"]
 
 # The one event topic whose source names its worker; every other channel is tied by scope.
 KV_EVENTS = "kv-events"
@@ -19,7 +19,7 @@ _Tie = tuple[str, str, str | None, int | str | None]
 
 
 @dataclass(frozen=True, slots=True)
-class HeldRecord:
+class PublishableRecord:
     """One valid discovery record the view may publish, with what ties it to a worker.
 
     ``instance_id`` is the instance for endpoint and model records and the publisher id for
@@ -56,14 +56,14 @@ class RecordTable:
     """
 
     def __init__(self, on_change: Callable[[], None] | None = None) -> None:
-        self._records: dict[str, HeldRecord] = {}
+        self._records: dict[str, PublishableRecord] = {}
         # Keys by what ties a record to a worker, so planning a view costs per admitted worker,
         # not per record held.
         self._index: dict[_Tie, set[str]] = {}
         self._on_change = on_change
         # Records that left the bucket, by key and by tie, and the ones a last-known lookup
         # asked for since the last forgetting.
-        self._removed: dict[str, HeldRecord] = {}
+        self._removed: dict[str, PublishableRecord] = {}
         self._removed_index: dict[_Tie, set[str]] = {}
         self._wanted: set[str] = set()
 
@@ -73,15 +73,15 @@ class RecordTable:
     def set_listener(self, on_change: Callable[[], None] | None) -> None:
         self._on_change = on_change
 
-    def get(self, key: str) -> HeldRecord | None:
+    def get(self, key: str) -> PublishableRecord | None:
         return self._records.get(key)
 
-    def records(self) -> Iterable[HeldRecord]:
+    def records(self) -> Iterable[PublishableRecord]:
         return self._records.values()
 
     def lookup(
         self, kind: str, namespace: str, component: str | None, number: int | str | None
-    ) -> list[HeldRecord]:
+    ) -> list[PublishableRecord]:
         """Return the records tied to a worker, a publisher or an endpoint.
 
         ``worker``: endpoint and model records of an instance in a component; ``instance``:
@@ -95,7 +95,7 @@ class RecordTable:
 
     def lookup_last_known(
         self, kind: str, namespace: str, component: str | None, number: int | str | None
-    ) -> list[HeldRecord]:
+    ) -> list[PublishableRecord]:
         """Like :meth:`lookup`, with the records that left the bucket and are still kept."""
         tie = (kind, namespace, component, number)
         held = self._index.get(tie, set())
@@ -144,7 +144,7 @@ class RecordTable:
 
     def listing(self, records: Sequence[AcceptedRecord], retained: Collection[str]) -> None:
         """Replace the table with a listing's accepted records; ``retained`` keys keep theirs."""
-        fresh: dict[str, HeldRecord] = {}
+        fresh: dict[str, PublishableRecord] = {}
         for record in records:
             held = _held(record)
             if held is not None:
@@ -173,7 +173,7 @@ class RecordTable:
 
     # -- the indexes ---------------------------------------------------------------------------
 
-    def _set_aside(self, key: str, record: HeldRecord) -> None:
+    def _set_aside(self, key: str, record: PublishableRecord) -> None:
         self._back(key)
         self._removed[key] = record
         for tie in self._ties(record):
@@ -184,11 +184,11 @@ class RecordTable:
         if record is not None:
             self._drop_removed_tie(key, record)
 
-    def _drop_removed_tie(self, key: str, record: HeldRecord) -> None:
+    def _drop_removed_tie(self, key: str, record: PublishableRecord) -> None:
         self._discard(self._removed_index, key, record)
 
     @staticmethod
-    def _ties(record: HeldRecord) -> tuple[_Tie, ...]:
+    def _ties(record: PublishableRecord) -> tuple[_Tie, ...]:
         if record.bucket == "instances":
             return (
                 ("worker", record.namespace, record.component, record.instance_id),
@@ -205,11 +205,11 @@ class RecordTable:
             return (by_publisher,)
         return by_publisher, ("scope", record.namespace, record.component, record.endpoint)
 
-    def _unindex(self, key: str, record: HeldRecord) -> None:
+    def _unindex(self, key: str, record: PublishableRecord) -> None:
         self._discard(self._index, key, record)
 
     @classmethod
-    def _discard(cls, index: dict[_Tie, set[str]], key: str, record: HeldRecord) -> None:
+    def _discard(cls, index: dict[_Tie, set[str]], key: str, record: PublishableRecord) -> None:
         for tie in cls._ties(record):
             keys = index.get(tie)
             if keys is not None:
@@ -217,12 +217,12 @@ class RecordTable:
                 if not keys:
                     del index[tie]
 
-    def _reindex(self, key: str, record: HeldRecord) -> None:
+    def _reindex(self, key: str, record: PublishableRecord) -> None:
         for tie in self._ties(record):
             self._index.setdefault(tie, set()).add(key)
 
 
-def _held(record: AcceptedRecord) -> HeldRecord | None:
+def _held(record: AcceptedRecord) -> PublishableRecord | None:
     """File an accepted record by its key: the bucket, the file name and the worker it names.
 
     Only the key is read (naming, not judging); the value is the boundary's to judge, and is
@@ -231,7 +231,7 @@ def _held(record: AcceptedRecord) -> HeldRecord | None:
     key = record.key
     if is_event_key(key):
         event = parse_event_key(key)
-        return HeldRecord(
+        return PublishableRecord(
             event.bucket,
             file_name_for(dynamo_event_path(event)),
             record.value,
@@ -249,7 +249,7 @@ def _held(record: AcceptedRecord) -> HeldRecord | None:
     kind = "endpoint" if record.kind == "instance" else "model"
     if parsed.kind != kind:
         return None  # a verdict that does not fit its key is not filed
-    return HeldRecord(
+    return PublishableRecord(
         "instances" if kind == "endpoint" else "mdc",
         file_name_for(parsed.instance_key),
         record.value,

@@ -1,6 +1,6 @@
 """NATS JetStream: discovery source, publishers and the embedded server launcher.
 
-* ``source``: :class:`JetStreamDiscoverySource`, the discovery bucket as snapshots and live
+* ``source``: :class:`JetStreamDiscoverySource`, the discovery bucket as listings and live
   changes;
 * ``publisher``: :class:`DiscoveryPublisher`, worker registrations kept alive by a TTL heartbeat;
 * ``admission_publisher``: :class:`NatsAdmissionPublisher`, what a frontend serves;

@@ -42,7 +42,7 @@ from workerset_admission.adapters.nats.kv import (
     subject_prefix,
 )
 from workerset_admission.errors import ConfigError
-from workerset_admission.mirror import BucketMark, Change, HeldRecord, write_in_turn
+from workerset_admission.mirror import BucketMark, BucketValue, Change, write_in_turn
 from workerset_admission.ownership import WriterId
 
 __all__ = ["JetStreamBucketWriter"]
@@ -262,11 +262,11 @@ class JetStreamBucketWriter:
         status = await self._kv.status()
         return status.stream_info
 
-    async def contents(self) -> dict[str, HeldRecord]:
+    async def contents(self) -> dict[str, BucketValue]:
         if self._js is None or self._bucket is None:
             return await self._contents_by_key()
         prefix = subject_prefix(self._bucket)
-        held: dict[str, HeldRecord] = {}
+        held: dict[str, BucketValue] = {}
         done = asyncio.Event()
         owner = self._owner
 
@@ -274,7 +274,7 @@ class JetStreamBucketWriter:
             key = msg.subject[len(prefix) :]
             if key.startswith(_DISCOVERY) and removal_kind(msg.headers) is None:
                 owned = owner is not None and owner.owns(msg.headers)
-                held[key] = HeldRecord(msg.data, owned)
+                held[key] = BucketValue(msg.data, owned)
             if msg.metadata.num_pending == 0:
                 done.set()
 
@@ -296,13 +296,13 @@ class JetStreamBucketWriter:
                 await subscription.unsubscribe()
         return held
 
-    async def _contents_by_key(self) -> dict[str, HeldRecord]:
+    async def _contents_by_key(self) -> dict[str, BucketValue]:
         # Without JetStream at hand no stamp can be read: nothing counts as owned.
         try:
             keys = await self._kv.keys()
         except NoKeysError:
             return {}
-        held: dict[str, HeldRecord] = {}
+        held: dict[str, BucketValue] = {}
         for key in keys:
             if not key.startswith(_DISCOVERY):
                 continue
@@ -311,5 +311,5 @@ class JetStreamBucketWriter:
             except KeyNotFoundError:
                 continue
             if entry.value is not None:
-                held[key] = HeldRecord(entry.value, owned=False)
+                held[key] = BucketValue(entry.value, owned=False)
         return held

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
 from workerset_admission.card.serving_record import BucketRead, NamespaceRecord, parse_record
-from workerset_admission.ports import DiscoverySource, SourceEvent, SourceSnapshot
+from workerset_admission.ports import DiscoverySource, SourceEvent, SourceListing
 
 __all__ = ["PeerAwareSource", "served_by_peers"]
 
@@ -70,11 +70,11 @@ class PeerAwareSource:
 
     async def events(self) -> AsyncIterator[SourceEvent]:
         async for event in self._source.events():
-            if isinstance(event, SourceSnapshot) and event.reason != "periodic":
+            if isinstance(event, SourceListing) and event.reason != "periodic":
                 event = dataclasses.replace(event, peers=await self._peers())
             yield event
 
-    async def list_all(self) -> SourceSnapshot:
+    async def list_all(self) -> SourceListing:
         return await self._source.list_all()
 
     async def close(self) -> None:

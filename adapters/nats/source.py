@@ -1,4 +1,4 @@
-"""Discovery records from a JetStream KV bucket: one snapshot, then live puts and removals.
+"""Discovery records from a JetStream KV bucket: one listing, then live puts and removals.
 
 The watch is an ordered push consumer (deliver ``last_per_subject``) on the bucket's stream,
 filtered to the discovery keys (model cards, endpoint instances, event sources and channels,
@@ -11,12 +11,12 @@ ordered consumer itself (``watch.py``): flow control, heartbeats, gap detection.
 client (a custom ``connector``) it subscribes through nats-py's own ordered consumer. The end of
 the initial values is detected from the delivery metadata: the first message with nothing
 pending, or the first one newer than the stream's last sequence when the consumer was created
-(so a busy bucket cannot postpone the snapshot forever).
+(so a busy bucket cannot postpone the listing forever).
 
 When the connection drops, the watch stops at once and delivers nothing more; once the client
 is back (and on a closed connection, and when the stream behind the bucket disappears or is
 re-created, a wiped store; and on the raw path, when deliveries skip a consumer sequence or the
-consumer falls silent for two heartbeat periods), the watch is re-created and a new snapshot with
+consumer falls silent for two heartbeat periods), the watch is re-created and a new listing with
 reason ``"reconnect"`` is emitted. A server restart with a fresh store would otherwise leave
 nats-py's ordered consumer silently waiting at the old sequence, and with the same store
 nats-py's own consumer reset would deliver the outage's expiries as live removals ahead of the
@@ -54,7 +54,7 @@ from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
 from workerset_admission.adapters.nats.watch import WAKE, Wake, Watch
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import DISCOVERY_BUCKET
-from workerset_admission.ports import SourceEvent, SourceSnapshot
+from workerset_admission.ports import SourceEvent, SourceListing
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -194,7 +194,7 @@ class JetStreamDiscoverySource:
         watch = self._watch
         if watch is not None:
             watch.wake()
-            watch.snapshot_done.set()
+            watch.listing_done.set()
 
     # Callbacks change these flags while a coroutine is suspended; reading them through a method
     # keeps the type checker from assuming they still hold the value seen before the await.
@@ -416,7 +416,7 @@ class JetStreamDiscoverySource:
     # -- the port ----------------------------------------------------------------------------
 
     async def events(self) -> AsyncGenerator[SourceEvent, None]:
-        """Yield one snapshot, then live changes; a new snapshot after every re-created watch."""
+        """Yield one listing, then live changes; a new listing after every re-created watch."""
         if self._iterating:
             raise UsageError("events() may be iterated only once per source")
         self._iterating = True
@@ -431,7 +431,7 @@ class JetStreamDiscoverySource:
                     if self._restart_reason() is not None or self._is_closed():
                         continue
                     self._resync_pending = False
-                    yield SourceSnapshot(entries=watch.take_snapshot(), reason=reason)
+                    yield SourceListing(entries=watch.take_listing(), reason=reason)
                     reason = "reconnect"
                     async for event in self._live(watch):
                         yield event
@@ -453,11 +453,11 @@ class JetStreamDiscoverySource:
         A listing that only waits for keys the bucket held at the start ends once the consumer
         has delivered nothing for :data:`LISTING_QUIET` seconds: those keys went without a trace.
         """
-        while not watch.snapshot_done.is_set():
+        while not watch.listing_done.is_set():
             stalled, seen = watch.listing_stalled(), watch.last_seen_seq
             wait = LISTING_QUIET if stalled else self._idle_heartbeat
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(watch.snapshot_done.wait(), wait)
+                await asyncio.wait_for(watch.listing_done.wait(), wait)
             if stalled and watch.listing_stalled() and watch.last_seen_seq == seen:
                 _log.debug("%s listing ends without keys that were removed silently", self.bucket)
                 watch.finish_initial()
@@ -493,7 +493,7 @@ class JetStreamDiscoverySource:
                 continue
             yield item
 
-    async def list_all(self) -> SourceSnapshot:
+    async def list_all(self) -> SourceListing:
         """Read the whole bucket now through a separate consumer, for reconciliation."""
         own: NatsClient | None = None
         nc = self._nc
@@ -511,7 +511,7 @@ class JetStreamDiscoverySource:
             reason: Literal["reconnect", "periodic"] = (
                 "reconnect" if self._resync_pending and self._ever_bound else "periodic"
             )
-            return SourceSnapshot(entries=tuple(watch.snapshot_entries), reason=reason)
+            return SourceListing(entries=tuple(watch.listing_entries), reason=reason)
         finally:
             if watch is not None:
                 await self._unsubscribe(watch)
@@ -526,7 +526,7 @@ class JetStreamDiscoverySource:
         watch = self._watch
         if watch is not None:
             watch.wake()
-            watch.snapshot_done.set()
+            watch.listing_done.set()
         await self._close_client()
 
     async def _close_client(self) -> None:

@@ -95,7 +95,7 @@ class Watch:
         self._unseen: set[str] | None = None if expected_keys is None else set(expected_keys)
         # Newer messages the listing may still take in once the values at the start are in.
         self._listing_rest: int | None = None
-        self.snapshot_done = asyncio.Event()
+        self.listing_done = asyncio.Event()
         self.last_seen_seq = 0
         self.stopped = False
         self.subscription: Subscription | None = None
@@ -124,16 +124,16 @@ class Watch:
 
     def finish_initial(self) -> None:
         if self.initial is not None:
-            self.snapshot_entries = [e for e in self.initial.values() if e is not None]
+            self.listing_entries = [e for e in self.initial.values() if e is not None]
             self.initial = None
-            self.snapshot_done.set()
+            self.listing_done.set()
 
-    snapshot_entries: list[DiscoveryEntry]
+    listing_entries: list[DiscoveryEntry]
 
-    def take_snapshot(self) -> tuple[DiscoveryEntry, ...]:
+    def take_listing(self) -> tuple[DiscoveryEntry, ...]:
         """Hand the initial values over once; the watch keeps no reference to the raw values."""
-        entries = tuple(self.snapshot_entries)
-        self.snapshot_entries = []
+        entries = tuple(self.listing_entries)
+        self.listing_entries = []
         return entries
 
     def silent_for(self, now: float, idle_heartbeat: float) -> bool:
@@ -258,7 +258,7 @@ class Watch:
     def _report_broken(self, why: str) -> None:
         # Nothing after a gap can be trusted: stop, and wake whoever waits on this watch.
         self.stopped = True
-        self.snapshot_done.set()
+        self.listing_done.set()
         self.wake()
         if self._broken is not None:
             self._broken(why)
@@ -290,7 +290,7 @@ class Watch:
             made = DiscoveryEntry(key, value, stream_seq, headers, now, timestamp_ns / 1e9)
         initial = self.initial
         if initial is not None:
-            # A removal among the initial values leaves the key out of the snapshot.
+            # A removal among the initial values leaves the key out of the listing.
             initial[key] = made
             if self._ends_listing(key, stream_seq, pending):
                 self.finish_initial()

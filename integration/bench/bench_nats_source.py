@@ -29,7 +29,7 @@ from nats.js.api import KeyValueConfig
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-from workerset_admission.ports import SourcePut, SourceSnapshot
+from workerset_admission.ports import SourceListing, SourcePut
 
 BUCKET = "bench-discovery"
 PAD = "x" * 900
@@ -65,7 +65,7 @@ async def source_snapshot(url: str, count: int) -> float:
     events = source.events()
     try:
         snapshot = await anext(events)
-        assert isinstance(snapshot, SourceSnapshot)
+        assert isinstance(snapshot, SourceListing)
         for entry in snapshot.entries:
             json.loads(entry.value)
         elapsed = time.perf_counter() - start

@@ -47,7 +47,7 @@ from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.identity import EndpointId
-from workerset_admission.service.shell import AdmissionService
+from workerset_admission.service.admission_service import AdmissionService
 
 RESULTS = Path(__file__).parent / "results"
 EP = EndpointId("bench", "backend", "generate")
@@ -221,10 +221,10 @@ async def resync_and_memory(server: EmbeddedNatsServer, size: int) -> dict[str, 
         assert receiver is not None
         version = receiver.current().version
         notifications = service.counters.notifications
-        snapshots = service.counters.snapshots
+        snapshots = service.counters.listings
         await asyncio.to_thread(server.restart)
         back = time.perf_counter()
-        while service.counters.snapshots == snapshots:
+        while service.counters.listings == snapshots:
             await asyncio.sleep(0.005)
             assert time.perf_counter() - back < 60, "no resync after the restart"
         resync = time.perf_counter() - back

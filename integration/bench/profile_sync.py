@@ -32,7 +32,7 @@ STAGES = (
         (
             "/service.py",
             "/ingest.py",
-            "/snapshots.py",
+            "/status_model.py",
             "/liveness.py",
             "/publication.py",
             "/builds.py",

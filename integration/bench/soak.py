@@ -56,8 +56,8 @@ from support.fleet import (  # noqa: E402 - the fault tests' live fleet, reused 
     settings_for,
 )
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer  # noqa: E402
+from workerset_admission.service.admission_service import AdmissionService  # noqa: E402
 from workerset_admission.service.factory import create_service  # noqa: E402
-from workerset_admission.service.shell import AdmissionService  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class Sample:
 
 def sample(service: AdmissionService, started: float, operations: int) -> Sample:
     counters = service.counters
-    snapshot = service.snapshot()
+    snapshot = service.status()
     return Sample(
         seconds=round(time.monotonic() - started, 1),
         rss_mb=round(psutil.Process().memory_info().rss / 2**20, 1),

@@ -29,10 +29,14 @@ from workerset_admission.card import (
     model_kv_key,
 )
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.ports import SourceSnapshot
+from workerset_admission.ports import SourceListing
+from workerset_admission.service.admission_service import (
+    AdmissionService,
+    BuildRequest,
+    GroupStatusView,
+)
 from workerset_admission.service.factory import create_service
 from workerset_admission.service.receivers import AdmissionReceiver
-from workerset_admission.service.shell import AdmissionService, BuildRequest, GroupSnapshot
 from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import replay
 
@@ -307,7 +311,7 @@ class Watchdog:
 # -- replay of the bucket -----------------------------------------------------------------------
 
 
-async def bucket_listing(url: str) -> SourceSnapshot:
+async def bucket_listing(url: str) -> SourceListing:
     """Everything the discovery bucket holds now, in stream order, as a fresh watcher sees it."""
     source = JetStreamDiscoverySource(NatsConnectOptions(servers=(url,)), bucket=DISCOVERY)
     try:
@@ -316,7 +320,7 @@ async def bucket_listing(url: str) -> SourceSnapshot:
         await source.close()
 
 
-def replay_of(listing: SourceSnapshot) -> dict[str, dict[str, Any]]:
+def replay_of(listing: SourceListing) -> dict[str, dict[str, Any]]:
     trace = {
         "kind": "snapshot",
         "entries": [{"key": e.key, "value": e.value.decode()} for e in listing.entries],
@@ -325,8 +329,8 @@ def replay_of(listing: SourceSnapshot) -> dict[str, dict[str, Any]]:
     return {g["group_id"]: g for g in result["groups"]}
 
 
-def live_groups(service: AdmissionService) -> dict[str, GroupSnapshot]:
-    return {g.group.id: g for g in service.snapshot().groups}
+def live_groups(service: AdmissionService) -> dict[str, GroupStatusView]:
+    return {g.group.id: g for g in service.status().groups}
 
 
 def differences(
@@ -382,7 +386,7 @@ async def assert_replays_bucket(
 
 async def all_ready(service: AdmissionService, timeout: float = 30.0) -> None:
     def ready() -> bool:
-        groups = service.snapshot().groups
+        groups = service.status().groups
         return bool(groups) and all(g.status == "ready" for g in groups if g.cohorts)
 
     await until(ready, timeout, "every group ready")

@@ -1,11 +1,11 @@
-"""One worker's LoRA adapters as immutable snapshots read lazily from a change log.
+"""One worker's LoRA adapters as immutable values read lazily from a change log.
 
 A worker may carry thousands of adapters, and each one registers or leaves on its own. Handing
 out a sorted tuple of all of them at every change costs O(N) per change and O(N^2) for a worker
 that registers N adapters one by one. The worker's adapters are therefore kept the way a
 cohort's admitted ids are (``admitted.py``): a frozen base mapping plus an append-only log of
-changes; a snapshot is the base, the log and the log's length at that moment, sorted into a
-tuple only when someone reads it, once. The log is folded into a new base once it is longer
+changes; an ``Adapters`` value is the base, the log and the log's length at that moment, sorted
+into a tuple only when someone reads it, once. The log is folded into a new base once it is longer
 than the base, so a change costs O(1) amortised.
 """
 
@@ -62,7 +62,7 @@ class Adapters(Sequence[LoraAdapter]):
         return items
 
     def changes_since(self, older: Adapters) -> Sequence[AdapterChange] | None:
-        """Return the changes from ``older`` to this snapshot, when both read one log."""
+        """Return the changes from ``older`` to these adapters, when both read one log."""
         if older._log is self._log and older._length <= self._length:
             return self._log[older._length : self._length]
         return None
@@ -98,7 +98,7 @@ class Adapters(Sequence[LoraAdapter]):
         return f"Adapters({list(self.as_tuple())!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Copies carry the adapters, not the log the snapshot shares with its worker.
+        # Copies carry the adapters, not the log they share with its worker.
         return (_from_tuple, (self.as_tuple(),))
 
 
@@ -107,7 +107,7 @@ def _from_tuple(items: tuple[LoraAdapter, ...]) -> Adapters:
 
 
 class AdapterLog:
-    """One worker's adapters, changed in place and handed out as :class:`Adapters` snapshots."""
+    """One worker's adapters, changed in place and handed out as :class:`Adapters` values."""
 
     __slots__ = ("base", "current", "last", "limit", "log")
 
@@ -116,7 +116,7 @@ class AdapterLog:
         self.base: Mapping[str, LoraAdapter] = _EMPTY
         self.log: list[AdapterChange] = []
         self.limit = _MIN_LOG
-        # The latest snapshot handed out, handed out again while the log has not moved.
+        # The latest adapters handed out, handed out again while the log has not moved.
         self.last = Adapters()
 
     def __len__(self) -> int:
@@ -132,7 +132,7 @@ class AdapterLog:
         if old is not None:
             self.log.append((key, old, None))
 
-    def snapshot(self) -> Adapters:
+    def adapters(self) -> Adapters:
         """Return the adapters now; a long log is folded into a new base first (O(1) amortised)."""
         log = self.log
         length = len(log)
@@ -140,7 +140,7 @@ class AdapterLog:
         if last._length == length and last._log is log:
             return last
         if length > self.limit:
-            # A new base and a new log: snapshots already handed out keep the old ones.
+            # A new base and a new log: adapters already handed out keep the old ones.
             self.base = dict(self.current)
             self.log = log = []
             self.limit = max(_MIN_LOG, len(self.base))

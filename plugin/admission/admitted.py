@@ -1,4 +1,4 @@
-"""Admitted-id snapshots: immutable id sets read lazily from a cohort's change log."""
+"""Admitted ids: immutable id sets read lazily from a cohort's change log."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ ChangeLog = list[int]
 
 _NO_CHANGES: Sequence[int] = ()
 # A log is folded into a new base once it is longer than the base (and than this): each change
-# then costs O(1) amortised, and reading a snapshot costs O(ids), once.
+# then costs O(1) amortised, and reading an ``AdmittedIds`` costs O(ids), once.
 _MIN_LOG = 32
 
 
 class AdmittedIds(Set[int]):
     """The admitted instance ids at one moment: a frozen base plus a prefix of a change log.
 
-    Publishing a cohort's ids must not cost a copy of the whole cohort per change, so a snapshot
-    holds the cohort's base set, a reference to its change log and how long that log was when
-    the snapshot was taken. The log is only ever appended to, and the cohort replaces it (rather
-    than clearing it) when it rebases, so the entries a snapshot covers never change. The ids
-    are worked out on the first read and kept; later reads cost nothing. A snapshot is a value:
+    Publishing a cohort's ids must not cost a copy of the whole cohort per change, so an
+    ``AdmittedIds`` holds the cohort's base set, a reference to its change log and how long that
+    log was when it was handed out. The log is only ever appended to, and the cohort replaces it
+    (rather than clearing it) when it rebases, so the entries it covers never change. The ids
+    are worked out on the first read and kept; later reads cost nothing. It is a value:
     it compares and hashes as the set of ids it stands for, frozensets included.
     """
 
@@ -41,7 +41,7 @@ class AdmittedIds(Set[int]):
 
     @classmethod
     def of(cls, ids: Iterable[int]) -> AdmittedIds:
-        """Return a snapshot of exactly ``ids`` (``ids`` itself when already a snapshot)."""
+        """Return ``AdmittedIds`` of exactly ``ids`` (``ids`` itself when it already is one)."""
         if isinstance(ids, AdmittedIds):
             return ids
         return cls(ids if type(ids) is frozenset else frozenset(ids))
@@ -95,14 +95,14 @@ class AdmittedIds(Set[int]):
         return frozenset(it)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Copies and pickles carry the ids, not the log the snapshot shares with its cohort.
+        # Copies and pickles carry the ids, not the log they share with their cohort.
         return (AdmittedIds.of, (self.as_frozenset(),))
 
 
 class HoldsAdmittedIds:
     """Base of a frozen dataclass that carries admitted ids (a receiver's ``AdmissionState``).
 
-    It keeps an :class:`AdmittedIds` snapshot in ``ids`` (any other set given is wrapped in one
+    It keeps an :class:`AdmittedIds` in ``ids`` (any other set given is wrapped in one
     when the dataclass is made) and show it to readers as a frozenset, ``admitted``, worked out
     on the first read.
     """
@@ -116,16 +116,16 @@ class HoldsAdmittedIds:
 
     @property
     def admitted(self) -> frozenset[int]:
-        """The admitted ids as a frozenset (materialised once per snapshot)."""
+        """The admitted ids as a frozenset (materialised once per ``AdmittedIds``)."""
         return self.ids.as_frozenset()
 
 
 class AdmittedLog:
-    """A set of ids kept as a frozen base plus an append-only change log, handing out snapshots.
+    """A set of ids kept as a frozen base plus an append-only change log, handed out as a value.
 
     The owner appends ``iid`` or ``~iid`` to ``log`` for each change (a list append, the
-    cheapest step there is) and calls :meth:`snapshot` when it publishes. ``rebase`` replaces
-    the log with a new, empty list, so no snapshot already handed out ever sees a later change.
+    cheapest step there is) and calls :meth:`admitted_ids` when it publishes. ``rebase`` replaces
+    the log with a new, empty list, so no ``AdmittedIds`` already handed out sees a later change.
     """
 
     __slots__ = ("base", "last", "limit", "log")
@@ -134,7 +134,7 @@ class AdmittedLog:
         self.base: frozenset[int] = frozenset()
         self.log: ChangeLog = []
         self.limit = _MIN_LOG
-        # The latest snapshot handed out, handed out again while the log has not moved.
+        # The latest ``AdmittedIds`` handed out, handed out again while the log has not moved.
         self.last = AdmittedIds.of(())
 
     def rebase(self, ids: Iterable[int]) -> None:
@@ -143,8 +143,8 @@ class AdmittedLog:
         self.log = []
         self.limit = max(_MIN_LOG, len(base))
 
-    def snapshot(self, ids: Iterable[int]) -> AdmittedIds:
-        """Return the ids now as a snapshot; ``ids`` (the same set) is read only to fold the log."""
+    def admitted_ids(self, ids: Iterable[int]) -> AdmittedIds:
+        """Return the ids now as ``AdmittedIds``; ``ids`` (the same set) only folds the log."""
         log = self.log
         length = len(log)
         last = self.last

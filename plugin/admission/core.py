@@ -10,7 +10,7 @@ raises only when called with something that is not an input.
 *Groups and cohorts.* Every base (non-LoRA) registration belongs to one group (model plus
 WorkerSet key) and, inside it, to the cohort of registrations sharing its ``mdc_checksum``.
 Cohorts live in a dict, whose insertion order is their first-observation order: duplicates
-and snapshots never move a cohort, and a cohort that empties is deleted, so if it comes back
+and listings never move a cohort, and a cohort that empties is deleted, so if it comes back
 it is re-inserted at the end.
 
 *Tenure.* The front cohort is the incumbent. The moment a group's first valid card arrives,
@@ -23,8 +23,9 @@ cohort never displaces the incumbent: size plays no part anywhere.
 
 *Generations and fencing.* One counter per core hands out build generations; it only goes up
 and a value is never handed out twice. Each build attempt has its own generation, and a
-result is applied only when group, checksum and generation all match the attempt in flight;
-anything else is reported as ``BuildDiscarded`` and changes nothing. A retired receiver id is
+result is applied only when its ``AttemptId`` (group, checksum and generation) is the attempt
+in flight (a commit failure: the committed attempt); anything else is reported as
+``BuildDiscarded`` and changes nothing. A retired receiver id is
 never reused either, so a holder of an old receiver can never see a successor's ids.
 
 *Builds.* Queued groups start building in the order they were queued (FIFO, so no group
@@ -37,7 +38,7 @@ Dynamo 1.6.1 starts queued builds in sorted key order; the contract does not fix
 FIFO is what an operator expects.
 
 *Holding a tenure across an outage.* A listing that follows a lost connection
-(``Snapshot(reconnect=True)``), and an expiry reported soon after it, may miss the incumbent's
+(``Listing(reconnect=True)``), and an expiry reported soon after it, may miss the incumbent's
 workers only because their heartbeats could not reach the store while it was away. Ingestion
 reports an expiry with its time (``WorkerRemoved.expired_at``) and nothing more; the core
 alone judges it the outage's when it comes within ``tenure_hold`` of the last reconnect
@@ -113,18 +114,17 @@ judged again at the retry's deadline, all in the step that made it.
 started. A batch therefore gives the same state as applying its inputs one by one, with fewer
 publications.
 
-*Publication without copies.* A ``PublishAdmissions`` carries an ``AdmittedIds`` snapshot
-(``admitted.py``), not a copy of the cohort's ids: the incumbent cohort keeps a frozen base set
-and an append-only change log (``iid`` for a join, ``~iid`` for a departure), and a snapshot is
-the base, the log and the log's length at that moment, worked out into a frozenset only when
-someone reads it, once. When the log grows longer than the base (and than 32 entries), the
-publication rebases the cohort: a new base from its members and a new, empty log, while older
-snapshots keep the old list, which is never appended to again. A change therefore costs O(1)
-amortised instead of a copy of the whole group, and a burst of changes between two reads of a
-receiver costs one materialisation. Changes to a cohort are logged only while it is the
-incumbent; a new tenure rebases its cohort first. Within a group an instance id names exactly
-one registration key (a group has one endpoint), so a cohort's members are keyed by instance
-id and its ids need no set of their own.
+*Publication without copies.* A ``PublishAdmissions`` carries an ``AdmittedIds`` (``admitted.py``),
+not a copy of the cohort's ids: the incumbent cohort keeps a frozen base set and an append-only
+change log (``iid`` for a join, ``~iid`` for a departure), and an ``AdmittedIds`` is the base, the
+log and the log's length at that moment, worked out into a frozenset only when someone reads it,
+once. When the log grows longer than the base (and than 32 entries), the publication rebases the
+cohort: a new base from its members and a new, empty log, while older ``AdmittedIds`` keep the old
+list, which is never appended to again. A change therefore costs O(1) amortised instead of a copy of
+the whole group, and a burst of changes between two reads of a receiver costs one materialisation.
+Changes to a cohort are logged only while it is the incumbent; a new tenure rebases its cohort
+first. Within a group an instance id names exactly one registration key (a group has one endpoint),
+so a cohort's members are keyed by instance id and its ids need no set of their own.
 
 *Where this differs from Dynamo 1.6.1* (the contract wins): 1.6.1 keeps a group's status
 under a fingerprint that appends the worker's Qwen video prompt-expansion contract to the
@@ -145,7 +145,7 @@ contract reads: the settings; the records (``_Cohort``, ``_Hold``, ``_Group``); 
 ``AdmissionCore``: its entry points, the discovery inputs, tenures and succession, the hold,
 builds and their fencing, LoRA adapters and in-place changes, and the publication at the end of
 each call. Effects are made by their own constructors, one readable way. Beside it, read-only:
-``readout.py`` (the views of groups and placements), ``admitted.py`` (admitted-id snapshots and
+``readout.py`` (the views of groups and placements), ``admitted.py`` (admitted ids and
 the cohort's change log), ``status.py`` (the status table), ``effects.py`` and ``inputs.py``.
 """
 
@@ -169,7 +169,7 @@ from workerset_admission.admission.inputs import (
     DrainLifted,
     DrainSet,
     Input,
-    Snapshot,
+    Listing,
     TenureRecorded,
     Tick,
     WorkerAdded,
@@ -179,7 +179,7 @@ from workerset_admission.admission.projection import ProjectionConflicts
 from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
 from workerset_admission.admission.views import GroupView, PlacementView
 from workerset_admission.errors import ConfigError, UsageError
-from workerset_admission.identity import GroupKey, Registration, instance_key
+from workerset_admission.identity import AttemptId, GroupKey, Registration, instance_key
 
 __all__ = ["AdmissionCore", "CoreSettings"]
 
@@ -364,6 +364,31 @@ class _Group:
         # Set while a drained tenure hands over to its successor (see the theory of operation).
         self.handover: _Handover | None = None
 
+    def attempt_in_flight(self) -> AttemptId | None:
+        """Return the build attempt in flight (whose result alone is applied), or None."""
+        if self.checksum is None or self.in_flight is None:
+            return None
+        return AttemptId(self.key, self.checksum, self.in_flight)
+
+    def committed_attempt(self) -> AttemptId | None:
+        """Return the committed build's attempt (a commit failure must name it), or None."""
+        if self.checksum is None or self.committed_generation is None:
+            return None
+        return AttemptId(self.key, self.checksum, self.committed_generation)
+
+    def served_attempt(self) -> AttemptId | None:
+        """Return the attempt whose hop binding serves now, or None.
+
+        That is the committed incumbent's, or a drained tenure's that hands over to a
+        successor not committed yet.
+        """
+        if self.status.state.committed:
+            return self.committed_attempt()
+        handover = self.handover
+        if handover is not None:
+            return AttemptId(self.key, handover.checksum, handover.generation)
+        return None
+
     def served_ids(self, cohort: _Cohort) -> Iterable[int]:
         """Return the incumbent's admitted ids: its members, and any on last known good."""
         hold = self.hold
@@ -395,16 +420,6 @@ def _same_projection(new: tuple[fx.LoraWorker, ...], old: tuple[fx.LoraWorker, .
 def _representative(cohort: _Cohort) -> Registration:
     # Dynamo keeps members in a BTreeSet and takes the first: the smallest key.
     return min(cohort.members.values(), key=_by_key)
-
-
-def _served_attempt(group: _Group) -> tuple[int, str] | None:
-    """Return the generation and checksum a group's hop binding serves, if one does."""
-    if group.committed_generation is not None and group.status.state.committed:
-        assert group.checksum is not None
-        return group.committed_generation, group.checksum
-    if group.handover is not None:
-        return group.handover.generation, group.handover.checksum
-    return None
 
 
 # ---------------------------------------------------------------------------------- the core
@@ -496,8 +511,8 @@ class AdmissionCore:
         return out
 
     def _apply_other(self, event: Input) -> None:
-        if type(event) is Snapshot:
-            self._on_snapshot(event)
+        if type(event) is Listing:
+            self._on_listing(event)
         elif type(event) is BuildFinished:
             self._on_build_finished(event)
         elif type(event) is CommitFailed:
@@ -627,7 +642,7 @@ class AdmissionCore:
             if was_admitted:
                 self._succeed(group)
 
-    def _on_snapshot(self, event: Snapshot) -> None:
+    def _on_listing(self, event: Listing) -> None:
         # Drains first, so no registration of a drained worker is admitted even for a moment;
         # lifted ones last, so what they give back is what the listing holds.
         drains = {d.worker: d for d in event.drains}
@@ -1138,14 +1153,13 @@ class AdmissionCore:
     # ------------------------------------------------------------------ builds and fencing
 
     def _on_build_finished(self, event: BuildFinished) -> None:
+        attempt = event.attempt_id
         group = self._groups.get((event.group.model, event.group.worker_set))
         if group is None or group.in_flight is None:
-            self._discard(event.group, event.mdc_checksum, event.generation, "no build in flight")
+            self._discard(attempt, "no build in flight")
             return
-        if group.in_flight != event.generation or group.checksum != event.mdc_checksum:
-            self._discard(
-                event.group, event.mdc_checksum, event.generation, "stale checksum or generation"
-            )
+        if attempt != group.attempt_in_flight():
+            self._discard(attempt, "stale checksum or generation")
             return
         group.in_flight = None
         self.builds_in_flight -= 1
@@ -1171,7 +1185,7 @@ class AdmissionCore:
                     generation=event.generation,
                     receiver=receiver,
                     members=tuple(sorted(members)),
-                    admitted=cohort.snapshot(group.served_ids(cohort)).as_frozenset(),
+                    admitted=cohort.admitted_ids(group.served_ids(cohort)).as_frozenset(),
                     representative=group.representative,
                     card=group.card,
                     handover_from=None if handover is None else handover.generation,
@@ -1185,21 +1199,19 @@ class AdmissionCore:
             self._schedule_retry(group, event.generation, event.error or "build failed")
 
     def _on_commit_failed(self, event: CommitFailed) -> None:
+        attempt = event.attempt_id
         group = self._groups.get((event.group.model, event.group.worker_set))
         if (
             group is None
-            or group.committed_generation != event.generation
-            or group.checksum != event.mdc_checksum
+            or attempt != group.committed_attempt()
             or not group.status.state.committed
         ):
-            self._discard(event.group, event.mdc_checksum, event.generation, "no such commit")
+            self._discard(attempt, "no such commit")
             return
         if event.phase == "commit":
             # Blocked-ready: the core refused this commit's projection in the commit's step.
             if group.status.state is not _READY and group.status.state is not _BLOCKED_READY:
-                self._discard(
-                    event.group, event.mdc_checksum, event.generation, "commit already judged"
-                )
+                self._discard(attempt, "commit already judged")
                 return
             self._transition(group, StatusEvent.COMMIT_FAILED)
             group.committed_generation = None
@@ -1293,7 +1305,7 @@ class AdmissionCore:
                 generation=generation,
                 attempt=group.attempt,
                 receiver=receiver,
-                admitted=cohort.snapshot(group.served_ids(cohort)).as_frozenset(),
+                admitted=cohort.admitted_ids(group.served_ids(cohort)).as_frozenset(),
                 representative=group.representative,
                 card=group.card,
             )
@@ -1374,7 +1386,7 @@ class AdmissionCore:
         """Return the adapters of each admitted worker: one entry per worker that has any.
 
         A worker's entry is made again only when its adapters or its base card changed, and
-        its adapters are a snapshot of its change log (``adapters.py``): an adapter that comes
+        its adapters are read from its change log (``adapters.py``): an adapter that comes
         or goes costs O(1) amortised here, however many the worker carries, plus one step per
         admitted worker that has adapters.
         """
@@ -1385,7 +1397,7 @@ class AdmissionCore:
         for reg in group.cohorts[group.checksum].members.values():
             log = logs.get(reg.key)
             if log:
-                adapters = log.snapshot()
+                adapters = log.adapters()
                 worker = made.get(reg.key)
                 if (
                     worker is None
@@ -1427,7 +1439,7 @@ class AdmissionCore:
     # ------------------------------------------------------------------ end of a call
 
     def _publication(self, group: _Group) -> fx.PublishAdmissions:
-        """Publish the incumbent's admitted ids: a snapshot of its log, not a copy of its set."""
+        """Publish the incumbent's admitted ids: read from its log, not a copy of its set."""
         checksum = group.checksum
         receiver = group.receiver
         generation = group.generation
@@ -1438,10 +1450,10 @@ class AdmissionCore:
         group.parked = {}
         hold = group.hold
         if hold is None:
-            ids = cohort.snapshot(cohort.members)
+            ids = cohort.admitted_ids(cohort.members)
             last_known = _NO_IDS
         else:
-            ids = cohort.snapshot(group.served_ids(cohort))
+            ids = cohort.admitted_ids(group.served_ids(cohort))
             last_known = frozenset(hold.last_known)
         return fx.PublishAdmissions(
             group.key, receiver, checksum, generation, ids, group.card, last_known
@@ -1511,8 +1523,10 @@ class AdmissionCore:
         gk = reg.group
         return self._groups[(gk.model, gk.worker_set)]
 
-    def _discard(self, key: GroupKey, checksum: str, generation: int, reason: str) -> None:
-        self._out.append(fx.BuildDiscarded(key, checksum, generation, reason))
+    def _discard(self, attempt: AttemptId, reason: str) -> None:
+        self._out.append(
+            fx.BuildDiscarded(attempt.group, attempt.mdc_checksum, attempt.generation, reason)
+        )
 
     def _next_generation(self) -> int:
         self._last_generation += 1
@@ -1553,24 +1567,24 @@ class AdmissionCore:
         ordered = sorted(self._groups.values(), key=_by_key)
         return [readout.group_view(g, self._drained_in(g)) for g in ordered]
 
-    def serving(self) -> dict[GroupKey, tuple[int, str]]:
-        """Return the generation and checksum each group's hop binding serves now, by group.
+    def serving(self) -> dict[GroupKey, AttemptId]:
+        """Return the attempt whose hop binding serves now, for each group that has one.
 
-        A committed incumbent serves its committed generation; a drained tenure handing over
-        serves its own until the successor commits. This is the one account of what is
-        committed: the service reads it here and keeps no copy of its own.
+        A committed incumbent serves its committed build; a drained tenure handing over serves
+        its own until the successor commits. This is the one account of what is committed:
+        the service reads it here and keeps no copy of its own.
         """
-        out: dict[GroupKey, tuple[int, str]] = {}
+        out: dict[GroupKey, AttemptId] = {}
         for group in self._groups.values():
-            served = _served_attempt(group)
+            served = group.served_attempt()
             if served is not None:
                 out[group.key] = served
         return out
 
     def serves(self, key: GroupKey) -> bool:
-        """Whether a hop binding of the group serves now (see :meth:`serving`)."""
+        """Return whether a hop binding of the group serves now (see :meth:`serving`)."""
         group = self._groups.get((key.model, key.worker_set))
-        return group is not None and _served_attempt(group) is not None
+        return group is not None and group.served_attempt() is not None
 
     def drains(self) -> list[Drain]:
         """Every drain in force, by namespace then instance id."""

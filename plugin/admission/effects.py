@@ -1,11 +1,11 @@
 """Effects returned by the admission core: decisions for the service to carry out and trace.
 
-Every effect is a value, never changed once made: a frozen dataclass, or, for the three made
-on nearly every input, a slotted class with an explicit ``__init__`` (``_Value``). Effects that
-touch an admission channel name the receiver id; effects that concern a build name the
-``(group, mdc_checksum, generation)`` triple, which is
-also the fence the core applies to results. ``card`` fields hold the opaque normalized card the
-boundary produced; they do not take part in equality.
+Every effect is a value, never changed once made: a frozen dataclass, or, for the three made on
+nearly every input, a slotted class with an explicit ``__init__`` (``_Value``). Effects that touch
+an admission channel name the receiver id; effects that concern a build name the attempt by its
+``group``, ``mdc_checksum`` and ``generation`` (``attempt_id`` gives the three as one
+:class:`~workerset_admission.identity.AttemptId`), the fence the core applies to results. ``card``
+fields hold the opaque normalized card the boundary produced; they do not take part in equality.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from workerset_admission.admission.admitted import AdmittedIds
 from workerset_admission.admission.status import GroupStatus
-from workerset_admission.identity import Drain, EndpointId, GroupKey
+from workerset_admission.identity import CarriesAttempt, Drain, EndpointId, GroupKey
 
 __all__ = [
     "BuildDiscarded",
@@ -105,7 +105,7 @@ class WorkerDeparted(_Value):
 
 
 @dataclass(frozen=True, slots=True)
-class OpenReceiver:
+class OpenReceiver(CarriesAttempt):
     """A tenure began: create a fresh admission channel with this id for the group."""
 
     group: GroupKey
@@ -114,10 +114,10 @@ class OpenReceiver:
     generation: int
 
 
-class PublishAdmissions(_Value):
+class PublishAdmissions(_Value, CarriesAttempt):
     """Set the admitted instance ids (and the selected card) seen through one receiver.
 
-    ``ids`` is a lazy snapshot (a plain set of ids given here is wrapped in one): publishing
+    ``ids`` is a lazy ``AdmittedIds`` (a plain set of ids given here is wrapped in one): publishing
     does not copy the cohort, and ``admitted`` works the frozenset out when first read.
     ``last_known`` names the admitted ids a held tenure serves on their last known records:
     routable whether or not their instance records are listed now. The card does not take
@@ -141,14 +141,14 @@ class PublishAdmissions(_Value):
         self.receiver = receiver
         self.mdc_checksum = mdc_checksum
         self.generation = generation
-        # The core hands in its snapshot as it is; anything else is wrapped in one.
+        # The core hands in its ``AdmittedIds`` as they are; anything else is wrapped in one.
         self.ids = ids if type(ids) is AdmittedIds else AdmittedIds.of(ids)
         self.card = card
         self.last_known = last_known
 
     @property
     def admitted(self) -> frozenset[int]:
-        """The admitted ids as a frozenset (materialised once per snapshot)."""
+        """The admitted ids as a frozenset (materialised once per ``AdmittedIds``)."""
         return self.ids.as_frozenset()
 
 
@@ -162,8 +162,8 @@ class RetireReceiver:
 
 
 @dataclass(frozen=True, slots=True)
-class StartBuild:
-    """Construct the pipeline for the incumbent; answer with ``BuildFinished`` for this triple.
+class StartBuild(CarriesAttempt):
+    """Construct the pipeline for the incumbent; answer with ``BuildFinished`` for this attempt.
 
     ``attempt`` counts from 1 within a tenure; ``representative`` is the instance key whose
     card was selected.
@@ -180,8 +180,8 @@ class StartBuild:
 
 
 @dataclass(frozen=True, slots=True)
-class CancelBuild:
-    """Abandon the build in flight for this triple; any late result will be discarded."""
+class CancelBuild(CarriesAttempt):
+    """Abandon the build in flight for this attempt; any late result will be discarded."""
 
     group: GroupKey
     mdc_checksum: str
@@ -189,7 +189,7 @@ class CancelBuild:
 
 
 @dataclass(frozen=True, slots=True)
-class CommitGroup:
+class CommitGroup(CarriesAttempt):
     """Serve the successful build: the binding is identified by ``(group, generation)``.
 
     ``handover_from`` is the committed generation of a drained tenure this commit takes over
@@ -209,7 +209,7 @@ class CommitGroup:
 
 
 @dataclass(frozen=True, slots=True)
-class WithdrawGroup:
+class WithdrawGroup(CarriesAttempt):
     """Stop serving the committed build ``(group, generation)``."""
 
     group: GroupKey
@@ -239,7 +239,7 @@ class Succession:
 
 
 @dataclass(frozen=True, slots=True)
-class HandoverEnded:
+class HandoverEnded(CarriesAttempt):
     """A drained tenure's handover is over; its build was withdrawn and its receiver retired.
 
     ``reason``: ``committed`` (the successor serves), ``departed`` (the drained workers left),
@@ -350,7 +350,7 @@ class TaintsUpdated:
 
 
 @dataclass(frozen=True, slots=True)
-class RetryScheduled:
+class RetryScheduled(CarriesAttempt):
     """A build (or commit) failed; a new attempt is due at ``deadline`` on the core's clock."""
 
     group: GroupKey
@@ -363,7 +363,7 @@ class RetryScheduled:
 
 
 @dataclass(frozen=True, slots=True)
-class BuildDiscarded:
+class BuildDiscarded(CarriesAttempt):
     """A build or commit result did not match the attempt in flight and was dropped."""
 
     group: GroupKey
@@ -399,7 +399,7 @@ class LoraWorker:
     endpoint: EndpointId
     instance_id: int
     base_fingerprint: str
-    adapters: Sequence[LoraAdapter]  # sorted by key; an ``Adapters`` snapshot from the core
+    adapters: Sequence[LoraAdapter]  # sorted by key; an ``Adapters`` value from the core
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,9 @@
 
 Discovery inputs carry :class:`~workerset_admission.identity.Registration` values that the card
 boundary has already decoded, validated and normalized; invalid records never get this far.
-Build and commit results carry the ``(group, mdc_checksum, generation)`` triple of the attempt
-they answer, so the core can fence out late results from an earlier attempt or tenure.
+Build and commit results carry the attempt they answer (``group``, ``mdc_checksum``,
+``generation``; ``attempt_id`` gives them as one value), so the core can fence out late results
+from an earlier attempt or tenure.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from workerset_admission.identity import Drain, GroupKey, Registration
+from workerset_admission.identity import CarriesAttempt, Drain, GroupKey, Registration
 
 __all__ = [
     "BuildFinished",
@@ -21,7 +22,7 @@ __all__ = [
     "DrainLifted",
     "DrainSet",
     "Input",
-    "Snapshot",
+    "Listing",
     "TenureRecorded",
     "Tick",
     "WorkerAdded",
@@ -67,7 +68,7 @@ class DrainLifted:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class Listing:
     """A full listing of every valid registration: keys not listed are gone.
 
     Applied as one point in time: listed registrations are added first (in listing order, so
@@ -95,7 +96,7 @@ class Snapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class BuildFinished:
+class BuildFinished(CarriesAttempt):
     """The outcome of one build attempt; ``error`` explains a failure."""
 
     group: GroupKey
@@ -106,7 +107,7 @@ class BuildFinished:
 
 
 @dataclass(frozen=True, slots=True)
-class CommitFailed:
+class CommitFailed(CarriesAttempt):
     """The service could not carry out a commit or a membership replacement.
 
     ``phase="commit"`` answers a ``CommitGroup`` a hop refused (the service makes this input
@@ -123,7 +124,7 @@ class CommitFailed:
 
 
 @dataclass(frozen=True, slots=True)
-class TenureRecorded:
+class TenureRecorded(CarriesAttempt):
     """A tenure a live frontend held when a recording of it began; only a replay sends it.
 
     It comes before anything else of its group, ahead of the recording's first listing, and
@@ -160,7 +161,7 @@ class Tick:
 Input = (
     WorkerAdded
     | WorkerRemoved
-    | Snapshot
+    | Listing
     | BuildFinished
     | CommitFailed
     | Tick

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 
 The incumbent is the first configuration a frontend observes. Live puts come one at a time,
-so their order is the order they happened. A *listing* (the snapshot a frontend starts or
+so their order is the order they happened. A *listing* (the full listing a frontend starts or
 resyncs from) is one point in time with no order of its own: the store hands it over in
 last-write order, which registration heartbeats reshuffle every few seconds. Observing it in
 that order would make a new or restarted frontend pick an effectively random cohort of a

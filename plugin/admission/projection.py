@@ -12,7 +12,7 @@ registering N adapters one by one would cost O(N^2) in checks alone. :class:`Pro
 answers the same question from counts kept per group (adapter name -> fingerprint -> how many),
 updated from the changes between a worker's last projected adapters and its new ones
 (``Adapters.changes_since``), which cost O(1) amortised per adapter change. A worker whose
-snapshots share no log (its log was folded into a new base, or it is new) is counted afresh;
+adapters share no log (its log was folded into a new base, or it is new) is counted afresh;
 that happens once per log length, so it stays amortised O(1).
 
 ``tests/test_projection_check.py`` holds the shortcut to the plain rule on random projections

@@ -140,7 +140,7 @@ def group_view(group: GroupRecord, drained: Iterable[tuple[Registration, Drain]]
     )
     admitted: tuple[int, ...] = ()
     if group.checksum is not None:
-        # The ids themselves, not a snapshot: taking one may rebase the cohort's log.
+        # The ids themselves, not ``AdmittedIds``: handing them out may rebase the cohort's log.
         admitted = tuple(sorted(group.served_ids(group.cohorts[group.checksum])))
     hold = group.hold
     handover = group.handover

@@ -153,7 +153,7 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
         await with_progress(service.wait_synced(), "waiting for the first snapshot")
 
         def group() -> Any:
-            groups = service.snapshot().groups
+            groups = service.status().groups
             return groups[0] if groups else None
 
         say("\n== 1. the v1 workers register (kv_cache_block_size 16)", stream)
@@ -191,7 +191,7 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
             lambda: (
                 group().status == "ready"
                 and group().admitted == (0x3C, 0x4D)
-                and service.snapshot().live_instances == 2
+                and service.status().live_instances == 2
             ),
             "v2 is served",
         )
@@ -204,7 +204,7 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
             retired = True
         say(f"   the v1 receiver is retired: {retired}; it never shows v2 ids", stream)
         say("\n== final status", stream)
-        say(render_status_table(service.snapshot().to_json()), stream)
+        say(render_status_table(service.status().to_json()), stream)
         ok = retired and g2.generation is not None and g2.generation > (g1.generation or 0)
     say("\ndemo complete" if ok else "\ndemo finished with unexpected state", stream)
     return EXIT_OK if ok else EXIT_FAILED

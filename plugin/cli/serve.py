@@ -186,8 +186,10 @@ async def _serve_service(
         with contextlib.suppress(UsageError):
             await with_progress(service.wait_synced(), "waiting for the first discovery snapshot")
         if service.synced:
-            snap = service.snapshot()
-            say(f"synced: {len(snap.groups)} group(s), {snap.live_instances} live instance(s)")
+            current = service.status()
+            say(
+                f"synced: {len(current.groups)} group(s), {current.live_instances} live instance(s)"
+            )
             # This process is ours: what the initial sync built lives as long as the fleet, so
             # keep it out of full collections, whose pauses would otherwise grow with the fleet.
             gc.freeze()

@@ -210,7 +210,7 @@ async def record_trace(
     and timers included, are recorded by that frontend: ``serve --trace-out``.
     """
     from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
-    from workerset_admission.ports import SourceSnapshot
+    from workerset_admission.ports import SourceListing
     from workerset_admission.traces.writer import TraceWriter
 
     source = JetStreamDiscoverySource(
@@ -247,7 +247,7 @@ async def record_trace(
                     f"{LISTING_TIMEOUT:g} s"
                 )
             event = next_event.result()
-            if isinstance(event, SourceSnapshot) and deadline is None and duration is not None:
+            if isinstance(event, SourceListing) and deadline is None and duration is not None:
                 deadline = time.monotonic() + duration
             # ASCII escapes keep lone surrogates (invalid UTF-8 in a value) valid JSON text.
             writer.write_event(event, time.monotonic())

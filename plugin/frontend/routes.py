@@ -15,7 +15,7 @@ config file), stops it when the process exits, and returns three GET routes unde
 * ``/workerset-admission/v1/health``: 200 once the service has applied its first discovery
   snapshot, 503 while starting, retrying, draining or stopped (a readiness probe).
 
-Handlers are synchronous and only read the service's last immutable snapshot.
+Handlers are synchronous and only read the service's last immutable status.
 
 With ``WORKERSET_ADMISSION_VIEW_DIR`` set (the frontend's own ``DYN_FILE_KV``, with
 ``--discovery-backend file``) the service also writes the admitted discovery view the frontend
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from workerset_admission.errors import ViewDirectoryError, WorkersetAdmissionError
 from workerset_admission.frontend.host import HostState, RunningService, ServiceThread
 from workerset_admission.identity import with_id_strings
-from workerset_admission.service.shell import ServiceSnapshot
+from workerset_admission.service.admission_service import ServiceStatus
 from workerset_admission.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -86,8 +86,8 @@ class ExtensionContext(Protocol):
     def is_model_ready_to_serve(self, model: str) -> bool: ...
 
 
-class SnapshotService(RunningService, Protocol):
-    def snapshot(self) -> ServiceSnapshot: ...
+class StatusService(RunningService, Protocol):
+    def status(self) -> ServiceStatus: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +101,16 @@ class Reply:
 class AdmissionRoutes:
     """Answer the extension's routes from whatever state the host holds right now."""
 
-    def __init__(self, state: Callable[[], HostState[SnapshotService]]) -> None:
+    def __init__(self, state: Callable[[], HostState[StatusService]]) -> None:
         self._state = state
 
-    def _snapshot(self) -> tuple[HostState[SnapshotService], ServiceSnapshot | None]:
+    def _current(self) -> tuple[HostState[StatusService], ServiceStatus | None]:
         state = self._state()
-        return state, None if state.service is None else state.service.snapshot()
+        return state, None if state.service is None else state.service.status()
 
     def workersets(self, ctx: ExtensionContext) -> Reply:
-        state, snap = self._snapshot()
-        if snap is None:
+        state, current = self._current()
+        if current is None:
             return Reply(503, _not_running(state))
         return Reply(
             200,
@@ -118,40 +118,40 @@ class AdmissionRoutes:
             # doubles round ids above 2^53.
             with_id_strings(
                 {
-                    "health": snap.health,
-                    "synced": snap.synced,
-                    "workersets": [group.to_json() for group in snap.groups],
-                    "rejections": [rejection.to_json() for rejection in snap.rejections],
-                    "invalid_total": snap.invalid_total,
-                    "recent_invalid": [record.to_json() for record in snap.recent_invalid],
+                    "health": current.health,
+                    "synced": current.synced,
+                    "workersets": [group.to_json() for group in current.groups],
+                    "rejections": [rejection.to_json() for rejection in current.rejections],
+                    "invalid_total": current.invalid_total,
+                    "recent_invalid": [record.to_json() for record in current.recent_invalid],
                 }
             ),
         )
 
     def readiness(self, ctx: ExtensionContext) -> Reply:
-        state, snap = self._snapshot()
-        if snap is None:
+        state, current = self._current()
+        if current is None:
             return Reply(503, _not_running(state))
         models = []
-        for unit in snap.readiness:
+        for unit in current.readiness:
             answer = unit.to_json()
             # Dynamo's own answer for the model, for comparison with the evaluator's.
             answer["frontend_ready"] = ctx.is_model_ready_to_serve(unit.model)
             models.append(answer)
-        return Reply(200, {"synced": snap.synced, "models": models})
+        return Reply(200, {"synced": current.synced, "models": models})
 
     def health(self, ctx: ExtensionContext) -> Reply:
-        state, snap = self._snapshot()
-        if snap is None:
+        state, current = self._current()
+        if current is None:
             return Reply(503, _not_running(state))
         if ctx.is_cancelled():
             return Reply(503, {"status": "shutting_down"})
-        healthy = snap.health == "healthy"
+        healthy = current.health == "healthy"
         body = {
-            "status": snap.health,
-            "synced": snap.synced,
-            "workersets": len(snap.groups),
-            "live_instances": snap.live_instances,
+            "status": current.health,
+            "synced": current.synced,
+            "workersets": len(current.groups),
+            "live_instances": current.live_instances,
         }
         return Reply(200 if healthy else 503, body)
 
@@ -213,12 +213,12 @@ def start_extension_telemetry(settings: Settings) -> TelemetryHandle | None:
 
 async def _start_from_environment(
     telemetry: AdmissionTelemetry | None, view: DirectoryFiles | None
-) -> SnapshotService:
+) -> StatusService:
     from workerset_admission.service.factory import create_service
 
     # The same factory as ``workerset-admission serve``: discovery source, serving-admission
     # publisher and status responder, all from WORKERSET_ADMISSION_* and the config file.
-    service: SnapshotService = await create_service(
+    service: StatusService = await create_service(
         load_settings(), telemetry=telemetry, view_files=view
     )
     return service
@@ -264,7 +264,7 @@ def _release_view() -> None:
         view.release()
 
 
-_shared: ServiceThread[SnapshotService] | None = None
+_shared: ServiceThread[StatusService] | None = None
 _shared_telemetry: TelemetryHandle | None = None
 _shared_lock = threading.Lock()
 
@@ -288,7 +288,7 @@ def _extension_telemetry() -> tuple[TelemetryHandle | None, AdmissionTelemetry |
     )
 
 
-def shared_host(view: DirectoryFiles | None = None) -> ServiceThread[SnapshotService]:
+def shared_host(view: DirectoryFiles | None = None) -> ServiceThread[StatusService]:
     """Return the process's one admission service thread, starting it on first use."""
     global _shared, _shared_telemetry
     with _shared_lock:

@@ -1,21 +1,22 @@
 """The async shell around the admission core: the service, its one step, and what it drives.
 
-``AdmissionService`` (``shell.py``) owns every task; ``AdmissionStep`` (``step.py``) turns source
-events into core steps and carries out their effects, for the live service and for ``replay``
-alike; ``create_service`` (``factory.py``) assembles a service from settings, connected to NATS.
+``AdmissionService`` (``admission_service.py``) owns every task; ``AdmissionStep``
+(``step.py``) turns source events into core steps and carries out their effects, for the live
+service and for ``replay`` alike; ``create_service`` (``factory.py``) assembles a service from
+settings, connected to NATS.
 """
 
 from __future__ import annotations
 
-from workerset_admission.service.factory import create_service
-from workerset_admission.service.shell import (
+from workerset_admission.service.admission_service import (
     AdmissionService,
     BuildRequest,
     CardRecordDecoder,
-    GroupSnapshot,
+    GroupStatusView,
     PipelineBuilder,
-    ServiceSnapshot,
+    ServiceStatus,
 )
+from workerset_admission.service.factory import create_service
 from workerset_admission.service.step import AdmissionStep
 
 __all__ = [
@@ -23,8 +24,8 @@ __all__ = [
     "AdmissionStep",
     "BuildRequest",
     "CardRecordDecoder",
-    "GroupSnapshot",
+    "GroupStatusView",
     "PipelineBuilder",
-    "ServiceSnapshot",
+    "ServiceStatus",
     "create_service",
 ]

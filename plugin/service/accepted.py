@@ -24,8 +24,8 @@ from workerset_admission.ports import (
     AcceptedRecords,
     SourceDelete,
     SourceEvent,
+    SourceListing,
     SourcePut,
-    SourceSnapshot,
 )
 from workerset_admission.service.ingest import Ingested, Verdict
 from workerset_admission.service.step import StepObserver
@@ -70,7 +70,7 @@ class AcceptedRecordsFeed(StepObserver):
             for verdict in result.verdicts:
                 if verdict.refusal is None and verdict.key == event.entry.key:
                     self._sink.put(verdict.key, accepted_record(verdict, event.entry.value))
-        elif isinstance(event, SourceSnapshot):
+        elif isinstance(event, SourceListing):
             values = {entry.key: entry.value for entry in event.entries}
             records: list[AcceptedRecord] = []
             retained = set(self._keep)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workerset_admission.admission import BuildFinished, CommitFailed, CommitGroup, StartBuild
-from workerset_admission.identity import GroupKey
+from workerset_admission.identity import AttemptId
 from workerset_admission.ports import BuildRequest, PipelineBuilder
 from workerset_admission.routing import FrontendRouting, RoutingSettings
 from workerset_admission.service.bindings import HopBindings
@@ -69,7 +69,7 @@ class Builds:
         self._liveness = liveness
         self._telemetry = telemetry
         self._finished = finished
-        self._builds: dict[tuple[GroupKey, int], _Build] = {}
+        self._builds: dict[AttemptId, _Build] = {}
         # The service's task group while it runs; builds asked for outside of that never start.
         self.task_group: Any = None
 
@@ -82,7 +82,7 @@ class Builds:
         if sender is None:
             return  # the tenure already ended: the build would be cancelled at once anyway
         build = _Build(effect)
-        self._builds[(effect.group, effect.generation)] = build
+        self._builds[effect.attempt_id] = build
         request = BuildRequest(
             group=effect.group,
             mdc_checksum=effect.mdc_checksum,
@@ -126,11 +126,11 @@ class Builds:
             BuildFinished(effect.group, effect.mdc_checksum, effect.generation, ok, error)
         )
         # A committed build was taken over by its commit; anything else is dropped here.
-        if self._builds.get((effect.group, effect.generation)) is build:
-            del self._builds[(effect.group, effect.generation)]
+        if self._builds.get(effect.attempt_id) is build:
+            del self._builds[effect.attempt_id]
 
-    def cancel(self, group: GroupKey, generation: int) -> None:
-        build = self._builds.pop((group, generation), None)
+    def cancel(self, attempt: AttemptId) -> None:
+        build = self._builds.pop(attempt, None)
         if build is not None and build.task is not None:
             build.task.cancel()
 
@@ -142,7 +142,7 @@ class Builds:
 
     def commit(self, effect: CommitGroup) -> CommitFailed | None:
         """Bind the committed build to its hop; a refusal comes back for the core to retry."""
-        build = self._builds.pop((effect.group, effect.generation), None)
+        build = self._builds.pop(effect.attempt_id, None)
         pipeline = None if build is None else build.pipeline
         try:
             self._hops.commit(effect, pipeline)

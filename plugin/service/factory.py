@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from workerset_admission.ports import DiscoverySource
 from workerset_admission.service.accepted import AcceptedRecordsFeed
+from workerset_admission.service.admission_service import AdmissionService, PipelineBuilder
 from workerset_admission.service.ingest import CardRecordDecoder
-from workerset_admission.service.shell import AdmissionService, PipelineBuilder
 from workerset_admission.settings import Settings, load_settings
 from workerset_admission.telemetry import AdmissionTelemetry
 

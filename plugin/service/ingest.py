@@ -4,13 +4,13 @@ This is the one translation from the discovery bucket's raw entries into admissi
 live service calls it for every source event and ``replay`` calls it for every trace line, so
 an offline replay judges records by the very code that judged them live:
 
-* a model record becomes ``WorkerAdded`` (a put) or a member of a ``Snapshot`` (a listing);
+* a model record becomes ``WorkerAdded`` (a put) or a member of a ``Listing``;
 * an endpoint-instance record updates the :class:`~.liveness.LivenessIndex`;
 * a drain record becomes ``DrainSet`` (its removal ``DrainLifted``, a listing's drains go in
-  the ``Snapshot``);
+  the ``Listing``);
 * a record outside the namespace filter is ignored;
 * a record the card boundary refuses is reported as a refusal and changes nothing: a listed key
-  whose value is refused keeps its last valid value (the ``retain`` list of a ``Snapshot``).
+  whose value is refused keeps its last valid value (the ``retain`` list of a ``Listing``).
 
 Everything here is synchronous and free of I/O; the caller reports refusals and steps the core.
 """
@@ -25,7 +25,7 @@ from workerset_admission.admission import (
     DrainLifted,
     DrainSet,
     Input,
-    Snapshot,
+    Listing,
     Tick,
     WorkerAdded,
     WorkerRemoved,
@@ -34,7 +34,7 @@ from workerset_admission.admission.ordering import GroupId, PeerServed, observat
 from workerset_admission.errors import RemoteDataError
 from workerset_admission.identity import Drain, EndpointId, Registration
 from workerset_admission.keys import parse_drain_key, parse_key
-from workerset_admission.ports import SourceDelete, SourceSnapshot
+from workerset_admission.ports import SourceDelete, SourceListing
 from workerset_admission.service.liveness import LivenessIndex
 
 __all__ = [
@@ -263,7 +263,7 @@ class Ingestor:
 
     def listing(
         self,
-        event: SourceSnapshot,
+        event: SourceListing,
         keep: Collection[str] = (),
         *,
         now: float | None = None,
@@ -273,7 +273,7 @@ class Ingestor:
 
         ``recorded`` is a recorded frontend's cohort order (a trace's ``state`` line).
         """
-        return self.snapshot(
+        return self.listed(
             ((entry.key, entry.value) for entry in event.entries),
             keep,
             reconnect=event.reason == "reconnect",
@@ -310,7 +310,7 @@ class Ingestor:
             return Ingested((WorkerRemoved(name, expired_at=expired_at),))
         return Ingested(liveness_changed=self.liveness.remove(name))
 
-    def snapshot(
+    def listed(
         self,
         entries: Iterable[tuple[str, bytes]],
         keep: Collection[str] = (),
@@ -376,14 +376,14 @@ class Ingestor:
         changed = self.liveness.replace(live)
         ordered = observation_order(registrations, peers, recorded=recorded)
         kept = [parse_drain_key(k) for k in retain if k.startswith("v1.drain.")]
-        snapshot = Snapshot(
+        listing = Listing(
             ordered,
             [k for k in retain if not k.startswith("v1.drain.")],
             reconnect=reconnect,
             drains=drains,
             retain_drains=kept,
         )
-        inputs: tuple[Input, ...] = (snapshot,) if now is None else (Tick(now), snapshot)
+        inputs: tuple[Input, ...] = (listing,) if now is None else (Tick(now), listing)
         return Ingested(inputs, tuple(verdicts), changed)
 
     def _refusal(

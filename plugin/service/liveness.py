@@ -58,7 +58,7 @@ class LivenessIndex:
         return self._discard(key)
 
     def replace(self, entries: Mapping[str, tuple[EndpointId, int]]) -> bool:
-        """Make the index exactly ``entries`` (a snapshot); report whether anything changed."""
+        """Make the index exactly ``entries`` (a listing); report whether anything changed."""
         if entries == self._by_key:
             return False
         self._by_key = dict(entries)

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 
 from workerset_admission.ports import AdmissionPublisher
-from workerset_admission.service.snapshots import ServingRecord
+from workerset_admission.service.status_model import ServingRecord
 
 __all__ = ["ServingPublication"]
 

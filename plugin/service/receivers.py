@@ -46,11 +46,11 @@ __all__ = [
 class AdmissionState(HoldsAdmittedIds):
     """What a receiver sees: the tenure's identity, its admitted ids and the selected card.
 
-    ``version`` counts the values sent through the channel, starting at 0. ``lora`` is the
-    group's LoRA projection (the adapters each admitted worker serves) and ``taints`` the taints
-    changed in place during the tenure, by registration key. ``ids`` is the core's lazy snapshot
-    of the admitted ids (any other set given here is wrapped in one); ``admitted`` reads it as
-    a frozenset, so a burst of publications between two reads costs one materialisation.
+    ``version`` counts the values sent through the channel, starting at 0. ``lora`` is the group's
+    LoRA projection (the adapters each admitted worker serves) and ``taints`` the taints changed in
+    place during the tenure, by registration key. ``ids`` is the core's lazy ``AdmittedIds`` of the
+    admitted ids (any other set given here is wrapped in one); ``admitted`` reads it as a frozenset,
+    so a burst of publications between two reads costs one materialisation.
     """
 
     group: GroupKey
@@ -184,7 +184,7 @@ class AdmissionSender:
     ) -> AdmissionState:
         """Replace the admitted ids (and optionally generation and card); wake the readers.
 
-        An :class:`AdmittedIds` snapshot is kept as it is, unread, until a reader asks.
+        An :class:`AdmittedIds` is kept as it is, unread, until a reader asks.
         """
         channel = self._channel
         if channel.retired:
@@ -287,7 +287,7 @@ class AdmissionChannels:
         sender = self._by_id.get(effect.receiver)
         if sender is None:
             raise UsageError(f"no open admission channel {effect.receiver}")
-        # The snapshot, not effect.admitted: readers materialise it only if they look.
+        # The ``AdmittedIds``, not effect.admitted: readers materialise it only if they look.
         sender.send(
             effect.ids,
             generation=effect.generation,

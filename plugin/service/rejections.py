@@ -16,11 +16,11 @@ from workerset_admission.admission import AdmissionCore, GroupView, RejectionRep
 from workerset_admission.card.differences import Difference, differences_json, differences_of
 from workerset_admission.identity import GroupKey, group_fields
 
-__all__ = ["RejectionSnapshot", "standing_rejections"]
+__all__ = ["StandingRejection", "standing_rejections"]
 
 
 @dataclass(frozen=True, slots=True)
-class RejectionSnapshot:
+class StandingRejection:
     """A cohort rejected in a group: why, in terms of the checksum's inputs.
 
     ``differences`` is ``None`` when either card was not at hand (a host that feeds the core
@@ -34,7 +34,7 @@ class RejectionSnapshot:
     differences: tuple[Difference, ...] | None
 
     @classmethod
-    def of_report(cls, report: RejectionReported) -> RejectionSnapshot:
+    def of_report(cls, report: RejectionReported) -> StandingRejection:
         checksums = (report.incumbent_checksum, report.rejected_checksum)
         return cls(
             group=report.group,
@@ -55,12 +55,12 @@ class RejectionSnapshot:
 
 def standing_rejections(
     core: AdmissionCore, views: Iterable[GroupView]
-) -> tuple[RejectionSnapshot, ...]:
+) -> tuple[StandingRejection, ...]:
     """Every cohort that stands rejected now, group by group, in cohort order.
 
     The representative is the member Dynamo would name: the smallest registration key.
     """
-    out: list[RejectionSnapshot] = []
+    out: list[StandingRejection] = []
     for view in views:
         if view.incumbent is None or len(view.cohorts) < 2:
             continue
@@ -72,7 +72,7 @@ def standing_rejections(
             instance = min(m.key for m in cohort.members)
             checksums = (view.incumbent, cohort.mdc_checksum)
             out.append(
-                RejectionSnapshot(
+                StandingRejection(
                     group=view.key,
                     incumbent_checksum=view.incumbent,
                     rejected_checksum=cohort.mdc_checksum,

@@ -6,7 +6,7 @@ given: the receivers' channels, a :class:`BuildRunner`, the hop bindings, a time
 publication's wake-up. The live service gives it the real parts (builds as asyncio tasks, the
 Dynamo hops, the serving publication); ``replay`` gives it builds answered from the trace and
 a clock that follows the trace's times. Everything else (the batching of one event into one
-core step, the clock read for every snapshot and expiry, refusals, the order in which effects
+core step, the clock read for every listing and expiry, refusals, the order in which effects
 are carried out, the build results and refused commits fed back) is the same function in both.
 The step decides nothing: whether an expiry is an outage's, whether a LoRA projection may be
 served and which group a taint change reaches are the core's judgements, carried by its
@@ -70,14 +70,14 @@ from workerset_admission.admission import (
 from workerset_admission.admission.ordering import GroupId
 from workerset_admission.aio import collector_paused
 from workerset_admission.errors import RemoteDataError, UsageError
-from workerset_admission.identity import GroupKey
-from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
+from workerset_admission.identity import AttemptId
+from workerset_admission.ports import SourceDelete, SourceEvent, SourceListing, SourcePut
 from workerset_admission.service.ingest import Ingested, Ingestor
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 
 __all__ = ["CARRIERS", "AdmissionStep", "BuildRunner", "StepObserver"]
 
-_log = logging.getLogger("workerset_admission.service.shell")
+_log = logging.getLogger("workerset_admission.service.admission_service")
 
 
 class BuildRunner(Protocol):
@@ -87,7 +87,7 @@ class BuildRunner(Protocol):
         """Start the build; its result comes back through :meth:`AdmissionStep.build_finished`."""
         ...
 
-    def cancel(self, group: GroupKey, generation: int) -> None: ...
+    def cancel(self, attempt: AttemptId) -> None: ...
 
     def commit(self, effect: CommitGroup) -> Input | None:
         """Serve the built pipeline; a refusal comes back as an input for the core."""
@@ -209,8 +209,8 @@ class AdmissionStep:
     ) -> None:
         """Apply one source event as one core step.
 
-        ``keep`` (snapshots only) names keys that live updates touched while a reconciliation
-        listing was read; ``recorded`` (snapshots only) is a recorded frontend's cohort order,
+        ``keep`` (listings only) names keys that live updates touched while a reconciliation
+        listing was read; ``recorded`` (listings only) is a recorded frontend's cohort order,
         which the listing is then observed in.
         """
         now = self._now = self.clock()
@@ -236,7 +236,7 @@ class AdmissionStep:
             with self._telemetry.apply_update(event) as scope:
                 result = self.ingest.removal(event, now=now)
                 self._ingested(result, scope)
-        elif isinstance(event, SourceSnapshot):
+        elif isinstance(event, SourceListing):
             with collector_paused(), self._telemetry.apply_update(event) as scope:
                 result = self.ingest.listing(event, keep, now=now, recorded=recorded)
                 # Refusals in a listing are reported one by one, not as the listing's failure.
@@ -339,7 +339,7 @@ class AdmissionStep:
         self._builds.start(effect)
 
     def _cancel(self, effect: CancelBuild, carried: _Carried) -> None:
-        self._builds.cancel(effect.group, effect.generation)
+        self._builds.cancel(effect.attempt_id)
 
     def _commit(self, effect: CommitGroup, carried: _Carried) -> None:
         failure = self._builds.commit(effect)

@@ -82,11 +82,11 @@ from workerset_admission.admission.ordering import GroupId
 from workerset_admission.card import BoundarySettings
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import compact_json
-from workerset_admission.ports import SourceDelete, SourceEvent, SourcePut, SourceSnapshot
+from workerset_admission.ports import SourceDelete, SourceEvent, SourceListing, SourcePut
 from workerset_admission.traces.state_line import DecisionState, DecisionStateError
 
 __all__ = [
-    "SNAPSHOT_REASONS",
+    "LISTING_REASONS",
     "STEPPED",
     "TRACE_VERSION",
     "NondeterminismError",
@@ -109,8 +109,8 @@ TRACE_VERSION: Final = 3
 KINDS: Final = ("trace", "state", "put", "delete", "snapshot", "build", "tick", "commit_failed")
 # The lines a frontend's step writes with the digest of its effects.
 STEPPED: Final = ("put", "delete", "snapshot", "build", "tick", "commit_failed")
-# "listing" is version 1's word for a snapshot that states no reason.
-SNAPSHOT_REASONS: Final = ("listing", "initial", "reconnect", "periodic", "resync")
+# "listing" is version 1's reason for a snapshot line that states none.
+LISTING_REASONS: Final = ("listing", "initial", "reconnect", "periodic", "resync")
 DELETE_OPERATIONS: Final = ("delete", "purge", "expired")
 OBSERVERS: Final = ("frontend", "bucket")
 
@@ -201,7 +201,7 @@ def event_line(
         return {"kind": "put", "t": t, "key": entry.key, "value": raw_text(entry.value)}
     if isinstance(event, SourceDelete):
         return {"kind": "delete", "t": t, "key": event.key, "operation": event.operation}
-    if isinstance(event, SourceSnapshot):
+    if isinstance(event, SourceListing):
         line: dict[str, Any] = {
             "kind": "snapshot",
             "t": t,
@@ -307,8 +307,8 @@ def _check(number: int, event: Mapping[str, Any], version: int, last_t: float) -
             and all(isinstance(e, dict) and isinstance(e.get("key"), str) for e in entries)
         ):
             raise TraceError(f"{where}: snapshot needs a list of {{key, value}} entries")
-        if event.get("reason", "listing") not in SNAPSHOT_REASONS:
-            raise TraceError(f"{where}: a snapshot reason is one of {SNAPSHOT_REASONS}")
+        if event.get("reason", "listing") not in LISTING_REASONS:
+            raise TraceError(f"{where}: a snapshot reason is one of {LISTING_REASONS}")
         keep = event.get("keep", [])
         if not (isinstance(keep, list) and all(isinstance(k, str) for k in keep)):
             raise TraceError(f"{where}: a snapshot's keep is a list of keys")

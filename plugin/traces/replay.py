@@ -34,7 +34,7 @@ bucket recording) replay unchecked.
 A ``state`` line (``record`` writes one from a live frontend's status) makes the next listing
 be observed in that frontend's cohort order, so a recording started mid-rollout reaches the
 decision that frontend made. A record the boundary refuses is listed under ``invalid`` and
-changes nothing (a refused value for a known key keeps the last valid one, in a snapshot too).
+changes nothing (a refused value for a known key keeps the last valid one, in a listing too).
 
 The result is deterministic: the same trace always renders to the same bytes.
 """
@@ -69,18 +69,19 @@ from workerset_admission.admission.ordering import GroupId
 from workerset_admission.card import BoundarySettings, jsonio
 from workerset_admission.card.differences import describe
 from workerset_admission.errors import RemoteDataError, UsageError
-from workerset_admission.identity import GroupKey, group_fields
+from workerset_admission.identity import AttemptId, GroupKey
 from workerset_admission.keys import parse_key as parse_kv_key
 from workerset_admission.ports import (
     DiscoveryEntry,
     SourceDelete,
     SourceEvent,
+    SourceListing,
     SourcePut,
-    SourceSnapshot,
 )
+from workerset_admission.service.group_json import drained_json, group_json, handover_json
 from workerset_admission.service.ingest import CardRecordDecoder, Ingested, Ingestor
 from workerset_admission.service.receivers import AdmissionChannels
-from workerset_admission.service.rejections import RejectionSnapshot, standing_rejections
+from workerset_admission.service.rejections import StandingRejection, standing_rejections
 from workerset_admission.service.step import AdmissionStep, StepObserver
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 from workerset_admission.traces.digest import effects_digest
@@ -145,42 +146,38 @@ class ReplayResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "groups": [_group_json(v) for v in self.core.groups()],
-            "rejections": [RejectionSnapshot.of_report(r).to_json() for r in self.rejections],
+            "rejections": [StandingRejection.of_report(r).to_json() for r in self.rejections],
             "invalid": [{"key": key, "reason": reason} for key, reason in self.invalid],
         }
 
 
 def _group_json(view: GroupView) -> dict[str, Any]:
-    group = group_fields(view.key)
-    group.update(
+    group = group_json(
+        view.key,
         incumbent=view.incumbent,
         status=view.status.value,
         generation=view.generation,
         receiver=view.receiver,
-        admitted=list(view.admitted),
-        cohorts=[
-            {"checksum": c.mdc_checksum, "members": sorted(c.instance_ids)} for c in view.cohorts
-        ],
+        admitted=view.admitted,
+        cohorts=((c.mdc_checksum, sorted(c.instance_ids)) for c in view.cohorts),
     )
+    # What replay alone shows, each only when there is one, so the output of every trace
+    # without a hold or a drain is unchanged; a hold's times are on the trace's clock.
     if view.held_until is not None:
-        # Only while held, so the output of every trace without a hold is unchanged.
         group["held_until"] = view.held_until
     if view.last_known_until is not None:
         group["last_known"] = list(view.last_known)
         group["last_known_until"] = view.last_known_until
     if view.arrivals:
         group["held_arrivals"] = list(view.arrivals)
-    # Only when there are, so the output of every trace without a drain is unchanged.
     if view.drained:
-        group["drained"] = [
-            {"instance_id": d.instance_id, "by": d.drain.by, "at": d.drain.at} for d in view.drained
-        ]
+        group["drained"] = drained_json(
+            (d.instance_id, d.drain.by, d.drain.at) for d in view.drained
+        )
     if view.handover is not None:
-        group["handover"] = {
-            "checksum": view.handover.mdc_checksum,
-            "committed_generation": view.handover.generation,
-            "members": list(view.handover.members),
-        }
+        group["handover"] = handover_json(
+            view.handover.mdc_checksum, view.handover.generation, view.handover.members
+        )
     return group
 
 
@@ -206,24 +203,23 @@ class _TraceBuilds:
         self._refusals = dict(refusals)
         self.refused_line: int | None = None
         self.line = 0
-        self.in_flight: dict[GroupKey, tuple[str, int]] = {}
+        self.in_flight: dict[GroupKey, AttemptId] = {}
         self.ready: list[BuildFinished] = []
 
     def start(self, effect: StartBuild) -> None:
-        self.in_flight[effect.group] = (effect.mdc_checksum, effect.generation)
+        self.in_flight[effect.group] = effect.attempt_id
         later = any(i > self.line for i in self._waits.get(effect.group.id, ()))
         if self._immediate and not later:
             self.ready.append(
                 BuildFinished(effect.group, effect.mdc_checksum, effect.generation, True)
             )
 
-    def cancel(self, group: GroupKey, generation: int) -> None:
-        flight = self.in_flight.get(group)
-        if flight is not None and flight[1] == generation:
-            del self.in_flight[group]
+    def cancel(self, attempt: AttemptId) -> None:
+        if self.in_flight.get(attempt.group) == attempt:
+            del self.in_flight[attempt.group]
 
     def answered(self, result: BuildFinished) -> None:
-        if self.in_flight.get(result.group) == (result.mdc_checksum, result.generation):
+        if self.in_flight.get(result.group) == result.attempt_id:
             del self.in_flight[result.group]
 
     def commit(self, effect: CommitGroup) -> Input | None:
@@ -356,7 +352,7 @@ class _Replayer(StepObserver):
     def _source(self, event: SourceEvent, line: Mapping[str, Any]) -> None:
         keep: Collection[str] = ()
         recorded = None
-        if isinstance(event, SourceSnapshot):
+        if isinstance(event, SourceListing):
             keep = tuple(line.get("keep", ()))
             recorded, self.recorded = self.recorded, None
         self.step.handle_event(event, keep, recorded=recorded)
@@ -374,7 +370,7 @@ class _Replayer(StepObserver):
             flight = self.builds.in_flight.get(key)
             if flight is None:
                 return
-            result = BuildFinished(key, flight[0], flight[1], ok, error)
+            result = BuildFinished(key, flight.mdc_checksum, flight.generation, ok, error)
         self.builds.answered(result)
         self.step.build_finished(result)
 
@@ -493,7 +489,7 @@ def _source_event(line: Mapping[str, Any]) -> SourceEvent:
     }
     # Version 1's "listing" is an ordinary listing; "resync" is a new watch on a live link.
     source_reason = {"listing": "initial", "resync": "initial"}.get(reason, reason)
-    return SourceSnapshot(entries, source_reason, peers or None)
+    return SourceListing(entries, source_reason, peers or None)
 
 
 def _group_id(text: str) -> GroupId:

@@ -22,6 +22,7 @@ from workerset_admission.admission import (
     WorkerRemoved,
 )
 from workerset_admission.errors import ConfigError
+from workerset_admission.identity import AttemptId
 
 
 def test_at_most_eight_builds_run_at_once_by_default() -> None:
@@ -309,3 +310,23 @@ def test_a_failed_replacement_is_not_rebuilt_by_a_membership_change() -> None:
 def test_invalid_core_settings_are_refused(settings: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         CoreSettings(**settings)  # type: ignore[arg-type]
+
+
+def test_every_value_naming_a_build_attempt_gives_it_as_one_attempt_id() -> None:
+    core = AdmissionCore()
+    [start] = of(core.apply(WorkerAdded(reg(1, "A"))), StartBuild)
+    done = BuildFinished(start.group, start.mdc_checksum, start.generation, ok=True)
+    [commit] = of(core.apply(done), CommitGroup)
+    attempt = AttemptId(G, start.mdc_checksum, start.generation)
+    assert start.attempt_id == done.attempt_id == commit.attempt_id == attempt
+    # The attempt number is a count, a different thing from the attempt's identity.
+    assert start.attempt == 1
+
+
+def test_a_result_for_another_attempt_is_discarded_with_that_attempt() -> None:
+    core = AdmissionCore()
+    [start] = of(core.apply(WorkerAdded(reg(1, "A"))), StartBuild)
+    stale = BuildFinished(start.group, start.mdc_checksum, start.generation + 1, ok=True)
+    [discarded] = of(core.apply(stale), BuildDiscarded)
+    assert discarded.attempt_id == stale.attempt_id
+    assert discarded.reason == "stale checksum or generation"

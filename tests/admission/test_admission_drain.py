@@ -15,12 +15,12 @@ from workerset_admission.admission import (
     DrainSet,
     GroupStatus,
     HandoverEnded,
+    Listing,
     LoraProjectionChanged,
     OpenReceiver,
     PublishAdmissions,
     RejectionReported,
     RetireReceiver,
-    Snapshot,
     StartBuild,
     Succession,
     Tick,
@@ -31,7 +31,7 @@ from workerset_admission.admission import (
     WorkerPlaced,
     WorkerRemoved,
 )
-from workerset_admission.identity import EndpointId
+from workerset_admission.identity import AttemptId, EndpointId
 
 
 def drain(instance_id: int, namespace: str = EP.namespace) -> DrainSet:
@@ -241,7 +241,7 @@ def test_a_repeated_drain_changes_nothing() -> None:
 def test_a_listing_applies_drains_before_registrations_and_lifts_unlisted_ones() -> None:
     core = AdmissionCore()
     effects = core.apply(
-        Snapshot(
+        Listing(
             [reg(1, "A"), reg(2, "A")],
             drains=[Drain(EP.namespace, 1, "ops", None)],
         )
@@ -250,16 +250,16 @@ def test_a_listing_applies_drains_before_registrations_and_lifts_unlisted_ones()
     assert [w.key for w in of(effects, WorkerPlaced)] == [reg(2).key]
     # The next listing without the drain gives the worker back; one with a refused drain
     # record keeps it.
-    kept = core.apply(Snapshot([reg(1, "A"), reg(2, "A")], retain_drains=[(EP.namespace, 1)]))
+    kept = core.apply(Listing([reg(1, "A"), reg(2, "A")], retain_drains=[(EP.namespace, 1)]))
     assert of(kept, WorkerPlaced) == []
-    effects = core.apply(Snapshot([reg(1, "A"), reg(2, "A")]))
+    effects = core.apply(Listing([reg(1, "A"), reg(2, "A")]))
     assert one(effects, PublishAdmissions).admitted == frozenset({1, 2})
 
 
 def test_a_drained_registration_absent_from_a_listing_is_forgotten() -> None:
     core = AdmissionCore()
-    core.apply(Snapshot([reg(1, "A"), reg(2, "A")], drains=[Drain(EP.namespace, 1)]))
-    effects = core.apply(Snapshot([reg(2, "A")], drains=[Drain(EP.namespace, 1)]))
+    core.apply(Listing([reg(1, "A"), reg(2, "A")], drains=[Drain(EP.namespace, 1)]))
+    effects = core.apply(Listing([reg(2, "A")], drains=[Drain(EP.namespace, 1)]))
     assert one(effects, WorkerDeparted).key == reg(1).key
     assert view(core).drained == ()
 
@@ -269,7 +269,7 @@ def test_drain_during_a_hold_stops_serving_the_member_on_its_last_known_record()
     ready(core, (1, "A"), (2, "A"))
     core.apply(Tick(100.0))
     # An outage's resync lists nobody: the tenure is held, both served on last known good.
-    core.apply(Snapshot([], reconnect=True))
+    core.apply(Listing([], reconnect=True))
     assert view(core).last_known == (1, 2)
     effects = core.apply(drain(1))
     assert one(effects, PublishAdmissions).admitted == frozenset({2})
@@ -319,15 +319,15 @@ def test_what_is_served_follows_the_handover_and_the_successors_commit() -> None
     assert core.serving() == {}
     ready(core, (1, "A"), (3, "B"))
     old = view(core)
-    assert core.serving() == {G: (old.committed_generation, "A")}
+    assert core.serving() == {G: AttemptId(G, "A", old.committed_generation)}
     assert core.serves(G)
     # During the handover the drained tenure is what serves, not the successor being built.
     effects = core.apply(drain(1))
-    assert core.serving() == {G: (old.committed_generation, "A")}
+    assert core.serving() == {G: AttemptId(G, "A", old.committed_generation)}
     finish(core, effects)
     new = view(core)
     assert new.committed_generation != old.committed_generation
-    assert core.serving() == {G: (new.committed_generation, "B")}
+    assert core.serving() == {G: AttemptId(G, "B", new.committed_generation)}
     # The last member leaving ends the tenure: nothing serves.
     core.apply(WorkerRemoved(reg(3, "B").key))
     assert core.serving() == {}

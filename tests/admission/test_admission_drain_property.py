@@ -21,9 +21,9 @@ from workerset_admission.admission import (
     DrainSet,
     Effect,
     Input,
+    Listing,
     PublishAdmissions,
     RetireReceiver,
-    Snapshot,
     Tick,
     WorkerAdded,
     WorkerRemoved,
@@ -116,8 +116,8 @@ class DrainMachine(RuleBasedStateMachine):
     def relist(self) -> None:
         listed = sorted(self.present.values(), key=lambda r: r.key)
         drains = [Drain(NAMESPACE, iid, "ops") for iid in sorted(self.drained)]
-        self._core(Snapshot(listed, drains=drains))
-        self._shadow(Snapshot([r for r in listed if r.instance_id not in self.drained]))
+        self._core(Listing(listed, drains=drains))
+        self._shadow(Listing([r for r in listed if r.instance_id not in self.drained]))
 
     @rule(g=st.sampled_from([0, 1]), ok=st.booleans())
     def build_result(self, g: int, ok: bool) -> None:

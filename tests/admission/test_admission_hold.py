@@ -9,10 +9,10 @@ from workerset_admission.admission import (
     BuildFinished,
     CoreSettings,
     GroupStatus,
+    Listing,
     PublishAdmissions,
     RejectionReported,
     RetireReceiver,
-    Snapshot,
     StartBuild,
     Succession,
     TenureHeld,
@@ -34,7 +34,7 @@ def _ready_a_with_b_waiting(hold: float = 30.0, ttl: float = 10.0) -> AdmissionC
 
 
 def _outage_lists_only_b(core: AdmissionCore) -> list[object]:
-    return list(core.apply(Snapshot([reg(3, "B"), reg(4, "B")], reconnect=True)))
+    return list(core.apply(Listing([reg(3, "B"), reg(4, "B")], reconnect=True)))
 
 
 def test_a_resync_after_an_outage_that_lists_no_incumbent_member_holds_the_tenure() -> None:
@@ -193,7 +193,7 @@ def test_an_incumbent_member_returning_after_the_deadline_joins_the_end() -> Non
 def test_a_held_group_with_no_cohort_left_drains_at_the_deadline() -> None:
     core = AdmissionCore(CoreSettings(tenure_hold=5.0))
     finish(core, core.apply(WorkerAdded(reg(1, "A"))))
-    core.apply(Snapshot([], reconnect=True))
+    core.apply(Listing([], reconnect=True))
     succession = one(core.apply(Tick(5.0)), Succession)
     assert succession.new_checksum is None
     assert core.group(G).incumbent is None  # type: ignore[union-attr]
@@ -202,7 +202,7 @@ def test_a_held_group_with_no_cohort_left_drains_at_the_deadline() -> None:
 @pytest.mark.parametrize(
     "emptying",
     [
-        pytest.param(lambda core: core.apply(Snapshot([reg(3, "B")])), id="periodic listing"),
+        pytest.param(lambda core: core.apply(Listing([reg(3, "B")])), id="periodic listing"),
         pytest.param(
             lambda core: core.apply_many([WorkerRemoved(reg(1).key), WorkerRemoved(reg(2).key)]),
             id="live removals",
@@ -227,7 +227,7 @@ def test_a_hold_pauses_a_pending_retry_and_a_rejoin_rebuilds_at_once() -> None:
     core = AdmissionCore(CoreSettings(tenure_hold=30.0, retry_delays=(5.0,)))
     start = one(core.apply(WorkerAdded(reg(1, "A"))), StartBuild)
     finish(core, [start], ok=False)
-    effects = core.apply(Snapshot([], reconnect=True))
+    effects = core.apply(Listing([], reconnect=True))
     assert of(effects, StartBuild) == []
     # The retry falls due during the hold: nothing is built or committed for no member.
     assert of(core.apply(Tick(6.0)), StartBuild) == []
@@ -241,7 +241,7 @@ def test_a_build_queued_when_the_hold_begins_waits_for_a_member() -> None:
     busy = reg(9, "A", group=group_key("other"))
     one(core.apply(WorkerAdded(busy)), StartBuild)
     assert of(core.apply(WorkerAdded(reg(1, "A"))), StartBuild) == []
-    core.apply(Snapshot([busy], reconnect=True))
+    core.apply(Listing([busy], reconnect=True))
     other = core.group(busy.group)
     assert other is not None
     assert other.generation is not None
@@ -257,7 +257,7 @@ def test_a_negative_hold_is_refused() -> None:
 
 def test_an_expiry_soon_after_a_reconnect_holds_until_the_reconnect_plus_the_hold() -> None:
     core = _ready_a_with_b_waiting()
-    core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
+    core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
     core.apply(WorkerRemoved(reg(1, "A").key, expired_at=125.0))
     effects = core.apply(WorkerRemoved(reg(2, "A").key, expired_at=125.0))
     held = one(effects, TenureHeld)
@@ -269,7 +269,7 @@ def test_an_expiry_soon_after_a_reconnect_holds_until_the_reconnect_plus_the_hol
 
 def test_expiries_within_one_ttl_of_the_reconnect_serve_every_member_they_took() -> None:
     core = _ready_a_with_b_waiting()
-    core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
+    core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
     core.apply(WorkerRemoved(reg(1, "A").key, expired_at=103.0))
     effects = core.apply(WorkerRemoved(reg(2, "A").key, expired_at=103.0))
     held = one(effects, TenureHeld)
@@ -279,7 +279,7 @@ def test_expiries_within_one_ttl_of_the_reconnect_serve_every_member_they_took()
 
 def test_an_expiry_after_the_hold_would_be_over_succeeds_at_once() -> None:
     core = _ready_a_with_b_waiting()
-    core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
+    core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
     core.apply(WorkerRemoved(reg(1, "A").key, expired_at=131.0))
     effects = core.apply(WorkerRemoved(reg(2, "A").key, expired_at=131.0))
     assert of(effects, TenureHeld) == []

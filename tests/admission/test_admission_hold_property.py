@@ -19,7 +19,7 @@ from workerset_admission.admission import (
     BuildFinished,
     CoreSettings,
     Input,
-    Snapshot,
+    Listing,
     StartBuild,
     TenureHoldEnded,
     Tick,
@@ -89,7 +89,7 @@ def run(operations: Sequence[Op]) -> tuple[Driven, Driven]:
                 events = [WorkerRemoved(reg(iid).key, expired_at=now)]
             case ("listing", frozenset() as listed, bool() as reconnect):
                 regs = [reg(i, checksum[i]) for i in sorted(listed) if i in checksum]
-                events = [Snapshot(regs, reconnect=reconnect)]
+                events = [Listing(regs, reconnect=reconnect)]
             case ("tick", float() as seconds):
                 now += seconds
                 events = [Tick(now)]

@@ -16,10 +16,10 @@ from workerset_admission.admission import (
     CommitGroup,
     CoreSettings,
     GroupStatus,
+    Listing,
     LoraProjectionChanged,
     LoraProjectionRefused,
     RetryScheduled,
-    Snapshot,
     StartBuild,
     StatusChanged,
     Succession,
@@ -143,7 +143,7 @@ def test_an_expiry_with_no_reconnect_before_it_never_holds() -> None:
 
 def test_an_expiry_within_the_hold_of_the_last_reconnect_is_the_outage_s_and_holds() -> None:
     core = _ready_a_with_b_waiting()
-    core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
+    core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
     core.apply(WorkerRemoved(reg(1, "A").key, expired_at=129.0))
     effects = core.apply(WorkerRemoved(reg(2, "A").key, expired_at=129.5))
     assert one(effects, TenureHeld).deadline == 130.0
@@ -153,7 +153,7 @@ def test_an_expiry_within_the_hold_of_the_last_reconnect_is_the_outage_s_and_hol
 
 def test_an_expiry_at_the_end_of_the_hold_is_not_the_outage_s() -> None:
     core = _ready_a_with_b_waiting()
-    core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
+    core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))
     core.apply(WorkerRemoved(reg(1, "A").key, expired_at=130.0))
     effects = core.apply(WorkerRemoved(reg(2, "A").key, expired_at=130.0))
     assert of(effects, TenureHeld) == []
@@ -162,14 +162,14 @@ def test_an_expiry_at_the_end_of_the_hold_is_not_the_outage_s() -> None:
 
 def test_only_a_reconnect_listing_counts_and_the_latest_one_wins() -> None:
     core = _ready_a_with_b_waiting()
-    core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))  # at 100
+    core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], reconnect=True))  # at 100
     core.apply(Tick(140.0))
-    core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")]))  # periodic: not an outage
+    core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")]))  # periodic: not an outage
     core.apply(WorkerRemoved(reg(1, "A").key, expired_at=141.0))
     assert one(core.apply(WorkerRemoved(reg(2, "A").key, expired_at=141.0)), Succession)
     core.apply(WorkerAdded(reg(4, "B")))
     core.apply(Tick(150.0))
-    core.apply(Snapshot([reg(3, "B"), reg(4, "B")], reconnect=True))  # at 150
+    core.apply(Listing([reg(3, "B"), reg(4, "B")], reconnect=True))  # at 150
     core.apply(WorkerRemoved(reg(3, "B").key, expired_at=155.0))
     held = core.apply(WorkerRemoved(reg(4, "B").key, expired_at=155.0))
     assert one(held, TenureHeld).deadline == 180.0
@@ -179,7 +179,7 @@ def test_a_zero_hold_never_counts_an_expiry_as_the_outage_s() -> None:
     core = AdmissionCore(CoreSettings(tenure_hold=0.0))
     _ready(core, 1)
     core.apply(WorkerAdded(reg(3, "B")))
-    core.apply(Snapshot([reg(1, "A"), reg(3, "B")], reconnect=True))
+    core.apply(Listing([reg(1, "A"), reg(3, "B")], reconnect=True))
     effects = core.apply(WorkerRemoved(reg(1, "A").key, expired_at=0.0))
     assert one(effects, Succession).new_checksum == "B"
 

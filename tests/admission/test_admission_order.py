@@ -5,10 +5,10 @@ from __future__ import annotations
 from admission_support import G, of, one, reg
 from workerset_admission.admission import (
     AdmissionCore,
+    Listing,
     MutationRefused,
     OpenReceiver,
     PublishAdmissions,
-    Snapshot,
     TaintsUpdated,
     WorkerAdded,
     WorkerRemoved,
@@ -37,17 +37,17 @@ def test_duplicate_events_change_neither_order_nor_admissions() -> None:
     assert core.groups() == before
 
 
-def test_a_snapshot_keeps_survivor_order_whatever_its_listing_order() -> None:
+def test_a_listing_keeps_survivor_order_whatever_order_it_lists_them_in() -> None:
     core = AdmissionCore()
     core.apply_many([WorkerAdded(reg(i, c)) for i, c in enumerate("ABCD")])
-    core.apply(Snapshot([reg(3, "D"), reg(9, "E"), reg(1, "B"), reg(0, "A")]))
+    core.apply(Listing([reg(3, "D"), reg(9, "E"), reg(1, "B"), reg(0, "A")]))
     assert _order(core) == ["A", "B", "D", "E"]
 
 
-def test_a_snapshot_removes_every_absent_key() -> None:
+def test_a_listing_removes_every_absent_key() -> None:
     core = AdmissionCore()
     core.apply_many([WorkerAdded(reg(i, "A")) for i in range(5)])
-    effects = core.apply(Snapshot([reg(2, "A")]))
+    effects = core.apply(Listing([reg(2, "A")]))
     assert one(effects, PublishAdmissions).admitted == frozenset({2})
 
 
@@ -92,10 +92,10 @@ def test_an_in_place_change_of_group_keeps_the_first_incarnation_and_is_reported
     assert core.group(moved.group) is None
 
 
-def test_a_snapshot_with_a_mutated_key_keeps_the_first_incarnation() -> None:
+def test_a_listing_with_a_mutated_key_keeps_the_first_incarnation() -> None:
     core = AdmissionCore()
     core.apply(WorkerAdded(reg(1, "A")))
-    effects = core.apply(Snapshot([reg(1, "B")]))
+    effects = core.apply(Listing([reg(1, "B")]))
     assert len(of(effects, MutationRefused)) == 1
     assert _order(core) == ["A"]
 
@@ -120,14 +120,14 @@ def test_removing_an_unknown_key_changes_nothing() -> None:
 
 def test_the_first_worker_of_a_returning_group_opens_exactly_one_receiver() -> None:
     core = AdmissionCore()
-    effects = core.apply(Snapshot([reg(1, "A"), reg(2, "A"), reg(3, "B")]))
+    effects = core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")]))
     assert len(of(effects, OpenReceiver)) == 1
     assert one(effects, PublishAdmissions).admitted == frozenset({1, 2})
 
 
-def test_a_snapshot_keeps_retained_keys_whose_listed_values_were_refused() -> None:
+def test_a_listing_keeps_retained_keys_whose_listed_values_were_refused() -> None:
     core = AdmissionCore()
     core.apply_many([WorkerAdded(reg(1, "A")), WorkerAdded(reg(2, "A"))])
-    effects = core.apply(Snapshot([reg(2, "A")], retain=[reg(1, "A").key]))
+    effects = core.apply(Listing([reg(2, "A")], retain=[reg(1, "A").key]))
     assert of(effects, PublishAdmissions) == []
     assert core.group(G).admitted == (1, 2)  # type: ignore[union-attr]

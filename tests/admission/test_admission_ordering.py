@@ -5,7 +5,7 @@ from __future__ import annotations
 from admission_support import G, group_key, reg
 from hypothesis import given
 from hypothesis import strategies as st
-from workerset_admission.admission import AdmissionCore, Snapshot, WorkerAdded
+from workerset_admission.admission import AdmissionCore, Listing, WorkerAdded
 from workerset_admission.admission.ordering import observation_order, peer_choice
 from workerset_admission.identity import EndpointId
 
@@ -15,7 +15,7 @@ OTHER = group_key(endpoint=EndpointId("ns2", "workers", "generate"))
 
 def incumbent_after(listing: list) -> str | None:  # type: ignore[type-arg]
     core = AdmissionCore()
-    core.apply(Snapshot(listing))
+    core.apply(Listing(listing))
     view = core.group(G)
     return None if view is None else view.incumbent
 
@@ -84,7 +84,7 @@ def test_every_frontend_computes_the_same_order_from_any_listing_order(
 
 def test_live_puts_after_the_listing_keep_their_own_order() -> None:
     core = AdmissionCore()
-    core.apply(Snapshot(observation_order([reg(0x20, "B")], {GID: ["A"]})))
+    core.apply(Listing(observation_order([reg(0x20, "B")], {GID: ["A"]})))
     core.apply(WorkerAdded(reg(0x10, "A")))
     assert core.group(G).incumbent == "B"  # type: ignore[union-attr]
 
@@ -94,5 +94,5 @@ def test_a_recorded_cohort_order_is_reproduced_and_wins_over_peers() -> None:
     ordered = observation_order(listing, {GID: ["A"]}, recorded={GID: ["C", "B"]})
     assert [r.mdc_checksum for r in ordered] == ["C", "B", "B", "A"]
     core = AdmissionCore()
-    core.apply(Snapshot(ordered))
+    core.apply(Listing(ordered))
     assert [c.mdc_checksum for c in core.group(G).cohorts] == ["C", "B", "A"]  # type: ignore[union-attr]

@@ -13,8 +13,8 @@ from workerset_admission.admission import (
     GroupStatus,
     GroupView,
     Input,
+    Listing,
     OpenReceiver,
-    Snapshot,
     StartBuild,
     TenureHeld,
     TenureRecorded,
@@ -75,7 +75,7 @@ def _live_held_at_105() -> AdmissionCore:
     finish(core, core.apply_many([WorkerAdded(reg(1, "A")), WorkerAdded(reg(2, "A"))]))
     core.apply(WorkerAdded(reg(3, "B")))
     core.apply(Tick(100.0))
-    core.apply(Snapshot([reg(3, "B")], reconnect=True))
+    core.apply(Listing([reg(3, "B")], reconnect=True))
     core.apply(WorkerAdded(reg(7, "A")))  # a new instance of A during the hold
     core.apply(Tick(105.0))
     return core
@@ -99,7 +99,7 @@ def test_a_recording_begun_mid_hold_replays_as_the_live_core_goes_on(name: str) 
     replayed = AdmissionCore(SETTINGS)
     listing = [reg(3, "B"), reg(7, "A")]
     _answer_builds(replayed, replayed.apply_many([Tick(105.0), _recorded(view)]))
-    _answer_builds(replayed, replayed.apply(Snapshot(listing)))
+    _answer_builds(replayed, replayed.apply(Listing(listing)))
     assert _decision(replayed.group(G)) == _decision(view)
     for event in CONTINUATIONS[name]:
         _answer_builds(live, live.apply(event))
@@ -111,13 +111,13 @@ def test_a_recorded_tenure_that_is_not_held_keeps_its_receiver_and_generation() 
     core = AdmissionCore(SETTINGS)
     effects = core.apply_many([TenureRecorded(G, "A", receiver=4, generation=9)])
     assert effects == []
-    effects = core.apply(Snapshot([reg(3, "B"), reg(1, "A")]))
+    effects = core.apply(Listing([reg(3, "B"), reg(1, "A")]))
     opened = one(effects, OpenReceiver)
     assert (opened.mdc_checksum, opened.receiver, opened.generation) == ("B", 1, 1)
     # The listing's order chose B here (a replay orders it by the recorded cohorts first).
     core = AdmissionCore(SETTINGS)
     core.apply(TenureRecorded(G, "A", receiver=4, generation=9))
-    effects = core.apply(Snapshot([reg(1, "A"), reg(3, "B")]))
+    effects = core.apply(Listing([reg(1, "A"), reg(3, "B")]))
     opened = one(effects, OpenReceiver)
     assert (opened.receiver, opened.generation) == (4, 9)
     finish(core, effects)
@@ -145,7 +145,7 @@ def test_a_recorded_hold_is_in_place_before_the_listing_and_serves_its_last_know
     held = one(effects, TenureHeld)
     assert (held.deadline, held.last_known, held.last_known_until) == (20.0, (reg(2).key,), 8.0)
     assert of(effects, StartBuild) == []
-    core.apply(Snapshot([reg(3, "B")]))
+    core.apply(Listing([reg(3, "B")]))
     view = core.group(G)
     assert view is not None
     assert (view.incumbent, view.status, view.admitted) == ("A", GroupStatus.READY, (2,))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from admission_support import G, finish, lora, of, one, reg
 from workerset_admission.admission import (
     AdmissionCore,
+    Listing,
     LoraProjectionChanged,
     PublishAdmissions,
     RejectionReported,
     RetryScheduled,
-    Snapshot,
     StartBuild,
     Tick,
     WorkerAdded,
@@ -37,7 +37,7 @@ def test_unchanged_repeats_of_a_rejected_cohort_are_not_reported_again() -> None
         [
             WorkerAdded(reg(2, "B")),
             WorkerAdded(reg(3, "B")),
-            Snapshot([reg(1, "A"), reg(2, "B"), reg(3, "B")]),
+            Listing([reg(1, "A"), reg(2, "B"), reg(3, "B")]),
         ]
     )
     assert of(effects, RejectionReported) == []

@@ -21,9 +21,9 @@ from workerset_admission.admission import (
     Effect,
     GroupStatus,
     Input,
+    Listing,
     OpenReceiver,
     RejectionReported,
-    Snapshot,
     StartBuild,
     Tick,
     WorkerAdded,
@@ -325,7 +325,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             self.reconnected_at = self.now
         for key in [k for k in self.first if k not in listed_keys]:
             self._ref_remove(key, outage)
-        self._step(Snapshot(listed, retain, reconnect=reconnect))
+        self._step(Listing(listed, retain, reconnect=reconnect))
 
     @precondition(lambda self: bool(self.in_flight))
     @rule(data=st.data(), ok=st.booleans())

@@ -10,10 +10,10 @@ from workerset_admission.admission import (
     CancelBuild,
     CommitGroup,
     GroupStatus,
+    Listing,
     OpenReceiver,
     PublishAdmissions,
     RetireReceiver,
-    Snapshot,
     StartBuild,
     Succession,
     WithdrawGroup,
@@ -125,9 +125,9 @@ def test_the_last_cohort_leaving_idles_the_group_with_nothing_admitted() -> None
     )
 
 
-def test_a_snapshot_that_keeps_one_incumbent_worker_causes_no_succession() -> None:
+def test_a_listing_that_keeps_one_incumbent_worker_causes_no_succession() -> None:
     core = _ready_a_with_b_waiting()
-    effects = core.apply(Snapshot([reg(5, "A"), reg(3, "B"), reg(4, "B")]))
+    effects = core.apply(Listing([reg(5, "A"), reg(3, "B"), reg(4, "B")]))
     assert of(effects, Succession) == []
     assert core.group(G).admitted == (5,)  # type: ignore[union-attr]
 

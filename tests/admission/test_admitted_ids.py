@@ -1,4 +1,4 @@
-"""Admitted-id snapshots: lazy, immutable, equal by value, and exact after any changes."""
+"""Admitted ids: lazy, immutable, equal by value, and exact after any changes."""
 
 from __future__ import annotations
 
@@ -37,24 +37,24 @@ class _Ids(AdmittedLog):
         self.log.append(~iid)
 
     def take(self) -> AdmittedIds:
-        return self.snapshot(self.ids)
+        return self.admitted_ids(self.ids)
 
 
-def test_a_snapshot_reads_as_the_base_with_its_share_of_the_log_applied() -> None:
+def test_admitted_ids_read_as_the_base_with_their_share_of_the_log_applied() -> None:
     ids = _Ids()
     for iid in range(20):
         ids.add(iid)
     for iid in range(0, 20, 3):
         ids.remove(iid)
     ids.add(0)
-    snapshot = ids.take()
-    assert snapshot.as_frozenset() == frozenset(ids.ids)
-    assert type(snapshot.as_frozenset()) is frozenset
+    handed_out = ids.take()
+    assert handed_out.as_frozenset() == frozenset(ids.ids)
+    assert type(handed_out.as_frozenset()) is frozenset
     # Worked out once: the second read hands back the same object.
-    assert snapshot.as_frozenset() is snapshot.as_frozenset()
+    assert handed_out.as_frozenset() is handed_out.as_frozenset()
 
 
-def test_a_snapshot_is_unaffected_by_changes_made_after_it() -> None:
+def test_admitted_ids_are_unaffected_by_changes_made_after_them() -> None:
     ids = _Ids()
     ids.add(1)
     ids.add(2)
@@ -72,21 +72,21 @@ def test_the_log_is_folded_into_a_new_base_once_it_outgrows_the_old_one() -> Non
     first_log = ids.log
     for iid in range(40):
         ids.add(iid)
-    snapshot = ids.take()
-    # 40 changes over an empty base: the snapshot starts from a fresh base and a new log.
+    handed_out = ids.take()
+    # 40 changes over an empty base: the ids handed out start from a fresh base and a new log.
     assert ids.log is not first_log
     assert ids.log == []
     assert ids.base == frozenset(range(40))
-    assert snapshot == frozenset(range(40))
+    assert handed_out == frozenset(range(40))
     assert ids.limit == 40
 
 
-def test_an_old_snapshot_stays_right_across_several_rebases() -> None:
+def test_old_admitted_ids_stay_right_across_several_rebases() -> None:
     ids = _Ids()
     for iid in range(40):
         ids.add(iid)
     ids.take()
-    # An old snapshot that depends on its log: five joins and two departures past the base.
+    # Old ids handed out that depend on their log: five joins and two departures past the base.
     for iid in range(40, 45):
         ids.add(iid)
     ids.remove(0)
@@ -95,7 +95,7 @@ def test_an_old_snapshot_stays_right_across_several_rebases() -> None:
     expected = frozenset(range(1, 45)) - {41}
     logs = [ids.log]
     for round_ in range(5):
-        # More changes than ids: every round's snapshot rebases.
+        # More changes than ids: every round's hand-out rebases.
         for iid in range(len(ids.ids) + 1):
             ids.add(10_000 * (round_ + 1) + iid)
         ids.take()
@@ -106,7 +106,7 @@ def test_an_old_snapshot_stays_right_across_several_rebases() -> None:
     assert len(old) == 43
 
 
-def test_an_unchanged_log_hands_out_the_same_snapshot_again() -> None:
+def test_an_unchanged_log_hands_out_the_same_admitted_ids_again() -> None:
     ids = _Ids()
     ids.add(7)
     first = ids.take()
@@ -115,39 +115,39 @@ def test_an_unchanged_log_hands_out_the_same_snapshot_again() -> None:
     assert ids.take() is not first
 
 
-def test_a_snapshot_equals_and_hashes_like_the_frozenset_of_its_ids() -> None:
+def test_admitted_ids_equal_and_hash_like_the_frozenset_of_their_ids() -> None:
     ids = _Ids()
     for iid in (5, 3, 9):
         ids.add(iid)
     ids.remove(3)
-    snapshot = ids.take()
-    assert snapshot == frozenset({5, 9})
-    assert frozenset({5, 9}) == snapshot
-    assert snapshot == {5, 9}
-    assert snapshot != frozenset({5})
-    assert snapshot == AdmittedIds.of(frozenset({9, 5}))
-    assert hash(snapshot) == hash(frozenset({5, 9}))
-    assert snapshot != [5, 9]
-    assert repr(snapshot) == "AdmittedIds([5, 9])"
-    assert (len(snapshot), 5 in snapshot, 3 in snapshot) == (2, True, False)
-    assert sorted(snapshot) == [5, 9]
-    assert snapshot & {9, 10} == frozenset({9})
+    handed_out = ids.take()
+    assert handed_out == frozenset({5, 9})
+    assert frozenset({5, 9}) == handed_out
+    assert handed_out == {5, 9}
+    assert handed_out != frozenset({5})
+    assert handed_out == AdmittedIds.of(frozenset({9, 5}))
+    assert hash(handed_out) == hash(frozenset({5, 9}))
+    assert handed_out != [5, 9]
+    assert repr(handed_out) == "AdmittedIds([5, 9])"
+    assert (len(handed_out), 5 in handed_out, 3 in handed_out) == (2, True, False)
+    assert sorted(handed_out) == [5, 9]
+    assert handed_out & {9, 10} == frozenset({9})
 
 
-def test_copies_and_pickles_of_a_snapshot_carry_its_ids() -> None:
+def test_copies_and_pickles_of_admitted_ids_carry_the_ids() -> None:
     ids = _Ids()
     ids.add(1)
     ids.add(2)
-    snapshot = ids.take()
+    handed_out = ids.take()
     ids.remove(2)
-    assert copy.deepcopy(snapshot) == frozenset({1, 2})
-    assert pickle.loads(pickle.dumps(snapshot)) == frozenset({1, 2})
+    assert copy.deepcopy(handed_out) == frozenset({1, 2})
+    assert pickle.loads(pickle.dumps(handed_out)) == frozenset({1, 2})
 
 
-def test_of_wraps_any_set_of_ids_and_keeps_a_snapshot_as_it_is() -> None:
-    snapshot = AdmittedIds.of([3, 1, 3])
-    assert snapshot == frozenset({1, 3})
-    assert AdmittedIds.of(snapshot) is snapshot
+def test_of_wraps_any_set_of_ids_and_keeps_admitted_ids_as_they_are() -> None:
+    handed_out = AdmittedIds.of([3, 1, 3])
+    assert handed_out == frozenset({1, 3})
+    assert AdmittedIds.of(handed_out) is handed_out
 
 
 def test_a_publication_made_from_a_frozenset_equals_one_the_core_made() -> None:
@@ -167,7 +167,7 @@ _CHANGES = st.lists(st.tuples(st.booleans(), st.integers(0, 40)), max_size=300)
 
 @settings(max_examples=150, deadline=None)
 @given(_CHANGES)
-def test_every_snapshot_of_a_log_matches_a_plain_set_of_the_same_changes(
+def test_every_admitted_ids_of_a_log_matches_a_plain_set_of_the_same_changes(
     changes: list[tuple[bool, int]],
 ) -> None:
     ids = _Ids()
@@ -179,8 +179,8 @@ def test_every_snapshot_of_a_log_matches_a_plain_set_of_the_same_changes(
             ids.remove(iid)
         taken.append((ids.take(), frozenset(ids.ids)))
     # Read only now, after every later change and rebase.
-    for snapshot, expected in taken:
-        assert snapshot == expected
+    for handed_out, expected in taken:
+        assert handed_out == expected
 
 
 _STEPS = st.lists(
@@ -224,7 +224,7 @@ def test_every_publication_of_the_core_is_exactly_the_registered_ids_of_its_chec
         assert effect.admitted == expected
 
 
-def test_a_published_snapshot_reads_as_the_frozenset_of_the_admitted_ids() -> None:
+def test_published_admitted_ids_read_as_the_frozenset_of_the_ids() -> None:
     core = AdmissionCore()
     effects = core.apply(WorkerAdded(reg(1, "A")))
     effects += core.apply(WorkerAdded(reg(2, "A")))

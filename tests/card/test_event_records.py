@@ -19,7 +19,7 @@ from workerset_admission.card import (
 from workerset_admission.card.events import dynamo_event_path, parse_dynamo_event_path
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.ports import DiscoveryEntry, SourcePut
-from workerset_admission.service.shell import AdmissionService, CardRecordDecoder
+from workerset_admission.service.admission_service import AdmissionService, CardRecordDecoder
 
 WORKER = 6931318943588571538
 PUBLISHER = 2659330722633680

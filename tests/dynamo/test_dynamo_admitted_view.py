@@ -39,12 +39,12 @@ from workerset_admission.ports import (
     DiscoveryEntry,
     SourceDelete,
     SourceEvent,
+    SourceListing,
     SourcePut,
-    SourceSnapshot,
 )
 from workerset_admission.service.accepted import AcceptedRecordsFeed
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor
-from workerset_admission.service.shell import AdmissionService
 from workerset_admission.service.step import StepObserver
 
 EP = EndpointId("pns", "backend", "generate")
@@ -134,7 +134,7 @@ class FedTable(RecordTable):
 
 def table_of(*workers: list[DiscoveryEntry]) -> FedTable:
     table = FedTable()
-    table.apply(SourceSnapshot([entry for worker in workers for entry in worker]))
+    table.apply(SourceListing([entry for worker in workers for entry in worker]))
     return table
 
 
@@ -498,7 +498,7 @@ def test_a_refused_value_keeps_the_last_valid_record_in_the_view() -> None:
 
 def test_records_outside_the_namespace_filter_are_not_held() -> None:
     table = FedTable(BoundarySettings(namespace="other"))
-    table.apply(SourceSnapshot(worker_records(A1)))
+    table.apply(SourceListing(worker_records(A1)))
     assert len(table) == 0
 
 
@@ -516,7 +516,7 @@ async def test_the_table_is_fed_before_the_core_steps_on_each_event() -> None:
     service.step.observers += [AcceptedRecordsFeed(table), _CoreStep()]
     await service.start()
     try:
-        source.queue.put_nowait(SourceSnapshot(worker_records(A1)))
+        source.queue.put_nowait(SourceListing(worker_records(A1)))
         source.queue.put_nowait(SourceDelete(model_kv_key(EP, A1), 2))
         await _until(lambda: len(seen) == 2)
     finally:
@@ -536,7 +536,7 @@ def test_a_refused_listed_value_and_a_key_touched_meanwhile_keep_what_they_hold(
     ]
     ingest = Ingestor()
     feed = AcceptedRecordsFeed(table)
-    event = SourceSnapshot(listed)
+    event = SourceListing(listed)
     feed.source_event(event, 0.0, {touched}, None)
     feed.ingested(ingest.listing(event, {touched}, now=0.0))
 
@@ -643,8 +643,8 @@ class QueueSource:
         while (event := await self.queue.get()) is not None:
             yield event
 
-    async def list_all(self) -> SourceSnapshot:
-        return SourceSnapshot(())
+    async def list_all(self) -> SourceListing:
+        return SourceListing(())
 
     async def close(self) -> None:
         self.queue.put_nowait(None)
@@ -672,7 +672,7 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         await asyncio.sleep(0.05)
         assert files.ops == []
         # A listing is observed in key order; B registers after A1 to be the one rejected.
-        source.queue.put_nowait(SourceSnapshot(worker_records(A1)))
+        source.queue.put_nowait(SourceListing(worker_records(A1)))
         for entry in worker_records(B, 32):
             source.queue.put_nowait(SourcePut(entry))
         await _until(lambda: mdc_file(A1) in files.content)
@@ -706,7 +706,7 @@ async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first(
     writer.attach(service)
     await service.start()
     try:
-        source.queue.put_nowait(SourceSnapshot(worker_records(A1)))
+        source.queue.put_nowait(SourceListing(worker_records(A1)))
         for entry in worker_records(B, 32):
             source.queue.put_nowait(SourcePut(entry))
         await _until(lambda: mdc_file(A1) in files.content)
@@ -737,7 +737,7 @@ async def test_the_writer_keeps_a_drained_members_endpoint_records_until_it_leav
     writer.attach(service)
     await service.start()
     try:
-        source.queue.put_nowait(SourceSnapshot([*worker_records(A1), *worker_records(A2)]))
+        source.queue.put_nowait(SourceListing([*worker_records(A1), *worker_records(A2)]))
         await _until(lambda: mdc_file(A1) in files.content and mdc_file(A2) in files.content)
 
         drain = Drain(EP.namespace, A1, "ops", 1.0)
@@ -775,7 +775,7 @@ def test_the_index_follows_puts_removals_and_listings() -> None:
     assert mdc_file(A2) in written
     assert view.files[mdc_file(A2)] == worker_records(A2, 32)[2].value
 
-    table.apply(SourceSnapshot(worker_records(A2)))
+    table.apply(SourceListing(worker_records(A2)))
     assert table.lookup("worker", "pns", "backend", A1) == []
     assert len(table.lookup("worker", "pns", "backend", A2)) == 3
 
@@ -785,11 +785,11 @@ def test_a_held_tenures_last_known_members_keep_their_records_while_the_core_nam
     files = FakeFiles()
     view = AdmittedView(files, clock=clock)
     table = FedTable()
-    table.apply(SourceSnapshot([*worker_records(A1), *worker_records(A2)]))
+    table.apply(SourceListing([*worker_records(A1), *worker_records(A2)]))
     view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
     published = dict(files.content)
     # A wiped store: the listing after the reconnect holds nothing at all.
-    table.apply(SourceSnapshot([]))
+    table.apply(SourceListing([]))
     report = view.sync([Tenure(GROUP, 1, frozenset({A1, A2}), frozenset({A1, A2}))], table)
     assert not report.changed
     assert files.content == published
@@ -823,7 +823,7 @@ def test_a_record_back_in_the_bucket_is_served_from_the_bucket_again() -> None:
     clock = Clock()
     table = FedTable()
     old, new = worker_records(A1), worker_records(A1, block_size=32)
-    table.apply(SourceSnapshot(old))
+    table.apply(SourceListing(old))
     table.apply(SourceDelete(old[2].key, 2))
     assert [r.value for r in table.lookup("worker", "pns", "backend", A1)] == [
         old[0].value,
@@ -837,7 +837,7 @@ def test_a_record_back_in_the_bucket_is_served_from_the_bucket_again() -> None:
     assert new[2].value in values
     assert old[2].value not in values
     clock.now += 60.0
-    table.apply(SourceSnapshot(new))
+    table.apply(SourceListing(new))
     assert len(table.lookup_last_known("worker", "pns", "backend", A1)) == 3
 
 
@@ -846,12 +846,12 @@ def test_a_held_tenure_keeps_its_load_channels_while_serving_last_known_members(
     files = FakeFiles()
     view = AdmittedView(files, clock=clock)
     table = FedTable()
-    table.apply(SourceSnapshot(worker_records(A1, channels=LOAD_TOPICS)))
+    table.apply(SourceListing(worker_records(A1, channels=LOAD_TOPICS)))
     view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
     published = dict(files.content)
     assert len([f for f in published if f[0] == "event_channels"]) == 1 + len(LOAD_TOPICS)
 
-    table.apply(SourceSnapshot([]))  # a wiped store
+    table.apply(SourceListing([]))  # a wiped store
     clock.now += 5.0
     report = view.sync([Tenure(GROUP, 1, frozenset({A1}), frozenset({A1}))], table)
 

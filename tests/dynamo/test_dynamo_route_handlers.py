@@ -1,4 +1,4 @@
-"""The route extension's handlers, called with a hand-made context and service snapshot."""
+"""The route extension's handlers, called with a hand-made context and service status."""
 
 from __future__ import annotations
 
@@ -8,24 +8,24 @@ from workerset_admission.card import Difference
 from workerset_admission.frontend.host import HostState
 from workerset_admission.frontend.routes import AdmissionRoutes
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.shell import GroupSnapshot, ServiceSnapshot
-from workerset_admission.service.snapshots import (
-    CohortSnapshot,
+from workerset_admission.service.admission_service import GroupStatusView, ServiceStatus
+from workerset_admission.service.status_model import (
+    CohortStatusView,
     InvalidRecord,
-    ReadinessSnapshot,
-    RejectionSnapshot,
+    ModelReadiness,
+    StandingRejection,
 )
 
 GROUP = GroupKey.build("m", EndpointId("ns", "backend", "generate"), "chat", WorkerType.AGGREGATED)
 BLOCK_SIZE_DIFFERENCE = Difference("kv_cache_block_size", "16", "32")
 
 
-def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceSnapshot:
-    return ServiceSnapshot(
+def _status(*, health: str = "healthy", synced: bool = True) -> ServiceStatus:
+    return ServiceStatus(
         health=health,
         synced=synced,
         groups=(
-            GroupSnapshot(
+            GroupStatusView(
                 group=GROUP,
                 incumbent="a" * 64,
                 status="ready",
@@ -34,17 +34,17 @@ def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceSnapsho
                 receiver=2,
                 admitted=(1, 2),
                 routable=(1,),
-                cohorts=(CohortSnapshot("a" * 64, (1, 2)), CohortSnapshot("b" * 64, (7,))),
+                cohorts=(CohortStatusView("a" * 64, (1, 2)), CohortStatusView("b" * 64, (7,))),
             ),
         ),
-        readiness=(ReadinessSnapshot("m", "ns", True, ("aggregated",), ()),),
+        readiness=(ModelReadiness("m", "ns", True, ("aggregated",), ()),),
         invalid_total=1,
         recent_invalid=(InvalidRecord("v1.mdc.x", "bad_key", "three tokens", 0.0),),
         live_instances=2,
         builds_in_flight=0,
-        snapshots_applied=1,
+        listings_applied=1,
         rejections=(
-            RejectionSnapshot(
+            StandingRejection(
                 GROUP, "a" * 64, "b" * 64, "ns/backend/generate/7", (BLOCK_SIZE_DIFFERENCE,)
             ),
         ),
@@ -53,10 +53,10 @@ def _snapshot(*, health: str = "healthy", synced: bool = True) -> ServiceSnapsho
 
 @dataclass
 class _Service:
-    snap: ServiceSnapshot
+    current: ServiceStatus
 
-    def snapshot(self) -> ServiceSnapshot:
-        return self.snap
+    def status(self) -> ServiceStatus:
+        return self.current
 
     async def stop(self) -> None:
         return None
@@ -79,7 +79,7 @@ def _routes(state: HostState[_Service]) -> AdmissionRoutes:
 
 
 def test_workersets_list_incumbent_generation_admitted_and_rejected_cohorts() -> None:
-    reply = _routes(HostState("running", _Service(_snapshot()))).workersets(_Context())
+    reply = _routes(HostState("running", _Service(_status()))).workersets(_Context())
 
     assert reply.status == 200
     [workerset] = reply.body["workersets"]
@@ -115,7 +115,7 @@ def test_workersets_list_incumbent_generation_admitted_and_rejected_cohorts() ->
 
 
 def test_readiness_reports_the_evaluator_beside_the_frontends_own_view() -> None:
-    reply = _routes(HostState("running", _Service(_snapshot()))).readiness(_Context())
+    reply = _routes(HostState("running", _Service(_status()))).readiness(_Context())
 
     assert reply.status == 200
     assert reply.body["models"] == [
@@ -131,8 +131,8 @@ def test_readiness_reports_the_evaluator_beside_the_frontends_own_view() -> None
 
 
 def test_health_is_ok_only_once_synced_and_not_draining() -> None:
-    running = _routes(HostState("running", _Service(_snapshot())))
-    starting = _routes(HostState("running", _Service(_snapshot(health="starting", synced=False))))
+    running = _routes(HostState("running", _Service(_status())))
+    starting = _routes(HostState("running", _Service(_status(health="starting", synced=False))))
 
     assert running.health(_Context()).status == 200
     assert starting.health(_Context()).status == 503

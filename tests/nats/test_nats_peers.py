@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from workerset_admission.adapters.nats.peers import PeerAwareSource, served_by_peers
 from workerset_admission.card.serving_record import BucketRead, RawEntry
-from workerset_admission.ports import DiscoveryEntry, SourceEvent, SourcePut, SourceSnapshot
+from workerset_admission.ports import DiscoveryEntry, SourceEvent, SourceListing, SourcePut
 
 
 def record(frontend: str, checksum: str, members: list[str]) -> RawEntry:
@@ -65,8 +65,8 @@ class Listed:
         for event in self._events:
             yield event
 
-    async def list_all(self) -> SourceSnapshot:
-        return SourceSnapshot((), reason="periodic")
+    async def list_all(self) -> SourceListing:
+        return SourceListing((), reason="periodic")
 
     async def close(self) -> None:
         return None
@@ -75,10 +75,10 @@ class Listed:
 async def test_initial_and_reconnect_listings_carry_the_peers_and_nothing_else_is_touched() -> None:
     put = SourcePut(DiscoveryEntry("k", b"v", 1))
     inner = Listed(
-        SourceSnapshot(()),
+        SourceListing(()),
         put,
-        SourceSnapshot((), reason="periodic"),
-        SourceSnapshot((), reason="reconnect"),
+        SourceListing((), reason="periodic"),
+        SourceListing((), reason="reconnect"),
     )
     reader = Reader(BUCKET)
     seen = [e async for e in PeerAwareSource(inner, reader, "me").events()]
@@ -97,7 +97,7 @@ async def test_a_bucket_that_cannot_be_read_leaves_the_listing_without_peers() -
         seen = [
             e
             async for e in PeerAwareSource(
-                Listed(SourceSnapshot(())), Reader(failure), "me"
+                Listed(SourceListing(())), Reader(failure), "me"
             ).events()
         ]
         assert [e.peers for e in seen] == [None]  # type: ignore[union-attr]

@@ -62,11 +62,11 @@ async def test_initial_values_collapse_to_the_latest_state_per_key_without_tombs
     await watch.on_message(message("v1.mdc.a", 3, 3, b"A"))
     await watch.on_message(message("v1.mdc.b", 5, 2, b"B"))
     await watch.on_message(message("v1.mdc.c", 6, 1, b"", {"KV-Operation": "DEL"}))
-    assert not watch.snapshot_done.is_set()
+    assert not watch.listing_done.is_set()
     await watch.on_message(message("v1.mdc.a", 9, 0, b"A2", {"traceparent": "t"}))
-    assert watch.snapshot_done.is_set()
-    assert {e.key: e.value for e in watch.snapshot_entries} == {"v1.mdc.a": b"A2", "v1.mdc.b": b"B"}
-    newest = next(e for e in watch.snapshot_entries if e.key == "v1.mdc.a")
+    assert watch.listing_done.is_set()
+    assert {e.key: e.value for e in watch.listing_entries} == {"v1.mdc.a": b"A2", "v1.mdc.b": b"B"}
+    newest = next(e for e in watch.listing_entries if e.key == "v1.mdc.a")
     assert newest.revision == 9
     assert newest.headers == {"traceparent": "t"}
     assert newest.published_at == pytest.approx(1_700_000_000.0)
@@ -82,11 +82,11 @@ async def test_a_key_rewritten_while_the_listing_is_delivered_is_still_in_it() -
     await watch.on_message(message("v1.mdc.a", 3, 1, b"A"))
     await watch.on_message(message("v1.mdc.c", 6, 0, b"C"))
     await watch.on_message(message("v1.mdc.a", 7, 1, b"A2"))
-    assert not watch.snapshot_done.is_set()
+    assert not watch.listing_done.is_set()
     assert watch.listing_stalled()
     await watch.on_message(message("v1.mdc.b", 8, 0, b"B2"))
-    assert watch.snapshot_done.is_set()
-    assert {e.key: e.value for e in watch.snapshot_entries} == {
+    assert watch.listing_done.is_set()
+    assert {e.key: e.value for e in watch.listing_entries} == {
         "v1.mdc.a": b"A2",
         "v1.mdc.b": b"B2",
         "v1.mdc.c": b"C",
@@ -102,8 +102,8 @@ async def test_without_the_keys_at_the_start_the_listing_ends_with_their_values(
     await watch.on_message(message("v1.mdc.a", 4, 50, b"A"))
     # The first message newer than the start: the values at the start are all in.
     await watch.on_message(message("v1.mdc.b", 5, 49, b"B"))
-    assert watch.snapshot_done.is_set()
-    assert [e.key for e in watch.snapshot_entries] == ["v1.mdc.a", "v1.mdc.b"]
+    assert watch.listing_done.is_set()
+    assert [e.key for e in watch.listing_entries] == ["v1.mdc.a", "v1.mdc.b"]
     await watch.on_message(message("v1.mdc.c", 6, 48, b"C"))
     live = watch.queue.get_nowait()
     assert isinstance(live, SourcePut)
@@ -116,10 +116,10 @@ async def test_a_listing_waiting_for_a_key_ends_after_a_round_of_later_writes() 
     await watch.on_message(message("v1.mdc.a", 2, 0, b"A"))
     # One value and one unseen key: two later messages at most.
     await watch.on_message(message("v1.mdc.a", 3, 5, b"A2"))
-    assert not watch.snapshot_done.is_set()
+    assert not watch.listing_done.is_set()
     await watch.on_message(message("v1.mdc.b", 4, 5, b"B"))
-    assert watch.snapshot_done.is_set()
-    assert {e.key: e.value for e in watch.snapshot_entries} == {
+    assert watch.listing_done.is_set()
+    assert {e.key: e.value for e in watch.listing_entries} == {
         "v1.mdc.a": b"A2",
         "v1.mdc.b": b"B",
     }
@@ -194,12 +194,12 @@ async def test_events_may_be_iterated_only_once() -> None:
     await source.close()
 
 
-async def test_with_client_side_filtering_foreign_keys_are_dropped_but_end_the_snapshot() -> None:
+async def test_with_client_side_filtering_foreign_keys_are_dropped_but_end_the_listing() -> None:
     watch = Watch(len(PREFIX), 8, last_seq_at_start=9, key_prefixes=("v1.mdc.", "v1.instances."))
     await watch.on_message(message("v1.mdc.a", 2, 1, b"A"))
     await watch.on_message(message("other.thing", 3, 0, b"O"))
-    assert watch.snapshot_done.is_set()
-    assert [e.key for e in watch.snapshot_entries] == ["v1.mdc.a"]
+    assert watch.listing_done.is_set()
+    assert [e.key for e in watch.listing_entries] == ["v1.mdc.a"]
     await watch.on_message(message("v1.mdcX.b", 10, 0, b"B"))
     await watch.on_message(message("v1.instances.c", 11, 0, b"C"))
     live = watch.queue.get_nowait()
@@ -212,9 +212,9 @@ async def test_the_initial_values_are_handed_over_once_and_not_kept_by_the_watch
     watch = Watch(len(PREFIX), 4, last_seq_at_start=2)
     await watch.on_message(message("v1.mdc.a", 1, 1, b"A"))
     await watch.on_message(message("v1.mdc.b", 2, 0, b"B"))
-    entries = watch.take_snapshot()
+    entries = watch.take_listing()
     assert [e.value for e in entries] == [b"A", b"B"]
-    assert watch.take_snapshot() == ()
+    assert watch.take_listing() == ()
 
 
 class _State:
@@ -290,5 +290,5 @@ async def test_a_listing_that_only_waits_for_keys_gone_without_a_trace_ends_when
     assert watch.listing_stalled()
     # x never comes and nothing else is delivered: the source ends the listing without it.
     await asyncio.wait_for(source._initial_values(watch), 5)
-    assert watch.snapshot_done.is_set()
-    assert [e.key for e in watch.snapshot_entries] == ["v1.mdc.a"]
+    assert watch.listing_done.is_set()
+    assert [e.key for e in watch.listing_entries] == ["v1.mdc.a"]

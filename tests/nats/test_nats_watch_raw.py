@@ -76,10 +76,10 @@ async def test_a_subscription_without_a_numeric_id_is_refused_and_keeps_nats_pys
 async def test_initial_values_arrive_as_entries_and_nothing_pending_ends_them() -> None:
     watch, recorder = raw_watch(last_seq_at_start=9)
     assert watch.on_raw(PREFIX + b"v1.mdc.a", reply(3, 1, 1), b"A", None) is None
-    assert not watch.snapshot_done.is_set()
+    assert not watch.listing_done.is_set()
     watch.on_raw(PREFIX + b"v1.mdc.b", reply(5, 2, 0), b"B", {"traceparent": "t"})
-    assert watch.snapshot_done.is_set()
-    entries = {e.key: e for e in watch.take_snapshot()}
+    assert watch.listing_done.is_set()
+    entries = {e.key: e for e in watch.take_listing()}
     assert {k: e.value for k, e in entries.items()} == {"v1.mdc.a": b"A", "v1.mdc.b": b"B"}
     assert entries["v1.mdc.b"].revision == 5
     assert entries["v1.mdc.b"].headers == {"traceparent": "t"}
@@ -150,7 +150,7 @@ async def test_a_skipped_consumer_sequence_stops_the_watch_and_reports_it() -> N
     watch.on_raw(PREFIX + b"v1.mdc.a", reply(3, 1, 5), b"A", None)
     watch.on_raw(PREFIX + b"v1.mdc.b", reply(4, 3, 4), b"B", None)
     assert watch.stopped
-    assert watch.snapshot_done.is_set()  # whoever waits for the initial values wakes
+    assert watch.listing_done.is_set()  # whoever waits for the initial values wakes
     assert recorder.broken == ["delivery gap: consumer sequence 3, expected 2"]
     assert watch.initial is not None  # the initial values were never declared complete
     watch.on_raw(PREFIX + b"v1.mdc.c", reply(5, 2, 3), b"C", None)

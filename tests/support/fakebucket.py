@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from workerset_admission.mirror import BucketMark, Change, HeldRecord, write_in_turn
+from workerset_admission.mirror import BucketMark, BucketValue, Change, write_in_turn
 
 __all__ = ["FakeBucket"]
 
@@ -75,11 +75,11 @@ class FakeBucket:
     async def keys(self) -> list[str]:
         return sorted(self.owned & set(self.data))
 
-    async def contents(self) -> dict[str, HeldRecord]:
+    async def contents(self) -> dict[str, BucketValue]:
         if self.broken or self.unreadable or not self.exists:
             raise ConnectionError("bucket unreachable")
         self.readings += 1
-        return {key: HeldRecord(value, key in self.owned) for key, value in self.data.items()}
+        return {key: BucketValue(value, key in self.owned) for key, value in self.data.items()}
 
     async def mark(self) -> BucketMark:
         if self.broken:

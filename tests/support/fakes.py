@@ -15,7 +15,7 @@ from workerset_admission.admission import (
     WithdrawGroup,
 )
 from workerset_admission.identity import EndpointId
-from workerset_admission.ports import BuildRequest, DiscoveryEntry, SourceEvent, SourceSnapshot
+from workerset_admission.ports import BuildRequest, DiscoveryEntry, SourceEvent, SourceListing
 
 __all__ = [
     "FakeBuilder",
@@ -47,11 +47,11 @@ class FakeSource:
                 return
             yield event
 
-    async def list_all(self) -> SourceSnapshot:
+    async def list_all(self) -> SourceListing:
         self.list_calls += 1
         listing = tuple(self.listing)  # read when the listing starts, like a real bucket scan
         await self.listing_gate.wait()
-        return SourceSnapshot(listing, reason="periodic")
+        return SourceListing(listing, reason="periodic")
 
     async def close(self) -> None:
         self.closed = True

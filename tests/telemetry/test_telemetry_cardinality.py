@@ -18,12 +18,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from workerset_admission.card.differences import Difference
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.rejections import RejectionSnapshot
-from workerset_admission.service.snapshots import (
-    EMPTY_SNAPSHOT,
-    CohortSnapshot,
-    GroupSnapshot,
-    ServiceSnapshot,
+from workerset_admission.service.rejections import StandingRejection
+from workerset_admission.service.status_model import (
+    EMPTY_STATUS,
+    CohortStatusView,
+    GroupStatusView,
+    ServiceStatus,
     state_summary,
 )
 from workerset_admission.telemetry import AdmissionTelemetry
@@ -37,7 +37,7 @@ WORKER_FAMILIES = (
 )
 
 
-def snapshot(worker_sets: int, workers: int, rejected: tuple[int, ...] = ()) -> ServiceSnapshot:
+def service_status(worker_sets: int, workers: int, rejected: tuple[int, ...] = ()) -> ServiceStatus:
     """``worker_sets`` WorkerSets of ``workers`` admitted workers, and rejected cohorts beside."""
     groups, rejections = [], []
     next_id = 1
@@ -50,13 +50,13 @@ def snapshot(worker_sets: int, workers: int, rejected: tuple[int, ...] = ()) -> 
         )
         admitted = tuple(range(next_id, next_id + workers))
         next_id += workers
-        cohorts = [CohortSnapshot("a" * 64, admitted)]
+        cohorts = [CohortStatusView("a" * 64, admitted)]
         for number, size in enumerate(rejected):
             checksum = f"{number:x}" * 64
-            cohorts.append(CohortSnapshot(checksum[:64], tuple(range(next_id, next_id + size))))
+            cohorts.append(CohortStatusView(checksum[:64], tuple(range(next_id, next_id + size))))
             next_id += size
             rejections.append(
-                RejectionSnapshot(
+                StandingRejection(
                     key,
                     "a" * 64,
                     checksum[:64],
@@ -65,7 +65,7 @@ def snapshot(worker_sets: int, workers: int, rejected: tuple[int, ...] = ()) -> 
                 )
             )
         groups.append(
-            GroupSnapshot(
+            GroupStatusView(
                 group=key,
                 incumbent="a" * 64,
                 status="ready",
@@ -77,10 +77,10 @@ def snapshot(worker_sets: int, workers: int, rejected: tuple[int, ...] = ()) -> 
                 cohorts=tuple(cohorts),
             )
         )
-    return dataclasses.replace(EMPTY_SNAPSHOT, groups=tuple(groups), rejections=tuple(rejections))
+    return dataclasses.replace(EMPTY_STATUS, groups=tuple(groups), rejections=tuple(rejections))
 
 
-def series(snap: ServiceSnapshot) -> tuple[Counter[str], float]:
+def series(snap: ServiceStatus) -> tuple[Counter[str], float]:
     """Series per family on the page, and how long one scrape's rendering took (seconds)."""
     registry = CollectorRegistry(auto_describe=True)
     reader = PrometheusMetricReader(registry=registry)
@@ -100,11 +100,11 @@ def series(snap: ServiceSnapshot) -> tuple[Counter[str], float]:
 
 
 def test_series_grow_by_one_per_worker_and_one_per_rejected_cohort() -> None:
-    base, _ = series(snapshot(1, 0))
-    thousand, took = series(snapshot(1, 1000))
-    two_sets, _ = series(snapshot(2, 500))
-    rejected, _ = series(snapshot(1, 1000, rejected=(10,)))
-    three_rejected, _ = series(snapshot(1, 1000, rejected=(10, 10, 10)))
+    base, _ = series(service_status(1, 0))
+    thousand, took = series(service_status(1, 1000))
+    two_sets, _ = series(service_status(2, 500))
+    rejected, _ = series(service_status(1, 1000, rejected=(10,)))
+    three_rejected, _ = series(service_status(1, 1000, rejected=(10, 10, 10)))
 
     def worker_series(counts: Counter[str]) -> int:
         return sum(counts[f] for f in WORKER_FAMILIES)

@@ -14,10 +14,10 @@ from workerset_admission.admission import (
     AdmissionCore,
     BuildFinished,
     CommitGroup,
+    Listing,
     MutationRefused,
     RejectionReported,
     RetryScheduled,
-    Snapshot,
     StartBuild,
     TenureHeld,
     TenureHoldEnded,
@@ -26,7 +26,7 @@ from workerset_admission.admission import (
 )
 from workerset_admission.card import card_checksum
 from workerset_admission.identity import EndpointId, GroupKey, Registration, WorkerType
-from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
 from workerset_admission.telemetry import (
     AdmissionStateSummary,
     HeldGroup,
@@ -235,13 +235,13 @@ def test_decisions_follow_from_the_effects_of_one_update() -> None:
     assert decision_of(core.apply(WorkerRemoved("ns/backend/generate/2"))) == ("removed", GROUP)
 
 
-def test_a_snapshot_is_reconciled_not_admitted_or_rejected(harness: Harness) -> None:
+def test_a_listing_is_reconciled_not_admitted_or_rejected(harness: Harness) -> None:
     core = AdmissionCore()
     listing = [registration(1, "aaaa"), registration(2, "bbbb")]
-    with harness.telemetry.apply_update(SourceSnapshot([], reason="initial")) as update:
-        update.effects(core.apply(Snapshot(listing)))
-    with harness.telemetry.apply_update(SourceSnapshot([], reason="periodic")) as update:
-        update.effects(core.apply(Snapshot(listing)))
+    with harness.telemetry.apply_update(SourceListing([], reason="initial")) as update:
+        update.effects(core.apply(Listing(listing)))
+    with harness.telemetry.apply_update(SourceListing([], reason="periodic")) as update:
+        update.effects(core.apply(Listing(listing)))
     first, second = harness.finished(n.SPAN_APPLY_SNAPSHOT)
     assert first.attributes is not None
     assert second.attributes is not None

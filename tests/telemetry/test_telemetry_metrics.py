@@ -9,10 +9,10 @@ from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
 from telemetry_harness import Harness
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
-from workerset_admission.service.snapshots import (
-    EMPTY_SNAPSHOT,
-    CohortSnapshot,
-    GroupSnapshot,
+from workerset_admission.service.status_model import (
+    EMPTY_STATUS,
+    CohortStatusView,
+    GroupStatusView,
     state_summary,
 )
 from workerset_admission.telemetry import AdmissionStateSummary
@@ -134,9 +134,9 @@ def test_gauges_report_every_status_and_the_admitted_workers_from_the_state_call
     assert admitted.value == 7
 
 
-def _group(model: str, cohorts: tuple[tuple[int, ...], ...], held: bool) -> GroupSnapshot:
+def _group(model: str, cohorts: tuple[tuple[int, ...], ...], held: bool) -> GroupStatusView:
     key = GroupKey.build(model, EndpointId("ns", "backend", "generate"), "chat", WorkerType.DECODE)
-    return GroupSnapshot(
+    return GroupStatusView(
         group=key,
         incumbent="c0",
         status="ready",
@@ -145,7 +145,7 @@ def _group(model: str, cohorts: tuple[tuple[int, ...], ...], held: bool) -> Grou
         receiver=1,
         admitted=() if held else cohorts[0],
         routable=(),
-        cohorts=tuple(CohortSnapshot(f"c{i}", ids) for i, ids in enumerate(cohorts)),
+        cohorts=tuple(CohortStatusView(f"c{i}", ids) for i, ids in enumerate(cohorts)),
         held_until=100.0 if held else None,
     )
 
@@ -158,7 +158,7 @@ def test_workers_are_counted_by_model_as_admitted_rejected_held_or_drained(
         drained=((9, "ops", None),),
     )
     snap = dataclasses.replace(
-        EMPTY_SNAPSHOT, groups=(llama, _group("qwen", ((), (7, 8)), held=True))
+        EMPTY_STATUS, groups=(llama, _group("qwen", ((), (7, 8)), held=True))
     )
     harness.telemetry.observe_state(lambda: state_summary(snap))
 

@@ -9,7 +9,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 from telemetry_harness import Harness, make_harness
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut, SourceSnapshot
+from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
 from workerset_admission.telemetry import inject_headers
 from workerset_admission.telemetry import names as n
 
@@ -85,7 +85,7 @@ def test_headers_without_valid_trace_context_give_no_link(harness: Harness) -> N
     assert [len(s.links) for s in harness.finished()] == [0, 0]
 
 
-def test_a_snapshot_gets_its_own_span_with_entry_count_reason_and_bounded_links(
+def test_a_listing_gets_its_own_span_with_entry_count_reason_and_bounded_links(
     harness: Harness,
 ) -> None:
     tracer = harness.tracer_provider.get_tracer("worker")
@@ -95,7 +95,7 @@ def test_a_snapshot_gets_its_own_span_with_entry_count_reason_and_bounded_links(
             entries.append(
                 DiscoveryEntry(key=f"{KEY}{i}", value=b"", revision=i, headers=inject_headers())
             )
-    with harness.telemetry.apply_update(SourceSnapshot(entries, reason="reconnect")):
+    with harness.telemetry.apply_update(SourceListing(entries, reason="reconnect")):
         pass
 
     (span,) = harness.finished(n.SPAN_APPLY_SNAPSHOT)

@@ -11,11 +11,11 @@ from telemetry_harness import Harness
 from workerset_admission.admission import effects as fx
 from workerset_admission.card.differences import Difference
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.rejections import RejectionSnapshot
-from workerset_admission.service.snapshots import (
-    EMPTY_SNAPSHOT,
-    CohortSnapshot,
-    GroupSnapshot,
+from workerset_admission.service.rejections import StandingRejection
+from workerset_admission.service.status_model import (
+    EMPTY_STATUS,
+    CohortStatusView,
+    GroupStatusView,
     state_summary,
 )
 from workerset_admission.telemetry import names as n
@@ -58,9 +58,9 @@ def group(
     routable: tuple[int, ...] | None = None,
     key: GroupKey = GROUP,
     **extra: Any,
-) -> GroupSnapshot:
+) -> GroupStatusView:
     admitted = cohorts[0] if admitted is None else admitted
-    return GroupSnapshot(
+    return GroupStatusView(
         group=key,
         incumbent="a" if cohorts else None,
         status=status,
@@ -69,17 +69,17 @@ def group(
         receiver=1,
         admitted=admitted,
         routable=admitted if routable is None else routable,
-        cohorts=tuple(CohortSnapshot(c, ids) for c, ids in zip("abcd", cohorts, strict=False)),
+        cohorts=tuple(CohortStatusView(c, ids) for c, ids in zip("abcd", cohorts, strict=False)),
         **extra,
     )
 
 
-def rejection(checksum: str, *fields: str) -> RejectionSnapshot:
+def rejection(checksum: str, *fields: str) -> StandingRejection:
     found = tuple(Difference(f, "1", "2") for f in fields) if fields else None
-    return RejectionSnapshot(GROUP, "a", checksum, f"{EP.path()}/9", found)
+    return StandingRejection(GROUP, "a", checksum, f"{EP.path()}/9", found)
 
 
-def states(*groups: Any, rejections: tuple[RejectionSnapshot, ...] = ()) -> dict[int, tuple]:
+def states(*groups: Any, rejections: tuple[StandingRejection, ...] = ()) -> dict[int, tuple]:
     """Worker id -> (upstream state, reason, differs_in), over every WorkerSet."""
     out = {}
     for worker_set in worker_sets(groups, rejections):
@@ -187,7 +187,7 @@ def test_a_pair_of_checksums_keeps_what_it_differs_in_when_the_cards_are_gone() 
 def test_rejected_cohorts_successions_and_holds_are_reported_for_every_model_from_zero(
     harness: Harness,
 ) -> None:
-    snap = dataclasses.replace(EMPTY_SNAPSHOT, groups=(group(((1,),)),))
+    snap = dataclasses.replace(EMPTY_STATUS, groups=(group(((1,),)),))
     harness.telemetry.observe_state(lambda: state_summary(snap))
     for name in ("cohorts.rejected", "successions", "holds"):
         points = harness.points(f"workerset_admission.{name}")
@@ -216,7 +216,7 @@ def test_the_first_difference_names_a_checksum_input_from_a_fixed_set() -> None:
 
 def test_the_series_carry_dynamos_labels_and_every_count_state(harness: Harness) -> None:
     snap = dataclasses.replace(
-        EMPTY_SNAPSHOT,
+        EMPTY_STATUS,
         groups=(group(((1, 2), (3,))),),
         rejections=(rejection("b", "kv_cache_block_size"),),
     )
@@ -261,7 +261,7 @@ def test_the_series_carry_dynamos_labels_and_every_count_state(harness: Harness)
 
 
 def test_the_incumbent_gauge_is_valued_at_the_start_of_its_tenure(harness: Harness) -> None:
-    snap = dataclasses.replace(EMPTY_SNAPSHOT, groups=(group(((1,),)),))
+    snap = dataclasses.replace(EMPTY_STATUS, groups=(group(((1,),)),))
     harness.telemetry.observe_state(lambda: state_summary(snap))
     began = time.time()
     harness.telemetry.effects([fx.OpenReceiver(GROUP, 1, "a", 1)])

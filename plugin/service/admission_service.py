@@ -6,7 +6,7 @@ Theory of operation
 One :class:`AdmissionService` owns every task it runs in a single ``asyncio.TaskGroup``:
 
 * the *source loop* hands each source event to the :class:`~.step.AdmissionStep` (the step
-  ``replay`` runs too): ingestion, one core step, the effects carried out; a snapshot is one
+  ``replay`` runs too): ingestion, one core step, the effects carried out; a listing is one
   step, so receivers hear about it once;
 * the *timer loop* feeds the core a ``Tick`` whenever a deadline it scheduled (a retry, a hold)
   falls due, and the *reconciliation loop* applies a full listing every
@@ -45,8 +45,8 @@ from workerset_admission.ports import (
     PipelineBuilder,
     SourceDelete,
     SourceEvent,
+    SourceListing,
     SourcePut,
-    SourceSnapshot,
     StatusResponder,
 )
 from workerset_admission.service.bindings import AdmittedHopBinding, FrontendRouting, HopBindings
@@ -54,14 +54,14 @@ from workerset_admission.service.builds import Builds, DefaultPipelineBuilder
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, RecordDecoder
 from workerset_admission.service.publication import ServingPublication
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
-from workerset_admission.service.snapshots import (
-    EMPTY_SNAPSHOT,
-    GroupSnapshot,
+from workerset_admission.service.status_model import (
+    EMPTY_STATUS,
+    GroupStatusView,
     InvalidRecord,
     ServiceCounters,
-    ServiceSnapshot,
+    ServiceStatus,
     ServingRecord,
-    group_snapshot,
+    group_status_view,
     readiness,
     serving_records,
     standing_rejections,
@@ -83,9 +83,9 @@ __all__ = [
     "AdmissionService",
     "BuildRequest",
     "CardRecordDecoder",
-    "GroupSnapshot",
+    "GroupStatusView",
     "PipelineBuilder",
-    "ServiceSnapshot",
+    "ServiceStatus",
 ]
 
 _log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class AdmissionService:
         self.frontend_id: str | None = getattr(publisher, "frontend_id", None)
         self._status = status
         self._telemetry = telemetry or AdmissionTelemetry()
-        self._telemetry.observe_state(lambda: state_summary(self.snapshot()))
+        self._telemetry.observe_state(lambda: state_summary(self.status()))
         self._clock = clock
         self._closers = tuple(closers)
 
@@ -158,7 +158,7 @@ class AdmissionService:
         self._runner: asyncio.Task[None] | None = None
         self._tg: TaskGroup | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._snapshot: ServiceSnapshot | None = None
+        self._status_cache: ServiceStatus | None = None
         self._failure: BaseException | None = None
         self._shut_down = False
         # Keys live updates touched while a reconciliation listing is being read.
@@ -237,7 +237,7 @@ class AdmissionService:
             raise self._failure
 
     async def wait_synced(self, timeout: float | None = None) -> None:
-        """Wait until the first snapshot has been applied.
+        """Wait until the first listing has been applied.
 
         Raises ``TimeoutError`` after ``timeout`` seconds, and the service's failure (or
         ``UsageError``) when it stops before it ever synced.
@@ -358,32 +358,32 @@ class AdmissionService:
     def recent_invalid(self) -> tuple[InvalidRecord, ...]:
         return tuple(self._invalid)
 
-    def snapshot(self) -> ServiceSnapshot:
+    def status(self) -> ServiceStatus:
         """Return the current state, rebuilt only after a change; safe from any thread.
 
         On the service's own loop the picture is rebuilt directly; from another thread (the
         Dynamo frontend's HTTP handler pool) the rebuild runs on the loop and this waits for
         it briefly, falling back to the last picture.
         """
-        cached = self._snapshot
+        cached = self._status_cache
         if cached is not None:
             return cached
         loop = self._loop
         if loop is None or on_loop(loop) or not loop.is_running():
-            return self._build_snapshot()
-        future = asyncio.run_coroutine_threadsafe(self._snapshot_async(), loop)
+            return self._build_status()
+        future = asyncio.run_coroutine_threadsafe(self._status_async(), loop)
         try:
             return future.result(timeout=1.0)
         except Exception:
             future.cancel()
-            return self._snapshot or EMPTY_SNAPSHOT
+            return self._status_cache or EMPTY_STATUS
 
-    async def _snapshot_async(self) -> ServiceSnapshot:
-        return self.snapshot()
+    async def _status_async(self) -> ServiceStatus:
+        return self.status()
 
     def render_status(self, brief: bool = False) -> bytes:
         """Render the status as JSON bytes; ``brief`` gives counts instead of member lists."""
-        return json.dumps(self.snapshot().to_json(brief=brief), sort_keys=True).encode()
+        return json.dumps(self.status().to_json(brief=brief), sort_keys=True).encode()
 
     def wake_timers(self) -> None:
         """Re-read the clock now (for hosts and tests that inject a clock that jumps)."""
@@ -412,7 +412,7 @@ class AdmissionService:
             if self._stopping.is_set():
                 break
             self.handle_event(event)
-            # A snapshot carries every raw value of the bucket: let it go before waiting.
+            # A listing carries every raw value of the bucket: let it go before waiting.
             del event
         if not self._stopping.is_set():
             _log.warning("the discovery source ended; stopping the admission service")
@@ -429,8 +429,8 @@ class AdmissionService:
             self.counters.deletes += 1
             if touched is not None:
                 touched.add(event.key)
-        elif isinstance(event, SourceSnapshot):
-            self.counters.snapshots += 1
+        elif isinstance(event, SourceListing):
+            self.counters.listings += 1
             if event.reason != "periodic":
                 self._resyncs += 1
             if event.reason == "reconnect" and self._publication is not None:
@@ -439,7 +439,7 @@ class AdmissionService:
             raise UsageError(f"not a discovery event: {type(event).__name__}")
         self.step.handle_event(event, keep)
         self.counters.notifications = self.step.notifications
-        if isinstance(event, SourceSnapshot) and not self._synced.is_set():
+        if isinstance(event, SourceListing) and not self._synced.is_set():
             self._synced.set()
             self._changed()
 
@@ -463,7 +463,7 @@ class AdmissionService:
         self.counters.notifications = self.step.notifications
 
     def _changed(self) -> None:
-        self._snapshot = None
+        self._status_cache = None
         for listener in self._state_listeners:
             try:
                 listener()
@@ -483,7 +483,7 @@ class AdmissionService:
                 _log.warning("periodic reconciliation could not list the bucket: %s", exc)
 
     async def reconcile(self) -> bool:
-        """List the whole bucket and apply it as a snapshot; tell whether it was applied.
+        """List the whole bucket and apply it as a listing; tell whether it was applied.
 
         Live updates keep flowing while the listing is read, so the listing may be older than
         what they said: keys they touched meanwhile keep their live state, and a listing that
@@ -513,25 +513,25 @@ class AdmissionService:
         """Return the instance keys this frontend serves, per worker namespace."""
         return {ns: record.members for ns, record in self.serving_records().items()}
 
-    # -- snapshots ---------------------------------------------------------------------------
+    # -- status ------------------------------------------------------------------------------
 
-    def _build_snapshot(self) -> ServiceSnapshot:
+    def _build_status(self) -> ServiceStatus:
         views = self.core.groups()
-        snap = ServiceSnapshot(
+        current = ServiceStatus(
             health=self._health(),
             synced=self._synced.is_set(),
-            groups=tuple(group_snapshot(v, self.liveness, self._clock) for v in views),
+            groups=tuple(group_status_view(v, self.liveness, self._clock) for v in views),
             rejections=standing_rejections(self.core, views),
             readiness=readiness(self.core, self.core.serving(), self.liveness),
             invalid_total=self.counters.invalid,
             recent_invalid=tuple(self._invalid),
             live_instances=len(self.liveness),
             builds_in_flight=self.core.builds_in_flight,
-            snapshots_applied=self.counters.snapshots,
+            listings_applied=self.counters.listings,
             frontend=self.frontend_id,
         )
-        self._snapshot = snap
-        return snap
+        self._status_cache = current
+        return current
 
     def _health(self) -> str:
         if self._stopping.is_set():

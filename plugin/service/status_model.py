@@ -1,4 +1,4 @@
-"""What the service shows: immutable snapshots of its state, their JSON, and running counters."""
+"""What the service shows: an immutable status of its state, its JSON, and running counters."""
 
 from __future__ import annotations
 
@@ -9,22 +9,29 @@ from typing import Any
 
 from workerset_admission.admission import AdmissionCore, GroupView
 from workerset_admission.admission.readiness import ReadinessUnit, evaluate_readiness
-from workerset_admission.identity import GroupKey, group_fields, instance_key
+from workerset_admission.identity import AttemptId, GroupKey, instance_key
+from workerset_admission.service.group_json import (
+    Serving,
+    drained_json,
+    group_json,
+    handover_json,
+    id_list,
+)
 from workerset_admission.service.liveness import LivenessIndex
-from workerset_admission.service.rejections import RejectionSnapshot, standing_rejections
+from workerset_admission.service.rejections import StandingRejection, standing_rejections
 from workerset_admission.telemetry import AdmissionStateSummary, HeldGroup
 
 __all__ = [
-    "EMPTY_SNAPSHOT",
-    "CohortSnapshot",
-    "GroupSnapshot",
+    "EMPTY_STATUS",
+    "CohortStatusView",
+    "GroupStatusView",
     "InvalidRecord",
-    "ReadinessSnapshot",
-    "RejectionSnapshot",
+    "ModelReadiness",
     "ServiceCounters",
-    "ServiceSnapshot",
+    "ServiceStatus",
     "ServingRecord",
-    "group_snapshot",
+    "StandingRejection",
+    "group_status_view",
     "readiness",
     "serving_records",
     "standing_rejections",
@@ -33,7 +40,7 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class CohortSnapshot:
+class CohortStatusView:
     """One cohort: its checksum and member instance ids, sorted."""
 
     mdc_checksum: str
@@ -41,7 +48,7 @@ class CohortSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupSnapshot:
+class GroupStatusView:
     """One WorkerSet as the service serves it."""
 
     group: GroupKey
@@ -52,7 +59,7 @@ class GroupSnapshot:
     receiver: int | None
     admitted: tuple[int, ...]
     routable: tuple[int, ...]
-    cohorts: tuple[CohortSnapshot, ...]
+    cohorts: tuple[CohortStatusView, ...]
     # When a tenure held after an outage ends (Unix time), None when it is not held; and the
     # instance ids it was held for (one of them coming back ends it).
     held_until: float | None = None
@@ -68,49 +75,41 @@ class GroupSnapshot:
     handover: tuple[str, int, tuple[int, ...]] | None = None
 
     @property
-    def rejected(self) -> tuple[CohortSnapshot, ...]:
+    def rejected(self) -> tuple[CohortStatusView, ...]:
         return self.cohorts[1:]
 
     def to_json(self, brief: bool = False) -> dict[str, Any]:
-        def ids(values: tuple[int, ...]) -> list[int] | int:
-            return len(values) if brief else list(values)
-
-        out = group_fields(self.group)
+        out = group_json(
+            self.group,
+            incumbent=self.incumbent,
+            status=self.status,
+            generation=self.generation,
+            receiver=self.receiver,
+            admitted=self.admitted,
+            cohorts=((c.mdc_checksum, c.members) for c in self.cohorts),
+            serving=Serving(self.committed_generation, self.routable),
+            brief=brief,
+        )
+        # What the status alone shows: every field always, the hold's times as Unix time.
         out.update(
             {
-                "incumbent": self.incumbent,
-                "status": self.status,
-                "generation": self.generation,
-                "committed_generation": self.committed_generation,
-                "receiver": self.receiver,
-                "admitted": ids(self.admitted),
-                "routable": ids(self.routable),
-                "cohorts": [
-                    {"checksum": c.mdc_checksum, "members": ids(c.members)} for c in self.cohorts
-                ],
                 "rejected": [c.mdc_checksum for c in self.rejected],
                 "held": self.held_until is not None,
                 "held_until": self.held_until,
-                "hold_members": ids(self.hold_members),
-                "last_known": ids(self.last_known),
+                "hold_members": id_list(self.hold_members, brief),
+                "last_known": id_list(self.last_known, brief),
                 "last_known_until": self.last_known_until,
-                "drained": len(self.drained)
-                if brief
-                else [{"instance_id": i, "by": by, "at": at} for i, by, at in self.drained],
+                "drained": len(self.drained) if brief else drained_json(self.drained),
                 "handover": None
                 if self.handover is None
-                else {
-                    "checksum": self.handover[0],
-                    "committed_generation": self.handover[1],
-                    "members": ids(self.handover[2]),
-                },
+                else handover_json(*self.handover, brief=brief),
             }
         )
         return out
 
 
 @dataclass(frozen=True, slots=True)
-class ReadinessSnapshot:
+class ModelReadiness:
     """Readiness of one model in one namespace, from its committed WorkerSets only."""
 
     model: str
@@ -143,23 +142,23 @@ class InvalidRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class ServiceSnapshot:
+class ServiceStatus:
     """A consistent, immutable picture of the service for synchronous readers."""
 
     health: str
     synced: bool
-    groups: tuple[GroupSnapshot, ...]
-    readiness: tuple[ReadinessSnapshot, ...]
+    groups: tuple[GroupStatusView, ...]
+    readiness: tuple[ModelReadiness, ...]
     invalid_total: int
     recent_invalid: tuple[InvalidRecord, ...]
     live_instances: int
     builds_in_flight: int
-    snapshots_applied: int
+    listings_applied: int
     frontend: str | None = None
     # Every cohort standing rejected, with what its card differs in from the incumbent's.
-    rejections: tuple[RejectionSnapshot, ...] = ()
+    rejections: tuple[StandingRejection, ...] = ()
 
-    def group(self, key: GroupKey) -> GroupSnapshot | None:
+    def group(self, key: GroupKey) -> GroupStatusView | None:
         for g in self.groups:
             if g.group == key:
                 return g
@@ -177,7 +176,7 @@ class ServiceSnapshot:
             "recent_invalid": [r.to_json() for r in self.recent_invalid],
             "live_instances": self.live_instances,
             "builds_in_flight": self.builds_in_flight,
-            "snapshots_applied": self.snapshots_applied,
+            "snapshots_applied": self.listings_applied,  # the key predates the word "listing"
         }
 
 
@@ -198,12 +197,12 @@ class ServiceCounters:
 
     puts: int = 0
     deletes: int = 0
-    snapshots: int = 0
+    listings: int = 0
     invalid: int = 0
     notifications: int = 0
 
 
-EMPTY_SNAPSHOT = ServiceSnapshot(
+EMPTY_STATUS = ServiceStatus(
     health="starting",
     synced=False,
     groups=(),
@@ -212,13 +211,13 @@ EMPTY_SNAPSHOT = ServiceSnapshot(
     recent_invalid=(),
     live_instances=0,
     builds_in_flight=0,
-    snapshots_applied=0,
+    listings_applied=0,
 )
 
 
-def group_snapshot(
+def group_status_view(
     view: GroupView, liveness: LivenessIndex, clock: Callable[[], float] | None = None
-) -> GroupSnapshot:
+) -> GroupStatusView:
     """Picture one group as served: its cohorts, and which admitted ids are routable.
 
     ``clock`` is the service clock the core's hold deadlines are on; with it a held group's
@@ -231,7 +230,7 @@ def group_snapshot(
             return None
         return round(time.time() + at - clock(), 3)
 
-    return GroupSnapshot(
+    return GroupStatusView(
         held_until=unix(view.held_until),
         hold_members=view.hold_members,
         last_known=view.last_known,
@@ -244,7 +243,7 @@ def group_snapshot(
         receiver=view.receiver,
         admitted=view.admitted,
         routable=tuple(sorted(routable)),
-        cohorts=tuple(CohortSnapshot(c.mdc_checksum, c.instance_ids) for c in view.cohorts),
+        cohorts=tuple(CohortStatusView(c.mdc_checksum, c.instance_ids) for c in view.cohorts),
         drained=tuple((d.instance_id, d.drain.by, d.drain.at) for d in view.drained),
         handover=None
         if view.handover is None
@@ -254,7 +253,7 @@ def group_snapshot(
 
 def readiness(
     core: AdmissionCore, committed: Iterable[GroupKey], liveness: LivenessIndex
-) -> tuple[ReadinessSnapshot, ...]:
+) -> tuple[ModelReadiness, ...]:
     """Judge readiness per model and namespace from the committed WorkerSets only."""
     # One unit per committed WorkerSet, live = admitted and routable, as the frontend does.
     units: dict[tuple[str, str], list[ReadinessUnit]] = {}
@@ -273,7 +272,7 @@ def readiness(
     for (model, namespace), group_units in sorted(units.items()):
         verdict = evaluate_readiness(group_units)
         out.append(
-            ReadinessSnapshot(
+            ModelReadiness(
                 model=model,
                 namespace=namespace,
                 ready=verdict.ready,
@@ -285,11 +284,12 @@ def readiness(
 
 
 def serving_records(
-    core: AdmissionCore, committed: Mapping[GroupKey, tuple[int, str]]
+    core: AdmissionCore, committed: Mapping[GroupKey, AttemptId]
 ) -> dict[str, ServingRecord]:
     """Return what this frontend serves, per worker namespace (committed groups only)."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for key, (generation, checksum) in sorted(committed.items()):
+    for key, served in sorted(committed.items()):
+        generation, checksum = served.generation, served.mdc_checksum
         view = core.group(key)
         if view is None:
             continue
@@ -319,13 +319,13 @@ def serving_records(
     }
 
 
-def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
+def state_summary(current: ServiceStatus) -> AdmissionStateSummary:
     """Count groups per status, admitted workers of committed groups, workers by state."""
     by_status: dict[str, int] = {}
     admitted = 0
     held: list[HeldGroup] = []
     workers: dict[tuple[str, str], int] = {}
-    for group in snap.groups:
+    for group in current.groups:
         by_status[group.status] = by_status.get(group.status, 0) + 1
         if group.committed_generation is not None:
             admitted += len(group.admitted)
@@ -352,5 +352,5 @@ def state_summary(snap: ServiceSnapshot) -> AdmissionStateSummary:
         for state, count in counts.items():
             workers[(model, state)] = workers.get((model, state), 0) + count
     return AdmissionStateSummary(
-        by_status, admitted, len(held), tuple(held), workers, snap.groups, snap.rejections
+        by_status, admitted, len(held), tuple(held), workers, current.groups, current.rejections
     )
