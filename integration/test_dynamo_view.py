@@ -117,6 +117,10 @@ def test_disaggregated_prefill_and_decode_serve_only_admitted_workers(cluster: C
     common = {"namespace": "pdns", "model": model}
     decode = view.start_worker("decode-1", mode="decode", block_size=16, **common)
     prefill = view.start_worker("prefill-1", mode="prefill", block_size=16, **common)
+    # Both in the view before the first request: a request the frontend takes while it has the
+    # decode worker and not yet the prefill one fails (503), and the next one was once seen to
+    # hang until its client timeout. This case is about which workers serve, not that start-up.
+    wait_for(lambda: view.view_instance_ids("pdns") >= {decode, prefill}, 60, "both in the view")
     wait_for(lambda: model in cluster.kv.models(), 60, "the disaggregated model is served")
     wait_for(
         lambda: (cluster.kv.ask(model).prefill or 0) == prefill, 30, "prefill goes to the worker"

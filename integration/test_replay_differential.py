@@ -498,11 +498,11 @@ async def test_a_refused_projection_and_a_refused_commit_replay_where_they_happe
     commit = HopBindings.commit
     refused: list[CommitGroup] = []
 
-    def first_refused(self: HopBindings, effect: CommitGroup) -> None:
+    def first_refused(self: HopBindings, effect: CommitGroup, pipeline: object = None) -> None:
         if not refused:
             refused.append(effect)
             raise RuntimeError("no open admission channel")
-        commit(self, effect)
+        commit(self, effect, pipeline)
 
     monkeypatch.setattr(HopBindings, "commit", first_refused)
     trace = tmp_path / "trace.jsonl"
