@@ -19,7 +19,12 @@ import pytest
 from dynamoview import MODEL_NAME, Deployment, Frontend, Traffic, deployment, wait_for
 from natsfixture import NatsServer, restartable_server
 
-pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.dynamo,
+    pytest.mark.integration,
+    pytest.mark.rollout,
+    pytest.mark.timeout(300),
+]
 
 _NEEDS = "needs ai-dynamo==1.6.1 (its runtime wheel, then `pip install --no-deps ai-dynamo==1.6.1`)"
 pytest.importorskip("dynamo.frontend.main", reason=_NEEDS)

@@ -31,6 +31,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.etcd,
     pytest.mark.dynamo,
+    pytest.mark.rollout,
     pytest.mark.timeout(240),
 ]
 
