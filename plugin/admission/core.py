@@ -1584,7 +1584,7 @@ class AdmissionCore:
     def serves(self, key: GroupKey) -> bool:
         """Return whether a hop binding of the group serves now (see :meth:`serving`)."""
         group = self._groups.get((key.model, key.worker_set))
-        return group is not None and group.served_attempt() is not None
+        return group is not None and (group.status.state.committed or group.handover is not None)
 
     def drains(self) -> list[Drain]:
         """Every drain in force, by namespace then instance id."""
