@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -658,7 +659,9 @@ async def _until(condition: Any, seconds: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_the_writer_follows_the_services_receivers_through_a_succession() -> None:
+@contextlib.asynccontextmanager
+async def writing_service() -> AsyncIterator[tuple[FakeFiles, QueueSource, AdmissionService]]:
+    """A running service fed by a queue, with a view writer on fake files; both stop after."""
     files = FakeFiles()
     table = RecordTable()
     source = QueueSource()
@@ -668,6 +671,14 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
     writer.attach(service)
     await service.start()
     try:
+        yield files, source, service
+    finally:
+        await service.stop()
+        await writer.close()
+
+
+async def test_the_writer_follows_the_services_receivers_through_a_succession() -> None:
+    async with writing_service() as (files, source, _service):
         # Nothing is written before the first snapshot.
         await asyncio.sleep(0.05)
         assert files.ops == []
@@ -690,22 +701,11 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         # Kept alive while nothing changes (NATS away: no events at all).
         files.ops.clear()
         await _until(lambda: ("touch", mdc_file(B)) in files.ops)
-    finally:
-        await service.stop()
-        await writer.close()
     assert files.content == {}
 
 
 async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first() -> None:
-    files = FakeFiles()
-    table = RecordTable()
-    source = QueueSource()
-    service = AdmissionService(source)
-    service.step.observers.append(AcceptedRecordsFeed(table))
-    writer = ViewWriter(AdmittedView(files, refresh_interval=0.2), table)
-    writer.attach(service)
-    await service.start()
-    try:
+    async with writing_service() as (files, source, _service):
         source.queue.put_nowait(SourceListing(worker_records(A1)))
         for entry in worker_records(B, 32):
             source.queue.put_nowait(SourcePut(entry))
@@ -722,21 +722,10 @@ async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first(
         # The successor serves: the drained worker's endpoint records go too, or the
         # frontend would not admit B's configuration.
         assert set(files.content) == set(files_of(B, files.content))
-    finally:
-        await service.stop()
-        await writer.close()
 
 
 async def test_the_writer_keeps_a_drained_members_endpoint_records_until_it_leaves() -> None:
-    files = FakeFiles()
-    table = RecordTable()
-    source = QueueSource()
-    service = AdmissionService(source)
-    service.step.observers.append(AcceptedRecordsFeed(table))
-    writer = ViewWriter(AdmittedView(files, refresh_interval=0.2), table)
-    writer.attach(service)
-    await service.start()
-    try:
+    async with writing_service() as (files, source, service):
         source.queue.put_nowait(SourceListing([*worker_records(A1), *worker_records(A2)]))
         await _until(lambda: mdc_file(A1) in files.content and mdc_file(A2) in files.content)
 
@@ -756,9 +745,6 @@ async def test_the_writer_keeps_a_drained_members_endpoint_records_until_it_leav
         for entry in worker_records(A1):
             source.queue.put_nowait(SourceDelete(entry.key, 50))
         await _until(lambda: set(files.content) == set(files_of(A2, files.content)))
-    finally:
-        await service.stop()
-        await writer.close()
 
 
 def test_the_index_follows_puts_removals_and_listings() -> None:
