@@ -69,19 +69,28 @@ class Frontend:
             return []
         return [m["id"] for m in body.get("data", [])]
 
-    def ask(self, model: str = MODEL_NAME, *, chat: bool = True) -> Served:
-        """Send one request; raise whatever the client raises when it fails."""
-        extra = {"nvext": {"extra_fields": ["worker_id"]}}
+    def ask(
+        self, model: str = MODEL_NAME, *, chat: bool = True, tokens: int | None = None
+    ) -> Served:
+        """Send one request; raise whatever the client raises when it fails.
+
+        ``tokens`` asks for exactly that many output tokens (end of sequence ignored), for a
+        request that stays in flight a while on a worker that takes its time.
+        """
+        extra: dict[str, Any] = {"nvext": {"extra_fields": ["worker_id"]}}
+        if tokens is not None:
+            extra["ignore_eos"] = True
+        max_tokens = 2 if tokens is None else tokens
         if chat:
             reply: Any = self.client.chat.completions.create(
                 model=model,
                 messages=[{"role": "user", "content": "a b a"}],
-                max_tokens=2,
+                max_tokens=max_tokens,
                 extra_body=extra,
             )
         else:
             reply = self.client.completions.create(
-                model=model, prompt="a b a", max_tokens=2, extra_body=extra
+                model=model, prompt="a b a", max_tokens=max_tokens, extra_body=extra
             )
         ids = ((reply.model_extra or {}).get("nvext") or {}).get("worker_id") or {}
         return Served(ids.get("decode_worker_id"), ids.get("prefill_worker_id"))

@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
 from natsfixture import restartable_server, show
@@ -154,19 +153,6 @@ def test_a_drain_given_while_the_plugins_nats_server_is_down_waits_and_loses_not
     deployment.serve(len(deployment.incumbent) + 1)
 
 
-def _long_request(frontend: Any) -> int | None:
-    """One request of 400 tokens (about 2 s on a worker that takes its time); its worker."""
-    reply = frontend.client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "user", "content": "a b a"}],
-        max_tokens=400,
-        extra_body={"ignore_eos": True, "nvext": {"extra_fields": ["worker_id"]}},
-    )
-    ids = ((reply.model_extra or {}).get("nvext") or {}).get("worker_id") or {}
-    worker = ids.get("decode_worker_id")
-    return None if worker is None else int(worker)
-
-
 def test_requests_in_flight_on_a_drained_worker_finish_on_every_frontend(
     deployment: SideBySide,
 ) -> None:
@@ -184,12 +170,15 @@ def test_requests_in_flight_on_a_drained_worker_finish_on_every_frontend(
     per_frontend = 4 * len(deployment.incumbent)
     with ThreadPoolExecutor(max_workers=per_frontend * len(fronts)) as pool:
         sent = {
-            name: [pool.submit(_long_request, frontend) for _ in range(per_frontend)]
+            # 400 tokens: about 2 s on the slow worker, at once on the others.
+            name: [pool.submit(frontend.ask, tokens=400) for _ in range(per_frontend)]
             for name, frontend in fronts.items()
         }
         time.sleep(0.3)
         took = deployment.drain_worker(slow, deployment.namespace)
-        served = {name: [f.result(timeout=60) for f in futures] for name, futures in sent.items()}
+        served = {
+            name: [f.result(timeout=60).decode for f in futures] for name, futures in sent.items()
+        }
     deployment.deployment.stop_worker(slow)
     deployment.incumbent.remove(slow)
     for name, workers in served.items():

@@ -389,6 +389,10 @@ class _Group:
             return AttemptId(self.key, handover.checksum, handover.generation)
         return None
 
+    def serves(self) -> bool:
+        """Return whether :meth:`served_attempt` names an attempt, without making one."""
+        return self.status.state.committed or self.handover is not None
+
     def served_ids(self, cohort: _Cohort) -> Iterable[int]:
         """Return the incumbent's admitted ids: its members, and any on last known good."""
         hold = self.hold
@@ -1584,7 +1588,7 @@ class AdmissionCore:
     def serves(self, key: GroupKey) -> bool:
         """Return whether a hop binding of the group serves now (see :meth:`serving`)."""
         group = self._groups.get((key.model, key.worker_set))
-        return group is not None and (group.status.state.committed or group.handover is not None)
+        return group is not None and group.serves()
 
     def drains(self) -> list[Drain]:
         """Every drain in force, by namespace then instance id."""
