@@ -171,6 +171,8 @@ class AdmittedView:
         self._warned_topics: set[str] = set()
         # Failed writes by record file name: how many tries failed since the last success.
         self._failing: dict[str, int] = {}
+        # Failed removals by file: how many tries failed since the first.
+        self._failing_removals: dict[ViewFile, int] = {}
         self._last_touch = clock()
         self.publish_errors = 0
 
@@ -305,12 +307,39 @@ class AdmittedView:
                 self._files.remove(file)
             except OSError as exc:
                 self.publish_errors += 1
-                _log.warning("admitted view: could not remove %s/%s: %s", file[0], file[1], exc)
+                self._remove_failed(file, exc)
                 continue
             self._written.pop(file, None)
             self._owners.pop(file, None)
+            failed = self._failing_removals.pop(file, 0)
+            if failed:
+                _log.info(
+                    "admitted view: removed %s/%s after %d failed attempt(s)",
+                    file[0],
+                    file[1],
+                    failed,
+                )
             done.append(file)
         return done
+
+    def _remove_failed(self, file: ViewFile, exc: OSError) -> None:
+        """Warn once per file, counting: every pass tries the removal again (a read-only disk).
+
+        A warning per try flooded the log with one line per file per pass.
+        """
+        failing = self._failing_removals
+        count = failing.get(file, 0)
+        if not count and len(failing) >= _MAX_FAILING:
+            failing.clear()  # files that are no longer wanted: forget them, bounded
+        failing[file] = count + 1
+        if not count:
+            _log.warning(
+                "admitted view: could not remove %s/%s: %s (retried at every pass; "
+                "reported again only once it is removed)",
+                file[0],
+                file[1],
+                exc.strerror or exc,
+            )
 
     def _save_manifest(self) -> None:
         try:

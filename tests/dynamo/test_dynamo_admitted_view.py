@@ -147,6 +147,7 @@ class FakeFiles:
         self.ops: list[tuple[str, ViewFile]] = []
         self.manifest: list[ViewFile] = []
         self.fail_publish = False
+        self.fail_remove = False
 
     def publish(self, file: ViewFile, value: bytes) -> None:
         if self.fail_publish:
@@ -159,6 +160,8 @@ class FakeFiles:
         return file in self.content
 
     def remove(self, file: ViewFile) -> None:
+        if self.fail_remove:
+            raise OSError(30, "Read-only file system")
         self.content.pop(file, None)
         self.ops.append(("remove", file))
 
@@ -464,6 +467,34 @@ def test_a_failed_write_is_retried_by_the_next_pass() -> None:
     files.fail_publish = False
     view.sync([Tenure(GROUP, 1, frozenset({A1}))], table)
     assert len(files.content) == 5
+
+
+def test_a_failed_removal_is_retried_by_every_pass_and_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    files.fail_remove = True
+
+    with caplog.at_level("INFO"):
+        for _ in range(4):
+            view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(files_of(A1, files.content)) == 5
+        assert view.publish_errors == 4 * 5
+        # One warning per file, not one per try.
+        assert len(warned) == len(set(warned)) == 5
+        assert all("could not remove" in w and "reported again only" in w for w in warned)
+
+        files.fail_remove = False
+        caplog.clear()
+        view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
+    assert files_of(A1, files.content) == []
+    said = [r.getMessage() for r in caplog.records]
+    assert said, "a removal that worked after failures says so"
+    assert all("after 4 failed attempt(s)" in m for m in said), said
 
 
 def test_a_previous_writers_files_are_settled_by_the_first_sync_and_not_kept_alive_before() -> None:
