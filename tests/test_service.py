@@ -368,6 +368,22 @@ async def test_status_json_lists_groups_with_incumbent_generation_and_readiness(
         await svc.stop()
 
 
+async def test_the_status_answer_counts_the_processs_open_tasks(source: FakeSource) -> None:
+    import json
+
+    svc = await started(source)
+    try:
+        extra = [asyncio.create_task(asyncio.sleep(30)) for _ in range(3)]
+        counted = json.loads(svc.render_status())["process"]["asyncio_tasks"]
+        assert counted == len(asyncio.all_tasks())
+        for task in extra:
+            task.cancel()
+        await asyncio.gather(*extra, return_exceptions=True)
+        assert json.loads(svc.render_status())["process"]["asyncio_tasks"] == counted - 3
+    finally:
+        await svc.stop()
+
+
 async def test_the_status_can_be_read_from_another_thread(source: FakeSource) -> None:
     svc = await started(source)
     try:

@@ -52,6 +52,7 @@ from workerset_admission.ports import (
 from workerset_admission.service.bindings import AdmittedHopBinding, FrontendRouting, HopBindings
 from workerset_admission.service.builds import Builds, DefaultPipelineBuilder
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, RecordDecoder
+from workerset_admission.service.process_figures import process_figures
 from workerset_admission.service.publication import ServingPublication
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
 from workerset_admission.service.status_model import (
@@ -382,8 +383,13 @@ class AdmissionService:
         return self.status()
 
     def render_status(self, brief: bool = False) -> bytes:
-        """Render the status as JSON bytes; ``brief`` gives counts instead of member lists."""
-        return json.dumps(self.status().to_json(brief=brief), sort_keys=True).encode()
+        """Render the status as JSON bytes; ``brief`` gives counts instead of member lists.
+
+        ``process`` adds the process's open asyncio tasks, read at the moment of the answer.
+        """
+        body = self.status().to_json(brief=brief)
+        body["process"] = process_figures()
+        return json.dumps(body, sort_keys=True).encode()
 
     def wake_timers(self) -> None:
         """Re-read the clock now (for hosts and tests that inject a clock that jumps)."""
