@@ -173,6 +173,7 @@ class AdmittedView:
         self._failing: dict[str, int] = {}
         # Failed removals by file: how many tries failed since the first.
         self._failing_removals: dict[ViewFile, int] = {}
+        self._manifest_failures = 0
         self._last_touch = clock()
         self.publish_errors = 0
 
@@ -342,10 +343,27 @@ class AdmittedView:
             )
 
     def _save_manifest(self) -> None:
+        """Save the manifest; a failure is warned about once, until a save works.
+
+        A full disk fails every pass, and a warning per pass flooded the log.
+        """
         try:
             self._files.save_manifest(self._written)
         except OSError as exc:
-            _log.warning("admitted view: could not save its manifest: %s", exc)
+            self._manifest_failures += 1
+            if self._manifest_failures == 1:
+                _log.warning(
+                    "admitted view: could not save its manifest: %s (retried at every change; "
+                    "reported again only once it is saved)",
+                    exc.strerror or exc,
+                )
+            return
+        if self._manifest_failures:
+            _log.info(
+                "admitted view: saved its manifest after %d failed attempt(s)",
+                self._manifest_failures,
+            )
+            self._manifest_failures = 0
 
     def keep_alive(self, *, force: bool = False) -> int:
         """Touch every published file when a refresh is due; return how many were touched.

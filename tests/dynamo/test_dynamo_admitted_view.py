@@ -148,6 +148,7 @@ class FakeFiles:
         self.manifest: list[ViewFile] = []
         self.fail_publish = False
         self.fail_remove = False
+        self.fail_manifest = False
 
     def publish(self, file: ViewFile, value: bytes) -> None:
         if self.fail_publish:
@@ -166,6 +167,8 @@ class FakeFiles:
         self.ops.append(("remove", file))
 
     def save_manifest(self, files: Iterable[ViewFile]) -> None:
+        if self.fail_manifest:
+            raise OSError(28, "No space left on device")
         self.manifest = sorted(files)
 
     def load_manifest(self) -> list[ViewFile]:
@@ -495,6 +498,30 @@ def test_a_failed_removal_is_retried_by_every_pass_and_warned_about_once(
     said = [r.getMessage() for r in caplog.records]
     assert said, "a removal that worked after failures says so"
     assert all("after 4 failed attempt(s)" in m for m in said), said
+
+
+def test_a_manifest_that_cannot_be_saved_is_warned_about_once_until_it_is_saved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    files.fail_manifest = True
+
+    with caplog.at_level("INFO"):
+        view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+        view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
+        view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1, warned
+        assert "could not save its manifest" in warned[0]
+
+        files.fail_manifest = False
+        caplog.clear()
+        view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
+    assert files.manifest == sorted(view.files)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["admitted view: saved its manifest after 3 failed attempt(s)"]
 
 
 def test_a_previous_writers_files_are_settled_by_the_first_sync_and_not_kept_alive_before() -> None:
