@@ -330,3 +330,28 @@ async def test_a_stopped_service_withdraws_its_serving_records(server: NatsServe
                 assert time.monotonic() < deadline, "serving records never appeared"
                 await asyncio.sleep(0.05)
         assert await member_records() == []
+
+
+async def test_a_service_given_a_clock_retries_a_failed_build_only_when_that_clock_jumps(
+    server: NatsServer,
+) -> None:
+    # The host's clock, frozen until it jumps: the retry an hour away falls due only then.
+    now = [time.monotonic()]
+    ep = endpoint()
+    builder = Builder(fail={group_of(ep): 1})
+    async with admin(server.url) as nc:
+        fleet = await fresh_buckets(nc)
+        await fleet.register(ep, range(1, 4), OLD)
+        async with running(server.url, builder, clock=lambda: now[0], retry_delays=(3600.0,)) as (
+            service,
+            _watchdog,
+        ):
+            await until(lambda: builder.failed == 1, 10, "the first build fails")
+            await asyncio.sleep(0.5)
+            assert len(builder.started) == 1
+            assert service.binding(group_of(ep)) is None
+
+            now[0] += 3601.0
+            service.wake_timers()
+            await until(lambda: service.binding(group_of(ep)) is not None, 10, "the retry")
+            assert len(builder.started) == 2

@@ -446,11 +446,18 @@ def other_tasks() -> set[asyncio.Task[Any]]:
 
 @contextlib.asynccontextmanager
 async def running(
-    url: str, builder: Builder | None = None, *, check_every: float = 0.0, **overrides: Any
+    url: str,
+    builder: Builder | None = None,
+    *,
+    check_every: float = 0.0,
+    clock: Callable[[], float] | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[tuple[AdmissionService, Watchdog]]:
     """A started service with a watchdog; on exit, stop it and check nothing leaked."""
     before = other_tasks()
-    service = await create_service(settings_for(url, **overrides), builder=builder or Builder())
+    service = await create_service(
+        settings_for(url, **overrides), builder=builder or Builder(), clock=clock
+    )
     watchdog = Watchdog(service, min_interval=check_every)
     try:
         await service.wait_synced(30)

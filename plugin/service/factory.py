@@ -59,6 +59,7 @@ async def create_service(
     publish: bool = True,
     status: bool = True,
     view_files: DirectoryFiles | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> AdmissionService:
     """Connect to NATS, start an :class:`AdmissionService` and return it running.
 
@@ -70,6 +71,9 @@ async def create_service(
     With ``settings.view_dir`` (or an already locked ``view_files``) the service also writes
     the admitted discovery view for a Dynamo frontend on ``--discovery-backend file``; the
     directory is checked and locked before anything connects.
+
+    ``clock`` is the monotonic clock the service's deadlines read (retries, holds); a host
+    whose clock can jump gives its own and calls ``service.wake_timers()`` after a jump.
     """
     from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
     from workerset_admission.adapters.nats.buckets import BucketSpec
@@ -125,6 +129,7 @@ async def create_service(
             telemetry=telemetry or AdmissionTelemetry(bucket=settings.discovery_bucket),
             settings=settings,
             closers=closers,
+            **({} if clock is None else {"clock": clock}),
         )
         if view is not None:
             # The view files the raw records the service's boundary accepted, as it judged
