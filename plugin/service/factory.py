@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -129,7 +130,7 @@ async def create_service(
             telemetry=telemetry or AdmissionTelemetry(bucket=settings.discovery_bucket),
             settings=settings,
             closers=closers,
-            **({} if clock is None else {"clock": clock}),
+            clock=time.monotonic if clock is None else clock,
         )
         if view is not None:
             # The view files the raw records the service's boundary accepted, as it judged
