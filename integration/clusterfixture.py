@@ -77,12 +77,17 @@ def node_config(
     peer_cluster_ports: Sequence[int],
     store_dir: Path,
     cluster_name: str = CLUSTER_NAME,
+    host: str = "127.0.0.1",
 ) -> str:
-    """The configuration file of one node; loopback only, routes to every peer."""
+    """The configuration file of one node; loopback only, routes to every peer.
+
+    ``host`` is where clients reach it: loopback, or an address of the test's own network
+    namespaces (the soak's bridge); the routes stay on loopback.
+    """
     routes = ",\n    ".join(f"nats-route://127.0.0.1:{port}" for port in peer_cluster_ports)
     return f"""\
 server_name: {name}
-listen: 127.0.0.1:{client_port}
+listen: {host}:{client_port}
 
 jetstream {{
   store_dir: "{store_dir}"

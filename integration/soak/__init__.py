@@ -1,0 +1,1 @@
+"""A seeded fault-injection soak: frontends, NATS and the bridge under churn and faults."""
