@@ -132,7 +132,9 @@ def violations(
     return found
 
 
-_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) (WARNING|ERROR|CRITICAL) (.*)$")
+_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) (INFO|WARNING|ERROR|CRITICAL) (\S+) (.*)$"
+)
 _START = re.compile(r"^--- start (\d+) at ")
 
 
@@ -141,10 +143,14 @@ def repeated_lines(text: str, episodes: Sequence[float], log: str) -> list[str]:
 
     An episode runs from one fault's injection (wall clock, ``episodes`` sorted) to the next;
     a fault is to be logged once, with what the service did about it, and a retry that fails
-    again only counts. ``text`` is a log with the soak's ``--- start N`` markers between the
-    process's lives.
+    again only counts. A warning that comes back after its logger said at INFO that it got
+    over it (a disk nearly full, written once and refused again) is a new occurrence, not a
+    repeat. ``text`` is a log with the soak's ``--- start N`` markers between the process's
+    lives.
     """
-    seen: Counter[tuple[int, int, str]] = Counter()
+    counts: dict[tuple[str, str], int] = {}
+    repeats: Counter[str] = Counter()
+    place: tuple[int, int] = (0, 0)
     life = 0
     for line in text.splitlines():
         if start := _START.match(line):
@@ -155,10 +161,18 @@ def repeated_lines(text: str, episodes: Sequence[float], log: str) -> list[str]:
             continue
         at = time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S"))
         at += int(match.group(2)) / 1000
-        episode = bisect.bisect_right(episodes, at)
-        seen[(life, episode, f"{match.group(3)} {match.group(4)}")] += 1
+        level, logger, message = match.group(3), match.group(4), match.group(5)
+        if (life, bisect.bisect_right(episodes, at)) != place:
+            place = (life, bisect.bisect_right(episodes, at))
+            counts.clear()
+        if level == "INFO":
+            counts = {k: v for k, v in counts.items() if k[0] != logger}
+            continue
+        key = (logger, f"{level} {logger} {message}")
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] > 1:
+            repeats[key[1]] = max(repeats[key[1]], counts[key])
     return [
         f"{log}: logged {count} times in one fault episode: {message[:300]}"
-        for (_life, _episode, message), count in seen.items()
-        if count > 1
+        for message, count in repeats.items()
     ]

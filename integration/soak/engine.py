@@ -21,6 +21,7 @@ import nats
 import psutil
 
 from soak import checks, leaks
+from soak.clocked import ClockedFrontend
 from soak.disk import SmallDisks
 from soak.net import NetLab
 from soak.procs import CLI, Proc, bridge_argv, monitor_port, nats_nodes, serve_argv
@@ -43,7 +44,9 @@ FAULTS = {
     "throttle": 1,
     "disk full": 1,
     "read-only": 1,
+    "clock jump": 1,
 }
+CLOCKED = "fe-clock"
 OPERATIONS = {
     "join": 3,
     "leave": 2,
@@ -86,6 +89,7 @@ class Soak:
     quiet_points: int = 0
     quiet_waits: list[float] = field(default_factory=list)
     episodes: list[float] = field(default_factory=list)  # each fault's injection, wall clock
+    _drain_task: asyncio.Task[None] | None = None
     step: int = 0
 
     def __post_init__(self) -> None:
@@ -98,6 +102,7 @@ class Soak:
         self.nats: list[Proc] = []
         self.serves: list[Proc] = []
         self.bridge: Proc | None = None
+        self.clocked: ClockedFrontend | None = None
         self.fleet = Fleet(self.out / "workers-kv", self.options.groups)
         self.incumbent: dict[int, str] = {}
         self.started = time.monotonic()
@@ -122,8 +127,13 @@ class Soak:
     def frontend(self, index: int) -> str:
         return f"fe-{index}"
 
-    def view(self, index: int) -> Path:
-        return self.out / f"view-{index}"
+    @property
+    def names(self) -> list[str]:
+        """Every frontend the checks read: the ``serve`` processes and the clocked one."""
+        return [*map(self.frontend, range(self.options.frontends)), CLOCKED]
+
+    def view(self, name: str) -> Path:
+        return self.out / f"view-{name}"
 
     async def open(self) -> None:
         self.net.open()
@@ -143,10 +153,10 @@ class Soak:
             logs / "bridge.log",
         )
         for index in range(self.options.frontends):
-            self.disks.mount(self.frontend(index), self.view(index))
+            self.disks.mount(self.frontend(index), self.view(self.frontend(index)))
             argv = serve_argv(
                 self.net.prefix(index),
-                self.view(index),
+                self.view(self.frontend(index)),
                 self.urls,
                 BUCKET,
                 self.frontend(index),
@@ -164,6 +174,9 @@ class Soak:
         self.bridge.start()
         for serve in self.serves:
             serve.start()
+        self.disks.mount(CLOCKED, self.view(CLOCKED))
+        self.clocked = ClockedFrontend(CLOCKED, self.view(CLOCKED), self.urls, BUCKET, replicas)
+        self.clocked.start()
         for group in range(self.options.groups):
             for _ in range(3):
                 self.fleet.join(group, "A")
@@ -183,9 +196,15 @@ class Soak:
         await js.delete_stream("soak-probe")
 
     async def close(self) -> None:
+        if self._drain_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._drain_task, 30)
         with contextlib.suppress(Exception):
             if self.nc is not None:
                 await self.nc.close()
+        if self.clocked is not None:
+            with contextlib.suppress(Exception):
+                self.clocked.close()
         for proc in [*self.serves, *([self.bridge] if self.bridge else []), *self.nats]:
             with contextlib.suppress(Exception):
                 proc.close()
@@ -211,6 +230,19 @@ class Soak:
             length = self.rng.uniform(0.5, 3.0) if verb == "kill" else self.rng.uniform(1.0, 6.0)
             proc.kill() if verb == "kill" else proc.pause()
             target: Any = proc.name
+        elif kind == "clock jump":
+            # Forward as after a suspended host, or back; the service is woken either way.
+            target = CLOCKED
+            length = self.rng.choice((-20.0, 15.0, 45.0, 120.0))
+            assert self.clocked is not None
+            self.clocked.jump(length)
+        elif kind in ("disk full", "read-only"):
+            target = self.rng.choice(self.names)
+            length = self.rng.uniform(3.0, 10.0)
+            if kind == "disk full":
+                self.disks.fill(target)
+            else:
+                self.disks.read_only(target)
         else:
             index = self.rng.randrange(self.options.frontends)
             target = self.frontend(index)
@@ -219,16 +251,13 @@ class Soak:
                 self.net.partition(index)
             elif kind == "loss":
                 self.net.lose(index, round(self.rng.uniform(0.2, 0.5), 2))
-            elif kind == "throttle":
-                self.net.throttle(index, self.rng.choice(("16kbit", "32kbit", "64kbit")))
-            elif kind == "disk full":
-                self.disks.fill(target)
             else:
-                self.disks.read_only(target)
+                self.net.throttle(index, self.rng.choice(("16kbit", "32kbit", "64kbit")))
         self.faults[kind] += 1
         self.episodes.append(time.time())
         self.record("fault", fault=kind, target=target, seconds=round(length, 2))
-        return kind, target, length
+        # A jump is instantaneous: the next fault may follow at once.
+        return kind, target, 0.0 if kind == "clock jump" else length
 
     def heal(self, kind: str, target: Any) -> None:
         verb = kind.partition(" ")[0]
@@ -242,7 +271,7 @@ class Soak:
                 proc.resume()
         elif kind in ("partition", "loss", "throttle"):
             self.net.heal(int(target.split("-")[1]))
-        else:
+        elif kind != "clock jump":
             self.disks.heal(target)
         self.record("heal", fault=kind, target=target)
 
@@ -255,7 +284,7 @@ class Soak:
             if w.config == config and not (undrained and w.drained)
         ]
 
-    async def operate(self, nats_down: bool) -> None:
+    def operate(self, nats_down: bool) -> None:
         """One workload operation, chosen by the seed; some are skipped when they cannot apply."""
         kind = self.rng.choices(list(OPERATIONS), weights=list(OPERATIONS.values()))[0]
         group = self.rng.randrange(self.options.groups)
@@ -286,54 +315,56 @@ class Soak:
                 for _ in range(3):
                     self.fleet.join(group, config)
             done = {"left": [w.instance_id for w in leaving], "incumbent": self.incumbent[group]}
-        elif kind == "drain" and len(keep) >= 2 and not nats_down:
-            worker = self.fleet.pick(self.rng, keep)
-            assert worker is not None
-            if await self._drain(worker, cancel=False):
-                worker.drained = True
-                done = {"worker": worker.instance_id}
-        elif kind == "undrain" and not nats_down:
+        elif kind in ("drain", "undrain") and not nats_down:
+            # The drain tool runs in the background (it takes seconds); the worker counts as
+            # drained (or not) from now, and goes back if the tool fails.
             drained = [w for w in self.fleet.live(group) if w.drained]
-            worker = self.fleet.pick(self.rng, drained)
-            if worker is not None and await self._drain(worker, cancel=True):
-                worker.drained = False
+            worker = self.fleet.pick(self.rng, keep if kind == "drain" else drained)
+            busy = self._drain_task is not None and not self._drain_task.done()
+            if worker is not None and not busy and (kind == "undrain" or len(keep) >= 2):
+                worker.drained = kind == "drain"
+                self._drain_task = asyncio.create_task(self._drain(worker, kind))
                 done = {"worker": worker.instance_id}
         if done is not None:
             self.operations[kind] += 1
             self.record("operation", operation=kind, group=group, **done)
 
-    async def _drain(self, worker: Worker, *, cancel: bool) -> bool:
+    async def _drain(self, worker: Worker, kind: str) -> None:
         servers = [arg for url in self.urls for arg in ("--nats-server", url)]
         argv = [
             *CLI, "drain", str(worker.instance_id), "--namespace", f"soak-{worker.group}",
             "--timeout", "10", "--by", "soak", *servers, "--discovery-bucket", BUCKET,
-            "--admission-bucket", f"{BUCKET}-adm", *(["--cancel"] if cancel else []),
+            "--admission-bucket", f"{BUCKET}-adm", *(["--cancel"] if kind == "undrain" else []),
         ]  # fmt: skip
         process = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )
         output, _ = await process.communicate()
         if process.returncode != 0:
-            self.record("drain failed", worker=worker.instance_id, cancel=cancel,
-                        output=output.decode(errors="replace")[-300:])  # fmt: skip
-        return process.returncode == 0
+            worker.drained = kind == "undrain"
+            self.record(
+                f"{kind} failed",
+                worker=worker.instance_id,
+                output=output.decode(errors="replace")[-300:],
+            )
 
     # -- observing ----------------------------------------------------------------------------
 
-    async def status(self, index: int) -> dict[str, Any] | None:
+    async def status(self, name: str, timeout: float = 3.0) -> dict[str, Any] | None:
         try:
-            reply = await self.nc.request(f"soak.status.{self.frontend(index)}", b"", timeout=3)
+            reply = await self.nc.request(f"soak.status.{name}", b"", timeout=timeout)
         except Exception:
             return None
         answer: dict[str, Any] = json.loads(reply.data)
         return answer
 
     async def sample(self) -> None:
+        """Read each process's figures; run as a task of its own, it never holds up faults."""
         now = round(time.monotonic() - self.started, 1)
-        targets = [(self.frontend(i), s, i) for i, s in enumerate(self.serves)]
+        targets = [(self.frontend(i), s) for i, s in enumerate(self.serves)]
         if self.bridge is not None:
-            targets.append(("bridge", self.bridge, None))
-        for name, proc, index in targets:
+            targets.append(("bridge", self.bridge))
+        for name, proc in targets:
             pid = proc.pid
             if pid is None or proc.stopped:
                 continue
@@ -343,15 +374,20 @@ class Soak:
             except psutil.Error:
                 continue
             tasks = connections = subscriptions = None
-            if index is not None:
-                status = await self.status(index)
+            if name != "bridge":
+                status = await self.status(name, timeout=2.0)
                 if status is not None:
                     tasks = status.get("process", {}).get("asyncio_tasks")
+                nodes = [n for n in self.nats if n.running and not n.stopped]
                 counts = [
-                    c for node in self.nats if node.running and not node.stopped
-                    if (c := checks.subscriptions(monitor_port(node), name)) is not None
-                ]  # fmt: skip
-                if counts and len(counts) == len(self.nats):
+                    c
+                    for node in nodes
+                    if (
+                        c := await asyncio.to_thread(checks.subscriptions, monitor_port(node), name)
+                    )
+                    is not None
+                ]
+                if len(counts) == len(self.nats):
                     connections = sum(c for c, _ in counts)
                     subscriptions = sum(s for _, s in counts)
             self.samples.append(
@@ -361,6 +397,8 @@ class Soak:
     async def quiet_point(self) -> None:
         """Heal every fault, let crashed workers expire, then wait for every invariant."""
         began = time.monotonic()
+        if self._drain_task is not None:
+            await self._drain_task
         while any(w.state == "crashed" for w in self.fleet.workers.values()):
             self.fleet.refresh()
             self.fleet.reap()
@@ -370,19 +408,13 @@ class Soak:
         while time.monotonic() < deadline:
             self.fleet.refresh()
             statuses = {}
-            for index in range(self.options.frontends):
-                status = await self.status(index)
+            for name in self.names:
+                status = await self.status(name)
                 if status is not None:
-                    statuses[self.frontend(index)] = status
-            views = {
-                self.frontend(i): checks.read_view(self.view(i))
-                for i in range(self.options.frontends)
-            }
+                    statuses[name] = status
+            views = {name: checks.read_view(self.view(name)) for name in self.names}
             found = checks.violations(self.fleet, views, statuses)
-            if len(statuses) < self.options.frontends:
-                missing = sorted(
-                    set(map(self.frontend, range(self.options.frontends))) - set(statuses)
-                )
+            if missing := sorted(set(self.names) - set(statuses)):
                 found.append(f"no status from {missing}")
             if not found:
                 found = self.log_repeats()
@@ -414,6 +446,7 @@ class Soak:
             await self.quiet_point()
             end = self.started + self.options.minutes * 60
             next_sample = 0.0
+            sampling: asyncio.Task[None] | None = None
             while time.monotonic() < end:
                 phase_end = min(end, time.monotonic() + self.options.active)
                 active: tuple[str, Any, float] | None = None
@@ -431,14 +464,16 @@ class Soak:
                         heal_at = now + active[2]
                     if now >= next_op:
                         nats_down = active is not None and active[0].endswith("nats")
-                        await self.operate(nats_down)
+                        self.operate(nats_down)
                         next_op = now + self.options.op_every
-                    if now >= next_sample:
-                        await self.sample()
+                    if now >= next_sample and (sampling is None or sampling.done()):
+                        sampling = asyncio.create_task(self.sample())
                         next_sample = now + self.options.sample_every
                     await asyncio.sleep(0.1)
                 if active is not None:
                     self.heal(active[0], active[1])
+                if sampling is not None:
+                    await sampling
                 await self.quiet_point()
                 await self.sample()
             return self.report(violations=[])

@@ -104,9 +104,9 @@ def test_the_view_is_read_from_dynamo_file_names_and_cards(tmp_path: Path) -> No
     assert view == {"soak-0": dict.fromkeys(fleet.workers, 16)}
 
 
-def _line(at: float, message: str) -> str:
+def _line(at: float, message: str, level: str = "WARNING") -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-    return f"{stamp},{int(at % 1 * 1000):03d} WARNING some.logger {message}"
+    return f"{stamp},{int(at % 1 * 1000):03d} {level} some.logger {message}"
 
 
 def test_a_warning_repeated_within_one_fault_is_found_and_once_per_fault_is_not() -> None:
@@ -123,6 +123,18 @@ def test_a_warning_repeated_within_one_fault_is_found_and_once_per_fault_is_not(
     assert repeated_lines(twice, episodes, "fe-1") == [
         "fe-1: logged 2 times in one fault episode: WARNING some.logger could not write x"
     ]
+    # Interleaved with other warnings it is still a flood.
+    flood = [_line(t0 + 1 + i / 10, f"could not remove {name}") for i in range(3) for name in "ab"]
+    assert len(repeated_lines("\n".join(flood), episodes, "fe-1")) == 2
+    # Refused, written, refused again: two occurrences, each logged once.
+    flapping = "\n".join(
+        [
+            _line(t0 + 1, "could not save x"),
+            _line(t0 + 2, "saved x after 1 failed attempt(s)", "INFO"),
+            _line(t0 + 3, "could not save x"),
+        ]
+    )
+    assert repeated_lines(flapping, episodes, "fe-1") == []
 
 
 def test_growth_is_the_second_halfs_fitted_rise_over_its_mean() -> None:
