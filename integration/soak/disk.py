@@ -14,15 +14,11 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from soak.net import run_tool as _run
+
 __all__ = ["SmallDisks"]
 
 _BALLAST = ".soak-ballast"
-
-
-def _run(*argv: str) -> None:
-    completed = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=20)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: {completed.stderr.strip()}")
 
 
 @dataclass

@@ -24,7 +24,15 @@ from soak import checks, leaks
 from soak.clocked import ClockedFrontend
 from soak.disk import SmallDisks
 from soak.net import NetLab
-from soak.procs import CLI, Proc, bridge_argv, monitor_port, nats_nodes, serve_argv
+from soak.procs import (
+    CLI,
+    Proc,
+    bridge_argv,
+    monitor_port,
+    nats_nodes,
+    serve_argv,
+    servers_argv,
+)
 from soak.workload import Fleet, Worker
 
 __all__ = ["FAULTS", "Options", "Soak", "Violation"]
@@ -330,11 +338,11 @@ class Soak:
             self.record("operation", operation=kind, group=group, **done)
 
     async def _drain(self, worker: Worker, kind: str) -> None:
-        servers = [arg for url in self.urls for arg in ("--nats-server", url)]
         argv = [
             *CLI, "drain", str(worker.instance_id), "--namespace", f"soak-{worker.group}",
-            "--timeout", "10", "--by", "soak", *servers, "--discovery-bucket", BUCKET,
-            "--admission-bucket", f"{BUCKET}-adm", *(["--cancel"] if kind == "undrain" else []),
+            "--timeout", "10", "--by", "soak", *servers_argv(self.urls),
+            "--discovery-bucket", BUCKET, "--admission-bucket", f"{BUCKET}-adm",
+            *(["--cancel"] if kind == "undrain" else []),
         ]  # fmt: skip
         process = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-__all__ = ["NetLab", "tools_missing"]
+__all__ = ["NetLab", "run_tool", "tools_missing"]
 
 _TOOLS = ("ip", "iptables", "tc", "nsenter")
 
@@ -26,7 +26,8 @@ def tools_missing() -> list[str]:
     return [tool for tool in _TOOLS if shutil.which(tool) is None]
 
 
-def _run(*argv: str) -> None:
+def run_tool(*argv: str) -> None:
+    """Run one of the kernel's tools; its stderr in one line when it fails."""
     completed = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=20)
     if completed.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {completed.stderr.strip()}")
@@ -66,10 +67,10 @@ class NetLab:
 
     def open(self) -> NetLab:
         try:
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            run_tool("ip", "link", "add", self.bridge, "type", "bridge")
             self._made.append(("link", self.bridge))
-            _run("ip", "addr", "add", f"{self.host_address}/24", "dev", self.bridge)
-            _run("ip", "link", "set", self.bridge, "up")
+            run_tool("ip", "addr", "add", f"{self.host_address}/24", "dev", self.bridge)
+            run_tool("ip", "link", "set", self.bridge, "up")
             for index in range(self.count):
                 self._add(index)
         except BaseException:
@@ -80,21 +81,21 @@ class NetLab:
     def _add(self, index: int) -> None:
         ns = self.namespace(index)
         host, inner = self._veth(index)
-        _run("ip", "netns", "add", ns)
+        run_tool("ip", "netns", "add", ns)
         self._made.append(("netns", ns))
-        _run("ip", "link", "add", host, "type", "veth", "peer", "name", inner)
+        run_tool("ip", "link", "add", host, "type", "veth", "peer", "name", inner)
         self._made.append(("link", host))
-        _run("ip", "link", "set", host, "master", self.bridge)
-        _run("ip", "link", "set", host, "up")
-        _run("ip", "link", "set", inner, "netns", ns)
-        _run("ip", "-n", ns, "addr", "add", f"{self.address(index)}/24", "dev", inner)
-        _run("ip", "-n", ns, "link", "set", inner, "up")
-        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        run_tool("ip", "link", "set", host, "master", self.bridge)
+        run_tool("ip", "link", "set", host, "up")
+        run_tool("ip", "link", "set", inner, "netns", ns)
+        run_tool("ip", "-n", ns, "addr", "add", f"{self.address(index)}/24", "dev", inner)
+        run_tool("ip", "-n", ns, "link", "set", inner, "up")
+        run_tool("ip", "-n", ns, "link", "set", "lo", "up")
 
     # -- faults ------------------------------------------------------------------------------
 
     def _iptables(self, index: int, *rule: str) -> None:
-        _run("ip", "netns", "exec", self.namespace(index), "iptables", *rule)
+        run_tool("ip", "netns", "exec", self.namespace(index), "iptables", *rule)
 
     def partition(self, index: int) -> None:
         """Drop every packet between the namespace and the soak's address, both ways."""
@@ -116,10 +117,10 @@ class NetLab:
         """Shape both directions of the namespace's link to ``rate`` (a ``tc`` rate: 64kbit)."""
         host, inner = self._veth(index)
         shape = ("root", "tbf", "rate", rate, "burst", "4kb", "latency", "400ms")
-        _run(
+        run_tool(
             "ip", "netns", "exec", self.namespace(index), "tc", "qdisc", "add", "dev", inner, *shape
         )
-        _run("tc", "qdisc", "add", "dev", host, *shape)
+        run_tool("tc", "qdisc", "add", "dev", host, *shape)
         self.faults[index] = "throttle"
 
     def heal(self, index: int) -> None:
@@ -130,7 +131,7 @@ class NetLab:
             self._iptables(index, "-F", "OUTPUT")
         elif kind == "throttle":
             host, inner = self._veth(index)
-            _run(
+            run_tool(
                 "ip",
                 "netns",
                 "exec",
@@ -142,7 +143,7 @@ class NetLab:
                 inner,
                 "root",
             )
-            _run("tc", "qdisc", "del", "dev", host, "root")
+            run_tool("tc", "qdisc", "del", "dev", host, "root")
 
     def close(self) -> None:
         """Delete every link and namespace made, newest first; errors do not stop the rest."""

@@ -147,17 +147,21 @@ def monitor_port(node: Proc) -> int:
     return int(node.env["SOAK_MONITOR_PORT"])
 
 
+def servers_argv(urls: list[str]) -> list[str]:
+    """``--nats-server URL`` for each server, as every command of the CLI takes them."""
+    return [arg for url in urls for arg in ("--nats-server", url)]
+
+
 def serve_argv(
     prefix: list[str], view: Path, urls: list[str], bucket: str, frontend: str, replicas: int
 ) -> list[str]:
-    servers = [arg for url in urls for arg in ("--nats-server", url)]
     return [
         *prefix,
         *CLI,
         "serve",
         "--view-dir",
         str(view),
-        *servers,
+        *servers_argv(urls),
         "--discovery-bucket",
         bucket,
         "--admission-bucket",
@@ -178,7 +182,6 @@ def serve_argv(
 
 
 def bridge_argv(store: Path, urls: list[str], bucket: str, replicas: int) -> list[str]:
-    servers = [arg for url in urls for arg in ("--nats-server", url)]
     return [
         *CLI,
         "bridge",
@@ -188,7 +191,7 @@ def bridge_argv(store: Path, urls: list[str], bucket: str, replicas: int) -> lis
         "0.5",
         "--ttl",
         "10",
-        *servers,
+        *servers_argv(urls),
         "--discovery-bucket",
         bucket,
         "--bucket-replicas",
