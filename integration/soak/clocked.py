@@ -9,6 +9,7 @@ wakes the service's timers, as a host whose clock jumps must. It takes part in e
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from pathlib import Path
@@ -31,8 +32,11 @@ class JumpClock:
 
 
 class ClockedFrontend:
-    def __init__(self, name: str, view: Path, urls: list[str], bucket: str, replicas: int) -> None:
+    def __init__(
+        self, name: str, view: Path, urls: list[str], bucket: str, replicas: int, log: Path
+    ) -> None:
         self.name = name
+        self.log = log
         self.clock = JumpClock()
         self.settings = Settings(
             nats_servers=tuple(urls),
@@ -53,9 +57,20 @@ class ClockedFrontend:
         self._stop: asyncio.Event | None = None
         self._service: Any = None
         self._error: BaseException | None = None
+        self._handler: logging.Handler | None = None
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     def start(self, timeout: float = 30.0) -> None:
+        # The service's log goes to a file of its own, in serve's plain format, so the soak
+        # reads it as it reads every serve's.
+        self._handler = logging.FileHandler(self.log)
+        self._handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+        )
+        logger = logging.getLogger("workerset_admission")
+        logger.addHandler(self._handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
         self._thread.start()
         if not self._ready.wait(timeout):
             raise RuntimeError(f"{self.name} did not start within {timeout:g} s")
@@ -89,3 +104,6 @@ class ClockedFrontend:
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
+        if self._handler is not None:
+            logging.getLogger("workerset_admission").removeHandler(self._handler)
+            self._handler.close()

@@ -183,7 +183,9 @@ class Soak:
         for serve in self.serves:
             serve.start()
         self.disks.mount(CLOCKED, self.view(CLOCKED))
-        self.clocked = ClockedFrontend(CLOCKED, self.view(CLOCKED), self.urls, BUCKET, replicas)
+        self.clocked = ClockedFrontend(
+            CLOCKED, self.view(CLOCKED), self.urls, BUCKET, replicas, logs / f"{CLOCKED}.log"
+        )
         self.clocked.start()
         for group in range(self.options.groups):
             for _ in range(3):
@@ -440,17 +442,21 @@ class Soak:
     def log_repeats(self) -> list[str]:
         """Warnings a frontend or the bridge wrote more than once for one fault."""
         found = []
-        for proc in [*self.serves, *([self.bridge] if self.bridge else [])]:
+        logs = [(p.name, p.log) for p in [*self.serves, *([self.bridge] if self.bridge else [])]]
+        if self.clocked is not None:
+            logs.append((CLOCKED, self.clocked.log))
+        for name, log in logs:
             with contextlib.suppress(FileNotFoundError):
-                text = proc.log.read_text(errors="replace")
-                found += checks.repeated_lines(text, self.episodes, proc.name)
+                text = log.read_text(errors="replace")
+                found += checks.repeated_lines(text, self.episodes, name)
         return found
 
     # -- the run ------------------------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
-        await self.open()
         try:
+            # Inside the try: a start that fails half-way still removes what it made.
+            await self.open()
             await self.quiet_point()
             end = self.started + self.options.minutes * 60
             next_sample = 0.0
