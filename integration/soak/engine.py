@@ -493,7 +493,9 @@ class Soak:
             return self.report(violations=[])
         except Violation as violation:
             report = self.report(violations=str(violation).splitlines())
-            (self.out / "violation.json").write_text(json.dumps(report, indent=2) + "\n")
+            # The seed, the step, and what led to it: enough to replay it or read it offline.
+            led_to = {"step": self.step, "trace_tail": self.trace[-60:]}
+            (self.out / "violation.json").write_text(json.dumps(report | led_to, indent=2) + "\n")
             return report
         finally:
             await self.close()
