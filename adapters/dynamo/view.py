@@ -186,7 +186,8 @@ class ViewWriter:
     """Drive an :class:`AdmittedView` from a running admission service.
 
     Every admission state change (and every change of a held record) wakes one coalesced sync;
-    between changes the files are kept alive. Nothing is written before the service applied
+    between changes the files are kept alive, and a pass that could not write or remove a file
+    (a full or read-only disk) is tried again every half refresh interval until it could. Nothing is written before the service applied
     its first discovery listing: an empty view then would withdraw a restarted frontend's
     workers for no reason.
     """
@@ -242,7 +243,9 @@ class ViewWriter:
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=view.refresh_interval / 2)
-            if self._wake.is_set():
+            # A pass that left a write or a removal undone is retried at the next tick (half
+            # the refresh interval) even with no change to wake it.
+            if self._wake.is_set() or view.retry_due:
                 self._wake.clear()
                 try:
                     self.sync_now()

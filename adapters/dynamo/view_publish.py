@@ -174,6 +174,8 @@ class AdmittedView:
         # Failed removals by file: how many tries failed since the first.
         self._failing_removals: dict[ViewFile, int] = {}
         self._manifest_failures = 0
+        # The last pass left something undone that the next must try again.
+        self.retry_due = False
         self._last_touch = clock()
         self.publish_errors = 0
 
@@ -221,6 +223,7 @@ class AdmittedView:
         Records that left the bucket are kept in ``table`` only while a held tenure's last
         known members (the core's window) still call for them: the rest are forgotten here.
         """
+        errors_before = self.publish_errors
         wanted = plan_view(tenures, table)
         table.forget_unused_removals()
         for topic in sorted(untied_topics(tenures, table) - self._warned_topics):
@@ -262,8 +265,12 @@ class AdmittedView:
         ending = set(ended)
         removed = self._remove_all([f for f in stale if f not in ending])
         report = SyncReport(tuple(written), tuple(withdrawn), tuple(removed))
-        if report.changed:
+        if report.changed or self._manifest_failures:
             self._save_manifest()
+        # A file that could not be written or removed (a full or read-only disk) is tried
+        # again by the next pass even when nothing else changes: a departed or drained
+        # worker's card must not stay served, and kept alive, until some other change.
+        self.retry_due = self.publish_errors > errors_before or bool(self._manifest_failures)
         return report
 
     def _publish(self, file: ViewFile, value: bytes) -> bool:

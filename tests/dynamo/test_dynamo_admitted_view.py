@@ -929,3 +929,22 @@ def test_a_file_that_cannot_be_written_is_warned_about_once_and_counted_until_it
     assert set(files.content) == set(written.content)
     said = [r.getMessage() for r in caplog.records]
     assert any("after 5 failed attempt(s)" in line for line in said), said
+
+
+async def test_the_writer_retries_a_failed_removal_and_write_with_nothing_else_changing() -> None:
+    async with writing_service() as (files, source, _service):
+        source.queue.put_nowait(SourceListing([*worker_records(A1), *worker_records(A2)]))
+        await _until(lambda: mdc_file(A1) in files.content and mdc_file(A2) in files.content)
+
+        # The directory turns read-only just as A1 leaves: its files cannot go.
+        files.fail_remove = files.fail_publish = True
+        for entry in worker_records(A1):
+            source.queue.put_nowait(SourceDelete(entry.key, 3))
+        await _until(lambda: ("touch", mdc_file(A2)) in files.ops)
+        assert mdc_file(A1) in files.content
+
+        # It is writable again and nothing else changes: the next passes remove them anyway,
+        # instead of keeping a departed worker's card alive until some other change.
+        files.fail_remove = files.fail_publish = False
+        await _until(lambda: mdc_file(A1) not in files.content)
+        assert set(files.content) == set(files_of(A2, files.content))
