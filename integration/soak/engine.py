@@ -98,6 +98,7 @@ class Soak:
     quiet_waits: list[float] = field(default_factory=list)
     episodes: list[float] = field(default_factory=list)  # each fault's injection, wall clock
     _drain_task: asyncio.Task[None] | None = None
+    exits: Counter[str] = field(default_factory=Counter)  # exits of their own, by process
     step: int = 0
 
     def __post_init__(self) -> None:
@@ -285,6 +286,28 @@ class Soak:
             self.disks.heal(target)
         self.record("heal", fault=kind, target=target)
 
+    # -- supervision ---------------------------------------------------------------------------
+
+    def supervise(self) -> None:
+        """Restart a frontend or the bridge that exited by itself, as the shipped units do.
+
+        ``deploy/systemd``: ``Restart=on-failure``, ``RestartSec=2``, and never after status 2
+        (bad input) or 5 (refused credentials), which no fault here may cause: a violation.
+        """
+        for proc in [*self.serves, *([self.bridge] if self.bridge else [])]:
+            if proc.held_down or proc.popen is None or proc.popen.poll() is None:
+                continue
+            code = proc.popen.returncode
+            if proc.exited_at is None:
+                proc.exited_at = time.monotonic()
+                self.exits[proc.name] += 1
+                self.record("exited", target=proc.name, status=code)
+                if code in (2, 5):
+                    raise Violation(f"{proc.name} exited with status {code}; see {proc.log}")
+            elif time.monotonic() - proc.exited_at >= 2.0:
+                proc.start()
+                self.record("restarted", target=proc.name)
+
     # -- the workload ------------------------------------------------------------------------
 
     def _members(self, group: int, config: str, *, undrained: bool = False) -> list[Worker]:
@@ -412,11 +435,13 @@ class Soak:
         while any(w.state == "crashed" for w in self.fleet.workers.values()):
             self.fleet.refresh()
             self.fleet.reap()
+            self.supervise()
             await asyncio.sleep(0.5)
         deadline = time.monotonic() + self.options.quiet_timeout
         found: list[str] = []
         while time.monotonic() < deadline:
             self.fleet.refresh()
+            self.supervise()
             statuses = {}
             for name in self.names:
                 status = await self.status(name)
@@ -469,6 +494,7 @@ class Soak:
                     now = time.monotonic()
                     self.fleet.refresh()
                     self.fleet.reap()
+                    self.supervise()
                     if active is not None and now >= heal_at:
                         self.heal(active[0], active[1])
                         active = None
@@ -509,6 +535,7 @@ class Soak:
             "steps": self.step,
             "faults": dict(sorted(self.faults.items())),
             "process_kills": kills,
+            "exits_restarted": dict(sorted(self.exits.items())),
             "operations": dict(sorted(self.operations.items())),
             "quiet_points": self.quiet_points,
             "quiet_wait_max_s": max(self.quiet_waits, default=0.0),

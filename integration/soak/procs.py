@@ -48,6 +48,10 @@ class Proc:
     stopped: bool = False
     starts: int = 0
     kills: int = 0
+    # Killed by the soak and not started again yet: the supervisor leaves it down.
+    held_down: bool = False
+    # When it exited by itself, as the supervisor saw it (None while it runs).
+    exited_at: float | None = None
     env: dict[str, str] = field(default_factory=_clean_env)
 
     @property
@@ -68,6 +72,8 @@ class Proc:
             )  # fmt: skip
         self.starts += 1
         self.stopped = False
+        self.held_down = False
+        self.exited_at = None
         if self.ready is not None:
             self._wait_ready(*self.ready)
 
@@ -89,6 +95,7 @@ class Proc:
             self.popen.wait(10)
             self.kills += 1
         self.stopped = False
+        self.held_down = True
 
     def pause(self) -> None:
         assert self.popen is not None
