@@ -25,7 +25,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 from soak.engine import Options, Soak  # noqa: E402
-from soak.leaks import plot  # noqa: E402
+from soak.leaks import as_rows, plot  # noqa: E402
 from soak.net import tools_missing  # noqa: E402
 
 LEAK_LIMIT = 0.05
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         soak = Soak(options)
         report = asyncio.run(soak.run())
         if soak.samples:
+            (out / "samples.json").write_text(json.dumps(as_rows(soak.samples)) + "\n")
             plot(soak.samples, out / "leaks.png", f"soak, {args.mode} mode, seed {seed}")
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -80,18 +80,22 @@ def plot(samples: Sequence[Sample], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(FIGURES), 1, figsize=(9, 10), sharex=True)
+    names = sorted({s.process for s in samples})
+    # One colour per process in every panel, whether or not the panel has its line.
+    colours = {name: f"C{index}" for index, name in enumerate(names)}
     for axis, figure in zip(axes, FIGURES, strict=True):
-        for name in sorted({s.process for s in samples}):
+        for name in names:
             points = [
                 (s.seconds / 60, v)
                 for s in samples
                 if s.process == name and (v := getattr(s, figure)) is not None
             ]
             if points:
-                axis.plot(*zip(*points, strict=True), label=name, linewidth=1)
+                axis.plot(*zip(*points, strict=True), label=name, linewidth=1, color=colours[name])
         axis.set_ylabel(figure.replace("_", " "))
         axis.grid(alpha=0.3)
-    axes[0].legend(loc="lower right", fontsize=8)
+    for axis in axes:
+        axis.legend(loc="lower right", fontsize=7)
     axes[-1].set_xlabel("minutes")
     fig.suptitle(title)
     fig.tight_layout()
