@@ -153,3 +153,17 @@ def test_a_change_rebuilds_only_the_group_it_names() -> None:
     history.service.status()
 
     assert fold.rebuilt - before == 1
+
+
+def test_an_endpoint_record_alone_makes_an_admitted_worker_routable_in_the_status() -> None:
+    history = History()
+    history.run(("card", 0, 1, 16))
+    history.run(("builds", True))
+    (group,) = history.service.status().groups
+    assert group.admitted == (1,)
+    assert group.routable == ()
+
+    history.run(("endpoint", 0, 1))
+
+    (group,) = history.service.status().groups
+    assert group.routable == (1,)
