@@ -220,10 +220,11 @@ class AdmittedView:
         # last owners while the directory still holds it.
         self._tenures: dict[GroupKey, Tenure] = {}
         self._by_namespace: dict[str, set[GroupKey]] = {}
-        self._members: dict[tuple[GroupKey, int], _Files] = {}
-        self._scopes: dict[GroupKey, _Files] = {}
+        self._members: dict[tuple[GroupKey, int], tuple[ViewFile, ...]] = {}
+        self._scopes: dict[GroupKey, tuple[ViewFile, ...]] = {}
         self._wanted: dict[ViewFile, bytes] = {}
-        self._owners: dict[ViewFile, dict[_Owner, int]] = {}
+        # Owners as a list, one entry per contribution: nearly always a single one.
+        self._owners: dict[ViewFile, list[_Owner]] = {}
         self._last_owners: dict[ViewFile, frozenset[_Owner]] = {}
         # The owners each file lost since the last pass.
         self._dropped: dict[ViewFile, set[_Owner]] = {}
@@ -373,8 +374,8 @@ class AdmittedView:
         group = tenure.group
         owner = (group, tenure.generation)
         for instance_id in tenure.routable:
-            self._set_files(owner, self._members.pop((group, instance_id), {}), {})
-        self._set_files(owner, self._scopes.pop(group, {}), {})
+            self._set_files(owner, self._members.pop((group, instance_id), ()), {})
+        self._set_files(owner, self._scopes.pop(group, ()), {})
         del self._tenures[group]
         namespace = self._by_namespace[group.endpoint.namespace]
         namespace.discard(group)
@@ -387,7 +388,7 @@ class AdmittedView:
         self._holding += bool(new.last_known) - bool(old.last_known)
         owner = (old.group, old.generation)
         for instance_id in old.routable - new.routable:
-            self._set_files(owner, self._members.pop((old.group, instance_id), {}), {})
+            self._set_files(owner, self._members.pop((old.group, instance_id), ()), {})
         for instance_id in new.routable - old.routable:
             self._plan_member(new, instance_id, table)
         for instance_id in old.last_known ^ new.last_known:
@@ -399,25 +400,26 @@ class AdmittedView:
     def _plan_member(self, tenure: Tenure, instance_id: int, table: RecordTable) -> None:
         key = (tenure.group, instance_id)
         new = _member_files(tenure, instance_id, table)
-        old = self._members.get(key, {})
-        self._members[key] = new
+        old = self._members.get(key, ())
+        self._members[key] = tuple(new)
         self._set_files((tenure.group, tenure.generation), old, new)
 
     def _plan_scope(self, tenure: Tenure, table: RecordTable) -> None:
         new = _scope_files(tenure, table)
-        old = self._scopes.get(tenure.group, {})
-        self._scopes[tenure.group] = new
+        old = self._scopes.get(tenure.group, ())
+        self._scopes[tenure.group] = tuple(new)
         self._set_files((tenure.group, tenure.generation), old, new)
         if tenure.routable:
             self._warn_untied(untied_topics((tenure,), table))
 
-    def _set_files(self, owner: _Owner, old: Mapping[ViewFile, bytes], new: _Files) -> None:
+    def _set_files(self, owner: _Owner, old: Collection[ViewFile], new: _Files) -> None:
         """Move one member's (or scope's) contribution from ``old`` files to ``new`` ones."""
-        for file in old.keys() - new.keys():
+        for file in old:
+            if file in new:
+                continue
             owners = self._owners[file]
-            owners[owner] -= 1
-            if not owners[owner]:
-                del owners[owner]
+            owners.remove(owner)
+            if owner not in owners:
                 # Who wanted it at the last pass: what an unwanted file is judged by.
                 self._dropped.setdefault(file, set()).add(owner)
             if not owners:
@@ -425,9 +427,8 @@ class AdmittedView:
                 del self._owners[file], self._wanted[file]
             self._pending.add(file)
         for file, value in new.items():
-            owners = self._owners.setdefault(file, {})
             if file not in old:
-                owners[owner] = owners.get(owner, 0) + 1
+                self._owners.setdefault(file, []).append(owner)
             if self._wanted.get(file) != value:
                 self._wanted[file] = value
                 self._pending.add(file)
