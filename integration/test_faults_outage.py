@@ -27,8 +27,8 @@ from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.cli.rollout import GateQuery, check_gate
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.service.admission_service import AdmissionService
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import Settings
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -24,9 +24,9 @@ from support.cards import base_card
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.service.admission_service import AdmissionService
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import is_admitted, replay
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -25,9 +25,9 @@ from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
 from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId
 from workerset_admission.service.admission_service import AdmissionService, GroupStatusView
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import Settings
 from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle, setup_telemetry
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -50,6 +50,7 @@ from workerset_admission.settings import Settings
 from workerset_admission.traces.format import STEPPED, read_trace, recorded_settings
 from workerset_admission.traces.replay import replay
 from workerset_admission.traces.state_line import DecisionState
+from workerset_admission.traces.writer import TraceWriter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -121,8 +122,7 @@ def assert_replay_matches(
 
 def _trace_start(service: AdmissionService) -> float:
     """The live clock reading the trace counts its times from."""
-    writer = service._trace
-    assert writer is not None
+    [writer] = [o for o in service.step.observers if isinstance(o, TraceWriter)]
     start = writer._start
     assert start is not None
     return start

@@ -147,7 +147,17 @@ _VOCABULARY = {
     "routing.py",
     "settings.py",
 }
-_ROOMS = {"admission", "card", "cli", "examples", "frontend", "rollout", "service", "traces"}
+_ROOMS = {
+    "admission",
+    "card",
+    "cli",
+    "examples",
+    "frontend",
+    "rollout",
+    "service",
+    "traces",
+    "wiring",
+}
 
 
 def test_the_top_of_the_package_holds_rooms_and_the_shared_vocabulary_only() -> None:
@@ -266,7 +276,7 @@ _ROOMS_BELOW_ADAPTERS = ("admission", "card")
 # Every other room, a new one included, is above the adapters.
 _ROOMS_ABOVE_ADAPTERS = tuple(sorted(_ROOMS - set(_ROOMS_BELOW_ADAPTERS)))
 # Where the service is put together with its adapters.
-_COMPOSITION_ROOTS = ("plugin/service/factory.py", "plugin/cli/", "plugin/frontend/")
+_COMPOSITION_ROOTS = ("plugin/wiring/", "plugin/cli/", "plugin/frontend/")
 
 
 def _module_names() -> dict[str, Path]:
@@ -451,7 +461,7 @@ def test_the_arrow_rules_see_an_arrow_that_runs_back_up() -> None:
     assert _room("workerset_admission.service.bindings") == "service"
     assert _room("workerset_admission.ports") == "ports"
     graph = _graph()
-    assert any(_room(t) == "adapters" for t in graph["workerset_admission.service.factory"])
+    assert any(_room(t) == "adapters" for t in graph["workerset_admission.wiring.compose"])
 
 
 # -------------------------------------------------------------------------------- the effect bus

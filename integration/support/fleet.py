@@ -35,10 +35,10 @@ from workerset_admission.service.admission_service import (
     BuildRequest,
     GroupStatusView,
 )
-from workerset_admission.service.factory import create_service
 from workerset_admission.service.receivers import AdmissionReceiver
 from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import replay
+from workerset_admission.wiring.compose import create_service
 
 DISCOVERY = "dynamo-discovery"
 ADMISSION = "frontend-model-admission"

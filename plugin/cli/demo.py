@@ -119,8 +119,8 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
     from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
     from workerset_admission.errors import ReceiverRetired
     from workerset_admission.identity import EndpointId
-    from workerset_admission.service.factory import create_service
     from workerset_admission.telemetry import configure_logging
+    from workerset_admission.wiring.compose import create_service
 
     configure_logging("plain", "ERROR", stream=stream)
     endpoint = EndpointId("dgd", "backend", "generate")

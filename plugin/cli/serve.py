@@ -130,8 +130,8 @@ async def _serve_service(
     telemetry_handle: TelemetryHandle | None,
     stop: asyncio.Event,
 ) -> int:
-    from workerset_admission.service.factory import create_service
     from workerset_admission.telemetry import AdmissionTelemetry
+    from workerset_admission.wiring.compose import create_service
 
     telemetry = None
     if telemetry_handle is not None:

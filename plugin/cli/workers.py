@@ -113,8 +113,8 @@ def check_card(
     """
     from workerset_admission.card import encode_model_record
     from workerset_admission.keys import model_kv_key
-    from workerset_admission.service.factory import boundary_settings
     from workerset_admission.service.ingest import CardRecordDecoder
+    from workerset_admission.wiring.compose import boundary_settings
 
     key = model_kv_key(endpoint, instance_id, suffix)
     decoded = CardRecordDecoder(boundary_settings(settings)).decode(

@@ -214,7 +214,7 @@ def start_extension_telemetry(settings: Settings) -> TelemetryHandle | None:
 async def _start_from_environment(
     telemetry: AdmissionTelemetry | None, view: DirectoryFiles | None
 ) -> StatusService:
-    from workerset_admission.service.factory import create_service
+    from workerset_admission.wiring.compose import create_service
 
     # The same factory as ``workerset-admission serve``: discovery source, serving-admission
     # publisher and status responder, all from WORKERSET_ADMISSION_* and the config file.
