@@ -15,6 +15,7 @@ from workerset_admission.admission import (
     WorkerAdded,
     WorkerRemoved,
 )
+from workerset_admission.admission.admitted import routable_ids
 from workerset_admission.errors import ReceiverRetired
 from workerset_admission.identity import (
     EndpointId,
@@ -29,6 +30,7 @@ from workerset_admission.service.bindings import (
     LegacyExplicitEndpointBinding,
     RoutingSettings,
 )
+from workerset_admission.service.liveness import LivenessIndex
 from workerset_admission.service.receivers import AdmissionChannels
 
 EP = EndpointId("ns1", "workers", "generate")
@@ -88,6 +90,18 @@ def test_a_hop_routes_only_to_instances_both_live_and_admitted() -> None:
     assert binding.routable() == frozenset({1})
     fe.live.add(EP, 2)
     assert binding.routable() == frozenset({1, 2})
+
+
+def test_the_one_routable_rule_is_live_and_admitted_or_held_on_last_known_records() -> None:
+    assert routable_ids({1, 2, 3}, {2, 3, 4}) == frozenset({2, 3})
+    assert routable_ids({1, 2, 3}, {2, 3, 4}, last_known={1}) == frozenset({1, 2, 3})
+    # Nothing live and nothing held is nothing routable, never every instance.
+    assert routable_ids({1, 2}, set()) == frozenset()
+    index = LivenessIndex()
+    index.put("k2", EP, 2)
+    # The liveness index answers with the same rule as the bindings (held members included).
+    assert index.routable(EP, [1, 2], last_known=[1]) == routable_ids({1, 2}, {2}, {1})
+    assert index.routable(EP, [1, 2]) == frozenset({2})
 
 
 def test_routing_settings_come_from_the_selected_card_only() -> None:

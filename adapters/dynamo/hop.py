@@ -15,6 +15,7 @@ import itertools
 from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any, Protocol
 
+from workerset_admission.admission.admitted import routable_ids
 from workerset_admission.admission.effects import LoraWorker
 from workerset_admission.errors import NoRoutableInstance, UsageError
 from workerset_admission.identity import EndpointId, GroupKey
@@ -164,8 +165,10 @@ class AdmittedHop:
         return self._routable(self._receiver.current())
 
     def _routable(self, binding: AdmissionValue) -> tuple[int, ...]:
-        admitted = binding.admitted
-        return tuple(sorted(i for i in set(self._client.instance_ids()) if i in admitted))
+        # The client can send only to what its own discovery lists: that list is its liveness,
+        # and a held member's last known record is in it when the frontend reads the view.
+        live = set(self._client.instance_ids())
+        return tuple(sorted(routable_ids(binding.admitted, live)))
 
     def adapter_instances(self, adapter: str) -> tuple[int, ...]:
         """Routable instances serving LoRA adapter ``adapter`` now, from the group's projection.

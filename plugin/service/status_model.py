@@ -223,7 +223,7 @@ def group_status_view(
     ``clock`` is the service clock the core's hold deadlines are on; with it a held group's
     deadline is shown as Unix time.
     """
-    routable = liveness.routable(view.key.endpoint, view.admitted) | set(view.last_known)
+    routable = liveness.routable(view.key.endpoint, view.admitted, view.last_known)
 
     def unix(at: float | None) -> float | None:
         if at is None or clock is None:
