@@ -112,12 +112,12 @@ def check_card(
     path, with the service's boundary settings (a namespace outside the filter included).
     """
     from workerset_admission.card import encode_model_record
+    from workerset_admission.card.entry import EntryDecoder
     from workerset_admission.keys import model_kv_key
-    from workerset_admission.service.ingest import CardRecordDecoder
     from workerset_admission.wiring.compose import boundary_settings
 
     key = model_kv_key(endpoint, instance_id, suffix)
-    decoded = CardRecordDecoder(boundary_settings(settings)).decode(
+    decoded = EntryDecoder(boundary_settings(settings)).decode(
         key, encode_model_record(endpoint, instance_id, card, suffix)
     )
     if decoded is None:

@@ -12,10 +12,10 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+from workerset_admission.card.entry import EntryDecoder
 from workerset_admission.ports import DiscoverySource
 from workerset_admission.service.accepted import AcceptedRecordsFeed
 from workerset_admission.service.admission_service import AdmissionService, PipelineBuilder
-from workerset_admission.service.ingest import CardRecordDecoder
 from workerset_admission.settings import Settings, load_settings
 from workerset_admission.telemetry import AdmissionTelemetry
 from workerset_admission.traces.format import settings_of
@@ -143,7 +143,7 @@ async def create_service(
             responder = NatsStatusResponder(nc, settings.status_subject, settings.frontend_id)
         service = AdmissionService(
             source,
-            decoder=CardRecordDecoder(boundary),
+            decoder=EntryDecoder(boundary),
             builder=builder,
             publisher=publisher,
             status=responder,
