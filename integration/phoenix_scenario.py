@@ -43,7 +43,7 @@ from phoenixfixture import PhoenixServer, fetch_spans
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.buckets import stream_name
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer, free_loopback_port
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.card import (
     encode_endpoint_record,
     encode_model_record,

@@ -21,7 +21,7 @@ from natsfixture import NatsServer
 from support.aio import eventually
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.cli.traces import record_trace
 from workerset_admission.identity import EndpointId

@@ -25,7 +25,7 @@ from workerset_admission.adapters.nats.connect import (
     NatsConnectOptions,
     connect,
 )
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.identity import EndpointId
 from workerset_admission.service.admission_service import AdmissionService

@@ -22,7 +22,7 @@ import nats
 import pytest
 from natsfixture import NatsServer
 from support.cards import base_card
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.identity import EndpointId
 from workerset_admission.keys import drain_kv_key
 

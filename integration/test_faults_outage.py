@@ -22,7 +22,7 @@ from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.buckets import BucketSpec, stream_name
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.cli.rollout import GateQuery, check_gate
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType

@@ -21,7 +21,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
 from support.cards import base_card
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import Settings

@@ -19,7 +19,7 @@ from workerset_admission.adapters.nats.admission_publisher import (
 )
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket, stream_name
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card import parse_key
 from workerset_admission.identity import EndpointId

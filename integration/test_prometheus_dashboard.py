@@ -38,7 +38,7 @@ from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
 from promfixture import PrometheusServer, tool
 from support.cards import base_card as demo_card
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.identity import EndpointId
 from workerset_admission.telemetry.worker_states import (
     COUNT_STATES,

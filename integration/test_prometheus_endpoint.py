@@ -21,7 +21,7 @@ import pytest
 from natsfixture import NatsServer
 from prometheus_client.parser import text_string_to_metric_families
 from support.cards import base_card as demo_card
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId
 from workerset_admission.service.admission_service import AdmissionService, GroupStatusView

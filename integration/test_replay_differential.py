@@ -36,7 +36,7 @@ from support.fleet import (
     settings_for,
     until,
 )
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.admission import CommitGroup, CoreSettings, Effect, RejectionReported
 from workerset_admission.card import encode_model_record
 from workerset_admission.cli.connection import client_options

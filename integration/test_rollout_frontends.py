@@ -29,7 +29,7 @@ from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionP
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK
 from workerset_admission.cli.rollout import (

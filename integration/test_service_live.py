@@ -17,7 +17,7 @@ from support.aio import eventually
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.errors import ReceiverRetired
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType

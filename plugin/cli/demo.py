@@ -116,7 +116,7 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
     """Play the rolling-update demo against an embedded server; return the exit status."""
     from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
     from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
-    from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+    from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
     from workerset_admission.errors import ReceiverRetired
     from workerset_admission.identity import EndpointId
     from workerset_admission.telemetry import configure_logging

@@ -130,7 +130,7 @@ def check_card(
 async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.nats.buckets import BucketSpec
     from workerset_admission.adapters.nats.connect import ConnectionCallbacks, connect
-    from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+    from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 
     card = _read_card(args.card)
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
@@ -198,7 +198,7 @@ async def _first(*events: asyncio.Event) -> None:
 async def _deregister(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     del stop
     from workerset_admission.adapters.nats.connect import connect
-    from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+    from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
     nc = await connect(client_options(settings, "deregister"))
