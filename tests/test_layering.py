@@ -402,7 +402,7 @@ def test_the_cycle_check_finds_a_cycle_and_only_a_cycle() -> None:
 def test_the_arrow_walk_sees_imports_for_types_and_inside_functions() -> None:
     modules = _module_names()
     readout = ROOT / "plugin" / "admission" / "readout.py"
-    assert "workerset_admission.admission.views" in _arrows(readout, modules)
+    assert "workerset_admission.admission.snapshots" in _arrows(readout, modules)
     text = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from workerset_admission.admission.core import _Group\n"

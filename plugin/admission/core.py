@@ -176,8 +176,8 @@ from workerset_admission.admission.inputs import (
 )
 from workerset_admission.admission.lora import AdapterLog
 from workerset_admission.admission.projection import ProjectionConflicts
+from workerset_admission.admission.snapshots import GroupView, PlacementView
 from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
-from workerset_admission.admission.views import GroupView, PlacementView
 from workerset_admission.errors import ConfigError, UsageError
 from workerset_admission.identity import AttemptId, GroupKey, Registration, instance_key
 
