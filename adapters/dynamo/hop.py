@@ -23,10 +23,10 @@ from workerset_admission.routing import HopRole, RoutingSettings
 
 __all__ = [
     "AdmissionValue",
-    "AdmissionView",
     "AdmittedHop",
     "DynamoClient",
     "DynamoRuntime",
+    "HopReceiver",
     "LegacyExplicitEndpointHop",
 ]
 
@@ -67,16 +67,16 @@ class AdmissionValue(Protocol):
     def lora(self) -> Sequence[LoraWorker]: ...
 
 
-class AdmissionView(Protocol):
+class HopReceiver(Protocol):
     """An admission receiver as a hop sees it: ``current()`` raises once retired."""
 
     def current(self) -> AdmissionValue: ...
 
 
-class ClonableView(AdmissionView, Protocol):
+class ClonableReceiver(HopReceiver, Protocol):
     """A receiver a hop can take its own copy of (withdrawing a binding closes the original)."""
 
-    def clone(self) -> AdmissionView: ...
+    def clone(self) -> HopReceiver: ...
 
 
 class CommittedBinding(Protocol):
@@ -92,7 +92,7 @@ class CommittedBinding(Protocol):
     def settings(self) -> RoutingSettings: ...
 
     @property
-    def receiver(self) -> ClonableView: ...
+    def receiver(self) -> ClonableReceiver: ...
 
 
 class AdmittedHop:
@@ -106,7 +106,7 @@ class AdmittedHop:
     def __init__(
         self,
         client: DynamoClient,
-        receiver: AdmissionView,
+        receiver: HopReceiver,
         *,
         role: HopRole | None = None,
         settings: RoutingSettings | None = None,
