@@ -24,7 +24,7 @@ from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
 from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId
-from workerset_admission.service.admission_service import AdmissionService, GroupStatusView
+from workerset_admission.service.admission_service import AdmissionService, GroupStatusReport
 from workerset_admission.settings import Settings
 from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle, setup_telemetry
 from workerset_admission.wiring.compose import create_service
@@ -103,7 +103,7 @@ async def running(
         metrics_endpoint.shutdown()
 
 
-def only_group(service: AdmissionService) -> GroupStatusView | None:
+def only_group(service: AdmissionService) -> GroupStatusReport | None:
     groups = service.status().groups
     return groups[0] if len(groups) == 1 else None
 

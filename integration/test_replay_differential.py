@@ -45,7 +45,7 @@ from workerset_admission.errors import Unreachable
 from workerset_admission.keys import model_kv_key
 from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.bindings import HopBindings
-from workerset_admission.service.status_model import GroupStatusView
+from workerset_admission.service.status_model import GroupStatusReport
 from workerset_admission.settings import Settings
 from workerset_admission.traces.format import STEPPED, read_trace, recorded_settings
 from workerset_admission.traces.replay import replay
@@ -341,7 +341,7 @@ async def stop_recording_and_workers(
     service: AdmissionService,
     a: DiscoveryPublisher,
     b: DiscoveryPublisher,
-) -> GroupStatusView:
+) -> GroupStatusReport:
     """End the recording, take the live group as it stands, and let the workers go quietly."""
     stop.set()
     await asyncio.wait_for(recorder, 15)

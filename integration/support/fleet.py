@@ -33,7 +33,7 @@ from workerset_admission.ports import SourceListing
 from workerset_admission.service.admission_service import (
     AdmissionService,
     BuildRequest,
-    GroupStatusView,
+    GroupStatusReport,
 )
 from workerset_admission.service.receivers import AdmissionReceiver
 from workerset_admission.settings import Settings
@@ -329,7 +329,7 @@ def replay_of(listing: SourceListing) -> dict[str, dict[str, Any]]:
     return {g["group_id"]: g for g in result["groups"]}
 
 
-def live_groups(service: AdmissionService) -> dict[str, GroupStatusView]:
+def live_groups(service: AdmissionService) -> dict[str, GroupStatusReport]:
     return {g.group.id: g for g in service.status().groups}
 
 

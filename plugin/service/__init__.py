@@ -12,7 +12,7 @@ from workerset_admission.service.admission_service import (
     AdmissionService,
     BuildRequest,
     CardRecordDecoder,
-    GroupStatusView,
+    GroupStatusReport,
     PipelineBuilder,
     ServiceStatus,
 )
@@ -23,7 +23,7 @@ __all__ = [
     "AdmissionStep",
     "BuildRequest",
     "CardRecordDecoder",
-    "GroupStatusView",
+    "GroupStatusReport",
     "PipelineBuilder",
     "ServiceStatus",
 ]

@@ -55,12 +55,12 @@ from workerset_admission.service.publication import ServingPublication
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
-    GroupStatusView,
+    GroupStatusReport,
     InvalidRecord,
     ServiceCounters,
     ServiceStatus,
     ServingRecord,
-    group_status_view,
+    group_status_report,
     readiness,
     serving_records,
     standing_rejections,
@@ -80,7 +80,7 @@ __all__ = [
     "AdmissionService",
     "BuildRequest",
     "CardRecordDecoder",
-    "GroupStatusView",
+    "GroupStatusReport",
     "PipelineBuilder",
     "ServiceStatus",
 ]
@@ -514,7 +514,7 @@ class AdmissionService:
         current = ServiceStatus(
             health=self._health(),
             synced=self._synced.is_set(),
-            groups=tuple(group_status_view(v, self.liveness, self._clock) for v in views),
+            groups=tuple(group_status_report(v, self.liveness, self._clock) for v in views),
             rejections=standing_rejections(self.core, views),
             readiness=readiness(self.core, self.core.serving(), self.liveness),
             invalid_total=self.counters.invalid,

@@ -24,14 +24,14 @@ from workerset_admission.telemetry import AdmissionStateSummary, HeldGroup
 __all__ = [
     "EMPTY_STATUS",
     "CohortStatusView",
-    "GroupStatusView",
+    "GroupStatusReport",
     "InvalidRecord",
     "ModelReadiness",
     "ServiceCounters",
     "ServiceStatus",
     "ServingRecord",
     "StandingRejection",
-    "group_status_view",
+    "group_status_report",
     "readiness",
     "serving_records",
     "standing_rejections",
@@ -48,7 +48,7 @@ class CohortStatusView:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupStatusView:
+class GroupStatusReport:
     """One WorkerSet as the service serves it."""
 
     group: GroupKey
@@ -147,7 +147,7 @@ class ServiceStatus:
 
     health: str
     synced: bool
-    groups: tuple[GroupStatusView, ...]
+    groups: tuple[GroupStatusReport, ...]
     readiness: tuple[ModelReadiness, ...]
     invalid_total: int
     recent_invalid: tuple[InvalidRecord, ...]
@@ -158,7 +158,7 @@ class ServiceStatus:
     # Every cohort standing rejected, with what its card differs in from the incumbent's.
     rejections: tuple[StandingRejection, ...] = ()
 
-    def group(self, key: GroupKey) -> GroupStatusView | None:
+    def group(self, key: GroupKey) -> GroupStatusReport | None:
         for g in self.groups:
             if g.group == key:
                 return g
@@ -215,9 +215,9 @@ EMPTY_STATUS = ServiceStatus(
 )
 
 
-def group_status_view(
+def group_status_report(
     view: GroupView, liveness: LivenessIndex, clock: Callable[[], float] | None = None
-) -> GroupStatusView:
+) -> GroupStatusReport:
     """Picture one group as served: its cohorts, and which admitted ids are routable.
 
     ``clock`` is the service clock the core's hold deadlines are on; with it a held group's
@@ -230,7 +230,7 @@ def group_status_view(
             return None
         return round(time.time() + at - clock(), 3)
 
-    return GroupStatusView(
+    return GroupStatusReport(
         held_until=unix(view.held_until),
         hold_members=view.hold_members,
         last_known=view.last_known,
