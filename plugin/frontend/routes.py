@@ -216,8 +216,9 @@ async def _start_from_environment(
 ) -> StatusService:
     from workerset_admission.wiring.compose import create_service
 
-    # The same factory as ``workerset-admission serve``: discovery source, serving-admission
-    # publisher and status responder, all from WORKERSET_ADMISSION_* and the config file.
+    # The same composition root as ``workerset-admission serve``: discovery source,
+    # serving-admission publisher, status responder, view and trace, all from
+    # WORKERSET_ADMISSION_* and the config file.
     service: StatusService = await create_service(
         load_settings(), telemetry=telemetry, view_files=view
     )
