@@ -226,3 +226,14 @@ def test_settings_resolve_from_a_decoded_card_of_the_card_boundary() -> None:
     from workerset_admission.routing import encoder_handoff
 
     assert encoder_handoff(registration.card)
+
+
+def test_each_hop_role_names_the_worker_type_it_routes_to_once() -> None:
+    # A hop that routes to a peer set finds it by the peer's worker type; the table in
+    # routing.py is the one place a hop kind is tied to a worker type.
+    for role in HopRole:
+        if role.peer_type is not None:
+            assert HopRole.for_worker_type(role.peer_type) is role
+    assert HopRole.DECODE.peer_type is None
+    assert HopRole.for_worker_type(WorkerType.AGGREGATED) is HopRole.DECODE
+    assert HopRole.for_worker_type(WorkerType.DECODE) is HopRole.DECODE

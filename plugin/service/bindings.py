@@ -273,10 +273,9 @@ class HopBindings:
 
     def peer(self, group: GroupKey, role: HopRole) -> AdmittedHopBinding | None:
         """Find the committed binding a group's hop of ``role`` routes to, if any."""
-        if role is HopRole.DECODE:
+        peer_type = role.peer_type
+        if peer_type is None:
             return self._bindings.get(group)
         bound = self.topology().get(group)
-        if bound is None:
-            return None
-        target = bound.prefill_target if role is HopRole.PREFILL else bound.encoder_target
+        target = None if bound is None else bound.target(peer_type)
         return None if target is None else self._bindings.get(target.group)
