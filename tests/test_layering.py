@@ -479,6 +479,104 @@ def test_the_arrow_rules_see_an_arrow_that_runs_back_up() -> None:
     assert _room("workerset_admission.ports") == "ports"
     graph = _graph()
     assert any(_room(t) == "adapters" for t in graph["workerset_admission.wiring.compose"])
+    assert _rank("workerset_admission.traces.writer") > _rank("workerset_admission.service.step")
+    assert _rank("workerset_admission.wiring.compose") > _rank("workerset_admission.traces.writer")
+    assert _rank("workerset_admission.settings") > _rank("workerset_admission.admission.core")
+
+
+# Every module in a layer, lowest first: an arrow points to a lower layer or within its own.
+# The loose vocabulary is split by what it leans on: most of it on nothing of the project;
+# the settings, Dynamo's store paths and the package's face on the core's and the card's
+# names, below the adapters that read them. The service is told of its trace, view and
+# publishers as observers and ports, so it imports neither the adapters nor traces/; traces/
+# reads the service's step; the composition roots see everything.
+_LAYERS = (
+    ("identity", "errors", "keys", "ports", "aio", "routing", "ownership", "mirror", "examples"),
+    ("admission", "card"),
+    ("settings", "discovery_paths", ""),
+    ("adapters", "telemetry"),
+    ("service",),
+    ("traces", "rollout"),
+    ("cli", "frontend", "wiring", "plugin"),
+)
+
+
+def _rank(name: str) -> int:
+    room = _room(name)
+    for rank, rooms in enumerate(_LAYERS):
+        if room in rooms:
+            return rank
+    raise AssertionError(f"{name} is in no layer; add its room to _LAYERS")
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for name in _graph():
+        _rank(name)
+    assert _room("workerset_admission") == ""
+
+
+def test_no_arrow_runs_back_up() -> None:
+    offenders = [
+        f"{name} imports {target}"
+        for name, targets in _graph().items()
+        for target in sorted(targets)
+        if _rank(target) > _rank(name)
+    ]
+    assert offenders == []
+
+
+def test_the_service_imports_no_adapter_and_no_trace() -> None:
+    offenders = [
+        f"{name} imports {target}"
+        for name, targets in _graph().items()
+        if _room(name) == "service"
+        for target in sorted(targets)
+        if _room(target) in ("adapters", "traces")
+    ]
+    assert offenders == []
+
+
+def test_each_port_and_the_routable_rule_are_declared_once() -> None:
+    ports = {node.name for node in _classes(ROOT / "plugin" / "ports.py")}
+    twins = [
+        f"{path.relative_to(ROOT)}: {node.name}"
+        for path in _modules()
+        if path != ROOT / "plugin" / "ports.py"
+        for node in _classes(path)
+        if node.name in ports
+    ]
+    assert twins == []
+    rules = [
+        path.relative_to(ROOT).as_posix()
+        for path in _modules()
+        if "def routable_ids(" in path.read_text(encoding="utf-8")
+    ]
+    assert rules == ["plugin/admission/admitted.py"]
+
+
+def _prefix_literals(text: str) -> list[str]:
+    """The string constants of a module that spell a discovery key prefix (``"v1.mdc."``)."""
+    return [
+        node.value
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"v1\.[a-z_]+\.", node.value)
+    ]
+
+
+def test_what_an_entry_is_is_told_by_the_boundary_alone() -> None:
+    # The key prefixes are spelled in keys.py (and in card/, which owns the record kinds);
+    # ingestion and the rest of the service ask card/entry.py what an entry is.
+    offenders = {
+        path.relative_to(ROOT).as_posix(): found
+        for path in _modules()
+        if path.relative_to(ROOT).parts[:2] in (("plugin", "service"), ("plugin", "traces"))
+        if (found := _prefix_literals(path.read_text(encoding="utf-8")))
+    }
+    assert offenders == {}
+    assert _prefix_literals((ROOT / "plugin" / "keys.py").read_text(encoding="utf-8"))
+    assert _prefix_literals('if key.startswith("v1.drain."):\n    pass\n') == ["v1.drain."]
 
 
 # -------------------------------------------------------------------------------- the effect bus
