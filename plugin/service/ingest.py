@@ -86,18 +86,16 @@ def default_decoder() -> RecordDecoder:
 class Verdict(NamedTuple):
     """How one record (by KV key) was judged.
 
-    Exactly one of: a ``registration`` (a model card), a ``refusal``, ``live`` (an
-    endpoint-instance record), ``event`` (an event source or channel), or none of them
-    (ignored by the namespace filter). A named tuple: a listing makes one per record, and a
-    tuple is built in one step.
+    Either a ``refusal``, or what the boundary accepted the record as (``kind``: a card, with
+    its ``registration``; an endpoint instance; an event source or channel; a drain), or
+    neither (ignored by the namespace filter). A named tuple: a listing makes one per record,
+    and a tuple is built in one step.
     """
 
     key: str
     registration: Registration | None = None
     refusal: RemoteDataError | None = None
-    live: bool = False
-    event: bool = False
-    drain: bool = False
+    kind: EntryKind | None = None
     # The worker an event source record names (an event verdict only).
     worker_id: int | None = None
     # A refusal of the very value refused last time under this key (a re-listing, a heartbeat
@@ -105,12 +103,21 @@ class Verdict(NamedTuple):
     repeated: bool = False
 
     @property
+    def live(self) -> bool:
+        """Whether it is an endpoint-instance record (the instance is live)."""
+        return self.kind is EntryKind.ENDPOINT
+
+    @property
+    def event(self) -> bool:
+        return self.kind is EntryKind.EVENT
+
+    @property
+    def drain(self) -> bool:
+        return self.kind is EntryKind.DRAIN
+
+    @property
     def ignored(self) -> bool:
-        return (
-            self.registration is None
-            and self.refusal is None
-            and not (self.live or self.event or self.drain)
-        )
+        return self.kind is None and self.refusal is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,16 +182,18 @@ class Ingestor:
             return Ingested(verdicts=(self._refusal(key, value, exc, self._refused),))
         self._refused.pop(key, None)
         if isinstance(record, Registration):
-            return Ingested((WorkerAdded(record),), (Verdict(key, registration=record),))
+            return Ingested((WorkerAdded(record),), (Verdict(key, record, kind=EntryKind.CARD),))
         if record is None:
             return Ingested(verdicts=(Verdict(key),))
         if isinstance(record, EventEntry):
-            return Ingested(verdicts=(Verdict(key, event=True, worker_id=record.worker_id),))
+            return Ingested(
+                verdicts=(Verdict(key, kind=EntryKind.EVENT, worker_id=record.worker_id),)
+            )
         if isinstance(record, Drain):
-            return Ingested((DrainSet(record),), (Verdict(key, drain=True),))
+            return Ingested((DrainSet(record),), (Verdict(key, kind=EntryKind.DRAIN),))
         endpoint, instance_id = record
         changed = self.liveness.put(key, endpoint, instance_id)
-        return Ingested(verdicts=(Verdict(key, live=True),), liveness_changed=changed)
+        return Ingested(verdicts=(Verdict(key, kind=EntryKind.ENDPOINT),), liveness_changed=changed)
 
     def listing(
         self,
@@ -284,15 +293,15 @@ class Ingestor:
                 continue
             if isinstance(record, Registration):
                 registrations.append(record)
-                verdicts.append(Verdict(key, record))
+                verdicts.append(Verdict(key, record, kind=EntryKind.CARD))
             elif isinstance(record, LiveInstance):
                 live[key] = record
-                verdicts.append(Verdict(key, live=True))
+                verdicts.append(Verdict(key, kind=EntryKind.ENDPOINT))
             elif isinstance(record, Drain):
                 drains.append(record)
-                verdicts.append(Verdict(key, drain=True))
+                verdicts.append(Verdict(key, kind=EntryKind.DRAIN))
             elif record is not None:
-                verdicts.append(Verdict(key, event=True, worker_id=record.worker_id))
+                verdicts.append(Verdict(key, kind=EntryKind.EVENT, worker_id=record.worker_id))
             else:
                 verdicts.append(Verdict(key))
         self._decoded = decoded
