@@ -36,7 +36,7 @@ from support.fleet import (
     settings_for,
     until,
 )
-from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.admission import CommitGroup, CoreSettings, Effect, RejectionReported
 from workerset_admission.card import encode_model_record
 from workerset_admission.cli.connection import client_options
@@ -168,8 +168,8 @@ async def test_an_outage_longer_than_the_ttl_replays_with_its_hold_and_successio
     # A's records, expired during the outage, arrive as expiries after the reconnect.
     async with admin(nats_server_fn.url) as nc_a, admin(nats_server_fn.url) as nc_b:
 
-        def publisher(nc: Any) -> DiscoveryPublisher:
-            return DiscoveryPublisher(
+        def publisher(nc: Any) -> WorkerRegistrar:
+            return WorkerRegistrar(
                 nc.jetstream(timeout=2),
                 bucket=DISCOVERY,
                 ttl=ttl,
@@ -322,10 +322,10 @@ async def test_a_build_result_that_arrives_after_a_succession_is_fenced_in_the_r
 
 async def a_serves_and_b_waits(
     service: AdmissionService, nc_a: Any, nc_b: Any, ttl: float
-) -> tuple[DiscoveryPublisher, DiscoveryPublisher]:
+) -> tuple[WorkerRegistrar, WorkerRegistrar]:
     """A/1 admitted and B/2 rejected, each on its own connection; B re-registers if removed."""
-    a = DiscoveryPublisher(nc_a.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl)
-    b = DiscoveryPublisher(
+    a = WorkerRegistrar(nc_a.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl)
+    b = WorkerRegistrar(
         nc_b.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl, on_removed="reregister"
     )
     await a.register(EP, 1, OLD)
@@ -339,8 +339,8 @@ async def stop_recording_and_workers(
     stop: asyncio.Event,
     recorder: asyncio.Task[int],
     service: AdmissionService,
-    a: DiscoveryPublisher,
-    b: DiscoveryPublisher,
+    a: WorkerRegistrar,
+    b: WorkerRegistrar,
 ) -> GroupStatusReport:
     """End the recording, take the live group as it stands, and let the workers go quietly."""
     stop.set()

@@ -2,7 +2,7 @@
 
 * ``source``: :class:`JetStreamDiscoverySource`, the discovery bucket as listings and live
   changes;
-* ``registrar``: :class:`DiscoveryPublisher`, worker registrations kept alive by a TTL heartbeat;
+* ``registrar``: :class:`WorkerRegistrar`, worker registrations kept alive by a TTL heartbeat;
 * ``admission_publisher``: :class:`NatsAdmissionPublisher`, what a frontend serves;
 * ``buckets``: idempotent bucket creation that never changes an existing bucket;
 * ``connect``: one connection function for every credential and TLS setting;

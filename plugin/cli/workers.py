@@ -130,13 +130,13 @@ def check_card(
 async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.nats.buckets import BucketSpec
     from workerset_admission.adapters.nats.connect import ConnectionCallbacks, connect
-    from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
+    from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 
     card = _read_card(args.card)
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
     instance_id = args.instance_id if args.instance_id is not None else secrets.randbits(63)
     check_card(settings, endpoint, instance_id, card, args.suffix)
-    publishers: list[DiscoveryPublisher] = []
+    publishers: list[WorkerRegistrar] = []
 
     async def reconnected() -> None:
         # The server may have come back on an empty store: refresh (and heal) at once.
@@ -147,7 +147,7 @@ async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.
         client_options(settings, "register"), ConnectionCallbacks(reconnected=reconnected)
     )
     try:
-        publisher = DiscoveryPublisher(
+        publisher = WorkerRegistrar(
             nc.jetstream(),
             bucket=settings.discovery_bucket,
             bucket_spec=BucketSpec(
@@ -198,12 +198,12 @@ async def _first(*events: asyncio.Event) -> None:
 async def _deregister(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     del stop
     from workerset_admission.adapters.nats.connect import connect
-    from workerset_admission.adapters.nats.registrar import DiscoveryPublisher
+    from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
     nc = await connect(client_options(settings, "deregister"))
     try:
-        publisher = DiscoveryPublisher(
+        publisher = WorkerRegistrar(
             nc.jetstream(), bucket=settings.discovery_bucket, create_bucket=False
         )
         keys = await publisher.deregister(
