@@ -271,7 +271,7 @@ _shared_lock = threading.Lock()
 
 
 def _extension_telemetry() -> tuple[TelemetryHandle | None, AdmissionTelemetry | None]:
-    from workerset_admission.telemetry import AdmissionTelemetry
+    from workerset_admission.wiring.compose import admission_telemetry
 
     try:
         settings = load_settings()
@@ -282,11 +282,7 @@ def _extension_telemetry() -> tuple[TelemetryHandle | None, AdmissionTelemetry |
     if handle is None:
         return None, None
     # One facade for every start attempt: its instruments are registered once per provider.
-    return handle, AdmissionTelemetry(
-        tracer_provider=handle.tracer_provider,
-        meter_provider=handle.meter_provider,
-        bucket=settings.discovery_bucket,
-    )
+    return handle, admission_telemetry(settings, handle)
 
 
 def shared_host(view: DirectoryFiles | None = None) -> ServiceThread[StatusService]:

@@ -17,7 +17,7 @@ from workerset_admission.ports import DiscoverySource
 from workerset_admission.service.accepted import AcceptedRecordsFeed
 from workerset_admission.service.admission_service import AdmissionService, PipelineBuilder
 from workerset_admission.settings import Settings, load_settings
-from workerset_admission.telemetry import AdmissionTelemetry
+from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle
 from workerset_admission.traces.format import settings_of
 from workerset_admission.traces.writer import TraceWriter
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from workerset_admission.adapters.dynamo.view import DirectoryFiles, ViewHook
     from workerset_admission.card import BoundarySettings
 
-__all__ = ["attach_trace_writer", "boundary_settings", "create_service"]
+__all__ = ["admission_telemetry", "attach_trace_writer", "boundary_settings", "create_service"]
 
 
 def _view_hook(settings: Settings, files: DirectoryFiles | None) -> ViewHook | None:
@@ -55,6 +55,19 @@ def boundary_settings(settings: Settings) -> BoundarySettings:
         tokenizer_backend=settings.tokenizer_backend,
         tokenizer_fallback_enabled=settings.tokenizer_fallback,
         max_value_size=settings.max_value_bytes,
+    )
+
+
+def admission_telemetry(settings: Settings, handle: TelemetryHandle) -> AdmissionTelemetry:
+    """Return the service's telemetry on the providers ``handle`` installed.
+
+    ``serve`` and the frontend's route extension each install their exporters (as a process of
+    its own, or beside the frontend's) and report through this one facade.
+    """
+    return AdmissionTelemetry(
+        tracer_provider=handle.tracer_provider,
+        meter_provider=handle.meter_provider,
+        bucket=settings.discovery_bucket,
     )
 
 
