@@ -708,3 +708,24 @@ def test_the_decoder_check_sees_an_import_and_an_attribute() -> None:
     }
     assert _card_decoders_used("import x\nx.decode_event_record(1)\n") == {"decode_event_record"}
     assert _card_decoders_used("from workerset_admission.card import parse_key\n") == set()
+
+
+def test_the_entry_points_name_the_composition_root_and_the_route_extension() -> None:
+    # pyproject.toml is what an installed host reads; each entry point must import and be
+    # the object the package says it is.
+    import importlib
+
+    from workerset_admission.frontend.routes import frontend_routes
+    from workerset_admission.wiring.compose import create_service
+
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    found = dict(re.findall(r'^(?:admission|workerset-admission) = "([\w.]+):(\w+)"$', text, re.M))
+    assert found == {
+        "workerset_admission.wiring.compose": "create_service",
+        "workerset_admission.frontend.routes": "frontend_routes",
+        "workerset_admission.cli": "main",
+    }
+    for module, name in found.items():
+        assert callable(getattr(importlib.import_module(module), name))
+    assert create_service.__module__ == "workerset_admission.wiring.compose"
+    assert frontend_routes.__module__ == "workerset_admission.frontend.routes"
