@@ -34,7 +34,7 @@ from workerset_admission.card.serving_record import NamespaceRecord, Record, Ser
 
 __all__ = [
     "Disagreement",
-    "FrontendView",
+    "FrontendServing",
     "GateReport",
     "evaluate_gate",
     "render_table",
@@ -42,8 +42,8 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class FrontendView:
-    """One live frontend as the gate sees it for the model and namespace asked about."""
+class FrontendServing:
+    """What one live frontend serves of the model and namespace the gate was asked about."""
 
     frontend: str
     serving: bool
@@ -88,7 +88,7 @@ class GateReport:
     expected_checksum: str | None
     open: bool
     reasons: tuple[str, ...]
-    frontends: tuple[FrontendView, ...]
+    frontends: tuple[FrontendServing, ...]
     stale: tuple[str, ...]
     disagreements: tuple[Disagreement, ...]
     invalid: tuple[tuple[str, str], ...] = field(default=())
@@ -243,7 +243,7 @@ def _view(
     expected_checksum: str | None,
     previous_namespaces: Sequence[str] | None,
     incumbents: dict[str, dict[str, set[str]]],
-) -> FrontendView:
+) -> FrontendServing:
     current = [record for record in records if record.namespace == namespace]
     groups = [group for record in current for group in _model_groups(record, model)]
     verified = all(record.groups is not None for record in current)
@@ -276,7 +276,7 @@ def _view(
             and _serves_model(record, model)
         }
     )
-    return FrontendView(
+    return FrontendServing(
         frontend=frontend,
         serving=serving,
         model_verified=verified,
