@@ -4,6 +4,7 @@
 #   integration/container-engine.sh start [STATE_DIR]   prepare (idempotent); print `export` lines
 #   integration/container-engine.sh stop  [STATE_DIR]   stop what `start` started, remove leftovers
 #   integration/container-engine.sh status [STATE_DIR]  say whether the engine runs
+#   integration/container-engine.sh settings [STATE_DIR] write podman's settings only (for builds)
 #
 # `start` uses a Docker engine that already answers. Otherwise it sets up podman with the runc
 # runtime: installs both from the system's packages when they are missing (root and apt-get
@@ -244,12 +245,24 @@ status() {
     fi
 }
 
+# Podman's settings and image store in STATE, without the API or the NATS image: what
+# deploy/container/build.sh needs to build images into the store the tests use.
+settings() {
+    if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
+        say "podman and runc are needed (apt-get install podman runc)"
+        return 1
+    fi
+    mkdir -p "$STATE"
+    [ -f "$STATE/containers.conf" ] || write_settings
+}
+
 case "$ACTION" in
 start) start ;;
+settings) settings ;;
 stop) stop ;;
 status) status ;;
 *)
-    echo "usage: $0 start|stop|status [STATE_DIR]" >&2
+    echo "usage: $0 start|stop|status|settings [STATE_DIR]" >&2
     exit 2
     ;;
 esac
