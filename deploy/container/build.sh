@@ -3,17 +3,18 @@
 #
 #   deploy/container/build.sh [tools|frontend ...]     both when none is named
 #
-# The base: BASE when it is set (a Python 3.11 image with pip and venv, for example
+# The base: BASE when it is set (a Python 3.10 to 3.13 image with venv, for example
 # docker.io/library/python:3.11-slim-bookworm where a registry is reachable); otherwise a Debian 12
 # root file system made by mmdebstrap from Debian's packages (python3, python3-venv, python3-pip,
-# ca-certificates) and imported as localhost/workerset-admission-base:<recipe hash>. It is made
-# once: a later run finds the image in podman's store and reuses it.
+# ca-certificates) and imported as localhost/workerset-admission-base:bookworm-<recipe hash>. It
+# is made once: a later run finds the image in podman's store and reuses it.
 #
 # The wheels: built on this host by `pip wheel` with $PYTHON (default python3, which must have the
-# image's Python minor version; the host's pip settings and index apply), then installed in the
+# base's Python minor version; the host's pip settings and index apply), then installed in the
 # image with `pip install --no-index` from the build context, in a build run with --network=none:
-# the image build reaches no index and no registry. The dependencies' wheels are kept per
-# pyproject.toml under the engine folder and reused; the project's own wheel is built every time.
+# the image build reaches no index and no registry. The dependencies' wheels are kept under the
+# engine folder while pyproject.toml's dependency lists stay the same; the project's own wheel
+# is built every time (the same code gives the same bytes, so podman's layer cache holds).
 #
 # Podman runs with the settings and image store of integration/container-engine.sh in
 # ENGINE_DIR (default: the checkout's git-ignored .containers/, the store the tests use; the
@@ -22,7 +23,8 @@
 #
 # Images: localhost/workerset-admission:<version> (tools: serve, bridge and the other commands)
 # and localhost/workerset-admission-frontend:<version> (the Dynamo 1.6.1 frontend with the plugin
-# as a route extension), each also tagged latest. Every step prints how long it took.
+# as a route extension), each also tagged latest; their build stages are tagged <image>-build.
+# Every step prints how long it took, and each image its size.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -126,10 +128,24 @@ base_image() {
     echo "$tag"
 }
 
-# The wheels a target's image installs, in the build context $CACHE/<target>/: deps/ (kept
-# while pyproject.toml's dependency lists and the Python version stay the same) and project/
-# (built every time).
-# $1: target, $2: the image's Python minor version.
+# The project's wheel, in $CACHE/project/, and the clean copy of what the package is made of
+# that the wheels are built from, in $CACHE/src/ (setuptools' build/ folder in the checkout may
+# still hold a module since removed, which would go in).
+make_project_wheel() {
+    rm -rf "$CACHE/src" "$CACHE/project"
+    mkdir -p "$CACHE/src" "$CACHE/project"
+    cp -r "$ROOT"/{pyproject.toml,README.md,LICENSE,plugin,adapters,telemetry} "$CACHE/src/"
+    find "$CACHE/src" -name __pycache__ -prune -exec rm -rf {} +
+    # A fixed time stamp in the wheel: the same code makes the same bytes, and podman's layer
+    # cache then reuses the layer that installs it.
+    SOURCE_DATE_EPOCH=315532800 \
+        pip_quiet "$CACHE/pip.log" wheel --no-deps -w "$CACHE/project" "$CACHE/src" ||
+        fail "pip wheel of the project failed"
+}
+
+# The build context of a target's image, $CACHE/<target>/: deps/, the dependencies' wheels
+# (kept while pyproject.toml's dependency lists and the Python version stay the same), and
+# project/, the project's wheel. $1: target, $2: the image's Python minor version.
 make_context() {
     local target="$1" minor="$2" extras context key
     case "$target" in
@@ -143,7 +159,7 @@ make_context() {
     if [ "$(cat "$context/deps/.key" 2>/dev/null)" != "$key" ]; then
         rm -rf "$context/deps"
         mkdir -p "$context/deps"
-        pip_quiet "$context/pip.log" wheel -w "$context/deps" "${ROOT}[$extras]" ||
+        pip_quiet "$context/pip.log" wheel -w "$context/deps" "$CACHE/src[$extras]" ||
             fail "pip wheel of the $target dependencies failed"
         if [ "$target" = frontend ]; then
             # ai-dynamo pins aisimulate, which cannot be installed; the frontend never imports
@@ -153,11 +169,11 @@ make_context() {
         fi
         rm -f "$context"/deps/dynamo_workerset_admission-*.whl
         echo "$key" >"$context/deps/.key"
+    else
+        say "$target dependencies' wheels: kept from an earlier build ($context/deps)"
     fi
     rm -rf "$context/project"
-    mkdir -p "$context/project"
-    pip_quiet "$context/pip.log" wheel --no-deps -w "$context/project" "$ROOT" ||
-        fail "pip wheel of the project failed"
+    cp -r "$CACHE/project" "$context/project"
 }
 
 # The build stage is tagged too ($image-build): its layers (the dependencies installed) stay
@@ -181,16 +197,18 @@ image_minor="$(podman run --rm --network=none "$base" python3 -c \
 [ "$host_minor" = "$image_minor" ] \
     || fail "$PYTHON is Python $host_minor but $base has $image_minor: set PYTHON to a $image_minor"
 
+timed "project wheel (pip wheel on the host)" make_project_wheel
 for target in "${targets[@]}"; do
     case "$target" in
     tools) image=localhost/workerset-admission ;;
     frontend) image=localhost/workerset-admission-frontend ;;
     esac
-    timed "$target wheels (pip wheel on the host)" make_context "$target" "$image_minor"
+    timed "$target dependencies' wheels (pip wheel on the host)" make_context "$target" "$image_minor"
     timed "$target image $image:$VERSION" build_image "$target" "$image" "$base"
     size="$(podman image inspect --format '{{.Size}}' "$image:$VERSION")"
     say "$target image $image:$VERSION: $((size / 1000000)) MB"
 done
 # What the rebuilds replaced (untagged, used by no other image); never a tagged image.
 podman image prune -f >/dev/null
+rm -rf "$CACHE/src"
 say "done in $((SECONDS - started)) s"
