@@ -52,7 +52,8 @@ if shutil.which("podman") is None:
         allow_module_level=True,
     )
 
-pytestmark = [pytest.mark.images, pytest.mark.timeout(600)]
+# Long enough for the first test, which builds both images (about two minutes from nothing).
+pytestmark = [pytest.mark.images, pytest.mark.timeout(1800)]
 
 
 def podman(
@@ -163,7 +164,6 @@ def images() -> dict[str, dict[str, Any]]:
     return found
 
 
-@pytest.mark.timeout(1800)
 def test_both_images_build_from_the_local_base_and_run_their_commands(
     images: dict[str, dict[str, Any]],
 ) -> None:
@@ -200,25 +200,27 @@ def test_serve_with_its_embedded_nats_answers_status_from_a_second_container(
             *serve_options(run_dir), TOOLS, "status", "--json",
         )  # fmt: skip
         answer = json.loads(status.stdout)
-        serve_id = podman("inspect", "--format", "{{.Id}}", serve).stdout.strip()
-        # The answer comes from that serve: its frontend id is its host name (the container's
-        # short id) and its process id (1, the container's first process).
-        assert answer["frontend"] == f"{serve_id[:12]}-1"
+        # The answer comes from that serve: its frontend id is its host name and its process id
+        # (1, the container's first process).
+        assert answer["frontend"] == f"{hostname(serve)}-1"
         assert (answer["health"], answer["synced"], answer["groups"]) == ("healthy", True, [])
 
 
-def test_the_frontend_image_serves_a_mocker_through_the_view_a_serve_writes(
-    images: dict[str, dict[str, Any]], tmp_path: Path
+@pytest.mark.parametrize("writer", ["serve", "frontend"])
+def test_the_frontend_image_serves_a_mocker_through_the_admitted_view(
+    images: dict[str, dict[str, Any]], tmp_path: Path, writer: str
 ) -> None:
+    """The view is written by ``serve`` in the tools image, or by the frontend's own plugin."""
     run_dir, workers, view = tmp_path / "run", tmp_path / "workers-kv", tmp_path / "view-kv"
     for folder in (run_dir, workers, view):
         folder.mkdir()
     port = free_port()
     model = ("-v", f"{ROOT / 'examples' / 'tiny-model'}:/model:ro")
+    serve_writes = writer == "serve"
     with containers() as running:
         # serve holds the network namespace, so it publishes the frontend's port (loopback only).
         serve = running.start(
-            "serve", TOOLS, "serve", "--view-dir", "/view",
+            "serve", TOOLS, "serve", *(("--view-dir", "/view") if serve_writes else ()),
             options=serve_options(run_dir, "-v", f"{view}:/view", "-p", f"127.0.0.1:{port}:8000"),
         )  # fmt: skip
         url = announced(run_dir, serve)["url"]
@@ -240,11 +242,11 @@ def test_the_frontend_image_serves_a_mocker_through_the_view_a_serve_writes(
                 "-v", f"{workers}:/workers", *model, *dynamo,
             ),
         )  # fmt: skip
-        # The plugin in this frontend only observes: serve owns the view it reads.
-        running.start(
+        # Beside a serve that writes the view, the plugin in the frontend only observes.
+        frontend_name = running.start(
             "frontend", FRONTEND, join=serve,
             options=(
-                "--unsetenv", "WORKERSET_ADMISSION_VIEW_DIR",
+                *(("--unsetenv", "WORKERSET_ADMISSION_VIEW_DIR") if serve_writes else ()),
                 "-e", f"WORKERSET_ADMISSION_NATS_SERVERS={url}",
                 "-v", f"{view}:/view", *model, *dynamo,
             ),
@@ -262,9 +264,17 @@ def test_the_frontend_image_serves_a_mocker_through_the_view_a_serve_writes(
         assert served.decode is not None
         # The plugin in the frontend agrees: the worker that answered is the one admitted.
         assert (group["status"], group["admitted"]) == ("ready", [served.decode])
-        # The files the frontend routes by are serve's: the admitted worker's instance record.
+        # The files the frontend routes by hold the admitted worker's instance record, and the
+        # view's lock names the container that wrote them.
         records = [p.name for p in (view / "v1" / "instances").iterdir()]
         assert any(name.endswith(f"{served.decode:x}") for name in records), records
+        owner = serve if serve_writes else frontend_name
+        lock = (view / ".workerset-admission.lock").read_text()
+        assert re.fullmatch(rf"pid \d+ on {hostname(owner)}", lock.strip()), lock
+
+
+def hostname(container: str) -> str:
+    return podman("inspect", "--format", "{{.Config.Hostname}}", container).stdout.strip()
 
 
 def workersets(port: int) -> dict[str, Any]:
