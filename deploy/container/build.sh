@@ -143,6 +143,21 @@ make_project_wheel() {
         fail "pip wheel of the project failed"
 }
 
+# The dependencies' wheels of one image. $1: target, $2: its extras, $3: the folder.
+make_deps() {
+    rm -rf "$3"
+    mkdir -p "$3"
+    pip_quiet "$3/../pip.log" wheel -w "$3" "$CACHE/src[$2]" ||
+        fail "pip wheel of the $1 dependencies failed"
+    if [ "$1" = frontend ]; then
+        # ai-dynamo pins aisimulate, which cannot be installed; the frontend never imports it,
+        # so ai-dynamo goes in alone (its real dependencies come with the dynamo extra).
+        pip_quiet "$3/../pip.log" wheel --no-deps -w "$3" "ai-dynamo==$DYNAMO_VERSION" ||
+            fail "pip wheel of ai-dynamo failed"
+    fi
+    rm -f "$3"/dynamo_workerset_admission-*.whl
+}
+
 # The build context of a target's image, $CACHE/<target>/: deps/, the dependencies' wheels
 # (kept while pyproject.toml's dependency lists and the Python version stay the same), and
 # project/, the project's wheel. $1: target, $2: the image's Python minor version.
@@ -156,21 +171,12 @@ make_context() {
     # The dependency lists of pyproject.toml (not its other settings), the extras and Python.
     key="$({ sed -n '/^dependencies = \[/,/^\[project.scripts\]/p' "$ROOT/pyproject.toml"
         echo "$extras $minor $DYNAMO_VERSION"; } | sha256sum | cut -c1-16)"
-    if [ "$(cat "$context/deps/.key" 2>/dev/null)" != "$key" ]; then
-        rm -rf "$context/deps"
-        mkdir -p "$context/deps"
-        pip_quiet "$context/pip.log" wheel -w "$context/deps" "$CACHE/src[$extras]" ||
-            fail "pip wheel of the $target dependencies failed"
-        if [ "$target" = frontend ]; then
-            # ai-dynamo pins aisimulate, which cannot be installed; the frontend never imports
-            # it, so ai-dynamo goes in alone (its real dependencies come with the dynamo extra).
-            pip_quiet "$context/pip.log" wheel --no-deps -w "$context/deps" \
-                "ai-dynamo==$DYNAMO_VERSION" || fail "pip wheel of ai-dynamo failed"
-        fi
-        rm -f "$context"/deps/dynamo_workerset_admission-*.whl
-        echo "$key" >"$context/deps/.key"
-    else
+    if [ "$(cat "$context/deps/.key" 2>/dev/null)" = "$key" ]; then
         say "$target dependencies' wheels: kept from an earlier build ($context/deps)"
+    else
+        timed "$target dependencies' wheels (pip wheel on the host)" \
+            make_deps "$target" "$extras" "$context/deps"
+        echo "$key" >"$context/deps/.key"
     fi
     rm -rf "$context/project"
     cp -r "$CACHE/project" "$context/project"
@@ -203,7 +209,7 @@ for target in "${targets[@]}"; do
     tools) image=localhost/workerset-admission ;;
     frontend) image=localhost/workerset-admission-frontend ;;
     esac
-    timed "$target dependencies' wheels (pip wheel on the host)" make_context "$target" "$image_minor"
+    make_context "$target" "$image_minor"
     timed "$target image $image:$VERSION" build_image "$target" "$image" "$base"
     size="$(podman image inspect --format '{{.Size}}' "$image:$VERSION")"
     say "$target image $image:$VERSION: $((size / 1000000)) MB"
