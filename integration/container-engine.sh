@@ -137,6 +137,27 @@ EOF
     rm -rf "$context"
 }
 
+# Installs podman and runc from the system's packages when either is missing (root and apt-get
+# needed); on failure prints why on stdout and returns 1.
+install_engine() {
+    command -v podman >/dev/null && command -v runc >/dev/null && return 0
+    if [ "$(id -u)" != 0 ]; then
+        echo "podman or runc missing and not root"
+        return 1
+    fi
+    if ! command -v apt-get >/dev/null; then
+        echo "podman or runc missing and no apt-get"
+        return 1
+    fi
+    say "installing podman and runc from the system's packages"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends podman runc; } >"$STATE.apt.log" 2>&1; then
+        echo "apt-get install podman runc failed, see $STATE.apt.log"
+        return 1
+    fi
+    rm -f "$STATE.apt.log"
+}
+
 start() {
     local default_sock=/var/run/docker.sock
     if [ -n "${DOCKER_HOST:-}" ] && [ "${DOCKER_HOST#unix://}" != "$SOCK" ] \
@@ -163,16 +184,8 @@ start() {
         return 0
     fi
 
-    if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
-        [ "$(id -u)" = 0 ] || unavailable "podman or runc missing and not root"
-        command -v apt-get >/dev/null || unavailable "podman or runc missing and no apt-get"
-        say "installing podman and runc from the system's packages"
-        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-            apt-get install -y -qq --no-install-recommends podman runc; } >"$STATE.apt.log" 2>&1; then
-            unavailable "apt-get install podman runc failed, see $STATE.apt.log"
-        fi
-        rm -f "$STATE.apt.log"
-    fi
+    local missing
+    missing="$(install_engine)" || unavailable "$missing"
     [ "$(id -u)" = 0 ] || unavailable "podman without root is not set up here"
 
     mkdir -p "$STATE"
@@ -245,11 +258,13 @@ status() {
     fi
 }
 
-# Podman's settings and image store in STATE, without the API or the NATS image: what
-# deploy/container/build.sh needs to build images into the store the tests use.
+# Podman's settings and image store in STATE (podman and runc installed as `start` does), without
+# the API or the NATS image: what deploy/container/build.sh needs to build images into the
+# store the tests use.
 settings() {
-    if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
-        say "podman and runc are needed (apt-get install podman runc)"
+    local missing
+    if ! missing="$(install_engine)"; then
+        say "$missing"
         return 1
     fi
     mkdir -p "$STATE"

@@ -51,13 +51,14 @@ for target in "${targets[@]}"; do
     esac
 done
 
-command -v podman >/dev/null || fail "podman is needed (apt-get install podman runc)"
 if [ "$ENGINE_DIR" != system ]; then
+    # Installs podman and runc when missing (as root), as the tests' engine does.
     bash "$ROOT/integration/container-engine.sh" settings "$ENGINE_DIR" || fail "no podman settings"
     export CONTAINERS_CONF="$ENGINE_DIR/containers.conf"
     export CONTAINERS_STORAGE_CONF="$ENGINE_DIR/storage.conf"
     CACHE="$ENGINE_DIR/build"
 else
+    command -v podman >/dev/null || fail "podman is needed (apt-get install podman runc)"
     CACHE="$ROOT/.containers/build"
 fi
 mkdir -p "$CACHE"
@@ -89,8 +90,8 @@ make_base() {
         fi
         say "installing mmdebstrap from the system's packages"
         { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-            apt-get install -y -qq --no-install-recommends mmdebstrap; } >/dev/null \
-            || fail "apt-get install mmdebstrap failed"
+            apt-get install -y -qq --no-install-recommends mmdebstrap; } >"$CACHE/apt.log" 2>&1 \
+            || fail "apt-get install mmdebstrap failed, see $CACHE/apt.log"
     fi
     # Documentation and translations are left out; the package lists are dropped at the end
     # (the image installs nothing from apt later). The hook's $1 is mmdebstrap's, not ours.
