@@ -95,8 +95,9 @@ class Containers:
         return name
 
     def logs(self) -> str:
+        told = {name: podman("logs", name, check=False) for name in self.names}
         return "\n".join(
-            f"--- {name}\n{podman('logs', name, check=False).stderr[-3000:]}" for name in self.names
+            f"--- {name}\n{done.stdout[-1500:]}{done.stderr[-3000:]}" for name, done in told.items()
         )
 
     def close(self) -> None:
