@@ -18,6 +18,7 @@ from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.errors import (
     ConfigError,
     InvalidRecordError,
+    LastWorkerRefused,
     StoreUnavailable,
     Unreachable,
     ViewDirectoryError,
@@ -213,6 +214,13 @@ def test_status_2_diff_refuses_a_card_the_service_would_refuse_with_its_reason(
 def _readme_commands() -> dict[int, str]:
     rows = re.findall(r"^\| (\d+) \| [^|]+ \| ([^|]+) \|$", README.read_text(), flags=re.M)
     return {int(code): commands for code, commands in rows}
+
+
+def test_the_readme_table_gives_the_drain_its_own_status_for_the_last_worker() -> None:
+    commands = _readme_commands()
+    assert commands[cli.EXIT_LAST_WORKER].strip() == "`drain`"
+    assert "--allow-empty" in cli.EXIT_STATUSES[cli.EXIT_LAST_WORKER]
+    assert cli.exit_status(LastWorkerRefused("x")) == cli.EXIT_LAST_WORKER
 
 
 def test_the_readme_table_names_the_statuses_diff_answers_with() -> None:
