@@ -261,12 +261,8 @@ def open_extension_view() -> DirectoryFiles | None:
             return None
         if settings.view_dir is None:
             return None
-        try:
-            check_frontend_store(settings.view_dir)
-            _shared_view = DirectoryFiles.open(settings.view_dir)
-        except ViewDirectoryError as exc:
-            _log.error("workerset-admission refuses to start: %s", exc)
-            raise
+        check_frontend_store(settings.view_dir)
+        _shared_view = DirectoryFiles.open(settings.view_dir)
         atexit.register(_release_view)
         return _shared_view
 
@@ -339,6 +335,14 @@ def stop_shared_host() -> None:
 
 
 def frontend_routes() -> list[Any]:
-    """Provide the extension's routes to Dynamo's loader; starts the service behind them."""
-    host = shared_host(open_extension_view())
+    """Provide the extension's routes to Dynamo's loader; starts the service behind them.
+
+    A view directory it cannot use stops the frontend with one line and status 1 (a
+    ``SystemExit`` with the reason), not a traceback through the frontend's start-up.
+    """
+    try:
+        view = open_extension_view()
+    except ViewDirectoryError as exc:
+        raise SystemExit(f"workerset-admission refuses to start: {exc}") from None
+    host = shared_host(view)
     return AdmissionRoutes(lambda: host.state).frontend_routes()
