@@ -340,6 +340,10 @@ def frontend_routes() -> list[Any]:
     A view directory it cannot use stops the frontend with one line and status 1 (a
     ``SystemExit`` with the reason), not a traceback through the frontend's start-up.
     """
+    from workerset_admission.telemetry.logs import name_records_for_hosts
+
+    # The frontend names a Python line by module and function: name ours by their loggers.
+    name_records_for_hosts()
     try:
         view = open_extension_view()
     except ViewDirectoryError as exc:
