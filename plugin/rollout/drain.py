@@ -7,12 +7,19 @@ core treats the worker as departed, see ``admission/core.py``) and, with ``--wai
 "safe to stop" from the serving-admission bucket every frontend publishes to. Everything here
 is pure: listings and records in, answers out.
 
-*Naming a worker.* An operator names it by instance id, as ``status`` prints it (decimal, or
-hex with ``0x``), optionally with its namespace; a Kubernetes ``preStop`` hook, which knows its
-pod but not Dynamo's ids, names it by host: the address its endpoint instance records carry
-(``transport.tcp`` is ``host:port/...``). :func:`find_workers` looks both up in one listing of
-the discovery bucket; a drain covers every model and endpoint the worker registered, since
-they share its namespace and instance id.
+*Naming workers.* An operator names one by instance id, as ``status`` prints it (decimal, or
+hex with ``0x``), optionally with its namespace; a whole namespace (narrowed to a WorkerSet or a
+model) with ``--all``; or, as a Kubernetes ``preStop`` hook does, which knows its pod but not
+Dynamo's ids, by host: the address its endpoint records carry on every request plane 1.6.1
+records (``transport.tcp`` is ``host:port/<endpoint>``, ``transport.http`` a URL; the NATS
+plane's ``transport.nats_tcp`` is a subject, whose subscriber's host the NATS server's
+monitoring tells, see ``adapters/nats/monitor.py``). A :class:`Selection` is one of these;
+:func:`find_workers` looks it up in one listing of the discovery bucket; a drain covers every
+model and endpoint the worker registered, since they share its namespace and instance id.
+
+*The last worker.* Before anything is written, :func:`check_last_workers` asks whether a model
+would be left with no routable worker on a live frontend (see the comment above it); the drain
+tool refuses then, unless told ``--allow-empty``.
 
 *Safe to stop.* A frontend routes to a worker while its serving record lists one of the
 worker's instance keys. A drain takes the worker out of every hop at once, except when it was
@@ -42,16 +49,16 @@ __all__ = [
     "DrainCheck",
     "Emptied",
     "FrontendConfirmation",
-    "Registration",
+    "ListedRecord",
     "Selection",
     "Worker",
     "check_drained",
     "check_last_workers",
     "find_workers",
+    "listed_records",
     "lost_models",
     "nats_subjects",
     "parse_instance_id",
-    "registrations",
     "transport_host",
     "transport_subject",
 ]
@@ -114,7 +121,7 @@ def transport_subject(transport: Any) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Registration:
+class ListedRecord:
     """One model or endpoint record of a worker, as a drain reads it from the listing."""
 
     worker: Worker
@@ -139,13 +146,13 @@ def _value(value: bytes) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def registrations(entries: Iterable[tuple[str, bytes]]) -> list[Registration]:
+def listed_records(entries: Iterable[tuple[str, bytes]]) -> list[ListedRecord]:
     """Read a listing of the discovery bucket: one entry per base card and endpoint record.
 
     Keys that do not parse and LoRA adapter cards are skipped: the boundary reports the first,
     and an adapter is served by its base worker's card.
     """
-    found: list[Registration] = []
+    found: list[ListedRecord] = []
     for key, value in entries:
         if not key.startswith((MODEL_PREFIX, ENDPOINT_PREFIX)):
             continue
@@ -161,11 +168,11 @@ def registrations(entries: Iterable[tuple[str, bytes]]) -> list[Registration]:
         if parsed.kind == "model":
             card = record.get("card_json")
             name = card.get("display_name") if isinstance(card, dict) else None
-            found.append(Registration(worker, component, endpoint, model=name if name else None))
+            found.append(ListedRecord(worker, component, endpoint, model=name if name else None))
         else:
             transport = record.get("transport")
             found.append(
-                Registration(
+                ListedRecord(
                     worker,
                     component,
                     endpoint,
@@ -254,7 +261,7 @@ def find_workers(
     """
     selection.check()
     hosts = subject_hosts or {}
-    listed = registrations(entries)
+    listed = listed_records(entries)
     in_model: set[Worker] = {
         r.worker for r in listed if selection.model is None or r.model == selection.model
     }
@@ -281,7 +288,7 @@ def find_workers(
 
 def nats_subjects(entries: Iterable[tuple[str, bytes]]) -> list[str]:
     """Return the NATS request-plane subjects of every endpoint record in a listing."""
-    return sorted({r.subject for r in registrations(entries) if r.subject is not None})
+    return sorted({r.subject for r in listed_records(entries) if r.subject is not None})
 
 
 # --------------------------------------------------------------------------- the last worker
@@ -339,7 +346,7 @@ def _owned(member: str, workers: Iterable[Worker]) -> bool:
     return any(worker.owns(member) for worker in workers)
 
 
-def _successors(listed: Sequence[Registration], out: set[Worker]) -> set[tuple[str, str]]:
+def _successors(listed: Sequence[ListedRecord], out: set[Worker]) -> set[tuple[str, str]]:
     """(model, namespace/component/endpoint) of every registered card not drained."""
     return {
         (r.model, "/".join(r.worker_set))
@@ -356,7 +363,7 @@ def check_last_workers(
 ) -> tuple[Emptied, ...]:
     """Say which models draining ``workers`` would leave unserved (empty: the drain may go)."""
     out = set(workers) | set(already_drained)
-    listed = registrations(entries)
+    listed = listed_records(entries)
     cards = _successors(listed, out)
     emptied: list[Emptied] = []
     served = _served(records)
