@@ -419,6 +419,22 @@ def test_a_namespace_drains_at_once_and_leaves_only_the_new_namespace_in_the_vie
         drain_kv_key("old", 1),
         drain_kv_key("old", 2),
     ]
+    # status --workers says the same in upstream's words.
+    listed = run("status", *flags, "--workers", "--json")
+    assert listed.returncode == 0, listed.stderr
+    states = {
+        (row["namespace"], row["instance_id"]): (row["admission"], row["serving_state"])
+        for row in json.loads(listed.stdout)["workers"]
+    }
+    assert states == {
+        ("old", 1): ("drained", "drained"),
+        ("old", 2): ("drained", "drained"),
+        ("new", 3): ("admitted", "serving"),
+        ("new", 4): ("admitted", "serving"),
+    }
+    table = run("status", *flags, "--workers")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split()[-2:] == ["ADMISSION", "STATE"]
 
     # The new namespace alone is now the model's last: draining it all is refused.
     refused = run("drain", "--namespace", "new", "--all", *buckets)

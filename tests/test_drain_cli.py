@@ -31,6 +31,9 @@ class MemoryStore:
         self.refuse = set(refuse)
         self.kv: dict[str, bytes] = {}
         self.writes: list[str] = []
+        # What the frontends serve after the first read (the drain's own check), if it changes.
+        self.later: list[RawEntry] | None = None
+        self.reads = 0
 
     async def open(self, deadline: float) -> None:
         del deadline
@@ -45,6 +48,9 @@ class MemoryStore:
         return sorted(self.kv.items())
 
     async def serving(self) -> BucketRead:
+        self.reads += 1
+        if self.later is not None and self.reads > 1:
+            return BucketRead(entries=tuple(self.later))
         return BucketRead(entries=tuple(self.records))
 
     async def put(self, key: str, value: bytes, ttl: float | None) -> None:
@@ -184,3 +190,15 @@ def test_undrain_help_speaks_of_no_wait(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         cli.main(["undrain", "--help"])
     assert "--wait" not in capsys.readouterr().out
+
+
+def test_wait_reports_a_model_a_frontend_stopped_serving_while_it_waited() -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2"), *worker("other", 3, "h3")]
+    store = MemoryStore(listing, [served_entry("fe-1", "dgd", 1, 2)])
+    # While the drain of worker 1 waits, worker 2 leaves too (stopped by someone else).
+    store.later = [served_entry("fe-1", "dgd")]
+    status, said = drain(store, "1", "--wait", "--json", "--interval", "0.05")
+    assert status == cli.EXIT_OK
+    assert "model tiny lost its last routable worker on frontend fe-1 while waiting" in said
+    answer = json.loads(said[: said.index("\n}") + 2])
+    assert answer["lost_models"] == [{"frontend": "fe-1", "model": "tiny"}]

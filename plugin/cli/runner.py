@@ -192,8 +192,9 @@ COMMANDS: dict[str, CommandSpec] = {
     ),
     "drain": CommandSpec(
         "workerset_admission.cli.drain",
-        "take a worker out of routing on every frontend; with --wait, answer when it is safe "
-        "to stop (exit 1 when the timeout passes first)",
+        "take workers out of routing on every frontend (exit 6, nothing written, when a "
+        "model would be left with no routable worker); with --wait, answer when they are "
+        "safe to stop (exit 1 when the timeout passes first)",
         connects=True,
         settings=("discovery_bucket", "admission_bucket"),
         # drain --wait stopped by a signal: safe to stop was not seen; the drain stays.
@@ -201,7 +202,8 @@ COMMANDS: dict[str, CommandSpec] = {
     ),
     "undrain": CommandSpec(
         "workerset_admission.cli.drain",
-        "withdraw a worker's drain: it rejoins as a returning cohort member",
+        "withdraw the drains of the workers named (as drain names them): they rejoin as "
+        "returning cohort members",
         connects=True,
         settings=("discovery_bucket",),
     ),
