@@ -91,9 +91,9 @@ def parse_instance_id(text: str) -> int:
         raise UsageError(str(error)) from None
 
 
-# Every request plane Dynamo 1.6.1 records in an endpoint's ``transport`` (``TransportType``):
-# ``tcp`` is ``host:port/<endpoint>``, ``http`` a URL, ``nats_tcp`` a NATS subject (no host).
-_HOST_PLANES = ("tcp", "http")
+# Every request plane Dynamo 1.6.1's ``TransportType`` can record in an endpoint's
+# ``transport``: ``tcp`` is ``host:port/<endpoint>``, ``http`` a URL (the type has it, though a
+# 1.6.1 worker refuses DYN_REQUEST_PLANE=http), ``nats_tcp`` a NATS subject (no host).
 NATS_PLANE = "nats_tcp"
 
 
