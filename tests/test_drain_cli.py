@@ -117,6 +117,13 @@ def test_a_host_drain_is_all_or_nothing() -> None:
         drain(store, "--host-from-env", "POD_IP", "--allow-empty", env={"POD_IP": "10.0.0.5"})
     assert "withdrawn: nothing is drained" in str(refused.value)
     assert store.kv == {}
+    # A drain already in force before the command is someone's earlier word: it stays.
+    earlier = drain_kv_key("ns-a", 1)
+    store.kv[earlier] = b"{}"
+    with pytest.raises(CredentialsRefused) as refused:
+        drain(store, "--host", "10.0.0.5", "--allow-empty")
+    assert "withdrawn" not in str(refused.value)
+    assert list(store.kv) == [earlier]
     # Limited to the namespaces named, the same host drains what this user may write.
     store.writes.clear()
     status, _ = drain(store, "--host", "10.0.0.5", "--namespace", "ns-a", "--allow-empty")

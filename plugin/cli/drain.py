@@ -291,32 +291,33 @@ def _default_by() -> str:
 async def _write_all(
     store: DrainStore,
     workers: Sequence[Worker],
-    by: str,
+    drain: Callable[[Worker], Drain],
     ttl: float | None,
-    at: float,
+    in_force: set[str],
     progress: Callable[[str], None],
 ) -> None:
-    """Write every drain record, or none: a refused write withdraws the ones before it."""
+    """Write every drain record, or none: a refused write withdraws the ones written before it.
+
+    ``in_force`` names the drain records there before this command: those are someone's
+    earlier drains, and a refusal leaves them as they were.
+    """
     from workerset_admission.card import encode_drain_record
 
     written: list[str] = []
     for worker in workers:
         key = drain_kv_key(worker.namespace, worker.instance_id)
         try:
-            await store.put(
-                key, encode_drain_record(Drain(worker.namespace, worker.instance_id, by, at)), ttl
-            )
+            await store.put(key, encode_drain_record(drain(worker)), ttl)
         except CredentialsRefused as refused:
-            for done in written:
+            undone = [done for done in written if done not in in_force]
+            for done in undone:
                 await store.delete(done)
-            undone = (
-                f"; the {len(written)} drain(s) written before it were withdrawn" if written else ""
+            said = (
+                f"; the {len(undone)} drain(s) written before it were withdrawn" if undone else ""
             )
-            raise CredentialsRefused(
-                f"{refused}{undone if written else ''}: nothing is drained"
-            ) from None
+            raise CredentialsRefused(f"{refused}{said}: nothing is drained") from None
         written.append(key)
-        progress(f"drained {worker} (by {by})")
+        progress(f"drained {worker} (by {drain(worker).by})")
 
 
 async def run_drain(
@@ -347,7 +348,8 @@ async def run_drain(
         if read.problem is not None:
             raise Unreachable(f"cannot tell what the frontends serve: {read.problem}")
         before = _records(read)
-        emptied = check_last_workers(before, listing, workers, _drained(await store.drains()))
+        in_force = await store.drains()
+        emptied = check_last_workers(before, listing, workers, _drained(in_force))
         if emptied and not args.allow_empty:
             raise LastWorkerRefused(
                 f"refused: {'; '.join(map(str, emptied))}; nothing was drained "
@@ -355,9 +357,14 @@ async def run_drain(
             )
         for item in emptied:
             progress(f"--allow-empty: {item}")
-        by = args.by or _default_by()
+        by, at = args.by or _default_by(), round(wall(), 3)
         await _write_all(
-            store, workers, by, args.ttl if args.ttl > 0 else None, round(wall(), 3), progress
+            store,
+            workers,
+            lambda worker: Drain(worker.namespace, worker.instance_id, by, at),
+            args.ttl if args.ttl > 0 else None,
+            {key for key, _value in in_force},
+            progress,
         )
         if not args.wait:
             if args.json:
