@@ -132,6 +132,16 @@ async def test_the_command_exits_with_the_gate_for_a_script_to_branch_on(
         opened = await asyncio.to_thread(rollout_command, nats_server, bucket_name, "--json")
         assert opened.returncode == 0, opened.stderr
         assert json.loads(opened.stdout)["serving"] == ["fe-a"]
+        # The 12-character form every table prints stands for the whole checksum.
+        short = await asyncio.to_thread(
+            rollout_command, nats_server, bucket_name, "--checksum", "c" * 12, "--json"
+        )
+        assert short.returncode == 0, short.stderr
+        assert json.loads(short.stdout)["expected_checksum"] == "c" * 64
+        for extra in (["--timeout", "-1"], ["--checksum", "not-hex!"]):
+            refused = await asyncio.to_thread(rollout_command, nats_server, bucket_name, *extra)
+            assert refused.returncode == 2, (extra, refused.stderr)
+            assert len(refused.stderr.splitlines()) == 1, refused.stderr
 
         await kv.put("v1.fe-b.capability", b'{"protocol":"v1","capability":true,"frontend":"fe-b"}')
         closed = await asyncio.to_thread(
@@ -142,24 +152,3 @@ async def test_the_command_exits_with_the_gate_for_a_script_to_branch_on(
         assert "waiting for fe-b" in closed.stderr
     finally:
         await client.close()
-
-
-async def test_the_short_checksum_opens_the_gate_and_bad_durations_are_refused_on_one_line(
-    nats_server: NatsServer, bucket_name: str
-) -> None:
-    client = await nats.connect(nats_server.url)
-    try:
-        kv = await client.jetstream().create_key_value(bucket=bucket_name)
-        await kv.put(f"v1.fe-a.members.{NEW}", members_record("fe-a", NEW))
-    finally:
-        await client.close()
-    # The 12-character form every table prints stands for the whole checksum.
-    short = await asyncio.to_thread(
-        rollout_command, nats_server, bucket_name, "--checksum", "c" * 12, "--json"
-    )
-    assert short.returncode == 0, short.stderr
-    assert json.loads(short.stdout)["expected_checksum"] == "c" * 64
-    for extra in (["--timeout", "-1"], ["--checksum", "not-hex!"]):
-        refused = await asyncio.to_thread(rollout_command, nats_server, bucket_name, *extra)
-        assert refused.returncode == 2, (extra, refused.stderr)
-        assert len(refused.stderr.splitlines()) == 1, refused.stderr
