@@ -12,6 +12,7 @@
     │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
     ├── Unreachable                 NATS, or a service answering over it, did not answer
     ├── CredentialsRefused          NATS answered and refused the credentials
+    ├── LastWorkerRefused           a drain would leave a model with no routable worker
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
     ├── NoRoutableInstance          a routing hop with no instance both live and admitted
     ├── ViewDirectoryError          the admitted view's directory cannot be used
@@ -39,6 +40,7 @@ __all__ = [
     "DiscoveryStoreError",
     "EmbeddedServerError",
     "InvalidRecordError",
+    "LastWorkerRefused",
     "NatsServerNotFound",
     "NatsServerStartError",
     "NoRoutableInstance",
@@ -163,6 +165,10 @@ class Unreachable(WorkersetAdmissionError):
 
 class CredentialsRefused(WorkersetAdmissionError):
     """NATS answered and refused the credentials: retrying with the same ones cannot help."""
+
+
+class LastWorkerRefused(WorkersetAdmissionError):
+    """A drain was refused: it would take a model's last routable worker (``--allow-empty``)."""
 
 
 class ReceiverRetired(WorkersetAdmissionError):

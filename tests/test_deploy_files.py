@@ -132,3 +132,24 @@ def test_the_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     # And it does find faults here: an unknown key is reported.
     copies[0].write_text(copies[0].read_text().replace("[Service]", "[Service]\nRestartt=always"))
     assert "Unknown key" in _verify(copies[:1]).stderr
+
+
+def test_the_prestop_hook_is_a_command_that_exists_with_nothing_for_a_shell_to_expand() -> None:
+    yaml = pytest.importorskip("yaml", reason="needs pyyaml (the dynamo extra)")
+    manifest = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "worker-prestop.yaml").read_text())
+    pod = manifest["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    # The kubelet expands $(VAR) in command and args only, never in a lifecycle hook.
+    assert not any("$" in word for word in command)
+    assert command[0] == "workerset-admission"
+    args = cli.build_parser().parse_args(command[1:])
+    assert (args.command, args.host_from_env, args.wait) == ("drain", "POD_IP", True)
+    assert "POD_IP" in {env["name"] for env in container["env"]}
+    # The pod outlives the drain's timeout plus its grace.
+    assert pod["terminationGracePeriodSeconds"] > args.timeout + args.grace
+    worker_image = (ROOT / "deploy" / "kubernetes" / "Containerfile.worker").read_text()
+    for folder in ("plugin", "adapters", "telemetry"):
+        assert f"COPY {folder} /opt/workerset-admission-src/{folder}" in worker_image
+    # The worker image's own ENTRYPOINT is kept.
+    assert not re.search(r"^ENTRYPOINT", worker_image, flags=re.MULTILINE)
