@@ -349,7 +349,7 @@ def wait_for(check: Any, what: str, timeout: float = 30) -> None:
 async def register_at(url: str, bucket: str, endpoint: EndpointId, *instances: int) -> None:
     nc = await nats.connect(url)
     try:
-        publisher = DiscoveryPublisher(nc.jetstream(), bucket=bucket, ttl=None)
+        publisher = WorkerRegistrar(nc.jetstream(), bucket=bucket, ttl=None)
         for instance in instances:
             await publisher.register(endpoint, instance, base_card(16))
             await publisher.register_endpoint(

@@ -34,7 +34,7 @@ from typing import Any
 from workerset_admission.identity import GroupKey, group_fields
 from workerset_admission.service.status_model import (
     CohortStatusView,
-    GroupStatusView,
+    GroupStatusReport,
     ServiceStatus,
 )
 
@@ -50,7 +50,7 @@ SERVING_STATES = ("serving", "draining", "drained", "unavailable", "unknown")
 
 
 def _serving_state(
-    instance: int, admission: str, group: GroupStatusView, routed: set[int], synced: bool
+    instance: int, admission: str, group: GroupStatusReport, routed: set[int], synced: bool
 ) -> str:
     if not synced:
         return "unknown"
@@ -114,10 +114,10 @@ def _ids(values: Iterable[Any] | None) -> tuple[int, ...]:
     return tuple(int(v) for v in values or ())
 
 
-def group_view_from_json(doc: Mapping[str, Any]) -> GroupStatusView:
+def group_view_from_json(doc: Mapping[str, Any]) -> GroupStatusReport:
     """Read one group of a status reply (``status --json``) back into the read-model's shape."""
     handover = doc.get("handover")
-    return GroupStatusView(
+    return GroupStatusReport(
         group=GroupKey.from_id(doc["group_id"]),
         incumbent=doc.get("incumbent"),
         status=str(doc.get("status")),
