@@ -8,7 +8,7 @@ from dataclasses import replace
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.service.status_model import (
     CohortStatusView,
-    GroupStatusView,
+    GroupStatusReport,
     ServiceStatus,
 )
 from workerset_admission.service.worker_listing import (
@@ -22,7 +22,7 @@ GROUP = GroupKey.build("m", EndpointId("ns", "backend", "generate"), "chat", Wor
 A, B = "a" * 64, "b" * 64
 
 
-def status(group: GroupStatusView, synced: bool = True) -> ServiceStatus:
+def status(group: GroupStatusReport, synced: bool = True) -> ServiceStatus:
     return ServiceStatus(
         health="healthy",
         synced=synced,
@@ -36,7 +36,7 @@ def status(group: GroupStatusView, synced: bool = True) -> ServiceStatus:
     )
 
 
-SERVING = GroupStatusView(
+SERVING = GroupStatusReport(
     group=GROUP,
     incumbent=A,
     status="ready",
