@@ -115,3 +115,25 @@ def test_a_drained_tenure_handing_over_stays_until_its_successor_is_written() ->
     assert mdc_file(A1) not in files.content
     order = [f for f in report.written + report.removed if f in (mdc_file(A1), mdc_file(B))]
     assert order == [mdc_file(B), mdc_file(A1)]
+
+
+def test_the_serving_record_keeps_naming_a_worker_whose_card_the_view_still_holds() -> None:
+    from support.fakes import FakeSource
+    from workerset_admission.service.admission_service import AdmissionService
+
+    service = AdmissionService(FakeSource())
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    files.fail_remove = True
+    view.update(ViewChanges({GROUP: Tenure(GROUP, 1, frozenset({A1}))}), table)
+    service.also_serving(view.unremoved_cards)
+
+    records = service.serving_records()
+
+    # drain --wait reads members: A2 is still named while its card is in the view.
+    assert instance_key(EP, A2) in records["pns"].members
+    files.fail_remove = False
+    view.retry(table)
+    assert "pns" not in service.serving_records()
