@@ -30,6 +30,7 @@ from secfixture import (
     configured_server,
     contains_secret,
     drain_permissions,
+    inbox_prefix,
     operator_config,
     plugin_permissions,
     tls_config,
@@ -206,7 +207,13 @@ async def test_a_worker_writes_its_own_namespace_but_not_another(
 
 
 def plugin_options(url: str, **auth: Any) -> NatsConnectOptions:
-    return NatsConnectOptions(servers=(url,), reconnect_wait=0.1, max_reconnect_wait=0.5, **auth)
+    return NatsConnectOptions(
+        servers=(url,),
+        reconnect_wait=0.1,
+        max_reconnect_wait=0.5,
+        inbox_prefix=inbox_prefix("frontend-1"),
+        **auth,
+    )
 
 
 async def test_the_plugin_watches_discovery_under_its_documented_permissions(
@@ -247,7 +254,10 @@ async def test_the_plugin_cannot_write_discovery_records(
 ) -> None:
     await create_buckets(users_server, user="admin", password=material.admin_password)
     async with client(
-        users_server, user="workerset-admission", password=material.plugin_password
+        users_server,
+        user="workerset-admission",
+        password=material.plugin_password,
+        inbox_prefix=inbox_prefix("frontend-1"),
     ) as (nc, log):
         js = nc.jetstream(timeout=1.0)
         kv = await js.key_value(DISCOVERY)
@@ -262,7 +272,10 @@ async def test_a_frontend_writes_its_own_serving_records_and_no_other_frontends(
 ) -> None:
     await create_buckets(users_server, user="admin", password=material.admin_password)
     async with client(
-        users_server, user="workerset-admission-2", password=material.plugin_password
+        users_server,
+        user="workerset-admission-2",
+        password=material.plugin_password,
+        inbox_prefix=inbox_prefix("frontend-2"),
     ) as (nc, log):
         admission = await nc.jetstream(timeout=1.0).key_value(ADMISSION)
         assert await admission.put("v1.frontend-2.capability", b"{}") > 0
@@ -457,6 +470,8 @@ def _drain_cli(url: str, user: str, password: str, *args: str) -> subprocess.Com
             user,
             "--nats-password",
             password,
+            "--nats-inbox-prefix",
+            inbox_prefix(user),
             "--timeout",
             "20",
         ],

@@ -287,8 +287,12 @@ class JetStreamBucketWriter:
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
         )
         try:
-            info = await subscription.consumer_info()
-            if info.num_pending == 0 and not (info.delivered and info.delivered.consumer_seq):
+            # Asked of the stream, not of the consumer: reading a consumer's information is a
+            # right no user is given (it would let one read every other user's consumers).
+            info = await self._js.stream_info(
+                stream_name(self._bucket), subjects_filter=f"{prefix}v1.>"
+            )
+            if not info.state.subjects:
                 done.set()  # nothing to deliver: no key under the prefix
             await asyncio.wait_for(done.wait(), _CONTENTS_TIMEOUT)
         finally:

@@ -60,6 +60,7 @@ def connect_options(
         tls_cert_file=settings.nats_tls_cert_file,
         tls_key_file=settings.nats_tls_key_file,
         tls_hostname=settings.nats_tls_hostname,
+        inbox_prefix=settings.nats_inbox_prefix,
     )
 
 
@@ -87,6 +88,7 @@ class NatsConnectOptions:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_hostname: str | None = None
+    inbox_prefix: str = "_INBOX"
     connect_timeout: float = 2.0
     reconnect_wait: float = 0.5
     max_reconnect_wait: float = 5.0
@@ -188,6 +190,8 @@ async def connect(
     }
     if options.name:
         kwargs["name"] = options.name
+    if options.inbox_prefix != "_INBOX":
+        kwargs["inbox_prefix"] = options.inbox_prefix
     if callbacks.disconnected is not None:
         kwargs["disconnected_cb"] = callbacks.disconnected
     if callbacks.reconnected is not None:

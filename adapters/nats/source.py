@@ -15,12 +15,17 @@ pending, or the first one newer than the stream's last sequence when the consume
 
 When the connection drops, the watch stops at once and delivers nothing more; once the client
 is back (and on a closed connection, and when the stream behind the bucket disappears or is
-re-created, a wiped store; and on the raw path, when deliveries skip a consumer sequence or the
-consumer falls silent for two heartbeat periods), the watch is re-created and a new listing with
-reason ``"reconnect"`` is emitted. A server restart with a fresh store would otherwise leave
-nats-py's ordered consumer silently waiting at the old sequence, and with the same store
-nats-py's own consumer reset would deliver the outage's expiries as live removals ahead of the
-resync.
+re-created, a wiped store; when the server announces that the watch's consumer was deleted; and
+on the raw path, when deliveries skip a consumer sequence or the consumer falls silent for two
+heartbeat periods), the watch is re-created and a new listing with reason ``"reconnect"`` is
+emitted. A consumer that vanishes is said at WARNING: the server sends nothing on a deleted push
+consumer's own subject, so the source listens for the deletion advisory of its consumer
+(``$JS.EVENT.ADVISORY.CONSUMER.DELETED.<stream>.<consumer>``) and re-creates it at once; the
+silent-consumer check (two heartbeat periods) covers a user not allowed that advisory.
+
+Without the re-created watch, a server restart with a fresh store would leave nats-py's ordered
+consumer silently waiting at the old sequence, and with the same store nats-py's own consumer
+reset would deliver the outage's expiries as live removals ahead of the resync.
 
 Oversized values are passed through unchanged. The card boundary refuses them with a typed
 error carrying the key, so they are reported and counted in one place with every other invalid
@@ -238,7 +243,26 @@ class JetStreamDiscoverySource:
             nc, self._queue_size, self._epoch_watch, self._request_restart
         )
         self._stream_created = created
+        await self._hear_deletion(nc, watch)
         return watch
+
+    async def _hear_deletion(self, nc: NatsClient, watch: Watch) -> None:
+        """Re-create the watch as soon as the server announces its consumer's deletion."""
+        subject = f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{stream_name(self.bucket)}.{watch.consumer}"
+
+        async def deleted(_msg: object) -> None:
+            if self._watch is watch and not watch.stopped:
+                _log.warning(
+                    "the %s watch consumer %s was deleted on the server; re-creating it",
+                    self.bucket,
+                    watch.consumer,
+                )
+                self._request_restart("consumer deleted")
+
+        # A user not allowed the advisory is refused asynchronously (an error callback): the
+        # silent-consumer check then notices the deletion, later.
+        with contextlib.suppress(NatsError):
+            watch.deletion = await nc.subscribe(subject, cb=deleted)
 
     def _epoch_watch(self, watch: Watch) -> None:
         # Runs before the consumer exists, so anything it delivers finds the watch in place.
@@ -300,6 +324,7 @@ class JetStreamDiscoverySource:
                     cb=watch.on_message,
                     ordered_consumer=True,
                 )
+            watch.consumer = created.name
             if created.num_pending == 0:
                 watch.finish_initial()
             return watch, info.created
@@ -345,10 +370,11 @@ class JetStreamDiscoverySource:
         if watch.detach is not None:
             watch.detach()
             watch.detach = None
-        subscription, watch.subscription = watch.subscription, None
-        if subscription is not None:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+        for subscription in (watch.subscription, watch.deletion):
+            if subscription is not None:
+                with contextlib.suppress(Exception):
+                    await subscription.unsubscribe()
+        watch.subscription = watch.deletion = None
 
     async def _stop_watch(self, watch: Watch) -> None:
         if self._watch is watch:
@@ -484,6 +510,12 @@ class JetStreamDiscoverySource:
             if now >= next_pulse:
                 next_pulse = now + pulse
                 if watch.looks_dead(now, pulse):
+                    _log.warning(
+                        "the %s watch consumer %s sent nothing, not even heartbeats; "
+                        "re-creating it",
+                        self.bucket,
+                        watch.consumer,
+                    )
                     self._request_restart("the consumer sent nothing, not even heartbeats")
             if now >= next_check:
                 next_check = now + interval
