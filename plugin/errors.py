@@ -12,6 +12,7 @@
     │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
     ├── Unreachable                 NATS, or a service answering over it, did not answer
     ├── CredentialsRefused          NATS answered and refused the credentials
+    │   └── PermissionRefused       ... or refused this user a publish or a subscription
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
     ├── NoRoutableInstance          a routing hop with no instance both live and admitted
     ├── ViewDirectoryError          the admitted view's directory cannot be used
@@ -39,6 +40,7 @@ __all__ = [
     "NatsServerNotFound",
     "NatsServerStartError",
     "NoRoutableInstance",
+    "PermissionRefused",
     "ReceiverClosed",
     "ReceiverRetired",
     "RemoteDataError",
@@ -117,6 +119,14 @@ class Unreachable(WorkersetAdmissionError):
 
 class CredentialsRefused(WorkersetAdmissionError):
     """NATS answered and refused the credentials: retrying with the same ones cannot help."""
+
+
+class PermissionRefused(CredentialsRefused):
+    """NATS refused this user a publish or a subscription; ``subject`` is the one it named."""
+
+    def __init__(self, message: str, subject: str) -> None:
+        super().__init__(message)
+        self.subject = subject
 
 
 class ReceiverRetired(WorkersetAdmissionError):

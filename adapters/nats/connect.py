@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,12 @@ from nats.aio.client import ReconnectToServerHandler, Server
 from nats.errors import AuthorizationError
 from nats.errors import Error as NatsError
 from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
-from workerset_admission.errors import ConfigError, CredentialsRefused, Unreachable
+from workerset_admission.errors import (
+    ConfigError,
+    CredentialsRefused,
+    PermissionRefused,
+    Unreachable,
+)
 from workerset_admission.settings import Settings, mask_url
 
 __all__ = [
@@ -26,7 +32,9 @@ __all__ = [
     "connect",
     "connect_options",
     "mask_url",
+    "permission_refusal",
     "probe_bucket",
+    "refusal_mark",
     "servers_for_display",
     "servers_from_text",
 ]
@@ -252,14 +260,57 @@ def _refused(error: BaseException) -> bool:
 
 
 def _noting_refusals(owner: ErrorCallback, refusals: list[Exception]) -> ErrorCallback:
-    """Wrap the owner's error callback so a refused login is remembered, then passed on."""
+    """Wrap the owner's error callback so a refused login or permission is remembered.
+
+    A refused publish or subscription is never answered: what the command then sees is a
+    timeout. Remembered here, :func:`permission_refusal` can say what really happened.
+    """
 
     async def on_error(error: Exception) -> None:
         if _refused(error):
             refusals.append(error)
+        found = _PERMISSION_VIOLATION.search(str(error))
+        if found is not None and not found.group(2).startswith(_OPTIONAL_SUBSCRIPTIONS):
+            _permission_refusals.append((found.group(1).lower(), found.group(2)))
         await owner(error)
 
     return on_error
+
+
+# What nats-server says, as nats-py passes it on: ``permissions violation for publish to
+# "<subject>"`` (or ``for subscription to``).
+_PERMISSION_VIOLATION = re.compile(
+    r'permissions violation for (publish|subscription) to "([^"]*)"', re.IGNORECASE
+)
+# Subscriptions a user may lack without harm: the source then notices a deleted consumer later.
+_OPTIONAL_SUBSCRIPTIONS = ("$JS.EVENT.ADVISORY.",)
+# Every permission the server refused in this process, oldest first: one command per process.
+_permission_refusals: list[tuple[str, str]] = []
+
+
+def refusal_mark() -> int:
+    """How many permission refusals this process has heard of so far (for ``since``)."""
+    return len(_permission_refusals)
+
+
+def permission_refusal(since: int = 0) -> PermissionRefused | None:
+    """Return the last permission the server refused this process's connections, as an error.
+
+    Only refusals heard of after ``since`` (a :func:`refusal_mark`) count.
+    """
+    if len(_permission_refusals) <= since:
+        return None
+    kind, subject = _permission_refusals[-1]
+    hint = (
+        "set nats_inbox_prefix to the prefix this user may subscribe to"
+        if kind == "subscription"
+        else "this user's permissions do not name it"
+    )
+    return PermissionRefused(
+        f'NATS refused this user the {kind} to "{subject}": {hint} (docs/security.md lists '
+        "the rights each command needs)",
+        subject,
+    )
 
 
 async def _abandon(client: NatsClient, attempt: asyncio.Future[None]) -> None:

@@ -346,6 +346,7 @@ def run_command(name: str, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return COMMANDS[name].interrupted_status
     except Exception as error:
+        error = _refusal_behind(error)
         status = exit_status(error)
         text = str(error) or type(error).__name__
         if status == EXIT_UNREACHABLE and not isinstance(error, (Unreachable, StoreUnavailable)):
@@ -354,6 +355,19 @@ def run_command(name: str, args: argparse.Namespace) -> int:
         if status == EXIT_FAILED:
             logging.getLogger(__name__).debug("%s failed", name, exc_info=error)
         return status
+
+
+def _refusal_behind(error: Exception) -> Exception:
+    """Say a failure behind which the server refused a permission as that refusal.
+
+    The server never answers a publish or a subscription it refuses; the command then fails on
+    a timeout (or a listing that never ends), which would read as a network failure.
+    """
+    if exit_status(error) not in (EXIT_UNREACHABLE, EXIT_FAILED):
+        return error
+    connect = sys.modules.get("workerset_admission.adapters.nats.connect")
+    refusal = connect.permission_refusal() if connect is not None else None
+    return error if refusal is None else refusal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
