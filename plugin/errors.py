@@ -29,6 +29,8 @@ fix, the second is an everyday event to report and count.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "DETAIL_LIMIT",
     "CardDecodeError",
@@ -52,6 +54,7 @@ __all__ = [
     "ViewDirectoryError",
     "WorkersetAdmissionError",
     "bounded_text",
+    "wire_text",
 ]
 
 
@@ -86,6 +89,34 @@ def bounded_text(text: str, limit: int = DETAIL_LIMIT) -> str:
     return f"{text[:limit]}… ({len(text)} characters)"
 
 
+# Characters that end, rewrite or reorder a line on a terminal or in a log file: the C0 and C1
+# controls (newline, carriage return, escape...), DEL, Unicode's line and paragraph separators,
+# and the bidirectional overrides and isolates.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(found: re.Match[str]) -> str:
+    char = found.group()
+    short = _SHORT_ESCAPES.get(char)
+    if short is not None:
+        return short
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def wire_text(value: object, limit: int = DETAIL_LIMIT) -> str:
+    r"""Return a value from the wire as one line of text fit for a log: escaped, then cut.
+
+    Every log line and refusal detail that carries what a writer sent (a model name, a key,
+    a drain's author, a refusal's detail) shows it through here, so no writer can start a line
+    of its own in the operator's log (a newline becomes ``\n``, any other control character
+    ``\xNN`` or ``\uNNNN``) or make a line longer than ``limit`` characters.
+    """
+    text = value if isinstance(value, str) else str(value)
+    return bounded_text(_UNPRINTABLE.sub(_escape, text), limit)
+
+
 class RemoteDataError(WorkersetAdmissionError):
     """Data received from discovery was refused.
 
@@ -97,7 +128,7 @@ class RemoteDataError(WorkersetAdmissionError):
         self.reason = reason
         # A detail may quote the remote data; it is cut here, once, so no log line, span,
         # status reply or refusal list can grow with what a writer sends.
-        self.detail = detail = bounded_text(detail)
+        self.detail = detail = wire_text(detail)
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 

@@ -22,7 +22,7 @@ from typing import Protocol, TextIO
 
 from workerset_admission.card.serving_record import BucketRead, Record, parse_record
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK
-from workerset_admission.errors import InvalidRecordError, UsageError
+from workerset_admission.errors import InvalidRecordError, UsageError, wire_text
 from workerset_admission.identity import Drain
 from workerset_admission.keys import drain_kv_key
 from workerset_admission.rollout.drain import (
@@ -34,6 +34,10 @@ from workerset_admission.rollout.drain import (
 )
 
 __all__ = ["DrainStore", "arguments", "main", "run_drain", "run_undrain", "wait_until_safe"]
+
+# The longest progress line a command prints: it may name many workers and frontends, and
+# quotes what their records say (escaped, so no record can start a line of its own).
+PROGRESS_LIMIT = 2000
 
 
 class DrainStore(Protocol):
@@ -199,7 +203,7 @@ async def run_drain(
     wall: Callable[[], float] = time.time,
 ) -> int:
     def progress(line: str) -> None:
-        err.write(line + "\n")
+        err.write(wire_text(line, PROGRESS_LIMIT) + "\n")
         err.flush()
 
     started = clock()
@@ -285,7 +289,7 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     options = client_options(settings, name)
 
     def progress(line: str) -> None:
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(wire_text(line, PROGRESS_LIMIT) + "\n")
         sys.stderr.flush()
 
     store = NatsDrainStore(

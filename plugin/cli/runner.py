@@ -44,6 +44,7 @@ from workerset_admission.cli.exits import (
 from workerset_admission.errors import (
     StoreUnavailable,
     Unreachable,
+    wire_text,
 )
 
 __all__ = [
@@ -351,10 +352,15 @@ def run_command(name: str, args: argparse.Namespace) -> int:
         text = str(error) or type(error).__name__
         if status == EXIT_UNREACHABLE and not isinstance(error, (Unreachable, StoreUnavailable)):
             text = f"cannot reach NATS: {text}"
-        print(f"workerset-admission {name}: {text}", file=sys.stderr)
+        # One line, whatever the error quotes from the wire (a host, a key, a model name).
+        print(f"workerset-admission {name}: {wire_text(text, _LINE_LIMIT)}", file=sys.stderr)
         if status == EXIT_FAILED:
             logging.getLogger(__name__).debug("%s failed", name, exc_info=error)
         return status
+
+
+# The longest error line a command prints (what it quotes from the wire is escaped and cut).
+_LINE_LIMIT = 2000
 
 
 def _refusal_behind(error: Exception) -> Exception:
