@@ -37,6 +37,7 @@ __all__ = [
     "configured_server",
     "contains_secret",
     "drain_permissions",
+    "gate_permissions",
     "inbox_prefix",
     "operator_config",
     "plugin_permissions",
@@ -198,6 +199,20 @@ def drain_permissions(discovery_bucket: str, admission_bucket: str, namespace: s
             f"$JS.FC.{adm}.>",
         ),
         subscribe=(f"{inbox_prefix(f'drain-{namespace}')}.>",),
+    )
+
+
+def gate_permissions(admission_bucket: str) -> Permissions:
+    """What ``rollout`` needs (a CI job gating rollouts): read the serving records, nothing else."""
+    adm = _stream(admission_bucket)
+    return Permissions(
+        publish=(
+            "$JS.API.INFO",
+            f"$JS.API.STREAM.INFO.{adm}",
+            *_listing(adm),
+            f"$JS.FC.{adm}.>",
+        ),
+        subscribe=(f"{inbox_prefix('rollout')}.>",),
     )
 
 
@@ -552,9 +567,9 @@ def users_config(
     """Password and nkey users: the plugin (both ways), one worker per namespace, an admin.
 
     Worker users are named ``worker-<namespace>``, the drain tools' ``drain-<namespace>``, and
-    share ``material.worker_password``; the ``status`` command's user is ``status-reader`` and
-    the bridge's ``bridge``, with the same password. Each tool's inbox prefix is
-    :func:`inbox_prefix` of its user (``status`` for the status reader).
+    share ``material.worker_password``; the ``status`` command's user is ``status-reader``, the
+    bridge's ``bridge`` and the rollout gate's ``rollout``, with the same password. Each tool's
+    inbox prefix is :func:`inbox_prefix` of its user (``status`` for the status reader).
     """
     perms = plugin_permissions(discovery_bucket, admission_bucket, status_subject).as_config()
     users: list[dict[str, Any]] = [
@@ -578,6 +593,11 @@ def users_config(
             "user": "bridge",
             "password": material.worker_password,
             "permissions": bridge_permissions(discovery_bucket).as_config(),
+        },
+        {
+            "user": "rollout",
+            "password": material.worker_password,
+            "permissions": gate_permissions(admission_bucket).as_config(),
         },
     ]
     for ns in worker_namespaces:

@@ -33,6 +33,7 @@ from secfixture import (
     configured_server,
     contains_secret,
     drain_permissions,
+    gate_permissions,
     inbox_prefix,
     operator_config,
     plugin_permissions,
@@ -155,11 +156,16 @@ async def put_refused(kv: KeyValue, key: str, log: ErrorLog) -> bool:
 
 def _documented(section: str) -> Permissions:
     """The permission block a section of docs/security.md shows (its first code block)."""
-    block = DOCS.read_text().split(f"## {section}", 1)[1].split("```", 2)[1]
+    return _documented_in(DOCS.read_text().split(f"## {section}", 1)[1])
+
+
+def _documented_in(text: str) -> Permissions:
+    """The permission block of the first code block in ``text``."""
+    block = text.split("```", 2)[1]
     lists = []
     for direction in ("publish", "subscribe"):
         found = re.search(direction + r": \{ allow: \[(.*?)\]", block, re.S)
-        assert found is not None, (section, direction)
+        assert found is not None, direction
         lists.append(tuple(re.findall(r'"([^"]+)"', found.group(1))))
     return Permissions(publish=lists[0], subscribe=lists[1])
 
@@ -171,6 +177,14 @@ DOCUMENTED = {
     "The drain tools' user": drain_permissions(DISCOVERY, ADMISSION, "ns-a"),
     "The bridge's user": bridge_permissions(DISCOVERY),
 }
+
+
+def test_the_gates_documented_permission_list_is_exactly_the_tested_one() -> None:
+    text = (DOCS.parent / "operations.md").read_text()
+    section = text.split("### Permissions for the gate", 1)[1]
+    documented = _documented_in(section)
+    assert documented.publish == gate_permissions(ADMISSION).publish
+    assert documented.subscribe == gate_permissions(ADMISSION).subscribe
 
 
 @pytest.mark.parametrize("section", DOCUMENTED)
@@ -798,3 +812,31 @@ async def test_the_bridge_mirrors_under_its_documented_permissions(
     async with client(users_server, user="admin", password=material.admin_password) as (nc, _):
         kv = await nc.jetstream().key_value(DISCOVERY)
         assert sorted(await kv.keys()) == ["v1.drain.ns-a.1f"]
+
+
+async def test_the_gate_answers_under_its_documented_permissions(
+    users_server: str, material: SecurityMaterial
+) -> None:
+    await create_buckets(users_server, user="admin", password=material.admin_password)
+    async with client(users_server, user="admin", password=material.admin_password) as (nc, _):
+        admission = await nc.jetstream().key_value(ADMISSION)
+        record = {"protocol": "v1", "frontend": "frontend-1", "namespace": "ns-a", "members": []}
+        await admission.put("v1.frontend-1.members.ns-a", json.dumps(record).encode())
+    ran = await asyncio.to_thread(
+        _cli,
+        users_server,
+        "rollout",
+        material.worker_password,
+        "rollout",
+        "--model",
+        "m",
+        "--namespace",
+        "ns-a",
+        "--json",
+        "--nats-inbox-prefix",
+        inbox_prefix("rollout"),
+    )
+    # The gate read the bucket (closed: the record serves no group of model m).
+    assert ran.returncode == 1, ran.stderr
+    assert json.loads(ran.stdout)["open"] is False
+    assert "refused" not in ran.stderr
