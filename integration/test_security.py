@@ -485,28 +485,9 @@ async def test_a_client_certificate_from_another_ca_is_refused(
 
 
 def _drain_cli(url: str, user: str, password: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workerset_admission.cli",
-            "drain",
-            *args,
-            "--nats-server",
-            url,
-            "--nats-user",
-            user,
-            "--nats-password",
-            password,
-            "--nats-inbox-prefix",
-            inbox_prefix(user),
-            "--timeout",
-            "20",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
+    prefix = inbox_prefix(user)
+    return _cli(
+        url, user, password, "drain", *args, "--nats-inbox-prefix", prefix, "--timeout", "20"
     )
 
 
