@@ -66,6 +66,9 @@ class RecordTable:
         self._removed: dict[str, PublishableRecord] = {}
         self._removed_index: dict[_Tie, set[str]] = {}
         self._wanted: set[str] = set()
+        # What changed since the view last asked: the ties of every record put, changed or
+        # removed, so the view re-plans those workers alone.
+        self._touched: set[_Tie] = set()
 
     def __len__(self) -> int:
         return len(self._records)
@@ -86,9 +89,9 @@ class RecordTable:
 
         ``worker``: endpoint and model records of an instance in a component; ``instance``:
         endpoint records of an instance in any component; ``source``: event sources naming a
-        worker; ``channel``: event channels of a publisher (these three in any component;
-        pass ``None``); ``scope``: event channels other than KV events published at an
-        endpoint (pass its component and endpoint name).
+        worker; ``publisher``: event sources of a publisher id; ``channel``: event channels of
+        a publisher (these four in any component; pass ``None``); ``scope``: event channels
+        other than KV events published at an endpoint (pass its component and endpoint name).
         """
         keys = self._index.get((kind, namespace, component, number), ())
         return [self._records[key] for key in sorted(keys)]
@@ -104,6 +107,14 @@ class RecordTable:
         records = {key: self._records[key] for key in held}
         records.update((key, self._removed[key]) for key in gone)
         return [records[key] for key in sorted(records)]
+
+    def take_changes(self) -> set[_Tie]:
+        """Return the ties of the records that changed since the last call, and forget them.
+
+        A tie is ``(kind, namespace, component, number)`` as :meth:`lookup` takes it.
+        """
+        touched, self._touched = self._touched, set()
+        return touched
 
     def forget_unused_removals(self) -> int:
         """Drop the set-aside records no last-known lookup asked for since the last call."""
@@ -121,6 +132,7 @@ class RecordTable:
         new = None if record is None else _held(record)
         if new == old:
             return
+        self._touch(old, new)
         if old is not None:
             self._unindex(key, old)
         if new is not None:
@@ -138,6 +150,7 @@ class RecordTable:
         old = self._records.pop(key, None)
         if old is None:
             return
+        self._touch(old, None)
         self._unindex(key, old)
         self._set_aside(key, old)
         self._changed()
@@ -157,8 +170,13 @@ class RecordTable:
         if fresh == self._records:
             return
         for key, old in self._records.items():
+            if fresh.get(key) != old:
+                self._touch(old, fresh.get(key))
             if key not in fresh:
                 self._set_aside(key, old)
+        for key, held in fresh.items():
+            if key not in self._records:
+                self._touch(None, held)
         for key in fresh:
             self._back(key)
         self._records = fresh
@@ -170,6 +188,11 @@ class RecordTable:
     def _changed(self) -> None:
         if self._on_change is not None:
             self._on_change()
+
+    def _touch(self, old: PublishableRecord | None, new: PublishableRecord | None) -> None:
+        for record in (old, new):
+            if record is not None:
+                self._touched.update(self._ties(record))
 
     # -- the indexes ---------------------------------------------------------------------------
 
@@ -197,9 +220,11 @@ class RecordTable:
         if record.bucket == "mdc":
             return (("worker", record.namespace, record.component, record.instance_id),)
         if record.bucket == "event_sources":
+            # By the worker it names, and by its publisher id (which its channels share).
+            by_publisher = ("publisher", record.namespace, None, record.instance_id)
             if record.worker_id is None:
-                return ()
-            return (("source", record.namespace, None, record.worker_id),)
+                return (by_publisher,)
+            return ("source", record.namespace, None, record.worker_id), by_publisher
         by_publisher = ("channel", record.namespace, None, record.instance_id)
         if record.topic == KV_EVENTS or record.endpoint is None:
             return (by_publisher,)
