@@ -730,6 +730,12 @@ def _refused_commands(folder: Path) -> dict[str, tuple[str, list[str], str]]:
             ["rollout", "--model", "m", "--namespace", "ns-a", "--timeout", "5"],
             f"$JS.API.STREAM.INFO.KV_{ADMISSION}",
         ),
+        # A frontend run as a worker's user: it may not read the discovery bucket.
+        "serve": (
+            "worker-ns-a",
+            ["serve", "--frontend-id", "frontend-1", "--status-subject", STATUS],
+            f"$JS.API.CONSUMER.CREATE.KV_{DISCOVERY}",
+        ),
         # A worker's user asking for a status: it may not publish on the status subject.
         "status": ("worker-ns-a", ["status", "--timeout", "2"], STATUS),
         "record": (
@@ -740,7 +746,9 @@ def _refused_commands(folder: Path) -> dict[str, tuple[str, list[str], str]]:
     }
 
 
-@pytest.mark.parametrize("command", ["register", "bridge", "drain", "rollout", "status", "record"])
+@pytest.mark.parametrize(
+    "command", ["register", "bridge", "drain", "rollout", "status", "record", "serve"]
+)
 async def test_a_permission_refusal_exits_5_naming_the_subject(
     command: str, users_server: str, material: SecurityMaterial, tmp_path: Path
 ) -> None:

@@ -53,6 +53,8 @@ from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
     connect,
+    permission_refusal,
+    refusal_mark,
 )
 from workerset_admission.adapters.nats.kv import stream_name, subject_prefix
 from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
@@ -395,6 +397,7 @@ class JetStreamDiscoverySource:
         while not self._closed:
             self._restart = None
             self._rebind.clear()
+            mark = refusal_mark()
             try:
                 nc = await self._client()
                 watch = await self._start_watch(nc)
@@ -407,6 +410,13 @@ class JetStreamDiscoverySource:
             except _RETRYABLE as exc:
                 if self._is_closed():
                     return None
+                # A refused publish or subscription is never answered: what failed here as a
+                # timeout was the server refusing this user a right the watch needs.
+                refusal = permission_refusal(mark)
+                if refusal is not None and not self._ever_bound:
+                    raise refusal from None  # permissions short from the start: configuration
+                if refusal is not None:
+                    _log.warning("binding bucket %s failed, retrying: %s", self.bucket, refusal)
                 attempts += 1
                 level = logging.WARNING if attempts % 10 == 0 else logging.DEBUG
                 _log.log(level, "binding bucket %s failed, retrying: %r", self.bucket, exc)
