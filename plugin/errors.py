@@ -33,6 +33,7 @@ import re
 
 __all__ = [
     "DETAIL_LIMIT",
+    "TABLE_LINE_LIMIT",
     "CardDecodeError",
     "ConfigError",
     "CredentialsRefused",
@@ -103,6 +104,10 @@ def _escape(found: re.Match[str]) -> str:
         return short
     code = ord(char)
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+TABLE_LINE_LIMIT = 20_000
+"""The longest line of a table a command prints (a row may list many workers)."""
 
 
 def wire_text(value: object, limit: int = DETAIL_LIMIT) -> str:
