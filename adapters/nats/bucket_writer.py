@@ -289,11 +289,13 @@ class JetStreamBucketWriter:
         try:
             # Asked of the stream, not of the consumer: reading a consumer's information is a
             # right no user is given (it would let one read every other user's consumers).
-            info = await self._js.stream_info(
-                stream_name(self._bucket), subjects_filter=f"{prefix}v1.>"
-            )
-            if not info.state.subjects:
-                done.set()  # nothing to deliver: no key under the prefix
+            # One message under the prefix, or none: nothing for the consumer to deliver.
+            try:
+                await self._js.get_msg(
+                    stream_name(self._bucket), seq=1, subject=f"{prefix}v1.>", next=True
+                )
+            except NotFoundError:
+                done.set()
             await asyncio.wait_for(done.wait(), _CONTENTS_TIMEOUT)
         finally:
             with contextlib.suppress(Exception):
