@@ -22,6 +22,7 @@ from workerset_admission.errors import (
     CredentialsRefused,
     PermissionRefused,
     Unreachable,
+    wire_text,
 )
 from workerset_admission.settings import Settings, mask_url
 
@@ -271,7 +272,8 @@ def _noting_refusals(owner: ErrorCallback, refusals: list[Exception]) -> ErrorCa
             refusals.append(error)
         found = _PERMISSION_VIOLATION.search(str(error))
         if found is not None and not found.group(2).startswith(_OPTIONAL_SUBSCRIPTIONS):
-            _permission_refusals.append((found.group(1).lower(), found.group(2)))
+            _REFUSED_HERE.count += 1
+            _REFUSED_HERE.last = (found.group(1).lower(), found.group(2))
         await owner(error)
 
     return on_error
@@ -284,13 +286,22 @@ _PERMISSION_VIOLATION = re.compile(
 )
 # Subscriptions a user may lack without harm: the source then notices a deleted consumer later.
 _OPTIONAL_SUBSCRIPTIONS = ("$JS.EVENT.ADVISORY.",)
-# Every permission the server refused in this process, oldest first: one command per process.
-_permission_refusals: list[tuple[str, str]] = []
+
+
+class _Refused:
+    """How many permissions the server refused this process, and the last (kind, subject)."""
+
+    count = 0
+    last: tuple[str, str] | None = None
+
+
+# One command per process: what its connections were refused is the command's.
+_REFUSED_HERE = _Refused()
 
 
 def refusal_mark() -> int:
     """How many permission refusals this process has heard of so far (for ``since``)."""
-    return len(_permission_refusals)
+    return _REFUSED_HERE.count
 
 
 def permission_refusal(since: int = 0) -> PermissionRefused | None:
@@ -298,9 +309,10 @@ def permission_refusal(since: int = 0) -> PermissionRefused | None:
 
     Only refusals heard of after ``since`` (a :func:`refusal_mark`) count.
     """
-    if len(_permission_refusals) <= since:
+    if _REFUSED_HERE.count <= since or _REFUSED_HERE.last is None:
         return None
-    kind, subject = _permission_refusals[-1]
+    kind, subject = _REFUSED_HERE.last
+    subject = wire_text(subject)
     hint = (
         "set nats_inbox_prefix to the prefix this user may subscribe to"
         if kind == "subscription"
