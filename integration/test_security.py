@@ -637,6 +637,18 @@ async def test_a_drain_user_can_neither_learn_nor_delete_a_frontends_watch_consu
                 f"$JS.API.CONSUMER.NAMES.{stream}",
             ):
                 assert await refused_request(nc, log, subject), subject
+            # The one consumer right it has, creating a consumer the server names, cannot take
+            # over an existing one by naming it in the request.
+            consumers = await admin.jetstream().consumers_info(stream)
+            info = next(c for c in consumers if c.name == name)
+            config = {**info.config.as_dict(), "deliver_subject": f"{inbox_prefix('drain-ns-a')}.x"}
+            answer = await nc.request(
+                f"$JS.API.CONSUMER.CREATE.{stream}",
+                json.dumps({"stream_name": stream, "config": {**config, "name": name}}).encode(),
+                timeout=2.0,
+            )
+            assert "already in use" in json.loads(answer.data)["error"]["description"]
+        # Still there, still delivering to the frontend.
         assert await consumer_of(admin, "frontend-1") == name
 
 
