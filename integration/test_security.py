@@ -841,3 +841,23 @@ async def test_the_gate_answers_under_its_documented_permissions(
     assert ran.returncode == 1, ran.stderr
     assert json.loads(ran.stdout)["open"] is False
     assert "refused" not in ran.stderr
+
+
+async def test_register_writes_its_own_namespace_under_the_workers_documented_permissions(
+    users_server: str, material: SecurityMaterial, tmp_path: Path
+) -> None:
+    await create_buckets(users_server, user="admin", password=material.admin_password)
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps(base_card()))
+    worker = ["--namespace", "ns-a", "--component", "backend", "--endpoint", "generate"]
+    ran = await asyncio.to_thread(
+        _cli,
+        users_server,
+        "worker-ns-a",
+        material.worker_password,
+        *["register", "--card", str(card), *worker, "--instance-id", "0x1f", "--once"],
+    )
+    assert ran.returncode == 0, ran.stderr
+    async with client(users_server, user="admin", password=material.admin_password) as (nc, _):
+        kv = await nc.jetstream().key_value(DISCOVERY)
+        assert record_key("ns-a", 0x1F) in await kv.keys()
