@@ -30,9 +30,11 @@ fix, the second is an everyday event to report and count.
 from __future__ import annotations
 
 import re
+from typing import Final
 
 __all__ = [
     "DETAIL_LIMIT",
+    "REFUSAL_REASONS",
     "TABLE_LINE_LIMIT",
     "CardDecodeError",
     "ConfigError",
@@ -120,6 +122,51 @@ def wire_text(value: object, limit: int = DETAIL_LIMIT) -> str:
     """
     text = value if isinstance(value, str) else str(value)
     return bounded_text(_UNPRINTABLE.sub(_escape, text), limit)
+
+
+REFUSAL_REASONS: Final[frozenset[str]] = frozenset(
+    {
+        # The key and the record around a card (card/envelope.py, events.py, drain_record.py).
+        "bad_key",
+        "value_too_large",
+        "invalid_utf8",
+        "invalid_json",
+        "depth_limit",
+        "number_out_of_range",
+        "invalid_string",
+        "invalid_record",
+        "duplicate_field",
+        "wrong_record_type",
+        "identity_mismatch",
+        "lora_mismatch",
+        # The card, as Dynamo 1.6.1 would decode it (card/schema.py and its neighbours).
+        "invalid_type",
+        "out_of_range",
+        "missing_field",
+        "unknown_field",
+        "unknown_variant",
+        "invalid_enum",
+        "invalid_length",
+        "invalid_slug",
+        "invalid_checksum",
+        "invalid_model_type",
+        "invalid_router_config",
+        "router_policy_config",
+        "invalid_router_policy",
+        "invalid_indexer_identity",
+        "invalid_card_shape",
+        # Not a 1.6.1 rule: a model name, LoRA name or alias over MAX_NAME_CHARS (card_facts).
+        "name_too_long",
+        # A live key whose identity changed in place: the core keeps its first incarnation.
+        "mutation_refused",
+    }
+)
+"""Every ``reason`` the service counts a refused discovery record under: the one table of them.
+
+The service counts refusals by reason, and its counter starts at 0 for each of these, so an
+alert on ``increase()`` sees the first refusal of any kind. A test holds the refusals the
+boundary really makes to this table.
+"""
 
 
 class RemoteDataError(WorkersetAdmissionError):

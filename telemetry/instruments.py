@@ -11,6 +11,7 @@ from typing import Final
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
+from workerset_admission.errors import REFUSAL_REASONS
 from workerset_admission.telemetry import names as n
 from workerset_admission.telemetry.worker_states import (
     DIFFERS_IN_UNKNOWN,
@@ -122,6 +123,10 @@ class AdmissionInstruments:
             unit="{record}",
             description="Discovery records refused at the boundary, by reason.",
         )
+        # Every reason from the start, at 0, as for build outcomes below: an alert on
+        # increase() then sees a reason's first refusal.
+        for reason in sorted(REFUSAL_REASONS):
+            self.invalid.add(0, {n.LABEL_REASON: reason})
         meter.create_observable_counter(
             n.METRIC_REJECTED_COHORTS,
             callbacks=[self._observe_rejections],

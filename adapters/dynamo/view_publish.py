@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 from workerset_admission.adapters.dynamo.view_directory import BUCKETS, ViewFile, ViewFiles
 from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
@@ -220,18 +221,21 @@ class AdmittedView:
         # last owners while the directory still holds it.
         self._tenures: dict[GroupKey, Tenure] = {}
         self._by_namespace: dict[str, set[GroupKey]] = {}
-        self._members: dict[tuple[GroupKey, int], _Files] = {}
-        self._scopes: dict[GroupKey, _Files] = {}
+        self._members: dict[tuple[GroupKey, int], tuple[ViewFile, ...]] = {}
+        self._scopes: dict[GroupKey, tuple[ViewFile, ...]] = {}
         self._wanted: dict[ViewFile, bytes] = {}
-        self._owners: dict[ViewFile, dict[_Owner, int]] = {}
+        # Owners as a list, one entry per contribution: nearly always a single one.
+        self._owners: dict[ViewFile, list[_Owner]] = {}
         self._last_owners: dict[ViewFile, frozenset[_Owner]] = {}
         # The owners each file lost since the last pass.
         self._dropped: dict[ViewFile, set[_Owner]] = {}
         self._pending: set[ViewFile] = set()
         self._holding = 0
         self._warned_topics: set[str] = set()
-        # Failed writes by record file name: how many tries failed since the last success.
+        # Failed writes by record file name: how many tries failed since the last success;
+        # and the files whose removal failed, with how many tries.
         self._failing: dict[str, int] = {}
+        self._unremovable: dict[ViewFile, int] = {}
         self._last_touch = clock()
         self._touch_round: list[ViewFile] = []
         self.publish_errors = 0
@@ -373,8 +377,8 @@ class AdmittedView:
         group = tenure.group
         owner = (group, tenure.generation)
         for instance_id in tenure.routable:
-            self._set_files(owner, self._members.pop((group, instance_id), {}), {})
-        self._set_files(owner, self._scopes.pop(group, {}), {})
+            self._set_files(owner, self._members.pop((group, instance_id), ()), {})
+        self._set_files(owner, self._scopes.pop(group, ()), {})
         del self._tenures[group]
         namespace = self._by_namespace[group.endpoint.namespace]
         namespace.discard(group)
@@ -387,7 +391,7 @@ class AdmittedView:
         self._holding += bool(new.last_known) - bool(old.last_known)
         owner = (old.group, old.generation)
         for instance_id in old.routable - new.routable:
-            self._set_files(owner, self._members.pop((old.group, instance_id), {}), {})
+            self._set_files(owner, self._members.pop((old.group, instance_id), ()), {})
         for instance_id in new.routable - old.routable:
             self._plan_member(new, instance_id, table)
         for instance_id in old.last_known ^ new.last_known:
@@ -399,25 +403,26 @@ class AdmittedView:
     def _plan_member(self, tenure: Tenure, instance_id: int, table: RecordTable) -> None:
         key = (tenure.group, instance_id)
         new = _member_files(tenure, instance_id, table)
-        old = self._members.get(key, {})
-        self._members[key] = new
+        old = self._members.get(key, ())
+        self._members[key] = tuple(new)
         self._set_files((tenure.group, tenure.generation), old, new)
 
     def _plan_scope(self, tenure: Tenure, table: RecordTable) -> None:
         new = _scope_files(tenure, table)
-        old = self._scopes.get(tenure.group, {})
-        self._scopes[tenure.group] = new
+        old = self._scopes.get(tenure.group, ())
+        self._scopes[tenure.group] = tuple(new)
         self._set_files((tenure.group, tenure.generation), old, new)
         if tenure.routable:
             self._warn_untied(untied_topics((tenure,), table))
 
-    def _set_files(self, owner: _Owner, old: Mapping[ViewFile, bytes], new: _Files) -> None:
+    def _set_files(self, owner: _Owner, old: Collection[ViewFile], new: _Files) -> None:
         """Move one member's (or scope's) contribution from ``old`` files to ``new`` ones."""
-        for file in old.keys() - new.keys():
+        for file in old:
+            if file in new:
+                continue
             owners = self._owners[file]
-            owners[owner] -= 1
-            if not owners[owner]:
-                del owners[owner]
+            owners.remove(owner)
+            if owner not in owners:
                 # Who wanted it at the last pass: what an unwanted file is judged by.
                 self._dropped.setdefault(file, set()).add(owner)
             if not owners:
@@ -425,9 +430,8 @@ class AdmittedView:
                 del self._owners[file], self._wanted[file]
             self._pending.add(file)
         for file, value in new.items():
-            owners = self._owners.setdefault(file, {})
             if file not in old:
-                owners[owner] = owners.get(owner, 0) + 1
+                self._owners.setdefault(file, []).append(owner)
             if self._wanted.get(file) != value:
                 self._wanted[file] = value
                 self._pending.add(file)
@@ -477,7 +481,22 @@ class AdmittedView:
             if self._written.get(file) != value and self._publish(file, value):
                 written.append(file)
         ending = set(ended)
-        removed = self._remove_all([f for f in stale if f not in ending])
+        # A drained tenure handing over goes only once its successor's files are all written:
+        # with a write failed (a full disk), it keeps serving from the view meanwhile.
+        unwritten = {
+            group
+            for f in pending
+            if f in wanted and held.get(f) != wanted[f]
+            for group, _ in self._owners.get(f, ())
+        }
+
+        def handing_over(file: ViewFile) -> bool:
+            owners = self._owners_of(file)
+            return (
+                bool(owners) and owners <= handed_over and bool(unwritten & {g for g, _ in owners})
+            )
+
+        removed = self._remove_all([f for f in stale if f not in ending and not handing_over(f)])
         self._pending = {
             f
             for f in pending
@@ -526,6 +545,7 @@ class AdmittedView:
             self._write_failed(file, exc)
             return False
         self._written[file] = value
+        self._unremovable.pop(file, None)
         failed = self._failing.pop(file[1], 0)
         if failed:
             _log.info("admitted view: wrote %s after %d failed attempt(s)", file[1], failed)
@@ -559,11 +579,39 @@ class AdmittedView:
                 self._files.remove(file)
             except OSError as exc:
                 self.publish_errors += 1
-                _log.warning("admitted view: could not remove %s/%s: %s", file[0], file[1], exc)
+                # Tried again at every refresh; said once, and again when it goes at last.
+                if not self._unremovable.get(file):
+                    _log.warning(
+                        "admitted view: could not remove %s/%s: %s (tried again at every "
+                        "refresh; this frontend's serving record keeps naming the worker "
+                        "meanwhile)",
+                        file[0],
+                        file[1],
+                        exc.strerror or exc,
+                    )
+                self._unremovable[file] = self._unremovable.get(file, 0) + 1
                 continue
             self._written.pop(file, None)
+            failed = self._unremovable.pop(file, 0)
+            if failed:
+                _log.info("admitted view: removed %s after %d failed attempt(s)", file[1], failed)
             done.append(file)
         return done
+
+    def unremoved_cards(self) -> dict[str, set[str]]:
+        """Return the workers whose cards the view could not remove, per namespace.
+
+        Their instance keys (``ns/component/endpoint/id``): the frontend may still route to
+        them, so this frontend's serving record must keep naming them.
+        """
+        out: dict[str, set[str]] = {}
+        for bucket, name in self._unremovable:
+            if bucket != "mdc":
+                continue
+            parts = unquote(name).split("/")
+            if len(parts) >= 4:
+                out.setdefault(parts[0], set()).add("/".join(parts[:4]))
+        return out
 
     def _save_manifest(self, report: SyncReport | None = None) -> None:
         try:

@@ -59,12 +59,13 @@ class RecordTable:
         self._records: dict[str, PublishableRecord] = {}
         # Keys by what ties a record to a worker, so planning a view costs per admitted worker,
         # not per record held.
-        self._index: dict[_Tie, set[str]] = {}
+        # (A tie names one or two keys: a list of them is a quarter of a set's size.)
+        self._index: dict[_Tie, list[str]] = {}
         self._on_change = on_change
         # Records that left the bucket, by key and by tie, and the ones a last-known lookup
         # asked for since the last forgetting.
         self._removed: dict[str, PublishableRecord] = {}
-        self._removed_index: dict[_Tie, set[str]] = {}
+        self._removed_index: dict[_Tie, list[str]] = {}
         self._wanted: set[str] = set()
         # What changed since the view last asked: the ties of every record put, changed or
         # removed, so the view re-plans those workers alone.
@@ -101,8 +102,8 @@ class RecordTable:
     ) -> list[PublishableRecord]:
         """Like :meth:`lookup`, with the records that left the bucket and are still kept."""
         tie = (kind, namespace, component, number)
-        held = self._index.get(tie, set())
-        gone = self._removed_index.get(tie, set()) - held
+        held = set(self._index.get(tie, ()))
+        gone = set(self._removed_index.get(tie, ())) - held
         self._wanted.update(gone)
         records = {key: self._records[key] for key in held}
         records.update((key, self._removed[key]) for key in gone)
@@ -156,33 +157,44 @@ class RecordTable:
         self._changed()
 
     def listing(self, records: Sequence[AcceptedRecord], retained: Collection[str]) -> None:
-        """Replace the table with a listing's accepted records; ``retained`` keys keep theirs."""
+        """Replace the table with a listing's accepted records; ``retained`` keys keep theirs.
+
+        A listing holds the whole bucket, and it comes every reconciliation: a record whose
+        bytes did not change keeps what the table made of it, and only the keys that changed
+        are filed anew, so a quiet listing costs a comparison per key.
+        """
+        held_now = self._records
         fresh: dict[str, PublishableRecord] = {}
         for record in records:
+            old = held_now.get(record.key)
+            if old is not None and old.value == record.value and old.worker_id == record.worker_id:
+                fresh[record.key] = old
+                continue
             held = _held(record)
             if held is not None:
                 fresh[record.key] = held
         for key in retained:
             fresh.pop(key, None)
-            old = self._records.get(key)
+            old = held_now.get(key)
             if old is not None:
                 fresh[key] = old
-        if fresh == self._records:
+        if fresh == held_now:
             return
-        for key, old in self._records.items():
-            if fresh.get(key) != old:
-                self._touch(old, fresh.get(key))
-            if key not in fresh:
-                self._set_aside(key, old)
-        for key, held in fresh.items():
-            if key not in self._records:
-                self._touch(None, held)
-        for key in fresh:
-            self._back(key)
+        for key, old in held_now.items():
+            new = fresh.get(key)
+            if new is not old:
+                self._touch(old, new)
+                self._unindex(key, old)
+                if new is None:
+                    self._set_aside(key, old)
+        for key, new in fresh.items():
+            old = held_now.get(key)
+            if new is not old:
+                if old is None:
+                    self._touch(None, new)
+                self._back(key)
+                self._reindex(key, new)
         self._records = fresh
-        self._index = {}
-        for key, held in fresh.items():
-            self._reindex(key, held)
         self._changed()
 
     def _changed(self) -> None:
@@ -200,7 +212,7 @@ class RecordTable:
         self._back(key)
         self._removed[key] = record
         for tie in self._ties(record):
-            self._removed_index.setdefault(tie, set()).add(key)
+            _index_key(self._removed_index, tie, key)
 
     def _back(self, key: str) -> None:
         record = self._removed.pop(key, None)
@@ -234,17 +246,23 @@ class RecordTable:
         self._discard(self._index, key, record)
 
     @classmethod
-    def _discard(cls, index: dict[_Tie, set[str]], key: str, record: PublishableRecord) -> None:
+    def _discard(cls, index: dict[_Tie, list[str]], key: str, record: PublishableRecord) -> None:
         for tie in cls._ties(record):
             keys = index.get(tie)
-            if keys is not None:
-                keys.discard(key)
+            if keys is not None and key in keys:
+                keys.remove(key)
                 if not keys:
                     del index[tie]
 
     def _reindex(self, key: str, record: PublishableRecord) -> None:
         for tie in self._ties(record):
-            self._index.setdefault(tie, set()).add(key)
+            _index_key(self._index, tie, key)
+
+
+def _index_key(index: dict[_Tie, list[str]], tie: _Tie, key: str) -> None:
+    keys = index.setdefault(tie, [])
+    if key not in keys:
+        keys.append(key)
 
 
 def _held(record: AcceptedRecord) -> PublishableRecord | None:

@@ -58,8 +58,10 @@ from workerset_admission.card import (
     model_kv_key,
 )
 from workerset_admission.card.drain_record import encode_drain_record
-from workerset_admission.identity import Drain, EndpointId
+from workerset_admission.identity import Drain, EndpointId, GroupKey, WorkerType
 from workerset_admission.keys import drain_kv_key
+from workerset_admission.service.factory import create_service
+from workerset_admission.settings import Settings
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -90,9 +92,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def worker(index: int) -> tuple[EndpointId, int]:
+def worker(index: int, per_namespace: int = PER_NAMESPACE) -> tuple[EndpointId, int]:
     """The fleet's worker number ``index``: its endpoint and instance id."""
-    return EndpointId(f"ns-{index // PER_NAMESPACE}", "backend", "generate"), index + 1
+    return EndpointId(f"ns-{index // per_namespace}", "backend", "generate"), index + 1
 
 
 def card_file(view: Path, endpoint: EndpointId, instance_id: int) -> Path:
@@ -100,8 +102,8 @@ def card_file(view: Path, endpoint: EndpointId, instance_id: int) -> Path:
     return view / "v1" / "mdc" / file_name_for(path)
 
 
-def records(index: int) -> list[tuple[str, bytes]]:
-    endpoint, instance_id = worker(index)
+def records(index: int, per_namespace: int = PER_NAMESPACE) -> list[tuple[str, bytes]]:
+    endpoint, instance_id = worker(index, per_namespace)
     return [
         (endpoint_kv_key(endpoint, instance_id), encode_endpoint_record(endpoint, instance_id)),
         (
@@ -209,7 +211,16 @@ def cards_in(view: Path) -> int:
         return 0  # the writer has not opened its directory yet
 
 
-async def run_point(workers: int, frontends: int, changes: int) -> dict[str, Any]:
+async def receiver_sees(receiver: Any, instance_id: int, timeout: float = 60) -> float:
+    """Wait until an admission receiver lists ``instance_id``; return when it did."""
+    while instance_id not in receiver.current().admitted:
+        await asyncio.wait_for(receiver.changed(), timeout)
+    return time.monotonic()
+
+
+async def run_point(
+    workers: int, frontends: int, changes: int, per_namespace: int = PER_NAMESPACE
+) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     server = EmbeddedNatsServer(store_dir=root / "js")
     server.start()
@@ -218,7 +229,7 @@ async def run_point(workers: int, frontends: int, changes: int) -> dict[str, Any
         nc = await nats.connect(server.url)
         js = nc.jetstream(timeout=30)
         kv = await js.create_key_value(KeyValueConfig(bucket=DISCOVERY, history=1))
-        await fill(js, [item for i in range(workers) for item in records(i)])
+        await fill(js, [item for i in range(workers) for item in records(i, per_namespace)])
         fleet = Frontends(server.url, frontends, root)
         started = time.monotonic()
         for view in fleet.views:
@@ -236,10 +247,16 @@ async def run_point(workers: int, frontends: int, changes: int) -> dict[str, Any
                     seen[entry.key] = time.monotonic()
 
         watching = asyncio.ensure_future(follow())
+        # A service in this process, for put -> admission receiver (the routing hops' input).
+        service = await create_service(
+            Settings(), servers=[server.url], publish=False, status=False
+        )
+        await service.wait_synced(600)
         await asyncio.sleep(0.5)
         result: dict[str, Any] = {
             "workers": workers,
             "frontends": frontends,
+            "per_namespace": per_namespace,
             "initial_sync_s": round(initial_sync, 2),
         }
         spread = max(1, workers // changes)
@@ -249,8 +266,11 @@ async def run_point(workers: int, frontends: int, changes: int) -> dict[str, Any
             view_ms, raw_ms = [], []
             for n, index in enumerate(indices):
                 # A new worker in a namespace of the fleet (its id is past the fleet's).
-                endpoint, instance_id = worker((n * spread) % workers)
+                endpoint, instance_id = worker((n * spread) % workers, per_namespace)
                 instance_id = index + 1
+                group = GroupKey.build(MODEL, endpoint, "chat|completions", WorkerType.AGGREGATED)
+                receiver = service.receiver_for(group)
+                assert receiver is not None
                 items = [
                     (endpoint_kv_key(endpoint, instance_id),
                      encode_endpoint_record(endpoint, instance_id)),
@@ -261,9 +281,12 @@ async def run_point(workers: int, frontends: int, changes: int) -> dict[str, Any
                 put_at = time.monotonic()
                 await kv.put(*items[1])
                 files = [card_file(v, endpoint, instance_id) for v in fleet.views]
-                done = await asyncio.to_thread(
-                    wait_until, lambda fs=files: all(f.exists() for f in fs), 60
+                received, done = await asyncio.gather(
+                    receiver_sees(receiver, instance_id),
+                    asyncio.to_thread(wait_until, lambda fs=files: all(f.exists() for f in fs), 60),
                 )
+                receiver.close()
+                receiver_ms.append((received - put_at) * 1000)
                 view_ms.append((done - put_at) * 1000)
                 key = items[1][0]
                 raw = await asyncio.to_thread(wait_until, lambda k=key: k in seen, 60)
@@ -271,14 +294,16 @@ async def run_point(workers: int, frontends: int, changes: int) -> dict[str, Any
                 await asyncio.sleep(0.05)
             return view_ms, raw_ms
 
+        receiver_ms: list[float] = []
         view_ms, raw_ms = await timed_puts(new_ids)
         result["put_ms"] = percentiles(view_ms)
+        result["receiver_ms"] = percentiles(receiver_ms)
         result["raw_watch_ms"] = percentiles(raw_ms)
 
         # Removal: the same new workers leave (card first, as a stopping worker's lease goes).
         remove_ms = []
         for n, index in enumerate(new_ids):
-            endpoint, _ = worker((n * spread) % workers)
+            endpoint, _ = worker((n * spread) % workers, per_namespace)
             instance_id = index + 1
             removed_at = time.monotonic()
             await kv.delete(model_kv_key(endpoint, instance_id))
@@ -295,7 +320,7 @@ async def run_point(workers: int, frontends: int, changes: int) -> dict[str, Any
         drain_ms = []
         drained = []
         for n in range(changes):
-            endpoint, instance_id = worker((n * spread + 1) % workers)
+            endpoint, instance_id = worker((n * spread + 1) % workers, per_namespace)
             key = drain_kv_key(endpoint.namespace, instance_id)
             value = encode_drain_record(Drain(endpoint.namespace, instance_id, "bench", None))
             drained.append(key)
@@ -331,6 +356,7 @@ async def run_point(workers: int, frontends: int, changes: int) -> dict[str, Any
         result["status_ms"] = percentiles(status_ms)
         result["rss_mb_synced"] = rss_synced
         result["rss_mb_end"] = fleet.rss_mb()
+        await service.stop()
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await watching
@@ -351,28 +377,30 @@ async def fill(js: Any, items: Sequence[tuple[str, bytes]], window: int = 512) -
 
 def table(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
     yield (
-        "| workers | frontends | put -> card in every view, p50 (max) | same, while scraping "
-        "| removal | drain | raw nats-py watch | one /metrics scrape, p50 (max) | status "
-        "| initial sync | RSS per frontend |"
+        "| workers | per WorkerSet | frontends | put -> card in every view, p50 (max) "
+        "| same, while scraping | put -> receiver | removal | drain | raw nats-py watch "
+        "| one /metrics scrape, p50 (max) | status | initial sync | RSS per frontend |"
     )
-    yield "|---|---|---|---|---|---|---|---|---|---|---|"
+    yield "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 
     def pm(entry: dict[str, float]) -> str:
         return f"{entry['p50']:,.1f} ms ({entry['max']:,.0f})"
 
     for r in rows:
         yield (
-            f"| {r['workers']:,} | {r['frontends']} | {pm(r['put_ms'])} "
-            f"| {pm(r['put_scraping_ms'])} | {pm(r['remove_ms'])} | {pm(r['drain_ms'])} "
+            f"| {r['workers']:,} | {r.get('per_namespace', PER_NAMESPACE):,} | {r['frontends']} "
+            f"| {pm(r['put_ms'])} | {pm(r['put_scraping_ms'])} | {pm(r['receiver_ms'])} "
+            f"| {pm(r['remove_ms'])} | {pm(r['drain_ms'])} "
             f"| {pm(r['raw_watch_ms'])} | {pm(r['scrape_ms'])} | {pm(r['status_ms'])} "
             f"| {r['initial_sync_s']} s | {max(r['rss_mb_end'])} MB |"
         )
 
 
 def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """The issue's ratios, where the run has both points."""
-    one = {r["workers"]: r for r in rows if r["frontends"] == 1}
-    four = {r["workers"]: r for r in rows if r["frontends"] > 1}
+    """The bounded ratios, where the run has both points (namespaces of 100 workers)."""
+    spread = [r for r in rows if r.get("per_namespace", PER_NAMESPACE) == PER_NAMESPACE]
+    one = {r["workers"]: r for r in spread if r["frontends"] == 1}
+    four = {r["workers"]: r for r in spread if r["frontends"] > 1}
     out: dict[str, float] = {}
     small = min(one) if one else None
     for size, row in sorted(one.items()):
@@ -438,6 +466,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="the one size run with more than one frontend (default: the middle one)",
     )
+    parser.add_argument(
+        "--one-set",
+        type=int,
+        default=0,
+        help="also a fleet of this many workers in one WorkerSet (one namespace)",
+    )
     parser.add_argument("--changes", type=int, default=5 if quick else 15)
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_fleet.json")
     parser.add_argument("--chart", action="store_true")
@@ -445,10 +479,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     counts = [int(f) for f in args.frontends.split(",")]
     many_at = args.four_at or sizes[len(sizes) // 2]
-    points = [(s, 1) for s in sizes] + [(many_at, f) for f in counts if f > 1]
+    points = [(s, 1, PER_NAMESPACE) for s in sizes]
+    points += [(many_at, f, PER_NAMESPACE) for f in counts if f > 1]
+    if args.one_set:
+        points.append((args.one_set, 1, args.one_set))
     rows = []
-    for workers, frontends in points:
-        row = asyncio.run(run_point(workers, frontends, args.changes))
+    for workers, frontends, per_namespace in points:
+        row = asyncio.run(run_point(workers, frontends, args.changes, per_namespace))
         print(json.dumps(row), flush=True)
         rows.append(row)
     for line in table(rows):

@@ -2,7 +2,7 @@
 
 Every refusal is a :class:`~workerset_admission.errors.CardDecodeError` (the card) or an
 :class:`~workerset_admission.errors.InvalidRecordError` (the key or the record around it) with
-a short, stable ``reason``:
+a short, stable ``reason``, one of :data:`~workerset_admission.errors.REFUSAL_REASONS`:
 
 * record and key: ``bad_key``, ``value_too_large``, ``invalid_utf8``, ``invalid_json``,
   ``depth_limit``, ``number_out_of_range``, ``invalid_string``, ``invalid_record``,

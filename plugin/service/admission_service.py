@@ -30,7 +30,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from types import TracebackType
 
 from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
@@ -152,6 +152,7 @@ class AdmissionService:
             )
         )
         self._publication_hooks: list[Callable[[], object]] = []
+        self._also_serving: list[Callable[[], Mapping[str, Collection[str]]]] = []
         self._invalid: collections.deque[InvalidRecord] = collections.deque(
             maxlen=self.settings.invalid_history
         )
@@ -407,6 +408,14 @@ class AdmissionService:
         """Call ``hook`` before each serving publication reads what this frontend serves."""
         self._publication_hooks.append(hook)
 
+    def also_serving(self, provider: Callable[[], Mapping[str, Collection[str]]]) -> None:
+        """Name, per namespace, workers this frontend may still route to though unadmitted.
+
+        The view calls it with the workers whose cards it could not remove: its serving record
+        keeps naming them, so a ``drain --wait`` never hears that it is safe while they are.
+        """
+        self._also_serving.append(provider)
+
     def _before_publication(self) -> None:
         for hook in self._publication_hooks:
             hook()
@@ -515,7 +524,14 @@ class AdmissionService:
 
     def serving_records(self) -> dict[str, ServingRecord]:
         """Return what this frontend serves, per worker namespace (committed groups only)."""
-        return self._fold.serving_records()
+        records = self._fold.serving_records()
+        for provider in self._also_serving:
+            for namespace, members in provider().items():
+                record = records.get(namespace, ServingRecord((), ()))
+                records[namespace] = ServingRecord(
+                    tuple(sorted({*record.members, *members})), record.groups
+                )
+        return records
 
     def serving_members(self) -> dict[str, tuple[str, ...]]:
         """Return the instance keys this frontend serves, per worker namespace."""

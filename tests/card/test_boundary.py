@@ -20,7 +20,7 @@ from workerset_admission.card import (
 )
 from workerset_admission.card.boundary import decode_whole_record
 from workerset_admission.card.card_facts import MAX_NAME_CHARS
-from workerset_admission.errors import CardDecodeError, InvalidRecordError
+from workerset_admission.errors import REFUSAL_REASONS, CardDecodeError, InvalidRecordError
 from workerset_admission.identity import EndpointId, WorkerType
 
 EP = EndpointId("ns1", "workers", "generate")
@@ -457,6 +457,7 @@ def test_names_longer_than_the_bound_are_refused_as_invalid_on_every_path(
         with pytest.raises(CardDecodeError) as info:
             decode(raw, suffix=suffix, instance=1)
         assert info.value.reason == "name_too_long"
+        assert info.value.reason in REFUSAL_REASONS  # counted from 0 like every reason
         assert f"longer than {MAX_NAME_CHARS}" in info.value.detail
         with pytest.raises(CardDecodeError):
             decode_whole_record(parse_key(model_kv_key(EP, 1, suffix)), raw)

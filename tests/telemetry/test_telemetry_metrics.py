@@ -7,6 +7,7 @@ import time
 
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
 from telemetry_harness import Harness
+from workerset_admission.errors import REFUSAL_REASONS
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
 from workerset_admission.service.status_model import (
@@ -47,15 +48,15 @@ def test_updates_are_counted_by_operation_and_decision(harness: Harness) -> None
     }
 
 
-def test_invalid_records_are_counted_by_reason(harness: Harness) -> None:
-    harness.telemetry.invalid_record("k1", "bad_json")
-    harness.telemetry.invalid_record("k2", "bad_json")
+def test_invalid_records_are_counted_by_reason_every_reason_from_zero(harness: Harness) -> None:
+    harness.telemetry.invalid_record("k1", "invalid_json")
+    harness.telemetry.invalid_record("k2", "invalid_json")
     harness.telemetry.invalid_record("k3", "identity_mismatch")
     points = harness.points("workerset_admission.discovery.invalid_records")
-    assert {k: p.value for k, p in points.items()} == {
-        labels(reason="bad_json"): 2,
-        labels(reason="identity_mismatch"): 1,
-    }
+    expected = {labels(reason=reason): 0 for reason in REFUSAL_REASONS}
+    expected[labels(reason="invalid_json")] = 2
+    expected[labels(reason="identity_mismatch")] = 1
+    assert {k: p.value for k, p in points.items()} == expected
 
 
 def test_builds_are_counted_by_outcome_and_timed_in_a_histogram(harness: Harness) -> None:
