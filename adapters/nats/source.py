@@ -92,6 +92,10 @@ LISTING_QUIET: Final = 0.5
 # The most keys a stream info answer names (the server's limit on subject details).
 KEYS_AT_START_LIMIT: Final = 100_000
 
+# A refusal that is no configuration error: the bucket is the operator's to create, and the
+# source waits for it.
+_WAITS_FOR: Final = "$JS.API.STREAM.CREATE."
+
 _RETRYABLE = (
     NotFoundError,
     ServiceUnavailableError,
@@ -413,6 +417,8 @@ class JetStreamDiscoverySource:
                 # A refused publish or subscription is never answered: what failed here as a
                 # timeout was the server refusing this user a right the watch needs.
                 refusal = permission_refusal(mark)
+                if refusal is not None and refusal.subject.startswith(_WAITS_FOR):
+                    refusal = None  # a bucket it may not create: it waits for the operator's
                 if refusal is not None and not self._ever_bound:
                     raise refusal from None  # permissions short from the start: configuration
                 if refusal is not None:
