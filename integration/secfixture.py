@@ -26,7 +26,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
-from workerset_admission.keys import escape_token
+from workerset_admission.keys import (
+    ADMISSION_BUCKET,
+    DISCOVERY_BUCKET,
+    STATUS_SUBJECT,
+    escape_token,
+)
 
 __all__ = [
     "Identity",
@@ -559,9 +564,9 @@ def write_config(folder: Path, name: str, value: Mapping[str, Any]) -> Path:
 def users_config(
     material: SecurityMaterial,
     *,
-    discovery_bucket: str,
-    admission_bucket: str,
-    status_subject: str,
+    discovery_bucket: str = DISCOVERY_BUCKET,
+    admission_bucket: str = ADMISSION_BUCKET,
+    status_subject: str = STATUS_SUBJECT,
     worker_namespaces: Iterable[str],
 ) -> dict[str, Any]:
     """Password and nkey users: the plugin (both ways), one worker per namespace, an admin.

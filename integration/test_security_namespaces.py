@@ -54,13 +54,8 @@ def material(tmp_path: Path) -> SecurityMaterial:
 def server_url(
     tmp_path: Path, material: SecurityMaterial, max_payload: int | None = None
 ) -> Iterator[str]:
-    config = users_config(
-        material,
-        discovery_bucket=DISCOVERY,
-        admission_bucket=ADMISSION,
-        status_subject=STATUS,
-        worker_namespaces=NAMESPACES,
-    )
+    # The default buckets and status subject, as a deployment that changes none of them.
+    config = users_config(material, worker_namespaces=NAMESPACES)
     if max_payload is not None:
         config["max_payload"] = max_payload
     with configured_server(tmp_path, config) as server:
