@@ -22,7 +22,7 @@ import nats
 import pytest
 from natsfixture import NatsServer
 from support.cards import base_card
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.identity import EndpointId
 from workerset_admission.keys import drain_kv_key
 
@@ -97,7 +97,7 @@ def group(answer: dict[str, Any]) -> dict[str, Any]:
 async def register(url: str, bucket: str, *workers: tuple[int, int]) -> None:
     nc = await nats.connect(url)
     try:
-        publisher = DiscoveryPublisher(nc.jetstream(), bucket=bucket, ttl=None)
+        publisher = WorkerRegistrar(nc.jetstream(), bucket=bucket, ttl=None)
         for instance, block_size in workers:
             await publisher.register(EP, instance, base_card(block_size))
             await publisher.register_endpoint(

@@ -27,8 +27,8 @@ from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.card import encode_endpoint_record, encode_model_record
 from workerset_admission.identity import EndpointId
 from workerset_admission.service.bindings import HopRole
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import Settings
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -27,7 +27,7 @@ import pytest
 from nats.js.api import KeyValueConfig
 from secfixture import SecurityMaterial, configured_server, inbox_prefix, users_config
 from support.cards import base_card
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.identity import EndpointId
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -90,10 +90,10 @@ async def register(
     """Register one worker of ``namespace`` as that namespace's worker user."""
     nc = await nats.connect(url, user=f"worker-{namespace}", password=password)
     try:
-        publisher = DiscoveryPublisher(nc.jetstream(timeout=5), bucket=DISCOVERY, ttl=None)
+        registrar = WorkerRegistrar(nc.jetstream(timeout=5), bucket=DISCOVERY, ttl=None)
         endpoint = EndpointId(namespace, "backend", "generate")
-        await publisher.register(endpoint, instance, card)
-        await publisher.register_endpoint(
+        await registrar.register(endpoint, instance, card)
+        await registrar.register_endpoint(
             endpoint, instance, transport={"tcp": f"10.0.0.{instance & 0xF}:4000/x"}
         )
     finally:

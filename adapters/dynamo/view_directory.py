@@ -139,7 +139,7 @@ class DirectoryFiles:
                 (root / "v1" / bucket).mkdir(parents=True, exist_ok=True)
                 # Prove the bucket takes a publication, the way every later one is made.
                 probe = (bucket, f"{_TEMP_PREFIX}probe")
-                files._write_temp(probe, b"").unlink()
+                os.unlink(files._write_temp(probe, b""))
         except OSError as exc:
             files.release()
             raise ViewDirectoryError(
@@ -159,10 +159,16 @@ class DirectoryFiles:
     def _path(self, file: ViewFile) -> str:
         return f"{self._v1}{file[0]}/{file[1]}"
 
-    def _write_temp(self, file: ViewFile, value: bytes) -> Path:
+    def _write_temp(self, file: ViewFile, value: bytes) -> str:
         self._serial += 1
-        temp = self.root / "v1" / file[0] / f"{_TEMP_PREFIX}{self._token}-{self._serial}"
-        temp.write_bytes(value)
+        temp = f"{self._v1}{file[0]}/{_TEMP_PREFIX}{self._token}-{self._serial}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = memoryview(value)
+            while left:  # a short write (a disk filling up) writes the rest, or raises
+                left = left[os.write(fd, left) :]
+        finally:
+            os.close(fd)
         return temp
 
     def publish(self, file: ViewFile, value: bytes) -> None:
@@ -177,7 +183,7 @@ class DirectoryFiles:
             os.replace(temp, self._path(file))
         except OSError:
             with contextlib.suppress(OSError):
-                temp.unlink()
+                os.unlink(temp)
             raise
 
     def touch(self, file: ViewFile) -> bool:

@@ -60,8 +60,8 @@ from workerset_admission.card import (
 from workerset_admission.card.drain_record import encode_drain_record
 from workerset_admission.identity import Drain, EndpointId, GroupKey, WorkerType
 from workerset_admission.keys import drain_kv_key
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import Settings
+from workerset_admission.wiring.compose import create_service
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"

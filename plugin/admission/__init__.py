@@ -48,8 +48,7 @@ from workerset_admission.admission.inputs import (
     WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
-from workerset_admission.admission.views import (
+from workerset_admission.admission.snapshots import (
     CohortView,
     DrainedView,
     GroupView,
@@ -57,6 +56,7 @@ from workerset_admission.admission.views import (
     MemberView,
     PlacementView,
 )
+from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
 
 __all__ = [
     "AdmissionCore",

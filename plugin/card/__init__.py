@@ -55,6 +55,7 @@ from workerset_admission.card.drain_record import (
     encode_drain_record,
     is_drain_key,
 )
+from workerset_admission.card.entry import EntryDecoder, EntryKind, entry_kind
 from workerset_admission.card.events import (
     EventKey,
     EventRecord,
@@ -71,6 +72,8 @@ __all__ = [
     "DecodedCard",
     "Difference",
     "EndpointRecord",
+    "EntryDecoder",
+    "EntryKind",
     "EventKey",
     "EventRecord",
     "NamespaceFilter",
@@ -87,6 +90,7 @@ __all__ = [
     "encode_endpoint_record",
     "encode_model_record",
     "endpoint_kv_key",
+    "entry_kind",
     "escape_token",
     "event_kv_key",
     "is_drain_key",

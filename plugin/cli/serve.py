@@ -140,16 +140,11 @@ async def _serve_service(
     telemetry_handle: TelemetryHandle | None,
     stop: asyncio.Event,
 ) -> int:
-    from workerset_admission.service.factory import create_service
-    from workerset_admission.telemetry import AdmissionTelemetry
+    from workerset_admission.wiring.compose import admission_telemetry, create_service
 
     telemetry = None
     if telemetry_handle is not None:
-        telemetry = AdmissionTelemetry(
-            tracer_provider=telemetry_handle.tracer_provider,
-            meter_provider=telemetry_handle.meter_provider,
-            bucket=settings.discovery_bucket,
-        )
+        telemetry = admission_telemetry(settings, telemetry_handle)
     async with contextlib.AsyncExitStack() as stack:
         view_files = None
         if settings.view_dir is not None:

@@ -214,10 +214,11 @@ def start_extension_telemetry(settings: Settings) -> TelemetryHandle | None:
 async def _start_from_environment(
     telemetry: AdmissionTelemetry | None, view: DirectoryFiles | None
 ) -> StatusService:
-    from workerset_admission.service.factory import create_service
+    from workerset_admission.wiring.compose import create_service
 
-    # The same factory as ``workerset-admission serve``: discovery source, serving-admission
-    # publisher and status responder, all from WORKERSET_ADMISSION_* and the config file.
+    # The same composition root as ``workerset-admission serve``: discovery source,
+    # serving-admission publisher, status responder, view and trace, all from
+    # WORKERSET_ADMISSION_* and the config file.
     service: StatusService = await create_service(
         load_settings(), telemetry=telemetry, view_files=view
     )
@@ -270,7 +271,7 @@ _shared_lock = threading.Lock()
 
 
 def _extension_telemetry() -> tuple[TelemetryHandle | None, AdmissionTelemetry | None]:
-    from workerset_admission.telemetry import AdmissionTelemetry
+    from workerset_admission.wiring.compose import admission_telemetry
 
     try:
         settings = load_settings()
@@ -281,11 +282,7 @@ def _extension_telemetry() -> tuple[TelemetryHandle | None, AdmissionTelemetry |
     if handle is None:
         return None, None
     # One facade for every start attempt: its instruments are registered once per provider.
-    return handle, AdmissionTelemetry(
-        tracer_provider=handle.tracer_provider,
-        meter_provider=handle.meter_provider,
-        bucket=settings.discovery_bucket,
-    )
+    return handle, admission_telemetry(settings, handle)
 
 
 def shared_host(view: DirectoryFiles | None = None) -> ServiceThread[StatusService]:

@@ -35,7 +35,7 @@ from workerset_admission.errors import TABLE_LINE_LIMIT, wire_text
 
 __all__ = [
     "Disagreement",
-    "FrontendView",
+    "FrontendServing",
     "GateReport",
     "evaluate_gate",
     "render_table",
@@ -43,8 +43,8 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class FrontendView:
-    """One live frontend as the gate sees it for the model and namespace asked about."""
+class FrontendServing:
+    """What one live frontend serves of the model and namespace the gate was asked about."""
 
     frontend: str
     serving: bool
@@ -89,7 +89,7 @@ class GateReport:
     expected_checksum: str | None
     open: bool
     reasons: tuple[str, ...]
-    frontends: tuple[FrontendView, ...]
+    frontends: tuple[FrontendServing, ...]
     stale: tuple[str, ...]
     disagreements: tuple[Disagreement, ...]
     invalid: tuple[tuple[str, str], ...] = field(default=())
@@ -244,7 +244,7 @@ def _view(
     expected_checksum: str | None,
     previous_namespaces: Sequence[str] | None,
     incumbents: dict[str, dict[str, set[str]]],
-) -> FrontendView:
+) -> FrontendServing:
     current = [record for record in records if record.namespace == namespace]
     groups = [group for record in current for group in _model_groups(record, model)]
     verified = all(record.groups is not None for record in current)
@@ -277,7 +277,7 @@ def _view(
             and _serves_model(record, model)
         }
     )
-    return FrontendView(
+    return FrontendServing(
         frontend=frontend,
         serving=serving,
         model_verified=verified,

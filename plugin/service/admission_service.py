@@ -35,7 +35,6 @@ from types import TracebackType
 
 from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
 from workerset_admission.aio import cancel_and_wait, on_loop, unwrap_group
-from workerset_admission.card import BoundarySettings
 from workerset_admission.errors import RemoteDataError, UsageError, bounded_text, wire_text
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import (
@@ -57,7 +56,7 @@ from workerset_admission.service.receivers import AdmissionChannels, AdmissionRe
 from workerset_admission.service.status_fold import StatusFold
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
-    GroupStatusView,
+    GroupStatusReport,
     InvalidRecord,
     ServiceCounters,
     ServiceStatus,
@@ -73,8 +72,6 @@ from workerset_admission.telemetry import (
     RefusalWarnings,
     UpdateScope,
 )
-from workerset_admission.traces.format import settings_of
-from workerset_admission.traces.writer import TraceWriter
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
@@ -85,7 +82,7 @@ __all__ = [
     "AdmissionService",
     "BuildRequest",
     "CardRecordDecoder",
-    "GroupStatusView",
+    "GroupStatusReport",
     "PipelineBuilder",
     "ServiceStatus",
 ]
@@ -186,17 +183,7 @@ class AdmissionService:
             log=_log,
         )
         self.step.observers.append(_EffectListener(self._fold.effects))
-        self._trace: TraceWriter | None = None
-        if self.settings.trace_out is not None:
-            boundary = getattr(decoder, "settings", None) if decoder is not None else None
-            self._trace = TraceWriter.open(
-                self.settings.trace_out,
-                settings_of(
-                    self.settings.core_settings(),
-                    boundary if isinstance(boundary, BoundarySettings) else None,
-                ),
-            )
-            self.step.observers.append(self._trace)
+        self._on_stopped: list[Callable[[], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -306,8 +293,11 @@ class AdmissionService:
         finally:
             self._tg = None
             self.builds.task_group = None
-            if self._trace is not None:
-                self._trace.close()
+            for hook in self._on_stopped:
+                try:
+                    hook()
+                except Exception:  # noqa: PERF203 - every hook gets its chance to run
+                    _log.debug("a stop hook failed", exc_info=True)
             started.set()
             self._stopping.set()
             self._stopped.set()
@@ -399,6 +389,10 @@ class AdmissionService:
     def on_effects(self, listener: Callable[[Sequence[Effect]], None]) -> None:
         """Call ``listener`` with the effects of every core step, before they are carried out."""
         self.step.observers.append(_EffectListener(listener))
+
+    def on_stopped(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once every task has ended (a trace writer closes its file there)."""
+        self._on_stopped.append(hook)
 
     def on_state_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the loop) after each step that changed admission state."""

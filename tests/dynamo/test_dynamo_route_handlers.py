@@ -8,7 +8,7 @@ from workerset_admission.card import Difference
 from workerset_admission.frontend.host import HostState
 from workerset_admission.frontend.routes import AdmissionRoutes
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.admission_service import GroupStatusView, ServiceStatus
+from workerset_admission.service.admission_service import GroupStatusReport, ServiceStatus
 from workerset_admission.service.status_model import (
     CohortStatusView,
     InvalidRecord,
@@ -25,7 +25,7 @@ def _status(*, health: str = "healthy", synced: bool = True) -> ServiceStatus:
         health=health,
         synced=synced,
         groups=(
-            GroupStatusView(
+            GroupStatusReport(
                 group=GROUP,
                 incumbent="a" * 64,
                 status="ready",

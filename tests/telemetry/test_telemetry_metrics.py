@@ -13,7 +13,7 @@ from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
     CohortStatusView,
-    GroupStatusView,
+    GroupStatusReport,
     state_summary,
 )
 from workerset_admission.telemetry import AdmissionStateSummary
@@ -135,9 +135,9 @@ def test_gauges_report_every_status_and_the_admitted_workers_from_the_state_call
     assert admitted.value == 7
 
 
-def _group(model: str, cohorts: tuple[tuple[int, ...], ...], held: bool) -> GroupStatusView:
+def _group(model: str, cohorts: tuple[tuple[int, ...], ...], held: bool) -> GroupStatusReport:
     key = GroupKey.build(model, EndpointId("ns", "backend", "generate"), "chat", WorkerType.DECODE)
-    return GroupStatusView(
+    return GroupStatusReport(
         group=key,
         incumbent="c0",
         status="ready",
