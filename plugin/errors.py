@@ -13,6 +13,7 @@
     ├── Unreachable                 NATS, or a service answering over it, did not answer
     ├── CredentialsRefused          NATS answered and refused the credentials
     │   └── PermissionRefused       ... or refused this user a publish or a subscription
+    ├── LastWorkerRefused           a drain would leave a model with no routable worker
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
     ├── NoRoutableInstance          a routing hop with no instance both live and admitted
     ├── ViewDirectoryError          the admitted view's directory cannot be used
@@ -42,6 +43,7 @@ __all__ = [
     "DiscoveryStoreError",
     "EmbeddedServerError",
     "InvalidRecordError",
+    "LastWorkerRefused",
     "NatsServerNotFound",
     "NatsServerStartError",
     "NoRoutableInstance",
@@ -210,6 +212,10 @@ class PermissionRefused(CredentialsRefused):
     def __init__(self, message: str, subject: str) -> None:
         super().__init__(message)
         self.subject = subject
+
+
+class LastWorkerRefused(WorkersetAdmissionError):
+    """A drain was refused: it would take a model's last routable worker (``--allow-empty``)."""
 
 
 class ReceiverRetired(WorkersetAdmissionError):

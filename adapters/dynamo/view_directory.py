@@ -26,6 +26,7 @@ __all__ = [
     "ViewFiles",
     "check_frontend_store",
     "file_name_for",
+    "read_manifest",
 ]
 
 # Publication order inside one pass: the model card last, so the frontend finds the instance
@@ -85,6 +86,34 @@ def check_frontend_store(view_dir: Path, environ: Mapping[str, str] | None = Non
             f"view directory {view_dir} is not this frontend's file store ({where}): the "
             "frontend would never read the admitted view; set both to the same directory"
         )
+
+
+def read_manifest(root: Path) -> list[ViewFile]:
+    """Return the files a writer's manifest (its saved list and journal) says it holds."""
+    try:
+        text = (root / MANIFEST_NAME).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    first, _, journal = text.partition("\n")
+    try:
+        listed = json.loads(first) if first else []
+    except ValueError:
+        listed = []
+    held: dict[str, None] = dict.fromkeys(
+        str(item) for item in (listed if isinstance(listed, list) else [])
+    )
+    for line in journal.splitlines():
+        if line[:1] == "+":
+            held[line[1:]] = None
+        elif line[:1] == "-":
+            held.pop(line[1:], None)
+    out: list[ViewFile] = []
+    for item in held:
+        bucket, _, name = item.partition("/")
+        # Only names this writer could have made: a bucket of the view, a plain file name.
+        if bucket in BUCKETS and name and "/" not in name and not name.startswith("."):
+            out.append((bucket, name))
+    return out
 
 
 class DirectoryFiles:
@@ -234,30 +263,7 @@ class DirectoryFiles:
         self._held += sum(1 for line in lines if line[0] == "+")
 
     def load_manifest(self) -> list[ViewFile]:
-        try:
-            text = (self.root / MANIFEST_NAME).read_text(encoding="utf-8")
-        except OSError:
-            return []
-        first, _, journal = text.partition("\n")
-        try:
-            listed = json.loads(first) if first else []
-        except ValueError:
-            listed = []
-        held: dict[str, None] = dict.fromkeys(
-            str(item) for item in (listed if isinstance(listed, list) else [])
-        )
-        for line in journal.splitlines():
-            if line[:1] == "+":
-                held[line[1:]] = None
-            elif line[:1] == "-":
-                held.pop(line[1:], None)
-        out: list[ViewFile] = []
-        for item in held:
-            bucket, _, name = item.partition("/")
-            # Only names this writer could have made: a bucket of the view, a plain file name.
-            if bucket in BUCKETS and name and "/" not in name and not name.startswith("."):
-                out.append((bucket, name))
-        return out
+        return read_manifest(self.root)
 
     def foreign_files(self, known: Iterable[ViewFile]) -> list[ViewFile]:
         """Record files in the view that this writer does not own (reported, never touched)."""

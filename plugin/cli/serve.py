@@ -73,6 +73,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--namespace", default=None, help="with --card: the WorkerSet's worker namespace"
         )
+        parser.add_argument(
+            "--workers",
+            action="store_true",
+            help="list every worker with its admission and serving state (serving, draining, "
+            "drained, unavailable, unknown), as the route extension's /workers does",
+        )
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
@@ -306,6 +312,20 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         await nc.close()
     status = status_of(reply)
+    if args.workers:
+        from workerset_admission.service.worker_listing import (
+            render_worker_table,
+            status_from_json,
+            worker_listing,
+        )
+
+        rows = worker_listing(status_from_json(status))
+        if args.json:
+            document = {"synced": status.get("synced"), "workers": rows}
+            print(json.dumps(with_id_strings(document), indent=2, sort_keys=True))
+        else:
+            print(render_worker_table(rows), end="")
+        return 0
     if args.json:
         print(json.dumps(with_id_strings(status), indent=2, sort_keys=True))
     else:
