@@ -63,6 +63,11 @@ class SourceListing:
     # Per group (model, worker_set), the checksum each live peer frontend serves, when known:
     # the listing is then observed peer-aligned (admission.ordering).
     peers: Mapping[tuple[str, str], Sequence[str]] | None = None
+    # An initial listing only: the store could not be reached before it (the frontend started
+    # during an outage, or lost its connection before its first listing).
+    after_outage: bool = False
+    # Per group and checksum the peers serve, the instance ids they serve it with.
+    peer_members: Mapping[tuple[str, str], Mapping[str, Sequence[int]]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

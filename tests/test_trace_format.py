@@ -79,7 +79,7 @@ def group_after(*lines: str, **settings: Any) -> dict[str, Any]:
         ([header(), put(2.0, 1), put(1.0, 2)], "back in time"),
         ([put(0, 1), header()], "first line"),
         (
-            [json.dumps({"kind": "trace", "version": 4, "wall_time": 1, "observer": "bucket"})],
+            [json.dumps({"kind": "trace", "version": 5, "wall_time": 1, "observer": "bucket"})],
             "newer",
         ),
         (

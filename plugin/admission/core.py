@@ -59,6 +59,18 @@ lasts. A hold builds nothing: a queued build or a due retry waits, and the rejoi
 once. Live removals and other listings never hold: only an outage can make a present worker
 look gone.
 
+*Starting during an outage.* A frontend that starts (or restarts) while the store is away
+has lived through the outage as much as its peers have, only without state. Ingestion reports
+its first listing as such (``Listing(outage_start=True)``), and the core treats it as a
+reconnect listing: expiries within ``tenure_hold`` of it are the outage's, so an incumbent the
+listing still holds is held when they empty it, as its peers hold theirs. A cohort the listing
+already lacks (its records ran out while the store was away) cannot be observed at all; so
+after any outage, a group this frontend holds nothing of, whose live peers serve a checksum
+the listing lacks (``Listing.peer_tenures``), is reserved for that checksum at once, held
+until the listing plus ``tenure_hold``, and only the members the peers serve end the hold.
+Both rules only delay a succession the outage may have faked, as the hold always does; with
+them a frontend restarted during an outage ends on the incumbent its peers keep.
+
 *Recorded tenures.* A replay of a recording that began mid-rollout starts from what the
 recorded frontend decided: ``TenureRecorded``, before anything else of its group. A tenure
 that was not held lends its receiver and generation to the tenure the listing starts for that
@@ -652,15 +664,18 @@ class AdmissionCore:
         drains = {d.worker: d for d in event.drains}
         for drain in drains.values():
             self._on_drain(drain)
+        # A listing after an outage (a lost connection, or a start while the store was away)
+        # removes what it omits as the outage's doing, and expiries soon after it are judged
+        # against it (``_expire``).
+        outage = None
+        if event.reconnect or event.outage_start:
+            outage = self._last_reconnect = self._now
+            if event.peer_tenures:
+                self._hold_for_peers(event)
         listed: set[str] = set(event.retain)
         for reg in event.registrations:
             listed.add(reg.key)
             self._add(reg)
-        # A listing after a lost connection removes what it omits as the outage's doing, and
-        # expiries soon after it are judged against it (``_expire``).
-        outage = None
-        if event.reconnect:
-            outage = self._last_reconnect = self._now
         for key in [k for k in self._regs if k not in listed]:
             self._remove(key, outage)
         for key in [k for k in self._drained if k not in listed]:
@@ -828,14 +843,84 @@ class AdmissionCore:
             return
         # Held when the recording began: the incumbent cohort is empty and in front.
         group = self._groups[key] = _Group(gk)
-        group.seq = 1
-        checksum = event.mdc_checksum
+        receiver, generation = self._take_recorded_numbers(event)
+        self._place_held(
+            group,
+            event.mdc_checksum,
+            receiver,
+            generation,
+            event.held_until,
+            event.hold_members,
+            event.last_known,
+            event.last_known_until,
+            committed=event.committed_generation == generation,
+        )
+
+    def _hold_for_peers(self, event: Listing) -> None:
+        """Reserve, held, what the peers serve of groups this frontend holds nothing of.
+
+        The first listing after an outage may lack a cohort only because its workers could not
+        refresh their records while the store was away: a frontend that lived through the
+        outage holds that tenure (``_hold``), and one that starts now must not hand the group
+        to a cohort that merely refreshed first. So when the peers serve a checksum the listing
+        lacks, the group is reserved for it at once, held exactly as a live frontend's hold
+        (the empty cohort in front, until this listing plus ``tenure_hold``); only the members
+        the peers serve end the hold. Nothing is served meanwhile: this frontend never saw
+        their records.
+        """
+        hold_for = self._settings.tenure_hold
+        if not hold_for > 0:
+            return
+        listed = {
+            (reg.group.model, reg.group.worker_set, reg.mdc_checksum)
+            for reg in event.registrations
+            if reg.model_suffix is None
+        }
+        for key, tenure in sorted(event.peer_tenures.items()):
+            group = self._groups.get(key)
+            if group is not None and (group.checksum is not None or group.cohorts):
+                continue  # it holds a tenure: first-observation order stands
+            if (*key, tenure.mdc_checksum) in listed or not tenure.members:
+                continue  # listed: observed first (ordering.py); an expiry then holds it
+            if group is None:
+                group = self._groups[key] = _Group(GroupKey(*key))
+            self._last_receiver += 1
+            self._place_held(
+                group,
+                tenure.mdc_checksum,
+                self._last_receiver,
+                self._next_generation(),
+                self._now + hold_for,
+                tenure.members,
+            )
+
+    def _place_held(
+        self,
+        group: _Group,
+        checksum: str,
+        receiver: int,
+        generation: int,
+        until: float,
+        members: Iterable[int],
+        last_known: Iterable[int] = (),
+        last_known_until: float | None = None,
+        *,
+        committed: bool = False,
+    ) -> None:
+        """Start a tenure already held: its empty cohort in front, as ``_hold`` leaves one.
+
+        ``members`` are the instance ids whose return ends the hold; ``last_known`` those
+        served on their last known records until ``last_known_until``.
+        """
+        gk = group.key
+        group.seq += 1
         group.cohorts[checksum] = cohort = _Cohort(checksum, group.seq)
         group.checksum = checksum
-        group.receiver, group.generation = receiver, generation = self._take_recorded_numbers(event)
+        group.receiver = receiver
+        group.generation = generation
         self._out.append(fx.OpenReceiver(gk, receiver, checksum, generation))
         self._transition(group, StatusEvent.RESERVE)
-        if event.committed_generation == generation:
+        if committed:
             # Its build was committed: the tenure goes on from there, as live.
             self._transition(group, StatusEvent.START_BUILD)
             self._transition(group, StatusEvent.BUILD_OK)
@@ -844,18 +929,17 @@ class AdmissionCore:
             # A hold builds nothing; the rejoin that brings a member back queues the build.
             self._queue.append((group, generation))
         endpoint = gk.endpoint
-        members = {iid: instance_key(endpoint, iid) for iid in event.hold_members}
-        last_known = {iid: instance_key(endpoint, iid) for iid in event.last_known}
-        last_known_until = event.last_known_until
-        if last_known_until is None or not last_known:
-            last_known, last_known_until = {}, event.held_until
-        # The reconnect it counts from is before the recording: its length counts from here.
-        hold = group.hold = _Hold(self._now, event.held_until, members, last_known_until)
-        hold.last_known = last_known
+        pre_hold = {iid: instance_key(endpoint, iid) for iid in members}
+        served = {iid: instance_key(endpoint, iid) for iid in last_known}
+        if last_known_until is None or not served:
+            served, last_known_until = {}, until
+        # The reconnect it counts from is now, or before a recording began.
+        hold = group.hold = _Hold(self._now, until, pre_hold, last_known_until)
+        hold.last_known = served
         self._timer_seq += 1
-        heapq.heappush(self._holds, (event.held_until, self._timer_seq, group))
-        if last_known:
-            for iid in last_known:
+        heapq.heappush(self._holds, (until, self._timer_seq, group))
+        if served:
+            for iid in served:
                 cohort.log.append(iid)
             heapq.heappush(self._last_known_ends, (last_known_until, self._timer_seq, group))
         self._out.append(
@@ -864,9 +948,9 @@ class AdmissionCore:
                 checksum,
                 receiver,
                 generation,
-                event.held_until,
-                tuple(sorted(last_known.values())),
-                last_known_until if last_known else None,
+                until,
+                tuple(sorted(served.values())),
+                last_known_until if served else None,
             )
         )
         self._mark_dirty(group)

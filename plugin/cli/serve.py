@@ -162,9 +162,13 @@ async def _serve_service(
 
         where = servers_for_display(servers or settings.nats_servers)
 
-        def start() -> Awaitable[Any]:
+        def start(started_in_outage: bool = False) -> Awaitable[Any]:
             return create_service(
-                settings, servers=servers, telemetry=telemetry, view_files=view_files
+                settings,
+                servers=servers,
+                telemetry=telemetry,
+                view_files=view_files,
+                started_in_outage=started_in_outage,
             )
 
         if view_files is None:
@@ -198,7 +202,7 @@ async def _serve_service(
 
 
 async def _start_keeping_the_view(
-    start: Callable[[], Awaitable[Any]],
+    start: Callable[[bool], Awaitable[Any]],
     view_files: Any,
     settings: Settings,
     where: str,
@@ -209,7 +213,9 @@ async def _start_keeping_the_view(
     Exiting would leave the frontend without the view a crashed predecessor left (a sidecar
     restarted during a NATS outage would take its models down for the rest of the outage),
     so the predecessor's files are kept alive for at most one registration TTL and every
-    attempt that fails says so. ``None`` when ``stop`` is set first.
+    attempt that fails says so. ``None`` when ``stop`` is set first. The attempt that
+    connects after a failed one says it started during an outage: its workers could not
+    refresh their records either, so the core holds what an outage may have faked.
     """
     from workerset_admission.adapters.dynamo.view import LastKnownGood
     from workerset_admission.cli.exits import EXIT_UNREACHABLE, exit_status
@@ -218,7 +224,7 @@ async def _start_keeping_the_view(
     delay = 1.0
     while True:
         try:
-            return await with_progress(start(), f"connecting to NATS at {where}")
+            return await with_progress(start(keeper is not None), f"connecting to NATS at {where}")
         except Exception as exc:
             # Only an unreachable server is worth waiting for; a refused secret never heals.
             if exit_status(exc) != EXIT_UNREACHABLE or "authorization" in str(exc).lower():

@@ -26,11 +26,17 @@ from workerset_admission.admission import (
     DrainSet,
     Input,
     Listing,
+    PeerTenure,
     Tick,
     WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.admission.ordering import GroupId, PeerServed, observation_order
+from workerset_admission.admission.ordering import (
+    GroupId,
+    PeerServed,
+    observation_order,
+    peer_choice,
+)
 from workerset_admission.errors import RemoteDataError
 from workerset_admission.identity import Drain, EndpointId, Registration
 from workerset_admission.keys import parse_drain_key, parse_key
@@ -47,6 +53,7 @@ __all__ = [
     "RecordDecoder",
     "Verdict",
     "default_decoder",
+    "peer_tenures",
 ]
 
 
@@ -151,6 +158,21 @@ class CardRecordDecoder:
         if parsed.kind == "model":
             return ("model", parsed.instance_key)
         return ("instance", key)
+
+
+def peer_tenures(
+    peers: PeerServed | None, members: Mapping[GroupId, Mapping[str, Sequence[int]]] | None
+) -> dict[GroupId, PeerTenure]:
+    """Per group, the checksum the peers serve (the alignment rule's choice) and its members."""
+    if not peers or not members:
+        return {}
+    tenures = {}
+    for group, served in peers.items():
+        by_checksum = members.get(group, {})
+        choice = peer_choice(served, by_checksum)
+        if choice is not None:
+            tenures[group] = PeerTenure(choice, tuple(sorted(set(by_checksum[choice]))))
+    return tenures
 
 
 def default_decoder() -> RecordDecoder:
@@ -277,8 +299,10 @@ class Ingestor:
             ((entry.key, entry.value) for entry in event.entries),
             keep,
             reconnect=event.reason == "reconnect",
+            outage_start=event.reason == "initial" and event.after_outage,
             now=now,
             peers=event.peers,
+            peer_members=event.peer_members,
             recorded=recorded,
             forget_refused=event.reason != "periodic",
         )
@@ -316,8 +340,10 @@ class Ingestor:
         keep: Collection[str] = (),
         *,
         reconnect: bool = False,
+        outage_start: bool = False,
         now: float | None = None,
         peers: PeerServed | None = None,
+        peer_members: Mapping[GroupId, Mapping[str, Sequence[int]]] | None = None,
         recorded: Mapping[GroupId, Sequence[str]] | None = None,
         forget_refused: bool = True,
     ) -> Ingested:
@@ -326,9 +352,12 @@ class Ingestor:
         ``keep`` names keys whose current state is newer than the listing (a live update
         touched them while it was read): they keep what they have, whatever the listing says.
         ``reconnect`` says the listing follows a lost connection: the core may hold a tenure
-        it empties, for a time counted from ``now`` (the clock goes in first when given).
-        The registrations are observed in the order :func:`observation_order` gives: the
-        cohort ``peers`` serve first, or the ``recorded`` cohort order, otherwise key order.
+        it empties, for a time counted from ``now`` (the clock goes in first when given);
+        ``outage_start``, that it is the first listing of a frontend started while the store
+        was away. The registrations are observed in the order :func:`observation_order` gives:
+        the cohort ``peers`` serve first, or the ``recorded`` cohort order, otherwise key
+        order. ``peer_members`` (the ids the peers serve each checksum with) goes to the core
+        as the peers' tenures: what it may hold for them after an outage.
         """
         registrations: list[Registration] = []
         drains: list[Drain] = []
@@ -382,6 +411,8 @@ class Ingestor:
             reconnect=reconnect,
             drains=drains,
             retain_drains=kept,
+            outage_start=outage_start,
+            peer_tenures=peer_tenures(peers, peer_members),
         )
         inputs: tuple[Input, ...] = (listing,) if now is None else (Tick(now), listing)
         return Ingested(inputs, tuple(verdicts), changed)

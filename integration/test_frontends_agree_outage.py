@@ -1,0 +1,228 @@
+"""Frontends agree through an outage, even when one (or both) restarts during it; real NATS.
+
+Two ``serve --view-dir`` processes (registration TTL 3 s) serve incumbent A (two workers) with
+cohort B (one worker) waiting. A's workers stop refreshing their registrations (a stalled
+heartbeat), nats-server is killed, a frontend is SIGKILLed and started again while it is down,
+and the server comes back before A's records run out (or after). A's workers then register
+again. Whatever restarted, both frontends must end on the same incumbent: A.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+from natsfixture import NatsServer
+from support.cards import base_card
+from support.serve_process import ServeProcess
+from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
+from workerset_admission.adapters.nats.connect import NatsConnectOptions
+from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.cli.rollout import GateQuery, check_gate
+from workerset_admission.identity import EndpointId
+from workerset_admission.traces.replay import replay
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+DISCOVERY = "dynamo-discovery"
+ADMISSION = "frontend-model-admission"
+EP = EndpointId("agree-outage", "backend", "generate")
+A, B = base_card(16), base_card(32)
+A_IDS, B_IDS = (0x10, 0x11), (0x1,)
+TTL = 3.0
+FRONTENDS = ("fe-1", "fe-2")
+
+
+async def until(condition: Callable[[], Any], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:g} s")
+        await asyncio.sleep(0.1)
+
+
+async def _done(value: bool) -> bool:
+    return value
+
+
+async def _quiet(_exc: Exception) -> None:
+    return None
+
+
+@contextlib.asynccontextmanager
+async def client(url: str) -> AsyncIterator[NatsClient]:
+    """A connection that rides out every outage by reconnecting (the workers', the test's)."""
+    nc = await nats.connect(
+        url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, error_cb=_quiet
+    )
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+def workers(nc: NatsClient) -> DiscoveryPublisher:
+    return DiscoveryPublisher(
+        nc.jetstream(timeout=2), bucket=DISCOVERY, ttl=TTL, on_removed="reregister"
+    )
+
+
+def serve(url: str, root: Path, name: str, *, armed: bool = False) -> ServeProcess:
+    view = root / name / "view"
+    view.mkdir(parents=True, exist_ok=True)
+    return ServeProcess(
+        [
+            *("--nats-server", url, "--view-dir", str(view)),
+            *("--discovery-bucket", DISCOVERY, "--admission-bucket", ADMISSION),
+            *("--frontend-id", name, "--status-subject", f"status.{name}"),
+            *("--registration-ttl", str(TTL), "--trace-out", str(root / name / "trace.jsonl")),
+        ],
+        view_dir=view,
+        armed=armed,
+    )
+
+
+async def status_of(nc: NatsClient, name: str) -> dict[str, Any] | None:
+    try:
+        reply = await nc.request(f"status.{name}", b"", timeout=2)
+    except Exception:
+        return None
+    status: dict[str, Any] = json.loads(reply.data)
+    return status
+
+
+async def group_of(nc: NatsClient, name: str) -> dict[str, Any] | None:
+    status = await status_of(nc, name)
+    groups = [] if status is None else status["groups"]
+    return groups[0] if groups else None
+
+
+async def settled(nc: NatsClient, name: str) -> dict[str, Any] | None:
+    """The frontend's group once it serves, holds nothing and has seen both cohorts."""
+    group = await group_of(nc, name)
+    if (
+        group is None
+        or group.get("held")
+        or group["status"] != "ready"
+        or len(group["cohorts"]) != 2
+        or not group["admitted"]
+    ):
+        return None
+    return group
+
+
+async def disagreements(url: str) -> list[dict[str, Any]]:
+    check = await check_gate(
+        NatsRecordSource(NatsConnectOptions(servers=(url,)), ADMISSION, timeout=3.0),
+        GateQuery(model=str(A["display_name"]), namespace=EP.namespace, require_agreement=True),
+    )
+    assert check.report is not None
+    return [item.as_json() for item in check.report.disagreements]
+
+
+async def one_trial(
+    server: NatsServer, root: Path, restarted: tuple[str, ...], back_after_ttl: bool
+) -> None:
+    handle = server.handle
+    assert handle is not None
+    url = server.url
+    running = {name: serve(url, root, name) for name in FRONTENDS}
+    spares: dict[str, ServeProcess] = {}
+    try:
+        async with client(url) as nc, client(url) as nc_a, client(url) as nc_b:
+            a, b = workers(nc_a), workers(nc_b)
+            for instance in A_IDS:
+                await a.register(EP, instance, A)
+            for name in FRONTENDS:
+                await until(lambda n=name: group_of(nc, n), 60, f"{name} reserving A")
+            for instance in B_IDS:
+                await b.register(EP, instance, B)
+            for name in FRONTENDS:
+                await until(lambda n=name: settled(nc, n), 60, f"{name} serving A, B waiting")
+            first = await settled(nc, FRONTENDS[0])
+            assert first is not None
+            a_checksum = first["incumbent"]
+            # The restarted frontends' processes, loaded and waiting (their trace files are
+            # their predecessors' until they start).
+            spares = {name: serve(url, root, name, armed=True) for name in restarted}
+            for name in restarted:
+                await asyncio.to_thread(spares[name].wait_for_line, "armed", 60)
+            await asyncio.sleep(1.0)  # the serving records reach the bucket
+
+            # A's records are fresh now and run out TTL seconds from here: nobody refreshes them.
+            beat = a.refreshes
+            a.refresh_now()
+            await until(lambda: _done(a.refreshes >= beat + len(A_IDS)), 10, "A's refresh")
+            await a.stop_heartbeat()
+            stalled_at = time.monotonic()
+            await asyncio.to_thread(handle.stop, kill=True)
+            for name in restarted:
+                running[name].kill()
+                running[name] = spares.pop(name)
+                running[name].fire()
+            for name in restarted:
+                await asyncio.to_thread(running[name].wait_for_line, "cannot reach NATS yet", 30)
+            if back_after_ttl:
+                await asyncio.sleep(max(0.0, stalled_at + TTL + 1.0 - time.monotonic()))
+            else:
+                await asyncio.sleep(1.0)
+            await asyncio.to_thread(handle.start)
+            back_at = time.monotonic()
+            if not back_after_ttl:
+                # The point of the case: the server is back before A's records run out.
+                assert back_at < stalled_at + TTL, "the server came back too late for this case"
+
+            # A's records run out (or are gone already); then its workers come back.
+            await asyncio.sleep(max(0.0, stalled_at + TTL + 2.0 - time.monotonic()))
+            for instance in A_IDS:
+                await a.register(EP, instance, A)
+
+            for name in FRONTENDS:
+                await until(lambda n=name: settled(nc, n), 90, f"{name} settling")
+            await asyncio.sleep(2.0)  # anything still to happen after settling would show now
+            served = {}
+            for name in FRONTENDS:
+                group = await settled(nc, name)
+                assert group is not None, name
+                served[name] = (group["incumbent"], tuple(group["admitted"]))
+            assert served == dict.fromkeys(FRONTENDS, (a_checksum, A_IDS)), served
+            assert await disagreements(url) == []
+
+            # The restarted frontend's own trace replays to what it decided live.
+            for name in restarted:
+                code, output = running[name].stop()
+                assert code == 0, output
+                trace = (root / name / "trace.jsonl").read_text().splitlines()
+                result = replay(trace)
+                (group,) = result.core.groups()
+                assert (group.incumbent, tuple(sorted(group.admitted))) == served[name]
+            await a.close()
+            await b.close()
+    finally:
+        for process in [*running.values(), *spares.values()]:
+            process.stop()
+
+
+@pytest.mark.parametrize(
+    ("restarted", "back_after_ttl"),
+    [
+        (("fe-1",), False),
+        (("fe-2",), False),
+        (("fe-1", "fe-2"), False),
+        (("fe-1",), True),
+        (("fe-1", "fe-2"), True),
+    ],
+    ids=["first-restarted", "other-restarted", "both-restarted", "first-late", "both-late"],
+)
+async def test_frontends_end_on_the_same_incumbent_when_one_restarts_during_an_outage(
+    nats_server_fn: NatsServer, tmp_path: Path, restarted: tuple[str, ...], back_after_ttl: bool
+) -> None:
+    await one_trial(nats_server_fn, tmp_path, restarted, back_after_ttl)
