@@ -22,6 +22,7 @@ from workerset_admission.card.differences import Difference, summarize
 from workerset_admission.cli import connection, positive_seconds
 from workerset_admission.errors import Unreachable, UsageError
 from workerset_admission.identity import with_id_strings
+from workerset_admission.rollout.gate import Disagreement, disagreements_with
 from workerset_admission.settings import Settings
 
 if TYPE_CHECKING:
@@ -307,11 +308,43 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         await nc.close()
     status = status_of(reply)
+    found = await _disagreements(options, settings.admission_bucket, status, args.timeout)
+    if found:
+        status["disagreements"] = [item.as_json() for item in found]
     if args.json:
         print(json.dumps(with_id_strings(status), indent=2, sort_keys=True))
     else:
         print(render_status_table(status))
     return 0
+
+
+async def _disagreements(
+    options: Any, bucket: str, status: Mapping[str, Any], timeout: float
+) -> tuple[Disagreement, ...]:
+    """Read the other frontends' serving records: where they serve another configuration.
+
+    Frontends choose alone, so they can disagree (after an outage a frontend restarted during
+    it once did); status says so, naming which frontends serve which checksum. A bucket that
+    cannot be read adds nothing: status answers what the frontend said.
+    """
+    from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
+    from workerset_admission.card.serving_record import parse_record
+    from workerset_admission.errors import InvalidRecordError
+
+    frontend = status.get("frontend")
+    incumbents = {
+        (group["model"], group["worker_set_id"]): group["incumbent"]
+        for group in status.get("groups", [])
+        if group.get("incumbent") and "worker_set_id" in group
+    }
+    if not frontend or not incumbents:
+        return ()
+    read = await NatsRecordSource(options, bucket, timeout=timeout).read()
+    records = []
+    for entry in read.entries:
+        with contextlib.suppress(InvalidRecordError):
+            records.append(parse_record(entry.key, entry.value, entry.published_at))
+    return disagreements_with(records, str(frontend), incumbents)
 
 
 def status_of(reply: Any) -> dict[str, Any]:
@@ -414,6 +447,10 @@ def render_status_table(status: Mapping[str, Any]) -> str:
             f"{rejection['namespace']}/{rejection['component']}/{rejection['endpoint']}: "
             f"differs in: {said}"
         )
+    for item in status.get("disagreements", []):
+        served = tuple((checksum, tuple(f)) for checksum, f in item["incumbents"].items())
+        said = Disagreement(item["worker_set"], served).in_words()
+        lines.append(f"disagreement on {item['worker_set']}: {said}")
     for group in status.get("groups", []):
         drained = group.get("drained")
         if not isinstance(drained, list):
