@@ -3,7 +3,8 @@
 Two ``serve --view-dir`` processes (registration TTL 3 s) serve incumbent A (two workers) with
 cohort B (one worker) waiting. A's workers stop refreshing their registrations (a stalled
 heartbeat), nats-server is killed, a frontend is SIGKILLed and started again while it is down,
-and the server comes back before A's records run out (or after). A's workers then register
+and the server comes back before A's records run out (or after); a restarted frontend may also
+start only once the server is back (a supervisor slower than NATS). A's workers then register
 again. Whatever restarted, both frontends must end on the same incumbent: A.
 """
 
@@ -26,7 +27,9 @@ from support.serve_process import ServeProcess
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.card.serving_record import CapabilityRecord, parse_record
 from workerset_admission.cli.rollout import GateQuery, check_gate
+from workerset_admission.errors import InvalidRecordError
 from workerset_admission.identity import EndpointId
 from workerset_admission.traces.replay import replay
 
@@ -128,8 +131,23 @@ async def disagreements(url: str) -> list[dict[str, Any]]:
     return [item.as_json() for item in check.report.disagreements]
 
 
+async def resynced(url: str, name: str) -> bool:
+    """Whether a frontend's capability record says it resynced after an outage."""
+    read = await NatsRecordSource(NatsConnectOptions(servers=(url,)), ADMISSION).read()
+    for entry in read.entries:
+        with contextlib.suppress(InvalidRecordError):
+            record = parse_record(entry.key, entry.value)
+            if isinstance(record, CapabilityRecord) and record.frontend == name:
+                return record.resynced_at is not None
+    return False
+
+
 async def one_trial(
-    server: NatsServer, root: Path, restarted: tuple[str, ...], back_after_ttl: bool
+    server: NatsServer,
+    root: Path,
+    restarted: tuple[str, ...],
+    back_after_ttl: bool,
+    starts_after_return: bool = False,
 ) -> None:
     handle = server.handle
     assert handle is not None
@@ -167,15 +185,26 @@ async def one_trial(
             for name in restarted:
                 running[name].kill()
                 running[name] = spares.pop(name)
-                running[name].fire()
+                if not starts_after_return:
+                    running[name].fire()
             for name in restarted:
-                await asyncio.to_thread(running[name].wait_for_line, "cannot reach NATS yet", 30)
+                if not starts_after_return:
+                    await asyncio.to_thread(
+                        running[name].wait_for_line, "cannot reach NATS yet", 30
+                    )
             if back_after_ttl:
                 await asyncio.sleep(max(0.0, stalled_at + TTL + 1.0 - time.monotonic()))
             else:
                 await asyncio.sleep(1.0)
             await asyncio.to_thread(handle.start)
             back_at = time.monotonic()
+            if starts_after_return:
+                # Its supervisor was slower than NATS: it starts once a peer has resynced.
+                others = [name for name in FRONTENDS if name not in restarted]
+                for name in others:
+                    await until(lambda n=name: resynced(url, n), 30, f"{name}'s resync")
+                for name in restarted:
+                    running[name].fire()
             if not back_after_ttl:
                 # The point of the case: the server is back before A's records run out.
                 assert back_at < stalled_at + TTL, "the server came back too late for this case"
@@ -212,17 +241,31 @@ async def one_trial(
 
 
 @pytest.mark.parametrize(
-    ("restarted", "back_after_ttl"),
+    ("restarted", "back_after_ttl", "starts_after_return"),
     [
-        (("fe-1",), False),
-        (("fe-2",), False),
-        (("fe-1", "fe-2"), False),
-        (("fe-1",), True),
-        (("fe-1", "fe-2"), True),
+        (("fe-1",), False, False),
+        (("fe-2",), False, False),
+        (("fe-1", "fe-2"), False, False),
+        (("fe-1",), True, False),
+        (("fe-1", "fe-2"), True, False),
+        (("fe-1",), False, True),
+        (("fe-1",), True, True),
     ],
-    ids=["first-restarted", "other-restarted", "both-restarted", "first-late", "both-late"],
+    ids=[
+        "first-restarted",
+        "other-restarted",
+        "both-restarted",
+        "first-late",
+        "both-late",
+        "first-starts-after-return",
+        "first-late-starts-after-return",
+    ],
 )
 async def test_frontends_end_on_the_same_incumbent_when_one_restarts_during_an_outage(
-    nats_server_fn: NatsServer, tmp_path: Path, restarted: tuple[str, ...], back_after_ttl: bool
+    nats_server_fn: NatsServer,
+    tmp_path: Path,
+    restarted: tuple[str, ...],
+    back_after_ttl: bool,
+    starts_after_return: bool,
 ) -> None:
-    await one_trial(nats_server_fn, tmp_path, restarted, back_after_ttl)
+    await one_trial(nats_server_fn, tmp_path, restarted, back_after_ttl, starts_after_return)

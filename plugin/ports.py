@@ -68,6 +68,9 @@ class SourceListing:
     after_outage: bool = False
     # Per group and checksum the peers serve, the instance ids they serve it with.
     peer_members: Mapping[tuple[str, str], Mapping[str, Sequence[int]]] | None = None
+    # Seconds since the latest resync a live peer frontend made after losing its connection,
+    # as its capability record said when the listing was taken; None when none said so.
+    peers_resynced_ago: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +127,14 @@ class AdmissionPublisher(Protocol):
         """
         ...
 
-    async def publish_capability(self) -> None: ...
+    async def publish_capability(self, resynced_at: float | None = None) -> None:
+        """Say this frontend publishes admissions; ``resynced_at``: when it last resynced.
+
+        ``resynced_at`` is the wall-clock time (Unix seconds) of its last listing after a lost
+        connection: a peer that starts soon after takes its first listing as one within that
+        outage's hold (see the core).
+        """
+        ...
 
     async def republish(self) -> None:
         """Write every record again: the store behind them may have been wiped or re-created."""

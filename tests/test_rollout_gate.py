@@ -88,6 +88,17 @@ class TestParsing:
         record = present("fe-a")
         assert record == CapabilityRecord(key="v1.fe-a.capability", frontend="fe-a")
 
+    def test_a_capability_record_may_say_when_its_frontend_resynced_after_an_outage(self) -> None:
+        key = "v1.fe-a.capability"
+        value = {"protocol": "v1", "capability": True, "frontend": "fe-a", "resynced_at": 17}
+        record = parse_record(key, json.dumps(value).encode())
+        assert record == CapabilityRecord(key=key, frontend="fe-a", resynced_at=17.0)
+        for bad in ("soon", -1, True):
+            value["resynced_at"] = bad
+            with pytest.raises(InvalidRecordError) as refused:
+                parse_record(key, json.dumps(value).encode())
+            assert refused.value.reason == "bad_field"
+
     def test_a_members_only_record_takes_its_namespace_from_the_members(self) -> None:
         value = {"protocol": "v1", "frontend": "fe-a", "members": [member(NEW, 7)]}
         record = parse_record(f"v1.fe-a.members.{NEW}", json.dumps(value).encode())

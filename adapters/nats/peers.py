@@ -6,7 +6,10 @@ puts first, per WorkerSet, the checksum the other live frontends already serve. 
 only reads: before passing an initial or reconnect listing on, it reads the serving-admission
 bucket once (bounded in time) and attaches each other frontend's served checksum per group,
 and the instance ids each checksum is served with (what a frontend that starts after an outage
-may hold for them, see the core). Periodic listings and live events pass through untouched.
+may hold for them, see the core), and how long ago the latest peer resynced after losing its
+connection (its capability record says when): a frontend that starts within that outage's hold
+takes its first listing as one of that outage. Periodic listings and live events pass through
+untouched.
 When the bucket cannot be read in time the listing goes on without peers, and is observed in
 key order.
 """
@@ -16,19 +19,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
 from workerset_admission.card.serving_record import (
     BucketRead,
+    CapabilityRecord,
     NamespaceRecord,
+    Record,
     ServedGroup,
     parse_record,
 )
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import DiscoverySource, SourceEvent, SourceListing
 
-__all__ = ["PeerAwareSource", "members_served_by_peers", "served_by_peers"]
+__all__ = ["PeerAwareSource", "members_served_by_peers", "peers_resynced_at", "served_by_peers"]
 
 _log = logging.getLogger(__name__)
 
@@ -37,18 +43,34 @@ class _Reader(Protocol):
     async def read(self) -> BucketRead: ...
 
 
-def _peer_groups(read: BucketRead, own_frontend: str) -> Iterator[tuple[str, ServedGroup]]:
-    """Yield (frontend, group) for every group another frontend serves with members."""
+def _peer_records(read: BucketRead, own_frontend: str) -> Iterator[Record]:
+    """Yield every valid record of another frontend (bad ones are the gate's to report)."""
     for entry in read.entries:
         try:
             record = parse_record(entry.key, entry.value, entry.published_at)
         except Exception:
             continue
-        if not isinstance(record, NamespaceRecord) or record.frontend == own_frontend:
-            continue
-        for group in record.groups or ():
-            if group.checksum is not None and group.members:
-                yield record.frontend, group
+        if record.frontend != own_frontend:
+            yield record
+
+
+def _peer_groups(read: BucketRead, own_frontend: str) -> Iterator[tuple[str, ServedGroup]]:
+    """Yield (frontend, group) for every group another frontend serves with members."""
+    for record in _peer_records(read, own_frontend):
+        if isinstance(record, NamespaceRecord):
+            for group in record.groups or ():
+                if group.checksum is not None and group.members:
+                    yield record.frontend, group
+
+
+def peers_resynced_at(read: BucketRead, own_frontend: str) -> float | None:
+    """Return the latest time (Unix seconds) another frontend resynced after an outage."""
+    times = [
+        record.resynced_at
+        for record in _peer_records(read, own_frontend)
+        if isinstance(record, CapabilityRecord) and record.resynced_at is not None
+    ]
+    return max(times, default=None)
 
 
 def served_by_peers(read: BucketRead, own_frontend: str) -> dict[tuple[str, str], tuple[str, ...]]:
@@ -94,10 +116,17 @@ def members_served_by_peers(
 class PeerAwareSource:
     """A discovery source whose initial and reconnect listings carry the peers' served checksums."""
 
-    def __init__(self, source: DiscoverySource, reader: _Reader, own_frontend: str) -> None:
+    def __init__(
+        self,
+        source: DiscoverySource,
+        reader: _Reader,
+        own_frontend: str,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self._source = source
         self._reader = reader
         self._own = own_frontend
+        self._wall = wall
 
     async def _read(self) -> BucketRead | None:
         try:
@@ -115,12 +144,19 @@ class PeerAwareSource:
             if isinstance(event, SourceListing) and event.reason != "periodic":
                 read = await self._read()
                 if read is None:
-                    event = dataclasses.replace(event, peers=None, peer_members=None)
+                    event = dataclasses.replace(
+                        event, peers=None, peer_members=None, peers_resynced_ago=None
+                    )
                 else:
+                    resynced_at = peers_resynced_at(read, self._own)
                     event = dataclasses.replace(
                         event,
                         peers=served_by_peers(read, self._own),
                         peer_members=members_served_by_peers(read, self._own),
+                        # Host clocks differ a little: a time ahead of ours is "just now".
+                        peers_resynced_ago=None
+                        if resynced_at is None
+                        else max(0.0, self._wall() - resynced_at),
                     )
             yield event
 

@@ -667,11 +667,11 @@ class AdmissionCore:
         # A listing after an outage (a lost connection, or a start while the store was away)
         # removes what it omits as the outage's doing, and expiries soon after it are judged
         # against it (``_expire``).
-        outage = None
-        if event.reconnect or event.outage_start:
-            outage = self._last_reconnect = self._now
+        outage = self._outage_of(event)
+        if outage is not None:
+            self._last_reconnect = outage
             if event.peer_tenures:
-                self._hold_for_peers(event)
+                self._hold_for_peers(event, outage)
         listed: set[str] = set(event.retain)
         for reg in event.registrations:
             listed.add(reg.key)
@@ -856,7 +856,23 @@ class AdmissionCore:
             committed=event.committed_generation == generation,
         )
 
-    def _hold_for_peers(self, event: Listing) -> None:
+    def _outage_of(self, event: Listing) -> float | None:
+        """Return the reconnect a listing follows (the clock value holds count from), if any.
+
+        A reconnect listing follows this frontend's own. A first listing follows a peer's
+        resync after an outage when that came within ``tenure_hold`` (the workers' records
+        could not be refreshed either), and counts from it, so its holds end with the peers';
+        else its own start during an outage, now.
+        """
+        now = self._now
+        if event.reconnect:
+            return now
+        peer = event.peer_outage_at
+        if peer is not None and min(peer, now) > now - self._settings.tenure_hold:
+            return min(peer, now)
+        return now if event.outage_start else None
+
+    def _hold_for_peers(self, event: Listing, outage: float) -> None:
         """Reserve, held, what the peers serve of groups this frontend holds nothing of.
 
         The first listing after an outage may lack a cohort only because its workers could not
@@ -864,9 +880,9 @@ class AdmissionCore:
         outage holds that tenure (``_hold``), and one that starts now must not hand the group
         to a cohort that merely refreshed first. So when the peers serve a checksum the listing
         lacks, the group is reserved for it at once, held exactly as a live frontend's hold
-        (the empty cohort in front, until this listing plus ``tenure_hold``); only the members
-        the peers serve end the hold. Nothing is served meanwhile: this frontend never saw
-        their records.
+        (the empty cohort in front, until the outage's reconnect plus ``tenure_hold``); only
+        the members the peers serve end the hold. Nothing is served meanwhile: this frontend
+        never saw their records.
         """
         hold_for = self._settings.tenure_hold
         if not hold_for > 0:
@@ -890,8 +906,9 @@ class AdmissionCore:
                 tenure.mdc_checksum,
                 self._last_receiver,
                 self._next_generation(),
-                self._now + hold_for,
+                outage + hold_for,
                 tenure.members,
+                since=outage,
             )
 
     def _place_held(
@@ -906,11 +923,13 @@ class AdmissionCore:
         last_known_until: float | None = None,
         *,
         committed: bool = False,
+        since: float | None = None,
     ) -> None:
         """Start a tenure already held: its empty cohort in front, as ``_hold`` leaves one.
 
         ``members`` are the instance ids whose return ends the hold; ``last_known`` those
-        served on their last known records until ``last_known_until``.
+        served on their last known records until ``last_known_until``; ``since`` the reconnect
+        it counts from (now when not given).
         """
         gk = group.key
         group.seq += 1
@@ -933,8 +952,9 @@ class AdmissionCore:
         served = {iid: instance_key(endpoint, iid) for iid in last_known}
         if last_known_until is None or not served:
             served, last_known_until = {}, until
-        # The reconnect it counts from is now, or before a recording began.
-        hold = group.hold = _Hold(self._now, until, pre_hold, last_known_until)
+        # A recorded hold's reconnect is before the recording: its length counts from here.
+        start = self._now if since is None else since
+        hold = group.hold = _Hold(start, until, pre_hold, last_known_until)
         hold.last_known = served
         self._timer_seq += 1
         heapq.heappush(self._holds, (until, self._timer_seq, group))

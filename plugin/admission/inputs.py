@@ -92,10 +92,13 @@ class Listing:
 
     ``outage_start`` says the listing is the first of a frontend that started (or restarted)
     while the store could not be reached: its workers could not refresh their registrations
-    either, so the core treats it as a reconnect listing. ``peer_tenures`` (per group, as
-    ``(model, worker_set)``) is what the live peer frontends serve; after an outage, a group
-    this frontend holds nothing of whose peers' checksum the listing lacks is reserved for it,
-    held, as the peers hold it (see ``core.py``). Both are reports; the core decides.
+    either, so the core treats it as a reconnect listing. ``peer_outage_at`` is the clock value
+    at which a live peer frontend last resynced after losing its connection, when one said so:
+    a first listing within ``tenure_hold`` of it is one of that outage, counted from then.
+    ``peer_tenures`` (per group, as ``(model, worker_set)``) is what the live peer frontends
+    serve; after an outage, a group this frontend holds nothing of whose peers' checksum the
+    listing lacks is reserved for it, held, as the peers hold it (see ``core.py``). All three
+    are reports; the core decides.
 
     ``drains`` are every drain the listing holds (drains not listed are lifted), and
     ``retain_drains`` the workers whose drain record is listed with a value the boundary
@@ -110,6 +113,7 @@ class Listing:
     retain_drains: Collection[tuple[str, int]] = ()
     outage_start: bool = False
     peer_tenures: Mapping[tuple[str, str], PeerTenure] = field(default_factory=dict)
+    peer_outage_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

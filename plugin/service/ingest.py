@@ -300,6 +300,7 @@ class Ingestor:
             keep,
             reconnect=event.reason == "reconnect",
             outage_start=event.reason == "initial" and event.after_outage,
+            peers_resynced_ago=event.peers_resynced_ago if event.reason == "initial" else None,
             now=now,
             peers=event.peers,
             peer_members=event.peer_members,
@@ -341,6 +342,7 @@ class Ingestor:
         *,
         reconnect: bool = False,
         outage_start: bool = False,
+        peers_resynced_ago: float | None = None,
         now: float | None = None,
         peers: PeerServed | None = None,
         peer_members: Mapping[GroupId, Mapping[str, Sequence[int]]] | None = None,
@@ -354,7 +356,9 @@ class Ingestor:
         ``reconnect`` says the listing follows a lost connection: the core may hold a tenure
         it empties, for a time counted from ``now`` (the clock goes in first when given);
         ``outage_start``, that it is the first listing of a frontend started while the store
-        was away. The registrations are observed in the order :func:`observation_order` gives:
+        was away, and ``peers_resynced_ago`` how long ago a peer resynced after an outage (the
+        core hears when, on its clock, and judges whether this listing is within that
+        outage's hold). The registrations are observed in the order :func:`observation_order` gives:
         the cohort ``peers`` serve first, or the ``recorded`` cohort order, otherwise key
         order. ``peer_members`` (the ids the peers serve each checksum with) goes to the core
         as the peers' tenures: what it may hold for them after an outage.
@@ -413,6 +417,9 @@ class Ingestor:
             retain_drains=kept,
             outage_start=outage_start,
             peer_tenures=peer_tenures(peers, peer_members),
+            peer_outage_at=None
+            if peers_resynced_ago is None or now is None
+            else now - peers_resynced_ago,
         )
         inputs: tuple[Input, ...] = (listing,) if now is None else (Tick(now), listing)
         return Ingested(inputs, tuple(verdicts), changed)

@@ -14,6 +14,7 @@ on, and says what each decision was. It opens with a header, and every line afte
      "keep": [<keys live updates touched while the listing was read>],     (when any)
      "peers": {"<group id>": ["<checksum a peer frontend serves>", ...]},   (when any)
      "peer_members": {"<group id>": {"<checksum>": [<instance id>, ...]}}, (when any)
+     "peers_resynced_ago": <seconds>, (when a peer said it resynced after an outage)
      "after_outage": true}            (an initial listing that followed an outage: the frontend
                                        started while the store was away)
     {"kind": "put", "t": ..., "key": "<KV key>", "value": "<raw text>"}
@@ -52,11 +53,12 @@ told otherwise.
 Older versions are upgraded when read, each by one function (``_upgrade_header``,
 ``upgrade_version_1``), so replay knows one form only: version 4 lines, each with its ``t`` (a
 version 1 trace still has no header: :func:`trace_version` and :func:`recorded_ticks` tell it).
-Version 3 is version 4 without the outage report of a first listing (``after_outage``) and the
-members peers serve (``peer_members``): its lines are version 4 lines that never report them, so
-it replays exactly as before. Version 2 is version 3 without digests and refused commits: its
-lines are version 4 lines with nothing to compare, so it replays exactly as before, unchecked.
-A trace that reports an outage needs version 4: an older reader would decide without it.
+Version 3 is version 4 without the outage reports of a first listing (``after_outage``,
+``peers_resynced_ago``) and the members peers serve (``peer_members``): its lines are version 4
+lines that never report them, so it replays exactly as before. Version 2 is version 3 without
+digests and refused commits: its lines are version 4 lines with nothing to compare, so it
+replays exactly as before, unchecked. A trace that reports an outage needs version 4: an older
+reader would decide without it.
 
 Times are written at full precision (a float's shortest exact spelling): the core compares
 deadlines computed from them, and a rounded time could put a recorded tick before the deadline
@@ -119,6 +121,8 @@ STEPPED: Final = ("put", "delete", "snapshot", "build", "tick", "commit_failed")
 LISTING_REASONS: Final = ("listing", "initial", "reconnect", "periodic", "resync")
 DELETE_OPERATIONS: Final = ("delete", "purge", "expired")
 OBSERVERS: Final = ("frontend", "bucket")
+# What a snapshot line says only from version 4 on.
+_VERSION_4_SNAPSHOT: Final = ("after_outage", "peers_resynced_ago", "peer_members")
 
 
 class TraceError(UsageError):
@@ -227,6 +231,8 @@ def event_line(
                 compact_json(list(group)): {c: list(ids) for c, ids in sorted(served_ids.items())}
                 for group, served_ids in sorted(event.peer_members.items())
             }
+        if event.peers_resynced_ago is not None:
+            line["peers_resynced_ago"] = event.peers_resynced_ago
         if event.after_outage:
             line["after_outage"] = True
         return line
@@ -350,8 +356,12 @@ def _check(number: int, event: Mapping[str, Any], version: int, last_t: float) -
             )
         if event.get("after_outage", False) not in (True, False):
             raise TraceError(f"{where}: a snapshot's after_outage is true or false")
-        if version < 4 and ("after_outage" in event or "peer_members" in event):
-            raise TraceError(f"{where}: after_outage and peer_members need trace version 4")
+        if "peers_resynced_ago" in event and not _number(event["peers_resynced_ago"]):
+            raise TraceError(f"{where}: a snapshot's peers_resynced_ago is non-negative seconds")
+        if version < 4 and any(name in event for name in _VERSION_4_SNAPSHOT):
+            raise TraceError(
+                f"{where}: after_outage, peers_resynced_ago and peer_members need trace version 4"
+            )
     if kind == "build":
         if not isinstance(event.get("group"), str) or event.get("outcome") not in ("ok", "failed"):
             raise TraceError(f"{where}: build needs a group id and outcome ok|failed")

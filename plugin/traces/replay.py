@@ -499,6 +499,7 @@ def _source_event(line: Mapping[str, Any]) -> SourceEvent:
         peers or None,
         after_outage=bool(line.get("after_outage", False)),
         peer_members=members or None,
+        peers_resynced_ago=line.get("peers_resynced_ago"),
     )
 
 

@@ -140,3 +140,35 @@ def test_no_hold_for_peers_when_holding_is_turned_off() -> None:
     effects = core.apply(Listing([reg(3, "B")], outage_start=True, peer_tenures=peers))
     assert of(effects, TenureHeld) == []
     assert one(effects, OpenReceiver).mdc_checksum == "B"
+
+
+def test_a_first_listing_soon_after_a_peers_resync_is_one_of_that_outage_counted_from_it() -> None:
+    # A peer resynced after an outage at 95; this frontend starts at 100 with the store back.
+    core = _started_at()
+    listing = Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], peer_outage_at=95.0)
+    finish(core, core.apply(listing))
+    core.apply(WorkerRemoved(reg(1).key, expired_at=101.0))
+    effects = core.apply(WorkerRemoved(reg(2).key, expired_at=101.0))
+    held = one(effects, TenureHeld)
+    # Its hold ends with the peer's: the peer's reconnect plus the hold.
+    assert (held.deadline, held.last_known_until) == (125.0, 105.0)
+    assert of(effects, Succession) == []
+
+
+def test_a_peers_resync_longer_ago_than_the_hold_is_no_outage_of_this_listing() -> None:
+    core = _started_at()
+    listing = Listing([reg(1, "A"), reg(3, "B")], peer_outage_at=70.0)
+    finish(core, core.apply(listing))
+    effects = core.apply(WorkerRemoved(reg(1).key, expired_at=101.0))
+    assert of(effects, TenureHeld) == []
+    assert one(effects, Succession).new_checksum == "B"
+
+
+def test_what_peers_serve_and_the_listing_lacks_is_held_from_the_peers_resync() -> None:
+    core = _started_at()
+    peers = {GID: PeerTenure("A", (1, 2))}
+    effects = core.apply(Listing([reg(3, "B")], peer_tenures=peers, peer_outage_at=95.0))
+    assert one(effects, TenureHeld).deadline == 125.0
+    effects = core.apply(Tick(125.0))
+    assert one(effects, TenureHoldEnded).held_for == 30.0
+    assert one(effects, Succession).new_checksum == "B"

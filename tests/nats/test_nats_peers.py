@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from workerset_admission.adapters.nats.peers import (
     PeerAwareSource,
     members_served_by_peers,
+    peers_resynced_at,
     served_by_peers,
 )
 from workerset_admission.card.serving_record import BucketRead, RawEntry
@@ -141,3 +142,33 @@ async def test_listings_carry_the_peers_members_beside_their_checksums() -> None
         {("m", ws): {"A": (0x10,)}},
         True,
     )
+
+
+def _capability(frontend: str, resynced_at: object = None) -> RawEntry:
+    value: dict[str, object] = {"protocol": "v1", "capability": True, "frontend": frontend}
+    if resynced_at is not None:
+        value["resynced_at"] = resynced_at
+    return RawEntry(f"v1.{frontend}.capability", json.dumps(value).encode())
+
+
+def test_the_latest_peer_resync_after_an_outage_is_read_from_the_capability_records() -> None:
+    read = BucketRead(
+        entries=(
+            _capability("fe-1", 1000.0),
+            _capability("fe-2", 1010.5),
+            _capability("fe-3"),
+            _capability("me", 2000.0),  # this frontend's own, from before it restarted
+            _capability("fe-4", "yesterday"),  # refused: not a time
+        )
+    )
+    assert peers_resynced_at(read, "me") == 1010.5
+    assert peers_resynced_at(BucketRead(entries=(_capability("fe-3"),)), "me") is None
+
+
+async def test_listings_say_how_long_ago_a_peer_resynced() -> None:
+    read = BucketRead(entries=(_capability("fe-1", 1000.0),))
+    for now, ago in ((1004.0, 4.0), (990.0, 0.0)):  # a peer clock ahead of ours: just now
+        inner = Listed(SourceListing(()), SourceListing((), reason="periodic"))
+        source = PeerAwareSource(inner, Reader(read), "me", wall=lambda now=now: now)
+        seen = [e async for e in source.events()]
+        assert [getattr(e, "peers_resynced_ago", None) for e in seen] == [ago, None]
