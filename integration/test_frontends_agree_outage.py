@@ -14,15 +14,15 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
 from support.cards import base_card
+from support.fleet import admin
 from support.serve_process import ServeProcess
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
@@ -54,22 +54,6 @@ async def until(condition: Callable[[], Any], timeout: float, what: str) -> None
 
 async def _done(value: bool) -> bool:
     return value
-
-
-async def _quiet(_exc: Exception) -> None:
-    return None
-
-
-@contextlib.asynccontextmanager
-async def client(url: str) -> AsyncIterator[NatsClient]:
-    """A connection that rides out every outage by reconnecting (the workers', the test's)."""
-    nc = await nats.connect(
-        url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, error_cb=_quiet
-    )
-    try:
-        yield nc
-    finally:
-        await nc.close()
 
 
 def workers(nc: NatsClient) -> DiscoveryPublisher:
@@ -155,7 +139,8 @@ async def one_trial(
     running = {name: serve(url, root, name) for name in FRONTENDS}
     spares: dict[str, ServeProcess] = {}
     try:
-        async with client(url) as nc, client(url) as nc_a, client(url) as nc_b:
+        # Connections that ride out every outage by reconnecting (the workers', the test's).
+        async with admin(url) as nc, admin(url) as nc_a, admin(url) as nc_b:
             a, b = workers(nc_a), workers(nc_b)
             for instance in A_IDS:
                 await a.register(EP, instance, A)
