@@ -470,6 +470,8 @@ class AdmissionCore:
         self._dirty: list[_Group] = []
         self._lora_dirty: list[_Group] = []
         self._out: list[fx.Effect] = []
+        # The effects of the batch ``apply_many`` is applying (None outside one).
+        self._batch: list[fx.Effect] | None = None
         # Recorded tenures not held, taken up when their group's tenure starts.
         self._recorded: dict[tuple[str, str], TenureRecorded] = {}
         # Drains in force, by worker (namespace, instance id), and the base registrations they
@@ -484,9 +486,15 @@ class AdmissionCore:
     # ------------------------------------------------------------------ entry points
 
     def apply(self, event: Input) -> list[fx.Effect]:
-        """Apply one input and return the effects, in the order to carry them out."""
-        out: list[fx.Effect] = []
-        self._out = out
+        """Apply one input and return the effects, in the order to carry them out.
+
+        This is the one input dispatch: ``apply_many`` calls it for every input of a batch,
+        and the batch publishes once, at its end.
+        """
+        out = self._batch
+        batched = out is not None
+        if out is None:
+            out = self._out = []
         # The two discovery inputs are nearly all the traffic: they are tested first.
         if type(event) is WorkerAdded:
             self._add(event.registration)
@@ -495,39 +503,7 @@ class AdmissionCore:
                 self._remove(event.key)
             else:
                 self._expire(event.key, event.expired_at)
-        else:
-            self._apply_other(event)
-        # Most calls leave nothing queued and at most the one group they touched dirty:
-        # publish that group here and skip the general flush.
-        dirty = self._dirty
-        if self._queue or self._lora_dirty or len(dirty) > 1:
-            self._flush()
-        elif dirty:
-            group = dirty.pop()
-            if group.dirty:
-                group.dirty = False
-                out.append(self._publication(group))
-        return out
-
-    def apply_many(self, events: Iterable[Input]) -> list[fx.Effect]:
-        """Apply inputs in order, publishing admissions once per changed group at the end."""
-        out: list[fx.Effect] = []
-        self._out = out
-        for event in events:
-            if type(event) is WorkerAdded:
-                self._add(event.registration)
-            elif type(event) is WorkerRemoved:
-                if event.expired_at is None:
-                    self._remove(event.key)
-                else:
-                    self._expire(event.key, event.expired_at)
-            else:
-                self._apply_other(event)
-        self._flush()
-        return out
-
-    def _apply_other(self, event: Input) -> None:
-        if type(event) is Listing:
+        elif type(event) is Listing:
             self._on_listing(event)
         elif type(event) is BuildFinished:
             self._on_build_finished(event)
@@ -543,6 +519,31 @@ class AdmissionCore:
             self._on_drain_lifted((event.namespace, event.instance_id))
         else:
             raise UsageError(f"not an admission input: {type(event).__name__}")
+        if batched:
+            return out
+        # Most calls leave nothing queued and at most the one group they touched dirty:
+        # publish that group here and skip the general flush.
+        dirty = self._dirty
+        if self._queue or self._lora_dirty or len(dirty) > 1:
+            self._flush()
+        elif dirty:
+            group = dirty.pop()
+            if group.dirty:
+                group.dirty = False
+                out.append(self._publication(group))
+        return out
+
+    def apply_many(self, events: Iterable[Input]) -> list[fx.Effect]:
+        """Apply inputs in order, publishing admissions once per changed group at the end."""
+        out: list[fx.Effect] = []
+        self._out = self._batch = out
+        try:
+            for event in events:
+                self.apply(event)
+        finally:
+            self._batch = None
+        self._flush()
+        return out
 
     # ------------------------------------------------------------------ discovery inputs
 
