@@ -84,6 +84,8 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
 
 # --------------------------------------------------------------------------- serve
 
+_SWITCH_INTERVAL = 0.0005
+
 # Kept here for callers that found them in this module first.
 SERVE_FILE_ENV = connection.SERVE_FILE_ENV
 serve_file = connection.serve_file
@@ -94,6 +96,14 @@ async def _serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Eve
 
     configure_logging(args.log_format or settings.log_format, args.log_level)
     telemetry_handle = start_serve_telemetry(settings, otlp=args.telemetry or settings.telemetry)
+    if telemetry_handle is not None:
+        # A metric collection is pure Python in a thread of its own, and holds the GIL for as
+        # long as the interpreter lets it: by default 5 ms each time the service's loop comes
+        # back from a socket or a file write. A pass of the view makes several such calls, so
+        # a scrape of a large fleet added tens of milliseconds to every change (measured:
+        # integration/bench/bench_fleet.py). This process is serve's own; a shorter switch
+        # interval hands the loop the GIL back within half a millisecond.
+        sys.setswitchinterval(_SWITCH_INTERVAL)
     try:
         return await _serve_service(settings, args, telemetry_handle, stop)
     finally:

@@ -54,6 +54,7 @@ from workerset_admission.service.builds import Builds, DefaultPipelineBuilder
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, RecordDecoder
 from workerset_admission.service.publication import ServingPublication
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
+from workerset_admission.service.status_fold import StatusFold
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
     GroupStatusView,
@@ -61,16 +62,17 @@ from workerset_admission.service.status_model import (
     ServiceCounters,
     ServiceStatus,
     ServingRecord,
-    group_status_view,
-    readiness,
-    serving_records,
-    standing_rejections,
     state_summary,
 )
 from workerset_admission.service.step import AdmissionStep, StepObserver
 from workerset_admission.service.timers import RetryTimers
 from workerset_admission.settings import Settings
-from workerset_admission.telemetry import AdmissionTelemetry, RefusalWarnings, UpdateScope
+from workerset_admission.telemetry import (
+    AdmissionStateSummary,
+    AdmissionTelemetry,
+    RefusalWarnings,
+    UpdateScope,
+)
 from workerset_admission.traces.format import settings_of
 from workerset_admission.traces.writer import TraceWriter
 
@@ -117,7 +119,7 @@ class AdmissionService:
         self.frontend_id: str | None = getattr(publisher, "frontend_id", None)
         self._status = status
         self._telemetry = telemetry or AdmissionTelemetry()
-        self._telemetry.observe_state(lambda: state_summary(self.status()))
+        self._telemetry.observe_state(self._state_summary)
         self._clock = clock
         self._closers = tuple(closers)
 
@@ -126,6 +128,9 @@ class AdmissionService:
         self.ingest = Ingestor(decoder)
         self.liveness = self.ingest.liveness
         self.hops = HopBindings(self.channels, self.liveness, frontend)
+        # The status and the serving records, kept per group as the core's effects name them.
+        self._fold = StatusFold(self.core, self.liveness, clock)
+        self._summary: tuple[ServiceStatus, AdmissionStateSummary] | None = None
         self.builds = Builds(
             builder or DefaultPipelineBuilder(frontend),
             self.channels,
@@ -179,6 +184,7 @@ class AdmissionService:
             changed=self._changed,
             log=_log,
         )
+        self.step.observers.append(_EffectListener(self._fold.effects))
         self._trace: TraceWriter | None = None
         if self.settings.trace_out is not None:
             boundary = getattr(decoder, "settings", None) if decoder is not None else None
@@ -508,7 +514,7 @@ class AdmissionService:
 
     def serving_records(self) -> dict[str, ServingRecord]:
         """Return what this frontend serves, per worker namespace (committed groups only)."""
-        return serving_records(self.core, self.core.serving())
+        return self._fold.serving_records()
 
     def serving_members(self) -> dict[str, tuple[str, ...]]:
         """Return the instance keys this frontend serves, per worker namespace."""
@@ -517,13 +523,13 @@ class AdmissionService:
     # -- status ------------------------------------------------------------------------------
 
     def _build_status(self) -> ServiceStatus:
-        views = self.core.groups()
+        fold = self._fold
         current = ServiceStatus(
             health=self._health(),
             synced=self._synced.is_set(),
-            groups=tuple(group_status_view(v, self.liveness, self._clock) for v in views),
-            rejections=standing_rejections(self.core, views),
-            readiness=readiness(self.core, self.core.serving(), self.liveness),
+            groups=fold.groups(),
+            rejections=fold.rejections(),
+            readiness=fold.readiness(),
             invalid_total=self.counters.invalid,
             recent_invalid=tuple(self._invalid),
             live_instances=len(self.liveness),
@@ -533,6 +539,14 @@ class AdmissionService:
         )
         self._status_cache = current
         return current
+
+    def _state_summary(self) -> AdmissionStateSummary:
+        """Return what the gauges report, worked out once per status (each gauge asks)."""
+        current = self.status()
+        kept = self._summary
+        if kept is None or kept[0] is not current:
+            kept = self._summary = (current, state_summary(current))
+        return kept[1]
 
     def _health(self) -> str:
         if self._stopping.is_set():
