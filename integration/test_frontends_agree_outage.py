@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +23,10 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
 from support.cards import base_card
+from support.cards import group_of as card_group
 from support.fleet import admin
-from support.serve_process import ServeProcess
+from support.fleet import settings_for as fleet_settings
+from support.serve_process import CLI, ServeProcess
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
@@ -31,6 +34,7 @@ from workerset_admission.card.serving_record import CapabilityRecord, parse_reco
 from workerset_admission.cli.rollout import GateQuery, check_gate
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.identity import EndpointId
+from workerset_admission.service.factory import create_service
 from workerset_admission.traces.replay import replay
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -86,7 +90,7 @@ async def status_of(nc: NatsClient, name: str) -> dict[str, Any] | None:
     return status
 
 
-async def group_of(nc: NatsClient, name: str) -> dict[str, Any] | None:
+async def group_seen_by(nc: NatsClient, name: str) -> dict[str, Any] | None:
     status = await status_of(nc, name)
     groups = [] if status is None else status["groups"]
     return groups[0] if groups else None
@@ -94,7 +98,7 @@ async def group_of(nc: NatsClient, name: str) -> dict[str, Any] | None:
 
 async def settled(nc: NatsClient, name: str) -> dict[str, Any] | None:
     """The frontend's group once it serves, holds nothing and has seen both cohorts."""
-    group = await group_of(nc, name)
+    group = await group_seen_by(nc, name)
     if (
         group is None
         or group.get("held")
@@ -145,7 +149,7 @@ async def one_trial(
             for instance in A_IDS:
                 await a.register(EP, instance, A)
             for name in FRONTENDS:
-                await until(lambda n=name: group_of(nc, n), 60, f"{name} reserving A")
+                await until(lambda n=name: group_seen_by(nc, n), 60, f"{name} reserving A")
             for instance in B_IDS:
                 await b.register(EP, instance, B)
             for name in FRONTENDS:
@@ -254,3 +258,77 @@ async def test_frontends_end_on_the_same_incumbent_when_one_restarts_during_an_o
     starts_after_return: bool,
 ) -> None:
     await one_trial(nats_server_fn, tmp_path, restarted, back_after_ttl, starts_after_return)
+
+
+async def test_status_names_the_frontends_that_serve_another_configuration(
+    nats_server: NatsServer, bucket_name: str
+) -> None:
+    admission = f"{bucket_name}-adm"
+    settings = fleet_settings(
+        nats_server.url,
+        discovery_bucket=bucket_name,
+        admission_bucket=admission,
+        status_subject=f"status.{bucket_name}",
+        frontend_id="fe-a",
+    )
+    service = await create_service(settings)
+    try:
+        async with admin(nats_server.url) as nc:
+            workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+            await workers.register(EP, A_IDS[0], A)
+            group = card_group(A, EP)
+            await until(lambda: _done(bool(service.serving_records())), 30, "A served")
+            served = service.status().groups[0].incumbent
+            assert served is not None
+            # Another frontend serves B of the same WorkerSet (its record, as it writes it).
+            other = "b" * 64
+            kv = await nc.jetstream().key_value(admission)
+            member = f"{EP.namespace}/{EP.component}/{EP.endpoint}/1"
+            record = {
+                "protocol": "v1",
+                "frontend": "fe-b",
+                "namespace": EP.namespace,
+                "members": [member],
+                "groups": [
+                    {
+                        "model": group.model,
+                        "worker_set": group.worker_set,
+                        "checksum": other,
+                        "generation": 1,
+                        "members": [member],
+                    }
+                ],
+            }
+            await kv.put(f"v1.fe-b.members.{EP.namespace}", json.dumps(record).encode())
+            flags = [
+                *("--nats-server", nats_server.url, "--status-subject", settings.status_subject),
+                *("--admission-bucket", admission),
+            ]
+            code, table = await _cli("status", *flags)
+            assert code == 0, table
+            assert (
+                f"disagreement on {group.worker_set}: fe-a serves {served[:12]}; "
+                f"fe-b serves {other[:12]}"
+            ) in table
+            code, text = await _cli("status", "--json", *flags)
+            assert code == 0, text
+            assert json.loads(text)["disagreements"] == [
+                {"worker_set": group.worker_set, "incumbents": {served: ["fe-a"], other: ["fe-b"]}}
+            ]
+            await workers.close()
+    finally:
+        await service.stop()
+
+
+async def _cli(*args: str) -> tuple[int, str]:
+    """Run the CLI without blocking this loop (the service under test answers on it)."""
+    process = await asyncio.create_subprocess_exec(
+        *CLI,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("WORKERSET_ADMISSION_")},
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode()
