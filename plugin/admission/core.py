@@ -63,13 +63,17 @@ look gone.
 has lived through the outage as much as its peers have, only without state. Ingestion reports
 its first listing as such (``Listing(outage_start=True)``), and the core treats it as a
 reconnect listing: expiries within ``tenure_hold`` of it are the outage's, so an incumbent the
-listing still holds is held when they empty it, as its peers hold theirs. A cohort the listing
-already lacks (its records ran out while the store was away) cannot be observed at all; so
-after any outage, a group this frontend holds nothing of, whose live peers serve a checksum
-the listing lacks (``Listing.peer_tenures``), is reserved for that checksum at once, held
-until the listing plus ``tenure_hold``, and only the members the peers serve end the hold.
-Both rules only delay a succession the outage may have faked, as the hold always does; with
-them a frontend restarted during an outage ends on the incumbent its peers keep.
+listing still holds is held when they empty it, as its peers hold theirs. One that starts
+just after the store came back saw no outage itself, but a peer that resynced after losing its
+connection says when (``Listing.peer_outage_at``): a first listing within ``tenure_hold`` of
+that resync is one of that outage, and its holds count from the peer's resync, so they end
+with the peer's (``_outage_of``). A cohort the listing already lacks (its records ran out
+while the store was away) cannot be observed at all; so after any outage, a group this
+frontend holds nothing of, whose live peers serve a checksum the listing lacks
+(``Listing.peer_tenures``), is reserved for that checksum at once, held until the outage's
+reconnect plus ``tenure_hold``, and only the members the peers serve end the hold. These rules
+only delay a succession the outage may have faked, as the hold always does; with them a
+frontend restarted during an outage ends on the incumbent its peers keep.
 
 *Recorded tenures.* A replay of a recording that began mid-rollout starts from what the
 recorded frontend decided: ``TenureRecorded``, before anything else of its group. A tenure
