@@ -29,13 +29,13 @@ from support.fleet import settings_for as fleet_settings
 from support.serve_process import CLI, ServeProcess
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.card.serving_record import CapabilityRecord, parse_record
 from workerset_admission.cli.rollout import GateQuery, check_gate
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.identity import EndpointId
-from workerset_admission.service.factory import create_service
 from workerset_admission.traces.replay import replay
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -60,8 +60,8 @@ async def _done(value: bool) -> bool:
     return value
 
 
-def workers(nc: NatsClient) -> DiscoveryPublisher:
-    return DiscoveryPublisher(
+def workers(nc: NatsClient) -> WorkerRegistrar:
+    return WorkerRegistrar(
         nc.jetstream(timeout=2), bucket=DISCOVERY, ttl=TTL, on_removed="reregister"
     )
 
@@ -274,7 +274,7 @@ async def test_status_names_the_frontends_that_serve_another_configuration(
     service = await create_service(settings)
     try:
         async with admin(nats_server.url) as nc:
-            workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+            workers = WorkerRegistrar(nc.jetstream(), bucket=bucket_name, ttl=None)
             await workers.register(EP, A_IDS[0], A)
             group = card_group(A, EP)
             await until(lambda: _done(bool(service.serving_records())), 30, "A served")

@@ -43,7 +43,7 @@ from workerset_admission.errors import DETAIL_LIMIT, InvalidRecordError
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.keys import STATUS_SUBJECT, escape_token, parse_key, unescape_token
 from workerset_admission.service.admission_service import AdmissionService
-from workerset_admission.service.factory import create_service
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import re
 import ssl
 import subprocess
@@ -502,3 +503,60 @@ async def test_a_drain_user_drains_its_own_namespace_and_is_refused_another(
         kv = await nc.jetstream().key_value(DISCOVERY)
         drains = sorted(k for k in await kv.keys() if k.startswith("v1.drain."))
     assert drains == ["v1.drain.ns-a.1f"]
+
+
+async def test_a_host_drain_is_all_or_nothing_across_namespaces_and_limited_by_namespace(
+    users_server: str, material: SecurityMaterial
+) -> None:
+    await create_buckets(users_server, user="admin", password=material.admin_password)
+    host = "10.9.0.7"
+    for ns, instance in (("ns-a", 0x1E), ("ns-b", 0x2E)):
+        async with client(users_server, user=f"worker-{ns}", password=material.worker_password) as (
+            nc,
+            _,
+        ):
+            kv = await nc.jetstream(timeout=1.0).key_value(DISCOVERY)
+            await kv.put(record_key(ns, instance), b"{}")
+            endpoint = {
+                "type": "Endpoint",
+                "namespace": ns,
+                "component": "backend",
+                "endpoint": "generate",
+                "instance_id": instance,
+                "transport": {"tcp": f"{host}:4000/generate"},
+            }
+            await kv.put(
+                f"v1.instances.{ns}.backend.generate.{instance:x}", json.dumps(endpoint).encode()
+            )
+
+    async def drain_keys() -> list[str]:
+        async with client(users_server, user="admin", password=material.admin_password) as (
+            nc,
+            _,
+        ):
+            kv = await nc.jetstream().key_value(DISCOVERY)
+            return sorted(k for k in await kv.keys() if k.startswith("v1.drain."))
+
+    # Every namespace on the host: ns-b is refused, so ns-a's drain is withdrawn too.
+    everything = await asyncio.to_thread(
+        _drain_cli, users_server, "drain-ns-a", material.worker_password, "--host", host
+    )
+    assert everything.returncode == 5, everything.stderr
+    (line,) = everything.stderr.strip().splitlines()[-1:]
+    assert "NATS refused to store the drain record v1.drain.ns-b.2e" in line
+    assert "withdrawn: nothing is drained" in line
+    assert await drain_keys() == []
+
+    # Limited to the namespace this user may write, the same host drains there only.
+    limited = await asyncio.to_thread(
+        _drain_cli,
+        users_server,
+        "drain-ns-a",
+        material.worker_password,
+        "--host",
+        host,
+        "--namespace",
+        "ns-a",
+    )
+    assert limited.returncode == 0, limited.stderr
+    assert await drain_keys() == ["v1.drain.ns-a.1e"]

@@ -46,9 +46,9 @@ from workerset_admission.card import (
 from workerset_admission.cli.serve import render_status_table
 from workerset_admission.identity import EndpointId
 from workerset_admission.service.admission_service import AdmissionService
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import Settings
 from workerset_admission.telemetry import AdmissionTelemetry
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -12,6 +12,7 @@
     │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
     ├── Unreachable                 NATS, or a service answering over it, did not answer
     ├── CredentialsRefused          NATS answered and refused the credentials
+    ├── LastWorkerRefused           a drain would leave a model with no routable worker
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
     ├── NoRoutableInstance          a routing hop with no instance both live and admitted
     ├── ViewDirectoryError          the admitted view's directory cannot be used
@@ -28,14 +29,18 @@ fix, the second is an everyday event to report and count.
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = [
     "DETAIL_LIMIT",
+    "REFUSAL_REASONS",
     "CardDecodeError",
     "ConfigError",
     "CredentialsRefused",
     "DiscoveryStoreError",
     "EmbeddedServerError",
     "InvalidRecordError",
+    "LastWorkerRefused",
     "NatsServerNotFound",
     "NatsServerStartError",
     "NoRoutableInstance",
@@ -84,6 +89,49 @@ def bounded_text(text: str, limit: int = DETAIL_LIMIT) -> str:
     return f"{text[:limit]}… ({len(text)} characters)"
 
 
+REFUSAL_REASONS: Final[frozenset[str]] = frozenset(
+    {
+        # The key and the record around a card (card/envelope.py, events.py, drain_record.py).
+        "bad_key",
+        "value_too_large",
+        "invalid_utf8",
+        "invalid_json",
+        "depth_limit",
+        "number_out_of_range",
+        "invalid_string",
+        "invalid_record",
+        "duplicate_field",
+        "wrong_record_type",
+        "identity_mismatch",
+        "lora_mismatch",
+        # The card, as Dynamo 1.6.1 would decode it (card/schema.py and its neighbours).
+        "invalid_type",
+        "out_of_range",
+        "missing_field",
+        "unknown_field",
+        "unknown_variant",
+        "invalid_enum",
+        "invalid_length",
+        "invalid_slug",
+        "invalid_checksum",
+        "invalid_model_type",
+        "invalid_router_config",
+        "router_policy_config",
+        "invalid_router_policy",
+        "invalid_indexer_identity",
+        "invalid_card_shape",
+        # A live key whose identity changed in place: the core keeps its first incarnation.
+        "mutation_refused",
+    }
+)
+"""Every ``reason`` the service counts a refused discovery record under: the one table of them.
+
+The service counts refusals by reason, and its counter starts at 0 for each of these, so an
+alert on ``increase()`` sees the first refusal of any kind. A test holds the refusals the
+boundary really makes to this table.
+"""
+
+
 class RemoteDataError(WorkersetAdmissionError):
     """Data received from discovery was refused.
 
@@ -117,6 +165,10 @@ class Unreachable(WorkersetAdmissionError):
 
 class CredentialsRefused(WorkersetAdmissionError):
     """NATS answered and refused the credentials: retrying with the same ones cannot help."""
+
+
+class LastWorkerRefused(WorkersetAdmissionError):
+    """A drain was refused: it would take a model's last routable worker (``--allow-empty``)."""
 
 
 class ReceiverRetired(WorkersetAdmissionError):

@@ -33,6 +33,7 @@ from workerset_admission.traces.format import (
 )
 from workerset_admission.traces.replay import NondeterminismError, replay
 from workerset_admission.traces.writer import TraceWriter
+from workerset_admission.wiring.compose import attach_trace_writer
 
 A = base_card(16)
 B = base_card(32)
@@ -52,6 +53,7 @@ async def _record(trace: Path, *, refuse_first_commit: bool = False) -> Admissio
     builder.fail_next = 1
     settings = Settings(retry_delays=(0.5,), tenure_hold=3.0, trace_out=trace)
     service = AdmissionService(source, builder=builder, clock=clock, settings=settings)
+    attach_trace_writer(service)
     async with time_limit(10):
         await service.start()
         source.queue.put_nowait(SourceListing((model_entry(1, A), model_entry(2, A))))

@@ -4,7 +4,7 @@ The service keeps its status and serving records per group, rebuilding the group
 named or whose endpoint's liveness changed (:class:`StatusFold`). Driven by a random history
 (cards and endpoint records put and removed, listings, drains set and lifted, builds
 finishing, conflicting configurations, successions), what the fold shows equals what the full
-path (``group_status_view`` over every group, ``standing_rejections``, ``readiness``,
+path (``group_status_report`` over every group, ``standing_rejections``, ``readiness``,
 ``serving_records``) computes from the core at that moment.
 """
 
@@ -30,7 +30,7 @@ from workerset_admission.keys import drain_kv_key
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
 from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.status_model import (
-    group_status_view,
+    group_status_report,
     readiness,
     serving_records,
     standing_rejections,
@@ -130,7 +130,7 @@ def test_the_fold_shows_what_the_full_rebuild_shows_after_every_step(ops: list[A
         core, liveness = service.core, service.liveness
         views = core.groups()
         status = service.status()
-        full = [group_status_view(v, liveness) for v in views]
+        full = [group_status_report(v, liveness) for v in views]
         assert [_timeless(g) for g in status.groups] == [_timeless(g) for g in full], (step, op)
         assert status.rejections == standing_rejections(core, views), (step, op)
         assert status.readiness == readiness(core, core.serving(), liveness), (step, op)

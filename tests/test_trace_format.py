@@ -17,6 +17,7 @@ from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import Settings
 from workerset_admission.traces.format import raw_text
 from workerset_admission.traces.replay import TraceError, replay
+from workerset_admission.wiring.compose import attach_trace_writer
 
 A = base_card(16)
 B = base_card(32)
@@ -213,6 +214,8 @@ async def test_a_service_recording_itself_replays_to_its_own_state(tmp_path: Pat
     builder.fail_next = 1
     settings = Settings(retry_delays=(0.5,), tenure_hold=3.0, trace_out=trace)
     service = AdmissionService(source, builder=builder, clock=clock, settings=settings)
+    writer = attach_trace_writer(service)
+    assert writer is not None
     async with time_limit(10):
         await service.start()
         source.queue.put_nowait(SourceListing((model_entry(1, A),)))
@@ -235,7 +238,7 @@ async def test_a_service_recording_itself_replays_to_its_own_state(tmp_path: Pat
     assert kinds[0] == "trace"
     assert {"snapshot", "put", "delete", "build", "tick"} <= set(kinds)
     [replayed] = replay(lines).to_json()["groups"]
-    start = service._trace._start  # type: ignore[union-attr]
+    start = writer._start
     assert start is not None
     for name in ("incumbent", "status", "generation", "receiver", "admitted", "cohorts"):
         assert replayed[name] == live[name], name
@@ -250,6 +253,7 @@ async def test_a_frontend_started_during_an_outage_replays_to_the_tenure_it_held
     source, clock, builder = FakeSource(), FakeClock(), FakeBuilder()
     settings = Settings(tenure_hold=30.0, trace_out=trace)
     service = AdmissionService(source, builder=builder, clock=clock, settings=settings)
+    assert attach_trace_writer(service) is not None
     group = (GROUP.model, GROUP.worker_set)
     async with time_limit(10):
         await service.start()

@@ -98,7 +98,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from workerset_admission.adapters.dynamo.view_directory import (
@@ -172,6 +172,8 @@ class ViewService(Protocol):
     def on_effects(self, listener: Callable[[Sequence[Effect]], None]) -> None: ...
 
     def before_publication(self, hook: Callable[[], object]) -> None: ...
+
+    def also_serving(self, provider: Callable[[], Mapping[str, Collection[str]]]) -> None: ...
 
 
 def tenure_of(binding: Any) -> Tenure | None:
@@ -254,6 +256,8 @@ class ViewWriter:
         service.on_state_change(self.wake)
         # The serving records say what this frontend routes to: the files first.
         service.before_publication(self.sync_now)
+        # A card the view could not remove still routes: the serving record keeps naming it.
+        service.also_serving(self.view.unremoved_cards)
         self.table.set_listener(self.wake)
         self._task = asyncio.ensure_future(self._run())
 

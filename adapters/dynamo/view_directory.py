@@ -26,6 +26,7 @@ __all__ = [
     "ViewFiles",
     "check_frontend_store",
     "file_name_for",
+    "read_manifest",
 ]
 
 # Publication order inside one pass: the model card last, so the frontend finds the instance
@@ -87,6 +88,34 @@ def check_frontend_store(view_dir: Path, environ: Mapping[str, str] | None = Non
         )
 
 
+def read_manifest(root: Path) -> list[ViewFile]:
+    """Return the files a writer's manifest (its saved list and journal) says it holds."""
+    try:
+        text = (root / MANIFEST_NAME).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    first, _, journal = text.partition("\n")
+    try:
+        listed = json.loads(first) if first else []
+    except ValueError:
+        listed = []
+    held: dict[str, None] = dict.fromkeys(
+        str(item) for item in (listed if isinstance(listed, list) else [])
+    )
+    for line in journal.splitlines():
+        if line[:1] == "+":
+            held[line[1:]] = None
+        elif line[:1] == "-":
+            held.pop(line[1:], None)
+    out: list[ViewFile] = []
+    for item in held:
+        bucket, _, name = item.partition("/")
+        # Only names this writer could have made: a bucket of the view, a plain file name.
+        if bucket in BUCKETS and name and "/" not in name and not name.startswith("."):
+            out.append((bucket, name))
+    return out
+
+
 class DirectoryFiles:
     """:class:`ViewFiles` over a real directory, owned through a lock file.
 
@@ -139,7 +168,7 @@ class DirectoryFiles:
                 (root / "v1" / bucket).mkdir(parents=True, exist_ok=True)
                 # Prove the bucket takes a publication, the way every later one is made.
                 probe = (bucket, f"{_TEMP_PREFIX}probe")
-                files._write_temp(probe, b"").unlink()
+                os.unlink(files._write_temp(probe, b""))
         except OSError as exc:
             files.release()
             raise ViewDirectoryError(
@@ -159,10 +188,16 @@ class DirectoryFiles:
     def _path(self, file: ViewFile) -> str:
         return f"{self._v1}{file[0]}/{file[1]}"
 
-    def _write_temp(self, file: ViewFile, value: bytes) -> Path:
+    def _write_temp(self, file: ViewFile, value: bytes) -> str:
         self._serial += 1
-        temp = self.root / "v1" / file[0] / f"{_TEMP_PREFIX}{self._token}-{self._serial}"
-        temp.write_bytes(value)
+        temp = f"{self._v1}{file[0]}/{_TEMP_PREFIX}{self._token}-{self._serial}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = memoryview(value)
+            while left:  # a short write (a disk filling up) writes the rest, or raises
+                left = left[os.write(fd, left) :]
+        finally:
+            os.close(fd)
         return temp
 
     def publish(self, file: ViewFile, value: bytes) -> None:
@@ -177,7 +212,7 @@ class DirectoryFiles:
             os.replace(temp, self._path(file))
         except OSError:
             with contextlib.suppress(OSError):
-                temp.unlink()
+                os.unlink(temp)
             raise
 
     def touch(self, file: ViewFile) -> bool:
@@ -228,30 +263,7 @@ class DirectoryFiles:
         self._held += sum(1 for line in lines if line[0] == "+")
 
     def load_manifest(self) -> list[ViewFile]:
-        try:
-            text = (self.root / MANIFEST_NAME).read_text(encoding="utf-8")
-        except OSError:
-            return []
-        first, _, journal = text.partition("\n")
-        try:
-            listed = json.loads(first) if first else []
-        except ValueError:
-            listed = []
-        held: dict[str, None] = dict.fromkeys(
-            str(item) for item in (listed if isinstance(listed, list) else [])
-        )
-        for line in journal.splitlines():
-            if line[:1] == "+":
-                held[line[1:]] = None
-            elif line[:1] == "-":
-                held.pop(line[1:], None)
-        out: list[ViewFile] = []
-        for item in held:
-            bucket, _, name = item.partition("/")
-            # Only names this writer could have made: a bucket of the view, a plain file name.
-            if bucket in BUCKETS and name and "/" not in name and not name.startswith("."):
-                out.append((bucket, name))
-        return out
+        return read_manifest(self.root)
 
     def foreign_files(self, known: Iterable[ViewFile]) -> list[ViewFile]:
         """Record files in the view that this writer does not own (reported, never touched)."""

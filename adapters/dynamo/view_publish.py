@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 from workerset_admission.adapters.dynamo.view_directory import BUCKETS, ViewFile, ViewFiles
 from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
@@ -231,8 +232,10 @@ class AdmittedView:
         self._pending: set[ViewFile] = set()
         self._holding = 0
         self._warned_topics: set[str] = set()
-        # Failed writes by record file name: how many tries failed since the last success.
+        # Failed writes by record file name: how many tries failed since the last success;
+        # and the files whose removal failed, with how many tries.
         self._failing: dict[str, int] = {}
+        self._unremovable: dict[ViewFile, int] = {}
         self._last_touch = clock()
         self._touch_round: list[ViewFile] = []
         self.publish_errors = 0
@@ -478,7 +481,22 @@ class AdmittedView:
             if self._written.get(file) != value and self._publish(file, value):
                 written.append(file)
         ending = set(ended)
-        removed = self._remove_all([f for f in stale if f not in ending])
+        # A drained tenure handing over goes only once its successor's files are all written:
+        # with a write failed (a full disk), it keeps serving from the view meanwhile.
+        unwritten = {
+            group
+            for f in pending
+            if f in wanted and held.get(f) != wanted[f]
+            for group, _ in self._owners.get(f, ())
+        }
+
+        def handing_over(file: ViewFile) -> bool:
+            owners = self._owners_of(file)
+            return (
+                bool(owners) and owners <= handed_over and bool(unwritten & {g for g, _ in owners})
+            )
+
+        removed = self._remove_all([f for f in stale if f not in ending and not handing_over(f)])
         self._pending = {
             f
             for f in pending
@@ -527,6 +545,7 @@ class AdmittedView:
             self._write_failed(file, exc)
             return False
         self._written[file] = value
+        self._unremovable.pop(file, None)
         failed = self._failing.pop(file[1], 0)
         if failed:
             _log.info("admitted view: wrote %s after %d failed attempt(s)", file[1], failed)
@@ -560,11 +579,39 @@ class AdmittedView:
                 self._files.remove(file)
             except OSError as exc:
                 self.publish_errors += 1
-                _log.warning("admitted view: could not remove %s/%s: %s", file[0], file[1], exc)
+                # Tried again at every refresh; said once, and again when it goes at last.
+                if not self._unremovable.get(file):
+                    _log.warning(
+                        "admitted view: could not remove %s/%s: %s (tried again at every "
+                        "refresh; this frontend's serving record keeps naming the worker "
+                        "meanwhile)",
+                        file[0],
+                        file[1],
+                        exc.strerror or exc,
+                    )
+                self._unremovable[file] = self._unremovable.get(file, 0) + 1
                 continue
             self._written.pop(file, None)
+            failed = self._unremovable.pop(file, 0)
+            if failed:
+                _log.info("admitted view: removed %s after %d failed attempt(s)", file[1], failed)
             done.append(file)
         return done
+
+    def unremoved_cards(self) -> dict[str, set[str]]:
+        """Return the workers whose cards the view could not remove, per namespace.
+
+        Their instance keys (``ns/component/endpoint/id``): the frontend may still route to
+        them, so this frontend's serving record must keep naming them.
+        """
+        out: dict[str, set[str]] = {}
+        for bucket, name in self._unremovable:
+            if bucket != "mdc":
+                continue
+            parts = unquote(name).split("/")
+            if len(parts) >= 4:
+                out.setdefault(parts[0], set()).add("/".join(parts[:4]))
+        return out
 
     def _save_manifest(self, report: SyncReport | None = None) -> None:
         try:

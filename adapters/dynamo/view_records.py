@@ -157,33 +157,44 @@ class RecordTable:
         self._changed()
 
     def listing(self, records: Sequence[AcceptedRecord], retained: Collection[str]) -> None:
-        """Replace the table with a listing's accepted records; ``retained`` keys keep theirs."""
+        """Replace the table with a listing's accepted records; ``retained`` keys keep theirs.
+
+        A listing holds the whole bucket, and it comes every reconciliation: a record whose
+        bytes did not change keeps what the table made of it, and only the keys that changed
+        are filed anew, so a quiet listing costs a comparison per key.
+        """
+        held_now = self._records
         fresh: dict[str, PublishableRecord] = {}
         for record in records:
+            old = held_now.get(record.key)
+            if old is not None and old.value == record.value and old.worker_id == record.worker_id:
+                fresh[record.key] = old
+                continue
             held = _held(record)
             if held is not None:
                 fresh[record.key] = held
         for key in retained:
             fresh.pop(key, None)
-            old = self._records.get(key)
+            old = held_now.get(key)
             if old is not None:
                 fresh[key] = old
-        if fresh == self._records:
+        if fresh == held_now:
             return
-        for key, old in self._records.items():
-            if fresh.get(key) != old:
-                self._touch(old, fresh.get(key))
-            if key not in fresh:
-                self._set_aside(key, old)
-        for key, held in fresh.items():
-            if key not in self._records:
-                self._touch(None, held)
-        for key in fresh:
-            self._back(key)
+        for key, old in held_now.items():
+            new = fresh.get(key)
+            if new is not old:
+                self._touch(old, new)
+                self._unindex(key, old)
+                if new is None:
+                    self._set_aside(key, old)
+        for key, new in fresh.items():
+            old = held_now.get(key)
+            if new is not old:
+                if old is None:
+                    self._touch(None, new)
+                self._back(key)
+                self._reindex(key, new)
         self._records = fresh
-        self._index = {}
-        for key, held in fresh.items():
-            self._reindex(key, held)
         self._changed()
 
     def _changed(self) -> None:

@@ -60,8 +60,8 @@ from workerset_admission.card import (
 from workerset_admission.card.drain_record import encode_drain_record
 from workerset_admission.identity import Drain, EndpointId, GroupKey, WorkerType
 from workerset_admission.keys import drain_kv_key
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import Settings
+from workerset_admission.wiring.compose import create_service
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -424,7 +424,9 @@ def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     return {k: round(v, 2) for k, v in out.items()}
 
 
-def chart(rows: Sequence[dict[str, Any]], path: Path) -> None:
+def chart(
+    rows: Sequence[dict[str, Any]], path: Path, before: Sequence[dict[str, Any]] = ()
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -442,6 +444,13 @@ def chart(rows: Sequence[dict[str, Any]], path: Path) -> None:
             left.plot(sizes, [r["remove_ms"]["p50"] for r in mine], "^-", label="removal")
             right.plot(sizes, [r["scrape_ms"]["p50"] for r in mine], "o-", label="/metrics scrape")
             right.plot(sizes, [r["status_ms"]["p50"] for r in mine], "s-", label="status")
+    earlier = sorted((r for r in before if r["frontends"] == 1), key=lambda r: r["workers"])
+    if earlier:
+        sizes = [r["workers"] for r in earlier]
+        left.plot(sizes, [r["put_ms"]["p50"] for r in earlier], "x:", color="grey",
+                  label="put -> card in every view, before (full re-plan)")  # fmt: skip
+        right.plot(sizes, [r["scrape_ms"]["p50"] for r in earlier], "x:", color="grey",
+                   label="/metrics scrape, before")  # fmt: skip
     for axis, title in ((left, "one worker change, p50"), (right, "one read, p50")):
         axis.set_xscale("log")
         axis.set_yscale("log")
@@ -475,6 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--changes", type=int, default=5 if quick else 15)
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_fleet.json")
     parser.add_argument("--chart", action="store_true")
+    parser.add_argument(
+        "--before", type=Path, default=None, help="a results file of an earlier run, charted beside"
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     counts = [int(f) for f in args.frontends.split(",")]
@@ -496,7 +508,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rows": rows, "ratios": found}, indent=2) + "\n")
     if args.chart:
-        chart(rows, CHART)
+        before = json.loads(args.before.read_text())["rows"] if args.before else []
+        chart(
+            [r for r in rows if r.get("per_namespace", PER_NAMESPACE) == PER_NAMESPACE],
+            CHART,
+            before,
+        )
     return 0
 
 

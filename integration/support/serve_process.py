@@ -20,7 +20,7 @@ CLI = (sys.executable, "-m", "workerset_admission.cli")
 # busy machine.
 _ARMED = """\
 import sys
-import workerset_admission.service.factory
+import workerset_admission.wiring.compose
 from workerset_admission.cli.runner import main
 print("armed", flush=True)
 sys.stdin.readline()

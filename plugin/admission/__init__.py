@@ -49,8 +49,7 @@ from workerset_admission.admission.inputs import (
     WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
-from workerset_admission.admission.views import (
+from workerset_admission.admission.snapshots import (
     CohortView,
     DrainedView,
     GroupView,
@@ -58,6 +57,7 @@ from workerset_admission.admission.views import (
     MemberView,
     PlacementView,
 )
+from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
 
 __all__ = [
     "AdmissionCore",

@@ -177,7 +177,6 @@ from typing import Any, Literal
 
 from workerset_admission.admission import effects as fx
 from workerset_admission.admission import readout
-from workerset_admission.admission.adapters import AdapterLog
 from workerset_admission.admission.admitted import AdmittedLog
 from workerset_admission.admission.inputs import (
     BuildFinished,
@@ -192,9 +191,10 @@ from workerset_admission.admission.inputs import (
     WorkerAdded,
     WorkerRemoved,
 )
+from workerset_admission.admission.lora import AdapterLog
 from workerset_admission.admission.projection import ProjectionConflicts
+from workerset_admission.admission.snapshots import GroupView, PlacementView
 from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
-from workerset_admission.admission.views import GroupView, PlacementView
 from workerset_admission.errors import ConfigError, UsageError
 from workerset_admission.identity import AttemptId, GroupKey, Registration, instance_key
 
@@ -1520,7 +1520,7 @@ class AdmissionCore:
         """Return the adapters of each admitted worker: one entry per worker that has any.
 
         A worker's entry is made again only when its adapters or its base card changed, and
-        its adapters are read from its change log (``adapters.py``): an adapter that comes
+        its adapters are read from its change log (``lora.py``): an adapter that comes
         or goes costs O(1) amortised here, however many the worker carries, plus one step per
         admitted worker that has adapters.
         """

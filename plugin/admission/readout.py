@@ -1,9 +1,9 @@
-"""Read-only views of the core's groups and placements, worked out from its records.
+"""Read-only snapshots of the core's groups and placements, worked out from its records.
 
 Nothing here changes state: these functions read a group as ``core.py`` left it and build the
-frozen views of ``views.py`` for status pages, ``replay`` and ``explain``. They read the core's
-records through the read-only shapes below (``GroupRecord`` and its parts), so this module does
-not import the core that imports it: the arrow runs one way.
+frozen snapshots of ``snapshots.py`` for status pages, ``replay`` and ``explain``. They read the
+core's records through the read-only shapes below (``GroupRecord`` and its parts), so this
+module does not import the core that imports it: the arrow runs one way.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from workerset_admission.admission.effects import LoraWorker
-from workerset_admission.admission.status import GroupStatus
-from workerset_admission.admission.views import (
+from workerset_admission.admission.snapshots import (
     CohortView,
     DrainedView,
     GroupView,
@@ -21,6 +20,7 @@ from workerset_admission.admission.views import (
     MemberView,
     PlacementView,
 )
+from workerset_admission.admission.status import GroupStatus
 from workerset_admission.identity import Drain, GroupKey, Registration
 
 __all__ = [

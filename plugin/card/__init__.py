@@ -2,7 +2,7 @@
 
 Every refusal is a :class:`~workerset_admission.errors.CardDecodeError` (the card) or an
 :class:`~workerset_admission.errors.InvalidRecordError` (the key or the record around it) with
-a short, stable ``reason``:
+a short, stable ``reason``, one of :data:`~workerset_admission.errors.REFUSAL_REASONS`:
 
 * record and key: ``bad_key``, ``value_too_large``, ``invalid_utf8``, ``invalid_json``,
   ``depth_limit``, ``number_out_of_range``, ``invalid_string``, ``invalid_record``,
@@ -54,6 +54,7 @@ from workerset_admission.card.drain_record import (
     encode_drain_record,
     is_drain_key,
 )
+from workerset_admission.card.entry import EntryDecoder, EntryKind, entry_kind
 from workerset_admission.card.events import (
     EventKey,
     EventRecord,
@@ -70,6 +71,8 @@ __all__ = [
     "DecodedCard",
     "Difference",
     "EndpointRecord",
+    "EntryDecoder",
+    "EntryKind",
     "EventKey",
     "EventRecord",
     "NamespaceFilter",
@@ -86,6 +89,7 @@ __all__ = [
     "encode_endpoint_record",
     "encode_model_record",
     "endpoint_kv_key",
+    "entry_kind",
     "escape_token",
     "event_kv_key",
     "is_drain_key",

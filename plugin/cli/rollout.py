@@ -19,9 +19,15 @@ from typing import TYPE_CHECKING, Protocol, TextIO
 
 from workerset_admission.card.serving_record import BucketRead, RawEntry, Record, parse_record
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNREACHABLE
+from workerset_admission.cli.runner import seconds_within
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.keys import ADMISSION_BUCKET
-from workerset_admission.rollout.gate import GateReport, evaluate_gate, render_table
+from workerset_admission.rollout.gate import (
+    GateReport,
+    evaluate_gate,
+    expand_checksum,
+    render_table,
+)
 
 if TYPE_CHECKING:
     pass
@@ -88,11 +94,14 @@ async def check_gate(
             refused.append(parsed)
         else:
             records.append(parsed)
+    expected = query.expected_checksum
+    if expected is not None:
+        expected = expand_checksum(records, query.model, expected)
     report = evaluate_gate(
         records,
         model=query.model,
         namespace=query.namespace,
-        expected_checksum=query.expected_checksum,
+        expected_checksum=expected,
         previous_namespaces=query.previous_namespaces,
         require_agreement=query.require_agreement,
         now=now(),
@@ -179,7 +188,8 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--checksum",
-        help="count a frontend only when its incumbent has this mdc_checksum",
+        help="count a frontend only when its incumbent has this mdc_checksum (or an "
+        "unambiguous prefix of it, such as the 12-character form the tables print)",
     )
     parser.add_argument(
         "--previous",
@@ -194,7 +204,7 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--stale-after",
-        type=float,
+        type=seconds_within(86400.0),
         metavar="SECONDS",
         help="also ignore frontends whose newest record is older than this",
     )
@@ -202,14 +212,14 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait until the gate opens")
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds_within(86400.0, zero=True),
         default=600.0,
         metavar="SECONDS",
         help="how long --wait waits before giving up (default 600)",
     )
     parser.add_argument(
         "--interval",
-        type=float,
+        type=seconds_within(600.0),
         default=2.0,
         metavar="SECONDS",
         help="how often --wait looks again (default 2)",
@@ -259,8 +269,8 @@ async def run_async(
         check = await wait_for_gate(
             source,
             query,
-            timeout=max(0.0, args.timeout),
-            interval=max(0.05, args.interval),
+            timeout=args.timeout,
+            interval=args.interval,
             progress=progress,
         )
         if not check.open and check.report is not None:

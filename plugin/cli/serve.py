@@ -74,6 +74,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--namespace", default=None, help="with --card: the WorkerSet's worker namespace"
         )
+        parser.add_argument(
+            "--workers",
+            action="store_true",
+            help="list every worker with its admission and serving state (serving, draining, "
+            "drained, unavailable, unknown), as the route extension's /workers does",
+        )
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
@@ -141,16 +147,11 @@ async def _serve_service(
     telemetry_handle: TelemetryHandle | None,
     stop: asyncio.Event,
 ) -> int:
-    from workerset_admission.service.factory import create_service
-    from workerset_admission.telemetry import AdmissionTelemetry
+    from workerset_admission.wiring.compose import admission_telemetry, create_service
 
     telemetry = None
     if telemetry_handle is not None:
-        telemetry = AdmissionTelemetry(
-            tracer_provider=telemetry_handle.tracer_provider,
-            meter_provider=telemetry_handle.meter_provider,
-            bucket=settings.discovery_bucket,
-        )
+        telemetry = admission_telemetry(settings, telemetry_handle)
     async with contextlib.AsyncExitStack() as stack:
         view_files = None
         if settings.view_dir is not None:
@@ -318,6 +319,20 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         await nc.close()
     status = status_of(reply)
+    if args.workers:
+        from workerset_admission.service.worker_listing import (
+            render_worker_table,
+            status_from_json,
+            worker_listing,
+        )
+
+        rows = worker_listing(status_from_json(status))
+        if args.json:
+            document = {"synced": status.get("synced"), "workers": rows}
+            print(json.dumps(with_id_strings(document), indent=2, sort_keys=True))
+        else:
+            print(render_worker_table(rows), end="")
+        return 0
     found = await _disagreements(options, settings.admission_bucket, status, args.timeout)
     if found:
         status["disagreements"] = [item.as_json() for item in found]

@@ -31,20 +31,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workerset_admission.card.serving_record import NamespaceRecord, Record, ServedGroup
+from workerset_admission.errors import UsageError
+
+# The shortest checksum prefix taken for a whole one (git's own minimum for a short hash).
+_MIN_PREFIX = 4
+_HEX = frozenset("0123456789abcdef")
 
 __all__ = [
     "Disagreement",
-    "FrontendView",
+    "FrontendServing",
     "GateReport",
     "disagreements_with",
     "evaluate_gate",
+    "expand_checksum",
     "render_table",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class FrontendView:
-    """One live frontend as the gate sees it for the model and namespace asked about."""
+class FrontendServing:
+    """What one live frontend serves of the model and namespace the gate was asked about."""
 
     frontend: str
     serving: bool
@@ -96,7 +102,7 @@ class GateReport:
     expected_checksum: str | None
     open: bool
     reasons: tuple[str, ...]
-    frontends: tuple[FrontendView, ...]
+    frontends: tuple[FrontendServing, ...]
     stale: tuple[str, ...]
     disagreements: tuple[Disagreement, ...]
     invalid: tuple[tuple[str, str], ...] = field(default=())
@@ -163,6 +169,35 @@ def _serves_model(record: NamespaceRecord, model: str) -> bool:
     if record.groups is None:
         return bool(record.members)
     return bool(_model_groups(record, model))
+
+
+def expand_checksum(records: Iterable[Record], model: str, given: str) -> str:
+    """Return the whole checksum ``given`` abbreviates among the incumbents served of ``model``.
+
+    Like a git short hash: a prefix (the tables print 12 characters) stands for the one
+    checksum it begins; a prefix that two checksums share is refused with both in full. A
+    prefix no frontend serves yet stays as given (the gate stays closed until one does).
+    """
+    if len(given) < _MIN_PREFIX or not set(given) <= _HEX:
+        raise UsageError(
+            f"--checksum takes an mdc_checksum in lowercase hex, or a prefix of at least "
+            f"{_MIN_PREFIX} characters of it, not {given!r}"
+        )
+    served = {
+        group.checksum
+        for record in records
+        if isinstance(record, NamespaceRecord)
+        for group in record.groups or ()
+        if group.model == model and group.checksum is not None
+    }
+    if given in served:
+        return given
+    matches = sorted(checksum for checksum in served if checksum.startswith(given))
+    if len(matches) > 1:
+        raise UsageError(
+            f"--checksum {given} is ambiguous: it begins {' and '.join(matches)}; give more of it"
+        )
+    return matches[0] if matches else given
 
 
 def evaluate_gate(
@@ -289,7 +324,7 @@ def _view(
     expected_checksum: str | None,
     previous_namespaces: Sequence[str] | None,
     incumbents: dict[str, dict[str, set[str]]],
-) -> FrontendView:
+) -> FrontendServing:
     current = [record for record in records if record.namespace == namespace]
     groups = [group for record in current for group in _model_groups(record, model)]
     verified = all(record.groups is not None for record in current)
@@ -322,7 +357,7 @@ def _view(
             and _serves_model(record, model)
         }
     )
-    return FrontendView(
+    return FrontendServing(
         frontend=frontend,
         serving=serving,
         model_verified=verified,

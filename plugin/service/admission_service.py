@@ -30,12 +30,11 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from types import TracebackType
 
 from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
 from workerset_admission.aio import cancel_and_wait, on_loop, unwrap_group
-from workerset_admission.card import BoundarySettings
 from workerset_admission.errors import RemoteDataError, UsageError, bounded_text
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import (
@@ -57,7 +56,7 @@ from workerset_admission.service.receivers import AdmissionChannels, AdmissionRe
 from workerset_admission.service.status_fold import StatusFold
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
-    GroupStatusView,
+    GroupStatusReport,
     InvalidRecord,
     ServiceCounters,
     ServiceStatus,
@@ -73,8 +72,6 @@ from workerset_admission.telemetry import (
     RefusalWarnings,
     UpdateScope,
 )
-from workerset_admission.traces.format import settings_of
-from workerset_admission.traces.writer import TraceWriter
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
@@ -85,7 +82,7 @@ __all__ = [
     "AdmissionService",
     "BuildRequest",
     "CardRecordDecoder",
-    "GroupStatusView",
+    "GroupStatusReport",
     "PipelineBuilder",
     "ServiceStatus",
 ]
@@ -152,6 +149,7 @@ class AdmissionService:
             )
         )
         self._publication_hooks: list[Callable[[], object]] = []
+        self._also_serving: list[Callable[[], Mapping[str, Collection[str]]]] = []
         self._invalid: collections.deque[InvalidRecord] = collections.deque(
             maxlen=self.settings.invalid_history
         )
@@ -185,17 +183,7 @@ class AdmissionService:
             log=_log,
         )
         self.step.observers.append(_EffectListener(self._fold.effects))
-        self._trace: TraceWriter | None = None
-        if self.settings.trace_out is not None:
-            boundary = getattr(decoder, "settings", None) if decoder is not None else None
-            self._trace = TraceWriter.open(
-                self.settings.trace_out,
-                settings_of(
-                    self.settings.core_settings(),
-                    boundary if isinstance(boundary, BoundarySettings) else None,
-                ),
-            )
-            self.step.observers.append(self._trace)
+        self._on_stopped: list[Callable[[], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -305,8 +293,11 @@ class AdmissionService:
         finally:
             self._tg = None
             self.builds.task_group = None
-            if self._trace is not None:
-                self._trace.close()
+            for hook in self._on_stopped:
+                try:
+                    hook()
+                except Exception:  # noqa: PERF203 - every hook gets its chance to run
+                    _log.debug("a stop hook failed", exc_info=True)
             started.set()
             self._stopping.set()
             self._stopped.set()
@@ -399,6 +390,10 @@ class AdmissionService:
         """Call ``listener`` with the effects of every core step, before they are carried out."""
         self.step.observers.append(_EffectListener(listener))
 
+    def on_stopped(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once every task has ended (a trace writer closes its file there)."""
+        self._on_stopped.append(hook)
+
     def on_state_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the loop) after each step that changed admission state."""
         self._state_listeners.append(listener)
@@ -406,6 +401,14 @@ class AdmissionService:
     def before_publication(self, hook: Callable[[], object]) -> None:
         """Call ``hook`` before each serving publication reads what this frontend serves."""
         self._publication_hooks.append(hook)
+
+    def also_serving(self, provider: Callable[[], Mapping[str, Collection[str]]]) -> None:
+        """Name, per namespace, workers this frontend may still route to though unadmitted.
+
+        The view calls it with the workers whose cards it could not remove: its serving record
+        keeps naming them, so a ``drain --wait`` never hears that it is safe while they are.
+        """
+        self._also_serving.append(provider)
 
     def _before_publication(self) -> None:
         for hook in self._publication_hooks:
@@ -514,7 +517,14 @@ class AdmissionService:
 
     def serving_records(self) -> dict[str, ServingRecord]:
         """Return what this frontend serves, per worker namespace (committed groups only)."""
-        return self._fold.serving_records()
+        records = self._fold.serving_records()
+        for provider in self._also_serving:
+            for namespace, members in provider().items():
+                record = records.get(namespace, ServingRecord((), ()))
+                records[namespace] = ServingRecord(
+                    tuple(sorted({*record.members, *members})), record.groups
+                )
+        return records
 
     def serving_members(self) -> dict[str, tuple[str, ...]]:
         """Return the instance keys this frontend serves, per worker namespace."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from workerset_admission.admission.admitted import routable_ids
 from workerset_admission.identity import EndpointId
 
 __all__ = ["LivenessIndex"]
@@ -33,12 +34,11 @@ class LivenessIndex:
             frozen = self._frozen[endpoint] = frozenset(self._live.get(endpoint, ()))
         return frozen
 
-    def routable(self, endpoint: EndpointId, admitted: Iterable[int]) -> frozenset[int]:
-        """Return the admitted ids that also have a live endpoint instance."""
-        live = self._live.get(endpoint)
-        if not live:
-            return frozenset()
-        return frozenset(i for i in admitted if i in live)
+    def routable(
+        self, endpoint: EndpointId, admitted: Iterable[int], last_known: Iterable[int] = ()
+    ) -> frozenset[int]:
+        """Return the ids a hop of ``endpoint`` may route to (:func:`routable_ids`)."""
+        return routable_ids(admitted, self._live.get(endpoint, {}), last_known)
 
     def take_touched(self) -> set[EndpointId]:
         """Return the endpoints whose live ids changed since the last call, and forget them."""

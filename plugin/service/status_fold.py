@@ -32,11 +32,11 @@ from workerset_admission.admission.readiness import ReadinessUnit
 from workerset_admission.identity import EndpointId, GroupKey
 from workerset_admission.service.liveness import LivenessIndex
 from workerset_admission.service.status_model import (
-    GroupStatusView,
+    GroupStatusReport,
     ModelReadiness,
     ServingRecord,
     StandingRejection,
-    group_status_view,
+    group_status_report,
     judge_readiness,
     readiness_unit,
     serving_group,
@@ -51,7 +51,7 @@ __all__ = ["StatusFold"]
 class _GroupParts:
     """What one group contributes to the status and the serving records."""
 
-    status: GroupStatusView
+    status: GroupStatusReport
     rejections: tuple[StandingRejection, ...]
     unit: ReadinessUnit | None
     serving: dict[str, Any] | None
@@ -73,7 +73,7 @@ class StatusFold:
         self._dirty: set[GroupKey] = set()
         self._everything = True
         # What the last read put together, kept until a group changes.
-        self._groups: tuple[GroupStatusView, ...] = ()
+        self._groups: tuple[GroupStatusReport, ...] = ()
         self._rejections: tuple[StandingRejection, ...] = ()
         self._readiness: tuple[ModelReadiness, ...] = ()
         self.rebuilt = 0
@@ -90,7 +90,7 @@ class StatusFold:
         """Rebuild every group at the next read (a host that cannot say what changed)."""
         self._everything = True
 
-    def groups(self) -> tuple[GroupStatusView, ...]:
+    def groups(self) -> tuple[GroupStatusReport, ...]:
         self._refresh()
         return self._groups
 
@@ -142,7 +142,7 @@ class StatusFold:
             return
         # Only a committed group (one that serves) has a readiness unit and a serving entry.
         self._parts[key] = _GroupParts(
-            status=group_status_view(view, self._liveness, self._clock),
+            status=group_status_report(view, self._liveness, self._clock),
             rejections=standing_rejections(core, [view]),
             unit=None if served is None else readiness_unit(core, view, self._liveness),
             serving=None if served is None else serving_group(view, served),

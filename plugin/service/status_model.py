@@ -24,14 +24,14 @@ from workerset_admission.telemetry import AdmissionStateSummary, HeldGroup
 __all__ = [
     "EMPTY_STATUS",
     "CohortStatusView",
-    "GroupStatusView",
+    "GroupStatusReport",
     "InvalidRecord",
     "ModelReadiness",
     "ServiceCounters",
     "ServiceStatus",
     "ServingRecord",
     "StandingRejection",
-    "group_status_view",
+    "group_status_report",
     "judge_readiness",
     "readiness",
     "readiness_unit",
@@ -52,7 +52,7 @@ class CohortStatusView:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupStatusView:
+class GroupStatusReport:
     """One WorkerSet as the service serves it."""
 
     group: GroupKey
@@ -151,7 +151,7 @@ class ServiceStatus:
 
     health: str
     synced: bool
-    groups: tuple[GroupStatusView, ...]
+    groups: tuple[GroupStatusReport, ...]
     readiness: tuple[ModelReadiness, ...]
     invalid_total: int
     recent_invalid: tuple[InvalidRecord, ...]
@@ -162,7 +162,7 @@ class ServiceStatus:
     # Every cohort standing rejected, with what its card differs in from the incumbent's.
     rejections: tuple[StandingRejection, ...] = ()
 
-    def group(self, key: GroupKey) -> GroupStatusView | None:
+    def group(self, key: GroupKey) -> GroupStatusReport | None:
         for g in self.groups:
             if g.group == key:
                 return g
@@ -219,22 +219,22 @@ EMPTY_STATUS = ServiceStatus(
 )
 
 
-def group_status_view(
+def group_status_report(
     view: GroupView, liveness: LivenessIndex, clock: Callable[[], float] | None = None
-) -> GroupStatusView:
+) -> GroupStatusReport:
     """Picture one group as served: its cohorts, and which admitted ids are routable.
 
     ``clock`` is the service clock the core's hold deadlines are on; with it a held group's
     deadline is shown as Unix time.
     """
-    routable = liveness.routable(view.key.endpoint, view.admitted) | set(view.last_known)
+    routable = liveness.routable(view.key.endpoint, view.admitted, view.last_known)
 
     def unix(at: float | None) -> float | None:
         if at is None or clock is None:
             return None
         return round(time.time() + at - clock(), 3)
 
-    return GroupStatusView(
+    return GroupStatusReport(
         held_until=unix(view.held_until),
         hold_members=view.hold_members,
         last_known=view.last_known,

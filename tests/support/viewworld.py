@@ -123,6 +123,7 @@ class FakeFiles:
         self.ops: list[tuple[str, ViewFile]] = []
         self.manifest: list[ViewFile] = []
         self.fail_publish = False
+        self.fail_remove = False
 
     def publish(self, file: ViewFile, value: bytes) -> None:
         if self.fail_publish:
@@ -135,6 +136,8 @@ class FakeFiles:
         return file in self.content
 
     def remove(self, file: ViewFile) -> None:
+        if self.fail_remove:
+            raise PermissionError(1, "Operation not permitted")
         self.content.pop(file, None)
         self.ops.append(("remove", file))
 
