@@ -18,6 +18,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from workerset_admission.errors import wire_text
 from workerset_admission.mirror import BucketMark, BucketWriter, heal_reason, healed_mirror
 
 __all__ = ["BucketMirror", "MirrorStats"]
@@ -114,7 +115,7 @@ class BucketMirror:
             self._log.warning(
                 "discovery bridge writes again %d record(s) the bucket lost, e.g. %s",
                 len(healed.lost),
-                healed.lost[0],
+                wire_text(healed.lost[0]),
             )
         self.mirrored = healed.memory
         return True

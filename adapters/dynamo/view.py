@@ -121,7 +121,7 @@ from workerset_admission.adapters.dynamo.view_publish import (
 )
 from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
 from workerset_admission.admission.effects import Effect
-from workerset_admission.errors import ReceiverRetired
+from workerset_admission.errors import ReceiverRetired, wire_text
 from workerset_admission.identity import EndpointId, GroupKey
 
 __all__ = [
@@ -312,7 +312,8 @@ class ViewWriter:
             key=lambda t: t.group,
         )[:_LOGGED_TENURES]
         serving = "; ".join(
-            f"{t.group.model!r} {t.group.worker_set} generation {t.generation}: "
+            f"{wire_text(t.group.model, 200)} {wire_text(t.group.worker_set, 200)} "
+            f"generation {t.generation}: "
             f"{len(t.routable)} routable"
             for t in touched
         )

@@ -48,7 +48,12 @@ from typing import Protocol
 from workerset_admission.adapters.bucket_mirror import BucketMirror, MirrorStats
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.discovery_paths import RECORD_KINDS, bucket_key_for_path
-from workerset_admission.errors import InvalidRecordError, StoreCompacted, StoreUnavailable
+from workerset_admission.errors import (
+    InvalidRecordError,
+    StoreCompacted,
+    StoreUnavailable,
+    wire_text,
+)
 from workerset_admission.mirror import BucketWriter, Change, removal_order
 
 if sys.version_info >= (3, 11):
@@ -407,7 +412,7 @@ class EtcdDiscoveryBridge:
             key = self._key_of(etcd_key)
         except InvalidRecordError as exc:
             if self.stats.skipped_keys.get(etcd_key) != exc.reason:
-                _log.warning("discovery bridge skips %s: %s", etcd_key, exc.reason)
+                _log.warning("discovery bridge skips %s: %s", wire_text(etcd_key), exc.reason)
                 self.stats.skipped_keys[etcd_key] = exc.reason
             return None
         if key is None:

@@ -12,8 +12,9 @@ a short, stable ``reason``, one of :data:`~workerset_admission.errors.REFUSAL_RE
   ``invalid_slug``, ``invalid_checksum``, ``invalid_model_type``, ``depth_limit``,
   ``number_out_of_range``, ``invalid_string``, ``invalid_router_config``,
   ``router_policy_config`` (the policy file cannot be read), ``invalid_router_policy``,
-  ``invalid_indexer_identity``, ``invalid_card_shape``,
-  ``invalid_json``, ``invalid_utf8``.
+  ``invalid_indexer_identity``, ``invalid_card_shape``, ``name_too_long`` (a model name,
+  LoRA name or alias longer than ``MAX_NAME_CHARS``, 1,024 characters: not a 1.6.1 rule, a
+  bound on the free text every frontend carries on), ``invalid_json``, ``invalid_utf8``.
 
 Event-plane records (``events``) and drain records (``drain_record``) are refused with the
 record reasons above; serving records (``serving_record``, the ``frontend-model-admission``

@@ -38,6 +38,7 @@ from workerset_admission.errors import (
     LastWorkerRefused,
     Unreachable,
     UsageError,
+    wire_text,
 )
 from workerset_admission.identity import Drain
 from workerset_admission.keys import drain_kv_key, parse_drain_key
@@ -67,6 +68,10 @@ __all__ = [
 _MOST_TIMEOUT = 86400.0
 # A drain record outlives its worker by its TTL at most: a month is already forgetful.
 _MOST_TTL = 30 * 86400.0
+
+# The longest progress line a command prints: it may name many workers and frontends, and
+# quotes what their records say (escaped, so no record can start a line of its own).
+PROGRESS_LIMIT = 2000
 
 
 class DrainStore(Protocol):
@@ -332,7 +337,7 @@ async def run_drain(
     subject_hosts: SubjectHosts | None = None,
 ) -> int:
     def progress(line: str) -> None:
-        err.write(line + "\n")
+        err.write(wire_text(line, PROGRESS_LIMIT) + "\n")
         err.flush()
 
     selection = selection_from_args(args, environ)
@@ -479,7 +484,7 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     options = client_options(settings, name)
 
     def progress(line: str) -> None:
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(wire_text(line, PROGRESS_LIMIT) + "\n")
         sys.stderr.flush()
 
     store = NatsDrainStore(

@@ -40,8 +40,9 @@ EXIT_UNREACHABLE = 3
 EXIT_FAILED = 4
 """The command failed while it ran (the service stopped on an error, an unexpected fault)."""
 EXIT_CREDENTIALS = 5
-"""NATS answered and refused the credentials, or the user's permissions refused a write
-(``drain`` of a namespace its user may not drain): retrying the same cannot help."""
+"""NATS answered and refused the credentials, or the user's permissions refused a publish or a
+subscription (``drain`` of a namespace its user may not drain, ``register`` into a namespace
+its user may not write, a ``bridge`` with too few rights): retrying the same cannot help."""
 EXIT_LAST_WORKER = 6
 """``drain`` refused to take a model's last routable worker on a live frontend (nothing was
 written); ``--allow-empty`` drains it anyway."""
@@ -76,7 +77,7 @@ EXIT_STATUSES: dict[int, str] = {
     EXIT_USAGE: "bad flags, settings, trace, card, output path or view folder; nothing changed",
     EXIT_UNREACHABLE: "NATS (or etcd, for bridge) unreachable, or no answer in time",
     EXIT_FAILED: "the command failed while running",
-    EXIT_CREDENTIALS: "NATS refused the credentials, or the user's permissions refused a write",
+    EXIT_CREDENTIALS: "NATS refused the credentials, or this user's publish or subscription",
     EXIT_LAST_WORKER: "drain refused: a model would be left with no routable worker on a live "
     "frontend; nothing was drained (--allow-empty drains anyway)",
 }

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol, TextIO
 from workerset_admission.card.serving_record import BucketRead, RawEntry, Record, parse_record
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNREACHABLE
 from workerset_admission.cli.runner import seconds_within
-from workerset_admission.errors import InvalidRecordError
+from workerset_admission.errors import InvalidRecordError, wire_text
 from workerset_admission.keys import ADMISSION_BUCKET
 from workerset_admission.rollout.gate import (
     GateReport,
@@ -44,6 +44,10 @@ __all__ = [
     "wait_for_gate",
     "waiting_line",
 ]
+
+# The longest progress line a command prints: it may name many workers and frontends, and
+# quotes what their records say (escaped, so no record can start a line of its own).
+PROGRESS_LIMIT = 2000
 
 DEFAULT_BUCKET = ADMISSION_BUCKET
 
@@ -242,7 +246,7 @@ def emit(check: GateCheck, *, as_json: bool, out: TextIO, err: TextIO) -> int:
     if check.report is None:
         if as_json:
             out.write(json.dumps({"open": False, "error": check.problem}) + "\n")
-        err.write(f"workerset-admission rollout: {check.problem}\n")
+        err.write(f"workerset-admission rollout: {wire_text(check.problem)}\n")
         return EXIT_UNREACHABLE
     if as_json:
         out.write(json.dumps(check.report.as_json(), indent=2, sort_keys=True) + "\n")
@@ -261,7 +265,7 @@ async def run_async(
     if args.wait:
 
         def progress(line: str) -> None:
-            err.write(line + "\n")
+            err.write(wire_text(line, PROGRESS_LIMIT) + "\n")
             err.flush()
 
         progress(waiting_line(query, args.timeout, args.interval))

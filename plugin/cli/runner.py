@@ -46,6 +46,7 @@ from workerset_admission.cli.exits import (
 from workerset_admission.errors import (
     StoreUnavailable,
     Unreachable,
+    wire_text,
 )
 
 __all__ = [
@@ -392,14 +393,33 @@ def run_command(name: str, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return COMMANDS[name].interrupted_status
     except Exception as error:
+        error = _refusal_behind(error)
         status = exit_status(error)
         text = str(error) or type(error).__name__
         if status == EXIT_UNREACHABLE and not isinstance(error, (Unreachable, StoreUnavailable)):
             text = f"cannot reach NATS: {text}"
-        print(f"workerset-admission {name}: {text}", file=sys.stderr)
+        # One line, whatever the error quotes from the wire (a host, a key, a model name).
+        print(f"workerset-admission {name}: {wire_text(text, _LINE_LIMIT)}", file=sys.stderr)
         if status == EXIT_FAILED:
             logging.getLogger(__name__).debug("%s failed", name, exc_info=error)
         return status
+
+
+# The longest error line a command prints (what it quotes from the wire is escaped and cut).
+_LINE_LIMIT = 2000
+
+
+def _refusal_behind(error: Exception) -> Exception:
+    """Say a failure behind which the server refused a permission as that refusal.
+
+    The server never answers a publish or a subscription it refuses; the command then fails on
+    a timeout (or a listing that never ends), which would read as a network failure.
+    """
+    if exit_status(error) not in (EXIT_UNREACHABLE, EXIT_FAILED):
+        return error
+    connect = sys.modules.get("workerset_admission.adapters.nats.connect")
+    refusal = connect.permission_refusal() if connect is not None else None
+    return error if refusal is None else refusal
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from workerset_admission.card.differences import Difference, summarize
 from workerset_admission.cli import connection, positive_seconds
-from workerset_admission.errors import Unreachable, UsageError
+from workerset_admission.errors import TABLE_LINE_LIMIT, Unreachable, UsageError, wire_text
 from workerset_admission.identity import with_id_strings
 from workerset_admission.rollout.gate import Disagreement, disagreements_with
 from workerset_admission.settings import Settings
@@ -487,4 +487,5 @@ def render_status_table(status: Mapping[str, Any]) -> str:
                 f"{group['component']}/{group['endpoint']}{by} (out of routing; safe to stop "
                 "once drain --wait says so)"
             )
-    return "\n".join(lines)
+    # One line per entry, whatever a worker's card or a drain names (a model, an author).
+    return "\n".join(wire_text(line, TABLE_LINE_LIMIT) for line in lines)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workerset_admission.card.serving_record import NamespaceRecord, Record, ServedGroup
-from workerset_admission.errors import UsageError
+from workerset_admission.errors import TABLE_LINE_LIMIT, UsageError, wire_text
 
 # The shortest checksum prefix taken for a whole one (git's own minimum for a short hash).
 _MIN_PREFIX = 4
@@ -404,4 +404,5 @@ def render_table(report: GateReport) -> str:
     if report.invalid:
         lines.append("")
         lines.extend(f"refused record {key}: {reason}" for key, reason in report.invalid)
-    return "\n".join(lines) + "\n"
+    # One line per entry, whatever a record names (a frontend id, a namespace).
+    return "\n".join(wire_text(line, TABLE_LINE_LIMIT) for line in lines) + "\n"

@@ -35,7 +35,7 @@ from types import TracebackType
 
 from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
 from workerset_admission.aio import cancel_and_wait, on_loop, unwrap_group
-from workerset_admission.errors import RemoteDataError, UsageError, bounded_text
+from workerset_admission.errors import RemoteDataError, UsageError, bounded_text, wire_text
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import (
     AdmissionPublisher,
@@ -490,7 +490,9 @@ class AdmissionService:
             try:
                 await self.reconcile()
             except Exception as exc:  # the live watch keeps going meanwhile
-                _log.warning("periodic reconciliation could not list the bucket: %s", exc)
+                _log.warning(
+                    "periodic reconciliation could not list the bucket: %s", wire_text(exc)
+                )
 
     async def reconcile(self) -> bool:
         """List the whole bucket and apply it as a listing; tell whether it was applied.
@@ -584,5 +586,5 @@ async def serve_status(
         try:
             await status.serve(render)
         except Exception as exc:  # NATS may be away: status must not take admission down
-            _log.warning("the status responder failed, retrying: %s", exc)
+            _log.warning("the status responder failed, retrying: %s", wire_text(exc))
         await asyncio.sleep(retry)

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from workerset_admission.errors import wire_text
 from workerset_admission.ports import AdmissionPublisher
 from workerset_admission.service.status_model import ServingRecord
 
@@ -60,7 +61,7 @@ class ServingPublication:
             _log.warning(
                 "could not withdraw the serving-admission records (%s); they expire after the "
                 "bucket's max age",
-                f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
+                wire_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__),
             )
 
     def republish(self, resynced_at: float | None = None) -> None:
@@ -110,7 +111,7 @@ class ServingPublication:
                     else:
                         self._published.pop(namespace, None)
             except Exception as exc:  # NATS may be down; try again soon
-                _log.warning("could not publish serving admissions: %s", exc)
+                _log.warning("could not publish serving admissions: %s", wire_text(exc))
                 self._wake.set()
                 await asyncio.sleep(self._retry)
                 continue

@@ -23,7 +23,7 @@ path, and a differential test (``tests/test_status_fold.py``) holds the fold to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,9 @@ class StatusFold:
         self._groups: tuple[GroupStatusReport, ...] = ()
         self._rejections: tuple[StandingRejection, ...] = ()
         self._readiness: tuple[ModelReadiness, ...] = ()
+        self._assembled = True
+        # Readiness per (model, namespace), judged again when one of its groups changed.
+        self._judged: dict[tuple[str, str], ModelReadiness] = {}
         self.rebuilt = 0
 
     def effects(self, effects: Sequence[object]) -> None:
@@ -91,15 +94,15 @@ class StatusFold:
         self._everything = True
 
     def groups(self) -> tuple[GroupStatusReport, ...]:
-        self._refresh()
+        self._assemble()
         return self._groups
 
     def rejections(self) -> tuple[StandingRejection, ...]:
-        self._refresh()
+        self._assemble()
         return self._rejections
 
     def readiness(self) -> tuple[ModelReadiness, ...]:
-        self._refresh()
+        self._assemble()
         return self._readiness
 
     def serving_records(self) -> dict[str, ServingRecord]:
@@ -126,10 +129,34 @@ class StatusFold:
             self._rebuild(key, serving.get(key))
         for namespace in namespaces:
             self._record(namespace)
+        for model, namespace in {(key.model, key.endpoint.namespace) for key in dirty}:
+            self._judge(model, namespace)
+        self._assembled = False
+
+    def _assemble(self) -> None:
+        """Put the status's tuples together from the kept parts (a status read, not a change)."""
+        self._refresh()
+        if self._assembled:
+            return
         ordered = [self._parts[key] for key in sorted(self._parts)]
         self._groups = tuple(p.status for p in ordered)
         self._rejections = tuple(r for p in ordered for r in p.rejections)
-        self._readiness = judge_readiness(_units(ordered))
+        self._readiness = tuple(self._judged[k] for k in sorted(self._judged))
+        self._assembled = True
+
+    def _judge(self, model: str, namespace: str) -> None:
+        """Judge one model's readiness in one namespace from its committed groups' units."""
+        parts = self._parts
+        units = [
+            (key, unit)
+            for key in self._by_namespace.get(namespace, ())
+            if key.model == model and (unit := parts[key].unit) is not None
+        ]
+        judged = judge_readiness(units)
+        if judged:
+            self._judged[(model, namespace)] = judged[0]
+        else:
+            self._judged.pop((model, namespace), None)
 
     def _rebuild(self, key: GroupKey, served: Any) -> None:
         self.rebuilt += 1
@@ -168,7 +195,3 @@ def _unindex(index: dict[Any, set[GroupKey]], at: Any, key: GroupKey) -> None:
     keys.discard(key)
     if not keys:
         del index[at]
-
-
-def _units(parts: Iterable[_GroupParts]) -> list[tuple[GroupKey, ReadinessUnit]]:
-    return [(p.status.group, p.unit) for p in parts if p.unit is not None]
