@@ -67,6 +67,14 @@ class SourceListing:
     # Per group (model, worker_set), the checksum each live peer frontend serves, when known:
     # the listing is then observed peer-aligned (admission.ordering).
     peers: Mapping[tuple[str, str], Sequence[str]] | None = None
+    # An initial listing only: the store could not be reached before it (the frontend started
+    # during an outage, or lost its connection before its first listing).
+    after_outage: bool = False
+    # Per group and checksum the peers serve, the instance ids they serve it with.
+    peer_members: Mapping[tuple[str, str], Mapping[str, Sequence[int]]] | None = None
+    # Seconds since the latest resync a live peer frontend made after losing its connection,
+    # as its capability record said when the listing was taken; None when none said so.
+    peers_resynced_ago: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +149,14 @@ class AdmissionPublisher(Protocol):
         """
         ...
 
-    async def publish_capability(self) -> None: ...
+    async def publish_capability(self, resynced_at: float | None = None) -> None:
+        """Say this frontend publishes admissions; ``resynced_at``: when it last resynced.
+
+        ``resynced_at`` is the wall-clock time (Unix seconds) of its last listing after a lost
+        connection: a peer that starts soon after takes its first listing as one within that
+        outage's hold (see the core).
+        """
+        ...
 
     async def republish(self) -> None:
         """Write every record again: the store behind them may have been wiped or re-created."""

@@ -5,7 +5,7 @@ discovery keys:
 
 * ``v1.<frontend>.capability``: ``{"protocol":"v1","capability":true,"frontend":<id>}``, saying
   this frontend publishes admissions at all (an operator can tell "serves nothing" from "too old
-  to say");
+  to say"), with ``"resynced_at"`` (Unix seconds) once it has resynced after a lost connection;
 * ``v1.<frontend>.members.<worker namespace>``:
   ``{"protocol":"v1","frontend":<id>,"namespace":<ns>,"members":[<instance keys>]}``.
 
@@ -112,6 +112,7 @@ class NatsAdmissionPublisher:
         self._published: dict[str, bytes] = {}
         self._capability_wanted = False
         self._capability_published = False
+        self._resynced_at: float | None = None
         self._dirty = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -162,8 +163,11 @@ class NatsAdmissionPublisher:
             self._desired[worker_namespace] = _encode(record)
         self._changed()
 
-    async def publish_capability(self) -> None:
+    async def publish_capability(self, resynced_at: float | None = None) -> None:
         self._capability_wanted = True
+        if resynced_at is not None and resynced_at != self._resynced_at:
+            self._resynced_at = resynced_at
+            self._capability_published = False  # the record says something new
         self._changed()
 
     async def republish(self) -> None:
@@ -403,7 +407,14 @@ class NatsAdmissionPublisher:
             self._dirty.set()
 
     def _capability_record(self) -> bytes:
-        return _encode({"protocol": PROTOCOL, "capability": True, "frontend": self.frontend_id})
+        record: dict[str, Any] = {
+            "protocol": PROTOCOL,
+            "capability": True,
+            "frontend": self.frontend_id,
+        }
+        if self._resynced_at is not None:
+            record["resynced_at"] = self._resynced_at
+        return _encode(record)
 
     @staticmethod
     async def _lost(kv: KeyValue, key: str, value: bytes) -> bool:

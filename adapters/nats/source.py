@@ -27,6 +27,11 @@ Without the re-created watch, a server restart with a fresh store would leave na
 consumer silently waiting at the old sequence, and with the same store nats-py's own consumer
 reset would deliver the outage's expiries as live removals ahead of the resync.
 
+The first listing says ``after_outage`` when the server could not be reached before it: the
+source was made for a frontend that started during an outage (``started_in_outage``), its own
+first connection failed, or the connection was lost before the first listing came. That is a
+report, as the reason is; the core decides what it means.
+
 Oversized values are passed through unchanged. The card boundary refuses them with a typed
 error carrying the key, so they are reported and counted in one place with every other invalid
 record; the source only translates and never decides.
@@ -132,6 +137,7 @@ class JetStreamDiscoverySource:
         bind_retry_max: float = 5.0,
         request_timeout: float = 5.0,
         idle_heartbeat: float = IDLE_HEARTBEAT,
+        started_in_outage: bool = False,
     ) -> None:
         if options is None and connector is None:
             raise UsageError("JetStreamDiscoverySource needs connect options or a connector")
@@ -170,6 +176,8 @@ class JetStreamDiscoverySource:
         self._rebind = asyncio.Event()
         # From a restart request until the new watch hands over its listing.
         self._resync_pending = False
+        # Whether the server could not be reached before the first listing (see the module).
+        self._outage_before_listing = started_in_outage
 
     # -- connection --------------------------------------------------------------------------
 
@@ -403,7 +411,13 @@ class JetStreamDiscoverySource:
             self._rebind.clear()
             mark = refusal_mark()
             try:
-                nc = await self._client()
+                try:
+                    nc = await self._client()
+                except _RETRYABLE as exc:
+                    # No server answered: until the first listing, that is an outage.
+                    if not isinstance(exc, AuthorizationError):
+                        self._outage_before_listing = True
+                    raise
                 watch = await self._start_watch(nc)
             except AuthorizationError:
                 if not self._ever_bound:
@@ -473,7 +487,12 @@ class JetStreamDiscoverySource:
                     if self._restart_reason() is not None or self._is_closed():
                         continue
                     self._resync_pending = False
-                    yield SourceListing(entries=watch.take_listing(), reason=reason)
+                    outage = reason == "initial" and (
+                        self._outage_before_listing or self._disconnects > 0
+                    )
+                    yield SourceListing(
+                        entries=watch.take_listing(), reason=reason, after_outage=outage
+                    )
                     reason = "reconnect"
                     async for event in self._live(watch):
                         yield event

@@ -79,23 +79,9 @@ class _Handover(Protocol):
     def members(self) -> Mapping[int, str]: ...
 
 
-class GroupRecord(Protocol):
-    """One group's record as the core keeps it (``core._Group``), read-only."""
-
-    @property
-    def key(self) -> GroupKey: ...
-
-    @property
-    def cohorts(self) -> Mapping[str, _Cohort]: ...
-
-    @property
-    def status(self) -> _Status: ...
-
+class _Tenure(Protocol):
     @property
     def checksum(self) -> str | None: ...
-
-    @property
-    def generation(self) -> int | None: ...
 
     @property
     def committed_generation(self) -> int | None: ...
@@ -114,6 +100,25 @@ class GroupRecord(Protocol):
 
     @property
     def hold(self) -> _Hold | None: ...
+
+
+class GroupRecord(Protocol):
+    """One group's record as the core keeps it (``core._Group``), read-only."""
+
+    @property
+    def key(self) -> GroupKey: ...
+
+    @property
+    def cohorts(self) -> Mapping[str, _Cohort]: ...
+
+    @property
+    def status(self) -> _Status: ...
+
+    @property
+    def tenure(self) -> _Tenure: ...
+
+    @property
+    def generation(self) -> int | None: ...
 
     @property
     def handover(self) -> _Handover | None: ...
@@ -138,24 +143,25 @@ def group_view(group: GroupRecord, drained: Iterable[tuple[Registration, Drain]]
         )
         for c in group.cohorts.values()
     )
+    tenure = group.tenure
     admitted: tuple[int, ...] = ()
-    if group.checksum is not None:
+    if tenure.checksum is not None:
         # The ids themselves, not ``AdmittedIds``: handing them out may rebase the cohort's log.
-        admitted = tuple(sorted(group.served_ids(group.cohorts[group.checksum])))
-    hold = group.hold
+        admitted = tuple(sorted(group.served_ids(group.cohorts[tenure.checksum])))
+    hold = tenure.hold
     handover = group.handover
     return GroupView(
         key=group.key,
-        incumbent=group.checksum,
+        incumbent=tenure.checksum,
         status=group.status.state,
         generation=group.generation,
-        committed_generation=group.committed_generation,
-        receiver=group.receiver,
+        committed_generation=tenure.committed_generation,
+        receiver=tenure.receiver,
         admitted=admitted,
         cohorts=cohorts,
-        attempt=group.attempt,
-        deadline=group.deadline,
-        lora=group.lora or (),
+        attempt=tenure.attempt,
+        deadline=tenure.deadline,
+        lora=tenure.lora or (),
         held_until=hold.until if hold is not None and hold.held else None,
         hold_members=tuple(sorted(hold.members)) if hold is not None and hold.held else (),
         last_known=() if hold is None else tuple(sorted(hold.last_known)),
@@ -180,7 +186,7 @@ def group_view(group: GroupRecord, drained: Iterable[tuple[Registration, Drain]]
 
 def base_placement(group: GroupRecord, reg: Registration) -> PlacementView:
     """Where a base registration stands in its group."""
-    hold = group.hold
+    hold = group.tenure.hold
     if hold is not None and hold.arrivals.get(reg.instance_id) is reg:
         # A new instance of a held incumbent's checksum: tracked, in no cohort yet.
         return PlacementView(reg.key, reg.group, reg.mdc_checksum, False, None, False, None)

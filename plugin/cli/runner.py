@@ -155,7 +155,8 @@ COMMANDS: dict[str, CommandSpec] = {
         "workerset_admission.cli.serve",
         "ask a running service for its admission state (or, with --card, its served card)",
         connects=True,
-        settings=("status_subject", "discovery_bucket"),
+        # The admission bucket: where the other frontends say what they serve.
+        settings=("status_subject", "discovery_bucket", "admission_bucket"),
     ),
     "demo": CommandSpec(
         "workerset_admission.cli.demo",

@@ -22,6 +22,7 @@ from workerset_admission.card.differences import Difference, summarize
 from workerset_admission.cli import connection, positive_seconds
 from workerset_admission.errors import TABLE_LINE_LIMIT, Unreachable, UsageError, wire_text
 from workerset_admission.identity import with_id_strings
+from workerset_admission.rollout.gate import Disagreement, disagreements_with
 from workerset_admission.settings import Settings
 
 if TYPE_CHECKING:
@@ -173,9 +174,13 @@ async def _serve_service(
 
         where = servers_for_display(servers or settings.nats_servers)
 
-        def start() -> Awaitable[Any]:
+        def start(started_in_outage: bool = False) -> Awaitable[Any]:
             return create_service(
-                settings, servers=servers, telemetry=telemetry, view_files=view_files
+                settings,
+                servers=servers,
+                telemetry=telemetry,
+                view_files=view_files,
+                started_in_outage=started_in_outage,
             )
 
         if view_files is None:
@@ -209,7 +214,7 @@ async def _serve_service(
 
 
 async def _start_keeping_the_view(
-    start: Callable[[], Awaitable[Any]],
+    start: Callable[[bool], Awaitable[Any]],
     view_files: Any,
     settings: Settings,
     where: str,
@@ -220,7 +225,9 @@ async def _start_keeping_the_view(
     Exiting would leave the frontend without the view a crashed predecessor left (a sidecar
     restarted during a NATS outage would take its models down for the rest of the outage),
     so the predecessor's files are kept alive for at most one registration TTL and every
-    attempt that fails says so. ``None`` when ``stop`` is set first.
+    attempt that fails says so. ``None`` when ``stop`` is set first. The attempt that
+    connects after a failed one says it started during an outage: its workers could not
+    refresh their records either, so the core holds what an outage may have faked.
     """
     from workerset_admission.adapters.dynamo.view import LastKnownGood
     from workerset_admission.cli.exits import EXIT_UNREACHABLE, exit_status
@@ -229,7 +236,7 @@ async def _start_keeping_the_view(
     delay = 1.0
     while True:
         try:
-            return await with_progress(start(), f"connecting to NATS at {where}")
+            return await with_progress(start(keeper is not None), f"connecting to NATS at {where}")
         except Exception as exc:
             # Only an unreachable server is worth waiting for; a refused secret never heals.
             if exit_status(exc) != EXIT_UNREACHABLE or "authorization" in str(exc).lower():
@@ -326,11 +333,43 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         else:
             print(render_worker_table(rows), end="")
         return 0
+    found = await _disagreements(options, settings.admission_bucket, status, args.timeout)
+    if found:
+        status["disagreements"] = [item.as_json() for item in found]
     if args.json:
         print(json.dumps(with_id_strings(status), indent=2, sort_keys=True))
     else:
         print(render_status_table(status))
     return 0
+
+
+async def _disagreements(
+    options: Any, bucket: str, status: Mapping[str, Any], timeout: float
+) -> tuple[Disagreement, ...]:
+    """Read the other frontends' serving records: where they serve another configuration.
+
+    Frontends choose alone, so they can disagree (after an outage a frontend restarted during
+    it once did); status says so, naming which frontends serve which checksum. A bucket that
+    cannot be read adds nothing: status answers what the frontend said.
+    """
+    from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
+    from workerset_admission.card.serving_record import parse_record
+    from workerset_admission.errors import InvalidRecordError
+
+    frontend = status.get("frontend")
+    incumbents = {
+        (group["model"], group["worker_set_id"]): group["incumbent"]
+        for group in status.get("groups", [])
+        if group.get("incumbent") and "worker_set_id" in group
+    }
+    if not frontend or not incumbents:
+        return ()
+    read = await NatsRecordSource(options, bucket, timeout=timeout).read()
+    records = []
+    for entry in read.entries:
+        with contextlib.suppress(InvalidRecordError):
+            records.append(parse_record(entry.key, entry.value, entry.published_at))
+    return disagreements_with(records, str(frontend), incumbents)
 
 
 def status_of(reply: Any) -> dict[str, Any]:
@@ -433,6 +472,10 @@ def render_status_table(status: Mapping[str, Any]) -> str:
             f"{rejection['namespace']}/{rejection['component']}/{rejection['endpoint']}: "
             f"differs in: {said}"
         )
+    for item in status.get("disagreements", []):
+        served = tuple((checksum, tuple(f)) for checksum, f in item["incumbents"].items())
+        said = Disagreement(item["worker_set"], served).in_words()
+        lines.append(f"disagreement on {item['worker_set']}: {said}")
     for group in status.get("groups", []):
         drained = group.get("drained")
         if not isinstance(drained, list):

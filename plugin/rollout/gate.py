@@ -26,7 +26,7 @@ asked) no WorkerSet is in disagreement. Everything here is pure: records in, a r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "Disagreement",
     "FrontendServing",
     "GateReport",
+    "disagreements_with",
     "evaluate_gate",
     "expand_checksum",
     "render_table",
@@ -77,6 +78,13 @@ class Disagreement:
 
     worker_set: str
     incumbents: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def in_words(self) -> str:
+        """Say which frontends serve which checksum: ``fe-a, fe-b serve abc…; fe-c serves def…``."""
+        return "; ".join(
+            f"{', '.join(fronts)} {'serves' if len(fronts) == 1 else 'serve'} {checksum[:12]}"
+            for checksum, fronts in self.incumbents
+        )
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -253,8 +261,11 @@ def evaluate_gate(
             what += f" with checksum {expected_checksum}"
         reasons.append(f"not serving {what}: {', '.join(missing)}")
     if require_agreement and disagreements:
-        names = ", ".join(item.worker_set for item in disagreements)
-        reasons.append(f"frontends disagree on the incumbent of {names}")
+        # Which frontends serve which configuration: what an operator acts on.
+        reasons.extend(
+            f"frontends disagree on the incumbent of {item.worker_set}: {item.in_words()}"
+            for item in disagreements
+        )
 
     return GateReport(
         model=model,
@@ -267,6 +278,41 @@ def evaluate_gate(
         disagreements=disagreements,
         invalid=tuple(invalid),
     )
+
+
+def disagreements_with(
+    records: Iterable[Record], frontend: str, incumbents: Mapping[tuple[str, str], str]
+) -> tuple[Disagreement, ...]:
+    """Say where other frontends serve another configuration than ``frontend`` does.
+
+    ``incumbents`` is what ``frontend`` serves, per group (model, worker_set); the records are
+    every frontend's (this one's own, which may be older, are not read). One
+    :class:`Disagreement` per group that another frontend serves with another checksum, naming
+    this frontend beside the others.
+    """
+    seen: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for record in records:
+        if not isinstance(record, NamespaceRecord) or record.frontend == frontend:
+            continue
+        for group in record.groups or ():
+            key = (group.model, group.worker_set)
+            if key in incumbents and group.checksum is not None and group.members:
+                seen.setdefault(key, {}).setdefault(group.checksum, set()).add(record.frontend)
+    found = []
+    for key, served in sorted(seen.items()):
+        own = incumbents[key]
+        if set(served) == {own}:
+            continue
+        served.setdefault(own, set()).add(frontend)
+        found.append(
+            Disagreement(
+                worker_set=key[1],
+                incumbents=tuple(
+                    (checksum, tuple(sorted(fronts))) for checksum, fronts in sorted(served.items())
+                ),
+            )
+        )
+    return tuple(found)
 
 
 def _view(

@@ -443,7 +443,8 @@ class AdmissionService:
             if event.reason != "periodic":
                 self._resyncs += 1
             if event.reason == "reconnect" and self._publication is not None:
-                self._publication.republish()  # the store may have lost them
+                # The store may have lost them; and peers starting soon learn of the outage.
+                self._publication.republish(resynced_at=time.time())
         else:
             raise UsageError(f"not a discovery event: {type(event).__name__}")
         self.step.handle_event(event, keep)

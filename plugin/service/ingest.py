@@ -26,11 +26,17 @@ from workerset_admission.admission import (
     DrainSet,
     Input,
     Listing,
+    PeerTenure,
     Tick,
     WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.admission.ordering import GroupId, PeerServed, observation_order
+from workerset_admission.admission.ordering import (
+    GroupId,
+    PeerServed,
+    observation_order,
+    peer_choice,
+)
 from workerset_admission.card.entry import (
     DecodedEntry,
     EntryDecoder,
@@ -55,6 +61,7 @@ __all__ = [
     "RecordDecoder",
     "Verdict",
     "default_decoder",
+    "peer_tenures",
 ]
 
 
@@ -76,6 +83,21 @@ class RecordDecoder(Protocol):
 
 # The boundary's decoder under the name the service and its callers have always used.
 CardRecordDecoder = EntryDecoder
+
+
+def peer_tenures(
+    peers: PeerServed | None, members: Mapping[GroupId, Mapping[str, Sequence[int]]] | None
+) -> dict[GroupId, PeerTenure]:
+    """Per group, the checksum the peers serve (the alignment rule's choice) and its members."""
+    if not peers or not members:
+        return {}
+    tenures = {}
+    for group, served in peers.items():
+        by_checksum = members.get(group, {})
+        choice = peer_choice(served, by_checksum)
+        if choice is not None:
+            tenures[group] = PeerTenure(choice, tuple(sorted(set(by_checksum[choice]))))
+    return tenures
 
 
 def default_decoder() -> RecordDecoder:
@@ -211,8 +233,11 @@ class Ingestor:
             ((entry.key, entry.value) for entry in event.entries),
             keep,
             reconnect=event.reason == "reconnect",
+            outage_start=event.reason == "initial" and event.after_outage,
+            peers_resynced_ago=event.peers_resynced_ago if event.reason == "initial" else None,
             now=now,
             peers=event.peers,
+            peer_members=event.peer_members,
             recorded=recorded,
             forget_refused=event.reason != "periodic",
         )
@@ -250,8 +275,11 @@ class Ingestor:
         keep: Collection[str] = (),
         *,
         reconnect: bool = False,
+        outage_start: bool = False,
+        peers_resynced_ago: float | None = None,
         now: float | None = None,
         peers: PeerServed | None = None,
+        peer_members: Mapping[GroupId, Mapping[str, Sequence[int]]] | None = None,
         recorded: Mapping[GroupId, Sequence[str]] | None = None,
         forget_refused: bool = True,
     ) -> Ingested:
@@ -260,9 +288,14 @@ class Ingestor:
         ``keep`` names keys whose current state is newer than the listing (a live update
         touched them while it was read): they keep what they have, whatever the listing says.
         ``reconnect`` says the listing follows a lost connection: the core may hold a tenure
-        it empties, for a time counted from ``now`` (the clock goes in first when given).
-        The registrations are observed in the order :func:`observation_order` gives: the
-        cohort ``peers`` serve first, or the ``recorded`` cohort order, otherwise key order.
+        it empties, for a time counted from ``now`` (the clock goes in first when given);
+        ``outage_start``, that it is the first listing of a frontend started while the store
+        was away, and ``peers_resynced_ago`` how long ago a peer resynced after an outage (the
+        core hears when, on its clock, and judges whether this listing is within that
+        outage's hold). The registrations are observed in the order :func:`observation_order` gives:
+        the cohort ``peers`` serve first, or the ``recorded`` cohort order, otherwise key
+        order. ``peer_members`` (the ids the peers serve each checksum with) goes to the core
+        as the peers' tenures: what it may hold for them after an outage.
         """
         registrations: list[Registration] = []
         drains: list[Drain] = []
@@ -316,6 +349,11 @@ class Ingestor:
             reconnect=reconnect,
             drains=drains,
             retain_drains=[parse_drain_key(k) for k in retain_drains],
+            outage_start=outage_start,
+            peer_tenures=peer_tenures(peers, peer_members),
+            peer_outage_at=None
+            if peers_resynced_ago is None or now is None
+            else now - peers_resynced_ago,
         )
         inputs: tuple[Input, ...] = (listing,) if now is None else (Tick(now), listing)
         return Ingested(inputs, tuple(verdicts), changed)

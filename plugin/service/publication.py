@@ -42,6 +42,7 @@ class ServingPublication:
         self._published: dict[str, ServingRecord] = {}
         self._capability_published = False
         self._republish = False
+        self._resynced_at: float | None = None
 
     def wake(self) -> None:
         """Ask for a round soon (the committed groups changed)."""
@@ -63,9 +64,16 @@ class ServingPublication:
                 wire_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__),
             )
 
-    def republish(self) -> None:
-        """Write every record again soon: after a resync the store may have lost them."""
+    def republish(self, resynced_at: float | None = None) -> None:
+        """Write every record again soon: after a resync the store may have lost them.
+
+        ``resynced_at`` (Unix seconds) is when the resync after a lost connection happened: the
+        capability record says it, for peers that start within that outage's hold.
+        """
         self._republish = True
+        if resynced_at is not None:
+            self._resynced_at = resynced_at
+            self._capability_published = False
         self._wake.set()
 
     async def _publish(self, namespace: str, record: ServingRecord | None) -> None:
@@ -88,7 +96,7 @@ class ServingPublication:
                     self._republish = False
                     await publisher.republish()
                 if not self._capability_published:
-                    await publisher.publish_capability()
+                    await publisher.publish_capability(self._resynced_at)
                     self._capability_published = True
                 if self._prepare is not None:
                     self._prepare()

@@ -488,9 +488,20 @@ def _source_event(line: Mapping[str, Any]) -> SourceEvent:
     peers = {
         _group_id(group): tuple(checksums) for group, checksums in line.get("peers", {}).items()
     }
+    members = {
+        _group_id(group): {checksum: tuple(ids) for checksum, ids in served.items()}
+        for group, served in line.get("peer_members", {}).items()
+    }
     # Version 1's "listing" is an ordinary listing; "resync" is a new watch on a live link.
     source_reason = {"listing": "initial", "resync": "initial"}.get(reason, reason)
-    return SourceListing(entries, source_reason, peers or None)
+    return SourceListing(
+        entries,
+        source_reason,
+        peers or None,
+        after_outage=bool(line.get("after_outage", False)),
+        peer_members=members or None,
+        peers_resynced_ago=line.get("peers_resynced_ago"),
+    )
 
 
 def _group_id(text: str) -> GroupId:

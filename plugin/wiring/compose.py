@@ -97,6 +97,7 @@ async def create_service(
     publish: bool = True,
     status: bool = True,
     view_files: DirectoryFiles | None = None,
+    started_in_outage: bool = False,
 ) -> AdmissionService:
     """Connect to NATS, start an :class:`AdmissionService` and return it running.
 
@@ -108,6 +109,9 @@ async def create_service(
     With ``settings.view_dir`` (or an already locked ``view_files``) the service also writes
     the admitted discovery view for a Dynamo frontend on ``--discovery-backend file``; the
     directory is checked and locked before anything connects.
+
+    ``started_in_outage`` says an earlier attempt could not reach NATS: the first listing then
+    follows an outage, and the core treats it as a reconnect listing.
     """
     from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
     from workerset_admission.adapters.nats.buckets import BucketSpec
@@ -123,6 +127,7 @@ async def create_service(
         bucket=settings.discovery_bucket,
         create_bucket=True,
         bucket_spec=BucketSpec(name=settings.discovery_bucket, replicas=settings.bucket_replicas),
+        started_in_outage=started_in_outage,
     )
     if publish:
         from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
