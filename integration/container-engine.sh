@@ -4,6 +4,7 @@
 #   integration/container-engine.sh start [STATE_DIR]   prepare (idempotent); print `export` lines
 #   integration/container-engine.sh stop  [STATE_DIR]   stop what `start` started, remove leftovers
 #   integration/container-engine.sh status [STATE_DIR]  say whether the engine runs
+#   integration/container-engine.sh settings [STATE_DIR] write podman's settings only (for builds)
 #
 # `start` uses a Docker engine that already answers. Otherwise it sets up podman with the runc
 # runtime: installs both from the system's packages when they are missing (root and apt-get
@@ -136,6 +137,27 @@ EOF
     rm -rf "$context"
 }
 
+# Installs podman and runc from the system's packages when either is missing (root and apt-get
+# needed); on failure prints why on stdout and returns 1.
+install_engine() {
+    command -v podman >/dev/null && command -v runc >/dev/null && return 0
+    if [ "$(id -u)" != 0 ]; then
+        echo "podman or runc missing and not root"
+        return 1
+    fi
+    if ! command -v apt-get >/dev/null; then
+        echo "podman or runc missing and no apt-get"
+        return 1
+    fi
+    say "installing podman and runc from the system's packages"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends podman runc; } >"$STATE.apt.log" 2>&1; then
+        echo "apt-get install podman runc failed, see $STATE.apt.log"
+        return 1
+    fi
+    rm -f "$STATE.apt.log"
+}
+
 start() {
     local default_sock=/var/run/docker.sock
     if [ -n "${DOCKER_HOST:-}" ] && [ "${DOCKER_HOST#unix://}" != "$SOCK" ] \
@@ -162,16 +184,8 @@ start() {
         return 0
     fi
 
-    if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
-        [ "$(id -u)" = 0 ] || unavailable "podman or runc missing and not root"
-        command -v apt-get >/dev/null || unavailable "podman or runc missing and no apt-get"
-        say "installing podman and runc from the system's packages"
-        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-            apt-get install -y -qq --no-install-recommends podman runc; } >"$STATE.apt.log" 2>&1; then
-            unavailable "apt-get install podman runc failed, see $STATE.apt.log"
-        fi
-        rm -f "$STATE.apt.log"
-    fi
+    local missing
+    missing="$(install_engine)" || unavailable "$missing"
     [ "$(id -u)" = 0 ] || unavailable "podman without root is not set up here"
 
     mkdir -p "$STATE"
@@ -244,12 +258,26 @@ status() {
     fi
 }
 
+# Podman's settings and image store in STATE (podman and runc installed as `start` does), without
+# the API or the NATS image: what deploy/container/build.sh needs to build images into the
+# store the tests use.
+settings() {
+    local missing
+    if ! missing="$(install_engine)"; then
+        say "$missing"
+        return 1
+    fi
+    mkdir -p "$STATE"
+    [ -f "$STATE/containers.conf" ] || write_settings
+}
+
 case "$ACTION" in
 start) start ;;
+settings) settings ;;
 stop) stop ;;
 status) status ;;
 *)
-    echo "usage: $0 start|stop|status [STATE_DIR]" >&2
+    echo "usage: $0 start|stop|status|settings [STATE_DIR]" >&2
     exit 2
     ;;
 esac

@@ -43,7 +43,7 @@ from phoenixfixture import PhoenixServer, fetch_spans
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.buckets import stream_name
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer, free_loopback_port
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.card import (
     encode_endpoint_record,
     encode_model_record,
@@ -216,7 +216,7 @@ def successor_served(answer: Mapping[str, Any]) -> bool:
 
 
 async def register_cohort(
-    workers: DiscoveryPublisher, ids: tuple[int, ...], config: Mapping[str, Any], out: Published
+    workers: WorkerRegistrar, ids: tuple[int, ...], config: Mapping[str, Any], out: Published
 ) -> None:
     """Register each worker as Dynamo does: its endpoint instance, then its model card."""
     for instance_id in ids:
@@ -233,7 +233,7 @@ async def register_cohort(
 
 
 async def drain_cohort(
-    workers: DiscoveryPublisher, js: JetStreamContext, ids: tuple[int, ...], out: Published
+    workers: WorkerRegistrar, js: JetStreamContext, ids: tuple[int, ...], out: Published
 ) -> None:
     """Deregister each worker, card and endpoint record, noting each delete's revision."""
     for instance_id in ids:
@@ -380,11 +380,11 @@ def play(args: argparse.Namespace, scratch: Path, result: dict[str, Any]) -> Non
         result["published"] = {"writes": published.writes}
         statuses: dict[str, Any] = result["status"]
 
-        async def publish(step: Callable[[DiscoveryPublisher, JetStreamContext], Any]) -> None:
+        async def publish(step: Callable[[WorkerRegistrar, JetStreamContext], Any]) -> None:
             nc = await nats.connect(nats_server.url)
             try:
                 js = nc.jetstream()
-                await step(DiscoveryPublisher(js, ttl=None), js)
+                await step(WorkerRegistrar(js, ttl=None), js)
             finally:
                 await nc.close()
 

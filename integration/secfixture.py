@@ -26,15 +26,24 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
-from workerset_admission.keys import escape_token
+from workerset_admission.keys import (
+    ADMISSION_BUCKET,
+    DISCOVERY_BUCKET,
+    STATUS_SUBJECT,
+    escape_token,
+)
 
 __all__ = [
     "Identity",
     "Permissions",
     "SecurityMaterial",
     "TlsFiles",
+    "bridge_permissions",
     "configured_server",
     "contains_secret",
+    "drain_permissions",
+    "gate_permissions",
+    "inbox_prefix",
     "operator_config",
     "plugin_permissions",
     "render_config",
@@ -80,14 +89,24 @@ def _stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
 
+def inbox_prefix(user: str) -> str:
+    """The inbox prefix a tool connecting as ``user`` is given (``nats_inbox_prefix``).
+
+    Outside ``_INBOX``, which Dynamo's workers keep (their user is granted ``_INBOX.>``), so no
+    other documented user can subscribe to this user's replies and deliveries.
+    """
+    return f"_INBOX_{escape_token(user)}"
+
+
 def _listing(stream: str) -> tuple[str, ...]:
-    """Create, check and remove the ordered consumers that read a bucket's stream."""
-    return (
-        f"$JS.API.CONSUMER.CREATE.{stream}",
-        f"$JS.API.CONSUMER.CREATE.{stream}.>",
-        f"$JS.API.CONSUMER.INFO.{stream}.>",
-        f"$JS.API.CONSUMER.DELETE.{stream}.>",
-    )
+    """Create the ordered consumers that read a bucket's stream, and nothing more.
+
+    Only the form without a consumer name in the subject: the server names the consumer, and no
+    user may create (or update), read or delete a consumer by name, so knowing another user's
+    consumer name is worth nothing. An ordered consumer is removed by the server once its
+    subscriber is gone, so nobody needs the right to delete one.
+    """
+    return (f"$JS.API.CONSUMER.CREATE.{stream}",)
 
 
 def _reading(stream: str) -> tuple[str, ...]:
@@ -107,12 +126,13 @@ def plugin_permissions(
     status_subject: str,
     *,
     frontend_id: str = "frontend-1",
-    inbox_prefix: str = "_INBOX",
 ) -> Permissions:
     """What the plugin needs: watch and read the discovery bucket, write its admission bucket.
 
     It writes only its own frontend's serving records (``v1.<frontend id>.``, escaped as a
-    key token): a frontend cannot write, or delete, another frontend's records.
+    key token): a frontend cannot write, or delete, another frontend's records. Its replies and
+    deliveries arrive under its own inbox prefix, and it hears when its watch consumer is
+    deleted (the server's advisory), so it re-creates the consumer at once.
 
     Reading a KV bucket means creating ordered consumers on its stream and answering their flow
     control; writing means publishing to the bucket's ``$KV`` subjects; status requests arrive
@@ -133,18 +153,26 @@ def plugin_permissions(
             f"$JS.FC.{adm}.>",
             f"$KV.{admission_bucket}.v1.{escape_token(frontend_id)}.>",
         ),
-        subscribe=(f"{inbox_prefix}.>", status_subject, f"{status_subject}.*"),
+        subscribe=(
+            f"{inbox_prefix(frontend_id)}.>",
+            f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{disc}.*",
+            status_subject,
+            f"{status_subject}.*",
+        ),
         allow_responses=True,
     )
 
 
 def status_permissions(status_subject: str) -> Permissions:
     """What ``workerset-admission status`` needs: send a request, read the reply."""
-    return Permissions(publish=(status_subject,), subscribe=("_INBOX.>",))
+    return Permissions(publish=(status_subject,), subscribe=(f"{inbox_prefix('status')}.>",))
 
 
 def worker_permissions(discovery_bucket: str, namespace: str) -> Permissions:
-    """What a worker of one namespace needs: write its own namespace's discovery records only."""
+    """What a worker of one namespace needs: write its own namespace's discovery records only.
+
+    Dynamo's workers use the default inbox prefix ``_INBOX``; no tool of this project does.
+    """
     disc = _stream(discovery_bucket)
     return Permissions(
         publish=(
@@ -175,7 +203,42 @@ def drain_permissions(discovery_bucket: str, admission_bucket: str, namespace: s
             *_listing(adm),
             f"$JS.FC.{adm}.>",
         ),
-        subscribe=("_INBOX.>",),
+        subscribe=(f"{inbox_prefix(f'drain-{namespace}')}.>",),
+    )
+
+
+def gate_permissions(admission_bucket: str) -> Permissions:
+    """What ``rollout`` needs (a CI job gating rollouts): read the serving records, nothing else."""
+    adm = _stream(admission_bucket)
+    return Permissions(
+        publish=(
+            "$JS.API.INFO",
+            f"$JS.API.STREAM.INFO.{adm}",
+            *_listing(adm),
+            f"$JS.FC.{adm}.>",
+        ),
+        subscribe=(f"{inbox_prefix('rollout')}.>",),
+    )
+
+
+def bridge_permissions(discovery_bucket: str) -> Permissions:
+    """What ``bridge`` needs: mirror the workers' records into the discovery bucket, nothing else.
+
+    It writes worker records of every namespace (it mirrors the whole store Dynamo's workers
+    registered in) but no drain record, reads the bucket back to heal it, and never touches the
+    serving records.
+    """
+    disc = _stream(discovery_bucket)
+    return Permissions(
+        publish=(
+            "$JS.API.INFO",
+            *_reading(disc),
+            f"$KV.{discovery_bucket}.v1.mdc.>",
+            f"$KV.{discovery_bucket}.v1.instances.>",
+            f"$KV.{discovery_bucket}.v1.event_sources.>",
+            f"$KV.{discovery_bucket}.v1.event_channels.>",
+        ),
+        subscribe=(f"{inbox_prefix('bridge')}.>",),
     )
 
 
@@ -501,16 +564,17 @@ def write_config(folder: Path, name: str, value: Mapping[str, Any]) -> Path:
 def users_config(
     material: SecurityMaterial,
     *,
-    discovery_bucket: str,
-    admission_bucket: str,
-    status_subject: str,
+    discovery_bucket: str = DISCOVERY_BUCKET,
+    admission_bucket: str = ADMISSION_BUCKET,
+    status_subject: str = STATUS_SUBJECT,
     worker_namespaces: Iterable[str],
 ) -> dict[str, Any]:
     """Password and nkey users: the plugin (both ways), one worker per namespace, an admin.
 
     Worker users are named ``worker-<namespace>``, the drain tools' ``drain-<namespace>``, and
-    share ``material.worker_password``; the ``status`` command's user is ``status-reader``
-    with the same password.
+    share ``material.worker_password``; the ``status`` command's user is ``status-reader``, the
+    bridge's ``bridge`` and the rollout gate's ``rollout``, with the same password. Each tool's
+    inbox prefix is :func:`inbox_prefix` of its user (``status`` for the status reader).
     """
     perms = plugin_permissions(discovery_bucket, admission_bucket, status_subject).as_config()
     users: list[dict[str, Any]] = [
@@ -529,6 +593,16 @@ def users_config(
             "user": "status-reader",
             "password": material.worker_password,
             "permissions": status_permissions(status_subject).as_config(),
+        },
+        {
+            "user": "bridge",
+            "password": material.worker_password,
+            "permissions": bridge_permissions(discovery_bucket).as_config(),
+        },
+        {
+            "user": "rollout",
+            "password": material.worker_password,
+            "permissions": gate_permissions(admission_bucket).as_config(),
         },
     ]
     for ns in worker_namespaces:

@@ -8,6 +8,7 @@ a change the server refuses fails alone while the rest land.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import nats
@@ -103,3 +104,15 @@ async def test_changes_on_a_closed_connection_each_fail_and_nothing_hangs(
 
     assert len(outcomes) == 2
     assert all(isinstance(outcome, Exception) for outcome in outcomes), outcomes
+
+
+async def test_the_contents_of_a_bucket_with_no_worker_record_are_read_at_once(
+    client: Client, bucket_name: str
+) -> None:
+    """Nothing under the prefix: the listing ends at once, asking the stream, not a consumer."""
+    writer = await _writer(client, BucketSpec(name=bucket_name))
+    kv = await client.jetstream().key_value(bucket_name)
+    await kv.put("elsewhere.key", b"not a worker's")
+    assert await asyncio.wait_for(writer.contents(), 5) == {}
+    await writer.write([("v1.mdc.ns.backend.generate.1", b"card")])
+    assert list(await asyncio.wait_for(writer.contents(), 5)) == ["v1.mdc.ns.backend.generate.1"]

@@ -21,7 +21,7 @@ from natsfixture import NatsServer
 from support.aio import eventually
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.cli.traces import record_trace
 from workerset_admission.identity import EndpointId
@@ -115,7 +115,7 @@ def test_serve_starts_an_embedded_server_answers_status_and_stops_on_sigterm(
 
         async def register() -> None:
             nc = await nats.connect(url.group(0))
-            workers = DiscoveryPublisher(nc.jetstream(), ttl=None)
+            workers = WorkerRegistrar(nc.jetstream(), ttl=None)
             await workers.register(EP, 0x1A, CARD)
             await workers.register_endpoint(EP, 0x1A)
             await workers.register(EP, 0x2B, NEW)
@@ -183,7 +183,7 @@ async def test_record_then_replay_gives_the_state_the_live_service_holds(
         flags={"nats_servers": nats_server.url, "discovery_bucket": bucket_name}, env={}
     )
     nc = await nats.connect(nats_server.url)
-    workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+    workers = WorkerRegistrar(nc.jetstream(), bucket=bucket_name, ttl=None)
     await workers.register(EP, 1, CARD)
     await workers.register(EP, 2, NEW)
     source = JetStreamDiscoverySource(
@@ -309,7 +309,7 @@ def test_serve_names_what_a_conflicting_card_differs_in_in_status_and_its_error_
 
         async def register() -> None:
             nc = await nats.connect(url)
-            workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+            workers = WorkerRegistrar(nc.jetstream(), bucket=bucket_name, ttl=None)
             await workers.register(EP, 1, CARD)
             await workers.register(EP, 2, demo_card(32, aliases=["v2"]))
             await nc.close()

@@ -14,8 +14,8 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamInfo
 from nats.js.errors import KeyNotFoundError, NotFoundError
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket, stream_name
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import load_settings
+from workerset_admission.wiring.compose import create_service
 
 __all__ = ["nats_cluster"]
 

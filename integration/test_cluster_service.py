@@ -25,7 +25,7 @@ from workerset_admission.adapters.nats.connect import (
     NatsConnectOptions,
     connect,
 )
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.identity import EndpointId
 from workerset_admission.service.admission_service import AdmissionService
@@ -187,7 +187,7 @@ async def frontend(
 class Churn:
     """Registers and removes workers of two models in a fixed, repeatable pattern."""
 
-    def __init__(self, workers: DiscoveryPublisher) -> None:
+    def __init__(self, workers: WorkerRegistrar) -> None:
         self._workers = workers
         self.step = 0
 
@@ -218,7 +218,7 @@ async def test_admission_carries_on_when_the_frontends_node_dies_and_comes_back(
         await ensure_bucket(
             js, BucketSpec(name=ADMISSION, replicas=3, limit_marker_ttl=None, max_age=60.0)
         )
-        churn = Churn(DiscoveryPublisher(js, bucket=DISCOVERY, ttl=None, create_bucket=False))
+        churn = Churn(WorkerRegistrar(js, bucket=DISCOVERY, ttl=None, create_bucket=False))
         await churn.run(20)
 
         async with frontend(nats_cluster) as (service, connector):

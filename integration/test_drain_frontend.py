@@ -16,12 +16,17 @@ flight (they finish).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from dynamoview import MODEL_NAME, Frontend
 from natsfixture import restartable_server, show
 from sidebyside import Figures, Outcome, SideBySide, side_by_side
 
@@ -37,6 +42,7 @@ pytest.importorskip("dynamo.frontend.main", reason=_NEEDS)
 pytest.importorskip("openai", reason="needs the openai client (the test extra)")
 
 PLUGIN_FRONTENDS = ("view", "view-2")
+CLI = [sys.executable, "-m", "workerset_admission.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +88,83 @@ def test_a_drained_rollout_to_a_new_namespace_loses_no_request_on_the_view(
         assert frontend.ask().decode in successor, name
 
 
+def _workers(frontend: Frontend) -> dict[int, str]:
+    """The route extension's ``/workers``: instance id -> serving state."""
+    url = f"http://127.0.0.1:{frontend.port}/workerset-admission/v1/workers"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        body = json.loads(answer.read())
+    return {int(row["instance_id"]): row["serving_state"] for row in body["workers"]}
+
+
+def test_a_rollout_gated_by_rollout_wait_then_drained_by_namespace_loses_no_request(
+    deployment: SideBySide,
+) -> None:
+    old_namespace, old = deployment.namespace, list(deployment.incumbent)
+    view2 = deployment.view2
+    assert view2 is not None
+    before = _workers(view2)
+    assert {before[w] for w in old} == {"serving"}, before
+    size = 32 if deployment.block_size == 16 else 16
+    namespace = f"{old_namespace}-gated"
+    cohort = [deployment.add_worker(size, namespace) for _ in range(2)]
+    running = deployment.deployment
+    buckets = ["--nats-server", running.nats_url, "--admission-bucket", f"{running.bucket}-adm"]
+    gate = subprocess.run(
+        [*CLI, "rollout", "--model", MODEL_NAME, "--namespace", namespace, "--wait",
+         "--timeout", "120", "--interval", "0.5", *buckets],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert gate.returncode == 0, gate.stderr
+    with deployment.load():
+        time.sleep(1.0)
+        started = time.monotonic() - 1.0
+        drained = deployment.drain_command(
+            "--namespace", old_namespace, "--all", "--wait", "--json", timeout=120
+        )
+        assert drained.returncode == 0, drained.stderr
+        during = _workers(view2)
+        for worker in old:
+            running.stop_worker(worker)
+            time.sleep(1.0)
+        time.sleep(3.0)
+        ended = time.monotonic()
+    answer = json.loads(drained.stdout)
+    assert sorted(w["instance_id"] for w in answer["workers"]) == sorted(old)
+    assert answer["lost_models"] == []
+    figures = deployment.figures(started, ended)
+    for name, got in figures.items():
+        show(f"[drained rollout] rollout --wait, then drain --namespace --all: {name} {got.row()}")
+    for name in PLUGIN_FRONTENDS:
+        assert figures[name].sent >= 10, name
+        assert figures[name].failed == 0, (name, figures[name].errors)
+    # /workers through the real frontend: the old generation drained, the new one serving.
+    assert {during[w] for w in old} == {"drained"}, during
+    assert {during[w] for w in cohort} == {"serving"}, during
+    deployment.incumbent, deployment.block_size, deployment.namespace = cohort, size, namespace
+    deployment.wait_serving(cohort)
+    after = _workers(view2)
+    assert not set(old) & set(after), after
+    assert {after[w] for w in cohort} == {"serving"}, after
+
+
 def test_a_drained_rollout_in_place_never_routes_to_a_stopped_worker(
     deployment: SideBySide,
 ) -> None:
+    logs = deployment.deployment.logs
+    line = "Rejected incompatible workers"
+
+    def rejections() -> dict[str, int]:
+        return {
+            name: (logs / f"frontend-{name}.log").read_text(errors="replace").count(line)
+            for name in deployment.frontends
+        }
+
+    earlier = rejections()
     outcome = deployment.rolling_update(rivals=2, spacing=5.0, drained=True)
     figures = _measured(outcome, deployment)
+    # What the frontends log of the conflicting cohort (docs/operations.md explains the line).
+    logged = {name: count - earlier[name] for name, count in rejections().items()}
+    show(f"[drained rollout]   '{line}' lines logged during the rollout: {logged}")
 
     for name in PLUGIN_FRONTENDS:
         # No request went to a worker that had stopped serving: each was drained first, so

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,12 +18,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import nats
 import pytest
 from natsfixture import NatsServer
 from support.cards import base_card
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.identity import EndpointId
 from workerset_admission.keys import drain_kv_key
 
@@ -97,7 +99,7 @@ def group(answer: dict[str, Any]) -> dict[str, Any]:
 async def register(url: str, bucket: str, *workers: tuple[int, int]) -> None:
     nc = await nats.connect(url)
     try:
-        publisher = DiscoveryPublisher(nc.jetstream(), bucket=bucket, ttl=None)
+        publisher = WorkerRegistrar(nc.jetstream(), bucket=bucket, ttl=None)
         for instance, block_size in workers:
             await publisher.register(EP, instance, base_card(block_size))
             await publisher.register_endpoint(
@@ -255,7 +257,11 @@ def test_drain_wait_on_a_frontend_that_died_follows_its_serving_records_expiry(
     asyncio.run(register(nats_server.url, discovery, (A1, 16)))
     asyncio.run(a_frontend_that_died())
     started = time.monotonic()
-    drained = run("drain", str(A1), "--wait", "--json", "--timeout", "30", *buckets)
+    # The dead frontend's last record says it served the model by A1 alone: draining it needs
+    # --allow-empty (the frontend is live until its records expire).
+    drained = run(
+        "drain", str(A1), "--wait", "--json", "--timeout", "30", "--allow-empty", *buckets
+    )
     took = time.monotonic() - started
     assert drained.returncode == 0, drained.stderr
     assert "waiting for fe-gone" in drained.stderr
@@ -294,3 +300,162 @@ def test_a_recording_carries_the_drain_and_its_replay_shows_it(
     (only,) = json.loads(replayed.stdout)["groups"]
     assert only["admitted"] == [A1]
     assert [(d["instance_id"], d["by"]) for d in only["drained"]] == [(A2, "ops")]
+
+
+# -- the last routable worker, a namespace at once, bounded input (on the admitted view) ------
+
+OLD_EP, NEW_EP = EndpointId("old", "backend", "generate"), EndpointId("new", "backend", "generate")
+
+
+@pytest.fixture
+def serve_view(buckets: list[str], tmp_path: Path) -> Iterator[tuple[list[str], Path]]:
+    """``serve --view-dir``: the status flags, and the view folder the frontend would read."""
+    subject = f"status-{uuid.uuid4().hex[:8]}"
+    view = tmp_path / "view"
+    view.mkdir()
+    with (tmp_path / "serve-view.log").open("w") as log:
+        process = subprocess.Popen(
+            [*CLI, "serve", *buckets, "--frontend-id", "fe-1", "--status-subject", subject,
+             "--view-dir", str(view)],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )  # fmt: skip
+        try:
+            yield ["--nats-server", buckets[1], "--status-subject", subject], view
+        finally:
+            process.terminate()
+            process.wait(timeout=20)
+
+
+def view_cards(view: Path) -> set[tuple[str, int]]:
+    """(namespace, instance id) of every model card in the view right now."""
+    folder = view / "v1" / "mdc"
+    names = [] if not folder.exists() else os.listdir(folder)
+    found = set()
+    for name in names:
+        parts = unquote(name).split("/")
+        if not name.startswith(".") and len(parts) == 4:
+            found.add((parts[0], int(parts[3], 16)))
+    return found
+
+
+def wait_for(check: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+async def register_at(url: str, bucket: str, endpoint: EndpointId, *instances: int) -> None:
+    nc = await nats.connect(url)
+    try:
+        publisher = WorkerRegistrar(nc.jetstream(), bucket=bucket, ttl=None)
+        for instance in instances:
+            await publisher.register(endpoint, instance, base_card(16))
+            await publisher.register_endpoint(
+                endpoint, instance, transport={"tcp": f"10.1.0.{instance & 0xFF}:4000/generate"}
+            )
+    finally:
+        await nc.close()
+
+
+def drain_keys(url: str, bucket: str) -> list[str]:
+    return [k for k in asyncio.run(bucket_keys(url, bucket)) if k.startswith("v1.drain.")]
+
+
+def test_the_last_routable_worker_is_refused_and_allow_empty_drains_it(
+    nats_server: NatsServer, buckets: list[str], serve_view: tuple[list[str], Path]
+) -> None:
+    flags, view = serve_view
+    discovery = buckets[3]
+    asyncio.run(register_at(nats_server.url, discovery, EP, A1))
+    wait_for(lambda: view_cards(view) == {("dgd", A1)}, "A1's card in the view")
+    status_until(flags, lambda s: s["groups"] and group(s)["status"] == "ready")
+    # The frontend's serving record must list A1 before the drain asks it.
+    time.sleep(1.0)
+
+    refused = run("drain", f"0x{A1:x}", "--wait", "--timeout", "10", *buckets)
+    assert refused.returncode == 6, refused.stderr
+    (line,) = refused.stderr.splitlines()
+    model = base_card(16)["display_name"]
+    assert line.startswith("workerset-admission drain: refused: ")
+    assert f"model {model} would be left with no routable worker on frontend fe-1" in line
+    assert "nothing was drained" in line
+    assert drain_keys(nats_server.url, discovery) == []
+    time.sleep(1.0)
+    assert view_cards(view) == {("dgd", A1)}
+
+    drained = run("drain", f"0x{A1:x}", "--allow-empty", "--wait", "--timeout", "30", *buckets)
+    assert drained.returncode == 0, drained.stderr
+    assert f"--allow-empty: model {model}" in drained.stderr
+    assert drain_keys(nats_server.url, discovery) == [drain_kv_key("dgd", A1)]
+    wait_for(lambda: view_cards(view) == set(), "A1's card leaves the view")
+
+
+def test_a_namespace_drains_at_once_and_leaves_only_the_new_namespace_in_the_view(
+    nats_server: NatsServer, buckets: list[str], serve_view: tuple[list[str], Path]
+) -> None:
+    flags, view = serve_view
+    discovery = buckets[3]
+    asyncio.run(register_at(nats_server.url, discovery, OLD_EP, 1, 2))
+    asyncio.run(register_at(nats_server.url, discovery, NEW_EP, 3, 4))
+    everything = {("old", 1), ("old", 2), ("new", 3), ("new", 4)}
+    wait_for(lambda: view_cards(view) == everything, "both namespaces in the view")
+    status_until(
+        flags, lambda s: len(s["groups"]) == 2 and all(g["status"] == "ready" for g in s["groups"])
+    )
+    time.sleep(1.0)
+
+    drained = run(
+        "drain", "--namespace", "old", "--all", "--wait", "--timeout", "60", "--json", *buckets
+    )
+    assert drained.returncode == 0, drained.stderr
+    answer = json.loads(drained.stdout)
+    assert answer["safe"] is True
+    assert sorted(w["instance_id"] for w in answer["workers"]) == [1, 2]
+    assert answer["lost_models"] == []
+    assert view_cards(view) == {("new", 3), ("new", 4)}
+    assert drain_keys(nats_server.url, discovery) == [
+        drain_kv_key("old", 1),
+        drain_kv_key("old", 2),
+    ]
+    # status --workers says the same in upstream's words.
+    listed = run("status", *flags, "--workers", "--json")
+    assert listed.returncode == 0, listed.stderr
+    states = {
+        (row["namespace"], row["instance_id"]): (row["admission"], row["serving_state"])
+        for row in json.loads(listed.stdout)["workers"]
+    }
+    assert states == {
+        ("old", 1): ("drained", "drained"),
+        ("old", 2): ("drained", "drained"),
+        ("new", 3): ("admitted", "serving"),
+        ("new", 4): ("admitted", "serving"),
+    }
+    table = run("status", *flags, "--workers")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split()[-2:] == ["ADMISSION", "STATE"]
+
+    # The new namespace alone is now the model's last: draining it all is refused.
+    refused = run("drain", "--namespace", "new", "--all", *buckets)
+    assert refused.returncode == 6, refused.stderr
+    # undrain takes the same selectors.
+    undrained = run("undrain", "--namespace", "old", "--all", *buckets[:4])
+    assert undrained.returncode == 0, undrained.stderr
+    assert drain_keys(nats_server.url, discovery) == []
+
+
+def test_a_300_character_by_is_refused_and_nothing_is_written(
+    nats_server: NatsServer, buckets: list[str]
+) -> None:
+    discovery = buckets[3]
+    asyncio.run(register(nats_server.url, discovery, (A1, 16), (A2, 16)))
+    refused = run("drain", str(A1), "--by", "x" * 300, *buckets)
+    assert refused.returncode == 2
+    (line,) = refused.stderr.splitlines()
+    assert "argument --by: at most 256 characters, not 300" in line
+    for argv in (["--ttl", "-5"], ["--grace", "-1"], ["--host", "10.0.0.1"]):
+        bad = run("drain", str(A1), *argv, *buckets)
+        assert bad.returncode == 2, (argv, bad.stderr)
+        assert len(bad.stderr.splitlines()) == 1
+    assert drain_keys(nats_server.url, discovery) == []

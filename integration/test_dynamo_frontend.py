@@ -31,6 +31,7 @@ from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.frontend.routes import (
     HEALTH_PATH,
     READINESS_PATH,
+    WORKERS_PATH,
     WORKERSETS_PATH,
     AdmissionRoutes,
     shared_host,
@@ -132,6 +133,7 @@ async def test_dynamos_loader_starts_the_extension_and_its_handlers_answer_live_
         assert sorted((r.method, r.path) for r in routes) == [
             ("GET", HEALTH_PATH),
             ("GET", READINESS_PATH),
+            ("GET", WORKERS_PATH),
             ("GET", WORKERSETS_PATH),
         ]
         host = shared_host()

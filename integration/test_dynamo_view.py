@@ -240,6 +240,7 @@ def test_a_frontend_whose_view_is_not_its_file_store_refuses_to_start(cluster: C
     assert frontend.process.wait(60) != 0
     log = (view.logs / "frontend-misconfigured.log").read_text()
     assert f"view directory {elsewhere} is not this frontend's file store" in log
+    assert "Traceback" not in log
     assert list(elsewhere.iterdir()) == []
 
 

@@ -22,13 +22,13 @@ from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.buckets import BucketSpec, stream_name
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.cli.rollout import GateQuery, check_gate
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.service.admission_service import AdmissionService
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import Settings
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -65,10 +65,8 @@ async def worker_client(url: str) -> AsyncIterator[NatsClient]:
         await nc.close()
 
 
-def workers(
-    nc: NatsClient, *, ttl: float = TTL, heartbeat: float | None = None
-) -> DiscoveryPublisher:
-    return DiscoveryPublisher(
+def workers(nc: NatsClient, *, ttl: float = TTL, heartbeat: float | None = None) -> WorkerRegistrar:
+    return WorkerRegistrar(
         nc.jetstream(timeout=2),
         bucket=DISCOVERY,
         ttl=ttl,
@@ -104,7 +102,7 @@ def admitted(service: AdmissionService) -> tuple[int, ...]:
     return () if group is None else group.admitted
 
 
-async def serving_a_with_b_waiting(service: AdmissionService, a: DiscoveryPublisher) -> None:
+async def serving_a_with_b_waiting(service: AdmissionService, a: WorkerRegistrar) -> None:
     for instance in (1, 2):
         await a.register(EP, instance, A)
     await until(lambda: admitted(service) == (1, 2), 30, "A to be admitted")

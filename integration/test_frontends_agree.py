@@ -21,12 +21,12 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
 from support.cards import base_card
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.service.admission_service import AdmissionService
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import is_admitted, replay
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -47,9 +47,9 @@ async def until(condition: Callable[[], bool], timeout: float, what: str) -> Non
 
 
 @contextlib.asynccontextmanager
-async def fleet(url: str, bucket: str) -> AsyncIterator[DiscoveryPublisher]:
+async def fleet(url: str, bucket: str) -> AsyncIterator[WorkerRegistrar]:
     nc: NatsClient = await nats.connect(url)
-    workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket, ttl=TTL)
+    workers = WorkerRegistrar(nc.jetstream(), bucket=bucket, ttl=TTL)
     try:
         yield workers
     finally:

@@ -15,9 +15,6 @@ import json
 import logging
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -38,6 +35,7 @@ from support.fleet import (
     settings_for,
     until,
 )
+from support.serve_process import ServeProcess
 from workerset_admission.adapters.dynamo.view import DirectoryFiles, file_name_for
 from workerset_admission.card import encode_endpoint_record, encode_model_record
 from workerset_admission.card.events import dynamo_event_path, parse_event_key
@@ -45,7 +43,7 @@ from workerset_admission.errors import DETAIL_LIMIT, InvalidRecordError
 from workerset_admission.identity import EndpointId, instance_key
 from workerset_admission.keys import STATUS_SUBJECT, escape_token, parse_key, unescape_token
 from workerset_admission.service.admission_service import AdmissionService
-from workerset_admission.service.factory import create_service
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -193,22 +191,15 @@ async def test_one_huge_refused_value_leaves_status_answering_with_a_bounded_det
 
 # -- a serve started while NATS is down -----------------------------------------------------------
 
-CLI = [sys.executable, "-m", "workerset_admission.cli"]
 
-
-def _serve(url: str, view_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKERSET_ADMISSION_")}
-    env |= {"PYTHONUNBUFFERED": "1", "DYN_FILE_KV": str(view_dir)}
-    return subprocess.Popen(
+def _serve(url: str, view_dir: Path, *extra: str) -> ServeProcess:
+    return ServeProcess(
         [
-            *(*CLI, "serve", "--nats-server", url, "--view-dir", str(view_dir)),
+            *("--nats-server", url, "--view-dir", str(view_dir)),
             *("--discovery-bucket", DISCOVERY, "--admission-bucket", ADMISSION),
             *("--frontend-id", "fe-restarted", *extra),
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
+        view_dir=view_dir,
     )
 
 
@@ -226,17 +217,6 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not hold within {timeout:.0f} s")
         time.sleep(0.05)
-
-
-def _stop(process: subprocess.Popen[str]) -> tuple[int, str]:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        output, _ = process.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-    return process.returncode, output
 
 
 @pytest.mark.timeout(120)
@@ -260,12 +240,11 @@ async def test_a_serve_started_while_nats_is_down_keeps_the_last_view_and_retrie
         _wait(lambda: wanted <= set(_record_files(view_dir)), 30, "the worker in the view")
         # The sidecar crashes, and NATS goes away before its supervisor restarts it.
         first.kill()
-        first.communicate(timeout=10)
         await asyncio.to_thread(server.handle.stop)
         crashed_at = time.time()
         second = _serve(server.url, view_dir, "--registration-ttl", "8")
         await asyncio.sleep(4.0)
-        assert second.poll() is None, "serve exited while NATS was down"
+        assert second.process.poll() is None, "serve exited while NATS was down"
         files = _record_files(view_dir)
         assert wanted <= set(files), "the predecessor's view was emptied"
         assert min(files[f] for f in wanted) > crashed_at, "the view was not kept alive"
@@ -277,16 +256,15 @@ async def test_a_serve_started_while_nats_is_down_keeps_the_last_view_and_retrie
             30,
             "the new writer refreshing the view",
         )
-        code, output = _stop(second)
+        code, output = second.stop()
         assert code == 0, output
         assert "cannot reach NATS yet" in output
         assert "keeping the previous writer's" in output
         assert "Traceback" not in output
     finally:
         for process in (first, second):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.communicate()
+            if process is not None:
+                process.stop()
         await asyncio.to_thread(servers.close)
 
 

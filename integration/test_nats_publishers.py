@@ -19,7 +19,7 @@ from workerset_admission.adapters.nats.admission_publisher import (
 )
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket, stream_name
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card import parse_key
 from workerset_admission.identity import EndpointId
@@ -34,7 +34,7 @@ CARD = {"display_name": "m", "service_name": "m"}
 async def test_a_registration_is_a_dynamo_model_record_under_its_escaped_key(
     client: NatsClient, bucket_name: str
 ) -> None:
-    publisher = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=None)
+    publisher = WorkerRegistrar(client.jetstream(), bucket=bucket_name, ttl=None)
     endpoint = EndpointId("team a", "backend", "generate")
     key = await publisher.register(endpoint, 0xABC, CARD, suffix="my-lora")
     endpoint_key = await publisher.register_endpoint(endpoint, 0xABC)
@@ -64,7 +64,7 @@ async def test_a_registration_is_a_dynamo_model_record_under_its_escaped_key(
 async def test_a_heartbeat_keeps_a_registration_alive_and_a_crash_lets_it_expire(
     nats_server: NatsServer, client: NatsClient, bucket_name: str
 ) -> None:
-    publisher = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=1, heartbeat=0.3)
+    publisher = WorkerRegistrar(client.jetstream(), bucket=bucket_name, ttl=1, heartbeat=0.3)
     source = JetStreamDiscoverySource(
         NatsConnectOptions(servers=(nats_server.url,)), bucket=bucket_name
     )
@@ -107,7 +107,7 @@ async def test_a_heartbeat_keeps_a_registration_alive_and_a_crash_lets_it_expire
 async def test_a_heartbeat_never_revives_a_key_deleted_elsewhere(
     client: NatsClient, bucket_name: str
 ) -> None:
-    publisher = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=3, heartbeat=0.2)
+    publisher = WorkerRegistrar(client.jetstream(), bucket=bucket_name, ttl=3, heartbeat=0.2)
     try:
         key = await publisher.register(ENDPOINT, 9, CARD)
         kv = await client.jetstream().key_value(bucket_name)
@@ -125,7 +125,7 @@ async def test_a_heartbeat_never_revives_a_key_deleted_elsewhere(
 async def test_a_publisher_told_to_reregister_writes_a_deleted_key_again_with_a_warning(
     client: NatsClient, bucket_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    publisher = DiscoveryPublisher(
+    publisher = WorkerRegistrar(
         client.jetstream(), bucket=bucket_name, ttl=3, heartbeat=0.2, on_removed="reregister"
     )
     try:
@@ -148,7 +148,7 @@ async def test_a_publisher_told_to_reregister_writes_a_deleted_key_again_with_a_
 async def test_a_key_another_writer_took_over_is_given_up_and_reported_never_overwritten(
     client: NatsClient, bucket_name: str
 ) -> None:
-    publisher = DiscoveryPublisher(
+    publisher = WorkerRegistrar(
         client.jetstream(), bucket=bucket_name, ttl=3, heartbeat=0.2, on_removed="reregister"
     )
     try:
@@ -286,7 +286,7 @@ async def wait_until_exists(kv: KeyValue, key: str, wanted: bool, timeout: float
 async def test_a_registration_that_aged_out_during_an_outage_is_written_again(
     client: NatsClient, bucket_name: str
 ) -> None:
-    publisher = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=1, heartbeat=0.2)
+    publisher = WorkerRegistrar(client.jetstream(), bucket=bucket_name, ttl=1, heartbeat=0.2)
     try:
         key = await publisher.register(ENDPOINT, 0x51, CARD)
         kv = await client.jetstream().key_value(bucket_name)

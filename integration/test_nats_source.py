@@ -239,6 +239,41 @@ async def test_list_all_reads_the_whole_bucket_for_reconciliation(
             await source.close()
 
 
+async def test_a_first_listing_after_the_server_could_not_be_reached_says_so(
+    nats_server_fn: NatsServer, bucket_name: str
+) -> None:
+    handle = nats_server_fn.handle
+    assert handle is not None
+    async with kv_bucket(nats_server_fn.url, bucket_name) as kv:
+        await kv.put("v1.mdc.ns.c.e.1", b"one")
+    # A source that reaches its server at once says nothing of an outage.
+    collector = Collector(source_for(nats_server_fn.url, bucket_name))
+    try:
+        assert not (await collector.next_snapshot()).after_outage
+    finally:
+        await collector.close()
+    # One that starts while the server is down does, on its first listing only.
+    await asyncio.to_thread(handle.stop)
+    collector = Collector(source_for(nats_server_fn.url, bucket_name))
+    try:
+        await asyncio.sleep(1.0)  # its first connection fails
+        await asyncio.to_thread(handle.start)
+        first = await collector.next_snapshot()
+        assert (first.reason, first.after_outage) == ("initial", True)
+        assert [e.key for e in first.entries] == ["v1.mdc.ns.c.e.1"]
+        await asyncio.to_thread(handle.restart, kill=True)
+        again = await collector.next_snapshot()
+        assert (again.reason, again.after_outage) == ("reconnect", False)
+    finally:
+        await collector.close()
+    # So does one made for a frontend that already found the server away.
+    collector = Collector(source_for(nats_server_fn.url, bucket_name, started_in_outage=True))
+    try:
+        assert (await collector.next_snapshot()).after_outage
+    finally:
+        await collector.close()
+
+
 async def test_a_restart_with_the_same_store_gives_a_new_listing_and_loses_nothing(
     nats_server_fn: NatsServer, bucket_name: str
 ) -> None:

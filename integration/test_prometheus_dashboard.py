@@ -38,7 +38,7 @@ from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
 from promfixture import PrometheusServer, tool
 from support.cards import base_card as demo_card
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.identity import EndpointId
 from workerset_admission.telemetry.worker_states import (
     COUNT_STATES,
@@ -221,13 +221,11 @@ async def worker_client(url: str) -> AsyncIterator[NatsClient]:
         await nc.close()
 
 
-def publisher(nc: NatsClient) -> DiscoveryPublisher:
-    return DiscoveryPublisher(
-        nc.jetstream(timeout=2), bucket=BUCKET, ttl=TTL, on_removed="reregister"
-    )
+def publisher(nc: NatsClient) -> WorkerRegistrar:
+    return WorkerRegistrar(nc.jetstream(timeout=2), bucket=BUCKET, ttl=TTL, on_removed="reregister")
 
 
-async def join(workers: DiscoveryPublisher, instance: int, card: dict[str, Any]) -> None:
+async def join(workers: WorkerRegistrar, instance: int, card: dict[str, Any]) -> None:
     """A worker joins as Dynamo's do: its instance record, then its model card."""
     await workers.register_endpoint(EP, instance)
     await workers.register(EP, instance, card)

@@ -21,13 +21,13 @@ import pytest
 from natsfixture import NatsServer
 from prometheus_client.parser import text_string_to_metric_families
 from support.cards import base_card as demo_card
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.errors import ConfigError
 from workerset_admission.identity import EndpointId
-from workerset_admission.service.admission_service import AdmissionService, GroupStatusView
-from workerset_admission.service.factory import create_service
+from workerset_admission.service.admission_service import AdmissionService, GroupStatusReport
 from workerset_admission.settings import Settings
 from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle, setup_telemetry
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -81,7 +81,7 @@ def metrics_endpoint(monkeypatch: pytest.MonkeyPatch) -> TelemetryHandle:
 @pytest.fixture
 async def running(
     nats_server: NatsServer, bucket_name: str, metrics_endpoint: TelemetryHandle
-) -> AsyncIterator[tuple[AdmissionService, DiscoveryPublisher, int]]:
+) -> AsyncIterator[tuple[AdmissionService, WorkerRegistrar, int]]:
     telemetry = AdmissionTelemetry(meter_provider=metrics_endpoint.meter_provider)
     settings = Settings(
         nats_servers=(nats_server.url,),
@@ -91,7 +91,7 @@ async def running(
     )
     service = await create_service(settings, telemetry=telemetry, publish=False, status=False)
     nc = await nats.connect(nats_server.url)
-    workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+    workers = WorkerRegistrar(nc.jetstream(), bucket=bucket_name, ttl=None)
     try:
         await service.wait_synced(timeout=20)
         assert metrics_endpoint.prometheus_port is not None
@@ -103,13 +103,13 @@ async def running(
         metrics_endpoint.shutdown()
 
 
-def only_group(service: AdmissionService) -> GroupStatusView | None:
+def only_group(service: AdmissionService) -> GroupStatusReport | None:
     groups = service.status().groups
     return groups[0] if len(groups) == 1 else None
 
 
 async def test_a_rolling_update_shows_in_the_scraped_metrics(
-    running: tuple[AdmissionService, DiscoveryPublisher, int],
+    running: tuple[AdmissionService, WorkerRegistrar, int],
 ) -> None:
     service, workers, port = running
 

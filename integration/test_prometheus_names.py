@@ -41,7 +41,7 @@ from workerset_admission.service.rejections import StandingRejection
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
     CohortStatusView,
-    GroupStatusView,
+    GroupStatusReport,
     state_summary,
 )
 from workerset_admission.telemetry import AdmissionTelemetry
@@ -55,7 +55,7 @@ GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGG
 SNAPSHOT = dataclasses.replace(
     EMPTY_STATUS,
     groups=(
-        GroupStatusView(
+        GroupStatusReport(
             group=GROUP,
             incumbent="a" * 64,
             status="ready",

@@ -36,7 +36,7 @@ from support.fleet import (
     settings_for,
     until,
 )
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.admission import CommitGroup, CoreSettings, Effect, RejectionReported
 from workerset_admission.card import encode_model_record
 from workerset_admission.cli.connection import client_options
@@ -45,11 +45,12 @@ from workerset_admission.errors import Unreachable
 from workerset_admission.keys import model_kv_key
 from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.bindings import HopBindings
-from workerset_admission.service.status_model import GroupStatusView
+from workerset_admission.service.status_model import GroupStatusReport
 from workerset_admission.settings import Settings
 from workerset_admission.traces.format import STEPPED, read_trace, recorded_settings
 from workerset_admission.traces.replay import replay
 from workerset_admission.traces.state_line import DecisionState
+from workerset_admission.traces.writer import TraceWriter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -121,8 +122,7 @@ def assert_replay_matches(
 
 def _trace_start(service: AdmissionService) -> float:
     """The live clock reading the trace counts its times from."""
-    writer = service._trace
-    assert writer is not None
+    [writer] = [o for o in service.step.observers if isinstance(o, TraceWriter)]
     start = writer._start
     assert start is not None
     return start
@@ -168,8 +168,8 @@ async def test_an_outage_longer_than_the_ttl_replays_with_its_hold_and_successio
     # A's records, expired during the outage, arrive as expiries after the reconnect.
     async with admin(nats_server_fn.url) as nc_a, admin(nats_server_fn.url) as nc_b:
 
-        def publisher(nc: Any) -> DiscoveryPublisher:
-            return DiscoveryPublisher(
+        def publisher(nc: Any) -> WorkerRegistrar:
+            return WorkerRegistrar(
                 nc.jetstream(timeout=2),
                 bucket=DISCOVERY,
                 ttl=ttl,
@@ -322,10 +322,10 @@ async def test_a_build_result_that_arrives_after_a_succession_is_fenced_in_the_r
 
 async def a_serves_and_b_waits(
     service: AdmissionService, nc_a: Any, nc_b: Any, ttl: float
-) -> tuple[DiscoveryPublisher, DiscoveryPublisher]:
+) -> tuple[WorkerRegistrar, WorkerRegistrar]:
     """A/1 admitted and B/2 rejected, each on its own connection; B re-registers if removed."""
-    a = DiscoveryPublisher(nc_a.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl)
-    b = DiscoveryPublisher(
+    a = WorkerRegistrar(nc_a.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl)
+    b = WorkerRegistrar(
         nc_b.jetstream(timeout=2), bucket=DISCOVERY, ttl=ttl, on_removed="reregister"
     )
     await a.register(EP, 1, OLD)
@@ -339,9 +339,9 @@ async def stop_recording_and_workers(
     stop: asyncio.Event,
     recorder: asyncio.Task[int],
     service: AdmissionService,
-    a: DiscoveryPublisher,
-    b: DiscoveryPublisher,
-) -> GroupStatusView:
+    a: WorkerRegistrar,
+    b: WorkerRegistrar,
+) -> GroupStatusReport:
     """End the recording, take the live group as it stands, and let the workers go quietly."""
     stop.set()
     await asyncio.wait_for(recorder, 15)

@@ -29,7 +29,7 @@ from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionP
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK
 from workerset_admission.cli.rollout import (
@@ -202,7 +202,7 @@ async def test_the_gate_follows_three_frontends_through_a_rolling_update(
             js,
             BucketSpec(name=ADMISSION, replicas=3, limit_marker_ttl=None, max_age=RECORD_TTL),
         )
-        workers = DiscoveryPublisher(js, bucket=DISCOVERY, ttl=None, create_bucket=False)
+        workers = WorkerRegistrar(js, bucket=DISCOVERY, ttl=None, create_bucket=False)
         for instance in (0x10, 0x11):
             await workers.register(endpoint(OLD), instance, CARD)
 

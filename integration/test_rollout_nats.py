@@ -132,6 +132,16 @@ async def test_the_command_exits_with_the_gate_for_a_script_to_branch_on(
         opened = await asyncio.to_thread(rollout_command, nats_server, bucket_name, "--json")
         assert opened.returncode == 0, opened.stderr
         assert json.loads(opened.stdout)["serving"] == ["fe-a"]
+        # The 12-character form every table prints stands for the whole checksum.
+        short = await asyncio.to_thread(
+            rollout_command, nats_server, bucket_name, "--checksum", "c" * 12, "--json"
+        )
+        assert short.returncode == 0, short.stderr
+        assert json.loads(short.stdout)["expected_checksum"] == "c" * 64
+        for extra in (["--timeout", "-1"], ["--checksum", "not-hex!"]):
+            refused = await asyncio.to_thread(rollout_command, nats_server, bucket_name, *extra)
+            assert refused.returncode == 2, (extra, refused.stderr)
+            assert len(refused.stderr.splitlines()) == 1, refused.stderr
 
         await kv.put("v1.fe-b.capability", b'{"protocol":"v1","capability":true,"frontend":"fe-b"}')
         closed = await asyncio.to_thread(

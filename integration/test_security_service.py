@@ -30,6 +30,7 @@ from secfixture import (
     SecurityMaterial,
     configured_server,
     contains_secret,
+    inbox_prefix,
     operator_config,
     tls_config,
     token_config,
@@ -46,9 +47,9 @@ from workerset_admission.card import (
 from workerset_admission.cli.serve import render_status_table
 from workerset_admission.identity import EndpointId
 from workerset_admission.service.admission_service import AdmissionService
-from workerset_admission.service.factory import create_service
 from workerset_admission.settings import Settings
 from workerset_admission.telemetry import AdmissionTelemetry
+from workerset_admission.wiring.compose import create_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -107,6 +108,7 @@ def settings(url: str, **auth: Any) -> Settings:
         admission_bucket=ADMISSION,
         status_subject=STATUS,
         frontend_id="frontend-1",
+        nats_inbox_prefix=inbox_prefix("frontend-1"),
         reconcile_interval=0.5,
         retry_delays=(0.1, 0.2),
         **auth,
@@ -435,6 +437,12 @@ def _env(
     if password is not None:
         env["WORKERSET_ADMISSION_NATS_USER"] = user
         env["WORKERSET_ADMISSION_NATS_PASSWORD"] = password
+    # Each user reads its replies under its own inbox prefix (docs/security.md).
+    if user == "workerset-admission":
+        env["WORKERSET_ADMISSION_FRONTEND_ID"] = "frontend-1"
+        env["WORKERSET_ADMISSION_NATS_INBOX_PREFIX"] = inbox_prefix("frontend-1")
+    elif user == "status-reader":
+        env["WORKERSET_ADMISSION_NATS_INBOX_PREFIX"] = inbox_prefix("status")
     return env
 
 

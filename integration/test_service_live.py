@@ -17,7 +17,7 @@ from support.aio import eventually
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.errors import ReceiverRetired
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
@@ -34,8 +34,8 @@ GROUP = GroupKey.build(CARD["display_name"], EP, "chat|completions", WorkerType.
 
 
 @pytest.fixture
-async def workers(client: NatsClient, bucket_name: str) -> AsyncIterator[DiscoveryPublisher]:
-    publisher = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=None)
+async def workers(client: NatsClient, bucket_name: str) -> AsyncIterator[WorkerRegistrar]:
+    publisher = WorkerRegistrar(client.jetstream(), bucket=bucket_name, ttl=None)
     yield publisher
     await publisher.close(withdraw=False)
 
@@ -66,7 +66,7 @@ def serving(service: AdmissionService, ids: tuple[int, ...]) -> Callable[[], boo
 
 
 async def test_a_registration_becomes_an_admission_with_a_routable_binding(
-    nats_server: NatsServer, workers: DiscoveryPublisher, bucket_name: str
+    nats_server: NatsServer, workers: WorkerRegistrar, bucket_name: str
 ) -> None:
     await workers.register(EP, 0x1A, OLD)
     service = await start_service(nats_server.url, bucket_name)
@@ -87,7 +87,7 @@ async def test_a_registration_becomes_an_admission_with_a_routable_binding(
 
 async def test_a_conflicting_cohort_is_rejected_and_logged_once_at_error(
     nats_server: NatsServer,
-    workers: DiscoveryPublisher,
+    workers: WorkerRegistrar,
     bucket_name: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -115,7 +115,7 @@ async def test_a_conflicting_cohort_is_rejected_and_logged_once_at_error(
 
 
 async def test_drain_and_succession_bring_a_new_receiver_and_generation_and_old_receivers_stay_dark(
-    nats_server: NatsServer, workers: DiscoveryPublisher, bucket_name: str
+    nats_server: NatsServer, workers: WorkerRegistrar, bucket_name: str
 ) -> None:
     service = await start_service(nats_server.url, bucket_name)
     try:
@@ -155,8 +155,8 @@ async def test_a_crashed_worker_expires_by_ttl_and_leaves_the_admissions(
     nats_server: NatsServer, client: NatsClient, bucket_name: str
 ) -> None:
     service = await start_service(nats_server.url, bucket_name)
-    steady = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=None)
-    crashing = DiscoveryPublisher(client.jetstream(), bucket=bucket_name, ttl=1.0, heartbeat=0.3)
+    steady = WorkerRegistrar(client.jetstream(), bucket=bucket_name, ttl=None)
+    crashing = WorkerRegistrar(client.jetstream(), bucket=bucket_name, ttl=1.0, heartbeat=0.3)
     try:
         await steady.register(EP, 1, OLD)
         await crashing.register(EP, 2, OLD)
@@ -175,7 +175,7 @@ async def test_a_server_restart_with_the_same_store_keeps_incumbent_order_and_re
     handle = nats_server_fn.handle
     assert handle is not None
     nc = await nats.connect(nats_server_fn.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
-    workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+    workers = WorkerRegistrar(nc.jetstream(), bucket=bucket_name, ttl=None)
     service = await start_service(nats_server_fn.url, bucket_name)
     try:
         await workers.register(EP, 1, OLD)
@@ -210,7 +210,7 @@ async def test_a_server_restart_with_a_wiped_store_clears_admissions_and_starts_
     )
     nc = await nats.connect(nats_server_fn.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
     try:
-        workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+        workers = WorkerRegistrar(nc.jetstream(), bucket=bucket_name, ttl=None)
         await workers.register(EP, 1, OLD)
         await eventually(serving(service, (1,)), "v1 is served")
         receiver = service.receiver_for(GROUP)
@@ -220,7 +220,7 @@ async def test_a_server_restart_with_a_wiped_store_clears_admissions_and_starts_
         with pytest.raises(ReceiverRetired):
             receiver.current()
         # The bucket is re-created by the source; a new configuration now reserves the set.
-        workers = DiscoveryPublisher(nc.jetstream(), bucket=bucket_name, ttl=None)
+        workers = WorkerRegistrar(nc.jetstream(), bucket=bucket_name, ttl=None)
         await workers.register(EP, 3, NEW)
         await eventually(serving(service, (3,)), "the new worker is served", 30)
     finally:
@@ -229,7 +229,7 @@ async def test_a_server_restart_with_a_wiped_store_clears_admissions_and_starts_
 
 
 async def test_serving_admissions_are_published_per_namespace_and_withdrawn_on_stop(
-    nats_server: NatsServer, client: NatsClient, workers: DiscoveryPublisher, bucket_name: str
+    nats_server: NatsServer, client: NatsClient, workers: WorkerRegistrar, bucket_name: str
 ) -> None:
     admission_bucket = f"{bucket_name}-adm"
     publisher = NatsAdmissionPublisher(client.jetstream(), "fe-1", bucket=admission_bucket)
@@ -273,8 +273,8 @@ async def test_two_frontends_fed_conflicting_orders_keep_their_own_incumbents_an
     nats_server: NatsServer, client: NatsClient
 ) -> None:
     bucket_a, bucket_b = f"order-a-{time.monotonic_ns()}", f"order-b-{time.monotonic_ns()}"
-    first = DiscoveryPublisher(client.jetstream(), bucket=bucket_a, ttl=None)
-    second = DiscoveryPublisher(client.jetstream(), bucket=bucket_b, ttl=None)
+    first = WorkerRegistrar(client.jetstream(), bucket=bucket_a, ttl=None)
+    second = WorkerRegistrar(client.jetstream(), bucket=bucket_b, ttl=None)
     # The services start first: the registrations reach each as live puts, in the order each
     # bucket receives them (a listing would be observed in key order by both).
     service_a = await start_service(nats_server.url, bucket_a)

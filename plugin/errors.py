@@ -12,6 +12,8 @@
     │   └── InvalidRecordError      a discovery key/value pair we refuse (shape, identity, size)
     ├── Unreachable                 NATS, or a service answering over it, did not answer
     ├── CredentialsRefused          NATS answered and refused the credentials
+    │   └── PermissionRefused       ... or refused this user a publish or a subscription
+    ├── LastWorkerRefused           a drain would leave a model with no routable worker
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
     ├── NoRoutableInstance          a routing hop with no instance both live and admitted
     ├── ViewDirectoryError          the admitted view's directory cannot be used
@@ -28,17 +30,24 @@ fix, the second is an everyday event to report and count.
 
 from __future__ import annotations
 
+import re
+from typing import Final
+
 __all__ = [
     "DETAIL_LIMIT",
+    "REFUSAL_REASONS",
+    "TABLE_LINE_LIMIT",
     "CardDecodeError",
     "ConfigError",
     "CredentialsRefused",
     "DiscoveryStoreError",
     "EmbeddedServerError",
     "InvalidRecordError",
+    "LastWorkerRefused",
     "NatsServerNotFound",
     "NatsServerStartError",
     "NoRoutableInstance",
+    "PermissionRefused",
     "ReceiverClosed",
     "ReceiverRetired",
     "RemoteDataError",
@@ -50,6 +59,7 @@ __all__ = [
     "ViewDirectoryError",
     "WorkersetAdmissionError",
     "bounded_text",
+    "wire_text",
 ]
 
 
@@ -84,6 +94,83 @@ def bounded_text(text: str, limit: int = DETAIL_LIMIT) -> str:
     return f"{text[:limit]}… ({len(text)} characters)"
 
 
+# Characters that end, rewrite or reorder a line on a terminal or in a log file: the C0 and C1
+# controls (newline, carriage return, escape...), DEL, Unicode's line and paragraph separators,
+# and the bidirectional overrides and isolates.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(found: re.Match[str]) -> str:
+    char = found.group()
+    short = _SHORT_ESCAPES.get(char)
+    if short is not None:
+        return short
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+TABLE_LINE_LIMIT = 20_000
+"""The longest line of a table a command prints (a row may list many workers)."""
+
+
+def wire_text(value: object, limit: int = DETAIL_LIMIT) -> str:
+    r"""Return a value from the wire as one line of text fit for a log: escaped, then cut.
+
+    Every log line and refusal detail that carries what a writer sent (a model name, a key,
+    a drain's author, a refusal's detail) shows it through here, so no writer can start a line
+    of its own in the operator's log (a newline becomes ``\n``, any other control character
+    ``\xNN`` or ``\uNNNN``) or make a line longer than ``limit`` characters.
+    """
+    text = value if isinstance(value, str) else str(value)
+    return bounded_text(_UNPRINTABLE.sub(_escape, text), limit)
+
+
+REFUSAL_REASONS: Final[frozenset[str]] = frozenset(
+    {
+        # The key and the record around a card (card/envelope.py, events.py, drain_record.py).
+        "bad_key",
+        "value_too_large",
+        "invalid_utf8",
+        "invalid_json",
+        "depth_limit",
+        "number_out_of_range",
+        "invalid_string",
+        "invalid_record",
+        "duplicate_field",
+        "wrong_record_type",
+        "identity_mismatch",
+        "lora_mismatch",
+        # The card, as Dynamo 1.6.1 would decode it (card/schema.py and its neighbours).
+        "invalid_type",
+        "out_of_range",
+        "missing_field",
+        "unknown_field",
+        "unknown_variant",
+        "invalid_enum",
+        "invalid_length",
+        "invalid_slug",
+        "invalid_checksum",
+        "invalid_model_type",
+        "invalid_router_config",
+        "router_policy_config",
+        "invalid_router_policy",
+        "invalid_indexer_identity",
+        "invalid_card_shape",
+        # Not a 1.6.1 rule: a model name, LoRA name or alias over MAX_NAME_CHARS (card_facts).
+        "name_too_long",
+        # A live key whose identity changed in place: the core keeps its first incarnation.
+        "mutation_refused",
+    }
+)
+"""Every ``reason`` the service counts a refused discovery record under: the one table of them.
+
+The service counts refusals by reason, and its counter starts at 0 for each of these, so an
+alert on ``increase()`` sees the first refusal of any kind. A test holds the refusals the
+boundary really makes to this table.
+"""
+
+
 class RemoteDataError(WorkersetAdmissionError):
     """Data received from discovery was refused.
 
@@ -95,7 +182,7 @@ class RemoteDataError(WorkersetAdmissionError):
         self.reason = reason
         # A detail may quote the remote data; it is cut here, once, so no log line, span,
         # status reply or refusal list can grow with what a writer sends.
-        self.detail = detail = bounded_text(detail)
+        self.detail = detail = wire_text(detail)
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
@@ -117,6 +204,18 @@ class Unreachable(WorkersetAdmissionError):
 
 class CredentialsRefused(WorkersetAdmissionError):
     """NATS answered and refused the credentials: retrying with the same ones cannot help."""
+
+
+class PermissionRefused(CredentialsRefused):
+    """NATS refused this user a publish or a subscription; ``subject`` is the one it named."""
+
+    def __init__(self, message: str, subject: str) -> None:
+        super().__init__(message)
+        self.subject = subject
+
+
+class LastWorkerRefused(WorkersetAdmissionError):
+    """A drain was refused: it would take a model's last routable worker (``--allow-empty``)."""
 
 
 class ReceiverRetired(WorkersetAdmissionError):

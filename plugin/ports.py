@@ -34,17 +34,21 @@ __all__ = [
 
 
 class DiscoveryEntry(NamedTuple):
-    """One KV entry as the bucket holds it.
+    """One discovery record as a source holds it: its key, its raw value, its revision.
 
-    ``headers`` carries message headers when the transport has them (W3C ``traceparent`` for
-    example); ``received_at`` is the monotonic time the entry reached this process, and
-    ``published_at`` the wall-clock time the server stored it, when known. A named tuple: the
-    source makes one per message, and a tuple is built in one step.
+    The key is the record's name in the discovery key space (``keys.py``: ``model_kv_key``,
+    ``endpoint_kv_key``, ``drain_kv_key``; ``card.event_kv_key``), whatever the store: the
+    boundary tells what the record is from the key alone (``card.entry``). ``revision`` is the
+    store's own ordering of writes when it has one (a KV sequence, an etcd or Kubernetes
+    resource version), else 0. ``headers`` carries message headers when the transport has
+    them (W3C ``traceparent`` for example); ``received_at`` is the monotonic time the entry
+    reached this process, and ``published_at`` the wall-clock time the store took it, when
+    known. A named tuple: the source makes one per message, and a tuple is built in one step.
     """
 
     key: str
     value: bytes
-    revision: int
+    revision: int = 0
     headers: Mapping[str, str] | None = None
     received_at: float = 0.0
     published_at: float | None = None
@@ -52,7 +56,7 @@ class DiscoveryEntry(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class SourceListing:
-    """A full listing of the bucket: every key not listed is gone.
+    """A full listing of the source: every key not listed is gone.
 
     Emitted once when the watch's initial values end, again after every reconnect or re-created
     watch, and for periodic reconciliation.
@@ -63,6 +67,14 @@ class SourceListing:
     # Per group (model, worker_set), the checksum each live peer frontend serves, when known:
     # the listing is then observed peer-aligned (admission.ordering).
     peers: Mapping[tuple[str, str], Sequence[str]] | None = None
+    # An initial listing only: the store could not be reached before it (the frontend started
+    # during an outage, or lost its connection before its first listing).
+    after_outage: bool = False
+    # Per group and checksum the peers serve, the instance ids they serve it with.
+    peer_members: Mapping[tuple[str, str], Mapping[str, Sequence[int]]] | None = None
+    # Seconds since the latest resync a live peer frontend made after losing its connection,
+    # as its capability record said when the listing was taken; None when none said so.
+    peers_resynced_ago: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +86,14 @@ class SourcePut:
 
 @dataclass(frozen=True, slots=True)
 class SourceDelete:
-    """A live removal: delete, purge, or a TTL-expiry marker (``operation`` says which)."""
+    """A live removal: delete, purge, or a TTL-expiry marker (``operation`` says which).
+
+    A store without purges or TTLs says ``delete``; ``expired`` is for a record its writer
+    stopped refreshing (a lease, a TTL), which the core may judge an outage's doing.
+    """
 
     key: str
-    revision: int
+    revision: int = 0
     operation: Literal["delete", "purge", "expired"] = "delete"
     headers: Mapping[str, str] | None = field(default=None)
     received_at: float = 0.0
@@ -88,14 +104,28 @@ SourceEvent = SourceListing | SourcePut | SourceDelete
 
 @runtime_checkable
 class DiscoverySource(Protocol):
-    """Where discovery records come from (a JetStream KV bucket in production)."""
+    """Where discovery records come from: any store with a listing and a watch.
+
+    The JetStream KV bucket (``adapters/nats/source.py``) is one; a store with a watch of its
+    own (Kubernetes custom resources through an informer, say) is another, and needs no KV
+    bucket: it names each record by its discovery key and yields the events below.
+    ``docs/sources.md`` says when to write a source and when a bridge into the bucket.
+    """
 
     def events(self) -> AsyncIterator[SourceEvent]:
-        """Yield a listing first, then live updates; a new listing after each reconnect."""
+        """Yield a listing first, then live updates; a new listing after each reconnect.
+
+        A listing's reason says why it came (``initial``, ``reconnect``): after a reconnect
+        the core may hold a tenure the listing empties, so say ``reconnect`` only when the
+        store may have missed changes.
+        """
         ...
 
     async def list_all(self) -> SourceListing:
-        """Read the whole bucket now, for periodic reconciliation."""
+        """Read every record now (reason ``periodic``), for periodic reconciliation.
+
+        A store that keeps a current cache of its watch (an informer) may answer from it.
+        """
         ...
 
     async def close(self) -> None: ...
@@ -119,7 +149,14 @@ class AdmissionPublisher(Protocol):
         """
         ...
 
-    async def publish_capability(self) -> None: ...
+    async def publish_capability(self, resynced_at: float | None = None) -> None:
+        """Say this frontend publishes admissions; ``resynced_at``: when it last resynced.
+
+        ``resynced_at`` is the wall-clock time (Unix seconds) of its last listing after a lost
+        connection: a peer that starts soon after takes its first listing as one within that
+        outage's hold (see the core).
+        """
+        ...
 
     async def republish(self) -> None:
         """Write every record again: the store behind them may have been wiped or re-created."""

@@ -54,11 +54,19 @@ class HopRole(str, enum.Enum):
 
     @classmethod
     def for_worker_type(cls, worker_type: WorkerType) -> HopRole:
-        if worker_type is WorkerType.PREFILL:
-            return cls.PREFILL
-        if worker_type is WorkerType.ENCODE:
-            return cls.ENCODER
-        return cls.DECODE
+        """Return the hop that routes to workers of ``worker_type``."""
+        return _HOP_OF_PEER.get(worker_type, cls.DECODE)
+
+    @property
+    def peer_type(self) -> WorkerType | None:
+        """The worker type of the peer set this hop routes to (``None``: the group's own)."""
+        return _PEER_OF_HOP.get(self)
+
+
+# The hops that route to a peer WorkerSet the topology binds, by the peer's worker type; every
+# other worker type is served by the decode hop of its own group.
+_HOP_OF_PEER = {WorkerType.PREFILL: HopRole.PREFILL, WorkerType.ENCODE: HopRole.ENCODER}
+_PEER_OF_HOP = {role: worker_type for worker_type, role in _HOP_OF_PEER.items()}
 
 
 @dataclass(frozen=True, slots=True)

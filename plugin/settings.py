@@ -93,6 +93,10 @@ class Settings(BaseModel):
     nats_tls_cert_file: Path | None = None
     nats_tls_key_file: Path | None = None
     nats_tls_hostname: str | None = None
+    # The subjects this client's replies and deliveries arrive on (nats-py's ``inbox_prefix``):
+    # give each user a prefix of its own, outside ``_INBOX``, and grant it only ``<prefix>.>``,
+    # so no other client can read them.
+    nats_inbox_prefix: str = "_INBOX"
     embedded_store_dir: Path | None = None
 
     # Dynamo's etcd discovery store, read by ``bridge`` (no endpoints: the file store is read).
@@ -208,7 +212,7 @@ class Settings(BaseModel):
             raise ValueError("a bucket name uses only letters, digits, '_' and '-'")
         return value
 
-    @field_validator("status_subject")
+    @field_validator("status_subject", "nats_inbox_prefix")
     @classmethod
     def _check_subject(cls, value: str) -> str:
         if len(value) > 255 or not all(_SUBJECT_TOKEN.match(t) for t in value.split(".")):
@@ -450,6 +454,12 @@ _CONNECTION_FLAGS: tuple[FlagSpec, ...] = (
     ("--nats-tls-cert-file", "nats_tls_cert_file", "client certificate (mutual TLS)", {}),
     ("--nats-tls-key-file", "nats_tls_key_file", "client key (mutual TLS)", {}),
     ("--nats-tls-hostname", "nats_tls_hostname", "server name to verify", {}),
+    (
+        "--nats-inbox-prefix",
+        "nats_inbox_prefix",
+        "subject prefix of this client's replies (the one its NATS user may subscribe to)",
+        {},
+    ),
 )
 
 # Every other setting that has a flag; a command shows the flags of the settings it reads.

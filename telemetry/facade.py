@@ -36,6 +36,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind
 from workerset_admission import __version__
 from workerset_admission.card.differences import Difference, differences_json, summarize
+from workerset_admission.errors import DETAIL_LIMIT, wire_text
 from workerset_admission.keys import DISCOVERY_BUCKET
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
 from workerset_admission.telemetry import names as n
@@ -217,7 +218,9 @@ class AdmissionTelemetry:
                     n.EVENT_INVALID_RECORD,
                     {n.ATTR_DISCOVERY_KEY: key, n.ATTR_REASON: reason, n.ATTR_DETAIL: detail},
                 )
-            _log.debug("invalid discovery record %s: %s %s", key, reason, detail)
+            _log.debug(
+                "invalid discovery record %s: %s %s", wire_text(key), reason, wire_text(detail)
+            )
         except Exception:
             _log.debug("could not report an invalid record", exc_info=True)
 
@@ -284,16 +287,17 @@ class AdmissionTelemetry:
                 "differences": differences_json(differences),
             }
             said = "" if differences is None else f" differs in: {summarize(differences)}"
+            said = wire_text(said, 4 * DETAIL_LIMIT)
             # The host forwards only the message text, so every field is in it as well.
             self._rejection_log.error(
                 "rejected cohort: model=%s worker_set=%s incumbent_checksum=%s "
                 "rejected_checksum=%s instance=%s%s (its configuration differs from the "
                 "incumbent's; it is tracked but not admitted)",
-                model,
-                worker_set,
-                incumbent_checksum,
-                rejected_checksum,
-                instance,
+                wire_text(model),
+                wire_text(worker_set),
+                wire_text(incumbent_checksum),
+                wire_text(rejected_checksum),
+                wire_text(instance),
                 said,
                 extra=fields,
             )
@@ -363,7 +367,7 @@ class AdmissionTelemetry:
             if new_checksum is not None:
                 _log.warning(
                     "succession in %s: incumbent %s %s, %s takes over with generation %s",
-                    attrs[n.ATTR_GROUP],
+                    wire_text(attrs[n.ATTR_GROUP]),
                     old_checksum,
                     "drained by an operator (it serves until the successor is committed)"
                     if drained
@@ -390,11 +394,11 @@ class AdmissionTelemetry:
         try:
             _log.info(
                 "drained %s in %s (%s, checksum %s)%s",
-                key,
-                group_id,
+                wire_text(key),
+                wire_text(group_id),
                 "was admitted" if was_admitted else "was not admitted",
                 checksum,
-                f" by {by}" if by else "",
+                f" by {wire_text(by)}" if by else "",
             )
         except Exception:
             _log.debug("could not log a drain", exc_info=True)
@@ -414,7 +418,7 @@ class AdmissionTelemetry:
         try:
             _log.info(
                 "handover of %s done (%s): drained incumbent %s generation %s withdrawn",
-                group_id,
+                wire_text(group_id),
                 reason,
                 checksum,
                 generation,
@@ -449,10 +453,10 @@ class AdmissionTelemetry:
                     "its workers is listed; %d of them (%s) stay admitted on their last known "
                     "records until clock %.1f, and the hold ends at clock %.1f unless one of "
                     "them registers again",
-                    group_id,
+                    wire_text(group_id),
                     checksum,
                     len(last_known),
-                    ", ".join(last_known),
+                    wire_text(", ".join(last_known), 4 * DETAIL_LIMIT),
                     last_known_until,
                     deadline,
                 )
@@ -461,7 +465,7 @@ class AdmissionTelemetry:
                     "holding the tenure of %s (incumbent %s) after a discovery outage: none of "
                     "its workers is listed or admitted; the hold ends at clock %.1f unless one "
                     "of them registers again",
-                    group_id,
+                    wire_text(group_id),
                     checksum,
                     deadline,
                 )
@@ -508,7 +512,7 @@ class AdmissionTelemetry:
                 _log.warning(
                     "the hold of %s ended after %.1f s with no worker of incumbent %s back: "
                     "the succession follows",
-                    group_id,
+                    wire_text(group_id),
                     held_for,
                     checksum,
                 )
@@ -517,7 +521,7 @@ class AdmissionTelemetry:
                     "a worker of incumbent %s registered again after %.1f s: %s keeps its tenure",
                     checksum,
                     held_for,
-                    group_id,
+                    wire_text(group_id),
                 )
         except Exception:
             _log.debug("could not log the end of a hold", exc_info=True)

@@ -11,6 +11,7 @@ from typing import Final
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
+from workerset_admission.errors import REFUSAL_REASONS
 from workerset_admission.telemetry import names as n
 from workerset_admission.telemetry.worker_states import (
     DIFFERS_IN_UNKNOWN,
@@ -46,6 +47,103 @@ _LATENCY_BUCKETS: Final = (
 # Enough latency samples for a faithful histogram at a cost that stays well under 1% of a core.
 _LATENCY_RECORDS_PER_SECOND: Final = 1000
 _BUILD_BUCKETS: Final = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+# Every observed instrument: (kind, name, the callback that observes it, unit, description).
+# Read when the instruments are made; a new gauge is one row here and one callback below.
+_OBSERVED: Final = (
+    (
+        "counter",
+        n.METRIC_UPDATES,
+        "_observe_updates",
+        "{update}",
+        "Discovery updates applied, by operation and decision.",
+    ),
+    (
+        "counter",
+        n.METRIC_REJECTED_COHORTS,
+        "_observe_rejections",
+        "{cohort}",
+        "Cohorts newly rejected because their checksum differs from the incumbent.",
+    ),
+    (
+        "counter",
+        n.METRIC_SUCCESSIONS,
+        "_observe_successions",
+        "{succession}",
+        "WorkerSets whose incumbent cohort emptied and was succeeded.",
+    ),
+    (
+        "gauge",
+        n.METRIC_GROUPS,
+        "_observe_groups",
+        "{group}",
+        "WorkerSet groups, by admission status.",
+    ),
+    (
+        "gauge",
+        n.METRIC_GROUPS_HELD,
+        "_observe_held",
+        "{group}",
+        "WorkerSet groups whose tenure is held after a discovery outage.",
+    ),
+    (
+        "gauge",
+        n.METRIC_WORKERS_ADMITTED,
+        "_observe_admitted",
+        "{worker}",
+        "Workers currently admitted for routing, across all groups.",
+    ),
+    (
+        "gauge",
+        n.METRIC_WORKERS,
+        "_observe_workers",
+        "{worker}",
+        "Registered workers by model and state: admitted, rejected or held.",
+    ),
+    (
+        "gauge",
+        n.METRIC_ROUTER_WORKERS,
+        "_observe_router_workers",
+        "{worker}",
+        "Workers per WorkerSet by router state: discovered, available, pending, excluded.",
+    ),
+    (
+        "gauge",
+        n.METRIC_ROUTER_WORKER_STATE,
+        "_observe_worker_state",
+        "{state}",
+        "Each worker's current router state and its reason (1 = current).",
+    ),
+    (
+        "gauge",
+        n.METRIC_INCUMBENT_SINCE,
+        "_observe_incumbents",
+        "s",
+        "Each WorkerSet's incumbent checksum, valued at its tenure's start (Unix time).",
+    ),
+    (
+        "gauge",
+        n.METRIC_REJECTED_COHORT_WORKERS,
+        "_observe_rejected_cohorts",
+        "{worker}",
+        "Workers of each rejected cohort, with the first checksum input its card differs in.",
+    ),
+    (
+        "counter",
+        n.METRIC_HOLDS,
+        "_observe_holds",
+        "{hold}",
+        "Tenures held after a discovery outage (their incumbent not listed).",
+    ),
+    (
+        "gauge",
+        n.METRIC_VIEW_LAG,
+        "_observe_lag",
+        "s",
+        "From the server storing the newest applied record to its being applied.",
+    ),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,29 +209,15 @@ class AdmissionInstruments:
         self._latency_window_start = time.time()
         self._latency_window_seen = 0
 
-        meter.create_observable_counter(
-            n.METRIC_UPDATES,
-            callbacks=[self._observe_updates],
-            unit="{update}",
-            description="Discovery updates applied, by operation and decision.",
-        )
         self.invalid = meter.create_counter(
             n.METRIC_INVALID_RECORDS,
             unit="{record}",
             description="Discovery records refused at the boundary, by reason.",
         )
-        meter.create_observable_counter(
-            n.METRIC_REJECTED_COHORTS,
-            callbacks=[self._observe_rejections],
-            unit="{cohort}",
-            description="Cohorts newly rejected because their checksum differs from the incumbent.",
-        )
-        meter.create_observable_counter(
-            n.METRIC_SUCCESSIONS,
-            callbacks=[self._observe_successions],
-            unit="{succession}",
-            description="WorkerSets whose incumbent cohort emptied and was succeeded.",
-        )
+        # Every reason from the start, at 0, as for build outcomes below: an alert on
+        # increase() then sees a reason's first refusal.
+        for reason in sorted(REFUSAL_REASONS):
+            self.invalid.add(0, {n.LABEL_REASON: reason})
         self._builds = meter.create_counter(
             n.METRIC_BUILDS, unit="{build}", description="Pipeline build attempts, by outcome."
         )
@@ -153,69 +237,14 @@ class AdmissionInstruments:
             description="Time from the server storing a discovery record to its being applied.",
             explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS,
         )
-        meter.create_observable_gauge(
-            n.METRIC_GROUPS,
-            callbacks=[self._observe_groups],
-            unit="{group}",
-            description="WorkerSet groups, by admission status.",
-        )
-        meter.create_observable_gauge(
-            n.METRIC_GROUPS_HELD,
-            callbacks=[self._observe_held],
-            unit="{group}",
-            description="WorkerSet groups whose tenure is held after a discovery outage.",
-        )
-        meter.create_observable_gauge(
-            n.METRIC_WORKERS_ADMITTED,
-            callbacks=[self._observe_admitted],
-            unit="{worker}",
-            description="Workers currently admitted for routing, across all groups.",
-        )
-        meter.create_observable_gauge(
-            n.METRIC_WORKERS,
-            callbacks=[self._observe_workers],
-            unit="{worker}",
-            description="Registered workers by model and state: admitted, rejected or held.",
-        )
-        meter.create_observable_gauge(
-            n.METRIC_ROUTER_WORKERS,
-            callbacks=[self._observe_router_workers],
-            unit="{worker}",
-            description="Workers per WorkerSet by router state: discovered, available, pending, "
-            "excluded.",
-        )
-        meter.create_observable_gauge(
-            n.METRIC_ROUTER_WORKER_STATE,
-            callbacks=[self._observe_worker_state],
-            unit="{state}",
-            description="Each worker's current router state and its reason (1 = current).",
-        )
-        meter.create_observable_gauge(
-            n.METRIC_INCUMBENT_SINCE,
-            callbacks=[self._observe_incumbents],
-            unit="s",
-            description="Each WorkerSet's incumbent checksum, valued at its tenure's start "
-            "(Unix time).",
-        )
-        meter.create_observable_gauge(
-            n.METRIC_REJECTED_COHORT_WORKERS,
-            callbacks=[self._observe_rejected_cohorts],
-            unit="{worker}",
-            description="Workers of each rejected cohort, with the first checksum input its "
-            "card differs in.",
-        )
-        meter.create_observable_counter(
-            n.METRIC_HOLDS,
-            callbacks=[self._observe_holds],
-            unit="{hold}",
-            description="Tenures held after a discovery outage (their incumbent not listed).",
-        )
-        meter.create_observable_gauge(
-            n.METRIC_VIEW_LAG,
-            callbacks=[self._observe_lag],
-            unit="s",
-            description="From the server storing the newest applied record to its being applied.",
-        )
+
+        for kind, name, callback, unit, description in _OBSERVED:
+            make = (
+                meter.create_observable_counter
+                if kind == "counter"
+                else meter.create_observable_gauge
+            )
+            make(name, callbacks=[getattr(self, callback)], unit=unit, description=description)
 
     # --- discovery updates -------------------------------------------------------------------
 

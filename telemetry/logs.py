@@ -30,6 +30,7 @@ __all__ = [
     "RefusalWarnings",
     "configure_logging",
     "install_log_correlation",
+    "name_records_for_hosts",
     "named_for_hosts",
 ]
 
@@ -108,6 +109,10 @@ def install_log_correlation() -> Callable[[], None]:
     return uninstall
 
 
+def _name_by_logger(record: logging.LogRecord) -> None:
+    record.module, _, record.funcName = record.name.rpartition(".")
+
+
 class _NamedByLogger(logging.Filter):
     """Give a record the logger's name as its ``module.funcName``.
 
@@ -117,8 +122,44 @@ class _NamedByLogger(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.module, _, record.funcName = record.name.rpartition(".")
+        _name_by_logger(record)
         return True
+
+
+_hosts_naming = False
+
+
+def name_records_for_hosts() -> Callable[[], None]:
+    """Have every record of this package named by its logger in a host's log (idempotent).
+
+    :func:`named_for_hosts` does it for one logger; a host that embeds the whole package (the
+    Dynamo frontend) would otherwise show the other lines by module and function
+    (``facade.succession``, ``view.close``). Wraps the log record factory for this package's
+    records only; every other record passes through untouched.
+    """
+    global _hosts_naming
+    with _install_lock:
+        if _hosts_naming:
+            return lambda: None
+        previous = logging.getLogRecordFactory()
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            if _in_tree(record.name):
+                _name_by_logger(record)
+            return record
+
+        logging.setLogRecordFactory(factory)
+        _hosts_naming = True
+
+    def uninstall() -> None:
+        global _hosts_naming
+        with _install_lock:
+            if logging.getLogRecordFactory() is factory:
+                logging.setLogRecordFactory(previous)
+                _hosts_naming = False
+
+    return uninstall
 
 
 def named_for_hosts(logger: logging.Logger) -> logging.Logger:

@@ -33,7 +33,12 @@ from workerset_admission.card import (
     parse_key,
     unescape_token,
 )
-from workerset_admission.errors import CardDecodeError, InvalidRecordError, RemoteDataError
+from workerset_admission.errors import (
+    REFUSAL_REASONS,
+    CardDecodeError,
+    InvalidRecordError,
+    RemoteDataError,
+)
 from workerset_admission.identity import EndpointId, Registration
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
 from workerset_admission.service.admission_service import AdmissionService, ServiceStatus
@@ -110,7 +115,12 @@ def attempt(key: str, value: bytes) -> object:
 
 
 def well_refused(outcome: object) -> bool:
-    return isinstance(outcome, RemoteDataError) and bool(REASON.fullmatch(outcome.reason))
+    """A refusal with a reason of the one table (so its counter started at 0)."""
+    return (
+        isinstance(outcome, RemoteDataError)
+        and bool(REASON.fullmatch(outcome.reason))
+        and outcome.reason in REFUSAL_REASONS
+    )
 
 
 def parsed_or_refused(key: str) -> Any:
@@ -134,6 +144,7 @@ def test_every_corpus_record_is_refused_at_the_boundary_with_a_reason(case: Case
         decode(case.key, case.value)
     error = caught.value
     assert REASON.fullmatch(error.reason), error.reason
+    assert error.reason in REFUSAL_REASONS, error.reason
     assert str(error)
     if case.layer == "key":
         assert isinstance(error, InvalidRecordError)
@@ -500,3 +511,24 @@ def test_a_refused_key_a_reconciliation_keeps_from_live_updates_is_not_counted_a
     service.handle_event(SourceListing((good_entry(), bad), reason="periodic"))
     service.handle_event(SourcePut(bad))
     assert service.status().invalid_total == 1
+
+
+def test_every_reason_the_boundary_names_in_its_code_is_in_the_one_table() -> None:
+    import ast
+    from pathlib import Path
+
+    named = set()
+    for path in (Path(__file__).parents[1] / "plugin").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and node.args:
+                func = node.func
+                name = getattr(func, "id", None) or getattr(func, "attr", "")
+                first = node.args[0]
+                if (
+                    name in ("CardDecodeError", "InvalidRecordError", "JsonError")
+                    and isinstance(first, ast.Constant)
+                    and isinstance(first.value, str)
+                ):
+                    named.add(first.value)
+    assert named
+    assert named <= REFUSAL_REASONS, named - REFUSAL_REASONS

@@ -15,6 +15,7 @@ from workerset_admission.admission import (
     WorkerAdded,
     WorkerRemoved,
 )
+from workerset_admission.admission.admitted import routable_ids
 from workerset_admission.errors import ReceiverRetired
 from workerset_admission.identity import (
     EndpointId,
@@ -29,6 +30,7 @@ from workerset_admission.service.bindings import (
     LegacyExplicitEndpointBinding,
     RoutingSettings,
 )
+from workerset_admission.service.liveness import LivenessIndex
 from workerset_admission.service.receivers import AdmissionChannels
 
 EP = EndpointId("ns1", "workers", "generate")
@@ -88,6 +90,18 @@ def test_a_hop_routes_only_to_instances_both_live_and_admitted() -> None:
     assert binding.routable() == frozenset({1})
     fe.live.add(EP, 2)
     assert binding.routable() == frozenset({1, 2})
+
+
+def test_the_one_routable_rule_is_live_and_admitted_or_held_on_last_known_records() -> None:
+    assert routable_ids({1, 2, 3}, {2, 3, 4}) == frozenset({2, 3})
+    assert routable_ids({1, 2, 3}, {2, 3, 4}, last_known={1}) == frozenset({1, 2, 3})
+    # Nothing live and nothing held is nothing routable, never every instance.
+    assert routable_ids({1, 2}, set()) == frozenset()
+    index = LivenessIndex()
+    index.put("k2", EP, 2)
+    # The liveness index answers with the same rule as the bindings (held members included).
+    assert index.routable(EP, [1, 2], last_known=[1]) == routable_ids({1, 2}, {2}, {1})
+    assert index.routable(EP, [1, 2]) == frozenset({2})
 
 
 def test_routing_settings_come_from_the_selected_card_only() -> None:
@@ -212,3 +226,14 @@ def test_settings_resolve_from_a_decoded_card_of_the_card_boundary() -> None:
     from workerset_admission.routing import encoder_handoff
 
     assert encoder_handoff(registration.card)
+
+
+def test_each_hop_role_names_the_worker_type_it_routes_to_once() -> None:
+    # A hop that routes to a peer set finds it by the peer's worker type; the table in
+    # routing.py is the one place a hop kind is tied to a worker type.
+    for role in HopRole:
+        if role.peer_type is not None:
+            assert HopRole.for_worker_type(role.peer_type) is role
+    assert HopRole.DECODE.peer_type is None
+    assert HopRole.for_worker_type(WorkerType.AGGREGATED) is HopRole.DECODE
+    assert HopRole.for_worker_type(WorkerType.DECODE) is HopRole.DECODE

@@ -18,6 +18,7 @@ from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.errors import (
     ConfigError,
     InvalidRecordError,
+    LastWorkerRefused,
     StoreUnavailable,
     Unreachable,
     ViewDirectoryError,
@@ -215,6 +216,13 @@ def _readme_commands() -> dict[int, str]:
     return {int(code): commands for code, commands in rows}
 
 
+def test_the_readme_table_gives_the_drain_its_own_status_for_the_last_worker() -> None:
+    commands = _readme_commands()
+    assert commands[cli.EXIT_LAST_WORKER].strip() == "`drain`"
+    assert "--allow-empty" in cli.EXIT_STATUSES[cli.EXIT_LAST_WORKER]
+    assert cli.exit_status(LastWorkerRefused("x")) == cli.EXIT_LAST_WORKER
+
+
 def test_the_readme_table_names_the_statuses_diff_answers_with() -> None:
     commands = _readme_commands()
     assert commands[cli.EXIT_OK].strip() == "all"
@@ -243,7 +251,9 @@ def test_each_error_maps_to_its_row_of_the_table(error: BaseException, status: i
 
 def test_the_readme_table_lists_every_exit_status() -> None:
     text = README.read_text(encoding="utf-8")
-    rows = re.findall(r"^\| (\d+) \| ", text, flags=re.MULTILINE)
+    # The exit-status table alone: from its header to the first line that is not a row.
+    table = text[text.index("| Status | Meaning | Commands |") :].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| (\d+) \| ", table, flags=re.MULTILINE)
     assert [int(code) for code in rows] == sorted(cli.EXIT_STATUSES)
 
 
@@ -319,3 +329,27 @@ def test_only_bridge_shows_the_etcd_flags_and_only_serve_the_service_limits() ->
 def test_the_bridge_says_it_reads_a_file_store_or_etcd() -> None:
     assert "etcd" in cli.COMMANDS["bridge"].help
     assert "file store" in cli.COMMANDS["bridge"].help
+
+
+def test_bridge_etcd_without_the_etcd_extra_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    for name in [m for m in sys.modules if m.startswith("workerset_admission.adapters.etcd")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "aetcd", None)  # as if the extra were not installed
+    argv = [
+        "bridge",
+        "--etcd",
+        "http://127.0.0.1:1",
+        "--once",
+        "--nats-server",
+        "nats://127.0.0.1:1",
+    ]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err == (
+        "workerset-admission bridge: --etcd needs the etcd extra (aetcd is not installed): "
+        "pip install '.[etcd]' in a checkout\n"
+    )

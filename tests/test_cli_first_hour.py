@@ -187,3 +187,28 @@ def test_bridge_with_no_store_names_the_flags_and_no_path_the_user_never_typed(
         "DYN_FILE_KV) for Dynamo's file store, or --etcd ENDPOINTS for etcd\n"
     )
     assert str(tmp_path) not in err
+
+
+def test_a_model_name_holding_a_newline_stays_in_its_row_of_the_status_table() -> None:
+    group = {
+        "model": "m\nhealth: healthy  groups: 0",
+        "namespace": "ns",
+        "component": "backend",
+        "endpoint": "generate",
+        "worker_type": "aggregated",
+        "incumbent": "a" * 64,
+        "status": "ready",
+        "generation": 1,
+        "admitted": [1],
+        "cohorts": [{"checksum": "a" * 64, "members": [1]}],
+        "drained": [{"instance_id": 2, "by": "ops\nforged", "at": 0.0}],
+    }
+    table = render_status_table(
+        {"groups": [group], "readiness": [], "health": "healthy", "live_instances": 1}
+    )
+    lines = table.splitlines()
+    assert len(lines) == 4  # header, the group, totals, the drained worker
+    assert lines[1].startswith("m\\nhealth: healthy  groups: 0 @ ns/backend/generate")
+    assert lines[2].startswith("health: healthy  groups: 1")
+    assert lines[3].startswith("drained 2 in m\\nhealth")
+    assert "by ops\\nforged" in lines[3]

@@ -1,7 +1,9 @@
 """What an operator looks for: license, changelog, examples, container and systemd files.
 
-The Containerfiles are not built here (no registry for a Python base image): this checks that
-what they copy exists and that the commands they run parse with the real parsers.
+The Containerfiles are built and run by integration/test_container_images.py (marker images);
+this checks, without podman, that they install the extras pyproject.toml has from the context
+build.sh makes, and that the commands they run parse with the real parsers. The systemd units
+pass ``systemd-analyze verify`` where systemd's tools are installed.
 """
 
 from __future__ import annotations
@@ -9,11 +11,18 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from workerset_admission import cli
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 from workerset_admission.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,9 +74,16 @@ def _json_array(text: str, instruction: str) -> list[str]:
 @pytest.mark.parametrize("path", CONTAINERFILES, ids=[p.name for p in CONTAINERFILES])
 def test_a_containerfile_copies_what_the_package_needs_and_runs_what_exists(path: Path) -> None:
     text = path.read_text()
-    for folder in ("plugin", "adapters", "telemetry"):
-        assert f"COPY {folder} {folder}" in text
-        assert (ROOT / folder).is_dir()
+    # build.sh's context: the dependencies' wheels, then the project's with its extras.
+    assert "COPY deps /wheels/deps" in text
+    assert "COPY project /wheels/project" in text
+    assert "--no-index" in text
+    extras = re.search(r"py3-none-any\.whl\[([a-z,]+)\]", text)
+    assert extras is not None
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert set(extras.group(1).split(",")) <= set(optional)
     entry, command = _json_array(text, "ENTRYPOINT"), _json_array(text, "CMD")
     if entry == ["workerset-admission"]:
         args = cli.build_parser().parse_args(command)
@@ -88,3 +104,52 @@ def test_a_containerfile_copies_what_the_package_needs_and_runs_what_exists(path
         finally:
             sys.argv = saved
         assert (config.http_port, config.discovery_backend) == (8000, "file")
+
+
+def _verify(units: list[Path]) -> subprocess.CompletedProcess[str]:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here (Debian's systemd package has it)")
+    return subprocess.run(
+        [analyze, "verify", *map(str, units)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    # Copies whose ExecStart names this environment's workerset-admission: verify checks that
+    # the command exists, and /opt/workerset-admission is the install the units' comment asks for.
+    script = Path(sys.executable).parent / "workerset-admission"
+    assert script.is_file()
+    copies = []
+    for unit in UNITS:
+        copy = tmp_path / unit.name
+        copy.write_text(
+            unit.read_text().replace("/opt/workerset-admission/bin/", f"{script.parent}/")
+        )
+        copies.append(copy)
+    done = _verify(copies)
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+    # And it does find faults here: an unknown key is reported.
+    copies[0].write_text(copies[0].read_text().replace("[Service]", "[Service]\nRestartt=always"))
+    assert "Unknown key" in _verify(copies[:1]).stderr
+
+
+def test_the_prestop_hook_is_a_command_that_exists_with_nothing_for_a_shell_to_expand() -> None:
+    yaml = pytest.importorskip("yaml", reason="needs pyyaml (the dynamo extra)")
+    manifest = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "worker-prestop.yaml").read_text())
+    pod = manifest["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    # The kubelet expands $(VAR) in command and args only, never in a lifecycle hook.
+    assert not any("$" in word for word in command)
+    assert command[0] == "workerset-admission"
+    args = cli.build_parser().parse_args(command[1:])
+    assert (args.command, args.host_from_env, args.wait) == ("drain", "POD_IP", True)
+    assert "POD_IP" in {env["name"] for env in container["env"]}
+    # The pod outlives the drain's timeout plus its grace.
+    assert pod["terminationGracePeriodSeconds"] > args.timeout + args.grace
+    worker_image = (ROOT / "deploy" / "kubernetes" / "Containerfile.worker").read_text()
+    for folder in ("plugin", "adapters", "telemetry"):
+        assert f"COPY {folder} /opt/workerset-admission-src/{folder}" in worker_image
+    # The worker image's own ENTRYPOINT is kept.
+    assert not re.search(r"^ENTRYPOINT", worker_image, flags=re.MULTILINE)

@@ -95,25 +95,39 @@ def test_the_import_walk_sees_an_import_of_nats(tmp_path: Path) -> None:
     assert {"nats.errors", "nats.js"} <= _imported(module)
 
 
+# The modules loose in adapters/ are what several adapters share (the bridges' memory of the
+# bucket): any adapter may use them, and they use no adapter.
+_SHARED_ADAPTER_MODULES = frozenset(
+    p.stem for p in (ROOT / "adapters").glob("*.py") if p.name != "__init__.py"
+)
+
+
 def _foreign_adapters(path: Path, own: str) -> list[str]:
     prefix = "workerset_admission.adapters."
     return sorted(
         name
         for name in _imported(path)
-        if name.startswith(prefix) and name[len(prefix) :].split(".")[0] != own
+        if name.startswith(prefix)
+        and name[len(prefix) :].split(".")[0] != own
+        and name[len(prefix) :] not in _SHARED_ADAPTER_MODULES
     )
 
 
 def test_no_adapter_imports_another_adapter() -> None:
-    # What two adapters share (the bridges' bucket writer port, Dynamo's store paths) lives in
-    # the package's own modules, so each adapter can be read and replaced on its own.
+    # What two adapters share lives in the package's own modules (the bucket writer port,
+    # Dynamo's store paths) or loose in adapters/ (the bridges' bucket mirror), so each adapter
+    # can be read and replaced on its own.
     offenders = [
         f"{path.relative_to(ROOT)} imports {name}"
         for path in _modules()
-        if path.relative_to(ROOT).parts[0] == "adapters" and len(path.relative_to(ROOT).parts) > 2
-        for name in _foreign_adapters(path, path.relative_to(ROOT).parts[1])
+        if path.relative_to(ROOT).parts[0] == "adapters"
+        for name in _foreign_adapters(
+            path,
+            path.relative_to(ROOT).parts[1] if len(path.relative_to(ROOT).parts) > 2 else "",
+        )
     ]
     assert offenders == []
+    assert "bucket_mirror" in _SHARED_ADAPTER_MODULES
 
 
 def test_the_adapter_walk_sees_an_import_of_another_adapter(tmp_path: Path) -> None:
@@ -121,6 +135,9 @@ def test_the_adapter_walk_sees_an_import_of_another_adapter(tmp_path: Path) -> N
     module.write_text("from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge\n")
     assert _foreign_adapters(module, "etcd") == ["workerset_admission.adapters.dynamo.bridge"]
     assert _foreign_adapters(module, "dynamo") == []
+    module.write_text("from workerset_admission.adapters.bucket_mirror import BucketMirror\n")
+    assert _foreign_adapters(module, "etcd") == []
+    assert _foreign_adapters(module, "") == []
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -147,7 +164,17 @@ _VOCABULARY = {
     "routing.py",
     "settings.py",
 }
-_ROOMS = {"admission", "card", "cli", "examples", "frontend", "rollout", "service", "traces"}
+_ROOMS = {
+    "admission",
+    "card",
+    "cli",
+    "examples",
+    "frontend",
+    "rollout",
+    "service",
+    "traces",
+    "wiring",
+}
 
 
 def test_the_top_of_the_package_holds_rooms_and_the_shared_vocabulary_only() -> None:
@@ -266,7 +293,7 @@ _ROOMS_BELOW_ADAPTERS = ("admission", "card")
 # Every other room, a new one included, is above the adapters.
 _ROOMS_ABOVE_ADAPTERS = tuple(sorted(_ROOMS - set(_ROOMS_BELOW_ADAPTERS)))
 # Where the service is put together with its adapters.
-_COMPOSITION_ROOTS = ("plugin/service/factory.py", "plugin/cli/", "plugin/frontend/")
+_COMPOSITION_ROOTS = ("plugin/wiring/", "plugin/cli/", "plugin/frontend/")
 
 
 def _module_names() -> dict[str, Path]:
@@ -375,7 +402,7 @@ def test_the_cycle_check_finds_a_cycle_and_only_a_cycle() -> None:
 def test_the_arrow_walk_sees_imports_for_types_and_inside_functions() -> None:
     modules = _module_names()
     readout = ROOT / "plugin" / "admission" / "readout.py"
-    assert "workerset_admission.admission.views" in _arrows(readout, modules)
+    assert "workerset_admission.admission.snapshots" in _arrows(readout, modules)
     text = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from workerset_admission.admission.core import _Group\n"
@@ -451,7 +478,105 @@ def test_the_arrow_rules_see_an_arrow_that_runs_back_up() -> None:
     assert _room("workerset_admission.service.bindings") == "service"
     assert _room("workerset_admission.ports") == "ports"
     graph = _graph()
-    assert any(_room(t) == "adapters" for t in graph["workerset_admission.service.factory"])
+    assert any(_room(t) == "adapters" for t in graph["workerset_admission.wiring.compose"])
+    assert _rank("workerset_admission.traces.writer") > _rank("workerset_admission.service.step")
+    assert _rank("workerset_admission.wiring.compose") > _rank("workerset_admission.traces.writer")
+    assert _rank("workerset_admission.settings") > _rank("workerset_admission.admission.core")
+
+
+# Every module in a layer, lowest first: an arrow points to a lower layer or within its own.
+# The loose vocabulary is split by what it leans on: most of it on nothing of the project;
+# the settings, Dynamo's store paths and the package's face on the core's and the card's
+# names, below the adapters that read them. The service is told of its trace, view and
+# publishers as observers and ports, so it imports neither the adapters nor traces/; traces/
+# reads the service's step; the composition roots see everything.
+_LAYERS = (
+    ("identity", "errors", "keys", "ports", "aio", "routing", "ownership", "mirror", "examples"),
+    ("admission", "card"),
+    ("settings", "discovery_paths", ""),
+    ("adapters", "telemetry"),
+    ("service",),
+    ("traces", "rollout"),
+    ("cli", "frontend", "wiring", "plugin"),
+)
+
+
+def _rank(name: str) -> int:
+    room = _room(name)
+    for rank, rooms in enumerate(_LAYERS):
+        if room in rooms:
+            return rank
+    raise AssertionError(f"{name} is in no layer; add its room to _LAYERS")
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for name in _graph():
+        _rank(name)
+    assert _room("workerset_admission") == ""
+
+
+def test_no_arrow_runs_back_up() -> None:
+    offenders = [
+        f"{name} imports {target}"
+        for name, targets in _graph().items()
+        for target in sorted(targets)
+        if _rank(target) > _rank(name)
+    ]
+    assert offenders == []
+
+
+def test_the_service_imports_no_adapter_and_no_trace() -> None:
+    offenders = [
+        f"{name} imports {target}"
+        for name, targets in _graph().items()
+        if _room(name) == "service"
+        for target in sorted(targets)
+        if _room(target) in ("adapters", "traces")
+    ]
+    assert offenders == []
+
+
+def test_each_port_and_the_routable_rule_are_declared_once() -> None:
+    ports = {node.name for node in _classes(ROOT / "plugin" / "ports.py")}
+    twins = [
+        f"{path.relative_to(ROOT)}: {node.name}"
+        for path in _modules()
+        if path != ROOT / "plugin" / "ports.py"
+        for node in _classes(path)
+        if node.name in ports
+    ]
+    assert twins == []
+    rules = [
+        path.relative_to(ROOT).as_posix()
+        for path in _modules()
+        if "def routable_ids(" in path.read_text(encoding="utf-8")
+    ]
+    assert rules == ["plugin/admission/admitted.py"]
+
+
+def _prefix_literals(text: str) -> list[str]:
+    """The string constants of a module that spell a discovery key prefix (``"v1.mdc."``)."""
+    return [
+        node.value
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"v1\.[a-z_]+\.", node.value)
+    ]
+
+
+def test_what_an_entry_is_is_told_by_the_boundary_alone() -> None:
+    # The key prefixes are spelled in keys.py (and in card/, which owns the record kinds);
+    # ingestion and the rest of the service ask card/entry.py what an entry is.
+    offenders = {
+        path.relative_to(ROOT).as_posix(): found
+        for path in _modules()
+        if path.relative_to(ROOT).parts[:2] in (("plugin", "service"), ("plugin", "traces"))
+        if (found := _prefix_literals(path.read_text(encoding="utf-8")))
+    }
+    assert offenders == {}
+    assert _prefix_literals((ROOT / "plugin" / "keys.py").read_text(encoding="utf-8"))
+    assert _prefix_literals('if key.startswith("v1.drain."):\n    pass\n') == ["v1.drain."]
 
 
 # -------------------------------------------------------------------------------- the effect bus
@@ -583,3 +708,24 @@ def test_the_decoder_check_sees_an_import_and_an_attribute() -> None:
     }
     assert _card_decoders_used("import x\nx.decode_event_record(1)\n") == {"decode_event_record"}
     assert _card_decoders_used("from workerset_admission.card import parse_key\n") == set()
+
+
+def test_the_entry_points_name_the_composition_root_and_the_route_extension() -> None:
+    # pyproject.toml is what an installed host reads; each entry point must import and be
+    # the object the package says it is.
+    import importlib
+
+    from workerset_admission.frontend.routes import frontend_routes
+    from workerset_admission.wiring.compose import create_service
+
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    found = dict(re.findall(r'^(?:admission|workerset-admission) = "([\w.]+):(\w+)"$', text, re.M))
+    assert found == {
+        "workerset_admission.wiring.compose": "create_service",
+        "workerset_admission.frontend.routes": "frontend_routes",
+        "workerset_admission.cli": "main",
+    }
+    for module, name in found.items():
+        assert callable(getattr(importlib.import_module(module), name))
+    assert create_service.__module__ == "workerset_admission.wiring.compose"
+    assert frontend_routes.__module__ == "workerset_admission.frontend.routes"

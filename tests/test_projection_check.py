@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from workerset_admission.admission.adapters import AdapterLog
 from workerset_admission.admission.effects import LoraAdapter, LoraWorker
+from workerset_admission.admission.lora import AdapterLog
 from workerset_admission.admission.projection import ProjectionConflicts, projection_conflict
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 

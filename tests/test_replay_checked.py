@@ -25,9 +25,15 @@ from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.bindings import HopBindings
 from workerset_admission.settings import Settings
 from workerset_admission.traces.digest import effects_digest
-from workerset_admission.traces.format import STEPPED, read_trace, recorded_settings
+from workerset_admission.traces.format import (
+    STEPPED,
+    TRACE_VERSION,
+    read_trace,
+    recorded_settings,
+)
 from workerset_admission.traces.replay import NondeterminismError, replay
 from workerset_admission.traces.writer import TraceWriter
+from workerset_admission.wiring.compose import attach_trace_writer
 
 A = base_card(16)
 B = base_card(32)
@@ -47,6 +53,7 @@ async def _record(trace: Path, *, refuse_first_commit: bool = False) -> Admissio
     builder.fail_next = 1
     settings = Settings(retry_delays=(0.5,), tenure_hold=3.0, trace_out=trace)
     service = AdmissionService(source, builder=builder, clock=clock, settings=settings)
+    attach_trace_writer(service)
     async with time_limit(10):
         await service.start()
         source.queue.put_nowait(SourceListing((model_entry(1, A), model_entry(2, A))))
@@ -123,7 +130,7 @@ async def test_a_live_trace_replays_to_its_exact_state_with_every_line_checked(
     trace = tmp_path / "trace.jsonl"
     service = await _record(trace)
     lines = _lines(trace)
-    assert json.loads(lines[0])["version"] == 3
+    assert json.loads(lines[0])["version"] == TRACE_VERSION == 4
     _same_state(service, lines)
 
 
@@ -208,7 +215,7 @@ def test_a_version_2_trace_is_upgraded_when_read_and_replays_unchecked() -> None
         ),
     ]
     header = read_trace(lines)[0]
-    assert (header["version"], header["upgraded_from"]) == (3, 2)
+    assert (header["version"], header["upgraded_from"]) == (4, 2)
     result = replay(lines)
     assert result.checked == 0
     assert [v.status.value for v in result.core.groups()] == ["building"]

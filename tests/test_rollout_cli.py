@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import Sequence
 
+import pytest
 from workerset_admission.cli import build_parser
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNREACHABLE
 from workerset_admission.cli.rollout import (
@@ -16,6 +17,7 @@ from workerset_admission.cli.rollout import (
     run_async,
     wait_for_gate,
 )
+from workerset_admission.errors import UsageError
 
 MODEL = "llama"
 NEW = "prod-v2"
@@ -183,6 +185,23 @@ async def test_wait_with_an_open_gate_exits_zero_at_once() -> None:
 async def test_an_expected_checksum_is_passed_to_the_gate() -> None:
     code, _out, _err = await invoke(ScriptedSource([OPEN]), "--checksum", "d" * 64)
     assert code == EXIT_NO
+
+
+async def test_a_checksum_prefix_opens_the_gate_when_it_is_unambiguous() -> None:
+    full = "2e8fb64888e5" + "0" * 52
+    served = BucketRead(entries=(record("fe-a", NEW, full), record("fe-b", NEW, full)))
+    code, out, _err = await invoke(ScriptedSource([served]), "--checksum", full[:12], "--json")
+    assert code == EXIT_OK
+    assert json.loads(out)["expected_checksum"] == full
+
+
+async def test_an_ambiguous_or_malformed_checksum_is_refused_with_the_full_forms() -> None:
+    one, two = "2e8fb648" + "1" * 56, "2e8fb648" + "2" * 56
+    both = BucketRead(entries=(record("fe-a", NEW, one), record("fe-b", NEW, two)))
+    with pytest.raises(UsageError, match=f"it begins {one} and {two}"):
+        await invoke(ScriptedSource([both]), "--checksum", "2e8fb648")
+    with pytest.raises(UsageError, match="lowercase hex"):
+        await invoke(ScriptedSource([both]), "--checksum", "2E8F-XYZ")
 
 
 async def test_wait_says_what_it_waits_for_before_the_first_look() -> None:

@@ -15,8 +15,9 @@ from workerset_admission.card.serving_record import (
     Record,
     parse_record,
 )
+from workerset_admission.cli.serve import render_status_table
 from workerset_admission.errors import InvalidRecordError, RemoteDataError
-from workerset_admission.rollout.gate import evaluate_gate, render_table
+from workerset_admission.rollout.gate import disagreements_with, evaluate_gate, render_table
 
 MODEL = "llama"
 OLD = "prod-v1"
@@ -86,6 +87,17 @@ class TestParsing:
     def test_a_capability_record_only_says_the_frontend_is_there(self) -> None:
         record = present("fe-a")
         assert record == CapabilityRecord(key="v1.fe-a.capability", frontend="fe-a")
+
+    def test_a_capability_record_may_say_when_its_frontend_resynced_after_an_outage(self) -> None:
+        key = "v1.fe-a.capability"
+        value = {"protocol": "v1", "capability": True, "frontend": "fe-a", "resynced_at": 17}
+        record = parse_record(key, json.dumps(value).encode())
+        assert record == CapabilityRecord(key=key, frontend="fe-a", resynced_at=17.0)
+        for bad in ("soon", -1, True):
+            value["resynced_at"] = bad
+            with pytest.raises(InvalidRecordError) as refused:
+                parse_record(key, json.dumps(value).encode())
+            assert refused.value.reason == "bad_field"
 
     def test_a_members_only_record_takes_its_namespace_from_the_members(self) -> None:
         value = {"protocol": "v1", "frontend": "fe-a", "members": [member(NEW, 7)]}
@@ -248,7 +260,11 @@ class TestGate:
         records = [served("fe-a", NEW), served("fe-c", NEW, checksum=BAD)]
         report = gate(records, require_agreement=True)
         assert not report.open
-        assert "disagree" in report.reasons[0]
+        # It says which frontends serve which configuration.
+        assert report.reasons == (
+            f"frontends disagree on the incumbent of {worker_set(NEW)}: "
+            f"fe-a serves {GOOD[:12]}; fe-c serves {BAD[:12]}",
+        )
 
     def test_an_expected_checksum_only_counts_frontends_with_that_incumbent(self) -> None:
         records = [served("fe-a", NEW), served("fe-c", NEW, checksum=BAD)]
@@ -345,3 +361,29 @@ def test_stricter_questions_never_open_a_closed_gate(records: list[Record]) -> N
     plain = gate(records).open
     assert not (gate(records, expected_checksum=GOOD).open and not plain)
     assert not (gate(records, require_agreement=True).open and not plain)
+
+
+def test_a_frontend_learns_which_peers_serve_another_configuration_of_its_groups() -> None:
+    group = (MODEL, worker_set(NEW))
+    records = [
+        served("fe-1", NEW, checksum=GOOD),  # this frontend's own, older record: not read
+        served("fe-2", NEW, checksum=BAD),
+        served("fe-3", NEW, checksum=BAD),
+        served("fe-4", NEW, checksum=GOOD),
+        served("fe-5", NEW, checksum=BAD, instances=()),  # serving nobody: no configuration
+        present("fe-6"),
+    ]
+    (found,) = disagreements_with(records, "fe-1", {group: GOOD})
+    assert found.worker_set == worker_set(NEW)
+    assert found.incumbents == ((GOOD, ("fe-1", "fe-4")), (BAD, ("fe-2", "fe-3")))
+    assert found.in_words() == f"fe-1, fe-4 serve {GOOD[:12]}; fe-2, fe-3 serve {BAD[:12]}"
+    agreeing = [served("fe-4", NEW, checksum=GOOD), served("fe-2", OLD, checksum=BAD)]
+    assert disagreements_with(agreeing, "fe-1", {group: GOOD}) == ()
+
+
+def test_the_status_table_says_which_frontends_serve_which_configuration() -> None:
+    (found,) = disagreements_with(
+        [served("fe-2", NEW, checksum=BAD)], "fe-1", {(MODEL, worker_set(NEW)): GOOD}
+    )
+    table = render_status_table({"groups": [], "disagreements": [found.as_json()]})
+    assert f"disagreement on {worker_set(NEW)}: fe-1 serves {GOOD[:12]}; fe-2 serves" in table

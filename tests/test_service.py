@@ -719,3 +719,59 @@ async def test_a_stop_whose_withdrawal_fails_logs_one_line_without_a_traceback(
     assert record.levelname == "WARNING"
     assert record.exc_info is None
     assert "ConnectionError: nats is away" in record.getMessage()
+
+
+class _WatchedObjects:
+    """A store with a watch of its own (custom resources through an informer, say).
+
+    It keeps objects, not KV entries: each object names its record by its discovery key and
+    carries no revision, and removals are plain deletes. Nothing here is a bucket.
+    """
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = dict(objects)
+        self.changes: asyncio.Queue[tuple[str, bytes | None] | None] = asyncio.Queue()
+
+    def _listing(self, reason: Any) -> SourceListing:
+        entries = tuple(DiscoveryEntry(key, value) for key, value in sorted(self.objects.items()))
+        return SourceListing(entries, reason=reason)
+
+    async def events(self) -> AsyncIterator[SourceEvent]:
+        yield self._listing("initial")
+        while (change := await self.changes.get()) is not None:
+            key, value = change
+            if value is None:
+                self.objects.pop(key, None)
+                yield SourceDelete(key)
+            else:
+                self.objects[key] = value
+                yield SourcePut(DiscoveryEntry(key, value))
+
+    async def list_all(self) -> SourceListing:
+        return self._listing("periodic")  # the informer's cache is current
+
+    async def close(self) -> None:
+        self.changes.put_nowait(None)
+
+
+async def test_a_store_with_its_own_watch_plugs_in_as_a_source_without_a_bucket() -> None:
+    first, second = model_entry(1), endpoint_entry(1)
+    store = _WatchedObjects({first.key: first.value, second.key: second.value})
+    svc = AdmissionService(store)
+    await svc.start()
+    try:
+        await svc.wait_synced(5)
+        await settle(lambda: svc.binding(group_key()) is not None)
+        binding = svc.binding(group_key())
+        assert binding is not None
+        assert binding.routable() == {1}
+        joining, live = model_entry(2), endpoint_entry(2)
+        store.changes.put_nowait((joining.key, joining.value))
+        store.changes.put_nowait((live.key, live.value))
+        await settle(lambda: binding.routable() == {1, 2})
+        store.changes.put_nowait((first.key, None))
+        await settle(lambda: binding.routable() == {2})
+        assert await svc.reconcile()
+        assert binding.routable() == {2}
+    finally:
+        await svc.stop()

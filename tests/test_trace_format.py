@@ -1,4 +1,4 @@
-"""Trace format version 2: its checks, its replay semantics, and a service recording itself."""
+"""Trace format versions 2 to 4: their checks, replay semantics, and a service recording itself."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import Settings
 from workerset_admission.traces.format import raw_text
 from workerset_admission.traces.replay import TraceError, replay
+from workerset_admission.wiring.compose import attach_trace_writer
 
 A = base_card(16)
 B = base_card(32)
-GID = group_of(A).id
+GROUP = group_of(A)
+GID = GROUP.id
 
 
 def header(observer: str = "frontend", **settings: Any) -> str:
@@ -79,7 +81,7 @@ def group_after(*lines: str, **settings: Any) -> dict[str, Any]:
         ([header(), put(2.0, 1), put(1.0, 2)], "back in time"),
         ([put(0, 1), header()], "first line"),
         (
-            [json.dumps({"kind": "trace", "version": 4, "wall_time": 1, "observer": "bucket"})],
+            [json.dumps({"kind": "trace", "version": 5, "wall_time": 1, "observer": "bucket"})],
             "newer",
         ),
         (
@@ -212,6 +214,8 @@ async def test_a_service_recording_itself_replays_to_its_own_state(tmp_path: Pat
     builder.fail_next = 1
     settings = Settings(retry_delays=(0.5,), tenure_hold=3.0, trace_out=trace)
     service = AdmissionService(source, builder=builder, clock=clock, settings=settings)
+    writer = attach_trace_writer(service)
+    assert writer is not None
     async with time_limit(10):
         await service.start()
         source.queue.put_nowait(SourceListing((model_entry(1, A),)))
@@ -234,9 +238,52 @@ async def test_a_service_recording_itself_replays_to_its_own_state(tmp_path: Pat
     assert kinds[0] == "trace"
     assert {"snapshot", "put", "delete", "build", "tick"} <= set(kinds)
     [replayed] = replay(lines).to_json()["groups"]
-    start = service._trace._start  # type: ignore[union-attr]
+    start = writer._start
     assert start is not None
     for name in ("incumbent", "status", "generation", "receiver", "admitted", "cohorts"):
         assert replayed[name] == live[name], name
     assert view.held_until is not None
     assert replayed["held_until"] == pytest.approx(view.held_until - start)
+
+
+async def test_a_frontend_started_during_an_outage_replays_to_the_tenure_it_held(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    source, clock, builder = FakeSource(), FakeClock(), FakeBuilder()
+    settings = Settings(tenure_hold=30.0, trace_out=trace)
+    service = AdmissionService(source, builder=builder, clock=clock, settings=settings)
+    assert attach_trace_writer(service) is not None
+    group = (GROUP.model, GROUP.worker_set)
+    async with time_limit(10):
+        await service.start()
+        # The peers serve A with workers 1 and 2; the listing after the outage lacks them.
+        source.queue.put_nowait(
+            SourceListing(
+                (model_entry(3, B),),
+                peers={group: (checksum_of(A),)},
+                peer_members={group: {checksum_of(A): (1, 2)}},
+                after_outage=True,
+            )
+        )
+        await settle(lambda: bool(service.status().groups))
+        assert service.status().groups[0].held_until is not None
+        clock.now += 2.0
+        source.queue.put_nowait(model_put(2, A))
+        await settle(lambda: service.status().groups[0].status == "ready")
+        await service.stop()
+    live = service.status().groups[0].to_json()
+    assert (live["incumbent"], live["admitted"]) == (checksum_of(A), [2])
+    lines = trace.read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[1])
+    assert (first["kind"], first["after_outage"]) == ("snapshot", True)
+    assert first["peer_members"] == {GID: {checksum_of(A): [1, 2]}}
+    result = replay(lines)
+    assert result.checked >= 3
+    [replayed] = result.to_json()["groups"]
+    for name in ("incumbent", "status", "generation", "receiver", "admitted", "cohorts"):
+        assert replayed[name] == live[name], name
+    # A version 3 reader would decide without the report: such a trace must say version 4.
+    older = [json.dumps({**json.loads(lines[0]), "version": 3}), *lines[1:]]
+    with pytest.raises(TraceError, match="need trace version 4"):
+        replay(older)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from workerset_admission.adapters.bucket_mirror import BucketMirror, MirrorStats
 from workerset_admission.adapters.dynamo.filestore import (
     DEFAULT_FILE_TTL,
     FileRecord,
@@ -52,14 +53,7 @@ from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import event_kv_key
 from workerset_admission.discovery_paths import RecordKind, bucket_key_for_parts
 from workerset_admission.errors import ConfigError
-from workerset_admission.mirror import (
-    BucketMark,
-    BucketWriter,
-    Change,
-    heal_reason,
-    healed_mirror,
-    removal_order,
-)
+from workerset_admission.mirror import BucketWriter, Change, removal_order
 
 __all__ = [
     "BridgeStats",
@@ -160,25 +154,19 @@ def plan_sync(
 
 
 @dataclass(slots=True)
-class BridgeStats:
-    """Counters an operator can read (``workerset-admission bridge`` prints them on exit)."""
+class BridgeStats(MirrorStats):
+    """Counters an operator can read (``workerset-admission bridge`` prints them on exit).
+
+    The bucket's counters (puts, heals, write errors...) are every bridge's (``MirrorStats``).
+    """
 
     passes: int = 0
-    puts: int = 0
     removed: int = 0
     expired: int = 0
-    pruned: int = 0
-    write_errors: int = 0
     # Passes woken before the interval was up: by inotify, or by a reconnect.
     notified_passes: int = 0
     # Removals deleted from the bucket as soon as inotify reported them, before any pass.
     removed_at_once: int = 0
-    # Times the bucket was found lost or replaced, and readings of its whole contents.
-    heals: int = 0
-    reconciles: int = 0
-    # Records the bucket had lost that this bridge had written, found by a reconciliation.
-    restored: int = 0
-    check_errors: int = 0
     skipped_files: dict[str, str] = field(default_factory=dict)
 
 
@@ -212,7 +200,6 @@ class DiscoveryBridge:
         self._writer = writer
         self._interval = interval
         self._ttl = ttl
-        self._prune = prune
         self._notify = notify
         self._check_interval = check_interval
         self._reconcile_interval = reconcile_interval
@@ -226,20 +213,16 @@ class DiscoveryBridge:
             scan = self._reader.scan
         self._scan = scan
         self._key_of = key_of or bucket_key_for
-        self._mirrored: dict[str, bytes | None] = {}
-        self._failing: set[str] = set()
+        self.stats = BridgeStats()
+        self._mirror = BucketMirror(writer, self.stats, prune=prune, log=_log)
         self._started = False
         self._root_missing = False
-        self._mark: BucketMark | None = None
         self._check_soon = False
-        self._check_failing = False
-        self._heal_pending = False
         self._last_check = float("-inf")
         self._last_reconcile = float("-inf")
         self._wake = asyncio.Event()
         self._notifier: StoreNotifier | None = None
         self.notifying = False
-        self.stats = BridgeStats()
 
     def wake(self, *, check: bool = True) -> None:
         """Run a pass now; with ``check``, one that reads the bucket's mark first."""
@@ -250,11 +233,8 @@ class DiscoveryBridge:
         # Before anything is deleted: an empty scan of a wrong path would read as "every
         # record is gone".
         check_store_root(self._root)
-        self._mark = await self._writer.mark()
+        await self._mirror.start()
         self._last_check = self._last_reconcile = time.monotonic()
-        if self._prune:
-            # Values unknown: every live record is written once, every other key deleted.
-            self._mirrored = dict.fromkeys(await self._writer.keys())
         self._started = True
 
     async def sync_once(self) -> SyncPlan:
@@ -281,20 +261,17 @@ class DiscoveryBridge:
         now = self._clock()
         if reconcile:
             await self._reconcile(scan, now)
-        plan = plan_sync(self._mirrored, scan, now=now, ttl=self._ttl, key_of=self._key_of)
+        mirror = self._mirror
+        plan = plan_sync(mirror.mirrored, scan, now=now, ttl=self._ttl, key_of=self._key_of)
         changes: list[Change] = [*plan.puts, *((key, None) for key, _ in plan.deletes)]
         outcomes = await self._writer.write(changes) if changes else []
         put_outcomes, delete_outcomes = outcomes[: len(plan.puts)], outcomes[len(plan.puts) :]
         for (key, value), outcome in zip(plan.puts, put_outcomes, strict=True):
             if self._settle(key, outcome):
-                self._mirrored[key] = value
-                self.stats.puts += 1
+                mirror.wrote(key, value)
         for (key, reason), outcome in zip(plan.deletes, delete_outcomes, strict=True):
-            if self._settle(key, outcome):
-                known = self._mirrored.pop(key)
-                if known is None:
-                    self.stats.pruned += 1
-                elif reason == "expired":
+            if self._settle(key, outcome) and mirror.wrote(key, None):
+                if reason == "expired":
                     self.stats.expired += 1
                 else:
                     self.stats.removed += 1
@@ -319,7 +296,7 @@ class DiscoveryBridge:
         deleted = 0
         for key, outcome in zip(gone, outcomes, strict=True):
             if self._settle(key, outcome):
-                self._mirrored.pop(key, None)
+                self._mirror.mirrored.pop(key, None)
                 self.stats.removed += 1
                 deleted += 1
         self.stats.removed_at_once += deleted
@@ -336,57 +313,29 @@ class DiscoveryBridge:
             if record is None or os.path.lexists(self._root / "v1" / kind / name):
                 continue  # not a record it read, or written again since
             key = self._key_of(record)
-            if key in self._mirrored:
+            if key in self._mirror.mirrored:
                 gone.add(key)
         return sorted(gone, key=removal_order)
 
     async def _check_bucket(self) -> bool:
         """Read the bucket's mark when due; return whether its contents must be read now."""
         moment = time.monotonic()
-        reconcile = self._heal_pending or moment - self._last_reconcile >= self._reconcile_interval
+        mirror = self._mirror
+        reconcile = mirror.heal_pending or moment - self._last_reconcile >= self._reconcile_interval
         if not (self._check_soon or moment - self._last_check >= self._check_interval):
             return reconcile
         self._last_check = moment
-        try:
-            mark = await self._writer.mark()
-        except Exception as exc:  # the bucket unreachable: writes fail too, and are retried
-            self.stats.check_errors += 1
-            level = logging.DEBUG if self._check_failing else logging.WARNING
-            _log.log(level, "discovery bridge cannot read the bucket's state: %s", exc)
-            self._check_soon = self._check_failing = True
-            return False
-        self._check_soon = self._check_failing = False
-        reason = heal_reason(self._mark, mark)
-        self._mark = mark
-        if reason is None:
-            return reconcile
-        self.stats.heals += 1
-        _log.warning("discovery bridge re-writes every record it owns that is missing: %s", reason)
-        # Until a reading of the contents succeeds: a mark taken later compares equal.
-        self._heal_pending = True
-        return True
+        read, _reason = await mirror.read_mark()
+        # An unreadable bucket is read again on the next pass.
+        self._check_soon = not read
+        return read and (reconcile or mirror.heal_pending)
 
     async def _reconcile(self, scan: FileStoreScan, now: float) -> None:
-        try:
-            held = await self._writer.contents()
-        except Exception as exc:  # tried again on the next pass
-            self.stats.check_errors += 1
-            _log.debug("discovery bridge cannot read the bucket's contents: %s", exc)
-            self._check_soon = True
-            return
-        self._last_reconcile = time.monotonic()
-        self._heal_pending = False
-        self.stats.reconciles += 1
         live, _written, _stale = live_records(scan, now=now, ttl=self._ttl, key_of=self._key_of)
-        healed = healed_mirror(live, self._mirrored, held, prune=self._prune)
-        if healed.lost:
-            self.stats.restored += len(healed.lost)
-            _log.warning(
-                "discovery bridge writes again %d record(s) the bucket lost, e.g. %s",
-                len(healed.lost),
-                healed.lost[0],
-            )
-        self._mirrored = healed.memory
+        if await self._mirror.reconcile(live):
+            self._last_reconcile = time.monotonic()
+        else:
+            self._check_soon = True  # tried again on the next pass
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sync on every store change and every ``interval`` seconds until ``stop`` is set."""
@@ -420,22 +369,12 @@ class DiscoveryBridge:
         self._wake.set()
 
     def _settle(self, key: str, failure: Exception | None) -> bool:
-        """Account for one write of a pass; a failed one leaves the mirror, so it is retried.
-
-        The bucket being unreachable must not stop the bridge: the failure is counted and
-        logged, and the next pass writes the same change again.
-        """
-        if failure is not None:
-            self.stats.write_errors += 1
-            # Once per failing key, not once per pass.
-            level = logging.DEBUG if key in self._failing else logging.WARNING
-            _log.log(level, "discovery bridge could not write %s: %s", key, failure)
-            self._failing.add(key)
-            # The bucket may be gone: the next pass reads its mark first.
-            self._check_soon = True
-            return False
-        self._failing.discard(key)
-        return True
+        """Account for one write of a pass; a failed one is written again by the next pass."""
+        if self._mirror.settle(key, failure):
+            return True
+        # The bucket may be gone: the next pass reads its mark first.
+        self._check_soon = True
+        return False
 
     def _note_skipped(self, skipped: tuple[SkippedFile, ...]) -> None:
         for item in skipped:

@@ -15,6 +15,7 @@ import itertools
 from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any, Protocol
 
+from workerset_admission.admission.admitted import routable_ids
 from workerset_admission.admission.effects import LoraWorker
 from workerset_admission.errors import NoRoutableInstance, UsageError
 from workerset_admission.identity import EndpointId, GroupKey
@@ -22,10 +23,10 @@ from workerset_admission.routing import HopRole, RoutingSettings
 
 __all__ = [
     "AdmissionValue",
-    "AdmissionView",
     "AdmittedHop",
     "DynamoClient",
     "DynamoRuntime",
+    "HopReceiver",
     "LegacyExplicitEndpointHop",
 ]
 
@@ -66,16 +67,16 @@ class AdmissionValue(Protocol):
     def lora(self) -> Sequence[LoraWorker]: ...
 
 
-class AdmissionView(Protocol):
+class HopReceiver(Protocol):
     """An admission receiver as a hop sees it: ``current()`` raises once retired."""
 
     def current(self) -> AdmissionValue: ...
 
 
-class ClonableView(AdmissionView, Protocol):
+class ClonableReceiver(HopReceiver, Protocol):
     """A receiver a hop can take its own copy of (withdrawing a binding closes the original)."""
 
-    def clone(self) -> AdmissionView: ...
+    def clone(self) -> HopReceiver: ...
 
 
 class CommittedBinding(Protocol):
@@ -91,7 +92,7 @@ class CommittedBinding(Protocol):
     def settings(self) -> RoutingSettings: ...
 
     @property
-    def receiver(self) -> ClonableView: ...
+    def receiver(self) -> ClonableReceiver: ...
 
 
 class AdmittedHop:
@@ -105,7 +106,7 @@ class AdmittedHop:
     def __init__(
         self,
         client: DynamoClient,
-        receiver: AdmissionView,
+        receiver: HopReceiver,
         *,
         role: HopRole | None = None,
         settings: RoutingSettings | None = None,
@@ -164,8 +165,10 @@ class AdmittedHop:
         return self._routable(self._receiver.current())
 
     def _routable(self, binding: AdmissionValue) -> tuple[int, ...]:
-        admitted = binding.admitted
-        return tuple(sorted(i for i in set(self._client.instance_ids()) if i in admitted))
+        # The client can send only to what its own discovery lists: that list is its liveness,
+        # and a held member's last known record is in it when the frontend reads the view.
+        live = set(self._client.instance_ids())
+        return tuple(sorted(routable_ids(binding.admitted, live)))
 
     def adapter_instances(self, adapter: str) -> tuple[int, ...]:
         """Routable instances serving LoRA adapter ``adapter`` now, from the group's projection.

@@ -98,7 +98,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from workerset_admission.adapters.dynamo.view_directory import (
@@ -116,10 +116,13 @@ from workerset_admission.adapters.dynamo.view_publish import (
     AdmittedView,
     SyncReport,
     Tenure,
+    ViewChanges,
     plan_view,
 )
 from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
-from workerset_admission.errors import ReceiverRetired
+from workerset_admission.admission.effects import Effect
+from workerset_admission.errors import ReceiverRetired, wire_text
+from workerset_admission.identity import EndpointId, GroupKey
 
 __all__ = [
     "BUCKETS",
@@ -133,6 +136,7 @@ __all__ = [
     "RecordTable",
     "SyncReport",
     "Tenure",
+    "ViewChanges",
     "ViewFile",
     "ViewFiles",
     "ViewHook",
@@ -140,11 +144,15 @@ __all__ = [
     "ViewWriter",
     "check_frontend_store",
     "file_name_for",
+    "note_record_changes",
     "plan_view",
+    "tenure_of",
     "tenures_of",
 ]
 
 _log = logging.getLogger(__name__)
+# How many tenures a pass's log line names; the rest are counted.
+_LOGGED_TENURES = 5
 
 
 class ViewService(Protocol):
@@ -155,104 +163,225 @@ class ViewService(Protocol):
 
     def bindings(self) -> Sequence[Any]: ...
 
+    def binding(self, group: GroupKey) -> Any: ...
+
     def drained_workers(self) -> frozenset[tuple[str, int]]: ...
 
     def on_state_change(self, listener: Callable[[], None]) -> None: ...
 
+    def on_effects(self, listener: Callable[[Sequence[Effect]], None]) -> None: ...
+
     def before_publication(self, hook: Callable[[], object]) -> None: ...
+
+    def also_serving(self, provider: Callable[[], Mapping[str, Collection[str]]]) -> None: ...
+
+
+def tenure_of(binding: Any) -> Tenure | None:
+    """Return a committed binding's tenure, its routable ids read through its receiver."""
+    if binding is None:
+        return None
+    try:
+        routable = binding.routable()
+        last_known = binding.last_known()
+    except ReceiverRetired:
+        return None  # the tenure ended in this very step; its withdrawal is on the way
+    return Tenure(
+        binding.id.group,
+        binding.id.generation,
+        frozenset(routable),
+        frozenset(last_known),
+        getattr(binding, "handover_from", None),
+    )
+
+
+def note_record_changes(table: RecordTable, changes: ViewChanges) -> None:
+    """Add to ``changes`` the workers and endpoints whose records changed in ``table``."""
+    for kind, namespace, component, number in table.take_changes():
+        if kind == "scope":
+            assert component is not None
+            assert isinstance(number, str)
+            changes.scopes.add(EndpointId(namespace, component, number))
+        elif kind == "channel":
+            # A channel is its publisher's, and a publisher is the worker its source names.
+            for source in table.lookup("publisher", namespace, None, number):
+                if source.worker_id is not None:
+                    changes.workers.add((namespace, source.worker_id))
+        elif isinstance(number, int):
+            changes.workers.add((namespace, number))
 
 
 def tenures_of(service: ViewService) -> list[Tenure]:
-    """Each committed binding's tenure, its routable ids read through its admission receiver."""
-    out = []
-    for binding in service.bindings():
-        try:
-            routable = binding.routable()
-        except ReceiverRetired:
-            continue  # the tenure ended in this very step; its withdrawal is on the way
-        out.append(
-            Tenure(
-                binding.id.group,
-                binding.id.generation,
-                frozenset(routable),
-                frozenset(binding.last_known()),
-                getattr(binding, "handover_from", None),
-            )
-        )
-    return out
+    """Each committed binding's tenure (see :func:`tenure_of`)."""
+    return [t for t in map(tenure_of, service.bindings()) if t is not None]
 
 
 class ViewWriter:
     """Drive an :class:`AdmittedView` from a running admission service.
 
-    Every admission state change (and every change of a held record) wakes one coalesced sync;
-    between changes the files are kept alive, and a pass that could not write or remove a file
-    (a full or read-only disk) is tried again every half refresh interval until it could. Nothing is written before the service applied
+    Every admission state change (and every change of a held record) wakes one coalesced pass;
+    between changes the files are kept alive. Nothing is written before the service applied
     its first discovery listing: an empty view then would withdraw a restarted frontend's
     workers for no reason.
+
+    A pass costs the change, not the fleet. The writer hears which groups each core step
+    named (its effects) and which workers' records changed (the record table's ties), reads
+    those groups' bindings alone, and hands the view that much (:class:`ViewChanges`). The
+    first pass plans the whole view, and so does every pass while a tenure is held; every
+    ``check_interval`` seconds a full plan is compared with the fold, and a difference is
+    logged at WARNING and mended by publishing the full plan.
     """
 
-    def __init__(self, view: AdmittedView, table: RecordTable) -> None:
+    def __init__(
+        self, view: AdmittedView, table: RecordTable, *, check_interval: float = 300.0
+    ) -> None:
         self.view = view
         self.table = table
+        self.check_interval = check_interval
         self._service: ViewService | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._groups: set[GroupKey] = set()
+        self._drains: frozenset[tuple[str, int]] = frozenset()
+        self._planned = False
+        self._checked_at = time.monotonic()
         self.syncs = 0
+        self.full_plans = 0
+        self.differences = 0
         self.last_sync_at: float | None = None
 
     def attach(self, service: ViewService) -> None:
         """Follow ``service`` (call on its loop); the writer starts at once."""
         self._service = service
+        service.on_effects(self._heard)
         service.on_state_change(self.wake)
         # The serving records say what this frontend routes to: the files first.
         service.before_publication(self.sync_now)
+        # A card the view could not remove still routes: the serving record keeps naming it.
+        service.also_serving(self.view.unremoved_cards)
         self.table.set_listener(self.wake)
         self._task = asyncio.ensure_future(self._run())
 
     def wake(self) -> None:
         self._wake.set()
 
+    def _heard(self, effects: Sequence[Effect]) -> None:
+        """Note the groups one core step named (any effect naming a group may change it)."""
+        groups = self._groups
+        for effect in effects:
+            group = getattr(effect, "group", None) or getattr(effect, "serving", None)
+            if isinstance(group, GroupKey):
+                groups.add(group)
+
+    def _changes(self, service: ViewService, drained: frozenset[tuple[str, int]]) -> ViewChanges:
+        """Return what changed since the last pass, each named group's tenure read anew."""
+        # A drain set or lifted changes what the view keeps of that worker.
+        changes = ViewChanges(workers=set(drained ^ self._drains))
+        self._drains = drained
+        note_record_changes(self.table, changes)
+        groups, self._groups = self._groups, set()
+        for namespace in {namespace for namespace, _ in changes.workers}:
+            # A record may change whom a binding routes to (its endpoint record: liveness).
+            groups.update(self.view.groups_in(namespace))
+        changes.tenures = {group: tenure_of(service.binding(group)) for group in groups}
+        return changes
+
     def sync_now(self) -> SyncReport:
         service = self._service
         if service is None or not service.synced:
             return SyncReport()
-        tenures = tenures_of(service)
-        report = self.view.sync(tenures, self.table, service.drained_workers())
+        drained = service.drained_workers()
+        changes = self._changes(service, drained)
+        full = not self._planned or self.view.holding
+        full = full or any(t is not None and t.last_known for t in changes.tenures.values())
+        if full:
+            report = self.view.sync(tenures_of(service), self.table, drained)
+            self._planned = True
+            self.full_plans += 1
+        else:
+            report = self.view.update(changes, self.table, drained)
         self.syncs += 1
         self.last_sync_at = time.monotonic()
         if report.changed:
-            serving = "; ".join(
-                f"{t.group.model} {t.group.worker_set} generation {t.generation}: "
-                f"{', '.join(f'{i:x}' for i in sorted(t.routable)) or 'none'}"
-                for t in tenures
-            )
-            _log.info(
-                "admitted view: %d written, %d withdrawn, %d removed; %d file(s) published; "
-                "serving %s",
-                len(report.written),
-                len(report.withdrawn),
-                len(report.removed),
-                len(self.view.files),
-                serving or "nothing",
-            )
+            self._log_pass(report, changes, full)
         return report
+
+    def _log_pass(self, report: SyncReport, changes: ViewChanges, full: bool) -> None:
+        """Say what the pass changed: counts, and the tenures it touched (a few, by name)."""
+        touched = sorted(
+            (t for t in changes.tenures.values() if t is not None),
+            key=lambda t: t.group,
+        )[:_LOGGED_TENURES]
+        serving = "; ".join(
+            f"{wire_text(t.group.model, 200)} {wire_text(t.group.worker_set, 200)} "
+            f"generation {t.generation}: "
+            f"{len(t.routable)} routable"
+            for t in touched
+        )
+        more = len(changes.tenures) - len(touched)
+        _log.info(
+            "admitted view: %d written, %d withdrawn, %d removed (%s pass); %d file(s) "
+            "published%s%s",
+            len(report.written),
+            len(report.withdrawn),
+            len(report.removed),
+            "full" if full else "incremental",
+            len(self.view),
+            f"; {serving}" if serving else "",
+            f" and {more} more group(s)" if more > 0 else "",
+        )
+
+    def check(self) -> int:
+        """Compare the fold with a full plan; publish the plan when they differ.
+
+        Returns how many files differed (0: the fold was right).
+        """
+        service = self._service
+        if service is None or not service.synced or not self._planned:
+            return 0
+        self.sync_now()  # what is pending first, so the fold is complete
+        planned = plan_view(tenures_of(service), self.table)
+        folded = self.view.wanted()
+        differing = sorted(
+            file for file in planned.keys() | folded.keys() if planned.get(file) != folded.get(file)
+        )
+        if differing:
+            self.differences += len(differing)
+            _log.warning(
+                "admitted view: the incremental view differed from a full plan in %d file(s) "
+                "(first: %s/%s); the full plan is published",
+                len(differing),
+                *differing[0],
+            )
+            self._planned = False
+            self.sync_now()
+        return len(differing)
 
     async def _run(self) -> None:
         view = self.view
         while True:
+            # A refresh under way comes back soon for its next slice; else at half the interval.
+            timeout = 0.02 if view.refreshing else view.refresh_interval / 2
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=view.refresh_interval / 2)
-            # A pass that left a write or a removal undone is retried at the next tick (half
-            # the refresh interval) even with no change to wake it.
-            if self._wake.is_set() or view.retry_due:
-                self._wake.clear()
-                try:
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            try:
+                if self._wake.is_set():
+                    self._wake.clear()
                     self.sync_now()
-                except Exception:  # a bad pass must not end the view; the next one retries
-                    _log.warning("admitted view: a sync failed", exc_info=True)
-                    self._wake.set()
+                elif view.unsettled and self._planned:
+                    # A write or removal that failed: tried again while nothing else changes.
+                    self.view.retry(self.table, self._service_drained())
+                if time.monotonic() - self._checked_at >= self.check_interval:
+                    self._checked_at = time.monotonic()
+                    self.check()
+            except Exception:  # a bad pass must not end the view; the next one retries
+                _log.warning("admitted view: a pass failed", exc_info=True)
+                self._planned = False
+                self._wake.set()
             view.keep_alive()
+
+    def _service_drained(self) -> frozenset[tuple[str, int]]:
+        service = self._service
+        return frozenset() if service is None else service.drained_workers()
 
     async def close(self) -> None:
         """Stop following the service and withdraw the view."""

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import secrets
 import socket
@@ -25,6 +26,7 @@ __all__ = [
     "ViewFiles",
     "check_frontend_store",
     "file_name_for",
+    "read_manifest",
 ]
 
 # Publication order inside one pass: the model card last, so the frontend finds the instance
@@ -35,6 +37,7 @@ MANIFEST_NAME = ".workerset-admission.files"
 # The file store ignores names starting with ``.tmp_``; ours carry a mark so a restart can
 # tell its own leftovers from a worker's.
 _TEMP_PREFIX = ".tmp_wsa-"
+_log = logging.getLogger("workerset_admission.adapters.dynamo.view")
 
 ViewFile = tuple[str, str]
 """A file of the view: (bucket, file name)."""
@@ -60,7 +63,13 @@ class ViewFiles(Protocol):
         """Delete the file (a missing file is fine)."""
         ...
 
-    def save_manifest(self, files: Iterable[ViewFile]) -> None: ...
+    def save_manifest(self, files: Iterable[ViewFile]) -> None:
+        """Write the whole list of the files this writer holds."""
+        ...
+
+    def note_manifest(self, added: Iterable[ViewFile], removed: Iterable[ViewFile]) -> None:
+        """Record files written and removed since the list was last saved or noted."""
+        ...
 
     def load_manifest(self) -> list[ViewFile]: ...
 
@@ -79,6 +88,34 @@ def check_frontend_store(view_dir: Path, environ: Mapping[str, str] | None = Non
         )
 
 
+def read_manifest(root: Path) -> list[ViewFile]:
+    """Return the files a writer's manifest (its saved list and journal) says it holds."""
+    try:
+        text = (root / MANIFEST_NAME).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    first, _, journal = text.partition("\n")
+    try:
+        listed = json.loads(first) if first else []
+    except ValueError:
+        listed = []
+    held: dict[str, None] = dict.fromkeys(
+        str(item) for item in (listed if isinstance(listed, list) else [])
+    )
+    for line in journal.splitlines():
+        if line[:1] == "+":
+            held[line[1:]] = None
+        elif line[:1] == "-":
+            held.pop(line[1:], None)
+    out: list[ViewFile] = []
+    for item in held:
+        bucket, _, name = item.partition("/")
+        # Only names this writer could have made: a bucket of the view, a plain file name.
+        if bucket in BUCKETS and name and "/" not in name and not name.startswith("."):
+            out.append((bucket, name))
+    return out
+
+
 class DirectoryFiles:
     """:class:`ViewFiles` over a real directory, owned through a lock file.
 
@@ -91,6 +128,11 @@ class DirectoryFiles:
         self._lock: IO[str] | None = lock
         self._token = secrets.token_hex(4)
         self._serial = 0
+        self._v1 = f"{root}/v1/"
+        # The manifest's saved length and the journal lines noted after it.
+        self._held = 0
+        self._noted = 0
+        self._saved = False
 
     @classmethod
     def open(cls, root: Path | str) -> DirectoryFiles:
@@ -126,7 +168,7 @@ class DirectoryFiles:
                 (root / "v1" / bucket).mkdir(parents=True, exist_ok=True)
                 # Prove the bucket takes a publication, the way every later one is made.
                 probe = (bucket, f"{_TEMP_PREFIX}probe")
-                files._write_temp(probe, b"").unlink()
+                os.unlink(files._write_temp(probe, b""))
         except OSError as exc:
             files.release()
             raise ViewDirectoryError(
@@ -143,22 +185,34 @@ class DirectoryFiles:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
             lock.close()
 
-    def _path(self, file: ViewFile) -> Path:
-        return self.root / "v1" / file[0] / file[1]
+    def _path(self, file: ViewFile) -> str:
+        return f"{self._v1}{file[0]}/{file[1]}"
 
-    def _write_temp(self, file: ViewFile, value: bytes) -> Path:
+    def _write_temp(self, file: ViewFile, value: bytes) -> str:
         self._serial += 1
-        temp = self.root / "v1" / file[0] / f"{_TEMP_PREFIX}{self._token}-{self._serial}"
-        temp.write_bytes(value)
+        temp = f"{self._v1}{file[0]}/{_TEMP_PREFIX}{self._token}-{self._serial}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = memoryview(value)
+            while left:  # a short write (a disk filling up) writes the rest, or raises
+                left = left[os.write(fd, left) :]
+        finally:
+            os.close(fd)
         return temp
 
     def publish(self, file: ViewFile, value: bytes) -> None:
-        temp = self._write_temp(file, value)
+        try:
+            temp = self._write_temp(file, value)
+        except FileNotFoundError:
+            # Someone removed the bucket's folder: make it again, once, and say so.
+            (self.root / "v1" / file[0]).mkdir(parents=True, exist_ok=True)
+            _log.warning("admitted view: made %s again: it was gone", self.root / "v1" / file[0])
+            temp = self._write_temp(file, value)
         try:
             os.replace(temp, self._path(file))
         except OSError:
             with contextlib.suppress(OSError):
-                temp.unlink()
+                os.unlink(temp)
             raise
 
     def touch(self, file: ViewFile) -> bool:
@@ -170,7 +224,7 @@ class DirectoryFiles:
 
     def remove(self, file: ViewFile) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self._path(file).unlink()
+            os.unlink(self._path(file))
 
     def modified(self, file: ViewFile) -> float | None:
         """When the file was last written or touched (wall clock), or ``None`` when it is gone."""
@@ -180,23 +234,36 @@ class DirectoryFiles:
             return None
 
     def save_manifest(self, files: Iterable[ViewFile]) -> None:
-        body = json.dumps(sorted(f"{bucket}/{name}" for bucket, name in files))
+        listed = sorted(f"{bucket}/{name}" for bucket, name in files)
         temp = self.root / f"{MANIFEST_NAME}.tmp"
-        temp.write_text(body + "\n", encoding="utf-8")
+        temp.write_text(json.dumps(listed) + "\n", encoding="utf-8")
         os.replace(temp, self.root / MANIFEST_NAME)
+        self._held = len(listed)
+        self._noted = 0
+        self._saved = True
+
+    def note_manifest(self, added: Iterable[ViewFile], removed: Iterable[ViewFile]) -> None:
+        """Append the change to the manifest, a journal: cost follows the change, not the view.
+
+        The manifest is the saved list (its first line) and one ``+file`` or ``-file`` line per
+        change after it. Once the journal outgrows the list it is written whole again, so its
+        length stays within a small multiple of the view's and reading it stays cheap.
+        """
+        lines = [f"+{bucket}/{name}\n" for bucket, name in added]
+        lines += [f"-{bucket}/{name}\n" for bucket, name in removed]
+        if not self._saved or self._noted + len(lines) > 2 * self._held + 1024:
+            # This writer's first word, or a journal grown long: the whole list, anew.
+            gone = set(removed)
+            held = [f for f in dict.fromkeys([*self.load_manifest(), *added]) if f not in gone]
+            self.save_manifest(held)
+            return
+        with open(self.root / MANIFEST_NAME, "a", encoding="utf-8") as journal:
+            journal.writelines(lines)
+        self._noted += len(lines)
+        self._held += sum(1 for line in lines if line[0] == "+")
 
     def load_manifest(self) -> list[ViewFile]:
-        try:
-            listed = json.loads((self.root / MANIFEST_NAME).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return []
-        out: list[ViewFile] = []
-        for item in listed if isinstance(listed, list) else []:
-            bucket, _, name = str(item).partition("/")
-            # Only names this writer could have made: a bucket of the view, a plain file name.
-            if bucket in BUCKETS and name and "/" not in name and not name.startswith("."):
-                out.append((bucket, name))
-        return out
+        return read_manifest(self.root)
 
     def foreign_files(self, known: Iterable[ViewFile]) -> list[ViewFile]:
         """Record files in the view that this writer does not own (reported, never touched)."""

@@ -1,21 +1,36 @@
-"""The admitted view's plan (which files, for which tenures) and its publication in order."""
+"""The admitted view's plan (which files, for which tenures) and its publication in order.
+
+Two paths reach the same directory. :func:`plan_view` is the plain one: every file of every
+tenure, planned from scratch; :meth:`AdmittedView.sync` publishes it (at start, after a
+listing, while a tenure is held, and as the periodic self-check). :meth:`AdmittedView.update`
+is the fold: it is handed what changed since the last pass (tenures that began, changed or
+ended, workers whose records changed, endpoints whose channels changed) and re-plans only
+those members, so one worker joining or leaving costs that worker's files whatever the
+fleet's size. Both end in the same publication rules (:meth:`AdmittedView._settle`), and a
+differential test (``tests/dynamo/test_dynamo_view_fold.py``) holds the fold to the plan.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 from workerset_admission.adapters.dynamo.view_directory import BUCKETS, ViewFile, ViewFiles
 from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
 from workerset_admission.identity import EndpointId, GroupKey
+
+_Owner = tuple[GroupKey, int]
+_Files = dict[ViewFile, bytes]
 
 __all__ = [
     "SCOPE_TOPICS",
     "AdmittedView",
     "SyncReport",
     "Tenure",
+    "ViewChanges",
     "plan_view",
     "untied_topics",
 ]
@@ -81,6 +96,22 @@ def _scope_channels(
     return lookup("scope", endpoint.namespace, endpoint.component, endpoint.endpoint)
 
 
+def _member_files(tenure: Tenure, instance_id: int, table: RecordTable) -> _Files:
+    """Return the files one routable member of a tenure calls for."""
+    records = _records_of(
+        tenure.group.endpoint, instance_id, table, instance_id in tenure.last_known
+    )
+    return {(r.bucket, r.file_name): r.value for r in records}
+
+
+def _scope_files(tenure: Tenure, table: RecordTable) -> _Files:
+    """Return the channels of :data:`SCOPE_TOPICS` a serving tenure carries (else none)."""
+    if not tenure.routable:
+        return {}
+    channels = _scope_channels(tenure.group.endpoint, table, bool(tenure.last_known))
+    return {(c.bucket, c.file_name): c.value for c in channels if c.topic in SCOPE_TOPICS}
+
+
 def plan_view(
     tenures: Iterable[Tenure], table: RecordTable
 ) -> dict[ViewFile, tuple[bytes, frozenset[tuple[GroupKey, int]]]]:
@@ -95,20 +126,12 @@ def plan_view(
     """
     wanted: dict[ViewFile, tuple[bytes, set[tuple[GroupKey, int]]]] = {}
     for tenure in tenures:
-        endpoint = tenure.group.endpoint
-        records = [
-            record
-            for instance_id in sorted(tenure.routable)
-            for record in _records_of(
-                endpoint, instance_id, table, instance_id in tenure.last_known
-            )
-        ]
-        if tenure.routable:
-            channels = _scope_channels(endpoint, table, bool(tenure.last_known))
-            records += [c for c in channels if c.topic in SCOPE_TOPICS]
-        for record in records:
-            file = (record.bucket, record.file_name)
-            entry = wanted.setdefault(file, (record.value, set()))
+        files: _Files = {}
+        for instance_id in sorted(tenure.routable):
+            files.update(_member_files(tenure, instance_id, table))
+        files.update(_scope_files(tenure, table))
+        for file, value in files.items():
+            entry = wanted.setdefault(file, (value, set()))
             entry[1].add((tenure.group, tenure.generation))
     return {file: (value, frozenset(owners)) for file, (value, owners) in wanted.items()}
 
@@ -141,6 +164,20 @@ class SyncReport:
         return bool(self.withdrawn or self.written or self.removed)
 
 
+@dataclass(slots=True)
+class ViewChanges:
+    """What changed since the view's last pass, for :meth:`AdmittedView.update`.
+
+    ``tenures``: each group whose binding may have changed, with its tenure now (``None``:
+    it has none). ``workers``: (namespace, instance id) of workers whose records changed.
+    ``scopes``: endpoints whose unattributed event channels changed.
+    """
+
+    tenures: dict[GroupKey, Tenure | None] = field(default_factory=dict)
+    workers: set[tuple[str, int]] = field(default_factory=set)
+    scopes: set[EndpointId] = field(default_factory=set)
+
+
 def _removal_order(files: Iterable[ViewFile]) -> list[ViewFile]:
     return sorted(files, key=lambda f: (-_ADD_ORDER.get(f[0], 0), f[1]))
 
@@ -149,11 +186,22 @@ def _add_order(files: Iterable[ViewFile]) -> list[ViewFile]:
     return sorted(files, key=lambda f: (_ADD_ORDER.get(f[0], 0), f[1]))
 
 
+# Files touched per call of :meth:`AdmittedView.keep_alive`: a refresh of a large view is spread
+# over many calls, so no single one holds the service's loop for long.
+_TOUCH_SLICE = 500
+
+
 class AdmittedView:
     """The view's state and its publication rules, over any :class:`ViewFiles`.
 
     Synchronous and clock-injected, so every rule is reachable from a unit test; the
     :class:`ViewWriter` drives it from the service's loop.
+
+    What the view must hold is kept as a fold: per tenure, the files of each routable member
+    and of its endpoint's channels; per file, the value and the tenures that want it.
+    ``_pending`` holds every file whose directory state may differ from what is wanted (a
+    change not yet published, a write or removal that failed, a drained worker's lingering
+    endpoint record); a pass settles those alone.
     """
 
     def __init__(
@@ -166,23 +214,63 @@ class AdmittedView:
         self._files = files
         self.refresh_interval = refresh_interval
         self._clock = clock
+        # What the directory holds (``None``: a previous writer's file, content unknown).
         self._written: dict[ViewFile, bytes | None] = {}
-        self._owners: dict[ViewFile, frozenset[tuple[GroupKey, int]]] = {}
+        # The fold: tenures by group, their members' and scopes' files, and per wanted file its
+        # value and owners (a count per tenure); a file that stopped being wanted keeps its
+        # last owners while the directory still holds it.
+        self._tenures: dict[GroupKey, Tenure] = {}
+        self._by_namespace: dict[str, set[GroupKey]] = {}
+        self._members: dict[tuple[GroupKey, int], tuple[ViewFile, ...]] = {}
+        self._scopes: dict[GroupKey, tuple[ViewFile, ...]] = {}
+        self._wanted: dict[ViewFile, bytes] = {}
+        # Owners as a list, one entry per contribution: nearly always a single one.
+        self._owners: dict[ViewFile, list[_Owner]] = {}
+        self._last_owners: dict[ViewFile, frozenset[_Owner]] = {}
+        # The owners each file lost since the last pass.
+        self._dropped: dict[ViewFile, set[_Owner]] = {}
+        self._pending: set[ViewFile] = set()
+        self._holding = 0
         self._warned_topics: set[str] = set()
-        # Failed writes by record file name: how many tries failed since the last success.
+        # Failed writes by record file name: how many tries failed since the last success;
+        # and the files whose removal failed, with how many tries.
         self._failing: dict[str, int] = {}
-        # Failed removals by file: how many tries failed since the first.
-        self._failing_removals: dict[ViewFile, int] = {}
-        self._manifest_failures = 0
-        # The last pass left something undone that the next must try again.
-        self.retry_due = False
+        self._unremovable: dict[ViewFile, int] = {}
         self._last_touch = clock()
+        self._touch_round: list[ViewFile] = []
         self.publish_errors = 0
 
     @property
     def files(self) -> dict[ViewFile, bytes | None]:
         """What the view holds now (``None``: a previous writer's file, content unknown)."""
         return dict(self._written)
+
+    def __len__(self) -> int:
+        """How many files the view holds."""
+        return len(self._written)
+
+    @property
+    def holding(self) -> bool:
+        """Whether a tenure serves members on their last known records (planned in full)."""
+        return self._holding > 0
+
+    @property
+    def unsettled(self) -> int:
+        """Files whose directory state still differs from the plan (failed writes, removals)."""
+        return len(self._pending)
+
+    def tenure(self, group: GroupKey) -> Tenure | None:
+        return self._tenures.get(group)
+
+    def groups_in(self, namespace: str) -> frozenset[GroupKey]:
+        """Return the groups of the namespace that have a tenure in the view."""
+        return frozenset(self._by_namespace.get(namespace, ()))
+
+    def wanted(self) -> dict[ViewFile, tuple[bytes, frozenset[_Owner]]]:
+        """Return what the fold says the view must hold, shaped as :func:`plan_view` does."""
+        return {
+            file: (value, frozenset(self._owners[file])) for file, value in self._wanted.items()
+        }
 
     def adopt_leftovers(self) -> int:
         """Take over a previous writer's files from its manifest; the first sync settles them.
@@ -192,8 +280,11 @@ class AdmittedView:
         """
         for file in self._files.load_manifest():
             self._written.setdefault(file, None)
-            self._owners.setdefault(file, frozenset())
+            self._last_owners.setdefault(file, frozenset())
+            self._pending.add(file)
         return len(self._written)
+
+    # -- the two paths ---------------------------------------------------------------------------
 
     def sync(
         self,
@@ -201,7 +292,7 @@ class AdmittedView:
         table: RecordTable,
         drained: Collection[tuple[str, int]] = (),
     ) -> SyncReport:
-        """Make the directory equal to the view the tenures and records call for.
+        """Make the directory equal to the view the tenures and records call for, planned anew.
 
         A tenure that ended is withdrawn first, so the view never holds two configurations of
         one WorkerSet at once (a frontend starting then could take either), and nothing routes
@@ -223,10 +314,131 @@ class AdmittedView:
         Records that left the bucket are kept in ``table`` only while a held tenure's last
         known members (the core's window) still call for them: the rest are forgotten here.
         """
-        errors_before = self.publish_errors
-        wanted = plan_view(tenures, table)
+        for group in list(self._tenures):
+            self._end(self._tenures[group])
+        for tenure in tenures:
+            self._begin(tenure, table)
         table.forget_unused_removals()
-        for topic in sorted(untied_topics(tenures, table) - self._warned_topics):
+        self._pending.update(self._written)
+        return self._settle(table, drained)
+
+    def update(
+        self,
+        changes: ViewChanges,
+        table: RecordTable,
+        drained: Collection[tuple[str, int]] = (),
+    ) -> SyncReport:
+        """Apply what changed since the last pass, with the rules of :meth:`sync`.
+
+        The caller plans in full (:meth:`sync`) while the view is :attr:`holding`: a held
+        tenure's last known records are kept in the table for as long as a full plan asks for
+        them, and only a full plan can say that.
+        """
+        for group, tenure in changes.tenures.items():
+            old = self._tenures.get(group)
+            if tenure is None:
+                if old is not None:
+                    self._end(old)
+            elif old is None or old.generation != tenure.generation:
+                if old is not None:
+                    self._end(old)
+                self._begin(tenure, table)
+            else:
+                self._change(old, tenure, table)
+        for namespace, instance_id in changes.workers:
+            for group in self._by_namespace.get(namespace, ()):
+                tenure = self._tenures[group]
+                if instance_id in tenure.routable:
+                    self._plan_member(tenure, instance_id, table)
+        for endpoint in changes.scopes:
+            for group in self._by_namespace.get(endpoint.namespace, ()):
+                tenure = self._tenures[group]
+                if tenure.group.endpoint == endpoint:
+                    self._plan_scope(tenure, table)
+        table.forget_unused_removals()
+        return self._settle(table, drained)
+
+    def retry(self, table: RecordTable, drained: Collection[tuple[str, int]] = ()) -> SyncReport:
+        """Try again what the last passes could not write or remove (nothing else changed)."""
+        return self._settle(table, drained)
+
+    # -- the fold --------------------------------------------------------------------------------
+
+    def _begin(self, tenure: Tenure, table: RecordTable) -> None:
+        group = tenure.group
+        self._tenures[group] = tenure
+        self._by_namespace.setdefault(group.endpoint.namespace, set()).add(group)
+        self._holding += bool(tenure.last_known)
+        for instance_id in tenure.routable:
+            self._plan_member(tenure, instance_id, table)
+        self._plan_scope(tenure, table)
+
+    def _end(self, tenure: Tenure) -> None:
+        group = tenure.group
+        owner = (group, tenure.generation)
+        for instance_id in tenure.routable:
+            self._set_files(owner, self._members.pop((group, instance_id), ()), {})
+        self._set_files(owner, self._scopes.pop(group, ()), {})
+        del self._tenures[group]
+        namespace = self._by_namespace[group.endpoint.namespace]
+        namespace.discard(group)
+        if not namespace:
+            del self._by_namespace[group.endpoint.namespace]
+        self._holding -= bool(tenure.last_known)
+
+    def _change(self, old: Tenure, new: Tenure, table: RecordTable) -> None:
+        self._tenures[new.group] = new
+        self._holding += bool(new.last_known) - bool(old.last_known)
+        owner = (old.group, old.generation)
+        for instance_id in old.routable - new.routable:
+            self._set_files(owner, self._members.pop((old.group, instance_id), ()), {})
+        for instance_id in new.routable - old.routable:
+            self._plan_member(new, instance_id, table)
+        for instance_id in old.last_known ^ new.last_known:
+            if instance_id in new.routable:
+                self._plan_member(new, instance_id, table)
+        if bool(old.routable) != bool(new.routable) or bool(old.last_known) != bool(new.last_known):
+            self._plan_scope(new, table)
+
+    def _plan_member(self, tenure: Tenure, instance_id: int, table: RecordTable) -> None:
+        key = (tenure.group, instance_id)
+        new = _member_files(tenure, instance_id, table)
+        old = self._members.get(key, ())
+        self._members[key] = tuple(new)
+        self._set_files((tenure.group, tenure.generation), old, new)
+
+    def _plan_scope(self, tenure: Tenure, table: RecordTable) -> None:
+        new = _scope_files(tenure, table)
+        old = self._scopes.get(tenure.group, ())
+        self._scopes[tenure.group] = tuple(new)
+        self._set_files((tenure.group, tenure.generation), old, new)
+        if tenure.routable:
+            self._warn_untied(untied_topics((tenure,), table))
+
+    def _set_files(self, owner: _Owner, old: Collection[ViewFile], new: _Files) -> None:
+        """Move one member's (or scope's) contribution from ``old`` files to ``new`` ones."""
+        for file in old:
+            if file in new:
+                continue
+            owners = self._owners[file]
+            owners.remove(owner)
+            if owner not in owners:
+                # Who wanted it at the last pass: what an unwanted file is judged by.
+                self._dropped.setdefault(file, set()).add(owner)
+            if not owners:
+                self._last_owners[file] = frozenset(self._dropped[file])
+                del self._owners[file], self._wanted[file]
+            self._pending.add(file)
+        for file, value in new.items():
+            if file not in old:
+                self._owners.setdefault(file, []).append(owner)
+            if self._wanted.get(file) != value:
+                self._wanted[file] = value
+                self._pending.add(file)
+            self._last_owners.pop(file, None)
+
+    def _warn_untied(self, topics: Iterable[str]) -> None:
+        for topic in sorted(set(topics) - self._warned_topics):
             self._warned_topics.add(topic)
             _log.warning(
                 "admitted view: event channel topic %r is left out: no record ties its "
@@ -234,54 +446,106 @@ class AdmittedView:
                 "would on the workers' own store)",
                 topic,
             )
-        live = {(t.group, t.generation) for t in tenures}
-        handed_over = {(t.group, t.handover_from) for t in tenures if t.handover_from is not None}
-        serving = {t.group: t.generation for t in tenures}
-        lingering = {
-            file
-            for namespace, instance_id in sorted(drained)
-            for record in table.lookup("instance", namespace, None, instance_id)
-            if (file := (record.bucket, record.file_name)) in self._written
-            and not any(
-                serving.get(group, generation) != generation
-                for group, generation in self._owners.get(file, frozenset())
-            )
+
+    # -- the publication rules -------------------------------------------------------------------
+
+    def _owners_of(self, file: ViewFile) -> frozenset[_Owner]:
+        owners = self._owners.get(file)
+        return frozenset(owners) if owners else self._last_owners.get(file, frozenset())
+
+    def _settle(self, table: RecordTable, drained: Collection[tuple[str, int]]) -> SyncReport:
+        """Publish the pending files by the rules :meth:`sync` states."""
+        pending = self._pending
+        self._dropped.clear()
+        if not pending:
+            return SyncReport()
+        serving = {group: t.generation for group, t in self._tenures.items()}
+        handed_over = {
+            (t.group, t.handover_from)
+            for t in self._tenures.values()
+            if t.handover_from is not None
         }
-        stale = [f for f in self._written if f not in wanted and f not in lingering]
+        lingering = self._lingering(pending, table, drained, serving)
+        held, wanted = self._written, self._wanted
+        stale = [f for f in pending if f in held and f not in wanted and f not in lingering]
         ended = []
         for file in stale:
-            owners = self._owners.get(file, frozenset())
-            if not owners & live and not (owners and owners <= handed_over):
+            owners = self._owners_of(file)
+            live = any(serving.get(group) == generation for group, generation in owners)
+            if not live and not (owners and owners <= handed_over):
                 ended.append(file)
         withdrawn = self._remove_all(ended)
         written: list[ViewFile] = []
-        for file in _add_order(wanted):
-            value, owners = wanted[file]
-            self._owners[file] = owners
-            if self._written.get(file) == value:
-                continue
-            if self._publish(file, value):
+        for file in _add_order(f for f in pending if f in self._wanted):
+            value = self._wanted[file]
+            if self._written.get(file) != value and self._publish(file, value):
                 written.append(file)
         ending = set(ended)
-        removed = self._remove_all([f for f in stale if f not in ending])
+        # A drained tenure handing over goes only once its successor's files are all written:
+        # with a write failed (a full disk), it keeps serving from the view meanwhile.
+        unwritten = {
+            group
+            for f in pending
+            if f in wanted and held.get(f) != wanted[f]
+            for group, _ in self._owners.get(f, ())
+        }
+
+        def handing_over(file: ViewFile) -> bool:
+            owners = self._owners_of(file)
+            return (
+                bool(owners) and owners <= handed_over and bool(unwritten & {g for g, _ in owners})
+            )
+
+        removed = self._remove_all([f for f in stale if f not in ending and not handing_over(f)])
+        self._pending = {
+            f
+            for f in pending
+            if (f in self._wanted and self._written.get(f) != self._wanted[f])
+            or (f in self._written and f not in self._wanted)
+        }
+        for file in pending - self._pending:
+            if file not in self._written:
+                self._last_owners.pop(file, None)
         report = SyncReport(tuple(written), tuple(withdrawn), tuple(removed))
-        if report.changed or self._manifest_failures:
-            self._save_manifest()
-        # A file that could not be written or removed (a full or read-only disk) is tried
-        # again by the next pass even when nothing else changes: a departed or drained
-        # worker's card must not stay served, and kept alive, until some other change.
-        self.retry_due = self.publish_errors > errors_before or bool(self._manifest_failures)
+        if report.changed:
+            self._save_manifest(report)
         return report
+
+    def _lingering(
+        self,
+        pending: Collection[ViewFile],
+        table: RecordTable,
+        drained: Collection[tuple[str, int]],
+        serving: Mapping[GroupKey, int],
+    ) -> set[ViewFile]:
+        """Return the drained workers' endpoint records the view holds while in the bucket."""
+        if not drained:
+            return set()
+        out = set()
+        for namespace, instance_id in drained:
+            for record in table.lookup("instance", namespace, None, instance_id):
+                file = (record.bucket, record.file_name)
+                if (
+                    file in pending
+                    and file in self._written
+                    and not any(
+                        serving.get(group, generation) != generation
+                        for group, generation in self._owners_of(file)
+                    )
+                ):
+                    out.add(file)
+        return out
 
     def _publish(self, file: ViewFile, value: bytes) -> bool:
         try:
             self._files.publish(file, value)
         except OSError as exc:
-            # Kept out of the written set, so the next pass tries again.
+            # Kept pending, so the next pass (or the next refresh) tries again.
             self.publish_errors += 1
             self._write_failed(file, exc)
             return False
         self._written[file] = value
+        self._unremovable.pop(file, None)
         failed = self._failing.pop(file[1], 0)
         if failed:
             _log.info("admitted view: wrote %s after %d failed attempt(s)", file[1], failed)
@@ -315,76 +579,69 @@ class AdmittedView:
                 self._files.remove(file)
             except OSError as exc:
                 self.publish_errors += 1
-                self._remove_failed(file, exc)
+                # Tried again at every refresh; said once, and again when it goes at last.
+                if not self._unremovable.get(file):
+                    _log.warning(
+                        "admitted view: could not remove %s/%s: %s (tried again at every "
+                        "refresh; this frontend's serving record keeps naming the worker "
+                        "meanwhile)",
+                        file[0],
+                        file[1],
+                        exc.strerror or exc,
+                    )
+                self._unremovable[file] = self._unremovable.get(file, 0) + 1
                 continue
             self._written.pop(file, None)
-            self._owners.pop(file, None)
-            failed = self._failing_removals.pop(file, 0)
+            failed = self._unremovable.pop(file, 0)
             if failed:
-                _log.info(
-                    "admitted view: removed %s/%s after %d failed attempt(s)",
-                    file[0],
-                    file[1],
-                    failed,
-                )
+                _log.info("admitted view: removed %s after %d failed attempt(s)", file[1], failed)
             done.append(file)
         return done
 
-    def _remove_failed(self, file: ViewFile, exc: OSError) -> None:
-        """Warn once per file, counting: every pass tries the removal again (a read-only disk).
+    def unremoved_cards(self) -> dict[str, set[str]]:
+        """Return the workers whose cards the view could not remove, per namespace.
 
-        A warning per try flooded the log with one line per file per pass.
+        Their instance keys (``ns/component/endpoint/id``): the frontend may still route to
+        them, so this frontend's serving record must keep naming them.
         """
-        failing = self._failing_removals
-        count = failing.get(file, 0)
-        if not count and len(failing) >= _MAX_FAILING:
-            failing.clear()  # files that are no longer wanted: forget them, bounded
-        failing[file] = count + 1
-        if not count:
-            _log.warning(
-                "admitted view: could not remove %s/%s: %s (retried at every pass; "
-                "reported again only once it is removed)",
-                file[0],
-                file[1],
-                exc.strerror or exc,
-            )
+        out: dict[str, set[str]] = {}
+        for bucket, name in self._unremovable:
+            if bucket != "mdc":
+                continue
+            parts = unquote(name).split("/")
+            if len(parts) >= 4:
+                out.setdefault(parts[0], set()).add("/".join(parts[:4]))
+        return out
 
-    def _save_manifest(self) -> None:
-        """Save the manifest; a failure is warned about once, until a save works.
-
-        A full disk fails every pass, and a warning per pass flooded the log.
-        """
+    def _save_manifest(self, report: SyncReport | None = None) -> None:
         try:
-            self._files.save_manifest(self._written)
+            if report is None:
+                self._files.save_manifest(self._written)
+            else:
+                self._files.note_manifest(report.written, report.withdrawn + report.removed)
         except OSError as exc:
-            self._manifest_failures += 1
-            if self._manifest_failures == 1:
-                _log.warning(
-                    "admitted view: could not save its manifest: %s (retried at every change; "
-                    "reported again only once it is saved)",
-                    exc.strerror or exc,
-                )
-            return
-        if self._manifest_failures:
-            _log.info(
-                "admitted view: saved its manifest after %d failed attempt(s)",
-                self._manifest_failures,
-            )
-            self._manifest_failures = 0
+            _log.warning("admitted view: could not save its manifest: %s", exc)
 
     def keep_alive(self, *, force: bool = False) -> int:
-        """Touch every published file when a refresh is due; return how many were touched.
+        """Touch the published files when a refresh is due; return how many were touched.
 
-        A file someone else deleted (an expiry sweep after a stall) is written again.
+        A refresh is spread over calls of at most ``_TOUCH_SLICE`` files each (see
+        :attr:`refreshing`), so a large view never holds the loop for long. A file someone
+        else deleted (an expiry sweep after a stall) is written again.
         """
         now = self._clock()
-        if not force and now - self._last_touch < self.refresh_interval:
-            return 0
-        self._last_touch = now
+        if not self._touch_round:
+            if not force and now - self._last_touch < self.refresh_interval:
+                return 0
+            self._last_touch = now
+            self._touch_round = [f for f, value in self._written.items() if value is not None]
+        batch = self._touch_round[-_TOUCH_SLICE:]
+        del self._touch_round[-_TOUCH_SLICE:]
         touched = 0
-        for file, value in list(self._written.items()):
+        for file in batch:
+            value = self._written.get(file)
             if value is None:
-                continue  # a previous writer's file: left to expire unless a sync wants it
+                continue  # gone since the round began, or a previous writer's file
             try:
                 alive = self._files.touch(file)
             except OSError as exc:
@@ -392,9 +649,17 @@ class AdmittedView:
                 continue
             if not alive:
                 del self._written[file]
+                self._pending.add(file)
                 self._publish(file, value)
+                if self._written.get(file) == value:
+                    self._pending.discard(file)
             touched += 1
         return touched
+
+    @property
+    def refreshing(self) -> bool:
+        """Whether a refresh is under way (more :meth:`keep_alive` calls are due soon)."""
+        return bool(self._touch_round)
 
     def clear(self) -> int:
         """Withdraw the whole view (the writer stops): the frontend routes nowhere."""

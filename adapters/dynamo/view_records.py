@@ -59,13 +59,17 @@ class RecordTable:
         self._records: dict[str, PublishableRecord] = {}
         # Keys by what ties a record to a worker, so planning a view costs per admitted worker,
         # not per record held.
-        self._index: dict[_Tie, set[str]] = {}
+        # (A tie names one or two keys: a list of them is a quarter of a set's size.)
+        self._index: dict[_Tie, list[str]] = {}
         self._on_change = on_change
         # Records that left the bucket, by key and by tie, and the ones a last-known lookup
         # asked for since the last forgetting.
         self._removed: dict[str, PublishableRecord] = {}
-        self._removed_index: dict[_Tie, set[str]] = {}
+        self._removed_index: dict[_Tie, list[str]] = {}
         self._wanted: set[str] = set()
+        # What changed since the view last asked: the ties of every record put, changed or
+        # removed, so the view re-plans those workers alone.
+        self._touched: set[_Tie] = set()
 
     def __len__(self) -> int:
         return len(self._records)
@@ -86,9 +90,9 @@ class RecordTable:
 
         ``worker``: endpoint and model records of an instance in a component; ``instance``:
         endpoint records of an instance in any component; ``source``: event sources naming a
-        worker; ``channel``: event channels of a publisher (these three in any component;
-        pass ``None``); ``scope``: event channels other than KV events published at an
-        endpoint (pass its component and endpoint name).
+        worker; ``publisher``: event sources of a publisher id; ``channel``: event channels of
+        a publisher (these four in any component; pass ``None``); ``scope``: event channels
+        other than KV events published at an endpoint (pass its component and endpoint name).
         """
         keys = self._index.get((kind, namespace, component, number), ())
         return [self._records[key] for key in sorted(keys)]
@@ -98,12 +102,20 @@ class RecordTable:
     ) -> list[PublishableRecord]:
         """Like :meth:`lookup`, with the records that left the bucket and are still kept."""
         tie = (kind, namespace, component, number)
-        held = self._index.get(tie, set())
-        gone = self._removed_index.get(tie, set()) - held
+        held = set(self._index.get(tie, ()))
+        gone = set(self._removed_index.get(tie, ())) - held
         self._wanted.update(gone)
         records = {key: self._records[key] for key in held}
         records.update((key, self._removed[key]) for key in gone)
         return [records[key] for key in sorted(records)]
+
+    def take_changes(self) -> set[_Tie]:
+        """Return the ties of the records that changed since the last call, and forget them.
+
+        A tie is ``(kind, namespace, component, number)`` as :meth:`lookup` takes it.
+        """
+        touched, self._touched = self._touched, set()
+        return touched
 
     def forget_unused_removals(self) -> int:
         """Drop the set-aside records no last-known lookup asked for since the last call."""
@@ -121,6 +133,7 @@ class RecordTable:
         new = None if record is None else _held(record)
         if new == old:
             return
+        self._touch(old, new)
         if old is not None:
             self._unindex(key, old)
         if new is not None:
@@ -138,38 +151,60 @@ class RecordTable:
         old = self._records.pop(key, None)
         if old is None:
             return
+        self._touch(old, None)
         self._unindex(key, old)
         self._set_aside(key, old)
         self._changed()
 
     def listing(self, records: Sequence[AcceptedRecord], retained: Collection[str]) -> None:
-        """Replace the table with a listing's accepted records; ``retained`` keys keep theirs."""
+        """Replace the table with a listing's accepted records; ``retained`` keys keep theirs.
+
+        A listing holds the whole bucket, and it comes every reconciliation: a record whose
+        bytes did not change keeps what the table made of it, and only the keys that changed
+        are filed anew, so a quiet listing costs a comparison per key.
+        """
+        held_now = self._records
         fresh: dict[str, PublishableRecord] = {}
         for record in records:
+            old = held_now.get(record.key)
+            if old is not None and old.value == record.value and old.worker_id == record.worker_id:
+                fresh[record.key] = old
+                continue
             held = _held(record)
             if held is not None:
                 fresh[record.key] = held
         for key in retained:
             fresh.pop(key, None)
-            old = self._records.get(key)
+            old = held_now.get(key)
             if old is not None:
                 fresh[key] = old
-        if fresh == self._records:
+        if fresh == held_now:
             return
-        for key, old in self._records.items():
-            if key not in fresh:
-                self._set_aside(key, old)
-        for key in fresh:
-            self._back(key)
+        for key, old in held_now.items():
+            new = fresh.get(key)
+            if new is not old:
+                self._touch(old, new)
+                self._unindex(key, old)
+                if new is None:
+                    self._set_aside(key, old)
+        for key, new in fresh.items():
+            old = held_now.get(key)
+            if new is not old:
+                if old is None:
+                    self._touch(None, new)
+                self._back(key)
+                self._reindex(key, new)
         self._records = fresh
-        self._index = {}
-        for key, held in fresh.items():
-            self._reindex(key, held)
         self._changed()
 
     def _changed(self) -> None:
         if self._on_change is not None:
             self._on_change()
+
+    def _touch(self, old: PublishableRecord | None, new: PublishableRecord | None) -> None:
+        for record in (old, new):
+            if record is not None:
+                self._touched.update(self._ties(record))
 
     # -- the indexes ---------------------------------------------------------------------------
 
@@ -177,7 +212,7 @@ class RecordTable:
         self._back(key)
         self._removed[key] = record
         for tie in self._ties(record):
-            self._removed_index.setdefault(tie, set()).add(key)
+            _index_key(self._removed_index, tie, key)
 
     def _back(self, key: str) -> None:
         record = self._removed.pop(key, None)
@@ -197,9 +232,11 @@ class RecordTable:
         if record.bucket == "mdc":
             return (("worker", record.namespace, record.component, record.instance_id),)
         if record.bucket == "event_sources":
+            # By the worker it names, and by its publisher id (which its channels share).
+            by_publisher = ("publisher", record.namespace, None, record.instance_id)
             if record.worker_id is None:
-                return ()
-            return (("source", record.namespace, None, record.worker_id),)
+                return (by_publisher,)
+            return ("source", record.namespace, None, record.worker_id), by_publisher
         by_publisher = ("channel", record.namespace, None, record.instance_id)
         if record.topic == KV_EVENTS or record.endpoint is None:
             return (by_publisher,)
@@ -209,17 +246,23 @@ class RecordTable:
         self._discard(self._index, key, record)
 
     @classmethod
-    def _discard(cls, index: dict[_Tie, set[str]], key: str, record: PublishableRecord) -> None:
+    def _discard(cls, index: dict[_Tie, list[str]], key: str, record: PublishableRecord) -> None:
         for tie in cls._ties(record):
             keys = index.get(tie)
-            if keys is not None:
-                keys.discard(key)
+            if keys is not None and key in keys:
+                keys.remove(key)
                 if not keys:
                     del index[tie]
 
     def _reindex(self, key: str, record: PublishableRecord) -> None:
         for tie in self._ties(record):
-            self._index.setdefault(tie, set()).add(key)
+            _index_key(self._index, tie, key)
+
+
+def _index_key(index: dict[_Tie, list[str]], tie: _Tie, key: str) -> None:
+    keys = index.setdefault(tie, [])
+    if key not in keys:
+        keys.append(key)
 
 
 def _held(record: AcceptedRecord) -> PublishableRecord | None:

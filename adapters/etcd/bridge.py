@@ -45,17 +45,16 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from workerset_admission.adapters.bucket_mirror import BucketMirror, MirrorStats
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.discovery_paths import RECORD_KINDS, bucket_key_for_path
-from workerset_admission.errors import InvalidRecordError, StoreCompacted, StoreUnavailable
-from workerset_admission.mirror import (
-    BucketMark,
-    BucketWriter,
-    Change,
-    heal_reason,
-    healed_mirror,
-    removal_order,
+from workerset_admission.errors import (
+    InvalidRecordError,
+    StoreCompacted,
+    StoreUnavailable,
+    wire_text,
 )
+from workerset_admission.mirror import BucketWriter, Change, removal_order
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
@@ -152,23 +151,18 @@ def bucket_key_for_etcd(key: str) -> str | None:
 
 
 @dataclass(slots=True)
-class EtcdBridgeStats:
-    """Counters an operator can read (``workerset-admission bridge`` prints them on exit)."""
+class EtcdBridgeStats(MirrorStats):
+    """Counters an operator can read (``workerset-admission bridge`` prints them on exit).
+
+    The bucket's counters (puts, heals, write errors...) are every bridge's (``MirrorStats``).
+    """
 
     listings: int = 0
     relists_after_compaction: int = 0
     store_errors: int = 0
     changes: int = 0
-    puts: int = 0
     deletes: int = 0
-    pruned: int = 0
-    write_errors: int = 0
     ignored_keys: int = 0
-    # Times the bucket was found lost or replaced, readings of its contents, keys it had lost.
-    heals: int = 0
-    reconciles: int = 0
-    restored: int = 0
-    check_errors: int = 0
     revision: int = 0
     skipped_keys: dict[str, str] = field(default_factory=dict)
 
@@ -193,9 +187,7 @@ class EtcdDiscoveryBridge:
         if not backoff or any(delay <= 0 for delay in backoff):
             raise ValueError("backoff needs at least one positive delay")
         self._reader = reader
-        self._writer = writer
         self._prefix = prefix
-        self._prune = prune
         self._backoff = tuple(backoff)
         self._retry_interval = retry_interval
         self._probe_interval = probe_interval
@@ -205,17 +197,13 @@ class EtcdDiscoveryBridge:
         self._desired: dict[str, bytes] = {}
         # The etcd revision that created each desired key: re-writes go oldest first.
         self._created: dict[str, int] = {}
-        self._mark: BucketMark | None = None
         self._check_soon = asyncio.Event()
-        self._check_failing = False
-        self._heal_pending = False
-        self._mirrored: dict[str, bytes | None] = {}
+        self.stats = EtcdBridgeStats()
+        self._mirror = BucketMirror(writer, self.stats, prune=prune, log=_log)
         self._dirty: set[str] = set()
-        self._failing: set[str] = set()
         self._lock = asyncio.Lock()
         self._started = False
         self._revision = 0
-        self.stats = EtcdBridgeStats()
         # Set after each listing has been written; tests and the CLI wait on it.
         self.synced = asyncio.Event()
 
@@ -226,7 +214,7 @@ class EtcdDiscoveryBridge:
 
     def mirrored_keys(self) -> frozenset[str]:
         """Return the bucket keys this bridge has written and not deleted."""
-        return frozenset(key for key, value in self._mirrored.items() if value is not None)
+        return frozenset(key for key, value in self._mirror.mirrored.items() if value is not None)
 
     async def resync(self) -> StoreListing:
         """List the prefix at one revision and write the difference to the bucket."""
@@ -234,16 +222,9 @@ class EtcdDiscoveryBridge:
         self.stats.listings += 1
         if not self._started:
             try:
-                self._mark = await self._writer.mark()
+                await self._mirror.start()
             except Exception as exc:  # retried like an unreadable store
                 raise StoreUnavailable(f"the bucket could not be read: {exc}") from exc
-            if self._prune:
-                # Values unknown: each owned key is either rewritten or deleted below.
-                try:
-                    owned = await self._writer.keys()
-                except Exception as exc:  # retried like an unreadable store
-                    raise StoreUnavailable(f"the bucket's keys could not be read: {exc}") from exc
-                self._mirrored = dict.fromkeys(owned)
             self._started = True
         desired: dict[str, bytes] = {}
         created: dict[str, int] = {}
@@ -258,7 +239,7 @@ class EtcdDiscoveryBridge:
             # First registered first: the first configuration observed becomes the incumbent,
             # so registrations must reach the bucket in the order etcd created them.
             order = sorted(desired, key=lambda k: (created[k], k))
-            await self._write_keys(order + sorted(set(self._mirrored) - set(desired)))
+            await self._write_keys(order + sorted(set(self._mirror.mirrored) - set(desired)))
         self._revision = listing.revision
         self.stats.revision = listing.revision
         self.synced.set()
@@ -361,51 +342,21 @@ class EtcdDiscoveryBridge:
 
         With ``reconcile`` the contents are read whatever the mark says.
         """
-        try:
-            mark = await self._writer.mark()
-        except Exception as exc:  # the bucket unreachable: writes fail too, and are retried
-            self.stats.check_errors += 1
-            level = logging.DEBUG if self._check_failing else logging.WARNING
-            _log.log(level, "discovery bridge cannot read the bucket's state: %s", exc)
+        read, reason = await self._mirror.read_mark()
+        if not read:
             # Tried again at the next check, not at once: an outage would make it a busy loop.
-            self._check_failing = True
             return None
-        self._check_failing = False
-        reason = heal_reason(self._mark, mark)
-        self._mark = mark
-        if reason is not None:
-            self.stats.heals += 1
-            _log.warning(
-                "discovery bridge re-writes every record it owns that is missing: %s", reason
-            )
-        if reason is not None:
-            # Until a reading of the contents succeeds: a mark taken later compares equal.
-            self._heal_pending = True
-        if self._heal_pending or reconcile:
+        if self._mirror.heal_pending or reconcile:
             await self._reconcile()
         return reason
 
     async def _reconcile(self) -> None:
         async with self._lock:
-            try:
-                held = await self._writer.contents()
-            except Exception as exc:  # tried again at the next check
-                self.stats.check_errors += 1
-                _log.debug("discovery bridge cannot read the bucket's contents: %s", exc)
-                return
-            self.stats.reconciles += 1
-            self._heal_pending = False
-            healed = healed_mirror(self._desired, self._mirrored, held, prune=self._prune)
-            if healed.lost:
-                self.stats.restored += len(healed.lost)
-                _log.warning(
-                    "discovery bridge writes again %d record(s) the bucket lost, e.g. %s",
-                    len(healed.lost),
-                    healed.lost[0],
-                )
-            self._mirrored = healed.memory
+            if not await self._mirror.reconcile(self._desired):
+                return  # tried again at the next check
             order = sorted(self._desired, key=lambda k: (self._created.get(k, 0), k))
-            await self._write_keys(order + sorted(set(self._mirrored) - set(self._desired)))
+            mirrored = self._mirror.mirrored
+            await self._write_keys(order + sorted(set(mirrored) - set(self._desired)))
 
     async def _keep_healed(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
@@ -461,7 +412,7 @@ class EtcdDiscoveryBridge:
             key = self._key_of(etcd_key)
         except InvalidRecordError as exc:
             if self.stats.skipped_keys.get(etcd_key) != exc.reason:
-                _log.warning("discovery bridge skips %s: %s", etcd_key, exc.reason)
+                _log.warning("discovery bridge skips %s: %s", wire_text(etcd_key), exc.reason)
                 self.stats.skipped_keys[etcd_key] = exc.reason
             return None
         if key is None:
@@ -476,30 +427,24 @@ class EtcdDiscoveryBridge:
         """
         puts: list[Change] = []
         deletes: list[Change] = []
+        mirrored = self._mirror.mirrored
         for key in dict.fromkeys(keys):
             want = self._desired.get(key)
             if want is not None:
-                if key in self._mirrored and self._mirrored[key] == want:
+                if key in mirrored and mirrored[key] == want:
                     self._dirty.discard(key)
                 else:
                     puts.append((key, want))
-            elif key in self._mirrored:
+            elif key in mirrored:
                 deletes.append((key, None))
             else:
                 self._dirty.discard(key)
         changes = puts + sorted(deletes, key=lambda change: removal_order(change[0]))
         if not changes:
             return
-        outcomes = await self._writer.write(changes)
+        outcomes = await self._mirror.writer.write(changes)
         for (key, value), failure in zip(changes, outcomes, strict=True):
-            if not self._settle(key, failure):
-                continue
-            if value is not None:
-                self._mirrored[key] = value
-                self.stats.puts += 1
-            elif self._mirrored.pop(key) is None:
-                self.stats.pruned += 1
-            else:
+            if self._settle(key, failure) and self._mirror.wrote(key, value):
                 self.stats.deletes += 1
 
     def _settle(self, key: str, failure: Exception | None) -> bool:
@@ -508,14 +453,9 @@ class EtcdDiscoveryBridge:
         The bucket being unreachable must not stop the bridge: the failure is counted and
         logged (once per failing key), and the bucket's mark is read before the retry.
         """
-        if failure is not None:
-            self.stats.write_errors += 1
+        if not self._mirror.settle(key, failure):
             self._dirty.add(key)
             self._check_soon.set()
-            level = logging.DEBUG if key in self._failing else logging.WARNING
-            _log.log(level, "discovery bridge could not write %s: %s", key, failure)
-            self._failing.add(key)
             return False
         self._dirty.discard(key)
-        self._failing.discard(key)
         return True

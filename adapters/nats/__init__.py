@@ -1,8 +1,8 @@
-"""NATS JetStream: discovery source, publishers and the embedded server launcher.
+"""NATS JetStream: discovery source, worker registrar, publishers and the embedded server.
 
 * ``source``: :class:`JetStreamDiscoverySource`, the discovery bucket as listings and live
   changes;
-* ``publisher``: :class:`DiscoveryPublisher`, worker registrations kept alive by a TTL heartbeat;
+* ``registrar``: :class:`WorkerRegistrar`, worker registrations kept alive by a TTL heartbeat;
 * ``admission_publisher``: :class:`NatsAdmissionPublisher`, what a frontend serves;
 * ``buckets``: idempotent bucket creation that never changes an existing bucket;
 * ``connect``: one connection function for every credential and TLS setting;

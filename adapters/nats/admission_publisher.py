@@ -5,7 +5,7 @@ discovery keys:
 
 * ``v1.<frontend>.capability``: ``{"protocol":"v1","capability":true,"frontend":<id>}``, saying
   this frontend publishes admissions at all (an operator can tell "serves nothing" from "too old
-  to say");
+  to say"), with ``"resynced_at"`` (Unix seconds) once it has resynced after a lost connection;
 * ``v1.<frontend>.members.<worker namespace>``:
   ``{"protocol":"v1","frontend":<id>,"namespace":<ns>,"members":[<instance keys>]}``.
 
@@ -14,7 +14,11 @@ worker_set, checksum, generation, members) so a rollout gate can tell models and
 apart; ``members`` alone is the shape Dynamo's own publisher writes.
 
 Changes are coalesced: at most one write round per ``min_interval`` (200 ms by default), and the
-last state wins. A failed write round is retried every ``retry_interval``. Records live for
+last state wins. A round writes only the records that changed since their last successful
+write, each key on its own and all at once: one key that cannot be written (refused, or larger
+than the server takes) delays no other and is said by key. A record too large is withdrawn and
+not tried again until it changes; another failed key is tried again, alone, every
+``retry_interval``, and a round in which every write failed is retried whole. Records live for
 ``record_ttl`` seconds (the bucket's max age) and are rewritten every third of that, so a
 frontend that dies without withdrawing drops out of the bucket by itself. ``withdraw_all()``
 deletes every record this frontend wrote.
@@ -38,6 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from nats.errors import MaxPayloadError
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
@@ -57,6 +62,15 @@ def admission_keys(frontend_id: str) -> tuple[str, Callable[[str], str]]:
     """Return this frontend's capability key and a function from worker namespace to key."""
     base = f"{PROTOCOL}.{escape_token(frontend_id)}"
     return f"{base}.capability", lambda namespace: f"{base}.members.{escape_token(namespace)}"
+
+
+class _KeyFailure(Exception):
+    """One key of a write round could not be written; ``error`` says why."""
+
+    def __init__(self, key: str, error: Exception) -> None:
+        super().__init__(key, error)
+        self.key = key
+        self.error = error
 
 
 def _encode(record: dict[str, object]) -> bytes:
@@ -98,6 +112,7 @@ class NatsAdmissionPublisher:
         self._published: dict[str, bytes] = {}
         self._capability_wanted = False
         self._capability_published = False
+        self._resynced_at: float | None = None
         self._dirty = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -106,6 +121,11 @@ class NatsAdmissionPublisher:
         self._closed = False
         self.write_rounds = 0
         self._failures = 0
+        # Records too large for the server, by namespace: not tried again until they change.
+        self._oversized: dict[str, bytes] = {}
+        # Keys whose last write failed while others went through, and when to try them again.
+        self._failing: set[str] = set()
+        self._retry_at: float | None = None
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
@@ -143,8 +163,11 @@ class NatsAdmissionPublisher:
             self._desired[worker_namespace] = _encode(record)
         self._changed()
 
-    async def publish_capability(self) -> None:
+    async def publish_capability(self, resynced_at: float | None = None) -> None:
         self._capability_wanted = True
+        if resynced_at is not None and resynced_at != self._resynced_at:
+            self._resynced_at = resynced_at
+            self._capability_published = False  # the record says something new
         self._changed()
 
     async def republish(self) -> None:
@@ -221,7 +244,8 @@ class NatsAdmissionPublisher:
         next_refresh = None if refresh_every is None else self._clock() + refresh_every
         next_audit = None if self._audit_interval is None else self._clock() + self._audit_interval
         while True:
-            due = [moment for moment in (next_refresh, next_audit) if moment is not None]
+            moments = (next_refresh, next_audit, self._retry_at)
+            due = [moment for moment in moments if moment is not None]
             if not due:
                 await self._dirty.wait()
             else:
@@ -229,6 +253,11 @@ class NatsAdmissionPublisher:
                     timeout = max(0.0, min(due) - self._clock())
                     await asyncio.wait_for(self._dirty.wait(), timeout=timeout)
                 except asyncio.TimeoutError:
+                    if self._retry_at is not None and self._clock() >= self._retry_at:
+                        # Keys that failed alone: a round of their own.
+                        self._retry_at = None
+                        self._dirty.set()
+                        continue
                     refreshing = next_refresh is not None and self._clock() >= next_refresh
                     if refreshing and refresh_every is not None:
                         next_refresh = self._clock() + refresh_every
@@ -269,24 +298,88 @@ class NatsAdmissionPublisher:
         _log.log(level, "publishing admissions failed, retrying until it works: %r", exc)
 
     async def _write_round(self) -> None:
+        """Write what changed since the last successful write, every key on its own.
+
+        The writes go out together, so a key whose write hangs (a refused publish is never
+        answered) delays no other. A record larger than the server takes is withdrawn and said
+        by key, and not tried again until it changes; any other failure of some keys is said by
+        key and those keys alone are tried again after ``retry_interval``. Only a round in which
+        every write failed raises: the bucket itself may be gone.
+        """
         kv = await self._bucket()
+        writes = []
         if self._capability_wanted and not self._capability_published:
-            await kv.put(self._capability_key, self._capability_record())
-            self._capability_published = True
+            writes.append(self._write_capability(kv))
         for namespace, value in list(self._desired.items()):
             if self._published.get(namespace) == value:
                 continue
-            key = self._member_key(namespace)
+            if value is not None and self._oversized.get(namespace) == value:
+                continue
+            writes.append(self._write_namespace(kv, namespace, value))
+        if not writes:
+            return
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, _KeyFailure)]
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome
+        if failed and len(failed) == len(outcomes):
+            raise failed[0].error
+        self._retry_at = None
+        for failure in failed:
+            self._retry_at = self._clock() + self._retry_interval
+            level = logging.WARNING if failure.key not in self._failing else logging.DEBUG
+            _log.log(
+                level,
+                "publishing the serving record %s failed, retrying it alone: %r",
+                failure.key,
+                failure.error,
+            )
+        now_failing = {f.key for f in failed}
+        for key in self._failing - now_failing:
+            _log.info("publishing the serving record %s works again", key)
+        self._failing = now_failing
+
+    async def _write_capability(self, kv: KeyValue) -> None:
+        try:
+            await kv.put(self._capability_key, self._capability_record())
+        except Exception as exc:
+            raise _KeyFailure(self._capability_key, exc) from exc
+        self._capability_published = True
+
+    async def _write_namespace(self, kv: KeyValue, namespace: str, value: bytes | None) -> None:
+        key = self._member_key(namespace)
+        try:
             if value is not None:
-                await kv.put(key, value)
+                try:
+                    await kv.put(key, value)
+                except MaxPayloadError:
+                    await self._withdraw_oversized(kv, namespace, value)
+                    return
                 self._published[namespace] = value
-            else:
-                if namespace in self._published:
-                    await kv.delete(key)
-                    del self._published[namespace]
-                # The namespace may have gained members while the delete was in flight.
-                if namespace in self._desired and self._desired[namespace] is None:
-                    del self._desired[namespace]
+                return
+            if namespace in self._published:
+                await kv.delete(key)
+                del self._published[namespace]
+        except Exception as exc:
+            raise _KeyFailure(key, exc) from exc
+        # The namespace may have gained members while the delete was in flight.
+        if namespace in self._desired and self._desired[namespace] is None:
+            del self._desired[namespace]
+
+    async def _withdraw_oversized(self, kv: KeyValue, namespace: str, value: bytes) -> None:
+        """Set aside a record the server cannot take; withdraw the older one, no longer true."""
+        key = self._member_key(namespace)
+        self._oversized[namespace] = value
+        _log.warning(
+            "the serving record %s is %d bytes, more than the NATS server takes; it is "
+            "withdrawn and not published until it changes",
+            key,
+            len(value),
+        )
+        if namespace in self._published:
+            await kv.delete(key)
+            del self._published[namespace]
 
     async def _audit(self) -> None:
         """Read back what was written; forget what the bucket lost, so the next round writes it."""
@@ -314,7 +407,14 @@ class NatsAdmissionPublisher:
             self._dirty.set()
 
     def _capability_record(self) -> bytes:
-        return _encode({"protocol": PROTOCOL, "capability": True, "frontend": self.frontend_id})
+        record: dict[str, Any] = {
+            "protocol": PROTOCOL,
+            "capability": True,
+            "frontend": self.frontend_id,
+        }
+        if self._resynced_at is not None:
+            record["resynced_at"] = self._resynced_at
+        return _encode(record)
 
     @staticmethod
     async def _lost(kv: KeyValue, key: str, value: bytes) -> bool:

@@ -16,6 +16,8 @@ from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
     connect,
+    permission_refusal,
+    refusal_mark,
     servers_for_display,
 )
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
@@ -42,6 +44,8 @@ class NatsRecordSource:
         self._timeout = timeout
 
     async def read(self) -> BucketRead:
+        """Read the bucket; raise ``PermissionRefused`` when the server refused this user."""
+        mark = refusal_mark()
         try:
             # A gate must answer: the first connection is bounded and never retried forever.
             client = await asyncio.wait_for(
@@ -65,6 +69,10 @@ class NatsRecordSource:
             # No frontend has published yet: an empty bucket, and a closed gate.
             return BucketRead()
         except (OSError, NatsError, asyncio.TimeoutError) as error:
+            # A refusal is no passing problem: waiting and reading again cannot help.
+            refusal = permission_refusal(mark)
+            if refusal is not None:
+                raise refusal from None
             return BucketRead(problem=f"cannot read bucket {self._bucket}: {error!r}")
         finally:
             await client.close()

@@ -287,9 +287,15 @@ class JetStreamBucketWriter:
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
         )
         try:
-            info = await subscription.consumer_info()
-            if info.num_pending == 0 and not (info.delivered and info.delivered.consumer_seq):
-                done.set()  # nothing to deliver: no key under the prefix
+            # Asked of the stream, not of the consumer: reading a consumer's information is a
+            # right no user is given (it would let one read every other user's consumers).
+            # One message under the prefix, or none: nothing for the consumer to deliver.
+            try:
+                await self._js.get_msg(
+                    stream_name(self._bucket), seq=1, subject=f"{prefix}v1.>", next=True
+                )
+            except NotFoundError:
+                done.set()
             await asyncio.wait_for(done.wait(), _CONTENTS_TIMEOUT)
         finally:
             with contextlib.suppress(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,13 @@ from nats.aio.client import ReconnectToServerHandler, Server
 from nats.errors import AuthorizationError
 from nats.errors import Error as NatsError
 from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
-from workerset_admission.errors import ConfigError, CredentialsRefused, Unreachable
+from workerset_admission.errors import (
+    ConfigError,
+    CredentialsRefused,
+    PermissionRefused,
+    Unreachable,
+    wire_text,
+)
 from workerset_admission.settings import Settings, mask_url
 
 __all__ = [
@@ -26,7 +33,9 @@ __all__ = [
     "connect",
     "connect_options",
     "mask_url",
+    "permission_refusal",
     "probe_bucket",
+    "refusal_mark",
     "servers_for_display",
     "servers_from_text",
 ]
@@ -60,6 +69,7 @@ def connect_options(
         tls_cert_file=settings.nats_tls_cert_file,
         tls_key_file=settings.nats_tls_key_file,
         tls_hostname=settings.nats_tls_hostname,
+        inbox_prefix=settings.nats_inbox_prefix,
     )
 
 
@@ -87,6 +97,7 @@ class NatsConnectOptions:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_hostname: str | None = None
+    inbox_prefix: str = "_INBOX"
     connect_timeout: float = 2.0
     reconnect_wait: float = 0.5
     max_reconnect_wait: float = 5.0
@@ -188,6 +199,8 @@ async def connect(
     }
     if options.name:
         kwargs["name"] = options.name
+    if options.inbox_prefix != "_INBOX":
+        kwargs["inbox_prefix"] = options.inbox_prefix
     if callbacks.disconnected is not None:
         kwargs["disconnected_cb"] = callbacks.disconnected
     if callbacks.reconnected is not None:
@@ -248,14 +261,68 @@ def _refused(error: BaseException) -> bool:
 
 
 def _noting_refusals(owner: ErrorCallback, refusals: list[Exception]) -> ErrorCallback:
-    """Wrap the owner's error callback so a refused login is remembered, then passed on."""
+    """Wrap the owner's error callback so a refused login or permission is remembered.
+
+    A refused publish or subscription is never answered: what the command then sees is a
+    timeout. Remembered here, :func:`permission_refusal` can say what really happened.
+    """
 
     async def on_error(error: Exception) -> None:
         if _refused(error):
             refusals.append(error)
+        found = _PERMISSION_VIOLATION.search(str(error))
+        if found is not None and not found.group(2).startswith(_OPTIONAL_SUBSCRIPTIONS):
+            _REFUSED_HERE.count += 1
+            _REFUSED_HERE.last = (found.group(1).lower(), found.group(2))
         await owner(error)
 
     return on_error
+
+
+# What nats-server says, as nats-py passes it on: ``permissions violation for publish to
+# "<subject>"`` (or ``for subscription to``).
+_PERMISSION_VIOLATION = re.compile(
+    r'permissions violation for (publish|subscription) to "([^"]*)"', re.IGNORECASE
+)
+# Subscriptions a user may lack without harm: the source then notices a deleted consumer later.
+_OPTIONAL_SUBSCRIPTIONS = ("$JS.EVENT.ADVISORY.",)
+
+
+class _Refused:
+    """How many permissions the server refused this process, and the last (kind, subject)."""
+
+    count = 0
+    last: tuple[str, str] | None = None
+
+
+# One command per process: what its connections were refused is the command's.
+_REFUSED_HERE = _Refused()
+
+
+def refusal_mark() -> int:
+    """How many permission refusals this process has heard of so far (for ``since``)."""
+    return _REFUSED_HERE.count
+
+
+def permission_refusal(since: int = 0) -> PermissionRefused | None:
+    """Return the last permission the server refused this process's connections, as an error.
+
+    Only refusals heard of after ``since`` (a :func:`refusal_mark`) count.
+    """
+    if _REFUSED_HERE.count <= since or _REFUSED_HERE.last is None:
+        return None
+    kind, subject = _REFUSED_HERE.last
+    subject = wire_text(subject)
+    hint = (
+        "set nats_inbox_prefix to the prefix this user may subscribe to"
+        if kind == "subscription"
+        else "this user's permissions do not name it"
+    )
+    return PermissionRefused(
+        f'NATS refused this user the {kind} to "{subject}": {hint} (docs/security.md lists '
+        "the rights each command needs)",
+        subject,
+    )
 
 
 async def _abandon(client: NatsClient, attempt: asyncio.Future[None]) -> None:

@@ -22,6 +22,8 @@ from typing import Final
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+from nats.protocol.parser import ERR_RE
 
 __all__ = ["RAW_DELIVERY", "RawDeliveryClient", "RawHandler"]
 
@@ -83,3 +85,21 @@ class RawDeliveryClient(NatsClient):
         follow_up = handler(subject, reply, data, parsed)
         if follow_up is not None:
             await follow_up
+
+    async def _process_err(self, err_msg: str) -> None:
+        # nats-py's parser lowers the case of every -ERR line before it gets here, so the
+        # subject a permission refusal names would be told wrong ("$js.api..."): the line is
+        # read again, as the server sent it, from the parser's buffer (still unconsumed here).
+        if "permissions violation" not in err_msg:
+            await super()._process_err(err_msg)
+            return
+        parser = getattr(self, "_ps", None)
+        found = ERR_RE.match(bytes(getattr(parser, "buf", b"")))
+        text = err_msg
+        if found is not None and found.group(1):
+            original = found.group(1).decode("utf-8", "replace").strip("'")
+            if original.lower() == err_msg.strip("'"):
+                text = original
+        error = NatsError(f"nats: {text.strip(chr(39))}")
+        self._err = error
+        await self._error_cb(error)

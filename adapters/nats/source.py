@@ -15,12 +15,22 @@ pending, or the first one newer than the stream's last sequence when the consume
 
 When the connection drops, the watch stops at once and delivers nothing more; once the client
 is back (and on a closed connection, and when the stream behind the bucket disappears or is
-re-created, a wiped store; and on the raw path, when deliveries skip a consumer sequence or the
-consumer falls silent for two heartbeat periods), the watch is re-created and a new listing with
-reason ``"reconnect"`` is emitted. A server restart with a fresh store would otherwise leave
-nats-py's ordered consumer silently waiting at the old sequence, and with the same store
-nats-py's own consumer reset would deliver the outage's expiries as live removals ahead of the
-resync.
+re-created, a wiped store; when the server announces that the watch's consumer was deleted; and
+on the raw path, when deliveries skip a consumer sequence or the consumer falls silent for two
+heartbeat periods), the watch is re-created and a new listing with reason ``"reconnect"`` is
+emitted. A consumer that vanishes is said at WARNING: the server sends nothing on a deleted push
+consumer's own subject, so the source listens for the deletion advisory of its consumer
+(``$JS.EVENT.ADVISORY.CONSUMER.DELETED.<stream>.<consumer>``) and re-creates it at once; the
+silent-consumer check (two heartbeat periods) covers a user not allowed that advisory.
+
+Without the re-created watch, a server restart with a fresh store would leave nats-py's ordered
+consumer silently waiting at the old sequence, and with the same store nats-py's own consumer
+reset would deliver the outage's expiries as live removals ahead of the resync.
+
+The first listing says ``after_outage`` when the server could not be reached before it: the
+source was made for a frontend that started during an outage (``started_in_outage``), its own
+first connection failed, or the connection was lost before the first listing came. That is a
+report, as the reason is; the core decides what it means.
 
 Oversized values are passed through unchanged. The card boundary refuses them with a typed
 error carrying the key, so they are reported and counted in one place with every other invalid
@@ -48,6 +58,8 @@ from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
     connect,
+    permission_refusal,
+    refusal_mark,
 )
 from workerset_admission.adapters.nats.kv import stream_name, subject_prefix
 from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
@@ -85,6 +97,10 @@ LISTING_QUIET: Final = 0.5
 # The most keys a stream info answer names (the server's limit on subject details).
 KEYS_AT_START_LIMIT: Final = 100_000
 
+# A refusal that is no configuration error: the bucket is the operator's to create, and the
+# source waits for it.
+_WAITS_FOR: Final = "$JS.API.STREAM.CREATE."
+
 _RETRYABLE = (
     NotFoundError,
     ServiceUnavailableError,
@@ -121,6 +137,7 @@ class JetStreamDiscoverySource:
         bind_retry_max: float = 5.0,
         request_timeout: float = 5.0,
         idle_heartbeat: float = IDLE_HEARTBEAT,
+        started_in_outage: bool = False,
     ) -> None:
         if options is None and connector is None:
             raise UsageError("JetStreamDiscoverySource needs connect options or a connector")
@@ -159,6 +176,8 @@ class JetStreamDiscoverySource:
         self._rebind = asyncio.Event()
         # From a restart request until the new watch hands over its listing.
         self._resync_pending = False
+        # Whether the server could not be reached before the first listing (see the module).
+        self._outage_before_listing = started_in_outage
 
     # -- connection --------------------------------------------------------------------------
 
@@ -238,7 +257,26 @@ class JetStreamDiscoverySource:
             nc, self._queue_size, self._epoch_watch, self._request_restart
         )
         self._stream_created = created
+        await self._hear_deletion(nc, watch)
         return watch
+
+    async def _hear_deletion(self, nc: NatsClient, watch: Watch) -> None:
+        """Re-create the watch as soon as the server announces its consumer's deletion."""
+        subject = f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{stream_name(self.bucket)}.{watch.consumer}"
+
+        async def deleted(_msg: object) -> None:
+            if self._watch is watch and not watch.stopped:
+                _log.warning(
+                    "the %s watch consumer %s was deleted on the server; re-creating it",
+                    self.bucket,
+                    watch.consumer,
+                )
+                self._request_restart("consumer deleted")
+
+        # A user not allowed the advisory is refused asynchronously (an error callback): the
+        # silent-consumer check then notices the deletion, later.
+        with contextlib.suppress(NatsError):
+            watch.deletion = await nc.subscribe(subject, cb=deleted)
 
     def _epoch_watch(self, watch: Watch) -> None:
         # Runs before the consumer exists, so anything it delivers finds the watch in place.
@@ -300,6 +338,7 @@ class JetStreamDiscoverySource:
                     cb=watch.on_message,
                     ordered_consumer=True,
                 )
+            watch.consumer = created.name
             if created.num_pending == 0:
                 watch.finish_initial()
             return watch, info.created
@@ -345,10 +384,11 @@ class JetStreamDiscoverySource:
         if watch.detach is not None:
             watch.detach()
             watch.detach = None
-        subscription, watch.subscription = watch.subscription, None
-        if subscription is not None:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+        for subscription in (watch.subscription, watch.deletion):
+            if subscription is not None:
+                with contextlib.suppress(Exception):
+                    await subscription.unsubscribe()
+        watch.subscription = watch.deletion = None
 
     async def _stop_watch(self, watch: Watch) -> None:
         if self._watch is watch:
@@ -369,8 +409,15 @@ class JetStreamDiscoverySource:
         while not self._closed:
             self._restart = None
             self._rebind.clear()
+            mark = refusal_mark()
             try:
-                nc = await self._client()
+                try:
+                    nc = await self._client()
+                except _RETRYABLE as exc:
+                    # No server answered: until the first listing, that is an outage.
+                    if not isinstance(exc, AuthorizationError):
+                        self._outage_before_listing = True
+                    raise
                 watch = await self._start_watch(nc)
             except AuthorizationError:
                 if not self._ever_bound:
@@ -381,6 +428,15 @@ class JetStreamDiscoverySource:
             except _RETRYABLE as exc:
                 if self._is_closed():
                     return None
+                # A refused publish or subscription is never answered: what failed here as a
+                # timeout was the server refusing this user a right the watch needs.
+                refusal = permission_refusal(mark)
+                if refusal is not None and refusal.subject.startswith(_WAITS_FOR):
+                    refusal = None  # a bucket it may not create: it waits for the operator's
+                if refusal is not None and not self._ever_bound:
+                    raise refusal from None  # permissions short from the start: configuration
+                if refusal is not None:
+                    _log.warning("binding bucket %s failed, retrying: %s", self.bucket, refusal)
                 attempts += 1
                 level = logging.WARNING if attempts % 10 == 0 else logging.DEBUG
                 _log.log(level, "binding bucket %s failed, retrying: %r", self.bucket, exc)
@@ -431,7 +487,12 @@ class JetStreamDiscoverySource:
                     if self._restart_reason() is not None or self._is_closed():
                         continue
                     self._resync_pending = False
-                    yield SourceListing(entries=watch.take_listing(), reason=reason)
+                    outage = reason == "initial" and (
+                        self._outage_before_listing or self._disconnects > 0
+                    )
+                    yield SourceListing(
+                        entries=watch.take_listing(), reason=reason, after_outage=outage
+                    )
                     reason = "reconnect"
                     async for event in self._live(watch):
                         yield event
@@ -484,6 +545,12 @@ class JetStreamDiscoverySource:
             if now >= next_pulse:
                 next_pulse = now + pulse
                 if watch.looks_dead(now, pulse):
+                    _log.warning(
+                        "the %s watch consumer %s sent nothing, not even heartbeats; "
+                        "re-creating it",
+                        self.bucket,
+                        watch.consumer,
+                    )
                     self._request_restart("the consumer sent nothing, not even heartbeats")
             if now >= next_check:
                 next_check = now + interval

@@ -111,6 +111,9 @@ class Watch:
         self._broken: Callable[[str], None] | None = None
         # Takes the raw handler off the client once the watch is stopped.
         self.detach: Callable[[], None] | None = None
+        # The consumer's name, and the subscription to the server's notice of its deletion.
+        self.consumer = ""
+        self.deletion: Subscription | None = None
 
     def use_raw(
         self, publish: Callable[[str], Awaitable[None]], broken: Callable[[str], None]

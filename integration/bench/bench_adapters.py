@@ -40,7 +40,7 @@ from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer  # noq
 from workerset_admission.card import encode_endpoint_record, encode_model_record  # noqa: E402
 from workerset_admission.identity import EndpointId  # noqa: E402
 from workerset_admission.keys import endpoint_kv_key, model_kv_key  # noqa: E402
-from workerset_admission.service.factory import create_service  # noqa: E402
+from workerset_admission.wiring.compose import create_service  # noqa: E402
 
 RESULTS = HERE / "results"
 DISCOVERY = "dynamo-discovery"

@@ -47,8 +47,8 @@ from workerset_admission.adapters.dynamo.filestore import scan_file_store  # noq
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket  # noqa: E402
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer  # noqa: E402
 from workerset_admission.admission import CommitGroup, PublishAdmissions, RetireReceiver  # noqa: E402
-from workerset_admission.service.factory import create_service  # noqa: E402
 from workerset_admission.settings import Settings  # noqa: E402
+from workerset_admission.wiring.compose import create_service  # noqa: E402
 
 RESULTS = HERE / "results"
 

@@ -57,7 +57,7 @@ from support.fleet import (  # noqa: E402 - the fault tests' live fleet, reused 
 )
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer  # noqa: E402
 from workerset_admission.service.admission_service import AdmissionService  # noqa: E402
-from workerset_admission.service.factory import create_service  # noqa: E402
+from workerset_admission.wiring.compose import create_service  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,12 +33,12 @@ from workerset_admission.ports import SourceListing
 from workerset_admission.service.admission_service import (
     AdmissionService,
     BuildRequest,
-    GroupStatusView,
+    GroupStatusReport,
 )
-from workerset_admission.service.factory import create_service
 from workerset_admission.service.receivers import AdmissionReceiver
 from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import replay
+from workerset_admission.wiring.compose import create_service
 
 DISCOVERY = "dynamo-discovery"
 ADMISSION = "frontend-model-admission"
@@ -329,7 +329,7 @@ def replay_of(listing: SourceListing) -> dict[str, dict[str, Any]]:
     return {g["group_id"]: g for g in result["groups"]}
 
 
-def live_groups(service: AdmissionService) -> dict[str, GroupStatusView]:
+def live_groups(service: AdmissionService) -> dict[str, GroupStatusReport]:
     return {g.group.id: g for g in service.status().groups}
 
 

@@ -43,13 +43,13 @@ from workerset_admission.admission.inputs import (
     DrainSet,
     Input,
     Listing,
+    PeerTenure,
     TenureRecorded,
     Tick,
     WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
-from workerset_admission.admission.views import (
+from workerset_admission.admission.snapshots import (
     CohortView,
     DrainedView,
     GroupView,
@@ -57,6 +57,7 @@ from workerset_admission.admission.views import (
     MemberView,
     PlacementView,
 )
+from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
 
 __all__ = [
     "AdmissionCore",
@@ -86,6 +87,7 @@ __all__ = [
     "MemberView",
     "MutationRefused",
     "OpenReceiver",
+    "PeerTenure",
     "PlacementView",
     "PublishAdmissions",
     "RejectionReported",

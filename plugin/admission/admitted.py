@@ -1,12 +1,12 @@
-"""Admitted ids: immutable id sets read lazily from a cohort's change log."""
+"""Admitted ids: immutable sets read lazily from a cohort's change log; which ones are routable."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence, Set
+from collections.abc import Container, Iterable, Iterator, Sequence, Set
 from itertools import islice
 from typing import Any
 
-__all__ = ["AdmittedIds", "AdmittedLog", "ChangeLog", "HoldsAdmittedIds"]
+__all__ = ["AdmittedIds", "AdmittedLog", "ChangeLog", "HoldsAdmittedIds", "routable_ids"]
 
 ChangeLog = list[int]
 """Append-only changes to a set of ids: ``iid`` adds an id, ``~iid`` (negative) removes it."""
@@ -15,6 +15,21 @@ _NO_CHANGES: Sequence[int] = ()
 # A log is folded into a new base once it is longer than the base (and than this): each change
 # then costs O(1) amortised, and reading an ``AdmittedIds`` costs O(ids), once.
 _MIN_LOG = 32
+
+
+def routable_ids(
+    admitted: Iterable[int], live: Container[int], last_known: Iterable[int] = ()
+) -> frozenset[int]:
+    """Say which ids a hop may route to (the one rule): admitted and live, or held as last known.
+
+    A hop never routes to an admitted id without a live instance record, nor to a live
+    instance that is not admitted; an empty answer means none, never "every instance". The
+    members a held tenure serves on their last known records (``last_known``) count as live:
+    their instance records may be missing only because the store lost them in an outage.
+    The hop bindings, the Dynamo hops and the liveness index all answer with this rule.
+    """
+    routable = frozenset(i for i in admitted if i in live)
+    return routable.union(last_known) if last_known else routable
 
 
 class AdmittedIds(Set[int]):

@@ -59,6 +59,22 @@ lasts. A hold builds nothing: a queued build or a due retry waits, and the rejoi
 once. Live removals and other listings never hold: only an outage can make a present worker
 look gone.
 
+*Starting during an outage.* A frontend that starts (or restarts) while the store is away
+has lived through the outage as much as its peers have, only without state. Ingestion reports
+its first listing as such (``Listing(outage_start=True)``), and the core treats it as a
+reconnect listing: expiries within ``tenure_hold`` of it are the outage's, so an incumbent the
+listing still holds is held when they empty it, as its peers hold theirs. One that starts
+just after the store came back saw no outage itself, but a peer that resynced after losing its
+connection says when (``Listing.peer_outage_at``): a first listing within ``tenure_hold`` of
+that resync is one of that outage, and its holds count from the peer's resync, so they end
+with the peer's (``_outage_of``). A cohort the listing already lacks (its records ran out
+while the store was away) cannot be observed at all; so after any outage, a group this
+frontend holds nothing of, whose live peers serve a checksum the listing lacks
+(``Listing.peer_tenures``), is reserved for that checksum at once, held until the outage's
+reconnect plus ``tenure_hold``, and only the members the peers serve end the hold. These rules
+only delay a succession the outage may have faked, as the hold always does; with them a
+frontend restarted during an outage ends on the incumbent its peers keep.
+
 *Recorded tenures.* A replay of a recording that began mid-rollout starts from what the
 recorded frontend decided: ``TenureRecorded``, before anything else of its group. A tenure
 that was not held lends its receiver and generation to the tenure the listing starts for that
@@ -141,7 +157,8 @@ liveness out of the core means instance churn never touches the core's state or 
 counter.
 
 *Reading this module.* Everything that changes a group's state is here, in the order the
-contract reads: the settings; the records (``_Cohort``, ``_Hold``, ``_Group``); then
+contract reads: the settings; the records (``_Cohort``, ``_Hold``, ``_Handover``, ``_Tenure``,
+``_Group``: a group's tenure is one record, which a succession replaces whole); then
 ``AdmissionCore``: its entry points, the discovery inputs, tenures and succession, the hold,
 builds and their fencing, LoRA adapters and in-place changes, and the publication at the end of
 each call. Effects are made by their own constructors, one readable way. Beside it, read-only:
@@ -160,7 +177,6 @@ from typing import Any, Literal
 
 from workerset_admission.admission import effects as fx
 from workerset_admission.admission import readout
-from workerset_admission.admission.adapters import AdapterLog
 from workerset_admission.admission.admitted import AdmittedLog
 from workerset_admission.admission.inputs import (
     BuildFinished,
@@ -175,9 +191,10 @@ from workerset_admission.admission.inputs import (
     WorkerAdded,
     WorkerRemoved,
 )
+from workerset_admission.admission.lora import AdapterLog
 from workerset_admission.admission.projection import ProjectionConflicts
+from workerset_admission.admission.snapshots import GroupView, PlacementView
 from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
-from workerset_admission.admission.views import GroupView, PlacementView
 from workerset_admission.errors import ConfigError, UsageError
 from workerset_admission.identity import AttemptId, GroupKey, Registration, instance_key
 
@@ -304,54 +321,44 @@ class _Handover:
         self.card: Any = None
 
 
-class _Group:
-    """One group's state; only ``AdmissionCore`` changes it, and only in this module."""
+class _Tenure:
+    """One tenure's state: what a succession ends, all at once, by putting a fresh one in place.
+
+    A group with no incumbent has an idle tenure (``checksum`` None, everything empty).
+    """
 
     __slots__ = (
         "attempt",
         "card",
         "checksum",
-        "cohorts",
         "committed_generation",
         "deadline",
-        "dirty",
-        "generation",
-        "handover",
         "hold",
         "in_flight",
-        "key",
         "lora",
-        "lora_dirty",
         "outage_gone",
         "parked",
         "receiver",
         "reported",
         "representative",
-        "seq",
-        "status",
     )
 
-    def __init__(self, key: GroupKey) -> None:
-        self.key = key
-        self.cohorts: dict[str, _Cohort] = {}
-        self.status = StatusMachine()
-        # Tenure fields: all None/empty while idle.
+    def __init__(self) -> None:
+        # The incumbent's checksum and receiver; the generation of its committed build and of
+        # the build in flight; consecutive failed attempts and the retry's deadline.
         self.checksum: str | None = None
         self.receiver: int | None = None
-        self.generation: int | None = None
         self.committed_generation: int | None = None
         self.in_flight: int | None = None
         self.attempt = 0
         self.deadline: float | None = None
+        # The member whose card the tenure serves (the smallest key), and that card.
         self.representative: str | None = None
         self.card: Any = None
+        # The checksums reported as rejected against this incumbent.
         self.reported: set[str] = set()
-        # None forces the next flush to announce the projection even if unchanged.
+        # The last projection announced; None forces the next flush to announce it again.
         self.lora: tuple[fx.LoraWorker, ...] | None = ()
-        self.dirty = False
-        self.lora_dirty = False
-        # How many cohorts the group has made: each new one is numbered with it.
-        self.seq = 0
         # Set while the tenure is held after an outage, or its members are still served on
         # last known good (see the theory of operation).
         self.hold: _Hold | None = None
@@ -361,20 +368,50 @@ class _Group:
         # Incumbent members drained since the last publication (id to key): the receiver
         # still lists them, so a handover that begins now keeps serving exactly these.
         self.parked: dict[int, str] = {}
-        # Set while a drained tenure hands over to its successor (see the theory of operation).
+
+
+class _Group:
+    """One group's state; only ``AdmissionCore`` changes it, and only in this module."""
+
+    __slots__ = (
+        "cohorts",
+        "dirty",
+        "generation",
+        "handover",
+        "key",
+        "lora_dirty",
+        "seq",
+        "status",
+        "tenure",
+    )
+
+    def __init__(self, key: GroupKey) -> None:
+        self.key = key
+        self.cohorts: dict[str, _Cohort] = {}
+        self.status = StatusMachine()
+        self.tenure = _Tenure()
+        # The latest build generation: it outlives its tenure (status shows it).
+        self.generation: int | None = None
+        # Admissions or the projection to publish at the end of the call.
+        self.dirty = False
+        self.lora_dirty = False
+        # How many cohorts the group has made: each new one is numbered with it.
+        self.seq = 0
+        # Set while a drained tenure hands over to its successor (see the theory of operation);
+        # it outlives the tenure that handed over.
         self.handover: _Handover | None = None
 
     def attempt_in_flight(self) -> AttemptId | None:
         """Return the build attempt in flight (whose result alone is applied), or None."""
-        if self.checksum is None or self.in_flight is None:
+        if self.tenure.checksum is None or self.tenure.in_flight is None:
             return None
-        return AttemptId(self.key, self.checksum, self.in_flight)
+        return AttemptId(self.key, self.tenure.checksum, self.tenure.in_flight)
 
     def committed_attempt(self) -> AttemptId | None:
         """Return the committed build's attempt (a commit failure must name it), or None."""
-        if self.checksum is None or self.committed_generation is None:
+        if self.tenure.checksum is None or self.tenure.committed_generation is None:
             return None
-        return AttemptId(self.key, self.checksum, self.committed_generation)
+        return AttemptId(self.key, self.tenure.checksum, self.tenure.committed_generation)
 
     def served_attempt(self) -> AttemptId | None:
         """Return the attempt whose hop binding serves now, or None.
@@ -395,7 +432,7 @@ class _Group:
 
     def served_ids(self, cohort: _Cohort) -> Iterable[int]:
         """Return the incumbent's admitted ids: its members, and any on last known good."""
-        hold = self.hold
+        hold = self.tenure.hold
         if hold is None or not hold.last_known:
             return cohort.members
         return cohort.members.keys() | hold.last_known.keys()
@@ -458,6 +495,8 @@ class AdmissionCore:
         self._dirty: list[_Group] = []
         self._lora_dirty: list[_Group] = []
         self._out: list[fx.Effect] = []
+        # The effects of the batch ``apply_many`` is applying (None outside one).
+        self._batch: list[fx.Effect] | None = None
         # Recorded tenures not held, taken up when their group's tenure starts.
         self._recorded: dict[tuple[str, str], TenureRecorded] = {}
         # Drains in force, by worker (namespace, instance id), and the base registrations they
@@ -472,9 +511,15 @@ class AdmissionCore:
     # ------------------------------------------------------------------ entry points
 
     def apply(self, event: Input) -> list[fx.Effect]:
-        """Apply one input and return the effects, in the order to carry them out."""
-        out: list[fx.Effect] = []
-        self._out = out
+        """Apply one input and return the effects, in the order to carry them out.
+
+        This is the one input dispatch: ``apply_many`` calls it for every input of a batch,
+        and the batch publishes once, at its end.
+        """
+        out = self._batch
+        batched = out is not None
+        if out is None:
+            out = self._out = []
         # The two discovery inputs are nearly all the traffic: they are tested first.
         if type(event) is WorkerAdded:
             self._add(event.registration)
@@ -483,39 +528,7 @@ class AdmissionCore:
                 self._remove(event.key)
             else:
                 self._expire(event.key, event.expired_at)
-        else:
-            self._apply_other(event)
-        # Most calls leave nothing queued and at most the one group they touched dirty:
-        # publish that group here and skip the general flush.
-        dirty = self._dirty
-        if self._queue or self._lora_dirty or len(dirty) > 1:
-            self._flush()
-        elif dirty:
-            group = dirty.pop()
-            if group.dirty:
-                group.dirty = False
-                out.append(self._publication(group))
-        return out
-
-    def apply_many(self, events: Iterable[Input]) -> list[fx.Effect]:
-        """Apply inputs in order, publishing admissions once per changed group at the end."""
-        out: list[fx.Effect] = []
-        self._out = out
-        for event in events:
-            if type(event) is WorkerAdded:
-                self._add(event.registration)
-            elif type(event) is WorkerRemoved:
-                if event.expired_at is None:
-                    self._remove(event.key)
-                else:
-                    self._expire(event.key, event.expired_at)
-            else:
-                self._apply_other(event)
-        self._flush()
-        return out
-
-    def _apply_other(self, event: Input) -> None:
-        if type(event) is Listing:
+        elif type(event) is Listing:
             self._on_listing(event)
         elif type(event) is BuildFinished:
             self._on_build_finished(event)
@@ -531,6 +544,31 @@ class AdmissionCore:
             self._on_drain_lifted((event.namespace, event.instance_id))
         else:
             raise UsageError(f"not an admission input: {type(event).__name__}")
+        if batched:
+            return out
+        # Most calls leave nothing queued and at most the one group they touched dirty:
+        # publish that group here and skip the general flush.
+        dirty = self._dirty
+        if self._queue or self._lora_dirty or len(dirty) > 1:
+            self._flush()
+        elif dirty:
+            group = dirty.pop()
+            if group.dirty:
+                group.dirty = False
+                out.append(self._publication(group))
+        return out
+
+    def apply_many(self, events: Iterable[Input]) -> list[fx.Effect]:
+        """Apply inputs in order, publishing admissions once per changed group at the end."""
+        out: list[fx.Effect] = []
+        self._out = self._batch = out
+        try:
+            for event in events:
+                self.apply(event)
+        finally:
+            self._batch = None
+        self._flush()
+        return out
 
     # ------------------------------------------------------------------ discovery inputs
 
@@ -552,8 +590,10 @@ class AdmissionCore:
         if group is None:
             group = self._groups[(gk.model, gk.worker_set)] = _Group(gk)
         checksum = reg.mdc_checksum
-        if group.hold is not None and checksum == group.checksum:
-            self._add_during_hold(group, group.hold, reg)
+        tenure = group.tenure
+        incumbent = tenure.checksum
+        if tenure.hold is not None and checksum == incumbent:
+            self._add_during_hold(group, tenure.hold, reg)
             return
         cohort = group.cohorts.get(checksum)
         if cohort is None:
@@ -563,7 +603,6 @@ class AdmissionCore:
         iid = reg.instance_id
         cohort.members[iid] = reg
         regs[key] = reg
-        incumbent = group.checksum
         admitted = incumbent is None or incumbent == checksum
         self._out.append(fx.WorkerPlaced(key, gk, checksum, admitted))
         if incumbent is None:
@@ -579,7 +618,7 @@ class AdmissionCore:
             if state is _RETRYING or state is _BLOCKED:
                 # A membership change ends a retry backoff.
                 self._rebuild_now(group)
-        elif checksum not in group.reported:
+        elif checksum not in tenure.reported:
             self._report(group, cohort)
 
     def _expire(self, key: str, at: float) -> None:
@@ -611,8 +650,9 @@ class AdmissionCore:
         group = self._groups[(gk.model, gk.worker_set)]
         checksum = reg.mdc_checksum
         iid = reg.instance_id
-        was_admitted = group.checksum == checksum
-        hold = group.hold
+        tenure = group.tenure
+        was_admitted = tenure.checksum == checksum
+        hold = tenure.hold
         if hold is not None and was_admitted and hold.held:
             # While held the incumbent cohort is empty: this is an instance that arrived.
             self._drop_arrival(hold, reg)
@@ -642,7 +682,7 @@ class AdmissionCore:
             self._hold(group, outage)
         else:
             del group.cohorts[checksum]
-            group.reported.discard(checksum)
+            tenure.reported.discard(checksum)
             if was_admitted:
                 self._succeed(group)
 
@@ -652,15 +692,18 @@ class AdmissionCore:
         drains = {d.worker: d for d in event.drains}
         for drain in drains.values():
             self._on_drain(drain)
+        # A listing after an outage (a lost connection, or a start while the store was away)
+        # removes what it omits as the outage's doing, and expiries soon after it are judged
+        # against it (``_expire``).
+        outage = self._outage_of(event)
+        if outage is not None:
+            self._last_reconnect = outage
+            if event.peer_tenures:
+                self._hold_for_peers(event, outage)
         listed: set[str] = set(event.retain)
         for reg in event.registrations:
             listed.add(reg.key)
             self._add(reg)
-        # A listing after a lost connection removes what it omits as the outage's doing, and
-        # expiries soon after it are judged against it (``_expire``).
-        outage = None
-        if event.reconnect:
-            outage = self._last_reconnect = self._now
         for key in [k for k in self._regs if k not in listed]:
             self._remove(key, outage)
         for key in [k for k in self._drained if k not in listed]:
@@ -688,14 +731,14 @@ class AdmissionCore:
                 self._set_aside(reg, drain)
         # Members a held tenure serves on last known records are not registered now.
         for group in self._groups.values():
-            hold = group.hold
+            hold = group.tenure.hold
             if group.key.endpoint.namespace == namespace and hold is not None:
                 hold.members.pop(iid, None)
                 if hold.last_known.pop(iid, None) is not None:
-                    assert group.checksum is not None
-                    group.cohorts[group.checksum].log.append(~iid)
+                    assert group.tenure.checksum is not None
+                    group.cohorts[group.tenure.checksum].log.append(~iid)
                     if not hold.last_known and not hold.held:
-                        group.hold = None
+                        group.tenure.hold = None
                     self._mark_dirty(group)
 
     def _on_drain_lifted(self, worker: tuple[str, int]) -> None:
@@ -726,8 +769,8 @@ class AdmissionCore:
         group = self._groups[(gk.model, gk.worker_set)]
         checksum = reg.mdc_checksum
         iid = reg.instance_id
-        hold = group.hold
-        was_admitted = group.checksum == checksum
+        hold = group.tenure.hold
+        was_admitted = group.tenure.checksum == checksum
         if hold is not None and was_admitted and hold.held:
             # While held the incumbent cohort is empty: this is an instance that arrived.
             self._drop_arrival(hold, reg)
@@ -738,7 +781,7 @@ class AdmissionCore:
         self._out.append(fx.WorkerDrained(key, gk, checksum, was_admitted, drain))
         if was_admitted:
             cohort.log.append(~iid)
-            group.parked[iid] = key
+            group.tenure.parked[iid] = key
             self._mark_dirty(group)
             if key in self._adapters_at:
                 self._mark_lora(group)
@@ -749,7 +792,7 @@ class AdmissionCore:
                     self._rebuild_now(group)
             return
         del group.cohorts[checksum]
-        group.reported.discard(checksum)
+        group.tenure.reported.discard(checksum)
         if was_admitted:
             self._succeed(group, drained=True)
 
@@ -772,8 +815,8 @@ class AdmissionCore:
         """Forget a drained worker's registration: it is really gone."""
         reg = self._drained.pop(key)
         group = self._group_of(reg)
-        if group.parked.get(reg.instance_id) == key:
-            del group.parked[reg.instance_id]  # gone before a handover could serve it
+        if group.tenure.parked.get(reg.instance_id) == key:
+            del group.tenure.parked[reg.instance_id]  # gone before a handover could serve it
         self._out.append(fx.WorkerDeparted(key, reg.group, reg.mdc_checksum, False))
         handover = group.handover
         if handover is not None and handover.members.get(reg.instance_id) == key:
@@ -805,12 +848,12 @@ class AdmissionCore:
         else:
             self._last_receiver += 1
             receiver, generation = self._last_receiver, self._next_generation()
-        group.checksum = cohort.checksum
-        group.receiver = receiver
+        group.tenure.checksum = cohort.checksum
+        group.tenure.receiver = receiver
         group.generation = generation
-        group.representative = representative.key
-        group.card = representative.card
-        group.lora = ()
+        group.tenure.representative = representative.key
+        group.tenure.card = representative.card
+        group.tenure.lora = ()
         self._out.append(fx.OpenReceiver(group.key, receiver, cohort.checksum, generation))
         self._transition(group, StatusEvent.RESERVE)
         self._queue.append((group, generation))
@@ -828,34 +871,123 @@ class AdmissionCore:
             return
         # Held when the recording began: the incumbent cohort is empty and in front.
         group = self._groups[key] = _Group(gk)
-        group.seq = 1
-        checksum = event.mdc_checksum
+        receiver, generation = self._take_recorded_numbers(event)
+        self._place_held(
+            group,
+            event.mdc_checksum,
+            receiver,
+            generation,
+            event.held_until,
+            event.hold_members,
+            event.last_known,
+            event.last_known_until,
+            committed=event.committed_generation == generation,
+        )
+
+    def _outage_of(self, event: Listing) -> float | None:
+        """Return the reconnect a listing follows (the clock value holds count from), if any.
+
+        A reconnect listing follows this frontend's own. A first listing follows a peer's
+        resync after an outage when that came within ``tenure_hold`` (the workers' records
+        could not be refreshed either), and counts from it, so its holds end with the peers';
+        else its own start during an outage, now.
+        """
+        now = self._now
+        if event.reconnect:
+            return now
+        peer = event.peer_outage_at
+        if peer is not None and min(peer, now) > now - self._settings.tenure_hold:
+            return min(peer, now)
+        return now if event.outage_start else None
+
+    def _hold_for_peers(self, event: Listing, outage: float) -> None:
+        """Reserve, held, what the peers serve of groups this frontend holds nothing of.
+
+        The first listing after an outage may lack a cohort only because its workers could not
+        refresh their records while the store was away: a frontend that lived through the
+        outage holds that tenure (``_hold``), and one that starts now must not hand the group
+        to a cohort that merely refreshed first. So when the peers serve a checksum the listing
+        lacks, the group is reserved for it at once, held exactly as a live frontend's hold
+        (the empty cohort in front, until the outage's reconnect plus ``tenure_hold``); only
+        the members the peers serve end the hold. Nothing is served meanwhile: this frontend
+        never saw their records.
+        """
+        hold_for = self._settings.tenure_hold
+        if not hold_for > 0:
+            return
+        listed = {
+            (reg.group.model, reg.group.worker_set, reg.mdc_checksum)
+            for reg in event.registrations
+            if reg.model_suffix is None
+        }
+        for key, tenure in sorted(event.peer_tenures.items()):
+            group = self._groups.get(key)
+            if group is not None and (group.tenure.checksum is not None or group.cohorts):
+                continue  # it holds a tenure: first-observation order stands
+            if (*key, tenure.mdc_checksum) in listed or not tenure.members:
+                continue  # listed: observed first (ordering.py); an expiry then holds it
+            if group is None:
+                group = self._groups[key] = _Group(GroupKey(*key))
+            self._last_receiver += 1
+            self._place_held(
+                group,
+                tenure.mdc_checksum,
+                self._last_receiver,
+                self._next_generation(),
+                outage + hold_for,
+                tenure.members,
+                since=outage,
+            )
+
+    def _place_held(
+        self,
+        group: _Group,
+        checksum: str,
+        receiver: int,
+        generation: int,
+        until: float,
+        members: Iterable[int],
+        last_known: Iterable[int] = (),
+        last_known_until: float | None = None,
+        *,
+        committed: bool = False,
+        since: float | None = None,
+    ) -> None:
+        """Start a tenure already held: its empty cohort in front, as ``_hold`` leaves one.
+
+        ``members`` are the instance ids whose return ends the hold; ``last_known`` those
+        served on their last known records until ``last_known_until``; ``since`` the reconnect
+        it counts from (now when not given).
+        """
+        gk = group.key
+        group.seq += 1
         group.cohorts[checksum] = cohort = _Cohort(checksum, group.seq)
-        group.checksum = checksum
-        group.receiver, group.generation = receiver, generation = self._take_recorded_numbers(event)
+        group.tenure.checksum = checksum
+        group.tenure.receiver = receiver
+        group.generation = generation
         self._out.append(fx.OpenReceiver(gk, receiver, checksum, generation))
         self._transition(group, StatusEvent.RESERVE)
-        if event.committed_generation == generation:
+        if committed:
             # Its build was committed: the tenure goes on from there, as live.
             self._transition(group, StatusEvent.START_BUILD)
             self._transition(group, StatusEvent.BUILD_OK)
-            group.committed_generation = generation
+            group.tenure.committed_generation = generation
         else:
             # A hold builds nothing; the rejoin that brings a member back queues the build.
             self._queue.append((group, generation))
         endpoint = gk.endpoint
-        members = {iid: instance_key(endpoint, iid) for iid in event.hold_members}
-        last_known = {iid: instance_key(endpoint, iid) for iid in event.last_known}
-        last_known_until = event.last_known_until
-        if last_known_until is None or not last_known:
-            last_known, last_known_until = {}, event.held_until
-        # The reconnect it counts from is before the recording: its length counts from here.
-        hold = group.hold = _Hold(self._now, event.held_until, members, last_known_until)
-        hold.last_known = last_known
+        pre_hold = {iid: instance_key(endpoint, iid) for iid in members}
+        served = {iid: instance_key(endpoint, iid) for iid in last_known}
+        if last_known_until is None or not served:
+            served, last_known_until = {}, until
+        # A recorded hold's reconnect is before the recording: its length counts from here.
+        start = self._now if since is None else since
+        hold = group.tenure.hold = _Hold(start, until, pre_hold, last_known_until)
+        hold.last_known = served
         self._timer_seq += 1
-        heapq.heappush(self._holds, (event.held_until, self._timer_seq, group))
-        if last_known:
-            for iid in last_known:
+        heapq.heappush(self._holds, (until, self._timer_seq, group))
+        if served:
+            for iid in served:
                 cohort.log.append(iid)
             heapq.heappush(self._last_known_ends, (last_known_until, self._timer_seq, group))
         self._out.append(
@@ -864,9 +996,9 @@ class AdmissionCore:
                 checksum,
                 receiver,
                 generation,
-                event.held_until,
-                tuple(sorted(last_known.values())),
-                last_known_until if last_known else None,
+                until,
+                tuple(sorted(served.values())),
+                last_known_until if served else None,
             )
         )
         self._mark_dirty(group)
@@ -880,50 +1012,39 @@ class AdmissionCore:
 
     def _end_tenure(self, group: _Group, *, hand_over: bool = False) -> None:
         """End the tenure; with ``hand_over`` its committed build and receiver stay serving."""
-        checksum = group.checksum
-        receiver = group.receiver
+        tenure = group.tenure
+        checksum = tenure.checksum
+        receiver = tenure.receiver
         assert checksum is not None
         assert receiver is not None
         if group.handover is not None:
             self._end_handover(group, "superseded")
-        if group.in_flight is not None:
-            self._out.append(fx.CancelBuild(group.key, checksum, group.in_flight))
+        if tenure.in_flight is not None:
+            self._out.append(fx.CancelBuild(group.key, checksum, tenure.in_flight))
             self.builds_in_flight -= 1
-            group.in_flight = None
         if hand_over:
-            assert group.committed_generation is not None
+            assert tenure.committed_generation is not None
             assert group.generation is not None
-            members = dict(group.parked)
+            members = dict(tenure.parked)
             handover = group.handover = _Handover(
-                checksum, receiver, group.committed_generation, members
+                checksum, receiver, tenure.committed_generation, members
             )
-            handover.card = group.card
+            handover.card = tenure.card
             # The receiver lists exactly the drained members it goes on serving.
             self._out.append(
                 fx.PublishAdmissions(
-                    group.key, receiver, checksum, group.generation, frozenset(members), group.card
+                    group.key, receiver, checksum, group.generation, frozenset(members), tenure.card
                 )
             )
         else:
             if group.status.state.committed:
-                assert group.committed_generation is not None
-                self._out.append(fx.WithdrawGroup(group.key, checksum, group.committed_generation))
+                assert tenure.committed_generation is not None
+                self._out.append(fx.WithdrawGroup(group.key, checksum, tenure.committed_generation))
             self._out.append(fx.RetireReceiver(group.key, receiver, checksum))
         self._transition(group, StatusEvent.END_TENURE)
-        group.checksum = None
-        group.receiver = None
-        group.committed_generation = None
-        group.attempt = 0
-        group.deadline = None
-        group.representative = None
-        group.card = None
-        group.reported.clear()
-        group.lora = ()
-        group.dirty = False
-        group.lora_dirty = False
-        group.hold = None
-        group.outage_gone = None
-        group.parked = {}
+        # Everything the tenure held goes with it; nothing of it is left to publish.
+        group.tenure = _Tenure()
+        group.dirty = group.lora_dirty = False
 
     def _end_handover(
         self,
@@ -947,13 +1068,16 @@ class AdmissionCore:
         ``drained``: its last members were drained and still serve; a committed tenure then
         hands over to the successor instead of being withdrawn at once.
         """
-        old_checksum = group.checksum
+        old_checksum = group.tenure.checksum
         old_generation = group.generation
-        old_receiver = group.receiver
+        old_receiver = group.tenure.receiver
         assert old_checksum is not None
         assert old_receiver is not None
         hand_over = (
-            drained and bool(group.cohorts) and bool(group.parked) and group.status.state.committed
+            drained
+            and bool(group.cohorts)
+            and bool(group.tenure.parked)
+            and group.status.state.committed
         )
         self._end_tenure(group, hand_over=hand_over)
         if not group.cohorts:
@@ -968,11 +1092,11 @@ class AdmissionCore:
             fx.Succession(
                 group.key,
                 old_checksum,
-                group.checksum,
+                group.tenure.checksum,
                 old_generation,
                 group.generation,
                 old_receiver,
-                group.receiver,
+                group.tenure.receiver,
                 hand_over,
             )
         )
@@ -981,19 +1105,19 @@ class AdmissionCore:
             self._report(group, cohort)
 
     def _report(self, group: _Group, cohort: _Cohort) -> None:
-        assert group.checksum is not None
-        group.reported.add(cohort.checksum)
+        assert group.tenure.checksum is not None
+        group.tenure.reported.add(cohort.checksum)
         representative = _representative(cohort)
         self._out.append(
             fx.RejectionReported(
                 group=group.key,
                 model=group.key.model,
                 worker_set=group.key.worker_set,
-                incumbent_checksum=group.checksum,
+                incumbent_checksum=group.tenure.checksum,
                 rejected_checksum=cohort.checksum,
                 instance=representative.key,
                 # The tenure's card (kept through a hold), so the report can say what differs.
-                incumbent_card=group.card,
+                incumbent_card=group.tenure.card,
                 rejected_card=representative.card,
             )
         )
@@ -1004,9 +1128,9 @@ class AdmissionCore:
         """Remember an incumbent member an outage's removal took: a hold may serve it."""
         if not self._settings.tenure_hold > 0:
             return
-        gone = group.outage_gone
+        gone = group.tenure.outage_gone
         if gone is None or gone[0] != outage:
-            gone = group.outage_gone = (outage, {})
+            gone = group.tenure.outage_gone = (outage, {})
         gone[1][reg.instance_id] = reg.key
 
     def _hold(self, group: _Group, outage: float) -> None:
@@ -1015,20 +1139,20 @@ class AdmissionCore:
         The hold counts from the reconnect (``outage``), so an expiry that empties the cohort
         later in the same outage never holds it past ``outage + tenure_hold``.
         """
-        checksum = group.checksum
+        checksum = group.tenure.checksum
         assert checksum is not None
-        assert group.receiver is not None
+        assert group.tenure.receiver is not None
         settings = self._settings
-        gone = group.outage_gone
+        gone = group.tenure.outage_gone
         members = gone[1] if gone is not None and gone[0] == outage else {}
-        group.outage_gone = None
-        old = group.hold
+        group.tenure.outage_gone = None
+        old = group.tenure.hold
         if old is not None:
             # A second emptying within an earlier hold's window: those not back stay served.
             members = {**old.last_known, **members}
         until = outage + settings.tenure_hold
         last_known_until = min(outage + settings.registration_ttl, until)
-        hold = group.hold = _Hold(outage, until, members, last_known_until)
+        hold = group.tenure.hold = _Hold(outage, until, members, last_known_until)
         self._timer_seq += 1
         heapq.heappush(self._holds, (until, self._timer_seq, group))
         if last_known_until > self._now and members:
@@ -1042,7 +1166,7 @@ class AdmissionCore:
             fx.TenureHeld(
                 group.key,
                 checksum,
-                group.receiver,
+                group.tenure.receiver,
                 group.generation,
                 until,
                 tuple(sorted(hold.last_known.values())),
@@ -1084,7 +1208,7 @@ class AdmissionCore:
             hold.arrival_seq = None
             self._end_hold(group, hold, "rejoined")
         if not hold.last_known:
-            group.hold = None
+            group.tenure.hold = None
         self._mark_dirty(group)
         if key in self._adapters_at or rejoined:
             self._mark_lora(group)
@@ -1107,10 +1231,10 @@ class AdmissionCore:
     def _end_hold(
         self, group: _Group, hold: _Hold, outcome: Literal["rejoined", "expired"]
     ) -> None:
-        assert group.checksum is not None
+        assert group.tenure.checksum is not None
         hold.held = False
         self._out.append(
-            fx.TenureHoldEnded(group.key, group.checksum, outcome, self._now - hold.since)
+            fx.TenureHoldEnded(group.key, group.tenure.checksum, outcome, self._now - hold.since)
         )
 
     def _expire_holds(self) -> None:
@@ -1118,21 +1242,21 @@ class AdmissionCore:
         ends = self._last_known_ends
         while ends and ends[0][0] <= now:
             until, _seq, group = heapq.heappop(ends)
-            hold = group.hold
+            hold = group.tenure.hold
             if hold is None or hold.last_known_until != until or not hold.last_known:
                 continue  # the tenure ended, or every member is back
             self._stop_serving_last_known(group, hold)
         holds = self._holds
         while holds and holds[0][0] <= now:
             deadline, _seq, group = heapq.heappop(holds)
-            hold = group.hold
+            hold = group.tenure.hold
             if hold is None or not hold.held or hold.until != deadline:
                 continue  # a member rejoined before the deadline
-            checksum = group.checksum
+            checksum = group.tenure.checksum
             assert checksum is not None
             self._end_hold(group, hold, "expired")
             del group.cohorts[checksum]
-            group.reported.discard(checksum)
+            group.tenure.reported.discard(checksum)
             if hold.arrivals:
                 # The new instances make the cohort they would have made with no hold, in the
                 # place their first registration would have put it.
@@ -1145,13 +1269,13 @@ class AdmissionCore:
 
     def _stop_serving_last_known(self, group: _Group, hold: _Hold) -> None:
         """One registration TTL is over: members not back by now were not alive."""
-        assert group.checksum is not None
-        log = group.cohorts[group.checksum].log
+        assert group.tenure.checksum is not None
+        log = group.cohorts[group.tenure.checksum].log
         for iid in hold.last_known:
             log.append(~iid)
         hold.last_known = {}
         if not hold.held:
-            group.hold = None
+            group.tenure.hold = None
         self._mark_dirty(group)
 
     # ------------------------------------------------------------------ builds and fencing
@@ -1159,25 +1283,25 @@ class AdmissionCore:
     def _on_build_finished(self, event: BuildFinished) -> None:
         attempt = event.attempt_id
         group = self._groups.get((event.group.model, event.group.worker_set))
-        if group is None or group.in_flight is None:
+        if group is None or group.tenure.in_flight is None:
             self._discard(attempt, "no build in flight")
             return
         if attempt != group.attempt_in_flight():
             self._discard(attempt, "stale checksum or generation")
             return
-        group.in_flight = None
+        group.tenure.in_flight = None
         self.builds_in_flight -= 1
-        checksum = group.checksum
-        receiver = group.receiver
+        checksum = group.tenure.checksum
+        receiver = group.tenure.receiver
         assert checksum is not None
         assert receiver is not None
         if event.ok:
             self._transition(group, StatusEvent.BUILD_OK)
-            group.committed_generation = event.generation
-            group.attempt = 0
+            group.tenure.committed_generation = event.generation
+            group.tenure.attempt = 0
             cohort = group.cohorts[checksum]
-            assert group.representative is not None
-            hold = group.hold
+            assert group.tenure.representative is not None
+            hold = group.tenure.hold
             members = {r.key for r in cohort.members.values()}
             if hold is not None:
                 members.update(hold.last_known.values())
@@ -1190,8 +1314,8 @@ class AdmissionCore:
                     receiver=receiver,
                     members=tuple(sorted(members)),
                     admitted=cohort.admitted_ids(group.served_ids(cohort)).as_frozenset(),
-                    representative=group.representative,
-                    card=group.card,
+                    representative=group.tenure.representative,
+                    card=group.tenure.card,
                     handover_from=None if handover is None else handover.generation,
                 )
             )
@@ -1218,22 +1342,28 @@ class AdmissionCore:
                 self._discard(attempt, "commit already judged")
                 return
             self._transition(group, StatusEvent.COMMIT_FAILED)
-            group.committed_generation = None
+            group.tenure.committed_generation = None
         else:
             self._transition(group, StatusEvent.REPLACE_FAILED)
-        group.attempt += 1
+        group.tenure.attempt += 1
         self._schedule_retry(group, event.generation, event.error or f"{event.phase} failed")
 
     def _schedule_retry(self, group: _Group, generation: int, error: str) -> None:
-        assert group.checksum is not None
-        delay = self._settings.retry_delay(group.attempt)
+        assert group.tenure.checksum is not None
+        delay = self._settings.retry_delay(group.tenure.attempt)
         deadline = self._now + delay
-        group.deadline = deadline
+        group.tenure.deadline = deadline
         self._timer_seq += 1
         heapq.heappush(self._timers, (deadline, self._timer_seq, group, generation))
         self._out.append(
             fx.RetryScheduled(
-                group.key, group.checksum, generation, group.attempt, delay, deadline, error
+                group.key,
+                group.tenure.checksum,
+                generation,
+                group.tenure.attempt,
+                delay,
+                deadline,
+                error,
             )
         )
 
@@ -1250,11 +1380,11 @@ class AdmissionCore:
         timers = self._timers
         while timers and timers[0][0] <= self._now:
             deadline, _seq, group, generation = heapq.heappop(timers)
-            if group.deadline != deadline or generation != group.generation:
+            if group.tenure.deadline != deadline or generation != group.generation:
                 continue  # the timer outlived its tenure or attempt
-            group.deadline = None
+            group.tenure.deadline = None
             state = group.status.state
-            hold = group.hold
+            hold = group.tenure.hold
             if hold is not None and hold.held and (state is _RETRYING or state is _BLOCKED):
                 # A hold pauses the retry: nothing to build for until a member is back, and
                 # the rejoin that brings one rebuilds at once.
@@ -1267,24 +1397,24 @@ class AdmissionCore:
             elif state is _BLOCKED_READY:
                 self._transition(group, StatusEvent.REPLACE_DUE)
                 self._mark_dirty(group)
-                group.lora = None
+                group.tenure.lora = None
                 self._mark_lora(group)
 
     def _rebuild_now(self, group: _Group) -> None:
         """Queue a rebuild at once: the incumbent's membership changed during a backoff."""
         # The failure being waited out was about other members, so the backoff restarts from
         # its first step (1.6.1 resets its attempt count too); the pending timer goes stale.
-        group.deadline = None
-        group.attempt = 0
+        group.tenure.deadline = None
+        group.tenure.attempt = 0
         group.generation = self._next_generation()
         self._transition(group, StatusEvent.MEMBERS_CHANGED)
         self._queue.append((group, group.generation))
         self._mark_dirty(group)
 
     def _start_build(self, group: _Group) -> None:
-        checksum = group.checksum
+        checksum = group.tenure.checksum
         generation = group.generation
-        receiver = group.receiver
+        receiver = group.tenure.receiver
         assert checksum is not None
         assert generation is not None
         assert receiver is not None
@@ -1293,25 +1423,25 @@ class AdmissionCore:
         # Builds wait out a hold, but after a rejoin members may still be on last known good.
         if cohort.members:
             representative = _representative(cohort)
-            if representative.key != group.representative:
+            if representative.key != group.tenure.representative:
                 # The card travels with the admissions: a new representative is news.
-                group.representative = representative.key
-                group.card = representative.card
+                group.tenure.representative = representative.key
+                group.tenure.card = representative.card
                 self._mark_dirty(group)
-        assert group.representative is not None
-        group.attempt += 1
-        group.in_flight = generation
+        assert group.tenure.representative is not None
+        group.tenure.attempt += 1
+        group.tenure.in_flight = generation
         self.builds_in_flight += 1
         self._out.append(
             fx.StartBuild(
                 group=group.key,
                 mdc_checksum=checksum,
                 generation=generation,
-                attempt=group.attempt,
+                attempt=group.tenure.attempt,
                 receiver=receiver,
                 admitted=cohort.admitted_ids(group.served_ids(cohort)).as_frozenset(),
-                representative=group.representative,
-                card=group.card,
+                representative=group.tenure.representative,
+                card=group.tenure.card,
             )
         )
 
@@ -1337,7 +1467,7 @@ class AdmissionCore:
         if reg.model_suffix is None:
             self._regs[reg.key] = reg
             group = self._group_of(reg)
-            hold = group.hold
+            hold = group.tenure.hold
             if hold is not None and hold.arrivals.get(reg.instance_id) is old:
                 hold.arrivals[reg.instance_id] = reg
             else:
@@ -1390,15 +1520,15 @@ class AdmissionCore:
         """Return the adapters of each admitted worker: one entry per worker that has any.
 
         A worker's entry is made again only when its adapters or its base card changed, and
-        its adapters are read from its change log (``adapters.py``): an adapter that comes
+        its adapters are read from its change log (``lora.py``): an adapter that comes
         or goes costs O(1) amortised here, however many the worker carries, plus one step per
         admitted worker that has adapters.
         """
-        assert group.checksum is not None
+        assert group.tenure.checksum is not None
         workers = []
         logs = self._adapter_logs
         made = self._lora_workers
-        for reg in group.cohorts[group.checksum].members.values():
+        for reg in group.cohorts[group.tenure.checksum].members.values():
             log = logs.get(reg.key)
             if log:
                 adapters = log.adapters()
@@ -1425,9 +1555,9 @@ class AdmissionCore:
             host = self._admitted_host(_base_key(reg))
             return None if host is None else host.key
         group = self._group_of(reg)
-        if group.checksum != reg.mdc_checksum:
+        if group.tenure.checksum != reg.mdc_checksum:
             return None
-        hold = group.hold
+        hold = group.tenure.hold
         if hold is not None and hold.arrivals.get(reg.instance_id) is reg:
             return None  # a new instance of a held incumbent's checksum: in no cohort yet
         return group.key
@@ -1438,21 +1568,22 @@ class AdmissionCore:
         if base is None:
             return None
         group = self._group_of(base)
-        return group if group.checksum == base.mdc_checksum else None
+        return group if group.tenure.checksum == base.mdc_checksum else None
 
     # ------------------------------------------------------------------ end of a call
 
     def _publication(self, group: _Group) -> fx.PublishAdmissions:
         """Publish the incumbent's admitted ids: read from its log, not a copy of its set."""
-        checksum = group.checksum
-        receiver = group.receiver
+        tenure = group.tenure
+        checksum = tenure.checksum
+        receiver = tenure.receiver
         generation = group.generation
         assert checksum is not None
         assert receiver is not None
         assert generation is not None
         cohort = group.cohorts[checksum]
-        group.parked = {}
-        hold = group.hold
+        tenure.parked = {}
+        hold = tenure.hold
         if hold is None:
             ids = cohort.admitted_ids(cohort.members)
             last_known = _NO_IDS
@@ -1460,7 +1591,7 @@ class AdmissionCore:
             ids = cohort.admitted_ids(group.served_ids(cohort))
             last_known = frozenset(hold.last_known)
         return fx.PublishAdmissions(
-            group.key, receiver, checksum, generation, ids, group.card, last_known
+            group.key, receiver, checksum, generation, ids, tenure.card, last_known
         )
 
     def _flush(self) -> None:
@@ -1472,7 +1603,7 @@ class AdmissionCore:
         while queue and self.builds_in_flight < limit:
             group, generation = queue.popleft()
             if group.status.state is _QUEUED and group.generation == generation:
-                hold = group.hold
+                hold = group.tenure.hold
                 if hold is not None and hold.held:
                     continue  # nothing to build for until a member is back; a rejoin queues it
                 self._start_build(group)
@@ -1488,15 +1619,15 @@ class AdmissionCore:
                     continue
                 group.lora_dirty = False
                 projection = self._projection(group)
-                if not _same_projection(projection, group.lora):
-                    group.lora = projection
-                    assert group.receiver is not None
+                if not _same_projection(projection, group.tenure.lora):
+                    group.tenure.lora = projection
+                    assert group.tenure.receiver is not None
                     assert group.generation is not None
-                    conflict = self._conflicts.check(group.key, group.receiver, projection)
+                    conflict = self._conflicts.check(group.key, group.tenure.receiver, projection)
                     if conflict is None:
                         out.append(
                             fx.LoraProjectionChanged(
-                                group.key, group.receiver, group.generation, projection
+                                group.key, group.tenure.receiver, group.generation, projection
                             )
                         )
                     else:
@@ -1511,14 +1642,14 @@ class AdmissionCore:
         again at the retry's deadline (``REPLACE_DUE``). Before a commit nothing is served, so
         there is nothing to keep and nothing to retry: the next change is judged afresh.
         """
-        receiver = group.receiver
+        receiver = group.tenure.receiver
         generation = group.generation
         assert receiver is not None
         assert generation is not None
         self._out.append(fx.LoraProjectionRefused(group.key, receiver, generation, reason))
-        if group.status.state.committed and group.committed_generation == generation:
+        if group.status.state.committed and group.tenure.committed_generation == generation:
             self._transition(group, StatusEvent.REPLACE_FAILED)
-            group.attempt += 1
+            group.tenure.attempt += 1
             self._schedule_retry(group, generation, reason)
 
     # ------------------------------------------------------------------ small shared steps

@@ -9,9 +9,9 @@ from an earlier attempt or tenure.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
 
 from workerset_admission.identity import CarriesAttempt, Drain, GroupKey, Registration
 
@@ -23,6 +23,7 @@ __all__ = [
     "DrainSet",
     "Input",
     "Listing",
+    "PeerTenure",
     "TenureRecorded",
     "Tick",
     "WorkerAdded",
@@ -67,6 +68,13 @@ class DrainLifted:
     instance_id: int
 
 
+class PeerTenure(NamedTuple):
+    """What the live peer frontends serve of one group: its checksum and those members' ids."""
+
+    mdc_checksum: str
+    members: tuple[int, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Listing:
     """A full listing of every valid registration: keys not listed are gone.
@@ -82,6 +90,16 @@ class Listing:
     only because their heartbeats could not reach the store, so an incumbent cohort that the
     listing empties is held for a while instead of succeeded at once.
 
+    ``outage_start`` says the listing is the first of a frontend that started (or restarted)
+    while the store could not be reached: its workers could not refresh their registrations
+    either, so the core treats it as a reconnect listing. ``peer_outage_at`` is the clock value
+    at which a live peer frontend last resynced after losing its connection, when one said so:
+    a first listing within ``tenure_hold`` of it is one of that outage, counted from then.
+    ``peer_tenures`` (per group, as ``(model, worker_set)``) is what the live peer frontends
+    serve; after an outage, a group this frontend holds nothing of whose peers' checksum the
+    listing lacks is reserved for it, held, as the peers hold it (see ``core.py``). All three
+    are reports; the core decides.
+
     ``drains`` are every drain the listing holds (drains not listed are lifted), and
     ``retain_drains`` the workers whose drain record is listed with a value the boundary
     refused: their last valid drain stays. New drains are applied before the registrations,
@@ -93,6 +111,9 @@ class Listing:
     reconnect: bool = False
     drains: Sequence[Drain] = ()
     retain_drains: Collection[tuple[str, int]] = ()
+    outage_start: bool = False
+    peer_tenures: Mapping[tuple[str, str], PeerTenure] = field(default_factory=dict)
+    peer_outage_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

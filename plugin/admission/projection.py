@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from workerset_admission.admission.adapters import Adapters
 from workerset_admission.admission.effects import LoraAdapter, LoraWorker
+from workerset_admission.admission.lora import Adapters
 from workerset_admission.identity import EndpointId, GroupKey
 
 __all__ = ["ProjectionConflicts", "projection_conflict"]

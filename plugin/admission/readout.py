@@ -1,9 +1,9 @@
-"""Read-only views of the core's groups and placements, worked out from its records.
+"""Read-only snapshots of the core's groups and placements, worked out from its records.
 
 Nothing here changes state: these functions read a group as ``core.py`` left it and build the
-frozen views of ``views.py`` for status pages, ``replay`` and ``explain``. They read the core's
-records through the read-only shapes below (``GroupRecord`` and its parts), so this module does
-not import the core that imports it: the arrow runs one way.
+frozen snapshots of ``snapshots.py`` for status pages, ``replay`` and ``explain``. They read the
+core's records through the read-only shapes below (``GroupRecord`` and its parts), so this
+module does not import the core that imports it: the arrow runs one way.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from workerset_admission.admission.effects import LoraWorker
-from workerset_admission.admission.status import GroupStatus
-from workerset_admission.admission.views import (
+from workerset_admission.admission.snapshots import (
     CohortView,
     DrainedView,
     GroupView,
@@ -21,6 +20,7 @@ from workerset_admission.admission.views import (
     MemberView,
     PlacementView,
 )
+from workerset_admission.admission.status import GroupStatus
 from workerset_admission.identity import Drain, GroupKey, Registration
 
 __all__ = [
@@ -79,23 +79,9 @@ class _Handover(Protocol):
     def members(self) -> Mapping[int, str]: ...
 
 
-class GroupRecord(Protocol):
-    """One group's record as the core keeps it (``core._Group``), read-only."""
-
-    @property
-    def key(self) -> GroupKey: ...
-
-    @property
-    def cohorts(self) -> Mapping[str, _Cohort]: ...
-
-    @property
-    def status(self) -> _Status: ...
-
+class _Tenure(Protocol):
     @property
     def checksum(self) -> str | None: ...
-
-    @property
-    def generation(self) -> int | None: ...
 
     @property
     def committed_generation(self) -> int | None: ...
@@ -114,6 +100,25 @@ class GroupRecord(Protocol):
 
     @property
     def hold(self) -> _Hold | None: ...
+
+
+class GroupRecord(Protocol):
+    """One group's record as the core keeps it (``core._Group``), read-only."""
+
+    @property
+    def key(self) -> GroupKey: ...
+
+    @property
+    def cohorts(self) -> Mapping[str, _Cohort]: ...
+
+    @property
+    def status(self) -> _Status: ...
+
+    @property
+    def tenure(self) -> _Tenure: ...
+
+    @property
+    def generation(self) -> int | None: ...
 
     @property
     def handover(self) -> _Handover | None: ...
@@ -138,24 +143,25 @@ def group_view(group: GroupRecord, drained: Iterable[tuple[Registration, Drain]]
         )
         for c in group.cohorts.values()
     )
+    tenure = group.tenure
     admitted: tuple[int, ...] = ()
-    if group.checksum is not None:
+    if tenure.checksum is not None:
         # The ids themselves, not ``AdmittedIds``: handing them out may rebase the cohort's log.
-        admitted = tuple(sorted(group.served_ids(group.cohorts[group.checksum])))
-    hold = group.hold
+        admitted = tuple(sorted(group.served_ids(group.cohorts[tenure.checksum])))
+    hold = tenure.hold
     handover = group.handover
     return GroupView(
         key=group.key,
-        incumbent=group.checksum,
+        incumbent=tenure.checksum,
         status=group.status.state,
         generation=group.generation,
-        committed_generation=group.committed_generation,
-        receiver=group.receiver,
+        committed_generation=tenure.committed_generation,
+        receiver=tenure.receiver,
         admitted=admitted,
         cohorts=cohorts,
-        attempt=group.attempt,
-        deadline=group.deadline,
-        lora=group.lora or (),
+        attempt=tenure.attempt,
+        deadline=tenure.deadline,
+        lora=tenure.lora or (),
         held_until=hold.until if hold is not None and hold.held else None,
         hold_members=tuple(sorted(hold.members)) if hold is not None and hold.held else (),
         last_known=() if hold is None else tuple(sorted(hold.last_known)),
@@ -180,7 +186,7 @@ def group_view(group: GroupRecord, drained: Iterable[tuple[Registration, Drain]]
 
 def base_placement(group: GroupRecord, reg: Registration) -> PlacementView:
     """Where a base registration stands in its group."""
-    hold = group.hold
+    hold = group.tenure.hold
     if hold is not None and hold.arrivals.get(reg.instance_id) is reg:
         # A new instance of a held incumbent's checksum: tracked, in no cohort yet.
         return PlacementView(reg.key, reg.group, reg.mdc_checksum, False, None, False, None)

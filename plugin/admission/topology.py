@@ -50,6 +50,14 @@ class TopologyBinding:
     prefill_target: TopologySet | None
     encoder_target: TopologySet | None
 
+    def target(self, worker_type: WorkerType) -> TopologySet | None:
+        """Return the peer of ``worker_type`` this set's hop routes to (``None``: not used)."""
+        if worker_type is WorkerType.PREFILL:
+            return self.prefill_target
+        if worker_type is WorkerType.ENCODE:
+            return self.encoder_target
+        return None
+
 
 def bind_topology(sets: Iterable[TopologySet]) -> Mapping[GroupKey, TopologyBinding]:
     """Bind every given committed set; sets of different models or namespaces never mix."""

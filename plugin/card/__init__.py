@@ -2,7 +2,7 @@
 
 Every refusal is a :class:`~workerset_admission.errors.CardDecodeError` (the card) or an
 :class:`~workerset_admission.errors.InvalidRecordError` (the key or the record around it) with
-a short, stable ``reason``:
+a short, stable ``reason``, one of :data:`~workerset_admission.errors.REFUSAL_REASONS`:
 
 * record and key: ``bad_key``, ``value_too_large``, ``invalid_utf8``, ``invalid_json``,
   ``depth_limit``, ``number_out_of_range``, ``invalid_string``, ``invalid_record``,
@@ -12,8 +12,9 @@ a short, stable ``reason``:
   ``invalid_slug``, ``invalid_checksum``, ``invalid_model_type``, ``depth_limit``,
   ``number_out_of_range``, ``invalid_string``, ``invalid_router_config``,
   ``router_policy_config`` (the policy file cannot be read), ``invalid_router_policy``,
-  ``invalid_indexer_identity``, ``invalid_card_shape``,
-  ``invalid_json``, ``invalid_utf8``.
+  ``invalid_indexer_identity``, ``invalid_card_shape``, ``name_too_long`` (a model name,
+  LoRA name or alias longer than ``MAX_NAME_CHARS``, 1,024 characters: not a 1.6.1 rule, a
+  bound on the free text every frontend carries on), ``invalid_json``, ``invalid_utf8``.
 
 Event-plane records (``events``) and drain records (``drain_record``) are refused with the
 record reasons above; serving records (``serving_record``, the ``frontend-model-admission``
@@ -54,6 +55,7 @@ from workerset_admission.card.drain_record import (
     encode_drain_record,
     is_drain_key,
 )
+from workerset_admission.card.entry import EntryDecoder, EntryKind, entry_kind
 from workerset_admission.card.events import (
     EventKey,
     EventRecord,
@@ -70,6 +72,8 @@ __all__ = [
     "DecodedCard",
     "Difference",
     "EndpointRecord",
+    "EntryDecoder",
+    "EntryKind",
     "EventKey",
     "EventRecord",
     "NamespaceFilter",
@@ -86,6 +90,7 @@ __all__ = [
     "encode_endpoint_record",
     "encode_model_record",
     "endpoint_kv_key",
+    "entry_kind",
     "escape_token",
     "event_kv_key",
     "is_drain_key",

@@ -92,6 +92,7 @@ __all__ = [
     "NamespaceFilter",
     "ParsedKey",
     "decode_endpoint_record",
+    "decode_model_entry",
     "decode_model_record",
     "decode_plain_model",
     "decode_whole_record",
@@ -105,6 +106,21 @@ __all__ = [
     "parse_key",
     "unescape_token",
 ]
+
+
+def decode_model_entry(
+    key: str, raw: bytes, settings: BoundarySettings | None = None
+) -> Registration | None:
+    """Decode the model record under bucket key ``key``: what ingestion asks of a model entry.
+
+    The commonest record (a base card spelled as 1.6.1 writes it, under a plain key) is decoded
+    in one step; anything else goes through :func:`decode_model_record`, which gives the verdict.
+    """
+    settings = settings or BoundarySettings()
+    fast = decode_plain_model(key, raw, settings)
+    if fast is not None:
+        return fast
+    return decode_model_record(parse_key(key), raw, settings)
 
 
 def decode_model_record(

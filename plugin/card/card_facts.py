@@ -7,7 +7,7 @@ so it is computed once per distinct card and shared by every record that carries
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import blake3
 from workerset_admission.card import jsonio
@@ -24,6 +24,7 @@ from workerset_admission.errors import CardDecodeError
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 
 __all__ = [
+    "MAX_NAME_CHARS",
     "CardFacts",
     "card_facts",
     "facts_for",
@@ -62,11 +63,35 @@ _TOKENS_SURFACES = 0b111  # chat, completions, embedding
 _TENSOR_BIT = 1 << 3
 
 
+# The longest model name, LoRA name or alias the boundary accepts. 1.6.1 sets no bound, but
+# these names travel on into the serving records, logs and status of every frontend: a card
+# whose names are longer than any real model's is refused as invalid here, so one namespace's
+# worker cannot grow another namespace's records past what the server takes.
+MAX_NAME_CHARS: Final = 1024
+
+
+def _check_names(card: DecodedCard) -> None:
+    fields = card.fields
+    lora = fields["lora"]
+    names = (
+        ("model name", card.display_name),
+        ("LoRA name", lora["name"] if lora is not None else ""),
+        *(("alias", alias) for alias in fields["aliases"]),
+    )
+    for what, name in names:
+        if len(name) > MAX_NAME_CHARS:
+            raise CardDecodeError(
+                "name_too_long",
+                f"{what} of {len(name)} characters is longer than {MAX_NAME_CHARS}",
+            )
+
+
 def _validate_shape(card: DecodedCard, effective: str) -> None:
     bits = card.model_type_bits
     model_input = card.model_input
     if not card.display_name:
         raise CardDecodeError("invalid_card_shape", "model name must not be empty")
+    _check_names(card)
     if effective == "prefill":
         if model_input != "Tokens":
             raise CardDecodeError("invalid_card_shape", "a prefill worker requires Tokens input")

@@ -17,6 +17,7 @@ from workerset_admission.card import jsonio
 from workerset_admission.card.model import DecodedCard, decode_card, rust_trim
 from workerset_admission.card.paths import file_basename
 from workerset_admission.errors import CardDecodeError, UsageError
+from workerset_admission.identity import WorkerType
 
 __all__ = [
     "CHECKSUM_INPUTS",
@@ -27,7 +28,8 @@ __all__ = [
     "slug",
 ]
 
-_WT_CODE = {None: 0, "prefill": 1, "decode": 2, "encode": 3, "aggregated": 4}
+# The byte mdcsum gives each worker type (0: none), from the one list of them in identity.py.
+_WT_CODE: dict[str | None, int] = {None: 0, **{kind.value: kind.code for kind in WorkerType}}
 _PROMPT_CONTEXT_DEBUG = {"oai_chat": "OaiChat", "llama3_date_time": "Llama3DateTime"}
 _SLOTS = ("model_info", "tokenizer", "prompt_formatter", "chat_template_file", "gen_config")
 _CONTRACT_TAG = b"\0dynamo/model-card/runtime-contract/v1\0"

@@ -77,6 +77,7 @@ from workerset_admission.card.tensor import (
     TENSOR_PARAMETER,
 )
 from workerset_admission.errors import CardDecodeError
+from workerset_admission.identity import WorkerType
 
 # The section structs live in their own modules and stay importable from here.
 __all__ = [
@@ -131,7 +132,8 @@ MODEL_TYPE_NAMES: tuple[tuple[str, str], ...] = (
 )
 _FLAG_BY_NAME = {name: 1 << bit for bit, (name, _) in enumerate(MODEL_TYPE_NAMES)}
 PREFILL_BIT = _FLAG_BY_NAME["Prefill"]
-WORKER_TYPES = ("prefill", "decode", "encode", "aggregated")
+# The spellings a card may give, in Dynamo's order: the worker types of identity.py.
+WORKER_TYPES = tuple(kind.value for kind in WorkerType)
 
 
 class _ModelTypeT(Type):

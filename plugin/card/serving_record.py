@@ -30,6 +30,7 @@ the drain tools, a frontend's peers and start-up state) hand its entries over as
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,11 +101,16 @@ class NamespaceRecord:
 
 @dataclass(frozen=True, slots=True)
 class CapabilityRecord:
-    """A frontend's presence: it publishes serving admissions with this protocol."""
+    """A frontend's presence: it publishes serving admissions with this protocol.
+
+    ``resynced_at`` (Unix seconds) is when it last resynced after losing its connection, if it
+    has: a frontend starting soon after takes its first listing as one within that outage.
+    """
 
     key: str
     frontend: str
     published_at: float | None = None
+    resynced_at: float | None = None
 
 
 Record = NamespaceRecord | CapabilityRecord
@@ -190,7 +196,20 @@ def parse_record(key: str, value: bytes, published_at: float | None = None) -> R
         raise _refuse(key, "no_frontend", "the record does not name its frontend")
     key_namespace = _check_key(key, frontend, data.get("capability") is True)
     if data.get("capability") is True:
-        return CapabilityRecord(key=key, frontend=frontend, published_at=published_at)
+        resynced_at = data.get("resynced_at")
+        if resynced_at is not None and not (
+            isinstance(resynced_at, (int, float))
+            and not isinstance(resynced_at, bool)
+            and math.isfinite(resynced_at)
+            and resynced_at >= 0
+        ):
+            raise _refuse(key, "bad_field", "resynced_at must be non-negative Unix seconds")
+        return CapabilityRecord(
+            key=key,
+            frontend=frontend,
+            published_at=published_at,
+            resynced_at=None if resynced_at is None else float(resynced_at),
+        )
     members = _string_list(key, data.get("members"), "members")
     raw_groups = data.get("groups")
     groups: tuple[ServedGroup, ...] | None = None

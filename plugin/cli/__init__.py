@@ -6,6 +6,7 @@ from workerset_admission.cli.runner import (
     COMMANDS,
     EXIT_CREDENTIALS,
     EXIT_FAILED,
+    EXIT_LAST_WORKER,
     EXIT_NO,
     EXIT_OK,
     EXIT_STATUSES,
@@ -16,12 +17,15 @@ from workerset_admission.cli.runner import (
     exit_status,
     main,
     positive_seconds,
+    seconds_within,
+    text_within,
 )
 
 __all__ = [
     "COMMANDS",
     "EXIT_CREDENTIALS",
     "EXIT_FAILED",
+    "EXIT_LAST_WORKER",
     "EXIT_NO",
     "EXIT_OK",
     "EXIT_STATUSES",
@@ -32,4 +36,6 @@ __all__ = [
     "exit_status",
     "main",
     "positive_seconds",
+    "seconds_within",
+    "text_within",
 ]

@@ -171,8 +171,15 @@ async def _bucket_writer(
 
 
 async def _bridge_etcd(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
-    from workerset_admission.adapters.etcd.bridge import EtcdDiscoveryBridge
-    from workerset_admission.adapters.etcd.client import AetcdStoreReader, etcd_options
+    try:
+        from workerset_admission.adapters.etcd.bridge import EtcdDiscoveryBridge
+        from workerset_admission.adapters.etcd.client import AetcdStoreReader, etcd_options
+    except ModuleNotFoundError as missing:
+        # The etcd client is an extra: say how to get it instead of a traceback.
+        raise ConfigError(
+            f"--etcd needs the etcd extra ({missing.name} is not installed): pip install "
+            "'.[etcd]' in a checkout"
+        ) from None
     from workerset_admission.ownership import etcd_bridge_writer
 
     options = etcd_options(settings)

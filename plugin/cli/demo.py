@@ -116,11 +116,11 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
     """Play the rolling-update demo against an embedded server; return the exit status."""
     from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
     from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
-    from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+    from workerset_admission.adapters.nats.registrar import WorkerRegistrar
     from workerset_admission.errors import ReceiverRetired
     from workerset_admission.identity import EndpointId
-    from workerset_admission.service.factory import create_service
     from workerset_admission.telemetry import configure_logging
+    from workerset_admission.wiring.compose import create_service
 
     configure_logging("plain", "ERROR", stream=stream)
     endpoint = EndpointId("dgd", "backend", "generate")
@@ -149,7 +149,7 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
         service.on_effects(_DecisionPrinter(stream))
         nc = await connect(NatsConnectOptions(servers=(server.url,)))
         stack.push_async_callback(nc.close)
-        workers = DiscoveryPublisher(nc.jetstream(), bucket=settings.discovery_bucket, ttl=None)
+        workers = WorkerRegistrar(nc.jetstream(), bucket=settings.discovery_bucket, ttl=None)
         await with_progress(service.wait_synced(), "waiting for the first snapshot")
 
         def group() -> Any:

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from workerset_admission.card import BoundarySettings, card_differences, model_kv_key
+from workerset_admission.card.entry import EntryDecoder
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import EndpointId, Registration
-from workerset_admission.service.ingest import CardRecordDecoder
 
 __all__ = ["arguments", "judge", "main"]
 
@@ -74,7 +74,7 @@ def judge(source: str, text: bytes) -> Registration:
     """Judge one card or record as the service would; refuse it with the service's reason."""
     key, record = _record(text, source)
     try:
-        registration = CardRecordDecoder(BoundarySettings()).decode(key, record)
+        registration = EntryDecoder(BoundarySettings()).decode(key, record)
     except RemoteDataError as exc:
         raise UsageError(f"{source}: the service would refuse it: {exc}") from None
     if not isinstance(registration, Registration):

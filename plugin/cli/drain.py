@@ -1,39 +1,77 @@
-"""``workerset-admission drain`` and ``undrain``: take a worker out of routing before it stops.
+"""``workerset-admission drain`` and ``undrain``: take workers out of routing before they stop.
 
-``drain`` names a worker (an instance id as ``status`` prints it, or ``--host`` as a Kubernetes
-``preStop`` hook knows it), writes one drain record per worker into the discovery bucket, and
-with ``--wait`` answers "safe to stop" once no live frontend's serving record lists it (see
-``rollout/drain.py``). ``undrain`` (or ``drain --cancel``) withdraws the drain records.
+``drain`` names workers (an instance id as ``status`` prints it; ``--host`` as a Kubernetes
+``preStop`` hook knows its pod; or ``--namespace NS --all``, narrowed to a WorkerSet or a model),
+refuses before writing anything when that would leave a model with no routable worker on a live
+frontend (``--allow-empty`` drains anyway), writes one drain record per worker into the
+discovery bucket, and with ``--wait`` answers "safe to stop" once no live frontend's serving
+record lists them (see ``rollout/drain.py``). ``undrain`` (or ``drain --cancel``) withdraws the
+drain records of the workers the same selectors name.
 
 Exit statuses (the command line's table): 0 done, or with ``--wait`` safe to stop; 1 ``--wait``
 timed out or was interrupted (the drain stays in place); 2 bad input, such as an instance no
-worker in the bucket has; 3 NATS could not be reached before the timeout.
+worker in the bucket has; 3 NATS could not be reached before the timeout; 5 NATS refused a
+write (the drains written before it are withdrawn: all or nothing); 6 refused, a model would be
+left with no routable worker.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
+import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, TextIO
 
+from workerset_admission.card.drain_record import MAX_BY_LENGTH
 from workerset_admission.card.serving_record import BucketRead, Record, parse_record
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK
-from workerset_admission.errors import InvalidRecordError, UsageError
+from workerset_admission.cli.runner import seconds_within, text_within
+from workerset_admission.errors import (
+    CredentialsRefused,
+    InvalidRecordError,
+    LastWorkerRefused,
+    Unreachable,
+    UsageError,
+    wire_text,
+)
 from workerset_admission.identity import Drain
-from workerset_admission.keys import drain_kv_key
+from workerset_admission.keys import drain_kv_key, parse_drain_key
 from workerset_admission.rollout.drain import (
     DrainCheck,
+    Selection,
     Worker,
     check_drained,
+    check_last_workers,
     find_workers,
+    lost_models,
+    nats_subjects,
     parse_instance_id,
 )
 
-__all__ = ["DrainStore", "arguments", "main", "run_drain", "run_undrain", "wait_until_safe"]
+__all__ = [
+    "DrainStore",
+    "arguments",
+    "main",
+    "run_drain",
+    "run_undrain",
+    "selection_from_args",
+    "wait_until_safe",
+]
+
+# The longest a drain command waits, for NATS and for the frontends: a day.
+_MOST_TIMEOUT = 86400.0
+# A drain record outlives its worker by its TTL at most: a month is already forgetful.
+_MOST_TTL = 30 * 86400.0
+
+# The longest progress line a command prints: it may name many workers and frontends, and
+# quotes what their records say (escaped, so no record can start a line of its own).
+PROGRESS_LIMIT = 2000
 
 
 class DrainStore(Protocol):
@@ -45,6 +83,8 @@ class DrainStore(Protocol):
 
     async def workers_listing(self) -> list[tuple[str, bytes]]: ...
 
+    async def drains(self) -> list[tuple[str, bytes]]: ...
+
     async def serving(self) -> BucketRead: ...
 
     async def put(self, key: str, value: bytes, ttl: float | None) -> None: ...
@@ -52,24 +92,57 @@ class DrainStore(Protocol):
     async def delete(self, key: str) -> bool: ...
 
 
+# Where the NATS request plane's subscribers are (subject -> host): the NATS server's monitoring.
+SubjectHosts = Callable[[str, Sequence[str]], Awaitable[Mapping[str, str]]]
+
+
 def arguments(name: str, parser: argparse.ArgumentParser) -> None:
+    verb = "drain" if name == "drain" else "undrain"
     parser.add_argument(
         "instance",
         nargs="?",
         help="the worker's instance id, as status prints it (decimal, or hex with 0x)",
     )
-    parser.add_argument("--namespace", help="the worker's namespace (when an id is not enough)")
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        metavar="NS",
+        help=f"only workers of this namespace (repeat for more); with --all, {verb} all of it",
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        dest="every",
+        help=f"{verb} every worker of --namespace (narrowed by --component, --endpoint, --model)",
+    )
+    parser.add_argument("--component", help="with --all: only this component's workers")
+    parser.add_argument("--endpoint", help="with --all: only this endpoint's workers")
+    parser.add_argument("--model", help="with --all: only workers with a card of this model")
     parser.add_argument(
         "--host",
-        help="name the worker by the host its endpoint records carry (a pod's IP in preStop)",
+        type=text_within(MAX_BY_LENGTH),
+        help="the workers on this host, as their endpoint records carry it (a pod's IP)",
+    )
+    parser.add_argument(
+        "--host-from-env",
+        metavar="VARIABLE",
+        help="as --host, with the host read from this environment variable (a preStop hook's "
+        "POD_IP: the kubelet does not expand $(VAR) in a hook's command)",
+    )
+    parser.add_argument(
+        "--nats-monitor",
+        metavar="URL",
+        help="the request plane's NATS monitoring address (http://nats:8222): finds --host "
+        "among workers on the NATS request plane, whose records carry no host",
     )
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
+    wait_help = " and, with --wait, for every frontend" if name == "drain" else ""
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds_within(_MOST_TIMEOUT),
         default=300.0,
         metavar="SECONDS",
-        help="how long to wait for NATS and, with --wait, for every frontend (default 300)",
+        help=f"how long to wait for NATS{wait_help} (default 300)",
     )
     if name == "undrain":
         return
@@ -77,36 +150,70 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "--cancel", action="store_true", help="withdraw the drain instead (as undrain does)"
     )
     parser.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="drain even when a model would be left with no routable worker (scale to zero)",
+    )
+    parser.add_argument(
         "--wait",
         action="store_true",
-        help="wait until no live frontend routes to the worker (and any successor serves)",
+        help="wait until no live frontend routes to the workers (and any successor serves)",
     )
     parser.add_argument(
         "--grace",
-        type=float,
+        type=seconds_within(3600.0, zero=True),
         default=0.0,
         metavar="SECONDS",
         help="with --wait, then wait this long more for requests in flight (default 0)",
     )
     parser.add_argument(
         "--by",
+        type=text_within(MAX_BY_LENGTH),
         default="",
-        help="who drains it, kept in the drain record (default: the user and host)",
+        help=f"who drains it, kept in the drain record, at most {MAX_BY_LENGTH} characters "
+        "(default: the user and host)",
     )
     parser.add_argument(
         "--ttl",
-        type=float,
+        type=seconds_within(_MOST_TTL, zero=True),
         default=3600.0,
         metavar="SECONDS",
         help="the server removes the drain record after this long; 0 keeps it (default 3600)",
     )
     parser.add_argument(
         "--interval",
-        type=float,
+        type=seconds_within(60.0),
         default=0.25,
         metavar="SECONDS",
         help="how often --wait looks at the serving records (default 0.25)",
     )
+
+
+def selection_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> Selection:
+    """Read which workers the flags name; refuse conflicts and missing parts (status 2)."""
+    host = args.host
+    variable = getattr(args, "host_from_env", None)
+    if variable is not None:
+        if host is not None:
+            raise UsageError("name the host one way: --host and --host-from-env conflict")
+        host = environ.get(variable, "")
+        if not host:
+            raise UsageError(f"--host-from-env: the environment variable {variable} is not set")
+        if len(host) > MAX_BY_LENGTH:
+            raise UsageError(f"--host-from-env: {variable} is longer than {MAX_BY_LENGTH}")
+    selection = Selection(
+        instance_id=None if args.instance is None else parse_instance_id(args.instance),
+        host=host,
+        every=args.every,
+        namespaces=tuple(args.namespace or ()),
+        component=args.component,
+        endpoint=args.endpoint,
+        model=args.model,
+    )
+    selection.check()
+    return selection
 
 
 def _record(key: str, value: bytes, published_at: float | None) -> Record | None:
@@ -136,18 +243,32 @@ async def wait_until_safe(
     timeout: float,
     interval: float,
     progress: Callable[[str], None],
+    before: Sequence[Record] = (),
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> DrainCheck | None:
-    """Look until no live frontend lists the workers or ``timeout`` passes (``None``: unread)."""
+    """Look until no live frontend lists the workers or ``timeout`` passes (``None``: unread).
+
+    ``before`` is what the frontends served when the drain was written: a model one of them
+    served then and serves no member of now is reported, once, as lost while waiting.
+    """
     started = clock()
     last: str | None = None
     check: DrainCheck | None = None
+    lost: list[tuple[str, str]] = []
     while True:
         read = await store.serving()
         elapsed = clock() - started
         if read.problem is None:
-            check = check_drained(_records(read), workers)
+            records = _records(read)
+            for frontend, model in lost_models(before, records):
+                if (frontend, model) not in lost:
+                    lost.append((frontend, model))
+                    progress(
+                        f"[{elapsed:6.1f}s] model {model} lost its last routable worker on "
+                        f"frontend {frontend} while waiting"
+                    )
+            check = dataclasses.replace(check_drained(records, workers), lost=tuple(lost))
             line = _progress_line(check, elapsed)
             if check.safe:
                 return check
@@ -161,23 +282,6 @@ async def wait_until_safe(
         await sleep(min(interval, max(0.0, timeout - elapsed)))
 
 
-async def _find(store: DrainStore, args: argparse.Namespace) -> list[Worker]:
-    instance = None if args.instance is None else parse_instance_id(args.instance)
-    if instance is None and args.host is None:
-        raise UsageError("name the worker: an instance id, or --host")
-    workers = find_workers(
-        await store.workers_listing(),
-        instance_id=instance,
-        namespace=args.namespace,
-        host=args.host,
-    )
-    if not workers:
-        named = args.instance if args.host is None else f"host {args.host}"
-        where = f" in namespace {args.namespace}" if args.namespace else ""
-        raise UsageError(f"no worker {named}{where} is registered in the discovery bucket")
-    return workers
-
-
 def _default_by() -> str:
     import getpass
     import socket
@@ -186,7 +290,39 @@ def _default_by() -> str:
         user = getpass.getuser()
     except Exception:
         user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    return f"{user}@{socket.gethostname()}"[:MAX_BY_LENGTH]
+
+
+async def _write_all(
+    store: DrainStore,
+    workers: Sequence[Worker],
+    drain: Callable[[Worker], Drain],
+    ttl: float | None,
+    in_force: set[str],
+    progress: Callable[[str], None],
+) -> None:
+    """Write every drain record, or none: a refused write withdraws the ones written before it.
+
+    ``in_force`` names the drain records there before this command: those are someone's
+    earlier drains, and a refusal leaves them as they were.
+    """
+    from workerset_admission.card import encode_drain_record
+
+    written: list[str] = []
+    for worker in workers:
+        key = drain_kv_key(worker.namespace, worker.instance_id)
+        try:
+            await store.put(key, encode_drain_record(drain(worker)), ttl)
+        except CredentialsRefused as refused:
+            undone = [done for done in written if done not in in_force]
+            for done in undone:
+                await store.delete(done)
+            said = (
+                f"; the {len(undone)} drain(s) written before it were withdrawn" if undone else ""
+            )
+            raise CredentialsRefused(f"{refused}{said}: nothing is drained") from None
+        written.append(key)
+        progress(f"drained {worker} (by {drain(worker).by})")
 
 
 async def run_drain(
@@ -197,35 +333,56 @@ async def run_drain(
     *,
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
+    environ: Mapping[str, str] = os.environ,
+    subject_hosts: SubjectHosts | None = None,
 ) -> int:
     def progress(line: str) -> None:
-        err.write(line + "\n")
+        err.write(wire_text(line, PROGRESS_LIMIT) + "\n")
         err.flush()
 
+    selection = selection_from_args(args, environ)
     started = clock()
-    timeout = max(0.0, args.timeout)
+    timeout = args.timeout
     await store.open(started + timeout)
     try:
-        workers = await _find(store, args)
+        listing = await store.workers_listing()
+        workers = await _find(listing, selection, args.nats_monitor, subject_hosts)
         if args.cancel:
             return await _lift(store, workers, args, out)
-        by = args.by or _default_by()
-        ttl = args.ttl if args.ttl > 0 else None
-        for worker in workers:
-            drain = Drain(worker.namespace, worker.instance_id, by, round(wall(), 3))
-            from workerset_admission.card import encode_drain_record
-
-            await store.put(
-                drain_kv_key(worker.namespace, worker.instance_id), encode_drain_record(drain), ttl
+        read = await store.serving()
+        if read.problem is not None:
+            raise Unreachable(f"cannot tell what the frontends serve: {read.problem}")
+        before = _records(read)
+        in_force = await store.drains()
+        emptied = check_last_workers(before, listing, workers, _drained(in_force))
+        if emptied and not args.allow_empty:
+            raise LastWorkerRefused(
+                f"refused: {'; '.join(map(str, emptied))}; nothing was drained "
+                "(--allow-empty drains anyway)"
             )
-            progress(f"drained {worker} (by {by})")
+        for item in emptied:
+            progress(f"--allow-empty: {item}")
+        by, at = args.by or _default_by(), round(wall(), 3)
+        await _write_all(
+            store,
+            workers,
+            lambda worker: Drain(worker.namespace, worker.instance_id, by, at),
+            args.ttl if args.ttl > 0 else None,
+            {key for key, _value in in_force},
+            progress,
+        )
         if not args.wait:
             if args.json:
                 out.write(json.dumps({"drained": [_worker_json(w) for w in workers]}) + "\n")
             return EXIT_OK
         remaining = max(0.0, timeout - (clock() - started))
         check = await wait_until_safe(
-            store, workers, timeout=remaining, interval=max(0.05, args.interval), progress=progress
+            store,
+            workers,
+            timeout=remaining,
+            interval=args.interval,
+            progress=progress,
+            before=before,
         )
     finally:
         await store.close()
@@ -245,6 +402,37 @@ async def run_drain(
     else:
         out.write(f"safe to stop: no live frontend routes to {', '.join(map(str, workers))}\n")
     return EXIT_OK
+
+
+async def _find(
+    listing: Sequence[tuple[str, bytes]],
+    selection: Selection,
+    monitor: str | None,
+    subject_hosts: SubjectHosts | None,
+) -> list[Worker]:
+    hosts: Mapping[str, str] = {}
+    subjects = nats_subjects(listing) if selection.host is not None else []
+    if subjects and monitor is not None and subject_hosts is not None:
+        hosts = await subject_hosts(monitor, subjects)
+    workers = find_workers(listing, selection, subject_hosts=hosts)
+    if not workers:
+        line = f"{selection.describe()} in the discovery bucket"
+        if subjects and monitor is None:
+            line += (
+                f" ({len(subjects)} endpoint(s) are on the NATS request plane, whose records "
+                "name no host: give --nats-monitor http://<nats>:8222 to find them by host)"
+            )
+        raise UsageError(line)
+    return workers
+
+
+def _drained(entries: Sequence[tuple[str, bytes]]) -> list[Worker]:
+    found = []
+    for key, _value in entries:
+        # A key that does not parse drains nothing (the boundary reports it).
+        with contextlib.suppress(InvalidRecordError):
+            found.append(Worker(*parse_drain_key(key)))
+    return found
 
 
 def _worker_json(worker: Worker) -> dict[str, object]:
@@ -268,10 +456,20 @@ async def _lift(
     return EXIT_OK
 
 
-async def run_undrain(args: argparse.Namespace, store: DrainStore, out: TextIO = sys.stdout) -> int:
-    await store.open(time.monotonic() + max(0.0, args.timeout))
+async def run_undrain(
+    args: argparse.Namespace,
+    store: DrainStore,
+    out: TextIO = sys.stdout,
+    *,
+    environ: Mapping[str, str] = os.environ,
+    subject_hosts: SubjectHosts | None = None,
+) -> int:
+    selection = selection_from_args(args, environ)
+    await store.open(time.monotonic() + args.timeout)
     try:
-        return await _lift(store, await _find(store, args), args, out)
+        listing = await store.workers_listing()
+        workers = await _find(listing, selection, args.nats_monitor, subject_hosts)
+        return await _lift(store, workers, args, out)
     finally:
         await store.close()
 
@@ -279,18 +477,19 @@ async def run_undrain(args: argparse.Namespace, store: DrainStore, out: TextIO =
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     del stop
     from workerset_admission.adapters.nats.drain_store import NatsDrainStore
+    from workerset_admission.adapters.nats.monitor import subject_hosts
     from workerset_admission.cli.connection import client_options
 
     settings = args.settings
     options = client_options(settings, name)
 
     def progress(line: str) -> None:
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(wire_text(line, PROGRESS_LIMIT) + "\n")
         sys.stderr.flush()
 
     store = NatsDrainStore(
         options, settings.discovery_bucket, settings.admission_bucket, progress=progress
     )
     if name == "undrain":
-        return await run_undrain(args, store)
-    return await run_drain(args, store)
+        return await run_undrain(args, store, subject_hosts=subject_hosts)
+    return await run_drain(args, store, subject_hosts=subject_hosts)

@@ -7,6 +7,7 @@ import sys
 
 from workerset_admission.errors import (
     CredentialsRefused,
+    LastWorkerRefused,
     RemoteDataError,
     StoreUnavailable,
     Unreachable,
@@ -18,6 +19,7 @@ from workerset_admission.errors import (
 __all__ = [
     "EXIT_CREDENTIALS",
     "EXIT_FAILED",
+    "EXIT_LAST_WORKER",
     "EXIT_NO",
     "EXIT_OK",
     "EXIT_STATUSES",
@@ -38,8 +40,12 @@ EXIT_UNREACHABLE = 3
 EXIT_FAILED = 4
 """The command failed while it ran (the service stopped on an error, an unexpected fault)."""
 EXIT_CREDENTIALS = 5
-"""NATS answered and refused the credentials, or the user's permissions refused a write
-(``drain`` of a namespace its user may not drain): retrying the same cannot help."""
+"""NATS answered and refused the credentials, or the user's permissions refused a publish or a
+subscription (``drain`` of a namespace its user may not drain, ``register`` into a namespace
+its user may not write, a ``bridge`` with too few rights): retrying the same cannot help."""
+EXIT_LAST_WORKER = 6
+"""``drain`` refused to take a model's last routable worker on a live frontend (nothing was
+written); ``--allow-empty`` drains it anyway."""
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
@@ -56,6 +62,7 @@ def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
     return (
         ((UsageError,), EXIT_USAGE),
         ((CredentialsRefused,), EXIT_CREDENTIALS),
+        ((LastWorkerRefused,), EXIT_LAST_WORKER),
         ((RemoteDataError, ViewDirectoryError), EXIT_USAGE),
         ((Unreachable, StoreUnavailable), EXIT_UNREACHABLE),
         (_transport_errors(), EXIT_UNREACHABLE),
@@ -70,7 +77,9 @@ EXIT_STATUSES: dict[int, str] = {
     EXIT_USAGE: "bad flags, settings, trace, card, output path or view folder; nothing changed",
     EXIT_UNREACHABLE: "NATS (or etcd, for bridge) unreachable, or no answer in time",
     EXIT_FAILED: "the command failed while running",
-    EXIT_CREDENTIALS: "NATS refused the credentials, or the user's permissions refused a write",
+    EXIT_CREDENTIALS: "NATS refused the credentials, or this user's publish or subscription",
+    EXIT_LAST_WORKER: "drain refused: a model would be left with no routable worker on a live "
+    "frontend; nothing was drained (--allow-empty drains anyway)",
 }
 """Every exit status the command line uses, with its meaning (the README shows this table)."""
 

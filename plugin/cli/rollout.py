@@ -19,9 +19,15 @@ from typing import TYPE_CHECKING, Protocol, TextIO
 
 from workerset_admission.card.serving_record import BucketRead, RawEntry, Record, parse_record
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNREACHABLE
-from workerset_admission.errors import InvalidRecordError
+from workerset_admission.cli.runner import seconds_within
+from workerset_admission.errors import InvalidRecordError, wire_text
 from workerset_admission.keys import ADMISSION_BUCKET
-from workerset_admission.rollout.gate import GateReport, evaluate_gate, render_table
+from workerset_admission.rollout.gate import (
+    GateReport,
+    evaluate_gate,
+    expand_checksum,
+    render_table,
+)
 
 if TYPE_CHECKING:
     pass
@@ -38,6 +44,10 @@ __all__ = [
     "wait_for_gate",
     "waiting_line",
 ]
+
+# The longest progress line a command prints: it may name many workers and frontends, and
+# quotes what their records say (escaped, so no record can start a line of its own).
+PROGRESS_LIMIT = 2000
 
 DEFAULT_BUCKET = ADMISSION_BUCKET
 
@@ -88,11 +98,14 @@ async def check_gate(
             refused.append(parsed)
         else:
             records.append(parsed)
+    expected = query.expected_checksum
+    if expected is not None:
+        expected = expand_checksum(records, query.model, expected)
     report = evaluate_gate(
         records,
         model=query.model,
         namespace=query.namespace,
-        expected_checksum=query.expected_checksum,
+        expected_checksum=expected,
         previous_namespaces=query.previous_namespaces,
         require_agreement=query.require_agreement,
         now=now(),
@@ -179,7 +192,8 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--checksum",
-        help="count a frontend only when its incumbent has this mdc_checksum",
+        help="count a frontend only when its incumbent has this mdc_checksum (or an "
+        "unambiguous prefix of it, such as the 12-character form the tables print)",
     )
     parser.add_argument(
         "--previous",
@@ -194,7 +208,7 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--stale-after",
-        type=float,
+        type=seconds_within(86400.0),
         metavar="SECONDS",
         help="also ignore frontends whose newest record is older than this",
     )
@@ -202,14 +216,14 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait until the gate opens")
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds_within(86400.0, zero=True),
         default=600.0,
         metavar="SECONDS",
         help="how long --wait waits before giving up (default 600)",
     )
     parser.add_argument(
         "--interval",
-        type=float,
+        type=seconds_within(600.0),
         default=2.0,
         metavar="SECONDS",
         help="how often --wait looks again (default 2)",
@@ -232,7 +246,7 @@ def emit(check: GateCheck, *, as_json: bool, out: TextIO, err: TextIO) -> int:
     if check.report is None:
         if as_json:
             out.write(json.dumps({"open": False, "error": check.problem}) + "\n")
-        err.write(f"workerset-admission rollout: {check.problem}\n")
+        err.write(f"workerset-admission rollout: {wire_text(check.problem)}\n")
         return EXIT_UNREACHABLE
     if as_json:
         out.write(json.dumps(check.report.as_json(), indent=2, sort_keys=True) + "\n")
@@ -251,7 +265,7 @@ async def run_async(
     if args.wait:
 
         def progress(line: str) -> None:
-            err.write(line + "\n")
+            err.write(wire_text(line, PROGRESS_LIMIT) + "\n")
             err.flush()
 
         progress(waiting_line(query, args.timeout, args.interval))
@@ -259,8 +273,8 @@ async def run_async(
         check = await wait_for_gate(
             source,
             query,
-            timeout=max(0.0, args.timeout),
-            interval=max(0.05, args.interval),
+            timeout=args.timeout,
+            interval=args.interval,
             progress=progress,
         )
         if not check.open and check.report is not None:

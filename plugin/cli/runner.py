@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import math
 import signal
 import sys
 import typing
@@ -34,6 +35,7 @@ from typing import Any, Protocol, cast
 from workerset_admission.cli.exits import (
     EXIT_CREDENTIALS,
     EXIT_FAILED,
+    EXIT_LAST_WORKER,
     EXIT_NO,
     EXIT_OK,
     EXIT_STATUSES,
@@ -44,12 +46,14 @@ from workerset_admission.cli.exits import (
 from workerset_admission.errors import (
     StoreUnavailable,
     Unreachable,
+    wire_text,
 )
 
 __all__ = [
     "COMMANDS",
     "EXIT_CREDENTIALS",
     "EXIT_FAILED",
+    "EXIT_LAST_WORKER",
     "EXIT_NO",
     "EXIT_OK",
     "EXIT_STATUSES",
@@ -59,6 +63,8 @@ __all__ = [
     "exit_status",
     "main",
     "positive_seconds",
+    "seconds_within",
+    "text_within",
 ]
 
 
@@ -149,7 +155,8 @@ COMMANDS: dict[str, CommandSpec] = {
         "workerset_admission.cli.serve",
         "ask a running service for its admission state (or, with --card, its served card)",
         connects=True,
-        settings=("status_subject", "discovery_bucket"),
+        # The admission bucket: where the other frontends say what they serve.
+        settings=("status_subject", "discovery_bucket", "admission_bucket"),
     ),
     "demo": CommandSpec(
         "workerset_admission.cli.demo",
@@ -187,8 +194,9 @@ COMMANDS: dict[str, CommandSpec] = {
     ),
     "drain": CommandSpec(
         "workerset_admission.cli.drain",
-        "take a worker out of routing on every frontend; with --wait, answer when it is safe "
-        "to stop (exit 1 when the timeout passes first)",
+        "take workers out of routing on every frontend (exit 6, nothing written, when a "
+        "model would be left with no routable worker); with --wait, answer when they are "
+        "safe to stop (exit 1 when the timeout passes first)",
         connects=True,
         settings=("discovery_bucket", "admission_bucket"),
         # drain --wait stopped by a signal: safe to stop was not seen; the drain stays.
@@ -196,7 +204,8 @@ COMMANDS: dict[str, CommandSpec] = {
     ),
     "undrain": CommandSpec(
         "workerset_admission.cli.drain",
-        "withdraw a worker's drain: it rejoins as a returning cohort member",
+        "withdraw the drains of the workers named (as drain names them): they rejoin as "
+        "returning cohort members",
         connects=True,
         settings=("discovery_bucket",),
     ),
@@ -228,6 +237,44 @@ def positive_seconds(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError("expected a positive number of seconds")
     return value
+
+
+def seconds_within(most: float, *, zero: bool = False) -> Callable[[str], float]:
+    """Make an argparse ``type``: finite seconds above 0 (or 0 too), at most ``most``.
+
+    A negative, infinite or absurd duration is refused on one line instead of being read as
+    "no limit" or "keep forever".
+    """
+    most_text = f"{most:.0f}" if most == int(most) else f"{most:g}"
+    allowed = f"from 0 to {most_text}" if zero else f"more than 0 and at most {most_text}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number of seconds, not {text!r}"
+            ) from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero) or value > most:
+            raise argparse.ArgumentTypeError(
+                f"expected a number of seconds {allowed}, not {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def text_within(most: int) -> Callable[[str], str]:
+    """Make an argparse ``type``: one line of text of at most ``most`` characters."""
+
+    def parse(text: str) -> str:
+        if len(text) > most:
+            raise argparse.ArgumentTypeError(f"at most {most} characters, not {len(text)}")
+        if any(ord(c) < 32 or ord(c) == 127 for c in text):
+            raise argparse.ArgumentTypeError("one line of text, without control characters")
+        return text
+
+    return parse
 
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -346,14 +393,33 @@ def run_command(name: str, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return COMMANDS[name].interrupted_status
     except Exception as error:
+        error = _refusal_behind(error)
         status = exit_status(error)
         text = str(error) or type(error).__name__
         if status == EXIT_UNREACHABLE and not isinstance(error, (Unreachable, StoreUnavailable)):
             text = f"cannot reach NATS: {text}"
-        print(f"workerset-admission {name}: {text}", file=sys.stderr)
+        # One line, whatever the error quotes from the wire (a host, a key, a model name).
+        print(f"workerset-admission {name}: {wire_text(text, _LINE_LIMIT)}", file=sys.stderr)
         if status == EXIT_FAILED:
             logging.getLogger(__name__).debug("%s failed", name, exc_info=error)
         return status
+
+
+# The longest error line a command prints (what it quotes from the wire is escaped and cut).
+_LINE_LIMIT = 2000
+
+
+def _refusal_behind(error: Exception) -> Exception:
+    """Say a failure behind which the server refused a permission as that refusal.
+
+    The server never answers a publish or a subscription it refuses; the command then fails on
+    a timeout (or a listing that never ends), which would read as a network failure.
+    """
+    if exit_status(error) not in (EXIT_UNREACHABLE, EXIT_FAILED):
+        return error
+    connect = sys.modules.get("workerset_admission.adapters.nats.connect")
+    refusal = connect.permission_refusal() if connect is not None else None
+    return error if refusal is None else refusal
 
 
 def main(argv: Sequence[str] | None = None) -> int:

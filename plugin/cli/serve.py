@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from workerset_admission.card.differences import Difference, summarize
 from workerset_admission.cli import connection, positive_seconds
-from workerset_admission.errors import Unreachable, UsageError
+from workerset_admission.errors import TABLE_LINE_LIMIT, Unreachable, UsageError, wire_text
 from workerset_admission.identity import with_id_strings
+from workerset_admission.rollout.gate import Disagreement, disagreements_with
 from workerset_admission.settings import Settings
 
 if TYPE_CHECKING:
@@ -73,6 +74,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--namespace", default=None, help="with --card: the WorkerSet's worker namespace"
         )
+        parser.add_argument(
+            "--workers",
+            action="store_true",
+            help="list every worker with its admission and serving state (serving, draining, "
+            "drained, unavailable, unknown), as the route extension's /workers does",
+        )
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
@@ -82,6 +89,8 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
 
 
 # --------------------------------------------------------------------------- serve
+
+_SWITCH_INTERVAL = 0.0005
 
 # Kept here for callers that found them in this module first.
 SERVE_FILE_ENV = connection.SERVE_FILE_ENV
@@ -93,6 +102,14 @@ async def _serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Eve
 
     configure_logging(args.log_format or settings.log_format, args.log_level)
     telemetry_handle = start_serve_telemetry(settings, otlp=args.telemetry or settings.telemetry)
+    if telemetry_handle is not None:
+        # A metric collection is pure Python in a thread of its own, and holds the GIL for as
+        # long as the interpreter lets it: by default 5 ms each time the service's loop comes
+        # back from a socket or a file write. A pass of the view makes several such calls, so
+        # a scrape of a large fleet added tens of milliseconds to every change (measured:
+        # integration/bench/bench_fleet.py). This process is serve's own; a shorter switch
+        # interval hands the loop the GIL back within half a millisecond.
+        sys.setswitchinterval(_SWITCH_INTERVAL)
     try:
         return await _serve_service(settings, args, telemetry_handle, stop)
     finally:
@@ -130,16 +147,11 @@ async def _serve_service(
     telemetry_handle: TelemetryHandle | None,
     stop: asyncio.Event,
 ) -> int:
-    from workerset_admission.service.factory import create_service
-    from workerset_admission.telemetry import AdmissionTelemetry
+    from workerset_admission.wiring.compose import admission_telemetry, create_service
 
     telemetry = None
     if telemetry_handle is not None:
-        telemetry = AdmissionTelemetry(
-            tracer_provider=telemetry_handle.tracer_provider,
-            meter_provider=telemetry_handle.meter_provider,
-            bucket=settings.discovery_bucket,
-        )
+        telemetry = admission_telemetry(settings, telemetry_handle)
     async with contextlib.AsyncExitStack() as stack:
         view_files = None
         if settings.view_dir is not None:
@@ -162,9 +174,13 @@ async def _serve_service(
 
         where = servers_for_display(servers or settings.nats_servers)
 
-        def start() -> Awaitable[Any]:
+        def start(started_in_outage: bool = False) -> Awaitable[Any]:
             return create_service(
-                settings, servers=servers, telemetry=telemetry, view_files=view_files
+                settings,
+                servers=servers,
+                telemetry=telemetry,
+                view_files=view_files,
+                started_in_outage=started_in_outage,
             )
 
         if view_files is None:
@@ -198,7 +214,7 @@ async def _serve_service(
 
 
 async def _start_keeping_the_view(
-    start: Callable[[], Awaitable[Any]],
+    start: Callable[[bool], Awaitable[Any]],
     view_files: Any,
     settings: Settings,
     where: str,
@@ -209,7 +225,9 @@ async def _start_keeping_the_view(
     Exiting would leave the frontend without the view a crashed predecessor left (a sidecar
     restarted during a NATS outage would take its models down for the rest of the outage),
     so the predecessor's files are kept alive for at most one registration TTL and every
-    attempt that fails says so. ``None`` when ``stop`` is set first.
+    attempt that fails says so. ``None`` when ``stop`` is set first. The attempt that
+    connects after a failed one says it started during an outage: its workers could not
+    refresh their records either, so the core holds what an outage may have faked.
     """
     from workerset_admission.adapters.dynamo.view import LastKnownGood
     from workerset_admission.cli.exits import EXIT_UNREACHABLE, exit_status
@@ -218,7 +236,7 @@ async def _start_keeping_the_view(
     delay = 1.0
     while True:
         try:
-            return await with_progress(start(), f"connecting to NATS at {where}")
+            return await with_progress(start(keeper is not None), f"connecting to NATS at {where}")
         except Exception as exc:
             # Only an unreachable server is worth waiting for; a refused secret never heals.
             if exit_status(exc) != EXIT_UNREACHABLE or "authorization" in str(exc).lower():
@@ -301,11 +319,57 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         await nc.close()
     status = status_of(reply)
+    if args.workers:
+        from workerset_admission.service.worker_listing import (
+            render_worker_table,
+            status_from_json,
+            worker_listing,
+        )
+
+        rows = worker_listing(status_from_json(status))
+        if args.json:
+            document = {"synced": status.get("synced"), "workers": rows}
+            print(json.dumps(with_id_strings(document), indent=2, sort_keys=True))
+        else:
+            print(render_worker_table(rows), end="")
+        return 0
+    found = await _disagreements(options, settings.admission_bucket, status, args.timeout)
+    if found:
+        status["disagreements"] = [item.as_json() for item in found]
     if args.json:
         print(json.dumps(with_id_strings(status), indent=2, sort_keys=True))
     else:
         print(render_status_table(status))
     return 0
+
+
+async def _disagreements(
+    options: Any, bucket: str, status: Mapping[str, Any], timeout: float
+) -> tuple[Disagreement, ...]:
+    """Read the other frontends' serving records: where they serve another configuration.
+
+    Frontends choose alone, so they can disagree (after an outage a frontend restarted during
+    it once did); status says so, naming which frontends serve which checksum. A bucket that
+    cannot be read adds nothing: status answers what the frontend said.
+    """
+    from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
+    from workerset_admission.card.serving_record import parse_record
+    from workerset_admission.errors import InvalidRecordError
+
+    frontend = status.get("frontend")
+    incumbents = {
+        (group["model"], group["worker_set_id"]): group["incumbent"]
+        for group in status.get("groups", [])
+        if group.get("incumbent") and "worker_set_id" in group
+    }
+    if not frontend or not incumbents:
+        return ()
+    read = await NatsRecordSource(options, bucket, timeout=timeout).read()
+    records = []
+    for entry in read.entries:
+        with contextlib.suppress(InvalidRecordError):
+            records.append(parse_record(entry.key, entry.value, entry.published_at))
+    return disagreements_with(records, str(frontend), incumbents)
 
 
 def status_of(reply: Any) -> dict[str, Any]:
@@ -408,6 +472,10 @@ def render_status_table(status: Mapping[str, Any]) -> str:
             f"{rejection['namespace']}/{rejection['component']}/{rejection['endpoint']}: "
             f"differs in: {said}"
         )
+    for item in status.get("disagreements", []):
+        served = tuple((checksum, tuple(f)) for checksum, f in item["incumbents"].items())
+        said = Disagreement(item["worker_set"], served).in_words()
+        lines.append(f"disagreement on {item['worker_set']}: {said}")
     for group in status.get("groups", []):
         drained = group.get("drained")
         if not isinstance(drained, list):
@@ -419,4 +487,5 @@ def render_status_table(status: Mapping[str, Any]) -> str:
                 f"{group['component']}/{group['endpoint']}{by} (out of routing; safe to stop "
                 "once drain --wait says so)"
             )
-    return "\n".join(lines)
+    # One line per entry, whatever a worker's card or a drain names (a model, an author).
+    return "\n".join(wire_text(line, TABLE_LINE_LIMIT) for line in lines)

@@ -112,12 +112,12 @@ def check_card(
     path, with the service's boundary settings (a namespace outside the filter included).
     """
     from workerset_admission.card import encode_model_record
+    from workerset_admission.card.entry import EntryDecoder
     from workerset_admission.keys import model_kv_key
-    from workerset_admission.service.factory import boundary_settings
-    from workerset_admission.service.ingest import CardRecordDecoder
+    from workerset_admission.wiring.compose import boundary_settings
 
     key = model_kv_key(endpoint, instance_id, suffix)
-    decoded = CardRecordDecoder(boundary_settings(settings)).decode(
+    decoded = EntryDecoder(boundary_settings(settings)).decode(
         key, encode_model_record(endpoint, instance_id, card, suffix)
     )
     if decoded is None:
@@ -130,13 +130,13 @@ def check_card(
 async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.nats.buckets import BucketSpec
     from workerset_admission.adapters.nats.connect import ConnectionCallbacks, connect
-    from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+    from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 
     card = _read_card(args.card)
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
     instance_id = args.instance_id if args.instance_id is not None else secrets.randbits(63)
     check_card(settings, endpoint, instance_id, card, args.suffix)
-    publishers: list[DiscoveryPublisher] = []
+    publishers: list[WorkerRegistrar] = []
 
     async def reconnected() -> None:
         # The server may have come back on an empty store: refresh (and heal) at once.
@@ -147,7 +147,7 @@ async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.
         client_options(settings, "register"), ConnectionCallbacks(reconnected=reconnected)
     )
     try:
-        publisher = DiscoveryPublisher(
+        publisher = WorkerRegistrar(
             nc.jetstream(),
             bucket=settings.discovery_bucket,
             bucket_spec=BucketSpec(
@@ -198,12 +198,12 @@ async def _first(*events: asyncio.Event) -> None:
 async def _deregister(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     del stop
     from workerset_admission.adapters.nats.connect import connect
-    from workerset_admission.adapters.nats.publisher import DiscoveryPublisher
+    from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 
     endpoint = EndpointId(args.namespace, args.component, args.endpoint)
     nc = await connect(client_options(settings, "deregister"))
     try:
-        publisher = DiscoveryPublisher(
+        publisher = WorkerRegistrar(
             nc.jetstream(), bucket=settings.discovery_bucket, create_bucket=False
         )
         keys = await publisher.deregister(

@@ -4,7 +4,7 @@ Registered under the ``dynamo.frontend.routes`` entry-point group as ``workerset
 an operator enables it with ``--frontend-route-extension workerset-admission`` or
 ``DYN_FRONTEND_ROUTE_EXTENSIONS=workerset-admission``. The provider starts the admission service
 on its own thread and event loop (configured from ``WORKERSET_ADMISSION_*`` and the optional
-config file), stops it when the process exits, and returns three GET routes under
+config file), stops it when the process exits, and returns four GET routes under
 :data:`ROUTE_PREFIX` (a built-in path collision would stop the frontend at startup):
 
 * ``/workerset-admission/v1/workersets``: every WorkerSet with its identity, incumbent,
@@ -12,6 +12,9 @@ config file), stops it when the process exits, and returns three GET routes unde
   the rejected); and every rejected cohort with the checksum inputs its card differs in;
 * ``/workerset-admission/v1/readiness``: readiness per model and namespace from the shared
   evaluator, beside what the frontend itself reports for the model;
+* ``/workerset-admission/v1/workers``: every worker this frontend knows, with its WorkerSet,
+  its admission state and upstream's serving-state words (``serving``, ``draining``,
+  ``drained``, ``unavailable``, ``unknown``; see ``service/worker_listing.py``);
 * ``/workerset-admission/v1/health``: 200 once the service has applied its first discovery
   snapshot, 503 while starting, retrying, draining or stopped (a readiness probe).
 
@@ -59,6 +62,7 @@ __all__ = [
     "READINESS_PATH",
     "ROUTE_PREFIX",
     "WORKERSETS_PATH",
+    "WORKERS_PATH",
     "AdmissionRoutes",
     "ExtensionContext",
     "Reply",
@@ -76,6 +80,7 @@ ROUTE_PREFIX = "/workerset-admission/v1"
 WORKERSETS_PATH = f"{ROUTE_PREFIX}/workersets"
 READINESS_PATH = f"{ROUTE_PREFIX}/readiness"
 HEALTH_PATH = f"{ROUTE_PREFIX}/health"
+WORKERS_PATH = f"{ROUTE_PREFIX}/workers"
 
 
 class ExtensionContext(Protocol):
@@ -128,6 +133,15 @@ class AdmissionRoutes:
             ),
         )
 
+    def workers(self, ctx: ExtensionContext) -> Reply:
+        from workerset_admission.service.worker_listing import worker_listing
+
+        state, current = self._current()
+        if current is None:
+            return Reply(503, _not_running(state))
+        rows = worker_listing(current)
+        return Reply(200, with_id_strings({"synced": current.synced, "workers": rows}))
+
     def readiness(self, ctx: ExtensionContext) -> Reply:
         state, current = self._current()
         if current is None:
@@ -162,6 +176,7 @@ class AdmissionRoutes:
         table: list[tuple[str, Callable[[ExtensionContext], Reply]]] = [
             (WORKERSETS_PATH, self.workersets),
             (READINESS_PATH, self.readiness),
+            (WORKERS_PATH, self.workers),
             (HEALTH_PATH, self.health),
         ]
         return [FrontendRoute("GET", path, _frontend_handler(path, h)) for path, h in table]
@@ -214,10 +229,11 @@ def start_extension_telemetry(settings: Settings) -> TelemetryHandle | None:
 async def _start_from_environment(
     telemetry: AdmissionTelemetry | None, view: DirectoryFiles | None
 ) -> StatusService:
-    from workerset_admission.service.factory import create_service
+    from workerset_admission.wiring.compose import create_service
 
-    # The same factory as ``workerset-admission serve``: discovery source, serving-admission
-    # publisher and status responder, all from WORKERSET_ADMISSION_* and the config file.
+    # The same composition root as ``workerset-admission serve``: discovery source,
+    # serving-admission publisher, status responder, view and trace, all from
+    # WORKERSET_ADMISSION_* and the config file.
     service: StatusService = await create_service(
         load_settings(), telemetry=telemetry, view_files=view
     )
@@ -246,12 +262,8 @@ def open_extension_view() -> DirectoryFiles | None:
             return None
         if settings.view_dir is None:
             return None
-        try:
-            check_frontend_store(settings.view_dir)
-            _shared_view = DirectoryFiles.open(settings.view_dir)
-        except ViewDirectoryError as exc:
-            _log.error("workerset-admission refuses to start: %s", exc)
-            raise
+        check_frontend_store(settings.view_dir)
+        _shared_view = DirectoryFiles.open(settings.view_dir)
         atexit.register(_release_view)
         return _shared_view
 
@@ -270,7 +282,7 @@ _shared_lock = threading.Lock()
 
 
 def _extension_telemetry() -> tuple[TelemetryHandle | None, AdmissionTelemetry | None]:
-    from workerset_admission.telemetry import AdmissionTelemetry
+    from workerset_admission.wiring.compose import admission_telemetry
 
     try:
         settings = load_settings()
@@ -281,11 +293,7 @@ def _extension_telemetry() -> tuple[TelemetryHandle | None, AdmissionTelemetry |
     if handle is None:
         return None, None
     # One facade for every start attempt: its instruments are registered once per provider.
-    return handle, AdmissionTelemetry(
-        tracer_provider=handle.tracer_provider,
-        meter_provider=handle.meter_provider,
-        bucket=settings.discovery_bucket,
-    )
+    return handle, admission_telemetry(settings, handle)
 
 
 def shared_host(view: DirectoryFiles | None = None) -> ServiceThread[StatusService]:
@@ -324,6 +332,18 @@ def stop_shared_host() -> None:
 
 
 def frontend_routes() -> list[Any]:
-    """Provide the extension's routes to Dynamo's loader; starts the service behind them."""
-    host = shared_host(open_extension_view())
+    """Provide the extension's routes to Dynamo's loader; starts the service behind them.
+
+    A view directory it cannot use stops the frontend with one line and status 1 (a
+    ``SystemExit`` with the reason), not a traceback through the frontend's start-up.
+    """
+    from workerset_admission.telemetry.logs import name_records_for_hosts
+
+    # The frontend names a Python line by module and function: name ours by their loggers.
+    name_records_for_hosts()
+    try:
+        view = open_extension_view()
+    except ViewDirectoryError as exc:
+        raise SystemExit(f"workerset-admission refuses to start: {exc}") from None
+    host = shared_host(view)
     return AdmissionRoutes(lambda: host.state).frontend_routes()

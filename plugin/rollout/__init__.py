@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from workerset_admission.rollout.gate import (
     Disagreement,
-    FrontendView,
+    FrontendServing,
     GateReport,
     evaluate_gate,
     render_table,
@@ -12,7 +12,7 @@ from workerset_admission.rollout.gate import (
 
 __all__ = [
     "Disagreement",
-    "FrontendView",
+    "FrontendServing",
     "GateReport",
     "evaluate_gate",
     "render_table",

@@ -26,24 +26,31 @@ asked) no WorkerSet is in disagreement. Everything here is pure: records in, a r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from workerset_admission.card.serving_record import NamespaceRecord, Record, ServedGroup
+from workerset_admission.errors import TABLE_LINE_LIMIT, UsageError, wire_text
+
+# The shortest checksum prefix taken for a whole one (git's own minimum for a short hash).
+_MIN_PREFIX = 4
+_HEX = frozenset("0123456789abcdef")
 
 __all__ = [
     "Disagreement",
-    "FrontendView",
+    "FrontendServing",
     "GateReport",
+    "disagreements_with",
     "evaluate_gate",
+    "expand_checksum",
     "render_table",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class FrontendView:
-    """One live frontend as the gate sees it for the model and namespace asked about."""
+class FrontendServing:
+    """What one live frontend serves of the model and namespace the gate was asked about."""
 
     frontend: str
     serving: bool
@@ -72,6 +79,13 @@ class Disagreement:
     worker_set: str
     incumbents: tuple[tuple[str, tuple[str, ...]], ...]
 
+    def in_words(self) -> str:
+        """Say which frontends serve which checksum: ``fe-a, fe-b serve abc…; fe-c serves def…``."""
+        return "; ".join(
+            f"{', '.join(fronts)} {'serves' if len(fronts) == 1 else 'serve'} {checksum[:12]}"
+            for checksum, fronts in self.incumbents
+        )
+
     def as_json(self) -> dict[str, Any]:
         return {
             "worker_set": self.worker_set,
@@ -88,7 +102,7 @@ class GateReport:
     expected_checksum: str | None
     open: bool
     reasons: tuple[str, ...]
-    frontends: tuple[FrontendView, ...]
+    frontends: tuple[FrontendServing, ...]
     stale: tuple[str, ...]
     disagreements: tuple[Disagreement, ...]
     invalid: tuple[tuple[str, str], ...] = field(default=())
@@ -157,6 +171,35 @@ def _serves_model(record: NamespaceRecord, model: str) -> bool:
     return bool(_model_groups(record, model))
 
 
+def expand_checksum(records: Iterable[Record], model: str, given: str) -> str:
+    """Return the whole checksum ``given`` abbreviates among the incumbents served of ``model``.
+
+    Like a git short hash: a prefix (the tables print 12 characters) stands for the one
+    checksum it begins; a prefix that two checksums share is refused with both in full. A
+    prefix no frontend serves yet stays as given (the gate stays closed until one does).
+    """
+    if len(given) < _MIN_PREFIX or not set(given) <= _HEX:
+        raise UsageError(
+            f"--checksum takes an mdc_checksum in lowercase hex, or a prefix of at least "
+            f"{_MIN_PREFIX} characters of it, not {given!r}"
+        )
+    served = {
+        group.checksum
+        for record in records
+        if isinstance(record, NamespaceRecord)
+        for group in record.groups or ()
+        if group.model == model and group.checksum is not None
+    }
+    if given in served:
+        return given
+    matches = sorted(checksum for checksum in served if checksum.startswith(given))
+    if len(matches) > 1:
+        raise UsageError(
+            f"--checksum {given} is ambiguous: it begins {' and '.join(matches)}; give more of it"
+        )
+    return matches[0] if matches else given
+
+
 def evaluate_gate(
     records: Iterable[Record],
     *,
@@ -218,8 +261,11 @@ def evaluate_gate(
             what += f" with checksum {expected_checksum}"
         reasons.append(f"not serving {what}: {', '.join(missing)}")
     if require_agreement and disagreements:
-        names = ", ".join(item.worker_set for item in disagreements)
-        reasons.append(f"frontends disagree on the incumbent of {names}")
+        # Which frontends serve which configuration: what an operator acts on.
+        reasons.extend(
+            f"frontends disagree on the incumbent of {item.worker_set}: {item.in_words()}"
+            for item in disagreements
+        )
 
     return GateReport(
         model=model,
@@ -234,6 +280,41 @@ def evaluate_gate(
     )
 
 
+def disagreements_with(
+    records: Iterable[Record], frontend: str, incumbents: Mapping[tuple[str, str], str]
+) -> tuple[Disagreement, ...]:
+    """Say where other frontends serve another configuration than ``frontend`` does.
+
+    ``incumbents`` is what ``frontend`` serves, per group (model, worker_set); the records are
+    every frontend's (this one's own, which may be older, are not read). One
+    :class:`Disagreement` per group that another frontend serves with another checksum, naming
+    this frontend beside the others.
+    """
+    seen: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for record in records:
+        if not isinstance(record, NamespaceRecord) or record.frontend == frontend:
+            continue
+        for group in record.groups or ():
+            key = (group.model, group.worker_set)
+            if key in incumbents and group.checksum is not None and group.members:
+                seen.setdefault(key, {}).setdefault(group.checksum, set()).add(record.frontend)
+    found = []
+    for key, served in sorted(seen.items()):
+        own = incumbents[key]
+        if set(served) == {own}:
+            continue
+        served.setdefault(own, set()).add(frontend)
+        found.append(
+            Disagreement(
+                worker_set=key[1],
+                incumbents=tuple(
+                    (checksum, tuple(sorted(fronts))) for checksum, fronts in sorted(served.items())
+                ),
+            )
+        )
+    return tuple(found)
+
+
 def _view(
     frontend: str,
     records: Sequence[NamespaceRecord],
@@ -243,7 +324,7 @@ def _view(
     expected_checksum: str | None,
     previous_namespaces: Sequence[str] | None,
     incumbents: dict[str, dict[str, set[str]]],
-) -> FrontendView:
+) -> FrontendServing:
     current = [record for record in records if record.namespace == namespace]
     groups = [group for record in current for group in _model_groups(record, model)]
     verified = all(record.groups is not None for record in current)
@@ -276,7 +357,7 @@ def _view(
             and _serves_model(record, model)
         }
     )
-    return FrontendView(
+    return FrontendServing(
         frontend=frontend,
         serving=serving,
         model_verified=verified,
@@ -323,4 +404,5 @@ def render_table(report: GateReport) -> str:
     if report.invalid:
         lines.append("")
         lines.extend(f"refused record {key}: {reason}" for key, reason in report.invalid)
-    return "\n".join(lines) + "\n"
+    # One line per entry, whatever a record names (a frontend id, a namespace).
+    return "\n".join(wire_text(line, TABLE_LINE_LIMIT) for line in lines) + "\n"

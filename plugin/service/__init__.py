@@ -2,8 +2,8 @@
 
 ``AdmissionService`` (``admission_service.py``) owns every task; ``AdmissionStep``
 (``step.py``) turns source events into core steps and carries out their effects, for the live
-service and for ``replay`` alike; ``create_service`` (``factory.py``) assembles a service from
-settings, connected to NATS.
+service and for ``replay`` alike. What the service runs on (the source, the publishers, the view,
+the trace) is put together outside it, in ``workerset_admission.wiring``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from workerset_admission.service.admission_service import (
     AdmissionService,
     BuildRequest,
     CardRecordDecoder,
-    GroupStatusView,
+    GroupStatusReport,
     PipelineBuilder,
     ServiceStatus,
 )
-from workerset_admission.service.factory import create_service
 from workerset_admission.service.step import AdmissionStep
 
 __all__ = [
@@ -24,8 +23,7 @@ __all__ = [
     "AdmissionStep",
     "BuildRequest",
     "CardRecordDecoder",
-    "GroupStatusView",
+    "GroupStatusReport",
     "PipelineBuilder",
     "ServiceStatus",
-    "create_service",
 ]

@@ -17,8 +17,10 @@ sink, before the core steps:
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import Literal
 
 from workerset_admission.admission.ordering import GroupId
+from workerset_admission.card.entry import EntryKind
 from workerset_admission.ports import (
     AcceptedRecord,
     AcceptedRecords,
@@ -33,15 +35,21 @@ from workerset_admission.service.step import StepObserver
 __all__ = ["AcceptedRecordsFeed", "accepted_record"]
 
 
+# What each kind of accepted entry is called where it crosses to the sink; a drain crosses as
+# an ignored record (the view files no drain).
+_CROSSES_AS: dict[EntryKind, Literal["model", "instance", "event"]] = {
+    EntryKind.CARD: "model",
+    EntryKind.ENDPOINT: "instance",
+    EntryKind.EVENT: "event",
+}
+
+
 def accepted_record(verdict: Verdict, value: bytes) -> AcceptedRecord | None:
     """Return the record a verdict accepted, with its raw ``value`` (``None``: not accepted)."""
-    if verdict.registration is not None:
-        return AcceptedRecord(verdict.key, bytes(value), "model")
-    if verdict.live:
-        return AcceptedRecord(verdict.key, bytes(value), "instance")
-    if verdict.event:
-        return AcceptedRecord(verdict.key, bytes(value), "event", verdict.worker_id)
-    return None
+    kind = None if verdict.kind is None else _CROSSES_AS.get(verdict.kind)
+    if kind is None:
+        return None
+    return AcceptedRecord(verdict.key, bytes(value), kind, verdict.worker_id)
 
 
 class AcceptedRecordsFeed(StepObserver):

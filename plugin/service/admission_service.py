@@ -30,13 +30,12 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from types import TracebackType
 
 from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
 from workerset_admission.aio import cancel_and_wait, on_loop, unwrap_group
-from workerset_admission.card import BoundarySettings
-from workerset_admission.errors import RemoteDataError, UsageError, bounded_text
+from workerset_admission.errors import RemoteDataError, UsageError, bounded_text, wire_text
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import (
     AdmissionPublisher,
@@ -55,25 +54,25 @@ from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, Reco
 from workerset_admission.service.process_figures import process_figures
 from workerset_admission.service.publication import ServingPublication
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
+from workerset_admission.service.status_fold import StatusFold
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
-    GroupStatusView,
+    GroupStatusReport,
     InvalidRecord,
     ServiceCounters,
     ServiceStatus,
     ServingRecord,
-    group_status_view,
-    readiness,
-    serving_records,
-    standing_rejections,
     state_summary,
 )
 from workerset_admission.service.step import AdmissionStep, StepObserver
 from workerset_admission.service.timers import RetryTimers
 from workerset_admission.settings import Settings
-from workerset_admission.telemetry import AdmissionTelemetry, RefusalWarnings, UpdateScope
-from workerset_admission.traces.format import settings_of
-from workerset_admission.traces.writer import TraceWriter
+from workerset_admission.telemetry import (
+    AdmissionStateSummary,
+    AdmissionTelemetry,
+    RefusalWarnings,
+    UpdateScope,
+)
 
 if sys.version_info >= (3, 11):
     from asyncio import TaskGroup
@@ -84,7 +83,7 @@ __all__ = [
     "AdmissionService",
     "BuildRequest",
     "CardRecordDecoder",
-    "GroupStatusView",
+    "GroupStatusReport",
     "PipelineBuilder",
     "ServiceStatus",
 ]
@@ -118,7 +117,7 @@ class AdmissionService:
         self.frontend_id: str | None = getattr(publisher, "frontend_id", None)
         self._status = status
         self._telemetry = telemetry or AdmissionTelemetry()
-        self._telemetry.observe_state(lambda: state_summary(self.status()))
+        self._telemetry.observe_state(self._state_summary)
         self._clock = clock
         self._closers = tuple(closers)
 
@@ -127,6 +126,9 @@ class AdmissionService:
         self.ingest = Ingestor(decoder)
         self.liveness = self.ingest.liveness
         self.hops = HopBindings(self.channels, self.liveness, frontend)
+        # The status and the serving records, kept per group as the core's effects name them.
+        self._fold = StatusFold(self.core, self.liveness, clock)
+        self._summary: tuple[ServiceStatus, AdmissionStateSummary] | None = None
         self.builds = Builds(
             builder or DefaultPipelineBuilder(frontend),
             self.channels,
@@ -148,6 +150,7 @@ class AdmissionService:
             )
         )
         self._publication_hooks: list[Callable[[], object]] = []
+        self._also_serving: list[Callable[[], Mapping[str, Collection[str]]]] = []
         self._invalid: collections.deque[InvalidRecord] = collections.deque(
             maxlen=self.settings.invalid_history
         )
@@ -180,17 +183,8 @@ class AdmissionService:
             changed=self._changed,
             log=_log,
         )
-        self._trace: TraceWriter | None = None
-        if self.settings.trace_out is not None:
-            boundary = getattr(decoder, "settings", None) if decoder is not None else None
-            self._trace = TraceWriter.open(
-                self.settings.trace_out,
-                settings_of(
-                    self.settings.core_settings(),
-                    boundary if isinstance(boundary, BoundarySettings) else None,
-                ),
-            )
-            self.step.observers.append(self._trace)
+        self.step.observers.append(_EffectListener(self._fold.effects))
+        self._on_stopped: list[Callable[[], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -300,8 +294,11 @@ class AdmissionService:
         finally:
             self._tg = None
             self.builds.task_group = None
-            if self._trace is not None:
-                self._trace.close()
+            for hook in self._on_stopped:
+                try:
+                    hook()
+                except Exception:  # noqa: PERF203 - every hook gets its chance to run
+                    _log.debug("a stop hook failed", exc_info=True)
             started.set()
             self._stopping.set()
             self._stopped.set()
@@ -399,6 +396,10 @@ class AdmissionService:
         """Call ``listener`` with the effects of every core step, before they are carried out."""
         self.step.observers.append(_EffectListener(listener))
 
+    def on_stopped(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once every task has ended (a trace writer closes its file there)."""
+        self._on_stopped.append(hook)
+
     def on_state_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the loop) after each step that changed admission state."""
         self._state_listeners.append(listener)
@@ -406,6 +407,14 @@ class AdmissionService:
     def before_publication(self, hook: Callable[[], object]) -> None:
         """Call ``hook`` before each serving publication reads what this frontend serves."""
         self._publication_hooks.append(hook)
+
+    def also_serving(self, provider: Callable[[], Mapping[str, Collection[str]]]) -> None:
+        """Name, per namespace, workers this frontend may still route to though unadmitted.
+
+        The view calls it with the workers whose cards it could not remove: its serving record
+        keeps naming them, so a ``drain --wait`` never hears that it is safe while they are.
+        """
+        self._also_serving.append(provider)
 
     def _before_publication(self) -> None:
         for hook in self._publication_hooks:
@@ -440,7 +449,8 @@ class AdmissionService:
             if event.reason != "periodic":
                 self._resyncs += 1
             if event.reason == "reconnect" and self._publication is not None:
-                self._publication.republish()  # the store may have lost them
+                # The store may have lost them; and peers starting soon learn of the outage.
+                self._publication.republish(resynced_at=time.time())
         else:
             raise UsageError(f"not a discovery event: {type(event).__name__}")
         self.step.handle_event(event, keep)
@@ -486,7 +496,9 @@ class AdmissionService:
             try:
                 await self.reconcile()
             except Exception as exc:  # the live watch keeps going meanwhile
-                _log.warning("periodic reconciliation could not list the bucket: %s", exc)
+                _log.warning(
+                    "periodic reconciliation could not list the bucket: %s", wire_text(exc)
+                )
 
     async def reconcile(self) -> bool:
         """List the whole bucket and apply it as a listing; tell whether it was applied.
@@ -513,7 +525,14 @@ class AdmissionService:
 
     def serving_records(self) -> dict[str, ServingRecord]:
         """Return what this frontend serves, per worker namespace (committed groups only)."""
-        return serving_records(self.core, self.core.serving())
+        records = self._fold.serving_records()
+        for provider in self._also_serving:
+            for namespace, members in provider().items():
+                record = records.get(namespace, ServingRecord((), ()))
+                records[namespace] = ServingRecord(
+                    tuple(sorted({*record.members, *members})), record.groups
+                )
+        return records
 
     def serving_members(self) -> dict[str, tuple[str, ...]]:
         """Return the instance keys this frontend serves, per worker namespace."""
@@ -522,13 +541,13 @@ class AdmissionService:
     # -- status ------------------------------------------------------------------------------
 
     def _build_status(self) -> ServiceStatus:
-        views = self.core.groups()
+        fold = self._fold
         current = ServiceStatus(
             health=self._health(),
             synced=self._synced.is_set(),
-            groups=tuple(group_status_view(v, self.liveness, self._clock) for v in views),
-            rejections=standing_rejections(self.core, views),
-            readiness=readiness(self.core, self.core.serving(), self.liveness),
+            groups=fold.groups(),
+            rejections=fold.rejections(),
+            readiness=fold.readiness(),
             invalid_total=self.counters.invalid,
             recent_invalid=tuple(self._invalid),
             live_instances=len(self.liveness),
@@ -538,6 +557,14 @@ class AdmissionService:
         )
         self._status_cache = current
         return current
+
+    def _state_summary(self) -> AdmissionStateSummary:
+        """Return what the gauges report, worked out once per status (each gauge asks)."""
+        current = self.status()
+        kept = self._summary
+        if kept is None or kept[0] is not current:
+            kept = self._summary = (current, state_summary(current))
+        return kept[1]
 
     def _health(self) -> str:
         if self._stopping.is_set():
@@ -565,5 +592,5 @@ async def serve_status(
         try:
             await status.serve(render)
         except Exception as exc:  # NATS may be away: status must not take admission down
-            _log.warning("the status responder failed, retrying: %s", exc)
+            _log.warning("the status responder failed, retrying: %s", wire_text(exc))
         await asyncio.sleep(retry)

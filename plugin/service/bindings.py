@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
+from workerset_admission.admission.admitted import routable_ids
 from workerset_admission.admission.effects import (
     CommitGroup,
     DrainChanged,
@@ -32,6 +32,7 @@ from workerset_admission.admission.effects import (
 from workerset_admission.admission.topology import TopologyBinding, TopologySet, bind_topology
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.ports import LiveInstances
 from workerset_admission.routing import (
     FrontendRouting,
     HopRole,
@@ -50,7 +51,6 @@ __all__ = [
     "HopBindings",
     "HopRole",
     "LegacyExplicitEndpointBinding",
-    "LiveInstances",
     "RoutingSettings",
     "card_field",
 ]
@@ -62,12 +62,6 @@ class BindingId:
 
     group: GroupKey
     generation: int
-
-
-class LiveInstances(Protocol):
-    """Which instances of an endpoint are live (from its instance records)."""
-
-    def live_ids(self, endpoint: EndpointId) -> frozenset[int]: ...
 
 
 class AdmittedHopBinding:
@@ -134,14 +128,9 @@ class AdmittedHopBinding:
         return self._receiver.current().admitted
 
     def routable(self) -> frozenset[int]:
-        """Live and admitted: the only instances this hop may pick. Empty means none.
-
-        Members a held tenure serves on their last known records count as live: their
-        instance records may be missing only because the store lost them in an outage.
-        """
+        """Live and admitted: the only instances this hop may pick (:func:`routable_ids`)."""
         state = self._receiver.current()
-        live = self._live.live_ids(self._endpoint) & state.admitted
-        return live | state.last_known if state.last_known else live
+        return routable_ids(state.admitted, self._live.live_ids(self._endpoint), state.last_known)
 
     def last_known(self) -> frozenset[int]:
         """Admitted ids served on their last known records during a hold (usually none)."""
@@ -284,10 +273,9 @@ class HopBindings:
 
     def peer(self, group: GroupKey, role: HopRole) -> AdmittedHopBinding | None:
         """Find the committed binding a group's hop of ``role`` routes to, if any."""
-        if role is HopRole.DECODE:
+        peer_type = role.peer_type
+        if peer_type is None:
             return self._bindings.get(group)
         bound = self.topology().get(group)
-        if bound is None:
-            return None
-        target = bound.prefill_target if role is HopRole.PREFILL else bound.encoder_target
+        target = None if bound is None else bound.target(peer_type)
         return None if target is None else self._bindings.get(target.group)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workerset_admission.admission import BuildFinished, CommitFailed, CommitGroup, StartBuild
+from workerset_admission.errors import wire_text
 from workerset_admission.identity import AttemptId
 from workerset_admission.ports import BuildRequest, PipelineBuilder
 from workerset_admission.routing import FrontendRouting, RoutingSettings
@@ -113,10 +114,10 @@ class Builds:
             ok, error = False, f"{type(exc).__name__}: {exc}"
             _log.warning(
                 "pipeline build failed for %s (generation %d, attempt %d): %s",
-                effect.group.id,
+                wire_text(effect.group.id),
                 effect.generation,
                 effect.attempt,
-                error,
+                wire_text(error),
             )
             request.receiver.close()
         # A result for an attempt the core already cancelled (a builder that finished anyway)
@@ -147,7 +148,7 @@ class Builds:
         try:
             self._hops.commit(effect, pipeline)
         except Exception as exc:  # refused commit: the core retries the build
-            _log.warning("commit of %s failed: %s", effect.group.id, exc)
+            _log.warning("commit of %s failed: %s", wire_text(effect.group.id), wire_text(exc))
             return CommitFailed(
                 effect.group,
                 effect.mdc_checksum,

@@ -19,160 +19,105 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from workerset_admission.admission import (
     DrainLifted,
     DrainSet,
     Input,
     Listing,
+    PeerTenure,
     Tick,
     WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.admission.ordering import GroupId, PeerServed, observation_order
+from workerset_admission.admission.ordering import (
+    GroupId,
+    PeerServed,
+    observation_order,
+    peer_choice,
+)
+from workerset_admission.card.entry import (
+    DecodedEntry,
+    EntryDecoder,
+    EntryKind,
+    EventEntry,
+    LiveInstance,
+    Removal,
+)
 from workerset_admission.errors import RemoteDataError
 from workerset_admission.identity import Drain, EndpointId, Registration
-from workerset_admission.keys import parse_drain_key, parse_key
+from workerset_admission.keys import parse_drain_key
 from workerset_admission.ports import SourceDelete, SourceListing
 from workerset_admission.service.liveness import LivenessIndex
 
 __all__ = [
     "CardRecordDecoder",
-    "DecodedRecord",
-    "EventRecord",
+    "DecodedEntry",
+    "EventEntry",
     "Ingested",
     "Ingestor",
     "LiveInstance",
     "RecordDecoder",
     "Verdict",
     "default_decoder",
+    "peer_tenures",
 ]
 
 
-class LiveInstance(NamedTuple):
-    """What the boundary makes of an endpoint-instance record: this instance is live."""
-
-    endpoint: EndpointId
-    instance_id: int
-
-
-class EventRecord(NamedTuple):
-    """What the boundary makes of a valid event-plane record: checked, left out of admission.
-
-    ``worker_id`` is the worker an event source names (``None`` for a channel).
-    """
-
-    key: str
-    worker_id: int | None = None
-
-
-DecodedRecord = Registration | LiveInstance | EventRecord | Drain | None
-"""What the boundary makes of a put: a registration, a live endpoint instance, a valid
-event-plane record, a drain, or ``None`` (a record this frontend ignores)."""
-
-
 class RecordDecoder(Protocol):
-    """The card boundary as ingestion uses it.
+    """The card boundary as ingestion uses it (the card package's :class:`EntryDecoder`).
 
     ``decode`` turns a put into a :class:`Registration` (a model card), a
-    :class:`LiveInstance` (an endpoint-instance record), an :class:`EventRecord` (a valid event
-    source or channel), or ``None`` (a record this frontend ignores, such as a
-    namespace outside its filter). ``removal`` says what a deleted
-    key was: ``("model", registration key)``, ``("instance", key)``, ``("drain", key)`` or
-    ``None``. Both raise
+    :class:`LiveInstance` (an endpoint-instance record), an :class:`EventEntry` (a valid event
+    source or channel), a :class:`Drain`, or ``None`` (a record this frontend ignores, such as
+    a namespace outside its filter). ``removal`` says what a deleted key was (a
+    :class:`Removal`: its kind and name) or ``None``. Both raise
     :class:`~workerset_admission.errors.RemoteDataError` for records they refuse.
     """
 
-    def decode(self, key: str, value: bytes) -> DecodedRecord: ...
+    def decode(self, key: str, value: bytes) -> DecodedEntry: ...
 
-    def removal(self, key: str) -> tuple[str, str] | None: ...
+    def removal(self, key: str) -> Removal | None: ...
 
 
-class CardRecordDecoder:
-    """The default :class:`RecordDecoder`: the card boundary of :mod:`workerset_admission.card`.
+# The boundary's decoder under the name the service and its callers have always used.
+CardRecordDecoder = EntryDecoder
 
-    Endpoint-instance records become :class:`LiveInstance` values for the liveness index;
-    event-plane records are validated and otherwise left alone (they only ride along with the
-    workers admission admits); both are ignored outside the namespace filter, as model records
-    are. Model records become registrations, their card decoded and hashed by the boundary
-    (which caches by card text, so a fleet sharing one card pays for it once).
-    """
 
-    def __init__(self, settings: Any = None) -> None:
-        from workerset_admission import card
-
-        self._card = card
-        self._settings = settings if settings is not None else card.BoundarySettings()
-
-    @property
-    def settings(self) -> Any:
-        """The boundary settings records are judged with."""
-        return self._settings
-
-    def decode(self, key: str, value: bytes) -> DecodedRecord:
-        card = self._card
-        if key.startswith("v1.mdc."):
-            # Most of a bucket, and most of it spelled as 1.6.1 writes it: that case first.
-            fast: Registration | None = card.decode_plain_model(key, value, self._settings)
-            if fast is not None:
-                return fast
-            result: Registration | None = card.decode_model_record(
-                parse_key(key), value, self._settings
-            )
-            return result
-        if card.is_event_key(key):
-            parsed_event = card.parse_event_key(key)
-            if not self._settings.namespace_matches(parsed_event.namespace):
-                return None
-            event = card.decode_event_record(
-                parsed_event, value, max_value_size=self._settings.max_value_size
-            )
-            return EventRecord(key, event.worker_id)
-        if card.is_drain_key(key):
-            drain: Drain = card.decode_drain_record(key, value)
-            return drain if self._settings.namespace_matches(drain.namespace) else None
-        # Anything else is an endpoint record or a key parse_key refuses (every model key starts
-        # with the prefix above).
-        parsed = parse_key(key)
-        if not self._settings.namespace_matches(parsed.endpoint.namespace):
-            return None
-        record = card.decode_endpoint_record(parsed, value, self._settings)
-        return LiveInstance(record.endpoint, record.instance_id)
-
-    def removal(self, key: str) -> tuple[str, str] | None:
-        if self._card.is_event_key(key):
-            self._card.parse_event_key(key)
-            return None
-        if self._card.is_drain_key(key):
-            namespace, _ = parse_drain_key(key)
-            return ("drain", key) if self._settings.namespace_matches(namespace) else None
-        parsed = parse_key(key)
-        if parsed.kind == "model":
-            return ("model", parsed.instance_key)
-        return ("instance", key)
+def peer_tenures(
+    peers: PeerServed | None, members: Mapping[GroupId, Mapping[str, Sequence[int]]] | None
+) -> dict[GroupId, PeerTenure]:
+    """Per group, the checksum the peers serve (the alignment rule's choice) and its members."""
+    if not peers or not members:
+        return {}
+    tenures = {}
+    for group, served in peers.items():
+        by_checksum = members.get(group, {})
+        choice = peer_choice(served, by_checksum)
+        if choice is not None:
+            tenures[group] = PeerTenure(choice, tuple(sorted(set(by_checksum[choice]))))
+    return tenures
 
 
 def default_decoder() -> RecordDecoder:
     """Return the card boundary with its default settings."""
-    return CardRecordDecoder()
+    return EntryDecoder()
 
 
 class Verdict(NamedTuple):
     """How one record (by KV key) was judged.
 
-    Exactly one of: a ``registration`` (a model card), a ``refusal``, ``live`` (an
-    endpoint-instance record), ``event`` (an event source or channel), or none of them
-    (ignored by the namespace filter). A named tuple: a listing makes one per record, and a
-    tuple is built in one step.
+    Either a ``refusal``, or what the boundary accepted the record as (``kind``: a card, with
+    its ``registration``; an endpoint instance; an event source or channel; a drain), or
+    neither (ignored by the namespace filter). A named tuple: a listing makes one per record,
+    and a tuple is built in one step.
     """
 
     key: str
     registration: Registration | None = None
     refusal: RemoteDataError | None = None
-    live: bool = False
-    event: bool = False
-    drain: bool = False
+    kind: EntryKind | None = None
     # The worker an event source record names (an event verdict only).
     worker_id: int | None = None
     # A refusal of the very value refused last time under this key (a re-listing, a heartbeat
@@ -180,12 +125,21 @@ class Verdict(NamedTuple):
     repeated: bool = False
 
     @property
+    def live(self) -> bool:
+        """Whether it is an endpoint-instance record (the instance is live)."""
+        return self.kind is EntryKind.ENDPOINT
+
+    @property
+    def event(self) -> bool:
+        return self.kind is EntryKind.EVENT
+
+    @property
+    def drain(self) -> bool:
+        return self.kind is EntryKind.DRAIN
+
+    @property
     def ignored(self) -> bool:
-        return (
-            self.registration is None
-            and self.refusal is None
-            and not (self.live or self.event or self.drain)
-        )
+        return self.kind is None and self.refusal is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +170,7 @@ class Ingested:
         return "unchanged"
 
 
-_Cache = dict[str, tuple[int, DecodedRecord]]
+_Cache = dict[str, tuple[int, DecodedEntry]]
 
 
 class Ingestor:
@@ -250,16 +204,18 @@ class Ingestor:
             return Ingested(verdicts=(self._refusal(key, value, exc, self._refused),))
         self._refused.pop(key, None)
         if isinstance(record, Registration):
-            return Ingested((WorkerAdded(record),), (Verdict(key, registration=record),))
+            return Ingested((WorkerAdded(record),), (Verdict(key, record, kind=EntryKind.CARD),))
         if record is None:
             return Ingested(verdicts=(Verdict(key),))
-        if isinstance(record, EventRecord):
-            return Ingested(verdicts=(Verdict(key, event=True, worker_id=record.worker_id),))
+        if isinstance(record, EventEntry):
+            return Ingested(
+                verdicts=(Verdict(key, kind=EntryKind.EVENT, worker_id=record.worker_id),)
+            )
         if isinstance(record, Drain):
-            return Ingested((DrainSet(record),), (Verdict(key, drain=True),))
+            return Ingested((DrainSet(record),), (Verdict(key, kind=EntryKind.DRAIN),))
         endpoint, instance_id = record
         changed = self.liveness.put(key, endpoint, instance_id)
-        return Ingested(verdicts=(Verdict(key, live=True),), liveness_changed=changed)
+        return Ingested(verdicts=(Verdict(key, kind=EntryKind.ENDPOINT),), liveness_changed=changed)
 
     def listing(
         self,
@@ -277,8 +233,11 @@ class Ingestor:
             ((entry.key, entry.value) for entry in event.entries),
             keep,
             reconnect=event.reason == "reconnect",
+            outage_start=event.reason == "initial" and event.after_outage,
+            peers_resynced_ago=event.peers_resynced_ago if event.reason == "initial" else None,
             now=now,
             peers=event.peers,
+            peer_members=event.peer_members,
             recorded=recorded,
             forget_refused=event.reason != "periodic",
         )
@@ -304,9 +263,9 @@ class Ingestor:
         if removal is None:
             return Ingested()
         kind, name = removal
-        if kind == "drain":
+        if kind is EntryKind.DRAIN:
             return Ingested((DrainLifted(*parse_drain_key(name)),))
-        if kind == "model":
+        if kind is EntryKind.CARD:
             return Ingested((WorkerRemoved(name, expired_at=expired_at),))
         return Ingested(liveness_changed=self.liveness.remove(name))
 
@@ -316,8 +275,11 @@ class Ingestor:
         keep: Collection[str] = (),
         *,
         reconnect: bool = False,
+        outage_start: bool = False,
+        peers_resynced_ago: float | None = None,
         now: float | None = None,
         peers: PeerServed | None = None,
+        peer_members: Mapping[GroupId, Mapping[str, Sequence[int]]] | None = None,
         recorded: Mapping[GroupId, Sequence[str]] | None = None,
         forget_refused: bool = True,
     ) -> Ingested:
@@ -326,13 +288,19 @@ class Ingestor:
         ``keep`` names keys whose current state is newer than the listing (a live update
         touched them while it was read): they keep what they have, whatever the listing says.
         ``reconnect`` says the listing follows a lost connection: the core may hold a tenure
-        it empties, for a time counted from ``now`` (the clock goes in first when given).
-        The registrations are observed in the order :func:`observation_order` gives: the
-        cohort ``peers`` serve first, or the ``recorded`` cohort order, otherwise key order.
+        it empties, for a time counted from ``now`` (the clock goes in first when given);
+        ``outage_start``, that it is the first listing of a frontend started while the store
+        was away, and ``peers_resynced_ago`` how long ago a peer resynced after an outage (the
+        core hears when, on its clock, and judges whether this listing is within that
+        outage's hold). The registrations are observed in the order :func:`observation_order` gives:
+        the cohort ``peers`` serve first, or the ``recorded`` cohort order, otherwise key
+        order. ``peer_members`` (the ids the peers serve each checksum with) goes to the core
+        as the peers' tenures: what it may hold for them after an outage.
         """
         registrations: list[Registration] = []
         drains: list[Drain] = []
         retain: list[str] = []
+        retain_drains: list[str] = []
         live: dict[str, tuple[EndpointId, int]] = {}
         verdicts: list[Verdict] = []
         decoded: _Cache = {}
@@ -340,7 +308,7 @@ class Ingestor:
         # Only keys still listed (or kept) stay known as refused.
         refused: dict[str, int] = {}
         for key in keep:
-            self._retain(key, retain, live)
+            self._retain(key, retain, retain_drains, live)
             if key in held:
                 decoded[key] = held[key]
             if key in self._refused:
@@ -354,19 +322,19 @@ class Ingestor:
             except RemoteDataError as exc:
                 verdicts.append(self._refusal(key, value, exc, refused))
                 # A listed key with a refused value is not gone: keep its last valid value.
-                self._retain(key, retain, live)
+                self._retain(key, retain, retain_drains, live)
                 continue
             if isinstance(record, Registration):
                 registrations.append(record)
-                verdicts.append(Verdict(key, record))
+                verdicts.append(Verdict(key, record, kind=EntryKind.CARD))
             elif isinstance(record, LiveInstance):
                 live[key] = record
-                verdicts.append(Verdict(key, live=True))
+                verdicts.append(Verdict(key, kind=EntryKind.ENDPOINT))
             elif isinstance(record, Drain):
                 drains.append(record)
-                verdicts.append(Verdict(key, drain=True))
+                verdicts.append(Verdict(key, kind=EntryKind.DRAIN))
             elif record is not None:
-                verdicts.append(Verdict(key, event=True, worker_id=record.worker_id))
+                verdicts.append(Verdict(key, kind=EntryKind.EVENT, worker_id=record.worker_id))
             else:
                 verdicts.append(Verdict(key))
         self._decoded = decoded
@@ -375,13 +343,17 @@ class Ingestor:
         self._refused = refused if forget_refused else {**self._refused, **refused}
         changed = self.liveness.replace(live)
         ordered = observation_order(registrations, peers, recorded=recorded)
-        kept = [parse_drain_key(k) for k in retain if k.startswith("v1.drain.")]
         listing = Listing(
             ordered,
-            [k for k in retain if not k.startswith("v1.drain.")],
+            retain,
             reconnect=reconnect,
             drains=drains,
-            retain_drains=kept,
+            retain_drains=[parse_drain_key(k) for k in retain_drains],
+            outage_start=outage_start,
+            peer_tenures=peer_tenures(peers, peer_members),
+            peer_outage_at=None
+            if peers_resynced_ago is None or now is None
+            else now - peers_resynced_ago,
         )
         inputs: tuple[Input, ...] = (listing,) if now is None else (Tick(now), listing)
         return Ingested(inputs, tuple(verdicts), changed)
@@ -394,7 +366,7 @@ class Ingestor:
         into[key] = fingerprint
         return Verdict(key, refusal=exc, repeated=repeated)
 
-    def _decode(self, key: str, value: bytes, into: _Cache) -> DecodedRecord:
+    def _decode(self, key: str, value: bytes, into: _Cache) -> DecodedEntry:
         fingerprint = hash(value)
         held = self._decoded.get(key)
         if held is not None and held[0] == fingerprint:
@@ -404,7 +376,13 @@ class Ingestor:
         into[key] = (fingerprint, record)
         return record
 
-    def _retain(self, key: str, retain: list[str], live: dict[str, tuple[EndpointId, int]]) -> None:
+    def _retain(
+        self,
+        key: str,
+        retain: list[str],
+        retain_drains: list[str],
+        live: dict[str, tuple[EndpointId, int]],
+    ) -> None:
         try:
             removal = self._decoder.removal(key)
         except RemoteDataError:
@@ -412,8 +390,10 @@ class Ingestor:
         if removal is None:
             return
         kind, name = removal
-        if kind in ("model", "drain"):
+        if kind is EntryKind.CARD:
             retain.append(name)
+        elif kind is EntryKind.DRAIN:
+            retain_drains.append(name)
         else:
             held = self.liveness.entry(name)
             if held is not None:

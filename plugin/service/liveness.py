@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from workerset_admission.admission.admitted import routable_ids
 from workerset_admission.identity import EndpointId
 
 __all__ = ["LivenessIndex"]
@@ -17,13 +18,15 @@ class LivenessIndex:
     endpoint's frozen set is built once per change, not once per read.
     """
 
-    __slots__ = ("_by_key", "_frozen", "_live")
+    __slots__ = ("_by_key", "_frozen", "_live", "_touched")
 
     def __init__(self) -> None:
         # endpoint -> instance id -> how many records name it (normally one).
         self._live: dict[EndpointId, dict[int, int]] = {}
         self._by_key: dict[str, tuple[EndpointId, int]] = {}
         self._frozen: dict[EndpointId, frozenset[int]] = {}
+        # Endpoints whose live ids changed since the status read-model last asked.
+        self._touched: set[EndpointId] = set()
 
     def live_ids(self, endpoint: EndpointId) -> frozenset[int]:
         frozen = self._frozen.get(endpoint)
@@ -31,12 +34,16 @@ class LivenessIndex:
             frozen = self._frozen[endpoint] = frozenset(self._live.get(endpoint, ()))
         return frozen
 
-    def routable(self, endpoint: EndpointId, admitted: Iterable[int]) -> frozenset[int]:
-        """Return the admitted ids that also have a live endpoint instance."""
-        live = self._live.get(endpoint)
-        if not live:
-            return frozenset()
-        return frozenset(i for i in admitted if i in live)
+    def routable(
+        self, endpoint: EndpointId, admitted: Iterable[int], last_known: Iterable[int] = ()
+    ) -> frozenset[int]:
+        """Return the ids a hop of ``endpoint`` may route to (:func:`routable_ids`)."""
+        return routable_ids(admitted, self._live.get(endpoint, {}), last_known)
+
+    def take_touched(self) -> set[EndpointId]:
+        """Return the endpoints whose live ids changed since the last call, and forget them."""
+        touched, self._touched = self._touched, set()
+        return touched
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -52,6 +59,7 @@ class LivenessIndex:
         ids = self._live.setdefault(endpoint, {})
         ids[instance_id] = ids.get(instance_id, 0) + 1
         self._frozen.pop(endpoint, None)
+        self._touched.add(endpoint)
         return True
 
     def remove(self, key: str) -> bool:
@@ -66,6 +74,8 @@ class LivenessIndex:
         for endpoint, instance_id in entries.values():
             ids = live.setdefault(endpoint, {})
             ids[instance_id] = ids.get(instance_id, 0) + 1
+        old = self._live
+        self._touched.update(e for e in old.keys() | live.keys() if old.get(e) != live.get(e))
         self._live = live
         self._frozen = {}
         return True
@@ -83,4 +93,5 @@ class LivenessIndex:
             if not ids:
                 del self._live[endpoint]
             self._frozen.pop(endpoint, None)
+            self._touched.add(endpoint)
         return True

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from workerset_admission.errors import wire_text
 from workerset_admission.ports import AdmissionPublisher
 from workerset_admission.service.status_model import ServingRecord
 
@@ -41,6 +42,7 @@ class ServingPublication:
         self._published: dict[str, ServingRecord] = {}
         self._capability_published = False
         self._republish = False
+        self._resynced_at: float | None = None
 
     def wake(self) -> None:
         """Ask for a round soon (the committed groups changed)."""
@@ -59,12 +61,19 @@ class ServingPublication:
             _log.warning(
                 "could not withdraw the serving-admission records (%s); they expire after the "
                 "bucket's max age",
-                f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
+                wire_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__),
             )
 
-    def republish(self) -> None:
-        """Write every record again soon: after a resync the store may have lost them."""
+    def republish(self, resynced_at: float | None = None) -> None:
+        """Write every record again soon: after a resync the store may have lost them.
+
+        ``resynced_at`` (Unix seconds) is when the resync after a lost connection happened: the
+        capability record says it, for peers that start within that outage's hold.
+        """
         self._republish = True
+        if resynced_at is not None:
+            self._resynced_at = resynced_at
+            self._capability_published = False
         self._wake.set()
 
     async def _publish(self, namespace: str, record: ServingRecord | None) -> None:
@@ -87,7 +96,7 @@ class ServingPublication:
                     self._republish = False
                     await publisher.republish()
                 if not self._capability_published:
-                    await publisher.publish_capability()
+                    await publisher.publish_capability(self._resynced_at)
                     self._capability_published = True
                 if self._prepare is not None:
                     self._prepare()
@@ -102,7 +111,7 @@ class ServingPublication:
                     else:
                         self._published.pop(namespace, None)
             except Exception as exc:  # NATS may be down; try again soon
-                _log.warning("could not publish serving admissions: %s", exc)
+                _log.warning("could not publish serving admissions: %s", wire_text(exc))
                 self._wake.set()
                 await asyncio.sleep(self._retry)
                 continue

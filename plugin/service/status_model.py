@@ -24,15 +24,19 @@ from workerset_admission.telemetry import AdmissionStateSummary, HeldGroup
 __all__ = [
     "EMPTY_STATUS",
     "CohortStatusView",
-    "GroupStatusView",
+    "GroupStatusReport",
     "InvalidRecord",
     "ModelReadiness",
     "ServiceCounters",
     "ServiceStatus",
     "ServingRecord",
     "StandingRejection",
-    "group_status_view",
+    "group_status_report",
+    "judge_readiness",
     "readiness",
+    "readiness_unit",
+    "serving_group",
+    "serving_record",
     "serving_records",
     "standing_rejections",
     "state_summary",
@@ -48,7 +52,7 @@ class CohortStatusView:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupStatusView:
+class GroupStatusReport:
     """One WorkerSet as the service serves it."""
 
     group: GroupKey
@@ -147,7 +151,7 @@ class ServiceStatus:
 
     health: str
     synced: bool
-    groups: tuple[GroupStatusView, ...]
+    groups: tuple[GroupStatusReport, ...]
     readiness: tuple[ModelReadiness, ...]
     invalid_total: int
     recent_invalid: tuple[InvalidRecord, ...]
@@ -158,7 +162,7 @@ class ServiceStatus:
     # Every cohort standing rejected, with what its card differs in from the incumbent's.
     rejections: tuple[StandingRejection, ...] = ()
 
-    def group(self, key: GroupKey) -> GroupStatusView | None:
+    def group(self, key: GroupKey) -> GroupStatusReport | None:
         for g in self.groups:
             if g.group == key:
                 return g
@@ -215,22 +219,22 @@ EMPTY_STATUS = ServiceStatus(
 )
 
 
-def group_status_view(
+def group_status_report(
     view: GroupView, liveness: LivenessIndex, clock: Callable[[], float] | None = None
-) -> GroupStatusView:
+) -> GroupStatusReport:
     """Picture one group as served: its cohorts, and which admitted ids are routable.
 
     ``clock`` is the service clock the core's hold deadlines are on; with it a held group's
     deadline is shown as Unix time.
     """
-    routable = liveness.routable(view.key.endpoint, view.admitted) | set(view.last_known)
+    routable = liveness.routable(view.key.endpoint, view.admitted, view.last_known)
 
     def unix(at: float | None) -> float | None:
         if at is None or clock is None:
             return None
         return round(time.time() + at - clock(), 3)
 
-    return GroupStatusView(
+    return GroupStatusReport(
         held_until=unix(view.held_until),
         hold_members=view.hold_members,
         last_known=view.last_known,
@@ -251,25 +255,31 @@ def group_status_view(
     )
 
 
-def readiness(
-    core: AdmissionCore, committed: Iterable[GroupKey], liveness: LivenessIndex
+def readiness_unit(
+    core: AdmissionCore, view: GroupView, liveness: LivenessIndex
+) -> ReadinessUnit | None:
+    """One committed WorkerSet's readiness unit: live = admitted and routable, as the frontend.
+
+    ``None`` when the group has no incumbent member to read its worker type and needs from.
+    """
+    if not view.cohorts or not view.cohorts[0].members:
+        return None
+    reg = core.registration(view.cohorts[0].members[0].key)
+    if reg is None:
+        return None
+    live = len(liveness.routable(view.key.endpoint, view.admitted))
+    return ReadinessUnit(reg.worker_type, live, reg.needs)
+
+
+def judge_readiness(
+    units: Iterable[tuple[GroupKey, ReadinessUnit]],
 ) -> tuple[ModelReadiness, ...]:
-    """Judge readiness per model and namespace from the committed WorkerSets only."""
-    # One unit per committed WorkerSet, live = admitted and routable, as the frontend does.
-    units: dict[tuple[str, str], list[ReadinessUnit]] = {}
-    for key in committed:
-        view = core.group(key)
-        if view is None or not view.cohorts or not view.cohorts[0].members:
-            continue
-        reg = core.registration(view.cohorts[0].members[0].key)
-        if reg is None:
-            continue
-        live = len(liveness.routable(key.endpoint, view.admitted))
-        units.setdefault((key.model, key.endpoint.namespace), []).append(
-            ReadinessUnit(reg.worker_type, live, reg.needs)
-        )
+    """Judge readiness per model and namespace from the committed WorkerSets' units."""
+    by_model: dict[tuple[str, str], list[ReadinessUnit]] = {}
+    for key, unit in units:
+        by_model.setdefault((key.model, key.endpoint.namespace), []).append(unit)
     out = []
-    for (model, namespace), group_units in sorted(units.items()):
+    for (model, namespace), group_units in sorted(by_model.items()):
         verdict = evaluate_readiness(group_units)
         out.append(
             ModelReadiness(
@@ -283,40 +293,57 @@ def readiness(
     return tuple(out)
 
 
+def readiness(
+    core: AdmissionCore, committed: Iterable[GroupKey], liveness: LivenessIndex
+) -> tuple[ModelReadiness, ...]:
+    """Judge readiness per model and namespace from the committed WorkerSets only."""
+    units = []
+    for key in committed:
+        view = core.group(key)
+        unit = None if view is None else readiness_unit(core, view, liveness)
+        if unit is not None:
+            units.append((key, unit))
+    return judge_readiness(units)
+
+
+def serving_group(view: GroupView, served: AttemptId) -> dict[str, Any] | None:
+    """One served group's entry in its namespace's serving record (``None``: nobody served)."""
+    admitted = view.admitted
+    handover = view.handover
+    if handover is not None and handover.generation == served.generation:
+        # A drained tenure still serves its drained members until its successor commits.
+        admitted = handover.members
+    if not admitted:
+        return None
+    endpoint = view.key.endpoint
+    return {
+        "model": view.key.model,
+        "worker_set": view.key.worker_set,
+        "checksum": served.mdc_checksum,
+        "generation": served.generation,
+        "members": [instance_key(endpoint, i) for i in admitted],
+    }
+
+
+def serving_record(groups: Iterable[dict[str, Any]]) -> ServingRecord:
+    """One namespace's serving record from its served groups' entries, in group order."""
+    entries = tuple(groups)
+    return ServingRecord(
+        members=tuple(sorted({m for g in entries for m in g["members"]})), groups=entries
+    )
+
+
 def serving_records(
     core: AdmissionCore, committed: Mapping[GroupKey, AttemptId]
 ) -> dict[str, ServingRecord]:
     """Return what this frontend serves, per worker namespace (committed groups only)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for key, served in sorted(committed.items()):
-        generation, checksum = served.generation, served.mdc_checksum
         view = core.group(key)
-        if view is None:
-            continue
-        admitted = view.admitted
-        handover = view.handover
-        if handover is not None and handover.generation == generation:
-            # A drained tenure still serves its drained members until its successor commits.
-            admitted = handover.members
-        if not admitted:
-            continue
-        endpoint = key.endpoint
-        out.setdefault(endpoint.namespace, []).append(
-            {
-                "model": key.model,
-                "worker_set": key.worker_set,
-                "checksum": checksum,
-                "generation": generation,
-                "members": [instance_key(endpoint, i) for i in admitted],
-            }
-        )
-    return {
-        namespace: ServingRecord(
-            members=tuple(sorted({m for g in groups for m in g["members"]})),
-            groups=tuple(groups),
-        )
-        for namespace, groups in out.items()
-    }
+        entry = None if view is None else serving_group(view, served)
+        if entry is not None:
+            out.setdefault(key.endpoint.namespace, []).append(entry)
+    return {namespace: serving_record(groups) for namespace, groups in out.items()}
 
 
 def state_summary(current: ServiceStatus) -> AdmissionStateSummary:

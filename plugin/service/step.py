@@ -69,7 +69,7 @@ from workerset_admission.admission import (
 )
 from workerset_admission.admission.ordering import GroupId
 from workerset_admission.aio import collector_paused
-from workerset_admission.errors import RemoteDataError, UsageError
+from workerset_admission.errors import RemoteDataError, UsageError, wire_text
 from workerset_admission.identity import AttemptId
 from workerset_admission.ports import SourceDelete, SourceEvent, SourceListing, SourcePut
 from workerset_admission.service.ingest import Ingested, Ingestor
@@ -366,12 +366,16 @@ class AdmissionStep:
             self._schedule(effect.last_known_until)
 
     def _projection_refused(self, effect: LoraProjectionRefused, carried: _Carried) -> None:
-        self._log.warning("LoRA projection of %s refused: %s", effect.group.id, effect.reason)
+        self._log.warning(
+            "LoRA projection of %s refused: %s",
+            wire_text(effect.group.id),
+            wire_text(effect.reason),
+        )
 
     def _mutation_refused(self, effect: MutationRefused, carried: _Carried) -> None:
         self._log.warning(
             "refused an in-place change of %s: kept %s, offered %s",
-            effect.key,
+            wire_text(effect.key),
             effect.kept_checksum,
             effect.offered_checksum,
         )

@@ -1,10 +1,10 @@
 """The replay trace format: JSON Lines, one observation per line; read, checked and written here.
 
-Version 3, which ``serve --trace-out`` and ``record`` write, loses nothing the decision depends
+Version 4, which ``serve --trace-out`` and ``record`` write, loses nothing the decision depends
 on, and says what each decision was. It opens with a header, and every line after it carries
 ``t``, the monotonic seconds since the trace began at which the frontend observed it::
 
-    {"kind": "trace", "version": 3, "wall_time": <unix seconds at t = 0>,
+    {"kind": "trace", "version": 4, "wall_time": <unix seconds at t = 0>,
      "observer": "frontend" | "bucket",
      "settings": {"core": {...}, "boundary": {...}}}                       (frontend only)
     {"kind": "state", "t": 0.0, "frontend": "<id>", "groups": [...]}        (optional; see
@@ -12,7 +12,11 @@ on, and says what each decision was. It opens with a header, and every line afte
     {"kind": "snapshot", "t": ..., "reason": "initial" | "reconnect" | "periodic" | "resync",
      "entries": [{"key": ..., "value": "<raw text>"}, ...],
      "keep": [<keys live updates touched while the listing was read>],     (when any)
-     "peers": {"<group id>": ["<checksum a peer frontend serves>", ...]}}   (when any)
+     "peers": {"<group id>": ["<checksum a peer frontend serves>", ...]},   (when any)
+     "peer_members": {"<group id>": {"<checksum>": [<instance id>, ...]}}, (when any)
+     "peers_resynced_ago": <seconds>, (when a peer said it resynced after an outage)
+     "after_outage": true}            (an initial listing that followed an outage: the frontend
+                                       started while the store was away)
     {"kind": "put", "t": ..., "key": "<KV key>", "value": "<raw text>"}
     {"kind": "delete", "t": ..., "key": "<KV key>", "operation": "delete" | "purge" | "expired"}
     {"kind": "build", "t": ..., "group": "<group id>", "outcome": "ok" | "failed",
@@ -46,11 +50,15 @@ A frontend's header also records the settings its decisions depend on (retry del
 hold, build limit; the namespace filter and other boundary settings); replay uses them unless
 told otherwise.
 
-Older versions are upgraded when read, each by one function (``_upgrade_version_2``,
-``upgrade_version_1``), so replay knows one form only: version 3 lines, each with its ``t`` (a
+Older versions are upgraded when read, each by one function (``_upgrade_header``,
+``upgrade_version_1``), so replay knows one form only: version 4 lines, each with its ``t`` (a
 version 1 trace still has no header: :func:`trace_version` and :func:`recorded_ticks` tell it).
-Version 2 is version 3 without digests and refused commits: its lines are version 3 lines with
-nothing to compare, so it replays exactly as before, unchecked.
+Version 3 is version 4 without the outage reports of a first listing (``after_outage``,
+``peers_resynced_ago``) and the members peers serve (``peer_members``): its lines are version 4
+lines that never report them, so it replays exactly as before. Version 2 is version 3 without
+digests and refused commits: its lines are version 4 lines with nothing to compare, so it
+replays exactly as before, unchecked. A trace that reports an outage needs version 4: an older
+reader would decide without it.
 
 Times are written at full precision (a float's shortest exact spelling): the core compares
 deadlines computed from them, and a rounded time could put a recorded tick before the deadline
@@ -105,7 +113,7 @@ __all__ = [
     "upgrade_version_1",
 ]
 
-TRACE_VERSION: Final = 3
+TRACE_VERSION: Final = 4
 KINDS: Final = ("trace", "state", "put", "delete", "snapshot", "build", "tick", "commit_failed")
 # The lines a frontend's step writes with the digest of its effects.
 STEPPED: Final = ("put", "delete", "snapshot", "build", "tick", "commit_failed")
@@ -113,6 +121,8 @@ STEPPED: Final = ("put", "delete", "snapshot", "build", "tick", "commit_failed")
 LISTING_REASONS: Final = ("listing", "initial", "reconnect", "periodic", "resync")
 DELETE_OPERATIONS: Final = ("delete", "purge", "expired")
 OBSERVERS: Final = ("frontend", "bucket")
+# What a snapshot line says only from version 4 on.
+_VERSION_4_SNAPSHOT: Final = ("after_outage", "peers_resynced_ago", "peer_members")
 
 
 class TraceError(UsageError):
@@ -216,6 +226,15 @@ def event_line(
                 compact_json(list(group)): list(checksums)
                 for group, checksums in sorted(served.items())
             }
+        if event.peer_members:
+            line["peer_members"] = {
+                compact_json(list(group)): {c: list(ids) for c, ids in sorted(served_ids.items())}
+                for group, served_ids in sorted(event.peer_members.items())
+            }
+        if event.peers_resynced_ago is not None:
+            line["peers_resynced_ago"] = event.peers_resynced_ago
+        if event.after_outage:
+            line["after_outage"] = True
         return line
     raise TypeError(f"not a source event: {event!r}")
 
@@ -320,6 +339,29 @@ def _check(number: int, event: Mapping[str, Any], version: int, last_t: float) -
             )
         ):
             raise TraceError(f"{where}: a snapshot's peers map group ids to checksum lists")
+        peer_members = event.get("peer_members", {})
+        if not (
+            isinstance(peer_members, dict)
+            and all(
+                isinstance(by_checksum, dict)
+                and all(
+                    isinstance(ids, list) and all(_instance_id(i) for i in ids)
+                    for ids in by_checksum.values()
+                )
+                for by_checksum in peer_members.values()
+            )
+        ):
+            raise TraceError(
+                f"{where}: a snapshot's peer_members map group ids to checksums to instance ids"
+            )
+        if event.get("after_outage", False) not in (True, False):
+            raise TraceError(f"{where}: a snapshot's after_outage is true or false")
+        if "peers_resynced_ago" in event and not _number(event["peers_resynced_ago"]):
+            raise TraceError(f"{where}: a snapshot's peers_resynced_ago is non-negative seconds")
+        if version < 4 and any(name in event for name in _VERSION_4_SNAPSHOT):
+            raise TraceError(
+                f"{where}: after_outage, peers_resynced_ago and peer_members need trace version 4"
+            )
     if kind == "build":
         if not isinstance(event.get("group"), str) or event.get("outcome") not in ("ok", "failed"):
             raise TraceError(f"{where}: build needs a group id and outcome ok|failed")
@@ -353,10 +395,15 @@ def _check(number: int, event: Mapping[str, Any], version: int, last_t: float) -
     return t
 
 
-def _upgrade_version_2(header: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a version 2 header as version 3's: its lines are version 3 lines already."""
-    # Version 3 without digests or refused commits: nothing else changes.
-    return {**header, "version": TRACE_VERSION, "upgraded_from": 2}
+def _instance_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+
+
+def _upgrade_header(header: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a version 2 or 3 header as the current one's: its lines are current lines already."""
+    # Version 3 lacks only what it never reports (an outage before a first listing, the
+    # members peers serve); version 2 also digests and refused commits.
+    return {**header, "version": TRACE_VERSION, "upgraded_from": header["version"]}
 
 
 def upgrade_version_1(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -380,8 +427,8 @@ def upgrade_version_1(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any
 def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
     """Parse and check a trace's syntax and upgrade it to the current form.
 
-    Blank lines are skipped. A version 1 or 2 trace comes back as version 3 lines, each with
-    its ``t`` (see the module's docstring).
+    Blank lines are skipped. A version 1, 2 or 3 trace comes back as version 4 lines, each
+    with its ``t`` (see the module's docstring).
     """
     events: list[dict[str, Any]] = []
     version = 1
@@ -409,8 +456,8 @@ def read_trace(lines: Iterable[str]) -> list[dict[str, Any]]:
             if event.get("observer") not in OBSERVERS:
                 raise TraceError(f"line {number}: a trace header's observer is one of {OBSERVERS}")
             version = found
-            if found == 2:
-                event = _upgrade_version_2(event)
+            if found < TRACE_VERSION:
+                event = _upgrade_header(event)
         else:
             last_t = _check(number, event, version, last_t)
         events.append(event)

@@ -68,6 +68,7 @@ from workerset_admission.admission import (
 from workerset_admission.admission.ordering import GroupId
 from workerset_admission.card import BoundarySettings, jsonio
 from workerset_admission.card.differences import describe
+from workerset_admission.card.entry import EntryDecoder
 from workerset_admission.errors import RemoteDataError, UsageError
 from workerset_admission.identity import AttemptId, GroupKey
 from workerset_admission.keys import parse_key as parse_kv_key
@@ -79,7 +80,7 @@ from workerset_admission.ports import (
     SourcePut,
 )
 from workerset_admission.service.group_json import drained_json, group_json, handover_json
-from workerset_admission.service.ingest import CardRecordDecoder, Ingested, Ingestor
+from workerset_admission.service.ingest import Ingested, Ingestor
 from workerset_admission.service.receivers import AdmissionChannels
 from workerset_admission.service.rejections import StandingRejection, standing_rejections
 from workerset_admission.service.step import AdmissionStep, StepObserver
@@ -278,7 +279,7 @@ class _Replayer(StepObserver):
         # by the very code that did it live.
         self.step = AdmissionStep(
             self.core,
-            Ingestor(CardRecordDecoder(boundary)),
+            Ingestor(EntryDecoder(boundary)),
             channels=AdmissionChannels(),
             builds=self.builds,
             clock=lambda: self.now,
@@ -487,9 +488,20 @@ def _source_event(line: Mapping[str, Any]) -> SourceEvent:
     peers = {
         _group_id(group): tuple(checksums) for group, checksums in line.get("peers", {}).items()
     }
+    members = {
+        _group_id(group): {checksum: tuple(ids) for checksum, ids in served.items()}
+        for group, served in line.get("peer_members", {}).items()
+    }
     # Version 1's "listing" is an ordinary listing; "resync" is a new watch on a live link.
     source_reason = {"listing": "initial", "resync": "initial"}.get(reason, reason)
-    return SourceListing(entries, source_reason, peers or None)
+    return SourceListing(
+        entries,
+        source_reason,
+        peers or None,
+        after_outage=bool(line.get("after_outage", False)),
+        peer_members=members or None,
+        peers_resynced_ago=line.get("peers_resynced_ago"),
+    )
 
 
 def _group_id(text: str) -> GroupId:

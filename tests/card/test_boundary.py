@@ -18,7 +18,9 @@ from workerset_admission.card import (
     parse_key,
     unescape_token,
 )
-from workerset_admission.errors import CardDecodeError, InvalidRecordError
+from workerset_admission.card.boundary import decode_whole_record
+from workerset_admission.card.card_facts import MAX_NAME_CHARS
+from workerset_admission.errors import REFUSAL_REASONS, CardDecodeError, InvalidRecordError
 from workerset_admission.identity import EndpointId, WorkerType
 
 EP = EndpointId("ns1", "workers", "generate")
@@ -434,3 +436,35 @@ def test_a_lora_record_written_with_spaces_decodes_like_its_compact_spelling(
     assert spaced == compact
     assert spaced.is_lora
     assert spaced.model_suffix == "my-adapter"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"display_name": "m" * 400_000},
+        {"display_name": "m" * (MAX_NAME_CHARS + 1)},
+        {"aliases": ["short", "a" * (MAX_NAME_CHARS + 1)]},
+        {"lora": {"name": "l" * (MAX_NAME_CHARS + 1)}},
+    ],
+)
+def test_names_longer_than_the_bound_are_refused_as_invalid_on_every_path(
+    changes: dict[str, object],
+) -> None:
+    """1.6.1 sets no bound; the boundary does, for the text every frontend carries on."""
+    suffix = "lora-a" if "lora" in changes else None
+    value = encode_model_record(EP, 1, card(**changes), suffix=suffix)
+    for raw in (value, value.decode(), json.loads(value)):
+        with pytest.raises(CardDecodeError) as info:
+            decode(raw, suffix=suffix, instance=1)
+        assert info.value.reason == "name_too_long"
+        assert info.value.reason in REFUSAL_REASONS  # counted from 0 like every reason
+        assert f"longer than {MAX_NAME_CHARS}" in info.value.detail
+        with pytest.raises(CardDecodeError):
+            decode_whole_record(parse_key(model_kv_key(EP, 1, suffix)), raw)
+
+
+def test_a_name_at_the_bound_is_accepted() -> None:
+    value = encode_model_record(EP, 1, card(display_name="m" * MAX_NAME_CHARS))
+    reg = decode(value, instance=1)
+    assert reg is not None
+    assert reg.group.model == "m" * MAX_NAME_CHARS

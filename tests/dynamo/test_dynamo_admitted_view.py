@@ -13,6 +13,7 @@ from urllib.parse import unquote
 
 import pytest
 from support.cards import base_card as demo_card
+from support.viewworld import EP, FakeFiles, FedTable, entry_of, table_of, worker_records
 from workerset_admission.adapters.dynamo.view import (
     MANIFEST_NAME,
     AdmittedView,
@@ -28,7 +29,6 @@ from workerset_admission.admission import Effect
 from workerset_admission.card import (
     BoundarySettings,
     encode_drain_record,
-    encode_endpoint_record,
     encode_model_record,
     endpoint_kv_key,
     model_kv_key,
@@ -37,7 +37,6 @@ from workerset_admission.errors import ViewDirectoryError
 from workerset_admission.identity import Drain, EndpointId, GroupKey, WorkerType
 from workerset_admission.keys import drain_kv_key
 from workerset_admission.ports import (
-    DiscoveryEntry,
     SourceDelete,
     SourceEvent,
     SourceListing,
@@ -45,134 +44,11 @@ from workerset_admission.ports import (
 )
 from workerset_admission.service.accepted import AcceptedRecordsFeed
 from workerset_admission.service.admission_service import AdmissionService
-from workerset_admission.service.ingest import CardRecordDecoder, Ingestor
+from workerset_admission.service.ingest import Ingestor
 from workerset_admission.service.step import StepObserver
 
-EP = EndpointId("pns", "backend", "generate")
 GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGGREGATED)
 A1, A2, B = 0x6030FDDB01885992, 0x11, 0x22
-
-
-def _entry(key: str, value: bytes) -> DiscoveryEntry:
-    return DiscoveryEntry(key, value, 1)
-
-
-def _event_records(
-    worker: int, publisher: int, channels: tuple[str, ...] = ()
-) -> list[DiscoveryEntry]:
-    """A worker's KV event source and channel, and its ``channels`` of other topics.
-
-    Shaped as the 1.6.1 mocker registers them; a channel of another topic has a publisher id
-    of its own and names no worker.
-    """
-    scope = {
-        "kind": "endpoint",
-        "endpoint": {"namespace": "pns", "component": "backend", "name": "generate"},
-    }
-    tail = "namespace.pns.component.backend.endpoint.generate.topic"
-    source = {
-        "type": "EventSource",
-        "scope": scope,
-        "topic": "kv-events",
-        "publisher_id": publisher,
-        "metadata": {"worker": {"worker_id": worker, "dp_rank": 0}, "publisher_id": publisher},
-    }
-    transport = {"kind": "Nats", "config": {"subject_prefix": "namespace.pns"}}
-    channel = {"type": "EventChannel", "scope": scope, "topic": "kv-events"}
-    records = [
-        _entry(f"v1.event_sources.{tail}.kv-events.{publisher:x}", json.dumps(source).encode()),
-        _entry(
-            f"v1.event_channels.{tail}.kv-events.{publisher:x}",
-            json.dumps({**channel, "instance_id": publisher, "transport": transport}).encode(),
-        ),
-    ]
-    for number, topic in enumerate(channels, start=1):
-        other = {**channel, "topic": topic, "instance_id": publisher + number}
-        records.append(
-            _entry(
-                f"v1.event_channels.{tail}.{topic}.{publisher + number:x}",
-                json.dumps({**other, "transport": transport}).encode(),
-            )
-        )
-    return records
-
-
-def worker_records(
-    instance_id: int, block_size: int = 16, channels: tuple[str, ...] = ()
-) -> list[DiscoveryEntry]:
-    """Everything one worker registers: endpoint records, its card, its event records."""
-    query = EndpointId("pns", "backend", f"worker_kv_query_source_{instance_id:x}")
-    return [
-        _entry(endpoint_kv_key(EP, instance_id), encode_endpoint_record(EP, instance_id)),
-        _entry(endpoint_kv_key(query, instance_id), encode_endpoint_record(query, instance_id)),
-        _entry(
-            model_kv_key(EP, instance_id),
-            encode_model_record(EP, instance_id, demo_card(block_size)),
-        ),
-        *_event_records(instance_id, instance_id % 1000 + 5000, channels),
-    ]
-
-
-class FedTable(RecordTable):
-    """A record table fed as the service feeds it: ingestion judges each event, once."""
-
-    def __init__(self, settings: BoundarySettings | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._ingest = Ingestor(CardRecordDecoder(settings))
-        self._feed = AcceptedRecordsFeed(self)
-
-    def apply(self, event: SourceEvent) -> None:
-        self._feed.source_event(event, 0.0, (), None)
-        if isinstance(event, SourcePut):
-            result = self._ingest.put(event.entry.key, event.entry.value)
-        elif isinstance(event, SourceDelete):
-            result = self._ingest.removal(event, now=0.0)
-        else:
-            result = self._ingest.listing(event, now=0.0)
-        self._feed.ingested(result)
-        self._feed.step_ended()
-
-
-def table_of(*workers: list[DiscoveryEntry]) -> FedTable:
-    table = FedTable()
-    table.apply(SourceListing([entry for worker in workers for entry in worker]))
-    return table
-
-
-class FakeFiles:
-    """An in-memory view directory that records every operation in order."""
-
-    def __init__(self) -> None:
-        self.content: dict[ViewFile, bytes] = {}
-        self.ops: list[tuple[str, ViewFile]] = []
-        self.manifest: list[ViewFile] = []
-        self.fail_publish = False
-        self.fail_remove = False
-        self.fail_manifest = False
-
-    def publish(self, file: ViewFile, value: bytes) -> None:
-        if self.fail_publish:
-            raise OSError("disk full")
-        self.content[file] = value
-        self.ops.append(("publish", file))
-
-    def touch(self, file: ViewFile) -> bool:
-        self.ops.append(("touch", file))
-        return file in self.content
-
-    def remove(self, file: ViewFile) -> None:
-        if self.fail_remove:
-            raise OSError(30, "Read-only file system")
-        self.content.pop(file, None)
-        self.ops.append(("remove", file))
-
-    def save_manifest(self, files: Iterable[ViewFile]) -> None:
-        if self.fail_manifest:
-            raise OSError(28, "No space left on device")
-        self.manifest = sorted(files)
-
-    def load_manifest(self) -> list[ViewFile]:
-        return list(self.manifest)
 
 
 def instance_file(instance_id: int, endpoint: EndpointId = EP) -> ViewFile:
@@ -472,58 +348,6 @@ def test_a_failed_write_is_retried_by_the_next_pass() -> None:
     assert len(files.content) == 5
 
 
-def test_a_failed_removal_is_retried_by_every_pass_and_warned_about_once(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    files = FakeFiles()
-    view = AdmittedView(files)
-    table = table_of(worker_records(A1), worker_records(A2))
-    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
-    files.fail_remove = True
-
-    with caplog.at_level("INFO"):
-        for _ in range(4):
-            view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
-        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        assert len(files_of(A1, files.content)) == 5
-        assert view.publish_errors == 4 * 5
-        # One warning per file, not one per try.
-        assert len(warned) == len(set(warned)) == 5
-        assert all("could not remove" in w and "reported again only" in w for w in warned)
-
-        files.fail_remove = False
-        caplog.clear()
-        view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
-    assert files_of(A1, files.content) == []
-    said = [r.getMessage() for r in caplog.records]
-    assert said, "a removal that worked after failures says so"
-    assert all("after 4 failed attempt(s)" in m for m in said), said
-
-
-def test_a_manifest_that_cannot_be_saved_is_warned_about_once_until_it_is_saved(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    files = FakeFiles()
-    view = AdmittedView(files)
-    table = table_of(worker_records(A1), worker_records(A2))
-    files.fail_manifest = True
-
-    with caplog.at_level("INFO"):
-        view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
-        view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
-        view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
-        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        assert len(warned) == 1, warned
-        assert "could not save its manifest" in warned[0]
-
-        files.fail_manifest = False
-        caplog.clear()
-        view.sync([Tenure(GROUP, 1, frozenset({A2}))], table)
-    assert files.manifest == sorted(view.files)
-    said = [r.getMessage() for r in caplog.records]
-    assert said == ["admitted view: saved its manifest after 3 failed attempt(s)"]
-
-
 def test_a_previous_writers_files_are_settled_by_the_first_sync_and_not_kept_alive_before() -> None:
     files = FakeFiles()
     first = AdmittedView(files)
@@ -547,8 +371,8 @@ def test_a_refused_value_keeps_the_last_valid_record_in_the_view() -> None:
     table = table_of(worker_records(A1))
     valid = table.get(model_kv_key(EP, A1))
 
-    table.apply(SourcePut(_entry(model_kv_key(EP, A1), b'{"type":"Model"')))
-    table.apply(SourcePut(_entry(model_kv_key(EP, A1), encode_model_record(EP, A2, demo_card()))))
+    table.apply(SourcePut(entry_of(model_kv_key(EP, A1), b'{"type":"Model"')))
+    table.apply(SourcePut(entry_of(model_kv_key(EP, A1), encode_model_record(EP, A2, demo_card()))))
 
     assert table.get(model_kv_key(EP, A1)) == valid
     table.apply(SourceDelete(model_kv_key(EP, A1), 3))
@@ -590,7 +414,7 @@ def test_a_refused_listed_value_and_a_key_touched_meanwhile_keep_what_they_hold(
     valid = table.get(model_kv_key(EP, A1))
     touched = endpoint_kv_key(EP, A2)
     listed = [
-        entry if entry.key != model_kv_key(EP, A1) else _entry(entry.key, b'{"type":"Model"')
+        entry if entry.key != model_kv_key(EP, A1) else entry_of(entry.key, b'{"type":"Model"')
         for entry in worker_records(A1)
     ]
     ingest = Ingestor()
@@ -773,7 +597,7 @@ async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first(
         # A1 is drained, not gone: B goes in before A1 goes out.
         drain = Drain(EP.namespace, A1, "ops", 1.0)
         source.queue.put_nowait(
-            SourcePut(_entry(drain_kv_key(EP.namespace, A1), encode_drain_record(drain)))
+            SourcePut(entry_of(drain_kv_key(EP.namespace, A1), encode_drain_record(drain)))
         )
         await _until(lambda: mdc_file(B) in files.content and mdc_file(A1) not in files.content)
         assert files.ops.index(("publish", mdc_file(B))) < files.ops.index(("remove", mdc_file(A1)))
@@ -789,7 +613,7 @@ async def test_the_writer_keeps_a_drained_members_endpoint_records_until_it_leav
 
         drain = Drain(EP.namespace, A1, "ops", 1.0)
         key = drain_kv_key(EP.namespace, A1)
-        source.queue.put_nowait(SourcePut(_entry(key, encode_drain_record(drain))))
+        source.queue.put_nowait(SourcePut(entry_of(key, encode_drain_record(drain))))
         await _until(lambda: mdc_file(A1) not in files.content)
         assert service.drained_workers() == {(EP.namespace, A1)}
         assert instance_file(A1) in files.content
@@ -798,7 +622,7 @@ async def test_the_writer_keeps_a_drained_members_endpoint_records_until_it_leav
         source.queue.put_nowait(SourceDelete(key, 40))
         await _until(lambda: mdc_file(A1) in files.content)
         assert service.drained_workers() == frozenset()
-        source.queue.put_nowait(SourcePut(_entry(key, encode_drain_record(drain))))
+        source.queue.put_nowait(SourcePut(entry_of(key, encode_drain_record(drain))))
         await _until(lambda: mdc_file(A1) not in files.content)
         for entry in worker_records(A1):
             source.queue.put_nowait(SourceDelete(entry.key, 50))
@@ -810,7 +634,7 @@ def test_the_index_follows_puts_removals_and_listings() -> None:
     view = AdmittedView(FakeFiles())
 
     table.apply(SourceDelete(endpoint_kv_key(EP, A1), 5))
-    table.apply(SourcePut(_entry(model_kv_key(EP, A2), worker_records(A2, 32)[2].value)))
+    table.apply(SourcePut(entry_of(model_kv_key(EP, A2), worker_records(A2, 32)[2].value)))
     plan = view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
 
     written = set(plan.written)
@@ -876,7 +700,7 @@ def test_a_record_back_in_the_bucket_is_served_from_the_bucket_again() -> None:
     assert old[2].value in [
         r.value for r in table.lookup_last_known("worker", "pns", "backend", A1)
     ]
-    table.apply(SourcePut(_entry(new[2].key, new[2].value)))
+    table.apply(SourcePut(entry_of(new[2].key, new[2].value)))
     values = [r.value for r in table.lookup_last_known("worker", "pns", "backend", A1)]
     assert new[2].value in values
     assert old[2].value not in values
@@ -929,22 +753,3 @@ def test_a_file_that_cannot_be_written_is_warned_about_once_and_counted_until_it
     assert set(files.content) == set(written.content)
     said = [r.getMessage() for r in caplog.records]
     assert any("after 5 failed attempt(s)" in line for line in said), said
-
-
-async def test_the_writer_retries_a_failed_removal_and_write_with_nothing_else_changing() -> None:
-    async with writing_service() as (files, source, _service):
-        source.queue.put_nowait(SourceListing([*worker_records(A1), *worker_records(A2)]))
-        await _until(lambda: mdc_file(A1) in files.content and mdc_file(A2) in files.content)
-
-        # The directory turns read-only just as A1 leaves: its files cannot go.
-        files.fail_remove = files.fail_publish = True
-        for entry in worker_records(A1):
-            source.queue.put_nowait(SourceDelete(entry.key, 3))
-        await _until(lambda: ("touch", mdc_file(A2)) in files.ops)
-        assert mdc_file(A1) in files.content
-
-        # It is writable again and nothing else changes: the next passes remove them anyway,
-        # instead of keeping a departed worker's card alive until some other change.
-        files.fail_remove = files.fail_publish = False
-        await _until(lambda: mdc_file(A1) not in files.content)
-        assert set(files.content) == set(files_of(A2, files.content))

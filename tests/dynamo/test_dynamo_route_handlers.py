@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from workerset_admission.card import Difference
 from workerset_admission.frontend.host import HostState
 from workerset_admission.frontend.routes import AdmissionRoutes
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.service.admission_service import GroupStatusView, ServiceStatus
+from workerset_admission.service.admission_service import GroupStatusReport, ServiceStatus
 from workerset_admission.service.status_model import (
     CohortStatusView,
     InvalidRecord,
@@ -25,7 +25,7 @@ def _status(*, health: str = "healthy", synced: bool = True) -> ServiceStatus:
         health=health,
         synced=synced,
         groups=(
-            GroupStatusView(
+            GroupStatusReport(
                 group=GROUP,
                 incumbent="a" * 64,
                 status="ready",
@@ -142,7 +142,30 @@ def test_health_is_ok_only_once_synced_and_not_draining() -> None:
 def test_every_route_answers_503_with_the_reason_while_the_service_is_not_running() -> None:
     routes = _routes(HostState("retrying", error="connection refused", attempts=2))
 
-    for handler in (routes.workersets, routes.readiness, routes.health):
+    for handler in (routes.workersets, routes.readiness, routes.workers, routes.health):
         reply = handler(_Context())
         assert reply.status == 503
         assert reply.body == {"status": "retrying", "attempts": 2, "error": "connection refused"}
+
+
+def test_workers_lists_each_worker_with_upstreams_serving_state_words() -> None:
+    drained = replace(
+        _status().groups[0],
+        admitted=(2,),
+        routable=(2,),
+        drained=((1, "ops", 5.0),),
+    )
+    routes = _routes(HostState("running", service=_Service(replace(_status(), groups=(drained,)))))
+    reply = routes.workers(_Context())
+    assert reply.status == 200
+    states = {
+        row["instance_id"]: (row["admission"], row["serving_state"])
+        for row in reply.body["workers"]
+    }
+    assert states == {
+        1: ("drained", "drained"),
+        2: ("admitted", "serving"),
+        7: ("rejected", "unavailable"),
+    }
+    (first,) = [row for row in reply.body["workers"] if row["instance_id"] == 1]
+    assert (first["drained_by"], first["instance_id_str"], first["namespace"]) == ("ops", "1", "ns")

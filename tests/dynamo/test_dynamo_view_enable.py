@@ -85,6 +85,11 @@ def test_the_extension_refuses_a_view_that_is_not_the_frontends_store(
     monkeypatch.setenv("DYN_FILE_KV", str(tmp_path / "workers"))
     with pytest.raises(ViewDirectoryError, match=r"not this frontend's file store \(DYN_FILE_KV="):
         routes.open_extension_view()
+    # The provider Dynamo calls says it in one line and exits, without a traceback.
+    with pytest.raises(SystemExit) as stopped:
+        routes.frontend_routes()
+    (line,) = str(stopped.value.code).splitlines()
+    assert line.startswith("workerset-admission refuses to start: view directory ")
 
 
 def test_the_extension_locks_its_view_once_for_the_process(

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+from nats.errors import MaxPayloadError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import KeyNotFoundError, NotFoundError
 from support.aio import eventually
 from workerset_admission.adapters.nats.admission_publisher import (
@@ -21,8 +25,17 @@ class FakeKV:
         self.data: dict[str, bytes] = {}
         self.writes: list[tuple[str, str]] = []
         self.failures = 0
+        # Keys whose writes the server never answers (a refused publish), and the largest
+        # payload it takes (nats-py refuses a larger one before sending it).
+        self.unanswered: set[str] = set()
+        self.max_payload = 1024 * 1024
 
     async def put(self, key: str, value: bytes) -> int:
+        if len(value) > self.max_payload:
+            raise MaxPayloadError
+        if key in self.unanswered:
+            await asyncio.sleep(0.5)
+            raise NatsTimeoutError
         if self.failures:
             self.failures -= 1
             raise ConnectionError("bucket unreachable")
@@ -227,3 +240,70 @@ async def test_records_are_refreshed_on_time_even_while_other_records_keep_chang
 
     assert js.kv.writes.count(("put", member("steady"))) - first >= 5
     await pub.close()
+
+
+async def test_a_record_too_large_for_the_server_is_withdrawn_said_by_key_and_delays_no_other(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    js = FakeJetStream()
+    js.kv.max_payload = 2000
+    pub = publisher(js)
+    _capability, member = admission_keys("fe/1")
+    await pub.publish_members("ns-a", ["ns-a/c/e/1"])
+    await pub.publish_members("ns-b", ["ns-b/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert set(js.kv.data) == {member("ns-a"), member("ns-b")}
+
+    caplog.set_level(logging.DEBUG, logger="workerset_admission.adapters.nats.admission_publisher")
+    huge = [f"ns-a/c/e/{'x' * 100}{n}" for n in range(30)]
+    await pub.publish_members("ns-a", huge)
+    await pub.publish_members("ns-b", ["ns-b/c/e/1", "ns-b/c/e/2"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    # ns-b's change landed; ns-a's older record, which no longer holds, is withdrawn.
+    assert json.loads(js.kv.data[member("ns-b")])["members"] == ["ns-b/c/e/1", "ns-b/c/e/2"]
+    assert member("ns-a") not in js.kv.data
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert member("ns-a") in warnings[0]
+    assert "more than the NATS server takes" in warnings[0]
+
+    # Not tried again until it changes: other rounds write only what changed.
+    writes = len(js.kv.writes)
+    await pub.publish_members("ns-b", ["ns-b/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert js.kv.writes[writes:] == [("put", member("ns-b"))]
+    await pub.publish_members("ns-a", ["ns-a/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert json.loads(js.kv.data[member("ns-a")])["members"] == ["ns-a/c/e/1"]
+    await pub.withdraw_all()
+
+
+async def test_a_key_the_server_never_answers_delays_no_other_and_is_retried_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    js = FakeJetStream()
+    pub = publisher(js, retry_interval=0.2)
+    _capability, member = admission_keys("fe/1")
+    js.kv.unanswered.add(member("ns-a"))
+    caplog.set_level(logging.DEBUG, logger="workerset_admission.adapters.nats.admission_publisher")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await pub.publish_members("ns-b", ["ns-b/c/e/1"])
+    await pub.publish_members("ns-c", ["ns-c/c/e/1"])
+    await pub.publish_members("ns-a", ["ns-a/c/e/1"])
+    await eventually(lambda: member("ns-c") in js.kv.data, "ns-c published")
+    await eventually(lambda: pub._retry_at is not None, "ns-a's write has failed")
+    assert member("ns-b") in js.kv.data
+    # Written together: the unanswered key held back neither (its timeout is 0.5 s).
+    assert loop.time() - started < 1.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert member("ns-a") in warnings[0]
+
+    js.kv.unanswered.clear()
+    await eventually(lambda: member("ns-a") in js.kv.data, "ns-a published once answered")
+    # Only ns-a was written again: the others had not changed.
+    assert js.kv.writes.count(("put", member("ns-b"))) == 1
+    assert js.kv.writes.count(("put", member("ns-c"))) == 1
+    assert any("works again" in r.getMessage() for r in caplog.records)
+    await pub.withdraw_all()

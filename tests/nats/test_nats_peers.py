@@ -5,8 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from workerset_admission.adapters.nats.peers import PeerAwareSource, served_by_peers
+from workerset_admission.adapters.nats.peers import (
+    PeerAwareSource,
+    members_served_by_peers,
+    peers_resynced_at,
+    served_by_peers,
+)
 from workerset_admission.card.serving_record import BucketRead, RawEntry
+from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceEvent, SourceListing, SourcePut
 
 
@@ -101,3 +107,68 @@ async def test_a_bucket_that_cannot_be_read_leaves_the_listing_without_peers() -
             ).events()
         ]
         assert [e.peers for e in seen] == [None]  # type: ignore[union-attr]
+
+
+def _served(frontend: str, worker_set: str, checksum: str, members: list[str]) -> RawEntry:
+    entry = record(frontend, checksum, members)
+    value = json.loads(entry.value)
+    value["groups"][0]["worker_set"] = worker_set
+    return RawEntry(entry.key, json.dumps(value).encode())
+
+
+def test_the_members_each_checksum_is_served_with_are_read_as_instance_ids() -> None:
+    ws = GroupKey.build("m", EndpointId("ns", "c", "e"), "chat", WorkerType.DECODE).worker_set
+    read = BucketRead(
+        entries=(
+            _served("fe-1", ws, "A", ["ns/c/e/10", "ns/c/e/1f"]),
+            _served("fe-2", ws, "A", ["ns/c/e/10", "ns/c/e/2a"]),
+            # Not of this group's endpoint, not an id, or this frontend's own: left out.
+            _served("fe-3", ws, "B", ["other/c/e/3", "ns/c/e/zz", "ns/c/e/4"]),
+            _served("me", ws, "C", ["ns/c/e/5"]),
+            record("fe-4", "D", ["ns/c/e/6"]),  # a worker_set that names no endpoint
+        )
+    )
+    assert members_served_by_peers(read, "me") == {("m", ws): {"A": (0x10, 0x1F, 0x2A), "B": (4,)}}
+
+
+async def test_listings_carry_the_peers_members_beside_their_checksums() -> None:
+    ws = GroupKey.build("m", EndpointId("ns", "c", "e"), "chat", WorkerType.DECODE).worker_set
+    read = BucketRead(entries=(_served("fe-1", ws, "A", ["ns/c/e/10"]),))
+    inner = Listed(SourceListing((), after_outage=True))
+    (seen,) = [e async for e in PeerAwareSource(inner, Reader(read), "me").events()]
+    assert isinstance(seen, SourceListing)
+    assert (seen.peers, seen.peer_members, seen.after_outage) == (
+        {("m", ws): ("A",)},
+        {("m", ws): {"A": (0x10,)}},
+        True,
+    )
+
+
+def _capability(frontend: str, resynced_at: object = None) -> RawEntry:
+    value: dict[str, object] = {"protocol": "v1", "capability": True, "frontend": frontend}
+    if resynced_at is not None:
+        value["resynced_at"] = resynced_at
+    return RawEntry(f"v1.{frontend}.capability", json.dumps(value).encode())
+
+
+def test_the_latest_peer_resync_after_an_outage_is_read_from_the_capability_records() -> None:
+    read = BucketRead(
+        entries=(
+            _capability("fe-1", 1000.0),
+            _capability("fe-2", 1010.5),
+            _capability("fe-3"),
+            _capability("me", 2000.0),  # this frontend's own, from before it restarted
+            _capability("fe-4", "yesterday"),  # refused: not a time
+        )
+    )
+    assert peers_resynced_at(read, "me") == 1010.5
+    assert peers_resynced_at(BucketRead(entries=(_capability("fe-3"),)), "me") is None
+
+
+async def test_listings_say_how_long_ago_a_peer_resynced() -> None:
+    read = BucketRead(entries=(_capability("fe-1", 1000.0),))
+    for now, ago in ((1004.0, 4.0), (990.0, 0.0)):  # a peer clock ahead of ours: just now
+        inner = Listed(SourceListing(()), SourceListing((), reason="periodic"))
+        source = PeerAwareSource(inner, Reader(read), "me", wall=lambda now=now: now)
+        seen = [e async for e in source.events()]
+        assert [getattr(e, "peers_resynced_ago", None) for e in seen] == [ago, None]

@@ -33,6 +33,7 @@ DOCS = (
     ROOT / "docs" / "benchmarks.md",
     ROOT / "docs" / "faults.md",
     ROOT / "docs" / "security.md",
+    ROOT / "docs" / "sources.md",
 )
 _FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 _MARKER = re.compile(r"^\s*<!-- example: (.*?) -->\s*$")

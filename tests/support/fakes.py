@@ -96,8 +96,9 @@ class FakePublisher:
         self.calls += 1
         self.records[worker_namespace] = tuple(members)
 
-    async def publish_capability(self) -> None:
+    async def publish_capability(self, resynced_at: float | None = None) -> None:
         self.capability = True
+        self.resynced_at = resynced_at
 
     async def republish(self) -> None:
         self.republished += 1

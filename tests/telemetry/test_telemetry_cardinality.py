@@ -22,7 +22,7 @@ from workerset_admission.service.rejections import StandingRejection
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
     CohortStatusView,
-    GroupStatusView,
+    GroupStatusReport,
     ServiceStatus,
     state_summary,
 )
@@ -65,7 +65,7 @@ def service_status(worker_sets: int, workers: int, rejected: tuple[int, ...] = (
                 )
             )
         groups.append(
-            GroupStatusView(
+            GroupStatusReport(
                 group=key,
                 incumbent="a" * 64,
                 status="ready",

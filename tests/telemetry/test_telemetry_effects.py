@@ -25,6 +25,7 @@ from workerset_admission.admission import (
     WorkerRemoved,
 )
 from workerset_admission.card import card_checksum
+from workerset_admission.errors import wire_text
 from workerset_admission.identity import EndpointId, GroupKey, Registration, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
 from workerset_admission.telemetry import (
@@ -326,3 +327,52 @@ def test_the_error_line_shows_five_differences_and_counts_the_rest(
     assert "; and 2 more (" in said
     assert said.count(" -> ") == 5
     assert len(record.differences) == 7  # type: ignore[attr-defined]
+
+
+FORGED = "llama\nERROR workerset_admission.facade forged: everything is fine\r\x1b[2K\u2028"
+
+
+def test_a_model_name_holding_a_newline_cannot_start_a_log_line_of_its_own(
+    harness: Harness, rejection_records: list[logging.LogRecord]
+) -> None:
+    """Every value from the wire is escaped in the line: no raw newline or control character."""
+    endpoint = EndpointId("ns\nWARNING forged", "backend", "generate")
+    group = GroupKey.build(FORGED, endpoint, "chat", WorkerType.DECODE)
+    core = AdmissionCore()
+    apply(harness, core, WorkerAdded(registration(1, "aaaa", group)))
+    apply(harness, core, WorkerAdded(registration(2, "bbbb", group)))  # rejected
+    apply(harness, core, WorkerRemoved(registration(1, "aaaa", group).key))  # succession
+    harness.telemetry.worker_drained(group, "ns/backend/generate/2", "bbbb", True, "ops\nx")
+    harness.telemetry.invalid_record("v1.mdc.ns.a.b.1", "invalid_json", "bad\n{json")
+
+    lines = [r.getMessage() for r in rejection_records]
+    assert any("rejected cohort" in line for line in lines), lines
+    assert any("succession" in line for line in lines), lines
+    assert any("drained" in line and "by ops\\nx" in line for line in lines), lines
+    for line in lines:
+        assert not any(ch in line for ch in "\n\r\x1b\u2028"), line
+    (rejected,) = errors(rejection_records)
+    assert "model=llama\\nERROR workerset_admission.facade forged" in rejected.getMessage()
+    # The structured fields keep the value as it was; a JSON log encodes it on its own.
+    assert rejected.model == FORGED  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("plain text, é and 中文", "plain text, é and 中文"),
+        ("a\nb", "a\\nb"),
+        ("a\r\tb", "a\\r\\tb"),
+        ("\x1b[31mred\x7f\x85", "\\x1b[31mred\\x7f\\x85"),
+        ("\u2028\u202e\u2066", "\\u2028\\u202e\\u2066"),
+        (42, "42"),
+    ],
+)
+def test_wire_text_escapes_every_character_that_ends_or_rewrites_a_line(
+    value: object, shown: str
+) -> None:
+    assert wire_text(value) == shown
+
+
+def test_wire_text_cuts_what_it_escapes_to_its_limit() -> None:
+    assert wire_text("\n" * 1000, 10) == "\\n\\n\\n\\n\\n… (2000 characters)"

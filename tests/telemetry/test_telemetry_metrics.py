@@ -7,12 +7,13 @@ import time
 
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
 from telemetry_harness import Harness
+from workerset_admission.errors import REFUSAL_REASONS
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourcePut
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
     CohortStatusView,
-    GroupStatusView,
+    GroupStatusReport,
     state_summary,
 )
 from workerset_admission.telemetry import AdmissionStateSummary
@@ -47,15 +48,15 @@ def test_updates_are_counted_by_operation_and_decision(harness: Harness) -> None
     }
 
 
-def test_invalid_records_are_counted_by_reason(harness: Harness) -> None:
-    harness.telemetry.invalid_record("k1", "bad_json")
-    harness.telemetry.invalid_record("k2", "bad_json")
+def test_invalid_records_are_counted_by_reason_every_reason_from_zero(harness: Harness) -> None:
+    harness.telemetry.invalid_record("k1", "invalid_json")
+    harness.telemetry.invalid_record("k2", "invalid_json")
     harness.telemetry.invalid_record("k3", "identity_mismatch")
     points = harness.points("workerset_admission.discovery.invalid_records")
-    assert {k: p.value for k, p in points.items()} == {
-        labels(reason="bad_json"): 2,
-        labels(reason="identity_mismatch"): 1,
-    }
+    expected = {labels(reason=reason): 0 for reason in REFUSAL_REASONS}
+    expected[labels(reason="invalid_json")] = 2
+    expected[labels(reason="identity_mismatch")] = 1
+    assert {k: p.value for k, p in points.items()} == expected
 
 
 def test_builds_are_counted_by_outcome_and_timed_in_a_histogram(harness: Harness) -> None:
@@ -134,9 +135,9 @@ def test_gauges_report_every_status_and_the_admitted_workers_from_the_state_call
     assert admitted.value == 7
 
 
-def _group(model: str, cohorts: tuple[tuple[int, ...], ...], held: bool) -> GroupStatusView:
+def _group(model: str, cohorts: tuple[tuple[int, ...], ...], held: bool) -> GroupStatusReport:
     key = GroupKey.build(model, EndpointId("ns", "backend", "generate"), "chat", WorkerType.DECODE)
-    return GroupStatusView(
+    return GroupStatusReport(
         group=key,
         incumbent="c0",
         status="ready",

@@ -15,7 +15,7 @@ from workerset_admission.service.rejections import StandingRejection
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
     CohortStatusView,
-    GroupStatusView,
+    GroupStatusReport,
     state_summary,
 )
 from workerset_admission.telemetry import names as n
@@ -58,9 +58,9 @@ def group(
     routable: tuple[int, ...] | None = None,
     key: GroupKey = GROUP,
     **extra: Any,
-) -> GroupStatusView:
+) -> GroupStatusReport:
     admitted = cohorts[0] if admitted is None else admitted
-    return GroupStatusView(
+    return GroupStatusReport(
         group=key,
         incumbent="a" if cohorts else None,
         status=status,

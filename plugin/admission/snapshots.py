@@ -1,4 +1,4 @@
-"""Read-only views of the core's state, for status pages, ``replay`` and ``explain``."""
+"""Frozen snapshots of the core's state, for status pages, ``replay`` and ``explain``."""
 
 from __future__ import annotations
 

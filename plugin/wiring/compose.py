@@ -1,4 +1,10 @@
-"""The entry-point factory: a running admission service wired to NATS from settings."""
+"""The composition root: an admission service wired to its source, publishers, view and trace.
+
+``serve`` and the Dynamo frontend's route extension both start the service through
+:func:`create_service` (also the ``workerset_admission.plugins`` entry point). This is the one
+module that sees both the service and the adapters it is plugged into: the service itself
+imports no adapter and no part of ``traces/``; what it is told of, it is told as an observer.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,20 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+from workerset_admission.card.entry import EntryDecoder
 from workerset_admission.ports import DiscoverySource
 from workerset_admission.service.accepted import AcceptedRecordsFeed
 from workerset_admission.service.admission_service import AdmissionService, PipelineBuilder
-from workerset_admission.service.ingest import CardRecordDecoder
 from workerset_admission.settings import Settings, load_settings
-from workerset_admission.telemetry import AdmissionTelemetry
+from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle
+from workerset_admission.traces.format import settings_of
+from workerset_admission.traces.writer import TraceWriter
 
 if TYPE_CHECKING:
     from workerset_admission.adapters.dynamo.view import DirectoryFiles, ViewHook
     from workerset_admission.card import BoundarySettings
 
-__all__ = ["boundary_settings", "create_service"]
+__all__ = ["admission_telemetry", "attach_trace_writer", "boundary_settings", "create_service"]
 
 
 def _view_hook(settings: Settings, files: DirectoryFiles | None) -> ViewHook | None:
@@ -51,6 +59,36 @@ def boundary_settings(settings: Settings) -> BoundarySettings:
     )
 
 
+def admission_telemetry(settings: Settings, handle: TelemetryHandle) -> AdmissionTelemetry:
+    """Return the service's telemetry on the providers ``handle`` installed.
+
+    ``serve`` and the frontend's route extension each install their exporters (as a process of
+    its own, or beside the frontend's) and report through this one facade.
+    """
+    return AdmissionTelemetry(
+        tracer_provider=handle.tracer_provider,
+        meter_provider=handle.meter_provider,
+        bucket=settings.discovery_bucket,
+    )
+
+
+def attach_trace_writer(
+    service: AdmissionService, boundary: BoundarySettings | None = None
+) -> TraceWriter | None:
+    """Record the service's steps to ``settings.trace_out``, if set; return the writer.
+
+    The writer is one of the step's observers, and it closes its file once every task of the
+    service has ended (``serve --trace-out``; ``replay`` checks what it wrote).
+    """
+    path = service.settings.trace_out
+    if path is None:
+        return None
+    writer = TraceWriter.open(path, settings_of(service.settings.core_settings(), boundary))
+    service.step.observers.append(writer)
+    service.on_stopped(writer.close)
+    return writer
+
+
 async def create_service(
     settings: Settings | None = None,
     *,
@@ -60,6 +98,7 @@ async def create_service(
     publish: bool = True,
     status: bool = True,
     view_files: DirectoryFiles | None = None,
+    started_in_outage: bool = False,
     clock: Callable[[], float] | None = None,
 ) -> AdmissionService:
     """Connect to NATS, start an :class:`AdmissionService` and return it running.
@@ -72,6 +111,9 @@ async def create_service(
     With ``settings.view_dir`` (or an already locked ``view_files``) the service also writes
     the admitted discovery view for a Dynamo frontend on ``--discovery-backend file``; the
     directory is checked and locked before anything connects.
+
+    ``started_in_outage`` says an earlier attempt could not reach NATS: the first listing then
+    follows an outage, and the core treats it as a reconnect listing.
 
     ``clock`` is the monotonic clock the service's deadlines read (retries, holds); a host
     whose clock can jump gives its own and calls ``service.wake_timers()`` after a jump.
@@ -90,6 +132,7 @@ async def create_service(
         bucket=settings.discovery_bucket,
         create_bucket=True,
         bucket_spec=BucketSpec(name=settings.discovery_bucket, replicas=settings.bucket_replicas),
+        started_in_outage=started_in_outage,
     )
     if publish:
         from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
@@ -123,7 +166,7 @@ async def create_service(
             responder = NatsStatusResponder(nc, settings.status_subject, settings.frontend_id)
         service = AdmissionService(
             source,
-            decoder=CardRecordDecoder(boundary),
+            decoder=EntryDecoder(boundary),
             builder=builder,
             publisher=publisher,
             status=responder,
@@ -132,6 +175,7 @@ async def create_service(
             closers=closers,
             clock=time.monotonic if clock is None else clock,
         )
+        attach_trace_writer(service, boundary)
         if view is not None:
             # The view files the raw records the service's boundary accepted, as it judged
             # them, before each core step.

@@ -48,7 +48,7 @@ from workerset_admission.identity import EndpointId
 from workerset_admission.keys import DISCOVERY_BUCKET, endpoint_kv_key, model_kv_key
 from workerset_admission.ownership import WriterId
 
-__all__ = ["DiscoveryPublisher", "Registration", "trace_headers"]
+__all__ = ["Registration", "WorkerRegistrar", "trace_headers"]
 
 _log = logging.getLogger(__name__)
 _WRONG_LAST_SEQUENCE = (10071, 10164)
@@ -77,7 +77,7 @@ class Registration:
     headers: Mapping[str, str] | None = None
 
 
-class DiscoveryPublisher:
+class WorkerRegistrar:
     """Writes model-card and endpoint-instance registrations, and keeps them alive.
 
     ``ttl`` (seconds, at least 1) is the default lifetime of a registration without a

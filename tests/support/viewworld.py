@@ -1,0 +1,152 @@
+"""A small world for the admitted view's tests: one endpoint's workers, a fed table, fake files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from support.cards import base_card as demo_card
+from workerset_admission.adapters.dynamo.view import RecordTable, ViewFile
+from workerset_admission.card import (
+    BoundarySettings,
+    encode_endpoint_record,
+    encode_model_record,
+    endpoint_kv_key,
+    model_kv_key,
+)
+from workerset_admission.identity import EndpointId
+from workerset_admission.ports import (
+    DiscoveryEntry,
+    SourceDelete,
+    SourceEvent,
+    SourceListing,
+    SourcePut,
+)
+from workerset_admission.service.accepted import AcceptedRecordsFeed
+from workerset_admission.service.ingest import CardRecordDecoder, Ingestor
+
+EP = EndpointId("pns", "backend", "generate")
+
+
+def entry_of(key: str, value: bytes) -> DiscoveryEntry:
+    return DiscoveryEntry(key, value, 1)
+
+
+def _event_records(
+    worker: int, publisher: int, channels: tuple[str, ...] = ()
+) -> list[DiscoveryEntry]:
+    """A worker's KV event source and channel, and its ``channels`` of other topics.
+
+    Shaped as the 1.6.1 mocker registers them; a channel of another topic has a publisher id
+    of its own and names no worker.
+    """
+    scope = {
+        "kind": "endpoint",
+        "endpoint": {"namespace": "pns", "component": "backend", "name": "generate"},
+    }
+    tail = "namespace.pns.component.backend.endpoint.generate.topic"
+    source = {
+        "type": "EventSource",
+        "scope": scope,
+        "topic": "kv-events",
+        "publisher_id": publisher,
+        "metadata": {"worker": {"worker_id": worker, "dp_rank": 0}, "publisher_id": publisher},
+    }
+    transport = {"kind": "Nats", "config": {"subject_prefix": "namespace.pns"}}
+    channel = {"type": "EventChannel", "scope": scope, "topic": "kv-events"}
+    records = [
+        entry_of(f"v1.event_sources.{tail}.kv-events.{publisher:x}", json.dumps(source).encode()),
+        entry_of(
+            f"v1.event_channels.{tail}.kv-events.{publisher:x}",
+            json.dumps({**channel, "instance_id": publisher, "transport": transport}).encode(),
+        ),
+    ]
+    for number, topic in enumerate(channels, start=1):
+        other = {**channel, "topic": topic, "instance_id": publisher + number}
+        records.append(
+            entry_of(
+                f"v1.event_channels.{tail}.{topic}.{publisher + number:x}",
+                json.dumps({**other, "transport": transport}).encode(),
+            )
+        )
+    return records
+
+
+def worker_records(
+    instance_id: int, block_size: int = 16, channels: tuple[str, ...] = ()
+) -> list[DiscoveryEntry]:
+    """Everything one worker registers: endpoint records, its card, its event records."""
+    query = EndpointId("pns", "backend", f"worker_kv_query_source_{instance_id:x}")
+    return [
+        entry_of(endpoint_kv_key(EP, instance_id), encode_endpoint_record(EP, instance_id)),
+        entry_of(endpoint_kv_key(query, instance_id), encode_endpoint_record(query, instance_id)),
+        entry_of(
+            model_kv_key(EP, instance_id),
+            encode_model_record(EP, instance_id, demo_card(block_size)),
+        ),
+        *_event_records(instance_id, instance_id % 1000 + 5000, channels),
+    ]
+
+
+class FedTable(RecordTable):
+    """A record table fed as the service feeds it: ingestion judges each event, once."""
+
+    def __init__(self, settings: BoundarySettings | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._ingest = Ingestor(CardRecordDecoder(settings))
+        self._feed = AcceptedRecordsFeed(self)
+
+    def apply(self, event: SourceEvent) -> None:
+        self._feed.source_event(event, 0.0, (), None)
+        if isinstance(event, SourcePut):
+            result = self._ingest.put(event.entry.key, event.entry.value)
+        elif isinstance(event, SourceDelete):
+            result = self._ingest.removal(event, now=0.0)
+        else:
+            result = self._ingest.listing(event, now=0.0)
+        self._feed.ingested(result)
+        self._feed.step_ended()
+
+
+def table_of(*workers: list[DiscoveryEntry]) -> FedTable:
+    table = FedTable()
+    table.apply(SourceListing([entry for worker in workers for entry in worker]))
+    return table
+
+
+class FakeFiles:
+    """An in-memory view directory that records every operation in order."""
+
+    def __init__(self) -> None:
+        self.content: dict[ViewFile, bytes] = {}
+        self.ops: list[tuple[str, ViewFile]] = []
+        self.manifest: list[ViewFile] = []
+        self.fail_publish = False
+        self.fail_remove = False
+
+    def publish(self, file: ViewFile, value: bytes) -> None:
+        if self.fail_publish:
+            raise OSError("disk full")
+        self.content[file] = value
+        self.ops.append(("publish", file))
+
+    def touch(self, file: ViewFile) -> bool:
+        self.ops.append(("touch", file))
+        return file in self.content
+
+    def remove(self, file: ViewFile) -> None:
+        if self.fail_remove:
+            raise PermissionError(1, "Operation not permitted")
+        self.content.pop(file, None)
+        self.ops.append(("remove", file))
+
+    def save_manifest(self, files: Iterable[ViewFile]) -> None:
+        self.manifest = sorted(files)
+
+    def note_manifest(self, added: Iterable[ViewFile], removed: Iterable[ViewFile]) -> None:
+        gone = set(removed)
+        self.manifest = sorted({*self.manifest, *added} - gone)
+
+    def load_manifest(self) -> list[ViewFile]:
+        return list(self.manifest)

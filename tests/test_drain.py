@@ -1,0 +1,118 @@
+"""The drain's pure answers: which workers a selection names, and whether a model stays served."""
+
+from __future__ import annotations
+
+import pytest
+from support.drains import MODEL, card, endpoint, served, worker
+from workerset_admission.card.serving_record import CapabilityRecord
+from workerset_admission.errors import UsageError
+from workerset_admission.rollout.drain import (
+    Selection,
+    Worker,
+    check_last_workers,
+    find_workers,
+    lost_models,
+    transport_host,
+)
+
+
+def test_every_request_plane_of_1_6_1_names_its_host_or_its_subject() -> None:
+    assert transport_host({"tcp": "10.0.0.7:4000/generate"}) == "10.0.0.7"
+    assert transport_host({"tcp": "[fd00::7]:4000/generate"}) == "fd00::7"
+    assert transport_host({"http": "http://10.0.0.8:8888/v1/rpc/generate"}) == "10.0.0.8"
+    assert transport_host({"nats_tcp": "ns_backend.generate-1a"}) is None
+    listing = [
+        *worker("ns", 0xA, "10.0.0.7"),
+        card("ns", 0xB),
+        endpoint("ns", 0xB, {"http": "http://10.0.0.7:8888/v1/rpc/generate"}),
+        card("ns", 0xC),
+        endpoint("ns", 0xC, {"nats_tcp": "ns_backend.generate-c"}),
+        *worker("other", 0xD, "10.0.0.9"),
+    ]
+    host = Selection(host="10.0.0.7")
+    assert find_workers(listing, host) == [Worker("ns", 0xA), Worker("ns", 0xB)]
+    # A NATS-plane worker is found through the server's view of its subscription.
+    found = find_workers(listing, host, subject_hosts={"ns_backend.generate-c": "10.0.0.7"})
+    assert found == [Worker("ns", 0xA), Worker("ns", 0xB), Worker("ns", 0xC)]
+    # A host drain covers only the namespaces named.
+    assert find_workers(listing, Selection(host="10.0.0.9", namespaces=("ns",))) == []
+
+
+def test_a_namespace_a_workerset_or_a_model_is_selected_at_once() -> None:
+    listing = [
+        *worker("old", 1, "h1"),
+        *worker("old", 2, "h2", model="other"),
+        card("old", 3, component="prefill"),
+        *worker("new", 4, "h4"),
+    ]
+    every = Selection(every=True, namespaces=("old",))
+    assert find_workers(listing, every) == [Worker("old", 1), Worker("old", 2), Worker("old", 3)]
+    by_model = Selection(every=True, namespaces=("old",), model="other")
+    assert find_workers(listing, by_model) == [Worker("old", 2)]
+    by_set = Selection(every=True, namespaces=("old",), component="prefill")
+    assert find_workers(listing, by_set) == [Worker("old", 3)]
+
+
+@pytest.mark.parametrize(
+    ("selection", "words"),
+    [
+        (Selection(), "name the workers"),
+        (Selection(instance_id=0x1A, host="X"), "an instance id and --host conflict"),
+        (Selection(instance_id=1, every=True, namespaces=("a",)), "conflict"),
+        (Selection(every=True), "name it with --namespace"),
+        (Selection(instance_id=1, component="c"), "--component narrow --all"),
+    ],
+)
+def test_a_selection_that_names_nothing_or_names_twice_is_refused(
+    selection: Selection, words: str
+) -> None:
+    with pytest.raises(UsageError, match=words):
+        selection.check()
+
+
+def test_the_last_routable_worker_of_a_model_is_not_drained_unsaid() -> None:
+    listing = [*worker("dgd", 0xA1, "h1"), *worker("dgd", 0xA2, "h2")]
+    records = [served("fe-1", "dgd", 0xA1, 0xA2)]
+    # One of two: the other stays.
+    assert check_last_workers(records, listing, [Worker("dgd", 0xA1)]) == ()
+    # Both, or the second once the first is drained already: the model would be gone.
+    (both,) = check_last_workers(records, listing, [Worker("dgd", 0xA1), Worker("dgd", 0xA2)])
+    assert (both.model, both.frontend) == (MODEL, "fe-1")
+    assert "model tiny would be left with no routable worker on frontend fe-1" in str(both)
+    (second,) = check_last_workers(
+        records, listing, [Worker("dgd", 0xA2)], already_drained=[Worker("dgd", 0xA1)]
+    )
+    assert second.members == ("dgd/backend/generate/a1", "dgd/backend/generate/a2")
+
+
+def test_another_namespace_or_a_successor_keeps_the_model_served() -> None:
+    listing = [*worker("old", 1, "h1"), *worker("new", 2, "h2")]
+    # A versioned rollout: the new namespace serves the model beside the old one.
+    records = [served("fe-1", "old", 1), served("fe-1", "new", 2)]
+    assert check_last_workers(records, listing, [Worker("old", 1)]) == ()
+    # A frontend that does not serve the new namespace yet would lose it.
+    lagging = [*records, served("fe-2", "old", 1)]
+    (left,) = check_last_workers(lagging, listing, [Worker("old", 1)])
+    assert left.frontend == "fe-2"
+    # In place: a registered successor of the same WorkerSet takes over (a handover).
+    in_place = [*worker("dgd", 0xA, "h"), *worker("dgd", 0xB, "h")]
+    assert check_last_workers([served("fe-1", "dgd", 0xA)], in_place, [Worker("dgd", 0xA)]) == ()
+
+
+def test_with_no_live_frontend_the_discovery_bucket_decides() -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2")]
+    assert check_last_workers([], listing, [Worker("dgd", 1)]) == ()
+    (gone,) = check_last_workers([], listing, [Worker("dgd", 1), Worker("dgd", 2)])
+    assert gone.frontend is None
+    assert "in the discovery bucket" in str(gone)
+    # A frontend that is live but serves nothing loses nothing.
+    present = [CapabilityRecord("v1.fe-1.capability", "fe-1")]
+    assert check_last_workers(present, listing, [Worker("dgd", 1), Worker("dgd", 2)]) == ()
+
+
+def test_a_model_lost_while_waiting_is_named_with_its_frontend() -> None:
+    before = [served("fe-1", "dgd", 1), served("fe-2", "dgd", 1)]
+    now = [served("fe-1", "dgd"), served("fe-2", "dgd", 1)]
+    assert lost_models(before, now) == (("fe-1", MODEL),)
+    # A frontend that is gone loses nothing (it is no longer live).
+    assert lost_models(before, [served("fe-2", "dgd", 1)]) == ()

@@ -1,0 +1,211 @@
+"""``drain`` and ``undrain`` against a store in memory: refusals write nothing, writes are whole."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+from collections.abc import Sequence
+
+import pytest
+from support.drains import card, endpoint, served_entry, worker
+from workerset_admission import cli
+from workerset_admission.card.serving_record import BucketRead, RawEntry
+from workerset_admission.cli.drain import run_drain, run_undrain
+from workerset_admission.errors import CredentialsRefused, LastWorkerRefused, UsageError
+from workerset_admission.keys import drain_kv_key
+
+
+class MemoryStore:
+    """The discovery listing and serving records in memory; ``refuse`` names refused namespaces."""
+
+    def __init__(
+        self,
+        listing: Sequence[tuple[str, bytes]],
+        records: Sequence[RawEntry] = (),
+        refuse: Sequence[str] = (),
+    ) -> None:
+        self.listing = list(listing)
+        self.records = list(records)
+        self.refuse = set(refuse)
+        self.kv: dict[str, bytes] = {}
+        self.writes: list[str] = []
+        # What the frontends serve after the first read (the drain's own check), if it changes.
+        self.later: list[RawEntry] | None = None
+        self.reads = 0
+
+    async def open(self, deadline: float) -> None:
+        del deadline
+
+    async def close(self) -> None:
+        pass
+
+    async def workers_listing(self) -> list[tuple[str, bytes]]:
+        return list(self.listing)
+
+    async def drains(self) -> list[tuple[str, bytes]]:
+        return sorted(self.kv.items())
+
+    async def serving(self) -> BucketRead:
+        self.reads += 1
+        if self.later is not None and self.reads > 1:
+            return BucketRead(entries=tuple(self.later))
+        return BucketRead(entries=tuple(self.records))
+
+    async def put(self, key: str, value: bytes, ttl: float | None) -> None:
+        del ttl
+        if key.split(".")[2] in self.refuse:
+            raise CredentialsRefused(f"NATS refused to store the drain record {key}")
+        self.writes.append(key)
+        self.kv[key] = value
+
+    async def delete(self, key: str) -> bool:
+        self.writes.append(f"-{key}")
+        return self.kv.pop(key, None) is not None
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return cli.build_parser().parse_args(list(argv))
+
+
+def drain(store: MemoryStore, *argv: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    args = parse("drain", *argv)
+    status = asyncio.run(run_drain(args, store, out, err, environ=env or {}))
+    return status, out.getvalue() + err.getvalue()
+
+
+def test_the_last_worker_is_refused_and_nothing_is_written_unless_allow_empty() -> None:
+    store = MemoryStore(worker("dgd", 0xA1, "h1"), [served_entry("fe-1", "dgd", 0xA1)])
+    with pytest.raises(LastWorkerRefused) as refused:
+        drain(store, "0xa1")
+    assert "model tiny would be left with no routable worker on frontend fe-1" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert store.writes == []
+    assert cli.exit_status(refused.value) == cli.EXIT_LAST_WORKER
+    status, said = drain(store, "0xa1", "--allow-empty", "--by", "ops")
+    assert status == cli.EXIT_OK
+    assert "--allow-empty: model tiny" in said
+    assert store.writes == [drain_kv_key("dgd", 0xA1)]
+
+
+def test_a_namespace_drains_at_once_when_another_namespace_serves_the_model() -> None:
+    listing = [*worker("old", 1, "h1"), *worker("old", 2, "h2"), *worker("new", 3, "h3")]
+    records = [served_entry("fe-1", "old", 1, 2), served_entry("fe-1", "new", 3)]
+    store = MemoryStore(listing, records)
+    status, _ = drain(store, "--namespace", "old", "--all", "--json")
+    assert status == cli.EXIT_OK
+    assert store.writes == [drain_kv_key("old", 1), drain_kv_key("old", 2)]
+    undone = io.StringIO()
+    args = parse("undrain", "--namespace", "old", "--all", "--json")
+    assert asyncio.run(run_undrain(args, store, undone, environ={})) == cli.EXIT_OK
+    assert len(json.loads(undone.getvalue())["undrained"]) == 2
+    assert store.kv == {}
+
+
+def test_a_host_drain_is_all_or_nothing() -> None:
+    listing = [
+        *worker("ns-a", 1, "10.0.0.5"),
+        *worker("ns-b", 2, "10.0.0.5"),
+        *worker("ns-c", 3, "h"),
+    ]
+    both = [served_entry("fe-1", "ns-a", 1), served_entry("fe-1", "ns-b", 2, 4)]
+    listing += [card("ns-b", 4), endpoint("ns-b", 4, {"tcp": "h:1/x"})]
+    store = MemoryStore(listing, both, refuse=["ns-b"])
+    with pytest.raises(CredentialsRefused) as refused:
+        drain(store, "--host-from-env", "POD_IP", "--allow-empty", env={"POD_IP": "10.0.0.5"})
+    assert "withdrawn: nothing is drained" in str(refused.value)
+    assert store.kv == {}
+    # A drain already in force before the command is someone's earlier word: it stays.
+    earlier = drain_kv_key("ns-a", 1)
+    store.kv[earlier] = b"{}"
+    with pytest.raises(CredentialsRefused) as refused:
+        drain(store, "--host", "10.0.0.5", "--allow-empty")
+    assert "withdrawn" not in str(refused.value)
+    assert list(store.kv) == [earlier]
+    # Limited to the namespaces named, the same host drains what this user may write.
+    store.writes.clear()
+    status, _ = drain(store, "--host", "10.0.0.5", "--namespace", "ns-a", "--allow-empty")
+    assert status == cli.EXIT_OK
+    assert store.writes == [drain_kv_key("ns-a", 1)]
+
+
+def test_a_nats_plane_worker_is_named_by_host_through_the_servers_monitoring() -> None:
+    listing = [card("ns", 7), endpoint("ns", 7, {"nats_tcp": "ns_backend.generate-7"})]
+    store = MemoryStore(listing)
+    with pytest.raises(UsageError, match="give --nats-monitor"):
+        drain(store, "--host", "10.1.1.1", "--allow-empty")
+
+    async def hosts(monitor: str, subjects: Sequence[str]) -> dict[str, str]:
+        assert monitor == "http://nats:8222"
+        return dict.fromkeys(subjects, "10.1.1.1")
+
+    args = parse(
+        "drain", "--host", "10.1.1.1", "--nats-monitor", "http://nats:8222", "--allow-empty"
+    )
+    status = asyncio.run(
+        run_drain(args, store, io.StringIO(), io.StringIO(), environ={}, subject_hosts=hosts)
+    )
+    assert status == cli.EXIT_OK
+    assert store.writes == [drain_kv_key("ns", 7)]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["drain", "1", "--by", "x" * 300],
+        ["drain", "1", "--by", "two\nlines"],
+        ["drain", "1", "--ttl", "-5"],
+        ["drain", "1", "--ttl", "inf"],
+        ["drain", "1", "--grace", "-1"],
+        ["drain", "1", "--timeout", "-1"],
+        ["drain", "1", "--interval", "0"],
+        ["rollout", "--model", "m", "--namespace", "n", "--timeout", "-1"],
+        ["rollout", "--model", "m", "--namespace", "n", "--timeout", "1e12"],
+    ],
+)
+def test_bad_durations_and_long_text_are_refused_on_one_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        cli.main(argv)
+    assert ended.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"workerset-admission {argv[0]}: ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["0x1a", "--host", "X"], "an instance id and --host conflict"),
+        (["--host", "X", "--host-from-env", "POD_IP"], "--host and --host-from-env conflict"),
+        (["--host-from-env", "POD_IP"], "POD_IP is not set"),
+    ],
+)
+def test_conflicting_or_missing_selectors_are_refused_before_anything_is_read(
+    argv: list[str], words: str
+) -> None:
+    store = MemoryStore(worker("dgd", 0x1A, "X"))
+    with pytest.raises(UsageError, match=words):
+        drain(store, *argv)
+    assert store.writes == []
+
+
+def test_undrain_help_speaks_of_no_wait(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["undrain", "--help"])
+    assert "--wait" not in capsys.readouterr().out
+
+
+def test_wait_reports_a_model_a_frontend_stopped_serving_while_it_waited() -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2"), *worker("other", 3, "h3")]
+    store = MemoryStore(listing, [served_entry("fe-1", "dgd", 1, 2)])
+    # While the drain of worker 1 waits, worker 2 leaves too (stopped by someone else).
+    store.later = [served_entry("fe-1", "dgd")]
+    status, said = drain(store, "1", "--wait", "--json", "--interval", "0.05")
+    assert status == cli.EXIT_OK
+    assert "model tiny lost its last routable worker on frontend fe-1 while waiting" in said
+    answer = json.loads(said[: said.index("\n}") + 2])
+    assert answer["lost_models"] == [{"frontend": "fe-1", "model": "tiny"}]
