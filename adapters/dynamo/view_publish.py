@@ -236,6 +236,8 @@ class AdmittedView:
         # and the files whose removal failed, with how many tries.
         self._failing: dict[str, int] = {}
         self._unremovable: dict[ViewFile, int] = {}
+        # Manifest saves that failed since the last one that worked.
+        self._manifest_failures = 0
         self._last_touch = clock()
         self._touch_round: list[ViewFile] = []
         self.publish_errors = 0
@@ -614,13 +616,31 @@ class AdmittedView:
         return out
 
     def _save_manifest(self, report: SyncReport | None = None) -> None:
+        """Save the manifest, or note a pass's changes in it; a failure is warned about once.
+
+        A full disk fails every pass, and a warning per pass flooded the log. After a failure
+        the next save is a whole one: the changes the failed notes carried are in no manifest.
+        """
         try:
-            if report is None:
+            if report is None or self._manifest_failures:
                 self._files.save_manifest(self._written)
             else:
                 self._files.note_manifest(report.written, report.withdrawn + report.removed)
         except OSError as exc:
-            _log.warning("admitted view: could not save its manifest: %s", exc)
+            self._manifest_failures += 1
+            if self._manifest_failures == 1:
+                _log.warning(
+                    "admitted view: could not save its manifest: %s (tried again at every "
+                    "change; reported again only once it is saved)",
+                    exc.strerror or exc,
+                )
+            return
+        if self._manifest_failures:
+            _log.info(
+                "admitted view: saved its manifest after %d failed attempt(s)",
+                self._manifest_failures,
+            )
+            self._manifest_failures = 0
 
     def keep_alive(self, *, force: bool = False) -> int:
         """Touch the published files when a refresh is due; return how many were touched.

@@ -137,3 +137,27 @@ def test_the_serving_record_keeps_naming_a_worker_whose_card_the_view_still_hold
     files.fail_remove = False
     view.retry(table)
     assert "pns" not in service.serving_records()
+
+
+def test_a_manifest_that_cannot_be_saved_is_warned_about_once_until_it_is_saved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    files.fail_manifest = True  # the view's file system is full
+
+    with caplog.at_level(logging.INFO):
+        view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+        view.update(ViewChanges({GROUP: Tenure(GROUP, 1, frozenset({A1}))}), table)
+        view.update(ViewChanges({GROUP: Tenure(GROUP, 1, frozenset({A1, A2}))}), table)
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        # One full disk, one warning: not one per pass.
+        assert len(warned) == 1, warned
+        assert "could not save its manifest" in warned[0]
+
+        files.fail_manifest = False
+        caplog.clear()
+        view.update(ViewChanges({GROUP: Tenure(GROUP, 1, frozenset({A1}))}), table)
+    said = [r.getMessage() for r in caplog.records if "manifest" in r.getMessage()]
+    assert said == ["admitted view: saved its manifest after 3 failed attempt(s)"]

@@ -124,6 +124,7 @@ class FakeFiles:
         self.manifest: list[ViewFile] = []
         self.fail_publish = False
         self.fail_remove = False
+        self.fail_manifest = False
 
     def publish(self, file: ViewFile, value: bytes) -> None:
         if self.fail_publish:
@@ -142,9 +143,13 @@ class FakeFiles:
         self.ops.append(("remove", file))
 
     def save_manifest(self, files: Iterable[ViewFile]) -> None:
+        if self.fail_manifest:
+            raise OSError(28, "No space left on device")
         self.manifest = sorted(files)
 
     def note_manifest(self, added: Iterable[ViewFile], removed: Iterable[ViewFile]) -> None:
+        if self.fail_manifest:
+            raise OSError(28, "No space left on device")
         gone = set(removed)
         self.manifest = sorted({*self.manifest, *added} - gone)
 
