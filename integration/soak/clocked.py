@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workerset_admission.service.factory import create_service
+from workerset_admission.wiring.compose import create_service
 from workerset_admission.settings import Settings
 
 __all__ = ["ClockedFrontend", "JumpClock"]
