@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workerset_admission.wiring.compose import create_service
 from workerset_admission.settings import Settings
+from workerset_admission.wiring.compose import create_service
 
 __all__ = ["ClockedFrontend", "JumpClock"]
 
