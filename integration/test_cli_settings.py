@@ -16,13 +16,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+import nats
 import pytest
 from etcdfixture import EtcdServer
 from natsfixture import NatsServer
 from support.cards import base_card
 from support.fleet import all_ready, running
 from workerset_admission import cli
+from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.cli import bridge, rollout, serve, traces, workers
+from workerset_admission.identity import EndpointId
 from workerset_admission.settings import CONNECTION_SETTINGS, FLAGGED_SETTINGS, Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -110,10 +113,28 @@ async def test_serve_reads_the_settings_it_shows(
 async def test_status_reads_the_settings_it_shows(
     nats_server: NatsServer, bucket_name: str
 ) -> None:
-    args = parse(["status", "--timeout", "0.5"])
-    reads = await reads_of(
-        main_of(serve, "status"), args, settings_for(nats_server.url, bucket_name)
-    )
+    # With a live frontend serving a worker, status also reads the serving records (whether
+    # another frontend serves it another configuration).
+    buckets = settings_for(nats_server.url, bucket_name)
+    nc = await nats.connect(nats_server.url)
+    try:
+        registrar = WorkerRegistrar(nc.jetstream(), bucket=buckets.discovery_bucket, ttl=None)
+        endpoint = EndpointId("dgd", "backend", "generate")
+        await registrar.register(endpoint, 7, base_card(16))
+        await registrar.register_endpoint(endpoint, 7)
+    finally:
+        await nc.close()
+    async with running(
+        nats_server.url,
+        discovery_bucket=buckets.discovery_bucket,
+        admission_bucket=buckets.admission_bucket,
+        status_subject=buckets.status_subject,
+    ) as (service, _watchdog):
+        await all_ready(service)
+        args = parse(["status", "--timeout", "5"])
+        reads = await reads_of(
+            main_of(serve, "status"), args, settings_for(nats_server.url, bucket_name)
+        )
     assert reads == expected("status")
 
 

@@ -354,7 +354,7 @@ async def _disagreements(
     """
     from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
     from workerset_admission.card.serving_record import parse_record
-    from workerset_admission.errors import InvalidRecordError
+    from workerset_admission.errors import InvalidRecordError, PermissionRefused
 
     frontend = status.get("frontend")
     incumbents = {
@@ -364,7 +364,10 @@ async def _disagreements(
     }
     if not frontend or not incumbents:
         return ()
-    read = await NatsRecordSource(options, bucket, timeout=timeout).read()
+    try:
+        read = await NatsRecordSource(options, bucket, timeout=timeout).read()
+    except PermissionRefused:
+        return ()  # a status user need not read serving records (docs/security.md)
     records = []
     for entry in read.entries:
         with contextlib.suppress(InvalidRecordError):
