@@ -64,26 +64,16 @@ from workerset_admission.settings import Settings
 from workerset_admission.wiring.compose import create_service
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+
+from support.fleet import MODEL, card  # noqa: E402 - integration/ is on the path from here on
+
 RESULTS = HERE / "results"
 CHART = HERE.parents[1] / "docs" / "bench" / "fleet.png"
 DISCOVERY = "dynamo-discovery"
 PER_NAMESPACE = 100
-MODEL = "Qwen/Qwen3-0.6B"
-CARD = {
-    "display_name": MODEL,
-    "slug": "qwen_qwen3-0_6b",
-    "source_path": MODEL,
-    "model_info": None,
-    "tokenizer": None,
-    "context_length": 4096,
-    "kv_cache_block_size": 16,
-    "migration_limit": 0,
-    "model_type": "Chat | Completions",
-    "model_input": "Tokens",
-    "worker_type": "aggregated",
-    "needs": [],
-}
-CARD_JSON = json.dumps(CARD)
+# The fleet's one card, as the fault and burst tests register it.
+CARD_JSON = json.dumps(card(16))
 
 
 def free_port() -> int:
