@@ -112,6 +112,7 @@ from workerset_admission.adapters.dynamo.view_directory import (
     file_name_for,
 )
 from workerset_admission.adapters.dynamo.view_publish import (
+    REFRESH_SLICE_EVERY,
     SCOPE_TOPICS,
     AdmittedView,
     SyncReport,
@@ -360,7 +361,7 @@ class ViewWriter:
         view = self.view
         while True:
             # A refresh under way comes back soon for its next slice; else at half the interval.
-            timeout = 0.02 if view.refreshing else view.refresh_interval / 2
+            timeout = REFRESH_SLICE_EVERY if view.refreshing else view.refresh_interval / 2
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
             try:

@@ -26,6 +26,7 @@ _Owner = tuple[GroupKey, int]
 _Files = dict[ViewFile, bytes]
 
 __all__ = [
+    "REFRESH_SLICE_EVERY",
     "SCOPE_TOPICS",
     "AdmittedView",
     "SyncReport",
@@ -187,8 +188,12 @@ def _add_order(files: Iterable[ViewFile]) -> list[ViewFile]:
 
 
 # Files touched per call of :meth:`AdmittedView.keep_alive`: a refresh of a large view is spread
-# over many calls, so no single one holds the service's loop for long.
+# over many calls, so no single one holds the service's loop for long. The writer calls again
+# every ``REFRESH_SLICE_EVERY`` seconds while a refresh is under way; a view too large to refresh
+# in half its interval at this pace takes larger slices, because a file the store expires drops
+# its worker from the frontend.
 _TOUCH_SLICE = 500
+REFRESH_SLICE_EVERY = 0.02
 
 
 class AdmittedView:
@@ -240,6 +245,7 @@ class AdmittedView:
         self._manifest_failures = 0
         self._last_touch = clock()
         self._touch_round: list[ViewFile] = []
+        self._touch_slice = _TOUCH_SLICE
         self.publish_errors = 0
 
     @property
@@ -645,9 +651,9 @@ class AdmittedView:
     def keep_alive(self, *, force: bool = False) -> int:
         """Touch the published files when a refresh is due; return how many were touched.
 
-        A refresh is spread over calls of at most ``_TOUCH_SLICE`` files each (see
-        :attr:`refreshing`), so a large view never holds the loop for long. A file someone
-        else deleted (an expiry sweep after a stall) is written again.
+        A refresh is spread over calls of ``_TOUCH_SLICE`` files each (see :attr:`refreshing`),
+        so a large view never holds the loop for long, and always done within half the refresh
+        interval. A file someone else deleted (an expiry sweep after a stall) is written again.
         """
         now = self._clock()
         if not self._touch_round:
@@ -655,8 +661,11 @@ class AdmittedView:
                 return 0
             self._last_touch = now
             self._touch_round = [f for f, value in self._written.items() if value is not None]
-        batch = self._touch_round[-_TOUCH_SLICE:]
-        del self._touch_round[-_TOUCH_SLICE:]
+            calls = max(1, int(self.refresh_interval / 2 / REFRESH_SLICE_EVERY))
+            self._touch_slice = max(_TOUCH_SLICE, -(-len(self._touch_round) // calls))
+        size = self._touch_slice
+        batch = self._touch_round[-size:]
+        del self._touch_round[-size:]
         touched = 0
         for file in batch:
             value = self._written.get(file)

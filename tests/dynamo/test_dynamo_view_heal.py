@@ -161,3 +161,21 @@ def test_a_manifest_that_cannot_be_saved_is_warned_about_once_until_it_is_saved(
         view.update(ViewChanges({GROUP: Tenure(GROUP, 1, frozenset({A1}))}), table)
     said = [r.getMessage() for r in caplog.records if "manifest" in r.getMessage()]
     assert said == ["admitted view: saved its manifest after 3 failed attempt(s)"]
+
+
+def test_a_refresh_comes_in_slices_and_is_done_within_half_its_interval() -> None:
+    workers = [0x100 + n for n in range(120)]
+    table = table_of(*(worker_records(w) for w in workers))
+    for interval, first_call in ((2.0, 500), (0.04, 600)):
+        files = FakeFiles()
+        view = AdmittedView(files, refresh_interval=interval)
+        view.sync([Tenure(GROUP, 1, frozenset(workers))], table)
+        assert len(view) == 600
+
+        touched = [view.keep_alive(force=True)]
+        while view.refreshing:
+            touched.append(view.keep_alive())
+
+        # 500 a call when that finishes in time; one call when the interval leaves no other.
+        assert touched[0] == first_call
+        assert sum(touched) == 600
