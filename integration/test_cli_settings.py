@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -110,6 +110,19 @@ async def test_serve_reads_the_settings_it_shows(
     assert reads | RecordingSettings.reads == expected("serve")
 
 
+@contextlib.asynccontextmanager
+async def ready_frontend(url: str, buckets: Settings) -> AsyncIterator[None]:
+    """A live frontend on these settings' buckets, every group ready."""
+    async with running(
+        url,
+        discovery_bucket=buckets.discovery_bucket,
+        admission_bucket=buckets.admission_bucket,
+        status_subject=buckets.status_subject,
+    ) as (service, _watchdog):
+        await all_ready(service)
+        yield
+
+
 async def test_status_reads_the_settings_it_shows(
     nats_server: NatsServer, bucket_name: str
 ) -> None:
@@ -124,13 +137,7 @@ async def test_status_reads_the_settings_it_shows(
         await registrar.register_endpoint(endpoint, 7)
     finally:
         await nc.close()
-    async with running(
-        nats_server.url,
-        discovery_bucket=buckets.discovery_bucket,
-        admission_bucket=buckets.admission_bucket,
-        status_subject=buckets.status_subject,
-    ) as (service, _watchdog):
-        await all_ready(service)
+    async with ready_frontend(nats_server.url, buckets):
         args = parse(["status", "--timeout", "5"])
         reads = await reads_of(
             main_of(serve, "status"), args, settings_for(nats_server.url, bucket_name)
@@ -154,13 +161,7 @@ async def test_register_deregister_and_record_read_the_settings_they_show(
 
     # With a live frontend, record also asks it for its decision state.
     buckets = settings_for(nats_server.url, bucket_name)
-    async with running(
-        nats_server.url,
-        discovery_bucket=buckets.discovery_bucket,
-        admission_bucket=buckets.admission_bucket,
-        status_subject=buckets.status_subject,
-    ) as (service, _watchdog):
-        await all_ready(service)
+    async with ready_frontend(nats_server.url, buckets):
         record = parse(["record", "--duration", "0.5", "-o", str(tmp_path / "trace.jsonl")])
         reads = await reads_of(
             main_of(traces, "record"), record, settings_for(nats_server.url, bucket_name)
