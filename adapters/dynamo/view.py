@@ -121,7 +121,7 @@ from workerset_admission.adapters.dynamo.view_publish import (
     plan_view,
 )
 from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
-from workerset_admission.admission.effects import Effect
+from workerset_admission.admission.effects import Effect, groups_named
 from workerset_admission.errors import ReceiverRetired, wire_text
 from workerset_admission.identity import EndpointId, GroupKey
 
@@ -267,11 +267,7 @@ class ViewWriter:
 
     def _heard(self, effects: Sequence[Effect]) -> None:
         """Note the groups one core step named (any effect naming a group may change it)."""
-        groups = self._groups
-        for effect in effects:
-            group = getattr(effect, "group", None) or getattr(effect, "serving", None)
-            if isinstance(group, GroupKey):
-                groups.add(group)
+        self._groups |= groups_named(effects)
 
     def _changes(self, service: ViewService, drained: frozenset[tuple[str, int]]) -> ViewChanges:
         """Return what changed since the last pass, each named group's tenure read anew."""

@@ -45,6 +45,7 @@ __all__ = [
     "WorkerDeparted",
     "WorkerDrained",
     "WorkerPlaced",
+    "groups_named",
 ]
 
 
@@ -452,3 +453,17 @@ Effect = (
     | LoraProjectionChanged
     | LoraProjectionRefused
 )
+
+
+def groups_named(effects: Iterable[object]) -> set[GroupKey]:
+    """Return the groups a step's effects name: every group whose state the step may have changed.
+
+    An effect names its group as ``group`` (a taint change names the serving one as
+    ``serving``). The read-models (the admitted view, the status) rebuild these alone.
+    """
+    named = set()
+    for effect in effects:
+        group = getattr(effect, "group", None) or getattr(effect, "serving", None)
+        if isinstance(group, GroupKey):
+            named.add(group)
+    return named

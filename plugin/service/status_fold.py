@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workerset_admission.admission import AdmissionCore
+from workerset_admission.admission.effects import groups_named
 from workerset_admission.admission.readiness import ReadinessUnit
 from workerset_admission.identity import EndpointId, GroupKey
 from workerset_admission.service.liveness import LivenessIndex
@@ -83,11 +84,7 @@ class StatusFold:
 
     def effects(self, effects: Sequence[object]) -> None:
         """Note the groups one core step named."""
-        dirty = self._dirty
-        for effect in effects:
-            group = getattr(effect, "group", None) or getattr(effect, "serving", None)
-            if isinstance(group, GroupKey):
-                dirty.add(group)
+        self._dirty |= groups_named(effects)
 
     def everything(self) -> None:
         """Rebuild every group at the next read (a host that cannot say what changed)."""
