@@ -13,7 +13,16 @@ from urllib.parse import unquote
 
 import pytest
 from support.cards import base_card as demo_card
-from support.viewworld import EP, FakeFiles, FedTable, entry_of, table_of, worker_records
+from support.viewworld import (
+    EP,
+    GROUP,
+    FakeFiles,
+    FedTable,
+    entry_of,
+    mdc_file,
+    table_of,
+    worker_records,
+)
 from workerset_admission.adapters.dynamo.view import (
     MANIFEST_NAME,
     AdmittedView,
@@ -34,7 +43,7 @@ from workerset_admission.card import (
     model_kv_key,
 )
 from workerset_admission.errors import ViewDirectoryError
-from workerset_admission.identity import Drain, EndpointId, GroupKey, WorkerType
+from workerset_admission.identity import Drain, EndpointId
 from workerset_admission.keys import drain_kv_key
 from workerset_admission.ports import (
     SourceDelete,
@@ -47,17 +56,12 @@ from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.ingest import Ingestor
 from workerset_admission.service.step import StepObserver
 
-GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGGREGATED)
 A1, A2, B = 0x6030FDDB01885992, 0x11, 0x22
 
 
 def instance_file(instance_id: int, endpoint: EndpointId = EP) -> ViewFile:
     path = f"{endpoint.namespace}/{endpoint.component}/{endpoint.endpoint}/{instance_id:x}"
     return ("instances", file_name_for(path))
-
-
-def mdc_file(instance_id: int) -> ViewFile:
-    return ("mdc", file_name_for(f"pns/backend/generate/{instance_id:x}"))
 
 
 def files_of(instance_id: int, files: Iterable[ViewFile]) -> list[ViewFile]:

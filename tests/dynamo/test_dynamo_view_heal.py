@@ -8,22 +8,16 @@ import logging
 from pathlib import Path
 
 import pytest
-from support.viewworld import EP, FakeFiles, table_of, worker_records
+from support.viewworld import EP, GROUP, FakeFiles, mdc_file, table_of, worker_records
 from workerset_admission.adapters.dynamo.view import (
     AdmittedView,
     DirectoryFiles,
     Tenure,
     ViewChanges,
-    file_name_for,
 )
-from workerset_admission.identity import GroupKey, WorkerType, instance_key
+from workerset_admission.identity import instance_key
 
-GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGGREGATED)
 A1, A2, B = 0x11, 0x12, 0x22
-
-
-def mdc_file(instance_id: int) -> tuple[str, str]:
-    return ("mdc", file_name_for(f"pns/backend/generate/{instance_id:x}"))
 
 
 def test_a_write_that_failed_is_written_by_a_retry_with_no_discovery_change() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from support.cards import base_card as demo_card
-from workerset_admission.adapters.dynamo.view import RecordTable, ViewFile
+from workerset_admission.adapters.dynamo.view import RecordTable, ViewFile, file_name_for
 from workerset_admission.card import (
     BoundarySettings,
     encode_endpoint_record,
@@ -15,7 +15,7 @@ from workerset_admission.card import (
     endpoint_kv_key,
     model_kv_key,
 )
-from workerset_admission.identity import EndpointId
+from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import (
     DiscoveryEntry,
     SourceDelete,
@@ -27,6 +27,12 @@ from workerset_admission.service.accepted import AcceptedRecordsFeed
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor
 
 EP = EndpointId("pns", "backend", "generate")
+GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGGREGATED)
+
+
+def mdc_file(instance_id: int) -> ViewFile:
+    """The view file of a worker's card at :data:`EP`."""
+    return ("mdc", file_name_for(f"pns/backend/generate/{instance_id:x}"))
 
 
 def entry_of(key: str, value: bytes) -> DiscoveryEntry:
