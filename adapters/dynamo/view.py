@@ -246,8 +246,6 @@ class ViewWriter:
         self._planned = False
         self._checked_at = time.monotonic()
         self.syncs = 0
-        self.full_plans = 0
-        self.differences = 0
         self.last_sync_at: float | None = None
 
     def attach(self, service: ViewService) -> None:
@@ -293,7 +291,6 @@ class ViewWriter:
         if full:
             report = self.view.sync(tenures_of(service), self.table, drained)
             self._planned = True
-            self.full_plans += 1
         else:
             report = self.view.update(changes, self.table, drained)
         self.syncs += 1
@@ -342,7 +339,6 @@ class ViewWriter:
             file for file in planned.keys() | folded.keys() if planned.get(file) != folded.get(file)
         )
         if differing:
-            self.differences += len(differing)
             _log.warning(
                 "admitted view: the incremental view differed from a full plan in %d file(s) "
                 "(first: %s/%s); the full plan is published",

@@ -267,9 +267,6 @@ class AdmittedView:
         """Files whose directory state still differs from the plan (failed writes, removals)."""
         return len(self._pending)
 
-    def tenure(self, group: GroupKey) -> Tenure | None:
-        return self._tenures.get(group)
-
     def groups_in(self, namespace: str) -> frozenset[GroupKey]:
         """Return the groups of the namespace that have a tenure in the view."""
         return frozenset(self._by_namespace.get(namespace, ()))

@@ -86,10 +86,6 @@ class StatusFold:
         """Note the groups one core step named."""
         self._dirty |= groups_named(effects)
 
-    def everything(self) -> None:
-        """Rebuild every group at the next read (a host that cannot say what changed)."""
-        self._everything = True
-
     def groups(self) -> tuple[GroupStatusReport, ...]:
         self._assemble()
         return self._groups
