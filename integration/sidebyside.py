@@ -514,19 +514,25 @@ class SideBySide:
 
 @contextlib.contextmanager
 def side_by_side(
-    root: Path, plugin_nats: Any, *, event_plane: str = "nats"
+    root: Path,
+    plugin_nats: Any,
+    *,
+    event_plane: str = "nats",
+    deployment: Callable[..., Deployment] = Deployment,
 ) -> Iterator[SideBySide]:
     """A side-by-side deployment under ``root``; the Dynamo event plane is its own.
 
     ``plugin_nats`` is the plugin's server: a handle with ``url`` and ``restart`` (an
     :class:`EmbeddedNatsServer` or a container). With ``event_plane="nats"`` a second
     nats-server carries Dynamo's events; with ``"zmq"`` Dynamo's default transport does.
+    ``deployment`` makes the :class:`Deployment` (a subclass that starts a piece elsewhere,
+    such as the soak's ``serve`` in a network namespace of its own).
     """
     events: EmbeddedNatsServer | None = None
     if event_plane == "nats":
         events = EmbeddedNatsServer(root / "event-plane")
         events.start()
-    running = Deployment(
+    running = deployment(
         root,
         plugin_nats.url,
         f"side-{uuid.uuid4().hex[:10]}",

@@ -2,37 +2,65 @@
 
 It reuses the side-by-side deployment (``integration/sidebyside.py``): real ``dynamo.mocker``
 workers on their own file store, the bridge, ``serve --view-dir``, a frontend on the view
-("view") and one on the workers' own store ("direct"), each under the same steady load. The
-seed chooses one fault after another until the time is up: the plugin's nats-server killed
-(store kept, or wiped), ``serve`` or the bridge killed or stopped, a worker SIGKILLed or
-SIGTERMed, a rolling update to a conflicting configuration, drained or not.
+("view") and one on the workers' own store ("direct"), each under the same steady load.
+``serve`` runs in a network namespace of its own (``soak.net``) and reaches the plugin's
+nats-server on the soak's bridge address, where the bridge and the tools reach it too; its view
+directory is a small tmpfs of its own (``soak.disk``).
+
+The seed chooses one fault after another until the time is up. Faults of ``serve`` alone, with
+the workers left as they are: SIGKILL and a restart 0.5 to 3 s later or 15 to 70 s later (past
+the frontend file store's 10 s expiry), SIGSTOP for 1 to 5 s or for 12 to 70 s, a partition
+from the plugin's NATS, packet loss or a slow link on that path, its view directory full or
+read-only; the first round runs each of these once, in an order the seed shuffles, so a run of
+a few minutes sees every one. Then, by weight, those and the rest: the plugin's nats-server
+killed (store kept, or wiped), the bridge killed, a worker SIGKILLed or SIGTERMed, a rolling
+update to a conflicting configuration, drained or not.
 
 Invariants, over every request: none answered by a rejected worker (a newcomer before the
-last incumbent began to leave) or by a drained worker after its drain completed, and the view
-loses no more requests than Dynamo alone beside it, give or take one per succession (the
-frontend's own rebuild of the model at a flip, which Dynamo alone pays too, by chance).
+last incumbent began to leave) or by a drained worker after its drain completed; a fault of
+``serve`` alone costs the view no request that Dynamo alone beside it does not lose in the
+same window; and over the run the view loses no more requests than Dynamo alone, give or take
+one per succession (the frontend's own rebuild of the model at a flip, which Dynamo alone pays
+too, by chance). A process that exits by itself is restarted, as the shipped units do, and
+reported; an exit with status 2 or 5 (bad input, refused credentials) is a violation.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
+import shutil
 import signal
+import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dynamoview import Deployment
 from sidebyside import Outcome, SideBySide, side_by_side
-from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
 
-__all__ = ["FRONTEND_FAULTS", "run_frontend_mode"]
+from soak.disk import SmallDisks
+from soak.net import NetLab
+from soak.procs import nats_nodes
+
+__all__ = ["FRONTEND_FAULTS", "SERVE_FAULTS", "run_frontend_mode"]
 
 FRONTEND_FAULTS = {
     "kill nats": 2,
     "wipe nats": 1,
     "kill serve": 3,
+    "kill serve, late restart": 1,
     "stop serve": 1,
+    "stop serve over 10 s": 1,
+    "partition serve": 2,
+    "loss serve": 1,
+    "throttle serve": 1,
+    "view full": 1,
+    "view read-only": 1,
     "kill bridge": 2,
     "kill worker": 1,
     "stop worker": 1,
@@ -40,18 +68,128 @@ FRONTEND_FAULTS = {
     "drained rolling update": 1,
 }
 
+# Faults of serve alone, each held for a length drawn from its range (seconds). The workers stay
+# as they are, so whatever the view loses here beyond Dynamo alone is the plugin's own cost.
+SERVE_FAULTS = {
+    "kill serve": (0.5, 3.0),
+    "kill serve, late restart": (15.0, 70.0),
+    "stop serve": (1.0, 5.0),
+    "stop serve over 10 s": (12.0, 70.0),
+    "partition serve": (3.0, 20.0),
+    "loss serve": (3.0, 20.0),
+    "throttle serve": (3.0, 20.0),
+    "view full": (3.0, 20.0),
+    "view read-only": (3.0, 20.0),
+}
 
-def _signal_sidecar(running: SideBySide, rng: random.Random, kill: bool) -> None:
-    deployment = running.deployment
-    if kill:
-        deployment.kill_sidecar()
-        time.sleep(rng.uniform(0.5, 3.0))
-        deployment.start_sidecar()
+VIEW = "view"  # the name of the view directory's tmpfs
+SETTLE = 3.0  # seconds of load after a fault heals, in its window
+
+
+class PluginNats:
+    """The plugin's nats-server on the soak's bridge address, restarted on the same port and store.
+
+    The handle ``SideBySide`` drives (``url``, ``restart``), so ``serve`` in its namespace, the
+    bridge and the tools outside it all reach one server, and a partition of ``serve`` cuts
+    only ``serve``'s path to it.
+    """
+
+    def __init__(self, root: Path, host: str) -> None:
+        (self.proc,) = nats_nodes(root, host, 1)
+        self.store = root / "n1" / "store"
+
+    @property
+    def url(self) -> str:
+        assert self.proc.ready is not None
+        host, port = self.proc.ready
+        return f"nats://{host}:{port}"
+
+    def start(self) -> None:
+        self.proc.start()
+
+    def restart(self, *, wipe: bool = False, kill: bool = False, downtime: float = 0.0) -> None:
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.close()
+        if wipe:
+            shutil.rmtree(self.store, ignore_errors=True)
+            self.store.mkdir(parents=True)
+        time.sleep(downtime)
+        self.proc.start()
+
+    def close(self) -> None:
+        self.proc.close()
+
+
+@dataclass
+class NamespacedDeployment(Deployment):
+    """The side-by-side deployment with ``serve`` run through ``sidecar_prefix`` (``nsenter``).
+
+    ``nsenter --net`` enters the namespace and then executes ``serve`` in its own place, so
+    the process handle is ``serve``'s own and its signals reach it.
+    """
+
+    sidecar_prefix: list[str] = field(default_factory=list)
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        # start_sidecar names its process "sidecar"; everything else stays in the soak's network.
+        if name == "sidecar":
+            argv = [*self.sidecar_prefix, *argv]
+        return super()._start(name, argv, env)
+
+
+@dataclass
+class Lab:
+    """What the faults of ``serve`` act on: its process, its network namespace, its view disk."""
+
+    running: SideBySide
+    net: NetLab
+    disks: SmallDisks
+
+
+def _draw(rng: random.Random, kind: str) -> tuple[float, str]:
+    """How long a fault of ``serve`` lasts, and its setting (a loss rate, a link's rate)."""
+    low, high = SERVE_FAULTS[kind]
+    seconds = rng.uniform(low, high)
+    setting = ""
+    if kind == "loss serve":
+        setting = f"{rng.uniform(0.2, 0.5):.2f}"
+    elif kind == "throttle serve":
+        setting = rng.choice(("16kbit", "32kbit", "64kbit"))
+    return seconds, setting
+
+
+def _hold(start: Callable[[], object], stop: Callable[[], object], seconds: float) -> None:
+    start()
+    try:
+        time.sleep(seconds)
+    finally:
+        stop()
+
+
+def _serve_fault(lab: Lab, kind: str, seconds: float, setting: str) -> None:
+    deployment = lab.running.deployment
+    sidecar = deployment.sidecar
+    assert sidecar is not None
+    if kind.startswith("kill serve"):
+        _hold(deployment.kill_sidecar, deployment.start_sidecar, seconds)
+    elif kind.startswith("stop serve"):
+        _hold(
+            lambda: sidecar.send_signal(signal.SIGSTOP),
+            lambda: sidecar.send_signal(signal.SIGCONT),
+            seconds,
+        )
+    elif kind == "partition serve":
+        _hold(lambda: lab.net.partition(0), lambda: lab.net.heal(0), seconds)
+    elif kind == "loss serve":
+        _hold(lambda: lab.net.lose(0, float(setting)), lambda: lab.net.heal(0), seconds)
+    elif kind == "throttle serve":
+        _hold(lambda: lab.net.throttle(0, setting), lambda: lab.net.heal(0), seconds)
+    elif kind == "view full":
+        _hold(lambda: lab.disks.fill(VIEW), lambda: lab.disks.heal(VIEW), seconds)
     else:
-        assert deployment.sidecar is not None
-        deployment.sidecar.send_signal(signal.SIGSTOP)
-        time.sleep(rng.uniform(1.0, 5.0))
-        deployment.sidecar.send_signal(signal.SIGCONT)
+        _hold(lambda: lab.disks.read_only(VIEW), lambda: lab.disks.heal(VIEW), seconds)
 
 
 def _kill_bridge(running: SideBySide, rng: random.Random) -> None:
@@ -63,24 +201,31 @@ def _kill_bridge(running: SideBySide, rng: random.Random) -> None:
     deployment.start_bridge()
 
 
-def _one(running: SideBySide, rng: random.Random, kind: str) -> Outcome:
+def _one(lab: Lab, rng: random.Random, kind: str) -> tuple[Outcome, dict[str, Any]]:
+    """Run one fault under load; its outcome and what the trace says of it."""
+    running = lab.running
+    if kind in SERVE_FAULTS:
+        seconds, setting = _draw(rng, kind)
+        fault = functools.partial(_serve_fault, lab, kind, seconds, setting)
+        detail: dict[str, Any] = {"seconds": round(seconds, 2)}
+        if setting:
+            detail["setting"] = setting
+        return running._under_load(kind, fault, settle=SETTLE), detail
     if kind == "kill nats":
-        return running.outage(seconds=rng.uniform(2.0, 8.0), settle=5.0)
+        seconds = rng.uniform(2.0, 8.0)
+        return running.outage(seconds=seconds, settle=5.0), {"seconds": round(seconds, 2)}
     if kind == "wipe nats":
-        return running.wipe(downtime=rng.uniform(1.0, 3.0), settle=15.0)
-    if kind in ("kill serve", "stop serve"):
-        return running._under_load(
-            kind, lambda: _signal_sidecar(running, rng, kind == "kill serve"), settle=3.0
-        )
+        seconds = rng.uniform(1.0, 3.0)
+        return running.wipe(downtime=seconds, settle=15.0), {"seconds": round(seconds, 2)}
     if kind == "kill bridge":
-        return running._under_load(kind, lambda: _kill_bridge(running, rng), settle=3.0)
+        return running._under_load(kind, lambda: _kill_bridge(running, rng), settle=SETTLE), {}
     if kind == "kill worker":
-        return running.kill()
+        return running.kill(), {}
     if kind == "stop worker":
-        return running.drain()
-    return running.rolling_update(
-        rivals=2, spacing=rng.uniform(2.0, 5.0), drained=kind.startswith("drained")
-    )
+        return running.drain(), {}
+    spacing = rng.uniform(2.0, 5.0)
+    outcome = running.rolling_update(rivals=2, spacing=spacing, drained=kind.startswith("drained"))
+    return outcome, {"spacing": round(spacing, 2)}
 
 
 def _drained_answers(running: SideBySide, outcome: Outcome) -> int:
@@ -96,6 +241,24 @@ def _drained_answers(running: SideBySide, outcome: Outcome) -> int:
     )
 
 
+def _supervise(running: SideBySide) -> list[tuple[str, int]]:
+    """Restart ``serve`` or the bridge if it exited by itself; each one that did, with its status.
+
+    Called between faults only, when every process of the deployment should be running.
+    """
+    deployment = running.deployment
+    exited = []
+    pieces = (
+        ("serve", deployment.sidecar, deployment.start_sidecar),
+        ("bridge", deployment.bridge, deployment.start_bridge),
+    )
+    for name, process, start in pieces:
+        if process is not None and process.poll() is not None:
+            exited.append((name, process.returncode))
+            start()
+    return exited
+
+
 def run_frontend_mode(minutes: float, seed: int, out: Path) -> dict[str, Any]:
     """Run seeded faults through the real frontend until ``minutes`` pass; the report."""
     rng = random.Random(seed)
@@ -103,43 +266,90 @@ def run_frontend_mode(minutes: float, seed: int, out: Path) -> dict[str, Any]:
     faults: Counter[str] = Counter()
     failed: Counter[str] = Counter()
     sent: Counter[str] = Counter()
+    # Per fault of serve: how many, the longest, and the requests each frontend lost to them.
+    by_fault: dict[str, dict[str, float]] = {}
+    exits: Counter[str] = Counter()
     rejected_answers = drained_answers = successions = 0
     violations: list[str] = []
+    first_round = list(SERVE_FAULTS)
+    rng.shuffle(first_round)
     trace = (out / "trace.jsonl").open("w")
     started = time.monotonic()
-    plugin_nats = EmbeddedNatsServer(out / "plugin-nats")
-    plugin_nats.start()
+    net = NetLab(1)
+    disks = SmallDisks(size="16m")
+    plugin_nats: PluginNats | None = None
     try:
-        with side_by_side(out / "deployment", plugin_nats) as running:
+        net.open()
+        root = out / "deployment"
+        disks.mount(VIEW, root / "view-kv")
+        plugin_nats = PluginNats(out / "plugin-nats", net.host_address)
+        plugin_nats.start()
+        deployment = functools.partial(NamespacedDeployment, sidecar_prefix=net.prefix(0))
+        with side_by_side(root, plugin_nats, deployment=deployment) as running:
+            lab = Lab(running, net, disks)
             running.start()
             running.serve(3)
+            print(f"soak: serving after {time.monotonic() - started:.0f} s", flush=True)
             step = 0
-            while time.monotonic() - started < minutes * 60:
+            while first_round or time.monotonic() - started < minutes * 60:
                 step += 1
-                kind = rng.choices(list(FRONTEND_FAULTS), weights=list(FRONTEND_FAULTS.values()))[0]
+                if first_round:
+                    kind = first_round.pop(0)
+                else:
+                    weights = list(FRONTEND_FAULTS.values())
+                    kind = rng.choices(list(FRONTEND_FAULTS), weights=weights)[0]
                 running.marks = []
-                outcome = _one(running, rng, kind)
+                outcome, detail = _one(lab, rng, kind)
                 faults[kind] += 1
                 successions += kind.endswith("rolling update")
                 for name, figures in outcome.figures.items():
                     failed[name] += figures.failed
                     sent[name] += figures.sent
-                view = outcome.figures["view"]
+                view, direct = outcome.figures["view"], outcome.figures["direct"]
                 rejected_answers += view.to_rejected
                 drained_now = _drained_answers(running, outcome)
                 drained_answers += drained_now
+                exited = _supervise(running)
                 entry = {
                     "step": step,
                     "t": round(time.monotonic() - started, 1),
                     "fault": kind,
+                    **detail,
                     "failed": {n: f.failed for n, f in outcome.figures.items()},
                     "sent": {n: f.sent for n, f in outcome.figures.items()},
+                    "statuses": {n: dict(f.statuses) for n, f in outcome.figures.items()},
+                    "longest_gap": {n: round(f.longest_gap, 2) for n, f in outcome.figures.items()},
                     "to_rejected": view.to_rejected,
                     "to_drained": drained_now,
                     "errors": {n: list(f.errors[:3]) for n, f in outcome.figures.items()},
                 }
+                if exited:
+                    entry["exited"] = exited
                 trace.write(json.dumps(entry) + "\n")
                 trace.flush()
+                print(
+                    f"soak: step {step} at {entry['t']} s: {kind} {detail}; failed view "
+                    f"{view.failed}, direct {direct.failed}",
+                    flush=True,
+                )
+                if kind in SERVE_FAULTS:
+                    row = by_fault.setdefault(
+                        kind, {"count": 0, "longest_s": 0.0, "view_failed": 0, "direct_failed": 0}
+                    )
+                    row["count"] += 1
+                    row["longest_s"] = max(row["longest_s"], detail["seconds"])
+                    row["view_failed"] += view.failed
+                    row["direct_failed"] += direct.failed
+                    if view.failed > direct.failed:
+                        violations.append(
+                            f"step {step} ({kind}, {detail['seconds']} s): the view lost "
+                            f"{view.failed} requests, Dynamo alone {direct.failed} "
+                            f"(view failures by status: {dict(view.statuses)})"
+                        )
+                for name, status in exited:
+                    exits[f"{name} {status}"] += 1
+                    if status in (2, 5):
+                        violations.append(f"step {step} ({kind}): {name} exited with {status}")
                 if view.to_rejected or drained_now:
                     violations.append(
                         f"step {step} ({kind}): {view.to_rejected} answered by a rejected "
@@ -147,9 +357,12 @@ def run_frontend_mode(minutes: float, seed: int, out: Path) -> dict[str, Any]:
                     )
                     break
     finally:
-        plugin_nats.close()
+        if plugin_nats is not None:
+            plugin_nats.close()
+        disks.close()
+        net.close()
         trace.close()
-    if not violations and failed["view"] > failed["direct"] + successions:
+    if failed["view"] > failed["direct"] + successions:
         violations.append(
             f"the view lost {failed['view']} requests, Dynamo alone {failed['direct']} "
             f"(allowed: one more per succession, {successions})"
@@ -162,6 +375,8 @@ def run_frontend_mode(minutes: float, seed: int, out: Path) -> dict[str, Any]:
         "process_kills": sum(n for k, n in faults.items() if k.startswith(("kill", "wipe"))),
         "requests": dict(sent),
         "failed": dict(failed),
+        "serve_faults": by_fault,
+        "exits": dict(exits),
         "answered_by_rejected": rejected_answers,
         "answered_by_drained": drained_answers,
         "violations": violations,

@@ -81,9 +81,15 @@ def test_the_real_frontend_on_a_view_beside_dynamo_alone_under_seeded_faults(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("dynamo.frontend.main", reason="needs ai-dynamo==1.6.1")
-    report = _soak(tmp_path, "--mode", "frontend", minutes=3)
+    from soak.frontend import SERVE_FAULTS
+
+    # The first round runs every fault of serve once (two of them up to 70 s): about 4 minutes.
+    report = _soak(tmp_path, "--mode", "frontend", minutes=5)
     show(f"[soak] frontend: requests {report['requests']}, failed {report['failed']}")
+    show(f"[soak] faults of serve: {report['serve_faults']}")
     assert report["answered_by_rejected"] == 0
     assert report["answered_by_drained"] == 0
-    assert sum(report["faults"].values()) >= 3
-    assert report["requests"]["view"] > 100
+    assert set(SERVE_FAULTS) <= set(report["faults"])
+    for kind in ("kill serve, late restart", "stop serve over 10 s"):
+        assert report["serve_faults"][kind]["longest_s"] > 10.0
+    assert report["requests"]["view"] > 1000
