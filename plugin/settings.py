@@ -147,6 +147,10 @@ class Settings(BaseModel):
 
     # Write the admitted discovery view here: the Dynamo frontend's DYN_FILE_KV directory.
     view_dir: Path | None = None
+    # How long the frontend keeps the last view after its writer died, stalled or stopped
+    # (fail static); past it the frontend's file store expires the view. 10 s is the store's
+    # own expiry (fail closed at once); at most a week.
+    view_horizon: float = Field(default=600.0, ge=10, le=7 * 86400)
     # Write every discovery event this frontend observes, and its build results, to this
     # file as a replay trace (what ``replay`` needs to reach the frontend's own decisions).
     trace_out: Path | None = None
@@ -160,6 +164,9 @@ class Settings(BaseModel):
     # Serve the metrics for Prometheus on this port (alone enough: no OTLP export needed).
     prometheus_port: int | None = Field(default=None, ge=0, le=65535)
     prometheus_host: str = "127.0.0.1"
+    # serve's liveness and readiness endpoints for a supervisor's probes (default off).
+    health_port: int | None = Field(default=None, ge=0, le=65535)
+    health_host: str = "127.0.0.1"
 
     @field_validator("nats_servers", "etcd_endpoints", mode="before")
     @classmethod
@@ -500,11 +507,26 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
     ),
     ("--prometheus-host", "prometheus_host", "address of the Prometheus endpoint", {}),
     (
+        "--health-port",
+        "health_port",
+        "serve /livez and /readyz for a supervisor's probes on this port (0 picks a free "
+        "one; default off)",
+        {"type": int},
+    ),
+    ("--health-host", "health_host", "address of the health endpoints", {}),
+    (
         "--view-dir",
         "view_dir",
         "write the admitted discovery view here for a Dynamo frontend on --discovery-backend "
         "file (its DYN_FILE_KV)",
         {"type": Path},
+    ),
+    (
+        "--view-horizon",
+        "view_horizon",
+        "seconds the frontend keeps the last view after this writer died or stalled "
+        "(default 600; 10 drops it as soon as the file store would)",
+        {},
     ),
     (
         "--trace-out",

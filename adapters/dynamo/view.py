@@ -57,10 +57,19 @@ a handover: the frontend admits the successor's configuration only once the old 
 instance is gone, so when a successor tenure of the same WorkerSet serves, the drained
 workers' endpoint records go with their cards.
 
-Files are touched every ``refresh_interval`` seconds, well inside the store's 10 s expiry; when
-the writer stops its files are deleted, and when its process dies the frontend's own file store
-expires them within 10 s. Either way the frontend fails closed. While NATS is unreachable
-nothing changes the admitted state, and the last view is kept alive.
+The view fails static. The frontend's file store deletes a file 10 s after its mtime, so a
+view whose files are stamped "now" empties the frontend 10 s after its writer dies or stalls: a
+single point of failure Dynamo alone does not have. Every file is stamped a lease ahead
+instead (:class:`Horizon`, the operator's ``view_horizon``, 600 s by default), and touched
+once per ``Horizon.refresh``: a writer that is killed, paused or stopped leaves a view that the
+frontend keeps serving for at least the horizon, and a writer that comes back adopts it
+without a gap. A writer that stops cleanly leaves its view in place too (an upgrade, or a
+supervisor's restart, costs nothing). A frozen view admits nothing new, so it can only be
+stale about departures: a worker that left while no writer ran stays routable until a writer
+returns or the horizon passes, and then the store expires the whole view and the frontend
+fails closed: a view older than that is not worth routing by, and a supervisor had that long
+to restart the writer. While NATS is unreachable nothing changes the admitted state, and the
+last view is kept alive.
 
 After an outage a tenure may be *held* with its members served on their last known records
 (the core's theory of operation): their records may have left the bucket (a wiped store, or
@@ -80,11 +89,9 @@ writer, and a manifest of the files it wrote lets the next writer remove what a 
 behind. It never deletes a file it did not write.
 
 A writer that starts while NATS is unreachable has nothing to sync from, and the files a
-crashed predecessor left are the frontend's only view. They are last known good, kept alive
-(:class:`LastKnownGood`) while the writer retries, for at most one registration TTL after the
-predecessor last refreshed them (the time a live worker would have refreshed its record), and
-then withdrawn. A writer that stops before its first sync leaves them as they are, to expire
-as the predecessor's would have: only a writer that synced withdraws its view when it stops.
+predecessor left are the frontend's only view. They are last known good (:class:`LastKnownGood`):
+kept while the writer retries, never touched (their horizon runs from the predecessor's last
+touch, not from a restart that knows nothing newer), and withdrawn when that horizon ends.
 
 The parts live beside this module: ``view_directory`` (file naming, the lock, the manifest, the
 real directory), ``view_records`` (the record table fed with the boundary's verdicts),
@@ -101,11 +108,13 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
+from workerset_admission.adapters.dynamo.filestore import DEFAULT_FILE_TTL
 from workerset_admission.adapters.dynamo.view_directory import (
     BUCKETS,
     LOCK_NAME,
     MANIFEST_NAME,
     DirectoryFiles,
+    Horizon,
     ViewFile,
     ViewFiles,
     check_frontend_store,
@@ -132,6 +141,7 @@ __all__ = [
     "SCOPE_TOPICS",
     "AdmittedView",
     "DirectoryFiles",
+    "Horizon",
     "LastKnownGood",
     "PublishableRecord",
     "RecordTable",
@@ -352,8 +362,10 @@ class ViewWriter:
     async def _run(self) -> None:
         view = self.view
         while True:
-            # A refresh under way comes back soon for its next slice; else at half the interval.
-            timeout = REFRESH_SLICE_EVERY if view.refreshing else view.refresh_interval / 2
+            # A refresh under way comes back soon for its next slice; else within a second, so
+            # a failed write is tried again soon however long the refresh interval is.
+            idle = min(1.0, view.refresh_interval / 2)
+            timeout = REFRESH_SLICE_EVERY if view.refreshing else idle
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
             try:
@@ -377,7 +389,7 @@ class ViewWriter:
         return frozenset() if service is None else service.drained_workers()
 
     async def close(self) -> None:
-        """Stop following the service and withdraw the view."""
+        """Stop following the service; the view stays for its horizon (it fails static)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -388,23 +400,25 @@ class ViewWriter:
             # Nothing here is this writer's: a predecessor's files expire as its would have.
             _log.info("admitted view left as found: this writer never synced")
             return
-        removed = self.view.clear()
-        _log.info("admitted view withdrawn (%d file(s))", removed)
+        _log.info(
+            "admitted view left in place (%d file(s)): the frontend keeps it until the next "
+            "writer adopts it or its horizon passes",
+            len(self.view),
+        )
 
 
 class LastKnownGood:
-    """Keep a predecessor's view files alive while this writer cannot start (NATS is down).
+    """Keep a predecessor's view files while this writer cannot start (NATS is down).
 
-    The files in the manifest are touched at each :meth:`keep_alive` until ``keep_for``
-    seconds (one registration TTL) after the newest of them was last refreshed, so a crashed
-    writer's view outlives it by no more than a live writer's records would outlive it; then
-    they are removed, once, and the frontend routes nowhere until a writer syncs.
+    The files in the manifest are left as they are, never touched: their mtimes carry the
+    horizon their writer promised from its last touch (:class:`Horizon`), and a writer that
+    cannot read discovery has nothing newer to vouch for. When the newest of them is due to
+    expire they are removed, once, and the frontend routes nowhere until a writer syncs.
     """
 
     def __init__(
         self,
         files: DirectoryFiles,
-        keep_for: float,
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -412,9 +426,9 @@ class LastKnownGood:
         self._files = files
         self._clock = clock
         self.kept = files.load_manifest()
-        ages = [wall() - when for when in map(files.modified, self.kept) if when is not None]
-        age = max(0.0, min(ages)) if ages else keep_for
-        self.until = clock() + max(0.0, keep_for - age)
+        stamps = [when for when in map(files.modified, self.kept) if when is not None]
+        left = max(stamps) + DEFAULT_FILE_TTL - wall() if stamps else 0.0
+        self.until = clock() + max(0.0, left)
         self.withdrawn = False
 
     @property
@@ -423,27 +437,19 @@ class LastKnownGood:
         return not self.withdrawn and bool(self.kept) and self._clock() < self.until
 
     def keep_alive(self) -> int:
-        """Touch the kept files, or withdraw them once their time is up; return how many."""
-        if self.withdrawn or not self.kept:
+        """Withdraw the kept files once their horizon is up; return how many were removed."""
+        if self.withdrawn or not self.kept or self._clock() < self.until:
             return 0
-        if self._clock() < self.until:
-            return sum(1 for file in self.kept if self._touch(file))
         self.withdrawn = True
         for file in reversed(self.kept):
             with contextlib.suppress(OSError):
                 self._files.remove(file)
         _log.warning(
             "admitted view: %d file(s) of a previous writer withdrawn: NATS stayed out of "
-            "reach for a registration TTL after they were last refreshed",
+            "reach until the horizon their writer set had passed",
             len(self.kept),
         )
         return len(self.kept)
-
-    def _touch(self, file: ViewFile) -> bool:
-        try:
-            return self._files.touch(file)
-        except OSError:
-            return False
 
 
 class ViewHook:
@@ -453,7 +459,8 @@ class ViewHook:
 
     ``files`` is the locked directory; with ``owns_files`` the hook releases it on close (the
     sidecar), otherwise its opener keeps it for the process's life (the route extension,
-    whose service may be restarted).
+    whose service may be restarted). Every file it writes or touches carries ``horizon``'s
+    lease.
     """
 
     def __init__(
@@ -461,12 +468,14 @@ class ViewHook:
         files: DirectoryFiles,
         *,
         owns_files: bool = True,
-        refresh_interval: float = 2.0,
+        horizon: Horizon | None = None,
     ) -> None:
+        horizon = horizon or Horizon()
         self.files = files
         self._owns_files = owns_files
         self.table = RecordTable()
-        self.view = AdmittedView(files, refresh_interval=refresh_interval)
+        files.lease = horizon.lease
+        self.view = AdmittedView(files, refresh_interval=horizon.refresh)
         adopted = self.view.adopt_leftovers()
         if adopted:
             _log.info(

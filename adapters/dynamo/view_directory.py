@@ -10,10 +10,13 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
+from workerset_admission.adapters.dynamo.filestore import DEFAULT_FILE_TTL
 from workerset_admission.errors import ViewDirectoryError
 from workerset_admission.identity import store_file_name
 
@@ -22,6 +25,7 @@ __all__ = [
     "LOCK_NAME",
     "MANIFEST_NAME",
     "DirectoryFiles",
+    "Horizon",
     "ViewFile",
     "ViewFiles",
     "check_frontend_store",
@@ -46,6 +50,34 @@ ViewFile = tuple[str, str]
 def file_name_for(path: str) -> str:
     """Dynamo's file name for a discovery path: every byte outside ``[A-Za-z0-9]`` as ``%XX``."""
     return store_file_name(path)
+
+
+@dataclass(frozen=True, slots=True)
+class Horizon:
+    """How long a frontend keeps the view after its writer's last touch: the view fails static.
+
+    Each touch puts a file's mtime ``lease`` seconds ahead of the clock, and the store's sweep
+    deletes it ``DEFAULT_FILE_TTL`` after that mtime; touching every ``refresh`` seconds keeps
+    at least ``seconds`` ahead at any moment. So a writer that dies or stalls leaves a view that
+    lasts at least ``seconds`` and at most ``seconds + refresh``, and at rest each file is
+    touched once per ``refresh``: a quarter of the time beyond the store's own TTL, between 2 s
+    (the horizon of Dynamo alone: 10 s) and 60 s (a file deleted from outside comes back within
+    that).
+    """
+
+    seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.seconds >= DEFAULT_FILE_TTL:
+            raise ValueError(f"a view horizon is at least {DEFAULT_FILE_TTL:g} s")
+
+    @property
+    def refresh(self) -> float:
+        return min(60.0, max(2.0, (self.seconds - DEFAULT_FILE_TTL) / 4))
+
+    @property
+    def lease(self) -> float:
+        return self.seconds - DEFAULT_FILE_TTL + self.refresh
 
 
 class ViewFiles(Protocol):
@@ -121,10 +153,18 @@ class DirectoryFiles:
 
     ``open`` refuses a directory that is missing, not writable, or locked by another live
     writer (the lock is an ``flock`` the kernel releases when the holder dies).
+
+    Every file written or touched gets an mtime ``lease`` seconds ahead of the wall clock: the
+    file store's sweep keeps it until then plus its TTL (``DEFAULT_FILE_TTL``, 10 s), so the
+    frontend keeps the view for that long after this writer's last touch, whether the writer
+    is alive or not (fail static). A lease of 0 is the store's own rule: gone 10 s after the
+    last touch.
     """
 
-    def __init__(self, root: Path, lock: IO[str]) -> None:
+    def __init__(self, root: Path, lock: IO[str], *, wall: Callable[[], float] = time.time) -> None:
         self.root = root
+        self.lease = 0.0
+        self._wall = wall
         self._lock: IO[str] | None = lock
         self._token = secrets.token_hex(4)
         self._serial = 0
@@ -200,6 +240,13 @@ class DirectoryFiles:
             os.close(fd)
         return temp
 
+    def _stamp(self) -> tuple[float, float] | None:
+        """Return the (atime, mtime) a write or touch sets: the lease ahead, or now (``None``)."""
+        if self.lease <= 0:
+            return None
+        until = self._wall() + self.lease
+        return (until, until)
+
     def publish(self, file: ViewFile, value: bytes) -> None:
         try:
             temp = self._write_temp(file, value)
@@ -209,6 +256,10 @@ class DirectoryFiles:
             _log.warning("admitted view: made %s again: it was gone", self.root / "v1" / file[0])
             temp = self._write_temp(file, value)
         try:
+            # The lease goes on before the rename, so the file never shows without it.
+            stamp = self._stamp()
+            if stamp is not None:
+                os.utime(temp, stamp)
             os.replace(temp, self._path(file))
         except OSError:
             with contextlib.suppress(OSError):
@@ -217,7 +268,7 @@ class DirectoryFiles:
 
     def touch(self, file: ViewFile) -> bool:
         try:
-            os.utime(self._path(file))
+            os.utime(self._path(file), self._stamp())
         except FileNotFoundError:
             return False
         return True

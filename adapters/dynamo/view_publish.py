@@ -686,9 +686,3 @@ class AdmittedView:
     def refreshing(self) -> bool:
         """Whether a refresh is under way (more :meth:`keep_alive` calls are due soon)."""
         return bool(self._touch_round)
-
-    def clear(self) -> int:
-        """Withdraw the whole view (the writer stops): the frontend routes nowhere."""
-        removed = self._remove_all(list(self._written))
-        self._save_manifest()
-        return len(removed)

@@ -106,6 +106,9 @@ _SERVE_SETTINGS = (
     "prometheus_port",
     "prometheus_host",
     "view_dir",
+    "view_horizon",
+    "health_port",
+    "health_host",
     "trace_out",
 )
 # register judges the card as the service would before writing it: the same boundary settings.

@@ -153,6 +153,8 @@ async def _serve_service(
     if telemetry_handle is not None:
         telemetry = admission_telemetry(settings, telemetry_handle)
     async with contextlib.AsyncExitStack() as stack:
+        running: list[Any] = []  # the service, once started: what /readyz asks
+        _supervise(settings, stack, lambda: bool(running) and running[0].synced)
         view_files = None
         if settings.view_dir is not None:
             from workerset_admission.adapters.dynamo.view import DirectoryFiles
@@ -190,6 +192,7 @@ async def _serve_service(
             if service is None:
                 return 0  # stopped while NATS was still out of reach
         stack.push_async_callback(service.stop)
+        running.append(service)
         stopper = asyncio.ensure_future(_stop_when(stop, service))
         stack.callback(stopper.cancel)
         say(
@@ -213,6 +216,26 @@ async def _serve_service(
     return 0
 
 
+def _supervise(
+    settings: Settings, stack: contextlib.AsyncExitStack, ready: Callable[[], bool]
+) -> None:
+    """Beat on this loop for supervisors: systemd's watchdog, and ``--health-port``'s probes."""
+    from workerset_admission.cli.supervision import HealthServer, SystemdNotifier
+    from workerset_admission.service.loop_watch import LoopWatch
+
+    watch = LoopWatch()
+    beating = asyncio.ensure_future(watch.run())
+    stack.callback(beating.cancel)
+    notifier = SystemdNotifier()
+    notifier.follow(watch)
+    stack.callback(notifier.close)
+    if settings.health_port is not None:
+        health = HealthServer(watch, ready, settings.health_host, settings.health_port)
+        health.start()
+        stack.callback(health.close)
+        say(f"liveness on {health.url}/livez, readiness on {health.url}/readyz")
+
+
 async def _start_keeping_the_view(
     start: Callable[[bool], Awaitable[Any]],
     view_files: Any,
@@ -222,10 +245,10 @@ async def _start_keeping_the_view(
 ) -> Any:
     """Start the service, retrying while NATS is out of reach; the view stays last known good.
 
-    Exiting would leave the frontend without the view a crashed predecessor left (a sidecar
+    Exiting would leave the frontend without the view a predecessor left (a sidecar
     restarted during a NATS outage would take its models down for the rest of the outage),
-    so the predecessor's files are kept alive for at most one registration TTL and every
-    attempt that fails says so. ``None`` when ``stop`` is set first. The attempt that
+    so the predecessor's files are kept until the horizon that predecessor set runs out, and
+    every attempt that fails says so. ``None`` when ``stop`` is set first. The attempt that
     connects after a failed one says it started during an outage: its workers could not
     refresh their records either, so the core holds what an outage may have faked.
     """
@@ -242,7 +265,7 @@ async def _start_keeping_the_view(
             if exit_status(exc) != EXIT_UNREACHABLE or "authorization" in str(exc).lower():
                 raise
             if keeper is None:
-                keeper = LastKnownGood(view_files, settings.registration_ttl)
+                keeper = LastKnownGood(view_files)
             kept = (
                 f"keeping the previous writer's {len(keeper.kept)} view file(s) for "
                 f"{max(0.0, keeper.until - time.monotonic()):.0f} s more"

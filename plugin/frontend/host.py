@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
+from workerset_admission.service.loop_watch import LoopWatch
+
 __all__ = ["HostState", "RunningService", "ServiceThread"]
 
 _log = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ class ServiceThread(Generic[S]):
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._lock = threading.Lock()
+        # The service loop's beat: the health route reports a loop that stopped turning.
+        self.watch = LoopWatch()
 
     @property
     def state(self) -> HostState[S]:
@@ -103,6 +107,14 @@ class ServiceThread(Generic[S]):
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        beating = asyncio.ensure_future(self.watch.run())
+        try:
+            await self._run_service()
+        finally:
+            beating.cancel()
+
+    async def _run_service(self) -> None:
+        assert self._stop is not None
         self._ready.set()
         attempts = 0
         service: S | None = None

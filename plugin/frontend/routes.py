@@ -51,6 +51,7 @@ from workerset_admission.errors import ViewDirectoryError, WorkersetAdmissionErr
 from workerset_admission.frontend.host import HostState, RunningService, ServiceThread
 from workerset_admission.identity import with_id_strings
 from workerset_admission.service.admission_service import ServiceStatus
+from workerset_admission.service.loop_watch import LoopWatch
 from workerset_admission.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -106,8 +107,11 @@ class Reply:
 class AdmissionRoutes:
     """Answer the extension's routes from whatever state the host holds right now."""
 
-    def __init__(self, state: Callable[[], HostState[StatusService]]) -> None:
+    def __init__(
+        self, state: Callable[[], HostState[StatusService]], watch: LoopWatch | None = None
+    ) -> None:
         self._state = state
+        self._watch = watch
 
     def _current(self) -> tuple[HostState[StatusService], ServiceStatus | None]:
         state = self._state()
@@ -160,6 +164,10 @@ class AdmissionRoutes:
             return Reply(503, _not_running(state))
         if ctx.is_cancelled():
             return Reply(503, {"status": "shutting_down"})
+        if self._watch is not None and self._watch.stuck():
+            # The service's loop stopped turning: the view stands still (for its horizon).
+            silent = round(self._watch.silent_for(), 3)
+            return Reply(503, {"status": "stalled", "silent_for": silent})
         healthy = current.health == "healthy"
         body = {
             "status": current.health,
@@ -346,4 +354,4 @@ def frontend_routes() -> list[Any]:
     except ViewDirectoryError as exc:
         raise SystemExit(f"workerset-admission refuses to start: {exc}") from None
     host = shared_host(view)
-    return AdmissionRoutes(lambda: host.state).frontend_routes()
+    return AdmissionRoutes(lambda: host.state, host.watch).frontend_routes()

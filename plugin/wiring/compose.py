@@ -32,12 +32,13 @@ __all__ = ["admission_telemetry", "attach_trace_writer", "boundary_settings", "c
 def _view_hook(settings: Settings, files: DirectoryFiles | None) -> ViewHook | None:
     if files is None and settings.view_dir is None:
         return None
-    from workerset_admission.adapters.dynamo.view import DirectoryFiles, ViewHook
+    from workerset_admission.adapters.dynamo.view import DirectoryFiles, Horizon, ViewHook
 
+    horizon = Horizon(settings.view_horizon)
     if files is not None:
-        return ViewHook(files, owns_files=False)
+        return ViewHook(files, owns_files=False, horizon=horizon)
     assert settings.view_dir is not None
-    return ViewHook(DirectoryFiles.open(settings.view_dir), owns_files=True)
+    return ViewHook(DirectoryFiles.open(settings.view_dir), owns_files=True, horizon=horizon)
 
 
 def boundary_settings(settings: Settings) -> BoundarySettings:

@@ -587,7 +587,9 @@ async def test_the_writer_follows_the_services_receivers_through_a_succession() 
         # Kept alive while nothing changes (NATS away: no events at all).
         files.ops.clear()
         await _until(lambda: ("touch", mdc_file(B)) in files.ops)
-    assert files.content == {}
+    # A writer that stops leaves its view in place: the frontend keeps it for its horizon.
+    assert set(files.content) == set(files_of(B, files.content))
+    assert not any(op == "remove" for op, _file in files.ops)
 
 
 async def test_the_writer_follows_a_drain_of_the_last_incumbent_successor_first() -> None:

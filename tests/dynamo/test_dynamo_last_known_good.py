@@ -1,4 +1,4 @@
-"""A writer that cannot start keeps its predecessor's view for at most one registration TTL."""
+"""A writer that cannot start keeps its predecessor's view until the horizon that writer set."""
 
 from __future__ import annotations
 
@@ -34,27 +34,37 @@ class Files:
 
 def keeper(files: Files, clock: list[float]) -> LastKnownGood:
     now = lambda: clock[0]  # noqa: E731
-    return LastKnownGood(files, 10.0, clock=now, wall=now)  # type: ignore[arg-type]
+    return LastKnownGood(files, clock=now, wall=now)  # type: ignore[arg-type]
 
 
-def test_the_predecessors_files_are_kept_alive_until_one_ttl_after_their_last_refresh() -> None:
+def test_the_predecessors_files_are_kept_untouched_until_the_store_would_expire_them() -> None:
     clock = [100.0]
-    files = Files({("mdc", "a"): 97.0, ("instances", "a"): 96.0}, clock)
+    # The predecessor stamped its files a lease ahead (mtime 150): the store keeps them to 160.
+    files = Files({("mdc", "a"): 150.0, ("instances", "a"): 149.0}, clock)
     kept = keeper(files, clock)
-    assert kept.until == 107.0  # refreshed 3 s ago: 7 s more
-    for step in range(6):
+    assert kept.until == 160.0
+    for step in range(59):
         clock[0] = 101.0 + step
-        assert kept.keep_alive() == 2
+        assert kept.keep_alive() == 0
         assert kept.serving
-    assert set(files.files.values()) == {106.0}
-    clock[0] = 107.5
+    # Never touched: a writer that cannot read discovery has nothing newer to vouch for.
+    assert files.files == {("mdc", "a"): 150.0, ("instances", "a"): 149.0}
+    assert files.touched == 0
+    clock[0] = 160.5
     assert kept.keep_alive() == 2
     assert files.files == {}
     assert not kept.serving
     assert kept.keep_alive() == 0
 
 
-def test_files_older_than_a_ttl_are_not_revived() -> None:
+def test_a_predecessor_that_stamped_now_leaves_its_files_for_the_stores_ten_seconds() -> None:
+    clock = [100.0]
+    files = Files({("mdc", "a"): 97.0, ("instances", "a"): 96.0}, clock)
+    kept = keeper(files, clock)
+    assert kept.until == 107.0  # stamped 3 s ago: 7 s more, as the store would keep them
+
+
+def test_files_past_their_horizon_are_not_revived() -> None:
     clock = [100.0]
     files = Files({("mdc", "a"): 80.0}, clock)
     kept = keeper(files, clock)

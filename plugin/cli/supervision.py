@@ -1,0 +1,138 @@
+"""What a supervisor reads of ``serve``: systemd's notify protocol and an HTTP liveness endpoint.
+
+Both follow the loop's beat (:class:`~workerset_admission.service.loop_watch.LoopWatch`), so a
+process that is alive but no longer works is restarted like a dead one:
+
+* under systemd (``Type=notify`` with ``WatchdogSec=``), ``READY=1`` once the loop runs and
+  ``WATCHDOG=1`` at every beat: a stopped or stuck loop stops the pings and systemd restarts
+  the unit;
+* ``--health-port``: ``GET /livez`` answers 200 while the loop beats and 503 once it has been
+  silent for ``STALLED_AFTER`` (20) seconds (served from a thread of its own, so it can say so
+  while the loop is stuck; a paused process answers nothing, which a probe's timeout counts as
+  a failure too); ``GET /readyz`` answers 200 once the service applied its first discovery
+  listing. Kubernetes' liveness probe reads the first, its readiness probe the second.
+
+A restart costs the frontend nothing: the admitted view outlives its writer for its horizon,
+and the restarted writer adopts it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from workerset_admission.service.loop_watch import STALLED_AFTER, LoopWatch
+
+__all__ = ["HealthServer", "SystemdNotifier"]
+
+_log = logging.getLogger("workerset_admission.cli")
+
+
+class SystemdNotifier:
+    """Send sd_notify messages to ``NOTIFY_SOCKET``; a no-op where systemd did not set one."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        address = (os.environ if environ is None else environ).get("NOTIFY_SOCKET", "")
+        # An abstract socket is named with a leading '@', sent as a leading NUL byte.
+        self._address = "\0" + address[1:] if address.startswith("@") else address
+        self._socket: socket.socket | None = None
+        if self._address:
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._socket.setblocking(False)
+
+    @property
+    def enabled(self) -> bool:
+        return self._socket is not None
+
+    def notify(self, message: str) -> None:
+        if self._socket is None:
+            return
+        try:
+            self._socket.sendto(message.encode(), self._address)
+        except OSError as exc:  # systemd gone or the socket full: the next beat tries again
+            _log.debug("sd_notify %r failed: %s", message, exc)
+
+    def follow(self, watch: LoopWatch) -> None:
+        """Say ready now, and ping the watchdog at every beat of ``watch``."""
+        if self._socket is None:
+            return
+        self.notify("READY=1")
+        watch.on_beat(lambda: self.notify("WATCHDOG=1"))
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self.notify("STOPPING=1")
+            self._socket.close()
+            self._socket = None
+
+
+class HealthServer:
+    """``/livez`` and ``/readyz`` over HTTP, on a thread of their own."""
+
+    def __init__(
+        self,
+        watch: LoopWatch,
+        ready: Callable[[], bool],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        stalled_after: float = STALLED_AFTER,
+    ) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, body = outer.answer(self.path)
+                data = json.dumps(body, sort_keys=True).encode() + b"\n"
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return  # probes every few seconds would flood the log
+
+        self._watch = watch
+        self._ready = ready
+        self._stalled_after = stalled_after
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="workerset-admission-health", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def answer(self, path: str) -> tuple[int, dict[str, object]]:
+        """Return the status and JSON body for ``path``."""
+        silent = round(self._watch.silent_for(), 3)
+        if path == "/livez":
+            turning = not self._watch.stuck(self._stalled_after)
+            body: dict[str, object] = {
+                "loop": "turning" if turning else "stalled",
+                "silent_for": silent,
+                "stalls": self._watch.stalls,
+                "longest_stall": round(self._watch.longest_stall, 3),
+            }
+            return (200 if turning else 503), body
+        if path == "/readyz":
+            ready = self._ready()
+            return (200 if ready else 503), {"synced": ready, "silent_for": silent}
+        return 404, {"error": "not found: try /livez or /readyz"}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

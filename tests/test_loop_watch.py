@@ -1,0 +1,147 @@
+"""A stalled event loop is seen: logged when it turns again, reported while it stands still."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from workerset_admission.cli.supervision import HealthServer, SystemdNotifier
+from workerset_admission.service.loop_watch import STALLED_AFTER, LoopWatch
+
+
+def test_a_late_beat_is_logged_with_how_long_the_loop_stood_still(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = [0.0]
+    watch = LoopWatch(interval=1.0, stall_after=2.0, clock=lambda: clock[0])
+    heard: list[float] = []
+    watch.on_beat(lambda: heard.append(clock[0]))
+    with caplog.at_level(logging.WARNING):
+        clock[0] = 1.0
+        watch.beat()
+        clock[0] = 2.5  # half a second late: no stall
+        watch.beat()
+        assert caplog.records == []
+        clock[0] = 18.5  # fifteen seconds late: a stall of sixteen
+        watch.beat()
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "the event loop stood still for 16.0 s"
+    ]
+    assert watch.stalls == 1
+    assert watch.longest_stall == pytest.approx(15.0)
+    assert heard == [1.0, 2.5, 18.5]
+
+
+def test_silence_is_measured_while_it_lasts_and_stuck_after_the_limit() -> None:
+    clock = [100.0]
+    watch = LoopWatch(clock=lambda: clock[0])
+    assert not watch.stuck()
+    clock[0] = 100.0 + STALLED_AFTER - 0.1
+    assert not watch.stuck()
+    clock[0] = 100.0 + STALLED_AFTER
+    assert watch.stuck()
+    assert watch.silent_for() == pytest.approx(STALLED_AFTER)
+    watch.beat()
+    assert not watch.stuck()
+
+
+def test_a_failing_listener_does_not_stop_the_others() -> None:
+    watch = LoopWatch()
+    heard: list[str] = []
+
+    def broken() -> None:
+        raise RuntimeError("listener failed")
+
+    watch.on_beat(broken)
+    watch.on_beat(lambda: heard.append("second"))
+    watch.beat()
+    assert heard == ["second"]
+
+
+@pytest.mark.parametrize(("interval", "stall_after"), [(0.0, 1.0), (1.0, 0.0), (-1.0, 2.0)])
+def test_a_watch_needs_positive_times(interval: float, stall_after: float) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        LoopWatch(interval=interval, stall_after=stall_after)
+
+
+def _get(url: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+async def test_livez_turns_503_while_the_loop_is_blocked_and_200_once_it_turns_again() -> None:
+    watch = LoopWatch(interval=0.05, stall_after=0.2)
+    ready = [False]
+    health = HealthServer(watch, lambda: ready[0], stalled_after=0.5)
+    health.start()
+    beating = asyncio.ensure_future(watch.run())
+    try:
+        await asyncio.sleep(0.2)
+        status, body = await asyncio.to_thread(_get, f"{health.url}/livez")
+        assert (status, body["loop"]) == (200, "turning")
+        assert await asyncio.to_thread(_get, f"{health.url}/readyz") == (
+            503,
+            {"synced": False, "silent_for": pytest.approx(0.0, abs=0.5)},
+        )
+        # A call that never yields holds the loop: the probe, on its own thread, sees it.
+        answers: list[tuple[int, dict[str, object]]] = []
+
+        def probe_later() -> None:
+            time.sleep(0.8)
+            answers.append(_get(f"{health.url}/livez"))
+
+        prober = threading.Thread(target=probe_later)
+        prober.start()
+        time.sleep(1.2)  # noqa: ASYNC251 (the point: the loop stands still)
+        prober.join()
+        assert answers[0][0] == 503
+        assert answers[0][1]["loop"] == "stalled"
+        await asyncio.sleep(0.2)
+        status, body = await asyncio.to_thread(_get, f"{health.url}/livez")
+        assert status == 200
+        assert body["stalls"] == 1
+        ready[0] = True
+        assert (await asyncio.to_thread(_get, f"{health.url}/readyz"))[0] == 200
+        assert (await asyncio.to_thread(_get, f"{health.url}/metrics"))[0] == 404
+    finally:
+        beating.cancel()
+        health.close()
+
+
+def test_systemd_hears_ready_then_a_watchdog_ping_per_beat(tmp_path: Path) -> None:
+    path = tmp_path / "notify.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(path))
+    listener.settimeout(2)
+    try:
+        notifier = SystemdNotifier({"NOTIFY_SOCKET": str(path)})
+        assert notifier.enabled
+        watch = LoopWatch()
+        notifier.follow(watch)
+        watch.beat()
+        watch.beat()
+        notifier.close()
+        heard = [listener.recv(64) for _ in range(4)]
+        assert heard == [b"READY=1", b"WATCHDOG=1", b"WATCHDOG=1", b"STOPPING=1"]
+    finally:
+        listener.close()
+
+
+def test_without_notify_socket_nothing_is_sent() -> None:
+    notifier = SystemdNotifier({})
+    assert not notifier.enabled
+    watch = LoopWatch()
+    notifier.follow(watch)
+    watch.beat()  # no listener was added, nothing raised
+    notifier.close()
