@@ -498,7 +498,8 @@ def test_publication_is_atomic_and_a_restart_removes_only_the_previous_writers_f
     restarted.sync([Tenure(GROUP, 2, frozenset({A2}))], table)
     assert sorted(os.listdir(mdc)) == sorted([mdc_file(A2)[1], foreign.name])
 
-    restarted.clear()
+    # Every tenure ended: the writer withdraws its own files, and only those.
+    restarted.sync([], table)
     files.release()
     leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file()]
     assert sorted(leftovers) == sorted([foreign.name, MANIFEST_NAME, ".workerset-admission.lock"])
