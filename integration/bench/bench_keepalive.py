@@ -33,7 +33,9 @@ from workerset_admission.adapters.dynamo.view_publish import REFRESH_SLICE_EVERY
 HORIZONS = (10.0, 600.0)
 
 
-def measure(workers: int, horizon_seconds: float, minutes: float, per_worker: int) -> dict[str, Any]:
+def measure(
+    workers: int, horizon_seconds: float, minutes: float, per_worker: int
+) -> dict[str, Any]:
     horizon = Horizon(horizon_seconds)
     with tempfile.TemporaryDirectory(prefix="bench-keepalive-") as root:
         files = DirectoryFiles.open(Path(root))
