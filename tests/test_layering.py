@@ -29,8 +29,10 @@ PACKAGE_OF = {
     "telemetry": "workerset_admission.telemetry",
 }
 ADMISSION = ROOT / "plugin" / "admission"
-# One concern that is read top to bottom, as the contract reads: the admission state machine
-# (groups, cohorts, succession, builds, the hold, LoRA) is this one module, whatever its length.
+# One concern that is read top to bottom, as the contract reads: every step that changes a
+# group (cohorts, succession, builds, the hold's, the drain's and the LoRA projection's steps) is
+# this one module, whatever its length; the group's records are group.py's, and the hold's and
+# the handover's phases change only through their own tables (hold.py, drain.py).
 STATE_MACHINE = ADMISSION / "core.py"
 GROUP_RECORDS = ADMISSION / "group.py"
 
