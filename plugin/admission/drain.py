@@ -74,10 +74,6 @@ class Drains:
         # Set aside: tracked, in no cohort.
         self.drained: dict[str, Registration] = {}
 
-    def covers(self, reg: Registration) -> bool:
-        """Whether a drain in force names the worker ``reg`` belongs to."""
-        return bool(self.in_force) and (reg.endpoint.namespace, reg.instance_id) in self.in_force
-
     def drain_of(self, reg: Registration) -> Drain:
         """Return the drain that set ``reg`` aside."""
         return self.in_force[(reg.endpoint.namespace, reg.instance_id)]

@@ -99,8 +99,8 @@ def test_the_drains_registry_tells_new_from_changed_from_the_same() -> None:
     assert drains.put(first) == "new"
     assert drains.put(first) == "same"
     assert drains.put(Drain("ns", 5, by="ops", at=2.0)) == "changed"
-    assert drains.covers(_reg("ns", 5))
-    assert not drains.covers(_reg("other", 5))
+    assert set(drains.in_force) == {("ns", 5)}
+    assert drains.drain_of(_reg("ns", 5)).at == 2.0
     assert [d.at for d in drains.workers()] == [2.0]
 
 
@@ -113,4 +113,4 @@ def test_lifting_gives_back_what_the_drain_set_aside_in_key_order() -> None:
     returning = drains.lift(("ns", 5))
     assert returning is not None
     assert [r.key for r in returning] == ["ns/c/e/5/a", "ns/c/e/5/b"]
-    assert not drains.covers(_reg("ns", 5))
+    assert drains.in_force == {}
