@@ -4,8 +4,8 @@ Each story runs a long-running ``serve --view-dir`` while the bucket changes und
 its view file by file and byte by byte, then starts a second ``serve`` afresh on the same bucket
 and compares the two directories:
 
-* a worker's card re-put under its key with another checksum (``kv_cache_block_size``) or
-  another model: the core refuses the in-place change and keeps the first incarnation, and so
+* a worker's card re-put under its key with another checksum (``kv_cache_block_size``),
+  another model or another worker type: the core refuses the in-place change and keeps the first incarnation, and so
   does the view: not a byte of the refused card is published;
 * LoRA adapter cards whose projection the core refuses (one adapter name at two capacities,
   the group ``blocked_ready``): the refused card never reaches the view;
@@ -143,17 +143,17 @@ def fresh_view(buckets: list[str], folder: Path, check: Callable[[Files], bool])
         return settled(view, check, "the fresh view")
 
 
-@pytest.mark.parametrize("change", ["checksum", "model"])
+@pytest.mark.parametrize("change", ["checksum", "model", "worker_type"])
 def test_a_card_re_put_with_another_checksum_or_model_keeps_its_first_bytes(
     nats_server: NatsServer, buckets: list[str], tmp_path: Path, change: str
 ) -> None:
     url, discovery = nats_server.url, buckets[3]
     first = base_card(16)
-    offered = (
-        base_card(32)  # kv_cache_block_size: another checksum
-        if change == "checksum"
-        else base_card(16, display_name="Qwen/Qwen3-8B", slug="qwen_qwen3-8b")
-    )
+    offered = {
+        "checksum": base_card(32),  # kv_cache_block_size
+        "model": base_card(16, display_name="Qwen/Qwen3-8B", slug="qwen_qwen3-8b"),
+        "worker_type": base_card(16, worker_type="decode"),
+    }[change]
     register(url, discovery, (A1, first, None), (A2, first, None))
     with serving(buckets, tmp_path, "fe-long") as view:
         before = settled(view, lambda f: {card(A1), card(A2)} <= f.keys(), "both cards")
@@ -168,8 +168,8 @@ def test_a_card_re_put_with_another_checksum_or_model_keeps_its_first_bytes(
 
         # A fresh start never saw the first incarnation: it judges A1's card as it is now.
         # Another checksum is another configuration than the incumbent's, left out; another
-        # model is a WorkerSet of its own, admitted. Beside A1's card the two views are the
-        # same, byte for byte.
+        # model or worker type is a WorkerSet of its own, admitted. Beside A1's card the two
+        # views are the same, byte for byte.
         fresh = fresh_view(buckets, tmp_path, lambda f: card(A2) in f)
         if change == "checksum":
             assert card(A1) not in fresh

@@ -13,7 +13,7 @@ and ended; drains set and lifted; holds), after every step:
   workers' endpoint records a live view keeps until they leave the bucket aside: a fresh
   start never writes them);
 * no refused bytes reach a file: every card file holds the bytes the core last accepted under
-  its key (it refuses an in-place change of checksum or model and keeps the first
+  its key (it refuses an in-place change of checksum, model or worker type and keeps the first
   incarnation's), and no adapter card the tenure's projection does not name is published.
 """
 
@@ -63,7 +63,7 @@ operations = st.one_of(
         st.just("put"),
         ids,
         st.sampled_from((16, 32)),  # another block size: another checksum, in place
-        st.integers(0, len(MODELS) - 1),  # another model, in place
+        st.integers(0, len(MODELS)),  # another model or worker type, in place
         st.booleans(),
     ),
     st.tuples(st.just("adapter"), ids, st.sampled_from(ADAPTERS), st.sampled_from((4, 8))),
@@ -89,7 +89,10 @@ operations = st.one_of(
 
 def _card_entries(worker: int, block: int, model: int, channels: bool) -> list[DiscoveryEntry]:
     entries = worker_records(worker, block, ("kv_metrics",) if channels else ())
-    card = base_card(block, display_name=MODELS[model], slug=SLUGS[model])
+    if model < len(MODELS):
+        card = base_card(block, display_name=MODELS[model], slug=SLUGS[model])
+    else:
+        card = base_card(block, worker_type="decode")
     entries[2] = model_entry(worker, card, endpoint=EP)
     assert Ingestor().put(entries[2].key, entries[2].value).verdicts[0].registration
     return entries
@@ -314,6 +317,7 @@ def test_a_card_changed_in_place_keeps_its_first_bytes_and_a_refused_adapter_sta
 
     world.run(("put", worker, 32, 0, False))  # another checksum under the same key
     world.run(("put", worker, 16, 1, False))  # another model under the same key
+    world.run(("put", worker, 16, 2, False))  # another worker type under the same key
     world.run(("relist",))
 
     assert world.live_files.content[card] == first
