@@ -521,6 +521,31 @@ def test_publication_is_atomic_and_a_restart_removes_only_the_previous_writers_f
     assert sorted(leftovers) == sorted([foreign.name, MANIFEST_NAME, ".workerset-admission.lock"])
 
 
+def test_a_file_altered_from_outside_is_found_by_its_size_or_inode_and_written_again(
+    tmp_path: Path,
+) -> None:
+    files = DirectoryFiles.open(tmp_path)
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    mdc = tmp_path / "v1" / "mdc"
+    card, other = mdc / mdc_file(A1)[1], mdc / mdc_file(A2)[1]
+    written = card.read_bytes(), other.read_bytes()
+    assert view.verify() == 0
+
+    card.write_bytes(b'{"type":"Model"}')  # in place, another size
+    spare = mdc / ".spare"
+    spare.write_bytes(b"x" * len(written[1]))  # the same size, by a rename: another inode
+    os.replace(spare, other)
+    assert view.verify() == 2
+    report = view.retry(table)
+
+    assert set(report.written) == {mdc_file(A1), mdc_file(A2)}
+    assert (card.read_bytes(), other.read_bytes()) == written
+    assert view.verify() == 0
+    files.release()
+
+
 def test_the_store_reader_sees_the_view_as_dynamo_files(tmp_path: Path) -> None:
     from workerset_admission.adapters.dynamo.bridge import bucket_key_for
     from workerset_admission.adapters.dynamo.filestore import scan_file_store
