@@ -228,9 +228,6 @@ class ViewWriter:
         service.also_serving(self.view.unremoved_cards)
         self._task = asyncio.ensure_future(self._run())
 
-    def wake(self) -> None:
-        self._wake.set()
-
     def step(self, delta: StepDelta) -> None:
         """Take one step's delta in: file its records, keep its tenures, note what is dirty."""
         changes = self._changes
@@ -254,11 +251,6 @@ class ViewWriter:
             changes.workers |= delta.drained ^ self._drained
             self._drained = delta.drained
         self._wake.set()
-
-    @property
-    def tenures(self) -> list[Tenure]:
-        """The tenures in force, as the deltas said."""
-        return list(self._tenures.values())
 
     def sync_now(self) -> SyncReport:
         if not self._listed:

@@ -364,6 +364,7 @@ class AdmittedView:
         if changes.everything:
             ended: dict[GroupKey, Tenure | None] = dict.fromkeys(self._tenures)
             tenures = ended | tenures
+        begun = set()
         for group, tenure in tenures.items():
             old = self._tenures.get(group)
             if tenure is None:
@@ -373,10 +374,13 @@ class AdmittedView:
                 if old is not None:
                     self._end(old)
                 self._begin(tenure, table)
+                begun.add(group)
             else:
                 self._change(old, tenure, table)
         if changes.everything:
             for tenure in self._tenures.values():
+                if tenure.group in begun:
+                    continue  # planned whole as it began
                 for instance_id in tenure.routable:
                     self._plan_member(tenure, instance_id, table)
                 self._plan_scope(tenure, table)
