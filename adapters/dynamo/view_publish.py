@@ -384,8 +384,6 @@ class AdmittedView:
                 for instance_id in tenure.routable:
                     self._plan_member(tenure, instance_id, table)
                 self._plan_scope(tenure, table)
-            # What the directory holds is judged again, whatever a pass made of it before.
-            self._pending.update(self._written)
         else:
             for namespace, instance_id in changes.workers:
                 for group in self._by_namespace.get(namespace, ()):
