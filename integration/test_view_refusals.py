@@ -5,8 +5,8 @@ its view file by file and byte by byte, then starts a second ``serve`` afresh on
 and compares the two directories:
 
 * a worker's card re-put under its key with another checksum (``kv_cache_block_size``),
-  another model or another worker type: the core refuses the in-place change and keeps the first incarnation, and so
-  does the view: not a byte of the refused card is published;
+  another model or another worker type: the core refuses the in-place change and keeps the
+  first incarnation, and so does the view: not a byte of the refused card is published;
 * LoRA adapter cards whose projection the core refuses (one adapter name at two capacities,
   the group ``blocked_ready``): the refused card never reaches the view;
 * view files replaced from outside while ``serve`` runs (in place, and by a rename keeping the
