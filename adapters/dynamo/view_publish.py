@@ -1,8 +1,8 @@
 """The admitted view's plan (which files, for which tenures) and its publication in order.
 
 The view is a diff of contributions. A contribution is one routable member of a tenure, or the
-scope channels of a serving tenure, and its files come from one pure function of the tenure
-and the records (:func:`member_files`, :func:`scope_files`). Each pass is handed what changed
+scope channels of a serving tenure, and its files come from one function of the tenure and
+the records alone (:func:`contribution_files`). Each pass is handed what changed
 (:class:`ViewChanges`, from the steps' deltas): the groups with their tenures now, the workers
 and endpoints whose records moved; it plans those contributions again and diffs them against
 what they contributed before. A relisting, the first pass and every pass while a tenure is
@@ -36,9 +36,8 @@ __all__ = [
     "SyncReport",
     "Tenure",
     "ViewChanges",
-    "member_files",
+    "contribution_files",
     "plan_view",
-    "scope_files",
     "untied_topics",
 ]
 
@@ -102,24 +101,22 @@ def _scope_channels(
     return lookup("scope", endpoint.namespace, endpoint.component, endpoint.endpoint)
 
 
-def member_files(tenure: Tenure, instance_id: int, table: RecordTable) -> _Files:
-    """Return the files one routable member of a tenure calls for."""
+def contribution_files(tenure: Tenure, member: int | None, table: RecordTable) -> _Files:
+    """Return the files one contribution of a tenure calls for: the view's one planning rule.
+
+    ``member`` is a routable instance id (its endpoint records, its cards with the adapters
+    the tenure's projection serves, its event records), or ``None`` for the tenure's scope:
+    the channels of :data:`SCOPE_TOPICS` a serving tenure carries (none when it serves no one).
+    """
+    if member is None:
+        if not tenure.routable:
+            return {}
+        channels = _scope_channels(tenure.group.endpoint, table, bool(tenure.last_known))
+        return {(c.bucket, c.file_name): c.value for c in channels if c.topic in SCOPE_TOPICS}
     records = _records_of(
-        tenure.group.endpoint,
-        instance_id,
-        table,
-        instance_id in tenure.last_known,
-        tenure.adapters,
+        tenure.group.endpoint, member, table, member in tenure.last_known, tenure.adapters
     )
     return {(r.bucket, r.file_name): r.value for r in records}
-
-
-def scope_files(tenure: Tenure, table: RecordTable) -> _Files:
-    """Return the channels of :data:`SCOPE_TOPICS` a serving tenure carries (else none)."""
-    if not tenure.routable:
-        return {}
-    channels = _scope_channels(tenure.group.endpoint, table, bool(tenure.last_known))
-    return {(c.bucket, c.file_name): c.value for c in channels if c.topic in SCOPE_TOPICS}
 
 
 def plan_view(
@@ -138,8 +135,8 @@ def plan_view(
     for tenure in tenures:
         files: _Files = {}
         for instance_id in sorted(tenure.routable):
-            files.update(member_files(tenure, instance_id, table))
-        files.update(scope_files(tenure, table))
+            files.update(contribution_files(tenure, instance_id, table))
+        files.update(contribution_files(tenure, None, table))
         for file, value in files.items():
             entry = wanted.setdefault(file, (value, set()))
             entry[1].add((tenure.group, tenure.generation))
@@ -495,13 +492,13 @@ class AdmittedView:
 
     def _plan_member(self, tenure: Tenure, instance_id: int, table: RecordTable) -> None:
         key = (tenure.group, instance_id)
-        new = member_files(tenure, instance_id, table)
+        new = contribution_files(tenure, instance_id, table)
         old = self._members.get(key, ())
         self._members[key] = tuple(new)
         self._set_files((tenure.group, tenure.generation), old, new)
 
     def _plan_scope(self, tenure: Tenure, table: RecordTable) -> None:
-        new = scope_files(tenure, table)
+        new = contribution_files(tenure, None, table)
         old = self._scopes.get(tenure.group, ())
         self._scopes[tenure.group] = tuple(new)
         self._set_files((tenure.group, tenure.generation), old, new)
