@@ -20,7 +20,7 @@ step is the one dispatch over effect types.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Literal, Protocol
 
 from workerset_admission.admission.effects import DrainChanged, MutationRefused, groups_named
@@ -134,8 +134,6 @@ class Tenures(Protocol):
 
     def binding(self, group: GroupKey) -> AdmittedHopBinding | None: ...
 
-    def bindings(self) -> list[AdmittedHopBinding]: ...
-
     def drained(self) -> frozenset[tuple[str, int]]: ...
 
 
@@ -149,6 +147,9 @@ class DeltaMaker:
         self._groups: set[GroupKey] = set()
         self._refused: set[str] = set()
         self._drains = False
+        # The groups with a committed tenure, by endpoint, as the deltas named them: an
+        # endpoint whose liveness moved names its groups without a walk over every binding.
+        self._at: dict[EndpointId, set[GroupKey]] = {}
 
     def source_event(self, event: SourceEvent, keep: Collection[str]) -> None:
         self._events.append((event, keep, None))
@@ -185,9 +186,12 @@ class DeltaMaker:
             else:
                 records.update(changes)
         endpoints = frozenset(self._liveness.take_touched())
-        named.update(self._groups_at(endpoints))
+        for endpoint in endpoints:
+            named.update(self._at.get(endpoint, ()))
+        groups = {group: tenure_facts(self._tenures.binding(group)) for group in named}
+        self._index(groups)
         delta = StepDelta(
-            groups={group: tenure_facts(self._tenures.binding(group)) for group in named},
+            groups=groups,
             records=records,
             relisted=relisted,
             kept=kept,
@@ -196,8 +200,14 @@ class DeltaMaker:
         )
         return None if delta.empty else delta
 
-    def _groups_at(self, endpoints: Iterable[EndpointId]) -> set[GroupKey]:
-        at = set(endpoints)
-        if not at:
-            return set()
-        return {b.id.group for b in self._tenures.bindings() if b.id.group.endpoint in at}
+    def _index(self, groups: Mapping[GroupKey, TenureFacts | None]) -> None:
+        for group, facts in groups.items():
+            endpoint = group.endpoint
+            if facts is not None:
+                self._at.setdefault(endpoint, set()).add(group)
+                continue
+            held = self._at.get(endpoint)
+            if held is not None:
+                held.discard(group)
+                if not held:
+                    del self._at[endpoint]
