@@ -421,6 +421,38 @@ async def test_each_step_hands_a_read_model_one_delta_with_what_the_core_accepte
     assert removal.groups == {GROUP: None}
 
 
+async def test_an_endpoint_record_leaving_names_the_tenures_at_its_endpoint_with_their_facts() -> (
+    None
+):
+    deltas: list[StepDelta] = []
+    source = QueueSource()
+    service = AdmissionService(source)
+
+    class _Recorder:
+        def step(self, delta: StepDelta) -> None:
+            deltas.append(delta)
+
+    service.add_read_model(_Recorder())
+    await service.start()
+    try:
+        source.queue.put_nowait(SourceListing([*worker_records(A1), *worker_records(A2)]))
+        await _until(lambda: any((d.groups.get(GROUP) or None) for d in deltas))
+        committed = [d.groups[GROUP] for d in deltas if d.groups.get(GROUP) is not None]
+        assert committed[-1].routable == {A1, A2}
+        deltas.clear()
+        # Only A2's endpoint record goes: no effect names the group, its liveness does.
+        source.queue.put_nowait(SourceDelete(endpoint_kv_key(EP, A2), 3))
+        await _until(lambda: bool(deltas))
+    finally:
+        await service.stop()
+    (delta,) = deltas[:1]
+    assert delta.endpoints == {EP}
+    facts = delta.groups[GROUP]
+    assert facts is not None
+    assert facts.routable == {A1}
+    assert delta.records == {endpoint_kv_key(EP, A2): None}
+
+
 def test_a_refused_listed_value_and_a_key_touched_meanwhile_keep_what_they_hold() -> None:
     table = table_of(worker_records(A1), worker_records(A2))
     valid = table.get(model_kv_key(EP, A1))
