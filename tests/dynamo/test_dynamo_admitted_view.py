@@ -421,9 +421,7 @@ async def test_each_step_hands_a_read_model_one_delta_with_what_the_core_accepte
     assert removal.groups == {GROUP: None}
 
 
-async def test_an_endpoint_record_leaving_names_the_tenures_at_its_endpoint_with_their_facts() -> (
-    None
-):
+async def test_an_endpoint_record_leaving_names_the_tenure_at_its_endpoint() -> None:
     deltas: list[StepDelta] = []
     source = QueueSource()
     service = AdmissionService(source)
@@ -436,7 +434,7 @@ async def test_an_endpoint_record_leaving_names_the_tenures_at_its_endpoint_with
     await service.start()
     try:
         source.queue.put_nowait(SourceListing([*worker_records(A1), *worker_records(A2)]))
-        await _until(lambda: any((d.groups.get(GROUP) or None) for d in deltas))
+        await _until(lambda: any(d.groups.get(GROUP) is not None for d in deltas))
         committed = [d.groups[GROUP] for d in deltas if d.groups.get(GROUP) is not None]
         assert committed[-1].routable == {A1, A2}
         deltas.clear()
