@@ -230,6 +230,14 @@ class ViewWriter:
 
     def step(self, delta: StepDelta) -> None:
         """Take one step's delta in: file its records, keep its tenures, note what is dirty."""
+        try:
+            self._take(delta)
+        except Exception:  # the next relisting files every record again
+            _log.warning("admitted view: a step's delta could not be taken in", exc_info=True)
+            self._planned = False
+        self._wake.set()
+
+    def _take(self, delta: StepDelta) -> None:
         changes = self._changes
         if delta.relisted:
             records = [r for r in delta.records.values() if r is not None]
@@ -250,7 +258,6 @@ class ViewWriter:
             # A drain set or lifted changes what the view keeps of that worker.
             changes.workers |= delta.drained ^ self._drained
             self._drained = delta.drained
-        self._wake.set()
 
     def sync_now(self) -> SyncReport:
         if not self._listed:
