@@ -34,6 +34,8 @@ class MemoryStore:
         # What the frontends serve after the first read (the drain's own check), if it changes.
         self.later: list[RawEntry] | None = None
         self.reads = 0
+        self.budgets: dict[str, tuple[int, bytes]] = {}
+        self.revision = 0
 
     async def open(self, deadline: float) -> None:
         del deadline
@@ -45,7 +47,7 @@ class MemoryStore:
         return list(self.listing)
 
     async def drains(self) -> list[tuple[str, bytes]]:
-        return sorted(self.kv.items())
+        return sorted((k, v) for k, v in self.kv.items() if k.startswith("v1.drain."))
 
     async def serving(self) -> BucketRead:
         self.reads += 1
@@ -63,6 +65,21 @@ class MemoryStore:
     async def delete(self, key: str) -> bool:
         self.writes.append(f"-{key}")
         return self.kv.pop(key, None) is not None
+
+    async def may_write(self, key: str) -> None:
+        if key.startswith("v1.drain.") and key.split(".")[2] in self.refuse:
+            raise CredentialsRefused(f"NATS refused this user the write of {key}")
+
+    async def budget(self, key: str) -> tuple[int | None, bytes | None]:
+        revision, value = self.budgets.get(key, (None, None))
+        return revision, value
+
+    async def swap_budget(self, key: str, value: bytes, revision: int | None) -> bool:
+        if self.budgets.get(key, (None, None))[0] != revision:
+            return False
+        self.revision += 1
+        self.budgets[key] = (self.revision, value)
+        return True
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -104,7 +121,7 @@ def test_a_namespace_drains_at_once_when_another_namespace_serves_the_model() ->
     assert store.kv == {}
 
 
-def test_a_host_drain_is_all_or_nothing() -> None:
+def test_a_host_drain_is_prepared_then_committed_and_a_refusal_writes_nothing() -> None:
     listing = [
         *worker("ns-a", 1, "10.0.0.5"),
         *worker("ns-b", 2, "10.0.0.5"),
@@ -115,15 +132,15 @@ def test_a_host_drain_is_all_or_nothing() -> None:
     store = MemoryStore(listing, both, refuse=["ns-b"])
     with pytest.raises(CredentialsRefused) as refused:
         drain(store, "--host-from-env", "POD_IP", "--allow-empty", env={"POD_IP": "10.0.0.5"})
-    assert "withdrawn: nothing is drained" in str(refused.value)
-    assert store.kv == {}
+    assert "v1.drain.ns-b.2" in str(refused.value)
+    # Refused before the first write: no drain record, no budget, nothing to withdraw.
+    assert store.writes == [] and store.kv == {} and store.budgets == {}
     # A drain already in force before the command is someone's earlier word: it stays.
     earlier = drain_kv_key("ns-a", 1)
     store.kv[earlier] = b"{}"
     with pytest.raises(CredentialsRefused) as refused:
         drain(store, "--host", "10.0.0.5", "--allow-empty")
-    assert "withdrawn" not in str(refused.value)
-    assert list(store.kv) == [earlier]
+    assert list(store.kv) == [earlier] and store.writes == []
     # Limited to the namespaces named, the same host drains what this user may write.
     store.writes.clear()
     status, _ = drain(store, "--host", "10.0.0.5", "--namespace", "ns-a", "--allow-empty")

@@ -32,6 +32,7 @@ from typing import Any
 
 from workerset_admission.card.serving_record import NamespaceRecord, Record, ServedGroup
 from workerset_admission.errors import TABLE_LINE_LIMIT, UsageError, wire_text
+from workerset_admission.rollout.frontends import live_frontends
 
 # The shortest checksum prefix taken for a whole one (git's own minimum for a short hash).
 _MIN_PREFIX = 4
@@ -144,12 +145,7 @@ class GateReport:
 def _live_frontends(
     records: Sequence[Record], now: float | None, stale_after: float | None
 ) -> tuple[set[str], set[str]]:
-    newest: dict[str, float | None] = {}
-    for record in records:
-        seen = newest.get(record.frontend)
-        stamp = record.published_at
-        if record.frontend not in newest or (stamp is not None and (seen is None or stamp > seen)):
-            newest[record.frontend] = stamp
+    newest = live_frontends(records)
     if now is None or stale_after is None:
         return set(newest), set()
     # A record without a timestamp cannot be judged stale; only bucket expiry removes it.
