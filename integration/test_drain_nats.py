@@ -222,7 +222,7 @@ def test_drain_wait_on_a_worker_no_frontend_admits_returns_at_once(
     assert time.monotonic() - started < 10
 
 
-def test_drain_wait_on_a_frontend_that_died_follows_its_serving_records_expiry(
+def test_drain_wait_on_a_frontend_that_died_reports_it_unconfirmed_when_its_records_expire(
     nats_server: NatsServer, buckets: list[str]
 ) -> None:
     discovery, admission = buckets[3], buckets[5]
@@ -263,9 +263,13 @@ def test_drain_wait_on_a_frontend_that_died_follows_its_serving_records_expiry(
         "drain", str(A1), "--wait", "--json", "--timeout", "30", "--allow-empty", *buckets
     )
     took = time.monotonic() - started
-    assert drained.returncode == 0, drained.stderr
+    # It never said it let A1 go: it may still route to it. Not safe, a status of its own.
+    assert drained.returncode == 7, drained.stderr
     assert "waiting for fe-gone" in drained.stderr
-    assert json.loads(drained.stdout)["frontends"] == []
+    assert "unconfirmed: fe-gone went away without confirming" in drained.stderr
+    answer = json.loads(drained.stdout)
+    assert (answer["frontends"], answer["unconfirmed"], answer["safe"]) == ([], ["fe-gone"], False)
+    assert asyncio.run(bucket_keys(nats_server.url, discovery)).count(drain_kv_key("dgd", A1)) == 1
     # The answer comes when the dead frontend's records expire (the bucket's max age; 60 s
     # for the serving-admission bucket serve creates), not before and not much after.
     print(f"\n[drain] a dead frontend's records expired; drain --wait answered after {took:.2f} s")
