@@ -68,6 +68,7 @@ class GateQuery:
     previous_namespaces: tuple[str, ...] | None = None
     require_agreement: bool = False
     stale_after: float | None = None
+    min_members: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +112,7 @@ async def check_gate(
         now=now(),
         stale_after=query.stale_after,
         invalid=[(error.key or "", error.reason) for error in refused],
+        min_members=query.min_members,
     )
     return GateCheck(report=report, refused=tuple(refused))
 
@@ -147,6 +149,8 @@ def waiting_line(query: GateQuery, timeout: float, interval: float) -> str:
     )
     if query.expected_checksum:
         line += f" with checksum {query.expected_checksum}"
+    if query.min_members > 1:
+        line += f" with at least {query.min_members} members"
     return line + f" (a look every {interval:g} s)"
 
 
@@ -212,6 +216,14 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="also ignore frontends whose newest record is older than this",
     )
+    parser.add_argument(
+        "--min-members",
+        type=_members,
+        default=1,
+        metavar="N",
+        help="count a frontend only once it admitted at least N members of the new generation "
+        "(its capacity, before the old one is drained; default 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
     parser.add_argument("--wait", action="store_true", help="wait until the gate opens")
     parser.add_argument(
@@ -230,6 +242,16 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _members(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000000")
+    return value
+
+
 def query_from_args(args: argparse.Namespace) -> GateQuery:
     return GateQuery(
         model=args.model,
@@ -238,6 +260,7 @@ def query_from_args(args: argparse.Namespace) -> GateQuery:
         previous_namespaces=tuple(args.previous) if args.previous else None,
         require_agreement=args.require_agreement,
         stale_after=args.stale_after,
+        min_members=args.min_members,
     )
 
 
