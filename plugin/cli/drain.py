@@ -416,7 +416,11 @@ async def _commit_budgets(
 async def _release_budgets(
     store: DrainStore, models: Sequence[str], workers: Sequence[Worker]
 ) -> None:
-    """Take this drain's workers out of the budgets it swapped them into (refused after all)."""
+    """Take this drain's workers out of the budgets it swapped them into.
+
+    After its drain records are written (a drain reading the budget after this reads those
+    records too), or when it is refused after all.
+    """
     ours = {(w.namespace, w.instance_id) for w in workers}
     for model in models:
         key = budget_kv_key(model)
@@ -440,8 +444,10 @@ async def _check_and_commit(
     wall: Callable[[], float],
     clock: Callable[[], float],
     deadline: float,
-) -> list[Record]:
-    """Check the last workers and commit the budgets as one step; return what frontends served.
+) -> tuple[list[Record], list[str]]:
+    """Check the last workers and commit the budgets as one step.
+
+    Returns what the frontends served at the check, and the budgets swapped.
 
     A drain that loses a race against another reads again and checks again with the other's
     workers out, until its check passes and its swaps go through, or it is refused.
@@ -491,7 +497,7 @@ async def _check_and_commit(
             continue
         for item in emptied:
             progress(f"--allow-empty: {item}")
-        return before
+        return before, swapped
 
 
 async def _write_all(
@@ -535,7 +541,7 @@ async def run_drain(
         if args.cancel:
             return await _lift(store, workers, args, out)
         already = set(_drained(await store.drains()))
-        before = await _check_and_commit(
+        before, swapped = await _check_and_commit(
             store, args, listing, workers, progress,
             wall=wall, clock=clock, deadline=started + timeout,
         )  # fmt: skip
@@ -547,6 +553,9 @@ async def run_drain(
             args.ttl if args.ttl > 0 else None,
             progress,
         )
+        # The drain records say it now: the budgets need not, and must not once they are
+        # withdrawn (an undrain within the pending window would still count them).
+        await _release_budgets(store, swapped, workers)
         if not args.wait:
             if args.json:
                 out.write(json.dumps({"drained": [_worker_json(w) for w in workers]}) + "\n")
