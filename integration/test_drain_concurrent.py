@@ -24,6 +24,7 @@ from typing import Any
 
 import nats
 import pytest
+from nats.js.errors import KeyNotFoundError
 from natsfixture import NatsServer
 from support.cards import base_card
 from workerset_admission import cli
@@ -117,10 +118,22 @@ async def served_members(url: str, admission: str, namespace: str) -> list[str]:
 
 
 async def drain_keys(url: str, bucket: str, namespace: str) -> list[str]:
+    """The drain records of ``namespace`` in force: the stream's subjects, then each key's value."""
     nc = await nats.connect(url)
     try:
-        kv = await nc.jetstream().key_value(bucket)
-        return sorted(k for k in await kv.keys() if k.startswith(f"v1.drain.{namespace}."))
+        js = nc.jetstream()
+        prefix = f"$KV.{bucket}."
+        info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}v1.drain.{namespace}.>")
+        kv = await js.key_value(bucket)
+        found = []
+        for subject in info.state.subjects or {}:
+            key = subject[len(prefix) :]
+            try:
+                await kv.get(key)
+            except KeyNotFoundError:
+                continue  # withdrawn
+            found.append(key)
+        return sorted(found)
     finally:
         await nc.close()
 
