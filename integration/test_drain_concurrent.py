@@ -123,7 +123,9 @@ async def drain_keys(url: str, bucket: str, namespace: str) -> list[str]:
     try:
         js = nc.jetstream()
         prefix = f"$KV.{bucket}."
-        info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}v1.drain.{namespace}.>")
+        info = await js.stream_info(
+            f"KV_{bucket}", subjects_filter=f"{prefix}v1.drain.{namespace}.>"
+        )
         kv = await js.key_value(bucket)
         found = []
         for subject in info.state.subjects or {}:

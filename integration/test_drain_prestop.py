@@ -247,7 +247,8 @@ def test_two_pods_sharing_one_ip_each_drain_only_their_own_worker(pods: Pods) ->
     again = run_hook(pods, "127.0.0.2", port_1)
     took = time.monotonic() - started
     assert again.returncode == 0, again.stderr
-    assert "waiting" not in again.stderr and took < 4.5, (took, again.stderr)
+    assert "waiting" not in again.stderr, again.stderr
+    assert took < 4.5, (took, again.stderr)
 
     # Given back; then pod 2's hook drains its own worker only.
     undrain(pods, first)

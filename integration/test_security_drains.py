@@ -60,7 +60,11 @@ def serve_with_view(url: str, material: SecurityMaterial, root: Path) -> subproc
 
 def view_cards(view: Path) -> frozenset[str]:
     folder = view / "v1" / "mdc"
-    return frozenset(p.name for p in folder.rglob("*") if p.is_file()) if folder.exists() else frozenset()
+    return (
+        frozenset(p.name for p in folder.rglob("*") if p.is_file())
+        if folder.exists()
+        else frozenset()
+    )
 
 
 async def drain_related_keys(url: str, password: str) -> list[str]:
@@ -168,4 +172,3 @@ def test_a_drain_refused_for_another_namespace_changes_no_view_while_it_runs(
             served.terminate()
             served.wait(timeout=30)
     print(f"\n[drain] a refused cross-namespace drain: {samples} samples, the view never changed")
-

@@ -147,7 +147,8 @@ def test_only_what_a_frontend_can_route_counts_as_what_is_left() -> None:
     # ... nor is it counted among what a frontend serves on the model's hop.
     hop = json.dumps(["dgd", "backend", "generate", "chat", "prefill"])
     record = served("fe-1", "dgd", 2)
-    assert isinstance(record, NamespaceRecord) and record.groups is not None
+    assert isinstance(record, NamespaceRecord)
+    assert record.groups is not None
     prefill_group = dataclasses.replace(record.groups[0], worker_set=hop)
     both = [dataclasses.replace(served("fe-1", "dgd", 1, 2), groups=(
         dataclasses.replace(served("fe-1", "dgd", 1).groups[0]),  # type: ignore[union-attr]
@@ -164,7 +165,7 @@ def test_namespaces_no_live_frontend_watches_are_judged_on_the_bucket() -> None:
     # decides for it, and ns-a's worker there still counts only on fe-1.
     (gone,) = check_last_workers(watching_a, listing, [Worker("ns-b", 2)])
     assert (gone.frontend, gone.members) == (None, ("ns-b/2 (2)",))
-    assert check_last_workers(watching_a + [served("fe-1", "ns-b", 2)], listing,
+    assert check_last_workers([*watching_a, served("fe-1", "ns-b", 2)], listing,
                               [Worker("ns-b", 2)]) == ()  # fmt: skip
 
 
@@ -177,7 +178,7 @@ def test_budgets_count_drains_about_to_be_written_and_forget_them_once_recorded(
     assert pending_drains([pending], [a], now=110.0) == set()
     assert pending_drains([pending], [], now=100.0 + PENDING_WINDOW) == set()
     # A swap keeps what still counts and adds its own.
-    after = budget_after(pending + (Pending("dgd", 3, 0.0),), [b], [c], now=120.0)
+    after = budget_after((*pending, Pending("dgd", 3, 0.0)), [b], [c], now=120.0)
     assert after == (Pending("dgd", 1, 100.0), Pending("dgd", 2, 120.0))
     raw = encode_budget_record(MODEL, after)
     assert decode_budget_record(raw) == after

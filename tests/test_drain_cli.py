@@ -134,13 +134,16 @@ def test_a_host_drain_is_prepared_then_committed_and_a_refusal_writes_nothing() 
         drain(store, "--host-from-env", "POD_IP", "--allow-empty", env={"POD_IP": "10.0.0.5"})
     assert "v1.drain.ns-b.2" in str(refused.value)
     # Refused before the first write: no drain record, no budget, nothing to withdraw.
-    assert store.writes == [] and store.kv == {} and store.budgets == {}
+    assert store.writes == []
+    assert store.kv == {}
+    assert store.budgets == {}
     # A drain already in force before the command is someone's earlier word: it stays.
     earlier = drain_kv_key("ns-a", 1)
     store.kv[earlier] = b"{}"
     with pytest.raises(CredentialsRefused) as refused:
         drain(store, "--host", "10.0.0.5", "--allow-empty")
-    assert list(store.kv) == [earlier] and store.writes == []
+    assert list(store.kv) == [earlier]
+    assert store.writes == []
     # Limited to the namespaces named, the same host drains what this user may write.
     store.writes.clear()
     status, _ = drain(store, "--host", "10.0.0.5", "--namespace", "ns-a", "--allow-empty")

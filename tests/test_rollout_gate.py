@@ -395,7 +395,8 @@ def test_min_members_keeps_the_gate_closed_until_every_frontend_has_that_capacit
     one = [served("fe-1", "v2", 1), served("fe-2", "v2", 1, 2)]
     assert evaluate_gate(one, model="tiny", namespace="v2").open
     closed = evaluate_gate(one, model="tiny", namespace="v2", min_members=2)
-    assert not closed.open and closed.missing == ("fe-1",)
+    assert not closed.open
+    assert closed.missing == ("fe-1",)
     assert "with at least 2 members" in closed.reasons[0]
     both = [served("fe-1", "v2", 1, 2), served("fe-2", "v2", 1, 2)]
     assert evaluate_gate(both, model="tiny", namespace="v2", min_members=2).open

@@ -212,7 +212,7 @@ class NatsDrainStore:
         raise Unreachable(f"NATS did not answer a write of {key} in time; nothing was drained")
 
     async def budget(self, key: str) -> tuple[int | None, bytes | None]:
-        """A drain budget record's revision and value; ``(None, None)`` when there is none."""
+        """Read a drain budget record's revision and value; ``(None, None)`` when there is none."""
         kv = await self._nc().jetstream(timeout=_REQUEST_TIMEOUT).key_value(self._discovery)
         try:
             entry = await kv.get(key)

@@ -157,6 +157,7 @@ def decode_budget_record(raw: bytes | None) -> tuple[Pending, ...]:
         namespace, instance_id, at = item.get("namespace"), item.get("instance_id"), item.get("at")
         if (
             isinstance(namespace, str)
+            and isinstance(instance_id, int)
             and _u64(instance_id)
             and isinstance(at, (int, float))
             and not isinstance(at, bool)

@@ -53,7 +53,6 @@ from workerset_admission.card.serving_record import (
 from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNCONFIRMED
 from workerset_admission.cli.runner import seconds_within, text_within
 from workerset_admission.errors import (
-    CredentialsRefused,
     InvalidRecordError,
     LastWorkerRefused,
     Unreachable,
@@ -120,7 +119,7 @@ class DrainStore(Protocol):
         ...
 
     async def budget(self, key: str) -> tuple[int | None, bytes | None]:
-        """A budget record's revision and value (``(None, None)``: there is none)."""
+        """Read a budget record's revision and value (``(None, None)``: there is none)."""
         ...
 
     async def swap_budget(self, key: str, value: bytes, revision: int | None) -> bool:
@@ -174,8 +173,7 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port-from-env",
         metavar="VARIABLE",
-        help="as --port, read from this environment variable (a preStop hook's "
-        "DYN_TCP_RPC_PORT)",
+        help="as --port, read from this environment variable (a preStop hook's DYN_TCP_RPC_PORT)",
     )
     parser.add_argument(
         "--nats-monitor",

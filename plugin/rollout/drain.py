@@ -249,7 +249,7 @@ def _on_serving_hop(card: Any) -> bool:
 
 
 def _worker_set_role(worker_set: str) -> str | None:
-    """The effective worker type a serving record's WorkerSet id names, if it names one."""
+    """Return the effective worker type a serving record's WorkerSet id names, if any."""
     try:
         parts = jsonio.loads(worker_set)
     except jsonio.JsonError:
@@ -523,7 +523,7 @@ def pending_drains(
     now: float,
     window: float = PENDING_WINDOW,
 ) -> set[Worker]:
-    """The workers the budgets hold as about to be drained, beyond the drains in force."""
+    """Return the workers the budgets hold as about to be drained, beyond those in force."""
     recorded = list(in_force)
     return {
         Worker(p.namespace, p.instance_id)
@@ -539,7 +539,7 @@ def budget_after(
     now: float,
     window: float = PENDING_WINDOW,
 ) -> tuple[Pending, ...]:
-    """A budget's pending drains once ``workers`` join them (the ones that lapsed left out)."""
+    """Return a budget's pending drains once ``workers`` join them (lapsed ones left out)."""
     adding = {(w.namespace, w.instance_id) for w in workers}
     kept = [
         p
@@ -556,9 +556,7 @@ def gone_unconfirmed(
     """Frontends live in ``before``, not live ``now``, that never confirmed the drain."""
     let_go = set(confirmed)
     live_now = live_frontends(now)
-    return tuple(
-        sorted(f for f in live_frontends(before) if f not in live_now and f not in let_go)
-    )
+    return tuple(sorted(f for f in live_frontends(before) if f not in live_now and f not in let_go))
 
 
 def lost_models(before: Sequence[Record], now: Sequence[Record]) -> tuple[tuple[str, str], ...]:
