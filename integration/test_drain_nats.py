@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -463,3 +464,55 @@ def test_a_300_character_by_is_refused_and_nothing_is_written(
         assert bad.returncode == 2, (argv, bad.stderr)
         assert len(bad.stderr.splitlines()) == 1
     assert drain_keys(nats_server.url, discovery) == []
+
+
+def test_a_frontend_stopped_while_a_drain_waits_is_reported_unconfirmed_never_safe(
+    nats_server: NatsServer, buckets: list[str], tmp_path: Path
+) -> None:
+    """A real frontend frozen (SIGSTOP: alive, routing, silent on NATS) mid-drain."""
+    discovery, admission = buckets[3], buckets[5]
+    frontends = []
+    for name in ("fe-1", "fe-2"):
+        with (tmp_path / f"{name}.log").open("w") as log:
+            frontends.append(
+                subprocess.Popen(
+                    [*CLI, "serve", *buckets, "--frontend-id", name,
+                     "--status-subject", f"status-{uuid.uuid4().hex[:8]}"],
+                    stdout=subprocess.DEVNULL, stderr=log,
+                )  # fmt: skip
+            )
+    try:
+        asyncio.run(register(nats_server.url, discovery, (A1, 16), (A2, 16)))
+
+        def both_serve() -> bool:
+            keys = asyncio.run(bucket_keys_or_none(nats_server.url, admission))
+            return {"v1.fe-1.members.dgd", "v1.fe-2.members.dgd"} <= set(keys)
+
+        deadline = time.monotonic() + 30
+        while not both_serve():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)
+        frontends[1].send_signal(signal.SIGSTOP)  # cut off: it still holds A1 in its routing
+        started = time.monotonic()
+        drained = run("drain", str(A1), "--wait", "--json", "--timeout", "120", *buckets,
+                      timeout=150)  # fmt: skip
+        took = time.monotonic() - started
+        assert drained.returncode == 7, drained.stderr
+        answer = json.loads(drained.stdout)
+        assert answer["unconfirmed"] == ["fe-2"] and answer["safe"] is False
+        assert [f["frontend"] for f in answer["frontends"] if f["confirmed"]] == ["fe-1"]
+        assert "waiting for fe-2" in drained.stderr
+        print(f"\n[drain] a frozen frontend's records expired: unconfirmed after {took:.1f} s")
+    finally:
+        frontends[1].send_signal(signal.SIGCONT)
+        for process in frontends:
+            process.terminate()
+            process.wait(timeout=20)
+
+
+async def bucket_keys_or_none(url: str, bucket: str) -> list[str]:
+    try:
+        return await bucket_keys(url, bucket)
+    except Exception:
+        return []
