@@ -476,9 +476,17 @@ def test_a_frontend_stopped_while_a_drain_waits_is_reported_unconfirmed_never_sa
         with (tmp_path / f"{name}.log").open("w") as log:
             frontends.append(
                 subprocess.Popen(
-                    [*CLI, "serve", *buckets, "--frontend-id", name,
-                     "--status-subject", f"status-{uuid.uuid4().hex[:8]}"],
-                    stdout=subprocess.DEVNULL, stderr=log,
+                    [
+                        *CLI,
+                        "serve",
+                        *buckets,
+                        "--frontend-id",
+                        name,
+                        "--status-subject",
+                        f"status-{uuid.uuid4().hex[:8]}",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
                 )  # fmt: skip
             )
     try:
