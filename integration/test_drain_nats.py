@@ -487,7 +487,7 @@ def test_a_frontend_stopped_while_a_drain_waits_is_reported_unconfirmed_never_sa
                     ],
                     stdout=subprocess.DEVNULL,
                     stderr=log,
-                )  # fmt: skip
+                )
             )
     try:
         asyncio.run(register(nats_server.url, discovery, (A1, 16), (A2, 16)))
@@ -508,7 +508,8 @@ def test_a_frontend_stopped_while_a_drain_waits_is_reported_unconfirmed_never_sa
         took = time.monotonic() - started
         assert drained.returncode == 7, drained.stderr
         answer = json.loads(drained.stdout)
-        assert answer["unconfirmed"] == ["fe-2"] and answer["safe"] is False
+        assert answer["unconfirmed"] == ["fe-2"]
+        assert answer["safe"] is False
         assert [f["frontend"] for f in answer["frontends"] if f["confirmed"]] == ["fe-1"]
         assert "waiting for fe-2" in drained.stderr
         print(f"\n[drain] a frozen frontend's records expired: unconfirmed after {took:.1f} s")
