@@ -16,21 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
-from nats.js.errors import APIError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError, NotFoundError
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
     connect,
     servers_for_display,
 )
+from workerset_admission.adapters.nats.admission_reader import read_keys
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError
 from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX
+from workerset_admission.rollout.frontends import key_matches
 
 __all__ = ["NatsDrainStore"]
 
@@ -129,14 +131,29 @@ class NatsDrainStore:
         entries = await self._list(self._discovery, (DRAIN_PREFIX.rstrip("."),))
         return [(e.key, e.value) for e in entries]
 
-    async def serving(self) -> BucketRead:
-        """Read the serving-admission bucket; ``problem`` says why it could not be read."""
+    async def serving(self, filters: Sequence[str] | None = None) -> BucketRead:
+        """Read the serving-admission bucket (the keys ``filters`` name, when given).
+
+        ``problem`` says why it could not be read.
+        """
+        if filters is not None:
+            try:
+                found = await read_keys(self._nc(), self._admission, filters, _REQUEST_TIMEOUT)
+                return BucketRead(entries=tuple(found))
+            except NotFoundError:
+                return BucketRead()
+            except BadRequestError:
+                pass  # one filter per consumer only (before 2.10): read it whole, below
+            except (OSError, NatsError, asyncio.TimeoutError) as error:
+                return BucketRead(problem=f"cannot read bucket {self._admission}: {error!r}")
         try:
             entries = await self._list(self._admission, None)
         except NotFoundError:
             return BucketRead()  # no frontend has published: none routes to anything
         except (OSError, NatsError, asyncio.TimeoutError) as error:
             return BucketRead(problem=f"cannot read bucket {self._admission}: {error!r}")
+        if filters is not None:
+            entries = [e for e in entries if key_matches(e.key, filters)]
         return BucketRead(entries=tuple(entries))
 
     async def put(self, key: str, value: bytes, ttl: float | None) -> None:

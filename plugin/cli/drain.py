@@ -75,7 +75,9 @@ from workerset_admission.rollout.drain import (
     nats_subjects,
     parse_instance_id,
     pending_drains,
+    wait_namespaces,
 )
+from workerset_admission.rollout.frontends import key_matches, record_filters
 
 __all__ = [
     "DrainStore",
@@ -108,7 +110,9 @@ class DrainStore(Protocol):
 
     async def drains(self) -> list[tuple[str, bytes]]: ...
 
-    async def serving(self) -> BucketRead: ...
+    async def serving(self, filters: Sequence[str] | None = None) -> BucketRead:
+        """Read the serving records (only the keys ``filters`` name, when given)."""
+        ...
 
     async def put(self, key: str, value: bytes, ttl: float | None) -> None: ...
 
@@ -330,8 +334,11 @@ async def wait_until_safe(
     check: DrainCheck | None = None
     lost: list[tuple[str, str]] = []
     confirmed: set[str] = set()
+    # Each look reads only what it asks about, not the whole bucket.
+    filters = record_filters(wait_namespaces(before, workers))
+    before = [r for r in before if key_matches(r.key, filters)]
     while True:
-        read = await store.serving()
+        read = await store.serving(filters)
         elapsed = clock() - started
         if read.problem is None:
             records = _records(read)

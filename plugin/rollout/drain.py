@@ -75,6 +75,7 @@ __all__ = [
     "transport_host",
     "transport_port",
     "transport_subject",
+    "wait_namespaces",
 ]
 
 
@@ -548,6 +549,27 @@ def budget_after(
     ]
     kept.extend(Pending(namespace, instance_id, now) for namespace, instance_id in sorted(adding))
     return tuple(sorted(kept))
+
+
+def wait_namespaces(before: Sequence[Record], workers: Sequence[Worker]) -> set[str]:
+    """The namespaces a wait for ``workers`` asks about: theirs, and every namespace a frontend
+    served one of their models from when the drain began (a model lost meanwhile is told)."""
+    namespaces = {worker.namespace for worker in workers}
+    served = _served(before)
+    models = {
+        model
+        for by_model in served.values()
+        for model, members in by_model.items()
+        if any(_owned(m, workers) for m in members)
+    }
+    for record in before:
+        if isinstance(record, NamespaceRecord) and record.namespace is not None:
+            if record.groups is None:
+                if any(_owned(m, workers) for m in record.members):
+                    namespaces.add(record.namespace)
+            elif any(group.model in models and group.members for group in record.groups):
+                namespaces.add(record.namespace)
+    return namespaces
 
 
 def gone_unconfirmed(

@@ -12,8 +12,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from workerset_admission.card.serving_record import NamespaceRecord, Record
+from workerset_admission.keys import escape_token
 
-__all__ = ["live_frontends", "watched_namespaces"]
+__all__ = ["key_matches", "live_frontends", "record_filters", "watched_namespaces"]
+
+
+def record_filters(namespaces: Iterable[str]) -> tuple[str, ...]:
+    """The keys a poll about ``namespaces`` reads: what says each frontend is live, and the
+    frontends' records of those namespaces (NATS subject filters, relative to the bucket)."""
+    return (
+        "v1.*.capability",
+        *(f"v1.*.members.{escape_token(ns)}" for ns in sorted(set(namespaces))),
+    )
 
 
 def live_frontends(records: Iterable[Record]) -> Mapping[str, float | None]:
@@ -38,3 +48,21 @@ def watched_namespaces(records: Iterable[Record]) -> Mapping[str, frozenset[str]
         if isinstance(record, NamespaceRecord) and record.namespace is not None:
             namespaces.add(record.namespace)
     return {frontend: frozenset(names) for frontend, names in found.items()}
+
+
+def key_matches(key: str, filters: Sequence[str]) -> bool:
+    """Whether a key matches one of NATS subject filters (``*`` one token, ``>`` the rest)."""
+    tokens = key.split(".")
+    for pattern in filters:
+        parts = pattern.split(".")
+        for index, part in enumerate(parts):
+            if part == ">":
+                if index < len(tokens):
+                    return True
+                break
+            if index >= len(tokens) or (part != "*" and part != tokens[index]):
+                break
+        else:
+            if len(parts) == len(tokens):
+                return True
+    return False
