@@ -21,13 +21,13 @@ from collections.abc import Callable, Sequence
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError, NotFoundError
+from workerset_admission.adapters.nats.admission_reader import read_keys
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
     connect,
     servers_for_display,
 )
-from workerset_admission.adapters.nats.admission_reader import read_keys
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError

@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TextIO
 
@@ -22,6 +22,7 @@ from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNREACHABLE
 from workerset_admission.cli.runner import seconds_within
 from workerset_admission.errors import InvalidRecordError, wire_text
 from workerset_admission.keys import ADMISSION_BUCKET
+from workerset_admission.rollout.frontends import record_filters
 from workerset_admission.rollout.gate import (
     GateReport,
     evaluate_gate,
@@ -55,7 +56,9 @@ DEFAULT_BUCKET = ADMISSION_BUCKET
 class RecordSource(Protocol):
     """Where the serving-admission records come from (the NATS bucket, or a test's list)."""
 
-    async def read(self) -> BucketRead: ...
+    async def read(self, filters: Sequence[str] | None = None) -> BucketRead:
+        """Read the records (only the keys ``filters`` name, when given)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +88,16 @@ class GateCheck:
 
 
 async def check_gate(
-    source: RecordSource, query: GateQuery, now: Callable[[], float] = time.time
+    source: RecordSource,
+    query: GateQuery,
+    now: Callable[[], float] = time.time,
+    filters: Sequence[str] | None = None,
 ) -> GateCheck:
-    """Read the bucket once and evaluate the gate; bad records are refused, never fatal."""
-    read = await source.read()
+    """Read the bucket once and evaluate the gate; bad records are refused, never fatal.
+
+    ``filters`` limits the read to the records the question names (the later looks of a wait).
+    """
+    read = await source.read(filters)
     if read.problem is not None:
         return GateCheck(report=None, problem=read.problem)
     records: list[Record] = []
@@ -168,8 +177,15 @@ async def wait_for_gate(
     """Look until the gate opens or ``timeout`` passes; report each change of the answer."""
     started = clock()
     last_line: str | None = None
+    filters: Sequence[str] | None = None
     while True:
-        check = await check_gate(source, query, now)
+        check = await check_gate(source, query, now, filters)
+        if filters is None and check.report is not None:
+            # The first look read everything; the next ones read the new generation's records
+            # and the older generations' the first look found (or the operator named).
+            older = set(query.previous_namespaces or ())
+            older.update(ns for view in check.report.frontends for ns in view.previous_namespaces)
+            filters = record_filters({query.namespace, *older})
         elapsed = clock() - started
         line = progress_line(check, elapsed)
         # Only changes are printed, so a long wait does not flood the operator's terminal.

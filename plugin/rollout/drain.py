@@ -552,8 +552,11 @@ def budget_after(
 
 
 def wait_namespaces(before: Sequence[Record], workers: Sequence[Worker]) -> set[str]:
-    """The namespaces a wait for ``workers`` asks about: theirs, and every namespace a frontend
-    served one of their models from when the drain began (a model lost meanwhile is told)."""
+    """Return the namespaces a wait for ``workers`` asks about.
+
+    Theirs, and every namespace a frontend served one of their models from when the drain
+    began (so a model lost meanwhile is told).
+    """
     namespaces = {worker.namespace for worker in workers}
     served = _served(before)
     models = {

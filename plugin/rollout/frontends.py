@@ -9,7 +9,7 @@ be asked, and the drain tools judge it on the discovery bucket instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from workerset_admission.card.serving_record import NamespaceRecord, Record
 from workerset_admission.keys import escape_token
@@ -18,8 +18,10 @@ __all__ = ["key_matches", "live_frontends", "record_filters", "watched_namespace
 
 
 def record_filters(namespaces: Iterable[str]) -> tuple[str, ...]:
-    """The keys a poll about ``namespaces`` reads: what says each frontend is live, and the
-    frontends' records of those namespaces (NATS subject filters, relative to the bucket)."""
+    """Return the keys a poll about ``namespaces`` reads, as NATS subject filters.
+
+    What says each frontend is live, and the frontends' records of those namespaces.
+    """
     return (
         "v1.*.capability",
         *(f"v1.*.members.{escape_token(ns)}" for ns in sorted(set(namespaces))),
@@ -51,7 +53,7 @@ def watched_namespaces(records: Iterable[Record]) -> Mapping[str, frozenset[str]
 
 
 def key_matches(key: str, filters: Sequence[str]) -> bool:
-    """Whether a key matches one of NATS subject filters (``*`` one token, ``>`` the rest)."""
+    """Tell whether a key matches a NATS subject filter (``*`` one token, ``>`` the rest)."""
     tokens = key.split(".")
     for pattern in filters:
         parts = pattern.split(".")
