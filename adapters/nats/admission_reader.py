@@ -155,7 +155,10 @@ class NatsRecordSource:
             return BucketRead(problem=f"cannot read bucket {self._bucket}: {error!r}")
         finally:
             await client.close()
-        entries = (RawEntry(e.key, e.value, e.published_at) for e in listing.entries)
         return BucketRead(
-            entries=tuple(e for e in entries if filters is None or key_matches(e.key, filters))
+            entries=tuple(
+                RawEntry(e.key, e.value, e.published_at)
+                for e in listing.entries
+                if filters is None or key_matches(e.key, filters)
+            )
         )
