@@ -24,6 +24,7 @@ from workerset_admission.rollout.drain import (
     lost_models,
     pending_drains,
     transport_host,
+    transport_port,
 )
 
 
@@ -191,3 +192,34 @@ def test_a_model_lost_while_waiting_is_named_with_its_frontend() -> None:
     assert lost_models(before, now) == (("fe-1", MODEL),)
     # A frontend that is gone loses nothing (it is no longer live).
     assert lost_models(before, [served("fe-2", "dgd", 1)]) == ()
+
+
+def test_a_port_names_one_worker_among_those_sharing_a_host() -> None:
+    listing = [
+        card("dgd", 1),
+        endpoint("dgd", 1, {"tcp": "10.0.0.5:9001/generate"}),
+        card("dgd", 2),
+        endpoint("dgd", 2, {"tcp": "10.0.0.5:9002/generate"}),
+        card("dgd", 3),
+        endpoint("dgd", 3, {"nats_tcp": "dgd_backend.generate-3"}),
+    ]
+    assert find_workers(listing, Selection(host="10.0.0.5")) == [Worker("dgd", 1), Worker("dgd", 2)]
+    assert find_workers(listing, Selection(host="10.0.0.5", port=9002)) == [Worker("dgd", 2)]
+    # A NATS-plane record names no port: a port never names it.
+    hosts = {"dgd_backend.generate-3": "10.0.0.5"}
+    assert find_workers(listing, Selection(host="10.0.0.5", port=9001), subject_hosts=hosts) == [
+        Worker("dgd", 1)
+    ]
+    assert transport_port({"http": "http://10.0.0.8:8888/v1/rpc"}) == 8888
+    with pytest.raises(UsageError, match="--port narrows --host"):
+        Selection(instance_id=1, port=9001).check()
+
+
+def test_an_older_card_says_prefill_by_its_model_type() -> None:
+    key, value = card("dgd", 2)
+    record = json.loads(value)
+    record["card_json"]["model_type"] = "Chat | Prefill"
+    listing = [*worker("dgd", 1, "h1"), (key, json.dumps(record).encode()),
+               endpoint("dgd", 2, {"tcp": "h2:9/x"})]  # fmt: skip
+    (gone,) = check_last_workers([], listing, [Worker("dgd", 1)])
+    assert gone.members == ("dgd/1 (1)",)
