@@ -162,12 +162,14 @@ def test_only_what_a_frontend_can_route_counts_as_what_is_left() -> None:
 def test_namespaces_no_live_frontend_watches_are_judged_on_the_bucket() -> None:
     listing = [*worker("ns-a", 1, "h1"), *worker("ns-b", 2, "h2")]
     watching_a = [served("fe-1", "ns-a", 1)]
-    # fe-1 serves the model from ns-a; ns-b is watched by no live frontend: the bucket
-    # decides for it, and ns-a's worker there still counts only on fe-1.
-    (gone,) = check_last_workers(watching_a, listing, [Worker("ns-b", 2)])
-    assert (gone.frontend, gone.members) == (None, ("ns-b/2 (2)",))
-    assert check_last_workers([*watching_a, served("fe-1", "ns-b", 2)], listing,
-                              [Worker("ns-b", 2)]) == ()  # fmt: skip
+    # ns-b is watched by no live frontend: the bucket decides for it. ns-a's worker is still
+    # registered and routable there, so the model stays served ...
+    assert check_last_workers(watching_a, listing, [Worker("ns-b", 2)]) == ()
+    # ... unless it is drained too (then fe-1 loses it as well).
+    gone = check_last_workers(watching_a, listing, [Worker("ns-b", 2)], [Worker("ns-a", 1)])
+    assert [(g.frontend, g.members) for g in gone] == [(None, ("ns-b/2 (2)",))]
+    both = [*watching_a, served("fe-1", "ns-b", 2)]
+    assert check_last_workers(both, listing, [Worker("ns-b", 2)]) == ()
 
 
 def test_budgets_count_drains_about_to_be_written_and_forget_them_once_recorded() -> None:

@@ -14,8 +14,7 @@ from workerset_admission import cli
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.cli.drain import run_drain, run_undrain
 from workerset_admission.errors import CredentialsRefused, LastWorkerRefused, UsageError
-from workerset_admission.keys import drain_kv_key
-from workerset_admission.rollout.frontends import key_matches
+from workerset_admission.keys import drain_kv_key, key_matches
 
 
 class MemoryStore:

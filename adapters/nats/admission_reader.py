@@ -34,8 +34,7 @@ from workerset_admission.adapters.nats.connect import (
 from workerset_admission.adapters.nats.kv import removal_kind
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card.serving_record import BucketRead, RawEntry
-from workerset_admission.keys import ADMISSION_BUCKET
-from workerset_admission.rollout.frontends import key_matches
+from workerset_admission.keys import ADMISSION_BUCKET, key_matches
 
 DEFAULT_ADMISSION_BUCKET = ADMISSION_BUCKET
 

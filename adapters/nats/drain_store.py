@@ -31,8 +31,7 @@ from workerset_admission.adapters.nats.connect import (
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError
-from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX
-from workerset_admission.rollout.frontends import key_matches
+from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX, key_matches
 
 __all__ = ["NatsDrainStore"]
 

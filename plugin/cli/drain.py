@@ -60,7 +60,7 @@ from workerset_admission.errors import (
     wire_text,
 )
 from workerset_admission.identity import Drain
-from workerset_admission.keys import drain_kv_key, parse_drain_key
+from workerset_admission.keys import drain_kv_key, key_matches, parse_drain_key
 from workerset_admission.rollout.drain import (
     DrainCheck,
     Selection,
@@ -77,7 +77,7 @@ from workerset_admission.rollout.drain import (
     pending_drains,
     wait_namespaces,
 )
-from workerset_admission.rollout.frontends import key_matches, record_filters
+from workerset_admission.rollout.frontends import record_filters
 
 __all__ = [
     "DrainStore",

@@ -385,9 +385,9 @@ def nats_subjects(entries: Iterable[tuple[str, bytes]]) -> list[str]:
 # out, a frontend that serves a model through one of them would list no member of that model
 # on its serving hop any more. A handover does not empty a model: when another configuration
 # of the same WorkerSet is registered and routable, the frontend keeps serving the drained
-# incumbent until that successor is committed (see admission/core.py). The namespaces no live
-# frontend watches are judged on the discovery bucket, as a frontend starting now to watch
-# them would see it: another routable, undrained worker of the model must remain there.
+# incumbent until that successor is committed (see admission/core.py). A drained worker of a
+# namespace no live frontend watches is judged on the discovery bucket, as a frontend starting
+# now would see it: another routable, undrained worker of the model must remain registered.
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,11 +478,15 @@ def check_last_workers(
             emptied.append(Emptied(model, frontend, tuple(sorted(set(members)))))
     watched = set().union(*watched_namespaces(records).values())
     unwatched: dict[str, set[Worker]] = {}
+    anywhere: dict[str, set[Worker]] = {}
     for worker, model, _place in routable:
+        anywhere.setdefault(model, set()).add(worker)
         if worker.namespace not in watched:
             unwatched.setdefault(model, set()).add(worker)
     for model, holders in sorted(unwatched.items()):
-        if holders & named and holders <= out:
+        # A frontend starting now, watching every namespace, would route to any routable,
+        # undrained worker of the model the bucket holds.
+        if holders & named and anywhere[model] <= out:
             last = tuple(str(w) for w in sorted(holders))
             emptied.append(Emptied(model, None, last))
     return tuple(emptied)

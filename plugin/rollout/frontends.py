@@ -9,12 +9,12 @@ be asked, and the drain tools judge it on the discovery bucket instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from workerset_admission.card.serving_record import NamespaceRecord, Record
 from workerset_admission.keys import escape_token
 
-__all__ = ["key_matches", "live_frontends", "record_filters", "watched_namespaces"]
+__all__ = ["live_frontends", "record_filters", "watched_namespaces"]
 
 
 def record_filters(namespaces: Iterable[str]) -> tuple[str, ...]:
@@ -50,21 +50,3 @@ def watched_namespaces(records: Iterable[Record]) -> Mapping[str, frozenset[str]
         if isinstance(record, NamespaceRecord) and record.namespace is not None:
             namespaces.add(record.namespace)
     return {frontend: frozenset(names) for frontend, names in found.items()}
-
-
-def key_matches(key: str, filters: Sequence[str]) -> bool:
-    """Tell whether a key matches a NATS subject filter (``*`` one token, ``>`` the rest)."""
-    tokens = key.split(".")
-    for pattern in filters:
-        parts = pattern.split(".")
-        for index, part in enumerate(parts):
-            if part == ">":
-                if index < len(tokens):
-                    return True
-                break
-            if index >= len(tokens) or (part != "*" and part != tokens[index]):
-                break
-        else:
-            if len(parts) == len(tokens):
-                return True
-    return False
