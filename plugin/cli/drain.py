@@ -493,6 +493,8 @@ async def _check_and_commit(
         except _Raced as raced:
             attempt += 1
             if clock() >= deadline:
+                if swapped:
+                    await _release_budgets(store, swapped, workers)
                 raise Unreachable(
                     f"the drain budget of model {raced} kept moving (other drains) until the "
                     "timeout; nothing was drained"
