@@ -14,6 +14,7 @@ from workerset_admission.card.drain_record import (
 )
 from workerset_admission.card.serving_record import CapabilityRecord, NamespaceRecord
 from workerset_admission.errors import UsageError
+from workerset_admission.keys import key_matches
 from workerset_admission.rollout.drain import (
     PENDING_WINDOW,
     Selection,
@@ -26,6 +27,7 @@ from workerset_admission.rollout.drain import (
     transport_host,
     transport_port,
 )
+from workerset_admission.rollout.frontends import record_filters
 
 
 def test_every_request_plane_of_1_6_1_names_its_host_or_its_subject() -> None:
@@ -225,3 +227,16 @@ def test_an_older_card_says_prefill_by_its_model_type() -> None:
                endpoint("dgd", 2, {"tcp": "h2:9/x"})]  # fmt: skip
     (gone,) = check_last_workers([], listing, [Worker("dgd", 1)])
     assert gone.members == ("dgd/1 (1)",)
+
+
+def test_a_poll_reads_the_keys_its_filters_name_and_no_other() -> None:
+    filters = record_filters(["dgd", "a.b"])
+    assert filters == ("v1.*.capability", "v1.*.members.a=2Eb", "v1.*.members.dgd")
+    assert key_matches("v1.fe-1.capability", filters)
+    assert key_matches("v1.fe-2.members.dgd", filters)
+    assert key_matches("v1.fe-2.members.a=2Eb", filters)
+    assert not key_matches("v1.fe-2.members.other", filters)
+    assert not key_matches("v1.fe-2.members.dgd.extra", filters)
+    assert not key_matches("v1.capability", filters)
+    assert key_matches("v1.x.y", ["v1.>"])
+    assert not key_matches("v1", ["v1.>"])
