@@ -145,7 +145,9 @@ def test_the_prestop_hook_is_a_command_that_exists_with_nothing_for_a_shell_to_e
     assert command[0] == "workerset-admission"
     args = cli.build_parser().parse_args(command[1:])
     assert (args.command, args.host_from_env, args.wait) == ("drain", "POD_IP", True)
-    assert "POD_IP" in {env["name"] for env in container["env"]}
+    # The port names this pod's worker where pods share one IP (hostNetwork).
+    assert args.port_from_env == "DYN_TCP_RPC_PORT"
+    assert {"POD_IP", "DYN_TCP_RPC_PORT"} <= {env["name"] for env in container["env"]}
     # The pod outlives the drain's timeout plus its grace.
     assert pod["terminationGracePeriodSeconds"] > args.timeout + args.grace
     worker_image = (ROOT / "deploy" / "kubernetes" / "Containerfile.worker").read_text()

@@ -50,6 +50,7 @@ from workerset_admission.admission import (
     CancelBuild,
     CommitGroup,
     DrainChanged,
+    DrainLifted,
     Effect,
     HandoverEnded,
     Input,
@@ -249,6 +250,16 @@ class AdmissionStep:
             with self._telemetry.apply_update(event) as scope:
                 result = self.ingest.removal(event, now=now)
                 self._ingested(result, scope)
+            for lifted in result.inputs:
+                if type(lifted) is DrainLifted:
+                    # An operator's undrain, a drain's TTL, or a drain withdrawn: say so, since
+                    # the worker may now be routed to again.
+                    self._log.info(
+                        "drain of %s/%x withdrawn (%s): the worker may be routed to again",
+                        wire_text(lifted.namespace),
+                        lifted.instance_id,
+                        event.operation,
+                    )
         elif isinstance(event, SourceListing):
             with collector_paused(), self._telemetry.apply_update(event) as scope:
                 result = self.ingest.listing(event, keep, now=now, recorded=recorded)
