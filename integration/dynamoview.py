@@ -207,8 +207,11 @@ class Deployment:
             self.dynamo_env(self.store),
         )
 
-    def start_sidecar(self) -> None:
-        """Run ``workerset-admission serve --view-dir`` (again, after :meth:`kill_sidecar`)."""
+    def start_sidecar(self, *extra: str) -> None:
+        """Run ``workerset-admission serve --view-dir`` (again, after :meth:`kill_sidecar`).
+
+        ``extra`` arguments go after the deployment's own (``--view-horizon 10``, say).
+        """
         env = self.dynamo_env(self.view)
         env["WORKERSET_ADMISSION_SERVE_FILE"] = str(self.root / "serve.json")
         self.sidecar = self._start(
@@ -227,6 +230,7 @@ class Deployment:
                 self.status_subject,
                 "--frontend-id",
                 "view-sidecar",
+                *extra,
             ),
             env,
         )

@@ -163,9 +163,22 @@ def plugin_permissions(
     )
 
 
-def status_permissions(status_subject: str) -> Permissions:
-    """What ``workerset-admission status`` needs: send a request, read the reply."""
-    return Permissions(publish=(status_subject,), subscribe=(f"{inbox_prefix('status')}.>",))
+def status_permissions(
+    status_subject: str, admission_bucket: str = ADMISSION_BUCKET
+) -> Permissions:
+    """What ``workerset-admission status`` needs: send a request, read the reply, and read the
+    serving records (to say where frontends disagree), nothing else."""
+    adm = _stream(admission_bucket)
+    return Permissions(
+        publish=(
+            status_subject,
+            "$JS.API.INFO",
+            f"$JS.API.STREAM.INFO.{adm}",
+            *_listing(adm),
+            f"$JS.FC.{adm}.>",
+        ),
+        subscribe=(f"{inbox_prefix('status')}.>",),
+    )
 
 
 def worker_permissions(discovery_bucket: str, namespace: str) -> Permissions:
@@ -199,6 +212,9 @@ def drain_permissions(discovery_bucket: str, admission_bucket: str, namespace: s
             "$JS.API.INFO",
             *_reading(disc),
             f"$KV.{discovery_bucket}.v1.drain.{escape_token(namespace)}.>",
+            # Every model's drain budget: a model may be served from several namespaces, and
+            # their drains must see one another (a drain takes no worker through it).
+            f"$KV.{discovery_bucket}.v1.budget.>",
             f"$JS.API.STREAM.INFO.{adm}",
             *_listing(adm),
             f"$JS.FC.{adm}.>",
@@ -592,7 +608,7 @@ def users_config(
         {
             "user": "status-reader",
             "password": material.worker_password,
-            "permissions": status_permissions(status_subject).as_config(),
+            "permissions": status_permissions(status_subject, admission_bucket).as_config(),
         },
         {
             "user": "bridge",

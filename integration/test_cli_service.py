@@ -255,6 +255,10 @@ def test_the_demo_plays_a_rolling_update_to_the_end() -> None:
     out = demo.stdout
     assert "REJECTED cohort" in out
     assert "succession:" in out
+    # The v1 workers leave by the real drain command, the last one handing over to v2.
+    assert out.count("$ workerset-admission drain 0x") == 2
+    assert out.count("safe to stop: no live frontend routes to dgd/") == 2
+    assert out.index("drained dgd/2b") < out.index("succession:")
     assert "the v1 receiver is retired: True" in out
     assert out.rstrip().endswith("demo complete")
     # The rejected cohort is logged once, at ERROR, with its fields in the text.

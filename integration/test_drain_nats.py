@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -222,7 +223,7 @@ def test_drain_wait_on_a_worker_no_frontend_admits_returns_at_once(
     assert time.monotonic() - started < 10
 
 
-def test_drain_wait_on_a_frontend_that_died_follows_its_serving_records_expiry(
+def test_drain_wait_on_a_frontend_that_died_reports_it_unconfirmed_when_its_records_expire(
     nats_server: NatsServer, buckets: list[str]
 ) -> None:
     discovery, admission = buckets[3], buckets[5]
@@ -263,9 +264,13 @@ def test_drain_wait_on_a_frontend_that_died_follows_its_serving_records_expiry(
         "drain", str(A1), "--wait", "--json", "--timeout", "30", "--allow-empty", *buckets
     )
     took = time.monotonic() - started
-    assert drained.returncode == 0, drained.stderr
+    # It never said it let A1 go: it may still route to it. Not safe, a status of its own.
+    assert drained.returncode == 7, drained.stderr
     assert "waiting for fe-gone" in drained.stderr
-    assert json.loads(drained.stdout)["frontends"] == []
+    assert "unconfirmed: fe-gone went away without confirming" in drained.stderr
+    answer = json.loads(drained.stdout)
+    assert (answer["frontends"], answer["unconfirmed"], answer["safe"]) == ([], ["fe-gone"], False)
+    assert asyncio.run(bucket_keys(nats_server.url, discovery)).count(drain_kv_key("dgd", A1)) == 1
     # The answer comes when the dead frontend's records expire (the bucket's max age; 60 s
     # for the serving-admission bucket serve creates), not before and not much after.
     print(f"\n[drain] a dead frontend's records expired; drain --wait answered after {took:.2f} s")
@@ -459,3 +464,64 @@ def test_a_300_character_by_is_refused_and_nothing_is_written(
         assert bad.returncode == 2, (argv, bad.stderr)
         assert len(bad.stderr.splitlines()) == 1
     assert drain_keys(nats_server.url, discovery) == []
+
+
+def test_a_frontend_stopped_while_a_drain_waits_is_reported_unconfirmed_never_safe(
+    nats_server: NatsServer, buckets: list[str], tmp_path: Path
+) -> None:
+    """A real frontend frozen (SIGSTOP: alive, routing, silent on NATS) mid-drain."""
+    discovery, admission = buckets[3], buckets[5]
+    frontends = []
+    for name in ("fe-1", "fe-2"):
+        with (tmp_path / f"{name}.log").open("w") as log:
+            frontends.append(
+                subprocess.Popen(
+                    [
+                        *CLI,
+                        "serve",
+                        *buckets,
+                        "--frontend-id",
+                        name,
+                        "--status-subject",
+                        f"status-{uuid.uuid4().hex[:8]}",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                )
+            )
+    try:
+        asyncio.run(register(nats_server.url, discovery, (A1, 16), (A2, 16)))
+
+        def both_serve() -> bool:
+            keys = asyncio.run(bucket_keys_or_none(nats_server.url, admission))
+            return {"v1.fe-1.members.dgd", "v1.fe-2.members.dgd"} <= set(keys)
+
+        deadline = time.monotonic() + 30
+        while not both_serve():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)
+        frontends[1].send_signal(signal.SIGSTOP)  # cut off: it still holds A1 in its routing
+        started = time.monotonic()
+        drained = run("drain", str(A1), "--wait", "--json", "--timeout", "120", *buckets,
+                      timeout=150)  # fmt: skip
+        took = time.monotonic() - started
+        assert drained.returncode == 7, drained.stderr
+        answer = json.loads(drained.stdout)
+        assert answer["unconfirmed"] == ["fe-2"]
+        assert answer["safe"] is False
+        assert [f["frontend"] for f in answer["frontends"] if f["confirmed"]] == ["fe-1"]
+        assert "waiting for fe-2" in drained.stderr
+        print(f"\n[drain] a frozen frontend's records expired: unconfirmed after {took:.1f} s")
+    finally:
+        frontends[1].send_signal(signal.SIGCONT)
+        for process in frontends:
+            process.terminate()
+            process.wait(timeout=20)
+
+
+async def bucket_keys_or_none(url: str, bucket: str) -> list[str]:
+    try:
+        return await bucket_keys(url, bucket)
+    except Exception:
+        return []

@@ -1,12 +1,16 @@
 """The ``preStop`` hook of ``deploy/kubernetes/worker-prestop.yaml``, run as a kubelet runs it.
 
-Real ``python -m dynamo.mocker`` workers register in their own file store, one on the TCP
-request plane (listening on 127.0.0.2, its "pod IP") and one on the NATS request plane (its
-record names only a subject; the nats-server sees its connection from 127.0.0.1); ``bridge``
-mirrors them into the NATS bucket and ``serve`` admits them. The hook's command is read from
-the manifest and run with no shell, its environment variable set as the kubelet would set it
-from ``status.podIP``. Only the addresses of the services (NATS, its monitoring) are this
-test's own. Each pod's hook drains its own worker and no other; the last worker is refused.
+Real ``python -m dynamo.mocker`` workers register in their own file store; ``bridge`` mirrors
+them into the NATS bucket and ``serve`` admits them. The hook's command is read from the
+manifest and run with no shell, its environment variables set as the kubelet would set them
+(``status.podIP``, and the manifest's own ``DYN_TCP_RPC_PORT``, which each worker listens on).
+Only the addresses of the services (NATS, its monitoring) are this test's own.
+
+Two pods share one IP (127.0.0.2, as ``hostNetwork`` pods on one node do), each worker on the
+TCP request plane at a port of its own: each pod's hook drains its own worker and no other, a
+hook run again returns at once, and the last worker is refused. On the NATS request plane
+(whose record names a subject only; the nats-server sees its connection from 127.0.0.1) the
+manifest's hook without its port, as the manifest says, drains that pod's worker.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class Pods:
         self.env = file_discovery_environment(root / "store")
         self.model = write_model_dir(root / "model")
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.subject = ""
         (root / "logs").mkdir()
 
     def buckets(self) -> list[str]:
@@ -88,7 +93,7 @@ class Pods:
                 subprocess.Popen(argv, env={**base, **(env or {})}, stdout=log, stderr=log)
             )
 
-    def worker(self, name: str, plane: str, host: str) -> int:
+    def worker(self, name: str, plane: str, host: str, port: int | None = None) -> int:
         before = self.instances()
         env = {
             **self.env,
@@ -97,6 +102,8 @@ class Pods:
             "DYN_EVENT_PLANE": "nats",
             "NATS_SERVER": self.server.url,
         }
+        if port is not None:
+            env["DYN_TCP_RPC_PORT"] = str(port)
         self.start(
             name,
             [sys.executable, "-m", "dynamo.mocker", "--model-path", str(self.model),
@@ -148,15 +155,25 @@ def pods(tmp_path: Path) -> Iterator[Pods]:
         running.close()
 
 
-def run_hook(pods: Pods, pod_ip: str) -> subprocess.CompletedProcess[str]:
+def without_port(command: list[str]) -> list[str]:
+    """The hook as the manifest says to run it on the NATS request plane: no port."""
+    at = command.index("--port-from-env")
+    return command[:at] + command[at + 2 :]
+
+
+def run_hook(
+    pods: Pods, pod_ip: str, port: int | None = None, command: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the manifest's hook as the kubelet does: its argv as written, no shell of its own."""
-    argv = [pods.monitor if word == "http://nats:8222" else word for word in hook_command()]
+    given = hook_command() if command is None else command
+    argv = [pods.monitor if word == "http://nats:8222" else word for word in given]
     assert argv[0] == "workerset-admission"
     argv[0] = str(Path(sys.executable).with_name("workerset-admission"))
     env = {
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(pods.root),
         "POD_IP": pod_ip,
+        "DYN_TCP_RPC_PORT": str(port) if port is not None else "",
         "WORKERSET_ADMISSION_NATS_SERVERS": pods.server.url,
         "WORKERSET_ADMISSION_DISCOVERY_BUCKET": pods.discovery,
         "WORKERSET_ADMISSION_ADMISSION_BUCKET": pods.admission,
@@ -173,19 +190,8 @@ async def drains(url: str, bucket: str) -> list[str]:
         await nc.close()
 
 
-def test_the_prestop_hook_drains_its_own_worker_on_the_tcp_and_nats_request_planes(
-    pods: Pods,
-) -> None:
-    assert "$(" not in " ".join(hook_command())  # the kubelet would not expand it
-    tcp = pods.worker("tcp-worker", "tcp", "127.0.0.2")
-    on_nats = pods.worker("nats-worker", "nats", "127.0.0.1")
-    records = {
-        name: json.loads((Path(pods.env["DYN_FILE_KV"]) / "v1" / "instances" / name).read_text())
-        for name in os.listdir(Path(pods.env["DYN_FILE_KV"]) / "v1" / "instances")
-        if unquote(name).endswith((f"/generate/{tcp:x}", f"/generate/{on_nats:x}"))
-    }
-    transports = sorted(next(iter(r["transport"])) for r in records.values())
-    assert transports == ["nats_tcp", "tcp"]
+def start_frontend(pods: Pods, expected: list[int]) -> None:
+    """``bridge`` and ``serve``, until serve admits ``expected`` and its record lists them."""
     pods.start(
         "bridge",
         [*CLI, "bridge", "--file-kv", pods.env["DYN_FILE_KV"], "--interval", "0.2",
@@ -196,42 +202,84 @@ def test_the_prestop_hook_drains_its_own_worker_on_the_tcp_and_nats_request_plan
         "serve",
         [*CLI, "serve", *pods.buckets(), "--frontend-id", "fe-1", "--status-subject", subject],
     )
+    pods.subject = subject
+    wait_for(lambda: admitted(pods) == sorted(expected), "serve admits the workers")
+    time.sleep(1.0)  # its serving record lists them
 
-    def admitted() -> bool:
-        answer = subprocess.run(
-            [*CLI, "status", "--json", "--nats-server", pods.server.url, "--subject", subject],
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
-        if answer.returncode != 0:
-            return False
-        groups = json.loads(answer.stdout)["groups"]
-        return bool(groups) and sorted(groups[0]["admitted"]) == sorted([tcp, on_nats])
 
-    wait_for(admitted, "serve admits both workers")
-    time.sleep(1.0)  # its serving record lists both
+def admitted(pods: Pods) -> list[int]:
+    answer = subprocess.run(
+        [*CLI, "status", "--json", "--nats-server", pods.server.url, "--subject", pods.subject],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    if answer.returncode != 0:
+        return []
+    groups = json.loads(answer.stdout)["groups"]
+    return sorted(groups[0]["admitted"]) if groups else []
 
-    # The NATS-plane pod: found through the server's /connz, its worker alone is drained.
-    drained = run_hook(pods, "127.0.0.1")
+
+def undrain(pods: Pods, instance: int) -> None:
+    back = subprocess.run(
+        [*CLI, "undrain", f"{instance:#x}", *pods.buckets()[:4]],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert back.returncode == 0, back.stderr
+
+
+def test_two_pods_sharing_one_ip_each_drain_only_their_own_worker(pods: Pods) -> None:
+    command = hook_command()
+    assert "$(" not in " ".join(command)  # the kubelet would not expand it
+    port_1, port_2 = free_loopback_port(), free_loopback_port()
+    first = pods.worker("pod-1", "tcp", "127.0.0.2", port_1)
+    second = pods.worker("pod-2", "tcp", "127.0.0.2", port_2)
+    start_frontend(pods, [first, second])
+
+    # Pod 1's hook: its worker alone, though pod 2's worker has the same IP.
+    drained = run_hook(pods, "127.0.0.2", port_1)
+    assert drained.returncode == 0, drained.stderr
+    assert "safe to stop" in drained.stdout
+    assert asyncio.run(drains(pods.server.url, pods.discovery)) == [
+        f"v1.drain.{NAMESPACE}.{first:x}"
+    ]
+    # Run again (a kubelet may): the worker is drained and no frontend routes to it, so the
+    # hook returns at once instead of waiting out its grace again.
+    started = time.monotonic()
+    again = run_hook(pods, "127.0.0.2", port_1)
+    took = time.monotonic() - started
+    assert again.returncode == 0, again.stderr
+    assert "waiting" not in again.stderr, again.stderr
+    assert took < 4.5, (took, again.stderr)
+
+    # Given back; then pod 2's hook drains its own worker only.
+    undrain(pods, first)
+    wait_for(lambda: admitted(pods) == sorted([first, second]), "pod 1's worker admitted again")
+    time.sleep(1.0)
+    drained = run_hook(pods, "127.0.0.2", port_2)
+    assert drained.returncode == 0, drained.stderr
+    keys = asyncio.run(drains(pods.server.url, pods.discovery))
+    assert keys == [f"v1.drain.{NAMESPACE}.{second:x}"]
+
+    # Now pod 1's worker is the model's last: its hook is refused, nothing written.
+    refused = run_hook(pods, "127.0.0.2", port_1)
+    assert refused.returncode == 6, refused.stderr
+    assert "model tiny would be left with no routable worker on frontend fe-1" in refused.stderr
+    assert asyncio.run(drains(pods.server.url, pods.discovery)) == keys
+
+
+def test_the_hook_without_its_port_drains_a_nats_plane_pods_worker(pods: Pods) -> None:
+    tcp = pods.worker("tcp-worker", "tcp", "127.0.0.2", free_loopback_port())
+    on_nats = pods.worker("nats-worker", "nats", "127.0.0.1")
+    records = {
+        name: json.loads((Path(pods.env["DYN_FILE_KV"]) / "v1" / "instances" / name).read_text())
+        for name in os.listdir(Path(pods.env["DYN_FILE_KV"]) / "v1" / "instances")
+        if unquote(name).endswith((f"/generate/{tcp:x}", f"/generate/{on_nats:x}"))
+    }
+    transports = sorted(next(iter(r["transport"])) for r in records.values())
+    assert transports == ["nats_tcp", "tcp"]
+    start_frontend(pods, [tcp, on_nats])
+    # Found through the server's /connz, the NATS-plane pod's worker alone is drained.
+    drained = run_hook(pods, "127.0.0.1", command=without_port(hook_command()))
     assert drained.returncode == 0, drained.stderr
     assert "safe to stop" in drained.stdout
     keys = asyncio.run(drains(pods.server.url, pods.discovery))
     assert keys == [f"v1.drain.{NAMESPACE}.{on_nats:x}"]
-
-    # Given back, then the TCP-plane pod's hook drains only its own worker.
-    back = subprocess.run(
-        [*CLI, "undrain", f"{on_nats:#x}", *pods.buckets()[:4]],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert back.returncode == 0, back.stderr
-    wait_for(admitted, "the NATS-plane worker is admitted again")
-    time.sleep(1.0)
-    drained = run_hook(pods, "127.0.0.2")
-    assert drained.returncode == 0, drained.stderr
-    keys = asyncio.run(drains(pods.server.url, pods.discovery))
-    assert keys == [f"v1.drain.{NAMESPACE}.{tcp:x}"]
-
-    # Now the NATS-plane worker is the model's last: its hook is refused, nothing written.
-    refused = run_hook(pods, "127.0.0.1")
-    assert refused.returncode == 6, refused.stderr
-    assert "model tiny would be left with no routable worker on frontend fe-1" in refused.stderr
-    assert asyncio.run(drains(pods.server.url, pods.discovery)) == keys

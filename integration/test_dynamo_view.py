@@ -29,9 +29,9 @@ _NEEDS = "needs ai-dynamo==1.6.1 (its runtime wheel, then `pip install --no-deps
 pytest.importorskip("dynamo.frontend.main", reason=_NEEDS)
 pytest.importorskip("openai", reason="needs the openai client (the test extra)")
 
-# The file store's expiry (10 s after the last touch) plus its sweep period and the writer's
-# refresh interval: how long a dead plugin's view may outlive it.
-FAIL_CLOSED_WITHIN = 10.0 + 3.4 + 2.0
+# A 10 s horizon (the file store's own expiry) plus one refresh of the writer (2 s), the store's
+# sweep period and slack: how long a dead plugin's view may outlive it at that horizon.
+FAIL_CLOSED_WITHIN = 10.0 + 2.0 + 3.4 + 2.0
 
 
 @dataclass
@@ -186,13 +186,35 @@ def test_when_the_incumbent_drains_the_successor_serves_after_a_short_gap(
     wait_for(lambda: cluster.extension.ask().decode == b, 30, "the extension frontend moves to B")
 
 
-def test_a_killed_plugin_fails_closed_and_a_restarted_one_resumes_routing(
+def test_a_killed_plugin_leaves_its_view_for_the_horizon_and_past_it_the_frontend_fails_closed(
     cluster: Cluster, record_property: pytest.RecordProperty
 ) -> None:
     view = cluster.deployment
     b = cluster.conflicting
     assert cluster.round_robin.ask().decode == b
 
+    # Dead past the file store's 10 s expiry: the view's lease keeps every file, and both
+    # frontends go on serving (fail static, the default horizon of 600 s).
+    view.kill_sidecar()
+    killed = time.monotonic()
+    while time.monotonic() - killed < 10.0 + 5.0:
+        for frontend in (cluster.round_robin, cluster.kv):
+            assert frontend.ask().decode == b
+        time.sleep(1.0)
+    _announce(f"plugin dead {time.monotonic() - killed:.1f} s: both frontends still serve")
+
+    # A writer with Dynamo's own horizon (10 s) adopts the view without a gap ...
+    view.start_sidecar("--view-horizon", "10")
+    wait_for(lambda: view.status().get("synced") is True, 60, "the restarted plugin syncs")
+
+    def restamped() -> bool:
+        stamps = [p.stat().st_mtime for p in (view.view / "v1").rglob("*") if p.is_file()]
+        return bool(stamps) and max(stamps) < time.time() + 5.0
+
+    wait_for(restamped, 30, "the restarted plugin stamps the view with its own horizon")
+    for frontend in (cluster.round_robin, cluster.kv):
+        assert {s.decode for s in _served_by(frontend, 6)} == {b}
+    # ... and once it is dead past that horizon, the frontends fail closed.
     view.kill_sidecar()
     killed = time.monotonic()
     for frontend in (cluster.round_robin, cluster.kv):
@@ -203,7 +225,7 @@ def test_a_killed_plugin_fails_closed_and_a_restarted_one_resumes_routing(
     with pytest.raises(Exception, match=r"404|not found|Not Found|503 - Model `\w+` is not ready"):
         cluster.round_robin.ask()
     record_property("fail_closed_seconds", round(dropped, 3))
-    _announce(f"plugin killed: both frontends stopped routing the model after {dropped:.1f} s")
+    _announce(f"plugin killed past a 10 s horizon: the model dropped after {dropped:.1f} s")
     assert dropped < FAIL_CLOSED_WITHIN
 
     view.start_sidecar()

@@ -511,7 +511,7 @@ async def test_a_drain_user_drains_its_own_namespace_and_is_refused_another(
         _drain_cli, users_server, "drain-ns-a", material.worker_password, "0x2f"
     )
     assert other.returncode == 5, other.stderr
-    assert "NATS refused to store the drain record v1.drain.ns-b.2f" in other.stderr
+    assert "NATS refused this user the write of v1.drain.ns-b.2f" in other.stderr
     assert material.worker_password not in other.stderr + other.stdout
 
     # A worker's user may not write a drain record, not even for its own namespace.
@@ -895,14 +895,14 @@ async def test_a_host_drain_is_all_or_nothing_across_namespaces_and_limited_by_n
             kv = await nc.jetstream().key_value(DISCOVERY)
             return sorted(k for k in await kv.keys() if k.startswith("v1.drain."))
 
-    # Every namespace on the host: ns-b is refused, so ns-a's drain is withdrawn too.
+    # Every namespace on the host: ns-b is refused before anything is written, ns-a's too.
     everything = await asyncio.to_thread(
         _drain_cli, users_server, "drain-ns-a", material.worker_password, "--host", host
     )
     assert everything.returncode == 5, everything.stderr
     (line,) = everything.stderr.strip().splitlines()[-1:]
-    assert "NATS refused to store the drain record v1.drain.ns-b.2e" in line
-    assert "withdrawn: nothing is drained" in line
+    assert "NATS refused this user the write of v1.drain.ns-b.2e" in line
+    assert "nothing was drained" in line
     assert await drain_keys() == []
 
     # Limited to the namespace this user may write, the same host drains there only.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "ID_LIST_FIELDS",
@@ -44,7 +44,12 @@ def compact_json(value: Any) -> str:
 
 
 class WorkerType(str, enum.Enum):
-    """A worker's role in (dis)aggregated serving; the value is Dynamo's wire spelling."""
+    """A worker's role in (dis)aggregated serving; the value is Dynamo's wire spelling.
+
+    Every fact about a worker type lives here (:data:`_FACTS`), so a new kind of hop touches
+    this module, the hop roles (``routing.py``) and the topology rules (``admission/topology.py``)
+    and nothing else: the card boundary and readiness read the facts, never the type's name.
+    """
 
     PREFILL = "prefill"
     DECODE = "decode"
@@ -54,14 +59,52 @@ class WorkerType(str, enum.Enum):
     @property
     def code(self) -> int:
         """The byte Dynamo's mdcsum uses for this role (0 is reserved for "none")."""
-        return _WORKER_TYPE_CODES[self]
+        return _FACTS[self].code
+
+    @property
+    def hop(self) -> str:
+        """The hop that routes to workers of this type (a ``routing.HopRole`` value)."""
+        return _FACTS[self].hop
+
+    @property
+    def is_peer(self) -> bool:
+        """Whether another set's hop reaches it, through the peer the topology binds.
+
+        The other types serve requests through their own group's hop.
+        """
+        return _FACTS[self].peer
+
+    @property
+    def ambiguous_when_several(self) -> bool:
+        """Whether several live sets of this type in one namespace leave the topology unbound.
+
+        Dynamo 1.6.1 pairs one prefill set with one decode set and binds a single encoder;
+        aggregated sets serve side by side.
+        """
+        return _FACTS[self].ambiguous_when_several
+
+    def requires_token_input(self, *, has_model_type: bool) -> bool:
+        """Whether a card of this type must take ``Tokens`` input (Dynamo 1.6.1's card shape)."""
+        rule = _FACTS[self].token_input
+        return rule == "always" or (rule == "without_model_type" and not has_model_type)
 
 
-_WORKER_TYPE_CODES = {
-    WorkerType.PREFILL: 1,
-    WorkerType.DECODE: 2,
-    WorkerType.ENCODE: 3,
-    WorkerType.AGGREGATED: 4,
+@dataclass(frozen=True, slots=True)
+class _WorkerTypeFacts:
+    code: int
+    hop: str
+    peer: bool
+    ambiguous_when_several: bool
+    # When a card of the type must take token input: always, only when it declares no model
+    # type (an encoder serving no surface of its own), or never.
+    token_input: Literal["always", "without_model_type", "never"]
+
+
+_FACTS = {
+    WorkerType.PREFILL: _WorkerTypeFacts(1, "prefill", True, True, "always"),
+    WorkerType.DECODE: _WorkerTypeFacts(2, "decode", False, True, "never"),
+    WorkerType.ENCODE: _WorkerTypeFacts(3, "encoder", True, True, "without_model_type"),
+    WorkerType.AGGREGATED: _WorkerTypeFacts(4, "decode", False, False, "never"),
 }
 
 

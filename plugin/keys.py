@@ -7,6 +7,7 @@ with it, the NATS publishers build keys with it, the ingestion path reads remova
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -25,6 +26,7 @@ __all__ = [
     "drain_kv_key",
     "endpoint_kv_key",
     "escape_token",
+    "key_matches",
     "model_kv_key",
     "parse_drain_key",
     "parse_key",
@@ -247,3 +249,21 @@ def _check_path(parsed: ParsedKey) -> None:
     problem = path_name_problem(names, parsed.instance_key)
     if problem is not None:
         raise InvalidRecordError("bad_key", problem, key=parsed.key)
+
+
+def key_matches(key: str, filters: Sequence[str]) -> bool:
+    """Tell whether a key matches a NATS subject filter (``*`` one token, ``>`` the rest)."""
+    tokens = key.split(".")
+    for pattern in filters:
+        parts = pattern.split(".")
+        for index, part in enumerate(parts):
+            if part == ">":
+                if index < len(tokens):
+                    return True
+                break
+            if index >= len(tokens) or (part != "*" and part != tokens[index]):
+                break
+        else:
+            if len(parts) == len(tokens):
+                return True
+    return False

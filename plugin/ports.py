@@ -9,7 +9,7 @@ is the card boundary's job, deciding admission is the core's.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -17,7 +17,6 @@ from workerset_admission.identity import EndpointId, GroupKey
 
 __all__ = [
     "AcceptedRecord",
-    "AcceptedRecords",
     "AdmissionFeed",
     "AdmissionPublisher",
     "BuildRequest",
@@ -25,11 +24,14 @@ __all__ = [
     "DiscoverySource",
     "LiveInstances",
     "PipelineBuilder",
+    "ReadModel",
     "SourceDelete",
     "SourceEvent",
     "SourceListing",
     "SourcePut",
     "StatusResponder",
+    "StepDelta",
+    "TenureFacts",
 ]
 
 
@@ -195,7 +197,7 @@ class AdmissionFeed(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AcceptedRecord:
-    """A discovery record the card boundary accepted: its key, its raw bytes and its kind.
+    """A discovery record the core accepted: its key, its raw bytes and its kind (in a delta).
 
     ``kind`` is ``"model"`` (a model card), ``"instance"`` (an endpoint-instance record) or
     ``"event"`` (an event source or channel); ``worker_id`` is the worker an event source
@@ -206,28 +208,6 @@ class AcceptedRecord:
     value: bytes
     kind: Literal["model", "instance", "event"]
     worker_id: int | None = None
-
-
-class AcceptedRecords(Protocol):
-    """Where the boundary's verdicts on discovery records go, beside the core (the view).
-
-    Only accepted records cross: a refused value is never passed on, so the receiver keeps the
-    key's last valid record; a record the boundary ignores (outside the namespace filter, a
-    drain) arrives as ``None`` and is not held.
-    """
-
-    def put(self, key: str, record: AcceptedRecord | None) -> None:
-        """Hear a put the boundary accepted (``record``) or ignored (``None``)."""
-
-    def remove(self, key: str) -> None:
-        """Hear that the key left the bucket."""
-
-    def listing(self, records: Sequence[AcceptedRecord], retained: Collection[str]) -> None:
-        """Hear a full listing: ``records`` replace what is held, but for ``retained`` keys.
-
-        A retained key keeps what it holds (or its absence): its listed value was refused,
-        or a live update touched it while the listing was read.
-        """
 
 
 class LiveInstances(Protocol):
@@ -273,3 +253,66 @@ class StatusResponder(Protocol):
     """
 
     async def serve(self, render: Callable[[bool], bytes]) -> None: ...
+
+
+# -- what the read models are handed --------------------------------------------------------------
+#
+# One core step as the read models (the admitted view, the status and serving records) hear it:
+# a typed delta, made by the service's step from the core's effects and the inputs as the core
+# accepted them, and pushed once per step:
+#
+# * ``groups``: every group the step may have changed (an effect named it, or the liveness of its
+#   endpoint moved), with its tenure's facts after the step (``None``: no committed tenure);
+# * ``records``: the discovery records the core accepted or that left, by key, with exactly the
+#   bytes it accepted (``None``: the key holds nothing now). A card whose in-place change the
+#   core refused is not among them: the key keeps its first incarnation's bytes;
+# * ``relisted``: the step was a listing, and ``records`` is the whole store but the ``kept``
+#   keys, which keep what they hold; a reader treats every one of its owners as changed;
+# * ``endpoints``: endpoints whose liveness (their instance records) moved;
+# * ``drained``: the workers a drain names after the step, when the drains changed.
+#
+# A read model never looks a record up beside the core and never asks the service back: what
+# it publishes comes from the deltas it was handed.
+
+
+@dataclass(frozen=True, slots=True)
+class TenureFacts:
+    """One committed tenure as the read models see it after a step."""
+
+    group: GroupKey
+    generation: int
+    # The admitted ids that are live (the last-known members of a hold count as live).
+    routable: frozenset[int]
+    # Routable ids a held tenure serves on their last known records.
+    last_known: frozenset[int] = frozenset()
+    # The generation of a drained tenure of the same group this one takes over from.
+    handover_from: int | None = None
+    # The LoRA adapters the tenure serves: (instance id, adapter suffix), as the core projected
+    # them. An adapter card outside it (a projection the core refused) is not served.
+    adapters: frozenset[tuple[int, str]] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class StepDelta:
+    """What one core step changed, for every read model (see the module doc)."""
+
+    groups: Mapping[GroupKey, TenureFacts | None] = field(default_factory=dict)
+    records: Mapping[str, AcceptedRecord | None] = field(default_factory=dict)
+    relisted: bool = False
+    kept: frozenset[str] = frozenset()
+    endpoints: frozenset[EndpointId] = frozenset()
+    drained: frozenset[tuple[str, int]] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return (
+            not (self.groups or self.records or self.relisted or self.endpoints)
+            and self.drained is None
+        )
+
+
+class ReadModel(Protocol):
+    """A fold over the service's steps: handed each step's delta, once, on the loop."""
+
+    def step(self, delta: StepDelta) -> None:
+        """Take one step's delta; a read model must not raise, and must not call back."""

@@ -55,7 +55,7 @@ class HopRole(str, enum.Enum):
     @classmethod
     def for_worker_type(cls, worker_type: WorkerType) -> HopRole:
         """Return the hop that routes to workers of ``worker_type``."""
-        return _HOP_OF_PEER.get(worker_type, cls.DECODE)
+        return cls(worker_type.hop)
 
     @property
     def peer_type(self) -> WorkerType | None:
@@ -63,10 +63,9 @@ class HopRole(str, enum.Enum):
         return _PEER_OF_HOP.get(self)
 
 
-# The hops that route to a peer WorkerSet the topology binds, by the peer's worker type; every
-# other worker type is served by the decode hop of its own group.
-_HOP_OF_PEER = {WorkerType.PREFILL: HopRole.PREFILL, WorkerType.ENCODE: HopRole.ENCODER}
-_PEER_OF_HOP = {role: worker_type for worker_type, role in _HOP_OF_PEER.items()}
+# The hops that route to a peer WorkerSet the topology binds, by their peer's worker type; every
+# other worker type is served by the hop of its own group (identity.py says which is which).
+_PEER_OF_HOP = {HopRole(kind.hop): kind for kind in WorkerType if kind.is_peer}
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,7 +145,9 @@ def test_the_prestop_hook_is_a_command_that_exists_with_nothing_for_a_shell_to_e
     assert command[0] == "workerset-admission"
     args = cli.build_parser().parse_args(command[1:])
     assert (args.command, args.host_from_env, args.wait) == ("drain", "POD_IP", True)
-    assert "POD_IP" in {env["name"] for env in container["env"]}
+    # The port names this pod's worker where pods share one IP (hostNetwork).
+    assert args.port_from_env == "DYN_TCP_RPC_PORT"
+    assert {"POD_IP", "DYN_TCP_RPC_PORT"} <= {env["name"] for env in container["env"]}
     # The pod outlives the drain's timeout plus its grace.
     assert pod["terminationGracePeriodSeconds"] > args.timeout + args.grace
     worker_image = (ROOT / "deploy" / "kubernetes" / "Containerfile.worker").read_text()
@@ -153,3 +155,26 @@ def test_the_prestop_hook_is_a_command_that_exists_with_nothing_for_a_shell_to_e
         assert f"COPY {folder} /opt/workerset-admission-src/{folder}" in worker_image
     # The worker image's own ENTRYPOINT is kept.
     assert not re.search(r"^ENTRYPOINT", worker_image, flags=re.MULTILINE)
+
+
+def test_the_frontend_recipe_runs_serve_on_the_frontends_store_with_a_liveness_probe() -> None:
+    yaml = pytest.importorskip("yaml", reason="needs pyyaml (the dynamo extra)")
+    recipe = ROOT / "deploy" / "kubernetes" / "frontend-with-serve.yaml"
+    pod = yaml.safe_load(recipe.read_text())["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    frontend, serve = containers["frontend"], containers["serve"]
+    assert frontend["command"][:3] == ["python", "-m", "dynamo.frontend"]
+    assert "--discovery-backend" in frontend["command"]
+    assert frontend["command"][frontend["command"].index("--discovery-backend") + 1] == "file"
+    args = cli.build_parser().parse_args(serve["command"][1:])
+    assert args.command == "serve"
+    # serve writes where the frontend reads: the same volume, at the frontend's DYN_FILE_KV.
+    store = {e["name"]: e.get("value") for e in frontend["env"]}["DYN_FILE_KV"]
+    assert str(args.view_dir) == store
+    mounts = {m["name"]: m["mountPath"] for m in frontend["volumeMounts"]}
+    assert {m["name"]: m["mountPath"] for m in serve["volumeMounts"]} == mounts
+    # The view outlives a restart, and the probe restarts a stuck serve long before it ends.
+    probe = serve["livenessProbe"]
+    assert probe["httpGet"] == {"path": "/livez", "port": args.health_port}
+    assert float(args.view_horizon) > probe["periodSeconds"] * probe["failureThreshold"] + 60
+    assert "readinessProbe" not in serve

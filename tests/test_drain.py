@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 from support.drains import MODEL, card, endpoint, served, worker
-from workerset_admission.card.serving_record import CapabilityRecord
+from workerset_admission.card.drain_record import (
+    Pending,
+    decode_budget_record,
+    encode_budget_record,
+)
+from workerset_admission.card.serving_record import CapabilityRecord, NamespaceRecord
 from workerset_admission.errors import UsageError
+from workerset_admission.keys import key_matches
 from workerset_admission.rollout.drain import (
+    PENDING_WINDOW,
     Selection,
     Worker,
+    budget_after,
     check_last_workers,
     find_workers,
     lost_models,
+    pending_drains,
     transport_host,
+    transport_port,
 )
+from workerset_admission.rollout.frontends import record_filters
 
 
 def test_every_request_plane_of_1_6_1_names_its_host_or_its_subject() -> None:
@@ -105,9 +119,75 @@ def test_with_no_live_frontend_the_discovery_bucket_decides() -> None:
     (gone,) = check_last_workers([], listing, [Worker("dgd", 1), Worker("dgd", 2)])
     assert gone.frontend is None
     assert "in the discovery bucket" in str(gone)
-    # A frontend that is live but serves nothing loses nothing.
-    present = [CapabilityRecord("v1.fe-1.capability", "fe-1")]
-    assert check_last_workers(present, listing, [Worker("dgd", 1), Worker("dgd", 2)]) == ()
+    # A live frontend that watches none of dgd does not switch the bucket's check off.
+    present = [CapabilityRecord("v1.fe-1.capability", "fe-1"), served("fe-1", "other", 9)]
+    (gone,) = check_last_workers(present, listing, [Worker("dgd", 1), Worker("dgd", 2)])
+    assert gone.frontend is None
+
+
+def prefill_card(namespace: str, instance: int) -> tuple[str, bytes]:
+    key, value = card(namespace, instance)
+    record = json.loads(value)
+    record["card_json"]["worker_type"] = "prefill"
+    return key, json.dumps(record).encode()
+
+
+def test_only_what_a_frontend_can_route_counts_as_what_is_left() -> None:
+    # A card with no endpoint record is no worker: not in the bucket, not as a successor.
+    card_only = [*worker("dgd", 1, "h1"), card("dgd", 2)]
+    (gone,) = check_last_workers([], card_only, [Worker("dgd", 1)])
+    assert gone.frontend is None
+    (gone,) = check_last_workers([served("fe-1", "dgd", 1)], card_only, [Worker("dgd", 1)])
+    assert gone.frontend == "fe-1"
+    # A prefill worker serves nothing by itself.
+    prefill = [
+        *worker("dgd", 1, "h1"),
+        prefill_card("dgd", 2),
+        endpoint("dgd", 2, {"tcp": "h2:9/x"}),
+    ]
+    (gone,) = check_last_workers([], prefill, [Worker("dgd", 1)])
+    assert gone.members == ("dgd/1 (1)",)
+    # ... nor is it counted among what a frontend serves on the model's hop.
+    hop = json.dumps(["dgd", "backend", "generate", "chat", "prefill"])
+    record = served("fe-1", "dgd", 2)
+    assert isinstance(record, NamespaceRecord)
+    assert record.groups is not None
+    prefill_group = dataclasses.replace(record.groups[0], worker_set=hop)
+    both = [dataclasses.replace(served("fe-1", "dgd", 1, 2), groups=(
+        dataclasses.replace(served("fe-1", "dgd", 1).groups[0]),  # type: ignore[union-attr]
+        prefill_group,
+    ))]  # fmt: skip
+    (gone,) = check_last_workers(both, prefill, [Worker("dgd", 1)])
+    assert gone.frontend == "fe-1"
+
+
+def test_namespaces_no_live_frontend_watches_are_judged_on_the_bucket() -> None:
+    listing = [*worker("ns-a", 1, "h1"), *worker("ns-b", 2, "h2")]
+    watching_a = [served("fe-1", "ns-a", 1)]
+    # ns-b is watched by no live frontend: the bucket decides for it. ns-a's worker is still
+    # registered and routable there, so the model stays served ...
+    assert check_last_workers(watching_a, listing, [Worker("ns-b", 2)]) == ()
+    # ... unless it is drained too (then fe-1 loses it as well).
+    gone = check_last_workers(watching_a, listing, [Worker("ns-b", 2)], [Worker("ns-a", 1)])
+    assert [(g.frontend, g.members) for g in gone] == [(None, ("ns-b/2 (2)",))]
+    both = [*watching_a, served("fe-1", "ns-b", 2)]
+    assert check_last_workers(both, listing, [Worker("ns-b", 2)]) == ()
+
+
+def test_budgets_count_drains_about_to_be_written_and_forget_them_once_recorded() -> None:
+    a, b, c = Worker("dgd", 1), Worker("dgd", 2), Worker("dgd", 3)
+    pending = budget_after((), [a], [], now=100.0)
+    assert pending == (Pending("dgd", 1, 100.0),)
+    assert pending_drains([pending], [], now=110.0) == {a}
+    # Recorded: the drain record says it now. Lapsed: its command died before writing.
+    assert pending_drains([pending], [a], now=110.0) == set()
+    assert pending_drains([pending], [], now=100.0 + PENDING_WINDOW) == set()
+    # A swap keeps what still counts and adds its own.
+    after = budget_after((*pending, Pending("dgd", 3, 0.0)), [b], [c], now=120.0)
+    assert after == (Pending("dgd", 1, 100.0), Pending("dgd", 2, 120.0))
+    raw = encode_budget_record(MODEL, after)
+    assert decode_budget_record(raw) == after
+    assert decode_budget_record(b"not json") == ()
 
 
 def test_a_model_lost_while_waiting_is_named_with_its_frontend() -> None:
@@ -116,3 +196,47 @@ def test_a_model_lost_while_waiting_is_named_with_its_frontend() -> None:
     assert lost_models(before, now) == (("fe-1", MODEL),)
     # A frontend that is gone loses nothing (it is no longer live).
     assert lost_models(before, [served("fe-2", "dgd", 1)]) == ()
+
+
+def test_a_port_names_one_worker_among_those_sharing_a_host() -> None:
+    listing = [
+        card("dgd", 1),
+        endpoint("dgd", 1, {"tcp": "10.0.0.5:9001/generate"}),
+        card("dgd", 2),
+        endpoint("dgd", 2, {"tcp": "10.0.0.5:9002/generate"}),
+        card("dgd", 3),
+        endpoint("dgd", 3, {"nats_tcp": "dgd_backend.generate-3"}),
+    ]
+    assert find_workers(listing, Selection(host="10.0.0.5")) == [Worker("dgd", 1), Worker("dgd", 2)]
+    assert find_workers(listing, Selection(host="10.0.0.5", port=9002)) == [Worker("dgd", 2)]
+    # A NATS-plane record names no port: a port never names it.
+    hosts = {"dgd_backend.generate-3": "10.0.0.5"}
+    assert find_workers(listing, Selection(host="10.0.0.5", port=9001), subject_hosts=hosts) == [
+        Worker("dgd", 1)
+    ]
+    assert transport_port({"http": "http://10.0.0.8:8888/v1/rpc"}) == 8888
+    with pytest.raises(UsageError, match="--port narrows --host"):
+        Selection(instance_id=1, port=9001).check()
+
+
+def test_an_older_card_says_prefill_by_its_model_type() -> None:
+    key, value = card("dgd", 2)
+    record = json.loads(value)
+    record["card_json"]["model_type"] = "Chat | Prefill"
+    listing = [*worker("dgd", 1, "h1"), (key, json.dumps(record).encode()),
+               endpoint("dgd", 2, {"tcp": "h2:9/x"})]  # fmt: skip
+    (gone,) = check_last_workers([], listing, [Worker("dgd", 1)])
+    assert gone.members == ("dgd/1 (1)",)
+
+
+def test_a_poll_reads_the_keys_its_filters_name_and_no_other() -> None:
+    filters = record_filters(["dgd", "a.b"])
+    assert filters == ("v1.*.capability", "v1.*.members.a=2Eb", "v1.*.members.dgd")
+    assert key_matches("v1.fe-1.capability", filters)
+    assert key_matches("v1.fe-2.members.dgd", filters)
+    assert key_matches("v1.fe-2.members.a=2Eb", filters)
+    assert not key_matches("v1.fe-2.members.other", filters)
+    assert not key_matches("v1.fe-2.members.dgd.extra", filters)
+    assert not key_matches("v1.capability", filters)
+    assert key_matches("v1.x.y", ["v1.>"])
+    assert not key_matches("v1", ["v1.>"])

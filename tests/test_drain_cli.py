@@ -14,7 +14,7 @@ from workerset_admission import cli
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.cli.drain import run_drain, run_undrain
 from workerset_admission.errors import CredentialsRefused, LastWorkerRefused, UsageError
-from workerset_admission.keys import drain_kv_key
+from workerset_admission.keys import drain_kv_key, key_matches
 
 
 class MemoryStore:
@@ -34,6 +34,9 @@ class MemoryStore:
         # What the frontends serve after the first read (the drain's own check), if it changes.
         self.later: list[RawEntry] | None = None
         self.reads = 0
+        self.budgets: dict[str, tuple[int, bytes]] = {}
+        self.filtered: list[tuple[str, ...]] = []
+        self.revision = 0
 
     async def open(self, deadline: float) -> None:
         del deadline
@@ -45,13 +48,15 @@ class MemoryStore:
         return list(self.listing)
 
     async def drains(self) -> list[tuple[str, bytes]]:
-        return sorted(self.kv.items())
+        return sorted((k, v) for k, v in self.kv.items() if k.startswith("v1.drain."))
 
-    async def serving(self) -> BucketRead:
+    async def serving(self, filters: Sequence[str] | None = None) -> BucketRead:
         self.reads += 1
-        if self.later is not None and self.reads > 1:
-            return BucketRead(entries=tuple(self.later))
-        return BucketRead(entries=tuple(self.records))
+        entries = self.later if self.later is not None and self.reads > 1 else self.records
+        if filters is not None:
+            self.filtered.append(tuple(filters))
+            entries = [e for e in entries if key_matches(e.key, filters)]
+        return BucketRead(entries=tuple(entries))
 
     async def put(self, key: str, value: bytes, ttl: float | None) -> None:
         del ttl
@@ -63,6 +68,21 @@ class MemoryStore:
     async def delete(self, key: str) -> bool:
         self.writes.append(f"-{key}")
         return self.kv.pop(key, None) is not None
+
+    async def may_write(self, key: str) -> None:
+        if key.startswith("v1.drain.") and key.split(".")[2] in self.refuse:
+            raise CredentialsRefused(f"NATS refused this user the write of {key}")
+
+    async def budget(self, key: str) -> tuple[int | None, bytes | None]:
+        revision, value = self.budgets.get(key, (None, None))
+        return revision, value
+
+    async def swap_budget(self, key: str, value: bytes, revision: int | None) -> bool:
+        if self.budgets.get(key, (None, None))[0] != revision:
+            return False
+        self.revision += 1
+        self.budgets[key] = (self.revision, value)
+        return True
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -104,7 +124,7 @@ def test_a_namespace_drains_at_once_when_another_namespace_serves_the_model() ->
     assert store.kv == {}
 
 
-def test_a_host_drain_is_all_or_nothing() -> None:
+def test_a_host_drain_is_prepared_then_committed_and_a_refusal_writes_nothing() -> None:
     listing = [
         *worker("ns-a", 1, "10.0.0.5"),
         *worker("ns-b", 2, "10.0.0.5"),
@@ -115,15 +135,18 @@ def test_a_host_drain_is_all_or_nothing() -> None:
     store = MemoryStore(listing, both, refuse=["ns-b"])
     with pytest.raises(CredentialsRefused) as refused:
         drain(store, "--host-from-env", "POD_IP", "--allow-empty", env={"POD_IP": "10.0.0.5"})
-    assert "withdrawn: nothing is drained" in str(refused.value)
+    assert "v1.drain.ns-b.2" in str(refused.value)
+    # Refused before the first write: no drain record, no budget, nothing to withdraw.
+    assert store.writes == []
     assert store.kv == {}
+    assert store.budgets == {}
     # A drain already in force before the command is someone's earlier word: it stays.
     earlier = drain_kv_key("ns-a", 1)
     store.kv[earlier] = b"{}"
     with pytest.raises(CredentialsRefused) as refused:
         drain(store, "--host", "10.0.0.5", "--allow-empty")
-    assert "withdrawn" not in str(refused.value)
     assert list(store.kv) == [earlier]
+    assert store.writes == []
     # Limited to the namespaces named, the same host drains what this user may write.
     store.writes.clear()
     status, _ = drain(store, "--host", "10.0.0.5", "--namespace", "ns-a", "--allow-empty")
@@ -209,3 +232,64 @@ def test_wait_reports_a_model_a_frontend_stopped_serving_while_it_waited() -> No
     assert "model tiny lost its last routable worker on frontend fe-1 while waiting" in said
     answer = json.loads(said[: said.index("\n}") + 2])
     assert answer["lost_models"] == [{"frontend": "fe-1", "model": "tiny"}]
+
+
+def test_wait_reads_only_the_records_it_asks_about() -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2"), *worker("other", 3, "h3")]
+    records = [
+        served_entry("fe-1", "dgd", 1, 2),
+        served_entry("fe-1", "other", 3, model="another"),
+    ]
+    store = MemoryStore(listing, records)
+    store.later = [served_entry("fe-1", "dgd", 2), records[1]]
+    status, _said = drain(store, "1", "--wait", "--interval", "0.05", "--timeout", "5")
+    assert status == cli.EXIT_OK
+    # The check read every record once; each look of the wait read dgd's records alone.
+    assert store.filtered
+    assert set(store.filtered) == {("v1.*.capability", "v1.*.members.dgd")}
+
+
+def test_a_frontend_gone_unconfirmed_is_status_7_unless_allowed() -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2")]
+    store = MemoryStore(listing, [served_entry("fe-1", "dgd", 1, 2)])
+    store.later = []  # fe-1's records expired before it ever let worker 1 go
+    status, said = drain(store, "1", "--wait", "--interval", "0.05", "--timeout", "5")
+    assert status == cli.EXIT_UNCONFIRMED
+    assert "unconfirmed: fe-1 went away without confirming" in said
+    assert drain_kv_key("dgd", 1) in store.kv  # the drain stays in place
+    again = MemoryStore(listing, [served_entry("fe-1", "dgd", 1, 2)])
+    again.later = []
+    status, said = drain(
+        again, "1", "--wait", "--allow-unconfirmed", "--interval", "0.05", "--timeout", "5"
+    )
+    assert status == cli.EXIT_OK
+    assert "safe to stop" in said
+
+
+def test_a_drain_undone_right_after_it_was_written_counts_for_nothing_any_more() -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2")]
+    store = MemoryStore(listing, [served_entry("fe-1", "dgd", 1, 2)])
+    assert drain(store, "1")[0] == cli.EXIT_OK
+    undone = io.StringIO()
+    asyncio.run(run_undrain(parse("undrain", "1"), store, undone, environ={}))
+    # Its budget no longer holds worker 1: draining worker 2 is not refused.
+    assert drain(store, "2")[0] == cli.EXIT_OK
+
+
+def test_of_two_drains_that_read_the_same_budget_only_one_goes_on() -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2")]
+    store = MemoryStore(listing, [served_entry("fe-1", "dgd", 1, 2)])
+
+    async def both() -> list[int | str]:
+        async def one(instance: str) -> int | str:
+            try:
+                return await run_drain(
+                    parse("drain", instance), store, io.StringIO(), io.StringIO(), environ={}
+                )
+            except LastWorkerRefused:
+                return "refused"
+
+        return list(await asyncio.gather(one("1"), one("2")))
+
+    assert sorted(map(str, asyncio.run(both()))) == ["0", "refused"]
+    assert len(store.kv) == 1

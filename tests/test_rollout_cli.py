@@ -50,9 +50,11 @@ class ScriptedSource:
     def __init__(self, reads: Sequence[BucketRead]) -> None:
         self._reads = list(reads)
         self.calls = 0
+        self.filters: list[tuple[str, ...] | None] = []
 
-    async def read(self) -> BucketRead:
+    async def read(self, filters: Sequence[str] | None = None) -> BucketRead:
         self.calls += 1
+        self.filters.append(None if filters is None else tuple(filters))
         return self._reads[min(self.calls, len(self._reads)) - 1]
 
 
@@ -144,6 +146,12 @@ async def test_waiting_stops_as_soon_as_the_gate_opens_and_reports_progress() ->
     assert check.open
     assert source.calls == 3
     assert time.sleeps == [2, 2]
+    # The first look reads the bucket; the next ones only what the question names.
+    first, *later = source.filters
+    assert first is None
+    assert later
+    assert all(f is not None and f[0] == "v1.*.capability" for f in later)
+    assert all(f is not None and f"v1.*.members.{NEW}" in f for f in later)
     # The unchanged second look is not repeated; the change to open is.
     assert len(lines) == 2
     assert "waiting for fe-b" in lines[0]

@@ -387,3 +387,16 @@ def test_the_status_table_says_which_frontends_serve_which_configuration() -> No
     )
     table = render_status_table({"groups": [], "disagreements": [found.as_json()]})
     assert f"disagreement on {worker_set(NEW)}: fe-1 serves {GOOD[:12]}; fe-2 serves" in table
+
+
+def test_min_members_keeps_the_gate_closed_until_every_frontend_has_that_capacity() -> None:
+    from support.drains import served
+
+    one = [served("fe-1", "v2", 1), served("fe-2", "v2", 1, 2)]
+    assert evaluate_gate(one, model="tiny", namespace="v2").open
+    closed = evaluate_gate(one, model="tiny", namespace="v2", min_members=2)
+    assert not closed.open
+    assert closed.missing == ("fe-1",)
+    assert "with at least 2 members" in closed.reasons[0]
+    both = [served("fe-1", "v2", 1, 2), served("fe-2", "v2", 1, 2)]
+    assert evaluate_gate(both, model="tiny", namespace="v2", min_members=2).open

@@ -775,3 +775,28 @@ async def test_a_store_with_its_own_watch_plugs_in_as_a_source_without_a_bucket(
         assert binding.routable() == {2}
     finally:
         await svc.stop()
+
+
+async def test_a_withdrawn_drain_is_logged_by_the_frontend(
+    source: FakeSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    from workerset_admission.card import encode_drain_record
+    from workerset_admission.identity import Drain
+    from workerset_admission.keys import drain_kv_key
+
+    key = drain_kv_key(EP.namespace, 0x1A)
+    drain = DiscoveryEntry(key, encode_drain_record(Drain(EP.namespace, 0x1A, "ops", 1.0)), 3)
+    svc = await started(source)
+    try:
+        source.queue.put_nowait(SourceListing((model_entry(0x1A), endpoint_entry(0x1A))))
+        await svc.wait_synced(5)
+        source.queue.put_nowait(SourcePut(drain))
+        await settle(lambda: svc.status().groups[0].drained != ())
+        with caplog.at_level(logging.INFO):
+            source.queue.put_nowait(SourceDelete(key, 4))
+            await settle(lambda: svc.status().groups[0].drained == ())
+        lines = [r.getMessage() for r in caplog.records if "withdrawn" in r.getMessage()]
+        assert lines == [f"drain of {EP.namespace}/1a withdrawn (delete): the worker may be "
+                         "routed to again"]  # fmt: skip
+    finally:
+        await svc.stop()

@@ -100,3 +100,18 @@ def test_status_workers_reads_the_status_reply_back_into_the_same_listing() -> N
     table = render_worker_table(worker_listing(current))
     assert table.splitlines()[0].split()[-2:] == ["ADMISSION", "STATE"]
     assert "draining" in table
+
+
+def test_a_drained_worker_keeps_its_checksum_in_the_listing_and_through_the_reply() -> None:
+    drained = replace(
+        SERVING,
+        admitted=(2,),
+        cohorts=(CohortStatusView(A, (2,)), CohortStatusView(B, (7,))),
+        drained=((1, "ops", 1.0),),
+        drained_checksums=((1, A),),
+    )
+    current = status(drained)
+    rows = {row["instance_id"]: row for row in worker_listing(current)}
+    assert (rows[1]["admission"], rows[1]["checksum"]) == ("drained", A)
+    reply = json.loads(json.dumps(current.to_json()))
+    assert worker_listing(status_from_json(reply)) == worker_listing(current)

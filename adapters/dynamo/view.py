@@ -9,13 +9,15 @@ discovery is whatever files that directory holds, so the plugin makes itself the
 discovery source: workers keep registering in their own store (mirrored into the NATS bucket),
 and this module writes into the view directory the Dynamo records of admitted workers only.
 
-It is an effect consumer, never a second admission. The service's committed hop bindings say,
-through their admission receivers, which instances each WorkerSet's tenure admits; the bucket
-says which are live and holds their raw records. The view is, per binding:
+It is a read model, never a second admission. Each service step hands it one delta
+(:class:`~workerset_admission.ports.StepDelta`): the tenures the step named (which instances
+each WorkerSet's tenure admits and which of them are live, the LoRA adapters it projects) and
+the records the core accepted, with exactly the bytes it accepted. The view is, per tenure:
 
 * every ``v1/instances`` record of an admitted, live instance in the binding's namespace and
   component (its generate endpoint and its auxiliary endpoints, such as the KV query one);
-* its ``v1/mdc`` records at the binding's endpoint (with any LoRA adapter cards);
+* its ``v1/mdc`` records at the binding's endpoint, with the LoRA adapter cards the tenure's
+  projection serves (the cards of a projection the core refused stay out);
 * its ``v1/event_sources`` records (``metadata.worker.worker_id`` names the worker) and the
   ``v1/event_channels`` records published under the same publisher id, so KV-aware routing
   hears the admitted workers' KV events;
@@ -79,10 +81,14 @@ bucket no longer has them, and each pass forgets the set-aside records no last-k
 called for: the core's window (its ``last_known`` ids, until ``last_known_until``) alone decides
 how long they are served. Nothing else is ever published from a dropped record.
 
-The view never judges a record. The service's ingestion judges every discovery record once,
-and the composition root hands its verdicts to the record table (an ``AcceptedRecords`` sink):
-the raw bytes of each accepted record, filed by key; a refused value never arrives, so the
-key's last accepted record stays; a listing replaces the table.
+The view never judges a record. The service's ingestion judges every discovery record once and
+the core decides on every card; the deltas carry the raw bytes of each record they accepted,
+and the writer files them by key: a refused value never arrives (nor a card re-put under its
+key with another checksum, model or worker type, which the core refuses), so the key's last
+accepted record stays; a relisting replaces the table.
+
+A file the writer owns is checked, a slice at a time, against what it wrote (its size and its
+inode: a write from outside changes one or the other) and written again when altered.
 
 The writer owns its directory: a lock file held for the process's life refuses a second live
 writer, and a manifest of the files it wrote lets the next writer remove what a crashed one left
@@ -94,7 +100,7 @@ kept while the writer retries, never touched (their horizon runs from the predec
 touch, not from a restart that knows nothing newer), and withdrawn when that horizon ends.
 
 The parts live beside this module: ``view_directory`` (file naming, the lock, the manifest, the
-real directory), ``view_records`` (the record table fed with the boundary's verdicts),
+real directory), ``view_records`` (the record table the deltas fill),
 ``view_publish`` (the plan and the publication order). This module holds the writer that runs
 them from the service, and every public name of the view is importable from here.
 """
@@ -105,8 +111,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Protocol
 
 from workerset_admission.adapters.dynamo.filestore import DEFAULT_FILE_TTL
 from workerset_admission.adapters.dynamo.view_directory import (
@@ -129,10 +135,10 @@ from workerset_admission.adapters.dynamo.view_publish import (
     ViewChanges,
     plan_view,
 )
-from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
-from workerset_admission.admission.effects import Effect, groups_named
-from workerset_admission.errors import ReceiverRetired, wire_text
+from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable, Tie
+from workerset_admission.errors import wire_text
 from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.ports import ReadModel, StepDelta
 
 __all__ = [
     "BUCKETS",
@@ -155,10 +161,8 @@ __all__ = [
     "ViewWriter",
     "check_frontend_store",
     "file_name_for",
-    "note_record_changes",
+    "note_ties",
     "plan_view",
-    "tenure_of",
-    "tenures_of",
 ]
 
 _log = logging.getLogger(__name__)
@@ -167,47 +171,18 @@ _LOGGED_TENURES = 5
 
 
 class ViewService(Protocol):
-    """The admission service as the writer reads it."""
+    """The admission service as the writer uses it: it hands the writer every step's delta."""
 
-    @property
-    def synced(self) -> bool: ...
-
-    def bindings(self) -> Sequence[Any]: ...
-
-    def binding(self, group: GroupKey) -> Any: ...
-
-    def drained_workers(self) -> frozenset[tuple[str, int]]: ...
-
-    def on_state_change(self, listener: Callable[[], None]) -> None: ...
-
-    def on_effects(self, listener: Callable[[Sequence[Effect]], None]) -> None: ...
+    def add_read_model(self, model: ReadModel) -> None: ...
 
     def before_publication(self, hook: Callable[[], object]) -> None: ...
 
     def also_serving(self, provider: Callable[[], Mapping[str, Collection[str]]]) -> None: ...
 
 
-def tenure_of(binding: Any) -> Tenure | None:
-    """Return a committed binding's tenure, its routable ids read through its receiver."""
-    if binding is None:
-        return None
-    try:
-        routable = binding.routable()
-        last_known = binding.last_known()
-    except ReceiverRetired:
-        return None  # the tenure ended in this very step; its withdrawal is on the way
-    return Tenure(
-        binding.id.group,
-        binding.id.generation,
-        frozenset(routable),
-        frozenset(last_known),
-        getattr(binding, "handover_from", None),
-    )
-
-
-def note_record_changes(table: RecordTable, changes: ViewChanges) -> None:
-    """Add to ``changes`` the workers and endpoints whose records changed in ``table``."""
-    for kind, namespace, component, number in table.take_changes():
+def note_ties(table: RecordTable, ties: Iterable[Tie], changes: ViewChanges) -> None:
+    """Add to ``changes`` the workers and endpoints the records of ``ties`` belong to."""
+    for kind, namespace, component, number in ties:
         if kind == "scope":
             assert component is not None
             assert isinstance(number, str)
@@ -221,88 +196,90 @@ def note_record_changes(table: RecordTable, changes: ViewChanges) -> None:
             changes.workers.add((namespace, number))
 
 
-def tenures_of(service: ViewService) -> list[Tenure]:
-    """Each committed binding's tenure (see :func:`tenure_of`)."""
-    return [t for t in map(tenure_of, service.bindings()) if t is not None]
-
-
 class ViewWriter:
-    """Drive an :class:`AdmittedView` from a running admission service.
+    """Drive an :class:`AdmittedView` from the deltas of a running admission service.
 
-    Every admission state change (and every change of a held record) wakes one coalesced pass;
-    between changes the files are kept alive. Nothing is written before the service applied
-    its first discovery listing: an empty view then would withdraw a restarted frontend's
-    workers for no reason.
+    The writer is a read model: each step's :class:`~workerset_admission.ports.StepDelta`
+    is taken in as it comes (its records filed in the table, its tenures kept, its dirty
+    contributions noted) and wakes one coalesced pass; between changes the files are kept
+    alive. Nothing is written before the service's first listing reached it: an empty view
+    then would withdraw a restarted frontend's workers for no reason.
 
-    A pass costs the change, not the fleet. The writer hears which groups each core step
-    named (its effects) and which workers' records changed (the record table's ties), reads
-    those groups' bindings alone, and hands the view that much (:class:`ViewChanges`). The
-    first pass plans the whole view, and so does every pass while a tenure is held; every
-    ``check_interval`` seconds a full plan is compared with the fold, and a difference is
-    logged at WARNING and mended by publishing the full plan.
+    A pass costs the change, not the fleet: the contributions the deltas named since the last
+    pass are planned again. The first pass, a relisting and every pass while a tenure is held
+    make every contribution dirty through the same path. Every ``verify_every`` seconds a
+    slice of the files is checked against what was written (:meth:`AdmittedView.verify`),
+    and one altered from outside is written again.
     """
 
     def __init__(
-        self, view: AdmittedView, table: RecordTable, *, check_interval: float = 300.0
+        self, view: AdmittedView, table: RecordTable, *, verify_every: float = 1.0
     ) -> None:
         self.view = view
         self.table = table
-        self.check_interval = check_interval
-        self._service: ViewService | None = None
+        self.verify_every = verify_every
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._groups: set[GroupKey] = set()
-        self._drains: frozenset[tuple[str, int]] = frozenset()
+        self._tenures: dict[GroupKey, Tenure] = {}
+        self._drained: frozenset[tuple[str, int]] = frozenset()
+        self._changes = ViewChanges()
+        self._listed = False
         self._planned = False
-        self._checked_at = time.monotonic()
+        self._verified_at = time.monotonic()
         self.syncs = 0
         self.last_sync_at: float | None = None
 
     def attach(self, service: ViewService) -> None:
         """Follow ``service`` (call on its loop); the writer starts at once."""
-        self._service = service
-        service.on_effects(self._heard)
-        service.on_state_change(self.wake)
+        service.add_read_model(self)
         # The serving records say what this frontend routes to: the files first.
         service.before_publication(self.sync_now)
         # A card the view could not remove still routes: the serving record keeps naming it.
         service.also_serving(self.view.unremoved_cards)
-        self.table.set_listener(self.wake)
         self._task = asyncio.ensure_future(self._run())
 
-    def wake(self) -> None:
+    def step(self, delta: StepDelta) -> None:
+        """Take one step's delta in: file its records, keep its tenures, note what is dirty."""
+        try:
+            self._take(delta)
+        except Exception:  # the next relisting files every record again
+            _log.warning("admitted view: a step's delta could not be taken in", exc_info=True)
+            self._planned = False
         self._wake.set()
 
-    def _heard(self, effects: Sequence[Effect]) -> None:
-        """Note the groups one core step named (any effect naming a group may change it)."""
-        self._groups |= groups_named(effects)
-
-    def _changes(self, service: ViewService, drained: frozenset[tuple[str, int]]) -> ViewChanges:
-        """Return what changed since the last pass, each named group's tenure read anew."""
-        # A drain set or lifted changes what the view keeps of that worker.
-        changes = ViewChanges(workers=set(drained ^ self._drains))
-        self._drains = drained
-        note_record_changes(self.table, changes)
-        groups, self._groups = self._groups, set()
-        for namespace in {namespace for namespace, _ in changes.workers}:
-            # A record may change whom a binding routes to (its endpoint record: liveness).
-            groups.update(self.view.groups_in(namespace))
-        changes.tenures = {group: tenure_of(service.binding(group)) for group in groups}
-        return changes
+    def _take(self, delta: StepDelta) -> None:
+        changes = self._changes
+        if delta.relisted:
+            records = [r for r in delta.records.values() if r is not None]
+            ties = self.table.listing(records, delta.kept)
+            self._listed = changes.everything = True
+        else:
+            ties = set()
+            for key, record in delta.records.items():
+                ties |= self.table.put(key, record)
+        note_ties(self.table, ties, changes)
+        for group, tenure in delta.groups.items():
+            if tenure is None:
+                self._tenures.pop(group, None)
+            else:
+                self._tenures[group] = tenure
+            changes.tenures[group] = tenure
+        if delta.drained is not None:
+            # A drain set or lifted changes what the view keeps of that worker.
+            changes.workers |= delta.drained ^ self._drained
+            self._drained = delta.drained
 
     def sync_now(self) -> SyncReport:
-        service = self._service
-        if service is None or not service.synced:
+        if not self._listed:
             return SyncReport()
-        drained = service.drained_workers()
-        changes = self._changes(service, drained)
+        changes, self._changes = self._changes, ViewChanges()
         full = not self._planned or self.view.holding
-        full = full or any(t is not None and t.last_known for t in changes.tenures.values())
+        full = full or changes.everything or any(t.last_known for t in self._tenures.values())
         if full:
-            report = self.view.sync(tenures_of(service), self.table, drained)
-            self._planned = True
-        else:
-            report = self.view.update(changes, self.table, drained)
+            changes.everything = True
+            changes.tenures = dict(self._tenures)
+        report = self.view.update(changes, self.table, self._drained)
+        self._planned = True
         self.syncs += 1
         self.last_sync_at = time.monotonic()
         if report.changed:
@@ -334,30 +311,14 @@ class ViewWriter:
             f" and {more} more group(s)" if more > 0 else "",
         )
 
-    def check(self) -> int:
-        """Compare the fold with a full plan; publish the plan when they differ.
-
-        Returns how many files differed (0: the fold was right).
-        """
-        service = self._service
-        if service is None or not service.synced or not self._planned:
+    def verify(self) -> int:
+        """Check a slice of the files; write again any altered from outside. Return how many."""
+        if not self._planned:
             return 0
-        self.sync_now()  # what is pending first, so the fold is complete
-        planned = plan_view(tenures_of(service), self.table)
-        folded = self.view.wanted()
-        differing = sorted(
-            file for file in planned.keys() | folded.keys() if planned.get(file) != folded.get(file)
-        )
-        if differing:
-            _log.warning(
-                "admitted view: the incremental view differed from a full plan in %d file(s) "
-                "(first: %s/%s); the full plan is published",
-                len(differing),
-                *differing[0],
-            )
-            self._planned = False
-            self.sync_now()
-        return len(differing)
+        altered = self.view.verify()
+        if altered:
+            self.view.retry(self.table, self._drained)
+        return altered
 
     async def _run(self) -> None:
         view = self.view
@@ -374,19 +335,15 @@ class ViewWriter:
                     self.sync_now()
                 elif view.unsettled and self._planned:
                     # A write or removal that failed: tried again while nothing else changes.
-                    self.view.retry(self.table, self._service_drained())
-                if time.monotonic() - self._checked_at >= self.check_interval:
-                    self._checked_at = time.monotonic()
-                    self.check()
+                    self.view.retry(self.table, self._drained)
+                if time.monotonic() - self._verified_at >= self.verify_every:
+                    self._verified_at = time.monotonic()
+                    self.verify()
             except Exception:  # a bad pass must not end the view; the next one retries
                 _log.warning("admitted view: a pass failed", exc_info=True)
                 self._planned = False
                 self._wake.set()
             view.keep_alive()
-
-    def _service_drained(self) -> frozenset[tuple[str, int]]:
-        service = self._service
-        return frozenset() if service is None else service.drained_workers()
 
     async def close(self) -> None:
         """Stop following the service; the view stays for its horizon (it fails static)."""
@@ -395,7 +352,6 @@ class ViewWriter:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self.table.set_listener(None)
         if not self.syncs:
             # Nothing here is this writer's: a predecessor's files expire as its would have.
             _log.info("admitted view left as found: this writer never synced")

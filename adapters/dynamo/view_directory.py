@@ -95,6 +95,10 @@ class ViewFiles(Protocol):
         """Delete the file (a missing file is fine)."""
         ...
 
+    def identity(self, file: ViewFile) -> tuple[int, int] | None:
+        """Return the file's size and inode (``None``: it is gone)."""
+        ...
+
     def save_manifest(self, files: Iterable[ViewFile]) -> None:
         """Write the whole list of the files this writer holds."""
         ...
@@ -276,6 +280,13 @@ class DirectoryFiles:
     def remove(self, file: ViewFile) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(file))
+
+    def identity(self, file: ViewFile) -> tuple[int, int] | None:
+        try:
+            stat = os.stat(self._path(file))
+        except FileNotFoundError:
+            return None
+        return stat.st_size, stat.st_ino
 
     def modified(self, file: ViewFile) -> float | None:
         """When the file was last written or touched (wall clock), or ``None`` when it is gone."""

@@ -1,13 +1,16 @@
 """The admitted view's plan (which files, for which tenures) and its publication in order.
 
-Two paths reach the same directory. :func:`plan_view` is the plain one: every file of every
-tenure, planned from scratch; :meth:`AdmittedView.sync` publishes it (at start, after a
-listing, while a tenure is held, and as the periodic self-check). :meth:`AdmittedView.update`
-is the fold: it is handed what changed since the last pass (tenures that began, changed or
-ended, workers whose records changed, endpoints whose channels changed) and re-plans only
-those members, so one worker joining or leaving costs that worker's files whatever the
-fleet's size. Both end in the same publication rules (:meth:`AdmittedView._settle`), and a
-differential test (``tests/dynamo/test_dynamo_view_fold.py``) holds the fold to the plan.
+The view is a diff of contributions. A contribution is one routable member of a tenure, or the
+scope channels of a serving tenure, and its files come from one function of the tenure and
+the records alone (:func:`contribution_files`). Each pass is handed what changed
+(:class:`ViewChanges`, from the steps' deltas): the groups with their tenures now, the workers
+and endpoints whose records moved; it plans those contributions again and diffs them against
+what they contributed before. A relisting, the first pass and every pass while a tenure is
+held make every contribution dirty (``everything``), through the same path: as a fresh start
+does, and :func:`plan_view` (every file of every tenure, planned from scratch) says the same.
+All end in the same publication rules (:meth:`AdmittedView._settle`); a differential test
+(``tests/dynamo/test_dynamo_view_fold.py``) holds the live view to the plan and to a fresh
+start after every step.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from urllib.parse import unquote
 from workerset_admission.adapters.dynamo.view_directory import BUCKETS, ViewFile, ViewFiles
 from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable
 from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.ports import TenureFacts
 
 _Owner = tuple[GroupKey, int]
 _Files = dict[ViewFile, bytes]
@@ -32,6 +36,7 @@ __all__ = [
     "SyncReport",
     "Tenure",
     "ViewChanges",
+    "contribution_files",
     "plan_view",
     "untied_topics",
 ]
@@ -46,23 +51,18 @@ SCOPE_TOPICS = frozenset({"kv_metrics", "forward-pass-metrics", "active_sequence
 _MAX_FAILING = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class Tenure:
-    """One committed binding as the view sees it: group, build generation, routable ids."""
-
-    group: GroupKey
-    generation: int
-    routable: frozenset[int]
-    # Routable ids a held tenure serves on their last known records: published from the
-    # records the table dropped when the bucket no longer has them.
-    last_known: frozenset[int] = frozenset()
-    # The generation of a drained tenure of the same group this one takes over from: that
-    # tenure's files are removed after this one's are written.
-    handover_from: int | None = None
+# One committed tenure as the view sees it (the delta's facts): group, build generation,
+# routable ids, those served on last known records, the drained generation it takes over from,
+# and the LoRA adapters its projection serves.
+Tenure = TenureFacts
 
 
 def _records_of(
-    endpoint: EndpointId, instance_id: int, table: RecordTable, last_known: bool = False
+    endpoint: EndpointId,
+    instance_id: int,
+    table: RecordTable,
+    last_known: bool = False,
+    adapters: Collection[tuple[int, str]] = (),
 ) -> list[PublishableRecord]:
     ns, comp = endpoint.namespace, endpoint.component
     lookup = table.lookup_last_known if last_known else table.lookup
@@ -73,6 +73,10 @@ def _records_of(
         # too), and its cards at the binding's own endpoint.
         if record.bucket == "instances" or record.endpoint == endpoint.endpoint
     ]
+    if any(r.suffix is not None for r in mine):
+        # An adapter card is served only while the core's projection names it: a projection
+        # the core refused keeps the last one it served.
+        mine = [r for r in mine if r.suffix is None or (instance_id, r.suffix) in adapters]
     sources = [s for s in lookup("source", ns, None, instance_id) if s.component in (None, comp)]
     mine += sources
     for source in sources:
@@ -97,20 +101,22 @@ def _scope_channels(
     return lookup("scope", endpoint.namespace, endpoint.component, endpoint.endpoint)
 
 
-def _member_files(tenure: Tenure, instance_id: int, table: RecordTable) -> _Files:
-    """Return the files one routable member of a tenure calls for."""
+def contribution_files(tenure: Tenure, member: int | None, table: RecordTable) -> _Files:
+    """Return the files one contribution of a tenure calls for: the view's one planning rule.
+
+    ``member`` is a routable instance id (its endpoint records, its cards with the adapters
+    the tenure's projection serves, its event records), or ``None`` for the tenure's scope:
+    the channels of :data:`SCOPE_TOPICS` a serving tenure carries (none when it serves no one).
+    """
+    if member is None:
+        if not tenure.routable:
+            return {}
+        channels = _scope_channels(tenure.group.endpoint, table, bool(tenure.last_known))
+        return {(c.bucket, c.file_name): c.value for c in channels if c.topic in SCOPE_TOPICS}
     records = _records_of(
-        tenure.group.endpoint, instance_id, table, instance_id in tenure.last_known
+        tenure.group.endpoint, member, table, member in tenure.last_known, tenure.adapters
     )
     return {(r.bucket, r.file_name): r.value for r in records}
-
-
-def _scope_files(tenure: Tenure, table: RecordTable) -> _Files:
-    """Return the channels of :data:`SCOPE_TOPICS` a serving tenure carries (else none)."""
-    if not tenure.routable:
-        return {}
-    channels = _scope_channels(tenure.group.endpoint, table, bool(tenure.last_known))
-    return {(c.bucket, c.file_name): c.value for c in channels if c.topic in SCOPE_TOPICS}
 
 
 def plan_view(
@@ -129,8 +135,8 @@ def plan_view(
     for tenure in tenures:
         files: _Files = {}
         for instance_id in sorted(tenure.routable):
-            files.update(_member_files(tenure, instance_id, table))
-        files.update(_scope_files(tenure, table))
+            files.update(contribution_files(tenure, instance_id, table))
+        files.update(contribution_files(tenure, None, table))
         for file, value in files.items():
             entry = wanted.setdefault(file, (value, set()))
             entry[1].add((tenure.group, tenure.generation))
@@ -171,12 +177,22 @@ class ViewChanges:
 
     ``tenures``: each group whose binding may have changed, with its tenure now (``None``:
     it has none). ``workers``: (namespace, instance id) of workers whose records changed.
-    ``scopes``: endpoints whose unattributed event channels changed.
+    ``scopes``: endpoints whose unattributed event channels changed. ``everything``: every
+    contribution is dirty (a relisting, the first pass, a hold); ``tenures`` then holds every
+    tenure in force, and a group of the view it does not name has none.
     """
 
     tenures: dict[GroupKey, Tenure | None] = field(default_factory=dict)
     workers: set[tuple[str, int]] = field(default_factory=set)
     scopes: set[EndpointId] = field(default_factory=set)
+    everything: bool = False
+
+    def merge(self, other: ViewChanges) -> None:
+        """Take in ``other``, a later change: its tenures win."""
+        self.tenures.update(other.tenures)
+        self.workers |= other.workers
+        self.scopes |= other.scopes
+        self.everything = self.everything or other.everything
 
 
 def _removal_order(files: Iterable[ViewFile]) -> list[ViewFile]:
@@ -194,6 +210,8 @@ def _add_order(files: Iterable[ViewFile]) -> list[ViewFile]:
 # its worker from the frontend.
 _TOUCH_SLICE = 500
 REFRESH_SLICE_EVERY = 0.02
+# Files stat'ed per :meth:`AdmittedView.verify`: a few milliseconds, every second.
+_VERIFY_SLICE = 1000
 
 
 class AdmittedView:
@@ -246,6 +264,10 @@ class AdmittedView:
         self._last_touch = clock()
         self._touch_round: list[ViewFile] = []
         self._touch_slice = _TOUCH_SLICE
+        # The inode each written file got, and the files the current verification round has
+        # still to check (see :meth:`verify`).
+        self._inodes: dict[ViewFile, int] = {}
+        self._verify_round: list[ViewFile] = []
         self.publish_errors = 0
 
     @property
@@ -319,13 +341,8 @@ class AdmittedView:
         Records that left the bucket are kept in ``table`` only while a held tenure's last
         known members (the core's window) still call for them: the rest are forgotten here.
         """
-        for group in list(self._tenures):
-            self._end(self._tenures[group])
-        for tenure in tenures:
-            self._begin(tenure, table)
-        table.forget_unused_removals()
-        self._pending.update(self._written)
-        return self._settle(table, drained)
+        everything = ViewChanges(tenures={t.group: t for t in tenures}, everything=True)
+        return self.update(everything, table, drained)
 
     def update(
         self,
@@ -333,13 +350,19 @@ class AdmittedView:
         table: RecordTable,
         drained: Collection[tuple[str, int]] = (),
     ) -> SyncReport:
-        """Apply what changed since the last pass, with the rules of :meth:`sync`.
+        """Plan again the contributions ``changes`` names, diff, publish by :meth:`sync`'s rules.
 
-        The caller plans in full (:meth:`sync`) while the view is :attr:`holding`: a held
-        tenure's last known records are kept in the table for as long as a full plan asks for
-        them, and only a full plan can say that.
+        With ``changes.everything`` every contribution is dirty: the caller asks for it at the
+        first pass, at a relisting and while the view is :attr:`holding` (a held tenure's last
+        known records are kept in the table for as long as a pass over every member asks for
+        them, and only such a pass can say that).
         """
-        for group, tenure in changes.tenures.items():
+        tenures = changes.tenures
+        if changes.everything:
+            ended: dict[GroupKey, Tenure | None] = dict.fromkeys(self._tenures)
+            tenures = ended | tenures
+        begun = set()
+        for group, tenure in tenures.items():
             old = self._tenures.get(group)
             if tenure is None:
                 if old is not None:
@@ -348,24 +371,84 @@ class AdmittedView:
                 if old is not None:
                     self._end(old)
                 self._begin(tenure, table)
+                begun.add(group)
             else:
                 self._change(old, tenure, table)
-        for namespace, instance_id in changes.workers:
-            for group in self._by_namespace.get(namespace, ()):
-                tenure = self._tenures[group]
-                if instance_id in tenure.routable:
+        if changes.everything:
+            for tenure in self._tenures.values():
+                if tenure.group in begun:
+                    continue  # planned whole as it began
+                for instance_id in tenure.routable:
                     self._plan_member(tenure, instance_id, table)
-        for endpoint in changes.scopes:
-            for group in self._by_namespace.get(endpoint.namespace, ()):
-                tenure = self._tenures[group]
-                if tenure.group.endpoint == endpoint:
-                    self._plan_scope(tenure, table)
+                self._plan_scope(tenure, table)
+        else:
+            for namespace, instance_id in changes.workers:
+                for group in self._by_namespace.get(namespace, ()):
+                    tenure = self._tenures[group]
+                    if instance_id in tenure.routable:
+                        self._plan_member(tenure, instance_id, table)
+            for endpoint in changes.scopes:
+                for group in self._by_namespace.get(endpoint.namespace, ()):
+                    tenure = self._tenures[group]
+                    if tenure.group.endpoint == endpoint:
+                        self._plan_scope(tenure, table)
         table.forget_unused_removals()
         return self._settle(table, drained)
 
     def retry(self, table: RecordTable, drained: Collection[tuple[str, int]] = ()) -> SyncReport:
         """Try again what the last passes could not write or remove (nothing else changed)."""
         return self._settle(table, drained)
+
+    # -- files altered from outside --------------------------------------------------------------
+
+    def _note_identity(self, file: ViewFile) -> None:
+        try:
+            identity = self._files.identity(file)
+        except OSError:
+            identity = None
+        if identity is None:
+            self._inodes.pop(file, None)
+        else:
+            self._inodes[file] = identity[1]
+
+    def verify(self) -> int:
+        """Check the next slice of the written files; mark pending any altered from outside.
+
+        A file is checked by a stat: its size against the bytes written, its inode against the
+        one the write made (a write from outside that keeps both, an in-place rewrite of the
+        same length, is not seen). Returns how many of the slice were altered or gone; the
+        caller settles them (:meth:`retry`).
+        """
+        if not self._verify_round:
+            self._verify_round = [f for f, value in self._written.items() if value is not None]
+        batch = self._verify_round[-_VERIFY_SLICE:]
+        del self._verify_round[-_VERIFY_SLICE:]
+        altered = []
+        for file in batch:
+            value = self._written.get(file)
+            if value is None:
+                continue  # gone since the round began, or a previous writer's file
+            try:
+                identity = self._files.identity(file)
+            except OSError:
+                continue
+            if (
+                identity is not None
+                and identity[0] == len(value)
+                and self._inodes.get(file, identity[1]) == identity[1]
+            ):
+                continue
+            altered.append(file)
+            self._written[file] = None  # its content is no longer known: written again
+            self._pending.add(file)
+        if altered:
+            _log.warning(
+                "admitted view: %d file(s) altered or removed from outside (first: %s/%s); "
+                "written again",
+                len(altered),
+                *altered[0],
+            )
+        return len(altered)
 
     # -- the fold --------------------------------------------------------------------------------
 
@@ -399,7 +482,9 @@ class AdmittedView:
             self._set_files(owner, self._members.pop((old.group, instance_id), ()), {})
         for instance_id in new.routable - old.routable:
             self._plan_member(new, instance_id, table)
-        for instance_id in old.last_known ^ new.last_known:
+        moved = set(old.last_known ^ new.last_known)
+        moved.update(instance_id for instance_id, _ in old.adapters ^ new.adapters)
+        for instance_id in moved:
             if instance_id in new.routable:
                 self._plan_member(new, instance_id, table)
         if bool(old.routable) != bool(new.routable) or bool(old.last_known) != bool(new.last_known):
@@ -407,13 +492,13 @@ class AdmittedView:
 
     def _plan_member(self, tenure: Tenure, instance_id: int, table: RecordTable) -> None:
         key = (tenure.group, instance_id)
-        new = _member_files(tenure, instance_id, table)
+        new = contribution_files(tenure, instance_id, table)
         old = self._members.get(key, ())
         self._members[key] = tuple(new)
         self._set_files((tenure.group, tenure.generation), old, new)
 
     def _plan_scope(self, tenure: Tenure, table: RecordTable) -> None:
-        new = _scope_files(tenure, table)
+        new = contribution_files(tenure, None, table)
         old = self._scopes.get(tenure.group, ())
         self._scopes[tenure.group] = tuple(new)
         self._set_files((tenure.group, tenure.generation), old, new)
@@ -550,6 +635,7 @@ class AdmittedView:
             self._write_failed(file, exc)
             return False
         self._written[file] = value
+        self._note_identity(file)
         self._unremovable.pop(file, None)
         failed = self._failing.pop(file[1], 0)
         if failed:
@@ -597,6 +683,7 @@ class AdmittedView:
                 self._unremovable[file] = self._unremovable.get(file, 0) + 1
                 continue
             self._written.pop(file, None)
+            self._inodes.pop(file, None)
             failed = self._unremovable.pop(file, 0)
             if failed:
                 _log.info("admitted view: removed %s after %d failed attempt(s)", file[1], failed)

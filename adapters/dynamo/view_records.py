@@ -1,8 +1,8 @@
-"""The view's records: per key, the last raw record the service's boundary accepted."""
+"""The view's records: per key, the last raw record the core accepted, as the deltas carried it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from workerset_admission.adapters.dynamo.view_directory import file_name_for
@@ -10,12 +10,13 @@ from workerset_admission.card import is_event_key, parse_event_key, parse_key
 from workerset_admission.card.events import dynamo_event_path
 from workerset_admission.ports import AcceptedRecord
 
-__all__ = ["KV_EVENTS", "PublishableRecord", "RecordTable"]
+__all__ = ["KV_EVENTS", "PublishableRecord", "RecordTable", "Tie"]
 
 # The one event topic whose source names its worker; every other channel is tied by scope.
 KV_EVENTS = "kv-events"
 
-_Tie = tuple[str, str, str | None, int | str | None]
+# What ties a record to a worker, a publisher or an endpoint: (kind, namespace, component, number).
+Tie = tuple[str, str, str | None, int | str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,16 +37,19 @@ class PublishableRecord:
     instance_id: int
     worker_id: int | None = None
     topic: str | None = None
+    # A LoRA adapter card's suffix: served only while its tenure's projection names it.
+    suffix: str | None = None
 
 
 class RecordTable:
-    """The last accepted raw record per bucket key, as the service's boundary judged it.
+    """The last accepted raw record per bucket key, as the steps' deltas carried it.
 
-    The table is an :class:`~workerset_admission.ports.AcceptedRecords` sink: it never reads a
-    value, it only files the bytes the boundary accepted under their key (the key names the
-    bucket, the file and the worker). A refused value never reaches it, so the key's last
-    accepted record stays, as the service keeps the last valid registration; a record the
-    boundary ignores is not held.
+    The view's writer fills it from each :class:`~workerset_admission.ports.StepDelta` alone:
+    it never reads a value, it only files the bytes the core accepted under their key (the key
+    names the bucket, the file and the worker). A value the boundary or the core refused never
+    reaches it, so the key's last accepted record stays, as the core keeps the first
+    incarnation; a record the boundary ignores is not held. Each change returns the ties it
+    touched (see :meth:`lookup`), so the writer re-plans those workers alone.
 
     A record that leaves the bucket (a removal, or a listing without it) is set aside for
     :meth:`lookup_last_known` alone: a held tenure's last known members are served on those
@@ -55,27 +59,22 @@ class RecordTable:
     view's, bounds what is kept.
     """
 
-    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self) -> None:
         self._records: dict[str, PublishableRecord] = {}
         # Keys by what ties a record to a worker, so planning a view costs per admitted worker,
         # not per record held.
         # (A tie names one or two keys: a list of them is a quarter of a set's size.)
-        self._index: dict[_Tie, list[str]] = {}
-        self._on_change = on_change
+        self._index: dict[Tie, list[str]] = {}
         # Records that left the bucket, by key and by tie, and the ones a last-known lookup
         # asked for since the last forgetting.
         self._removed: dict[str, PublishableRecord] = {}
-        self._removed_index: dict[_Tie, list[str]] = {}
+        self._removed_index: dict[Tie, list[str]] = {}
         self._wanted: set[str] = set()
-        # What changed since the view last asked: the ties of every record put, changed or
-        # removed, so the view re-plans those workers alone.
-        self._touched: set[_Tie] = set()
+        # The ties of the records the current change put, changed or removed.
+        self._touched: set[Tie] = set()
 
     def __len__(self) -> int:
         return len(self._records)
-
-    def set_listener(self, on_change: Callable[[], None] | None) -> None:
-        self._on_change = on_change
 
     def get(self, key: str) -> PublishableRecord | None:
         return self._records.get(key)
@@ -109,14 +108,6 @@ class RecordTable:
         records.update((key, self._removed[key]) for key in gone)
         return [records[key] for key in sorted(records)]
 
-    def take_changes(self) -> set[_Tie]:
-        """Return the ties of the records that changed since the last call, and forget them.
-
-        A tie is ``(kind, namespace, component, number)`` as :meth:`lookup` takes it.
-        """
-        touched, self._touched = self._touched, set()
-        return touched
-
     def forget_unused_removals(self) -> int:
         """Drop the set-aside records no last-known lookup asked for since the last call."""
         unused = [key for key in self._removed if key not in self._wanted]
@@ -127,12 +118,15 @@ class RecordTable:
 
     # -- the boundary's verdicts ---------------------------------------------------------------
 
-    def put(self, key: str, record: AcceptedRecord | None) -> None:
-        """File an accepted put (``record``), or drop the key for an ignored one (``None``)."""
+    def put(self, key: str, record: AcceptedRecord | None) -> set[Tie]:
+        """File an accepted put (``record``), or drop the key (``None``); return the ties touched.
+
+        A tie is ``(kind, namespace, component, number)`` as :meth:`lookup` takes it.
+        """
         old = self._records.get(key)
         new = None if record is None else _held(record)
         if new == old:
-            return
+            return set()
         self._touch(old, new)
         if old is not None:
             self._unindex(key, old)
@@ -144,19 +138,13 @@ class RecordTable:
             del self._records[key]
             assert old is not None
             self._set_aside(key, old)
-        self._changed()
+        return self._changed()
 
-    def remove(self, key: str) -> None:
+    def remove(self, key: str) -> set[Tie]:
         """Set the key's record aside for last-known lookups: it left the bucket."""
-        old = self._records.pop(key, None)
-        if old is None:
-            return
-        self._touch(old, None)
-        self._unindex(key, old)
-        self._set_aside(key, old)
-        self._changed()
+        return self.put(key, None)
 
-    def listing(self, records: Sequence[AcceptedRecord], retained: Collection[str]) -> None:
+    def listing(self, records: Iterable[AcceptedRecord], retained: Collection[str]) -> set[Tie]:
         """Replace the table with a listing's accepted records; ``retained`` keys keep theirs.
 
         A listing holds the whole bucket, and it comes every reconciliation: a record whose
@@ -179,7 +167,7 @@ class RecordTable:
             if old is not None:
                 fresh[key] = old
         if fresh == held_now:
-            return
+            return set()
         for key, old in held_now.items():
             new = fresh.get(key)
             if new is not old:
@@ -195,11 +183,11 @@ class RecordTable:
                 self._back(key)
                 self._reindex(key, new)
         self._records = fresh
-        self._changed()
+        return self._changed()
 
-    def _changed(self) -> None:
-        if self._on_change is not None:
-            self._on_change()
+    def _changed(self) -> set[Tie]:
+        touched, self._touched = self._touched, set()
+        return touched
 
     def _touch(self, old: PublishableRecord | None, new: PublishableRecord | None) -> None:
         for record in (old, new):
@@ -223,7 +211,7 @@ class RecordTable:
         self._discard(self._removed_index, key, record)
 
     @staticmethod
-    def _ties(record: PublishableRecord) -> tuple[_Tie, ...]:
+    def _ties(record: PublishableRecord) -> tuple[Tie, ...]:
         if record.bucket == "instances":
             return (
                 ("worker", record.namespace, record.component, record.instance_id),
@@ -246,7 +234,7 @@ class RecordTable:
         self._discard(self._index, key, record)
 
     @classmethod
-    def _discard(cls, index: dict[_Tie, list[str]], key: str, record: PublishableRecord) -> None:
+    def _discard(cls, index: dict[Tie, list[str]], key: str, record: PublishableRecord) -> None:
         for tie in cls._ties(record):
             keys = index.get(tie)
             if keys is not None and key in keys:
@@ -259,7 +247,7 @@ class RecordTable:
             _index_key(self._index, tie, key)
 
 
-def _index_key(index: dict[_Tie, list[str]], tie: _Tie, key: str) -> None:
+def _index_key(index: dict[Tie, list[str]], tie: Tie, key: str) -> None:
     keys = index.setdefault(tie, [])
     if key not in keys:
         keys.append(key)
@@ -300,4 +288,5 @@ def _held(record: AcceptedRecord) -> PublishableRecord | None:
         endpoint.component,
         endpoint.endpoint,
         parsed.instance_id,
+        suffix=parsed.model_suffix,
     )

@@ -1,17 +1,28 @@
-"""Read the serving-admission bucket once, for ``rollout``: the current value of every key.
+"""Read the serving-admission bucket once, for ``rollout`` and ``drain``: every key, or some.
 
-The bucket is read through the discovery source's own reader of initial values (one ordered
-consumer at the latest value per key, ended by the message that has nothing left pending), so
-the gate and the service agree on what "the bucket now" means.
+The whole bucket is read through the discovery source's own reader of initial values (one
+ordered consumer at the latest value per key, ended by the message that has nothing left
+pending), so the gate and the service agree on what "the bucket now" means.
+
+A poll that asks about some records only (``drain --wait`` about the drained workers'
+namespaces, ``rollout --wait`` about the new generation's) reads those alone: one consumer whose
+subject filters name them (``v1.*.members.<namespace>`` and what says a frontend is live), at
+the latest value per key, so a poll costs what it asks about, not the whole bucket. A server
+that takes one filter per consumer only (before 2.10) is read whole, and the keys sorted out
+here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Sequence
 
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.js.errors import NotFoundError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import BadRequestError, NotFoundError
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
@@ -20,13 +31,60 @@ from workerset_admission.adapters.nats.connect import (
     refusal_mark,
     servers_for_display,
 )
+from workerset_admission.adapters.nats.kv import removal_kind
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card.serving_record import BucketRead, RawEntry
-from workerset_admission.keys import ADMISSION_BUCKET
+from workerset_admission.keys import ADMISSION_BUCKET, key_matches
 
 DEFAULT_ADMISSION_BUCKET = ADMISSION_BUCKET
 
-__all__ = ["DEFAULT_ADMISSION_BUCKET", "NatsRecordSource"]
+__all__ = ["DEFAULT_ADMISSION_BUCKET", "NatsRecordSource", "read_keys"]
+
+
+async def read_keys(
+    client: NatsClient, bucket: str, filters: Sequence[str], timeout: float
+) -> list[RawEntry]:
+    """Read the latest value of the keys ``filters`` name, through one filtered consumer.
+
+    Raises ``BadRequestError`` when the server takes one filter per consumer only.
+    """
+    prefix = f"$KV.{bucket}."
+    inbox = client.new_inbox()
+    delivered: asyncio.Queue[Msg] = asyncio.Queue()
+    subscription = await client.subscribe(inbox, cb=delivered.put)
+    try:
+        config = ConsumerConfig(
+            deliver_subject=inbox,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE,
+            max_deliver=1,
+            flow_control=True,
+            idle_heartbeat=5.0,
+            mem_storage=True,
+            num_replicas=1,
+            filter_subjects=[f"{prefix}{f}" for f in filters],
+        )
+        created = await client.jsm(timeout=timeout).add_consumer(f"KV_{bucket}", config=config)
+        found: dict[str, RawEntry] = {}
+        pending = created.num_pending
+        while pending:
+            msg = await asyncio.wait_for(delivered.get(), timeout=timeout)
+            if not msg.subject.startswith(prefix):
+                # Flow control asks for an answer; an idle heartbeat asks for none.
+                if msg.reply:
+                    await client.publish(msg.reply, b"")
+                continue
+            meta = msg.metadata
+            pending = meta.num_pending
+            key = msg.subject[len(prefix) :]
+            if removal_kind(msg.headers) is not None:
+                found.pop(key, None)
+                continue
+            found[key] = RawEntry(key, msg.data, meta.timestamp.timestamp())
+        return [found[key] for key in sorted(found)]
+    finally:
+        with contextlib.suppress(Exception):
+            await subscription.unsubscribe()
 
 
 class NatsRecordSource:
@@ -43,8 +101,11 @@ class NatsRecordSource:
         self._bucket = bucket
         self._timeout = timeout
 
-    async def read(self) -> BucketRead:
-        """Read the bucket; raise ``PermissionRefused`` when the server refused this user."""
+    async def read(self, filters: Sequence[str] | None = None) -> BucketRead:
+        """Read the bucket (only the keys ``filters`` name, when given).
+
+        Raises ``PermissionRefused`` when the server refused this user.
+        """
         mark = refusal_mark()
         try:
             # A gate must answer: the first connection is bounded and never retried forever.
@@ -62,6 +123,23 @@ class NatsRecordSource:
         async def reuse(_callbacks: ConnectionCallbacks) -> NatsClient:
             return client
 
+        if filters is not None:
+            whole = False
+            try:
+                entries = await read_keys(client, self._bucket, filters, self._timeout)
+                return BucketRead(entries=tuple(entries))
+            except NotFoundError:
+                return BucketRead()
+            except BadRequestError:
+                whole = True  # one filter per consumer only (before 2.10): read it whole, below
+            except (OSError, NatsError, asyncio.TimeoutError) as error:
+                refusal = permission_refusal(mark)
+                if refusal is not None:
+                    raise refusal from None
+                return BucketRead(problem=f"cannot read bucket {self._bucket}: {error!r}")
+            finally:
+                if not whole:
+                    await client.close()
         source = JetStreamDiscoverySource(bucket=self._bucket, key_prefixes=None, connector=reuse)
         try:
             listing = await asyncio.wait_for(source.list_all(), timeout=self._timeout)
@@ -77,5 +155,9 @@ class NatsRecordSource:
         finally:
             await client.close()
         return BucketRead(
-            entries=tuple(RawEntry(e.key, e.value, e.published_at) for e in listing.entries)
+            entries=tuple(
+                RawEntry(e.key, e.value, e.published_at)
+                for e in listing.entries
+                if filters is None or key_matches(e.key, filters)
+            )
         )

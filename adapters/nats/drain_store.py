@@ -1,5 +1,11 @@
 """The drain tools' NATS side: list the discovery bucket, write or withdraw a drain, read serving.
 
+Besides the drain records it reads and swaps each model's drain budget record by revision (a
+JetStream "expected last subject sequence": the server stores the write only if the key is
+still at the revision read), and tries a user's right to write a key without storing anything
+(the same header with a revision no key can be at: the server either refuses the publish for
+the user's permissions or answers "wrong last sequence").
+
 One connection for the whole command. A drain given while NATS is away waits for it (up to the
 caller's deadline) instead of failing at once: a ``preStop`` hook runs while the cluster may be
 restarting its nats-server, and a drain that gave up would let the worker stop while frontends
@@ -10,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError, NotFoundError
+from workerset_admission.adapters.nats.admission_reader import read_keys
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
@@ -24,12 +31,16 @@ from workerset_admission.adapters.nats.connect import (
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError
-from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX
+from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX, key_matches
 
 __all__ = ["NatsDrainStore"]
 
 # How long one request (a listing, a write) may take before the store reports NATS as away.
 _REQUEST_TIMEOUT = 5.0
+# A subject sequence no key of a stream can be at: a write expecting it is never stored.
+_NO_REVISION = str(2**62)
+# JetStream's error code for a write whose expected last subject sequence did not match.
+_WRONG_LAST_SEQUENCE = 10071
 
 
 class NatsDrainStore:
@@ -119,14 +130,29 @@ class NatsDrainStore:
         entries = await self._list(self._discovery, (DRAIN_PREFIX.rstrip("."),))
         return [(e.key, e.value) for e in entries]
 
-    async def serving(self) -> BucketRead:
-        """Read the serving-admission bucket; ``problem`` says why it could not be read."""
+    async def serving(self, filters: Sequence[str] | None = None) -> BucketRead:
+        """Read the serving-admission bucket (the keys ``filters`` name, when given).
+
+        ``problem`` says why it could not be read.
+        """
+        if filters is not None:
+            try:
+                found = await read_keys(self._nc(), self._admission, filters, _REQUEST_TIMEOUT)
+                return BucketRead(entries=tuple(found))
+            except NotFoundError:
+                return BucketRead()
+            except BadRequestError:
+                pass  # one filter per consumer only (before 2.10): read it whole, below
+            except (OSError, NatsError, asyncio.TimeoutError) as error:
+                return BucketRead(problem=f"cannot read bucket {self._admission}: {error!r}")
         try:
             entries = await self._list(self._admission, None)
         except NotFoundError:
             return BucketRead()  # no frontend has published: none routes to anything
         except (OSError, NatsError, asyncio.TimeoutError) as error:
             return BucketRead(problem=f"cannot read bucket {self._admission}: {error!r}")
+        if filters is not None:
+            entries = [e for e in entries if key_matches(e.key, filters)]
         return BucketRead(entries=tuple(entries))
 
     async def put(self, key: str, value: bytes, ttl: float | None) -> None:
@@ -157,9 +183,80 @@ class NatsDrainStore:
         """Raise ``CredentialsRefused`` when the server refused the write (it never answers)."""
         if self._violations:
             raise CredentialsRefused(
-                f"NATS refused to store the drain record {key} ({self._violations[-1]}); this "
-                "user may drain the namespaces its permissions name only (docs/security.md)"
+                f"NATS refused to store {key} ({self._violations[-1]}); this user may drain the "
+                "namespaces its permissions name only (docs/security.md)"
             ) from None
+
+    async def may_write(self, key: str) -> None:
+        """Raise ``CredentialsRefused`` unless this user may write ``key``; store nothing.
+
+        The write expects a revision no key is at: a user allowed to write the key is answered
+        "wrong last sequence"; a user who is not is refused by the server, which says so on the
+        connection's error callback (the publish itself is never answered).
+        """
+        js = self._nc().jetstream()
+        subject = f"$KV.{self._discovery}.{key}"
+        headers = {"Nats-Expected-Last-Subject-Sequence": _NO_REVISION}
+        known = len(self._violations)
+        publish = asyncio.ensure_future(
+            js.publish(subject, b"", timeout=_REQUEST_TIMEOUT, headers=headers)
+        )
+        try:
+            while not publish.done():
+                if any(subject in v for v in self._violations[known:]):
+                    break
+                await asyncio.wait({publish}, timeout=0.02)
+        finally:
+            if not publish.done():
+                publish.cancel()
+        if publish.done() and not publish.cancelled():
+            error = publish.exception()
+            if isinstance(error, APIError) and error.err_code == _WRONG_LAST_SEQUENCE:
+                return
+            if error is None:
+                # Stored: a server that ignores the header. Nothing can be tried without writing.
+                raise UsageError(
+                    f"the server stored a write that expected revision {_NO_REVISION} of {key}: "
+                    "it cannot check a revision, and drains cannot be made atomic on it"
+                )
+        if len(self._violations) > known:
+            raise CredentialsRefused(
+                f"NATS refused this user the write of {key} ({self._violations[-1]}); nothing "
+                "was drained: this user may drain the namespaces its permissions name only "
+                "(docs/security.md)"
+            )
+        raise Unreachable(f"NATS did not answer a write of {key} in time; nothing was drained")
+
+    async def budget(self, key: str) -> tuple[int | None, bytes | None]:
+        """Read a drain budget record's revision and value; ``(None, None)`` when there is none."""
+        kv = await self._nc().jetstream(timeout=_REQUEST_TIMEOUT).key_value(self._discovery)
+        try:
+            entry = await kv.get(key)
+        except NotFoundError:
+            return None, None
+        return entry.revision, entry.value
+
+    async def swap_budget(self, key: str, value: bytes, revision: int | None) -> bool:
+        """Write a budget record only if it is still at ``revision`` (None: absent or deleted).
+
+        Returns False when another write moved it first.
+        """
+        kv = await self._nc().jetstream(timeout=_REQUEST_TIMEOUT).key_value(self._discovery)
+        try:
+            if revision is None:
+                await kv.create(key, value)
+            else:
+                await kv.update(key, value, last=revision)
+        except KeyWrongLastSequenceError:
+            return False
+        except APIError as error:
+            if error.err_code == _WRONG_LAST_SEQUENCE:
+                return False
+            raise
+        except (NatsError, asyncio.TimeoutError):
+            self._refused(key)
+            raise
+        return True
 
     async def delete(self, key: str) -> bool:
         """Withdraw a drain record; return whether there was one."""

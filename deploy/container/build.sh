@@ -19,7 +19,9 @@
 # Podman runs with the settings and image store of integration/container-engine.sh in
 # ENGINE_DIR (default: the checkout's git-ignored .containers/, the store the tests use; the
 # settings are written there when missing: runc, ulimits within this machine's limits); with
-# ENGINE_DIR=system, with podman's own settings.
+# ENGINE_DIR=system, with podman's own settings. A plain `podman run` reads podman's own store,
+# not ENGINE_DIR's: run the images with the same two variables the script sets (it prints the
+# command at the end), or build with ENGINE_DIR=system to put them in podman's own store.
 #
 # Images: localhost/workerset-admission:<version> (tools: serve, bridge and the other commands)
 # and localhost/workerset-admission-frontend:<version> (the Dynamo 1.6.1 frontend with the plugin
@@ -219,3 +221,8 @@ done
 podman image prune -f >/dev/null
 rm -rf "$CACHE/src"
 say "done in $((SECONDS - started)) s"
+if [ "$ENGINE_DIR" != system ]; then
+    say "the images are in the store of $ENGINE_DIR, which a plain podman does not read; run them as"
+    say "  CONTAINERS_CONF=$CONTAINERS_CONF CONTAINERS_STORAGE_CONF=$CONTAINERS_STORAGE_CONF podman run --rm localhost/workerset-admission:$VERSION --help"
+    say "or build with ENGINE_DIR=system to put them in podman's own store"
+fi

@@ -37,73 +37,22 @@ once with the attempt count reset, as 1.6.1 does; rejected workers and adapters 
 Dynamo 1.6.1 starts queued builds in sorted key order; the contract does not fix an order and
 FIFO is what an operator expects.
 
-*Holding a tenure across an outage.* A listing that follows a lost connection
-(``Listing(reconnect=True)``), and an expiry reported soon after it, may miss the incumbent's
-workers only because their heartbeats could not reach the store while it was away. Ingestion
-reports an expiry with its time (``WorkerRemoved.expired_at``) and nothing more; the core
-alone judges it the outage's when it comes within ``tenure_hold`` of the last reconnect
-listing, and then counts from that listing. When such a removal empties the
-incumbent cohort, the tenure is held, never changed: the empty cohort stays in front with its
-receiver, generation and committed build until the reconnect plus ``tenure_hold``. The hold
-delays the decision and nothing else. Only a member the cohort had when the hold began (the
-same instance key) ends it (``TenureHoldEnded("rejoined")``), and the tenure goes on; a new
-instance of the incumbent's checksum is tracked aside, not admitted, and joins the cohort with
-a returning member. When a ``Tick`` reaches the deadline with no pre-hold member back, the hold
-ends (``"expired"``) and the core does what it would have done with no hold: the cohort is
-gone, the new instances make a cohort in the place the first of them would have taken (cohorts
-carry their creation number, ``seq``), and the oldest remaining cohort succeeds. Meanwhile the
-hold serves: the members the outage's removals took stay admitted on their last known records
-for one ``registration_ttl`` (``PublishAdmissions.last_known`` names them, so a hop routes to
-them without their instance records), then those not back are withdrawn while the reservation
-lasts. A hold builds nothing: a queued build or a due retry waits, and the rejoin rebuilds at
-once. Live removals and other listings never hold: only an outage can make a present worker
-look gone.
+*The hold and outage window* (``hold.py``). A removal an outage may have caused (a listing that
+follows a lost connection or a start during an outage, and expiries soon after it) never ends a
+tenure at once: when it empties the incumbent cohort the tenure is held, serving its members
+on their last known records for a while, until a member it had rejoins or the hold's deadline
+passes. A group this frontend holds nothing of whose peers serve a checksum the first listing
+after an outage lacks is reserved for it, held, and a recorded tenure starts held or lends its
+numbers. ``hold.py`` keeps the theory, the hold's phases and their table, and the rules that
+judge a removal or a listing the outage's; the steps that change a group are here (``_hold``,
+``_place_held``, ``_add_during_hold``, ``_expire_holds``).
 
-*Starting during an outage.* A frontend that starts (or restarts) while the store is away
-has lived through the outage as much as its peers have, only without state. Ingestion reports
-its first listing as such (``Listing(outage_start=True)``), and the core treats it as a
-reconnect listing: expiries within ``tenure_hold`` of it are the outage's, so an incumbent the
-listing still holds is held when they empty it, as its peers hold theirs. One that starts
-just after the store came back saw no outage itself, but a peer that resynced after losing its
-connection says when (``Listing.peer_outage_at``): a first listing within ``tenure_hold`` of
-that resync is one of that outage, and its holds count from the peer's resync, so they end
-with the peer's (``_outage_of``). A cohort the listing already lacks (its records ran out
-while the store was away) cannot be observed at all; so after any outage, a group this
-frontend holds nothing of, whose live peers serve a checksum the listing lacks
-(``Listing.peer_tenures``), is reserved for that checksum at once, held until the outage's
-reconnect plus ``tenure_hold``, and only the members the peers serve end the hold. These rules
-only delay a succession the outage may have faked, as the hold always does; with them a
-frontend restarted during an outage ends on the incumbent its peers keep.
-
-*Recorded tenures.* A replay of a recording that began mid-rollout starts from what the
-recorded frontend decided: ``TenureRecorded``, before anything else of its group. A tenure
-that was not held lends its receiver and generation to the tenure the listing starts for that
-checksum; a held one is put in place at once, exactly as ``_hold`` leaves a live group (the
-empty cohort in front, its members served on last known good, the deadline scheduled), so
-everything after it runs through the same code as live.
-
-*Drains.* A drain (``DrainSet``) is an operator's word that a worker is about to stop: for
-admission its registrations have left (an operator-declared departure). They are set aside,
-not forgotten (``WorkerDrained``): the cohort loses them as it would lose departed workers,
-a rejected cohort simply shrinks, and a registration of a drained worker that arrives later
-is set aside at once, never admitted. The worker's real removal forgets them. Lifting the
-drain (``DrainLifted``) places them again exactly as a returning member is placed: into the
-cohort of their checksum if it still has members, else as a new cohort at the end of the order.
-A drain never holds a tenure; only an outage does, and a drained member of a held tenure is
-no longer served on its last known record.
-
-*Handover.* A drained worker still serves; a departed one does not. So when a drain takes the
-last member of a committed incumbent and another cohort waits, the successor's tenure starts
-as for any succession (fresh receiver, fresh generation, its build queued), but the old
-tenure's committed build and receiver stay in place, still serving the drained members, until
-the successor is committed: its ``CommitGroup`` names the generation it takes over from
-(``handover_from``), and the old tenure's ``WithdrawGroup``, ``RetireReceiver`` and
-``HandoverEnded`` follow in the same step. The frontend therefore knows the successor before
-the drained workers go, as it does on the workers' own store, and never routes to nothing in
-between. The handover also ends when the drained workers really leave, when one of them is
-given back (it rejoins behind the successor), or when the successor's own tenure ends. With
-no cohort waiting, or with an incumbent not yet committed, a drain ends the tenure at once,
-as a departure does.
+*Drains and the handover* (``drain.py``). A drain sets a worker's registrations aside as if they
+had left; lifting it places them again. When a drain takes the last member of a committed
+incumbent and a cohort waits, the old tenure keeps serving its drained members (a handover)
+until the successor is committed. ``drain.py`` keeps the theory, the drains in force with what
+they set aside, and the handover's phases and table; the steps are here (``_on_drain``,
+``_set_aside``, ``_end_handover``, ...).
 
 *Rejections.* Each non-incumbent cohort is reported once per tenure: when it first appears,
 or, after a succession, against the new incumbent. A cohort that empties and returns is a
@@ -115,15 +64,12 @@ or of the LoRA projection fingerprint alone is taken in place. ``TaintsUpdated``
 group whose tenure serves the worker at that moment (``serving``), so the hops carry it there
 without asking the core again.
 
-*LoRA adapters* never create or keep a group. An adapter is projected into the group whose
-incumbent cohort holds the base registration of the same (endpoint, instance id); adapters of
-rejected or unknown workers are kept aside and change nothing until their base is admitted.
-A projection change is announced as ``LoraProjectionChanged`` (no rebuild). One adapter name
-must mean one set of weights across a group, so every projection is judged as it is computed
-(``projection.py``): one that serves a name with two fingerprints is never announced
-(``LoraProjectionRefused``); on a committed group that is a failed replacement, so the group
-goes ``blocked_ready``, serves its last safe commit and projection, and the projection is
-judged again at the retry's deadline, all in the step that made it.
+*LoRA adapters* (``projection.py``) never create or keep a group: an adapter is projected into
+the group whose incumbent cohort holds its worker's base card, and every projection is judged
+by the one-name-one-fingerprint rule as it is computed; a refused one is never announced
+(``LoraProjectionRefused``) and on a committed group is a failed replacement
+(``blocked_ready``), all in the step that made it. ``projection.py`` keeps the adapters and the
+rule; the core names the host group and carries out the verdict.
 
 *Batches.* Admissions and LoRA projections are published once per ``apply`` or
 ``apply_many`` call, for the groups that changed, after any builds that became possible have
@@ -156,14 +102,14 @@ on last known good (``PublishAdmissions.last_known``) are routed to without that
 liveness out of the core means instance churn never touches the core's state or its generation
 counter.
 
-*Reading this module.* Everything that changes a group's state is here, in the order the
-contract reads: the settings; the records (``_Cohort``, ``_Hold``, ``_Handover``, ``_Tenure``,
-``_Group``: a group's tenure is one record, which a succession replaces whole); then
-``AdmissionCore``: its entry points, the discovery inputs, tenures and succession, the hold,
-builds and their fencing, LoRA adapters and in-place changes, and the publication at the end of
-each call. Effects are made by their own constructors, one readable way. Beside it, read-only:
-``readout.py`` (the views of groups and placements), ``admitted.py`` (admitted ids and
-the cohort's change log), ``status.py`` (the status table), ``effects.py`` and ``inputs.py``.
+*Reading this module.* The dispatch and the steps that change a group, in the order the
+contract reads: the settings; then ``AdmissionCore``: its entry points, the discovery inputs,
+drains, tenures and succession, the hold, builds and their fencing, LoRA adapters and in-place
+changes, and the publication at the end of each call. Effects are made by their own
+constructors, one readable way. The records are in ``group.py`` (cohorts, tenure, group),
+``hold.py`` (the hold) and ``drain.py`` (drains, the handover); the group status table is
+``status.py``. Read-only beside it: ``readout.py`` (the views of groups and placements),
+``admitted.py`` (admitted ids and the cohort's change log), ``effects.py`` and ``inputs.py``.
 """
 
 from __future__ import annotations
@@ -173,11 +119,13 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Literal
 
 from workerset_admission.admission import effects as fx
 from workerset_admission.admission import readout
-from workerset_admission.admission.admitted import AdmittedLog
+from workerset_admission.admission.drain import Drains, Handover, HandoverEvent
+from workerset_admission.admission.group import Cohort, Group, Tenure, representative_of
+from workerset_admission.admission.hold import Hold, HoldEvent, expiry_outage, listing_outage
 from workerset_admission.admission.inputs import (
     BuildFinished,
     CommitFailed,
@@ -191,10 +139,9 @@ from workerset_admission.admission.inputs import (
     WorkerAdded,
     WorkerRemoved,
 )
-from workerset_admission.admission.lora import AdapterLog
-from workerset_admission.admission.projection import ProjectionConflicts
+from workerset_admission.admission.projection import LoraProjection, base_key, same_projection
 from workerset_admission.admission.snapshots import GroupView, PlacementView
-from workerset_admission.admission.status import GroupStatus, StatusEvent, StatusMachine
+from workerset_admission.admission.status import GroupStatus, StatusEvent
 from workerset_admission.errors import ConfigError, UsageError
 from workerset_admission.identity import AttemptId, GroupKey, Registration, instance_key
 
@@ -243,226 +190,6 @@ class CoreSettings:
         return delays[min(max(attempt, 1), len(delays)) - 1]
 
 
-# ---------------------------------------------------------------------------------- records
-
-
-class _Cohort(AdmittedLog):
-    """The registrations sharing one checksum in a group; as the incumbent, its admitted ids.
-
-    While the cohort is the incumbent, every change of membership is appended to its log (see
-    ``AdmittedLog``); changes before that are not, so a tenure start rebases it.
-    """
-
-    __slots__ = ("checksum", "members", "seq")
-
-    def __init__(self, checksum: str, seq: int) -> None:
-        super().__init__()
-        self.checksum = checksum
-        # The group's count of cohorts made when this one was: its place in the order.
-        self.seq = seq
-        # Keyed by instance id: a group has one endpoint and a base card per instance, so within
-        # a group an instance id names exactly one registration key. Insertion-ordered;
-        # membership, not order, matters inside a cohort. The keys are the cohort's ids, so a
-        # rebase is one C-level copy of them.
-        self.members: dict[int, Registration] = {}
-
-
-class _Hold:
-    """A tenure held after an outage, and the members it serves on last known good.
-
-    ``held`` is true from the emptying removal until a pre-hold member comes back or ``until``
-    is reached; the last-known-good window (``last_known``, until ``last_known_until``) may
-    outlast a rejoin, so the object stays on the group until both are over.
-    """
-
-    __slots__ = (
-        "arrival_seq",
-        "arrivals",
-        "held",
-        "last_known",
-        "last_known_until",
-        "members",
-        "since",
-        "until",
-    )
-
-    def __init__(
-        self, since: float, until: float, members: dict[int, str], last_known_until: float
-    ) -> None:
-        self.held = True
-        # The clock value of the reconnect the hold counts from, and its deadline.
-        self.since = since
-        self.until = until
-        # The members the incumbent had when the hold began (instance id to key): only one of
-        # these ends it.
-        self.members = members
-        # Those of them not back yet, still admitted on their last known records.
-        self.last_known = dict(members)
-        self.last_known_until = last_known_until
-        # New instances of the incumbent's checksum registered during the hold: tracked, not
-        # admitted; they join the incumbent on a rejoin, or the end of the order on expiry.
-        self.arrivals: dict[int, Registration] = {}
-        self.arrival_seq: int | None = None
-
-
-class _Handover:
-    """A drained tenure still serving its drained members until its successor is committed."""
-
-    __slots__ = ("card", "checksum", "generation", "members", "receiver")
-
-    def __init__(
-        self, checksum: str, receiver: int, generation: int, members: dict[int, str]
-    ) -> None:
-        self.checksum = checksum
-        self.receiver = receiver
-        # The committed build it keeps serving, and the drained members it serves (id to key).
-        self.generation = generation
-        self.members = members
-        self.card: Any = None
-
-
-class _Tenure:
-    """One tenure's state: what a succession ends, all at once, by putting a fresh one in place.
-
-    A group with no incumbent has an idle tenure (``checksum`` None, everything empty).
-    """
-
-    __slots__ = (
-        "attempt",
-        "card",
-        "checksum",
-        "committed_generation",
-        "deadline",
-        "hold",
-        "in_flight",
-        "lora",
-        "outage_gone",
-        "parked",
-        "receiver",
-        "reported",
-        "representative",
-    )
-
-    def __init__(self) -> None:
-        # The incumbent's checksum and receiver; the generation of its committed build and of
-        # the build in flight; consecutive failed attempts and the retry's deadline.
-        self.checksum: str | None = None
-        self.receiver: int | None = None
-        self.committed_generation: int | None = None
-        self.in_flight: int | None = None
-        self.attempt = 0
-        self.deadline: float | None = None
-        # The member whose card the tenure serves (the smallest key), and that card.
-        self.representative: str | None = None
-        self.card: Any = None
-        # The checksums reported as rejected against this incumbent.
-        self.reported: set[str] = set()
-        # The last projection announced; None forces the next flush to announce it again.
-        self.lora: tuple[fx.LoraWorker, ...] | None = ()
-        # Set while the tenure is held after an outage, or its members are still served on
-        # last known good (see the theory of operation).
-        self.hold: _Hold | None = None
-        # The clock value of the last reconnect whose removals took incumbent members away,
-        # and those members: a hold that reconnect causes serves them on last known good.
-        self.outage_gone: tuple[float, dict[int, str]] | None = None
-        # Incumbent members drained since the last publication (id to key): the receiver
-        # still lists them, so a handover that begins now keeps serving exactly these.
-        self.parked: dict[int, str] = {}
-
-
-class _Group:
-    """One group's state; only ``AdmissionCore`` changes it, and only in this module."""
-
-    __slots__ = (
-        "cohorts",
-        "dirty",
-        "generation",
-        "handover",
-        "key",
-        "lora_dirty",
-        "seq",
-        "status",
-        "tenure",
-    )
-
-    def __init__(self, key: GroupKey) -> None:
-        self.key = key
-        self.cohorts: dict[str, _Cohort] = {}
-        self.status = StatusMachine()
-        self.tenure = _Tenure()
-        # The latest build generation: it outlives its tenure (status shows it).
-        self.generation: int | None = None
-        # Admissions or the projection to publish at the end of the call.
-        self.dirty = False
-        self.lora_dirty = False
-        # How many cohorts the group has made: each new one is numbered with it.
-        self.seq = 0
-        # Set while a drained tenure hands over to its successor (see the theory of operation);
-        # it outlives the tenure that handed over.
-        self.handover: _Handover | None = None
-
-    def attempt_in_flight(self) -> AttemptId | None:
-        """Return the build attempt in flight (whose result alone is applied), or None."""
-        if self.tenure.checksum is None or self.tenure.in_flight is None:
-            return None
-        return AttemptId(self.key, self.tenure.checksum, self.tenure.in_flight)
-
-    def committed_attempt(self) -> AttemptId | None:
-        """Return the committed build's attempt (a commit failure must name it), or None."""
-        if self.tenure.checksum is None or self.tenure.committed_generation is None:
-            return None
-        return AttemptId(self.key, self.tenure.checksum, self.tenure.committed_generation)
-
-    def served_attempt(self) -> AttemptId | None:
-        """Return the attempt whose hop binding serves now, or None.
-
-        That is the committed incumbent's, or a drained tenure's that hands over to a
-        successor not committed yet.
-        """
-        if self.status.state.committed:
-            return self.committed_attempt()
-        handover = self.handover
-        if handover is not None:
-            return AttemptId(self.key, handover.checksum, handover.generation)
-        return None
-
-    def serves(self) -> bool:
-        """Return whether :meth:`served_attempt` names an attempt, without making one."""
-        return self.status.state.committed or self.handover is not None
-
-    def served_ids(self, cohort: _Cohort) -> Iterable[int]:
-        """Return the incumbent's admitted ids: its members, and any on last known good."""
-        hold = self.tenure.hold
-        if hold is None or not hold.last_known:
-            return cohort.members
-        return cohort.members.keys() | hold.last_known.keys()
-
-
-def _base_key(reg: Registration) -> str:
-    """Return the instance key of the base card an adapter rides on (a base card's own key)."""
-    return instance_key(reg.endpoint, reg.instance_id)
-
-
-def _adapter(reg: Registration) -> fx.LoraAdapter:
-    return fx.LoraAdapter(reg.key, reg.model_suffix or "", reg.lora_fingerprint, reg.card)
-
-
-def _same_projection(new: tuple[fx.LoraWorker, ...], old: tuple[fx.LoraWorker, ...] | None) -> bool:
-    # Entries are remade only on a change, so identity says "unchanged" without reading any
-    # worker's adapters (an adapter added and removed again counts as a change: one more
-    # publication, never a missed one).
-    return (
-        old is not None
-        and len(new) == len(old)
-        and all(a is b for a, b in zip(new, old, strict=True))
-    )
-
-
-def _representative(cohort: _Cohort) -> Registration:
-    # Dynamo keeps members in a BTreeSet and takes the first: the smallest key.
-    return min(cohort.members.values(), key=_by_key)
-
-
 # ---------------------------------------------------------------------------------- the core
 
 
@@ -473,40 +200,33 @@ class AdmissionCore:
         self._settings = settings or CoreSettings()
         # Keyed by (model, worker_set): hashing a plain tuple of strings is C-level, hashing
         # the GroupKey dataclass is a Python call, and this lookup is on every input.
-        self._groups: dict[tuple[str, str], _Group] = {}
+        self._groups: dict[tuple[str, str], Group] = {}
         self._regs: dict[str, Registration] = {}
-        self._loras: dict[str, Registration] = {}
-        # Adapters by the instance key of the base card they ride on, as registrations and
-        # as the projection's change log, and each worker's latest projection entry.
-        self._adapters_at: dict[str, dict[str, Registration]] = {}
-        self._adapter_logs: dict[str, AdapterLog] = {}
-        self._lora_workers: dict[str, fx.LoraWorker] = {}
+        # Every adapter, by key and by the base card it rides on (``projection.py``).
+        self._lora = LoraProjection()
         self._last_generation = 0
         self._last_receiver = 0
         self._now = 0.0
-        self._queue: deque[tuple[_Group, int]] = deque()
+        self._queue: deque[tuple[Group, int]] = deque()
         # How many builds are started and not yet answered (read it; only the core changes it).
         self.builds_in_flight = 0
-        self._timers: list[tuple[float, int, _Group, int]] = []
+        self._timers: list[tuple[float, int, Group, int]] = []
         self._timer_seq = 0
-        self._holds: list[tuple[float, int, _Group]] = []
+        self._holds: list[tuple[float, int, Group]] = []
         # When the last-known-good windows of holds end: (time, seq, group).
-        self._last_known_ends: list[tuple[float, int, _Group]] = []
-        self._dirty: list[_Group] = []
-        self._lora_dirty: list[_Group] = []
+        self._last_known_ends: list[tuple[float, int, Group]] = []
+        self._dirty: list[Group] = []
+        self._lora_dirty: list[Group] = []
         self._out: list[fx.Effect] = []
         # The effects of the batch ``apply_many`` is applying (None outside one).
         self._batch: list[fx.Effect] | None = None
         # Recorded tenures not held, taken up when their group's tenure starts.
         self._recorded: dict[tuple[str, str], TenureRecorded] = {}
         # Drains in force, by worker (namespace, instance id), and the base registrations they
-        # set aside, by key: tracked, in no cohort.
-        self._drains: dict[tuple[str, int], Drain] = {}
-        self._drained: dict[str, Registration] = {}
+        # set aside, by key: tracked, in no cohort (``drain.py``).
+        self._drains = Drains()
         # The clock value of the last listing that followed a lost connection (none yet).
         self._last_reconnect: float | None = None
-        # Every projection's verdict under the one-name-one-fingerprint rule, kept per change.
-        self._conflicts = ProjectionConflicts()
 
     # ------------------------------------------------------------------ entry points
 
@@ -576,7 +296,8 @@ class AdmissionCore:
         if reg.model_suffix is not None:
             self._add_lora(reg)
             return
-        if self._drains and (reg.endpoint.namespace, reg.instance_id) in self._drains:
+        drains = self._drains.in_force
+        if drains and (reg.endpoint.namespace, reg.instance_id) in drains:
             self._add_drained(reg)
             return
         key = reg.key
@@ -588,7 +309,7 @@ class AdmissionCore:
         gk = reg.group
         group = self._groups.get((gk.model, gk.worker_set))
         if group is None:
-            group = self._groups[(gk.model, gk.worker_set)] = _Group(gk)
+            group = self._groups[(gk.model, gk.worker_set)] = Group(gk)
         checksum = reg.mdc_checksum
         tenure = group.tenure
         incumbent = tenure.checksum
@@ -599,7 +320,7 @@ class AdmissionCore:
         if cohort is None:
             # A new cohort joins the end of the order.
             group.seq += 1
-            cohort = group.cohorts[checksum] = _Cohort(checksum, group.seq)
+            cohort = group.cohorts[checksum] = Cohort(checksum, group.seq)
         iid = reg.instance_id
         cohort.members[iid] = reg
         regs[key] = reg
@@ -612,7 +333,7 @@ class AdmissionCore:
             if not group.dirty:
                 group.dirty = True
                 self._dirty.append(group)
-            if key in self._adapters_at:
+            if key in self._lora.by_base:
                 self._mark_lora(group)
             state = group.status.state
             if state is _RETRYING or state is _BLOCKED:
@@ -624,24 +345,17 @@ class AdmissionCore:
     def _expire(self, key: str, at: float) -> None:
         """Remove a registration whose TTL ran out at ``at``; judge whether an outage did it.
 
-        An expiry is a clock reading: the clock moves to it as a ``Tick`` would. One that comes
-        within the tenure hold of the last listing that followed a lost connection is most
-        likely the outage's doing (the worker could not refresh its record while the store was
-        away), so it counts from that reconnect, as the listing's own removals do.
+        An expiry is a clock reading: the clock moves to it as a ``Tick`` would.
         """
         if at > self._now:
             self._advance(at)
-        reconnect = self._last_reconnect
-        if reconnect is not None and at - reconnect < self._settings.tenure_hold:
-            self._remove(key, reconnect)
-        else:
-            self._remove(key)
+        self._remove(key, expiry_outage(at, self._last_reconnect, self._settings.tenure_hold))
 
     def _remove(self, key: str, outage: float | None = None) -> None:
         """Remove a registration; ``outage``: the reconnect an outage's removal follows."""
         reg = self._regs.pop(key, None)
         if reg is None:
-            if key in self._drained:
+            if key in self._drains.drained:
                 self._remove_drained(key)
             else:
                 self._remove_lora(key)
@@ -655,7 +369,7 @@ class AdmissionCore:
         hold = tenure.hold
         if hold is not None and was_admitted and hold.held:
             # While held the incumbent cohort is empty: this is an instance that arrived.
-            self._drop_arrival(hold, reg)
+            hold.drop_arrival(reg)
             self._out.append(fx.WorkerDeparted(reg.key, gk, checksum, False))
             return
         cohort = group.cohorts[checksum]
@@ -670,7 +384,7 @@ class AdmissionCore:
                 if not group.dirty:
                     group.dirty = True
                     self._dirty.append(group)
-                if key in self._adapters_at:
+                if key in self._lora.by_base:
                     self._mark_lora(group)
                 state = group.status.state
                 if state is _RETRYING or state is _BLOCKED:
@@ -695,7 +409,13 @@ class AdmissionCore:
         # A listing after an outage (a lost connection, or a start while the store was away)
         # removes what it omits as the outage's doing, and expiries soon after it are judged
         # against it (``_expire``).
-        outage = self._outage_of(event)
+        outage = listing_outage(
+            self._now,
+            self._settings.tenure_hold,
+            reconnect=event.reconnect,
+            outage_start=event.outage_start,
+            peer_outage_at=event.peer_outage_at,
+        )
         if outage is not None:
             self._last_reconnect = outage
             if event.peer_tenures:
@@ -706,65 +426,59 @@ class AdmissionCore:
             self._add(reg)
         for key in [k for k in self._regs if k not in listed]:
             self._remove(key, outage)
-        for key in [k for k in self._drained if k not in listed]:
+        for key in [k for k in self._drains.drained if k not in listed]:
             self._remove(key)
-        for key in [k for k in self._loras if k not in listed]:
+        for key in [k for k in self._lora.registered if k not in listed]:
             self._remove(key)
         kept = set(event.retain_drains)
-        for worker in [w for w in self._drains if w not in drains and w not in kept]:
+        for worker in [w for w in self._drains.in_force if w not in drains and w not in kept]:
             self._on_drain_lifted(worker)
 
     # ------------------------------------------------------------------ drains
 
     def _on_drain(self, drain: Drain) -> None:
-        worker = drain.worker
-        old = self._drains.get(worker)
-        if old == drain:
+        news = self._drains.put(drain)
+        if news == "same":
             return  # a re-listing or a duplicate changes nothing
-        self._drains[worker] = drain
         self._out.append(fx.DrainChanged(drain.namespace, drain.instance_id, drain))
-        if old is not None:
+        if news == "changed":
             return  # who or when changed; the worker was set aside already
-        namespace, iid = worker
+        namespace, iid = drain.worker
         for reg in [r for r in self._regs.values() if r.instance_id == iid]:
             if reg.endpoint.namespace == namespace:
                 self._set_aside(reg, drain)
         # Members a held tenure serves on last known records are not registered now.
         for group in self._groups.values():
             hold = group.tenure.hold
-            if group.key.endpoint.namespace == namespace and hold is not None:
-                hold.members.pop(iid, None)
-                if hold.last_known.pop(iid, None) is not None:
-                    assert group.tenure.checksum is not None
-                    group.cohorts[group.tenure.checksum].log.append(~iid)
-                    if not hold.last_known and not hold.held:
-                        group.tenure.hold = None
-                    self._mark_dirty(group)
+            if group.key.endpoint.namespace != namespace or hold is None:
+                continue
+            if hold.forget(iid):
+                assert group.tenure.checksum is not None
+                group.cohorts[group.tenure.checksum].log.append(~iid)
+                if hold.over:
+                    group.tenure.hold = None
+                self._mark_dirty(group)
 
     def _on_drain_lifted(self, worker: tuple[str, int]) -> None:
-        if self._drains.pop(worker, None) is None:
+        returning = self._drains.lift(worker)
+        if returning is None:
             return
         namespace, iid = worker
         self._out.append(fx.DrainChanged(namespace, iid, None))
-        returning = [
-            r
-            for r in self._drained.values()
-            if r.instance_id == iid and r.endpoint.namespace == namespace
-        ]
-        for reg in sorted(returning, key=_by_key):
-            del self._drained[reg.key]
+        for reg in returning:
+            del self._drains.drained[reg.key]
             group = self._group_of(reg)
             handover = group.handover
             if handover is not None and iid in handover.members:
                 # It rejoins behind the successor: the old tenure stops serving it now.
-                self._end_handover(group, "undrained")
+                self._end_handover(group, HandoverEvent.UNDRAINED)
             self._add(reg)
 
     def _set_aside(self, reg: Registration, drain: Drain) -> None:
         """Take a drained worker's registration out of its cohort, as if it had left."""
         key = reg.key
         del self._regs[key]
-        self._drained[key] = reg
+        self._drains.drained[key] = reg
         gk = reg.group
         group = self._groups[(gk.model, gk.worker_set)]
         checksum = reg.mdc_checksum
@@ -773,7 +487,7 @@ class AdmissionCore:
         was_admitted = group.tenure.checksum == checksum
         if hold is not None and was_admitted and hold.held:
             # While held the incumbent cohort is empty: this is an instance that arrived.
-            self._drop_arrival(hold, reg)
+            hold.drop_arrival(reg)
             self._out.append(fx.WorkerDrained(key, gk, checksum, False, drain))
             return
         cohort = group.cohorts[checksum]
@@ -783,7 +497,7 @@ class AdmissionCore:
             cohort.log.append(~iid)
             group.tenure.parked[iid] = key
             self._mark_dirty(group)
-            if key in self._adapters_at:
+            if key in self._lora.by_base:
                 self._mark_lora(group)
         if cohort.members:
             if was_admitted:
@@ -799,30 +513,30 @@ class AdmissionCore:
     def _add_drained(self, reg: Registration) -> None:
         """Set aside a registration of a drained worker; it is never placed."""
         key = reg.key
-        old = self._drained.get(key)
+        drained = self._drains.drained
+        old = drained.get(key)
         if old is not None:
             if old.group != reg.group or old.mdc_checksum != reg.mdc_checksum:
                 self._update_in_place(old, reg)  # refused: the first incarnation stays
             return
         gk = reg.group
         if (gk.model, gk.worker_set) not in self._groups:
-            self._groups[(gk.model, gk.worker_set)] = _Group(gk)
-        self._drained[key] = reg
-        drain = self._drains[(reg.endpoint.namespace, reg.instance_id)]
+            self._groups[(gk.model, gk.worker_set)] = Group(gk)
+        drained[key] = reg
+        drain = self._drains.drain_of(reg)
         self._out.append(fx.WorkerDrained(key, gk, reg.mdc_checksum, False, drain))
 
     def _remove_drained(self, key: str) -> None:
         """Forget a drained worker's registration: it is really gone."""
-        reg = self._drained.pop(key)
+        reg = self._drains.drained.pop(key)
         group = self._group_of(reg)
         if group.tenure.parked.get(reg.instance_id) == key:
             del group.tenure.parked[reg.instance_id]  # gone before a handover could serve it
         self._out.append(fx.WorkerDeparted(key, reg.group, reg.mdc_checksum, False))
         handover = group.handover
-        if handover is not None and handover.members.get(reg.instance_id) == key:
-            del handover.members[reg.instance_id]
-            if not handover.members:
-                self._end_handover(group, "departed")
+        if handover is not None and handover.serves(reg.instance_id, key):
+            if not handover.member_left(reg.instance_id):
+                self._end_handover(group, HandoverEvent.DEPARTED)
             else:
                 self._out.append(
                     fx.PublishAdmissions(
@@ -837,11 +551,11 @@ class AdmissionCore:
 
     # ------------------------------------------------------------------ tenures and succession
 
-    def _start_tenure(self, group: _Group) -> None:
+    def _start_tenure(self, group: Group) -> None:
         cohort = next(iter(group.cohorts.values()))
         # Changes were not logged while the cohort was not the incumbent.
         cohort.rebase(cohort.members)
-        representative = _representative(cohort)
+        representative = representative_of(cohort)
         recorded = self._recorded.pop((group.key.model, group.key.worker_set), None)
         if recorded is not None and recorded.mdc_checksum == cohort.checksum:
             receiver, generation = self._take_recorded_numbers(recorded)
@@ -870,7 +584,7 @@ class AdmissionCore:
             self._recorded[key] = event
             return
         # Held when the recording began: the incumbent cohort is empty and in front.
-        group = self._groups[key] = _Group(gk)
+        group = self._groups[key] = Group(gk)
         receiver, generation = self._take_recorded_numbers(event)
         self._place_held(
             group,
@@ -884,33 +598,13 @@ class AdmissionCore:
             committed=event.committed_generation == generation,
         )
 
-    def _outage_of(self, event: Listing) -> float | None:
-        """Return the reconnect a listing follows (the clock value holds count from), if any.
-
-        A reconnect listing follows this frontend's own. A first listing follows a peer's
-        resync after an outage when that came within ``tenure_hold`` (the workers' records
-        could not be refreshed either), and counts from it, so its holds end with the peers';
-        else its own start during an outage, now.
-        """
-        now = self._now
-        if event.reconnect:
-            return now
-        peer = event.peer_outage_at
-        if peer is not None and min(peer, now) > now - self._settings.tenure_hold:
-            return min(peer, now)
-        return now if event.outage_start else None
-
     def _hold_for_peers(self, event: Listing, outage: float) -> None:
         """Reserve, held, what the peers serve of groups this frontend holds nothing of.
 
-        The first listing after an outage may lack a cohort only because its workers could not
-        refresh their records while the store was away: a frontend that lived through the
-        outage holds that tenure (``_hold``), and one that starts now must not hand the group
-        to a cohort that merely refreshed first. So when the peers serve a checksum the listing
-        lacks, the group is reserved for it at once, held exactly as a live frontend's hold
-        (the empty cohort in front, until the outage's reconnect plus ``tenure_hold``); only
-        the members the peers serve end the hold. Nothing is served meanwhile: this frontend
-        never saw their records.
+        See ``hold.py`` ("Starting during an outage"). The group is held exactly as a live
+        frontend's hold (the empty cohort in front, until the outage's reconnect plus
+        ``tenure_hold``); only the members the peers serve end the hold. Nothing is served
+        meanwhile: this frontend never saw their records.
         """
         hold_for = self._settings.tenure_hold
         if not hold_for > 0:
@@ -927,7 +621,7 @@ class AdmissionCore:
             if (*key, tenure.mdc_checksum) in listed or not tenure.members:
                 continue  # listed: observed first (ordering.py); an expiry then holds it
             if group is None:
-                group = self._groups[key] = _Group(GroupKey(*key))
+                group = self._groups[key] = Group(GroupKey(*key))
             self._last_receiver += 1
             self._place_held(
                 group,
@@ -941,7 +635,7 @@ class AdmissionCore:
 
     def _place_held(
         self,
-        group: _Group,
+        group: Group,
         checksum: str,
         receiver: int,
         generation: int,
@@ -961,7 +655,7 @@ class AdmissionCore:
         """
         gk = group.key
         group.seq += 1
-        group.cohorts[checksum] = cohort = _Cohort(checksum, group.seq)
+        group.cohorts[checksum] = cohort = Cohort(checksum, group.seq)
         group.tenure.checksum = checksum
         group.tenure.receiver = receiver
         group.generation = generation
@@ -982,8 +676,7 @@ class AdmissionCore:
             served, last_known_until = {}, until
         # A recorded hold's reconnect is before the recording: its length counts from here.
         start = self._now if since is None else since
-        hold = group.tenure.hold = _Hold(start, until, pre_hold, last_known_until)
-        hold.last_known = served
+        group.tenure.hold = Hold(start, until, pre_hold, served, last_known_until)
         self._timer_seq += 1
         heapq.heappush(self._holds, (until, self._timer_seq, group))
         if served:
@@ -1010,7 +703,7 @@ class AdmissionCore:
         self._last_generation = max(self._last_generation, recorded.generation)
         return recorded.receiver, recorded.generation
 
-    def _end_tenure(self, group: _Group, *, hand_over: bool = False) -> None:
+    def _end_tenure(self, group: Group, *, hand_over: bool = False) -> None:
         """End the tenure; with ``hand_over`` its committed build and receiver stay serving."""
         tenure = group.tenure
         checksum = tenure.checksum
@@ -1018,7 +711,7 @@ class AdmissionCore:
         assert checksum is not None
         assert receiver is not None
         if group.handover is not None:
-            self._end_handover(group, "superseded")
+            self._end_handover(group, HandoverEvent.SUPERSEDED)
         if tenure.in_flight is not None:
             self._out.append(fx.CancelBuild(group.key, checksum, tenure.in_flight))
             self.builds_in_flight -= 1
@@ -1026,10 +719,9 @@ class AdmissionCore:
             assert tenure.committed_generation is not None
             assert group.generation is not None
             members = dict(tenure.parked)
-            handover = group.handover = _Handover(
-                checksum, receiver, tenure.committed_generation, members
+            group.handover = Handover(
+                checksum, receiver, tenure.committed_generation, members, tenure.card
             )
-            handover.card = tenure.card
             # The receiver lists exactly the drained members it goes on serving.
             self._out.append(
                 fx.PublishAdmissions(
@@ -1043,17 +735,14 @@ class AdmissionCore:
             self._out.append(fx.RetireReceiver(group.key, receiver, checksum))
         self._transition(group, StatusEvent.END_TENURE)
         # Everything the tenure held goes with it; nothing of it is left to publish.
-        group.tenure = _Tenure()
+        group.tenure = Tenure()
         group.dirty = group.lora_dirty = False
 
-    def _end_handover(
-        self,
-        group: _Group,
-        reason: Literal["committed", "departed", "undrained", "superseded"],
-    ) -> None:
+    def _end_handover(self, group: Group, event: HandoverEvent) -> None:
         """Withdraw a drained tenure that handed over, and retire its receiver."""
         handover = group.handover
         assert handover is not None
+        reason = handover.end(event)
         group.handover = None
         key = group.key
         self._out.append(fx.WithdrawGroup(key, handover.checksum, handover.generation))
@@ -1062,7 +751,7 @@ class AdmissionCore:
             fx.HandoverEnded(key, handover.checksum, handover.generation, handover.receiver, reason)
         )
 
-    def _succeed(self, group: _Group, *, drained: bool = False) -> None:
+    def _succeed(self, group: Group, *, drained: bool = False) -> None:
         """End the tenure of a cohort that is gone; the oldest remaining cohort takes over.
 
         ``drained``: its last members were drained and still serve; a committed tenure then
@@ -1104,10 +793,10 @@ class AdmissionCore:
         for cohort in list(group.cohorts.values())[1:]:
             self._report(group, cohort)
 
-    def _report(self, group: _Group, cohort: _Cohort) -> None:
+    def _report(self, group: Group, cohort: Cohort) -> None:
         assert group.tenure.checksum is not None
         group.tenure.reported.add(cohort.checksum)
-        representative = _representative(cohort)
+        representative = representative_of(cohort)
         self._out.append(
             fx.RejectionReported(
                 group=group.key,
@@ -1124,7 +813,7 @@ class AdmissionCore:
 
     # ------------------------------------------------------------------ the hold
 
-    def _note_outage_removal(self, group: _Group, reg: Registration, outage: float) -> None:
+    def _note_outage_removal(self, group: Group, reg: Registration, outage: float) -> None:
         """Remember an incumbent member an outage's removal took: a hold may serve it."""
         if not self._settings.tenure_hold > 0:
             return
@@ -1133,7 +822,7 @@ class AdmissionCore:
             gone = group.tenure.outage_gone = (outage, {})
         gone[1][reg.instance_id] = reg.key
 
-    def _hold(self, group: _Group, outage: float) -> None:
+    def _hold(self, group: Group, outage: float) -> None:
         """Keep an emptied incumbent reserved, serving its last known members for a while.
 
         The hold counts from the reconnect (``outage``), so an expiry that empties the cohort
@@ -1152,16 +841,16 @@ class AdmissionCore:
             members = {**old.last_known, **members}
         until = outage + settings.tenure_hold
         last_known_until = min(outage + settings.registration_ttl, until)
-        hold = group.tenure.hold = _Hold(outage, until, members, last_known_until)
+        serving = last_known_until > self._now and bool(members)
+        served = dict(members) if serving else {}
+        hold = group.tenure.hold = Hold(outage, until, members, served, last_known_until)
         self._timer_seq += 1
         heapq.heappush(self._holds, (until, self._timer_seq, group))
-        if last_known_until > self._now and members:
+        if serving:
             log = group.cohorts[checksum].log
             for iid in members:
                 log.append(iid)  # served again (or still) on its last known record
             heapq.heappush(self._last_known_ends, (last_known_until, self._timer_seq, group))
-        else:
-            hold.last_known = {}
         self._out.append(
             fx.TenureHeld(
                 group.key,
@@ -1176,7 +865,7 @@ class AdmissionCore:
         self._mark_dirty(group)
         self._mark_lora(group)
 
-    def _add_during_hold(self, group: _Group, hold: _Hold, reg: Registration) -> None:
+    def _add_during_hold(self, group: Group, hold: Hold, reg: Registration) -> None:
         """Place an instance of the checksum a hold (or its last-known-good window) is about."""
         key = reg.key
         iid = reg.instance_id
@@ -1186,31 +875,28 @@ class AdmissionCore:
         if hold.held and not returning:
             # A new instance does not end the hold: tracked, not admitted (see _expire_holds).
             if not hold.arrivals:
-                group.seq += 1
-                hold.arrival_seq = group.seq
-            hold.arrivals[iid] = reg
+                group.seq += 1  # the place the cohort it would make takes
+            hold.arrive(reg, group.seq)
             self._out.append(fx.WorkerPlaced(key, group.key, reg.mdc_checksum, False))
             return
         checksum = reg.mdc_checksum
         cohort = group.cohorts[checksum]
         cohort.members[iid] = reg
         cohort.log.append(iid)
-        hold.last_known.pop(iid, None)
+        hold.back(iid)
         self._out.append(fx.WorkerPlaced(key, group.key, checksum, True))
         rejoined = hold.held
         if rejoined:
             # A pre-hold member is back: the emptying was the outage's; the new instances
             # join the incumbent with it.
-            for arrival in hold.arrivals.values():
+            for arrival in hold.take_arrivals().values():
                 cohort.members[arrival.instance_id] = arrival
                 cohort.log.append(arrival.instance_id)
-            hold.arrivals = {}
-            hold.arrival_seq = None
-            self._end_hold(group, hold, "rejoined")
-        if not hold.last_known:
+            self._end_hold(group, hold, HoldEvent.REJOIN)
+        if hold.over:
             group.tenure.hold = None
         self._mark_dirty(group)
-        if key in self._adapters_at or rejoined:
+        if key in self._lora.by_base or rejoined:
             self._mark_lora(group)
         state = group.status.state
         if state is _RETRYING or state is _BLOCKED:
@@ -1221,18 +907,12 @@ class AdmissionCore:
             group.generation = generation = self._next_generation()
             self._queue.append((group, generation))
 
-    @staticmethod
-    def _drop_arrival(hold: _Hold, reg: Registration) -> None:
-        """Take an instance that arrived during a hold off the hold's list (it left, or drained)."""
-        del hold.arrivals[reg.instance_id]
-        if not hold.arrivals:
-            hold.arrival_seq = None  # it would have emptied and left: a return is new again
-
-    def _end_hold(
-        self, group: _Group, hold: _Hold, outcome: Literal["rejoined", "expired"]
-    ) -> None:
+    def _end_hold(self, group: Group, hold: Hold, event: HoldEvent) -> None:
         assert group.tenure.checksum is not None
-        hold.held = False
+        hold.process(event)
+        outcome: Literal["rejoined", "expired"] = (
+            "rejoined" if event is HoldEvent.REJOIN else "expired"
+        )
         self._out.append(
             fx.TenureHoldEnded(group.key, group.tenure.checksum, outcome, self._now - hold.since)
         )
@@ -1254,27 +934,26 @@ class AdmissionCore:
                 continue  # a member rejoined before the deadline
             checksum = group.tenure.checksum
             assert checksum is not None
-            self._end_hold(group, hold, "expired")
+            self._end_hold(group, hold, HoldEvent.EXPIRE)
             del group.cohorts[checksum]
             group.tenure.reported.discard(checksum)
             if hold.arrivals:
                 # The new instances make the cohort they would have made with no hold, in the
                 # place their first registration would have put it.
                 assert hold.arrival_seq is not None
-                cohort = _Cohort(checksum, hold.arrival_seq)
-                cohort.members = hold.arrivals
+                cohort = Cohort(checksum, hold.arrival_seq)
+                cohort.members = hold.take_arrivals()
                 ordered = sorted([*group.cohorts.values(), cohort], key=_by_seq)
                 group.cohorts = {c.checksum: c for c in ordered}
             self._succeed(group)
 
-    def _stop_serving_last_known(self, group: _Group, hold: _Hold) -> None:
+    def _stop_serving_last_known(self, group: Group, hold: Hold) -> None:
         """One registration TTL is over: members not back by now were not alive."""
         assert group.tenure.checksum is not None
         log = group.cohorts[group.tenure.checksum].log
-        for iid in hold.last_known:
+        for iid in hold.last_known_over():
             log.append(~iid)
-        hold.last_known = {}
-        if not hold.held:
+        if hold.over:
             group.tenure.hold = None
         self._mark_dirty(group)
 
@@ -1321,7 +1000,7 @@ class AdmissionCore:
             )
             if handover is not None:
                 # The successor serves now: the drained tenure goes, after it.
-                self._end_handover(group, "committed")
+                self._end_handover(group, HandoverEvent.COMMITTED)
         else:
             self._transition(group, StatusEvent.BUILD_FAILED)
             self._schedule_retry(group, event.generation, event.error or "build failed")
@@ -1348,7 +1027,7 @@ class AdmissionCore:
         group.tenure.attempt += 1
         self._schedule_retry(group, event.generation, event.error or f"{event.phase} failed")
 
-    def _schedule_retry(self, group: _Group, generation: int, error: str) -> None:
+    def _schedule_retry(self, group: Group, generation: int, error: str) -> None:
         assert group.tenure.checksum is not None
         delay = self._settings.retry_delay(group.tenure.attempt)
         deadline = self._now + delay
@@ -1400,7 +1079,7 @@ class AdmissionCore:
                 group.tenure.lora = None
                 self._mark_lora(group)
 
-    def _rebuild_now(self, group: _Group) -> None:
+    def _rebuild_now(self, group: Group) -> None:
         """Queue a rebuild at once: the incumbent's membership changed during a backoff."""
         # The failure being waited out was about other members, so the backoff restarts from
         # its first step (1.6.1 resets its attempt count too); the pending timer goes stale.
@@ -1411,7 +1090,7 @@ class AdmissionCore:
         self._queue.append((group, group.generation))
         self._mark_dirty(group)
 
-    def _start_build(self, group: _Group) -> None:
+    def _start_build(self, group: Group) -> None:
         checksum = group.tenure.checksum
         generation = group.generation
         receiver = group.tenure.receiver
@@ -1422,7 +1101,7 @@ class AdmissionCore:
         cohort = group.cohorts[checksum]
         # Builds wait out a hold, but after a rejoin members may still be on last known good.
         if cohort.members:
-            representative = _representative(cohort)
+            representative = representative_of(cohort)
             if representative.key != group.tenure.representative:
                 # The card travels with the admissions: a new representative is news.
                 group.tenure.representative = representative.key
@@ -1473,86 +1152,36 @@ class AdmissionCore:
             else:
                 group.cohorts[reg.mdc_checksum].members[reg.instance_id] = reg
         else:
-            self._loras[reg.key] = reg
-            self._adapters_at[_base_key(reg)][reg.key] = reg
-            self._adapter_logs[_base_key(reg)].put(_adapter(reg))
+            self._lora.replace(reg)
         if taints_changed:
             self._out.append(fx.TaintsUpdated(reg.key, reg.taints, self._serving(reg)))
         if fingerprint_changed:
-            base_key = _base_key(reg)
-            host = self._admitted_host(base_key)
-            if host is not None and base_key in self._adapters_at:
+            base = base_key(reg)
+            host = self._admitted_host(base)
+            if host is not None and base in self._lora.by_base:
                 self._mark_lora(host)
 
     def _add_lora(self, reg: Registration) -> None:
-        old = self._loras.get(reg.key)
+        old = self._lora.registered.get(reg.key)
         if old is not None:
             self._update_in_place(old, reg)
             return
-        base_key = _base_key(reg)
-        self._loras[reg.key] = reg
-        self._adapters_at.setdefault(base_key, {})[reg.key] = reg
-        log = self._adapter_logs.get(base_key)
-        if log is None:
-            log = self._adapter_logs[base_key] = AdapterLog()
-        log.put(_adapter(reg))
-        host = self._admitted_host(base_key)
+        host = self._admitted_host(self._lora.add(reg))
         if host is not None:
             self._mark_lora(host)
 
     def _remove_lora(self, key: str) -> None:
-        reg = self._loras.pop(key, None)
-        if reg is None:
+        base = self._lora.remove(key)
+        if base is None:
             return  # an unknown key: removing it again is harmless
-        base_key = _base_key(reg)
-        adapters = self._adapters_at[base_key]
-        del adapters[key]
-        self._adapter_logs[base_key].remove(key)
-        if not adapters:
-            del self._adapters_at[base_key]
-            del self._adapter_logs[base_key]
-            self._lora_workers.pop(base_key, None)
-        host = self._admitted_host(base_key)
+        host = self._admitted_host(base)
         if host is not None:
             self._mark_lora(host)
-
-    def _projection(self, group: _Group) -> tuple[fx.LoraWorker, ...]:
-        """Return the adapters of each admitted worker: one entry per worker that has any.
-
-        A worker's entry is made again only when its adapters or its base card changed, and
-        its adapters are read from its change log (``lora.py``): an adapter that comes
-        or goes costs O(1) amortised here, however many the worker carries, plus one step per
-        admitted worker that has adapters.
-        """
-        assert group.tenure.checksum is not None
-        workers = []
-        logs = self._adapter_logs
-        made = self._lora_workers
-        for reg in group.cohorts[group.tenure.checksum].members.values():
-            log = logs.get(reg.key)
-            if log:
-                adapters = log.adapters()
-                worker = made.get(reg.key)
-                if (
-                    worker is None
-                    or worker.adapters is not adapters
-                    or worker.base_fingerprint != reg.lora_fingerprint
-                    or worker.instance_id != reg.instance_id
-                ):
-                    worker = made[reg.key] = fx.LoraWorker(
-                        endpoint=reg.endpoint,
-                        instance_id=reg.instance_id,
-                        base_fingerprint=reg.lora_fingerprint,
-                        adapters=adapters,
-                    )
-                workers.append(worker)
-        workers.sort(key=lambda w: w.instance_id)
-        return tuple(workers)
 
     def _serving(self, reg: Registration) -> GroupKey | None:
         """Name the group whose tenure serves ``reg`` (a base card or an adapter), if any."""
         if reg.model_suffix is not None:
-            host = self._admitted_host(_base_key(reg))
+            host = self._admitted_host(base_key(reg))
             return None if host is None else host.key
         group = self._group_of(reg)
         if group.tenure.checksum != reg.mdc_checksum:
@@ -1562,9 +1191,9 @@ class AdmissionCore:
             return None  # a new instance of a held incumbent's checksum: in no cohort yet
         return group.key
 
-    def _admitted_host(self, base_key: str) -> _Group | None:
-        """Find the group whose incumbent cohort holds this base card, if any."""
-        base = self._regs.get(base_key)
+    def _admitted_host(self, key: str) -> Group | None:
+        """Find the group whose incumbent cohort holds the base card ``key``, if any."""
+        base = self._regs.get(key)
         if base is None:
             return None
         group = self._group_of(base)
@@ -1572,7 +1201,7 @@ class AdmissionCore:
 
     # ------------------------------------------------------------------ end of a call
 
-    def _publication(self, group: _Group) -> fx.PublishAdmissions:
+    def _publication(self, group: Group) -> fx.PublishAdmissions:
         """Publish the incumbent's admitted ids: read from its log, not a copy of its set."""
         tenure = group.tenure
         checksum = tenure.checksum
@@ -1618,23 +1247,25 @@ class AdmissionCore:
                 if not group.lora_dirty:
                     continue
                 group.lora_dirty = False
-                projection = self._projection(group)
-                if not _same_projection(projection, group.tenure.lora):
-                    group.tenure.lora = projection
-                    assert group.tenure.receiver is not None
+                tenure = group.tenure
+                assert tenure.checksum is not None
+                projection = self._lora.project(group.cohorts[tenure.checksum].members.values())
+                if not same_projection(projection, tenure.lora):
+                    tenure.lora = projection
+                    assert tenure.receiver is not None
                     assert group.generation is not None
-                    conflict = self._conflicts.check(group.key, group.tenure.receiver, projection)
+                    conflict = self._lora.judge(group.key, tenure.receiver, projection)
                     if conflict is None:
                         out.append(
                             fx.LoraProjectionChanged(
-                                group.key, group.tenure.receiver, group.generation, projection
+                                group.key, tenure.receiver, group.generation, projection
                             )
                         )
                     else:
                         self._refuse_projection(group, conflict)
             self._lora_dirty.clear()
 
-    def _refuse_projection(self, group: _Group, reason: str) -> None:
+    def _refuse_projection(self, group: Group, reason: str) -> None:
         """Keep a conflicting projection off the hops; on a committed group, retry it later.
 
         The hops keep serving the last projection. A committed group's replacement failed: it
@@ -1654,7 +1285,7 @@ class AdmissionCore:
 
     # ------------------------------------------------------------------ small shared steps
 
-    def _group_of(self, reg: Registration) -> _Group:
+    def _group_of(self, reg: Registration) -> Group:
         gk = reg.group
         return self._groups[(gk.model, gk.worker_set)]
 
@@ -1667,17 +1298,17 @@ class AdmissionCore:
         self._last_generation += 1
         return self._last_generation
 
-    def _transition(self, group: _Group, event: StatusEvent) -> None:
+    def _transition(self, group: Group, event: StatusEvent) -> None:
         old = group.status.state
         new = group.status.process(event)
         self._out.append(fx.StatusChanged(group.key, old, new, group.generation))
 
-    def _mark_dirty(self, group: _Group) -> None:
+    def _mark_dirty(self, group: Group) -> None:
         if not group.dirty:
             group.dirty = True
             self._dirty.append(group)
 
-    def _mark_lora(self, group: _Group) -> None:
+    def _mark_lora(self, group: Group) -> None:
         if not group.lora_dirty:
             group.lora_dirty = True
             self._lora_dirty.append(group)
@@ -1723,37 +1354,31 @@ class AdmissionCore:
 
     def drains(self) -> list[Drain]:
         """Every drain in force, by namespace then instance id."""
-        return [self._drains[w] for w in sorted(self._drains)]
+        return list(self._drains.workers())
 
-    def _drained_in(self, group: _Group) -> list[tuple[Registration, Drain]]:
-        if not self._drained:
-            return []
-        key = group.key
-        return [
-            (reg, self._drains[(reg.endpoint.namespace, reg.instance_id)])
-            for reg in self._drained.values()
-            if reg.group == key
-        ]
+    def _drained_in(self, group: Group) -> list[tuple[Registration, Drain]]:
+        return self._drains.in_group(group.key)
 
     def registration(self, key: str) -> Registration | None:
         """Return the registration held for ``key`` (base or LoRA): its first incarnation."""
-        return self._regs.get(key) or self._drained.get(key) or self._loras.get(key)
+        return (
+            self._regs.get(key) or self._drains.drained.get(key) or self._lora.registered.get(key)
+        )
 
     def registrations(self) -> Iterator[Registration]:
         yield from self._regs.values()
-        yield from self._drained.values()
-        yield from self._loras.values()
+        yield from self._drains.drained.values()
+        yield from self._lora
 
     def placement(self, key: str) -> PlacementView | None:
         """Where ``key`` stands: cohort position, whether admitted, adapter attachment."""
         reg = self._regs.get(key)
         if reg is not None:
             return readout.base_placement(self._group_of(reg), reg)
-        drained = self._drained.get(key)
+        drained = self._drains.drained.get(key)
         if drained is not None:
-            drain = self._drains[(drained.endpoint.namespace, drained.instance_id)]
-            return readout.drained_placement(drained, drain)
-        lora = self._loras.get(key)
+            return readout.drained_placement(drained, self._drains.drain_of(drained))
+        lora = self._lora.registered.get(key)
         if lora is None:
             return None
-        return readout.adapter_placement(lora, self._admitted_host(_base_key(lora)))
+        return readout.adapter_placement(lora, self._admitted_host(base_key(lora)))

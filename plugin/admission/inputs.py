@@ -55,7 +55,7 @@ class WorkerRemoved:
 
 @dataclass(frozen=True, slots=True)
 class DrainSet:
-    """A drain record was written: for admission its worker has left (see ``core.py``)."""
+    """A drain record was written: for admission its worker has left (see ``drain.py``)."""
 
     drain: Drain
 
@@ -97,7 +97,7 @@ class Listing:
     a first listing within ``tenure_hold`` of it is one of that outage, counted from then.
     ``peer_tenures`` (per group, as ``(model, worker_set)``) is what the live peer frontends
     serve; after an outage, a group this frontend holds nothing of whose peers' checksum the
-    listing lacks is reserved for it, held, as the peers hold it (see ``core.py``). All three
+    listing lacks is reserved for it, held, as the peers hold it (see ``hold.py``). All three
     are reports; the core decides.
 
     ``drains`` are every drain the listing holds (drains not listed are lifted), and

@@ -65,7 +65,7 @@ def evaluate_readiness(units: Iterable[ReadinessUnit]) -> ReadinessEval:
     per_role = Counter(
         u.worker_type for u in all_units if u.live_count > 0 and u.worker_type is not None
     )
-    ambiguous = [r for r, n in per_role.items() if n > 1 and r is not WorkerType.AGGREGATED]
+    ambiguous = [r for r, n in per_role.items() if n > 1 and r.ambiguous_when_several]
     if has_legacy:
         # 1.6.1's compatibility bypass: any legacy card makes "any live worker" enough.
         return ReadinessEval(

@@ -103,7 +103,7 @@ class _Tenure(Protocol):
 
 
 class GroupRecord(Protocol):
-    """One group's record as the core keeps it (``core._Group``), read-only."""
+    """One group's record as the core keeps it (``group.Group``), read-only."""
 
     @property
     def key(self) -> GroupKey: ...

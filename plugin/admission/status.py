@@ -41,11 +41,13 @@ its life; after it the core may at once ``RESERVE`` again for the successor coho
 happens on entry to ``queued``, not on a successful build, which is why a larger competing
 cohort never displaces an incumbent that is still building or retrying.
 
-A tenure *held* after an outage (the core's theory of operation) is not a status of its own:
-a ready group stays ready while its last known members are served, a retrying group stays
-retrying (the due retry waits for a member, since there is nothing to build for), and ``END_TENURE``
-is processed only if the hold runs out with no member back. Keeping the hold beside the status
-rather than in it means no transition of this table changes.
+A tenure *held* after an outage is not a status of its own: a ready group stays ready while its
+last known members are served, a retrying group stays retrying (the due retry waits for a
+member, since there is nothing to build for), and ``END_TENURE`` is processed only if the hold
+runs out with no member back. Keeping the hold beside the status rather than in it means no
+transition of this table changes; the hold's phases have a table of their own (``hold.py``).
+So has a handover (``drain.py``): the drained tenure's status ends (``END_TENURE``) when its
+successor reserves the group, while its committed build goes on serving beside it.
 """
 
 from __future__ import annotations

@@ -92,13 +92,12 @@ def _validate_shape(card: DecodedCard, effective: str) -> None:
     if not card.display_name:
         raise CardDecodeError("invalid_card_shape", "model name must not be empty")
     _check_names(card)
-    if effective == "prefill":
+    if _WORKER_TYPES[effective].requires_token_input(has_model_type=bits != 0):
         if model_input != "Tokens":
-            raise CardDecodeError("invalid_card_shape", "a prefill worker requires Tokens input")
-        return
-    if card.worker_type == "encode" and bits == 0:
-        if model_input != "Tokens":
-            raise CardDecodeError("invalid_card_shape", "an encode worker requires Tokens input")
+            article = "an" if effective[0] in "aeiou" else "a"
+            raise CardDecodeError(
+                "invalid_card_shape", f"{article} {effective} worker requires Tokens input"
+            )
         return
     if bits == 0 or model_input == "Text":
         return

@@ -11,23 +11,40 @@ only reported. The value must agree with its key on namespace and instance id, l
 record at the boundary; any other field, a wrong type, or a value over 4 KiB is refused with
 the boundary's reasons (``invalid_json``, ``invalid_record``, ``wrong_record_type``,
 ``identity_mismatch``, ``value_too_large``, ``duplicate_field``, ...), and changes nothing.
+
+Beside them, one drain budget record per model (``v1.budget.<model>``) makes a drain's
+last-worker check and its write one step: a drain adds the workers it is about to drain to the
+budget of every model they serve, by a compare-and-set on the record's revision, before it
+writes a drain record; a drain that read an older revision fails its swap and checks again::
+
+    {"type": "DrainBudget", "model": "llama",
+     "pending": [{"namespace": "dgd", "instance_id": 161, "at": 1764626400.25}]}
+
+Only the drain tools read it (no frontend watches ``v1.budget.``); ``pending`` holds drains
+whose record may not be written yet, each for a short while (see ``rollout/drain.py``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from workerset_admission.card import jsonio
 from workerset_admission.card.envelope import text_within
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.identity import Drain
-from workerset_admission.keys import DRAIN_PREFIX, check_instance_id, parse_drain_key
+from workerset_admission.keys import DRAIN_PREFIX, check_instance_id, escape_token, parse_drain_key
 
 __all__ = [
+    "BUDGET_PREFIX",
     "MAX_BY_LENGTH",
     "MAX_DRAIN_VALUE",
+    "Pending",
+    "budget_kv_key",
+    "decode_budget_record",
     "decode_drain_record",
+    "encode_budget_record",
     "encode_drain_record",
     "is_drain_key",
 ]
@@ -101,3 +118,63 @@ def encode_drain_record(drain: Drain) -> bytes:
 
 def is_drain_key(key: str) -> bool:
     return key.startswith(DRAIN_PREFIX)
+
+
+BUDGET_PREFIX = "v1.budget."
+
+
+def budget_kv_key(model: str) -> str:
+    """KV key of a model's drain budget record (the model name escaped as one token)."""
+    return f"{BUDGET_PREFIX}{escape_token(model)}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Pending:
+    """A drain a command committed to in a budget record: its worker, and when (Unix seconds)."""
+
+    namespace: str
+    instance_id: int
+    at: float
+
+
+def decode_budget_record(raw: bytes | None) -> tuple[Pending, ...]:
+    """Read the pending drains of a budget record; a value that is not one holds none.
+
+    A budget record only makes drains wait for one another: one that cannot be read is
+    replaced by the next swap, and the drain records themselves still say what is drained.
+    """
+    if not raw:
+        return ()
+    try:
+        value = jsonio.loads(raw)
+    except jsonio.JsonError:
+        return ()
+    items = value.get("pending") if isinstance(value, dict) else None
+    found: list[Pending] = []
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict):
+            continue
+        namespace, instance_id, at = item.get("namespace"), item.get("instance_id"), item.get("at")
+        if (
+            isinstance(namespace, str)
+            and isinstance(instance_id, int)
+            and _u64(instance_id)
+            and isinstance(at, (int, float))
+            and not isinstance(at, bool)
+            and math.isfinite(at)
+        ):
+            found.append(Pending(namespace, instance_id, float(at)))
+    return tuple(found)
+
+
+def encode_budget_record(model: str, pending: tuple[Pending, ...]) -> bytes:
+    """Return a model's budget record holding ``pending`` (compact JSON, in order)."""
+    record = {
+        "type": "DrainBudget",
+        "model": model,
+        "pending": [
+            {"namespace": p.namespace, "instance_id": p.instance_id, "at": p.at}
+            for p in sorted(pending)
+        ],
+    }
+    return jsonio.dumps_compact(record).encode()

@@ -41,6 +41,24 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     return await play_demo(load_settings(env={}), timeout=args.timeout, stream=sys.stdout)
 
 
+async def _drain(settings: Settings, instance_id: int, timeout: float, stream: TextIO) -> int:
+    """Run ``workerset-admission drain <id> --wait`` against the demo's server."""
+    from workerset_admission.adapters.nats.connect import NatsConnectOptions
+    from workerset_admission.adapters.nats.drain_store import NatsDrainStore
+    from workerset_admission.cli import build_parser
+    from workerset_admission.cli.drain import run_drain
+
+    argv = ["drain", f"{instance_id:#x}", "--wait", "--timeout", f"{timeout:g}", "--by", "demo"]
+    say(f"   $ workerset-admission {' '.join(argv)}", stream)
+    args = build_parser().parse_args(argv)
+    store = NatsDrainStore(
+        NatsConnectOptions(servers=settings.nats_servers),
+        settings.discovery_bucket,
+        settings.admission_bucket,
+    )
+    return await run_drain(args, store, stream, stream, environ={})
+
+
 def demo_card(block_size: int = 16) -> dict[str, Any]:
     """Return a small Dynamo 1.6.1 card; the block size tells configurations apart."""
     return {
@@ -184,7 +202,13 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
             stream,
         )
 
-        say("\n== 3. the v1 workers drain", stream)
+        say("\n== 3. the v1 workers drain, then stop", stream)
+        for instance_id in (0x1A, 0x2B):
+            # The real command, as a preStop hook runs it: the last v1 worker hands over to
+            # the waiting v2 cohort, and --wait answers once the frontend serves v2.
+            status = await _drain(demo_settings, instance_id, timeout, stream)
+            if status != EXIT_OK:
+                raise WorkersetAdmissionError(f"drain {instance_id:#x} ended with status {status}")
         for instance_id in (0x1A, 0x2B):
             await workers.deregister(endpoint, instance_id, endpoint_record=True)
         await wait(

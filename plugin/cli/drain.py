@@ -8,11 +8,19 @@ discovery bucket, and with ``--wait`` answers "safe to stop" once no live fronte
 record lists them (see ``rollout/drain.py``). ``undrain`` (or ``drain --cancel``) withdraws the
 drain records of the workers the same selectors name.
 
+A drain is prepared, then committed. Prepared: the workers found, the last-worker check
+passed, and every namespace's drain record and every model's budget record tried for this
+user's right to write it (a write the server can only refuse or answer "wrong revision", so
+nothing is stored). Committed: the budgets swapped by revision (a drain that raced another
+checks again), then the drain records written. A drain refused at any point before the commit
+has written nothing a frontend reads.
+
 Exit statuses (the command line's table): 0 done, or with ``--wait`` safe to stop; 1 ``--wait``
 timed out or was interrupted (the drain stays in place); 2 bad input, such as an instance no
-worker in the bucket has; 3 NATS could not be reached before the timeout; 5 NATS refused a
-write (the drains written before it are withdrawn: all or nothing); 6 refused, a model would be
-left with no routable worker.
+worker in the bucket has; 3 NATS could not be reached before the timeout; 5 NATS refused this
+user a write it needs (nothing was drained); 6 refused, a model would be left with no routable
+worker; 7 ``--wait``: every live frontend let the workers go, but a frontend live when the drain
+began went away without confirming (``--allow-unconfirmed`` counts it as let go).
 """
 
 from __future__ import annotations
@@ -23,17 +31,28 @@ import contextlib
 import dataclasses
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, TextIO
 
-from workerset_admission.card.drain_record import MAX_BY_LENGTH
-from workerset_admission.card.serving_record import BucketRead, Record, parse_record
-from workerset_admission.cli.exits import EXIT_NO, EXIT_OK
+from workerset_admission.card.drain_record import (
+    MAX_BY_LENGTH,
+    Pending,
+    budget_kv_key,
+    decode_budget_record,
+    encode_budget_record,
+)
+from workerset_admission.card.serving_record import (
+    BucketRead,
+    NamespaceRecord,
+    Record,
+    parse_record,
+)
+from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNCONFIRMED
 from workerset_admission.cli.runner import seconds_within, text_within
 from workerset_admission.errors import (
-    CredentialsRefused,
     InvalidRecordError,
     LastWorkerRefused,
     Unreachable,
@@ -41,18 +60,24 @@ from workerset_admission.errors import (
     wire_text,
 )
 from workerset_admission.identity import Drain
-from workerset_admission.keys import drain_kv_key, parse_drain_key
+from workerset_admission.keys import drain_kv_key, key_matches, parse_drain_key
 from workerset_admission.rollout.drain import (
     DrainCheck,
     Selection,
     Worker,
+    budget_after,
     check_drained,
     check_last_workers,
     find_workers,
+    gone_unconfirmed,
     lost_models,
+    models_of,
     nats_subjects,
     parse_instance_id,
+    pending_drains,
+    wait_namespaces,
 )
+from workerset_admission.rollout.frontends import record_filters
 
 __all__ = [
     "DrainStore",
@@ -85,11 +110,25 @@ class DrainStore(Protocol):
 
     async def drains(self) -> list[tuple[str, bytes]]: ...
 
-    async def serving(self) -> BucketRead: ...
+    async def serving(self, filters: Sequence[str] | None = None) -> BucketRead:
+        """Read the serving records (only the keys ``filters`` name, when given)."""
+        ...
 
     async def put(self, key: str, value: bytes, ttl: float | None) -> None: ...
 
     async def delete(self, key: str) -> bool: ...
+
+    async def may_write(self, key: str) -> None:
+        """Raise ``CredentialsRefused`` unless this user may write ``key``; store nothing."""
+        ...
+
+    async def budget(self, key: str) -> tuple[int | None, bytes | None]:
+        """Read a budget record's revision and value (``(None, None)``: there is none)."""
+        ...
+
+    async def swap_budget(self, key: str, value: bytes, revision: int | None) -> bool:
+        """Write a budget record if it is still at ``revision``; False when it moved."""
+        ...
 
 
 # Where the NATS request plane's subscribers are (subject -> host): the NATS server's monitoring.
@@ -130,6 +169,17 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "POD_IP: the kubelet does not expand $(VAR) in a hook's command)",
     )
     parser.add_argument(
+        "--port",
+        type=int,
+        help="with --host: only the worker whose request plane listens on this port (pods "
+        "sharing one IP, hostNetwork)",
+    )
+    parser.add_argument(
+        "--port-from-env",
+        metavar="VARIABLE",
+        help="as --port, read from this environment variable (a preStop hook's DYN_TCP_RPC_PORT)",
+    )
+    parser.add_argument(
         "--nats-monitor",
         metavar="URL",
         help="the request plane's NATS monitoring address (http://nats:8222): finds --host "
@@ -158,6 +208,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "--wait",
         action="store_true",
         help="wait until no live frontend routes to the workers (and any successor serves)",
+    )
+    parser.add_argument(
+        "--allow-unconfirmed",
+        action="store_true",
+        help="with --wait, count a frontend that went away without confirming (its records "
+        "expired: stopped, or cut off from NATS) as one that let the workers go",
     )
     parser.add_argument(
         "--grace",
@@ -203,9 +259,11 @@ def selection_from_args(
             raise UsageError(f"--host-from-env: the environment variable {variable} is not set")
         if len(host) > MAX_BY_LENGTH:
             raise UsageError(f"--host-from-env: {variable} is longer than {MAX_BY_LENGTH}")
+    port = _port(args.port, getattr(args, "port_from_env", None), environ)
     selection = Selection(
         instance_id=None if args.instance is None else parse_instance_id(args.instance),
         host=host,
+        port=port,
         every=args.every,
         namespaces=tuple(args.namespace or ()),
         component=args.component,
@@ -214,6 +272,21 @@ def selection_from_args(
     )
     selection.check()
     return selection
+
+
+def _port(given: int | None, variable: str | None, environ: Mapping[str, str]) -> int | None:
+    if variable is not None:
+        if given is not None:
+            raise UsageError("name the port one way: --port and --port-from-env conflict")
+        text = environ.get(variable, "")
+        if not text:
+            raise UsageError(f"--port-from-env: the environment variable {variable} is not set")
+        if not text.isdigit():
+            raise UsageError(f"--port-from-env: {variable} is not a port number")
+        given = int(text)
+    if given is not None and not 0 < given < 65536:
+        raise UsageError(f"--port {given} is not a port number (1 to 65535)")
+    return given
 
 
 def _record(key: str, value: bytes, published_at: float | None) -> Record | None:
@@ -233,6 +306,8 @@ def _progress_line(check: DrainCheck, elapsed: float) -> str:
     line = f"[{elapsed:6.1f}s] {confirmed}/{len(check.frontends)} live frontends let it go"
     if check.waiting_for:
         line += f"; waiting for {', '.join(check.waiting_for)}"
+    if check.unconfirmed:
+        line += f"; went away without confirming: {', '.join(check.unconfirmed)}"
     return line
 
 
@@ -247,17 +322,23 @@ async def wait_until_safe(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> DrainCheck | None:
-    """Look until no live frontend lists the workers or ``timeout`` passes (``None``: unread).
+    """Look until every live frontend let the workers go or ``timeout`` passes (``None``: unread).
 
     ``before`` is what the frontends served when the drain was written: a model one of them
-    served then and serves no member of now is reported, once, as lost while waiting.
+    served then and serves no member of now is reported, once, as lost while waiting; a
+    frontend live then that went away before it ever listed none of the workers is reported as
+    unconfirmed (the answer comes as soon as every live frontend let go; it is not "safe").
     """
     started = clock()
     last: str | None = None
     check: DrainCheck | None = None
     lost: list[tuple[str, str]] = []
+    confirmed: set[str] = set()
+    # Each look reads only what it asks about, not the whole bucket.
+    filters = record_filters(wait_namespaces(before, workers))
+    before = [r for r in before if key_matches(r.key, filters)]
     while True:
-        read = await store.serving()
+        read = await store.serving(filters)
         elapsed = clock() - started
         if read.problem is None:
             records = _records(read)
@@ -268,15 +349,19 @@ async def wait_until_safe(
                         f"[{elapsed:6.1f}s] model {model} lost its last routable worker on "
                         f"frontend {frontend} while waiting"
                     )
-            check = dataclasses.replace(check_drained(records, workers), lost=tuple(lost))
+            now = check_drained(records, workers)
+            confirmed.update(f.frontend for f in now.frontends if f.confirmed)
+            check = dataclasses.replace(
+                now, lost=tuple(lost), unconfirmed=gone_unconfirmed(before, records, confirmed)
+            )
             line = _progress_line(check, elapsed)
-            if check.safe:
-                return check
         else:
             line = f"[{elapsed:6.1f}s] cannot read the serving records: {read.problem}"
         if last is None or line.split("] ", 1)[1] != last.split("] ", 1)[1]:
             progress(line)
             last = line
+        if check is not None and read.problem is None and check.settled:
+            return check
         if elapsed >= timeout:
             return check
         await sleep(min(interval, max(0.0, timeout - elapsed)))
@@ -293,35 +378,148 @@ def _default_by() -> str:
     return f"{user}@{socket.gethostname()}"[:MAX_BY_LENGTH]
 
 
+async def _prepare(store: DrainStore, workers: Sequence[Worker], models: Sequence[str]) -> None:
+    """Try this user's right to write every record the drain will write, storing none.
+
+    NATS cannot be asked what a user may do; a write the server must refuse, or answer with
+    "wrong revision", tells it without changing anything. A user's right to write drain records
+    covers a namespace, so one record per namespace is tried, and each model's budget.
+    """
+    by_namespace: dict[str, str] = {}
+    for worker in sorted(workers):
+        key = drain_kv_key(worker.namespace, worker.instance_id)
+        by_namespace.setdefault(worker.namespace, key)
+    for key in [*by_namespace.values(), *(budget_kv_key(model) for model in models)]:
+        await store.may_write(key)
+
+
+class _Raced(Exception):
+    """Another drain moved a budget record between this one's read and its swap."""
+
+
+async def _commit_budgets(
+    store: DrainStore,
+    budgets: Mapping[str, tuple[int | None, tuple[Pending, ...]]],
+    workers: Sequence[Worker],
+    in_force: Sequence[Worker],
+    now: float,
+    swapped: list[str],
+) -> None:
+    """Swap every budget record to hold ``workers`` pending; raise ``_Raced`` if one moved.
+
+    ``swapped`` gathers the budgets swapped, so a drain refused after a race can take its
+    workers out of them again.
+    """
+    for model, (revision, pending) in sorted(budgets.items()):
+        value = encode_budget_record(model, budget_after(pending, workers, in_force, now))
+        if not await store.swap_budget(budget_kv_key(model), value, revision):
+            raise _Raced(model)
+        if model not in swapped:
+            swapped.append(model)
+
+
+async def _release_budgets(
+    store: DrainStore, models: Sequence[str], workers: Sequence[Worker]
+) -> None:
+    """Take this drain's workers out of the budgets it swapped them into.
+
+    After its drain records are written (a drain reading the budget after this reads those
+    records too), or when it is refused after all.
+    """
+    ours = {(w.namespace, w.instance_id) for w in workers}
+    for model in models:
+        key = budget_kv_key(model)
+        for _attempt in range(20):
+            revision, raw = await store.budget(key)
+            pending = decode_budget_record(raw)
+            kept = tuple(p for p in pending if (p.namespace, p.instance_id) not in ours)
+            if kept == pending or await store.swap_budget(
+                key, encode_budget_record(model, kept), revision
+            ):
+                break
+
+
+async def _check_and_commit(
+    store: DrainStore,
+    args: argparse.Namespace,
+    listing: Sequence[tuple[str, bytes]],
+    workers: Sequence[Worker],
+    progress: Callable[[str], None],
+    *,
+    wall: Callable[[], float],
+    clock: Callable[[], float],
+    deadline: float,
+) -> tuple[list[Record], list[str]]:
+    """Check the last workers and commit the budgets as one step.
+
+    Returns what the frontends served at the check, and the budgets swapped.
+
+    A drain that loses a race against another reads again and checks again with the other's
+    workers out, until its check passes and its swaps go through, or it is refused.
+    """
+    models = models_of(listing, workers)
+    prepared = False
+    swapped: list[str] = []
+    attempt = 0
+    while True:
+        # The budgets first, then the drains in force (see rollout/drain.py, the budgets).
+        budgets: dict[str, tuple[int | None, tuple[Pending, ...]]] = {}
+        for model in models:
+            revision, raw = await store.budget(budget_kv_key(model))
+            budgets[model] = (revision, decode_budget_record(raw))
+        in_force = _drained(await store.drains())
+        now = wall()
+        pending = pending_drains((p for _r, p in budgets.values()), in_force, now) - set(workers)
+        read = await store.serving()
+        if read.problem is not None:
+            raise Unreachable(f"cannot tell what the frontends serve: {read.problem}")
+        before = _records(read)
+        if attempt:
+            listing = await store.workers_listing()
+        emptied = check_last_workers(before, listing, workers, [*in_force, *pending])
+        if emptied and not args.allow_empty:
+            if swapped:
+                await _release_budgets(store, swapped, workers)
+            raced = " (other drains took their workers first)" if attempt else ""
+            raise LastWorkerRefused(
+                f"refused{raced}: {'; '.join(map(str, emptied))}; nothing was drained "
+                "(--allow-empty drains anyway)"
+            )
+        if not prepared:
+            await _prepare(store, workers, models)
+            prepared = True
+        try:
+            await _commit_budgets(store, budgets, workers, in_force, now, swapped)
+        except _Raced as raced:
+            attempt += 1
+            if clock() >= deadline:
+                if swapped:
+                    await _release_budgets(store, swapped, workers)
+                raise Unreachable(
+                    f"the drain budget of model {raced} kept moving (other drains) until the "
+                    "timeout; nothing was drained"
+                ) from None
+            # Spread the contenders out, so that one of them wins the next round.
+            await asyncio.sleep(random.uniform(0.0, min(0.02 * attempt, 0.3)))
+            continue
+        for item in emptied:
+            progress(f"--allow-empty: {item}")
+        return before, swapped
+
+
 async def _write_all(
     store: DrainStore,
     workers: Sequence[Worker],
     drain: Callable[[Worker], Drain],
     ttl: float | None,
-    in_force: set[str],
     progress: Callable[[str], None],
 ) -> None:
-    """Write every drain record, or none: a refused write withdraws the ones written before it.
-
-    ``in_force`` names the drain records there before this command: those are someone's
-    earlier drains, and a refusal leaves them as they were.
-    """
+    """Write every drain record (the prepare step found each of them writable)."""
     from workerset_admission.card import encode_drain_record
 
-    written: list[str] = []
     for worker in workers:
         key = drain_kv_key(worker.namespace, worker.instance_id)
-        try:
-            await store.put(key, encode_drain_record(drain(worker)), ttl)
-        except CredentialsRefused as refused:
-            undone = [done for done in written if done not in in_force]
-            for done in undone:
-                await store.delete(done)
-            said = (
-                f"; the {len(undone)} drain(s) written before it were withdrawn" if undone else ""
-            )
-            raise CredentialsRefused(f"{refused}{said}: nothing is drained") from None
-        written.append(key)
+        await store.put(key, encode_drain_record(drain(worker)), ttl)
         progress(f"drained {worker} (by {drain(worker).by})")
 
 
@@ -349,28 +547,22 @@ async def run_drain(
         workers = await _find(listing, selection, args.nats_monitor, subject_hosts)
         if args.cancel:
             return await _lift(store, workers, args, out)
-        read = await store.serving()
-        if read.problem is not None:
-            raise Unreachable(f"cannot tell what the frontends serve: {read.problem}")
-        before = _records(read)
-        in_force = await store.drains()
-        emptied = check_last_workers(before, listing, workers, _drained(in_force))
-        if emptied and not args.allow_empty:
-            raise LastWorkerRefused(
-                f"refused: {'; '.join(map(str, emptied))}; nothing was drained "
-                "(--allow-empty drains anyway)"
-            )
-        for item in emptied:
-            progress(f"--allow-empty: {item}")
+        already = set(_drained(await store.drains()))
+        before, swapped = await _check_and_commit(
+            store, args, listing, workers, progress,
+            wall=wall, clock=clock, deadline=started + timeout,
+        )  # fmt: skip
         by, at = args.by or _default_by(), round(wall(), 3)
         await _write_all(
             store,
             workers,
             lambda worker: Drain(worker.namespace, worker.instance_id, by, at),
             args.ttl if args.ttl > 0 else None,
-            {key for key, _value in in_force},
             progress,
         )
+        # The drain records say it now: the budgets need not, and must not once they are
+        # withdrawn (an undrain within the pending window would still count them).
+        await _release_budgets(store, swapped, workers)
         if not args.wait:
             if args.json:
                 out.write(json.dumps({"drained": [_worker_json(w) for w in workers]}) + "\n")
@@ -386,7 +578,7 @@ async def run_drain(
         )
     finally:
         await store.close()
-    if check is None or not check.safe:
+    if check is None or not check.settled:
         err.write(
             f"workerset-admission drain: still routed to after {args.timeout:g} s; "
             "the drain stays in place\n"
@@ -394,7 +586,25 @@ async def run_drain(
         if args.json and check is not None:
             out.write(json.dumps(check.as_json(), indent=2, sort_keys=True) + "\n")
         return EXIT_NO
-    if args.grace > 0:
+    if check.unconfirmed and not args.allow_unconfirmed:
+        if args.json:
+            out.write(json.dumps(check.as_json(), indent=2, sort_keys=True) + "\n")
+        err.write(
+            f"workerset-admission drain: unconfirmed: {', '.join(check.unconfirmed)} went away "
+            "without confirming (stopped, or cut off from NATS: it may still route to the "
+            "workers); the drain stays in place (--allow-unconfirmed counts it as let go)\n"
+        )
+        return EXIT_UNCONFIRMED
+    # A hook run again on workers it drained before, that no live frontend listed even when
+    # this run began: no request can be in flight to them, so there is no grace to wait.
+    rerun = set(workers) <= already and not any(
+        worker.owns(member)
+        for record in before
+        if isinstance(record, NamespaceRecord)
+        for member in _all_members(record)
+        for worker in workers
+    )
+    if args.grace > 0 and not rerun:
         progress(f"safe to stop; waiting {args.grace:g} s for requests in flight")
         await asyncio.sleep(args.grace)
     if args.json:
@@ -402,6 +612,10 @@ async def run_drain(
     else:
         out.write(f"safe to stop: no live frontend routes to {', '.join(map(str, workers))}\n")
     return EXIT_OK
+
+
+def _all_members(record: NamespaceRecord) -> list[str]:
+    return [*record.members, *(m for group in record.groups or () for m in group.members)]
 
 
 async def _find(

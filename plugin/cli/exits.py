@@ -23,6 +23,7 @@ __all__ = [
     "EXIT_NO",
     "EXIT_OK",
     "EXIT_STATUSES",
+    "EXIT_UNCONFIRMED",
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
     "exit_status",
@@ -46,6 +47,10 @@ its user may not write, a ``bridge`` with too few rights): retrying the same can
 EXIT_LAST_WORKER = 6
 """``drain`` refused to take a model's last routable worker on a live frontend (nothing was
 written); ``--allow-empty`` drains it anyway."""
+EXIT_UNCONFIRMED = 7
+"""``drain --wait``: every live frontend let the workers go, but a frontend that was live when
+the drain began went away (its serving records expired) without confirming: it may still route
+to them. The drain stays in place; ``--allow-unconfirmed`` counts such a frontend as let go."""
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
@@ -80,6 +85,8 @@ EXIT_STATUSES: dict[int, str] = {
     EXIT_CREDENTIALS: "NATS refused the credentials, or this user's publish or subscription",
     EXIT_LAST_WORKER: "drain refused: a model would be left with no routable worker on a live "
     "frontend; nothing was drained (--allow-empty drains anyway)",
+    EXIT_UNCONFIRMED: "drain --wait: a frontend live when the drain began went away without "
+    "confirming; the drain stays in place (--allow-unconfirmed counts it as let go)",
 }
 """Every exit status the command line uses, with its meaning (the README shows this table)."""
 

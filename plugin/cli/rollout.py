@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TextIO
 
@@ -22,6 +22,7 @@ from workerset_admission.cli.exits import EXIT_NO, EXIT_OK, EXIT_UNREACHABLE
 from workerset_admission.cli.runner import seconds_within
 from workerset_admission.errors import InvalidRecordError, wire_text
 from workerset_admission.keys import ADMISSION_BUCKET
+from workerset_admission.rollout.frontends import record_filters
 from workerset_admission.rollout.gate import (
     GateReport,
     evaluate_gate,
@@ -55,7 +56,9 @@ DEFAULT_BUCKET = ADMISSION_BUCKET
 class RecordSource(Protocol):
     """Where the serving-admission records come from (the NATS bucket, or a test's list)."""
 
-    async def read(self) -> BucketRead: ...
+    async def read(self, filters: Sequence[str] | None = None) -> BucketRead:
+        """Read the records (only the keys ``filters`` name, when given)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,7 @@ class GateQuery:
     previous_namespaces: tuple[str, ...] | None = None
     require_agreement: bool = False
     stale_after: float | None = None
+    min_members: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +88,16 @@ class GateCheck:
 
 
 async def check_gate(
-    source: RecordSource, query: GateQuery, now: Callable[[], float] = time.time
+    source: RecordSource,
+    query: GateQuery,
+    now: Callable[[], float] = time.time,
+    filters: Sequence[str] | None = None,
 ) -> GateCheck:
-    """Read the bucket once and evaluate the gate; bad records are refused, never fatal."""
-    read = await source.read()
+    """Read the bucket once and evaluate the gate; bad records are refused, never fatal.
+
+    ``filters`` limits the read to the records the question names (the later looks of a wait).
+    """
+    read = await source.read(filters)
     if read.problem is not None:
         return GateCheck(report=None, problem=read.problem)
     records: list[Record] = []
@@ -111,6 +121,7 @@ async def check_gate(
         now=now(),
         stale_after=query.stale_after,
         invalid=[(error.key or "", error.reason) for error in refused],
+        min_members=query.min_members,
     )
     return GateCheck(report=report, refused=tuple(refused))
 
@@ -147,6 +158,8 @@ def waiting_line(query: GateQuery, timeout: float, interval: float) -> str:
     )
     if query.expected_checksum:
         line += f" with checksum {query.expected_checksum}"
+    if query.min_members > 1:
+        line += f" with at least {query.min_members} members"
     return line + f" (a look every {interval:g} s)"
 
 
@@ -164,8 +177,15 @@ async def wait_for_gate(
     """Look until the gate opens or ``timeout`` passes; report each change of the answer."""
     started = clock()
     last_line: str | None = None
+    filters: Sequence[str] | None = None
     while True:
-        check = await check_gate(source, query, now)
+        check = await check_gate(source, query, now, filters)
+        if filters is None and check.report is not None:
+            # The first look read everything; the next ones read the new generation's records
+            # and the older generations' the first look found (or the operator named).
+            older = set(query.previous_namespaces or ())
+            older.update(ns for view in check.report.frontends for ns in view.previous_namespaces)
+            filters = record_filters({query.namespace, *older})
         elapsed = clock() - started
         line = progress_line(check, elapsed)
         # Only changes are printed, so a long wait does not flood the operator's terminal.
@@ -212,6 +232,14 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="also ignore frontends whose newest record is older than this",
     )
+    parser.add_argument(
+        "--min-members",
+        type=_members,
+        default=1,
+        metavar="N",
+        help="count a frontend only once it admitted at least N members of the new generation "
+        "(its capacity, before the old one is drained; default 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
     parser.add_argument("--wait", action="store_true", help="wait until the gate opens")
     parser.add_argument(
@@ -230,6 +258,16 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _members(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 1000000")
+    return value
+
+
 def query_from_args(args: argparse.Namespace) -> GateQuery:
     return GateQuery(
         model=args.model,
@@ -238,6 +276,7 @@ def query_from_args(args: argparse.Namespace) -> GateQuery:
         previous_namespaces=tuple(args.previous) if args.previous else None,
         require_agreement=args.require_agreement,
         stale_after=args.stale_after,
+        min_members=args.min_members,
     )
 
 

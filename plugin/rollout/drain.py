@@ -18,8 +18,12 @@ monitoring tells, see ``adapters/nats/monitor.py``). A :class:`Selection` is one
 model and endpoint the worker registered, since they share its namespace and instance id.
 
 *The last worker.* Before anything is written, :func:`check_last_workers` asks whether a model
-would be left with no routable worker on a live frontend (see the comment above it); the drain
-tool refuses then, unless told ``--allow-empty``.
+would be left with no routable worker on a live frontend, or in the discovery bucket for the
+namespaces no live frontend watches (see the comment above it); the drain tool refuses then,
+unless told ``--allow-empty``. The check and the write are one step against other drains: a
+drain first adds its workers to each model's budget record by a compare-and-set on the record's
+revision (:func:`pending_drains`, :func:`budget_after`), so of two drains that read the same
+revision only one goes on, and the other checks again with the first one's workers out.
 
 *Safe to stop.* A frontend routes to a worker while its serving record lists one of the
 worker's instance keys. A drain takes the worker out of every hop at once, except when it was
@@ -27,8 +31,10 @@ the last member of a committed incumbent with a successor waiting: then the old 
 serving it until the successor is committed (the handover), and only then drops it. So one
 condition answers both questions the operator has ("does any frontend still route to it?" and
 "does every frontend that did now serve the successor?"): no live frontend lists the worker.
-A frontend that never admitted the worker lists nothing of it and is confirmed at once; one
-that stopped is no longer live once its records expire (the bucket's max age).
+A frontend that never admitted the worker lists nothing of it and is confirmed at once. One
+that was live when the drain began and whose records then expire (it stopped, or lost NATS,
+and may still route to the worker) never confirmed: it is *unconfirmed*, and the answer is not
+"safe" unless the operator says a frontend that went away counts as one that let go.
 """
 
 from __future__ import annotations
@@ -40,27 +46,36 @@ from urllib.parse import urlsplit
 
 from workerset_admission import identity
 from workerset_admission.card import jsonio
+from workerset_admission.card.drain_record import Pending
 from workerset_admission.card.serving_record import CapabilityRecord, NamespaceRecord, Record
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import ENDPOINT_PREFIX, MODEL_PREFIX, parse_key
+from workerset_admission.rollout.frontends import live_frontends, watched_namespaces
 
 __all__ = [
     "NATS_PLANE",
+    "PENDING_WINDOW",
     "DrainCheck",
     "Emptied",
     "FrontendConfirmation",
     "ListedRecord",
     "Selection",
     "Worker",
+    "budget_after",
     "check_drained",
     "check_last_workers",
     "find_workers",
+    "gone_unconfirmed",
     "listed_records",
     "lost_models",
+    "models_of",
     "nats_subjects",
     "parse_instance_id",
+    "pending_drains",
     "transport_host",
+    "transport_port",
     "transport_subject",
+    "wait_namespaces",
 ]
 
 
@@ -114,6 +129,23 @@ def transport_host(transport: Any) -> str | None:
     return None
 
 
+def transport_port(transport: Any) -> int | None:
+    """Return the port an endpoint record's transport names (TCP and HTTP request planes)."""
+    if not isinstance(transport, dict):
+        return None
+    address = transport.get("tcp")
+    if isinstance(address, str):
+        port = address.split("/", 1)[0].rsplit(":", 1)
+        return int(port[1]) if len(port) == 2 and port[1].isdigit() else None
+    url = transport.get("http")
+    if isinstance(url, str):
+        try:
+            return urlsplit(url).port
+        except ValueError:
+            return None
+    return None
+
+
 def transport_subject(transport: Any) -> str | None:
     """Return the NATS subject of an endpoint on the NATS request plane (``nats_tcp``)."""
     subject = transport.get(NATS_PLANE) if isinstance(transport, dict) else None
@@ -129,9 +161,13 @@ class ListedRecord:
     endpoint: str
     # The model a card serves (its ``display_name``); None for an endpoint record.
     model: str | None = None
-    # Where an endpoint record says the worker listens: a host, or a NATS subject.
+    # Where an endpoint record says the worker listens: a host and port, or a NATS subject.
     host: str | None = None
     subject: str | None = None
+    port: int | None = None
+    # A card on its model's serving hop (not a prefill or encode worker, which serve only
+    # through a decode or aggregated worker of the same model).
+    serving: bool = True
 
     @property
     def worker_set(self) -> tuple[str, str, str]:
@@ -168,7 +204,15 @@ def listed_records(entries: Iterable[tuple[str, bytes]]) -> list[ListedRecord]:
         if parsed.kind == "model":
             card = record.get("card_json")
             name = card.get("display_name") if isinstance(card, dict) else None
-            found.append(ListedRecord(worker, component, endpoint, model=name if name else None))
+            found.append(
+                ListedRecord(
+                    worker,
+                    component,
+                    endpoint,
+                    model=name if name else None,
+                    serving=_on_serving_hop(card),
+                )
+            )
         else:
             transport = record.get("transport")
             found.append(
@@ -178,9 +222,42 @@ def listed_records(entries: Iterable[tuple[str, bytes]]) -> list[ListedRecord]:
                     endpoint,
                     host=transport_host(transport),
                     subject=transport_subject(transport),
+                    port=transport_port(transport),
                 )
             )
     return found
+
+
+# The worker types whose hop is not the model's own: a frontend routes to them only from a
+# decode or aggregated worker of the model (Dynamo 1.6.1's prefill and encoder hops).
+_PEER_ROLES = frozenset({"prefill", "encode"})
+
+
+def _on_serving_hop(card: Any) -> bool:
+    """Whether a card's worker serves its model itself, as its worker type says.
+
+    A card naming no worker type is a prefill worker when its model type has the Prefill
+    flag (how older workers said so), else an aggregated one.
+    """
+    if not isinstance(card, dict):
+        return False
+    worker_type = card.get("worker_type")
+    if isinstance(worker_type, str):
+        return worker_type not in _PEER_ROLES
+    model_type = card.get("model_type")
+    flags = model_type.split("|") if isinstance(model_type, str) else ()
+    return "Prefill" not in (flag.strip() for flag in flags)
+
+
+def _worker_set_role(worker_set: str) -> str | None:
+    """Return the effective worker type a serving record's WorkerSet id names, if any."""
+    try:
+        parts = jsonio.loads(worker_set)
+    except jsonio.JsonError:
+        return None
+    if isinstance(parts, list) and len(parts) == 5 and isinstance(parts[4], str):
+        return parts[4]
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +270,8 @@ class Selection:
 
     instance_id: int | None = None
     host: str | None = None
+    # With ``host``: the request plane's port too, so pods sharing one IP name one worker each.
+    port: int | None = None
     every: bool = False
     namespaces: tuple[str, ...] = ()
     component: str | None = None
@@ -225,6 +304,8 @@ class Selection:
         ]
         if narrows and not self.every:
             raise UsageError(f"{', '.join(narrows)} narrow --all: add --namespace NS --all")
+        if self.port is not None and self.host is None:
+            raise UsageError("--port narrows --host: name the host too")
         if self.every and not self.namespaces:
             raise UsageError("--all drains a whole namespace: name it with --namespace")
 
@@ -233,7 +314,8 @@ class Selection:
         if self.instance_id is not None:
             return f"no worker {self.instance_id:#x}{where} is registered"
         if self.host is not None:
-            return f"no worker on host {self.host}{where} is registered"
+            at = self.host if self.port is None else f"{self.host}:{self.port}"
+            return f"no worker on host {at}{where} is registered"
         parts = [
             f"{flag} {value}"
             for flag, value in (
@@ -276,6 +358,9 @@ def find_workers(
             host = reg.host if reg.host is not None else hosts.get(reg.subject or "")
             if host != selection.host:
                 continue
+            # A NATS-plane record has no port of its own: a port never names one.
+            if selection.port is not None and reg.port != selection.port:
+                continue
         if selection.component is not None and reg.component != selection.component:
             continue
         if selection.endpoint is not None and reg.endpoint != selection.endpoint:
@@ -292,16 +377,17 @@ def nats_subjects(entries: Iterable[tuple[str, bytes]]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the last worker
-# A drain must not take a model's last routable worker on a live frontend unsaid. Each live
-# frontend's serving records say which members it routes to for each model; the drain is
-# refused when, with the named workers (and the ones already drained) out, a frontend that
-# serves a model through one of them would list no member of that model any more. A
-# handover does not empty a model: when another configuration of the same WorkerSet is
-# registered, the frontend keeps serving the drained incumbent until that successor is
-# committed (see admission/core.py), so a registered, undrained member of the same model and
-# WorkerSet counts as what is left. With no live frontend there is nothing to ask: the drain
-# is judged against the discovery bucket as a frontend starting now would see it (another
-# registered, undrained worker of the model must remain).
+# A drain must not take a model's last routable worker unsaid. What counts is what a frontend
+# can route: a worker on the model's serving hop (a prefill or encode worker serves nothing by
+# itself) that it admitted, or, in the bucket, one with both a card and an endpoint record (a
+# card alone is no worker). Each live frontend is asked for the namespaces it watches: the
+# drain is refused when, with the named workers (and the ones already drained or about to be)
+# out, a frontend that serves a model through one of them would list no member of that model
+# on its serving hop any more. A handover does not empty a model: when another configuration
+# of the same WorkerSet is registered and routable, the frontend keeps serving the drained
+# incumbent until that successor is committed (see admission/core.py). A drained worker of a
+# namespace no live frontend watches is judged on the discovery bucket, as a frontend starting
+# now would see it: another routable, undrained worker of the model must remain registered.
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,13 +395,17 @@ class Emptied:
     """A model a drain would leave without a routable worker on one frontend (or anywhere)."""
 
     model: str
-    # The frontend that would lose it; None when no frontend is live (judged on the bucket).
+    # The frontend that would lose it; None for the namespaces no live frontend watches.
     frontend: str | None
     # The model's members on that frontend now, every one of them drained.
     members: tuple[str, ...]
 
     def __str__(self) -> str:
-        where = f"on frontend {self.frontend}" if self.frontend else "in the discovery bucket"
+        where = (
+            f"on frontend {self.frontend}"
+            if self.frontend
+            else "in the discovery bucket (the namespaces no live frontend watches)"
+        )
         last = ", ".join(self.members) or "none"
         return (
             f"model {self.model} would be left with no routable worker {where} (its last: {last})"
@@ -326,7 +416,10 @@ class Emptied:
 
 
 def _served(records: Sequence[Record]) -> dict[str, dict[str, list[str]]]:
-    """Map frontend -> model -> its members there (``namespace NS`` when records name no model)."""
+    """Map frontend -> model -> its members there on the model's serving hop.
+
+    A record that names no model (Dynamo's own shape) stands for one: ``namespace NS``.
+    """
     served: dict[str, dict[str, list[str]]] = {}
     for record in records:
         models = served.setdefault(record.frontend, {})
@@ -334,11 +427,12 @@ def _served(records: Sequence[Record]) -> dict[str, dict[str, list[str]]]:
             continue
         assert isinstance(record, NamespaceRecord)
         if record.groups is None:
-            # Dynamo's own shape names no model: its namespace stands for one.
             models.setdefault(f"namespace {record.namespace}", []).extend(record.members)
             continue
         for group in record.groups:
-            models.setdefault(group.model, []).extend(group.members)
+            members = models.setdefault(group.model, [])
+            if _worker_set_role(group.worker_set) not in _PEER_ROLES:
+                members.extend(group.members)
     return served
 
 
@@ -346,12 +440,17 @@ def _owned(member: str, workers: Iterable[Worker]) -> bool:
     return any(worker.owns(member) for worker in workers)
 
 
-def _successors(listed: Sequence[ListedRecord], out: set[Worker]) -> set[tuple[str, str]]:
-    """(model, namespace/component/endpoint) of every registered card not drained."""
+def _routable(listed: Sequence[ListedRecord]) -> set[tuple[Worker, str, str]]:
+    """(worker, model, namespace/component/endpoint) of every card a frontend could route to.
+
+    A card counts when it is on its model's serving hop and the same worker has an endpoint
+    record at the same place (the liveness a frontend intersects admission with).
+    """
+    live = {(r.worker, r.worker_set) for r in listed if r.model is None}
     return {
-        (r.model, "/".join(r.worker_set))
+        (r.worker, r.model, "/".join(r.worker_set))
         for r in listed
-        if r.model is not None and r.worker not in out
+        if r.model is not None and r.serving and (r.worker, r.worker_set) in live
     }
 
 
@@ -363,30 +462,130 @@ def check_last_workers(
 ) -> tuple[Emptied, ...]:
     """Say which models draining ``workers`` would leave unserved (empty: the drain may go)."""
     out = set(workers) | set(already_drained)
-    listed = listed_records(entries)
-    cards = _successors(listed, out)
+    named = set(workers)
+    routable = _routable(listed_records(entries))
+    successors = {(model, place) for worker, model, place in routable if worker not in out}
     emptied: list[Emptied] = []
     served = _served(records)
     for frontend, models in sorted(served.items()):
         for model, members in sorted(models.items()):
-            touched = [m for m in members if _owned(m, workers)]
+            touched = [m for m in members if _owned(m, named)]
             if not touched or any(not _owned(m, out) for m in members):
                 continue
             places = {"/".join(m.split("/")[:3]) for m in touched}
-            if any((model, place) in cards for place in places):
-                continue  # a successor of the same WorkerSet takes over (a handover)
+            if any((model, place) in successors for place in places):
+                continue  # a routable successor of the same WorkerSet takes over (a handover)
             emptied.append(Emptied(model, frontend, tuple(sorted(set(members)))))
-    if served:
-        return tuple(emptied)
-    by_model: dict[str, set[Worker]] = {}
-    for reg in listed:
-        if reg.model is not None:
-            by_model.setdefault(reg.model, set()).add(reg.worker)
-    for model, holders in sorted(by_model.items()):
-        if holders & set(workers) and holders <= out:
+    watched = set().union(*watched_namespaces(records).values())
+    unwatched: dict[str, set[Worker]] = {}
+    anywhere: dict[str, set[Worker]] = {}
+    for worker, model, _place in routable:
+        anywhere.setdefault(model, set()).add(worker)
+        if worker.namespace not in watched:
+            unwatched.setdefault(model, set()).add(worker)
+    for model, holders in sorted(unwatched.items()):
+        # A frontend starting now, watching every namespace, would route to any routable,
+        # undrained worker of the model the bucket holds.
+        if holders & named and anywhere[model] <= out:
             last = tuple(str(w) for w in sorted(holders))
             emptied.append(Emptied(model, None, last))
     return tuple(emptied)
+
+
+def models_of(entries: Iterable[tuple[str, bytes]], workers: Iterable[Worker]) -> list[str]:
+    """Every model a card of one of ``workers`` names, sorted: the budgets a drain takes."""
+    named = set(workers)
+    return sorted(
+        {r.model for r in listed_records(entries) if r.model is not None and r.worker in named}
+    )
+
+
+# ------------------------------------------------------------------------------ the budgets
+# A budget record's pending drains count as drained for every other drain's check, each from
+# the moment its command swapped it in until its drain record is seen (then the record says it)
+# or, if the command died between the swap and its write, for PENDING_WINDOW seconds. Each
+# swap keeps only the pending drains that still count, so a budget holds the drains of about
+# the last minute. A drain reads the budgets before it lists the drains in force: a pending
+# drain a later swap dropped because its record was seen is then in that listing.
+
+PENDING_WINDOW = 60.0
+
+
+def _still_pending(
+    pending: Iterable[Pending], in_force: Iterable[Worker], now: float, window: float
+) -> tuple[Pending, ...]:
+    recorded = set(in_force)
+    return tuple(
+        p
+        for p in pending
+        if Worker(p.namespace, p.instance_id) not in recorded and now - p.at < window
+    )
+
+
+def pending_drains(
+    budgets: Iterable[Sequence[Pending]],
+    in_force: Iterable[Worker],
+    now: float,
+    window: float = PENDING_WINDOW,
+) -> set[Worker]:
+    """Return the workers the budgets hold as about to be drained, beyond those in force."""
+    recorded = list(in_force)
+    return {
+        Worker(p.namespace, p.instance_id)
+        for pending in budgets
+        for p in _still_pending(pending, recorded, now, window)
+    }
+
+
+def budget_after(
+    pending: Sequence[Pending],
+    workers: Iterable[Worker],
+    in_force: Iterable[Worker],
+    now: float,
+    window: float = PENDING_WINDOW,
+) -> tuple[Pending, ...]:
+    """Return a budget's pending drains once ``workers`` join them (lapsed ones left out)."""
+    adding = {(w.namespace, w.instance_id) for w in workers}
+    kept = [
+        p
+        for p in _still_pending(pending, in_force, now, window)
+        if (p.namespace, p.instance_id) not in adding
+    ]
+    kept.extend(Pending(namespace, instance_id, now) for namespace, instance_id in sorted(adding))
+    return tuple(sorted(kept))
+
+
+def wait_namespaces(before: Sequence[Record], workers: Sequence[Worker]) -> set[str]:
+    """Return the namespaces a wait for ``workers`` asks about.
+
+    Theirs, and every namespace a frontend served one of their models from when the drain
+    began (so a model lost meanwhile is told).
+    """
+    namespaces = {worker.namespace for worker in workers}
+    served = _served(before)
+    models = {
+        model
+        for by_model in served.values()
+        for model, members in by_model.items()
+        if any(_owned(m, workers) for m in members)
+    }
+    for record in before:
+        if isinstance(record, NamespaceRecord) and record.namespace is not None:
+            if record.groups is None:
+                if any(_owned(m, workers) for m in record.members):
+                    namespaces.add(record.namespace)
+            elif any(group.model in models and group.members for group in record.groups):
+                namespaces.add(record.namespace)
+    return namespaces
+
+
+def gone_unconfirmed(
+    before: Sequence[Record], now: Sequence[Record], confirmed: Iterable[str]
+) -> tuple[str, ...]:
+    """Frontends live in ``before``, not live ``now``, that never confirmed the drain."""
+    let_go = set(confirmed)
+    live_now = live_frontends(now)
+    return tuple(sorted(f for f in live_frontends(before) if f not in live_now and f not in let_go))
 
 
 def lost_models(before: Sequence[Record], now: Sequence[Record]) -> tuple[tuple[str, str], ...]:
@@ -428,11 +627,19 @@ class DrainCheck:
     frontends: tuple[FrontendConfirmation, ...]
     # (frontend, model): a model a live frontend stopped serving while the drain waited.
     lost: tuple[tuple[str, str], ...] = ()
+    # Frontends live when the drain began that went away (their records expired) without
+    # ever listing none of the workers: they may still route to them.
+    unconfirmed: tuple[str, ...] = ()
+
+    @property
+    def settled(self) -> bool:
+        """Every live frontend let the workers go; what is left to know cannot be asked."""
+        return all(f.confirmed for f in self.frontends)
 
     @property
     def safe(self) -> bool:
-        """No live frontend lists any drained worker: stopping them loses no request."""
-        return all(f.confirmed for f in self.frontends)
+        """No live frontend lists any drained worker and none went away unconfirmed."""
+        return self.settled and not self.unconfirmed
 
     @property
     def waiting_for(self) -> tuple[str, ...]:
@@ -446,14 +653,14 @@ class DrainCheck:
             ],
             "frontends": [f.as_json() for f in self.frontends],
             "lost_models": [{"frontend": f, "model": m} for f, m in self.lost],
+            "unconfirmed": list(self.unconfirmed),
         }
 
 
 def check_drained(records: Sequence[Record], workers: Sequence[Worker]) -> DrainCheck:
     """Ask every live frontend's records whether it still lists one of ``workers``."""
-    listed: dict[str, set[str]] = {}
+    listed: dict[str, set[str]] = {frontend: set() for frontend in live_frontends(records)}
     for record in records:
-        listed.setdefault(record.frontend, set())
         if isinstance(record, CapabilityRecord):
             continue
         assert isinstance(record, NamespaceRecord)

@@ -11,7 +11,8 @@ A deployment generation is a worker namespace. For a model M and a namespace N t
 - *live*: frontends with at least one record in the bucket. Records of a frontend that stopped
   publishing expire (the bucket's max age), so it drops out; a caller that knows each record's
   publication time may also pass ``stale_after`` to drop frontends whose newest record is older.
-- *serving*: live frontends with a WorkerSet of M in N that has admitted members (and, when an
+- *serving*: live frontends with a WorkerSet of M in N that has admitted members (at least
+  ``min_members`` of them, when the caller asks for the new generation's capacity; and, when an
   expected checksum is given, whose incumbent has that checksum).
 - *missing*: live frontends not serving; the gate stays closed while there is one.
 - *previous*: live frontends still serving M from another namespace (an older generation); this
@@ -26,12 +27,14 @@ asked) no WorkerSet is in disagreement. Everything here is pure: records in, a r
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from workerset_admission.card.serving_record import NamespaceRecord, Record, ServedGroup
 from workerset_admission.errors import TABLE_LINE_LIMIT, UsageError, wire_text
+from workerset_admission.rollout.frontends import live_frontends
 
 # The shortest checksum prefix taken for a whole one (git's own minimum for a short hash).
 _MIN_PREFIX = 4
@@ -144,12 +147,7 @@ class GateReport:
 def _live_frontends(
     records: Sequence[Record], now: float | None, stale_after: float | None
 ) -> tuple[set[str], set[str]]:
-    newest: dict[str, float | None] = {}
-    for record in records:
-        seen = newest.get(record.frontend)
-        stamp = record.published_at
-        if record.frontend not in newest or (stamp is not None and (seen is None or stamp > seen)):
-            newest[record.frontend] = stamp
+    newest = live_frontends(records)
     if now is None or stale_after is None:
         return set(newest), set()
     # A record without a timestamp cannot be judged stale; only bucket expiry removes it.
@@ -211,12 +209,14 @@ def evaluate_gate(
     now: float | None = None,
     stale_after: float | None = None,
     invalid: Sequence[tuple[str, str]] = (),
+    min_members: int = 1,
 ) -> GateReport:
     """Decide whether ``namespace`` serves ``model`` on every live frontend.
 
     ``previous_namespaces`` limits what counts as an older generation (default: any other
     namespace serving the model). ``invalid`` carries (key, reason) of records the caller could
-    not parse, so the report shows them.
+    not parse, so the report shows them. ``min_members`` is the capacity asked for: a frontend
+    counts as serving once it admitted at least that many members of the new generation.
     """
     all_records = list(records)
     live, stale = _live_frontends(all_records, now, stale_after)
@@ -254,11 +254,18 @@ def evaluate_gate(
     reasons: list[str] = []
     if not views:
         reasons.append("no live frontend publishes serving admissions")
+    if min_members > 1:
+        views = [
+            dataclasses.replace(view, serving=view.serving and view.members >= min_members)
+            for view in views
+        ]
     missing = [view.frontend for view in views if not view.serving]
     if missing:
         what = f"{model} from {namespace}"
         if expected_checksum is not None:
             what += f" with checksum {expected_checksum}"
+        if min_members > 1:
+            what += f" with at least {min_members} members"
         reasons.append(f"not serving {what}: {', '.join(missing)}")
     if require_agreement and disagreements:
         # Which frontends serve which configuration: what an operator acts on.

@@ -42,6 +42,7 @@ from workerset_admission.ports import (
     BuildRequest,
     DiscoverySource,
     PipelineBuilder,
+    ReadModel,
     SourceDelete,
     SourceEvent,
     SourceListing,
@@ -50,6 +51,7 @@ from workerset_admission.ports import (
 )
 from workerset_admission.service.bindings import AdmittedHopBinding, FrontendRouting, HopBindings
 from workerset_admission.service.builds import Builds, DefaultPipelineBuilder
+from workerset_admission.service.delta import DeltaMaker
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, RecordDecoder
 from workerset_admission.service.process_figures import process_figures
 from workerset_admission.service.publication import ServingPublication
@@ -181,9 +183,10 @@ class AdmissionService:
             schedule=self._timers.add,
             publications_changed=self._publications_changed,
             changed=self._changed,
+            deltas=DeltaMaker(self.hops, self.liveness),
             log=_log,
         )
-        self.step.observers.append(_EffectListener(self._fold.effects))
+        self.step.read_models.append(self._fold)
         self._on_stopped: list[Callable[[], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -395,6 +398,10 @@ class AdmissionService:
     def on_effects(self, listener: Callable[[Sequence[Effect]], None]) -> None:
         """Call ``listener`` with the effects of every core step, before they are carried out."""
         self.step.observers.append(_EffectListener(listener))
+
+    def add_read_model(self, model: ReadModel) -> None:
+        """Hand ``model`` the delta of every step from now on (on the loop, once per step)."""
+        self.step.read_models.append(model)
 
     def on_stopped(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` once every task has ended (a trace writer closes its file there)."""

@@ -12,7 +12,7 @@ there is one (see ``status_model.py`` and ``traces/replay.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from workerset_admission.identity import GroupKey, group_fields
@@ -64,9 +64,19 @@ def group_json(
     return out
 
 
-def drained_json(drained: Iterable[tuple[int, str, float | None]]) -> list[dict[str, Any]]:
-    """Return the workers a drain set aside: (instance id, who drained it, when), in order."""
-    return [{"instance_id": i, "by": by, "at": at} for i, by, at in drained]
+def drained_json(
+    drained: Iterable[tuple[int, str, float | None]], checksums: Mapping[int, str] | None = None
+) -> list[dict[str, Any]]:
+    """Return the workers a drain set aside: (instance id, who drained it, when), in order.
+
+    ``checksums`` (a status has them) adds each drained worker's card checksum.
+    """
+    if checksums is None:
+        return [{"instance_id": i, "by": by, "at": at} for i, by, at in drained]
+    return [
+        {"instance_id": i, "by": by, "at": at, "checksum": checksums.get(i)}
+        for i, by, at in drained
+    ]
 
 
 def handover_json(

@@ -9,10 +9,10 @@ namespace's serving record depend on that group's state in the core and on the l
 endpoint's instances, and on nothing else. So the fold keeps those four parts per group and
 rebuilds a group's parts only when something named it since the last read:
 
-* every core step's effects: an effect that names a group (``group``, or ``serving`` for a
-  taint change) may have changed it;
-* the liveness index's touched endpoints: an endpoint record that came or went changes which
-  admitted ids are routable at that endpoint, for every group there.
+* every step's delta (:class:`~workerset_admission.ports.StepDelta`): the groups it names
+  (an effect named them) may have changed;
+* the delta's endpoints whose liveness moved: an endpoint record that came or went changes
+  which admitted ids are routable at that endpoint, for every group there.
 
 A namespace's serving record is rebuilt when one of its groups was; the status's tuples are
 put together from the kept parts (linear in the groups, not in the workers). The first read
@@ -23,14 +23,14 @@ path, and a differential test (``tests/test_status_fold.py``) holds the fold to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from workerset_admission.admission import AdmissionCore
-from workerset_admission.admission.effects import groups_named
 from workerset_admission.admission.readiness import ReadinessUnit
 from workerset_admission.identity import EndpointId, GroupKey
+from workerset_admission.ports import StepDelta
 from workerset_admission.service.liveness import LivenessIndex
 from workerset_admission.service.status_model import (
     GroupStatusReport,
@@ -82,9 +82,11 @@ class StatusFold:
         self._judged: dict[tuple[str, str], ModelReadiness] = {}
         self.rebuilt = 0
 
-    def effects(self, effects: Sequence[object]) -> None:
-        """Note the groups one core step named."""
-        self._dirty |= groups_named(effects)
+    def step(self, delta: StepDelta) -> None:
+        """Note the groups one step named, and those at endpoints whose liveness moved."""
+        self._dirty.update(delta.groups)
+        for endpoint in delta.endpoints:
+            self._dirty.update(self._by_endpoint.get(endpoint, ()))
 
     def groups(self) -> tuple[GroupStatusReport, ...]:
         self._assemble()
@@ -106,8 +108,6 @@ class StatusFold:
     # -- the fold ----------------------------------------------------------------------------
 
     def _refresh(self) -> None:
-        for endpoint in self._liveness.take_touched():
-            self._dirty.update(self._by_endpoint.get(endpoint, ()))
         if self._everything:
             self._everything = False
             self._dirty.update(view.key for view in self._core.groups())

@@ -77,6 +77,8 @@ class GroupStatusReport:
     # (checksum, committed generation, members).
     drained: tuple[tuple[int, str, float | None], ...] = ()
     handover: tuple[str, int, tuple[int, ...]] | None = None
+    # The card checksum each drained worker registered with (instance id, checksum).
+    drained_checksums: tuple[tuple[int, str], ...] = ()
 
     @property
     def rejected(self) -> tuple[CohortStatusView, ...]:
@@ -103,7 +105,9 @@ class GroupStatusReport:
                 "hold_members": id_list(self.hold_members, brief),
                 "last_known": id_list(self.last_known, brief),
                 "last_known_until": self.last_known_until,
-                "drained": len(self.drained) if brief else drained_json(self.drained),
+                "drained": len(self.drained)
+                if brief
+                else drained_json(self.drained, dict(self.drained_checksums)),
                 "handover": None
                 if self.handover is None
                 else handover_json(*self.handover, brief=brief),
@@ -249,6 +253,7 @@ def group_status_report(
         routable=tuple(sorted(routable)),
         cohorts=tuple(CohortStatusView(c.mdc_checksum, c.instance_ids) for c in view.cohorts),
         drained=tuple((d.instance_id, d.drain.by, d.drain.at) for d in view.drained),
+        drained_checksums=tuple((d.instance_id, d.mdc_checksum) for d in view.drained),
         handover=None
         if view.handover is None
         else (view.handover.mdc_checksum, view.handover.generation, view.handover.members),

@@ -28,6 +28,12 @@ itself (a refused commit, fed back as a core step of its own), every list of eff
 end of each step. The live service's trace writer is one (it records every input and the digest
 of each step's effects); ``replay`` is another (it checks its own effects against those
 digests, and keeps its notes for ``explain``).
+
+The read models (the admitted view, the status and serving records) are handed one typed delta
+per step, at its end (:class:`~workerset_admission.ports.StepDelta`, made by
+:class:`~.delta.DeltaMaker` from what the step saw: the raw event, ingestion's verdicts, the
+effects, and the two effects it reads, a refused in-place change and a drain changed). One
+delta, one wake-up, per step, and nothing a read model must ask the service back.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from workerset_admission.admission import (
     CancelBuild,
     CommitGroup,
     DrainChanged,
+    DrainLifted,
     Effect,
     HandoverEnded,
     Input,
@@ -71,7 +78,8 @@ from workerset_admission.admission.ordering import GroupId
 from workerset_admission.aio import collector_paused
 from workerset_admission.errors import RemoteDataError, UsageError, wire_text
 from workerset_admission.identity import AttemptId
-from workerset_admission.ports import SourceDelete, SourceEvent, SourceListing, SourcePut
+from workerset_admission.ports import ReadModel, SourceDelete, SourceEvent, SourceListing, SourcePut
+from workerset_admission.service.delta import DeltaMaker
 from workerset_admission.service.ingest import Ingested, Ingestor
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 
@@ -179,6 +187,7 @@ class AdmissionStep:
         hops: Hops | None = None,
         publications_changed: Callable[[], None] | None = None,
         changed: Callable[[], None] | None = None,
+        deltas: DeltaMaker | None = None,
         log: logging.Logger = _log,
     ) -> None:
         self.core = core
@@ -194,6 +203,9 @@ class AdmissionStep:
         self._changed = changed
         self._log = log
         self.observers: list[StepObserver] = []
+        # The read models, each handed one delta per step (made by ``deltas``) at its end.
+        self._deltas = deltas
+        self.read_models: list[ReadModel] = []
         self.notifications = 0
         # The clock as the current step read it, once, when it began.
         self._now = 0.0
@@ -216,6 +228,8 @@ class AdmissionStep:
         now = self._now = self.clock()
         for observer in self.observers:
             self._tell(observer.source_event, event, now, keep, recorded)
+        if self._deltas is not None:
+            self._deltas.source_event(event, keep)
         try:
             self._handle(event, now, keep, recorded)
         finally:
@@ -236,6 +250,16 @@ class AdmissionStep:
             with self._telemetry.apply_update(event) as scope:
                 result = self.ingest.removal(event, now=now)
                 self._ingested(result, scope)
+            for lifted in result.inputs:
+                if type(lifted) is DrainLifted:
+                    # An operator's undrain, a drain's TTL, or a drain withdrawn: say so, since
+                    # the worker may now be routed to again.
+                    self._log.info(
+                        "drain of %s/%x withdrawn (%s): the worker may be routed to again",
+                        wire_text(lifted.namespace),
+                        lifted.instance_id,
+                        event.operation,
+                    )
         elif isinstance(event, SourceListing):
             with collector_paused(), self._telemetry.apply_update(event) as scope:
                 result = self.ingest.listing(event, keep, now=now, recorded=recorded)
@@ -249,6 +273,8 @@ class AdmissionStep:
     ) -> None:
         for observer in self.observers:
             self._tell(observer.ingested, result)
+        if self._deltas is not None:
+            self._deltas.ingested(result)
         for verdict in result.refusals:
             assert verdict.refusal is not None
             self._refuse(verdict.key, verdict.refusal, scope if refusals_in_scope else None)
@@ -285,6 +311,13 @@ class AdmissionStep:
     def _ended(self) -> None:
         for observer in self.observers:
             self._tell(observer.step_ended)
+        if self._deltas is None:
+            return
+        delta = self._deltas.finish()
+        if delta is None:
+            return
+        for model in self.read_models:
+            self._tell(model.step, delta)
 
     # -- one core step -----------------------------------------------------------------------------
 
@@ -295,6 +328,8 @@ class AdmissionStep:
         effects = self.core.apply_many(inputs)
         for observer in self.observers:
             self._tell(observer.effects, effects)
+        if self._deltas is not None:
+            self._deltas.effects(effects)
         if scope is not None:
             scope.effects(effects)
         else:
@@ -381,6 +416,8 @@ class AdmissionStep:
         )
         for observer in self.observers:
             self._tell(observer.mutation_refused, effect)
+        if self._deltas is not None:
+            self._deltas.refused(effect)
 
     def _rejection(self, effect: RejectionReported, carried: _Carried) -> None:
         for observer in self.observers:
@@ -393,9 +430,11 @@ class AdmissionStep:
     def _drain_changed(self, effect: DrainChanged, carried: _Carried) -> None:
         if self._hops is not None:
             self._hops.drain_changed(effect)
+        if self._deltas is not None:
+            self._deltas.drain_changed(effect)
 
     def _reported_only(self, effect: Effect, carried: _Carried) -> None:
-        """Nothing to carry out: telemetry reports it, the view reads it from the core."""
+        """Nothing to carry out: telemetry reports it, the read models hear it in the delta."""
 
     def _note_change(self) -> None:
         if self._changed is not None:

@@ -81,6 +81,8 @@ def worker_listing(status: ServiceStatus) -> list[dict[str, Any]]:
         if group.handover is not None:
             for member in group.handover[2]:
                 checksums.setdefault(member, group.handover[0])
+        for instance, checksum in group.drained_checksums:
+            checksums.setdefault(instance, checksum)
         admitted = set(group.admitted)
         fields = group_fields(group.group)
         for instance in sorted(set(checksums) | set(drained) | admitted):
@@ -133,6 +135,11 @@ def group_view_from_json(doc: Mapping[str, Any]) -> GroupStatusReport:
         drained=tuple(
             (int(d["instance_id"]), str(d.get("by") or ""), d.get("at"))
             for d in doc.get("drained") or ()
+        ),
+        drained_checksums=tuple(
+            (int(d["instance_id"]), str(d["checksum"]))
+            for d in doc.get("drained") or ()
+            if isinstance(d, Mapping) and isinstance(d.get("checksum"), str)
         ),
         handover=None
         if not handover

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from workerset_admission.card.entry import EntryDecoder
 from workerset_admission.ports import DiscoverySource
-from workerset_admission.service.accepted import AcceptedRecordsFeed
 from workerset_admission.service.admission_service import AdmissionService, PipelineBuilder
 from workerset_admission.settings import Settings, load_settings
 from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle
@@ -178,9 +177,7 @@ async def create_service(
         )
         attach_trace_writer(service, boundary)
         if view is not None:
-            # The view files the raw records the service's boundary accepted, as it judged
-            # them, before each core step.
-            service.step.observers.append(AcceptedRecordsFeed(view.table))
+            # The view is a read model: every step's delta, with the records the core accepted.
             view.attach(service)
         await service.start()
     except BaseException:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -34,7 +34,6 @@ from workerset_admission.adapters.dynamo.view import (
     check_frontend_store,
     file_name_for,
 )
-from workerset_admission.admission import Effect
 from workerset_admission.card import (
     BoundarySettings,
     encode_drain_record,
@@ -50,11 +49,11 @@ from workerset_admission.ports import (
     SourceEvent,
     SourceListing,
     SourcePut,
+    StepDelta,
 )
-from workerset_admission.service.accepted import AcceptedRecordsFeed
 from workerset_admission.service.admission_service import AdmissionService
+from workerset_admission.service.delta import accepted_changes
 from workerset_admission.service.ingest import Ingestor
-from workerset_admission.service.step import StepObserver
 
 A1, A2, B = 0x6030FDDB01885992, 0x11, 0x22
 
@@ -389,28 +388,67 @@ def test_records_outside_the_namespace_filter_are_not_held() -> None:
     assert len(table) == 0
 
 
-async def test_the_table_is_fed_before_the_core_steps_on_each_event() -> None:
-    seen: list[int] = []
-    at_core_step: list[int] = []
-    table = RecordTable(on_change=lambda: seen.append(len(table)))
+async def test_each_step_hands_a_read_model_one_delta_with_what_the_core_accepted() -> None:
+    deltas: list[StepDelta] = []
     source = QueueSource()
     service = AdmissionService(source)
 
-    class _CoreStep(StepObserver):
-        def effects(self, effects: Sequence[Effect]) -> None:
-            at_core_step.append(len(table))
+    class _Recorder:
+        def step(self, delta: StepDelta) -> None:
+            deltas.append(delta)
 
-    service.step.observers += [AcceptedRecordsFeed(table), _CoreStep()]
+    service.add_read_model(_Recorder())
     await service.start()
     try:
         source.queue.put_nowait(SourceListing(worker_records(A1)))
+        # The same key with another checksum: the core keeps the first incarnation.
+        source.queue.put_nowait(SourcePut(worker_records(A1, 32)[2]))
         source.queue.put_nowait(SourceDelete(model_kv_key(EP, A1), 2))
-        await _until(lambda: len(seen) == 2)
+        await _until(lambda: any(model_kv_key(EP, A1) in d.records for d in deltas[1:]))
     finally:
         await service.stop()
-    assert seen == [5, 4]
-    # The core stepped on the listing with the table already holding its records.
-    assert at_core_step[0] == 5
+    listing, removal = deltas[0], deltas[-1]
+    # The refused put changed nothing a read model keeps: no delta carries its bytes.
+    refused = worker_records(A1, 32)[2].value
+    assert all(r is None or r.value != refused for d in deltas for r in d.records.values())
+    assert listing.relisted
+    assert {r.key for r in listing.records.values() if r is not None} == {
+        e.key for e in worker_records(A1)
+    }
+    assert GROUP in listing.groups
+    assert listing.endpoints == {EP, EndpointId("pns", "backend", f"worker_kv_query_source_{A1:x}")}
+    assert removal.records == {model_kv_key(EP, A1): None}
+    assert removal.groups == {GROUP: None}
+
+
+async def test_an_endpoint_record_leaving_names_the_tenure_at_its_endpoint() -> None:
+    deltas: list[StepDelta] = []
+    source = QueueSource()
+    service = AdmissionService(source)
+
+    class _Recorder:
+        def step(self, delta: StepDelta) -> None:
+            deltas.append(delta)
+
+    service.add_read_model(_Recorder())
+    await service.start()
+    try:
+        source.queue.put_nowait(SourceListing([*worker_records(A1), *worker_records(A2)]))
+        await _until(lambda: any(d.groups.get(GROUP) is not None for d in deltas))
+        committed = [d.groups[GROUP] for d in deltas if d.groups.get(GROUP) is not None]
+        assert committed[-1].routable == {A1, A2}
+        deltas.clear()
+        # Only A2's endpoint record goes: no effect names the group, its liveness does.
+        source.queue.put_nowait(SourceDelete(endpoint_kv_key(EP, A2), 3))
+        await _until(lambda: bool(deltas))
+    finally:
+        await service.stop()
+    (delta,) = deltas[:1]
+    assert delta.endpoints == {EP}
+    facts = delta.groups[GROUP]
+    assert facts is not None
+    assert facts.routable == {A1}
+    assert delta.records == {endpoint_kv_key(EP, A2): None}
 
 
 def test_a_refused_listed_value_and_a_key_touched_meanwhile_keep_what_they_hold() -> None:
@@ -421,15 +459,24 @@ def test_a_refused_listed_value_and_a_key_touched_meanwhile_keep_what_they_hold(
         entry if entry.key != model_kv_key(EP, A1) else entry_of(entry.key, b'{"type":"Model"')
         for entry in worker_records(A1)
     ]
-    ingest = Ingestor()
-    feed = AcceptedRecordsFeed(table)
     event = SourceListing(listed)
-    feed.source_event(event, 0.0, {touched}, None)
-    feed.ingested(ingest.listing(event, {touched}, now=0.0))
+    records, kept = accepted_changes(event, {touched}, Ingestor().listing(event, now=0.0), ())
+    table.listing([r for r in records.values() if r is not None], kept)
 
     assert table.get(model_kv_key(EP, A1)) == valid
     assert table.get(touched) is not None
     assert table.get(model_kv_key(EP, A2)) is None
+
+
+def test_a_card_the_core_refused_in_place_keeps_its_first_bytes() -> None:
+    table = table_of(worker_records(A1))
+    first = table.get(model_kv_key(EP, A1))
+    assert table.apply(SourcePut(worker_records(A1, 32)[2])) == set()
+    assert table.refused == [f"pns/backend/generate/{A1:x}"]
+    assert table.get(model_kv_key(EP, A1)) == first
+    # Relisted with the refused value, the key keeps its first incarnation still.
+    table.apply(SourceListing([*worker_records(A1, 32)]))
+    assert table.get(model_kv_key(EP, A1)) == first
 
 
 # --------------------------------------------------------------------------- real files
@@ -498,10 +545,36 @@ def test_publication_is_atomic_and_a_restart_removes_only_the_previous_writers_f
     restarted.sync([Tenure(GROUP, 2, frozenset({A2}))], table)
     assert sorted(os.listdir(mdc)) == sorted([mdc_file(A2)[1], foreign.name])
 
-    restarted.clear()
+    # Every tenure ended: the writer withdraws its own files, and only those.
+    restarted.sync([], table)
     files.release()
     leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file()]
     assert sorted(leftovers) == sorted([foreign.name, MANIFEST_NAME, ".workerset-admission.lock"])
+
+
+def test_a_file_altered_from_outside_is_found_by_its_size_or_inode_and_written_again(
+    tmp_path: Path,
+) -> None:
+    files = DirectoryFiles.open(tmp_path)
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+    mdc = tmp_path / "v1" / "mdc"
+    card, other = mdc / mdc_file(A1)[1], mdc / mdc_file(A2)[1]
+    written = card.read_bytes(), other.read_bytes()
+    assert view.verify() == 0
+
+    card.write_bytes(b'{"type":"Model"}')  # in place, another size
+    spare = mdc / ".spare"
+    spare.write_bytes(b"x" * len(written[1]))  # the same size, by a rename: another inode
+    os.replace(spare, other)
+    assert view.verify() == 2
+    report = view.retry(table)
+
+    assert set(report.written) == {mdc_file(A1), mdc_file(A2)}
+    assert (card.read_bytes(), other.read_bytes()) == written
+    assert view.verify() == 0
+    files.release()
 
 
 def test_the_store_reader_sees_the_view_as_dynamo_files(tmp_path: Path) -> None:
@@ -552,7 +625,6 @@ async def writing_service() -> AsyncIterator[tuple[FakeFiles, QueueSource, Admis
     table = RecordTable()
     source = QueueSource()
     service = AdmissionService(source)
-    service.step.observers.append(AcceptedRecordsFeed(table))
     writer = ViewWriter(AdmittedView(files, refresh_interval=0.2), table)
     writer.attach(service)
     await service.start()
@@ -647,7 +719,8 @@ def test_the_index_follows_puts_removals_and_listings() -> None:
     assert instance_file(A1) not in written
     assert mdc_file(A1) in written
     assert mdc_file(A2) in written
-    assert view.files[mdc_file(A2)] == worker_records(A2, 32)[2].value
+    # The core refused the in-place change of checksum: the first incarnation's bytes stay.
+    assert view.files[mdc_file(A2)] == worker_records(A2)[2].value
 
     table.apply(SourceListing(worker_records(A2)))
     assert table.lookup("worker", "pns", "backend", A1) == []

@@ -9,6 +9,7 @@ from workerset_admission.frontend.host import HostState
 from workerset_admission.frontend.routes import AdmissionRoutes
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.service.admission_service import GroupStatusReport, ServiceStatus
+from workerset_admission.service.loop_watch import STALLED_AFTER, LoopWatch
 from workerset_admission.service.status_model import (
     CohortStatusView,
     InvalidRecord,
@@ -137,6 +138,21 @@ def test_health_is_ok_only_once_synced_and_not_draining() -> None:
     assert running.health(_Context()).status == 200
     assert starting.health(_Context()).status == 503
     assert running.health(_Context(cancelled=True)).body == {"status": "shutting_down"}
+
+
+def test_health_says_stalled_while_the_plugins_loop_stands_still() -> None:
+    clock = [100.0]
+    watch = LoopWatch(clock=lambda: clock[0])
+    state = HostState("running", _Service(_status()))
+    routes = AdmissionRoutes(lambda: state, watch)  # type: ignore[arg-type, return-value]
+
+    assert routes.health(_Context()).status == 200
+    clock[0] += STALLED_AFTER + 0.5
+    reply = routes.health(_Context())
+    assert (reply.status, reply.body["status"]) == (503, "stalled")
+    assert reply.body["silent_for"] == STALLED_AFTER + 0.5
+    watch.beat()
+    assert routes.health(_Context()).status == 200
 
 
 def test_every_route_answers_503_with_the_reason_while_the_service_is_not_running() -> None:

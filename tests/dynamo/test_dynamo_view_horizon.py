@@ -91,3 +91,32 @@ def test_the_view_touches_its_files_once_per_refresh_not_every_two_seconds(
         assert touches == 10  # once a minute: 300 at Dynamo's every two seconds
     finally:
         files.release()
+
+
+@pytest.mark.parametrize("owned", [True, False], ids=["serve", "route extension"])
+def test_both_ways_of_running_the_view_stamp_the_horizon_the_settings_name(
+    tmp_path: Path, owned: bool
+) -> None:
+    from workerset_admission.settings import Settings
+    from workerset_admission.wiring.compose import _view_hook
+
+    settings = Settings(view_dir=tmp_path, view_horizon=120.0)
+    # serve opens the directory itself; the route extension hands its locked one over.
+    opened = None if owned else DirectoryFiles.open(tmp_path)
+    hook = _view_hook(settings, opened)
+    assert hook is not None
+    try:
+        assert hook.files.lease == Horizon(120.0).lease
+        assert hook.view.refresh_interval == Horizon(120.0).refresh
+    finally:
+        hook.files.release()
+
+
+def test_the_horizon_setting_is_bounded() -> None:
+    from pydantic import ValidationError
+    from workerset_admission.settings import Settings
+
+    assert Settings().view_horizon == 600.0
+    for wrong in (5.0, 8 * 86400.0):
+        with pytest.raises(ValidationError, match="view_horizon"):
+            Settings(view_horizon=wrong)

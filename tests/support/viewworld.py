@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
 
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.dynamo.view import RecordTable, ViewFile, file_name_for
+from workerset_admission.adapters.dynamo.view_records import Tie
+from workerset_admission.admission import AdmissionCore, MutationRefused
 from workerset_admission.card import (
     BoundarySettings,
     encode_endpoint_record,
@@ -23,7 +24,7 @@ from workerset_admission.ports import (
     SourceListing,
     SourcePut,
 )
-from workerset_admission.service.accepted import AcceptedRecordsFeed
+from workerset_admission.service.delta import accepted_changes
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor
 
 EP = EndpointId("pns", "backend", "generate")
@@ -96,23 +97,36 @@ def worker_records(
 
 
 class FedTable(RecordTable):
-    """A record table fed as the service feeds it: ingestion judges each event, once."""
+    """A record table fed as the writer feeds it: the records of each step's delta.
 
-    def __init__(self, settings: BoundarySettings | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    Ingestion judges each event once and a real core decides on it, so a card re-put under its
+    key with another checksum, model or worker type is refused as the service refuses it.
+    """
+
+    def __init__(self, settings: BoundarySettings | None = None) -> None:
+        super().__init__()
         self._ingest = Ingestor(CardRecordDecoder(settings))
-        self._feed = AcceptedRecordsFeed(self)
+        self.core = AdmissionCore()
+        self.refused: list[str] = []
 
-    def apply(self, event: SourceEvent) -> None:
-        self._feed.source_event(event, 0.0, (), None)
+    def apply(self, event: SourceEvent) -> set[Tie]:
+        """Take one source event in as a step; return the ties of the records it changed."""
         if isinstance(event, SourcePut):
             result = self._ingest.put(event.entry.key, event.entry.value)
         elif isinstance(event, SourceDelete):
             result = self._ingest.removal(event, now=0.0)
         else:
             result = self._ingest.listing(event, now=0.0)
-        self._feed.ingested(result)
-        self._feed.step_ended()
+        effects = self.core.apply_many(result.inputs)
+        refused = {e.key for e in effects if isinstance(e, MutationRefused)}
+        self.refused += sorted(refused)
+        records, kept = accepted_changes(event, (), result, refused)
+        if isinstance(event, SourceListing):
+            return self.listing([r for r in records.values() if r is not None], kept)
+        ties: set[Tie] = set()
+        for key, record in records.items():
+            ties |= self.put(key, record)
+        return ties
 
 
 def table_of(*workers: list[DiscoveryEntry]) -> FedTable:
@@ -131,16 +145,25 @@ class FakeFiles:
         self.fail_publish = False
         self.fail_remove = False
         self.fail_manifest = False
+        self.inodes: dict[ViewFile, int] = {}
+        self.writes = 0
 
     def publish(self, file: ViewFile, value: bytes) -> None:
         if self.fail_publish:
             raise OSError("disk full")
         self.content[file] = value
+        self.writes += 1
+        self.inodes[file] = self.writes
         self.ops.append(("publish", file))
 
     def touch(self, file: ViewFile) -> bool:
         self.ops.append(("touch", file))
         return file in self.content
+
+    def identity(self, file: ViewFile) -> tuple[int, int] | None:
+        value = self.content.get(file)
+        # The write's number stands for the inode a write by rename makes.
+        return None if value is None else (len(value), self.inodes.get(file, 0))
 
     def remove(self, file: ViewFile) -> None:
         if self.fail_remove:
