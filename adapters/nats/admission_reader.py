@@ -8,6 +8,9 @@ the gate and the service agree on what "the bucket now" means.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+from datetime import datetime
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
@@ -20,6 +23,7 @@ from workerset_admission.adapters.nats.connect import (
     refusal_mark,
     servers_for_display,
 )
+from workerset_admission.adapters.nats.kv import stream_name
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.keys import ADMISSION_BUCKET
@@ -65,6 +69,7 @@ class NatsRecordSource:
         source = JetStreamDiscoverySource(bucket=self._bucket, key_prefixes=None, connector=reuse)
         try:
             listing = await asyncio.wait_for(source.list_all(), timeout=self._timeout)
+            server_time = await _server_time(client, self._bucket, self._timeout)
         except NotFoundError:
             # No frontend has published yet: an empty bucket, and a closed gate.
             return BucketRead()
@@ -77,5 +82,25 @@ class NatsRecordSource:
         finally:
             await client.close()
         return BucketRead(
-            entries=tuple(RawEntry(e.key, e.value, e.published_at) for e in listing.entries)
+            entries=tuple(RawEntry(e.key, e.value, e.published_at) for e in listing.entries),
+            server_time=server_time,
         )
+
+
+async def _server_time(client: NatsClient, bucket: str, timeout: float) -> float | None:
+    """Return the server's time now (Unix seconds) from a stream info answer, if it says it."""
+    with contextlib.suppress(NatsError, asyncio.TimeoutError, ValueError, TypeError):
+        reply = await client.request(
+            f"$JS.API.STREAM.INFO.{stream_name(bucket)}", b"", timeout=timeout
+        )
+        stamp = json.loads(reply.data).get("ts")
+        if isinstance(stamp, str):
+            return parse_server_time(stamp)
+    return None
+
+
+def parse_server_time(stamp: str) -> float:
+    """Read an RFC 3339 time as the server writes it (nanoseconds, ``Z``) as Unix seconds."""
+    head, _, fraction = stamp.rstrip("Z").partition(".")
+    whole = datetime.fromisoformat(head + "+00:00").timestamp()
+    return whole + (float(f"0.{fraction}") if fraction else 0.0)

@@ -28,7 +28,7 @@ serving it until the successor is committed (the handover), and only then drops 
 condition answers both questions the operator has ("does any frontend still route to it?" and
 "does every frontend that did now serve the successor?"): no live frontend lists the worker.
 A frontend that never admitted the worker lists nothing of it and is confirmed at once; one
-that stopped is no longer live once its records expire (the bucket's max age).
+that stopped is no longer live once its heartbeat expires (``serving_record.live_records``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,12 @@ from urllib.parse import urlsplit
 
 from workerset_admission import identity
 from workerset_admission.card import jsonio
-from workerset_admission.card.serving_record import CapabilityRecord, NamespaceRecord, Record
+from workerset_admission.card.serving_record import (
+    CapabilityRecord,
+    NamespaceRecord,
+    Record,
+    live_records,
+)
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import ENDPOINT_PREFIX, MODEL_PREFIX, parse_key
 
@@ -328,7 +333,7 @@ class Emptied:
 def _served(records: Sequence[Record]) -> dict[str, dict[str, list[str]]]:
     """Map frontend -> model -> its members there (``namespace NS`` when records name no model)."""
     served: dict[str, dict[str, list[str]]] = {}
-    for record in records:
+    for record in live_records(records):
         models = served.setdefault(record.frontend, {})
         if isinstance(record, CapabilityRecord):
             continue
@@ -452,7 +457,7 @@ class DrainCheck:
 def check_drained(records: Sequence[Record], workers: Sequence[Worker]) -> DrainCheck:
     """Ask every live frontend's records whether it still lists one of ``workers``."""
     listed: dict[str, set[str]] = {}
-    for record in records:
+    for record in live_records(records):
         listed.setdefault(record.frontend, set())
         if isinstance(record, CapabilityRecord):
             continue
