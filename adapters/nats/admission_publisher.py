@@ -58,7 +58,7 @@ from typing import Any
 
 from nats.errors import MaxPayloadError
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.kv import stream_name
@@ -72,6 +72,10 @@ _log = logging.getLogger(__name__)
 
 DEFAULT_ADMISSION_BUCKET = ADMISSION_BUCKET
 PROTOCOL = "v1"
+
+# A put only over a given revision of its key, and the server's codes for "not that revision".
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+_WRONG_LAST = (10071, 10164)
 
 
 def admission_keys(frontend_id: str) -> tuple[str, Callable[[str], str]]:
@@ -427,11 +431,25 @@ class NatsAdmissionPublisher:
             _log.info("publishing the serving record %s works again", key)
         self._failing = now_failing
 
-    async def _put(self, kv: KeyValue, key: str, value: bytes, ttl: float | None) -> int:
-        """Put one record, with a per-key TTL on a leased bucket; return its revision."""
-        if ttl is None or not self._leased:
+    async def _put(
+        self, kv: KeyValue, key: str, value: bytes, ttl: float | None, last: int | None = None
+    ) -> int:
+        """Put one record, with a per-key TTL on a leased bucket; return its revision.
+
+        With ``last`` (on a leased bucket), only over that revision of the key
+        (``KeyWrongLastSequenceError`` if the key's latest is another, or there is none).
+        """
+        if not self._leased:
             return int(await kv.put(key, value))
-        ack = await self._js.publish(f"$KV.{self.bucket}.{key}", value, msg_ttl=ttl)
+        headers = None if last is None else {_EXPECTED_LAST: str(last)}
+        try:
+            ack = await self._js.publish(
+                f"$KV.{self.bucket}.{key}", value, headers=headers, msg_ttl=ttl
+            )
+        except APIError as error:
+            if error.err_code in _WRONG_LAST:
+                raise KeyWrongLastSequenceError(description=error.description) from None
+            raise
         return int(ack.seq)
 
     async def _write_heartbeat(self, kv: KeyValue) -> None:
@@ -450,13 +468,13 @@ class NatsAdmissionPublisher:
         value = self._heartbeat_record()
         if self._beat_revision is not None and self._leased:
             try:
-                revision = await kv.update(
-                    self._heartbeat_key, value, last=self._beat_revision, msg_ttl=self._record_ttl
+                revision = await self._put(
+                    kv, self._heartbeat_key, value, self._record_ttl, last=self._beat_revision
                 )
             except KeyWrongLastSequenceError:
                 self._lost_records("its heartbeat")
             else:
-                self._beat_revision = int(revision)
+                self._beat_revision = revision
                 self.heartbeats += 1
                 return
         self._beat_revision = await self._put(kv, self._heartbeat_key, value, self._record_ttl)

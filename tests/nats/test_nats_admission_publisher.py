@@ -16,9 +16,9 @@ import pytest
 from nats.errors import MaxPayloadError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import (
+    APIError,
     KeyNotFoundError,
     KeyValueLimitMarkerTTLNotSupportedError,
-    KeyWrongLastSequenceError,
     NotFoundError,
 )
 from support.aio import eventually
@@ -59,11 +59,6 @@ class FakeKV:
         self.ttls[key] = ttl
         return self.sequence
 
-    async def update(self, key: str, value: bytes, last: int, msg_ttl: float | None = None) -> int:
-        if self.revisions.get(key) != last or key not in self.data:
-            raise KeyWrongLastSequenceError
-        return await self.put(key, value, msg_ttl)
-
     async def delete(self, key: str) -> bool:
         self.data.pop(key, None)
         self.revisions.pop(key, None)
@@ -91,8 +86,17 @@ class FakeJetStream:
         self.created.append(config)
         return self.kv
 
-    async def publish(self, subject: str, payload: bytes, msg_ttl: float | None = None) -> Any:
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str] | None = None,
+        msg_ttl: float | None = None,
+    ) -> Any:
         key = subject.split(".", 2)[2]  # $KV.<bucket>.<key>
+        last = (headers or {}).get("Nats-Expected-Last-Subject-Sequence")
+        if last is not None and self.kv.revisions.get(key, 0) != int(last):
+            raise APIError(err_code=10071, description="wrong last sequence")
         return SimpleNamespace(seq=await self.kv.put(key, payload, msg_ttl))
 
     async def key_value(self, name: str) -> FakeKV:
