@@ -179,5 +179,10 @@ class PeerAwareSource:
     async def list_all(self) -> SourceListing:
         return await self._source.list_all()
 
+    async def missed_nothing(self) -> bool:
+        """Ask the wrapped source whether a relist would find nothing new (False if it cannot)."""
+        check = getattr(self._source, "missed_nothing", None)
+        return bool(check is not None and await check())
+
     async def close(self) -> None:
         await self._source.close()

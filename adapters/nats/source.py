@@ -32,6 +32,19 @@ source was made for a frontend that started during an outage (``started_in_outag
 first connection failed, or the connection was lost before the first listing came. That is a
 report, as the reason is; the core decides what it means.
 
+A periodic reconciliation need not read the bucket again when the watch missed nothing:
+:meth:`JetStreamDiscoverySource.missed_nothing` asks the server for the watch's consumer and
+compares what the server delivered (its last stream sequence, nothing pending) with what the
+watch took in. What a relist protects against stays covered: a message lost in transit shows
+as a skipped consumer sequence or as a delivered sequence the watch never saw; a consumer that
+vanished or fell silent, a stream deleted or re-created and a lost connection re-create the
+watch with a listing of their own; and on a bucket whose keys can age out without a removal
+marker (a max age or per-key TTLs without limit markers) the answer is always "may have
+missed", as a silent expiry reaches no watch.
+
+With ``key_prefixes`` from :func:`namespace_key_prefixes` the consumer's subject filters hold
+only one worker namespace's records, so a frontend serving one namespace receives no other's.
+
 Oversized values are passed through unchanged. The card boundary refuses them with a typed
 error carrying the key, so they are reported and counted in one place with every other invalid
 record; the source only translates and never decides.
@@ -65,7 +78,7 @@ from workerset_admission.adapters.nats.kv import stream_name, subject_prefix
 from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
 from workerset_admission.adapters.nats.watch import WAKE, Wake, Watch
 from workerset_admission.errors import UsageError
-from workerset_admission.keys import DISCOVERY_BUCKET
+from workerset_admission.keys import DISCOVERY_BUCKET, escape_token
 from workerset_admission.ports import SourceEvent, SourceListing
 
 __all__ = [
@@ -73,6 +86,7 @@ __all__ = [
     "DEFAULT_KEY_PREFIXES",
     "Connector",
     "JetStreamDiscoverySource",
+    "namespace_key_prefixes",
 ]
 
 _log = logging.getLogger(__name__)
@@ -87,6 +101,19 @@ DEFAULT_KEY_PREFIXES: Final = (
 )
 
 Connector = Callable[[ConnectionCallbacks], Awaitable[NatsClient]]
+
+
+def namespace_key_prefixes(namespace: str) -> tuple[str, ...]:
+    """Return the discovery key prefixes of one worker namespace, for the watch's filters."""
+    token = escape_token(namespace)
+    return (
+        f"v1.mdc.{token}",
+        f"v1.instances.{token}",
+        f"v1.event_sources.namespace.{token}",
+        f"v1.event_channels.namespace.{token}",
+        f"v1.drain.{token}",
+    )
+
 
 # Seconds between the server's heartbeats on an idle consumer, unless a source says otherwise.
 IDLE_HEARTBEAT: Final = 5.0
@@ -171,7 +198,10 @@ class JetStreamDiscoverySource:
         self._iterating = False
         self._ever_bound = False
         self._stream_created: object = None
+        # Whether a key of the bound bucket can age out without a marker a watch would see.
+        self._silent_expiry = True
         self.restarts = 0
+        self.relists_spared = 0
         self._disconnects = 0
         self._rebind = asyncio.Event()
         # From a restart request until the new watch hands over its listing.
@@ -341,6 +371,10 @@ class JetStreamDiscoverySource:
             watch.consumer = created.name
             if created.num_pending == 0:
                 watch.finish_initial()
+            config_now = info.config
+            self._silent_expiry = config_now.subject_delete_marker_ttl is None and bool(
+                config_now.max_age or config_now.allow_msg_ttl
+            )
             return watch, info.created
         raise AssertionError("unreachable: the last attempt raises or returns")
 
@@ -559,6 +593,40 @@ class JetStreamDiscoverySource:
             if isinstance(item, Wake):
                 continue
             yield item
+
+    async def missed_nothing(self) -> bool:
+        """Tell whether the live watch has taken in all its consumer holds (see the module).
+
+        False whenever that cannot be shown: no watch, a watch being re-created, a consumer the
+        server does not know, anything pending or delivered and not seen, a bucket whose keys
+        can expire silently, a client on which the watch is not the source's own.
+        """
+        watch, nc = self._watch, self._nc
+        if (
+            watch is None
+            or nc is None
+            or not nc.is_connected
+            or not watch.raw
+            or not watch.consumer
+            or not watch.listing_done.is_set()
+            or self._silent_expiry
+            or self._resync_pending
+            or self._restart_reason() is not None
+        ):
+            return False
+        seen = watch.last_seen_seq
+        try:
+            info = await nc.jsm(timeout=self._request_timeout).consumer_info(
+                stream_name(self.bucket), watch.consumer
+            )
+        except _RETRYABLE:
+            return False
+        delivered = info.delivered.stream_seq if info.delivered is not None else None
+        quiet = info.num_pending == 0 and delivered is not None and delivered <= seen
+        if quiet and self._watch is watch and not watch.stopped:
+            self.relists_spared += 1
+            return True
+        return False
 
     async def list_all(self) -> SourceListing:
         """Read the whole bucket now through a separate consumer, for reconciliation."""
