@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import KeyValueConfig
 from natsfixture import NatsServer
-from support.aio import time_limit
+from support.aio import eventually, time_limit
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
 from workerset_admission.adapters.nats.kv import stream_name
@@ -24,6 +25,14 @@ from workerset_admission.adapters.nats.source import (
 from workerset_admission.ports import SourceEvent, SourceListing, SourcePut
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+async def until_true(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    for _ in range(100):
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    pytest.fail(f"{what}: not within 10 s")
 
 
 def source_for(url: str, bucket: str, **kwargs: object) -> JetStreamDiscoverySource:
@@ -80,9 +89,7 @@ async def test_a_watch_that_took_in_everything_spares_the_relist_and_one_that_di
         assert not await events.source.missed_nothing()
         # The watch is re-created, with a listing of its own, and is quiet again after it.
         assert isinstance(await events.next(15), SourceListing)
-        async with time_limit(10):
-            while not await events.source.missed_nothing():
-                await asyncio.sleep(0.1)
+        await until_true(events.source.missed_nothing, "the new watch is quiet")
     finally:
         await events.close()
 
@@ -115,9 +122,7 @@ async def test_a_namespace_watch_receives_only_its_namespaces_records(
     theirs = ["v1.mdc.ns-b.c.e.2", "v1.instances.ns-b.c.e.2", "v1.mdc.ns-ab.c.e.3"]
     for key in ours[:2] + theirs[:2]:
         await kv.put(key, b"{}")
-    source = source_for(
-        nats_server.url, bucket_name, key_prefixes=namespace_key_prefixes("ns-a")
-    )
+    source = source_for(nats_server.url, bucket_name, key_prefixes=namespace_key_prefixes("ns-a"))
     events = Events(source)
     try:
         listing = await events.next()
@@ -168,8 +173,6 @@ async def test_a_service_at_rest_applies_no_periodic_listing_and_relists_once_on
         watch = source._watch
         assert watch is not None
         await client.jetstream().delete_consumer(stream_name(bucket_name), watch.consumer)
-        async with time_limit(10):
-            while service.counters.listings == applied:
-                await asyncio.sleep(0.05)
+        await eventually(lambda: service.counters.listings > applied, "a relist")
     finally:
         await service.stop()
