@@ -39,8 +39,10 @@ watch took in. What a relist protects against stays covered: a message lost in t
 as a skipped consumer sequence or as a delivered sequence the watch never saw; a consumer that
 vanished or fell silent, a stream deleted or re-created and a lost connection re-create the
 watch with a listing of their own; and on a bucket whose keys can age out without a removal
-marker (a max age or per-key TTLs without limit markers) the answer is always "may have
-missed", as a silent expiry reaches no watch.
+marker (a max age, or per-key TTLs allowed without limit markers), where a silent expiry
+reaches no watch, the stream's own state (last sequence and message count) must also be what
+it was at the previous check: an expiry lowers the count, and any change at all is relisted as
+before.
 
 With ``key_prefixes`` from :func:`namespace_key_prefixes` the consumer's subject filters hold
 only one worker namespace's records, so a frontend serving one namespace receives no other's.
@@ -200,6 +202,8 @@ class JetStreamDiscoverySource:
         self._stream_created: object = None
         # Whether a key of the bound bucket can age out without a marker a watch would see.
         self._silent_expiry = True
+        # The stream's (creation, last sequence, messages) at the last quiet check.
+        self._stream_state: tuple[object, int, int] | None = None
         self.restarts = 0
         self.relists_spared = 0
         self._disconnects = 0
@@ -599,7 +603,8 @@ class JetStreamDiscoverySource:
 
         False whenever that cannot be shown: no watch, a watch being re-created, a consumer the
         server does not know, anything pending or delivered and not seen, a bucket whose keys
-        can expire silently, a client on which the watch is not the source's own.
+        can expire silently and whose stream changed since the last check, a client on which
+        the watch is not the source's own.
         """
         watch, nc = self._watch, self._nc
         if (
@@ -609,7 +614,6 @@ class JetStreamDiscoverySource:
             or not watch.raw
             or not watch.consumer
             or not watch.listing_done.is_set()
-            or self._silent_expiry
             or self._resync_pending
             or self._restart_reason() is not None
         ):
@@ -623,10 +627,31 @@ class JetStreamDiscoverySource:
             return False
         delivered = info.delivered.stream_seq if info.delivered is not None else None
         quiet = info.num_pending == 0 and delivered is not None and delivered <= seen
+        if quiet and self._silent_expiry:
+            quiet = await self._stream_unchanged(nc)
         if quiet and self._watch is watch and not watch.stopped:
             self.relists_spared += 1
             return True
         return False
+
+    async def _stream_unchanged(self, nc: NatsClient) -> bool:
+        """Tell whether the stream holds what it held at the last check (nothing expired).
+
+        A key that ages out without a marker leaves the stream with fewer messages and the
+        same last sequence: the watch cannot hear it, the stream's state shows it. Any other
+        difference (a change the watch did hear) also answers no: the relist it asks for is
+        the one every period made before, and the next quiet period is spared again.
+        """
+        try:
+            info = await nc.jetstream(timeout=self._request_timeout).stream_info(
+                stream_name(self.bucket)
+            )
+        except _RETRYABLE:
+            return False
+        state = (info.created, info.state.last_seq, info.state.messages)
+        unchanged = state == self._stream_state
+        self._stream_state = state
+        return unchanged
 
     async def list_all(self) -> SourceListing:
         """Read the whole bucket now through a separate consumer, for reconciliation."""
