@@ -70,26 +70,34 @@ async def test_a_watch_that_took_in_everything_spares_the_relist_and_one_that_di
     js = client.jetstream()
     kv = (await ensure_bucket(js, BucketSpec(name=bucket_name))).kv
     await kv.put("v1.mdc.ns.c.e.1", b"{}")
-    events = Events(source_for(nats_server.url, bucket_name))
+    events = Events(source_for(nats_server.url, bucket_name, idle_heartbeat=0.5))
     try:
         assert isinstance(await events.next(), SourceListing)
-        assert await events.source.missed_nothing()
+        # Quiet once the consumer's idle heartbeat has said it sent what arrived.
+        await until_true(events.source.missed_nothing, "the watch is quiet")
         for n in range(2, 12):
             await kv.put(f"v1.mdc.ns.c.e.{n:x}", b"{}")
+        # Deliveries since the last heartbeat: not shown yet that nothing is pending.
+        assert not await events.source.missed_nothing()
         async with time_limit(10):
             for _ in range(10):
                 assert isinstance(await events.next(), SourcePut)
-        assert await events.source.missed_nothing()
-        assert events.source.relists_spared == 2
+        await until_true(events.source.missed_nothing, "the watch is quiet again")
 
-        # The consumer is deleted behind the watch: the server no longer knows what it sent.
+        # The consumer is deleted behind the watch: the watch is re-created, with a listing
+        # of its own (the reconciliation the relist would have been), and is quiet after it.
         watch = events.source._watch
         assert watch is not None
         await js.delete_consumer(stream_name(bucket_name), watch.consumer)
-        assert not await events.source.missed_nothing()
-        # The watch is re-created, with a listing of its own, and is quiet again after it.
         assert isinstance(await events.next(15), SourceListing)
+        assert events.source._watch is not watch
         await until_true(events.source.missed_nothing, "the new watch is quiet")
+        # Nothing the watch missed is taken for quiet: a heartbeat naming a consumer
+        # sequence that never arrived breaks the watch instead (the raw path's check).
+        new = events.source._watch
+        assert new is not None
+        new.next_consumer_seq += 1  # as if one delivery had been lost on the way
+        assert not await events.source.missed_nothing()
     finally:
         await events.close()
 
@@ -100,9 +108,10 @@ async def test_on_a_bucket_whose_keys_expire_without_a_marker_a_silent_expiry_is
     js = client.jetstream()
     kv = await js.create_key_value(KeyValueConfig(bucket=bucket_name, ttl=4.0))
     await kv.put("v1.mdc.ns.c.e.1", b"{}")
-    events = Events(source_for(nats_server.url, bucket_name))
+    events = Events(source_for(nats_server.url, bucket_name, idle_heartbeat=0.5))
     try:
         assert isinstance(await events.next(), SourceListing)
+        await asyncio.sleep(0.8)  # the consumer's first idle heartbeat
         # The first check has nothing to compare the stream with; the next, at rest, does.
         assert not await events.source.missed_nothing()
         assert await events.source.missed_nothing()
@@ -169,6 +178,7 @@ async def test_a_service_at_rest_applies_no_periodic_listing_and_relists_once_on
     service = await create_service(settings, servers=[nats_server.url], publish=False, status=False)
     try:
         await service.wait_synced(10)
+        await asyncio.sleep(6.0)  # the watch consumer's first idle heartbeat (every 5 s)
         applied = service.counters.listings
         await asyncio.sleep(1.5)  # seven reconciliation periods at rest
         assert service.counters.listings == applied

@@ -33,16 +33,17 @@ first connection failed, or the connection was lost before the first listing cam
 report, as the reason is; the core decides what it means.
 
 A periodic reconciliation need not read the bucket again when the watch missed nothing:
-:meth:`JetStreamDiscoverySource.missed_nothing` asks the server for the watch's consumer and
-compares what the server delivered (its last stream sequence, nothing pending) with what the
-watch took in. What a relist protects against stays covered: a message lost in transit shows
-as a skipped consumer sequence or as a delivered sequence the watch never saw; a consumer that
-vanished or fell silent, a stream deleted or re-created and a lost connection re-create the
-watch with a listing of their own; and on a bucket whose keys can age out without a removal
-marker (a max age, or per-key TTLs allowed without limit markers), where a silent expiry
-reaches no watch, the stream's own state (last sequence and message count) must also be what
-it was at the previous check: an expiry lowers the count, and any change at all is relisted as
-before.
+:meth:`JetStreamDiscoverySource.missed_nothing` answers from the consumer's idle heartbeat,
+which the server sends only with nothing pending and which names the last consumer sequence it
+sent: the same as the last one that arrived means nothing is pending and nothing was lost. What
+a relist protects against stays covered: a message lost in transit shows as a skipped consumer
+sequence or as a heartbeat naming one that never arrived (either re-creates the watch); a
+consumer that vanished or fell silent, a stream deleted or re-created and a lost connection
+re-create the watch with a listing of their own; and on a bucket whose keys can age out without
+a removal marker (a max age, or per-key TTLs allowed without limit markers), where a silent
+expiry reaches no watch, the stream's own state (last sequence and message count) must also be
+what it was at the previous check: an expiry lowers the count, and any change at all is relisted
+as before.
 
 With ``key_prefixes`` from :func:`namespace_key_prefixes` the consumer's subject filters hold
 only one worker namespace's records, so a frontend serving one namespace receives no other's.
@@ -599,37 +600,30 @@ class JetStreamDiscoverySource:
             yield item
 
     async def missed_nothing(self) -> bool:
-        """Tell whether the live watch has taken in all its consumer holds (see the module).
+        """Tell whether the live watch has taken in all its consumer sent (see the module).
 
-        False whenever that cannot be shown: no watch, a watch being re-created, a consumer the
-        server does not know, anything pending or delivered and not seen, a bucket whose keys
-        can expire silently and whose stream changed since the last check, a client on which
-        the watch is not the source's own.
+        The consumer's own idle heartbeat says it: sent while it has nothing pending, it names
+        the last consumer sequence sent, and the watch compares it with what arrived. False
+        whenever that cannot be shown: no watch, a watch being re-created, no such heartbeat
+        within two heartbeat periods since the last delivery (a busy bucket), a bucket whose
+        keys can expire silently and whose stream changed since the last check, a client on
+        which the watch is not the source's own. It asks the server nothing about the consumer
+        (a frontend's user may not read consumers by name: ``docs/security.md``).
         """
         watch, nc = self._watch, self._nc
         if (
             watch is None
             or nc is None
             or not nc.is_connected
-            or not watch.raw
-            or not watch.consumer
             or not watch.listing_done.is_set()
             or self._resync_pending
             or self._restart_reason() is not None
+            or not watch.confirmed_idle(time.monotonic(), self._idle_heartbeat)
         ):
             return False
-        seen = watch.last_seen_seq
-        try:
-            info = await nc.jsm(timeout=self._request_timeout).consumer_info(
-                stream_name(self.bucket), watch.consumer
-            )
-        except _RETRYABLE:
+        if self._silent_expiry and not await self._stream_unchanged(nc):
             return False
-        delivered = info.delivered.stream_seq if info.delivered is not None else None
-        quiet = info.num_pending == 0 and delivered is not None and delivered <= seen
-        if quiet and self._silent_expiry:
-            quiet = await self._stream_unchanged(nc)
-        if quiet and self._watch is watch and not watch.stopped:
+        if self._watch is watch and not watch.stopped:
             self.relists_spared += 1
             return True
         return False
