@@ -128,7 +128,8 @@ async def resynced(url: str, name: str) -> bool:
     for entry in read.entries:
         with contextlib.suppress(InvalidRecordError):
             record = parse_record(entry.key, entry.value)
-            if isinstance(record, CapabilityRecord) and record.frontend == name:
+            capability = isinstance(record, CapabilityRecord) and not record.heartbeat
+            if capability and record.frontend == name:
                 return record.resynced_at is not None
     return False
 

@@ -618,7 +618,7 @@ class NatsAdmissionPublisher:
                 self._removed(entry.key)
         finally:
             with contextlib.suppress(Exception):
-                await watcher.stop()
+                await watcher.stop()  # type: ignore[no-untyped-call]
 
     def _removed(self, key: str) -> None:
         """Write again a record of this frontend that left the bucket, unless it was withdrawn."""

@@ -68,8 +68,9 @@ class NatsRecordSource:
 
         source = JetStreamDiscoverySource(bucket=self._bucket, key_prefixes=None, connector=reuse)
         try:
-            listing = await asyncio.wait_for(source.list_all(), timeout=self._timeout)
+            # Asked first: the listing closes the connection it was handed once it is read.
             server_time = await _server_time(client, self._bucket, self._timeout)
+            listing = await asyncio.wait_for(source.list_all(), timeout=self._timeout)
         except NotFoundError:
             # No frontend has published yet: an empty bucket, and a closed gate.
             return BucketRead()
