@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 
 import nats
 import pytest
@@ -18,8 +19,10 @@ from workerset_admission.adapters.nats.admission_publisher import (
     admission_keys,
     heartbeat_key,
 )
+from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket, stream_name
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
+from workerset_admission.adapters.nats.peers import peers_resynced_ago
 from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card import parse_key
@@ -376,3 +379,26 @@ async def test_a_registration_that_aged_out_during_an_outage_is_written_again(
         assert key in publisher.keys
     finally:
         await publisher.close()
+
+
+async def test_a_resync_is_read_on_the_servers_clock_whatever_the_writers_clock_says(
+    nats_server: NatsServer, client: NatsClient, bucket_name: str
+) -> None:
+    js = client.jetstream()
+    peer = NatsAdmissionPublisher(js, "fe-peer", bucket=bucket_name, min_interval=0.05)
+    options = NatsConnectOptions(servers=(nats_server.url,))
+    try:
+        for skew in (-120.0, 120.0):
+            # The peer's host clock is two minutes off when it says it resynced.
+            await peer.publish_capability(resynced_at=time.time() + skew)
+            await asyncio.wait_for(peer.flushed(), 5)
+            await asyncio.sleep(1.0)
+            read = await NatsRecordSource(options, bucket_name).read()
+            assert read.server_time is not None
+            assert abs(read.server_time - time.time()) < 5  # the same host's server
+            for wall in (time.time() - 120, time.time() + 120):  # the reader's clock, off too
+                ago = peers_resynced_ago(read, "fe-new", wall)
+                assert ago is not None
+                assert 0.9 <= ago < 4.0, (skew, wall, ago)
+    finally:
+        await peer.withdraw_all()
