@@ -398,7 +398,9 @@ class NatsAdmissionPublisher:
         kv = await self._bucket()
         writes = []
         if self._capability_wanted and self._beat_revision is None:
-            writes.append(self._write_heartbeat(kv))
+            # The heartbeat first: a reader never sees records that say "live while my
+            # heartbeat is" without it, which would take a starting frontend for a stopped one.
+            await self._beat(kv)
         if self._capability_wanted and not self._capability_published:
             writes.append(self._write_capability(kv))
         for namespace, value in list(self._desired.items()):
@@ -451,12 +453,6 @@ class NatsAdmissionPublisher:
                 raise KeyWrongLastSequenceError(description=error.description) from None
             raise
         return int(ack.seq)
-
-    async def _write_heartbeat(self, kv: KeyValue) -> None:
-        try:
-            await self._beat(kv)
-        except Exception as exc:
-            raise _KeyFailure(self._heartbeat_key, exc) from exc
 
     async def _beat(self, kv: KeyValue) -> None:
         """Write the heartbeat; one that is not the last one written means the bucket lost it.

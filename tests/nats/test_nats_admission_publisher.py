@@ -167,7 +167,7 @@ async def test_a_failed_write_is_retried_until_it_lands() -> None:
         "frontend": "fe/1",
         "liveness": "heartbeat",
     }
-    # The heartbeat may be the key the last failure fell on: it is retried alone.
+    # The heartbeat is written before the rest of its round, and retried with it.
     await eventually(lambda: heartbeat_key("fe/1") in js.kv.data, "the heartbeat written")
     assert json.loads(js.kv.data[heartbeat_key("fe/1")]) == {
         "protocol": "v1",
