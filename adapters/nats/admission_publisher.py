@@ -140,6 +140,7 @@ class NatsAdmissionPublisher:
         self._kv: KeyValue | None = None
         # Whether the bound bucket keeps liveness apart from content (per-key TTLs, no max age).
         self._leased = False
+        self._max_age: float | None = None
         self._desired: dict[str, bytes | None] = {}
         self._published: dict[str, bytes] = {}
         self._capability_wanted = False
@@ -181,6 +182,7 @@ class NatsAdmissionPublisher:
             )
             status = await ensure_bucket(self._js, spec)
             self._leased = bool(self._record_ttl and status.per_key_ttl and status.max_age is None)
+            self._max_age = status.max_age
             self._kv = status.kv
             if self._leased and self._watch_own_keys and self._own_watch is None:
                 self._own_watch = asyncio.get_running_loop().create_task(
@@ -310,7 +312,9 @@ class NatsAdmissionPublisher:
         """Seconds between rewrites of every record so none outlives its TTL or max age."""
         if self._leased:
             return self._content_ttl / 3
-        return self._record_ttl / 3 if self._record_ttl else None
+        # An older bucket's own max age, whoever made it with whatever age.
+        age = self._max_age or self._record_ttl
+        return age / 3 if age else None
 
     def _beat_every(self) -> float | None:
         return self._record_ttl / 3 if self._leased and self._record_ttl else None
