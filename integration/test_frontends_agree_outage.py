@@ -66,7 +66,9 @@ def workers(nc: NatsClient) -> WorkerRegistrar:
     )
 
 
-def serve(url: str, root: Path, name: str, *, armed: bool = False) -> ServeProcess:
+def serve(
+    url: str, root: Path, name: str, *, armed: bool = False, clock_skew: float = 0.0
+) -> ServeProcess:
     view = root / name / "view"
     view.mkdir(parents=True, exist_ok=True)
     return ServeProcess(
@@ -78,6 +80,7 @@ def serve(url: str, root: Path, name: str, *, armed: bool = False) -> ServeProce
         ],
         view_dir=view,
         armed=armed,
+        clock_skew=clock_skew,
     )
 
 
@@ -125,7 +128,8 @@ async def resynced(url: str, name: str) -> bool:
     for entry in read.entries:
         with contextlib.suppress(InvalidRecordError):
             record = parse_record(entry.key, entry.value)
-            if isinstance(record, CapabilityRecord) and record.frontend == name:
+            capability = isinstance(record, CapabilityRecord) and not record.heartbeat
+            if capability and record.frontend == name:
                 return record.resynced_at is not None
     return False
 
@@ -136,11 +140,13 @@ async def one_trial(
     restarted: tuple[str, ...],
     back_after_ttl: bool,
     starts_after_return: bool = False,
+    clock_skews: dict[str, float] | None = None,
 ) -> None:
     handle = server.handle
     assert handle is not None
     url = server.url
-    running = {name: serve(url, root, name) for name in FRONTENDS}
+    skews = clock_skews or {}
+    running = {name: serve(url, root, name, clock_skew=skews.get(name, 0.0)) for name in FRONTENDS}
     spares: dict[str, ServeProcess] = {}
     try:
         # Connections that ride out every outage by reconnecting (the workers', the test's).
@@ -159,7 +165,10 @@ async def one_trial(
             a_checksum = first["incumbent"]
             # The restarted frontends' processes, loaded and waiting (their trace files are
             # their predecessors' until they start).
-            spares = {name: serve(url, root, name, armed=True) for name in restarted}
+            spares = {
+                name: serve(url, root, name, armed=True, clock_skew=skews.get(name, 0.0))
+                for name in restarted
+            }
             for name in restarted:
                 await asyncio.to_thread(spares[name].wait_for_line, "armed", 60)
             await asyncio.sleep(1.0)  # the serving records reach the bucket
@@ -332,3 +341,23 @@ async def _cli(*args: str) -> tuple[int, str]:
     out, _ = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode is not None
     return process.returncode, out.decode()
+
+
+@pytest.mark.parametrize(
+    "clock_skews",
+    [{"fe-2": -120.0}, {"fe-2": 120.0}, {"fe-1": 120.0}, {"fe-1": -120.0}],
+    ids=["peer-2-min-behind", "peer-2-min-ahead", "starter-2-min-ahead", "starter-2-min-behind"],
+)
+async def test_frontends_agree_when_a_hosts_clock_is_minutes_off(
+    nats_server_fn: NatsServer, tmp_path: Path, clock_skews: dict[str, float]
+) -> None:
+    # fe-1 starts once NATS is back and learns of the outage from fe-2's resync record: how
+    # long ago that was is read on the server's clock, so neither host's clock can move it.
+    await one_trial(
+        nats_server_fn,
+        tmp_path,
+        ("fe-1",),
+        back_after_ttl=False,
+        starts_after_return=True,
+        clock_skews=clock_skews,
+    )

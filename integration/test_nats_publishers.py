@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 
 import nats
 import pytest
@@ -16,12 +17,16 @@ from support.aio import time_limit
 from workerset_admission.adapters.nats.admission_publisher import (
     NatsAdmissionPublisher,
     admission_keys,
+    heartbeat_key,
 )
+from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket, stream_name
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
+from workerset_admission.adapters.nats.peers import peers_resynced_ago
 from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card import parse_key
+from workerset_admission.card.serving_record import live_records, parse_record
 from workerset_admission.identity import EndpointId
 from workerset_admission.ports import SourceDelete, SourceListing, SourcePut
 
@@ -208,9 +213,19 @@ async def test_admission_records_are_coalesced_published_and_withdrawn(
 
     kv = await js.key_value(bucket_name)
     keys = sorted(await kv.keys())
-    assert keys == ["v1.fe=201.capability", "v1.fe=201.members.dgd-v1", "v1.fe=201.members.dgd-v2"]
+    assert keys == [
+        "v1.fe=201.capability",
+        "v1.fe=201.heartbeat",
+        "v1.fe=201.members.dgd-v1",
+        "v1.fe=201.members.dgd-v2",
+    ]
     capability = json.loads((await kv.get("v1.fe=201.capability")).value)
-    assert capability == {"protocol": "v1", "capability": True, "frontend": "fe 1"}
+    assert capability == {
+        "protocol": "v1",
+        "capability": True,
+        "frontend": "fe 1",
+        "liveness": "heartbeat",
+    }
     v1 = json.loads((await kv.get("v1.fe=201.members.dgd-v1")).value)
     assert v1["protocol"] == "v1"
     assert v1["frontend"] == "fe 1"
@@ -229,7 +244,7 @@ async def test_admission_records_are_coalesced_published_and_withdrawn(
         await kv.keys()
 
 
-async def test_admission_records_outlive_their_max_age_while_refreshed_and_expire_after_a_crash(
+async def test_at_rest_only_the_heartbeat_is_written_and_a_crash_ends_liveness_not_content(
     nats_server: NatsServer, client: NatsClient, bucket_name: str
 ) -> None:
     frontend = await nats.connect(nats_server.url)
@@ -238,25 +253,91 @@ async def test_admission_records_outlive_their_max_age_while_refreshed_and_expir
     )
     capability_key, member_key = admission_keys("fe-crash")
     records = (capability_key, member_key("dgd-v1"))
+    beat = heartbeat_key("fe-crash")
     try:
         await publisher.publish_capability()
         await publisher.publish_members("dgd-v1", ["dgd-v1/backend/generate/1"])
         await asyncio.wait_for(publisher.flushed(), 5)
+        assert publisher.leased
         kv = await client.jetstream().key_value(bucket_name)
-        await asyncio.sleep(3.0)  # two max ages: only the refreshes keep the records
-        # Each record is read on its own: a keys() scan racing a refresh can miss a key.
-        assert [await exists(kv, key) for key in records] == [True, True]
-        assert await stored_messages(client, bucket_name) == 2
+        written = [(await kv.get(key)).revision for key in records]
+        beats = publisher.heartbeats
+        await asyncio.sleep(3.5)  # more than two heartbeat TTLs at rest
+        # The content was not written again and is still there; the heartbeat was.
+        assert [(await kv.get(key)).revision for key in records] == written
+        assert publisher.heartbeats - beats >= 4
+        assert await exists(kv, beat)
+        assert await live_frontends(client, bucket_name) == {"fe-crash"}
 
         await frontend.close()  # the frontend is gone without withdrawing anything
-        for key in records:
-            await wait_until_exists(kv, key, wanted=False)
-        with pytest.raises(nats.js.errors.NoKeysError):
-            await kv.keys()
+        gone_at = asyncio.get_running_loop().time()
+        await wait_until_exists(kv, beat, wanted=False)
+        # Seen dead within the heartbeat's TTL (plus the server's expiry sweep), as records
+        # expiring by the bucket's max age were.
+        assert asyncio.get_running_loop().time() - gone_at < 1.5 + 1.5
+        assert await live_frontends(client, bucket_name) == set()
+        assert [await exists(kv, key) for key in records] == [True, True]
     finally:
         with contextlib.suppress(Exception):
             await publisher.withdraw_all()
         await frontend.close()
+
+
+async def live_frontends(client: NatsClient, bucket: str) -> set[str]:
+    """The frontends every reader takes for live, read as the gate reads the bucket."""
+    kv = await client.jetstream().key_value(bucket)
+    records = []
+    for key in await kv.keys():
+        entry = await kv.get(key)
+        if entry.value:
+            records.append(parse_record(key, entry.value))
+    return {record.frontend for record in live_records(records)}
+
+
+async def test_a_record_removed_behind_the_publishers_back_is_written_again_at_once(
+    client: NatsClient, bucket_name: str
+) -> None:
+    js = client.jetstream()
+    publisher = NatsAdmissionPublisher(
+        js, "fe-a", bucket=bucket_name, min_interval=0.05, audit_interval=None
+    )
+    _capability, member_key = admission_keys("fe-a")
+    try:
+        await publisher.publish_capability()
+        await publisher.publish_members("dgd-v1", ["dgd-v1/backend/generate/1"])
+        await asyncio.wait_for(publisher.flushed(), 5)
+        kv = await js.key_value(bucket_name)
+        written = (await kv.get(member_key("dgd-v1"))).value
+        await asyncio.sleep(0.3)  # the watch of its own keys is in place
+        await kv.delete(member_key("dgd-v1"))
+        await wait_until_exists(kv, member_key("dgd-v1"), wanted=True, timeout=2.0)
+        assert (await kv.get(member_key("dgd-v1"))).value == written
+        await kv.purge(member_key("dgd-v1"))
+        await wait_until_exists(kv, member_key("dgd-v1"), wanted=True, timeout=2.0)
+    finally:
+        await publisher.withdraw_all()
+
+
+async def test_a_bucket_recreated_empty_has_every_record_written_again(
+    client: NatsClient, bucket_name: str
+) -> None:
+    js = client.jetstream()
+    publisher = NatsAdmissionPublisher(
+        js, "fe-a", bucket=bucket_name, min_interval=0.05, audit_interval=0.2
+    )
+    capability_key, member_key = admission_keys("fe-a")
+    wanted = {capability_key, member_key("dgd-v1"), heartbeat_key("fe-a")}
+    try:
+        await publisher.publish_capability()
+        await publisher.publish_members("dgd-v1", ["dgd-v1/backend/generate/1"])
+        await asyncio.wait_for(publisher.flushed(), 5)
+        await js.delete_key_value(bucket_name)
+        await ensure_bucket(js, BucketSpec(name=bucket_name, max_age=None))
+        kv = await js.key_value(bucket_name)
+        for key in wanted:
+            await wait_until_exists(kv, key, wanted=True, timeout=5.0)
+    finally:
+        await publisher.withdraw_all()
 
 
 async def exists(kv: KeyValue, key: str) -> bool:
@@ -298,3 +379,26 @@ async def test_a_registration_that_aged_out_during_an_outage_is_written_again(
         assert key in publisher.keys
     finally:
         await publisher.close()
+
+
+async def test_a_resync_is_read_on_the_servers_clock_whatever_the_writers_clock_says(
+    nats_server: NatsServer, client: NatsClient, bucket_name: str
+) -> None:
+    js = client.jetstream()
+    peer = NatsAdmissionPublisher(js, "fe-peer", bucket=bucket_name, min_interval=0.05)
+    options = NatsConnectOptions(servers=(nats_server.url,))
+    try:
+        for skew in (-120.0, 120.0):
+            # The peer's host clock is two minutes off when it says it resynced.
+            await peer.publish_capability(resynced_at=time.time() + skew)
+            await asyncio.wait_for(peer.flushed(), 5)
+            await asyncio.sleep(1.0)
+            read = await NatsRecordSource(options, bucket_name).read()
+            assert read.server_time is not None
+            assert abs(read.server_time - time.time()) < 5  # the same host's server
+            for wall in (time.time() - 120, time.time() + 120):  # the reader's clock, off too
+                ago = peers_resynced_ago(read, "fe-new", wall)
+                assert ago is not None
+                assert 0.9 <= ago < 4.0, (skew, wall, ago)
+    finally:
+        await peer.withdraw_all()

@@ -231,7 +231,13 @@ def test_an_older_card_says_prefill_by_its_model_type() -> None:
 
 def test_a_poll_reads_the_keys_its_filters_name_and_no_other() -> None:
     filters = record_filters(["dgd", "a.b"])
-    assert filters == ("v1.*.capability", "v1.*.members.a=2Eb", "v1.*.members.dgd")
+    assert filters == (
+        "v1.*.heartbeat",
+        "v1.*.capability",
+        "v1.*.members.a=2Eb",
+        "v1.*.members.dgd",
+    )
+    assert key_matches("v1.fe-1.heartbeat", filters)
     assert key_matches("v1.fe-1.capability", filters)
     assert key_matches("v1.fe-2.members.dgd", filters)
     assert key_matches("v1.fe-2.members.a=2Eb", filters)

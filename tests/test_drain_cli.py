@@ -246,7 +246,7 @@ def test_wait_reads_only_the_records_it_asks_about() -> None:
     assert status == cli.EXIT_OK
     # The check read every record once; each look of the wait read dgd's records alone.
     assert store.filtered
-    assert set(store.filtered) == {("v1.*.capability", "v1.*.members.dgd")}
+    assert set(store.filtered) == {("v1.*.heartbeat", "v1.*.capability", "v1.*.members.dgd")}
 
 
 def test_a_frontend_gone_unconfirmed_is_status_7_unless_allowed() -> None:

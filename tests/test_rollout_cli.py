@@ -150,7 +150,7 @@ async def test_waiting_stops_as_soon_as_the_gate_opens_and_reports_progress() ->
     first, *later = source.filters
     assert first is None
     assert later
-    assert all(f is not None and f[0] == "v1.*.capability" for f in later)
+    assert all(f is not None and f[:2] == ("v1.*.heartbeat", "v1.*.capability") for f in later)
     assert all(f is not None and f"v1.*.members.{NEW}" in f for f in later)
     # The unchanged second look is not repeated; the change to open is.
     assert len(lines) == 2

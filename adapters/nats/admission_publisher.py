@@ -3,6 +3,9 @@
 Layout in the admission bucket (default ``frontend-model-admission``), tokens escaped like the
 discovery keys:
 
+* ``v1.<frontend>.heartbeat``: ``{"protocol":"v1","frontend":<id>,"heartbeat":true}``, this
+  frontend's liveness, rewritten every third of ``record_ttl`` with a per-key TTL of
+  ``record_ttl``: the server removes it ``record_ttl`` seconds after its frontend stopped;
 * ``v1.<frontend>.capability``: ``{"protocol":"v1","capability":true,"frontend":<id>}``, saying
   this frontend publishes admissions at all (an operator can tell "serves nothing" from "too old
   to say"), with ``"resynced_at"`` (Unix seconds) once it has resynced after a lost connection;
@@ -11,25 +14,36 @@ discovery keys:
 
 A namespace record may also carry ``groups`` (one object per admitted WorkerSet: model,
 worker_set, checksum, generation, members) so a rollout gate can tell models and configurations
-apart; ``members`` alone is the shape Dynamo's own publisher writes.
+apart; ``members`` alone is the shape Dynamo's own publisher writes. The capability and
+namespace records say ``"liveness":"heartbeat"``: a reader takes their frontend for live while
+its heartbeat is in the bucket (:func:`workerset_admission.card.serving_record.live_records`).
+
+Liveness is apart from content. On a bucket with per-key TTLs and no max age (what this
+publisher creates on a 2.11+ server) the content records are written when they change, with a
+per-key TTL of ``content_ttl`` (an hour) that only bounds how long a crashed frontend's records
+stay behind; they are written again every third of it, so they never expire under a live
+frontend. At rest a frontend writes one small heartbeat every ``record_ttl / 3`` seconds,
+whatever it serves. On a bucket with a max age (made by an older version, or on a server
+without per-key TTLs) every record is rewritten every third of that age, as before.
 
 Changes are coalesced: at most one write round per ``min_interval`` (200 ms by default), and the
 last state wins. A round writes only the records that changed since their last successful
 write, each key on its own and all at once: one key that cannot be written (refused, or larger
 than the server takes) delays no other and is said by key. A record too large is withdrawn and
 not tried again until it changes; another failed key is tried again, alone, every
-``retry_interval``, and a round in which every write failed is retried whole. Records live for
-``record_ttl`` seconds (the bucket's max age) and are rewritten every third of that, so a
-frontend that dies without withdrawing drops out of the bucket by itself. ``withdraw_all()``
-deletes every record this frontend wrote.
+``retry_interval``, and a round in which every write failed is retried whole.
+``withdraw_all()`` deletes every record this frontend wrote.
 
 A failed write may mean the store lost the bucket (a wiped or re-created store): the bucket is
 bound again (created, with the configured replicas, when absent) and every record is written
 again on the next round, not only the ones that changed. ``republish()`` asks for the same
 after a discovery resync, when another frontend may already have re-created the bucket empty.
-Every ``audit_interval`` seconds the records written so far are read back: one the bucket lost
-(a stream deleted or re-created by someone else, a key deleted behind this frontend's back) is
-written again on the next round, and a bucket that is gone is created again.
+Every ``audit_interval`` seconds the publisher checks that the bucket still holds what it
+wrote: with a heartbeat, by reading the heartbeat alone (its revision is the one written, or
+the bucket was deleted, re-created or the key removed), while a watch of this frontend's own
+keys (headers only) hears at once of a record deleted, purged or aged out behind its back;
+on an older bucket, by reading every record back. What was lost is written again on the next
+round, and a bucket that is gone is created again.
 """
 
 from __future__ import annotations
@@ -39,29 +53,40 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from nats.errors import MaxPayloadError
 from nats.js.client import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.adapters.nats.kv import stream_name
 from workerset_admission.aio import cancel_and_wait
+from workerset_admission.card.serving_record import LIVENESS_HEARTBEAT
 from workerset_admission.keys import ADMISSION_BUCKET, escape_token
 
-__all__ = ["DEFAULT_ADMISSION_BUCKET", "NatsAdmissionPublisher", "admission_keys"]
+__all__ = ["DEFAULT_ADMISSION_BUCKET", "NatsAdmissionPublisher", "admission_keys", "heartbeat_key"]
 
 _log = logging.getLogger(__name__)
 
 DEFAULT_ADMISSION_BUCKET = ADMISSION_BUCKET
 PROTOCOL = "v1"
 
+# A put only over a given revision of its key, and the server's codes for "not that revision".
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+_WRONG_LAST = (10071, 10164)
+
 
 def admission_keys(frontend_id: str) -> tuple[str, Callable[[str], str]]:
     """Return this frontend's capability key and a function from worker namespace to key."""
     base = f"{PROTOCOL}.{escape_token(frontend_id)}"
     return f"{base}.capability", lambda namespace: f"{base}.members.{escape_token(namespace)}"
+
+
+def heartbeat_key(frontend_id: str) -> str:
+    """Return the key of this frontend's heartbeat."""
+    return f"{PROTOCOL}.{escape_token(frontend_id)}.heartbeat"
 
 
 class _KeyFailure(Exception):
@@ -80,8 +105,8 @@ def _encode(record: dict[str, object]) -> bytes:
 class NatsAdmissionPublisher:
     """An :class:`~workerset_admission.ports.AdmissionPublisher` over a JetStream KV bucket.
 
-    It owns one background task that performs the coalesced writes; ``withdraw_all()`` (or
-    ``close()``) stops it.
+    It owns one background task that performs the coalesced writes, and on a bucket with
+    per-key TTLs one that watches its own keys; ``withdraw_all()`` (or ``close()``) stops them.
     """
 
     def __init__(
@@ -93,9 +118,11 @@ class NatsAdmissionPublisher:
         min_interval: float = 0.2,
         retry_interval: float = 1.0,
         record_ttl: float | None = 60.0,
+        content_ttl: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
         replicas: int = 1,
         audit_interval: float | None = 2.0,
+        watch_own_keys: bool = True,
     ) -> None:
         self._js = js
         self.frontend_id = frontend_id
@@ -103,23 +130,34 @@ class NatsAdmissionPublisher:
         self._min_interval = min_interval
         self._retry_interval = retry_interval
         self._record_ttl = record_ttl
+        self._content_ttl = content_ttl
         self._clock = clock
         self._replicas = replicas
         self._audit_interval = audit_interval
+        self._watch_own_keys = watch_own_keys
         self._capability_key, self._member_key = admission_keys(frontend_id)
+        self._heartbeat_key = heartbeat_key(frontend_id)
         self._kv: KeyValue | None = None
+        # Whether the bound bucket keeps liveness apart from content (per-key TTLs, no max age).
+        self._leased = False
+        self._max_age: float | None = None
         self._desired: dict[str, bytes | None] = {}
         self._published: dict[str, bytes] = {}
         self._capability_wanted = False
         self._capability_published = False
+        # The revision of the heartbeat this frontend last wrote; None until one is written.
+        self._beat_revision: int | None = None
         self._resynced_at: float | None = None
+        self._resynced_server_at: float | None = None
         self._dirty = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        self._own_watch: asyncio.Task[None] | None = None
         self._last_round = float("-inf")
         self._closed = False
         self.write_rounds = 0
+        self.heartbeats = 0
         self._failures = 0
         # Records too large for the server, by namespace: not tried again until they change.
         self._oversized: dict[str, bytes] = {}
@@ -127,16 +165,29 @@ class NatsAdmissionPublisher:
         self._failing: set[str] = set()
         self._retry_at: float | None = None
 
+    @property
+    def leased(self) -> bool:
+        """Whether liveness is the heartbeat alone and content is written when it changes."""
+        return self._leased
+
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
             spec = BucketSpec(
                 name=self.bucket,
-                limit_marker_ttl=None,
-                max_age=self._record_ttl,
+                # Per-key TTLs, and a marker when a key ages out so a watcher hears of it.
+                limit_marker_ttl=self._record_ttl,
+                max_age=None,
+                fallback_max_age=self._record_ttl,
                 replicas=self._replicas,
             )
             status = await ensure_bucket(self._js, spec)
+            self._leased = bool(self._record_ttl and status.per_key_ttl and status.max_age is None)
+            self._max_age = status.max_age
             self._kv = status.kv
+            if self._leased and self._watch_own_keys and self._own_watch is None:
+                self._own_watch = asyncio.get_running_loop().create_task(
+                    self._watch_own(status.kv), name=f"admission-publisher {self.frontend_id} keys"
+                )
         return self._kv
 
     # -- the port ----------------------------------------------------------------------------
@@ -157,6 +208,7 @@ class NatsAdmissionPublisher:
                 "frontend": self.frontend_id,
                 "namespace": worker_namespace,
                 "members": sorted(set(members)),
+                "liveness": LIVENESS_HEARTBEAT,
             }
             if groups is not None:
                 record["groups"] = [dict(g) for g in groups]
@@ -167,6 +219,7 @@ class NatsAdmissionPublisher:
         self._capability_wanted = True
         if resynced_at is not None and resynced_at != self._resynced_at:
             self._resynced_at = resynced_at
+            self._resynced_server_at = None  # learned from the record that first says it
             self._capability_published = False  # the record says something new
         self._changed()
 
@@ -180,21 +233,25 @@ class NatsAdmissionPublisher:
         """Stop publishing and delete every record this frontend wrote.
 
         A bucket that is gone holds nothing to withdraw; any other failure is raised, and the
-        records then expire after the bucket's max age.
+        records then expire by their TTL or the bucket's max age.
         """
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None:
-            await cancel_and_wait([task])
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if not (self._published or self._capability_published):
+        tasks = [t for t in (self._task, self._own_watch) if t is not None]
+        self._task = self._own_watch = None
+        if tasks:
+            await cancel_and_wait(tasks)
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        beating = self._beat_revision is not None
+        if not (self._published or self._capability_published or beating):
             return
         try:
             kv = await self._bind_existing()
         except NotFoundError:
             self._published.clear()
             self._capability_published = False
+            self._beat_revision = None
             return
         for namespace in list(self._published):
             await kv.delete(self._member_key(namespace))
@@ -202,6 +259,10 @@ class NatsAdmissionPublisher:
         if self._capability_published:
             await kv.delete(self._capability_key)
             self._capability_published = False
+        # The heartbeat last: a reader never sees this frontend live with half its records.
+        if beating:
+            await kv.delete(self._heartbeat_key)
+            self._beat_revision = None
 
     async def _bind_existing(self) -> KeyValue:
         # Withdrawing must never create the bucket it deletes from.
@@ -214,11 +275,19 @@ class NatsAdmissionPublisher:
             self._desired.setdefault(namespace, value)
         self._published.clear()
         self._capability_published = False
+        self._beat_revision = None
 
     def _lost_bucket(self) -> None:
         """After a failed write: bind the bucket afresh and rewrite everything next round."""
         self._kv = None
         self._forget_published()
+        self._stop_own_watch()
+
+    def _stop_own_watch(self) -> None:
+        # Bound again with the bucket: a watch of a deleted or re-created stream hears nothing.
+        task, self._own_watch = self._own_watch, None
+        if task is not None:
+            task.cancel()
 
     async def close(self) -> None:
         await self.withdraw_all()
@@ -239,12 +308,31 @@ class NatsAdmissionPublisher:
                 self._writer(), name=f"admission-publisher {self.frontend_id}"
             )
 
+    def _refresh_every(self) -> float | None:
+        """Seconds between rewrites of every record so none outlives its TTL or max age."""
+        if self._leased:
+            return self._content_ttl / 3
+        # An older bucket's own max age, whoever made it with whatever age.
+        age = self._max_age or self._record_ttl
+        return age / 3 if age else None
+
+    def _beat_every(self) -> float | None:
+        return self._record_ttl / 3 if self._leased and self._record_ttl else None
+
     async def _writer(self) -> None:
-        refresh_every = self._record_ttl / 3 if self._record_ttl else None
-        next_refresh = None if refresh_every is None else self._clock() + refresh_every
-        next_audit = None if self._audit_interval is None else self._clock() + self._audit_interval
+        now = self._clock()
+        next_refresh: float | None = None
+        next_beat: float | None = None
+        next_audit = None if self._audit_interval is None else now + self._audit_interval
+        schedule: tuple[float | None, float | None] | None = None
         while True:
-            moments = (next_refresh, next_audit, self._retry_at)
+            # The schedule follows the bucket's kind, known once it is bound.
+            refresh_every, beat_every = self._refresh_every(), self._beat_every()
+            if schedule != (refresh_every, beat_every):
+                schedule, now = (refresh_every, beat_every), self._clock()
+                next_refresh = None if refresh_every is None else now + refresh_every
+                next_beat = None if beat_every is None else now + beat_every
+            moments = (next_refresh, next_beat, next_audit, self._retry_at)
             due = [moment for moment in moments if moment is not None]
             if not due:
                 await self._dirty.wait()
@@ -253,18 +341,23 @@ class NatsAdmissionPublisher:
                     timeout = max(0.0, min(due) - self._clock())
                     await asyncio.wait_for(self._dirty.wait(), timeout=timeout)
                 except asyncio.TimeoutError:
-                    if self._retry_at is not None and self._clock() >= self._retry_at:
+                    now = self._clock()
+                    if self._retry_at is not None and now >= self._retry_at:
                         # Keys that failed alone: a round of their own.
                         self._retry_at = None
                         self._dirty.set()
                         continue
-                    refreshing = next_refresh is not None and self._clock() >= next_refresh
-                    if refreshing and refresh_every is not None:
-                        next_refresh = self._clock() + refresh_every
-                    elif self._audit_interval is not None:
-                        next_audit = self._clock() + self._audit_interval
+                    job: Callable[[], Awaitable[None]]
+                    if next_refresh is not None and now >= next_refresh:
+                        next_refresh, job = now + (refresh_every or 0.0), self._refresh
+                    elif next_beat is not None and now >= next_beat:
+                        next_beat, job = now + (beat_every or 0.0), self._heartbeat
+                    elif next_audit is not None and self._audit_interval is not None:
+                        next_audit, job = now + self._audit_interval, self._audit
+                    else:
+                        continue
                     try:
-                        await (self._refresh() if refreshing else self._audit())
+                        await job()
                     except Exception as exc:
                         self._lost_bucket()
                         self._dirty.set()
@@ -308,6 +401,10 @@ class NatsAdmissionPublisher:
         """
         kv = await self._bucket()
         writes = []
+        if self._capability_wanted and self._beat_revision is None:
+            # The heartbeat first: a reader never sees records that say "live while my
+            # heartbeat is" without it, which would take a starting frontend for a stopped one.
+            await self._beat(kv)
         if self._capability_wanted and not self._capability_published:
             writes.append(self._write_capability(kv))
         for namespace, value in list(self._desired.items()):
@@ -340,19 +437,94 @@ class NatsAdmissionPublisher:
             _log.info("publishing the serving record %s works again", key)
         self._failing = now_failing
 
-    async def _write_capability(self, kv: KeyValue) -> None:
+    async def _put(
+        self, kv: KeyValue, key: str, value: bytes, ttl: float | None, last: int | None = None
+    ) -> int:
+        """Put one record, with a per-key TTL on a leased bucket; return its revision.
+
+        With ``last`` (on a leased bucket), only over that revision of the key
+        (``KeyWrongLastSequenceError`` if the key's latest is another, or there is none).
+        """
+        if not self._leased:
+            return int(await kv.put(key, value))
+        headers = None if last is None else {_EXPECTED_LAST: str(last)}
         try:
-            await kv.put(self._capability_key, self._capability_record())
+            ack = await self._js.publish(
+                f"$KV.{self.bucket}.{key}", value, headers=headers, msg_ttl=ttl
+            )
+        except APIError as error:
+            if error.err_code in _WRONG_LAST:
+                raise KeyWrongLastSequenceError(description=error.description) from None
+            raise
+        return int(ack.seq)
+
+    async def _beat(self, kv: KeyValue) -> None:
+        """Write the heartbeat; one that is not the last one written means the bucket lost it.
+
+        The write names the revision of the last heartbeat, so a bucket deleted or re-created
+        since, or a heartbeat removed behind this frontend's back, fails it: then every record
+        is written again.
+        """
+        value = self._heartbeat_record()
+        if self._beat_revision is not None and self._leased:
+            try:
+                revision = await self._put(
+                    kv, self._heartbeat_key, value, self._record_ttl, last=self._beat_revision
+                )
+            except KeyWrongLastSequenceError:
+                self._lost_records("its heartbeat")
+            else:
+                self._beat_revision = revision
+                self.heartbeats += 1
+                return
+        self._beat_revision = await self._put(kv, self._heartbeat_key, value, self._record_ttl)
+        self.heartbeats += 1
+
+    async def _heartbeat(self) -> None:
+        kv = await self._bucket()
+        if self._capability_wanted and self._beat_revision is not None:
+            await self._beat(kv)
+
+    def _lost_records(self, what: str) -> None:
+        _log.warning(
+            "the admission bucket lost %s of this frontend (%s); writing every record again",
+            what,
+            self._heartbeat_key,
+        )
+        self._forget_published()
+        self._idle.clear()
+        self._dirty.set()
+
+    async def _write_capability(self, kv: KeyValue) -> None:
+        record = self._capability_record()
+        try:
+            revision = await self._put(kv, self._capability_key, record, self._content_ttl)
         except Exception as exc:
             raise _KeyFailure(self._capability_key, exc) from exc
         self._capability_published = True
+        if self._resynced_at is not None and self._resynced_server_at is None:
+            await self._learn_resync_time(revision)
+
+    async def _learn_resync_time(self, revision: int) -> None:
+        """Keep the server's time of the record that first said the resync, for its rewrites.
+
+        Peers read that moment on the server's clock; a rewrite (a refresh, or after the bucket
+        lost it) must not make the resync look newer than it was.
+        """
+        try:
+            stored = await self._js.get_msg(stream_name(self.bucket), seq=revision)
+        except Exception as exc:  # the record in the bucket still says it by its own time
+            _log.debug("cannot read the server's time of the resync record: %r", exc)
+            return
+        if stored.time is not None:
+            self._resynced_server_at = stored.time.timestamp()
 
     async def _write_namespace(self, kv: KeyValue, namespace: str, value: bytes | None) -> None:
         key = self._member_key(namespace)
         try:
             if value is not None:
                 try:
-                    await kv.put(key, value)
+                    await self._put(kv, key, value, self._content_ttl)
                 except MaxPayloadError:
                     await self._withdraw_oversized(kv, namespace, value)
                     return
@@ -382,11 +554,33 @@ class NatsAdmissionPublisher:
             del self._published[namespace]
 
     async def _audit(self) -> None:
-        """Read back what was written; forget what the bucket lost, so the next round writes it."""
+        """Check that the bucket holds what was written; what it lost is written next round.
+
+        With a heartbeat one small read says it: the heartbeat's revision is the one written
+        unless the bucket was deleted, re-created or the key removed (a record removed alone is
+        heard by the watch of this frontend's keys). On an older bucket every record is read.
+        """
+        if self._leased:
+            if self._beat_revision is None:
+                return
+            kv = await self._bucket()
+            try:
+                entry = await kv.get(self._heartbeat_key)
+            except KeyNotFoundError:
+                self._lost_records("its heartbeat")
+                return
+            if entry.revision != self._beat_revision:
+                self._lost_records("its heartbeat")
+            return
         if not (self._published or self._capability_published):
             return
         kv = await self._bucket()
         lost: list[str] = []
+        if self._beat_revision is not None and await self._lost(
+            kv, self._heartbeat_key, self._heartbeat_record()
+        ):
+            self._beat_revision = None
+            lost.append(self._heartbeat_key)
         if self._capability_published and await self._lost(
             kv, self._capability_key, self._capability_record()
         ):
@@ -406,14 +600,60 @@ class NatsAdmissionPublisher:
             self._idle.clear()
             self._dirty.set()
 
+    async def _watch_own(self, kv: KeyValue) -> None:
+        """Hear of this frontend's records deleted, purged or aged out, and write them again.
+
+        Headers only: a put costs the watch its key and revision, whatever the record's size.
+        """
+        own = f"{PROTOCOL}.{escape_token(self.frontend_id)}.>"
+        try:
+            watcher = await kv.watch(own, meta_only=True)
+        except Exception as exc:  # the heartbeat audit still covers a lost bucket
+            _log.debug("cannot watch this frontend's own serving records: %r", exc)
+            return
+        try:
+            async for entry in watcher:
+                if entry is None or entry.operation not in ("DEL", "PURGE"):
+                    continue
+                self._removed(entry.key)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    def _removed(self, key: str) -> None:
+        """Write again a record of this frontend that left the bucket, unless it was withdrawn."""
+        if key == self._heartbeat_key:
+            if self._beat_revision is not None:
+                self._beat_revision = None
+            else:
+                return
+        elif key == self._capability_key:
+            if not self._capability_published:
+                return
+            self._capability_published = False
+        else:
+            found = [n for n in self._published if self._member_key(n) == key]
+            if not found or self._desired.get(found[0], b"") is None:
+                return  # a withdrawal of this frontend's own
+            self._desired.setdefault(found[0], self._published.pop(found[0]))
+        _log.warning("the serving record %s was removed behind this frontend; writing again", key)
+        self._idle.clear()
+        self._dirty.set()
+
+    def _heartbeat_record(self) -> bytes:
+        return _encode({"protocol": PROTOCOL, "frontend": self.frontend_id, "heartbeat": True})
+
     def _capability_record(self) -> bytes:
         record: dict[str, Any] = {
             "protocol": PROTOCOL,
             "capability": True,
             "frontend": self.frontend_id,
+            "liveness": LIVENESS_HEARTBEAT,
         }
         if self._resynced_at is not None:
             record["resynced_at"] = self._resynced_at
+        if self._resynced_server_at is not None:
+            record["resynced_server_at"] = self._resynced_server_at
         return _encode(record)
 
     @staticmethod
@@ -425,9 +665,11 @@ class NatsAdmissionPublisher:
         return bool(entry.value != value)
 
     async def _refresh(self) -> None:
-        """Rewrite every published record so it outlives the bucket's max age."""
+        """Rewrite every published record so it outlives its TTL or the bucket's max age."""
         kv = await self._bucket()
+        if self._beat_revision is not None:
+            await self._beat(kv)
         if self._capability_published:
-            await kv.put(self._capability_key, self._capability_record())
+            await self._put(kv, self._capability_key, self._capability_record(), self._content_ttl)
         for namespace, value in list(self._published.items()):
-            await kv.put(self._member_key(namespace), value)
+            await self._put(kv, self._member_key(namespace), value, self._content_ttl)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Sequence
+from datetime import datetime
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -31,7 +33,7 @@ from workerset_admission.adapters.nats.connect import (
     refusal_mark,
     servers_for_display,
 )
-from workerset_admission.adapters.nats.kv import removal_kind
+from workerset_admission.adapters.nats.kv import removal_kind, stream_name
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.keys import ADMISSION_BUCKET, key_matches
@@ -142,6 +144,8 @@ class NatsRecordSource:
                     await client.close()
         source = JetStreamDiscoverySource(bucket=self._bucket, key_prefixes=None, connector=reuse)
         try:
+            # Asked first: the listing closes the connection it was handed once it is read.
+            server_time = await _server_time(client, self._bucket, self._timeout)
             listing = await asyncio.wait_for(source.list_all(), timeout=self._timeout)
         except NotFoundError:
             # No frontend has published yet: an empty bucket, and a closed gate.
@@ -159,5 +163,25 @@ class NatsRecordSource:
                 RawEntry(e.key, e.value, e.published_at)
                 for e in listing.entries
                 if filters is None or key_matches(e.key, filters)
-            )
+            ),
+            server_time=server_time,
         )
+
+
+async def _server_time(client: NatsClient, bucket: str, timeout: float) -> float | None:
+    """Return the server's time now (Unix seconds) from a stream info answer, if it says it."""
+    with contextlib.suppress(NatsError, asyncio.TimeoutError, ValueError, TypeError):
+        reply = await client.request(
+            f"$JS.API.STREAM.INFO.{stream_name(bucket)}", b"", timeout=timeout
+        )
+        stamp = json.loads(reply.data).get("ts")
+        if isinstance(stamp, str):
+            return parse_server_time(stamp)
+    return None
+
+
+def parse_server_time(stamp: str) -> float:
+    """Read an RFC 3339 time as the server writes it (nanoseconds, ``Z``) as Unix seconds."""
+    head, _, fraction = stamp.rstrip("Z").partition(".")
+    whole = datetime.fromisoformat(head + "+00:00").timestamp()
+    return whole + (float(f"0.{fraction}") if fraction else 0.0)

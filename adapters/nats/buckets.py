@@ -31,7 +31,8 @@ class BucketSpec:
 
     ``limit_marker_ttl`` makes the server write a removal marker when a key ages out (server
     2.11+), so watchers see a crashed worker's registration disappear; it also enables per-key
-    TTLs on puts.
+    TTLs on puts. ``fallback_max_age`` is the bucket's max age instead, on a server without
+    them: a bucket that relies on per-key TTLs to forget a writer must forget it somehow.
     """
 
     name: str
@@ -42,6 +43,7 @@ class BucketSpec:
     storage: StorageType = StorageType.FILE
     replicas: int = 1
     description: str | None = None
+    fallback_max_age: float | None = None
 
     def config(self) -> KeyValueConfig:
         return KeyValueConfig(
@@ -63,6 +65,9 @@ class BucketStatus:
     kv: KeyValue
     created: bool
     mismatches: tuple[str, ...] = ()
+    # What the bucket does, whoever made it: per-key TTLs allowed, and its max age (seconds).
+    per_key_ttl: bool = False
+    max_age: float | None = None
 
 
 def _mismatches(spec: BucketSpec, info: StreamInfo) -> tuple[str, ...]:
@@ -104,16 +109,26 @@ async def ensure_bucket(
             kv = await js.create_key_value(spec.config())
         except KeyValueLimitMarkerTTLNotSupportedError:
             # A pre-2.11 server: removals by TTL go unseen, but the bucket still works.
-            kv = await js.create_key_value(replace(spec, limit_marker_ttl=None).config())
+            max_age = spec.fallback_max_age or spec.max_age
+            older = replace(spec, limit_marker_ttl=None, max_age=max_age)
+            kv = await js.create_key_value(older.config())
             return BucketStatus(
-                kv=kv, created=True, mismatches=("server does not support limit markers",)
+                kv=kv,
+                created=True,
+                mismatches=("server does not support limit markers",),
+                max_age=max_age,
             )
         except BadRequestError:
             if not _race_retry:
                 raise
             # Someone else created it in the meantime, with other settings: bind and compare.
             return await ensure_bucket(js, spec, _race_retry=False)
-        return BucketStatus(kv=kv, created=True)
+        return BucketStatus(
+            kv=kv,
+            created=True,
+            per_key_ttl=spec.limit_marker_ttl is not None,
+            max_age=spec.max_age,
+        )
     kv = await js.key_value(spec.name)
     mismatches = _mismatches(spec, info)
     if mismatches:
@@ -122,4 +137,10 @@ async def ensure_bucket(
             spec.name,
             "; ".join(mismatches),
         )
-    return BucketStatus(kv=kv, created=False, mismatches=mismatches)
+    return BucketStatus(
+        kv=kv,
+        created=False,
+        mismatches=mismatches,
+        per_key_ttl=bool(info.config.allow_msg_ttl),
+        max_age=info.config.max_age or None,
+    )

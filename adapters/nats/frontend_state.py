@@ -6,7 +6,7 @@ from nats.errors import Error as NatsError
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
 from workerset_admission.adapters.nats.status import frontend_subject
-from workerset_admission.card.serving_record import CapabilityRecord, NamespaceRecord, parse_record
+from workerset_admission.card.serving_record import Record, live_records, parse_record
 from workerset_admission.errors import Unreachable
 
 __all__ = ["frontend_status", "live_frontends"]
@@ -15,19 +15,17 @@ __all__ = ["frontend_status", "live_frontends"]
 async def live_frontends(
     options: NatsConnectOptions, admission_bucket: str, timeout: float = 10.0
 ) -> tuple[str, ...]:
-    """List the frontends with a record in the serving-admission bucket, sorted."""
+    """List the live frontends of the serving-admission bucket (by their heartbeat), sorted."""
     read = await NatsRecordSource(options, admission_bucket, timeout=timeout).read()
     if read.problem is not None:
         raise Unreachable(read.problem)
-    found: set[str] = set()
+    records: list[Record] = []
     for entry in read.entries:
         try:
-            record = parse_record(entry.key, entry.value, entry.published_at)
-        except Exception:
+            records.append(parse_record(entry.key, entry.value, entry.published_at))
+        except Exception:  # noqa: PERF203 - one bad record skips only itself
             continue
-        if isinstance(record, (CapabilityRecord, NamespaceRecord)):
-            found.add(record.frontend)
-    return tuple(sorted(found))
+    return tuple(sorted({record.frontend for record in live_records(records)}))
 
 
 async def frontend_status(

@@ -10,6 +10,14 @@ may hold for them, see the core), and how long ago the latest peer resynced afte
 connection (its capability record says when): a frontend that starts within that outage's hold
 takes its first listing as one of that outage. Periodic listings and live events pass through
 untouched.
+
+"How long ago" is read on the NATS server's clock alone: the server's time when the bucket was
+read, less the server's time when it stored the peer's resync record. No two hosts' clocks are
+compared, so a peer whose clock is minutes off is read as right as one whose clock is not. Only a
+record from an older writer (which says its resync by its own clock, and whose records are
+rewritten every few seconds) is still read against this host's clock. Only live frontends count
+(:func:`workerset_admission.card.serving_record.live_records`): a stopped peer's records, which
+stay behind until their own TTL, say nothing.
 When the bucket cannot be read in time the listing goes on without peers, and is observed in
 key order.
 """
@@ -29,12 +37,13 @@ from workerset_admission.card.serving_record import (
     NamespaceRecord,
     Record,
     ServedGroup,
+    live_records,
     parse_record,
 )
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import DiscoverySource, SourceEvent, SourceListing
 
-__all__ = ["PeerAwareSource", "members_served_by_peers", "peers_resynced_at", "served_by_peers"]
+__all__ = ["PeerAwareSource", "members_served_by_peers", "peers_resynced_ago", "served_by_peers"]
 
 _log = logging.getLogger(__name__)
 
@@ -44,12 +53,14 @@ class _Reader(Protocol):
 
 
 def _peer_records(read: BucketRead, own_frontend: str) -> Iterator[Record]:
-    """Yield every valid record of another frontend (bad ones are the gate's to report)."""
+    """Yield every valid record of another live frontend (bad ones are the gate's to report)."""
+    records = []
     for entry in read.entries:
         try:
-            record = parse_record(entry.key, entry.value, entry.published_at)
-        except Exception:
+            records.append(parse_record(entry.key, entry.value, entry.published_at))
+        except Exception:  # noqa: PERF203 - one bad record skips only itself
             continue
+    for record in live_records(records):
         if record.frontend != own_frontend:
             yield record
 
@@ -63,14 +74,23 @@ def _peer_groups(read: BucketRead, own_frontend: str) -> Iterator[tuple[str, Ser
                     yield record.frontend, group
 
 
-def peers_resynced_at(read: BucketRead, own_frontend: str) -> float | None:
-    """Return the latest time (Unix seconds) another frontend resynced after an outage."""
-    times = [
-        record.resynced_at
-        for record in _peer_records(read, own_frontend)
-        if isinstance(record, CapabilityRecord) and record.resynced_at is not None
-    ]
-    return max(times, default=None)
+def peers_resynced_ago(read: BucketRead, own_frontend: str, wall: float) -> float | None:
+    """Return how long ago (seconds) the latest other frontend resynced after an outage.
+
+    On the server's clock when the read says the server's time and the record its resync by
+    the server's clock; otherwise (an older server or writer) ``wall`` (this host's Unix
+    seconds) against the writer's own. A time ahead of now is "just now".
+    """
+    agos = []
+    for record in _peer_records(read, own_frontend):
+        if not isinstance(record, CapabilityRecord) or record.resynced_at is None:
+            continue
+        by_server = record.resync_by_server()
+        if by_server is not None and read.server_time is not None:
+            agos.append(read.server_time - by_server)
+        else:
+            agos.append(wall - record.resynced_at)
+    return max(0.0, min(agos)) if agos else None
 
 
 def served_by_peers(read: BucketRead, own_frontend: str) -> dict[tuple[str, str], tuple[str, ...]]:
@@ -148,20 +168,21 @@ class PeerAwareSource:
                         event, peers=None, peer_members=None, peers_resynced_ago=None
                     )
                 else:
-                    resynced_at = peers_resynced_at(read, self._own)
                     event = dataclasses.replace(
                         event,
                         peers=served_by_peers(read, self._own),
                         peer_members=members_served_by_peers(read, self._own),
-                        # Host clocks differ a little: a time ahead of ours is "just now".
-                        peers_resynced_ago=None
-                        if resynced_at is None
-                        else max(0.0, self._wall() - resynced_at),
+                        peers_resynced_ago=peers_resynced_ago(read, self._own, self._wall()),
                     )
             yield event
 
     async def list_all(self) -> SourceListing:
         return await self._source.list_all()
+
+    async def missed_nothing(self) -> bool:
+        """Ask the wrapped source whether a relist would find nothing new (False if it cannot)."""
+        check = getattr(self._source, "missed_nothing", None)
+        return bool(check is not None and await check())
 
     async def close(self) -> None:
         await self._source.close()

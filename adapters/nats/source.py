@@ -32,6 +32,22 @@ source was made for a frontend that started during an outage (``started_in_outag
 first connection failed, or the connection was lost before the first listing came. That is a
 report, as the reason is; the core decides what it means.
 
+A periodic reconciliation need not read the bucket again when the watch missed nothing:
+:meth:`JetStreamDiscoverySource.missed_nothing` answers from the consumer's idle heartbeat,
+which the server sends only with nothing pending and which names the last consumer sequence it
+sent: the same as the last one that arrived means nothing is pending and nothing was lost. What
+a relist protects against stays covered: a message lost in transit shows as a skipped consumer
+sequence or as a heartbeat naming one that never arrived (either re-creates the watch); a
+consumer that vanished or fell silent, a stream deleted or re-created and a lost connection
+re-create the watch with a listing of their own; and on a bucket whose keys can age out without
+a removal marker (a max age, or per-key TTLs allowed without limit markers), where a silent
+expiry reaches no watch, the stream's own state (last sequence and message count) must also be
+what it was at the previous check: an expiry lowers the count, and any change at all is relisted
+as before.
+
+With ``key_prefixes`` from :func:`namespace_key_prefixes` the consumer's subject filters hold
+only one worker namespace's records, so a frontend serving one namespace receives no other's.
+
 Oversized values are passed through unchanged. The card boundary refuses them with a typed
 error carrying the key, so they are reported and counted in one place with every other invalid
 record; the source only translates and never decides.
@@ -65,7 +81,7 @@ from workerset_admission.adapters.nats.kv import stream_name, subject_prefix
 from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
 from workerset_admission.adapters.nats.watch import WAKE, Wake, Watch
 from workerset_admission.errors import UsageError
-from workerset_admission.keys import DISCOVERY_BUCKET
+from workerset_admission.keys import DISCOVERY_BUCKET, escape_token
 from workerset_admission.ports import SourceEvent, SourceListing
 
 __all__ = [
@@ -73,6 +89,7 @@ __all__ = [
     "DEFAULT_KEY_PREFIXES",
     "Connector",
     "JetStreamDiscoverySource",
+    "namespace_key_prefixes",
 ]
 
 _log = logging.getLogger(__name__)
@@ -87,6 +104,19 @@ DEFAULT_KEY_PREFIXES: Final = (
 )
 
 Connector = Callable[[ConnectionCallbacks], Awaitable[NatsClient]]
+
+
+def namespace_key_prefixes(namespace: str) -> tuple[str, ...]:
+    """Return the discovery key prefixes of one worker namespace, for the watch's filters."""
+    token = escape_token(namespace)
+    return (
+        f"v1.mdc.{token}",
+        f"v1.instances.{token}",
+        f"v1.event_sources.namespace.{token}",
+        f"v1.event_channels.namespace.{token}",
+        f"v1.drain.{token}",
+    )
+
 
 # Seconds between the server's heartbeats on an idle consumer, unless a source says otherwise.
 IDLE_HEARTBEAT: Final = 5.0
@@ -171,7 +201,12 @@ class JetStreamDiscoverySource:
         self._iterating = False
         self._ever_bound = False
         self._stream_created: object = None
+        # Whether a key of the bound bucket can age out without a marker a watch would see.
+        self._silent_expiry = True
+        # The stream's (creation, last sequence, messages) at the last quiet check.
+        self._stream_state: tuple[object, int, int] | None = None
         self.restarts = 0
+        self.relists_spared = 0
         self._disconnects = 0
         self._rebind = asyncio.Event()
         # From a restart request until the new watch hands over its listing.
@@ -341,6 +376,10 @@ class JetStreamDiscoverySource:
             watch.consumer = created.name
             if created.num_pending == 0:
                 watch.finish_initial()
+            config_now = info.config
+            self._silent_expiry = config_now.subject_delete_marker_ttl is None and bool(
+                config_now.max_age or config_now.allow_msg_ttl
+            )
             return watch, info.created
         raise AssertionError("unreachable: the last attempt raises or returns")
 
@@ -559,6 +598,54 @@ class JetStreamDiscoverySource:
             if isinstance(item, Wake):
                 continue
             yield item
+
+    async def missed_nothing(self) -> bool:
+        """Tell whether the live watch has taken in all its consumer sent (see the module).
+
+        The consumer's own idle heartbeat says it: sent while it has nothing pending, it names
+        the last consumer sequence sent, and the watch compares it with what arrived. False
+        whenever that cannot be shown: no watch, a watch being re-created, no such heartbeat
+        within two heartbeat periods since the last delivery (a busy bucket), a bucket whose
+        keys can expire silently and whose stream changed since the last check, a client on
+        which the watch is not the source's own. It asks the server nothing about the consumer
+        (a frontend's user may not read consumers by name: ``docs/security.md``).
+        """
+        watch, nc = self._watch, self._nc
+        if (
+            watch is None
+            or nc is None
+            or not nc.is_connected
+            or not watch.listing_done.is_set()
+            or self._resync_pending
+            or self._restart_reason() is not None
+            or not watch.confirmed_idle(time.monotonic(), self._idle_heartbeat)
+        ):
+            return False
+        if self._silent_expiry and not await self._stream_unchanged(nc):
+            return False
+        if self._watch is watch and not watch.stopped:
+            self.relists_spared += 1
+            return True
+        return False
+
+    async def _stream_unchanged(self, nc: NatsClient) -> bool:
+        """Tell whether the stream holds what it held at the last check (nothing expired).
+
+        A key that ages out without a marker leaves the stream with fewer messages and the
+        same last sequence: the watch cannot hear it, the stream's state shows it. Any other
+        difference (a change the watch did hear) also answers no: the relist it asks for is
+        the one every period made before, and the next quiet period is spared again.
+        """
+        try:
+            info = await nc.jetstream(timeout=self._request_timeout).stream_info(
+                stream_name(self.bucket)
+            )
+        except _RETRYABLE:
+            return False
+        state = (info.created, info.state.last_seq, info.state.messages)
+        unchanged = state == self._stream_state
+        self._stream_state = state
+        return unchanged
 
     async def list_all(self) -> SourceListing:
         """Read the whole bucket now through a separate consumer, for reconciliation."""

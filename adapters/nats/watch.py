@@ -114,6 +114,17 @@ class Watch:
         # The consumer's name, and the subscription to the server's notice of its deletion.
         self.consumer = ""
         self.deletion: Subscription | None = None
+        # The consumer sequence the last idle heartbeat confirmed as all sent, and when.
+        self.confirmed_seq = -1
+        self.confirmed_at = float("-inf")
+
+    def confirmed_idle(self, now: float, idle_heartbeat: float) -> bool:
+        """Whether a recent idle heartbeat said the consumer sent exactly what arrived since."""
+        return (
+            self.raw
+            and self.confirmed_seq == self.next_consumer_seq - 1
+            and now - self.confirmed_at <= SILENT_HEARTBEATS * idle_heartbeat
+        )
 
     def use_raw(
         self, publish: Callable[[str], Awaitable[None]], broken: Callable[[str], None]
@@ -237,6 +248,9 @@ class Watch:
             stalled = headers.get(Header.CONSUMER_STALLED)
             if stalled:
                 return self._answer(stalled)
+            # An idle consumer that has sent exactly what arrived: nothing is pending or lost.
+            self.confirmed_seq = self.next_consumer_seq - 1
+            self.confirmed_at = self.last_activity
         return None
 
     def _answer(self, subject: str) -> Awaitable[None] | None:

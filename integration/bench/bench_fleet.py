@@ -22,6 +22,14 @@ and Prometheus port, and waits until every view holds N cards (the initial sync)
 * ``status``: one ``status`` request/reply round trip to frontend 0, 5 times;
 * RSS of each ``serve`` after the initial sync and at the end.
 
+``--rest SECONDS`` adds the at-rest rows (``--rest-sizes``, default 2,000 and 20,000 workers;
+``--only-rest`` runs nothing else): one ``serve`` synced on the fleet, left alone for a settling
+period and then measured for SECONDS: its CPU (user and system, per cent of one core), and what
+nats-server received from it and sent to it meanwhile (messages and bytes per second, from its
+monitoring endpoint: the counters of the ``serve``'s own connections, ``/connz``). Each size
+is measured twice: with a view directory (``--view-dir``, the file keep-alive included) and
+without, so the view's part is visible.
+
 Every figure is in milliseconds. Results go to ``results/bench_fleet.json``, and the chart of
 cost against fleet size to ``docs/bench/fleet.png`` (``--chart``).
 """
@@ -359,6 +367,144 @@ async def run_point(
         shutil.rmtree(root, ignore_errors=True)
 
 
+def monitoring(port: int, page: str) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{port}/{page}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        data: dict[str, Any] = json.loads(response.read())
+    return data
+
+
+def traffic(port: int, name_prefix: str = "workerset-admission") -> dict[str, int]:
+    """What nats-server counted for the connections of ``serve`` processes (by their name).
+
+    The server's own totals (``/varz``) also count its internal messages (JetStream's own
+    bookkeeping sends a few hundred small ones a second here whatever the clients do); the
+    connections' counters are what the frontend costs it.
+    """
+    totals = {"in_msgs": 0, "in_bytes": 0, "out_msgs": 0, "out_bytes": 0}
+    for conn in monitoring(port, "connz?limit=4096")["connections"]:
+        if str(conn.get("name") or "").startswith(name_prefix):
+            for field in totals:
+                totals[field] += int(conn[field])
+    return totals
+
+
+def start_process(command: list[str], log: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+async def wait_serve_synced(nc: Any, subject: str, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            reply = await nc.request(subject, b"", timeout=30)
+            if json.loads(reply.data).get("synced"):
+                return
+        except Exception:
+            pass  # not answering yet is what is waited for
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"{subject} never said it was synced")
+
+
+async def run_rest(
+    workers: int, view: bool, seconds: float, settle: float, per_namespace: int = PER_NAMESPACE
+) -> dict[str, Any]:
+    """One ``serve`` synced on ``workers`` and left alone: its CPU and nats-server's traffic."""
+    root = Path(tempfile.mkdtemp(prefix="bench-rest-"))
+    monitor = free_port()
+    server = EmbeddedNatsServer(store_dir=root / "js", extra_args=("--http_port", str(monitor)))
+    server.start()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream(timeout=30)
+        await js.create_key_value(KeyValueConfig(bucket=DISCOVERY, history=1))
+        await fill(js, [item for i in range(workers) for item in records(i, per_namespace)])
+        subject = "bench.status.rest"
+        command = [
+            sys.executable, "-m", "workerset_admission.cli", "serve",
+            "--nats-server", server.url, "--frontend-id", "fe-rest",
+            "--status-subject", subject, "--log-level", "WARNING",
+        ]  # fmt: skip
+        env = dict(os.environ)
+        view_dir = root / "view"
+        if view:
+            view_dir.mkdir()
+            command += ["--view-dir", str(view_dir)]
+            env["DYN_FILE_KV"] = str(view_dir)
+        log = (root / "serve.log").open("wb")
+        proc = start_process(command, log, env)
+        started = time.monotonic()
+        await wait_serve_synced(nc, subject)
+        if view:
+            await asyncio.to_thread(wait_until, lambda: cards_in(view_dir) >= workers, 900, 0.05)
+        synced_s = time.monotonic() - started
+        await asyncio.sleep(settle)
+        handle = psutil.Process(proc.pid)
+        cpu_before, before, t0 = handle.cpu_times(), traffic(monitor), time.monotonic()
+        server_before = monitoring(monitor, "varz")
+        await asyncio.sleep(seconds)
+        cpu_after, after, t1 = handle.cpu_times(), traffic(monitor), time.monotonic()
+        server_after = monitoring(monitor, "varz")
+        elapsed = t1 - t0
+        used = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
+        await nc.close()
+        return {
+            "workers": workers,
+            "view": view,
+            "seconds": round(elapsed, 1),
+            "synced_s": round(synced_s, 1),
+            "cpu_percent": round(100 * used / elapsed, 2),
+            "in_msgs_s": round((after["in_msgs"] - before["in_msgs"]) / elapsed, 2),
+            "in_bytes_s": round((after["in_bytes"] - before["in_bytes"]) / elapsed, 1),
+            "out_msgs_s": round((after["out_msgs"] - before["out_msgs"]) / elapsed, 2),
+            "out_bytes_s": round((after["out_bytes"] - before["out_bytes"]) / elapsed, 1),
+            "server_in_msgs_s": round(
+                (server_after["in_msgs"] - server_before["in_msgs"]) / elapsed, 2
+            ),
+            "server_out_msgs_s": round(
+                (server_after["out_msgs"] - server_before["out_msgs"]) / elapsed, 2
+            ),
+            "rss_mb": round(handle.memory_info().rss / 2**20, 1),
+        }
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        server.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def rest_table(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
+    yield ("| workers | view | CPU of `serve` | into nats-server | out of nats-server |")
+    yield "|---|---|---|---|---|"
+    for r in rows:
+        yield (
+            f"| {r['workers']:,} | {'yes' if r['view'] else 'no'} | {r['cpu_percent']:.2f} % "
+            f"| {r['in_bytes_s'] / 1000:,.2f} KB/s, {r['in_msgs_s']:,.1f} msgs/s "
+            f"| {r['out_bytes_s'] / 1000:,.2f} KB/s, {r['out_msgs_s']:,.1f} msgs/s |"
+        )
+
+
+def rest_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each at-rest figure at the largest size over the smallest, with and without a view."""
+    out: dict[str, float] = {}
+    for view in (True, False):
+        mine = sorted((r for r in rows if r["view"] == view), key=lambda r: r["workers"])
+        if len(mine) < 2:
+            continue
+        small, large = mine[0], mine[-1]
+        label = f"{large['workers']}/{small['workers']} {'with' if view else 'without'} view"
+        for field in ("cpu_percent", "in_bytes_s", "in_msgs_s"):
+            if small[field]:
+                out[f"rest {field} {label}"] = round(large[field] / small[field], 2)
+    return out
+
+
 async def fill(js: Any, items: Sequence[tuple[str, bytes]], window: int = 512) -> None:
     subjects = [(f"$KV.{DISCOVERY}.{key}", value) for key, value in items]
     for start in range(0, len(subjects), window):
@@ -472,6 +618,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also a fleet of this many workers in one WorkerSet (one namespace)",
     )
     parser.add_argument("--changes", type=int, default=5 if quick else 15)
+    parser.add_argument("--rest", type=float, default=0, help="seconds of each at-rest row")
+    parser.add_argument("--rest-settle", type=float, default=15, help="seconds before measuring")
+    parser.add_argument("--rest-sizes", default="2000,20000")
+    parser.add_argument("--only-rest", action="store_true", help="run the at-rest rows alone")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_fleet.json")
     parser.add_argument("--chart", action="store_true")
     parser.add_argument(
@@ -486,18 +636,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.one_set:
         points.append((args.one_set, 1, args.one_set))
     rows = []
+    rest: list[dict[str, Any]] = []
+    if args.rest:
+        for workers in (int(n) for n in args.rest_sizes.split(",")):
+            for view in (True, False):
+                row = asyncio.run(run_rest(workers, view, args.rest, args.rest_settle))
+                print(json.dumps(row), flush=True)
+                rest.append(row)
+        for line in rest_table(rest):
+            print(line)
+        for name, value in rest_ratios(rest).items():
+            print(f"{name}: {value}")
+    if args.only_rest:
+        points = []
     for workers, frontends, per_namespace in points:
         row = asyncio.run(run_point(workers, frontends, args.changes, per_namespace))
         print(json.dumps(row), flush=True)
         rows.append(row)
-    for line in table(rows):
+    for line in table(rows) if rows else ():
         print(line)
-    found = ratios(rows)
+    found = ratios(rows) if rows else {}
     for name, value in found.items():
         print(f"{name}: {value}")
+    found.update(rest_ratios(rest))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "ratios": found}, indent=2) + "\n")
-    if args.chart:
+    result = {"rows": rows, "rest": rest, "ratios": found}
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.chart and rows:
         before = json.loads(args.before.read_text())["rows"] if args.before else []
         chart(
             [r for r in rows if r.get("per_namespace", PER_NAMESPACE) == PER_NAMESPACE],

@@ -28,20 +28,46 @@ sys.exit(main(["serve", *sys.argv[1:]]))
 """
 
 
+# A host whose clock is off: the process's wall clock (``time.time``) runs ``skew`` seconds from
+# this machine's. Monotonic time is untouched, as on a real host.
+_SKEWED = """\
+import time
+_skew = {skew!r}
+_time, _time_ns = time.time, time.time_ns
+time.time = lambda: _time() + _skew
+time.time_ns = lambda: _time_ns() + int(_skew * 1e9)
+"""
+
+_SERVE = """\
+import sys
+from workerset_admission.cli.runner import main
+sys.exit(main(["serve", *sys.argv[1:]]))
+"""
+
+
 class ServeProcess:
     """One ``serve`` process; its output is read as it comes, so a test can wait for a line.
 
-    With ``armed`` it starts serving only when :meth:`fire` is called.
+    With ``armed`` it starts serving only when :meth:`fire` is called; with ``clock_skew`` its
+    wall clock is that many seconds off this machine's.
     """
 
     def __init__(
-        self, args: Sequence[str], *, view_dir: Path | None = None, armed: bool = False
+        self,
+        args: Sequence[str],
+        *,
+        view_dir: Path | None = None,
+        armed: bool = False,
+        clock_skew: float = 0.0,
     ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WORKERSET_ADMISSION_")}
         env["PYTHONUNBUFFERED"] = "1"
         if view_dir is not None:
             env["DYN_FILE_KV"] = str(view_dir)
         command = [sys.executable, "-c", _ARMED, *args] if armed else [*CLI, "serve", *args]
+        if clock_skew:
+            code = _SKEWED.format(skew=float(clock_skew)) + (_ARMED if armed else _SERVE)
+            command = [sys.executable, "-c", code, *args]
         self.process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE if armed else subprocess.DEVNULL,

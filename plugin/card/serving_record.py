@@ -1,8 +1,8 @@
 """Serving records: the wire vocabulary of the ``frontend-model-admission`` bucket, decoded.
 
 Every frontend publishes its serving admissions to the ``frontend-model-admission`` bucket: one
-record per worker namespace it serves, plus a capability record that says "this frontend is
-here and speaks protocol v1". A record looks like::
+record per worker namespace it serves, a capability record that says "this frontend speaks
+protocol v1", and a heartbeat. A record looks like::
 
     {"protocol": "v1", "frontend": "fe-a", "namespace": "prod-v2",
      "members": ["prod-v2/backend/generate/1a", ...],
@@ -12,6 +12,17 @@ here and speaks protocol v1". A record looks like::
 ``members`` is the part Dynamo's own publisher writes; ``groups`` (one entry per admitted
 WorkerSet) is what a gate needs to tell models and configurations apart. A record without
 ``groups`` still counts, by namespace, with the model marked unverified.
+
+Liveness is kept apart from content, as a Kubernetes Lease is kept apart from its object. The
+heartbeat ``v1.<frontend>.heartbeat`` (``{"protocol":"v1","frontend":<id>,"heartbeat":true}``)
+is rewritten every few seconds with a per-key TTL, and the server removes it when its frontend
+stops; the content records say ``"liveness":"heartbeat"`` and are written when they change.
+A frontend whose records say so is live exactly while its heartbeat is in the bucket; one whose
+records do not (an older writer, whose records all age out by the bucket's max age) is live
+while it has a record. :func:`live_records` applies that rule: every reader that asks "is this
+frontend live" reads the records it returns. The heartbeat decodes as a
+:class:`CapabilityRecord` with ``heartbeat`` set, so a reader that only counts presence needs
+nothing new.
 
 A record counts only under its own frontend's key: ``v1.<frontend>.capability`` and
 ``v1.<frontend>.members.<namespace>`` (tokens escaped as discovery keys are), naming the same
@@ -31,7 +42,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +50,7 @@ from workerset_admission.errors import InvalidRecordError, bounded_text
 from workerset_admission.keys import escape_token
 
 __all__ = [
+    "LIVENESS_HEARTBEAT",
     "PROTOCOL",
     "BucketRead",
     "CapabilityRecord",
@@ -46,10 +58,14 @@ __all__ = [
     "RawEntry",
     "Record",
     "ServedGroup",
+    "live_records",
     "parse_record",
 ]
 
 PROTOCOL = "v1"
+
+# The value of ``liveness`` in a content record whose frontend's heartbeat says it is live.
+LIVENESS_HEARTBEAT = "heartbeat"
 
 # A record is tiny; anything much larger is not ours and is refused before json.loads.
 _MAX_RECORD_BYTES = 4 * 1024 * 1024
@@ -70,6 +86,8 @@ class BucketRead:
 
     entries: tuple[RawEntry, ...] = ()
     problem: str | None = None
+    # The server's own time when it was read (Unix seconds), when the server said it.
+    server_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +115,8 @@ class NamespaceRecord:
     members: tuple[str, ...]
     groups: tuple[ServedGroup, ...] | None
     published_at: float | None = None
+    # The record's frontend is live while its heartbeat is (not while this record is).
+    leased: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +124,31 @@ class CapabilityRecord:
     """A frontend's presence: it publishes serving admissions with this protocol.
 
     ``resynced_at`` (Unix seconds) is when it last resynced after losing its connection, if it
-    has: a frontend starting soon after takes its first listing as one within that outage.
+    has: a frontend starting soon after takes its first listing as one within that outage. It is
+    the writer's own clock, kept for older readers; ``resynced_server_at`` is the same moment by
+    the NATS server's clock (the time the server stored the record that first said it), which a
+    reader compares with the server's time, so no two hosts' clocks are ever compared.
+    ``heartbeat`` marks the frontend's heartbeat record (``v1.<frontend>.heartbeat``);
+    ``leased`` a capability record whose frontend is live while its heartbeat is.
     """
 
     key: str
     frontend: str
     published_at: float | None = None
     resynced_at: float | None = None
+    heartbeat: bool = False
+    leased: bool = False
+    resynced_server_at: float | None = None
+
+    def resync_by_server(self) -> float | None:
+        """When the server stored this frontend's last resync, by the server's clock.
+
+        Until the writer has learned the server's time of its resync record, that record is
+        the one in the bucket, and its own store time says it.
+        """
+        if self.resynced_at is None or not self.leased:
+            return None
+        return self.resynced_server_at if self.resynced_server_at is not None else self.published_at
 
 
 Record = NamespaceRecord | CapabilityRecord
@@ -161,7 +199,7 @@ def _namespace_of(members: Sequence[str]) -> str | None:
     return namespaces.pop() if len(namespaces) == 1 else None
 
 
-def _check_key(key: str, frontend: str, capability: bool) -> str | None:
+def _check_key(key: str, frontend: str, capability: bool, heartbeat: bool = False) -> str | None:
     """Refuse a record whose key is not its own frontend's; return the key's namespace token.
 
     A frontend's NATS user may write only under ``v1.<its id>.``, so a record counts only when
@@ -170,6 +208,8 @@ def _check_key(key: str, frontend: str, capability: bool) -> str | None:
     """
     parts = key.split(".")
     own = parts[:2] == [PROTOCOL, escape_token(frontend)]
+    if heartbeat and own and parts[2:] == ["heartbeat"]:
+        return None
     if capability and own and parts[2:] == ["capability"]:
         return None
     if not capability and own and len(parts) == 4 and parts[2] == "members":
@@ -177,6 +217,19 @@ def _check_key(key: str, frontend: str, capability: bool) -> str | None:
     raise _refuse(
         key, "identity_mismatch", f"the key is not frontend {bounded_text(frontend, 64)!r}'s"
     )
+
+
+def _seconds(key: str, value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    ):
+        return float(value)
+    raise _refuse(key, "bad_field", f"{where} must be non-negative Unix seconds")
 
 
 def parse_record(key: str, value: bytes, published_at: float | None = None) -> Record:
@@ -194,21 +247,22 @@ def parse_record(key: str, value: bytes, published_at: float | None = None) -> R
     frontend = data.get("frontend")
     if not isinstance(frontend, str) or not frontend:
         raise _refuse(key, "no_frontend", "the record does not name its frontend")
+    if data.get("heartbeat") is True:
+        _check_key(key, frontend, capability=False, heartbeat=True)
+        return CapabilityRecord(
+            key=key, frontend=frontend, published_at=published_at, heartbeat=True, leased=True
+        )
+    leased = data.get("liveness") == LIVENESS_HEARTBEAT
     key_namespace = _check_key(key, frontend, data.get("capability") is True)
     if data.get("capability") is True:
-        resynced_at = data.get("resynced_at")
-        if resynced_at is not None and not (
-            isinstance(resynced_at, (int, float))
-            and not isinstance(resynced_at, bool)
-            and math.isfinite(resynced_at)
-            and resynced_at >= 0
-        ):
-            raise _refuse(key, "bad_field", "resynced_at must be non-negative Unix seconds")
+        resynced_at = _seconds(key, data.get("resynced_at"), "resynced_at")
         return CapabilityRecord(
             key=key,
             frontend=frontend,
             published_at=published_at,
-            resynced_at=None if resynced_at is None else float(resynced_at),
+            resynced_at=resynced_at,
+            leased=leased,
+            resynced_server_at=_seconds(key, data.get("resynced_server_at"), "resynced_server_at"),
         )
     members = _string_list(key, data.get("members"), "members")
     raw_groups = data.get("groups")
@@ -229,4 +283,18 @@ def parse_record(key: str, value: bytes, published_at: float | None = None) -> R
         members=members,
         groups=groups,
         published_at=published_at,
+        leased=leased,
     )
+
+
+def live_records(records: Iterable[Record]) -> list[Record]:
+    """Keep the records of live frontends: a leased frontend's only while its heartbeat is here.
+
+    A frontend that said its liveness is its heartbeat and has none in the bucket has stopped
+    (the heartbeat's TTL ran out) or not yet begun; its content records, which outlive it until
+    their own longer TTL, say nothing about what is served now.
+    """
+    listed = list(records)
+    beating = {r.frontend for r in listed if isinstance(r, CapabilityRecord) and r.heartbeat}
+    leased = {r.frontend for r in listed if r.leased}
+    return [r for r in listed if r.frontend in beating or r.frontend not in leased]

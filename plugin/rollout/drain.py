@@ -32,9 +32,10 @@ serving it until the successor is committed (the handover), and only then drops 
 condition answers both questions the operator has ("does any frontend still route to it?" and
 "does every frontend that did now serve the successor?"): no live frontend lists the worker.
 A frontend that never admitted the worker lists nothing of it and is confirmed at once. One
-that was live when the drain began and whose records then expire (it stopped, or lost NATS,
-and may still route to the worker) never confirmed: it is *unconfirmed*, and the answer is not
-"safe" unless the operator says a frontend that went away counts as one that let go.
+that was live when the drain began and whose heartbeat then goes (it stopped, or lost NATS, and
+may still route to the worker: its view fails static) never confirmed: it is *unconfirmed*, and
+the answer is not "safe" unless the operator says a frontend that went away counts as one that
+let go. Which frontends are live is :mod:`workerset_admission.rollout.frontends`'s one reading.
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ from urllib.parse import urlsplit
 from workerset_admission import identity
 from workerset_admission.card import jsonio
 from workerset_admission.card.drain_record import Pending
-from workerset_admission.card.serving_record import CapabilityRecord, NamespaceRecord, Record
+from workerset_admission.card.serving_record import (
+    CapabilityRecord,
+    NamespaceRecord,
+    Record,
+    live_records,
+)
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import ENDPOINT_PREFIX, MODEL_PREFIX, parse_key
 from workerset_admission.rollout.frontends import live_frontends, watched_namespaces
@@ -421,7 +427,7 @@ def _served(records: Sequence[Record]) -> dict[str, dict[str, list[str]]]:
     A record that names no model (Dynamo's own shape) stands for one: ``namespace NS``.
     """
     served: dict[str, dict[str, list[str]]] = {}
-    for record in records:
+    for record in live_records(records):
         models = served.setdefault(record.frontend, {})
         if isinstance(record, CapabilityRecord):
             continue
@@ -660,7 +666,7 @@ class DrainCheck:
 def check_drained(records: Sequence[Record], workers: Sequence[Worker]) -> DrainCheck:
     """Ask every live frontend's records whether it still lists one of ``workers``."""
     listed: dict[str, set[str]] = {frontend: set() for frontend in live_frontends(records)}
-    for record in records:
+    for record in live_records(records):
         if isinstance(record, CapabilityRecord):
             continue
         assert isinstance(record, NamespaceRecord)

@@ -8,9 +8,10 @@ who may write them: :mod:`workerset_admission.card.serving_record`).
 
 A deployment generation is a worker namespace. For a model M and a namespace N the gate answers:
 
-- *live*: frontends with at least one record in the bucket. Records of a frontend that stopped
-  publishing expire (the bucket's max age), so it drops out; a caller that knows each record's
-  publication time may also pass ``stale_after`` to drop frontends whose newest record is older.
+- *live*: frontends with a heartbeat in the bucket (:mod:`workerset_admission.rollout.frontends`;
+  the server removes a stopped frontend's heartbeat by its TTL, so it drops out); a caller that
+  knows each record's publication time may also pass ``stale_after`` to drop frontends whose
+  newest record is older.
 - *serving*: live frontends with a WorkerSet of M in N that has admitted members (at least
   ``min_members`` of them, when the caller asks for the new generation's capacity; and, when an
   expected checksum is given, whose incumbent has that checksum).
@@ -32,7 +33,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workerset_admission.card.serving_record import NamespaceRecord, Record, ServedGroup
+from workerset_admission.card.serving_record import (
+    NamespaceRecord,
+    Record,
+    ServedGroup,
+    live_records,
+)
 from workerset_admission.errors import TABLE_LINE_LIMIT, UsageError, wire_text
 from workerset_admission.rollout.frontends import live_frontends
 
@@ -218,7 +224,7 @@ def evaluate_gate(
     not parse, so the report shows them. ``min_members`` is the capacity asked for: a frontend
     counts as serving once it admitted at least that many members of the new generation.
     """
-    all_records = list(records)
+    all_records = live_records(records)
     live, stale = _live_frontends(all_records, now, stale_after)
     by_frontend: dict[str, list[NamespaceRecord]] = {frontend: [] for frontend in live}
     for record in all_records:
@@ -298,7 +304,7 @@ def disagreements_with(
     this frontend beside the others.
     """
     seen: dict[tuple[str, str], dict[str, set[str]]] = {}
-    for record in records:
+    for record in live_records(records):
         if not isinstance(record, NamespaceRecord) or record.frontend == frontend:
             continue
         for group in record.groups or ():

@@ -10,7 +10,7 @@ One :class:`AdmissionService` owns every task it runs in a single ``asyncio.Task
   step, so receivers hear about it once;
 * the *timer loop* feeds the core a ``Tick`` whenever a deadline it scheduled (a retry, a hold)
   falls due, and the *reconciliation loop* applies a full listing every
-  ``reconcile_interval`` seconds;
+  ``reconcile_interval`` seconds, unless the source shows its watch missed nothing;
 * :mod:`~.builds` runs one task per ``StartBuild`` and feeds the result back as
   ``BuildFinished`` (fenced by checksum and generation);
 * :mod:`~.publication` keeps the serving-admission records in step with the committed groups;
@@ -498,9 +498,13 @@ class AdmissionService:
     async def _reconcile_loop(self) -> None:
         interval = self.settings.reconcile_interval
         await self._synced.wait()
+        # A source that can tell its watch missed nothing spares the relist (adapters/nats).
+        missed_nothing = getattr(self._source, "missed_nothing", None)
         while True:
             await asyncio.sleep(interval)
             try:
+                if missed_nothing is not None and await missed_nothing():
+                    continue
                 await self.reconcile()
             except Exception as exc:  # the live watch keeps going meanwhile
                 _log.warning(

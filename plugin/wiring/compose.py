@@ -121,15 +121,22 @@ async def create_service(
     from workerset_admission.adapters.nats.admission_publisher import NatsAdmissionPublisher
     from workerset_admission.adapters.nats.buckets import BucketSpec
     from workerset_admission.adapters.nats.connect import connect, connect_options
-    from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+    from workerset_admission.adapters.nats.source import (
+        DEFAULT_KEY_PREFIXES,
+        JetStreamDiscoverySource,
+        namespace_key_prefixes,
+    )
 
     settings = settings or load_settings()
     boundary = boundary_settings(settings)
     view = _view_hook(settings, view_files)
     options = connect_options(settings, servers)
+    # A frontend serving one namespace watches only that namespace's records.
+    only = settings.namespace_filter if settings.namespace_filter_mode == "exact" else None
     source: DiscoverySource = JetStreamDiscoverySource(
         options,
         bucket=settings.discovery_bucket,
+        key_prefixes=DEFAULT_KEY_PREFIXES if only is None else namespace_key_prefixes(only),
         create_bucket=True,
         bucket_spec=BucketSpec(name=settings.discovery_bucket, replicas=settings.bucket_replicas),
         started_in_outage=started_in_outage,

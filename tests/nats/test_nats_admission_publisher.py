@@ -1,4 +1,8 @@
-"""The admission publisher's coalescing, retry and withdrawal, over a small fake bucket."""
+"""The admission publisher's coalescing, retry, withdrawal and heartbeat, over a small fake bucket.
+
+The fake bucket is an older one (a max age, no per-key TTLs) unless a test asks for per-key
+TTLs: then liveness is the heartbeat and content is written when it changes.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,17 @@ from typing import Any
 import pytest
 from nats.errors import MaxPayloadError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    KeyNotFoundError,
+    KeyValueLimitMarkerTTLNotSupportedError,
+    NotFoundError,
+)
 from support.aio import eventually
 from workerset_admission.adapters.nats.admission_publisher import (
     NatsAdmissionPublisher,
     admission_keys,
+    heartbeat_key,
 )
 from workerset_admission.ports import AdmissionPublisher
 
@@ -29,8 +39,11 @@ class FakeKV:
         # payload it takes (nats-py refuses a larger one before sending it).
         self.unanswered: set[str] = set()
         self.max_payload = 1024 * 1024
+        self.revisions: dict[str, int] = {}
+        self.ttls: dict[str, float | None] = {}
+        self.sequence = 0
 
-    async def put(self, key: str, value: bytes) -> int:
+    async def put(self, key: str, value: bytes, ttl: float | None = None) -> int:
         if len(value) > self.max_payload:
             raise MaxPayloadError
         if key in self.unanswered:
@@ -41,30 +54,50 @@ class FakeKV:
             raise ConnectionError("bucket unreachable")
         self.data[key] = value
         self.writes.append(("put", key))
-        return len(self.writes)
+        self.sequence += 1
+        self.revisions[key] = self.sequence
+        self.ttls[key] = ttl
+        return self.sequence
 
     async def delete(self, key: str) -> bool:
         self.data.pop(key, None)
+        self.revisions.pop(key, None)
         self.writes.append(("delete", key))
         return True
 
     async def get(self, key: str) -> Any:
         if key not in self.data:
             raise KeyNotFoundError
-        return SimpleNamespace(key=key, value=self.data[key])
+        return SimpleNamespace(key=key, value=self.data[key], revision=self.revisions[key])
 
 
 class FakeJetStream:
-    def __init__(self) -> None:
+    def __init__(self, per_key_ttl: bool = False) -> None:
         self.kv = FakeKV()
         self.created: list[Any] = []
+        self.per_key_ttl = per_key_ttl
 
     async def stream_info(self, name: str) -> Any:
         raise NotFoundError
 
     async def create_key_value(self, config: Any) -> FakeKV:
+        if config.limit_marker_ttl is not None and not self.per_key_ttl:
+            raise KeyValueLimitMarkerTTLNotSupportedError  # an older server
         self.created.append(config)
         return self.kv
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str] | None = None,
+        msg_ttl: float | None = None,
+    ) -> Any:
+        key = subject.split(".", 2)[2]  # $KV.<bucket>.<key>
+        last = (headers or {}).get("Nats-Expected-Last-Subject-Sequence")
+        if last is not None and self.kv.revisions.get(key, 0) != int(last):
+            raise APIError(err_code=10071, description="wrong last sequence")
+        return SimpleNamespace(seq=await self.kv.put(key, payload, msg_ttl))
 
     async def key_value(self, name: str) -> FakeKV:
         if not self.created:
@@ -132,6 +165,14 @@ async def test_a_failed_write_is_retried_until_it_lands() -> None:
         "protocol": "v1",
         "capability": True,
         "frontend": "fe/1",
+        "liveness": "heartbeat",
+    }
+    # The heartbeat is written before the rest of its round, and retried with it.
+    await eventually(lambda: heartbeat_key("fe/1") in js.kv.data, "the heartbeat written")
+    assert json.loads(js.kv.data[heartbeat_key("fe/1")]) == {
+        "protocol": "v1",
+        "frontend": "fe/1",
+        "heartbeat": True,
     }
     await pub.withdraw_all()
 
@@ -143,7 +184,7 @@ async def test_withdrawal_deletes_every_record_and_ignores_later_changes() -> No
     await pub.publish_members("a", ["a/c/e/1"])
     await pub.publish_members("b", ["b/c/e/2"])
     await asyncio.wait_for(pub.flushed(), 5)
-    assert len(js.kv.data) == 3
+    assert len(js.kv.data) == 4  # two namespaces, the capability and the heartbeat
     await pub.withdraw_all()
     assert js.kv.data == {}
     await pub.publish_members("c", ["c/c/e/3"])
@@ -176,7 +217,7 @@ async def test_after_a_failed_write_the_bucket_is_made_again_and_every_record_re
     await pub.publish_members("ns1", ["ns1/c/e/1", "ns1/c/e/3"])
     await asyncio.wait_for(pub.flushed(), 5)
     capability, member = admission_keys("fe/1")
-    assert set(js.kv.data) == {capability, member("ns1"), member("ns2")}
+    assert set(js.kv.data) == {capability, member("ns1"), member("ns2"), heartbeat_key("fe/1")}
     assert [c.replicas for c in js.created] == [3]
     await pub.withdraw_all()
     assert js.kv.data == {}
@@ -191,7 +232,11 @@ async def test_republish_writes_every_record_again() -> None:
     js.kv.data.clear()  # another frontend re-created the bucket empty
     await pub.republish()
     await asyncio.wait_for(pub.flushed(), 5)
-    assert set(js.kv.data) == {admission_keys("fe/1")[0], admission_keys("fe/1")[1]("ns")}
+    assert set(js.kv.data) == {
+        admission_keys("fe/1")[0],
+        admission_keys("fe/1")[1]("ns"),
+        heartbeat_key("fe/1"),
+    }
     await pub.withdraw_all()
 
 
@@ -306,4 +351,57 @@ async def test_a_key_the_server_never_answers_delays_no_other_and_is_retried_alo
     assert js.kv.writes.count(("put", member("ns-b"))) == 1
     assert js.kv.writes.count(("put", member("ns-c"))) == 1
     assert any("works again" in r.getMessage() for r in caplog.records)
+    await pub.withdraw_all()
+
+
+async def test_with_per_key_ttls_a_frontend_at_rest_writes_only_its_heartbeat() -> None:
+    js = FakeJetStream(per_key_ttl=True)
+    pub = publisher(js, record_ttl=0.3, content_ttl=3600.0, audit_interval=None)
+    capability, member = admission_keys("fe/1")
+    beat = heartbeat_key("fe/1")
+    await pub.publish_capability()
+    await pub.publish_members("ns", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert pub.leased
+    assert js.created[0].ttl is None  # no max age: the heartbeat's TTL is what ages a frontend
+    assert js.kv.ttls == {beat: 0.3, capability: 3600.0, member("ns"): 3600.0}
+    assert json.loads(js.kv.data[member("ns")])["liveness"] == "heartbeat"
+    before = len(js.kv.writes)
+
+    await asyncio.sleep(1.0)  # ten heartbeat periods at rest
+
+    at_rest = js.kv.writes[before:]
+    assert set(at_rest) == {("put", beat)}
+    assert 6 <= len(at_rest) <= 11
+    await pub.withdraw_all()
+    assert js.kv.data == {}
+
+
+async def test_with_per_key_ttls_a_lost_heartbeat_has_every_record_written_again() -> None:
+    js = FakeJetStream(per_key_ttl=True)
+    pub = publisher(js, record_ttl=60.0, audit_interval=0.05)
+    await pub.publish_capability()
+    await pub.publish_members("ns", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    written = dict(js.kv.data)
+
+    js.kv.data.clear()  # the bucket was re-created empty behind the frontend's back
+    js.kv.revisions.clear()
+    await eventually(lambda: js.kv.data == written, "every record written again")
+    await pub.withdraw_all()
+
+
+async def test_with_per_key_ttls_a_heartbeat_overwritten_elsewhere_is_taken_for_a_lost_bucket() -> (
+    None
+):
+    js = FakeJetStream(per_key_ttl=True)
+    pub = publisher(js, record_ttl=0.15, audit_interval=None)
+    _capability, member = admission_keys("fe/1")
+    await pub.publish_capability()
+    await pub.publish_members("ns", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    await js.kv.put(heartbeat_key("fe/1"), b"{}")  # a newer revision this frontend did not write
+    del js.kv.data[member("ns")]
+    # The next heartbeat names the revision it wrote last, fails, and everything is rewritten.
+    await eventually(lambda: member("ns") in js.kv.data, "the members written again")
     await pub.withdraw_all()

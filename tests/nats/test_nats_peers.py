@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from workerset_admission.adapters.nats.peers import (
     PeerAwareSource,
     members_served_by_peers,
-    peers_resynced_at,
+    peers_resynced_ago,
     served_by_peers,
 )
 from workerset_admission.card.serving_record import BucketRead, RawEntry
@@ -144,14 +144,29 @@ async def test_listings_carry_the_peers_members_beside_their_checksums() -> None
     )
 
 
-def _capability(frontend: str, resynced_at: object = None) -> RawEntry:
+def _capability(
+    frontend: str,
+    resynced_at: object = None,
+    *,
+    server_at: float | None = None,
+    stored_at: float | None = None,
+) -> RawEntry:
     value: dict[str, object] = {"protocol": "v1", "capability": True, "frontend": frontend}
     if resynced_at is not None:
         value["resynced_at"] = resynced_at
-    return RawEntry(f"v1.{frontend}.capability", json.dumps(value).encode())
+    if server_at is not None or stored_at is not None:
+        value["liveness"] = "heartbeat"
+    if server_at is not None:
+        value["resynced_server_at"] = server_at
+    return RawEntry(f"v1.{frontend}.capability", json.dumps(value).encode(), stored_at)
 
 
-def test_the_latest_peer_resync_after_an_outage_is_read_from_the_capability_records() -> None:
+def _heartbeat(frontend: str) -> RawEntry:
+    value = {"protocol": "v1", "frontend": frontend, "heartbeat": True}
+    return RawEntry(f"v1.{frontend}.heartbeat", json.dumps(value).encode())
+
+
+def test_the_latest_peer_resync_of_an_older_writer_is_read_against_this_hosts_clock() -> None:
     read = BucketRead(
         entries=(
             _capability("fe-1", 1000.0),
@@ -161,8 +176,30 @@ def test_the_latest_peer_resync_after_an_outage_is_read_from_the_capability_reco
             _capability("fe-4", "yesterday"),  # refused: not a time
         )
     )
-    assert peers_resynced_at(read, "me") == 1010.5
-    assert peers_resynced_at(BucketRead(entries=(_capability("fe-3"),)), "me") is None
+    assert peers_resynced_ago(read, "me", wall=1020.5) == 10.0
+    assert peers_resynced_ago(BucketRead(entries=(_capability("fe-3"),)), "me", 1.0) is None
+
+
+def test_a_peer_resync_is_read_on_the_servers_clock_whatever_the_hosts_clocks_say() -> None:
+    # The peer's clock is two minutes ahead, this host's two minutes behind: neither is read.
+    for wall in (880.0, 1000.0, 1120.0):
+        learned = BucketRead(
+            entries=(_capability("fe-1", 1120.0, server_at=1000.0), _heartbeat("fe-1")),
+            server_time=1004.0,
+        )
+        assert peers_resynced_ago(learned, "me", wall) == 4.0
+        # Before the writer learned the server's time, the record's own store time says it.
+        first = BucketRead(
+            entries=(_capability("fe-1", 880.0, stored_at=1001.0), _heartbeat("fe-1")),
+            server_time=1004.0,
+        )
+        assert peers_resynced_ago(first, "me", wall) == 3.0
+
+
+def test_a_stopped_peer_says_nothing_of_a_resync() -> None:
+    # Its records said liveness is the heartbeat, and the heartbeat is gone.
+    read = BucketRead(entries=(_capability("fe-1", 1000.0, server_at=1000.0),), server_time=1001.0)
+    assert peers_resynced_ago(read, "me", 1001.0) is None
 
 
 async def test_listings_say_how_long_ago_a_peer_resynced() -> None:
