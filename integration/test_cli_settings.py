@@ -103,10 +103,12 @@ async def test_serve_reads_the_settings_it_shows(
         return await serve._serve_service(args.settings, args, handle, stop)
 
     reads = await reads_of(run_serve, args, settings, stopped=True)
-    # The Prometheus address is read in full only once a port is given; serve then opens it,
-    # which a test process shares with every other test, so the read is made here alone.
-    with_port = settings_for(nats_server.url, bucket_name, prometheus_port=0)
+    # The Prometheus address and the health endpoints' host are read only once a port is given;
+    # serve then opens them, which a test process shares with every other test, so the reads
+    # are made here alone.
+    with_port = settings_for(nats_server.url, bucket_name, prometheus_port=0, health_port=0)
     assert with_port.prometheus_address is not None
+    assert with_port.health_host == "127.0.0.1"
     assert reads | RecordingSettings.reads == expected("serve")
 
 

@@ -272,14 +272,16 @@ async def test_serve_fills_the_admission_bucket_again_after_losing_it(
             server,
             admission,
             process,
-            {"v1.fe-heal.capability"},
-            # What serve creates it with: records age out on their own, no removal markers.
-            spec=BucketSpec(name=admission, limit_marker_ttl=None, max_age=60.0),
+            {"v1.fe-heal.heartbeat", "v1.fe-heal.capability"},
+            # What serve creates it with: per-key TTLs (the heartbeat's 60 s) with removal
+            # markers, and no max age (content is written when it changes).
+            spec=BucketSpec(name=admission, limit_marker_ttl=60.0, max_age=None),
             # After a resync the capability also says when it happened (for late peers).
             same=_same_capability,
         )
     finally:
         returncode, _stdout, stderr = await _finish(process)
     assert returncode == 0, stderr.decode()
-    # Read back every 2 s: well before the records' own refresh (a third of their 60 s age).
+    # The writer's watch of its own keys, or its heartbeat read back every 2 s, brings the lost
+    # records back at once: not at the next heartbeat (a third of its 60 s TTL).
     assert seconds < 15, "the lost record came back only with the periodic refresh"
