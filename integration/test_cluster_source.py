@@ -130,6 +130,7 @@ async def wait_for(predicate: object, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.rollout  # a node killed under a stream of writes: the slower tier
 @pytest.mark.parametrize("victim", ["connected node", "stream leader"])
 async def test_the_source_carries_on_through_a_node_failure_and_misses_nothing(
     nats_cluster: NatsCluster, victim: str

@@ -466,6 +466,7 @@ def test_a_300_character_by_is_refused_and_nothing_is_written(
     assert drain_keys(nats_server.url, discovery) == []
 
 
+@pytest.mark.rollout  # a minute's wait for a heartbeat to expire: the slower tier
 def test_a_frontend_stopped_while_a_drain_waits_is_reported_unconfirmed_never_safe(
     nats_server: NatsServer, buckets: list[str], tmp_path: Path
 ) -> None:

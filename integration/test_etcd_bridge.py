@@ -408,6 +408,7 @@ DEAD_WORKER_LEASE = 20
 
 
 @pytest.mark.dynamo
+@pytest.mark.rollout  # a long fault under churn: the slower tier
 async def test_a_bridge_killed_and_restarted_while_workers_churn_converges(
     etcd_server: EtcdServer,
     etcd_client: aetcd.Client,

@@ -30,7 +30,8 @@ from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import Settings
 from workerset_admission.wiring.compose import create_service
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+# The slower tier (README: the rollout tier): long faults and concurrency trials, its own CI step.
+pytestmark = [pytest.mark.integration, pytest.mark.rollout, pytest.mark.timeout(150)]
 
 DISCOVERY = "dynamo-discovery"
 ADMISSION = "frontend-model-admission"

@@ -37,7 +37,8 @@ from workerset_admission.identity import EndpointId
 from workerset_admission.traces.replay import replay
 from workerset_admission.wiring.compose import create_service
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+# The slower tier (README: the rollout tier): long faults and concurrency trials, its own CI step.
+pytestmark = [pytest.mark.integration, pytest.mark.rollout, pytest.mark.timeout(180)]
 
 DISCOVERY = "dynamo-discovery"
 ADMISSION = "frontend-model-admission"

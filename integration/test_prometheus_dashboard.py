@@ -262,6 +262,7 @@ def labelled(value: float, **labels: str) -> tuple[frozenset[tuple[str, str]], f
     return frozenset(labels.items()), value
 
 
+@pytest.mark.rollout  # a rolling update scraped by a real Prometheus: the slower tier
 async def test_every_dashboard_query_shows_the_rolling_update_a_real_prometheus_scraped(
     prometheus_binary: str, nats_server_fn: NatsServer, tmp_path: Path
 ) -> None:

@@ -351,6 +351,7 @@ async def stop_recording_and_workers(
     return live
 
 
+@pytest.mark.rollout  # an outage longer than a TTL, recorded live: the slower tier
 async def test_record_from_the_bucket_through_an_outage_holds_and_lands_on_the_live_incumbent(
     nats_server_fn: NatsServer, tmp_path: Path
 ) -> None:
