@@ -176,6 +176,26 @@ def figures(
     )
 
 
+def measured(
+    outcome: Outcome, record: Callable[[str, object], None], tag: str
+) -> tuple[Figures, Figures]:
+    """Report what a fault cost each frontend (``record``: pytest's ``record_property``), print
+    it under ``[tag]``, check that each carried the load, and return the view's and direct's."""
+    from natsfixture import show
+
+    for name, result in outcome.figures.items():
+        record(f"{name}_failed", result.failed)
+        record(f"{name}_sent", result.sent)
+        record(f"{name}_longest_no_success_seconds", round(result.longest_gap, 3))
+        record(f"{name}_to_rejected", result.to_rejected)
+        show(f"[{tag}] {outcome.name}: {name} {result.row()} {dict(result.statuses)}")
+        for error in result.errors:
+            show(f"[{tag}]   {name} {error}")
+        # Both frontends carried the load the whole window (the load was not the fault).
+        assert result.sent >= 10, f"{name}: only {result.sent} requests were sent"
+    return outcome.figures["view"], outcome.figures["direct"]
+
+
 @dataclass(frozen=True, slots=True)
 class Flip:
     """A succession as one frontend saw it, from the last incumbent's SIGTERM."""

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from dynamoview import wait_for
 from natsfixture import restartable_server, show
-from sidebyside import Figures, Outcome, SideBySide, side_by_side
+from sidebyside import SideBySide, measured, side_by_side
 
 # The rollout tier: minutes of real workers under load (README, ".ci/run" runs it on its own).
 pytestmark = [
@@ -47,25 +47,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SideBySide]
         servers.close()
 
 
-def _measured(outcome: Outcome, record_property: pytest.RecordProperty) -> tuple[Figures, Figures]:
-    """Report what the fault cost each frontend; return the figures of view and direct."""
-    for name, figures in outcome.figures.items():
-        record_property(f"{name}_failed", figures.failed)
-        record_property(f"{name}_sent", figures.sent)
-        record_property(f"{name}_longest_no_success_seconds", round(figures.longest_gap, 3))
-        record_property(f"{name}_to_rejected", figures.to_rejected)
-        show(f"[availability] {outcome.name}: {name} {figures.row()}")
-        for error in figures.errors:
-            show(f"[availability]   {name} {error}")
-        # Both frontends carried the load the whole window (the load was not the fault).
-        assert figures.sent >= 10, f"{name}: only {figures.sent} requests were sent"
-    return outcome.figures["view"], outcome.figures["direct"]
-
-
 def test_a_fifteen_second_outage_of_the_plugins_nats_server_costs_the_view_nothing(
     deployment: SideBySide, record_property: pytest.RecordProperty
 ) -> None:
-    view, _direct = _measured(deployment.outage(15.0), record_property)
+    view, _direct = measured(deployment.outage(15.0), record_property, "availability")
 
     assert view.failed == 0, view.errors
 
@@ -73,7 +58,7 @@ def test_a_fifteen_second_outage_of_the_plugins_nats_server_costs_the_view_nothi
 def test_a_drained_worker_costs_the_view_nothing(
     deployment: SideBySide, record_property: pytest.RecordProperty
 ) -> None:
-    view, _direct = _measured(deployment.drain(), record_property)
+    view, _direct = measured(deployment.drain(), record_property, "availability")
 
     assert view.failed == 0, view.errors
 
@@ -81,7 +66,7 @@ def test_a_drained_worker_costs_the_view_nothing(
 def test_a_killed_worker_costs_the_view_no_more_than_dynamo_alone(
     deployment: SideBySide, record_property: pytest.RecordProperty
 ) -> None:
-    view, direct = _measured(deployment.kill(), record_property)
+    view, direct = measured(deployment.kill(), record_property, "availability")
 
     assert view.failed <= direct.failed, (view.errors, direct.errors)
 
@@ -106,7 +91,7 @@ def test_a_rolling_update_costs_the_view_no_more_than_dynamo_alone_and_never_ser
     outcome = deployment.rolling_update(
         rivals=2, spacing=5.0, before=late_frontend_serves_the_incumbent_only
     )
-    view, direct = _measured(outcome, record_property)
+    view, direct = measured(outcome, record_property, "availability")
 
     # No request reached the new cohort before the last old worker's SIGTERM.
     assert view.to_rejected == 0
@@ -133,7 +118,9 @@ def test_a_wiped_nats_store_costs_the_view_nothing_and_the_bridge_is_not_restart
 ) -> None:
     bridge = deployment.deployment.bridge
     assert bridge is not None
-    view, _direct = _measured(deployment.wipe(downtime=2.0, settle=15.0), record_property)
+    view, _direct = measured(
+        deployment.wipe(downtime=2.0, settle=15.0), record_property, "availability"
+    )
 
     assert bridge.poll() is None, "the bridge is the one that was started with the deployment"
     assert view.failed == 0, view.errors

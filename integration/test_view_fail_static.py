@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 from dynamoview import wait_for
 from natsfixture import restartable_server, show
-from sidebyside import Figures, Outcome, SideBySide, side_by_side
+from sidebyside import Outcome, SideBySide, measured, side_by_side
 
 # The rollout tier: minutes of real workers under load (README, ".ci/run" runs it on its own).
 pytestmark = [
@@ -47,18 +47,6 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SideBySide]
             yield running
     finally:
         servers.close()
-
-
-def _measured(outcome: Outcome, record_property: pytest.RecordProperty) -> tuple[Figures, Figures]:
-    for name, figures in outcome.figures.items():
-        record_property(f"{name}_failed", figures.failed)
-        record_property(f"{name}_sent", figures.sent)
-        record_property(f"{name}_longest_no_success_seconds", round(figures.longest_gap, 3))
-        show(f"[fail static] {outcome.name}: {name} {figures.row()} {dict(figures.statuses)}")
-        for error in figures.errors[:5]:
-            show(f"[fail static]   {name} {error}")
-        assert figures.sent >= 10, f"{name}: only {figures.sent} requests were sent"
-    return outcome.figures["view"], outcome.figures["direct"]
 
 
 def _view_files(deployment: SideBySide) -> set[str]:
@@ -99,7 +87,7 @@ def _stopped_for(deployment: SideBySide, seconds: float) -> Outcome:
 def test_serve_killed_and_restarted_late_costs_the_view_no_more_than_dynamo_alone(
     deployment: SideBySide, record_property: pytest.RecordProperty, seconds: float
 ) -> None:
-    view, direct = _measured(_killed_for(deployment, seconds), record_property)
+    view, direct = measured(_killed_for(deployment, seconds), record_property, "fail static")
 
     assert view.failed <= direct.failed, (view.errors, direct.errors)
     # The restarted writer adopted the view and serves from it.
@@ -113,7 +101,7 @@ def test_serve_killed_and_restarted_late_costs_the_view_no_more_than_dynamo_alon
 def test_serve_paused_past_the_stores_expiry_costs_the_view_no_more_than_dynamo_alone(
     deployment: SideBySide, record_property: pytest.RecordProperty, seconds: float
 ) -> None:
-    view, direct = _measured(_stopped_for(deployment, seconds), record_property)
+    view, direct = measured(_stopped_for(deployment, seconds), record_property, "fail static")
 
     assert view.failed <= direct.failed, (view.errors, direct.errors)
     for name, frontend in deployment.frontends.items():
@@ -138,7 +126,7 @@ def test_a_worker_that_leaves_while_serve_is_dead_is_measured_beside_dynamo_alon
     outcome = deployment._under_load(
         f"a worker SIGTERMed while serve is dead for {dead_for + 2:g} s", fault, settle=8.0
     )
-    view, direct = _measured(outcome, record_property)
+    view, direct = measured(outcome, record_property, "fail static")
     show(
         f"[fail static] departed worker during a dead writer: view lost {view.failed} of "
         f"{view.sent}, Dynamo alone {direct.failed} of {direct.sent}"
