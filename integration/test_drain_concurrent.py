@@ -26,6 +26,7 @@ import nats
 import pytest
 from nats.js.errors import KeyNotFoundError
 from natsfixture import NatsServer
+from support.buckets import live_keys
 from support.cards import base_card
 from workerset_admission import cli
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
@@ -105,7 +106,7 @@ async def served_members(url: str, admission: str, namespace: str) -> list[str]:
     try:
         try:
             kv = await nc.jetstream().key_value(admission)
-            keys = await kv.keys()
+            keys = await live_keys(kv)
         except Exception:
             return []
         members: list[str] = []

@@ -24,6 +24,7 @@ from urllib.parse import unquote
 import nats
 import pytest
 from natsfixture import NatsServer
+from support.buckets import live_keys
 from support.cards import base_card
 from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.identity import EndpointId
@@ -124,7 +125,7 @@ async def bucket_keys(url: str, bucket: str) -> list[str]:
     nc = await nats.connect(url)
     try:
         kv = await nc.jetstream().key_value(bucket)
-        return sorted(await kv.keys())
+        return await live_keys(kv)
     finally:
         await nc.close()
 

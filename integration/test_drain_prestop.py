@@ -29,6 +29,7 @@ from urllib.parse import unquote
 
 import nats
 import pytest
+from support.buckets import live_keys
 from support.workers import file_discovery_environment, write_model_dir
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer, free_loopback_port
 
@@ -185,7 +186,7 @@ async def drains(url: str, bucket: str) -> list[str]:
     nc = await nats.connect(url)
     try:
         kv = await nc.jetstream().key_value(bucket)
-        return sorted(k for k in await kv.keys() if k.startswith("v1.drain."))
+        return await live_keys(kv, "v1.drain.>")
     finally:
         await nc.close()
 

@@ -18,6 +18,7 @@ import pytest
 from dynamofrontend import free_port, running_frontend
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
+from support.buckets import live_keys
 from support.cards import base_card
 from support.workers import (
     InProcessWorker,
@@ -249,7 +250,7 @@ async def test_the_real_frontend_serves_the_extensions_routes_over_http(
             member = f"{NAMESPACE}/backend/generate/{worker:x}"
 
             async def published() -> bool:
-                for key in await _live_keys(admission):
+                for key in await live_keys(admission):
                     record = json.loads((await admission.get(key)).value)
                     if member in record.get("members", []):
                         return True
@@ -258,7 +259,7 @@ async def test_the_real_frontend_serves_the_extensions_routes_over_http(
             await _eventually(published, 30, "the serving-admission record")
             process.terminate()
             await asyncio.to_thread(process.wait, 20)
-            assert await _live_keys(admission) == []
+            assert await live_keys(admission) == []
         finally:
             await client.close()
 
@@ -293,12 +294,3 @@ async def test_the_workersets_route_names_what_a_conflicting_card_differs_in(
     [workerset] = [s for s in (await get(WORKERSETS_PATH))[1]["workersets"] if s["model"] == MODEL]
     assert workerset["group_id"] == rejection["group_id"]
     assert workerset["rejected"] == [rejection["rejected_checksum"]]
-
-
-async def _live_keys(kv: KeyValue) -> list[str]:
-    from nats.js.errors import NoKeysError
-
-    try:
-        return list(await kv.keys())
-    except NoKeysError:
-        return []

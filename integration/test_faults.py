@@ -24,6 +24,7 @@ import time
 
 import pytest
 from natsfixture import NatsServer
+from support.buckets import live_keys
 from support.fleet import (
     ADMISSION,
     NEW,
@@ -320,7 +321,7 @@ async def test_a_stopped_service_withdraws_its_serving_records(server: NatsServe
 
         async def member_records() -> list[str]:
             with contextlib.suppress(Exception):
-                return [k for k in await admission.keys() if ".members." in k]
+                return [k for k in await live_keys(admission) if ".members." in k]
             return []
 
         async with running(server.url) as (service, _):

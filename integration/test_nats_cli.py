@@ -14,6 +14,7 @@ from pathlib import Path
 import nats
 import pytest
 from natsfixture import NatsServer
+from support.buckets import live_keys
 from support.cards import base_card
 from workerset_admission import cli
 from workerset_admission.cli.traces import record_trace
@@ -65,11 +66,7 @@ class LineSink:
 async def bucket_keys(url: str, bucket: str) -> list[str]:
     nc = await nats.connect(url)
     try:
-        kv = await nc.jetstream().key_value(bucket)
-        try:
-            return sorted(await kv.keys())
-        except nats.js.errors.NoKeysError:
-            return []
+        return await live_keys(await nc.jetstream().key_value(bucket))
     finally:
         await nc.close()
 

@@ -43,6 +43,7 @@ from secfixture import (
     users_config,
     worker_permissions,
 )
+from support.buckets import live_keys
 from support.cards import base_card
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
@@ -228,7 +229,7 @@ async def test_a_worker_writes_its_own_namespace_but_not_another(
 
     async with client(users_server, user="admin", password=material.admin_password) as (nc, _):
         kv = await nc.jetstream().key_value(DISCOVERY)
-        assert sorted(await kv.keys()) == [record_key("ns-a", 0x1F)]
+        assert await live_keys(kv) == [record_key("ns-a", 0x1F)]
 
 
 # -- the plugin --------------------------------------------------------------------------------
@@ -319,7 +320,7 @@ async def test_a_frontend_writes_its_own_serving_records_and_no_other_frontends(
         await until_violation(log)
     async with client(users_server, user="admin", password=material.admin_password) as (nc, _):
         admission = await nc.jetstream().key_value(ADMISSION)
-        assert sorted(await admission.keys()) == ["v1.frontend-2.capability"]
+        assert await live_keys(admission) == ["v1.frontend-2.capability"]
 
 
 async def until_violation(log: ErrorLog) -> None:
@@ -524,7 +525,7 @@ async def test_a_drain_user_drains_its_own_namespace_and_is_refused_another(
 
     async with client(users_server, user="admin", password=material.admin_password) as (nc, _):
         kv = await nc.jetstream().key_value(DISCOVERY)
-        drains = sorted(k for k in await kv.keys() if k.startswith("v1.drain."))
+        drains = await live_keys(kv, "v1.drain.>")
     assert drains == ["v1.drain.ns-a.1f"]
 
 
@@ -812,7 +813,7 @@ async def test_the_bridge_mirrors_under_its_documented_permissions(
     assert "refused" not in ran.stderr, ran.stderr
     async with client(users_server, user="admin", password=material.admin_password) as (nc, _):
         kv = await nc.jetstream().key_value(DISCOVERY)
-        assert sorted(await kv.keys()) == ["v1.drain.ns-a.1f"]
+        assert await live_keys(kv) == ["v1.drain.ns-a.1f"]
 
 
 async def test_the_gate_answers_under_its_documented_permissions(
@@ -860,7 +861,7 @@ async def test_register_writes_its_own_namespace_under_the_workers_documented_pe
     assert ran.returncode == 0, ran.stderr
     async with client(users_server, user="admin", password=material.admin_password) as (nc, _):
         kv = await nc.jetstream().key_value(DISCOVERY)
-        assert record_key("ns-a", 0x1F) in await kv.keys()
+        assert record_key("ns-a", 0x1F) in await live_keys(kv)
 
 
 async def test_a_host_drain_is_all_or_nothing_across_namespaces_and_limited_by_namespace(
@@ -893,7 +894,7 @@ async def test_a_host_drain_is_all_or_nothing_across_namespaces_and_limited_by_n
             _,
         ):
             kv = await nc.jetstream().key_value(DISCOVERY)
-            return sorted(k for k in await kv.keys() if k.startswith("v1.drain."))
+            return await live_keys(kv, "v1.drain.>")
 
     # Every namespace on the host: ns-b is refused before anything is written, ns-a's too.
     everything = await asyncio.to_thread(

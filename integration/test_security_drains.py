@@ -18,6 +18,7 @@ from pathlib import Path
 import nats
 import pytest
 from secfixture import SecurityMaterial, configured_server, inbox_prefix, users_config
+from support.buckets import live_keys
 from support.cards import base_card
 from test_security_namespaces import (
     ADMISSION,
@@ -71,7 +72,7 @@ async def drain_related_keys(url: str, password: str) -> list[str]:
     nc = await nats.connect(url, user="admin", password=password)
     try:
         kv = await nc.jetstream().key_value(DISCOVERY)
-        keys = await kv.keys()
+        keys = await live_keys(kv)
         return sorted(k for k in keys if k.startswith((DRAIN_PREFIX, "v1.budget.")))
     finally:
         await nc.close()

@@ -12,6 +12,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from natsfixture import NatsServer
+from support.buckets import live_keys
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.card import model_kv_key
@@ -76,7 +77,7 @@ async def test_the_bridge_on_a_missing_store_exits_nonzero_with_one_line_and_del
     assert out == ""
     assert len(err.strip().splitlines()) == 1, err
     assert "file store" in err
-    assert sorted(await bucket.keys()) == sorted(keys)
+    assert await live_keys(bucket) == sorted(keys)
 
 
 async def test_a_registered_workers_key_survives_every_bridge_prune_and_stale_bridge_keys_go(
