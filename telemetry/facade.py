@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind
@@ -49,6 +49,9 @@ from workerset_admission.telemetry.instruments import AdmissionInstruments, Admi
 from workerset_admission.telemetry.logs import named_for_hosts
 from workerset_admission.telemetry.propagation import link_from_headers
 from workerset_admission.telemetry.scopes import DEFAULT_DECISION, BuildScope, UpdateScope
+
+if TYPE_CHECKING:
+    from workerset_admission.telemetry.worker_state_page import PrometheusPage
 
 __all__ = [
     "DEFAULT_DECISION",
@@ -84,6 +87,8 @@ class AdmissionTelemetry:
     ``messaging.destination.name``. ``rejection_logger`` receives the ERROR records.
     ``trace_updates=False`` skips the per-update span (counts and latency are still recorded);
     with it on, the SDK's sampler (``OTEL_TRACES_SAMPLER``) decides which updates are kept.
+    ``prometheus_page`` is the endpoint ``setup_telemetry`` serves (``TelemetryHandle``): the
+    per-worker state family is served there as kept text (``worker_state_page``).
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class AdmissionTelemetry:
         bucket: str = DISCOVERY_BUCKET,
         trace_updates: bool = True,
         rejection_logger: logging.Logger | None = None,
+        prometheus_page: PrometheusPage | None = None,
     ) -> None:
         self.trace_updates = trace_updates
         self.bucket = bucket
@@ -110,7 +116,7 @@ class AdmissionTelemetry:
             logging.getLogger(f"{n.PREFIX}.admission")
         )
         self._group_ids: dict[object, str] = {}
-        self._instruments = AdmissionInstruments(meter)
+        self._instruments = AdmissionInstruments(meter, prometheus_page)
 
     # --- discovery updates -------------------------------------------------------------------
 

@@ -7,12 +7,18 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 from workerset_admission.errors import REFUSAL_REASONS
 from workerset_admission.telemetry import names as n
+from workerset_admission.telemetry.worker_state_page import (
+    COUNTS_DESCRIPTION,
+    STATES_DESCRIPTION,
+    WorkerStateFold,
+    served_as_text,
+)
 from workerset_admission.telemetry.worker_states import (
     DIFFERS_IN_UNKNOWN,
     STATE_TABLE,
@@ -21,8 +27,10 @@ from workerset_admission.telemetry.worker_states import (
     WorkerSetLabels,
     WorkerSetState,
     rejection_reasons,
-    worker_sets,
 )
+
+if TYPE_CHECKING:
+    from workerset_admission.telemetry.worker_state_page import PrometheusPage
 
 __all__ = ["AdmissionInstruments", "AdmissionStateSummary", "HeldGroup"]
 
@@ -106,14 +114,14 @@ _OBSERVED: Final = (
         n.METRIC_ROUTER_WORKERS,
         "_observe_router_workers",
         "{worker}",
-        "Workers per WorkerSet by router state: discovered, available, pending, excluded.",
+        COUNTS_DESCRIPTION,
     ),
     (
         "gauge",
         n.METRIC_ROUTER_WORKER_STATE,
         "_observe_worker_state",
         "{state}",
-        "Each worker's current router state and its reason (1 = current).",
+        STATES_DESCRIPTION,
     ),
     (
         "gauge",
@@ -185,14 +193,14 @@ class AdmissionInstruments:
     here. Rejections, successions and holds are counted per model and reported for every model
     that has a group, 0 included, so a query's ``increase()`` sees the first one: Prometheus
     takes a series' first sample as its start, not as an increase from nothing.
+
+    With a ``page`` (the Prometheus endpoint ``setup_telemetry`` serves), the per-WorkerSet
+    counts and the per-worker states are served there as the fold's kept text, not rendered by
+    the SDK's Prometheus reader; every other reader still collects them (``worker_state_page``).
     """
 
-    def __init__(self, meter: metrics.Meter) -> None:
+    def __init__(self, meter: metrics.Meter, page: PrometheusPage | None = None) -> None:
         self._state: Callable[[], AdmissionStateSummary] | None = None
-        # The worker states of the last groups read, kept while the same groups are read again:
-        # one collection reads the state once per gauge.
-        self._sets_of: tuple[object, object] | None = None
-        self._sets: tuple[WorkerSetState, ...] = ()
         # When each tenure began (Unix time), by group, with the receiver that names the tenure.
         self._tenures: dict[object, tuple[int | None, float]] = {}
         self._lag: float | None = None
@@ -202,6 +210,10 @@ class AdmissionInstruments:
         # a held incumbent may have no card left to compare with.
         self._differs: dict[tuple[str, str], str] = {}
         self._holds: dict[str, int] = {}
+        # Every WorkerSet's worker states, followed group by group as the groups change.
+        self._fold = WorkerStateFold(self._differs)
+        if page is not None:
+            page.carry(self._fold, self._kept_text)
         self._update_counts: dict[tuple[str, str], int] = {}
         self._update_labels: dict[tuple[str, str], dict[str, str]] = {}
         self._latency_seen = 0
@@ -364,7 +376,8 @@ class AdmissionInstruments:
 
     def _per_model(self, counts: Mapping[str, int]) -> Iterable[Observation]:
         summary = self._summary()
-        models = (WorkerSetLabels.of(g.group).model for g in summary.groups) if summary else ()
+        # The model as WorkerSetLabels reads it, without parsing the rest of the group's key.
+        models = (str(getattr(g.group, "model", "")) for g in summary.groups) if summary else ()
         every = dict.fromkeys(models, 0)
         every.update(counts)
         # A group object without a model (only a host's own, never the service's) has no label.
@@ -394,24 +407,33 @@ class AdmissionInstruments:
             del self._tenures[group]
 
     def _worker_sets(self, summary: AdmissionStateSummary) -> tuple[WorkerSetState, ...]:
-        of = (summary.groups, summary.rejections)
-        if self._sets_of is None or of[0] is not self._sets_of[0] or of[1] is not self._sets_of[1]:
-            self._sets = worker_sets(summary.groups, summary.rejections, self._differs)
-            self._sets_of = of
-        return self._sets
+        self._fold.refresh(summary.groups, summary.rejections)
+        return self._fold.sets()
+
+    def _kept_text(self) -> Mapping[str, bytes]:
+        summary = self._summary()
+        if summary is None:
+            return {}
+        self._fold.refresh(summary.groups, summary.rejections)
+        return self._fold.text()
 
     def _observe_router_workers(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if served_as_text(self._fold):
+            return []  # the page being rendered serves the fold's kept text instead
         summary = self._summary()
         if summary is None:
             return []
+        self._fold.refresh(summary.groups, summary.rejections)
         out = []
-        for worker_set in self._worker_sets(summary):
-            labels = worker_set.labels.as_dict()
-            for state, count in worker_set.counts().items():
+        for worker_set, counts in self._fold.counts():
+            labels = worker_set.as_dict()
+            for state, count in counts.items():
                 out.append(Observation(count, {**labels, n.LABEL_STATE: state}))
         return out
 
     def _observe_worker_state(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if served_as_text(self._fold):
+            return []  # the page being rendered serves the fold's kept text instead
         summary = self._summary()
         if summary is None:
             return []

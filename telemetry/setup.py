@@ -16,7 +16,9 @@ standard environment variables:
 
 Metrics can also be served in the Prometheus text format on a loopback port, through the
 OpenTelemetry Prometheus exporter, with a registry of our own (so two setups in one process,
-or a host's own prometheus_client metrics, never collide).
+or a host's own prometheus_client metrics, never collide). The endpoint is a
+``worker_state_page.PrometheusPage``: the per-worker state family, one series per worker, is
+served there as text the telemetry keeps, not rendered by the exporter at every scrape.
 
 An exporter that cannot reach its collector costs only the telemetry it drops: the exports run
 on the SDK's own threads, and the failure is said once per outage (one WARNING of ours, one
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
+    from workerset_admission.telemetry.worker_state_page import PrometheusPage
 
 __all__ = ["DEFAULT_SERVICE_NAME", "TelemetryHandle", "setup_telemetry"]
 
@@ -59,7 +62,8 @@ class TelemetryHandle:
     ``tracer_provider`` / ``meter_provider`` are None when that signal is off; hand them to
     ``AdmissionTelemetry`` (they are also the global providers when the setup set them).
     ``prometheus_port`` is the port the metrics endpoint listens on, when one was asked for,
-    and ``prometheus_url`` its whole address (``http://host:port/metrics``).
+    ``prometheus_url`` its whole address (``http://host:port/metrics``), and
+    ``prometheus_page`` the page it serves (hand it to ``AdmissionTelemetry`` too).
     """
 
     def __init__(
@@ -70,12 +74,14 @@ class TelemetryHandle:
         closers: Sequence[Callable[[], None]],
         *,
         prometheus_url: str | None = None,
+        prometheus_page: PrometheusPage | None = None,
         exports: Sequence[_ExportHealth] = (),
     ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.prometheus_port = prometheus_port
         self.prometheus_url = prometheus_url
+        self.prometheus_page = prometheus_page
         self._closers = list(closers)
         self._exports = list(exports)
         self._lock = threading.Lock()
@@ -393,18 +399,23 @@ def _metric_reader(choice: str, healths: list[_ExportHealth]) -> MetricReader:
     return PeriodicExportingMetricReader(_watched_metric_exporter(exporter, health))
 
 
-def _prometheus(host: str, port: int) -> tuple[MetricReader, int, Callable[[], None]]:
+def _prometheus(
+    host: str, port: int
+) -> tuple[MetricReader, PrometheusPage, int, Callable[[], None]]:
     try:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
     except ImportError as exc:  # pragma: no cover - a dependency of the package
         raise ConfigError(
             "the Prometheus endpoint needs opentelemetry-exporter-prometheus"
         ) from exc
+    from workerset_admission.telemetry.worker_state_page import PrometheusPage
+
     registry = CollectorRegistry(auto_describe=True)
     reader = PrometheusMetricReader(registry=registry)
+    page = PrometheusPage(registry)
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        server, thread = page.start(host, port)
     except OSError as exc:
         raise ConfigError(f"cannot serve Prometheus metrics on {host}:{port}: {exc}") from exc
 
@@ -413,7 +424,7 @@ def _prometheus(host: str, port: int) -> tuple[MetricReader, int, Callable[[], N
         server.server_close()
         thread.join(timeout=5)
 
-    return reader, int(server.server_port), close
+    return reader, page, int(server.server_port), close
 
 
 def setup_telemetry(
@@ -463,8 +474,9 @@ def setup_telemetry(
 
     prometheus_port: int | None = None
     prometheus_url: str | None = None
+    prometheus_page: PrometheusPage | None = None
     if prometheus is not None:
-        reader, prometheus_port, close = _prometheus(*prometheus)
+        reader, prometheus_page, prometheus_port, close = _prometheus(*prometheus)
         readers.append(reader)
         closers.append(close)
         host = f"[{prometheus[0]}]" if ":" in prometheus[0] else prometheus[0]
@@ -498,5 +510,6 @@ def setup_telemetry(
         prometheus_port,
         closers,
         prometheus_url=prometheus_url,
+        prometheus_page=prometheus_page,
         exports=healths,
     )

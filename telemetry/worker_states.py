@@ -46,6 +46,7 @@ __all__ = [
     "WorkerSetLabels",
     "WorkerSetState",
     "differs_in",
+    "merged_workers",
     "rejection_reasons",
     "worker_sets",
     "worker_state",
@@ -316,14 +317,30 @@ def worker_sets(
     ``remembered`` is :func:`rejection_reasons`' memory of what checksum pairs differ in.
     """
     reasons = rejection_reasons(rejections, remembered)
-    pools: dict[WorkerSetLabels, dict[int, tuple[str, str]]] = {}
+    members: dict[WorkerSetLabels, list[GroupLike]] = {}
     for group in groups:
-        pool = pools.setdefault(WorkerSetLabels.of(group.group), {})
+        members.setdefault(WorkerSetLabels.of(group.group), []).append(group)
+    return tuple(
+        WorkerSetState(labels, merged_workers(members[labels], reasons))
+        for labels in sorted(members)
+    )
+
+
+def merged_workers(
+    groups: Iterable[GroupLike], reasons: Mapping[tuple[object, str], str]
+) -> dict[int, tuple[str, str]]:
+    """Merge the workers of ``groups`` (one WorkerSet's, in status order), each at its best.
+
+    ``reasons`` is :func:`rejection_reasons`' answer; a worker listed by two groups keeps the
+    state of the first that ranks highest.
+    """
+    pool: dict[int, tuple[str, str]] = {}
+    for group in groups:
         for worker, found in _group_workers(group, reasons).items():
             known = pool.get(worker)
             if known is None or _rank(found) > _rank(known):
                 pool[worker] = found
-    return tuple(WorkerSetState(labels, pools[labels]) for labels in sorted(pools))
+    return pool
 
 
 def _rank(found: tuple[str, str]) -> int:

@@ -69,6 +69,7 @@ def admission_telemetry(settings: Settings, handle: TelemetryHandle) -> Admissio
         tracer_provider=handle.tracer_provider,
         meter_provider=handle.meter_provider,
         bucket=settings.discovery_bucket,
+        prometheus_page=handle.prometheus_page,
     )
 
 

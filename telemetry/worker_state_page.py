@@ -1,0 +1,387 @@
+"""The worker families in Dynamo's vocabulary, kept per WorkerSet as groups change, served as bytes.
+
+Theory of operation
+-------------------
+``workerset_admission_router_worker_state`` has one series per worker, and
+``workerset_admission_router_workers`` four per WorkerSet, so on a large fleet they are nearly
+all of the Prometheus page; rendered by the OpenTelemetry SDK, every scrape costs Python work
+per series (an observation, an aggregation, a label row, a formatted line) while the service's
+loop waits for the GIL. This module keeps both families instead:
+
+* :class:`WorkerStateFold` is a fold over the group reports the gauges read. The service's
+  status fold keeps a group's report object until that group changes, so a read compares each
+  group's report with the one kept by identity (linear in the groups, not the workers), works
+  out again only the WorkerSets a changed group belongs to (:func:`merged_workers`), and formats
+  the line of only the workers whose state or ``differs_in`` moved. Each WorkerSet's lines are
+  kept joined as one block, beside its per-state counts and their four lines; each family's
+  text is the blocks in label order, joined again only after a change.
+* :class:`PrometheusPage` serves the page: the SDK renders every other family as before
+  (content negotiation, ``name[]``, gzip, as ``prometheus_client`` serves them), and these two
+  families are added as the kept bytes. While the SDK collects for the page, their callbacks
+  yield nothing for a fold the page carries: :func:`served_as_text` reads a thread-local that
+  names the folds of the page being rendered, and the SDK runs the callbacks on the rendering
+  thread. So the Prometheus reader never holds those points, and every other reader (the OTLP
+  export) still collects the same gauges through the SDK, read from the same fold.
+
+The plain path is ``worker_states.worker_sets`` and :func:`exposition`; a differential test
+(``tests/telemetry/test_worker_state_page.py``) holds the fold to them after random histories,
+and the text to what the SDK's Prometheus exporter renders for the same states.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import wsgiref.simple_server
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import parse_qs
+
+from workerset_admission import __version__
+from workerset_admission.telemetry import names as n
+from workerset_admission.telemetry.worker_states import (
+    COUNT_STATES,
+    STATE_TABLE,
+    GroupLike,
+    RejectionLike,
+    WorkerSetLabels,
+    WorkerSetState,
+    merged_workers,
+    rejection_reasons,
+)
+
+__all__ = [
+    "COUNTS",
+    "COUNTS_DESCRIPTION",
+    "STATES",
+    "STATES_DESCRIPTION",
+    "PrometheusPage",
+    "WorkerStateFold",
+    "exposition",
+    "served_as_text",
+]
+
+# The two families as the SDK's Prometheus exporter names them, and their descriptions.
+COUNTS: Final = n.METRIC_ROUTER_WORKERS.replace(".", "_")
+COUNTS_DESCRIPTION: Final = (
+    "Workers per WorkerSet by router state: discovered, available, pending, excluded."
+)
+STATES: Final = n.METRIC_ROUTER_WORKER_STATE.replace(".", "_")
+STATES_DESCRIPTION: Final = "Each worker's current router state and its reason (1 = current)."
+# The exporter's scope labels on every point of the plugin's meter (``AdmissionTelemetry``).
+_SCOPE: Final = {
+    "otel_scope_name": n.INSTRUMENTATION_NAME,
+    "otel_scope_schema_url": "",
+    "otel_scope_version": __version__,
+}
+_EOF: Final = b"# EOF\n"
+
+_rendering = threading.local()
+
+
+def served_as_text(fold: WorkerStateFold) -> bool:
+    """Tell whether this thread is rendering a page that serves ``fold`` as kept text."""
+    folds: frozenset[WorkerStateFold] = getattr(_rendering, "folds", frozenset())
+    return fold in folds
+
+
+def _escape(value: str) -> str:
+    # prometheus_client's escaping of a label value, in both text formats.
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _header(family: str, description: str) -> bytes:
+    help_text = description.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {family} {help_text}\n# TYPE {family} gauge\n".encode()
+
+
+_HEADERS: Final = {
+    COUNTS: _header(COUNTS, COUNTS_DESCRIPTION),
+    STATES: _header(STATES, STATES_DESCRIPTION),
+}
+
+
+def _sample(family: str, labels: Mapping[str, str], value: int) -> bytes:
+    from prometheus_client.utils import floatToGoString
+
+    number: Callable[[float], str] = floatToGoString  # the exporter's way of writing a value
+    every = {**labels, **_SCOPE}
+    pairs = ",".join(f'{key}="{_escape(every[key])}"' for key in sorted(every))
+    return f"{family}{{{pairs}}} {number(value)}\n".encode()
+
+
+def _line(labels: WorkerSetLabels, worker: int, state: str, why: str) -> bytes:
+    router = STATE_TABLE[state]
+    every = {
+        **labels.as_dict(),
+        n.LABEL_ROUTER_WORKER_ID: str(worker),
+        n.LABEL_STATE: router.state,
+        n.LABEL_REASON: router.reason,
+        n.LABEL_DIFFERS_IN: why,
+    }
+    return _sample(STATES, every, 1)
+
+
+def _count_lines(labels: WorkerSetLabels, counts: Mapping[str, int]) -> bytes:
+    every = labels.as_dict()
+    return b"".join(
+        _sample(COUNTS, {**every, n.LABEL_STATE: state}, count) for state, count in counts.items()
+    )
+
+
+def _families(counts: Sequence[bytes], states: Sequence[bytes]) -> dict[str, bytes]:
+    # As the SDK: a family without a point is left out, HELP and TYPE lines included. A join,
+    # not ``+``: bytes.join lets go of the GIL while it copies a large page.
+    return {
+        COUNTS: b"".join((_HEADERS[COUNTS], *counts)) if any(counts) else b"",
+        STATES: b"".join((_HEADERS[STATES], *states)) if any(states) else b"",
+    }
+
+
+def exposition(sets: Iterable[WorkerSetState]) -> dict[str, bytes]:
+    """Render both families' text for ``sets`` whole, in label order: the plain path."""
+    ordered = sorted(sets, key=lambda s: s.labels)
+    counts = [_count_lines(worker_set.labels, worker_set.counts()) for worker_set in ordered]
+    states = [
+        _line(worker_set.labels, worker, state, why)
+        for worker_set in ordered
+        for worker, (state, why) in sorted(worker_set.workers.items())
+    ]
+    return _families(counts, states)
+
+
+@dataclass(slots=True)
+class _Kept:
+    """One WorkerSet: its workers' states, their lines, the lines joined, the counts' lines."""
+
+    workers: dict[int, tuple[str, str]]
+    lines: dict[int, bytes]
+    block: bytes
+    counts: dict[str, int]
+    count_lines: bytes
+
+
+class WorkerStateFold:
+    """Every WorkerSet's worker states and their exposition lines; see the module doc.
+
+    ``remembered`` is :func:`rejection_reasons`' memory of what checksum pairs differ in,
+    shared with the other gauges that read it. Safe from any thread.
+    """
+
+    def __init__(self, remembered: dict[tuple[str, str], str] | None = None) -> None:
+        self._remembered = remembered if remembered is not None else {}
+        self._lock = threading.Lock()
+        self._of: tuple[object, object] | None = None
+        self._reports: dict[object, GroupLike] = {}
+        self._labels_of: dict[object, WorkerSetLabels] = {}
+        self._members: dict[WorkerSetLabels, set[object]] = {}
+        self._reasons: dict[tuple[object, str], str] = {}
+        self._kept: dict[WorkerSetLabels, _Kept] = {}
+        self._order: list[WorkerSetLabels] | None = []
+        self._text: dict[str, bytes] | None = _families((), ())
+        self.lines_written = 0
+
+    def refresh(self, groups: Sequence[GroupLike], rejections: Sequence[RejectionLike]) -> None:
+        """Follow the groups and standing rejections the service shows now."""
+        with self._lock:
+            if self._of is not None and groups is self._of[0] and rejections is self._of[1]:
+                return
+            self._of = (groups, rejections)
+            reasons = rejection_reasons(rejections, self._remembered)
+            dirty: set[WorkerSetLabels] = set()
+            position: dict[object, int] = {}
+            current: dict[object, GroupLike] = {}
+            for index, group in enumerate(groups):
+                key = group.group
+                position[key] = index
+                current[key] = group
+                if self._reports.get(key) is not group:
+                    dirty.add(self._index(key))
+            for key in self._reports.keys() - current.keys():
+                labels = self._labels_of.pop(key)
+                self._members[labels].discard(key)
+                dirty.add(labels)
+            for pair in reasons.keys() | self._reasons.keys():
+                if reasons.get(pair) != self._reasons.get(pair) and pair[0] in self._labels_of:
+                    dirty.add(self._labels_of[pair[0]])
+            self._reports = current
+            self._reasons = reasons
+            for labels in dirty:
+                self._rebuild(labels, current, position)
+
+    def sets(self) -> tuple[WorkerSetState, ...]:
+        """Every WorkerSet's workers with their states, sorted by labels (as ``worker_sets``)."""
+        with self._lock:
+            return tuple(
+                WorkerSetState(labels, self._kept[labels].workers) for labels in self._sorted()
+            )
+
+    def counts(self) -> tuple[tuple[WorkerSetLabels, Mapping[str, int]], ...]:
+        """Every WorkerSet's workers per upstream state, as ``WorkerSetState.counts``."""
+        with self._lock:
+            return tuple((labels, self._kept[labels].counts) for labels in self._sorted())
+
+    def text(self) -> Mapping[str, bytes]:
+        """Return each family's exposition by name (HELP, TYPE, its lines; empty without any)."""
+        with self._lock:
+            if self._text is None:
+                kept = [self._kept[labels] for labels in self._sorted()]
+                self._text = _families([k.count_lines for k in kept], [k.block for k in kept])
+            return self._text
+
+    # -- the fold ----------------------------------------------------------------------------
+
+    def _index(self, key: object) -> WorkerSetLabels:
+        labels = self._labels_of.get(key)
+        if labels is None:
+            labels = self._labels_of[key] = WorkerSetLabels.of(key)
+            self._members.setdefault(labels, set()).add(key)
+        return labels
+
+    def _sorted(self) -> list[WorkerSetLabels]:
+        if self._order is None:
+            self._order = sorted(self._kept)
+        return self._order
+
+    def _rebuild(
+        self,
+        labels: WorkerSetLabels,
+        current: Mapping[object, GroupLike],
+        position: Mapping[object, int],
+    ) -> None:
+        self._text = None
+        keys = self._members.get(labels)
+        if not keys:
+            self._members.pop(labels, None)
+            if self._kept.pop(labels, None) is not None:
+                self._order = None
+            return
+        groups = [current[key] for key in sorted(keys, key=position.__getitem__)]
+        workers = merged_workers(groups, self._reasons)
+        kept = self._kept.get(labels)
+        if kept is None:
+            kept = self._kept[labels] = _Kept({}, {}, b"", {}, b"")
+            self._order = None
+        lines = kept.lines
+        for worker in kept.workers.keys() - workers.keys():
+            del lines[worker]
+        for worker, found in workers.items():
+            if kept.workers.get(worker) != found:
+                lines[worker] = _line(labels, worker, *found)
+                self.lines_written += 1
+        # A new dict, never changed after: a reader on another thread may still iterate the last.
+        kept.workers = workers
+        kept.block = b"".join(lines[worker] for worker in sorted(lines))
+        counts = dict.fromkeys(COUNT_STATES, 0)
+        counts["discovered"] = len(workers)
+        for state, _ in workers.values():
+            counts[STATE_TABLE[state].state] += 1
+        if counts != kept.counts:
+            kept.counts = counts
+            kept.count_lines = _count_lines(labels, counts)
+
+
+class PrometheusPage:
+    """The Prometheus endpoint: the SDK's rendering of ``registry``, and the kept families.
+
+    ``carry`` adds a fold whose families are served from its kept text; ``text`` is called at
+    each scrape, after the SDK's collection, for that text (by family) as it is then.
+    """
+
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
+        self._carried: dict[WorkerStateFold, Callable[[], Mapping[str, bytes]]] = {}
+        self._folds: frozenset[WorkerStateFold] = frozenset()
+        self._lock = threading.Lock()
+
+    def carry(self, fold: WorkerStateFold, text: Callable[[], Mapping[str, bytes]]) -> None:
+        with self._lock:
+            self._carried[fold] = text
+            self._folds = frozenset(self._carried)
+
+    def render(
+        self, accept: str | None = None, params: Mapping[str, Sequence[str]] | None = None
+    ) -> tuple[bytes, str]:
+        """Render the page for a request's ``Accept`` and query; return it and its content type."""
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept or "")
+        registry = self._registry
+        wanted = (params or {}).get("name[]")
+        if wanted:
+            registry = registry.restricted_registry(wanted)
+        with self._lock:
+            carried = list(self._carried.values())
+            folds = self._folds
+        _rendering.folds = folds
+        try:
+            output: bytes = encoder(registry)
+        finally:
+            _rendering.folds = frozenset()
+        kept = b"".join(
+            body
+            for text in carried
+            for family, body in text().items()
+            if not wanted or family in wanted
+        )
+        if not kept:
+            return output, content_type
+        if output.endswith(_EOF):  # OpenMetrics: the page ends with its EOF marker
+            return b"".join((output[: -len(_EOF)], kept, _EOF)), content_type
+        return b"".join((output, kept)), content_type
+
+    def app(self, environ: Mapping[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        """Answer a request as ``prometheus_client.make_wsgi_app`` would, with the kept text."""
+        from prometheus_client.exposition import gzip_accepted
+
+        method = environ["REQUEST_METHOD"]
+        headers: list[tuple[str, str]] = []
+        if method == "OPTIONS":
+            status, output = "200 OK", b""
+            headers.append(("Allow", "OPTIONS,GET"))
+        elif method != "GET":
+            status = "405 Method Not Allowed"
+            output = f"# HTTP {status}: {method}; use OPTIONS or GET\n".encode()
+            headers.append(("Allow", "OPTIONS,GET"))
+        elif environ.get("PATH_INFO") == "/favicon.ico":  # an empty answer for browsers
+            status, output = "200 OK", b""
+        else:
+            status = "200 OK"
+            params = parse_qs(environ.get("QUERY_STRING", ""))
+            output, content_type = self.render(environ.get("HTTP_ACCEPT"), params)
+            headers.append(("Content-Type", content_type))
+            if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+                output = gzip.compress(output)
+                headers.append(("Content-Encoding", "gzip"))
+        start_response(status, headers)
+        return [output]
+
+    def start(self, host: str, port: int) -> tuple[Any, threading.Thread]:
+        """Serve the page on ``host:port`` from a daemon thread; raises ``OSError``."""
+        from prometheus_client.exposition import ThreadingWSGIServer
+
+        class Server(ThreadingWSGIServer):
+            pass
+
+        Server.address_family, address = _family(host, port)
+        server = wsgiref.simple_server.make_server(
+            address, port, self.app, Server, handler_class=_Quiet
+        )
+        thread = threading.Thread(target=server.serve_forever, name="prometheus", daemon=True)
+        thread.start()
+        return server, thread
+
+
+class _Quiet(wsgiref.simple_server.WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing: a scrape every few seconds is not news."""
+
+
+def _family(host: str, port: int) -> tuple[int, str]:
+    """Return the address family and address to bind ``host`` with, as prometheus_client does."""
+    import socket
+
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, address = next(iter(infos))
+    return int(family), str(address[0])
