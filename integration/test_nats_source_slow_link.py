@@ -30,15 +30,15 @@ from workerset_admission.ports import SourceListing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
-KEYS = [f"v1.mdc.ns.backend.generate.{i:x}" for i in range(16)]
-VALUE = b'{"card":"' + b"x" * 200 + b'"}'
+KEYS = [f"v1.mdc.ns.backend.generate.{i:x}" for i in range(14)]
+VALUE = b'{"card":"' + b"x" * 60 + b'"}'
 
 
 class RewrittenAtTheStart(JetStreamDiscoverySource):
     """A source whose bucket is rewritten between reading its keys and creating the consumer.
 
     That moment is the one a restarted writer hits on a slow link; the hook only chooses it.
-    From the consumer's creation on the link is slow: 300 bytes every 0.7 s.
+    From the consumer's creation on the link is slow: 300 bytes a second.
     """
 
     def __init__(self, rewrite: Any, proxy: TcpProxy, **kwargs: Any) -> None:
@@ -52,7 +52,7 @@ class RewrittenAtTheStart(JetStreamDiscoverySource):
         if self._rewrite is not None:
             rewrite, self._rewrite = self._rewrite, None
             await rewrite()
-            self._proxy.pace(300, 0.7)
+            self._proxy.pace(300, 1.0)
         return await JetStreamDiscoverySource._subscribe_raw(nc, watch, deliver_subject, broken)
 
 
