@@ -18,7 +18,9 @@ gone out, it collects garbage and takes:
 The parent subtracts the smallest size from the largest and divides by the workers added:
 bytes per worker, by line and by owner. ``--rss`` also starts a real ``serve`` process on each
 fleet (as ``bench_fleet.py`` does) and reads its RSS once the view is complete, and again after
-a few seconds at rest. Results go to ``results/bench_memory.json``.
+a few seconds at rest (``--only-rss``: that alone). ``--gets N`` times instead what a view that
+kept no record bytes would pay to write a file: a ``kv.get`` of each record of N workers, one at
+a time and all at once. Results go to ``results/bench_memory.json``.
 """
 
 from __future__ import annotations
@@ -279,6 +281,42 @@ async def serve_rss(workers: int, settle: float) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+async def kv_gets(workers: int) -> dict[str, Any]:
+    """What a view that kept no bytes would pay to write a file: a ``kv.get`` of its record.
+
+    Each of the fleet's records read back one at a time, then all at once.
+    """
+    root = Path(tempfile.mkdtemp(prefix="bench-memory-gets-", dir=scratch()))
+    server = EmbeddedNatsServer(store_dir=root / "js")
+    server.start()
+    try:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream(timeout=30)
+        kv = await js.create_key_value(KeyValueConfig(bucket=DISCOVERY, history=1))
+        items = [item for i in range(workers) for item in records(i)]
+        await fill(js, items)
+        serial = []
+        for key, _ in items:
+            started = time.perf_counter()
+            await kv.get(key)
+            serial.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        await asyncio.gather(*(kv.get(key) for key, _ in items))
+        together = (time.perf_counter() - started) * 1000
+        await nc.close()
+        serial.sort()
+        return {
+            "gets": len(items),
+            "value_bytes": sorted({len(value) for _, value in items}),
+            "serial_p50_ms": round(serial[len(serial) // 2], 3),
+            "serial_p90_ms": round(serial[int(len(serial) * 0.9)], 3),
+            "all_at_once_ms": round(together, 1),
+        }
+    finally:
+        server.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def child(workers: int, frames: int) -> dict[str, Any]:
     """Measure one size in a fresh interpreter, so no size inherits another's heap."""
     done = subprocess.run(
@@ -339,6 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=30, help="rows of each table")
     parser.add_argument("--rss", action="store_true", help="also a real serve's RSS per size")
     parser.add_argument("--only-rss", action="store_true", help="a real serve's RSS alone")
+    parser.add_argument(
+        "--gets",
+        type=int,
+        default=0,
+        help="time instead a kv.get of each record of a fleet of this many workers",
+    )
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before the RSS")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_memory.json")
     parser.add_argument(
@@ -352,6 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child is not None:
         print(json.dumps(asyncio.run(measure(args.child, args.frames))), flush=True)
+        return 0
+    if args.gets:
+        print(json.dumps(asyncio.run(kv_gets(args.gets))), flush=True)
         return 0
     sizes = sorted(int(s) for s in args.sizes.split(","))
     points = []
