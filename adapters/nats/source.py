@@ -545,13 +545,24 @@ class JetStreamDiscoverySource:
 
     async def _initial_values(self, watch: Watch) -> None:
         """Wait for the end of the initial values; a raw consumer that falls silent restarts."""
-        await self._listing(watch, dead=self._request_restart)
+        await self._listing(watch, self._nc, dead=self._request_restart)
 
-    async def _listing(self, watch: Watch, dead: Callable[[str], None] | None = None) -> None:
+    async def _listing(
+        self,
+        watch: Watch,
+        nc: NatsClient | None,
+        dead: Callable[[str], None] | None = None,
+    ) -> None:
         """Wait until ``watch`` has its listing; ``dead`` hears of a consumer gone silent.
 
-        A listing that only waits for keys the bucket held at the start ends once the consumer
-        has delivered nothing for :data:`LISTING_QUIET` seconds: those keys went without a trace.
+        A listing that only waits for keys the bucket held at the start, once the consumer has
+        delivered nothing for :data:`LISTING_QUIET` seconds, asks the server which of them the
+        stream still holds (through ``nc``): those it no longer holds went without a trace and
+        are given up; those it holds are on their way (a slow or lossy link, or values newer
+        than the stream's last sequence when its keys were read, which a writer rewriting the
+        bucket leaves) and the listing waits for them. Quiet alone is never taken for a removal:
+        a listing that ended so left out keys the bucket held, and applied as a resync it
+        removed their workers.
         """
         while not watch.listing_done.is_set():
             stalled, seen = watch.listing_stalled(), watch.last_seen_seq
@@ -559,11 +570,34 @@ class JetStreamDiscoverySource:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(watch.listing_done.wait(), wait)
             if stalled and watch.listing_stalled() and watch.last_seen_seq == seen:
-                _log.debug("%s listing ends without keys that were removed silently", self.bucket)
-                watch.finish_initial()
-                break
+                gone = await self._gone_without_a_trace(watch, nc)
+                if gone:
+                    _log.debug(
+                        "%s listing gives up %d key(s) removed silently", self.bucket, len(gone)
+                    )
+                    watch.give_up(gone)
+                    if watch.listing_done.is_set():
+                        break
             if dead is not None and watch.looks_dead(time.monotonic(), self._idle_heartbeat):
                 dead("the consumer sent nothing, not even heartbeats")
+
+    async def _gone_without_a_trace(self, watch: Watch, nc: NatsClient | None) -> frozenset[str]:
+        """Return the keys the listing waits for that the stream no longer holds.
+
+        Empty when the server cannot say (not connected, no answer): the listing goes on
+        waiting, and a consumer that fell silent is noticed by the caller's own check.
+        """
+        unseen = watch.unseen_keys()
+        if not unseen or nc is None or not nc.is_connected:
+            return frozenset()
+        try:
+            info = await nc.jetstream(timeout=self._request_timeout).stream_info(
+                stream_name(self.bucket), subjects_filter=f"{self._subject_prefix}>"
+            )
+        except _RETRYABLE:
+            return frozenset()
+        held = _expected_keys(info, self._subject_prefix, self._key_prefixes) or frozenset()
+        return unseen - held
 
     async def _live(self, watch: Watch) -> AsyncIterator[SourceEvent]:
         queue = watch.queue
@@ -657,7 +691,7 @@ class JetStreamDiscoverySource:
         interrupted: list[str] = []
         try:
             watch, _ = await self._open_watch(nc, 1, None, interrupted.append)
-            await asyncio.wait_for(self._listing(watch), timeout=60.0)
+            await asyncio.wait_for(self._listing(watch, nc), timeout=60.0)
             if interrupted:
                 raise NatsError(f"the listing of {self.bucket} was interrupted: {interrupted[0]}")
             # A listing read while the watch is being re-created after a lost connection says

@@ -339,9 +339,15 @@ class Watch:
         of them has been delivered: it then stands for the bucket a moment after the start, with
         every key. It is bounded all the same: after the values at the start, it takes in at most
         as many later messages as it holds keys (a whole round of rewrites, far more than
-        heartbeats write while a listing is read), and the source ends it when the consumer goes
-        quiet with keys still unseen (removed without a trace, as an age limit does). Without
-        ``expected_keys`` it ends with the values at the start.
+        heartbeats write while a listing is read), and when the consumer goes quiet with keys
+        still unseen the source asks the server which of them the stream still holds and gives
+        up only the others (removed without a trace, as an age limit does: :meth:`give_up`).
+        "All in" is judged by the first message with nothing pending or newer than the stream's
+        last sequence when the keys were read; a writer that rewrote the bucket in between makes
+        every value at the start newer than that, so "all in" can come while values at the start
+        are still on their way: a quiet moment then is a slow link, not a removal, and the
+        server's answer tells the two apart. Without ``expected_keys`` it ends with the values
+        at the start.
         """
         unseen = self._unseen
         if unseen is not None:
@@ -356,6 +362,22 @@ class Watch:
             return False
         self._listing_rest -= 1
         return not unseen or self._listing_rest <= 0
+
+    def unseen_keys(self) -> frozenset[str]:
+        """Return the keys the bucket held at the start that the listing has not had yet."""
+        return frozenset(self._unseen or ())
+
+    def give_up(self, keys: Collection[str]) -> None:
+        """Stop waiting for ``keys`` (gone from the stream without a trace); end when none is left.
+
+        Only the source decides this, having asked the server: quiet alone never does.
+        """
+        unseen = self._unseen
+        if unseen is None or self.initial is None:
+            return
+        unseen.difference_update(keys)
+        if not unseen:
+            self.finish_initial()
 
     def listing_stalled(self) -> bool:
         """Whether the values at the start are in and the listing only waits for unseen keys."""

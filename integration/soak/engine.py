@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import time
 from collections import Counter
@@ -171,6 +172,11 @@ class Soak:
                 self.frontend(index),
                 replicas,
             )
+            if index == self.options.steady and os.environ.get("SOAK_STEADY_TRACE"):
+                # What the steady frontend observed, to read a violation by: its replay trace
+                # (every discovery event the core was fed) and its DEBUG log.
+                argv += ["--trace-out", str(logs / f"{self.frontend(index)}.trace.jsonl")]
+                argv += ["--log-level", "DEBUG"]
             self.serves.append(
                 Proc(self.frontend(index), argv, logs / f"{self.frontend(index)}.log")
             )

@@ -15,6 +15,8 @@ class TcpProxy:
     clients, which lands the cut inside a large initial snapshot. ``hold(n)`` relays only the
     server's first n reads on each connection and keeps the rest back until ``release()``,
     which leaves a client waiting at one step of its handshake; ``holding`` is set then.
+    ``pace(size, pause)`` makes the link slow, as a throttled or lossy one is: from then on the
+    server's bytes reach clients ``size`` at a time, ``pause`` seconds apart.
     """
 
     def __init__(self, target_port: int) -> None:
@@ -23,6 +25,8 @@ class TcpProxy:
         self.cut_after: int | None = None
         self.cuts = 0
         self.hold_after: int | None = None
+        self.pace_size: int | None = None
+        self.pace_pause = 0.0
         self.holding = asyncio.Event()
         self._released = asyncio.Event()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -70,13 +74,30 @@ class TcpProxy:
                     self.holding.set()
                     await released.wait()
                 relayed += 1
-                writer.write(chunk)
-                await writer.drain()
+                if downstream and self.pace_size is not None:
+                    await self._paced(writer, chunk)
+                else:
+                    writer.write(chunk)
+                    await writer.drain()
                 if downstream:
                     self.downstream += len(chunk)
                     if self.cut_after is not None and self.downstream >= self.cut_after:
                         self.cut_after = None
                         self.cut()
+
+    async def _paced(self, writer: asyncio.StreamWriter, chunk: bytes) -> None:
+        while chunk:
+            size = self.pace_size or len(chunk)
+            writer.write(chunk[:size])
+            await writer.drain()
+            chunk = chunk[size:]
+            if self.pace_size is not None:
+                await asyncio.sleep(self.pace_pause)
+
+    def pace(self, size: int | None, pause: float = 0.0) -> None:
+        """Relay the server's bytes ``size`` at a time, ``pause`` s apart (``None``: at once)."""
+        self.pace_size = size
+        self.pace_pause = pause
 
     def hold(self, after: int) -> None:
         """From now on, relay only the server's first ``after`` reads on each connection."""

@@ -132,6 +132,10 @@ class AdmittedHopBinding:
         state = self._receiver.current()
         return routable_ids(state.admitted, self._live.live_ids(self._endpoint), state.last_known)
 
+    def live_ids(self) -> frozenset[int]:
+        """Live instance ids at the binding's endpoint now, admitted or not (an immutable set)."""
+        return self._live.live_ids(self._endpoint)
+
     def last_known(self) -> frozenset[int]:
         """Admitted ids served on their last known records during a hold (usually none)."""
         return self._receiver.current().last_known

@@ -10,19 +10,30 @@ part of the same step). At the step's end it puts them together:
   incarnation the core kept, as a refused value at the boundary keeps its last valid one
   (:func:`accepted_changes`);
 * the groups: every group an effect named, and every committed group whose endpoint's liveness
-  moved, each with its tenure's facts read from its hop binding after the effects were carried
-  out (:func:`tenure_facts`);
+  moved, each with its tenure's facts as they stand after the effects were carried out
+  (:func:`tenure_facts`), worked out when a read model first reads them (:class:`TenuresAtStep`);
 * the drains in force, when a ``DrainChanged`` came.
 
 The step's carriers tell it of the two effects it reads (``refused``, ``drain_changed``): the
 step is the one dispatch over effect types.
+
+*The delta's one shortcut* (:class:`TenuresAtStep`). A tenure's facts hold its routable ids: its
+admitted ids worked out and intersected with the live ones, work in proportion to the group, not
+to the step. Most steps' facts are read by no one (the status fold reads only which groups a
+step named; the view reads the latest ones per group, at its next pass), so the step keeps what
+the facts are worked out from, all immutable values read at its end (the receiver's state, the
+endpoint's live ids), and :func:`tenure_facts`'s own rule works them out on the first read, once.
+A read at any later time therefore gives what the step's end gave; ``tests/test_delta.py`` holds
+every delta's facts, read after later steps, to what the binding itself said at the step's end
+(its ``routable()``, ``last_known()`` and ``lora()``: the plain path).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from typing import Literal, Protocol
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Literal, NamedTuple, Protocol
 
+from workerset_admission.admission.admitted import routable_ids
 from workerset_admission.admission.effects import DrainChanged, MutationRefused, groups_named
 from workerset_admission.card.entry import EntryKind
 from workerset_admission.errors import ReceiverRetired
@@ -36,11 +47,19 @@ from workerset_admission.ports import (
     StepDelta,
     TenureFacts,
 )
-from workerset_admission.service.bindings import AdmittedHopBinding
+from workerset_admission.service.bindings import AdmittedHopBinding, BindingId
 from workerset_admission.service.ingest import Ingested, Verdict
 from workerset_admission.service.liveness import LivenessIndex
+from workerset_admission.service.receivers import AdmissionState
 
-__all__ = ["DeltaMaker", "Tenures", "accepted_changes", "accepted_record", "tenure_facts"]
+__all__ = [
+    "DeltaMaker",
+    "Tenures",
+    "TenuresAtStep",
+    "accepted_changes",
+    "accepted_record",
+    "tenure_facts",
+]
 
 # What each kind of accepted entry is called in a delta; a drain crosses as nothing held (the
 # read models file no drain record).
@@ -105,28 +124,84 @@ def accepted_changes(
     raise TypeError(f"not a discovery event: {type(event).__name__}")
 
 
-def tenure_facts(binding: AdmittedHopBinding | None) -> TenureFacts | None:
-    """Return a committed binding's tenure as the read models see it (``None``: none)."""
+class _TenureRead(NamedTuple):
+    """A committed tenure as read at one moment: immutable values its facts are worked out from."""
+
+    id: BindingId
+    endpoint: EndpointId
+    handover_from: int | None
+    state: AdmissionState
+    live: frozenset[int]
+
+
+def _read(binding: AdmittedHopBinding | None) -> _TenureRead | None:
+    """Read a committed binding's tenure now (``None``: none, or it ended in this very step)."""
     if binding is None:
         return None
     try:
-        routable = binding.routable()
-        last_known = binding.last_known()
-        lora = binding.lora()
+        state = binding.receiver.current()
     except ReceiverRetired:
         return None  # the tenure ended in this very step; its withdrawal is on the way
+    return _TenureRead(
+        binding.id, binding.endpoint, binding.handover_from, state, binding.live_ids()
+    )
+
+
+def _facts(read: _TenureRead) -> TenureFacts:
+    """Work a tenure's facts out from what was read (the binding's own routing rule)."""
+    state = read.state
     return TenureFacts(
-        binding.id.group,
-        binding.id.generation,
-        frozenset(routable),
-        frozenset(last_known),
-        binding.handover_from,
+        read.id.group,
+        read.id.generation,
+        routable_ids(state.admitted, read.live, state.last_known),
+        frozenset(state.last_known),
+        read.handover_from,
         frozenset(
             (worker.instance_id, adapter.model_suffix)
-            for worker in lora
+            for worker in state.lora
             for adapter in worker.adapters
         ),
     )
+
+
+def tenure_facts(binding: AdmittedHopBinding | None) -> TenureFacts | None:
+    """Return a committed binding's tenure as the read models see it (``None``: none)."""
+    read = _read(binding)
+    return None if read is None else _facts(read)
+
+
+class TenuresAtStep(Mapping[GroupKey, TenureFacts | None]):
+    """A step's groups, each with its tenure's facts at the step's end, worked out when first read.
+
+    The delta's one shortcut (see the module doc): it holds each group's tenure as read at the
+    step's end, and a value is :func:`tenure_facts`'s, worked out from that read on the first
+    lookup and kept. Which groups it names, and which have no tenure, cost nothing to ask.
+    """
+
+    __slots__ = ("_facts", "_read")
+
+    def __init__(self, read: Mapping[GroupKey, _TenureRead | None]) -> None:
+        self._read = read
+        self._facts: dict[GroupKey, TenureFacts | None] = {}
+
+    def __getitem__(self, group: GroupKey) -> TenureFacts | None:
+        facts = self._facts.get(group)
+        if facts is None and group not in self._facts:
+            read = self._read[group]
+            facts = self._facts[group] = None if read is None else _facts(read)
+        return facts
+
+    def __contains__(self, group: object) -> bool:
+        return group in self._read
+
+    def __iter__(self) -> Iterator[GroupKey]:
+        return iter(self._read)
+
+    def __len__(self) -> int:
+        return len(self._read)
+
+    def __repr__(self) -> str:
+        return f"TenuresAtStep({dict(self.items())!r})"
 
 
 class Tenures(Protocol):
@@ -188,10 +263,10 @@ class DeltaMaker:
         endpoints = frozenset(self._liveness.take_touched())
         for endpoint in endpoints:
             named.update(self._at.get(endpoint, ()))
-        groups = {group: tenure_facts(self._tenures.binding(group)) for group in named}
-        self._index(groups)
+        read = {group: _read(self._tenures.binding(group)) for group in named}
+        self._index(read)
         delta = StepDelta(
-            groups=groups,
+            groups=TenuresAtStep(read),
             records=records,
             relisted=relisted,
             kept=kept,
@@ -200,12 +275,15 @@ class DeltaMaker:
         )
         return None if delta.empty else delta
 
-    def _index(self, groups: Mapping[GroupKey, TenureFacts | None]) -> None:
-        for group, facts in groups.items():
-            endpoint = group.endpoint
-            if facts is not None:
-                self._at.setdefault(endpoint, set()).add(group)
+    def _index(self, groups: Mapping[GroupKey, _TenureRead | None]) -> None:
+        for group, read in groups.items():
+            if read is not None:
+                # The binding's endpoint, kept since its commit (``group.endpoint`` parses JSON).
+                self._at.setdefault(read.endpoint, set()).add(group)
                 continue
+            if not self._at:
+                continue
+            endpoint = group.endpoint
             held = self._at.get(endpoint)
             if held is not None:
                 held.discard(group)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 from workerset_admission.adapters.nats.kv import removal_kind
-from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.adapters.nats.source import LISTING_QUIET, JetStreamDiscoverySource
 from workerset_admission.adapters.nats.watch import Watch, parse_delivery
 from workerset_admission.errors import UsageError
 from workerset_admission.ports import SourceDelete, SourcePut
@@ -296,15 +296,92 @@ async def test_a_stream_shorter_than_what_was_delivered_or_newly_created_is_a_ch
     assert await _racing_source(watch, "T2", last_seq=50)._stream_changed(watch)
 
 
-async def test_a_listing_that_only_waits_for_keys_gone_without_a_trace_ends_when_quiet() -> None:
+class _SubjectsState:
+    def __init__(self, subjects: dict[str, int]) -> None:
+        self.subjects = subjects
+
+
+class _SubjectsInfo:
+    def __init__(self, subjects: dict[str, int]) -> None:
+        self.state = _SubjectsState(subjects)
+
+
+class _HeldKeys:
+    """A server that answers which keys the stream holds now (``stream_info`` with subjects)."""
+
+    is_connected = True
+
+    def __init__(self, held: set[str]) -> None:
+        self.held = held
+        self.asked = 0
+
+    def jetstream(self, timeout: float) -> _HeldKeys:
+        return self
+
+    async def stream_info(self, name: str, subjects_filter: str | None = None) -> _SubjectsInfo:
+        assert subjects_filter == PREFIX + ">"
+        self.asked += 1
+        return _SubjectsInfo({PREFIX + key: 1 for key in self.held})
+
+
+def _asking_source(server: _HeldKeys | None) -> JetStreamDiscoverySource:
     async def never(_callbacks: object) -> Any:
         raise AssertionError("not connected in this test")
 
     source = JetStreamDiscoverySource(connector=never, bucket="disc")
+    source._nc = server  # type: ignore[assignment]
+    return source
+
+
+async def test_a_listing_that_only_waits_for_keys_gone_without_a_trace_ends_when_quiet() -> None:
+    server = _HeldKeys({"v1.mdc.a"})
+    source = _asking_source(server)
     watch = Watch(len(PREFIX), 16, last_seq_at_start=1, expected_keys={"v1.mdc.a", "v1.mdc.x"})
     await watch.on_message(message("v1.mdc.a", 1, 0, b"A"))
     assert watch.listing_stalled()
-    # x never comes and nothing else is delivered: the source ends the listing without it.
+    # x never comes and nothing else is delivered; the server no longer holds it: the source
+    # ends the listing without it.
     await asyncio.wait_for(source._initial_values(watch), 5)
     assert watch.listing_done.is_set()
     assert [e.key for e in watch.listing_entries] == ["v1.mdc.a"]
+    assert server.asked == 1
+
+
+async def test_a_quiet_link_is_not_taken_for_keys_gone_while_the_server_holds_them() -> None:
+    # The cluster soak's seed 4902: a writer restarted just before rewrote every key between
+    # the source reading the bucket's keys (last sequence 3) and creating its consumer, so
+    # every value at the start is newer than 3 and the first one reads as "all in"; then the
+    # lossy link pauses for longer than the quiet time. The server still holds b and c: the
+    # listing waits for them instead of ending without them (it used to end with a alone, and
+    # the resync removed b's and c's workers, to add them back a moment later).
+    keys = {"v1.mdc.a", "v1.mdc.b", "v1.mdc.c"}
+    server = _HeldKeys(set(keys))
+    source = _asking_source(server)
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=3, expected_keys=keys)
+    await watch.on_message(message("v1.mdc.a", 4, 2, b"A"))
+    assert watch.listing_stalled()
+    listing = asyncio.create_task(source._initial_values(watch))
+    await asyncio.sleep(LISTING_QUIET * 3)
+    assert not watch.listing_done.is_set()
+    assert server.asked >= 2
+    await watch.on_message(message("v1.mdc.b", 5, 1, b"B"))
+    await watch.on_message(message("v1.mdc.c", 6, 0, b"C"))
+    await asyncio.wait_for(listing, 5)
+    assert {e.key: e.value for e in watch.listing_entries} == {
+        "v1.mdc.a": b"A",
+        "v1.mdc.b": b"B",
+        "v1.mdc.c": b"C",
+    }
+
+
+async def test_a_listing_whose_server_cannot_answer_keeps_waiting() -> None:
+    # No answer (the link down, or no connection): nothing is given up on quiet alone.
+    source = _asking_source(None)
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=1, expected_keys={"v1.mdc.a", "v1.mdc.x"})
+    await watch.on_message(message("v1.mdc.a", 1, 0, b"A"))
+    listing = asyncio.create_task(source._initial_values(watch))
+    await asyncio.sleep(LISTING_QUIET * 3)
+    assert not watch.listing_done.is_set()
+    await watch.on_message(message("v1.mdc.x", 2, 0, b"X"))
+    await asyncio.wait_for(listing, 5)
+    assert sorted(e.key for e in watch.listing_entries) == ["v1.mdc.a", "v1.mdc.x"]
