@@ -167,3 +167,27 @@ def test_an_endpoint_record_alone_makes_an_admitted_worker_routable_in_the_statu
 
     (group,) = history.service.status().groups
     assert group.routable == (1,)
+
+
+def test_a_serving_record_names_each_member_by_its_registrations_own_key() -> None:
+    # One instance key string per worker, the core's: a fleet's serving records hold one per
+    # worker, and a copy of each made for them would add a string per worker to what it costs.
+    history = History()
+    for instance_id in (1, 2, 3):
+        history.run(("endpoint", 0, instance_id))
+        history.run(("card", 0, instance_id, 16))
+    history.run(("builds", True))
+    (view,) = history.service.core.groups()
+    registered = {m.instance_id: m.key for m in view.cohorts[0].members}
+
+    record = history.service.serving_records()[ENDPOINTS[0].namespace]
+
+    assert record.members == (
+        "ns-a/backend/generate/1",
+        "ns-a/backend/generate/2",
+        "ns-a/backend/generate/3",
+    )
+    (group,) = record.groups
+    assert [m is registered[i] for i, m in zip((1, 2, 3), group["members"], strict=True)] == [
+        True
+    ] * 3

@@ -112,11 +112,11 @@ def contribution_files(tenure: Tenure, member: int | None, table: RecordTable) -
         if not tenure.routable:
             return {}
         channels = _scope_channels(tenure.group.endpoint, table, bool(tenure.last_known))
-        return {(c.bucket, c.file_name): c.value for c in channels if c.topic in SCOPE_TOPICS}
+        return {c.file: c.value for c in channels if c.topic in SCOPE_TOPICS}
     records = _records_of(
         tenure.group.endpoint, member, table, member in tenure.last_known, tenure.adapters
     )
-    return {(r.bucket, r.file_name): r.value for r in records}
+    return {r.file: r.value for r in records}
 
 
 def plan_view(
@@ -195,6 +195,11 @@ class ViewChanges:
         self.everything = self.everything or other.everything
 
 
+def _owner(tenure: Tenure) -> _Owner:
+    """Return the owner of a tenure's contributions: its group and build generation."""
+    return (tenure.group, tenure.generation)
+
+
 def _removal_order(files: Iterable[ViewFile]) -> list[ViewFile]:
     return sorted(files, key=lambda f: (-_ADD_ORDER.get(f[0], 0), f[1]))
 
@@ -244,11 +249,13 @@ class AdmittedView:
         # last owners while the directory still holds it.
         self._tenures: dict[GroupKey, Tenure] = {}
         self._by_namespace: dict[str, set[GroupKey]] = {}
-        self._members: dict[tuple[GroupKey, int], tuple[ViewFile, ...]] = {}
+        # (Members by group, then by id: a key per worker is its id alone.)
+        self._members: dict[GroupKey, dict[int, tuple[ViewFile, ...]]] = {}
         self._scopes: dict[GroupKey, tuple[ViewFile, ...]] = {}
         self._wanted: dict[ViewFile, bytes] = {}
-        # Owners as a list, one entry per contribution: nearly always a single one.
-        self._owners: dict[ViewFile, list[_Owner]] = {}
+        # Owners, one entry per contribution: nearly always a single one, so a tuple made again
+        # on a change; the members of a tenure planned together share one owner tuple.
+        self._owners: dict[ViewFile, tuple[_Owner, ...]] = {}
         self._last_owners: dict[ViewFile, frozenset[_Owner]] = {}
         # The owners each file lost since the last pass.
         self._dropped: dict[ViewFile, set[_Owner]] = {}
@@ -378,20 +385,21 @@ class AdmittedView:
             for tenure in self._tenures.values():
                 if tenure.group in begun:
                     continue  # planned whole as it began
+                owner = _owner(tenure)
                 for instance_id in tenure.routable:
-                    self._plan_member(tenure, instance_id, table)
-                self._plan_scope(tenure, table)
+                    self._plan_member(tenure, instance_id, table, owner)
+                self._plan_scope(tenure, table, owner)
         else:
             for namespace, instance_id in changes.workers:
                 for group in self._by_namespace.get(namespace, ()):
                     tenure = self._tenures[group]
                     if instance_id in tenure.routable:
-                        self._plan_member(tenure, instance_id, table)
+                        self._plan_member(tenure, instance_id, table, _owner(tenure))
             for endpoint in changes.scopes:
                 for group in self._by_namespace.get(endpoint.namespace, ()):
                     tenure = self._tenures[group]
                     if tenure.group.endpoint == endpoint:
-                        self._plan_scope(tenure, table)
+                        self._plan_scope(tenure, table, _owner(tenure))
         table.forget_unused_removals()
         return self._settle(table, drained)
 
@@ -457,15 +465,17 @@ class AdmittedView:
         self._tenures[group] = tenure
         self._by_namespace.setdefault(group.endpoint.namespace, set()).add(group)
         self._holding += bool(tenure.last_known)
+        owner = _owner(tenure)
         for instance_id in tenure.routable:
-            self._plan_member(tenure, instance_id, table)
-        self._plan_scope(tenure, table)
+            self._plan_member(tenure, instance_id, table, owner)
+        self._plan_scope(tenure, table, owner)
 
     def _end(self, tenure: Tenure) -> None:
         group = tenure.group
-        owner = (group, tenure.generation)
+        owner = _owner(tenure)
+        members = self._members.pop(group, {})
         for instance_id in tenure.routable:
-            self._set_files(owner, self._members.pop((group, instance_id), ()), {})
+            self._set_files(owner, members.pop(instance_id, ()), {})
         self._set_files(owner, self._scopes.pop(group, ()), {})
         del self._tenures[group]
         namespace = self._by_namespace[group.endpoint.namespace]
@@ -477,31 +487,34 @@ class AdmittedView:
     def _change(self, old: Tenure, new: Tenure, table: RecordTable) -> None:
         self._tenures[new.group] = new
         self._holding += bool(new.last_known) - bool(old.last_known)
-        owner = (old.group, old.generation)
+        owner = _owner(old)
+        members = self._members.get(old.group, {})
         for instance_id in old.routable - new.routable:
-            self._set_files(owner, self._members.pop((old.group, instance_id), ()), {})
+            self._set_files(owner, members.pop(instance_id, ()), {})
         for instance_id in new.routable - old.routable:
-            self._plan_member(new, instance_id, table)
+            self._plan_member(new, instance_id, table, owner)
         moved = set(old.last_known ^ new.last_known)
         moved.update(instance_id for instance_id, _ in old.adapters ^ new.adapters)
         for instance_id in moved:
             if instance_id in new.routable:
-                self._plan_member(new, instance_id, table)
+                self._plan_member(new, instance_id, table, owner)
         if bool(old.routable) != bool(new.routable) or bool(old.last_known) != bool(new.last_known):
-            self._plan_scope(new, table)
+            self._plan_scope(new, table, owner)
 
-    def _plan_member(self, tenure: Tenure, instance_id: int, table: RecordTable) -> None:
-        key = (tenure.group, instance_id)
+    def _plan_member(
+        self, tenure: Tenure, instance_id: int, table: RecordTable, owner: _Owner
+    ) -> None:
         new = contribution_files(tenure, instance_id, table)
-        old = self._members.get(key, ())
-        self._members[key] = tuple(new)
-        self._set_files((tenure.group, tenure.generation), old, new)
+        members = self._members.setdefault(tenure.group, {})
+        old = members.get(instance_id, ())
+        members[instance_id] = tuple(new)
+        self._set_files(owner, old, new)
 
-    def _plan_scope(self, tenure: Tenure, table: RecordTable) -> None:
+    def _plan_scope(self, tenure: Tenure, table: RecordTable, owner: _Owner) -> None:
         new = contribution_files(tenure, None, table)
         old = self._scopes.get(tenure.group, ())
         self._scopes[tenure.group] = tuple(new)
-        self._set_files((tenure.group, tenure.generation), old, new)
+        self._set_files(owner, old, new)
         if tenure.routable:
             self._warn_untied(untied_topics((tenure,), table))
 
@@ -511,17 +524,20 @@ class AdmittedView:
             if file in new:
                 continue
             owners = self._owners[file]
-            owners.remove(owner)
+            at = owners.index(owner)
+            owners = owners[:at] + owners[at + 1 :]
             if owner not in owners:
                 # Who wanted it at the last pass: what an unwanted file is judged by.
                 self._dropped.setdefault(file, set()).add(owner)
-            if not owners:
+            if owners:
+                self._owners[file] = owners
+            else:
                 self._last_owners[file] = frozenset(self._dropped[file])
                 del self._owners[file], self._wanted[file]
             self._pending.add(file)
         for file, value in new.items():
             if file not in old:
-                self._owners.setdefault(file, []).append(owner)
+                self._owners[file] = (*self._owners.get(file, ()), owner)
             if self._wanted.get(file) != value:
                 self._wanted[file] = value
                 self._pending.add(file)
@@ -614,7 +630,7 @@ class AdmittedView:
         out = set()
         for namespace, instance_id in drained:
             for record in table.lookup("instance", namespace, None, instance_id):
-                file = (record.bucket, record.file_name)
+                file = record.file
                 if (
                     file in pending
                     and file in self._written

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from workerset_admission.adapters.dynamo.view_directory import file_name_for
+from workerset_admission.adapters.dynamo.view_directory import ViewFile, file_name_for
 from workerset_admission.card import is_event_key, parse_event_key, parse_key
 from workerset_admission.card.events import dynamo_event_path
 from workerset_admission.ports import AcceptedRecord
@@ -23,13 +23,13 @@ Tie = tuple[str, str, str | None, int | str | None]
 class PublishableRecord:
     """One valid discovery record the view may publish, with what ties it to a worker.
 
-    ``instance_id`` is the instance for endpoint and model records and the publisher id for
-    event records; ``worker_id`` is the worker an event source names; ``topic`` is an event
-    record's topic.
+    ``file`` is the view's file for it (bucket, file name): the view keys its state by this
+    one tuple. ``instance_id`` is the instance for endpoint and model records and the publisher
+    id for event records; ``worker_id`` is the worker an event source names; ``topic`` is an
+    event record's topic.
     """
 
-    bucket: str
-    file_name: str
+    file: ViewFile
     value: bytes
     namespace: str
     component: str | None
@@ -39,6 +39,14 @@ class PublishableRecord:
     topic: str | None = None
     # A LoRA adapter card's suffix: served only while its tenure's projection names it.
     suffix: str | None = None
+
+    @property
+    def bucket(self) -> str:
+        return self.file[0]
+
+    @property
+    def file_name(self) -> str:
+        return self.file[1]
 
 
 class RecordTable:
@@ -62,13 +70,13 @@ class RecordTable:
     def __init__(self) -> None:
         self._records: dict[str, PublishableRecord] = {}
         # Keys by what ties a record to a worker, so planning a view costs per admitted worker,
-        # not per record held.
-        # (A tie names one or two keys: a list of them is a quarter of a set's size.)
-        self._index: dict[Tie, list[str]] = {}
+        # not per record held. A tie names one or two keys, and changes as seldom as its
+        # records: a tuple of them, made again on a change, is the smallest holder.
+        self._index: dict[Tie, tuple[str, ...]] = {}
         # Records that left the bucket, by key and by tie, and the ones a last-known lookup
         # asked for since the last forgetting.
         self._removed: dict[str, PublishableRecord] = {}
-        self._removed_index: dict[Tie, list[str]] = {}
+        self._removed_index: dict[Tie, tuple[str, ...]] = {}
         self._wanted: set[str] = set()
         # The ties of the records the current change put, changed or removed.
         self._touched: set[Tie] = set()
@@ -234,12 +242,16 @@ class RecordTable:
         self._discard(self._index, key, record)
 
     @classmethod
-    def _discard(cls, index: dict[Tie, list[str]], key: str, record: PublishableRecord) -> None:
+    def _discard(
+        cls, index: dict[Tie, tuple[str, ...]], key: str, record: PublishableRecord
+    ) -> None:
         for tie in cls._ties(record):
             keys = index.get(tie)
             if keys is not None and key in keys:
-                keys.remove(key)
-                if not keys:
+                rest = tuple(k for k in keys if k != key)
+                if rest:
+                    index[tie] = rest
+                else:
                     del index[tie]
 
     def _reindex(self, key: str, record: PublishableRecord) -> None:
@@ -247,10 +259,10 @@ class RecordTable:
             _index_key(self._index, tie, key)
 
 
-def _index_key(index: dict[Tie, list[str]], tie: Tie, key: str) -> None:
-    keys = index.setdefault(tie, [])
+def _index_key(index: dict[Tie, tuple[str, ...]], tie: Tie, key: str) -> None:
+    keys = index.get(tie, ())
     if key not in keys:
-        keys.append(key)
+        index[tie] = (*keys, key)
 
 
 def _held(record: AcceptedRecord) -> PublishableRecord | None:
@@ -263,8 +275,7 @@ def _held(record: AcceptedRecord) -> PublishableRecord | None:
     if is_event_key(key):
         event = parse_event_key(key)
         return PublishableRecord(
-            event.bucket,
-            file_name_for(dynamo_event_path(event)),
+            (event.bucket, file_name_for(dynamo_event_path(event))),
             record.value,
             event.namespace,
             event.component,
@@ -281,8 +292,7 @@ def _held(record: AcceptedRecord) -> PublishableRecord | None:
     if parsed.kind != kind:
         return None  # a verdict that does not fit its key is not filed
     return PublishableRecord(
-        "instances" if kind == "endpoint" else "mdc",
-        file_name_for(parsed.instance_key),
+        ("instances" if kind == "endpoint" else "mdc", file_name_for(parsed.instance_key)),
         record.value,
         endpoint.namespace,
         endpoint.component,

@@ -175,6 +175,9 @@ class PeerAwareSource:
                         peers_resynced_ago=peers_resynced_ago(read, self._own, self._wall()),
                     )
             yield event
+            # A listing carries every raw value of the bucket: not held while the next event,
+            # perhaps minutes away, is awaited.
+            del event
 
     async def list_all(self) -> SourceListing:
         return await self._source.list_all()

@@ -140,6 +140,8 @@ class Watch:
         if self.initial is not None:
             self.listing_entries = [e for e in self.initial.values() if e is not None]
             self.initial = None
+            # Emptied key by key, the set still has the table the whole bucket's keys needed.
+            self._unseen = None
             self.listing_done.set()
 
     listing_entries: list[DiscoveryEntry]

@@ -321,13 +321,20 @@ def serving_group(view: GroupView, served: AttemptId) -> dict[str, Any] | None:
     if not admitted:
         return None
     endpoint = view.key.endpoint
+    # A served member's registration key is its instance key: the record names it by that
+    # string, not by a copy of it per record kept (a fleet holds one per worker).
+    registered = {m.instance_id: m.key for cohort in view.cohorts[:1] for m in cohort.members}
     return {
         "model": view.key.model,
         "worker_set": view.key.worker_set,
         "checksum": served.mdc_checksum,
         "generation": served.generation,
-        "members": [instance_key(endpoint, i) for i in admitted],
+        "members": [_shared(instance_key(endpoint, i), registered.get(i)) for i in admitted],
     }
+
+
+def _shared(key: str, registered: str | None) -> str:
+    return registered if registered == key else key
 
 
 def serving_record(groups: Iterable[dict[str, Any]]) -> ServingRecord:

@@ -101,6 +101,20 @@ def test_the_view_holds_exactly_the_admitted_live_workers_records() -> None:
     assert [op[1][0] for op in files.ops][-1] == "mdc"
 
 
+def test_the_view_names_each_file_by_its_records_own_file_tuple() -> None:
+    # The view keys what it wants, what it wrote and who owns it by file: at a fleet's size,
+    # one tuple per file, the record's, serves them all, where a tuple per map was built again.
+    files = FakeFiles()
+    view = AdmittedView(files)
+    table = table_of(worker_records(A1), worker_records(A2))
+    view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
+
+    records = {(r.bucket, r.file_name): r for r in table.records()}
+    assert len(view.files) == 10
+    assert all(file is records[file].file for file in view.files)
+    assert all(file is records[file].file for file in view.wanted())
+
+
 def test_a_member_joining_is_added_before_a_member_leaving_is_removed() -> None:
     files = FakeFiles()
     view = AdmittedView(files)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+import weakref
 from collections.abc import AsyncIterator
 
 from workerset_admission.adapters.nats.peers import (
@@ -107,6 +110,37 @@ async def test_a_bucket_that_cannot_be_read_leaves_the_listing_without_peers() -
             ).events()
         ]
         assert [e.peers for e in seen] == [None]  # type: ignore[union-attr]
+
+
+class _Entries(list[DiscoveryEntry]):
+    """A listing's entries that a weak reference can follow."""
+
+
+async def test_a_listing_handed_on_is_not_held_while_the_next_event_is_awaited() -> None:
+    # A listing carries every raw value of the bucket: kept until the next change arrives, it
+    # would double what a quiet fleet costs.
+    handed = [SourceListing(_Entries([DiscoveryEntry("k", b"v", 1)]))]
+    held = weakref.ref(handed[0].entries)
+    more = asyncio.Event()
+
+    class Waiting(Listed):
+        async def events(self) -> AsyncIterator[SourceEvent]:
+            yield handed.pop()
+            await more.wait()
+            yield SourcePut(DiscoveryEntry("k", b"w", 2))
+
+    events = PeerAwareSource(Waiting(), Reader(BUCKET), "me").events()
+    first = await anext(events)
+    assert isinstance(first, SourceListing)
+    assert first.entries is held()
+    del first
+    following = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0)
+    gc.collect()
+    assert held() is None
+    more.set()
+    assert isinstance(await following, SourcePut)
+    await events.aclose()
 
 
 def _served(frontend: str, worker_set: str, checksum: str, members: list[str]) -> RawEntry:

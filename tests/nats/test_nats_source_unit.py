@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import pytest
@@ -95,6 +96,21 @@ async def test_a_key_rewritten_while_the_listing_is_delivered_is_still_in_it() -
     live = watch.queue.get_nowait()
     assert isinstance(live, SourcePut)
     assert live.entry.value == b"C2"
+
+
+async def test_a_finished_listing_leaves_the_watch_nothing_the_size_of_the_bucket() -> None:
+    keys = [f"v1.mdc.k{i}" for i in range(2_000)]
+    watch = Watch(len(PREFIX), 16, last_seq_at_start=len(keys), expected_keys=set(keys))
+    for seq, key in enumerate(keys, 1):
+        await watch.on_message(message(key, seq, len(keys) - seq))
+    assert watch.listing_done.is_set()
+    assert len(watch.take_listing()) == len(keys)
+    held = sum(
+        sys.getsizeof(value)
+        for value in vars(watch).values()
+        if isinstance(value, (set, frozenset, dict, list, tuple))
+    )
+    assert held < 1_000
 
 
 async def test_without_the_keys_at_the_start_the_listing_ends_with_their_values() -> None:
