@@ -37,6 +37,7 @@ import tempfile
 import time
 import tracemalloc
 import types
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -184,8 +185,12 @@ def grouped(snapshot: tracemalloc.Snapshot, key: str) -> dict[str, list[int]]:
     return out
 
 
-async def measure(workers: int, frames: int) -> dict[str, Any]:
-    """One fleet of ``workers``, one service under ``tracemalloc``: its heap, by line and part."""
+async def measure(workers: int, frames: int, scraped: bool = False) -> dict[str, Any]:
+    """One fleet of ``workers``, one service under ``tracemalloc``: its heap, by line and part.
+
+    ``scraped``: ``/metrics`` is read once before the heap is, so what a scrape keeps (the
+    worker families' text) is counted as a Prometheus that scrapes the service would see it.
+    """
     from workerset_admission.adapters.dynamo.view import DirectoryFiles
     from workerset_admission.cli.serve import start_serve_telemetry
     from workerset_admission.settings import Settings
@@ -223,6 +228,9 @@ async def measure(workers: int, frames: int) -> dict[str, Any]:
             await asyncio.to_thread(wait_until, lambda: cards_in(view_dir) >= workers, 600, 0.05)
             synced_s = time.monotonic() - started
             await asyncio.sleep(SETTLE_S)  # the first serving publication goes out
+            if scraped:
+                url = f"http://127.0.0.1:{settings.prometheus_port}/metrics"
+                await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=120).read())
             gc.collect()
             held = tracemalloc.get_traced_memory()[0] - base
             snapshot = tracemalloc.take_snapshot().filter_traces(
@@ -317,10 +325,11 @@ async def kv_gets(workers: int) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def child(workers: int, frames: int) -> dict[str, Any]:
+def child(workers: int, frames: int, scraped: bool = False) -> dict[str, Any]:
     """Measure one size in a fresh interpreter, so no size inherits another's heap."""
     done = subprocess.run(
-        [sys.executable, __file__, "--child", str(workers), "--frames", str(frames)],
+        [sys.executable, __file__, "--child", str(workers), "--frames", str(frames)]
+        + (["--scraped"] if scraped else []),
         check=True,
         capture_output=True,
         text=True,
@@ -392,10 +401,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="frames traced per block; above 1 also groups by the package's line under a "
         "library's allocation (several times slower)",
     )
+    parser.add_argument(
+        "--scraped", action="store_true", help="read /metrics once before the heap is measured"
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(asyncio.run(measure(args.child, args.frames))), flush=True)
+        print(json.dumps(asyncio.run(measure(args.child, args.frames, args.scraped))), flush=True)
         return 0
     if args.gets:
         print(json.dumps(asyncio.run(kv_gets(args.gets))), flush=True)
@@ -403,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = sorted(int(s) for s in args.sizes.split(","))
     points = []
     for size in () if args.only_rss else sizes:
-        point = child(size, args.frames)
+        point = child(size, args.frames, args.scraped)
         print(
             f"{size:>7,} workers: traced {point['traced_bytes'] / 2**20:.1f} MiB, "
             f"synced in {point['synced_s']} s",
