@@ -17,6 +17,7 @@
     ├── ReceiverRetired             an admission receiver whose group's tenure has ended
     ├── NoRoutableInstance          a routing hop with no instance both live and admitted
     ├── ViewDirectoryError          the admitted view's directory cannot be used
+    │   └── ViewDirectoryUnavailable    ... for now: read-only or full (a restart may succeed)
     ├── DiscoveryStoreError         Dynamo's etcd discovery store could not be read
     │   ├── StoreUnavailable        unreachable, timed out, or refused our credentials
     │   └── StoreCompacted          a watch asked for history that etcd has compacted away
@@ -57,6 +58,7 @@ __all__ = [
     "Unreachable",
     "UsageError",
     "ViewDirectoryError",
+    "ViewDirectoryUnavailable",
     "WorkersetAdmissionError",
     "bounded_text",
     "wire_text",
@@ -246,6 +248,14 @@ class ViewDirectoryError(WorkersetAdmissionError):
     """The admitted view's directory cannot be used; the message names it and says why.
 
     It is missing, not writable, owned by another live writer, or not the frontend's store.
+    """
+
+
+class ViewDirectoryUnavailable(ViewDirectoryError):
+    """The view's directory cannot be written for now: its file system is read-only or full.
+
+    A state that passes (a remount, space freed), unlike a missing directory or one this user may
+    not write: a supervisor's restart may succeed, so it is not a settings error.
     """
 
 

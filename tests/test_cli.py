@@ -22,6 +22,7 @@ from workerset_admission.errors import (
     StoreUnavailable,
     Unreachable,
     ViewDirectoryError,
+    ViewDirectoryUnavailable,
     WorkersetAdmissionError,
 )
 from workerset_admission.settings import CONNECTION_SETTINGS, FLAGGED_SETTINGS
@@ -237,6 +238,7 @@ def test_the_readme_table_names_the_statuses_diff_answers_with() -> None:
         (ConfigError("x"), cli.EXIT_USAGE),
         (InvalidRecordError("bad_key"), cli.EXIT_USAGE),
         (ViewDirectoryError("owned by another live writer"), cli.EXIT_USAGE),
+        (ViewDirectoryUnavailable("is not writable (Read-only file system)"), cli.EXIT_FAILED),
         (Unreachable("x"), cli.EXIT_UNREACHABLE),
         (StoreUnavailable("etcd: connection refused"), cli.EXIT_UNREACHABLE),
         (ConnectionRefusedError(), cli.EXIT_UNREACHABLE),

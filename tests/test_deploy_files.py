@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from workerset_admission import cli
+from workerset_admission.errors import ViewDirectoryUnavailable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -60,8 +61,10 @@ def test_a_systemd_unit_runs_a_command_and_flags_that_exist(unit: Path) -> None:
     args = cli.build_parser().parse_args(argv[1:])
     assert cli.COMMANDS[args.command].runs_until_stopped
     text = unit.read_text()
-    # A bad setting (2) or refused credentials (5) is not cured by restarting.
+    # A bad setting (2) or refused credentials (5) is not cured by restarting; a view directory
+    # read-only or full for now (4) may be, so it is restarted.
     assert f"RestartPreventExitStatus={cli.EXIT_USAGE} {cli.EXIT_CREDENTIALS}" in text
+    assert cli.exit_status(ViewDirectoryUnavailable("read-only")) == cli.EXIT_FAILED
 
 
 def _json_array(text: str, instruction: str) -> list[str]:

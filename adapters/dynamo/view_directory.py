@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from workerset_admission.adapters.dynamo.filestore import DEFAULT_FILE_TTL
-from workerset_admission.errors import ViewDirectoryError
+from workerset_admission.errors import ViewDirectoryError, ViewDirectoryUnavailable
 from workerset_admission.identity import store_file_name
 
 __all__ = [
@@ -152,6 +152,19 @@ def read_manifest(root: Path) -> list[ViewFile]:
     return out
 
 
+# A file system that is read-only or full may not stay so (a remount, space freed): a writer
+# that meets one at start fails in a way its supervisor restarts, unlike a directory it may not
+# write at all, which needs an operator.
+_PASSING_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
+def _not_writable(root: Path, exc: OSError) -> ViewDirectoryError:
+    reason = f"view directory {root} is not writable ({exc.strerror or exc})"
+    if exc.errno in _PASSING_ERRNOS:
+        return ViewDirectoryUnavailable(reason)
+    return ViewDirectoryError(reason)
+
+
 class DirectoryFiles:
     """:class:`ViewFiles` over a real directory, owned through a lock file.
 
@@ -188,9 +201,7 @@ class DirectoryFiles:
         try:
             lock = lock_path.open("a+", encoding="utf-8")
         except OSError as exc:
-            raise ViewDirectoryError(
-                f"view directory {root} is not writable ({exc.strerror})"
-            ) from None
+            raise _not_writable(root, exc) from None
         try:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -215,9 +226,7 @@ class DirectoryFiles:
                 os.unlink(files._write_temp(probe, b""))
         except OSError as exc:
             files.release()
-            raise ViewDirectoryError(
-                f"view directory {root} is not writable ({exc.strerror or exc})"
-            ) from None
+            raise _not_writable(root, exc) from None
         files._remove_own_temp_files()
         return files
 

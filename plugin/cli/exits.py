@@ -13,6 +13,7 @@ from workerset_admission.errors import (
     Unreachable,
     UsageError,
     ViewDirectoryError,
+    ViewDirectoryUnavailable,
     WorkersetAdmissionError,
 )
 
@@ -39,7 +40,8 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 """NATS (or, for ``bridge``, etcd) could not be reached or did not answer in time."""
 EXIT_FAILED = 4
-"""The command failed while it ran (the service stopped on an error, an unexpected fault)."""
+"""The command failed while it ran (the service stopped on an error, an unexpected fault), or
+``serve``'s view directory was read-only or full when it started (a restart may succeed)."""
 EXIT_CREDENTIALS = 5
 """NATS answered and refused the credentials, or the user's permissions refused a publish or a
 subscription (``drain`` of a namespace its user may not drain, ``register`` into a namespace
@@ -68,6 +70,8 @@ def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
         ((UsageError,), EXIT_USAGE),
         ((CredentialsRefused,), EXIT_CREDENTIALS),
         ((LastWorkerRefused,), EXIT_LAST_WORKER),
+        # A view directory read-only or full for now: a supervisor's restart may succeed.
+        ((ViewDirectoryUnavailable,), EXIT_FAILED),
         ((RemoteDataError, ViewDirectoryError), EXIT_USAGE),
         ((Unreachable, StoreUnavailable), EXIT_UNREACHABLE),
         (_transport_errors(), EXIT_UNREACHABLE),

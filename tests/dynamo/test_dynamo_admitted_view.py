@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 from collections.abc import AsyncIterator, Iterable
@@ -41,7 +42,7 @@ from workerset_admission.card import (
     endpoint_kv_key,
     model_kv_key,
 )
-from workerset_admission.errors import ViewDirectoryError
+from workerset_admission.errors import ViewDirectoryError, ViewDirectoryUnavailable
 from workerset_admission.identity import Drain, EndpointId
 from workerset_admission.keys import drain_kv_key
 from workerset_admission.ports import (
@@ -516,6 +517,27 @@ def test_an_unwritable_directory_is_refused_and_left_as_it_was(tmp_path: Path) -
     with pytest.raises(ViewDirectoryError, match=f"view directory {target} is not writable"):
         DirectoryFiles.open(target)
     assert sorted(os.listdir(target)) == before
+
+
+@pytest.mark.parametrize(
+    ("code", "passing"),
+    [(errno.EROFS, True), (errno.ENOSPC, True), (errno.EDQUOT, True), (errno.EACCES, False)],
+)
+def test_a_read_only_or_full_directory_is_refused_as_a_state_that_may_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, passing: bool
+) -> None:
+    # A read-only remount or a full disk at start is what a supervisor's restart may cure; a
+    # directory this user may not write is not.
+    def refused(self: DirectoryFiles, key: tuple[str, str], data: bytes) -> str:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(DirectoryFiles, "_write_temp", refused)
+    with pytest.raises(ViewDirectoryError, match=f"view directory {tmp_path} is not writable") as e:
+        DirectoryFiles.open(tmp_path)
+    assert isinstance(e.value, ViewDirectoryUnavailable) is passing
+    # The lock was let go: a writer started once the state passes takes the directory.
+    monkeypatch.undo()
+    DirectoryFiles.open(tmp_path).release()
 
 
 def test_a_directory_another_live_writer_owns_is_refused(tmp_path: Path) -> None:
