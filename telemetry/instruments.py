@@ -21,12 +21,12 @@ from workerset_admission.telemetry.worker_state_page import (
 )
 from workerset_admission.telemetry.worker_states import (
     DIFFERS_IN_UNKNOWN,
-    STATE_TABLE,
     GroupLike,
     RejectionLike,
     WorkerSetLabels,
     WorkerSetState,
     rejection_reasons,
+    worker_labels,
 )
 
 if TYPE_CHECKING:
@@ -439,17 +439,8 @@ class AdmissionInstruments:
             return []
         out = []
         for worker_set in self._worker_sets(summary):
-            labels = worker_set.labels.as_dict()
             for worker, (state, why) in sorted(worker_set.workers.items()):
-                router = STATE_TABLE[state]
-                attributes = {
-                    **labels,
-                    n.LABEL_ROUTER_WORKER_ID: str(worker),
-                    n.LABEL_STATE: router.state,
-                    n.LABEL_REASON: router.reason,
-                    n.LABEL_DIFFERS_IN: why,
-                }
-                out.append(Observation(1, attributes))
+                out.append(Observation(1, worker_labels(worker_set.labels, worker, state, why)))
         return out
 
     def _observe_incumbents(self, _options: CallbackOptions) -> Iterable[Observation]:

@@ -49,6 +49,7 @@ from workerset_admission.telemetry.worker_states import (
     WorkerSetState,
     merged_workers,
     rejection_reasons,
+    worker_labels,
 )
 
 __all__ = [
@@ -112,15 +113,7 @@ def _sample(family: str, labels: Mapping[str, str], value: int) -> bytes:
 
 
 def _line(labels: WorkerSetLabels, worker: int, state: str, why: str) -> bytes:
-    router = STATE_TABLE[state]
-    every = {
-        **labels.as_dict(),
-        n.LABEL_ROUTER_WORKER_ID: str(worker),
-        n.LABEL_STATE: router.state,
-        n.LABEL_REASON: router.reason,
-        n.LABEL_DIFFERS_IN: why,
-    }
-    return _sample(STATES, every, 1)
+    return _sample(STATES, worker_labels(labels, worker, state, why), 1)
 
 
 def _count_lines(labels: WorkerSetLabels, counts: Mapping[str, int]) -> bytes:

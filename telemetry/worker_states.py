@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Final, Protocol
 
 from workerset_admission.card.checksum import CHECKSUM_INPUTS
+from workerset_admission.telemetry import names as n
 
 __all__ = [
     "COUNT_STATES",
@@ -48,6 +49,7 @@ __all__ = [
     "differs_in",
     "merged_workers",
     "rejection_reasons",
+    "worker_labels",
     "worker_sets",
     "worker_state",
 ]
@@ -191,6 +193,18 @@ class WorkerSetState:
         for state, _ in self.workers.values():
             out[STATE_TABLE[state].state] += 1
         return out
+
+
+def worker_labels(labels: WorkerSetLabels, worker: int, state: str, why: str) -> dict[str, str]:
+    """Return the labels of one worker's ``router_worker_state`` series (its set's, its own)."""
+    router = STATE_TABLE[state]
+    return {
+        **labels.as_dict(),
+        n.LABEL_ROUTER_WORKER_ID: str(worker),
+        n.LABEL_STATE: router.state,
+        n.LABEL_REASON: router.reason,
+        n.LABEL_DIFFERS_IN: why,
+    }
 
 
 def differs_in(differences: Sequence[object] | None) -> str:
