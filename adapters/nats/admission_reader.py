@@ -23,7 +23,7 @@ from datetime import datetime
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, Header
 from nats.js.errors import BadRequestError, NotFoundError
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
@@ -48,7 +48,11 @@ async def read_keys(
 ) -> list[RawEntry]:
     """Read the latest value of the keys ``filters`` name, through one filtered consumer.
 
-    Raises ``BadRequestError`` when the server takes one filter per consumer only.
+    It reads until the consumer has delivered what it counted at its creation, or says in an idle
+    heartbeat that it has sent everything: a record counted then that expires before it is sent
+    (a bucket's max age removes it without a marker) never comes, and waiting for it would cost
+    the whole timeout. Raises ``BadRequestError`` when the server takes one filter per consumer
+    only.
     """
     prefix = f"$KV.{bucket}."
     inbox = client.new_inbox()
@@ -61,23 +65,28 @@ async def read_keys(
             ack_policy=AckPolicy.NONE,
             max_deliver=1,
             flow_control=True,
-            idle_heartbeat=5.0,
+            idle_heartbeat=1.0,
             mem_storage=True,
             num_replicas=1,
             filter_subjects=[f"{prefix}{f}" for f in filters],
         )
         created = await client.jsm(timeout=timeout).add_consumer(f"KV_{bucket}", config=config)
         found: dict[str, RawEntry] = {}
-        pending = created.num_pending
+        pending, sent = created.num_pending, 0
         while pending:
             msg = await asyncio.wait_for(delivered.get(), timeout=timeout)
             if not msg.subject.startswith(prefix):
-                # Flow control asks for an answer; an idle heartbeat asks for none.
-                if msg.reply:
-                    await client.publish(msg.reply, b"")
+                # Flow control asks for an answer; an idle heartbeat asks for none, unless the
+                # consumer waits for one, and says how many messages it has sent.
+                headers = msg.headers or {}
+                answer = msg.reply or headers.get(Header.CONSUMER_STALLED)
+                if answer:
+                    await client.publish(answer, b"")
+                elif headers.get(Header.LAST_CONSUMER) == str(sent):
+                    break  # idle, and all it sent has come: nothing more will
                 continue
             meta = msg.metadata
-            pending = meta.num_pending
+            pending, sent = meta.num_pending, meta.sequence.consumer
             key = msg.subject[len(prefix) :]
             if removal_kind(msg.headers) is not None:
                 found.pop(key, None)
