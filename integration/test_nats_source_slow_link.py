@@ -28,7 +28,8 @@ from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.adapters.nats.watch import Watch
 from workerset_admission.ports import SourceListing
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+# Two listings over a paced relay, about 20 s each: the slower tier's.
+pytestmark = [pytest.mark.integration, pytest.mark.rollout, pytest.mark.timeout(90)]
 
 KEYS = [f"v1.mdc.ns.backend.generate.{i:x}" for i in range(14)]
 VALUE = b'{"card":"' + b"x" * 60 + b'"}'
