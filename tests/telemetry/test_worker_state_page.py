@@ -303,23 +303,15 @@ def test_the_page_serves_every_worker_once_and_other_readers_still_collect_it(
     # Another reader (the OTLP export in serve) collects the gauge through the SDK, as before.
     data = other_reader.get_metrics_data()
     assert data is not None
-    points = [
-        point
+    metrics = {
+        metric.name: metric
         for rm in data.resource_metrics
         for sm in rm.scope_metrics
         for metric in sm.metrics
-        if metric.name == "workerset_admission.router.worker_state"
-        for point in metric.data.data_points
-    ]
-    assert points  # the SDK caps the stream at its default limit; the page is not capped
-    counted = [
-        metric
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for metric in sm.metrics
-        if metric.name == "workerset_admission.router.workers"
-    ]
-    assert len(counted[0].data.data_points) == 25 * 4
+    }
+    # The SDK caps the stream at its default limit; the page is not capped.
+    assert metrics["workerset_admission.router.worker_state"].data.data_points
+    assert len(metrics["workerset_admission.router.workers"].data.data_points) == 25 * 4
 
     # A change shows at the next scrape; OpenMetrics and gzip as Prometheus asks for them.
     groups = current[0].groups
