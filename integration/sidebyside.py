@@ -230,6 +230,11 @@ class Outcome:
     # routed to a worker that had stopped serving (or was stopping). A frontend's own rebuild
     # at a flip fails requests too, with 404 or 503 ("not ready"), but not only after a SIGTERM.
     after_stop: dict[str, int] = field(default_factory=dict)
+    # With drains: per frontend, how long after its ``drain --wait`` returned a drained worker
+    # was last sent a request it then answered (negative: none after the return). A frontend
+    # reads the view's change through its own file watcher, and a request it had already
+    # routed is still on its way: this is the margin ``--grace`` covers.
+    routed_after_drain: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -461,6 +466,7 @@ class SideBySide:
         *,
         drained: bool = False,
         versioned: bool = False,
+        grace: float = 0.0,
     ) -> Outcome:
         """Workers of another block size join, then the incumbent's are SIGTERMed in turn.
 
@@ -469,9 +475,10 @@ class SideBySide:
         began) counts against the frontend, and ``before`` is called with them once the
         plugin rejects them. ``versioned`` puts them in a namespace of their own instead (the
         contract's deployment generations): they serve beside the incumbent at once. With
-        ``drained`` each incumbent worker is drained (``drain --wait``) before its SIGTERM; a
-        frontend of Dynamo alone knows nothing of drains and sees the SIGTERMs only.
-        Afterwards the newcomers are the incumbent.
+        ``drained`` each incumbent worker is drained (``drain --wait``), then SIGTERMed
+        ``grace`` seconds later, as ``drain --wait --grace`` would (README: the grace lets
+        requests already routed to it finish); a frontend of Dynamo alone knows nothing of
+        drains and sees the SIGTERMs only. Afterwards the newcomers are the incumbent.
         """
         size = 32 if self.block_size == 16 else 16
         old_namespace = namespace = self.namespace
@@ -507,6 +514,9 @@ class SideBySide:
                     self.marks.append(("drain", worker, drain_began))
                     self.drain_waits.append(self.drain_worker(worker, old_namespace))
                     self.marks.append(("drained", worker, time.monotonic()))
+                    # drain --grace is this sleep; kept here so the marks say when the
+                    # drain itself answered.
+                    time.sleep(grace)
                 last = time.monotonic()
                 self.marks.append(("sigterm", worker, last))
                 self.deployment.stop_worker(worker)
@@ -517,6 +527,7 @@ class SideBySide:
         name = "rolling update" + (" to a new namespace" if versioned else "")
         outcome = self._under_load(name + (", drained" if drained else ""), fault, settle=settle)
         stops = [at for kind, _worker, at in self.marks if kind == "sigterm"]
+        answered = {worker: at for kind, worker, at in self.marks if kind == "drained"}
         for frontend, load in self.loads.items():
             # A drain reaches only the frontends on a view; the others see the SIGTERM.
             on_view = frontend.startswith("view")
@@ -527,6 +538,12 @@ class SideBySide:
                 for r in load.requests
                 if not r.ok and any(stop <= r.sent < stop + 1.0 for stop in stops)
             )
+            if answered:
+                outcome.routed_after_drain[frontend] = max(
+                    (r.sent - answered[r.worker] for r in load.requests
+                     if r.ok and r.worker in answered),
+                    default=float("-inf"),
+                )  # fmt: skip
         self.incumbent, self.block_size, self.namespace = cohort, size, namespace
         self.wait_serving(cohort)
         return outcome

@@ -6,7 +6,8 @@ nothing of drains and sees only the SIGTERMs, as today); frontend "view" on the 
 the ``serve`` sidecar writes; frontend "view-2" on a view of its own, written by the plugin
 inside it. Every frontend gets the same steady load (15 requests/s, 10 s timeout). Each old
 worker is drained with ``workerset-admission drain --wait`` (which waits for both plugin
-frontends), then SIGTERMed, 5 s apart.
+frontends), then SIGTERMed after a 2 s grace (the README's ``--grace``, for requests already
+routed to it), 5 s apart.
 
 The cases run in file order: a versioned rollout (the new generation in a namespace of its
 own), a rollout in place (a conflicting cohort that succeeds at the last drain), a drain
@@ -43,6 +44,11 @@ pytest.importorskip("openai", reason="needs the openai client (the test extra)")
 
 PLUGIN_FRONTENDS = ("view", "view-2")
 CLI = [sys.executable, "-m", "workerset_admission.cli"]
+# Between a drain's answer and the worker's SIGTERM, as `drain --wait --grace 2` would wait.
+GRACE = 2.0
+# The longest a rollout may leave a plugin frontend without a success: about 0.13 s measured
+# over 20 rollouts on every frontend (docs/benchmarks.md); each lost request adds 0.07 s.
+REBUILD = 1.5
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +77,17 @@ def _measured(outcome: Outcome, deployment: SideBySide) -> dict[str, Figures]:
         show(f"[drained rollout]   flip on {name}: {shown}")
     waits = ", ".join(f"{w:.2f} s" for w in deployment.drain_waits)
     show(f"[drained rollout]   drain --wait took {waits}")
+    latest = ", ".join(f"{n} {at:+.3f} s" for n, at in outcome.routed_after_drain.items())
+    show(f"[drained rollout]   last request a drained worker answered, after its drain: {latest}")
     return outcome.figures
 
 
 def test_a_drained_rollout_to_a_new_namespace_loses_no_request_on_the_view(
     deployment: SideBySide,
 ) -> None:
-    outcome = deployment.rolling_update(rivals=2, spacing=5.0, drained=True, versioned=True)
+    outcome = deployment.rolling_update(
+        rivals=2, spacing=5.0, drained=True, versioned=True, grace=GRACE
+    )
     figures = _measured(outcome, deployment)
 
     for name in PLUGIN_FRONTENDS:
@@ -160,7 +170,7 @@ def test_a_drained_rollout_in_place_never_routes_to_a_stopped_worker(
         }
 
     earlier = rejections()
-    outcome = deployment.rolling_update(rivals=2, spacing=5.0, drained=True)
+    outcome = deployment.rolling_update(rivals=2, spacing=5.0, drained=True, grace=GRACE)
     figures = _measured(outcome, deployment)
     # What the frontends log of the conflicting cohort (docs/operations.md explains the line).
     logged = {name: count - earlier[name] for name, count in rejections().items()}
@@ -178,12 +188,16 @@ def test_a_drained_rollout_in_place_never_routes_to_a_stopped_worker(
     direct = outcome.flips["direct"]
     assert direct is not None, "Dynamo alone never served the successor"
     # What is left at the flip is the frontend's own rebuild of the model, which Dynamo alone
-    # pays too; whether a request falls into it is chance for every frontend (the totals over
-    # many rollouts are in docs/benchmarks.md), so one run is held to one request of it.
+    # pays too. Whether a request falls into it is chance for every frontend, so one run
+    # cannot compare counts (over 20 rollouts: 8 of 3,745 on the view, 10 of 3,746 on Dynamo
+    # alone; docs/benchmarks.md): it holds each failure to the rebuild's kind, and the rebuild
+    # to its length, which a late or wrong view would stretch to seconds.
     for name in PLUGIN_FRONTENDS:
         flip = outcome.flips[name]
         assert flip is not None
-        assert flip.failed <= direct.failed + 1, (name, flip.errors, direct.errors)
+        rebuilding = [e for e in flip.errors if " 404 " in e or "not ready" in e]
+        assert rebuilding == list(flip.errors), (name, flip.errors, direct.errors)
+        assert figures[name].longest_gap <= REBUILD, (name, figures[name].longest_gap)
     successor = set(deployment.incumbent)
     for name, frontend in deployment.frontends.items():
         assert frontend.ask().decode in successor, name

@@ -224,7 +224,11 @@ def _one(lab: Lab, rng: random.Random, kind: str) -> tuple[Outcome, dict[str, An
     if kind == "stop worker":
         return running.drain(), {}
     spacing = rng.uniform(2.0, 5.0)
-    outcome = running.rolling_update(rivals=2, spacing=spacing, drained=kind.startswith("drained"))
+    drained = kind.startswith("drained")
+    # A drained worker stops a grace after its drain answered, as the README's recipe says.
+    outcome = running.rolling_update(
+        rivals=2, spacing=spacing, drained=drained, grace=2.0 if drained else 0.0
+    )
     return outcome, {"spacing": round(spacing, 2)}
 
 
