@@ -227,6 +227,7 @@ def undrain(pods: Pods, instance: int) -> None:
     assert back.returncode == 0, back.stderr
 
 
+@pytest.mark.rollout  # about 20 s: two pods' workers through the real frontend
 def test_two_pods_sharing_one_ip_each_drain_only_their_own_worker(pods: Pods) -> None:
     command = hook_command()
     assert "$(" not in " ".join(command)  # the kubelet would not expand it

@@ -10,7 +10,6 @@ plugin.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import uuid
@@ -22,6 +21,7 @@ import psutil
 import pytest
 from dynamoview import MODEL_NAME, Deployment, Frontend, Served, Traffic, deployment, wait_for
 from natsfixture import NatsServer
+from workerset_admission.adapters.dynamo.view_directory import read_manifest
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -268,7 +268,13 @@ def test_a_frontend_whose_view_is_not_its_file_store_refuses_to_start(cluster: C
 
 def test_the_view_directory_holds_only_files_the_plugin_wrote(cluster: Cluster) -> None:
     view = cluster.deployment.view
-    manifest = json.loads((view / ".workerset-admission.files").read_text())
+
+    def written() -> list[str]:
+        # The manifest is the saved list and a journal of the changes after it.
+        return [f"{bucket}/{name}" for bucket, name in read_manifest(view)]
+
+    wait_for(lambda: any(n.startswith("mdc/") for n in written()), 30, "the view is written")
+    manifest = written()
     on_disk = sorted(
         f"{p.parent.name}/{p.name}"
         for p in (view / "v1").rglob("*")

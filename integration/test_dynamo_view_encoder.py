@@ -123,6 +123,7 @@ async def test_recorded_encoder_registrations_reach_the_view_only_when_admitted(
     assert _view(view) == rival
 
 
+@pytest.mark.rollout  # a fault on a real server, about 13 s
 @pytest.mark.timeout(90)
 async def test_the_view_stays_alive_while_nats_is_unreachable_and_when_the_service_stops(
     tmp_path: Path, nats_server_fn: NatsServer

@@ -34,7 +34,13 @@ from workerset_admission.card.model import MODEL_TYPE_NAMES
 from workerset_admission.errors import CardDecodeError
 from workerset_admission.identity import EndpointId
 
-pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(300)]
+# About 75 s (the frontend's 30 s reconciliation pass is its verdict): the slower tier.
+pytestmark = [
+    pytest.mark.dynamo,
+    pytest.mark.integration,
+    pytest.mark.rollout,
+    pytest.mark.timeout(300),
+]
 
 _NEEDS = "needs ai-dynamo==1.6.1 (its runtime wheel, then `pip install --no-deps ai-dynamo==1.6.1`)"
 pytest.importorskip("dynamo.frontend.main", reason=_NEEDS)

@@ -18,7 +18,12 @@ import pytest
 from natsfixture import show
 from phoenixfixture import network_namespace_problem, run_in_own_session
 
-pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.dynamo,
+    pytest.mark.integration,
+    pytest.mark.rollout,
+    pytest.mark.timeout(240),
+]
 
 _NEEDS = "needs ai-dynamo==1.6.1 (its runtime wheel, then `pip install --no-deps ai-dynamo==1.6.1`)"
 pytest.importorskip("dynamo.frontend.main", reason=_NEEDS)

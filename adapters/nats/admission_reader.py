@@ -32,6 +32,7 @@ from workerset_admission.adapters.nats.connect import (
     permission_refusal,
     refusal_mark,
     servers_for_display,
+    unless_refused,
 )
 from workerset_admission.adapters.nats.kv import removal_kind, stream_name
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
@@ -137,7 +138,8 @@ class NatsRecordSource:
         if filters is not None:
             whole = False
             try:
-                entries = await read_keys(client, self._bucket, filters, self._timeout)
+                reading = read_keys(client, self._bucket, filters, self._timeout)
+                entries = await unless_refused(reading, mark)
                 return BucketRead(entries=tuple(entries))
             except NotFoundError:
                 return BucketRead()
@@ -154,8 +156,12 @@ class NatsRecordSource:
         source = JetStreamDiscoverySource(bucket=self._bucket, key_prefixes=None, connector=reuse)
         try:
             # Asked first: the listing closes the connection it was handed once it is read.
-            server_time = await _server_time(client, self._bucket, self._timeout)
-            listing = await asyncio.wait_for(source.list_all(), timeout=self._timeout)
+            server_time = await unless_refused(
+                _server_time(client, self._bucket, self._timeout), mark
+            )
+            listing = await unless_refused(
+                asyncio.wait_for(source.list_all(), timeout=self._timeout), mark
+            )
         except NotFoundError:
             # No frontend has published yet: an empty bucket, and a closed gate.
             return BucketRead()

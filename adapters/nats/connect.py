@@ -10,7 +10,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import ReconnectToServerHandler, Server
@@ -38,6 +38,7 @@ __all__ = [
     "refusal_mark",
     "servers_for_display",
     "servers_from_text",
+    "unless_refused",
 ]
 
 DEFAULT_SERVERS: tuple[str, ...] = ("nats://127.0.0.1:4222",)
@@ -46,6 +47,7 @@ _CLOSE_TIMEOUT = 1.0
 _RECANCEL_INTERVAL = 0.05
 
 ErrorCallback = Callable[[Exception], Awaitable[None]]
+_T = TypeVar("_T")
 
 
 def connect_options(
@@ -274,6 +276,9 @@ def _noting_refusals(owner: ErrorCallback, refusals: list[Exception]) -> ErrorCa
         if found is not None and not found.group(2).startswith(_OPTIONAL_SUBSCRIPTIONS):
             _REFUSED_HERE.count += 1
             _REFUSED_HERE.last = (found.group(1).lower(), found.group(2))
+            for waiter in _REFUSAL_WAITERS:
+                if not waiter.done():
+                    waiter.set_result(None)
         await owner(error)
 
     return on_error
@@ -297,6 +302,8 @@ class _Refused:
 
 # One command per process: what its connections were refused is the command's.
 _REFUSED_HERE = _Refused()
+# The calls of :func:`unless_refused` waiting now, each woken by the next refusal.
+_REFUSAL_WAITERS: set[asyncio.Future[None]] = set()
 
 
 def refusal_mark() -> int:
@@ -323,6 +330,33 @@ def permission_refusal(since: int = 0) -> PermissionRefused | None:
         "the rights each command needs)",
         subject,
     )
+
+
+async def unless_refused(work: Awaitable[_T], since: int) -> _T:
+    """Await ``work``, unless the server refuses this process a permission meanwhile.
+
+    A refused request is never answered (the refusal comes on the connection, not as the
+    reply), so ``work`` would wait out its whole timeout; a refusal heard after ``since`` (a
+    :func:`refusal_mark`) cancels it at once and is raised instead. Only for work that cannot
+    succeed once refused: a read on a connection of its own.
+    """
+    task = asyncio.ensure_future(work)
+    heard: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    _REFUSAL_WAITERS.add(heard)
+    try:
+        if permission_refusal(since) is None:
+            await asyncio.wait((task, heard), return_when=asyncio.FIRST_COMPLETED)
+        refusal = None if task.done() else permission_refusal(since)
+        if refusal is not None:
+            raise refusal
+        return await task
+    finally:
+        _REFUSAL_WAITERS.discard(heard)
+        heard.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 async def _abandon(client: NatsClient, attempt: asyncio.Future[None]) -> None:
