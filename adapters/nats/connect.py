@@ -353,10 +353,10 @@ async def unless_refused(work: Awaitable[_T], since: int) -> _T:
     finally:
         _REFUSAL_WAITERS.discard(heard)
         heard.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # Not awaited: a caller cancelled meanwhile must see its own cancellation, not this
+        # one's end; whatever the abandoned work ends with is read, so nothing is logged of it.
+        task.cancel()
+        task.add_done_callback(lambda ended: ended.cancelled() or ended.exception())
 
 
 async def _abandon(client: NatsClient, attempt: asyncio.Future[None]) -> None:
