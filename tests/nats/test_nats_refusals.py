@@ -6,12 +6,21 @@ import asyncio
 
 import pytest
 from nats.errors import Error as NatsError
+from workerset_admission.adapters.nats import connect
 from workerset_admission.adapters.nats.connect import (
     _noting_refusals,
     refusal_mark,
     unless_refused,
 )
 from workerset_admission.errors import PermissionRefused
+
+
+@pytest.fixture(autouse=True)
+def _refusals_stay_in_their_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a process was refused is its command's: a test's refusals must not reach the next."""
+    heard = connect._REFUSED_HERE
+    monkeypatch.setattr(heard, "count", heard.count)
+    monkeypatch.setattr(heard, "last", heard.last)
 
 
 async def _ignore(_error: Exception) -> None:
