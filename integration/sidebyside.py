@@ -476,7 +476,7 @@ class SideBySide:
         plugin rejects them. ``versioned`` puts them in a namespace of their own instead (the
         contract's deployment generations): they serve beside the incumbent at once. With
         ``drained`` each incumbent worker is drained (``drain --wait``), then SIGTERMed
-        ``grace`` seconds later, as ``drain --wait --grace`` would (README: the grace lets
+        ``grace`` seconds later, as ``drain --wait --grace`` would (docs/drains.md: the grace lets
         requests already routed to it finish); a frontend of Dynamo alone knows nothing of
         drains and sees the SIGTERMs only. Afterwards the newcomers are the incumbent.
         """

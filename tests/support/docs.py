@@ -34,6 +34,12 @@ DOCS = (
     ROOT / "docs" / "faults.md",
     ROOT / "docs" / "security.md",
     ROOT / "docs" / "sources.md",
+    ROOT / "docs" / "architecture.md",
+    ROOT / "docs" / "bridges.md",
+    ROOT / "docs" / "commands.md",
+    ROOT / "docs" / "conformance.md",
+    ROOT / "docs" / "drains.md",
+    ROOT / "docs" / "testing.md",
 )
 _FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 _MARKER = re.compile(r"^\s*<!-- example: (.*?) -->\s*$")
