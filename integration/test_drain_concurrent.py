@@ -36,7 +36,7 @@ from workerset_admission.cli.drain import run_drain
 from workerset_admission.errors import LastWorkerRefused
 from workerset_admission.identity import EndpointId
 
-# The slower tier (docs/testing.md: the rollout tier): long faults and concurrency trials, its own CI step.
+# The rollout tier (docs/testing.md): long faults and concurrency trials, its own CI step.
 pytestmark = [pytest.mark.integration, pytest.mark.rollout, pytest.mark.timeout(400)]
 
 CLI = [sys.executable, "-m", "workerset_admission.cli"]

@@ -30,7 +30,7 @@ from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import Settings
 from workerset_admission.wiring.compose import create_service
 
-# The slower tier (docs/testing.md: the rollout tier): long faults and concurrency trials, its own CI step.
+# The rollout tier (docs/testing.md): long faults and concurrency trials, its own CI step.
 pytestmark = [pytest.mark.integration, pytest.mark.rollout, pytest.mark.timeout(150)]
 
 DISCOVERY = "dynamo-discovery"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-# The slower tier (docs/testing.md: the rollout tier): long faults and concurrency trials, its own CI step.
+# The rollout tier (docs/testing.md): long faults and concurrency trials, its own CI step.
 pytestmark = [pytest.mark.integration, pytest.mark.rollout, pytest.mark.timeout(120)]
 
 SOAK = Path(__file__).parent / "bench" / "soak.py"

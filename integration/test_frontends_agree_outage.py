@@ -37,7 +37,7 @@ from workerset_admission.identity import EndpointId
 from workerset_admission.traces.replay import replay
 from workerset_admission.wiring.compose import create_service
 
-# The slower tier (docs/testing.md: the rollout tier): long faults and concurrency trials, its own CI step.
+# The rollout tier (docs/testing.md): long faults and concurrency trials, its own CI step.
 pytestmark = [pytest.mark.integration, pytest.mark.rollout, pytest.mark.timeout(180)]
 
 DISCOVERY = "dynamo-discovery"

@@ -22,7 +22,7 @@ from dynamoview import wait_for
 from natsfixture import restartable_server, show
 from sidebyside import Outcome, SideBySide, measured, side_by_side
 
-# The rollout tier: minutes of real workers under load (docs/testing.md; ".ci/run" runs it on its own).
+# The rollout tier (docs/testing.md): minutes of real workers under load, its own CI step.
 pytestmark = [
     pytest.mark.dynamo,
     pytest.mark.integration,
