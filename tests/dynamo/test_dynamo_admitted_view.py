@@ -38,6 +38,7 @@ from workerset_admission.adapters.dynamo.view import (
 from workerset_admission.card import (
     BoundarySettings,
     encode_drain_record,
+    encode_endpoint_record,
     encode_model_record,
     endpoint_kv_key,
     model_kv_key,
@@ -868,3 +869,38 @@ def test_a_file_that_cannot_be_written_is_warned_about_once_and_counted_until_it
     assert set(files.content) == set(written.content)
     said = [r.getMessage() for r in caplog.records]
     assert any("after 5 failed attempt(s)" in line for line in said), said
+
+
+async def test_an_instance_id_back_at_a_new_address_is_the_same_worker_with_a_new_address() -> None:
+    # A failover shadow takes the worker's instance id at another address: the endpoint record
+    # is put again under its key with another transport. The view's instance file carries the
+    # new record, and admission does not move: no refusal, no new build, the same members.
+    async with writing_service() as (files, source, service):
+        source.queue.put_nowait(SourceListing([*worker_records(A1), *worker_records(A2)]))
+        await _until(lambda: mdc_file(A1) in files.content and mdc_file(A2) in files.content)
+        await _until(lambda: service.status().groups[0].status == "ready")
+        [before] = service.status().groups
+        assert set(before.routable) == {A1, A2}
+        card_bytes = files.content[mdc_file(A1)]
+
+        moved = encode_endpoint_record(EP, A1, {"tcp": f"127.0.0.2:4242/{A1:x}"})
+        assert moved != files.content[instance_file(A1)]
+        source.queue.put_nowait(SourcePut(entry_of(endpoint_kv_key(EP, A1), moved)))
+        await _until(lambda: files.content.get(instance_file(A1)) == moved)
+
+        status = service.status()
+        [after] = status.groups
+        assert status.invalid_total == 0
+        assert (after.incumbent, after.admitted, after.routable) == (
+            before.incumbent,
+            before.admitted,
+            before.routable,
+        )
+        assert (after.generation, after.committed_generation) == (
+            before.generation,
+            before.committed_generation,
+        )
+        assert files.content[mdc_file(A1)] == card_bytes
+        assert set(files.content) == set(files_of(A1, files.content)) | set(
+            files_of(A2, files.content)
+        )
