@@ -36,7 +36,10 @@ SCRATCH = Path(sys.argv[1])
 def model_dirs() -> list[Path]:
     """Model directories: full, without tokenizer_config, with generation_config, with extras."""
     config = {"max_position_embeddings": 4096, "model_type": "llama", "eos_token_id": 2}
-    tokenizer = {"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}}
+    tokenizer = {
+        "version": "1.0",
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+    }
     tok_config = {"eos_token": "b", "bos_token": "a", "chat_template": "{{ messages }}"}
     shapes: list[dict[str, Any]] = [
         {"config.json": config, "tokenizer.json": tokenizer, "tokenizer_config.json": tok_config},

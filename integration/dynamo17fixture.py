@@ -84,7 +84,9 @@ def ensure_dynamo17_venv(scratch: Path, *, timeout: float = 300.0) -> Path:
     for step in steps:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise Dynamo17VenvError(f"installing Dynamo {DYNAMO17_RELEASE} took over {timeout:.0f} s")
+            raise Dynamo17VenvError(
+                f"installing Dynamo {DYNAMO17_RELEASE} took over {timeout:.0f} s"
+            )
         try:
             done = subprocess.run(
                 step, capture_output=True, text=True, timeout=remaining, check=False
