@@ -22,11 +22,14 @@ from workerset_admission.card import (
     parse_key,
 )
 from workerset_admission.card.boundary import decode_model_entry, decode_whole_record
+from workerset_admission.card.entry import EntryDecoder
 from workerset_admission.card.fast import clear_caches
 from workerset_admission.card.lines import DURATION_LIMIT_SECS, line_of_version
 from workerset_admission.errors import CardDecodeError, ConfigError, UsageError
 from workerset_admission.frontend.routes import frontend_settings, installed_dynamo_release
 from workerset_admission.identity import EndpointId
+from workerset_admission.ports import SourceListing
+from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.settings import load_settings
 from workerset_admission.traces.format import raw_text
 from workerset_admission.traces.replay import replay
@@ -231,3 +234,39 @@ def test_replay_lists_the_refused_card_as_invalid_for_a_1_7_recording() -> None:
     assert len(accepted["groups"]) == 1
     # A recording that names no line is judged by the 1.6 rules, as before.
     assert replay(_trace(None)).to_json()["invalid"] == []
+
+
+class _IdleSource:
+    async def events(self) -> Any:
+        return
+        yield
+
+    async def list_all(self) -> SourceListing:
+        return SourceListing(())
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("line", ["1.6", "1.7"])
+def test_a_service_judging_for_1_7_refuses_the_card_as_invalid_with_its_reason(
+    line: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clear_caches()
+    card = json.loads(card_text("router_ttl_secs", "1e21"))
+    decoder = EntryDecoder(BoundarySettings(dynamo_line=line))
+    service = AdmissionService(_IdleSource(), decoder=decoder)
+    with caplog.at_level(logging.WARNING):
+        service.handle_event(SourceListing((model_entry(5, card),)))
+    status = service.status()
+    if line == "1.6":
+        assert status.invalid_total == 0
+        assert [g.incumbent for g in status.groups] == [mdcsum(card)]
+        return
+    assert status.groups == ()
+    assert status.invalid_total == 1
+    [refused] = status.recent_invalid
+    assert refused.reason == "invalid_router_config"
+    assert "router_ttl_secs is not a valid duration for a Dynamo 1.7 frontend" in refused.detail
+    assert "refused discovery record" in caplog.text
+    assert "invalid_router_config" in caplog.text

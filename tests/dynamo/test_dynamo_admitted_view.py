@@ -921,7 +921,8 @@ async def test_the_frontends_own_records_and_unknown_kinds_are_left_alone_and_no
     # records (event sources on topic frontend-model-admission), its store's temp files; and a
     # later release may write a record kind the view does not know (velo-peers). The view never
     # touches them, through admissions, a succession and a withdrawal; a record of an unknown
-    # kind put into the bucket is refused as a bad key and reaches no file of the view.
+    # kind that reaches the service (the NATS source does not watch such keys; a source of
+    # another store might pass one on) is refused as a bad key and reaches no file of the view.
     files = DirectoryFiles.open(tmp_path)
     handoff = "namespace%2Ffe%2Ftopic%2Ffrontend%2Dmodel%2Dadmission%2F2a"
     theirs = {
