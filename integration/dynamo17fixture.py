@@ -13,6 +13,7 @@ for its verdict on cards, ``dynamo17_writer.py`` registers models with its worke
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ __all__ = [
     "DYNAMO17_VENV_ENV",
     "Dynamo17VenvError",
     "ensure_dynamo17_venv",
+    "plugin_environment",
     "release_in",
     "run_oracle",
 ]
@@ -146,3 +148,43 @@ def worker_env(scratch: Path, store: Path) -> dict[str, str]:
             "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
         },
     )
+
+
+ROOT = _HERE.parent
+# What the plugin imports, checked before its dependencies are installed into the 1.7 env.
+_PLUGIN_IMPORTS = "import nats, pydantic, opentelemetry.sdk, blake3, nkeys, yaml"
+
+
+def plugin_environment(python: Path, *, timeout: float = 300.0) -> dict[str, str]:
+    """Make the plugin importable by the 1.7 environment's Python; return what to add to env.
+
+    The plugin's own dependencies (``pyproject.toml``, no extra: no Dynamo) are installed into
+    that environment when missing; the plugin itself is not installed there: ``PYTHONPATH``
+    names this checkout's editable link tree, so the 1.7 frontend runs the code under test. A
+    frontend names the extension as ``module:function`` (no distribution metadata there).
+    """
+    import workerset_admission
+
+    tree = str(Path(next(iter(workerset_admission.__path__))).parent)
+    probe = subprocess.run(
+        [str(python), "-c", _PLUGIN_IMPORTS], capture_output=True, timeout=60, check=False
+    )
+    if probe.returncode != 0:
+        toml = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+        project = toml.loads((ROOT / "pyproject.toml").read_text())["project"]
+        wanted = [d for d in project["dependencies"] if "python_version" not in d]
+        try:
+            done = subprocess.run(
+                [str(python), "-m", "pip", "install", "--quiet", *wanted],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise Dynamo17VenvError(
+                f"installing the plugin's dependencies took over {timeout:.0f} s"
+            ) from exc
+        if done.returncode != 0:
+            raise Dynamo17VenvError(f"installing the plugin's dependencies: {done.stderr[-2000:]}")
+    return {"PYTHONPATH": tree}

@@ -12,6 +12,8 @@ case prints its figures:
   1.7 refuses and configured for 1.6 accepts;
 * cards the 1.7 runtime's own workers write (``register_model`` variants, and a mocker): each
   decodes at our boundary configured for 1.7 with the checksum of the 1.7 runtime and of 1.6.1;
+* the plugin inside the real frontends (the route extension): in 1.7's it judges for 1.7 (the
+  installed release, detected) and refuses a card 1.7 refuses, which 1.6.1's admits;
 * a drained rolling update to a new namespace under steady load through the 1.7 frontend on
   the view ``serve --dynamo-version 1.7`` writes, with 1.7 mocker workers, beside a 1.7
   frontend on the workers' own store: the view loses no request.
@@ -37,6 +39,7 @@ from dynamo17fixture import (
     WRITER,
     Dynamo17VenvError,
     ensure_dynamo17_venv,
+    plugin_environment,
     run_oracle,
     worker_env,
 )
@@ -335,3 +338,99 @@ def test_a_drained_rollout_through_the_1_7_frontend_on_the_view_loses_no_request
     # Every frontend is the 1.7 build's.
     for name, frontend in rollout17.frontends.items():
         assert frontend.process.args[0] == str(rollout17.deployment.dynamo_python), name
+
+
+ROUTES = "workerset_admission.frontend.routes:frontend_routes"
+
+
+async def _register_both(url: str, bucket: str) -> tuple[str, str]:
+    import nats
+    from support.cards import base_card
+    from workerset_admission.adapters.nats.registrar import WorkerRegistrar
+
+    good = base_card(16, display_name="good-model", slug="good-model")
+    long_ttl = json.loads(_router_card("router_ttl_secs", "1e21"))
+    long_ttl.update(display_name="ttl-model", slug="ttl-model")
+    nc = await nats.connect(url)
+    try:
+        registrar = WorkerRegistrar(nc.jetstream(), bucket=bucket, ttl=None)
+        keys = []
+        for instance, card in ((0xA1, good), (0xB2, long_ttl)):
+            keys.append(await registrar.register(EP, instance, card))
+            await registrar.register_endpoint(EP, instance)
+    finally:
+        await nc.close()
+    return keys[0], keys[1]
+
+
+@pytest.mark.parametrize("release", ["1.6.1", DYNAMO17_RELEASE])
+def test_inside_the_frontend_the_plugin_judges_cards_as_that_frontends_release(
+    release: str, python17: Path, nats_server: Any, tmp_path: Path
+) -> None:
+    import asyncio
+    import sys
+    import urllib.request
+    import uuid
+
+    from dynamofrontend import free_port
+    from support.workers import file_discovery_environment
+
+    python = sys.executable if release == "1.6.1" else str(python17)
+    extra = {} if release == "1.6.1" else plugin_environment(python17)
+    bucket = f"disc-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "WORKERSET_"))}
+    env |= file_discovery_environment(tmp_path / "dynamo") | extra
+    env |= {
+        "WORKERSET_ADMISSION_NATS_SERVERS": nats_server.url,
+        "WORKERSET_ADMISSION_DISCOVERY_BUCKET": bucket,
+        "WORKERSET_ADMISSION_ADMISSION_BUCKET": f"adm-{uuid.uuid4().hex[:8]}",
+        "WORKERSET_ADMISSION_STATUS_SUBJECT": f"status-{uuid.uuid4().hex[:8]}",
+    }
+    _good, refused_key = asyncio.run(_register_both(nats_server.url, bucket))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/workerset-admission/v1/workersets"
+    with (tmp_path / "frontend.log").open("wb") as log:
+        process = subprocess.Popen(
+            [python, "-m", "dynamo.frontend", "--discovery-backend", "file",
+             "--frontend-route-extension", ROUTES, "--http-host", "127.0.0.1",
+             "--http-port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        body: dict[str, Any] = {}
+        while True:
+            assert process.poll() is None, (tmp_path / "frontend.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    body = json.loads(answer.read())
+            except OSError:
+                body = {}
+            models = {s["model"] for s in body.get("workersets", [])}
+            if "good-model" in models and (
+                "ttl-model" in models or body.get("invalid_total", 0) > 0
+            ):
+                break
+            assert time.monotonic() < deadline, body
+            time.sleep(0.5)
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+    if release == "1.6.1":
+        assert models == {"good-model", "ttl-model"}
+        assert body["invalid_total"] == 0
+    else:
+        assert models == {"good-model"}
+        [refused] = body["recent_invalid"]
+        assert (refused["key"], refused["reason"]) == (refused_key, "invalid_router_config")
+        assert "not a valid duration for a Dynamo 1.7 frontend" in refused["detail"]
+    show(
+        f"[dynamo 1.7] inside the {release} frontend: admitted {sorted(models)}, "
+        f"refused {[r['reason'] for r in body['recent_invalid']]}"
+    )
