@@ -20,6 +20,9 @@ config file), stops it when the process exits, and returns four GET routes under
 
 Handlers are synchronous and only read the service's last immutable status.
 
+The boundary judges cards as this frontend does: the Dynamo line comes from the installed
+release (:func:`frontend_settings`), whatever ``WORKERSET_ADMISSION_DYNAMO_VERSION`` says.
+
 With ``WORKERSET_ADMISSION_VIEW_DIR`` set (the frontend's own ``DYN_FILE_KV``, with
 ``--discovery-backend file``) the service also writes the admitted discovery view the frontend
 routes from (see ``view``). The directory is checked and locked when the provider is called, so

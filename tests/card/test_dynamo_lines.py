@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from workerset_admission.card.boundary import decode_model_entry, decode_whole_r
 from workerset_admission.card.entry import EntryDecoder
 from workerset_admission.card.fast import clear_caches
 from workerset_admission.card.lines import DURATION_LIMIT_SECS, line_of_version
+from workerset_admission.cli import main
 from workerset_admission.errors import CardDecodeError, ConfigError, UsageError
 from workerset_admission.frontend.routes import frontend_settings, installed_dynamo_release
 from workerset_admission.identity import EndpointId
@@ -270,3 +272,17 @@ def test_a_service_judging_for_1_7_refuses_the_card_as_invalid_with_its_reason(
     assert "router_ttl_secs is not a valid duration for a Dynamo 1.7 frontend" in refused.detail
     assert "refused discovery record" in caplog.text
     assert "invalid_router_config" in caplog.text
+
+
+def test_replay_asks_what_a_frontend_of_another_line_would_have_decided(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clear_caches()
+    trace = tmp_path / "recorded-by-1.6.jsonl"
+    trace.write_text("\n".join(_trace("1.6")) + "\n")
+    assert main(["replay", str(trace)]) == 0
+    assert json.loads(capsys.readouterr().out)["invalid"] == []
+    assert main(["replay", "--dynamo-version", "1.7", str(trace)]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert [item["reason"] for item in answer["invalid"]] == ["invalid_router_config"]
+    assert answer["groups"] == []
