@@ -8,7 +8,9 @@ reused as it is, otherwise it is made there (or in the caller's scratch director
 bounded install: the runtime with ``msgspec``, ``packaging`` and ``pyyaml``, then ``ai-dynamo``
 without its dependencies (as for 1.6.1, its pins name packages the frontend and mocker never
 import). Everything runs there through a subprocess: :func:`run_oracle` asks the 1.7 runtime
-for its verdict on cards, ``dynamo17_writer.py`` registers models with its workers.
+for its verdict on cards, ``dynamo17_writer.py`` registers models with its workers, and
+:func:`plugin_environment` lets its frontend run this checkout's plugin (the plugin's own
+dependencies are added to that environment, never the plugin or Dynamo 1.6.1).
 """
 
 from __future__ import annotations
