@@ -146,6 +146,10 @@ class Deployment:
     event_plane_url: str | None = None
     # How often the bridge scans the workers' store.
     bridge_interval: float = 0.1
+    # The Python whose Dynamo runs the frontends and the mocker workers (another release's
+    # environment, such as the 1.7 tier's), and arguments every ``serve`` sidecar gets.
+    dynamo_python: str = sys.executable
+    sidecar_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.store = self.root / "workers-kv"
@@ -230,6 +234,7 @@ class Deployment:
                 self.status_subject,
                 "--frontend-id",
                 "view-sidecar",
+                *self.sidecar_args,
                 *extra,
             ),
             env,
@@ -266,7 +271,7 @@ class Deployment:
         process = self._start(
             name,
             [
-                sys.executable,
+                self.dynamo_python,
                 "-m",
                 "dynamo.frontend",
                 "--discovery-backend",
@@ -325,7 +330,7 @@ class Deployment:
         component = "prefill" if mode == "prefill" else "backend"
         before = self.instance_ids(namespace, component)
         argv = [
-            sys.executable,
+            self.dynamo_python,
             "-m",
             "dynamo.mocker",
             "--model-path",

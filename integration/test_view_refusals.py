@@ -10,7 +10,9 @@ and compares the two directories:
 * LoRA adapter cards whose projection the core refuses (one adapter name at two capacities,
   the group ``blocked_ready``): the refused card never reaches the view;
 * view files replaced from outside while ``serve`` runs (in place, and by a rename keeping the
-  size) are written again, and the view then equals a fresh start's.
+  size) are written again, and the view then equals a fresh start's;
+* and what is not refused: an endpoint record put again for the same instance id with another
+  transport address (a failover shadow taking the id) is the same worker at a new address.
 
 A fresh start judges the bucket as it is now, never having seen a first incarnation or a
 projection served before the refusal: where the core's own decisions differ (it keeps the
@@ -38,7 +40,7 @@ import pytest
 from natsfixture import NatsServer
 from support.cards import base_card, lora_card
 from workerset_admission.adapters.nats.registrar import WorkerRegistrar
-from workerset_admission.card import encode_model_record
+from workerset_admission.card import encode_endpoint_record, encode_model_record
 from workerset_admission.identity import EndpointId
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -229,3 +231,45 @@ def test_a_view_file_altered_from_outside_is_written_again(
         assert healed == before
         fresh = fresh_view(buckets, tmp_path, lambda f: {card(A1), card(A2)} <= f.keys())
         assert fresh == healed
+
+
+def instance(worker: int) -> str:
+    return f"instances/{EP.namespace}/{EP.component}/{EP.endpoint}/{worker:x}"
+
+
+async def _move(url: str, bucket: str, worker: int, address: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        registrar = WorkerRegistrar(nc.jetstream(), bucket=bucket, ttl=None)
+        await registrar.register_endpoint(EP, worker, transport={"tcp": address})
+    finally:
+        await nc.close()
+
+
+def test_an_instance_id_back_at_a_new_address_keeps_its_admission_with_the_new_address(
+    nats_server: NatsServer, buckets: list[str], tmp_path: Path
+) -> None:
+    # A failover shadow takes A1's instance id at another address: its endpoint record is put
+    # again under the same key with another transport. It is the same worker with a new
+    # address: the view's instance file carries the new record, nothing else changes, and
+    # nothing is refused.
+    url, discovery = nats_server.url, buckets[3]
+    register(url, discovery, (A1, base_card(16), None), (A2, base_card(16), None))
+    with serving(buckets, tmp_path, "fe-long") as view:
+        before = settled(
+            view, lambda f: {card(A1), card(A2), instance(A1)} <= f.keys(), "both workers"
+        )
+        asyncio.run(_move(url, discovery, A1, "10.0.9.9:4100/shadow"))
+        moved = encode_endpoint_record(EP, A1, {"tcp": "10.0.9.9:4100/shadow"})
+        after = settled(view, lambda f: f.get(instance(A1)) == moved, "A1 at its new address")
+        assert {n: v for n, v in after.items() if n != instance(A1)} == {
+            n: v for n, v in before.items() if n != instance(A1)
+        }
+        assert before[instance(A1)] != moved
+        # A fresh start on the bucket as it is now gives the same view, byte for byte.
+        fresh = fresh_view(buckets, tmp_path, lambda f: f.get(instance(A1)) == moved)
+        assert fresh == after
+    # Nothing was refused on the way.
+    log = (tmp_path / "serve-fe-long.log").read_text().lower()
+    assert "refused" not in log, log[-2000:]
+    assert "invalid" not in log, log[-2000:]

@@ -123,6 +123,10 @@ class Settings(BaseModel):
     # Tokenizer overrides applied at the discovery boundary (not part of the checksum).
     tokenizer_backend: str | None = None
     tokenizer_fallback: bool | None = None
+    # The Dynamo line of the frontend the admitted records feed: the boundary refuses what
+    # that frontend would refuse. Inside the frontend the installed release decides (a set
+    # value that disagrees with it is reported and overruled); for serve it is this setting.
+    dynamo_version: Literal["1.6", "1.7"] = "1.6"
 
     # Limits.
     max_concurrent_builds: int = Field(default=_CORE.max_concurrent_builds, ge=1, le=1024)
@@ -489,6 +493,12 @@ _SETTING_FLAGS: tuple[FlagSpec, ...] = (
     ),
     ("--namespace-filter", "namespace_filter", "the namespace or prefix to serve", {}),
     ("--tokenizer-backend", "tokenizer_backend", "tokenizer backend override", {}),
+    (
+        "--dynamo-version",
+        "dynamo_version",
+        "Dynamo line of the frontend fed (1.6 or 1.7): refuse the cards it would refuse",
+        {"choices": ("1.6", "1.7")},
+    ),
     ("--reconcile-interval", "reconcile_interval", "seconds between full re-listings", {}),
     ("--max-value-bytes", "max_value_bytes", "largest discovery value accepted", {}),
     ("--max-concurrent-builds", "max_concurrent_builds", "pipeline builds at once", {}),

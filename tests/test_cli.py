@@ -101,6 +101,24 @@ def test_status_2_register_refuses_a_card_the_service_would_refuse_with_its_reas
     assert "cannot reach NATS" not in err
 
 
+def test_status_2_register_for_a_1_7_frontend_refuses_a_ttl_past_the_duration_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    router = {"router_mode": "k_v", "kv_router_config": {"router_ttl_secs": 1e21}}
+    router["load_threshold_config"] = {}
+    card = tmp_path / "card.json"
+    card.write_text(json.dumps(base_card(router_config=router)), encoding="utf-8")
+    argv = ["register", "--nats-server", _closed_port_url(), "--card", str(card), "--once"]
+    argv += ["--namespace", "dgd", "--component", "backend", "--endpoint", "generate"]
+    assert cli.main([*argv, "--dynamo-version", "1.7"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("workerset-admission register: invalid_router_config")
+    assert "not a valid duration for a Dynamo 1.7 frontend" in err
+    # For a 1.6 frontend the card is fine: register goes on to connect (and finds no server).
+    assert cli.main([*argv, "--dynamo-version", "1.6"]) != cli.EXIT_USAGE
+    assert "invalid_router_config" not in capsys.readouterr().err
+
+
 def test_status_2_register_refuses_an_adapter_card_without_its_suffix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -443,7 +443,8 @@ class ViewHook:
         if foreign:
             _log.warning(
                 "admitted view %s holds %d record file(s) it did not write (e.g. %s/%s); they "
-                "are left alone: is a worker registering into the view directory?",
+                "are left alone: the frontend's own records, or a worker registering into the "
+                "view directory by mistake?",
                 files.root,
                 len(foreign),
                 *foreign[0],

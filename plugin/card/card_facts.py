@@ -13,6 +13,7 @@ import blake3
 from workerset_admission.card import jsonio
 from workerset_admission.card.boundary_settings import BoundarySettings
 from workerset_admission.card.checksum import card_checksum
+from workerset_admission.card.lines import check_line
 from workerset_admission.card.model import (
     PREFILL_BIT,
     DecodedCard,
@@ -173,12 +174,15 @@ def card_facts(
     fingerprint: Callable[[DecodedCard], str] = lora_projection_fingerprint,
     model_types: Callable[[int], str] = model_type_names,
 ) -> CardFacts:
-    """Normalize a decoded card, check its shape and compute what the boundary needs of it.
+    """Normalize a decoded card, check it and compute what the boundary needs of it.
+
+    The checks are its shape and what the settings' Dynamo line refuses (``lines``).
 
     ``fingerprint`` and ``model_types`` are the two pure functions computed here; a caller
     that memoizes them may pass its memoized versions, which must answer as these do.
     """
     card = normalize_card(card, settings)
+    check_line(card, settings.dynamo_line)
     effective = _effective_worker_type(card)
     _validate_shape(card, effective)
     worker_type = card.worker_type

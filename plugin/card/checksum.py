@@ -14,6 +14,7 @@ from typing import Any
 
 import blake3
 from workerset_admission.card import jsonio
+from workerset_admission.card.lines import check_line
 from workerset_admission.card.model import DecodedCard, decode_card, rust_trim
 from workerset_admission.card.paths import file_basename
 from workerset_admission.errors import CardDecodeError, UsageError
@@ -341,10 +342,14 @@ def card_checksum(card: DecodedCard) -> str:
     return blake3.blake3(_layout(card)).hexdigest()
 
 
-def mdcsum(card: str | bytes | bytearray | memoryview | Mapping[str, Any]) -> str:
+def mdcsum(
+    card: str | bytes | bytearray | memoryview | Mapping[str, Any], *, dynamo_line: str = "1.6"
+) -> str:
     """Dynamo 1.6.1 ``ModelDeploymentCard::mdcsum()`` of a card given as JSON text or mapping.
 
-    Raises :class:`~workerset_admission.errors.CardDecodeError` for a card 1.6.1 refuses.
+    Raises :class:`~workerset_admission.errors.CardDecodeError` for a card 1.6.1 refuses, or,
+    with ``dynamo_line="1.7"``, a card a 1.7 runtime refuses (see ``lines``; the checksum of a
+    card both accept is the same).
     """
     if isinstance(card, Mapping):
         # Round-trip through JSON text so a mapping is judged exactly like the text it stands
@@ -358,6 +363,7 @@ def mdcsum(card: str | bytes | bytearray | memoryview | Mapping[str, Any]) -> st
         decoded = decode_card(card if isinstance(card, (str, bytes)) else bytes(card))
     else:
         raise UsageError(f"mdcsum takes JSON text, bytes or a mapping, not {type(card).__name__}")
+    check_line(decoded, dynamo_line)
     return card_checksum(decoded)
 
 

@@ -100,6 +100,7 @@ _SERVE_SETTINGS = (
     "namespace_filter_mode",
     "namespace_filter",
     "tokenizer_backend",
+    "dynamo_version",
     "reconcile_interval",
     "max_value_bytes",
     "max_concurrent_builds",
@@ -121,6 +122,7 @@ _REGISTER_SETTINGS = (
     "namespace_filter_mode",
     "namespace_filter",
     "tokenizer_backend",
+    "dynamo_version",
     "max_value_bytes",
 )
 _ETCD_SETTINGS = (

@@ -90,6 +90,12 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         help="seconds a held tenure serves its members on their last known records (default: "
         "as recorded, else 10)",
     )
+    parser.add_argument(
+        "--dynamo-version",
+        choices=("1.6", "1.7"),
+        default=None,
+        help="judge cards as a frontend of this Dynamo line (default: as recorded, else 1.6)",
+    )
 
 
 def _output(text: str) -> Path:
@@ -151,6 +157,8 @@ def _replay(args: argparse.Namespace) -> ReplayResult:
         core = dataclasses.replace(core, **overrides)
         if args.namespace is not None:
             boundary = dataclasses.replace(boundary, namespace=args.namespace)
+        if args.dynamo_version is not None:
+            boundary = dataclasses.replace(boundary, dynamo_line=args.dynamo_version)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     result = replay(lines, boundary, core)

@@ -20,6 +20,9 @@ config file), stops it when the process exits, and returns four GET routes under
 
 Handlers are synchronous and only read the service's last immutable status.
 
+The boundary judges cards as this frontend does: the Dynamo line comes from the installed
+release (:func:`frontend_settings`), whatever ``WORKERSET_ADMISSION_DYNAMO_VERSION`` says.
+
 With ``WORKERSET_ADMISSION_VIEW_DIR`` set (the frontend's own ``DYN_FILE_KV``, with
 ``--discovery-backend file``) the service also writes the admitted discovery view the frontend
 routes from (see ``view``). The directory is checked and locked when the provider is called, so
@@ -41,13 +44,15 @@ that cannot start is logged and left off; the service starts regardless.
 from __future__ import annotations
 
 import atexit
+import importlib.metadata
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from workerset_admission.errors import ViewDirectoryError, WorkersetAdmissionError
+from workerset_admission.card.lines import line_of_version
+from workerset_admission.errors import UsageError, ViewDirectoryError, WorkersetAdmissionError
 from workerset_admission.frontend.host import HostState, RunningService, ServiceThread
 from workerset_admission.identity import with_id_strings
 from workerset_admission.service.admission_service import ServiceStatus
@@ -68,6 +73,8 @@ __all__ = [
     "ExtensionContext",
     "Reply",
     "frontend_routes",
+    "frontend_settings",
+    "installed_dynamo_release",
     "open_extension_view",
     "shared_host",
     "shared_telemetry",
@@ -243,9 +250,61 @@ async def _start_from_environment(
     # serving-admission publisher, status responder, view and trace, all from
     # WORKERSET_ADMISSION_* and the config file.
     service: StatusService = await create_service(
-        load_settings(), telemetry=telemetry, view_files=view
+        frontend_settings(load_settings()), telemetry=telemetry, view_files=view
     )
     return service
+
+
+# The distributions a Dynamo frontend's release can be read from, the frontend's own first.
+DYNAMO_DISTRIBUTIONS = ("ai-dynamo", "ai-dynamo-runtime")
+
+
+def installed_dynamo_release(
+    version_of: Callable[[str], str] = importlib.metadata.version,
+) -> str | None:
+    """Return the release of the Dynamo installed in this process, or ``None`` when none is."""
+    found = [_version_or_none(version_of, name) for name in DYNAMO_DISTRIBUTIONS]
+    return next((version for version in found if version is not None), None)
+
+
+def _version_or_none(version_of: Callable[[str], str], name: str) -> str | None:
+    try:
+        return version_of(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def frontend_settings(settings: Settings, release: str | None = None) -> Settings:
+    """Return the settings with the Dynamo line of the frontend this extension runs inside.
+
+    The boundary must refuse what this frontend refuses, so the installed release (``release``,
+    else the one :func:`installed_dynamo_release` finds) decides the line. A ``dynamo_version``
+    the operator set that disagrees is overruled, with a warning naming both; with no release
+    found the setting stands.
+    """
+    release = release if release is not None else installed_dynamo_release()
+    if release is None:
+        _log.info(
+            "no Dynamo release found installed; judging cards as Dynamo %s",
+            settings.dynamo_version,
+        )
+        return settings
+    try:
+        line = line_of_version(release)
+    except UsageError as exc:
+        _log.warning("%s; judging cards as Dynamo %s", exc, settings.dynamo_version)
+        return settings
+    if line == settings.dynamo_version:
+        return settings
+    if "dynamo_version" in settings.model_fields_set:
+        _log.warning(
+            "dynamo_version is set to %s but this frontend runs Dynamo %s: judging cards as "
+            "Dynamo %s, as the frontend does",
+            settings.dynamo_version,
+            release,
+            line,
+        )
+    return settings.model_copy(update={"dynamo_version": line})
 
 
 _shared_view: DirectoryFiles | None = None

@@ -56,6 +56,7 @@ def boundary_settings(settings: Settings) -> BoundarySettings:
         tokenizer_backend=settings.tokenizer_backend,
         tokenizer_fallback_enabled=settings.tokenizer_fallback,
         max_value_size=settings.max_value_bytes,
+        dynamo_line=settings.dynamo_version,
     )
 
 

@@ -356,11 +356,11 @@ def test_the_card_cache_stays_within_its_byte_budget() -> None:
     cache = _FactsCache(max_entries=100, max_bytes=1000)
     error = CardDecodeError("x")
     for index in range(50):
-        cache.put((b"c" * 100 + bytes([index]), (None, None)), error)
+        cache.put((b"c" * 100 + bytes([index]), (None, None, "1.6")), error)
     assert cache.size <= 1000
     assert len(cache.entries) == cache.size // 101
-    assert cache.get((b"c" * 100 + bytes([49]), (None, None))) is error
-    assert cache.get((b"c" * 100 + bytes([0]), (None, None))) is None
+    assert cache.get((b"c" * 100 + bytes([49]), (None, None, "1.6"))) is error
+    assert cache.get((b"c" * 100 + bytes([0]), (None, None, "1.6"))) is None
 
 
 def test_a_tracking_key_file_is_not_read_while_decoding() -> None:

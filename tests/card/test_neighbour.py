@@ -183,9 +183,10 @@ def test_the_facts_of_a_neighbour_are_reused_only_for_a_value_they_never_read() 
     assert isinstance(note, card_cache._NearFacts)
     assert "runtime_config.total_kv_blocks" not in note.reads
     assert {"display_name", "runtime_config.runtime_data", "aliases"} <= note.reads
-    assert note.reusable("runtime_config.total_kv_blocks", (None, None))
-    assert not note.reusable("runtime_config.runtime_data", (None, None))
-    assert not note.reusable("runtime_config.total_kv_blocks", ("fastokens", None))
+    assert note.reusable("runtime_config.total_kv_blocks", (None, None, "1.6"))
+    assert not note.reusable("runtime_config.runtime_data", (None, None, "1.6"))
+    assert not note.reusable("runtime_config.total_kv_blocks", ("fastokens", None, "1.6"))
+    assert not note.reusable("runtime_config.total_kv_blocks", (None, None, "1.7"))
     changed_key, changed = record(respell("runtime_config.runtime_data", '{"x":1}'))
     got = verdict(changed_key, changed)
     assert got == slow_verdict(changed_key, changed)

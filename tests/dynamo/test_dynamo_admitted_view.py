@@ -38,6 +38,7 @@ from workerset_admission.adapters.dynamo.view import (
 from workerset_admission.card import (
     BoundarySettings,
     encode_drain_record,
+    encode_endpoint_record,
     encode_model_record,
     endpoint_kv_key,
     model_kv_key,
@@ -868,3 +869,94 @@ def test_a_file_that_cannot_be_written_is_warned_about_once_and_counted_until_it
     assert set(files.content) == set(written.content)
     said = [r.getMessage() for r in caplog.records]
     assert any("after 5 failed attempt(s)" in line for line in said), said
+
+
+async def test_an_instance_id_back_at_a_new_address_is_the_same_worker_with_a_new_address() -> None:
+    # A failover shadow takes the worker's instance id at another address: the endpoint record
+    # is put again under its key with another transport. The view's instance file carries the
+    # new record, and admission does not move: no refusal, no new build, the same members.
+    async with writing_service() as (files, source, service):
+        source.queue.put_nowait(SourceListing([*worker_records(A1), *worker_records(A2)]))
+        await _until(lambda: mdc_file(A1) in files.content and mdc_file(A2) in files.content)
+        await _until(lambda: service.status().groups[0].status == "ready")
+        [before] = service.status().groups
+        assert set(before.routable) == {A1, A2}
+        card_bytes = files.content[mdc_file(A1)]
+
+        moved = encode_endpoint_record(EP, A1, {"tcp": f"127.0.0.2:4242/{A1:x}"})
+        assert moved != files.content[instance_file(A1)]
+        source.queue.put_nowait(SourcePut(entry_of(endpoint_kv_key(EP, A1), moved)))
+        await _until(lambda: files.content.get(instance_file(A1)) == moved)
+
+        status = service.status()
+        [after] = status.groups
+        assert status.invalid_total == 0
+        assert (after.incumbent, after.admitted, after.routable) == (
+            before.incumbent,
+            before.admitted,
+            before.routable,
+        )
+        assert (after.generation, after.committed_generation) == (
+            before.generation,
+            before.committed_generation,
+        )
+        assert files.content[mdc_file(A1)] == card_bytes
+        assert set(files.content) == set(files_of(A1, files.content)) | set(
+            files_of(A2, files.content)
+        )
+
+
+def _on_disk(root: Path) -> dict[str, bytes]:
+    out = {}
+    for path in sorted((root / "v1").rglob("*")):
+        if path.is_file():
+            out[str(path.relative_to(root))] = path.read_bytes()
+    return out
+
+
+async def test_the_frontends_own_records_and_unknown_kinds_are_left_alone_and_not_carried(
+    tmp_path: Path,
+) -> None:
+    # A frontend on the view writes into its own store: a 1.7 frontend's rollout-handoff
+    # records (event sources on topic frontend-model-admission), its store's temp files; and a
+    # later release may write a record kind the view does not know (velo-peers). The view never
+    # touches them, through admissions, a succession and a withdrawal; a record of an unknown
+    # kind that reaches the service (the NATS source does not watch such keys; a source of
+    # another store might pass one on) is refused as a bad key and reaches no file of the view.
+    files = DirectoryFiles.open(tmp_path)
+    handoff = "namespace%2Ffe%2Ftopic%2Ffrontend%2Dmodel%2Dadmission%2F2a"
+    theirs = {
+        f"v1/event_sources/{handoff}": b'{"protocol":"v1","capability":true}',
+        "v1/mdc/.tmp_0123456789abcdef": b"half written",
+        "v1/velo-peers/by%2Dinstance%2F0b7a": b'{"peer":"tcp://127.0.0.1:9"}',
+    }
+    for name, data in theirs.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    source = QueueSource()
+    service = AdmissionService(source)
+    writer = ViewWriter(AdmittedView(files, refresh_interval=0.2), RecordTable())
+    writer.attach(service)
+    await service.start()
+    try:
+        source.queue.put_nowait(SourceListing(worker_records(A1)))
+        for entry in worker_records(B, 32):
+            source.queue.put_nowait(SourcePut(entry))
+        unknown = "v1.velo-peers.by-instance.0b7a"
+        source.queue.put_nowait(SourcePut(entry_of(unknown, b'{"peer":"tcp://127.0.0.1:9"}')))
+        await _until(lambda: mdc_file(A1) in files.load_manifest())
+        for entry in worker_records(A1):
+            source.queue.put_nowait(SourceDelete(entry.key, 3))
+        await _until(lambda: mdc_file(B) in files.load_manifest())
+        for entry in worker_records(B, 32):
+            source.queue.put_nowait(SourceDelete(entry.key, 4))
+        await _until(lambda: not files.load_manifest())
+        await asyncio.sleep(0.5)  # a keep-alive pass or two
+        status = service.status()
+    finally:
+        await service.stop()
+        await writer.close()
+        files.release()
+    assert {k: v for k, v in _on_disk(tmp_path).items() if k in theirs} == theirs
+    assert set(_on_disk(tmp_path)) == set(theirs)
+    assert [(r.key, r.reason) for r in status.recent_invalid] == [(unknown, "bad_key")]

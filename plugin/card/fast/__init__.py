@@ -15,13 +15,15 @@ assumption, and a differential test holds it to the general path:
   still parse as one complete value, which every card path checks. Held by
   ``tests/card/test_boundary_paths.py`` (fast and whole-record decodes agree).
 * ``records`` last card: the card text of the record before, compared in place, answers with
-  that record's facts. Assumes facts depend on the card text and override settings only.
+  that record's facts. Assumes facts depend on the card text and the facts key of the settings
+  (tokenizer overrides, Dynamo line) only.
   Held by ``tests/card/test_plain_model_path.py`` and ``test_boundary_paths.py`` (each record
   decoded twice, the second from the cache).
 * ``records.try_shared_card``: a record is cut into an envelope (card as ``null``) and card
   text; when the envelope is flat and its ``card_json`` occurs once, decoding the parts equals
   decoding the whole. Held by ``tests/card/test_boundary_paths.py``.
-* ``card_cache``: card facts by exact card text and overrides (bounded by count and bytes).
+* ``card_cache``: card facts by exact card text and the settings they depend on (tokenizer
+  overrides, Dynamo line; bounded by count and bytes).
   Assumes decoding is a pure function of text and settings; a card naming a router policy file
   is never cached, since 1.6.1 reads that file on every decode. Held by
   ``tests/card/test_boundary_paths.py`` and the cache bound test in ``test_boundary.py``.

@@ -1,10 +1,11 @@
 """Card facts by card text: the content-addressed cache and the decoders tried on a miss.
 
 The decoded card, its checksum and fingerprint are kept by the exact card text (and the
-tokenizer overrides) in a bounded cache. On a miss the card is tried as a neighbour of the last
-card decoded field by field (:mod:`.neighbour`, reusing that card's facts when computing them
-never read the value that changed), then field by field (:mod:`.field_memo`), then as whole text
-by the general decoder. Each answers as the general path does, or declines.
+tokenizer overrides and Dynamo line) in a bounded cache. On a miss the card is tried as a
+neighbour of the last card decoded field by field (:mod:`.neighbour`, reusing that card's
+facts when computing them never read the value that changed), then field by field
+(:mod:`.field_memo`), then as whole text by the general decoder. Each answers as the general
+path does, or declines.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workerset_admission.card import jsonio
-from workerset_admission.card.boundary_settings import BoundarySettings
+from workerset_admission.card.boundary_settings import BoundarySettings, FactsKey
 from workerset_admission.card.card_facts import CardFacts, card_facts, facts_for
 from workerset_admission.card.envelope import parse
 from workerset_admission.card.fast import memo
@@ -114,11 +115,11 @@ class _NearFacts:
     """The facts of a neighbour path's reference card, and what computing them read."""
 
     facts: CardFacts
-    overrides: tuple[str | None, bool | None]
+    settings: FactsKey
     reads: frozenset[str]
 
-    def reusable(self, path: str, overrides: tuple[str | None, bool | None]) -> bool:
-        if overrides != self.overrides:
+    def reusable(self, path: str, settings: FactsKey) -> bool:
+        if settings != self.settings:
             return False
         reads = self.reads
         if path in reads or "*" in reads:
@@ -129,7 +130,7 @@ class _NearFacts:
 
 def _near_facts(near: Near, settings: BoundarySettings) -> CardFacts | CardDecodeError:
     ref = near.note
-    if isinstance(ref, _NearFacts) and ref.reusable(near.path, settings.overrides):
+    if isinstance(ref, _NearFacts) and ref.reusable(near.path, settings.facts_key):
         # Only a value the facts never read changed: they are the reference's, bar the card.
         return CardFacts(near.card, *ref.facts[1:])
     try:
@@ -138,11 +139,11 @@ def _near_facts(near: Near, settings: BoundarySettings) -> CardFacts | CardDecod
         return exc
 
 
-_CacheKey = tuple[bytes | str, tuple[str | None, bool | None]]
+_CacheKey = tuple[bytes | str, FactsKey]
 
 
 class _FactsCache:
-    """Decoded cards by exact card text and override settings (content addressed).
+    """Decoded cards by exact card text and the settings facts depend on (content addressed).
 
     Bounded by entry count and by the total size of the card texts it keeps, oldest first,
     so a writer sending many large distinct cards cannot grow it without limit.
@@ -207,10 +208,11 @@ def cached_facts(
 ) -> CardFacts:
     """Return the facts of a card's text as the general path gives them, or raise its refusal.
 
-    Looked up by the exact text and the override settings; a miss is decoded as a neighbour
-    of the last field-by-field decoded card, field by field, or as whole text, in that order.
+    Looked up by the exact text and the settings the facts depend on; a miss is decoded as a
+    neighbour of the last field-by-field decoded card, field by field, or as whole text, in
+    that order.
     """
-    cache_key = (card_raw, settings.overrides)
+    cache_key = (card_raw, settings.facts_key)
     cached = _CACHE.get(cache_key)
     if cached is None and ctx is None and type(card_raw) is bytes:
         # A fleet neighbour: the reference card with one value respelled.
@@ -244,7 +246,7 @@ def cached_facts(
                 and cached.card is fast
             ):
                 # The reference for the next card's neighbour path (compact wire bytes only).
-                note = _NearFacts(cached, settings.overrides, _facts_reads(fast, settings))
+                note = _NearFacts(cached, settings.facts_key, _facts_reads(fast, settings))
                 learn(card_raw, fast, note)
         else:
             card_value = _decode_card_text(card_text, key, 1)

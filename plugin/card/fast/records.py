@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from workerset_admission.card import jsonio
-from workerset_admission.card.boundary_settings import BoundarySettings
+from workerset_admission.card.boundary_settings import BoundarySettings, FactsKey
 from workerset_admission.card.card_facts import CardFacts
 from workerset_admission.card.envelope import (
     CARD_MARK,
@@ -204,12 +204,12 @@ def _canonical_facts(
     if raw[len(head) : start] != rest:
         return None
     end = len(raw) - len(tail)
-    overrides = settings.overrides
+    facts_key = settings.facts_key
     last = _LAST_CARD[0]
     if (
         last is not None
         and ctx is None
-        and last[1] == overrides
+        and last[1] == facts_key
         and end - start == len(last[0])
         and raw.startswith(last[0], start)
     ):
@@ -222,13 +222,13 @@ def _canonical_facts(
     except InvalidRecordError:
         return None
     if ctx is None:
-        _LAST_CARD[0] = (card_raw, overrides, facts)
+        _LAST_CARD[0] = (card_raw, facts_key, facts)
     return facts
 
 
-# The last card text a canonical record carried, with the overrides it was decoded under and
+# The last card text a canonical record carried, with the settings it was decoded under and
 # its facts: what the cache would answer for the same text, found without looking it up.
-_LAST_CARD: list[tuple[bytes, tuple[str | None, bool | None], CardFacts] | None] = [None]
+_LAST_CARD: list[tuple[bytes, FactsKey, CardFacts] | None] = [None]
 
 
 _NO_SUFFIX: dict[str, Any] = {}
