@@ -20,15 +20,21 @@ from collections.abc import Callable, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
-from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError, NotFoundError
-from workerset_admission.adapters.nats.admission_reader import read_keys
+from nats.js.errors import APIError, BadRequestError, NotFoundError
+from workerset_admission.adapters.nats.admission_reader import (
+    parse_server_time,
+    read_keys,
+    read_server_time,
+)
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
     connect,
     servers_for_display,
 )
+from workerset_admission.adapters.nats.kv import stream_name
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.card.drain_record import BudgetRead
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError
 from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX, key_matches
@@ -227,28 +233,54 @@ class NatsDrainStore:
             )
         raise Unreachable(f"NATS did not answer a write of {key} in time; nothing was drained")
 
-    async def budget(self, key: str) -> tuple[int | None, bytes | None]:
-        """Read a drain budget record's revision and value; ``(None, None)`` when there is none."""
-        kv = await self._nc().jetstream(timeout=_REQUEST_TIMEOUT).key_value(self._discovery)
-        try:
-            entry = await kv.get(key)
-        except NotFoundError:
-            return None, None
-        return entry.revision, entry.value
+    async def budget(self, key: str) -> BudgetRead:
+        """Read a drain budget record: its revision, value, and the server's time of it.
 
-    async def swap_budget(self, key: str, value: bytes, revision: int | None) -> bool:
-        """Write a budget record only if it is still at ``revision`` (None: absent or deleted).
-
-        Returns False when another write moved it first.
+        A record withdrawn or expired leaves a marker whose revision a swap must expect.
         """
-        kv = await self._nc().jetstream(timeout=_REQUEST_TIMEOUT).key_value(self._discovery)
+        js = self._nc().jetstream(timeout=_REQUEST_TIMEOUT)
         try:
-            if revision is None:
-                await kv.create(key, value)
-            else:
-                await kv.update(key, value, last=revision)
-        except KeyWrongLastSequenceError:
-            return False
+            msg = await js.get_msg(stream_name(self._discovery), subject=self._subject(key))
+        except NotFoundError:
+            return BudgetRead()
+        headers = msg.headers or {}
+        if headers.get("KV-Operation") in ("DEL", "PURGE") or headers.get("Nats-Marker-Reason"):
+            return BudgetRead(revision=msg.seq)
+        stamp = msg.time or headers.get("Nats-Time-Stamp")
+        stored_at = parse_server_time(stamp) if isinstance(stamp, str) else None
+        return BudgetRead(revision=msg.seq, raw=msg.data, stored_at=stored_at)
+
+    async def server_time(self) -> float | None:
+        """Return the NATS server's time now (Unix seconds), from a stream info answer."""
+        return await read_server_time(self._nc(), self._discovery, _REQUEST_TIMEOUT)
+
+    def _subject(self, key: str) -> str:
+        return f"$KV.{self._discovery}.{key}"
+
+    async def swap_budget(
+        self, key: str, value: bytes, revision: int | None, ttl: float | None
+    ) -> bool:
+        """Write a budget record only if it is still at ``revision`` (None: there never was one).
+
+        ``ttl``: the server removes it that long after this write (a bucket or server that keeps
+        no per-key TTL refuses the header: written without, its entries still lapse by the
+        server's time). Returns False when another write moved it first.
+        """
+        js = self._nc().jetstream()
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(revision or 0)}
+        try:
+            try:
+                await js.publish(
+                    self._subject(key), value, timeout=_REQUEST_TIMEOUT, headers=headers,
+                    msg_ttl=ttl,
+                )  # fmt: skip
+            except APIError as error:
+                if error.err_code == _WRONG_LAST_SEQUENCE or ttl is None:
+                    raise
+                self._progress(f"the bucket keeps no per-key TTL ({error}); budget written without")
+                await js.publish(
+                    self._subject(key), value, timeout=_REQUEST_TIMEOUT, headers=headers
+                )
         except APIError as error:
             if error.err_code == _WRONG_LAST_SEQUENCE:
                 return False
