@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
+from nats.js.api import RawStreamMsg
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 from workerset_admission.adapters.nats.admission_reader import (
     parse_server_time,
@@ -246,9 +248,7 @@ class NatsDrainStore:
         headers = msg.headers or {}
         if headers.get("KV-Operation") in ("DEL", "PURGE") or headers.get("Nats-Marker-Reason"):
             return BudgetRead(revision=msg.seq)
-        stamp = msg.time or headers.get("Nats-Time-Stamp")
-        stored_at = parse_server_time(stamp) if isinstance(stamp, str) else None
-        return BudgetRead(revision=msg.seq, raw=msg.data, stored_at=stored_at)
+        return BudgetRead(revision=msg.seq, raw=msg.data, stored_at=_stored_at(msg))
 
     async def server_time(self) -> float | None:
         """Return the NATS server's time now (Unix seconds), from a stream info answer."""
@@ -303,3 +303,15 @@ class NatsDrainStore:
             self._refused(key)
             raise
         return True
+
+
+def _stored_at(msg: RawStreamMsg) -> float | None:
+    """When the server stored a message, by its clock (nats-py parses the answer's ``time``)."""
+    stamp: object = msg.time
+    if stamp is None:
+        stamp = (msg.headers or {}).get("Nats-Time-Stamp")  # a direct get's answer
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
+    if isinstance(stamp, str):
+        return parse_server_time(stamp)
+    return None
