@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 import pytest
 from support.drains import MODEL, adapter, card, endpoint, served, worker
@@ -17,6 +18,7 @@ from workerset_admission.card.drain_record import (
 from workerset_admission.card.serving_record import CapabilityRecord, NamespaceRecord
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import key_matches
+from workerset_admission.rollout import routable
 from workerset_admission.rollout.drain import (
     PENDING_WINDOW,
     Selection,
@@ -327,3 +329,18 @@ def test_a_lora_adapter_is_a_model_whose_last_workers_are_refused() -> None:
     # Two drains at once: the second counts the first as drained.
     gone = check_last_workers(records, both, [Worker("dgd", 0xB)], [Worker("dgd", 0xA)])
     assert {(g.model, g.frontend) for g in gone} == {("ad", "fe-1"), (MODEL, "fe-1")}
+
+
+def test_the_checks_own_core_tells_nobody_of_what_it_decides(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A handover (the incumbent's last worker drained, a successor waiting) runs in the drain's
+    # own core: the succession it makes is not the frontends', and is not logged.
+    listing = [*worker("dgd", 0xA, "h1"), card("dgd", 0xB, block_size=32)]
+    listing.append(endpoint("dgd", 0xB, {"tcp": "h2:9/x"}))
+    with caplog.at_level(logging.DEBUG, logger="workerset_admission"):
+        assert check_last_workers([served("fe-1", "dgd", 0xA)], listing, [Worker("dgd", 0xA)]) == ()
+    # Only to its own logger, which hands nothing on (no handler, no parent).
+    told = [r.getMessage() for r in caplog.records if r.name != routable._QUIET.name]
+    assert told == []
+    assert not routable._QUIET.propagate

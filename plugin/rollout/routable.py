@@ -199,7 +199,7 @@ def core_over(
         channels=AdmissionChannels(),
         builds=builds,
         clock=lambda: 0.0,
-        telemetry=AdmissionTelemetry(trace_updates=False, rejection_logger=_QUIET),
+        telemetry=AdmissionTelemetry(trace_updates=False, rejection_logger=_QUIET, logger=_QUIET),
         refuse=_refused,
         schedule=lambda _deadline: None,
         log=_QUIET,
