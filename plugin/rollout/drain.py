@@ -18,12 +18,14 @@ monitoring tells, see ``adapters/nats/monitor.py``). A :class:`Selection` is one
 model and endpoint the worker registered, since they share its namespace and instance id.
 
 *The last worker.* Before anything is written, :func:`check_last_workers` asks whether a model
-would be left with no routable worker on a live frontend, or in the discovery bucket for the
-namespaces no live frontend watches (see the comment above it); the drain tool refuses then,
+(a LoRA adapter is one) would be left with no routable worker on a live frontend, or, for the
+namespaces no live frontend watches, in the admission core run over the bucket's listing
+(``rollout/routable.py``: the core's own rule, not a second one); the drain tool refuses then,
 unless told ``--allow-empty``. The check and the write are one step against other drains: a
 drain first adds its workers to each model's budget record by a compare-and-set on the record's
 revision (:func:`pending_drains`, :func:`budget_after`), so of two drains that read the same
-revision only one goes on, and the other checks again with the first one's workers out.
+revision only one goes on, and the other checks again with the first one's workers out. The
+steps, their order and their lost races are one machine, ``rollout/drain_protocol.py``.
 
 *Safe to stop.* A frontend routes to a worker while its serving record lists one of the
 worker's instance keys. A drain takes the worker out of every hop at once, except when it was
