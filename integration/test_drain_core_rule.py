@@ -24,6 +24,7 @@ from typing import Any
 
 import nats
 import pytest
+from nats.js.api import DiscardPolicy, StreamConfig
 from natsfixture import NatsServer
 from support.buckets import live_keys
 from support.cards import base_card, lora_card
@@ -374,3 +375,58 @@ def test_a_budget_entry_stamped_a_year_ahead_lets_drains_through_after_a_minute(
     drained = run("drain", f"{0xA2:#x}", "--timeout", "30", *buckets)
     assert drained.returncode == 0, drained.stderr
     assert asyncio.run(drain_keys(url, discovery)) == ["v1.drain.dgd.a2"]
+
+
+def test_a_bucket_without_per_key_ttls_still_drains_and_its_budgets_lapse_by_the_server(
+    nats_server: NatsServer, buckets: list[str]
+) -> None:
+    url, discovery = nats_server.url, buckets[3]
+
+    async def bucket_without_ttls() -> None:
+        # A discovery bucket made by another tool, whose stream keeps no per-key TTL.
+        nc = await nats.connect(url)
+        try:
+            await nc.jetstream().add_stream(
+                StreamConfig(
+                    name=f"KV_{discovery}",
+                    subjects=[f"$KV.{discovery}.>"],
+                    max_msgs_per_subject=1,
+                    allow_rollup_hdrs=True,
+                    deny_delete=True,
+                    discard=DiscardPolicy.NEW,
+                    allow_direct=True,
+                    allow_msg_ttl=False,
+                )
+            )
+        finally:
+            await nc.close()
+
+    asyncio.run(bucket_without_ttls())
+    asyncio.run(register(url, discovery, [0xA1, 0xA2, 0xA3], base_card(16)))
+    drained = run("drain", f"{0xA1:#x}", "--timeout", "30", *buckets)
+    assert drained.returncode == 0, drained.stderr
+    assert "keeps no per-key TTL" in drained.stderr
+    value, ttl = asyncio.run(budget_message(url, discovery, MODEL))
+    assert (value["pending"], ttl) == ([], None)
+    # A drain that died between its swap and its write still lapses, by the server's clock.
+    asyncio.run(_forge_pending(url, discovery, 0xA2))
+    assert (
+        asyncio.run(drain_status(store_for(url, buckets), args_for(buckets, 0xA3), window=1.0))
+        == cli.EXIT_LAST_WORKER
+    )
+    time.sleep(1.5)
+    assert (
+        asyncio.run(drain_status(store_for(url, buckets), args_for(buckets, 0xA3), window=1.0)) == 0
+    )
+
+
+async def _forge_pending(url: str, bucket: str, instance: int) -> None:
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        value = {"type": "DrainBudget", "model": MODEL, "pending": [
+            {"namespace": "dgd", "instance_id": instance}
+        ]}  # fmt: skip
+        await kv.put(budget_kv_key(MODEL), json.dumps(value).encode())
+    finally:
+        await nc.close()

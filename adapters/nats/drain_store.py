@@ -49,6 +49,8 @@ _REQUEST_TIMEOUT = 5.0
 _NO_REVISION = str(2**62)
 # JetStream's error code for a write whose expected last subject sequence did not match.
 _WRONG_LAST_SEQUENCE = 10071
+# JetStream's error code for a per-key TTL on a stream that does not allow one.
+_TTL_DISABLED = 10166
 
 
 class NatsDrainStore:
@@ -71,6 +73,8 @@ class NatsDrainStore:
         self._client: NatsClient | None = None
         # What the server refused, as nats-py reports it (a refused publish is not answered).
         self._violations: list[str] = []
+        # The stream refused a per-key TTL once: budgets are written without from then on.
+        self._no_ttl = False
 
     async def open(self, deadline: float) -> None:
         """Connect, trying again until the clock passes ``deadline``; raise ``Unreachable``."""
@@ -267,20 +271,29 @@ class NatsDrainStore:
         server's time). Returns False when another write moved it first.
         """
         js = self._nc().jetstream()
-        headers = {"Nats-Expected-Last-Subject-Sequence": str(revision or 0)}
+        subject = self._subject(key)
+
+        def expecting() -> dict[str, str]:
+            # A fresh dict each time: nats-py adds its TTL header to the one it is given.
+            return {"Nats-Expected-Last-Subject-Sequence": str(revision or 0)}
+
         try:
-            try:
-                await js.publish(
-                    self._subject(key), value, timeout=_REQUEST_TIMEOUT, headers=headers,
-                    msg_ttl=ttl,
-                )  # fmt: skip
-            except APIError as error:
-                if error.err_code == _WRONG_LAST_SEQUENCE or ttl is None:
-                    raise
-                self._progress(f"the bucket keeps no per-key TTL ({error}); budget written without")
-                await js.publish(
-                    self._subject(key), value, timeout=_REQUEST_TIMEOUT, headers=headers
-                )
+            if ttl is not None and not self._no_ttl:
+                try:
+                    await js.publish(
+                        subject, value, timeout=_REQUEST_TIMEOUT, headers=expecting(), msg_ttl=ttl
+                    )
+                except APIError as error:
+                    if error.err_code != _TTL_DISABLED:
+                        raise
+                    # The server answered: this stream keeps no per-key TTL.
+                    self._no_ttl = True
+                    self._progress(
+                        f"the bucket keeps no per-key TTL ({error}); budgets written without"
+                    )
+                else:
+                    return True
+            await js.publish(subject, value, timeout=_REQUEST_TIMEOUT, headers=expecting())
         except APIError as error:
             if error.err_code == _WRONG_LAST_SEQUENCE:
                 return False
