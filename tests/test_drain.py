@@ -8,6 +8,7 @@ import logging
 
 import pytest
 from support.drains import MODEL, adapter, card, endpoint, served, worker
+from workerset_admission.card import BoundarySettings
 from workerset_admission.card.drain_record import (
     BudgetRead,
     Pending,
@@ -344,3 +345,18 @@ def test_the_checks_own_core_tells_nobody_of_what_it_decides(
     told = [r.getMessage() for r in caplog.records if r.name != routable._QUIET.name]
     assert told == []
     assert not routable._QUIET.propagate
+
+
+def test_the_bucket_is_judged_with_the_frontends_boundary_settings_on_every_namespace() -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2")]
+    # Cards over the frontends' value limit are refused there: no worker is left either way.
+    small = BoundarySettings(max_value_size=64)
+    assert models_of(listing, [Worker("dgd", 1)], boundary=small) == []
+    assert models_of(listing, [Worker("dgd", 1)]) == [MODEL]
+    # A namespace filter is not applied: a frontend starting now may watch dgd.
+    elsewhere = BoundarySettings(namespace="other")
+    assert models_of(listing, [Worker("dgd", 1)], boundary=elsewhere) == [MODEL]
+    (gone,) = check_last_workers(
+        [], listing, [Worker("dgd", 1), Worker("dgd", 2)], boundary=elsewhere
+    )
+    assert gone.frontend is None

@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -37,6 +38,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, TextIO
 
+from workerset_admission.card import BoundarySettings
 from workerset_admission.card.drain_record import MAX_BY_LENGTH, budget_kv_key
 from workerset_admission.card.serving_record import (
     BucketRead,
@@ -440,6 +442,16 @@ async def _read(store: DrainStore, action: Read, listing: Sequence[tuple[str, by
     return Snapshot(budgets, in_force, _records(read), listing, await store.server_time())
 
 
+def _boundary(args: argparse.Namespace) -> BoundarySettings | None:
+    """Return the discovery boundary's settings the frontends run with, as given here."""
+    settings = getattr(args, "settings", None)
+    if settings is None:
+        return None
+    from workerset_admission.wiring.compose import boundary_settings
+
+    return boundary_settings(settings)
+
+
 async def _check_and_commit(
     store: DrainStore,
     args: argparse.Namespace,
@@ -457,10 +469,11 @@ async def _check_and_commit(
     Returns what the frontends served at the check that passed. Raises ``LastWorkerRefused``
     or ``Unreachable`` when the protocol ends refused or gave up (nothing was drained).
     """
+    boundary = _boundary(args)
     protocol = DrainProtocol(
         tuple(workers),
-        tuple(models_of(listing, workers)),
-        check_last_workers,
+        tuple(models_of(listing, workers, boundary=boundary)),
+        functools.partial(check_last_workers, boundary=boundary),
         allow_empty=args.allow_empty,
         window=window,
         jitter=random.random,

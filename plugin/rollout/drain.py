@@ -42,13 +42,14 @@ let go. Which frontends are live is :mod:`workerset_admission.rollout.frontends`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from workerset_admission import identity
-from workerset_admission.card import jsonio
+from workerset_admission.card import BoundarySettings, jsonio
 from workerset_admission.card.drain_record import (
     BudgetRead,
     Pending,
@@ -498,11 +499,17 @@ def check_last_workers(
     entries: Iterable[tuple[str, bytes]],
     workers: Sequence[Worker],
     already_drained: Iterable[Worker] = (),
+    *,
+    boundary: BoundarySettings | None = None,
 ) -> tuple[Emptied, ...]:
-    """Say which models draining ``workers`` would leave unserved (empty: the drain may go)."""
+    """Say which models draining ``workers`` would leave unserved (empty: the drain may go).
+
+    ``boundary``: the discovery boundary's settings the frontends run with (a namespace filter
+    in them is not applied: the bucket is judged as a frontend watching every namespace).
+    """
     named = set(workers)
     out = named | set(already_drained)
-    answer = core_over(entries, _pairs(out - named))
+    answer = core_over(entries, _pairs(out - named), boundary=_every_namespace(boundary))
     before = answer.now
     routed = _routed(records, answer)
     after = answer.after(_pairs(named))
@@ -527,10 +534,21 @@ def check_last_workers(
     return tuple(emptied)
 
 
-def models_of(entries: Iterable[tuple[str, bytes]], workers: Iterable[Worker]) -> list[str]:
+def _every_namespace(boundary: BoundarySettings | None) -> BoundarySettings | None:
+    if boundary is None:
+        return None
+    return dataclasses.replace(boundary, namespace=None, namespace_prefix=None)
+
+
+def models_of(
+    entries: Iterable[tuple[str, bytes]],
+    workers: Iterable[Worker],
+    *,
+    boundary: BoundarySettings | None = None,
+) -> list[str]:
     """Every model the core routes to one of ``workers`` by, adapters too: the budgets taken."""
     named = set(_pairs(workers))
-    served = core_over(entries).now
+    served = core_over(entries, boundary=_every_namespace(boundary)).now
     return sorted(model for model in served.models() if served.workers(model) & named)
 
 
