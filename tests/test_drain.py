@@ -360,3 +360,9 @@ def test_the_bucket_is_judged_with_the_frontends_boundary_settings_on_every_name
         [], listing, [Worker("dgd", 1), Worker("dgd", 2)], boundary=elsewhere
     )
     assert gone.frontend is None
+
+
+def test_a_lora_adapter_selects_the_workers_that_serve_it() -> None:
+    listing = [*worker("dgd", 0xA, "h1"), adapter("dgd", 0xA, "ad"), *worker("dgd", 0xB, "h2")]
+    by_adapter = Selection(every=True, namespaces=("dgd",), model="ad")
+    assert find_workers(listing, by_adapter) == [Worker("dgd", 0xA)]

@@ -198,10 +198,10 @@ def _value(value: bytes) -> dict[str, Any]:
 
 
 def listed_records(entries: Iterable[tuple[str, bytes]]) -> list[ListedRecord]:
-    """Read a listing of the discovery bucket: one entry per base card and endpoint record.
+    """Read a listing of the discovery bucket: one entry per card and endpoint record.
 
-    Keys that do not parse and LoRA adapter cards are skipped: the boundary reports the first,
-    and an adapter is served by its base worker's card.
+    A LoRA adapter's card names the adapter as its model (a model to clients, which ``--model``
+    selects). Keys that do not parse are skipped: the boundary reports them.
     """
     found: list[ListedRecord] = []
     for key, value in entries:
@@ -210,8 +210,6 @@ def listed_records(entries: Iterable[tuple[str, bytes]]) -> list[ListedRecord]:
         try:
             parsed = parse_key(key)
         except Exception:
-            continue
-        if parsed.model_suffix is not None:
             continue
         worker = Worker(parsed.endpoint.namespace, parsed.instance_id)
         component, endpoint = parsed.endpoint.component, parsed.endpoint.endpoint
