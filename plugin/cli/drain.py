@@ -13,7 +13,10 @@ passed, and every namespace's drain record and every model's budget record tried
 user's right to write it (a write the server can only refuse or answer "wrong revision", so
 nothing is stored). Committed: the budgets swapped by revision (a drain that raced another
 checks again), then the drain records written. A drain refused at any point before the commit
-has written nothing a frontend reads.
+has written nothing a frontend reads. What to do when, and what a lost race or a refusal
+leads to, is the pure machine of ``rollout/drain_protocol.py``; this module keeps the flags,
+the printing, and the small driver (:func:`_check_and_commit`) that carries its actions out on
+the store.
 
 Exit statuses (the command line's table): 0 done, or with ``--wait`` safe to stop; 1 ``--wait``
 timed out or was interrupted (the drain stays in place); 2 bad input, such as an instance no
