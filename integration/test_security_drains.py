@@ -10,6 +10,7 @@ admitted view, sampled all the while it runs, never changes.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import threading
 import time
@@ -31,6 +32,7 @@ from test_security_namespaces import (
     run,
     status_until,
 )
+from workerset_admission.card.drain_record import budget_kv_key
 from workerset_admission.keys import DRAIN_PREFIX
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -173,3 +175,45 @@ def test_a_drain_refused_for_another_namespace_changes_no_view_while_it_runs(
             served.terminate()
             served.wait(timeout=30)
     print(f"\n[drain] a refused cross-namespace drain: {samples} samples, the view never changed")
+
+
+@pytest.mark.rollout  # a minute of the server's clock: the slower tier
+def test_one_namespaces_drain_user_blocks_anothers_drains_for_a_minute_at_most(
+    material: SecurityMaterial, tmp_path: Path
+) -> None:
+    config = users_config(material, worker_namespaces=NAMESPACES)
+    with configured_server(tmp_path, config) as server:
+        url, password = server.url, material.worker_password
+        asyncio.run(prepare(url, material))
+        model = "served-from-ns-b"
+        card = base_card(display_name=model, slug=model)
+        asyncio.run(register(url, password, "ns-b", 0x21, card))
+        asyncio.run(register(url, password, "ns-b", 0x22, card))
+
+        async def forge() -> None:
+            # ns-a's drain user, with its documented rights only, holds ns-b's 0x21 as about
+            # to be drained, stamped a year ahead.
+            nc = await nats.connect(
+                url, user="drain-ns-a", password=password, inbox_prefix=inbox_prefix("drain-ns-a")
+            )
+            try:
+                kv = await nc.jetstream(timeout=5).key_value(DISCOVERY)
+                ahead = time.time() + 365 * 86400
+                pending = [{"namespace": "ns-b", "instance_id": 0x21, "at": ahead, "since": ahead}]
+                value = {"type": "DrainBudget", "model": model, "pending": pending}
+                await kv.put(budget_kv_key(model), json.dumps(value).encode())
+            finally:
+                await nc.close()
+
+        asyncio.run(forge())
+        forged = time.monotonic()
+        drain_env = env_for(url, "drain-ns-b", password, inbox_prefix("drain-ns-b"))
+        blocked = run(drain_env, "drain", "0x22", "--timeout", "20")
+        assert blocked.returncode == 6, blocked.stderr
+        time.sleep(max(0.0, forged + 61.0 - time.monotonic()))
+        drained = run(drain_env, "drain", "0x22", "--timeout", "20")
+        assert drained.returncode == 0, drained.stderr
+        keys = asyncio.run(drain_related_keys(url, material.admin_password))
+        assert [k for k in keys if k.startswith(DRAIN_PREFIX)] == ["v1.drain.ns-b.22"]
+        log = server.log_text()
+    assert violations(log, "drain-ns-a") == []

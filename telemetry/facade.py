@@ -100,8 +100,12 @@ class AdmissionTelemetry:
         trace_updates: bool = True,
         rejection_logger: logging.Logger | None = None,
         prometheus_page: PrometheusPage | None = None,
+        logger: logging.Logger | None = None,
     ) -> None:
         self.trace_updates = trace_updates
+        # Where successions, drains and holds are told (a tool running the core for an
+        # answer of its own, such as a drain's check, hands one that tells nobody).
+        self._log = logger or _log
         self.bucket = bucket
         # An explicit provider is used as given; the global one is checked for an SDK.
         self._sdk_seen = tracer_provider is not None
@@ -145,7 +149,7 @@ class AdmissionTelemetry:
                     span = self._update_span(operation, key, revision, headers)
         except Exception:
             # Something not shaped like a discovery event: count it, trace nothing.
-            _log.debug("unrecognized discovery event %r", type(event), exc_info=True)
+            self._log.debug("unrecognized discovery event %r", type(event), exc_info=True)
             operation = "unknown"
         return UpdateScope(self, operation, key, published_at, span)
 
@@ -224,11 +228,11 @@ class AdmissionTelemetry:
                     n.EVENT_INVALID_RECORD,
                     {n.ATTR_DISCOVERY_KEY: key, n.ATTR_REASON: reason, n.ATTR_DETAIL: detail},
                 )
-            _log.debug(
+            self._log.debug(
                 "invalid discovery record %s: %s %s", wire_text(key), reason, wire_text(detail)
             )
         except Exception:
-            _log.debug("could not report an invalid record", exc_info=True)
+            self._log.debug("could not report an invalid record", exc_info=True)
 
     # --- builds -------------------------------------------------------------------------------
 
@@ -245,7 +249,7 @@ class AdmissionTelemetry:
                 n.ATTR_BUILD_ATTEMPT: int(attempt),
             }
         except Exception:
-            _log.debug("unusable build attributes", exc_info=True)
+            self._log.debug("unusable build attributes", exc_info=True)
         return BuildScope(self, attrs)
 
     # --- the core's effects -------------------------------------------------------------------
@@ -265,7 +269,7 @@ class AdmissionTelemetry:
             if handler is not None:
                 handler(self, effect)
         except Exception:
-            _log.debug("could not report effect %r", type(effect), exc_info=True)
+            self._log.debug("could not report effect %r", type(effect), exc_info=True)
 
     def cohort_rejected(
         self,
@@ -322,7 +326,7 @@ class AdmissionTelemetry:
                     attrs[n.ATTR_DIFFERENCES] = [str(d) for d in differences]
                 span.add_event(n.EVENT_COHORT_REJECTED, attrs)
         except Exception:
-            _log.debug("could not report a rejected cohort", exc_info=True)
+            self._log.debug("could not report a rejected cohort", exc_info=True)
 
     def group_committed(self, group: object, checksum: str, generation: int) -> None:
         """Mark a group's build committed for routing, with a short span."""
@@ -371,7 +375,7 @@ class AdmissionTelemetry:
         model = getattr(group, "model", None)
         try:
             if new_checksum is not None:
-                _log.warning(
+                self._log.warning(
                     "succession in %s: incumbent %s %s, %s takes over with generation %s",
                     wire_text(attrs[n.ATTR_GROUP]),
                     old_checksum,
@@ -382,14 +386,14 @@ class AdmissionTelemetry:
                     new_generation,
                 )
         except Exception:
-            _log.debug("could not log a succession", exc_info=True)
+            self._log.debug("could not log a succession", exc_info=True)
         if new_checksum is not None:
             # A group whose last worker left has no successor: that is a withdrawal, not a
             # succession, and counting it would make every scale-to-zero look like an update.
             try:
                 self._instruments.count_succession("" if model is None else str(model))
             except Exception:
-                _log.debug("could not count a succession", exc_info=True)
+                self._log.debug("could not count a succession", exc_info=True)
         self._instant_span(n.SPAN_SUCCEED, attrs)
 
     def worker_drained(
@@ -398,7 +402,7 @@ class AdmissionTelemetry:
         """Log and mark a registration a drain took out of its cohort."""
         group_id = self.group_id(group)
         try:
-            _log.info(
+            self._log.info(
                 "drained %s in %s (%s, checksum %s)%s",
                 wire_text(key),
                 wire_text(group_id),
@@ -407,7 +411,7 @@ class AdmissionTelemetry:
                 f" by {wire_text(by)}" if by else "",
             )
         except Exception:
-            _log.debug("could not log a drain", exc_info=True)
+            self._log.debug("could not log a drain", exc_info=True)
         self._instant_span(
             n.SPAN_DRAIN,
             {
@@ -422,7 +426,7 @@ class AdmissionTelemetry:
         """Log and mark the end of a drained tenure's handover to its successor."""
         group_id = self.group_id(group)
         try:
-            _log.info(
+            self._log.info(
                 "handover of %s done (%s): drained incumbent %s generation %s withdrawn",
                 wire_text(group_id),
                 reason,
@@ -430,7 +434,7 @@ class AdmissionTelemetry:
                 generation,
             )
         except Exception:
-            _log.debug("could not log a handover", exc_info=True)
+            self._log.debug("could not log a handover", exc_info=True)
         self._instant_span(
             n.SPAN_HANDOVER,
             {
@@ -454,7 +458,7 @@ class AdmissionTelemetry:
         group_id = self.group_id(group)
         try:
             if last_known_until is not None:
-                _log.warning(
+                self._log.warning(
                     "holding the tenure of %s (incumbent %s) after a discovery outage: none of "
                     "its workers is listed; %d of them (%s) stay admitted on their last known "
                     "records until clock %.1f, and the hold ends at clock %.1f unless one of "
@@ -467,7 +471,7 @@ class AdmissionTelemetry:
                     deadline,
                 )
             else:
-                _log.warning(
+                self._log.warning(
                     "holding the tenure of %s (incumbent %s) after a discovery outage: none of "
                     "its workers is listed or admitted; the hold ends at clock %.1f unless one "
                     "of them registers again",
@@ -476,7 +480,7 @@ class AdmissionTelemetry:
                     deadline,
                 )
         except Exception:
-            _log.debug("could not log a held tenure", exc_info=True)
+            self._log.debug("could not log a held tenure", exc_info=True)
         attrs: dict[str, Any] = {
             n.ATTR_GROUP: group_id,
             n.ATTR_CHECKSUM: checksum,
@@ -489,7 +493,7 @@ class AdmissionTelemetry:
             model = getattr(group, "model", None)
             self._instruments.count_hold("" if model is None else str(model))
         except Exception:
-            _log.debug("could not count a held tenure", exc_info=True)
+            self._log.debug("could not count a held tenure", exc_info=True)
         if generation is not None:
             attrs[n.ATTR_GENERATION] = generation
         self._instant_span(n.SPAN_HOLD, attrs)
@@ -499,14 +503,14 @@ class AdmissionTelemetry:
         try:
             self._instruments.tenure_began(group, receiver)
         except Exception:
-            _log.debug("could not note a tenure", exc_info=True)
+            self._log.debug("could not note a tenure", exc_info=True)
 
     def tenure_ended(self, group: object, receiver: int | None) -> None:
         """Note the end of a tenure (its receiver retired)."""
         try:
             self._instruments.tenure_ended(group, receiver)
         except Exception:
-            _log.debug("could not note the end of a tenure", exc_info=True)
+            self._log.debug("could not note the end of a tenure", exc_info=True)
 
     def tenure_hold_ended(
         self, group: object, checksum: str, outcome: str, held_for: float
@@ -515,7 +519,7 @@ class AdmissionTelemetry:
         group_id = self.group_id(group)
         try:
             if outcome == "expired":
-                _log.warning(
+                self._log.warning(
                     "the hold of %s ended after %.1f s with no worker of incumbent %s back: "
                     "the succession follows",
                     wire_text(group_id),
@@ -523,14 +527,14 @@ class AdmissionTelemetry:
                     checksum,
                 )
             else:
-                _log.info(
+                self._log.info(
                     "a worker of incumbent %s registered again after %.1f s: %s keeps its tenure",
                     checksum,
                     held_for,
                     wire_text(group_id),
                 )
         except Exception:
-            _log.debug("could not log the end of a hold", exc_info=True)
+            self._log.debug("could not log the end of a hold", exc_info=True)
         self._instant_span(
             n.SPAN_HOLD,
             {
@@ -566,14 +570,14 @@ class AdmissionTelemetry:
                     },
                 )
         except Exception:
-            _log.debug("could not report a retry", exc_info=True)
+            self._log.debug("could not report a retry", exc_info=True)
 
     def _instant_span(self, name: str, attrs: dict[str, Any]) -> None:
         try:
             span = self.tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
             span.end()
         except Exception:
-            _log.debug("could not record span %s", name, exc_info=True)
+            self._log.debug("could not record span %s", name, exc_info=True)
 
     # --- gauges -------------------------------------------------------------------------------
 

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 import pytest
-from support.drains import MODEL, card, endpoint, served, worker
+from support.drains import MODEL, adapter, card, endpoint, served, worker
+from workerset_admission.card import BoundarySettings
 from workerset_admission.card.drain_record import (
+    BudgetRead,
     Pending,
+    budget_kv_key,
     decode_budget_record,
     encode_budget_record,
 )
 from workerset_admission.card.serving_record import CapabilityRecord, NamespaceRecord
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import key_matches
+from workerset_admission.rollout import routable
 from workerset_admission.rollout.drain import (
     PENDING_WINDOW,
     Selection,
@@ -23,6 +28,7 @@ from workerset_admission.rollout.drain import (
     check_last_workers,
     find_workers,
     lost_models,
+    models_of,
     pending_drains,
     transport_host,
     transport_port,
@@ -176,18 +182,47 @@ def test_namespaces_no_live_frontend_watches_are_judged_on_the_bucket() -> None:
 
 def test_budgets_count_drains_about_to_be_written_and_forget_them_once_recorded() -> None:
     a, b, c = Worker("dgd", 1), Worker("dgd", 2), Worker("dgd", 3)
-    pending = budget_after((), [a], [], now=100.0)
-    assert pending == (Pending("dgd", 1, 100.0),)
-    assert pending_drains([pending], [], now=110.0) == {a}
+    # A swap adds its workers with no time: the server's time of the write is theirs.
+    raw = budget_after(MODEL, BudgetRead(), [a], [], now=None)
+    assert decode_budget_record(raw) == (Pending("dgd", 1),)
+    stored = BudgetRead(revision=5, raw=raw, stored_at=100.0)
+    assert pending_drains({MODEL: stored}, [], now=110.0) == {a}
     # Recorded: the drain record says it now. Lapsed: its command died before writing.
-    assert pending_drains([pending], [a], now=110.0) == set()
-    assert pending_drains([pending], [], now=100.0 + PENDING_WINDOW) == set()
-    # A swap keeps what still counts and adds its own.
-    after = budget_after((*pending, Pending("dgd", 3, 0.0)), [b], [c], now=120.0)
-    assert after == (Pending("dgd", 1, 100.0), Pending("dgd", 2, 120.0))
-    raw = encode_budget_record(MODEL, after)
-    assert decode_budget_record(raw) == after
+    assert pending_drains({MODEL: stored}, [a], now=110.0) == set()
+    assert pending_drains({MODEL: stored}, [], now=100.0 + PENDING_WINDOW) == set()
+    # A swap keeps what still counts, with the server time it first held it, and adds its own.
+    old = encode_budget_record(MODEL, (Pending("dgd", 1), Pending("dgd", 3, 0.0)))
+    after = budget_after(MODEL, BudgetRead(6, old, 100.0), [b], [c], now=120.0)
+    assert decode_budget_record(after) == (Pending("dgd", 1, 100.0), Pending("dgd", 2))
     assert decode_budget_record(b"not json") == ()
+
+
+def test_no_budget_entry_counts_longer_than_the_window_by_the_servers_clock() -> None:
+    a = Worker("dgd", 1)
+    # Stamped a year ahead (a forged value, or a host far ahead): no older than its record.
+    ahead = encode_budget_record(MODEL, (Pending("dgd", 1, 100.0 + 365 * 86400),))
+    stored = BudgetRead(revision=3, raw=ahead, stored_at=100.0)
+    assert pending_drains({MODEL: stored}, [], now=100.0 + PENDING_WINDOW - 1) == {a}
+    assert pending_drains({MODEL: stored}, [], now=100.0 + PENDING_WINDOW) == set()
+    # Carried on by a later swap, it keeps the record's time, not its stamp.
+    carried = budget_after(MODEL, stored, [Worker("dgd", 2)], [], now=120.0)
+    assert decode_budget_record(carried)[0] == Pending("dgd", 1, 100.0)
+    # Without the server's time now, nothing in a record is older than the record itself.
+    assert pending_drains({MODEL: stored}, [], now=None) == {a}
+
+
+def test_a_budget_record_of_another_model_holds_nothing_for_this_one() -> None:
+    name = "模" * 460
+    key = budget_kv_key(name)
+    # One length whatever the name: it always fits a key and a control line.
+    assert len(key) == len(budget_kv_key("x")) == len("v1.budget.") + 64
+    other = encode_budget_record("another", (Pending("dgd", 1),))
+    stored = BudgetRead(revision=3, raw=other, stored_at=100.0)
+    assert pending_drains({name: stored}, [], now=110.0) == set()
+    mine = encode_budget_record(name, (Pending("dgd", 1),))
+    assert pending_drains({name: BudgetRead(4, mine, 100.0)}, [], now=110.0) == {Worker("dgd", 1)}
+    # The swap overwrites the other's value with this model's (by the revision read).
+    assert json.loads(budget_after(name, stored, [], [], now=110.0))["model"] == name
 
 
 def test_a_model_lost_while_waiting_is_named_with_its_frontend() -> None:
@@ -223,6 +258,7 @@ def test_an_older_card_says_prefill_by_its_model_type() -> None:
     key, value = card("dgd", 2)
     record = json.loads(value)
     record["card_json"]["model_type"] = "Chat | Prefill"
+    del record["card_json"]["worker_type"]  # an older card names no worker type
     listing = [*worker("dgd", 1, "h1"), (key, json.dumps(record).encode()),
                endpoint("dgd", 2, {"tcp": "h2:9/x"})]  # fmt: skip
     (gone,) = check_last_workers([], listing, [Worker("dgd", 1)])
@@ -246,3 +282,87 @@ def test_a_poll_reads_the_keys_its_filters_name_and_no_other() -> None:
     assert not key_matches("v1.capability", filters)
     assert key_matches("v1.x.y", ["v1.>"])
     assert not key_matches("v1", ["v1.>"])
+
+
+# -- one rule for "routable": the core's ---------------------------------------------------
+
+
+def test_a_same_configuration_card_without_an_endpoint_is_no_successor_on_a_live_frontend() -> None:
+    # B registered the incumbent's configuration but has no endpoint record: the frontend's
+    # core admits it (its record lists it) and can route nothing to it.
+    listing = [*worker("dgd", 0xA, "h1"), card("dgd", 0xB)]
+    (gone,) = check_last_workers([served("fe-1", "dgd", 0xA, 0xB)], listing, [Worker("dgd", 0xA)])
+    assert (gone.model, gone.frontend, gone.members) == (MODEL, "fe-1", ("dgd/backend/generate/a",))
+    # With its endpoint record it is a worker like any other.
+    routable = [*listing, endpoint("dgd", 0xB, {"tcp": "h2:9/x"})]
+    assert (
+        check_last_workers([served("fe-1", "dgd", 0xA, 0xB)], routable, [Worker("dgd", 0xA)]) == ()
+    )
+
+
+def test_a_successor_whose_card_the_boundary_refuses_is_no_successor() -> None:
+    refused = card("dgd", 0xB, block_size=32, kv_cache_block_size=-1)
+    listing = [*worker("dgd", 0xA, "h1"), refused, endpoint("dgd", 0xB, {"tcp": "h2:9/x"})]
+    (gone,) = check_last_workers([served("fe-1", "dgd", 0xA)], listing, [Worker("dgd", 0xA)])
+    assert gone.frontend == "fe-1"
+    (gone,) = check_last_workers([], listing, [Worker("dgd", 0xA)])
+    assert gone.frontend is None
+    # A successor the boundary admits hands over.
+    good = [*worker("dgd", 0xA, "h1"), card("dgd", 0xB, block_size=32)]
+    good.append(endpoint("dgd", 0xB, {"tcp": "h2:9/x"}))
+    assert check_last_workers([served("fe-1", "dgd", 0xA)], good, [Worker("dgd", 0xA)]) == ()
+
+
+def test_a_lora_adapter_is_a_model_whose_last_workers_are_refused() -> None:
+    # A and B serve the base model; only A carries the adapter.
+    listing = [*worker("dgd", 0xA, "h1"), adapter("dgd", 0xA, "ad"), *worker("dgd", 0xB, "h2")]
+    assert models_of(listing, [Worker("dgd", 0xA)]) == ["ad", MODEL]
+    assert models_of(listing, [Worker("dgd", 0xB)]) == [MODEL]
+    records = [served("fe-1", "dgd", 0xA, 0xB)]
+    (gone,) = check_last_workers(records, listing, [Worker("dgd", 0xA)])
+    assert (gone.model, gone.frontend) == ("ad", "fe-1")
+    (gone,) = check_last_workers([], listing, [Worker("dgd", 0xA)])
+    assert (gone.model, gone.frontend) == ("ad", None)
+    # Another worker with the adapter keeps it served; B alone never touches it.
+    both = [*listing, adapter("dgd", 0xB, "ad")]
+    assert check_last_workers(records, both, [Worker("dgd", 0xA)]) == ()
+    assert check_last_workers(records, listing, [Worker("dgd", 0xB)]) == ()
+    # Two drains at once: the second counts the first as drained.
+    gone = check_last_workers(records, both, [Worker("dgd", 0xB)], [Worker("dgd", 0xA)])
+    assert {(g.model, g.frontend) for g in gone} == {("ad", "fe-1"), (MODEL, "fe-1")}
+
+
+def test_the_checks_own_core_tells_nobody_of_what_it_decides(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A handover (the incumbent's last worker drained, a successor waiting) runs in the drain's
+    # own core: the succession it makes is not the frontends', and is not logged.
+    listing = [*worker("dgd", 0xA, "h1"), card("dgd", 0xB, block_size=32)]
+    listing.append(endpoint("dgd", 0xB, {"tcp": "h2:9/x"}))
+    with caplog.at_level(logging.DEBUG, logger="workerset_admission"):
+        assert check_last_workers([served("fe-1", "dgd", 0xA)], listing, [Worker("dgd", 0xA)]) == ()
+    # Only to its own logger, which hands nothing on (no handler, no parent).
+    told = [r.getMessage() for r in caplog.records if r.name != routable._QUIET.name]
+    assert told == []
+    assert not routable._QUIET.propagate
+
+
+def test_the_bucket_is_judged_with_the_frontends_boundary_settings_on_every_namespace() -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2")]
+    # Cards over the frontends' value limit are refused there: no worker is left either way.
+    small = BoundarySettings(max_value_size=64)
+    assert models_of(listing, [Worker("dgd", 1)], boundary=small) == []
+    assert models_of(listing, [Worker("dgd", 1)]) == [MODEL]
+    # A namespace filter is not applied: a frontend starting now may watch dgd.
+    elsewhere = BoundarySettings(namespace="other")
+    assert models_of(listing, [Worker("dgd", 1)], boundary=elsewhere) == [MODEL]
+    (gone,) = check_last_workers(
+        [], listing, [Worker("dgd", 1), Worker("dgd", 2)], boundary=elsewhere
+    )
+    assert gone.frontend is None
+
+
+def test_a_lora_adapter_selects_the_workers_that_serve_it() -> None:
+    listing = [*worker("dgd", 0xA, "h1"), adapter("dgd", 0xA, "ad"), *worker("dgd", 0xB, "h2")]
+    by_adapter = Selection(every=True, namespaces=("dgd",), model="ad")
+    assert find_workers(listing, by_adapter) == [Worker("dgd", 0xA)]

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import pytest
 from support.drains import card, endpoint, served_entry, worker
 from workerset_admission import cli
+from workerset_admission.card.drain_record import BudgetRead
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.cli.drain import run_drain, run_undrain
 from workerset_admission.errors import CredentialsRefused, LastWorkerRefused, UsageError
@@ -34,7 +35,10 @@ class MemoryStore:
         # What the frontends serve after the first read (the drain's own check), if it changes.
         self.later: list[RawEntry] | None = None
         self.reads = 0
-        self.budgets: dict[str, tuple[int, bytes]] = {}
+        self.budgets: dict[str, tuple[int, bytes, float]] = {}
+        # The server's clock: the only one a budget is judged on.
+        self.now = 1000.0
+        self.ttls: list[float | None] = []
         self.filtered: list[tuple[str, ...]] = []
         self.revision = 0
 
@@ -73,16 +77,22 @@ class MemoryStore:
         if key.startswith("v1.drain.") and key.split(".")[2] in self.refuse:
             raise CredentialsRefused(f"NATS refused this user the write of {key}")
 
-    async def budget(self, key: str) -> tuple[int | None, bytes | None]:
-        revision, value = self.budgets.get(key, (None, None))
-        return revision, value
+    async def budget(self, key: str) -> BudgetRead:
+        revision, value, stored_at = self.budgets.get(key, (None, None, None))
+        return BudgetRead(revision, value, stored_at)
 
-    async def swap_budget(self, key: str, value: bytes, revision: int | None) -> bool:
-        if self.budgets.get(key, (None, None))[0] != revision:
+    async def swap_budget(
+        self, key: str, value: bytes, revision: int | None, ttl: float | None
+    ) -> bool:
+        if self.budgets.get(key, (None, None, None))[0] != revision:
             return False
         self.revision += 1
-        self.budgets[key] = (self.revision, value)
+        self.budgets[key] = (self.revision, value, self.now)
+        self.ttls.append(ttl)
         return True
+
+    async def server_time(self) -> float | None:
+        return self.now
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -293,3 +303,71 @@ def test_of_two_drains_that_read_the_same_budget_only_one_goes_on() -> None:
 
     assert sorted(map(str, asyncio.run(both()))) == ["0", "refused"]
     assert len(store.kv) == 1
+
+
+class PausedStore(MemoryStore):
+    """A store whose drain record writes wait for ``go``: a drain stopped between swap and write."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.go = asyncio.Event()
+        self.swapped = asyncio.Event()
+
+    async def swap_budget(
+        self, key: str, value: bytes, revision: int | None, ttl: float | None
+    ) -> bool:
+        done = await super().swap_budget(key, value, revision, ttl)
+        self.swapped.set()
+        return done
+
+    async def put(self, key: str, value: bytes, ttl: float | None) -> None:
+        await self.go.wait()
+        await super().put(key, value, ttl)
+
+
+@pytest.mark.parametrize("skew", [-120.0, 120.0, 365 * 86400.0])
+def test_no_host_clock_lets_two_drains_of_the_last_two_workers_pass(skew: float) -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2")]
+    store = PausedStore(listing, [served_entry("fe-1", "dgd", 1, 2)])
+
+    async def run() -> tuple[int, str]:
+        # The first drain's host runs ``skew`` seconds off; it stops between swap and write.
+        first = asyncio.ensure_future(
+            run_drain(
+                parse("drain", "1"), store, io.StringIO(), io.StringIO(), environ={},
+                wall=lambda: 1_000_000.0 + skew,
+            )
+        )  # fmt: skip
+        await store.swapped.wait()
+        try:
+            await run_drain(parse("drain", "2"), store, io.StringIO(), io.StringIO(), environ={})
+            second = "passed"
+        except LastWorkerRefused:
+            second = "refused"
+        store.go.set()
+        return await first, second
+
+    assert asyncio.run(run()) == (cli.EXIT_OK, "refused")
+    # Every budget write asks the server to remove it after the window.
+    assert set(store.ttls) == {60.0}
+
+
+def test_a_budget_entry_lapses_after_the_window_by_the_servers_clock_alone() -> None:
+    listing = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2")]
+    store = PausedStore(listing, [served_entry("fe-1", "dgd", 1, 2)])
+
+    async def run() -> str:
+        first = asyncio.ensure_future(
+            run_drain(parse("drain", "1"), store, io.StringIO(), io.StringIO(), environ={})
+        )
+        await store.swapped.wait()
+        # The first drain's command died between its swap and its write; the server's clock
+        # passes the window (no host's clock is asked).
+        first.cancel()
+        store.now += 60.0
+        store.go.set()
+        await run_drain(parse("drain", "2"), store, io.StringIO(), io.StringIO(), environ={})
+        return "passed"
+
+    assert asyncio.run(run()) == "passed"
+    assert list(store.kv) == [drain_kv_key("dgd", 2)]

@@ -41,7 +41,13 @@ from workerset_admission.keys import ADMISSION_BUCKET, key_matches
 
 DEFAULT_ADMISSION_BUCKET = ADMISSION_BUCKET
 
-__all__ = ["DEFAULT_ADMISSION_BUCKET", "NatsRecordSource", "read_keys"]
+__all__ = [
+    "DEFAULT_ADMISSION_BUCKET",
+    "NatsRecordSource",
+    "parse_server_time",
+    "read_keys",
+    "read_server_time",
+]
 
 
 async def read_keys(
@@ -157,7 +163,7 @@ class NatsRecordSource:
         try:
             # Asked first: the listing closes the connection it was handed once it is read.
             server_time = await unless_refused(
-                _server_time(client, self._bucket, self._timeout), mark
+                read_server_time(client, self._bucket, self._timeout), mark
             )
             listing = await unless_refused(
                 asyncio.wait_for(source.list_all(), timeout=self._timeout), mark
@@ -183,7 +189,7 @@ class NatsRecordSource:
         )
 
 
-async def _server_time(client: NatsClient, bucket: str, timeout: float) -> float | None:
+async def read_server_time(client: NatsClient, bucket: str, timeout: float) -> float | None:
     """Return the server's time now (Unix seconds) from a stream info answer, if it says it."""
     with contextlib.suppress(NatsError, asyncio.TimeoutError, ValueError, TypeError):
         reply = await client.request(

@@ -17,18 +17,26 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
-from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError, NotFoundError
-from workerset_admission.adapters.nats.admission_reader import read_keys
+from nats.js.api import RawStreamMsg
+from nats.js.errors import APIError, BadRequestError, NotFoundError
+from workerset_admission.adapters.nats.admission_reader import (
+    parse_server_time,
+    read_keys,
+    read_server_time,
+)
 from workerset_admission.adapters.nats.connect import (
     ConnectionCallbacks,
     NatsConnectOptions,
     connect,
     servers_for_display,
 )
+from workerset_admission.adapters.nats.kv import stream_name
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.card.drain_record import BudgetRead
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError
 from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX, key_matches
@@ -41,6 +49,8 @@ _REQUEST_TIMEOUT = 5.0
 _NO_REVISION = str(2**62)
 # JetStream's error code for a write whose expected last subject sequence did not match.
 _WRONG_LAST_SEQUENCE = 10071
+# JetStream's error code for a per-key TTL on a stream that does not allow one.
+_TTL_DISABLED = 10166
 
 
 class NatsDrainStore:
@@ -63,6 +73,8 @@ class NatsDrainStore:
         self._client: NatsClient | None = None
         # What the server refused, as nats-py reports it (a refused publish is not answered).
         self._violations: list[str] = []
+        # The stream refused a per-key TTL once: budgets are written without from then on.
+        self._no_ttl = False
 
     async def open(self, deadline: float) -> None:
         """Connect, trying again until the clock passes ``deadline``; raise ``Unreachable``."""
@@ -227,28 +239,61 @@ class NatsDrainStore:
             )
         raise Unreachable(f"NATS did not answer a write of {key} in time; nothing was drained")
 
-    async def budget(self, key: str) -> tuple[int | None, bytes | None]:
-        """Read a drain budget record's revision and value; ``(None, None)`` when there is none."""
-        kv = await self._nc().jetstream(timeout=_REQUEST_TIMEOUT).key_value(self._discovery)
-        try:
-            entry = await kv.get(key)
-        except NotFoundError:
-            return None, None
-        return entry.revision, entry.value
+    async def budget(self, key: str) -> BudgetRead:
+        """Read a drain budget record: its revision, value, and the server's time of it.
 
-    async def swap_budget(self, key: str, value: bytes, revision: int | None) -> bool:
-        """Write a budget record only if it is still at ``revision`` (None: absent or deleted).
-
-        Returns False when another write moved it first.
+        A record withdrawn or expired leaves a marker whose revision a swap must expect.
         """
-        kv = await self._nc().jetstream(timeout=_REQUEST_TIMEOUT).key_value(self._discovery)
+        js = self._nc().jetstream(timeout=_REQUEST_TIMEOUT)
         try:
-            if revision is None:
-                await kv.create(key, value)
-            else:
-                await kv.update(key, value, last=revision)
-        except KeyWrongLastSequenceError:
-            return False
+            msg = await js.get_msg(stream_name(self._discovery), subject=self._subject(key))
+        except NotFoundError:
+            return BudgetRead()
+        headers = msg.headers or {}
+        if headers.get("KV-Operation") in ("DEL", "PURGE") or headers.get("Nats-Marker-Reason"):
+            return BudgetRead(revision=msg.seq)
+        return BudgetRead(revision=msg.seq, raw=msg.data, stored_at=_stored_at(msg))
+
+    async def server_time(self) -> float | None:
+        """Return the NATS server's time now (Unix seconds), from a stream info answer."""
+        return await read_server_time(self._nc(), self._discovery, _REQUEST_TIMEOUT)
+
+    def _subject(self, key: str) -> str:
+        return f"$KV.{self._discovery}.{key}"
+
+    async def swap_budget(
+        self, key: str, value: bytes, revision: int | None, ttl: float | None
+    ) -> bool:
+        """Write a budget record only if it is still at ``revision`` (None: there never was one).
+
+        ``ttl``: the server removes it that long after this write (a bucket or server that keeps
+        no per-key TTL refuses the header: written without, its entries still lapse by the
+        server's time). Returns False when another write moved it first.
+        """
+        js = self._nc().jetstream()
+        subject = self._subject(key)
+
+        def expecting() -> dict[str, str]:
+            # A fresh dict each time: nats-py adds its TTL header to the one it is given.
+            return {"Nats-Expected-Last-Subject-Sequence": str(revision or 0)}
+
+        try:
+            if ttl is not None and not self._no_ttl:
+                try:
+                    await js.publish(
+                        subject, value, timeout=_REQUEST_TIMEOUT, headers=expecting(), msg_ttl=ttl
+                    )
+                except APIError as error:
+                    if error.err_code != _TTL_DISABLED:
+                        raise
+                    # The server answered: this stream keeps no per-key TTL.
+                    self._no_ttl = True
+                    self._progress(
+                        f"the bucket keeps no per-key TTL ({error}); budgets written without"
+                    )
+                else:
+                    return True
+            await js.publish(subject, value, timeout=_REQUEST_TIMEOUT, headers=expecting())
         except APIError as error:
             if error.err_code == _WRONG_LAST_SEQUENCE:
                 return False
@@ -271,3 +316,15 @@ class NatsDrainStore:
             self._refused(key)
             raise
         return True
+
+
+def _stored_at(msg: RawStreamMsg) -> float | None:
+    """When the server stored a message, by its clock (nats-py parses the answer's ``time``)."""
+    stamp: object = msg.time
+    if stamp is None:
+        stamp = (msg.headers or {}).get("Nats-Time-Stamp")  # a direct get's answer
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
+    if isinstance(stamp, str):
+        return parse_server_time(stamp)
+    return None

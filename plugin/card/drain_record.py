@@ -12,20 +12,27 @@ record at the boundary; any other field, a wrong type, or a value over 4 KiB is 
 the boundary's reasons (``invalid_json``, ``invalid_record``, ``wrong_record_type``,
 ``identity_mismatch``, ``value_too_large``, ``duplicate_field``, ...), and changes nothing.
 
-Beside them, one drain budget record per model (``v1.budget.<model>``) makes a drain's
-last-worker check and its write one step: a drain adds the workers it is about to drain to the
-budget of every model they serve, by a compare-and-set on the record's revision, before it
-writes a drain record; a drain that read an older revision fails its swap and checks again::
+Beside them, one drain budget record per model (``v1.budget.<digest>``, the SHA-256 of the model
+name in hex: a key of one length whatever the name, since a model name may be far longer than a
+key or a NATS control line can carry) makes a drain's last-worker check and its write one step:
+a drain adds the workers it is about to drain to the budget of every model they serve, by a
+compare-and-set on the record's revision, before it writes a drain record; a drain that read an
+older revision fails its swap and checks again::
 
     {"type": "DrainBudget", "model": "llama",
-     "pending": [{"namespace": "dgd", "instance_id": 161, "at": 1764626400.25}]}
+     "pending": [{"namespace": "dgd", "instance_id": 161, "since": 1764626400.25}]}
 
-Only the drain tools read it (no frontend watches ``v1.budget.``); ``pending`` holds drains
-whose record may not be written yet, each for a short while (see ``rollout/drain.py``).
+The value names the model in full: a record whose ``model`` is another name (two names of one
+digest, or a forged record) holds nothing for this one. ``since`` is the NATS server's time of
+the write that first held the entry; an entry without it was added by the record's own write,
+whose server time its reader takes from the stored message. No host's clock is ever written or
+compared (see ``rollout/drain.py``, the budgets). Only the drain tools read it (no frontend
+watches ``v1.budget.``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -34,12 +41,13 @@ from workerset_admission.card import jsonio
 from workerset_admission.card.envelope import text_within
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.identity import Drain
-from workerset_admission.keys import DRAIN_PREFIX, check_instance_id, escape_token, parse_drain_key
+from workerset_admission.keys import DRAIN_PREFIX, check_instance_id, parse_drain_key
 
 __all__ = [
     "BUDGET_PREFIX",
     "MAX_BY_LENGTH",
     "MAX_DRAIN_VALUE",
+    "BudgetRead",
     "Pending",
     "budget_kv_key",
     "decode_budget_record",
@@ -124,24 +132,46 @@ BUDGET_PREFIX = "v1.budget."
 
 
 def budget_kv_key(model: str) -> str:
-    """KV key of a model's drain budget record (the model name escaped as one token)."""
-    return f"{BUDGET_PREFIX}{escape_token(model)}"
+    """KV key of a model's drain budget record: one length whatever the model's name."""
+    return f"{BUDGET_PREFIX}{hashlib.sha256(model.encode()).hexdigest()}"
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, slots=True)
 class Pending:
-    """A drain a command committed to in a budget record: its worker, and when (Unix seconds)."""
+    """A drain a command committed to in a budget record: its worker, and since when.
+
+    ``since`` is the NATS server's time (Unix seconds) of the write that first held it, or
+    None for one the record's own write added (its time is the stored message's).
+    """
 
     namespace: str
     instance_id: int
-    at: float
+    since: float | None = None
 
 
-def decode_budget_record(raw: bytes | None) -> tuple[Pending, ...]:
+@dataclass(frozen=True, slots=True)
+class BudgetRead:
+    """One model's budget record as read: its revision, value, and the server's time of it."""
+
+    revision: int | None = None
+    raw: bytes | None = None
+    # When the server stored the record (its clock); None when there is none.
+    stored_at: float | None = None
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def decode_budget_record(raw: bytes | None, model: str | None = None) -> tuple[Pending, ...]:
     """Read the pending drains of a budget record; a value that is not one holds none.
 
-    A budget record only makes drains wait for one another: one that cannot be read is
-    replaced by the next swap, and the drain records themselves still say what is drained.
+    With ``model``, a record naming another model (the same digest, or a forged value) holds
+    none either. A budget record only makes drains wait for one another: one that cannot be
+    read is replaced by the next swap, and the drain records themselves still say what is
+    drained.
     """
     if not raw:
         return ()
@@ -149,32 +179,26 @@ def decode_budget_record(raw: bytes | None) -> tuple[Pending, ...]:
         value = jsonio.loads(raw)
     except jsonio.JsonError:
         return ()
-    items = value.get("pending") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or (model is not None and value.get("model") != model):
+        return ()
+    items = value.get("pending")
     found: list[Pending] = []
     for item in items if isinstance(items, list) else ():
         if not isinstance(item, dict):
             continue
-        namespace, instance_id, at = item.get("namespace"), item.get("instance_id"), item.get("at")
-        if (
-            isinstance(namespace, str)
-            and isinstance(instance_id, int)
-            and _u64(instance_id)
-            and isinstance(at, (int, float))
-            and not isinstance(at, bool)
-            and math.isfinite(at)
-        ):
-            found.append(Pending(namespace, instance_id, float(at)))
+        namespace, instance_id = item.get("namespace"), item.get("instance_id")
+        if isinstance(namespace, str) and isinstance(instance_id, int) and _u64(instance_id):
+            found.append(Pending(namespace, instance_id, _seconds(item.get("since"))))
     return tuple(found)
 
 
 def encode_budget_record(model: str, pending: tuple[Pending, ...]) -> bytes:
-    """Return a model's budget record holding ``pending`` (compact JSON, in order)."""
-    record = {
-        "type": "DrainBudget",
-        "model": model,
-        "pending": [
-            {"namespace": p.namespace, "instance_id": p.instance_id, "at": p.at}
-            for p in sorted(pending)
-        ],
-    }
+    """Return a model's budget record holding ``pending`` (compact JSON, by worker)."""
+    entries: list[dict[str, Any]] = []
+    for p in sorted(pending, key=lambda p: (p.namespace, p.instance_id)):
+        entry: dict[str, Any] = {"namespace": p.namespace, "instance_id": p.instance_id}
+        if p.since is not None:
+            entry["since"] = p.since
+        entries.append(entry)
+    record = {"type": "DrainBudget", "model": model, "pending": entries}
     return jsonio.dumps_compact(record).encode()

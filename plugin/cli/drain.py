@@ -13,7 +13,10 @@ passed, and every namespace's drain record and every model's budget record tried
 user's right to write it (a write the server can only refuse or answer "wrong revision", so
 nothing is stored). Committed: the budgets swapped by revision (a drain that raced another
 checks again), then the drain records written. A drain refused at any point before the commit
-has written nothing a frontend reads.
+has written nothing a frontend reads. What to do when, and what a lost race or a refusal
+leads to, is the pure machine of ``rollout/drain_protocol.py``; this module keeps the flags,
+the printing, and the small driver (:func:`_check_and_commit`) that carries its actions out on
+the store.
 
 Exit statuses (the command line's table): 0 done, or with ``--wait`` safe to stop; 1 ``--wait``
 timed out or was interrupted (the drain stays in place); 2 bad input, such as an instance no
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -37,13 +41,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, TextIO
 
-from workerset_admission.card.drain_record import (
-    MAX_BY_LENGTH,
-    Pending,
-    budget_kv_key,
-    decode_budget_record,
-    encode_budget_record,
-)
+from workerset_admission.card import BoundarySettings
+from workerset_admission.card.drain_record import MAX_BY_LENGTH, budget_kv_key
 from workerset_admission.card.serving_record import (
     BucketRead,
     NamespaceRecord,
@@ -62,10 +61,11 @@ from workerset_admission.errors import (
 from workerset_admission.identity import Drain
 from workerset_admission.keys import drain_kv_key, key_matches, parse_drain_key
 from workerset_admission.rollout.drain import (
+    PENDING_WINDOW,
+    BudgetRead,
     DrainCheck,
     Selection,
     Worker,
-    budget_after,
     check_drained,
     check_last_workers,
     find_workers,
@@ -74,8 +74,17 @@ from workerset_admission.rollout.drain import (
     models_of,
     nats_subjects,
     parse_instance_id,
-    pending_drains,
     wait_namespaces,
+)
+from workerset_admission.rollout.drain_protocol import (
+    DrainProtocol,
+    Prepare,
+    Read,
+    Release,
+    Snapshot,
+    State,
+    Swap,
+    Write,
 )
 from workerset_admission.rollout.frontends import record_filters
 
@@ -122,12 +131,21 @@ class DrainStore(Protocol):
         """Raise ``CredentialsRefused`` unless this user may write ``key``; store nothing."""
         ...
 
-    async def budget(self, key: str) -> tuple[int | None, bytes | None]:
-        """Read a budget record's revision and value (``(None, None)``: there is none)."""
+    async def budget(self, key: str) -> BudgetRead:
+        """Read a budget record's revision, value and the server's time of it."""
         ...
 
-    async def swap_budget(self, key: str, value: bytes, revision: int | None) -> bool:
-        """Write a budget record if it is still at ``revision``; False when it moved."""
+    async def swap_budget(
+        self, key: str, value: bytes, revision: int | None, ttl: float | None
+    ) -> bool:
+        """Write a budget record if it is still at ``revision``; False when it moved.
+
+        ``ttl``: the server removes the record that long after this write.
+        """
+        ...
+
+    async def server_time(self) -> float | None:
+        """Return the NATS server's time now (Unix seconds), or None when it does not say it."""
         ...
 
 
@@ -378,7 +396,9 @@ def _default_by() -> str:
     return f"{user}@{socket.gethostname()}"[:MAX_BY_LENGTH]
 
 
-async def _prepare(store: DrainStore, workers: Sequence[Worker], models: Sequence[str]) -> None:
+async def _prepare(
+    store: DrainStore, workers: Sequence[Worker], budget_keys: Sequence[str]
+) -> None:
     """Try this user's right to write every record the drain will write, storing none.
 
     NATS cannot be asked what a user may do; a write the server must refuse, or answer with
@@ -389,54 +409,50 @@ async def _prepare(store: DrainStore, workers: Sequence[Worker], models: Sequenc
     for worker in sorted(workers):
         key = drain_kv_key(worker.namespace, worker.instance_id)
         by_namespace.setdefault(worker.namespace, key)
-    for key in [*by_namespace.values(), *(budget_kv_key(model) for model in models)]:
+    for key in [*by_namespace.values(), *budget_keys]:
         await store.may_write(key)
 
 
-class _Raced(Exception):
-    """Another drain moved a budget record between this one's read and its swap."""
-
-
-async def _commit_budgets(
-    store: DrainStore,
-    budgets: Mapping[str, tuple[int | None, tuple[Pending, ...]]],
-    workers: Sequence[Worker],
-    in_force: Sequence[Worker],
-    now: float,
-    swapped: list[str],
-) -> None:
-    """Swap every budget record to hold ``workers`` pending; raise ``_Raced`` if one moved.
-
-    ``swapped`` gathers the budgets swapped, so a drain refused after a race can take its
-    workers out of them again.
-    """
-    for model, (revision, pending) in sorted(budgets.items()):
-        value = encode_budget_record(model, budget_after(pending, workers, in_force, now))
-        if not await store.swap_budget(budget_kv_key(model), value, revision):
-            raise _Raced(model)
-        if model not in swapped:
-            swapped.append(model)
-
-
-async def _release_budgets(
-    store: DrainStore, models: Sequence[str], workers: Sequence[Worker]
-) -> None:
-    """Take this drain's workers out of the budgets it swapped them into.
+async def _release(store: DrainStore, protocol: DrainProtocol, models: Sequence[str]) -> None:
+    """Take the drain's workers out of the budgets it swapped them into (a few tries each).
 
     After its drain records are written (a drain reading the budget after this reads those
-    records too), or when it is refused after all.
+    records too), or when it is refused after all. A budget left holding them lapses by the
+    server's clock (rollout/drain.py, the budgets).
     """
-    ours = {(w.namespace, w.instance_id) for w in workers}
     for model in models:
         key = budget_kv_key(model)
         for _attempt in range(20):
-            revision, raw = await store.budget(key)
-            pending = decode_budget_record(raw)
-            kept = tuple(p for p in pending if (p.namespace, p.instance_id) not in ours)
-            if kept == pending or await store.swap_budget(
-                key, encode_budget_record(model, kept), revision
+            budget = await store.budget(key)
+            value = protocol.release_value(model, budget)
+            if value is None or await store.swap_budget(
+                key, value, budget.revision, protocol.window
             ):
                 break
+
+
+async def _read(store: DrainStore, action: Read, listing: Sequence[tuple[str, bytes]]) -> Snapshot:
+    """Read what the protocol asks for, in its order: budgets, drains, serving, listing, time."""
+    if action.pause:
+        await asyncio.sleep(action.pause)
+    budgets = {model: await store.budget(budget_kv_key(model)) for model in action.models}
+    in_force = _drained(await store.drains())
+    read = await store.serving()
+    if read.problem is not None:
+        raise Unreachable(f"cannot tell what the frontends serve: {read.problem}")
+    if action.listing:
+        listing = await store.workers_listing()
+    return Snapshot(budgets, in_force, _records(read), listing, await store.server_time())
+
+
+def _boundary(args: argparse.Namespace) -> BoundarySettings | None:
+    """Return the discovery boundary's settings the frontends run with, as given here."""
+    settings = getattr(args, "settings", None)
+    if settings is None:
+        return None
+    from workerset_admission.wiring.compose import boundary_settings
+
+    return boundary_settings(settings)
 
 
 async def _check_and_commit(
@@ -446,65 +462,63 @@ async def _check_and_commit(
     workers: Sequence[Worker],
     progress: Callable[[str], None],
     *,
-    wall: Callable[[], float],
+    drain: Callable[[Worker], Drain],
     clock: Callable[[], float],
     deadline: float,
-) -> tuple[list[Record], list[str]]:
-    """Check the last workers and commit the budgets as one step.
+    window: float,
+) -> list[Record]:
+    """Carry the drain protocol (rollout/drain_protocol.py) out on the store.
 
-    Returns what the frontends served at the check, and the budgets swapped.
-
-    A drain that loses a race against another reads again and checks again with the other's
-    workers out, until its check passes and its swaps go through, or it is refused.
+    Returns what the frontends served at the check that passed. Raises ``LastWorkerRefused``
+    or ``Unreachable`` when the protocol ends refused or gave up (nothing was drained).
     """
-    models = models_of(listing, workers)
-    prepared = False
-    swapped: list[str] = []
-    attempt = 0
+    boundary = _boundary(args)
+    protocol = DrainProtocol(
+        tuple(workers),
+        tuple(models_of(listing, workers, boundary=boundary)),
+        functools.partial(check_last_workers, boundary=boundary),
+        allow_empty=args.allow_empty,
+        window=window,
+        jitter=random.random,
+    )
+    before: list[Record] = []
     while True:
-        # The budgets first, then the drains in force (see rollout/drain.py, the budgets).
-        budgets: dict[str, tuple[int | None, tuple[Pending, ...]]] = {}
-        for model in models:
-            revision, raw = await store.budget(budget_kv_key(model))
-            budgets[model] = (revision, decode_budget_record(raw))
-        in_force = _drained(await store.drains())
-        now = wall()
-        pending = pending_drains((p for _r, p in budgets.values()), in_force, now) - set(workers)
-        read = await store.serving()
-        if read.problem is not None:
-            raise Unreachable(f"cannot tell what the frontends serve: {read.problem}")
-        before = _records(read)
-        if attempt:
-            listing = await store.workers_listing()
-        emptied = check_last_workers(before, listing, workers, [*in_force, *pending])
-        if emptied and not args.allow_empty:
-            if swapped:
-                await _release_budgets(store, swapped, workers)
-            raced = " (other drains took their workers first)" if attempt else ""
+        action = protocol.next_action()
+        if isinstance(action, Read):
+            snapshot = await _read(store, action, listing)
+            listing = snapshot.listing
+            protocol.read(snapshot)
+            before = list(snapshot.serving)
+        elif isinstance(action, Prepare):
+            await _prepare(store, workers, action.budget_keys)
+            protocol.prepare_done()
+        elif isinstance(action, Swap):
+            if await store.swap_budget(action.key, action.value, action.revision, action.ttl):
+                protocol.swapped_one()
+            else:
+                protocol.raced(past_deadline=clock() >= deadline)
+        elif isinstance(action, Write):
+            for item in action.allowed:
+                progress(f"--allow-empty: {item}")
+            ttl = args.ttl if args.ttl > 0 else None
+            await _write_all(store, action.workers, drain, ttl, progress)
+            protocol.written()
+        elif isinstance(action, Release):
+            await _release(store, protocol, action.models)
+            protocol.released()
+        elif action.state is State.DONE:
+            return before
+        elif action.state is State.REFUSED:
+            raced = " (other drains took their workers first)" if action.raced else ""
             raise LastWorkerRefused(
-                f"refused{raced}: {'; '.join(map(str, emptied))}; nothing was drained "
+                f"refused{raced}: {'; '.join(map(str, action.emptied))}; nothing was drained "
                 "(--allow-empty drains anyway)"
             )
-        if not prepared:
-            await _prepare(store, workers, models)
-            prepared = True
-        try:
-            await _commit_budgets(store, budgets, workers, in_force, now, swapped)
-        except _Raced as raced:
-            attempt += 1
-            if clock() >= deadline:
-                if swapped:
-                    await _release_budgets(store, swapped, workers)
-                raise Unreachable(
-                    f"the drain budget of model {raced} kept moving (other drains) until the "
-                    "timeout; nothing was drained"
-                ) from None
-            # Spread the contenders out, so that one of them wins the next round.
-            await asyncio.sleep(random.uniform(0.0, min(0.02 * attempt, 0.3)))
-            continue
-        for item in emptied:
-            progress(f"--allow-empty: {item}")
-        return before, swapped
+        else:
+            raise Unreachable(
+                f"the drain budget of model {action.model} kept moving (other drains) until the "
+                "timeout; nothing was drained"
+            )
 
 
 async def _write_all(
@@ -533,7 +547,10 @@ async def run_drain(
     wall: Callable[[], float] = time.time,
     environ: Mapping[str, str] = os.environ,
     subject_hosts: SubjectHosts | None = None,
+    window: float = PENDING_WINDOW,
 ) -> int:
+    """Run ``drain`` (or ``drain --cancel``); ``window`` is how long a budget entry counts."""
+
     def progress(line: str) -> None:
         err.write(wire_text(line, PROGRESS_LIMIT) + "\n")
         err.flush()
@@ -548,21 +565,13 @@ async def run_drain(
         if args.cancel:
             return await _lift(store, workers, args, out)
         already = set(_drained(await store.drains()))
-        before, swapped = await _check_and_commit(
+        by = args.by or _default_by()
+        # ``at`` is only reported (status shows when); no decision reads a host's clock.
+        before = await _check_and_commit(
             store, args, listing, workers, progress,
-            wall=wall, clock=clock, deadline=started + timeout,
+            drain=lambda worker: Drain(worker.namespace, worker.instance_id, by, round(wall(), 3)),
+            clock=clock, deadline=started + timeout, window=window,
         )  # fmt: skip
-        by, at = args.by or _default_by(), round(wall(), 3)
-        await _write_all(
-            store,
-            workers,
-            lambda worker: Drain(worker.namespace, worker.instance_id, by, at),
-            args.ttl if args.ttl > 0 else None,
-            progress,
-        )
-        # The drain records say it now: the budgets need not, and must not once they are
-        # withdrawn (an undrain within the pending window would still count them).
-        await _release_budgets(store, swapped, workers)
         if not args.wait:
             if args.json:
                 out.write(json.dumps({"drained": [_worker_json(w) for w in workers]}) + "\n")

@@ -18,12 +18,14 @@ monitoring tells, see ``adapters/nats/monitor.py``). A :class:`Selection` is one
 model and endpoint the worker registered, since they share its namespace and instance id.
 
 *The last worker.* Before anything is written, :func:`check_last_workers` asks whether a model
-would be left with no routable worker on a live frontend, or in the discovery bucket for the
-namespaces no live frontend watches (see the comment above it); the drain tool refuses then,
+(a LoRA adapter is one) would be left with no routable worker on a live frontend, or, for the
+namespaces no live frontend watches, in the admission core run over the bucket's listing
+(``rollout/routable.py``: the core's own rule, not a second one); the drain tool refuses then,
 unless told ``--allow-empty``. The check and the write are one step against other drains: a
 drain first adds its workers to each model's budget record by a compare-and-set on the record's
 revision (:func:`pending_drains`, :func:`budget_after`), so of two drains that read the same
-revision only one goes on, and the other checks again with the first one's workers out.
+revision only one goes on, and the other checks again with the first one's workers out. The
+steps, their order and their lost races are one machine, ``rollout/drain_protocol.py``.
 
 *Safe to stop.* A frontend routes to a worker while its serving record lists one of the
 worker's instance keys. A drain takes the worker out of every hop at once, except when it was
@@ -40,14 +42,20 @@ let go. Which frontends are live is :mod:`workerset_admission.rollout.frontends`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from workerset_admission import identity
-from workerset_admission.card import jsonio
-from workerset_admission.card.drain_record import Pending
+from workerset_admission.card import BoundarySettings, jsonio
+from workerset_admission.card.drain_record import (
+    BudgetRead,
+    Pending,
+    decode_budget_record,
+    encode_budget_record,
+)
 from workerset_admission.card.serving_record import (
     CapabilityRecord,
     NamespaceRecord,
@@ -55,12 +63,15 @@ from workerset_admission.card.serving_record import (
     live_records,
 )
 from workerset_admission.errors import UsageError
+from workerset_admission.identity import EndpointId, GroupKey
 from workerset_admission.keys import ENDPOINT_PREFIX, MODEL_PREFIX, parse_key
 from workerset_admission.rollout.frontends import live_frontends, watched_namespaces
+from workerset_admission.rollout.routable import CoreAnswer, core_over
 
 __all__ = [
     "NATS_PLANE",
     "PENDING_WINDOW",
+    "BudgetRead",
     "DrainCheck",
     "Emptied",
     "FrontendConfirmation",
@@ -68,6 +79,7 @@ __all__ = [
     "Selection",
     "Worker",
     "budget_after",
+    "budget_released",
     "check_drained",
     "check_last_workers",
     "find_workers",
@@ -171,9 +183,6 @@ class ListedRecord:
     host: str | None = None
     subject: str | None = None
     port: int | None = None
-    # A card on its model's serving hop (not a prefill or encode worker, which serve only
-    # through a decode or aggregated worker of the same model).
-    serving: bool = True
 
     @property
     def worker_set(self) -> tuple[str, str, str]:
@@ -189,10 +198,10 @@ def _value(value: bytes) -> dict[str, Any]:
 
 
 def listed_records(entries: Iterable[tuple[str, bytes]]) -> list[ListedRecord]:
-    """Read a listing of the discovery bucket: one entry per base card and endpoint record.
+    """Read a listing of the discovery bucket: one entry per card and endpoint record.
 
-    Keys that do not parse and LoRA adapter cards are skipped: the boundary reports the first,
-    and an adapter is served by its base worker's card.
+    A LoRA adapter's card names the adapter as its model (a model to clients, which ``--model``
+    selects). Keys that do not parse are skipped: the boundary reports them.
     """
     found: list[ListedRecord] = []
     for key, value in entries:
@@ -201,8 +210,6 @@ def listed_records(entries: Iterable[tuple[str, bytes]]) -> list[ListedRecord]:
         try:
             parsed = parse_key(key)
         except Exception:
-            continue
-        if parsed.model_suffix is not None:
             continue
         worker = Worker(parsed.endpoint.namespace, parsed.instance_id)
         component, endpoint = parsed.endpoint.component, parsed.endpoint.endpoint
@@ -216,7 +223,6 @@ def listed_records(entries: Iterable[tuple[str, bytes]]) -> list[ListedRecord]:
                     component,
                     endpoint,
                     model=name if name else None,
-                    serving=_on_serving_hop(card),
                 )
             )
         else:
@@ -237,22 +243,6 @@ def listed_records(entries: Iterable[tuple[str, bytes]]) -> list[ListedRecord]:
 # The worker types whose hop is not the model's own: a frontend routes to them only from a
 # decode or aggregated worker of the model (Dynamo 1.6.1's prefill and encoder hops).
 _PEER_ROLES = frozenset({"prefill", "encode"})
-
-
-def _on_serving_hop(card: Any) -> bool:
-    """Whether a card's worker serves its model itself, as its worker type says.
-
-    A card naming no worker type is a prefill worker when its model type has the Prefill
-    flag (how older workers said so), else an aggregated one.
-    """
-    if not isinstance(card, dict):
-        return False
-    worker_type = card.get("worker_type")
-    if isinstance(worker_type, str):
-        return worker_type not in _PEER_ROLES
-    model_type = card.get("model_type")
-    flags = model_type.split("|") if isinstance(model_type, str) else ()
-    return "Prefill" not in (flag.strip() for flag in flags)
 
 
 def _worker_set_role(worker_set: str) -> str | None:
@@ -383,17 +373,17 @@ def nats_subjects(entries: Iterable[tuple[str, bytes]]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the last worker
-# A drain must not take a model's last routable worker unsaid. What counts is what a frontend
-# can route: a worker on the model's serving hop (a prefill or encode worker serves nothing by
-# itself) that it admitted, or, in the bucket, one with both a card and an endpoint record (a
-# card alone is no worker). Each live frontend is asked for the namespaces it watches: the
+# A drain must not take a model's last routable worker unsaid, and "routable" has one rule, the
+# admission core's (see rollout/routable.py): a member its group's served tenure admits whose
+# endpoint record is live; only the model's serving hop counts (a prefill or encode worker
+# serves nothing by itself), and a LoRA adapter is a model of its own. Each live frontend is
+# asked through its serving records: the members it lists, with their endpoint records. The
 # drain is refused when, with the named workers (and the ones already drained or about to be)
-# out, a frontend that serves a model through one of them would list no member of that model
-# on its serving hop any more. A handover does not empty a model: when another configuration
-# of the same WorkerSet is registered and routable, the frontend keeps serving the drained
-# incumbent until that successor is committed (see admission/core.py). A drained worker of a
-# namespace no live frontend watches is judged on the discovery bucket, as a frontend starting
-# now would see it: another routable, undrained worker of the model must remain registered.
+# out, a frontend that routes a model through one of them would route no member of it any
+# more. A handover does not empty a model: when the core, run over the bucket's listing with
+# those drains in, serves the model from the same WorkerSet's place (a successor committed),
+# the frontend's core does the same. For the namespaces no live frontend watches, that same
+# core decides: the model must still have a routable worker there, or anywhere.
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,18 +436,60 @@ def _owned(member: str, workers: Iterable[Worker]) -> bool:
     return any(worker.owns(member) for worker in workers)
 
 
-def _routable(listed: Sequence[ListedRecord]) -> set[tuple[Worker, str, str]]:
-    """(worker, model, namespace/component/endpoint) of every card a frontend could route to.
+def _member(member: str) -> tuple[EndpointId, int] | None:
+    """Return the endpoint and instance id of an instance key (``ns/component/endpoint/<hex>``)."""
+    parts = member.split("/")
+    if len(parts) < 4:
+        return None
+    try:
+        return EndpointId(*parts[:3]), int(parts[3], 16)
+    except ValueError:
+        return None
 
-    A card counts when it is on its model's serving hop and the same worker has an endpoint
-    record at the same place (the liveness a frontend intersects admission with).
+
+def _routed(
+    records: Sequence[Record], answer: CoreAnswer
+) -> dict[str, dict[str, dict[str, tuple[Worker, str]]]]:
+    """Frontend -> model -> member -> (worker, place): what each live frontend routes.
+
+    A member counts when the frontend's record lists it and its endpoint record is live (the
+    one routing rule); the adapters the core projects onto a routed member are models too.
     """
-    live = {(r.worker, r.worker_set) for r in listed if r.model is None}
-    return {
-        (r.worker, r.model, "/".join(r.worker_set))
-        for r in listed
-        if r.model is not None and r.serving and (r.worker, r.worker_set) in live
-    }
+    routed: dict[str, dict[str, dict[str, tuple[Worker, str]]]] = {}
+    for record in live_records(records):
+        models = routed.setdefault(record.frontend, {})
+        if not isinstance(record, NamespaceRecord):
+            continue
+        served: list[tuple[str, str | None, tuple[str, ...]]]
+        if record.groups is None:
+            served = [(f"namespace {record.namespace}", None, record.members)]
+        else:
+            served = [
+                (g.model, g.worker_set, g.members)
+                for g in record.groups
+                if _worker_set_role(g.worker_set) not in _PEER_ROLES
+            ]
+        for model, worker_set, members in served:
+            into = models.setdefault(model, {})
+            for member in members:
+                parsed = _member(member)
+                if parsed is None:
+                    continue
+                endpoint, instance_id = parsed
+                if not answer.routable(endpoint, instance_id):
+                    continue
+                worker = Worker(endpoint.namespace, instance_id)
+                into[member] = (worker, endpoint.path())
+                if worker_set is None:
+                    continue
+                group = GroupKey(model, worker_set).id
+                for name in answer.now.adapters.get((group, worker.namespace, instance_id), ()):
+                    models.setdefault(name, {})[f"{member} ({name})"] = (worker, endpoint.path())
+    return routed
+
+
+def _pairs(workers: Iterable[Worker]) -> list[tuple[str, int]]:
+    return [(w.namespace, w.instance_id) for w in workers]
 
 
 def check_last_workers(
@@ -465,100 +497,155 @@ def check_last_workers(
     entries: Iterable[tuple[str, bytes]],
     workers: Sequence[Worker],
     already_drained: Iterable[Worker] = (),
+    *,
+    boundary: BoundarySettings | None = None,
 ) -> tuple[Emptied, ...]:
-    """Say which models draining ``workers`` would leave unserved (empty: the drain may go)."""
-    out = set(workers) | set(already_drained)
+    """Say which models draining ``workers`` would leave unserved (empty: the drain may go).
+
+    ``boundary``: the discovery boundary's settings the frontends run with (a namespace filter
+    in them is not applied: the bucket is judged as a frontend watching every namespace).
+    """
     named = set(workers)
-    routable = _routable(listed_records(entries))
-    successors = {(model, place) for worker, model, place in routable if worker not in out}
+    out = named | set(already_drained)
+    answer = core_over(entries, _pairs(out - named), boundary=_every_namespace(boundary))
+    before = answer.now
+    routed = _routed(records, answer)
+    after = answer.after(_pairs(named))
     emptied: list[Emptied] = []
-    served = _served(records)
-    for frontend, models in sorted(served.items()):
+    for frontend, models in sorted(routed.items()):
         for model, members in sorted(models.items()):
-            touched = [m for m in members if _owned(m, named)]
-            if not touched or any(not _owned(m, out) for m in members):
+            holders = [worker for worker, _place in members.values()]
+            if not any(w in named for w in holders) or any(w not in out for w in holders):
                 continue
-            places = {"/".join(m.split("/")[:3]) for m in touched}
-            if any((model, place) in successors for place in places):
-                continue  # a routable successor of the same WorkerSet takes over (a handover)
-            emptied.append(Emptied(model, frontend, tuple(sorted(set(members)))))
+            places = {place for worker, place in members.values() if worker in named}
+            if any(after.places.get((model, place)) for place in places):
+                continue  # the core commits a successor of the same WorkerSet (a handover)
+            emptied.append(Emptied(model, frontend, tuple(sorted(members))))
     watched = set().union(*watched_namespaces(records).values())
-    unwatched: dict[str, set[Worker]] = {}
-    anywhere: dict[str, set[Worker]] = {}
-    for worker, model, _place in routable:
-        anywhere.setdefault(model, set()).add(worker)
-        if worker.namespace not in watched:
-            unwatched.setdefault(model, set()).add(worker)
-    for model, holders in sorted(unwatched.items()):
+    for model in sorted(before.models()):
+        serving = {Worker(*pair) for pair in before.workers(model)}
+        unwatched = {w for w in serving if w.namespace not in watched}
         # A frontend starting now, watching every namespace, would route to any routable,
-        # undrained worker of the model the bucket holds.
-        if holders & named and anywhere[model] <= out:
-            last = tuple(str(w) for w in sorted(holders))
-            emptied.append(Emptied(model, None, last))
+        # undrained worker of the model the core serves.
+        if unwatched & named and not after.workers(model):
+            emptied.append(Emptied(model, None, tuple(str(w) for w in sorted(unwatched))))
     return tuple(emptied)
 
 
-def models_of(entries: Iterable[tuple[str, bytes]], workers: Iterable[Worker]) -> list[str]:
-    """Every model a card of one of ``workers`` names, sorted: the budgets a drain takes."""
-    named = set(workers)
-    return sorted(
-        {r.model for r in listed_records(entries) if r.model is not None and r.worker in named}
-    )
+def _every_namespace(boundary: BoundarySettings | None) -> BoundarySettings | None:
+    if boundary is None:
+        return None
+    return dataclasses.replace(boundary, namespace=None, namespace_prefix=None)
+
+
+def models_of(
+    entries: Iterable[tuple[str, bytes]],
+    workers: Iterable[Worker],
+    *,
+    boundary: BoundarySettings | None = None,
+) -> list[str]:
+    """Every model the core routes to one of ``workers`` by, adapters too: the budgets taken."""
+    named = set(_pairs(workers))
+    served = core_over(entries, boundary=_every_namespace(boundary)).now
+    return sorted(model for model in served.models() if served.workers(model) & named)
 
 
 # ------------------------------------------------------------------------------ the budgets
 # A budget record's pending drains count as drained for every other drain's check, each from
 # the moment its command swapped it in until its drain record is seen (then the record says it)
-# or, if the command died between the swap and its write, for PENDING_WINDOW seconds. Each
-# swap keeps only the pending drains that still count, so a budget holds the drains of about
-# the last minute. A drain reads the budgets before it lists the drains in force: a pending
-# drain a later swap dropped because its record was seen is then in that listing.
+# or, if the command died between the swap and its write, for PENDING_WINDOW seconds by the
+# NATS server's clock: an entry is as old as the server's time now less the server's time of
+# the write that first held it (``since``, or the stored record's own time for an entry that
+# write added). An entry cannot be older than the record that carries it, so one stamped ahead
+# (a forged value) counts for PENDING_WINDOW after its write at most. Every swap writes the
+# record with a per-key TTL of PENDING_WINDOW as well, so a budget no drain touches any more is
+# removed by the server. Each swap keeps only the pending drains that still count. A drain
+# reads the budgets before it lists the drains in force: a pending drain a later swap dropped
+# because its record was seen is then in that listing.
 
 PENDING_WINDOW = 60.0
 
 
+def _since(p: Pending, stored_at: float | None) -> float | None:
+    if p.since is None:
+        return stored_at
+    return p.since if stored_at is None else min(p.since, stored_at)
+
+
 def _still_pending(
-    pending: Iterable[Pending], in_force: Iterable[Worker], now: float, window: float
+    model: str,
+    budget: BudgetRead,
+    in_force: Iterable[Worker],
+    now: float | None,
+    window: float,
 ) -> tuple[Pending, ...]:
+    """Return the entries of a budget that still count, each with its server time given."""
     recorded = set(in_force)
-    return tuple(
-        p
-        for p in pending
-        if Worker(p.namespace, p.instance_id) not in recorded and now - p.at < window
-    )
+    # Without the server's time now, the latest server time known is the record's own.
+    clock = now if now is not None else budget.stored_at
+    kept = []
+    for p in decode_budget_record(budget.raw, model):
+        since = _since(p, budget.stored_at)
+        if Worker(p.namespace, p.instance_id) in recorded:
+            continue
+        if since is not None and clock is not None and clock - since >= window:
+            continue
+        kept.append(Pending(p.namespace, p.instance_id, since))
+    return tuple(kept)
 
 
 def pending_drains(
-    budgets: Iterable[Sequence[Pending]],
+    budgets: Mapping[str, BudgetRead],
     in_force: Iterable[Worker],
-    now: float,
+    now: float | None,
     window: float = PENDING_WINDOW,
 ) -> set[Worker]:
-    """Return the workers the budgets hold as about to be drained, beyond those in force."""
+    """Return the workers the budgets hold as about to be drained, beyond those in force.
+
+    ``now`` is the NATS server's time (None when it did not say it).
+    """
     recorded = list(in_force)
     return {
         Worker(p.namespace, p.instance_id)
-        for pending in budgets
-        for p in _still_pending(pending, recorded, now, window)
+        for model, budget in budgets.items()
+        for p in _still_pending(model, budget, recorded, now, window)
     }
 
 
 def budget_after(
-    pending: Sequence[Pending],
+    model: str,
+    budget: BudgetRead,
     workers: Iterable[Worker],
     in_force: Iterable[Worker],
-    now: float,
+    now: float | None,
     window: float = PENDING_WINDOW,
-) -> tuple[Pending, ...]:
-    """Return a budget's pending drains once ``workers`` join them (lapsed ones left out)."""
+) -> bytes:
+    """Return a budget record once ``workers`` join its pending drains (lapsed ones left out).
+
+    The workers added carry no time: the server's time of the write that stores them is theirs.
+    """
     adding = {(w.namespace, w.instance_id) for w in workers}
     kept = [
         p
-        for p in _still_pending(pending, in_force, now, window)
+        for p in _still_pending(model, budget, in_force, now, window)
         if (p.namespace, p.instance_id) not in adding
     ]
-    kept.extend(Pending(namespace, instance_id, now) for namespace, instance_id in sorted(adding))
-    return tuple(sorted(kept))
+    kept.extend(Pending(namespace, instance_id) for namespace, instance_id in sorted(adding))
+    return encode_budget_record(model, tuple(kept))
+
+
+def budget_released(model: str, budget: BudgetRead, workers: Iterable[Worker]) -> bytes | None:
+    """Return a budget record with ``workers`` taken out (None: none of them is in it)."""
+    ours = {(w.namespace, w.instance_id) for w in workers}
+    pending = decode_budget_record(budget.raw, model)
+    kept = tuple(
+        Pending(p.namespace, p.instance_id, _since(p, budget.stored_at))
+        for p in pending
+        if (p.namespace, p.instance_id) not in ours
+    )
+    if len(kept) == len(pending):
+        return None
+    return encode_budget_record(model, kept)
 
 
 def wait_namespaces(before: Sequence[Record], workers: Sequence[Worker]) -> set[str]:
