@@ -25,6 +25,8 @@ import contextlib
 import importlib
 import logging
 import math
+import os
+import select
 import signal
 import sys
 import typing
@@ -47,6 +49,8 @@ from workerset_admission.cli.exits import (
 from workerset_admission.errors import (
     StoreUnavailable,
     Unreachable,
+    WorkersetAdmissionError,
+    error_in_words,
     wire_text,
 )
 
@@ -397,17 +401,63 @@ def run_command(name: str, args: argparse.Namespace) -> int:
         return asyncio.run(_run(lambda: module.main(name, args, stop), stop, waits, interrupted))
     except KeyboardInterrupt:
         return COMMANDS[name].interrupted_status
+    except BrokenPipeError as error:
+        if not _stdout_closed():
+            return _failed(name, error)
+        return _quiet_on_closed_stdout()
     except Exception as error:
-        error = _refusal_behind(error)
-        status = exit_status(error)
-        text = str(error) or type(error).__name__
-        if status == EXIT_UNREACHABLE and not isinstance(error, (Unreachable, StoreUnavailable)):
-            text = f"cannot reach NATS: {text}"
-        # One line, whatever the error quotes from the wire (a host, a key, a model name).
-        print(f"workerset-admission {name}: {wire_text(text, _LINE_LIMIT)}", file=sys.stderr)
-        if status == EXIT_FAILED:
-            logging.getLogger(__name__).debug("%s failed", name, exc_info=error)
-        return status
+        return _failed(name, error)
+
+
+def _failed(name: str, error: Exception) -> int:
+    """Say on one line what ended a command, and return its status from the table."""
+    error = _refusal_behind(error)
+    status = exit_status(error)
+    text = _in_words(error)
+    if status == EXIT_UNREACHABLE and not isinstance(error, (Unreachable, StoreUnavailable)):
+        text = f"cannot reach NATS: {text}"
+    # One line, whatever the error quotes from the wire (a host, a key, a model name).
+    print(f"workerset-admission {name}: {wire_text(text, _LINE_LIMIT)}", file=sys.stderr)
+    if status == EXIT_FAILED:
+        logging.getLogger(__name__).debug("%s failed", name, exc_info=error)
+    return status
+
+
+def _in_words(error: Exception) -> str:
+    """Say an error in words: its own message, or for a bare library error what it means."""
+    if isinstance(error, WorkersetAdmissionError):
+        return str(error) or error_in_words(error)
+    return error_in_words(error)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``| head -1``).
+
+    A broken pipe can also be a NATS connection the server closed: only a standard output
+    the poll reports in error is the reader that went away.
+    """
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):  # no real descriptor, or no poll here
+        return False
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _fd, events in poller.poll(0))
+
+
+def _quiet_on_closed_stdout() -> int:
+    """End a command whose reader closed standard output: quietly, with status 0.
+
+    What the reader wanted it read (``head -1`` took its line); the rest has nowhere to go.
+    Standard output is pointed at /dev/null so the interpreter's last flush at exit does not
+    fail too (what the Python documentation advises for SIGPIPE).
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return EXIT_OK
 
 
 # The longest error line a command prints (what it quotes from the wire is escaped and cut).
@@ -438,7 +488,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(see workerset-admission {args.command} --help)\n",
         )
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
-    return run_command(args.command, args)
+    status = run_command(args.command, args)
+    try:
+        # What is still buffered goes now, where a closed pipe can be told apart.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _quiet_on_closed_stdout()
+    return status
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ process that is alive but no longer works is restarted like a dead one:
   silent for ``STALLED_AFTER`` (20) seconds (served from a thread of its own, so it can say so
   while the loop is stuck; a paused process answers nothing, which a probe's timeout counts as
   a failure too); ``GET /readyz`` answers 200 once the service applied its first discovery
-  listing. Kubernetes' liveness probe reads the first, its readiness probe the second.
+  listing. Kubernetes' liveness probe reads the first, its readiness probe the second. A
+  probe that gave up before its answer (its timeout ran out while the process was paused)
+  costs one DEBUG line, not a traceback.
 
 A restart costs the frontend nothing: the admitted view outlives its writer for its horizon,
 and the restarted writer adopts it.
@@ -22,6 +24,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,6 +74,17 @@ class SystemdNotifier:
             self._socket = None
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """An HTTP server that lets a client that hung up go with one DEBUG line, not a traceback."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        failure = sys.exc_info()[1]
+        if isinstance(failure, ConnectionError):
+            _log.debug("a probe from %s went away: %s", client_address, failure)
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 class HealthServer:
     """``/livez`` and ``/readyz`` over HTTP, on a thread of their own."""
 
@@ -89,11 +103,17 @@ class HealthServer:
             def do_GET(self) -> None:
                 status, body = outer.answer(self.path)
                 data = json.dumps(body, sort_keys=True).encode() + b"\n"
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except ConnectionError as exc:
+                    # The probe gave up first (its timeout ran out while the process was
+                    # paused or busy): nobody is left to read the answer.
+                    _log.debug("a %s probe went away before its answer: %s", self.path, exc)
+                    self.close_connection = True
 
             def log_message(self, format: str, *args: object) -> None:
                 return  # probes every few seconds would flood the log
@@ -101,7 +121,7 @@ class HealthServer:
         self._watch = watch
         self._ready = ready
         self._stalled_after = stalled_after
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server = _QuietServer((host, port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="workerset-admission-health", daemon=True
