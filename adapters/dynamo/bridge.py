@@ -195,6 +195,7 @@ class DiscoveryBridge:
         clock: Callable[[], float] = time.time,
         scan: Callable[[Path], FileStoreScan] | None = None,
         key_of: Callable[[FileRecord], str] | None = None,
+        reader: FileStoreReader | None = None,
     ) -> None:
         self._root = root
         self._writer = writer
@@ -205,11 +206,14 @@ class DiscoveryBridge:
         self._reconcile_interval = reconcile_interval
         # mtimes are wall-clock, so expiry compares against wall-clock time too.
         self._clock = clock
-        # The reader's memory of the last scan serves the removal shortcut; a scan given from
-        # outside has none, and then every change waits for a pass.
-        self._reader: FileStoreReader | None = None
+        # The reader's memory of the last scan serves the removal shortcut; a bare scan given
+        # from outside has none, and then every change waits for a pass. A reader given (one
+        # with the settings' size limit) keeps the shortcut.
+        if scan is not None and reader is not None:
+            raise ValueError("give a bridge either a scan or a reader, not both")
+        self._reader: FileStoreReader | None = reader
         if scan is None:
-            self._reader = FileStoreReader()
+            self._reader = reader or FileStoreReader()
             scan = self._reader.scan
         self._scan = scan
         self._key_of = key_of or bucket_key_for

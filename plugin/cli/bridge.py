@@ -99,7 +99,9 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
             prune=args.prune,
             notify=args.notify,
             reconcile_interval=args.heal_interval,
-            scan=FileStoreReader(settings.max_value_bytes).scan,
+            # The reader itself, not its scan: its memory of the last scan is what deletes a
+            # record inotify saw removed at once, before the pass that confirms it.
+            reader=FileStoreReader(settings.max_value_bytes),
         )
         woken.append(bridge.wake)
         if args.once:
