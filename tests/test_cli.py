@@ -327,7 +327,7 @@ def test_only_bridge_shows_the_etcd_flags_and_only_serve_the_service_limits() ->
         # replay and explain apply a tenure hold of their own, as the service would.
         assert ("--tenure-hold" in flags) is (name in {"serve", "replay", "explain"}), name
         assert ("--max-concurrent-builds" in flags) is (name == "serve"), name
-        assert ("--prometheus-port" in flags) is (name == "serve"), name
+        assert ("--prometheus-port" in flags) is (name in {"serve", "bridge"}), name
 
 
 def test_the_bridge_says_it_reads_a_file_store_or_etcd() -> None:

@@ -177,7 +177,17 @@ COMMANDS: dict[str, CommandSpec] = {
         "mirror Dynamo's discovery store (its file store, or etcd with --etcd) into the NATS "
         "discovery bucket",
         connects=True,
-        settings=("discovery_bucket", "bucket_replicas", "max_value_bytes", *_ETCD_SETTINGS),
+        settings=(
+            "discovery_bucket",
+            "bucket_replicas",
+            "max_value_bytes",
+            # Its supervisors' endpoints: liveness, readiness and its lag, as serve's.
+            "health_port",
+            "health_host",
+            "prometheus_port",
+            "prometheus_host",
+            *_ETCD_SETTINGS,
+        ),
         runs_until_stopped=True,
     ),
     "register": CommandSpec(

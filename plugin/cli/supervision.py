@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from workerset_admission.service.loop_watch import STALLED_AFTER, LoopWatch
 
-__all__ = ["HealthServer", "SystemdNotifier"]
+__all__ = ["HealthServer", "Probe", "SystemdNotifier"]
 
 _log = logging.getLogger("workerset_admission.cli")
 
@@ -60,12 +60,21 @@ class SystemdNotifier:
         except OSError as exc:  # systemd gone or the socket full: the next beat tries again
             _log.debug("sd_notify %r failed: %s", message, exc)
 
-    def follow(self, watch: LoopWatch) -> None:
-        """Say ready now, and ping the watchdog at every beat of ``watch``."""
+    def follow(self, watch: LoopWatch, healthy: Callable[[], bool] | None = None) -> None:
+        """Say ready now, and ping the watchdog at every beat of ``watch``.
+
+        With ``healthy``, only at the beats when it says so: a process whose loop turns but
+        whose work stopped (a bridge whose source loop hangs) misses the watchdog too.
+        """
         if self._socket is None:
             return
         self.notify("READY=1")
-        watch.on_beat(lambda: self.notify("WATCHDOG=1"))
+
+        def ping() -> None:
+            if healthy is None or healthy():
+                self.notify("WATCHDOG=1")
+
+        watch.on_beat(ping)
 
     def close(self) -> None:
         if self._socket is not None:
@@ -85,8 +94,17 @@ class _QuietServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
+Probe = Callable[[], tuple[bool, dict[str, object]]]
+"""A check of one's own: whether it passes, and what the answer's body says of it."""
+
+
 class HealthServer:
-    """``/livez`` and ``/readyz`` over HTTP, on a thread of their own."""
+    """``/livez`` and ``/readyz`` over HTTP, on a thread of their own.
+
+    ``liveness`` and ``readiness``, when given, are checks of the process's own beside the
+    loop's beat and ``ready`` (a bridge's source loop and its lag): each must pass too, and
+    its figures join the answer's body. They are called on the server's thread.
+    """
 
     def __init__(
         self,
@@ -96,6 +114,8 @@ class HealthServer:
         port: int = 0,
         *,
         stalled_after: float = STALLED_AFTER,
+        liveness: Probe | None = None,
+        readiness: Probe | None = None,
     ) -> None:
         outer = self
 
@@ -120,6 +140,8 @@ class HealthServer:
 
         self._watch = watch
         self._ready = ready
+        self._liveness = liveness
+        self._readiness = readiness
         self._stalled_after = stalled_after
         self._server = _QuietServer((host, port), Handler)
         self._server.daemon_threads = True
@@ -143,10 +165,20 @@ class HealthServer:
                 "stalls": self._watch.stalls,
                 "longest_stall": round(self._watch.longest_stall, 3),
             }
-            return (200 if turning else 503), body
+            live = turning
+            if self._liveness is not None:
+                passes, figures = self._liveness()
+                body.update(figures)
+                live = live and passes
+            return (200 if live else 503), body
         if path == "/readyz":
             ready = self._ready()
-            return (200 if ready else 503), {"synced": ready, "silent_for": silent}
+            answer: dict[str, object] = {"synced": ready, "silent_for": silent}
+            if self._readiness is not None:
+                passes, figures = self._readiness()
+                answer.update(figures)
+                ready = ready and passes
+            return (200 if ready else 503), answer
         return 404, {"error": "not found: try /livez or /readyz"}
 
     def start(self) -> None:
