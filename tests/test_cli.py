@@ -415,3 +415,40 @@ def test_error_lines_say_a_timeout_and_no_server_in_words() -> None:
     assert error_in_words(asyncio.TimeoutError(), timeout=2.5) == "timed out after 2.5 s"
     assert error_in_words(TimeoutError()) == "timed out"
     assert "()" not in error_in_words(ValueError())
+
+
+def test_explain_shows_an_undrain_in_the_history_of_the_worker_it_returns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workerset_admission.card.drain_record import encode_drain_record
+    from workerset_admission.identity import Drain
+    from workerset_admission.keys import drain_kv_key
+
+    card = base_card(16)
+    lines: list[dict[str, object]] = [
+        {
+            "kind": "put",
+            "key": model_kv_key(EP, i),
+            "value": encode_model_record(EP, i, card).decode(),
+        }
+        for i in (1, 2)
+    ]
+    drain = Drain(EP.namespace, 2, by="ops")
+    lines.append(
+        {
+            "kind": "put",
+            "key": drain_kv_key(EP.namespace, 2),
+            "value": encode_drain_record(drain).decode(),
+        }
+    )
+    lines.append({"kind": "delete", "key": drain_kv_key(EP.namespace, 2), "operation": "delete"})
+    trace = tmp_path / "undrain.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    assert cli.main(["explain", str(trace), "2"]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    events = [line.strip() for line in out.splitlines() if line.strip().startswith("line ")]
+    assert events == [
+        "line 2: valid record (" + events[0].split("(")[1],
+        "line 3: drained by ops",
+        "line 4: undrained: rejoins its cohort as a returning member",
+    ]
