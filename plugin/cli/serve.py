@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -38,6 +40,7 @@ __all__ = [
     "say",
     "serve_file",
     "start_serve_telemetry",
+    "view_store_mismatch",
     "with_progress",
 ]
 
@@ -175,6 +178,9 @@ async def _serve_service(
 
             # Checked and locked before anything starts: a bad directory costs no connection.
             view_files = DirectoryFiles.open(settings.view_dir)
+            mismatch = view_store_mismatch(settings.view_dir, os.environ)
+            if mismatch is not None:
+                logging.getLogger("workerset_admission.cli").warning("%s", mismatch)
             stack.callback(view_files.release)
         servers: Sequence[str] | None = None
         if settings.embedded:
@@ -228,6 +234,25 @@ async def _serve_service(
             gc.freeze()
         await service.run()
     return 0
+
+
+def view_store_mismatch(view_dir: Path, environ: Mapping[str, str]) -> str | None:
+    """Say when ``DYN_FILE_KV`` in serve's own environment names another directory than the view.
+
+    Only a warning: serve usually runs in another container or unit than the frontend, whose
+    ``DYN_FILE_KV`` it cannot see; where the two share an environment (one pod's env, one
+    settings file), a frontend reading that other directory would never see the admitted view.
+    Without ``DYN_FILE_KV`` nothing is said.
+    """
+    store = environ.get("DYN_FILE_KV")
+    if not store or os.path.realpath(store) == os.path.realpath(view_dir):
+        return None
+    return (
+        f"the view directory {view_dir} is not DYN_FILE_KV={store} of this environment: the "
+        "frontend must have the view directory as its DYN_FILE_KV (a frontend on "
+        f"{store} never sees the admitted view); if {store} is the workers' store, as a "
+        "bridge beside serve reads it, this is as it should be"
+    )
 
 
 def _supervise(
