@@ -452,3 +452,23 @@ def test_explain_shows_an_undrain_in_the_history_of_the_worker_it_returns(
         "line 3: drained by ops",
         "line 4: undrained: rejoins its cohort as a returning member",
     ]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"],
+        ["record", "--duration", "1"],
+        ["drain", "--namespace", "ns", "--all", "--timeout", "1"],
+    ],
+    ids=["status", "record", "drain"],
+)
+def test_an_unreachable_server_is_said_in_words_not_as_an_exception_repr(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _closed_port_url()
+    assert cli.main([*argv, "--nats-server", url]) == cli.EXIT_UNREACHABLE
+    err = capsys.readouterr().err
+    assert "no NATS server answered" in err
+    assert url in err
+    assert "Error()" not in err

@@ -59,6 +59,7 @@ from workerset_admission.errors import (
     InvalidRecordError,
     StoreCompacted,
     StoreUnavailable,
+    error_in_words,
     wire_text,
 )
 from workerset_admission.mirror import BucketWriter, Change, removal_order
@@ -236,7 +237,8 @@ class EtcdDiscoveryBridge:
             try:
                 await self._mirror.start()
             except Exception as exc:  # retried like an unreadable store
-                raise StoreUnavailable(f"the bucket could not be read: {exc}") from exc
+                words = error_in_words(exc)
+                raise StoreUnavailable(f"the bucket could not be read: {words}") from exc
             self._started = True
         desired: dict[str, bytes] = {}
         created: dict[str, int] = {}

@@ -131,7 +131,7 @@ class NatsRecordSource:
             return BucketRead(problem=f"no NATS server answered within {wait}: {servers}")
         except (OSError, NatsError) as error:
             servers = servers_for_display(self._options.servers)
-            problem = error_in_words(error, where=servers)
+            problem = error_in_words(error)
             return BucketRead(problem=f"cannot connect to {servers}: {problem}")
 
         async def reuse(_callbacks: ConnectionCallbacks) -> NatsClient:

@@ -439,7 +439,7 @@ async def probe_bucket(options: NatsConnectOptions, bucket: str, timeout: float 
         raise Unreachable(f"no NATS server answered within {timeout:g} s: {where}") from None
     except (OSError, NatsError) as error:
         raise Unreachable(
-            f"cannot connect to {where}: {error_in_words(error, where=where, timeout=timeout)}"
+            f"cannot connect to {where}: {error_in_words(error, timeout=timeout)}"
         ) from None
     try:
         await client.jetstream(timeout=timeout).stream_info(stream_name(bucket))

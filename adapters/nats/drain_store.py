@@ -82,12 +82,12 @@ class NatsDrainStore:
                 if self._clock() >= deadline:
                     raise Unreachable(
                         f"cannot reach NATS at {servers}: "
-                        f"{error_in_words(error, where=servers, timeout=_REQUEST_TIMEOUT)}"
+                        f"{error_in_words(error, timeout=_REQUEST_TIMEOUT)}"
                     ) from None
                 if not told:
                     self._progress(
                         f"waiting for NATS at {servers} "
-                        f"({error_in_words(error, where=servers, timeout=_REQUEST_TIMEOUT)})"
+                        f"({error_in_words(error, timeout=_REQUEST_TIMEOUT)})"
                     )
                     told = True
                 await asyncio.sleep(0.5)

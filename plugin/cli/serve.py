@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from workerset_admission.card.differences import Difference, summarize
 from workerset_admission.cli import connection, positive_seconds
-from workerset_admission.errors import TABLE_LINE_LIMIT, Unreachable, UsageError, wire_text
+from workerset_admission.errors import (
+    TABLE_LINE_LIMIT,
+    Unreachable,
+    UsageError,
+    error_in_words,
+    wire_text,
+)
 from workerset_admission.identity import with_id_strings
 from workerset_admission.rollout.gate import Disagreement, disagreements_with
 from workerset_admission.settings import Settings
@@ -311,7 +317,7 @@ async def _start_keeping_the_view(
                 if keeper.serving
                 else "the view is empty until the first sync"
             )
-            say(f"cannot reach NATS yet ({exc}); {kept}; retrying in {delay:g} s")
+            say(f"cannot reach NATS yet ({error_in_words(exc)}); {kept}; retrying in {delay:g} s")
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline and keeper is not None:
             keeper.keep_alive()
