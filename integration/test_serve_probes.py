@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ def _status(url: str, timeout: float) -> int | None:
             return int(answer.status)
     except urllib.error.HTTPError as refused:
         return refused.code
-    except (TimeoutError, socket.timeout, urllib.error.URLError):
+    except (TimeoutError, urllib.error.URLError):
         return None
 
 
