@@ -12,6 +12,9 @@ work and returns an exit status. This runner does the rest, the same way for eve
   signal cancels whatever is left;
 * one table from errors to exit statuses (:data:`EXIT_STATUSES`), and one message format:
   ``workerset-admission <command>: <what went wrong>`` on standard error, no traceback.
+* a standard output whose reader went away (``status | head -1``) ends the command quietly
+  with status 0, as for any Unix filter; a broken pipe elsewhere (a NATS connection) is an
+  error like any other.
 
 Importing this module pulls in neither NATS nor OpenTelemetry, so an offline ``replay`` stays
 light.
@@ -414,6 +417,9 @@ def run_command(name: str, args: argparse.Namespace) -> int:
     except BrokenPipeError as error:
         if not _stdout_closed():
             return _failed(name, error)
+        # Said only where the command logs at INFO (serve): a service that stops because its
+        # reader left should not vanish without a word.
+        logging.getLogger(__name__).info("%s: standard output was closed; stopping", name)
         return _quiet_on_closed_stdout()
     except Exception as error:
         return _failed(name, error)
