@@ -24,6 +24,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from etcdfixture import EtcdServer
 from natsfixture import NatsServer
 from workerset_admission.adapters.bridge_progress import BridgeProgress
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
@@ -120,6 +121,22 @@ def _cli_env() -> dict[str, str]:
     return env
 
 
+def _endpoints(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """Read the health and metrics addresses the bridge names on standard error."""
+    assert process.stderr is not None
+    health = metrics = None
+    deadline = time.monotonic() + 30
+    while health is None or metrics is None:
+        assert time.monotonic() < deadline, "the bridge named no endpoints"
+        line = process.stderr.readline()
+        assert line, "the bridge ended before naming its endpoints"
+        if found := re.search(r"liveness on (http://\S+)/livez", line):
+            health = found.group(1)
+        if found := re.search(r"Prometheus metrics on (http://\S+)", line):
+            metrics = found.group(1)
+    return health, metrics
+
+
 def _until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -138,7 +155,7 @@ def test_the_bridge_command_serves_probes_and_lag_and_pings_the_watchdog(
     env = {**_cli_env(), "NOTIFY_SOCKET": str(notify)}
     command = [
         *(sys.executable, "-m", "workerset_admission.cli", "bridge"),
-        *("--file-kv", str(store), "--interval", "0.1", "--ttl", "300", "--max-lag", "1"),
+        *("--file-kv", str(store), "--interval", "0.1", "--ttl", "300", "--max-lag", "0.5"),
         *("--health-port", "0", "--prometheus-port", "0"),
         *("--nats-server", nats_server.url, "--discovery-bucket", bucket_name),
     ]
@@ -146,25 +163,16 @@ def test_the_bridge_command_serves_probes_and_lag_and_pings_the_watchdog(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     try:
-        assert process.stderr is not None
-        health = metrics = None
-        deadline = time.monotonic() + 30
-        while health is None or metrics is None:
-            assert time.monotonic() < deadline, "the bridge named no endpoints"
-            line = process.stderr.readline()
-            assert line, "the bridge ended before naming its endpoints"
-            if found := re.search(r"liveness on (http://\S+)/livez", line):
-                health = found.group(1)
-            if found := re.search(r"Prometheus metrics on (http://\S+)", line):
-                metrics = found.group(1)
-        heard = [listener.recv(64) for _ in range(3)]
-        assert heard == [b"READY=1", b"WATCHDOG=1", b"WATCHDOG=1"]
+        health, metrics = _endpoints(process)
 
         def answers(path: str, status: int) -> None:
             _until(lambda: _get(f"{health}{path}")[0] == status, f"{path} answers {status}")
 
         answers("/readyz", 200)
         assert _metric(metrics, LAG) < 1.0
+        # By now systemd would have heard it: ready, then a ping at each beat of a working loop.
+        heard = [listener.recv(64) for _ in range(3)]
+        assert heard == [b"READY=1", b"WATCHDOG=1", b"WATCHDOG=1"]
         # The store goes (an unmounted volume): the bridge keeps trying, so it stays live; the
         # bucket is no longer known to hold what the store holds, so it is not ready.
         store.rename(tmp_path / "unmounted")
@@ -180,6 +188,40 @@ def test_the_bridge_command_serves_probes_and_lag_and_pings_the_watchdog(
         assert process.wait(timeout=30) == 0
     finally:
         listener.close()
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_the_etcd_bridge_is_ready_once_listed_and_its_lag_grows_while_etcd_is_gone(
+    nats_server: NatsServer, bucket_name: str, etcd_server: EtcdServer
+) -> None:
+    command = [
+        *(sys.executable, "-m", "workerset_admission.cli", "bridge", "--etcd", etcd_server.url),
+        *("--health-port", "0", "--prometheus-port", "0"),
+        *("--nats-server", nats_server.url, "--discovery-bucket", bucket_name),
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_cli_env()
+    )
+    try:
+        health, metrics = _endpoints(process)
+        _until(lambda: _get(f"{health}/readyz")[0] == 200, "/readyz answers 200")
+        status, body = _get(f"{health}/livez")
+        assert (status, body["source_loop"]) == (200, "turning")
+        etcd_server.stop()
+        # Nothing can put the bucket in sync while etcd is gone: the lag only grows, and the
+        # bridge, retrying, stays live.
+        first = _metric(metrics, LAG)
+        time.sleep(1.0)
+        assert _metric(metrics, LAG) >= first + 0.9
+        assert _get(f"{health}/livez")[0] == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
         if process.poll() is None:
             process.kill()
         process.wait(timeout=10)
