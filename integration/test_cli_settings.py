@@ -198,7 +198,8 @@ async def test_bridge_reads_the_settings_it_shows_over_a_file_store_and_etcd(
     on_files = await reads_of(
         main_of(bridge, "bridge"),
         parse(["bridge", "--once", "--file-kv", str(store)]),
-        settings_for(nats_server.url, bucket_name),
+        # Port 0: its health and metrics endpoints on free ports, so their hosts are read too.
+        settings_for(nats_server.url, bucket_name, health_port=0, prometheus_port=0),
     )
     on_etcd = await reads_of(
         main_of(bridge, "bridge"),

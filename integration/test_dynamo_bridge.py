@@ -313,7 +313,8 @@ async def test_the_bridge_command_mirrors_until_terminated_then_prints_its_count
     (store / "v1" / "mdc" / "ns%2Fbackend%2Fgenerate%2Fab12").write_bytes(b'{"type":"Model"}')
     command = [
         *(sys.executable, "-m", "workerset_admission.cli", "bridge"),
-        *("--file-kv", str(store), "--interval", "0.1"),
+        # A long interval: the removal below is inotify's to report, not a timed pass's.
+        *("--file-kv", str(store), "--interval", "2"),
         # Nothing refreshes the record as its owner would: a TTL longer than the test keeps a
         # slow start (a loaded machine) from finding it already expired.
         *("--ttl", "300"),
@@ -328,6 +329,12 @@ async def test_the_bridge_command_mirrors_until_terminated_then_prints_its_count
         while await _value(bucket, "v1.mdc.ns.backend.generate.ab12") is None:
             assert loop.time() < deadline, "the bridge command wrote nothing within 30 s"
             await asyncio.sleep(0.1)
+        # A worker that stops removes its file: inotify reports it, and the bridge deletes the
+        # key at once, before its next pass.
+        (store / "v1" / "mdc" / "ns%2Fbackend%2Fgenerate%2Fab12").unlink()
+        while await _value(bucket, "v1.mdc.ns.backend.generate.ab12") is not None:
+            assert loop.time() < deadline, "the bridge command deleted nothing within 30 s"
+            await asyncio.sleep(0.05)
         process.terminate()
         stdout, _stderr = await asyncio.wait_for(process.communicate(), 30)
     finally:
@@ -336,4 +343,7 @@ async def test_the_bridge_command_mirrors_until_terminated_then_prints_its_count
             await process.wait()
 
     assert process.returncode == 0
-    assert json.loads(stdout)["puts"] == 1
+    counters = json.loads(stdout)
+    assert counters["puts"] == 1
+    assert counters["removed"] == 1
+    assert counters["removed_at_once"] == 1, counters

@@ -61,6 +61,7 @@ __all__ = [
     "ViewDirectoryUnavailable",
     "WorkersetAdmissionError",
     "bounded_text",
+    "error_in_words",
     "wire_text",
 ]
 
@@ -126,6 +127,42 @@ def wire_text(value: object, limit: int = DETAIL_LIMIT) -> str:
     """
     text = value if isinstance(value, str) else str(value)
     return bounded_text(_UNPRINTABLE.sub(_escape, text), limit)
+
+
+def error_in_words(
+    error: BaseException, *, where: str | None = None, timeout: float | None = None
+) -> str:
+    """Say what a failure was in words, for a one-line message: never the exception's repr.
+
+    A timeout (whose text is empty) reads "timed out after 5 s"; an OS error its own words
+    without the errno prefix; the NATS client's errors without their ``nats:`` prefix, and
+    "no servers available" as "no NATS server answered at <where>". Anything else is its text,
+    or its class name spelled out when it has none.
+    """
+    # By name, not by class: this module imports neither asyncio nor the NATS client, and on
+    # Python 3.10 asyncio's TimeoutError is not the builtin one.
+    kinds = {kind.__name__ for kind in type(error).__mro__}
+    name = type(error).__name__
+    if name == "NoServersError":
+        return f"no NATS server answered at {where}" if where else "no NATS server answered"
+    if name == "NoRespondersError":
+        return "nothing answers on that subject (no responders)"
+    if "TimeoutError" in kinds:
+        return f"timed out after {timeout:g} s" if timeout is not None else "timed out"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror[:1].lower() + error.strerror[1:] + _os_detail(error)
+    text = str(error).removeprefix("nats: ").strip()
+    if text:
+        return text
+    # "ConnectionClosedError" -> "connection closed error"
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", name).lower()
+
+
+def _os_detail(error: OSError) -> str:
+    # What asyncio adds after the errno's words (the address it tried), if anything.
+    text = str(error)
+    head = f"[Errno {error.errno}] {error.strerror}"
+    return text[len(head) :] if text.startswith(head) else ""
 
 
 REFUSAL_REASONS: Final[frozenset[str]] = frozenset(

@@ -67,6 +67,10 @@ __all__ = [
     "LABEL_STATE",
     "LABEL_STATUS",
     "METRIC_ADMISSION_LATENCY",
+    "METRIC_BRIDGE_LAG",
+    "METRIC_BRIDGE_LAST_WRITE_AGE",
+    "METRIC_BRIDGE_SOURCE_SILENT",
+    "METRIC_BRIDGE_UNWRITTEN",
     "METRIC_BUILDS",
     "METRIC_BUILD_DURATION",
     "METRIC_GROUPS",
@@ -197,6 +201,11 @@ METRIC_INCUMBENT_SINCE: Final = f"{PREFIX}.incumbent.since"
 METRIC_REJECTED_COHORT_WORKERS: Final = f"{PREFIX}.rejected_cohort.workers"
 METRIC_HOLDS: Final = f"{PREFIX}.holds"
 METRIC_VIEW_LAG: Final = f"{PREFIX}.view.lag"
+# The bridges' (``workerset-admission bridge``): how far behind its source the bucket is.
+METRIC_BRIDGE_LAG: Final = f"{PREFIX}.bridge.lag"
+METRIC_BRIDGE_UNWRITTEN: Final = f"{PREFIX}.bridge.unwritten"
+METRIC_BRIDGE_LAST_WRITE_AGE: Final = f"{PREFIX}.bridge.last_write.age"
+METRIC_BRIDGE_SOURCE_SILENT: Final = f"{PREFIX}.bridge.source_loop.silent"
 
 # Every status the core's transition table knows; the gauge reports each of them (zero
 # included) so a status that empties shows 0 instead of a series that silently vanishes.

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import socket
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -343,7 +345,7 @@ def test_only_bridge_shows_the_etcd_flags_and_only_serve_the_service_limits() ->
         # replay and explain apply a tenure hold of their own, as the service would.
         assert ("--tenure-hold" in flags) is (name in {"serve", "replay", "explain"}), name
         assert ("--max-concurrent-builds" in flags) is (name == "serve"), name
-        assert ("--prometheus-port" in flags) is (name == "serve"), name
+        assert ("--prometheus-port" in flags) is (name in {"serve", "bridge"}), name
 
 
 def test_the_bridge_says_it_reads_a_file_store_or_etcd() -> None:
@@ -373,3 +375,118 @@ def test_bridge_etcd_without_the_etcd_extra_says_so_in_one_line(
         "workerset-admission bridge: --etcd needs the etcd extra (aetcd is not installed): "
         "pip install '.[etcd]' in a checkout\n"
     )
+
+
+def _run_with_stdout_closed(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run the command line with a standard output whose reader has already gone."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before the first line, as after `| head -0`
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "workerset_admission.cli", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+
+
+def test_status_0_a_closed_stdout_pipe_ends_a_command_quietly(tmp_path: Path) -> None:
+    done = _run_with_stdout_closed(["replay", str(_trace(tmp_path))])
+    assert done.returncode == cli.EXIT_OK, done.stderr
+    # What a replay says on stderr anyway (its trace carries no times), and nothing more.
+    assert "pipe" not in done.stderr.lower()
+    assert "Traceback" not in done.stderr
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_reported(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A NATS connection the server closed also raises BrokenPipeError: that one is an outage.
+    failing = types.ModuleType("pipe_command")
+
+    def arguments(name: str, parser: argparse.ArgumentParser) -> None:
+        del name, parser
+
+    async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    failing.arguments = arguments  # type: ignore[attr-defined]
+    failing.main = main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pipe_command", failing)
+    monkeypatch.setitem(cli.COMMANDS, "pipe", cli.CommandSpec("pipe_command", "pipes", False))
+    assert cli.main(["pipe"]) == cli.EXIT_UNREACHABLE
+    assert capsys.readouterr().err == "workerset-admission pipe: cannot reach NATS: broken pipe\n"
+
+
+def test_error_lines_say_a_timeout_and_no_server_in_words() -> None:
+    from nats.errors import NoServersError
+    from nats.errors import TimeoutError as NatsTimeoutError
+    from workerset_admission.errors import error_in_words
+
+    where = "nats://127.0.0.1:4222"
+    assert error_in_words(NoServersError(), where=where) == f"no NATS server answered at {where}"
+    assert error_in_words(NatsTimeoutError(), timeout=5) == "timed out after 5 s"
+    assert error_in_words(asyncio.TimeoutError(), timeout=2.5) == "timed out after 2.5 s"
+    assert error_in_words(TimeoutError()) == "timed out"
+    assert "()" not in error_in_words(ValueError())
+
+
+def test_explain_shows_an_undrain_in_the_history_of_the_worker_it_returns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workerset_admission.card.drain_record import encode_drain_record
+    from workerset_admission.identity import Drain
+    from workerset_admission.keys import drain_kv_key
+
+    card = base_card(16)
+    lines: list[dict[str, object]] = [
+        {
+            "kind": "put",
+            "key": model_kv_key(EP, i),
+            "value": encode_model_record(EP, i, card).decode(),
+        }
+        for i in (1, 2)
+    ]
+    drain = Drain(EP.namespace, 2, by="ops")
+    lines.append(
+        {
+            "kind": "put",
+            "key": drain_kv_key(EP.namespace, 2),
+            "value": encode_drain_record(drain).decode(),
+        }
+    )
+    lines.append({"kind": "delete", "key": drain_kv_key(EP.namespace, 2), "operation": "delete"})
+    trace = tmp_path / "undrain.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    assert cli.main(["explain", str(trace), "2"]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    events = [line.strip() for line in out.splitlines() if line.strip().startswith("line ")]
+    assert events == [
+        "line 2: valid record (" + events[0].split("(")[1],
+        "line 3: drained by ops",
+        "line 4: undrained: rejoins its cohort as a returning member",
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"],
+        ["record", "--duration", "1"],
+        ["drain", "--namespace", "ns", "--all", "--timeout", "1"],
+    ],
+    ids=["status", "record", "drain"],
+)
+def test_an_unreachable_server_is_said_in_words_not_as_an_exception_repr(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _closed_port_url()
+    assert cli.main([*argv, "--nats-server", url]) == cli.EXIT_UNREACHABLE
+    err = capsys.readouterr().err
+    assert "no NATS server answered" in err
+    assert url in err
+    assert "Error()" not in err

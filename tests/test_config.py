@@ -207,3 +207,18 @@ def test_credentials_inside_server_urls_are_masked_wherever_settings_are_shown()
     assert "tok3n" not in text
     assert text == "nats://***@nats-0:4222, nats://***@nats-1:4222"
     assert servers_for_display(["nats://127.0.0.1:4222"]) == "nats://127.0.0.1:4222"
+
+
+def test_serve_warns_only_when_its_own_dyn_file_kv_names_another_directory(
+    tmp_path: Path,
+) -> None:
+    from workerset_admission.cli.serve import view_store_mismatch
+
+    view = tmp_path / "view"
+    view.mkdir()
+    (tmp_path / "same").symlink_to(view)
+    assert view_store_mismatch(view, {}) is None  # the frontend's environment is not serve's
+    assert view_store_mismatch(view, {"DYN_FILE_KV": str(tmp_path / "same")}) is None
+    said = view_store_mismatch(view, {"DYN_FILE_KV": str(tmp_path / "workers")})
+    assert said is not None
+    assert f"the view directory {view} is not DYN_FILE_KV={tmp_path / 'workers'}" in said

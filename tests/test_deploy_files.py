@@ -67,6 +67,19 @@ def test_a_systemd_unit_runs_a_command_and_flags_that_exist(unit: Path) -> None:
     assert cli.exit_status(ViewDirectoryUnavailable("read-only")) == cli.EXIT_FAILED
 
 
+@pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
+def test_a_systemd_unit_is_watched_by_the_watchdog_its_command_pings(unit: Path) -> None:
+    # serve and bridge both say READY=1 and ping WATCHDOG=1 while their work goes on: a unit
+    # of another type would never restart one that is alive but stuck.
+    text = unit.read_text()
+    assert re.search(r"^Type=notify$", text, re.M)
+    assert re.search(r"^NotifyAccess=main$", text, re.M)
+    watchdog = re.search(r"^WatchdogSec=(\d+)$", text, re.M)
+    assert watchdog is not None
+    # Pings come every second; a loop stands still 20 s before it counts as stuck.
+    assert 10 <= int(watchdog.group(1)) <= 60
+
+
 def _json_array(text: str, instruction: str) -> list[str]:
     found = re.search(rf"^{instruction} (\[.*\])$", text, re.M)
     assert found is not None, instruction

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import socket
+import struct
 import threading
 import time
 import urllib.error
@@ -145,3 +146,43 @@ def test_without_notify_socket_nothing_is_sent() -> None:
     notifier.follow(watch)
     watch.beat()  # no listener was added, nothing raised
     notifier.close()
+
+
+def test_a_probe_that_went_away_before_its_answer_leaves_no_traceback(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # As after a pause: the probe's request waits, its timeout runs out, it hangs up, and
+    # only then is it answered.
+    asked, hung_up = threading.Event(), threading.Event()
+
+    def ready() -> bool:
+        asked.set()
+        assert hung_up.wait(5)
+        time.sleep(0.1)  # the reset reaches the server's socket first
+        return True
+
+    health = HealthServer(LoopWatch(), ready)
+    health.start()
+    try:
+        host, port = health.url.removeprefix("http://").split(":")
+        for _ in range(3):
+            asked.clear()
+            hung_up.clear()
+            probe = socket.create_connection((host, int(port)), timeout=5)
+            probe.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert asked.wait(5)
+            # A reset on close, as a probe's client that timed out may send.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            probe.close()
+            with caplog.at_level(logging.DEBUG, logger="workerset_admission.cli"):
+                hung_up.set()
+                time.sleep(0.3)
+        # Still answering afterwards.
+        assert _get(f"{health.url}/livez")[0] == 200
+    finally:
+        health.close()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "BrokenPipeError" not in err
+    assert "ConnectionResetError" not in err
+    assert all(r.levelno <= logging.DEBUG for r in caplog.records if "went away" in r.message)

@@ -27,6 +27,11 @@ store, a stream deleted and created again, or a key deleted by someone else woul
 leave the bucket without the bridge's records until the store changed again; the bridge reads
 the bucket's mark and, periodically, its contents, and writes again at once everything it owns
 that the bucket lost (:mod:`workerset_admission.mirror`).
+
+How far behind the store the bucket is, is kept in :attr:`DiscoveryBridge.progress`
+(:mod:`workerset_admission.adapters.bridge_progress`): a pass that wrote everything it found
+puts the bucket in sync as of the moment its scan began; an inotify event is a change seen
+and not yet written until a pass that began after it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from workerset_admission.adapters.bridge_progress import BridgeProgress
 from workerset_admission.adapters.bucket_mirror import BucketMirror, MirrorStats
 from workerset_admission.adapters.dynamo.filestore import (
     DEFAULT_FILE_TTL,
@@ -170,6 +176,19 @@ class BridgeStats(MirrorStats):
     skipped_files: dict[str, str] = field(default_factory=dict)
 
 
+class _SourceChanged(asyncio.Event):
+    """The notifier's event: a change seen in the store, then the bridge's wake-up."""
+
+    def __init__(self, progress: BridgeProgress, wake: asyncio.Event) -> None:
+        super().__init__()
+        self._progress = progress
+        self._wake = wake
+
+    def set(self) -> None:
+        self._progress.change_seen()
+        self._wake.set()
+
+
 class DiscoveryBridge:
     """Keep a bucket equal to a Dynamo file store's live records, and heal it when it is lost.
 
@@ -195,6 +214,8 @@ class DiscoveryBridge:
         clock: Callable[[], float] = time.time,
         scan: Callable[[Path], FileStoreScan] | None = None,
         key_of: Callable[[FileRecord], str] | None = None,
+        reader: FileStoreReader | None = None,
+        progress: BridgeProgress | None = None,
     ) -> None:
         self._root = root
         self._writer = writer
@@ -205,15 +226,19 @@ class DiscoveryBridge:
         self._reconcile_interval = reconcile_interval
         # mtimes are wall-clock, so expiry compares against wall-clock time too.
         self._clock = clock
-        # The reader's memory of the last scan serves the removal shortcut; a scan given from
-        # outside has none, and then every change waits for a pass.
-        self._reader: FileStoreReader | None = None
+        # The reader's memory of the last scan serves the removal shortcut; a bare scan given
+        # from outside has none, and then every change waits for a pass. A reader given (one
+        # with the settings' size limit) keeps the shortcut.
+        if scan is not None and reader is not None:
+            raise ValueError("give a bridge either a scan or a reader, not both")
+        self._reader: FileStoreReader | None = reader
         if scan is None:
-            self._reader = FileStoreReader()
+            self._reader = reader or FileStoreReader()
             scan = self._reader.scan
         self._scan = scan
         self._key_of = key_of or bucket_key_for
         self.stats = BridgeStats()
+        self.progress = progress if progress is not None else BridgeProgress()
         self._mirror = BucketMirror(writer, self.stats, prune=prune, log=_log)
         self._started = False
         self._root_missing = False
@@ -223,6 +248,11 @@ class DiscoveryBridge:
         self._wake = asyncio.Event()
         self._notifier: StoreNotifier | None = None
         self.notifying = False
+
+    @property
+    def beat_interval(self) -> float:
+        """The longest its loop goes between two passes while it works."""
+        return self._interval
 
     def wake(self, *, check: bool = True) -> None:
         """Run a pass now; with ``check``, one that reads the bucket's mark first."""
@@ -241,6 +271,7 @@ class DiscoveryBridge:
         """Run one pass: scan the store, write the difference, return what was planned."""
         if not self._started:
             await self._start()
+        began = self.progress.now()
         try:
             check_store_root(self._root)
         except ConfigError as exc:
@@ -248,6 +279,7 @@ class DiscoveryBridge:
             if not self._root_missing:
                 _log.warning("discovery bridge pauses: %s", exc)
             self._root_missing = True
+            self.progress.tried()  # the lag grows: the store cannot be read
             return SyncPlan(puts=(), deletes=())
         if self._root_missing:
             _log.info("discovery bridge resumes: %s is back", self._root)
@@ -265,6 +297,8 @@ class DiscoveryBridge:
         plan = plan_sync(mirror.mirrored, scan, now=now, ttl=self._ttl, key_of=self._key_of)
         changes: list[Change] = [*plan.puts, *((key, None) for key, _ in plan.deletes)]
         outcomes = await self._writer.write(changes) if changes else []
+        if any(outcome is None for outcome in outcomes):
+            self.progress.wrote()
         put_outcomes, delete_outcomes = outcomes[: len(plan.puts)], outcomes[len(plan.puts) :]
         for (key, value), outcome in zip(plan.puts, put_outcomes, strict=True):
             if self._settle(key, outcome):
@@ -276,6 +310,12 @@ class DiscoveryBridge:
                 else:
                     self.stats.removed += 1
         self.stats.passes += 1
+        if self._check_soon or mirror.heal_pending:
+            # A write failed, or the bucket's mark could not be read or says it was lost: the
+            # bucket may lack what the store holds.
+            self.progress.tried()
+        else:
+            self.progress.in_sync(began)
         return plan
 
     async def withdraw_removed(self, files: Iterable[tuple[RecordKind, str]]) -> int:
@@ -293,6 +333,8 @@ class DiscoveryBridge:
         if not gone:
             return 0
         outcomes = await self._writer.write([(key, None) for key in gone])
+        if any(outcome is None for outcome in outcomes):
+            self.progress.wrote()
         deleted = 0
         for key, outcome in zip(gone, outcomes, strict=True):
             if self._settle(key, outcome):
@@ -339,7 +381,8 @@ class DiscoveryBridge:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sync on every store change and every ``interval`` seconds until ``stop`` is set."""
-        notifier = open_notifier(self._root, self._wake) if self._notify else None
+        changed = _SourceChanged(self.progress, self._wake)
+        notifier = open_notifier(self._root, changed) if self._notify else None
         self._notifier = notifier
         self.notifying = notifier is not None
         relay = asyncio.ensure_future(self._relay(stop))

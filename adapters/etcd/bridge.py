@@ -31,6 +31,12 @@ order, then the deletes, a departed worker's instance records first.
   bucket writer reports as owned at start. A key another writer put there is never in
   ``mirrored``, so no path deletes it.
 
+- How far behind etcd the bucket is, is kept in :attr:`EtcdDiscoveryBridge.progress`
+  (:mod:`workerset_admission.adapters.bridge_progress`): a listing written whole, a batch of
+  events written with nothing left dirty, or a probe answered with nothing pending puts the
+  bucket in sync as of the moment it began; a watch event is a change seen and not yet
+  written until then. Every listing, probe or failure is a beat of its loop.
+
 The bridge translates and never judges a value: a record the plugin would refuse is forwarded
 and refused there, where the refusal is reported.
 """
@@ -45,6 +51,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from workerset_admission.adapters.bridge_progress import BridgeProgress
 from workerset_admission.adapters.bucket_mirror import BucketMirror, MirrorStats
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.discovery_paths import RECORD_KINDS, bucket_key_for_path
@@ -52,6 +59,7 @@ from workerset_admission.errors import (
     InvalidRecordError,
     StoreCompacted,
     StoreUnavailable,
+    error_in_words,
     wire_text,
 )
 from workerset_admission.mirror import BucketWriter, Change, removal_order
@@ -183,6 +191,7 @@ class EtcdDiscoveryBridge:
         check_interval: float = 1.0,
         reconcile_interval: float = 5.0,
         key_of: Callable[[str], str | None] = bucket_key_for_etcd,
+        progress: BridgeProgress | None = None,
     ) -> None:
         if not backoff or any(delay <= 0 for delay in backoff):
             raise ValueError("backoff needs at least one positive delay")
@@ -199,11 +208,14 @@ class EtcdDiscoveryBridge:
         self._created: dict[str, int] = {}
         self._check_soon = asyncio.Event()
         self.stats = EtcdBridgeStats()
+        self.progress = progress if progress is not None else BridgeProgress()
         self._mirror = BucketMirror(writer, self.stats, prune=prune, log=_log)
         self._dirty: set[str] = set()
         self._lock = asyncio.Lock()
         self._started = False
         self._revision = 0
+        # Watch events received and not yet written (or failed and made dirty).
+        self._in_flight = 0
         # Set after each listing has been written; tests and the CLI wait on it.
         self.synced = asyncio.Event()
 
@@ -218,13 +230,15 @@ class EtcdDiscoveryBridge:
 
     async def resync(self) -> StoreListing:
         """List the prefix at one revision and write the difference to the bucket."""
+        began = self.progress.now()
         listing = await self._reader.list_prefix(self._prefix)
         self.stats.listings += 1
         if not self._started:
             try:
                 await self._mirror.start()
             except Exception as exc:  # retried like an unreadable store
-                raise StoreUnavailable(f"the bucket could not be read: {exc}") from exc
+                words = error_in_words(exc)
+                raise StoreUnavailable(f"the bucket could not be read: {words}") from exc
             self._started = True
         desired: dict[str, bytes] = {}
         created: dict[str, int] = {}
@@ -243,6 +257,7 @@ class EtcdDiscoveryBridge:
         self._revision = listing.revision
         self.stats.revision = listing.revision
         self.synced.set()
+        self._note_progress(began)
         return listing
 
     async def apply(self, change: StoreChange) -> None:
@@ -258,6 +273,9 @@ class EtcdDiscoveryBridge:
         """
         if not changes:
             return
+        began = self.progress.now()
+        # Received by the watch, now the write's to account for (dirty if it fails).
+        self._in_flight = max(0, self._in_flight - len(changes))
         self.stats.changes += len(changes)
         async with self._lock:
             keys: list[str] = []
@@ -275,6 +293,7 @@ class EtcdDiscoveryBridge:
             await self._write_keys(keys)
         self._revision = max(self._revision, *(change.revision for change in changes))
         self.stats.revision = self._revision
+        self._note_progress(began)
 
     async def follow_once(self) -> None:
         """Resync, then apply the watch until it fails; raise the failure."""
@@ -287,7 +306,10 @@ class EtcdDiscoveryBridge:
                     watching.result()
                     # A watch that simply ends (the server closed it) is a failure too.
                     raise StoreUnavailable("the watch ended")
+                began = self.progress.now()
                 await self._reader.probe()
+                # etcd answers: with every change it sent written, in sync as of the ask.
+                self._note_progress(began)
         finally:
             await cancel_and_wait([watching])
 
@@ -298,6 +320,8 @@ class EtcdDiscoveryBridge:
 
         async def receive() -> None:
             async for change in self._reader.watch_prefix(self._prefix, start_revision):
+                self.progress.change_seen()
+                self._in_flight += 1
                 received.append(change)
                 arrived.set()
 
@@ -395,6 +419,7 @@ class EtcdDiscoveryBridge:
                 _log.log(level, "discovery bridge cannot read etcd (%s); retrying", exc)
                 failures += 1
                 self.synced.clear()
+                self.progress.tried()  # the loop still turns; the lag grows
                 await self._reader.reset()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=delay)
@@ -404,8 +429,10 @@ class EtcdDiscoveryBridge:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._retry_interval)
             if self._dirty:
+                began = self.progress.now()
                 async with self._lock:
                     await self._write_keys(sorted(self._dirty))
+                self._note_progress(began)
 
     def _translate(self, etcd_key: str) -> str | None:
         try:
@@ -443,9 +470,25 @@ class EtcdDiscoveryBridge:
         if not changes:
             return
         outcomes = await self._mirror.writer.write(changes)
+        if any(failure is None for failure in outcomes):
+            self.progress.wrote()
         for (key, value), failure in zip(changes, outcomes, strict=True):
             if self._settle(key, failure) and self._mirror.wrote(key, value):
                 self.stats.deletes += 1
+
+    @property
+    def beat_interval(self) -> float:
+        """The longest its loop goes between two beats while it works: a probe, a backoff."""
+        return max(self._probe_interval, *self._backoff)
+
+    def _note_progress(self, began: float) -> None:
+        """Say the bucket is in sync as of ``began``, unless a write failed or is owed."""
+        # A write under way (the lock held) may yet fail.
+        owed = self._dirty or self._in_flight or self._lock.locked()
+        if owed or self._mirror.heal_pending:
+            self.progress.tried()
+        else:
+            self.progress.in_sync(began)
 
     def _settle(self, key: str, failure: Exception | None) -> bool:
         """Account for one write; a failed one stays dirty and is retried.

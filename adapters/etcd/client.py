@@ -21,7 +21,12 @@ import grpc  # type: ignore[import-untyped,unused-ignore]
 from aetcd import rpc  # type: ignore[import-untyped,unused-ignore]
 from workerset_admission.adapters.etcd.bridge import StoreChange, StoreEntry, StoreListing
 from workerset_admission.discovery_paths import EtcdEndpoint, parse_endpoints
-from workerset_admission.errors import ConfigError, StoreCompacted, StoreUnavailable
+from workerset_admission.errors import (
+    ConfigError,
+    StoreCompacted,
+    StoreUnavailable,
+    error_in_words,
+)
 from workerset_admission.settings import Settings
 
 __all__ = ["AetcdStoreReader", "EtcdOptions", "etcd_options"]
@@ -107,7 +112,7 @@ class _Client(aetcd.Client):  # type: ignore[misc]
 def _unavailable(exc: BaseException) -> StoreUnavailable:
     if isinstance(exc, aetcd.exceptions.UnauthenticatedError):
         return StoreUnavailable(f"etcd refused the credentials: {exc}")
-    text = str(exc).strip() or type(exc).__name__
+    text = str(exc).strip() or error_in_words(exc)
     return StoreUnavailable(f"etcd: {text.splitlines()[0]}")
 
 

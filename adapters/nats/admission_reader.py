@@ -37,6 +37,7 @@ from workerset_admission.adapters.nats.connect import (
 from workerset_admission.adapters.nats.kv import removal_kind, stream_name
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card.serving_record import BucketRead, RawEntry
+from workerset_admission.errors import error_in_words
 from workerset_admission.keys import ADMISSION_BUCKET, key_matches
 
 DEFAULT_ADMISSION_BUCKET = ADMISSION_BUCKET
@@ -136,7 +137,8 @@ class NatsRecordSource:
             return BucketRead(problem=f"no NATS server answered within {wait}: {servers}")
         except (OSError, NatsError) as error:
             servers = servers_for_display(self._options.servers)
-            return BucketRead(problem=f"cannot connect to {servers}: {error!r}")
+            problem = error_in_words(error)
+            return BucketRead(problem=f"cannot connect to {servers}: {problem}")
 
         async def reuse(_callbacks: ConnectionCallbacks) -> NatsClient:
             return client
@@ -155,7 +157,8 @@ class NatsRecordSource:
                 refusal = permission_refusal(mark)
                 if refusal is not None:
                     raise refusal from None
-                return BucketRead(problem=f"cannot read bucket {self._bucket}: {error!r}")
+                problem = error_in_words(error, timeout=self._timeout)
+                return BucketRead(problem=f"cannot read bucket {self._bucket}: {problem}")
             finally:
                 if not whole:
                     await client.close()
@@ -176,7 +179,8 @@ class NatsRecordSource:
             refusal = permission_refusal(mark)
             if refusal is not None:
                 raise refusal from None
-            return BucketRead(problem=f"cannot read bucket {self._bucket}: {error!r}")
+            problem = error_in_words(error, timeout=self._timeout)
+            return BucketRead(problem=f"cannot read bucket {self._bucket}: {problem}")
         finally:
             await client.close()
         return BucketRead(

@@ -22,6 +22,7 @@ from workerset_admission.errors import (
     CredentialsRefused,
     PermissionRefused,
     Unreachable,
+    error_in_words,
     wire_text,
 )
 from workerset_admission.settings import Settings, mask_url
@@ -437,7 +438,9 @@ async def probe_bucket(options: NatsConnectOptions, bucket: str, timeout: float 
     except asyncio.TimeoutError:
         raise Unreachable(f"no NATS server answered within {timeout:g} s: {where}") from None
     except (OSError, NatsError) as error:
-        raise Unreachable(f"cannot connect to {where}: {error!r}") from None
+        raise Unreachable(
+            f"cannot connect to {where}: {error_in_words(error, timeout=timeout)}"
+        ) from None
     try:
         await client.jetstream(timeout=timeout).stream_info(stream_name(bucket))
     except NotFoundError:

@@ -38,7 +38,7 @@ from workerset_admission.adapters.nats.kv import stream_name
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card.drain_record import BudgetRead
 from workerset_admission.card.serving_record import BucketRead, RawEntry
-from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError
+from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError, error_in_words
 from workerset_admission.keys import DRAIN_PREFIX, ENDPOINT_PREFIX, MODEL_PREFIX, key_matches
 
 __all__ = ["NatsDrainStore"]
@@ -92,9 +92,15 @@ class NatsDrainStore:
                 )
             except (OSError, NatsError, asyncio.TimeoutError) as error:
                 if self._clock() >= deadline:
-                    raise Unreachable(f"cannot reach NATS at {servers}: {error!r}") from None
+                    raise Unreachable(
+                        f"cannot reach NATS at {servers}: "
+                        f"{error_in_words(error, timeout=_REQUEST_TIMEOUT)}"
+                    ) from None
                 if not told:
-                    self._progress(f"waiting for NATS at {servers} ({error!r})")
+                    self._progress(
+                        f"waiting for NATS at {servers} "
+                        f"({error_in_words(error, timeout=_REQUEST_TIMEOUT)})"
+                    )
                     told = True
                 await asyncio.sleep(0.5)
                 continue
@@ -156,13 +162,15 @@ class NatsDrainStore:
             except BadRequestError:
                 pass  # one filter per consumer only (before 2.10): read it whole, below
             except (OSError, NatsError, asyncio.TimeoutError) as error:
-                return BucketRead(problem=f"cannot read bucket {self._admission}: {error!r}")
+                problem = error_in_words(error)
+                return BucketRead(problem=f"cannot read bucket {self._admission}: {problem}")
         try:
             entries = await self._list(self._admission, None)
         except NotFoundError:
             return BucketRead()  # no frontend has published: none routes to anything
         except (OSError, NatsError, asyncio.TimeoutError) as error:
-            return BucketRead(problem=f"cannot read bucket {self._admission}: {error!r}")
+            problem = error_in_words(error)
+            return BucketRead(problem=f"cannot read bucket {self._admission}: {problem}")
         if filters is not None:
             entries = [e for e in entries if key_matches(e.key, filters)]
         return BucketRead(entries=tuple(entries))

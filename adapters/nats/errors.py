@@ -5,5 +5,19 @@ from __future__ import annotations
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
-__all__ = ["NatsError", "NatsTimeoutError", "NoRespondersError"]
+__all__ = ["NatsError", "NatsTimeoutError", "NoRespondersError", "is_unavailable_for_now"]
+
+
+def is_unavailable_for_now(error: BaseException) -> bool:
+    """Whether a JetStream request failed the way it does while a stream has no leader.
+
+    During a cluster's leader election (a node died, a majority came back) a publish or an
+    API request times out, finds no responder, or is answered 503 (JetStream temporarily
+    unavailable) for a few seconds; the same request a little later succeeds.
+    """
+    return isinstance(
+        error,
+        (NatsTimeoutError, NoRespondersError, NoStreamResponseError, ServiceUnavailableError),
+    )

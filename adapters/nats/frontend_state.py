@@ -7,7 +7,7 @@ from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
 from workerset_admission.adapters.nats.status import frontend_subject
 from workerset_admission.card.serving_record import Record, live_records, parse_record
-from workerset_admission.errors import Unreachable
+from workerset_admission.errors import Unreachable, error_in_words
 
 __all__ = ["frontend_status", "live_frontends"]
 
@@ -43,7 +43,8 @@ async def frontend_status(
             )
         except (NatsError, TimeoutError, OSError) as exc:
             raise Unreachable(
-                f"frontend {frontend} did not answer a status request: {exc!r}"
+                f"frontend {frontend} did not answer a status request: "
+                f"{error_in_words(exc, timeout=timeout)}"
             ) from None
         data: bytes = reply.data
         return data

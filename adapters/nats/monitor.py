@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from workerset_admission.errors import Unreachable, UsageError
+from workerset_admission.errors import Unreachable, UsageError, error_in_words
 
 __all__ = ["connz_hosts", "subject_hosts"]
 
@@ -63,7 +63,8 @@ async def subject_hosts(monitor: str, subjects: Sequence[str]) -> dict[str, str]
         try:
             page = await asyncio.to_thread(_get, url)
         except (OSError, ValueError) as error:
-            raise Unreachable(f"cannot read the NATS monitoring at {base}: {error}") from None
+            words = error_in_words(error)
+            raise Unreachable(f"cannot read the NATS monitoring at {base}: {words}") from None
         pages.append(page)
         count = len(page.get("connections") or ())
         offset += count

@@ -43,7 +43,7 @@ from workerset_admission.adapters.nats.kv import (
 )
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import encode_endpoint_record, encode_model_record
-from workerset_admission.errors import UsageError
+from workerset_admission.errors import UsageError, error_in_words
 from workerset_admission.identity import EndpointId
 from workerset_admission.keys import DISCOVERY_BUCKET, endpoint_kv_key, model_kv_key
 from workerset_admission.ownership import WriterId
@@ -273,12 +273,12 @@ class WorkerRegistrar:
                     break
                 except APIError as exc:
                     if exc.err_code not in _WRONG_LAST_SEQUENCE:
-                        _log.warning("refreshing %s failed: %r", key, exc)
+                        _log.warning("refreshing %s failed: %s", key, error_in_words(exc))
                     else:
                         await self._recover(key, registration)
                     continue
                 except Exception as exc:  # a transient outage; the next beat tries again
-                    _log.warning("refreshing %s failed: %r", key, exc)
+                    _log.warning("refreshing %s failed: %s", key, error_in_words(exc))
                     continue
                 if self._registrations.get(key) is registration:
                     self._registrations[key] = replace(registration, revision=revision)
@@ -292,14 +292,18 @@ class WorkerRegistrar:
         """Create the bucket again and write every registration again, unconditionally."""
         if not self._create_bucket:
             _log.warning(
-                "refreshing in %s failed and the bucket is not ours to create: %r", self.bucket, exc
+                "refreshing in %s failed and the bucket is not ours to create: %s",
+                self.bucket,
+                error_in_words(exc),
             )
             return
         try:
             await ensure_bucket(self._js, self._bucket_spec)
         except Exception as retry:  # the server not ready yet: the next beat tries again
             _log.warning(
-                "the bucket %s is gone and could not be created yet: %r", self.bucket, retry
+                "the bucket %s is gone and could not be created yet: %s",
+                self.bucket,
+                error_in_words(retry),
             )
             return
         self.heals += 1
@@ -314,7 +318,7 @@ class WorkerRegistrar:
                     key, registration.value, registration.ttl, registration.headers
                 )
             except Exception as failed:  # the next beat's conditional refresh finds out
-                _log.warning("registering %s again failed: %r", key, failed)
+                _log.warning("registering %s again failed: %s", key, error_in_words(failed))
                 continue
             if self._registrations.get(key) is registration:
                 self._registrations[key] = replace(registration, revision=revision)

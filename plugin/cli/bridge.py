@@ -1,4 +1,17 @@
-"""``workerset-admission bridge``: feed Dynamo's discovery store (etcd or files) into the bucket."""
+"""``workerset-admission bridge``: feed Dynamo's discovery store (etcd or files) into the bucket.
+
+A supervisor watches it the way it watches ``serve`` (:mod:`workerset_admission.cli.supervision`):
+
+* under systemd (``Type=notify`` with ``WatchdogSec=``), ``READY=1`` once it runs and
+  ``WATCHDOG=1`` at every beat of its event loop while its source loop (the passes over the
+  file store, or etcd's listing, watch and probes) has beaten within its stall limit;
+* ``--health-port``: ``GET /livez`` answers 503 when the event loop or the source loop stands
+  still (a restart cures that); ``GET /readyz`` answers 200 once the bucket held the whole
+  source and while its lag stays below ``--max-lag`` (an unreadable store or a bucket that
+  refuses writes: a restart does not cure that, so it is readiness, not liveness);
+* ``--prometheus-port``: the lag and its companions as gauges
+  (:mod:`workerset_admission.telemetry.bridge_metrics`).
+"""
 
 from __future__ import annotations
 
@@ -16,11 +29,26 @@ from typing import TYPE_CHECKING
 from workerset_admission.errors import ConfigError
 
 if TYPE_CHECKING:
+    from workerset_admission.adapters.bridge_progress import BridgeProgress
     from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
     from workerset_admission.ownership import WriterId
     from workerset_admission.settings import Settings
 
-__all__ = ["arguments", "main"]
+__all__ = ["DEFAULT_MAX_LAG", "arguments", "main", "source_stall_limit"]
+
+DEFAULT_MAX_LAG = 30.0
+"""Seconds the bucket may be behind its source before the bridge says it is not ready."""
+
+
+def source_stall_limit(beat_interval: float) -> float:
+    """Seconds without a beat of the source loop after which the bridge counts as stuck.
+
+    Never below the event loop's own limit, and four of the longest waits the loop makes
+    while it works (a file pass's interval; etcd's probe interval or longest backoff).
+    """
+    from workerset_admission.service.loop_watch import STALLED_AFTER
+
+    return max(STALLED_AFTER, 4 * beat_interval)
 
 
 def arguments(name: str, parser: argparse.ArgumentParser) -> None:
@@ -68,6 +96,13 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
     parser.add_argument(
+        "--max-lag",
+        type=positive_seconds,
+        default=DEFAULT_MAX_LAG,
+        help="/readyz answers 503 once the bucket has been behind the store this many seconds "
+        f"(default {DEFAULT_MAX_LAG:g})",
+    )
+    parser.add_argument(
         "--bridge-id",
         default=None,
         help="this bridge's writer identity, stamped on every record it writes; it prunes "
@@ -77,6 +112,7 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
 
 
 async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    from workerset_admission.adapters.bridge_progress import BridgeProgress
     from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge, check_store_root
     from workerset_admission.adapters.dynamo.filestore import FileStoreReader, default_store_root
     from workerset_admission.ownership import bridge_writer
@@ -90,7 +126,10 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
     # Refused before connecting: a wrong path must not get as far as a prune.
     check_store_root(root)
     owner = bridge_writer(root, args.bridge_id)
-    async with _bucket_writer(settings, owner) as (writer, woken):
+    progress = BridgeProgress()
+    async with contextlib.AsyncExitStack() as stack:
+        supervise(settings, stack, progress, args.max_lag, source_stall_limit(args.interval))
+        writer, woken = await stack.enter_async_context(_bucket_writer(settings, owner))
         bridge = DiscoveryBridge(
             root,
             writer,
@@ -99,7 +138,10 @@ async def main(name: str, args: argparse.Namespace, stop: asyncio.Event) -> int:
             prune=args.prune,
             notify=args.notify,
             reconcile_interval=args.heal_interval,
-            scan=FileStoreReader(settings.max_value_bytes).scan,
+            # The reader itself, not its scan: its memory of the last scan is what deletes a
+            # record inotify saw removed at once, before the pass that confirms it.
+            reader=FileStoreReader(settings.max_value_bytes),
+            progress=progress,
         )
         woken.append(bridge.wake)
         if args.once:
@@ -124,6 +166,75 @@ def _store_root(given: Path | None, default: Path) -> Path:
             "file store, or --etcd ENDPOINTS for etcd"
         )
     return default
+
+
+def supervise(
+    settings: Settings,
+    stack: contextlib.AsyncExitStack,
+    progress: BridgeProgress,
+    max_lag: float,
+    stalled_after: float,
+) -> tuple[str | None, str | None]:
+    """Beat on this loop for supervisors, and show the bridge's progress (module docstring).
+
+    Return where its health endpoints and its metrics are served (None: not asked for).
+    """
+    from workerset_admission.cli.serve import say
+    from workerset_admission.cli.supervision import HealthServer, SystemdNotifier
+    from workerset_admission.service.loop_watch import LoopWatch
+
+    def source_turning() -> bool:
+        return progress.silent_for() < stalled_after
+
+    def liveness() -> tuple[bool, dict[str, object]]:
+        turning = source_turning()
+        silent = round(progress.silent_for(), 3)
+        state = "turning" if turning else "stalled"
+        return turning, {"source_loop": state, "source_silent_for": silent}
+
+    def readiness() -> tuple[bool, dict[str, object]]:
+        figures = progress.as_json()
+        return progress.synced and progress.lag() < max_lag, figures
+
+    watch = LoopWatch()
+    beating = asyncio.ensure_future(watch.run())
+    stack.callback(beating.cancel)
+    notifier = SystemdNotifier()
+    notifier.follow(watch, healthy=source_turning)
+    stack.callback(notifier.close)
+    health_url = metrics_url = None
+    if settings.health_port is not None:
+        health = HealthServer(
+            watch,
+            lambda: progress.synced,
+            settings.health_host,
+            settings.health_port,
+            liveness=liveness,
+            readiness=readiness,
+        )
+        health.start()
+        stack.callback(health.close)
+        health_url = health.url
+        say(f"liveness on {health.url}/livez, readiness on {health.url}/readyz", sys.stderr)
+    if settings.prometheus_address is not None:
+        from workerset_admission.telemetry import setup_telemetry
+        from workerset_admission.telemetry.bridge_metrics import observe_bridge
+
+        # Scraped only: the bridge pushes nothing anywhere.
+        handle = setup_telemetry(
+            "workerset-admission-bridge",
+            prometheus=settings.prometheus_address,
+            otlp=False,
+            set_global=False,
+            log_correlation=False,
+        )
+        stack.callback(handle.shutdown)
+        if handle.meter_provider is not None:
+            observe_bridge(handle.meter_provider, progress)
+        metrics_url = handle.prometheus_url
+        if metrics_url is not None:
+            say(f"Prometheus metrics on {metrics_url}", sys.stderr)
+    return health_url, metrics_url
 
 
 @contextlib.asynccontextmanager
@@ -180,6 +291,7 @@ async def _bridge_etcd(settings: Settings, args: argparse.Namespace, stop: async
             f"--etcd needs the etcd extra ({missing.name} is not installed): pip install "
             "'.[etcd]' in a checkout"
         ) from None
+    from workerset_admission.adapters.bridge_progress import BridgeProgress
     from workerset_admission.ownership import etcd_bridge_writer
 
     options = etcd_options(settings)
@@ -187,11 +299,19 @@ async def _bridge_etcd(settings: Settings, args: argparse.Namespace, stop: async
     # and never what a worker, a register process or another bridge wrote.
     owner = etcd_bridge_writer([str(endpoint) for endpoint in options.endpoints], args.bridge_id)
     reader = AetcdStoreReader(options)
+    progress = BridgeProgress()
     try:
-        async with _bucket_writer(settings, owner) as (writer, woken):
+        async with contextlib.AsyncExitStack() as stack:
+            writer, woken = await stack.enter_async_context(_bucket_writer(settings, owner))
             bridge = EtcdDiscoveryBridge(
-                reader, writer, prune=args.prune, reconcile_interval=args.heal_interval
+                reader,
+                writer,
+                prune=args.prune,
+                reconcile_interval=args.heal_interval,
+                progress=progress,
             )
+            limit = source_stall_limit(bridge.beat_interval)
+            supervise(settings, stack, progress, args.max_lag, limit)
             woken.append(bridge.wake)
             if args.once:
                 # Only here does an unreadable etcd end the command; a running bridge retries.

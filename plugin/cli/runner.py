@@ -12,6 +12,9 @@ work and returns an exit status. This runner does the rest, the same way for eve
   signal cancels whatever is left;
 * one table from errors to exit statuses (:data:`EXIT_STATUSES`), and one message format:
   ``workerset-admission <command>: <what went wrong>`` on standard error, no traceback.
+* a standard output whose reader went away (``status | head -1``) ends the command quietly
+  with status 0, as for any Unix filter; a broken pipe elsewhere (a NATS connection) is an
+  error like any other.
 
 Importing this module pulls in neither NATS nor OpenTelemetry, so an offline ``replay`` stays
 light.
@@ -25,6 +28,8 @@ import contextlib
 import importlib
 import logging
 import math
+import os
+import select
 import signal
 import sys
 import typing
@@ -47,6 +52,8 @@ from workerset_admission.cli.exits import (
 from workerset_admission.errors import (
     StoreUnavailable,
     Unreachable,
+    WorkersetAdmissionError,
+    error_in_words,
     wire_text,
 )
 
@@ -175,7 +182,17 @@ COMMANDS: dict[str, CommandSpec] = {
         "mirror Dynamo's discovery store (its file store, or etcd with --etcd) into the NATS "
         "discovery bucket",
         connects=True,
-        settings=("discovery_bucket", "bucket_replicas", "max_value_bytes", *_ETCD_SETTINGS),
+        settings=(
+            "discovery_bucket",
+            "bucket_replicas",
+            "max_value_bytes",
+            # Its supervisors' endpoints: liveness, readiness and its lag, as serve's.
+            "health_port",
+            "health_host",
+            "prometheus_port",
+            "prometheus_host",
+            *_ETCD_SETTINGS,
+        ),
         runs_until_stopped=True,
     ),
     "register": CommandSpec(
@@ -399,17 +416,66 @@ def run_command(name: str, args: argparse.Namespace) -> int:
         return asyncio.run(_run(lambda: module.main(name, args, stop), stop, waits, interrupted))
     except KeyboardInterrupt:
         return COMMANDS[name].interrupted_status
+    except BrokenPipeError as error:
+        if not _stdout_closed():
+            return _failed(name, error)
+        # Said only where the command logs at INFO (serve): a service that stops because its
+        # reader left should not vanish without a word.
+        logging.getLogger(__name__).info("%s: standard output was closed; stopping", name)
+        return _quiet_on_closed_stdout()
     except Exception as error:
-        error = _refusal_behind(error)
-        status = exit_status(error)
-        text = str(error) or type(error).__name__
-        if status == EXIT_UNREACHABLE and not isinstance(error, (Unreachable, StoreUnavailable)):
-            text = f"cannot reach NATS: {text}"
-        # One line, whatever the error quotes from the wire (a host, a key, a model name).
-        print(f"workerset-admission {name}: {wire_text(text, _LINE_LIMIT)}", file=sys.stderr)
-        if status == EXIT_FAILED:
-            logging.getLogger(__name__).debug("%s failed", name, exc_info=error)
-        return status
+        return _failed(name, error)
+
+
+def _failed(name: str, error: Exception) -> int:
+    """Say on one line what ended a command, and return its status from the table."""
+    error = _refusal_behind(error)
+    status = exit_status(error)
+    text = _in_words(error)
+    if status == EXIT_UNREACHABLE and not isinstance(error, (Unreachable, StoreUnavailable)):
+        text = f"cannot reach NATS: {text}"
+    # One line, whatever the error quotes from the wire (a host, a key, a model name).
+    print(f"workerset-admission {name}: {wire_text(text, _LINE_LIMIT)}", file=sys.stderr)
+    if status == EXIT_FAILED:
+        logging.getLogger(__name__).debug("%s failed", name, exc_info=error)
+    return status
+
+
+def _in_words(error: Exception) -> str:
+    """Say an error in words: its own message, or for a bare library error what it means."""
+    if isinstance(error, WorkersetAdmissionError):
+        return str(error) or error_in_words(error)
+    return error_in_words(error)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``| head -1``).
+
+    A broken pipe can also be a NATS connection the server closed: only a standard output
+    the poll reports in error is the reader that went away.
+    """
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):  # no real descriptor, or no poll here
+        return False
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _fd, events in poller.poll(0))
+
+
+def _quiet_on_closed_stdout() -> int:
+    """End a command whose reader closed standard output: quietly, with status 0.
+
+    What the reader wanted it read (``head -1`` took its line); the rest has nowhere to go.
+    Standard output is pointed at /dev/null so the interpreter's last flush at exit does not
+    fail too (what the Python documentation advises for SIGPIPE).
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return EXIT_OK
 
 
 # The longest error line a command prints (what it quotes from the wire is escaped and cut).
@@ -440,7 +506,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(see workerset-admission {args.command} --help)\n",
         )
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
-    return run_command(args.command, args)
+    status = run_command(args.command, args)
+    try:
+        # What is still buffered goes now, where a closed pipe can be told apart.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _quiet_on_closed_stdout()
+    return status
 
 
 if __name__ == "__main__":

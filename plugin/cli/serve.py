@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -20,7 +22,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from workerset_admission.card.differences import Difference, summarize
 from workerset_admission.cli import connection, positive_seconds
-from workerset_admission.errors import TABLE_LINE_LIMIT, Unreachable, UsageError, wire_text
+from workerset_admission.errors import (
+    TABLE_LINE_LIMIT,
+    Unreachable,
+    UsageError,
+    error_in_words,
+    wire_text,
+)
 from workerset_admission.identity import with_id_strings
 from workerset_admission.rollout.gate import Disagreement, disagreements_with
 from workerset_admission.settings import Settings
@@ -38,6 +46,7 @@ __all__ = [
     "say",
     "serve_file",
     "start_serve_telemetry",
+    "view_store_mismatch",
     "with_progress",
 ]
 
@@ -64,6 +73,20 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
             "--timeout", type=positive_seconds, default=5.0, help="seconds to wait for an answer"
         )
         parser.add_argument("--subject", default=None, help="status subject of the service")
+        which = parser.add_mutually_exclusive_group()
+        which.add_argument(
+            "--frontend",
+            metavar="ID",
+            default=None,
+            help="ask this frontend (its frontend_id) and no other; without it, whichever "
+            "frontend answers first answers (the table's last lines name it)",
+        )
+        which.add_argument(
+            "--all-frontends",
+            action="store_true",
+            help="ask every live frontend (those the admission bucket lists) and show each "
+            "answer under its name; exit 3 when one of them does not answer",
+        )
         parser.add_argument(
             "--card",
             metavar="MODEL",
@@ -161,6 +184,9 @@ async def _serve_service(
 
             # Checked and locked before anything starts: a bad directory costs no connection.
             view_files = DirectoryFiles.open(settings.view_dir)
+            mismatch = view_store_mismatch(settings.view_dir, os.environ)
+            if mismatch is not None:
+                logging.getLogger("workerset_admission.cli").warning("%s", mismatch)
             stack.callback(view_files.release)
         servers: Sequence[str] | None = None
         if settings.embedded:
@@ -214,6 +240,25 @@ async def _serve_service(
             gc.freeze()
         await service.run()
     return 0
+
+
+def view_store_mismatch(view_dir: Path, environ: Mapping[str, str]) -> str | None:
+    """Say when ``DYN_FILE_KV`` in serve's own environment names another directory than the view.
+
+    Only a warning: serve usually runs in another container or unit than the frontend, whose
+    ``DYN_FILE_KV`` it cannot see; where the two share an environment (one pod's env, one
+    settings file), a frontend reading that other directory would never see the admitted view.
+    Without ``DYN_FILE_KV`` nothing is said.
+    """
+    store = environ.get("DYN_FILE_KV")
+    if not store or os.path.realpath(store) == os.path.realpath(view_dir):
+        return None
+    return (
+        f"the view directory {view_dir} is not DYN_FILE_KV={store} of this environment: the "
+        "frontend must have the view directory as its DYN_FILE_KV (a frontend on "
+        f"{store} never sees the admitted view); if {store} is the workers' store, as a "
+        "bridge beside serve reads it, this is as it should be"
+    )
 
 
 def _supervise(
@@ -272,7 +317,7 @@ async def _start_keeping_the_view(
                 if keeper.serving
                 else "the view is empty until the first sync"
             )
-            say(f"cannot reach NATS yet ({exc}); {kept}; retrying in {delay:g} s")
+            say(f"cannot reach NATS yet ({error_in_words(exc)}); {kept}; retrying in {delay:g} s")
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline and keeper is not None:
             keeper.keep_alive()
@@ -313,7 +358,6 @@ def say(text: str, stream: TextIO | None = None) -> None:
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
-    from workerset_admission.adapters.nats.connect import connect
     from workerset_admission.adapters.nats.errors import NatsTimeoutError, NoRespondersError
 
     subject = args.subject or settings.status_subject
@@ -325,14 +369,26 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         if local is not None:
             subject = args.subject or str(local.get("status_subject") or subject)
     options = connection.client_options(settings, "status")
-    try:
-        nc = await asyncio.wait_for(connect(options), args.timeout)
-    except asyncio.TimeoutError:
-        raise Unreachable(f"no NATS server answered within {args.timeout:g} s") from None
+    if args.all_frontends:
+        if args.card is not None or args.workers:
+            raise UsageError(
+                "--all-frontends shows each frontend's status: not with --card or --workers"
+            )
+        return await _status_of_every_frontend(settings, args, options, subject)
+    nc = await _connect_for_status(options, args.timeout)
+    if args.frontend is not None:
+        from workerset_admission.adapters.nats.status import frontend_subject
+
+        subject = frontend_subject(subject, args.frontend)
     try:
         reply = await nc.request(subject, b"", timeout=args.timeout)
     except (NoRespondersError, NatsTimeoutError):
         await nc.close()
+        if args.frontend is not None:
+            raise Unreachable(
+                f"frontend {args.frontend!r} does not answer on {subject!r} (status "
+                "--all-frontends lists the live ones)"
+            ) from None
         raise Unreachable(f"no admission service answers on {subject!r}") from None
     try:
         if args.card is not None:
@@ -363,6 +419,73 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(with_id_strings(status), indent=2, sort_keys=True))
     else:
         print(render_status_table(status))
+    return 0
+
+
+async def _connect_for_status(options: Any, timeout: float) -> Any:
+    """Connect within ``timeout``, or say in words which servers did not answer."""
+    from workerset_admission.adapters.nats.connect import connect, servers_for_display
+    from workerset_admission.adapters.nats.errors import NatsError
+    from workerset_admission.errors import error_in_words
+
+    where = servers_for_display(options.servers)
+    try:
+        return await asyncio.wait_for(connect(options), timeout)
+    except asyncio.TimeoutError:
+        raise Unreachable(f"no NATS server answered within {timeout:g} s: {where}") from None
+    except (OSError, NatsError) as error:
+        words = error_in_words(error, where=where, timeout=timeout)
+        raise Unreachable(f"cannot reach NATS: {words}") from None
+
+
+async def _status_of_every_frontend(
+    settings: Settings, args: argparse.Namespace, options: Any, subject: str
+) -> int:
+    """Ask each live frontend by its own subject; print every answer, and every silence."""
+    from workerset_admission.adapters.nats.errors import NatsTimeoutError, NoRespondersError
+    from workerset_admission.adapters.nats.frontend_state import live_frontends
+    from workerset_admission.adapters.nats.status import frontend_subject
+    from workerset_admission.cli.exits import EXIT_UNREACHABLE
+
+    frontends = await live_frontends(options, settings.admission_bucket, args.timeout)
+    if not frontends:
+        raise Unreachable(
+            f"no live frontend publishes its admissions in bucket {settings.admission_bucket!r}"
+        )
+    nc = await _connect_for_status(options, args.timeout)
+
+    async def ask(frontend: str) -> dict[str, Any]:
+        own = frontend_subject(subject, frontend)
+        try:
+            reply = await nc.request(own, b"", timeout=args.timeout)
+        except (NoRespondersError, NatsTimeoutError):
+            return {
+                "frontend": frontend,
+                "error": f"no answer on {own!r} within {args.timeout:g} s",
+            }
+        return {"frontend": frontend, "status": status_of(reply)}
+
+    try:
+        answers = await asyncio.gather(*(ask(frontend) for frontend in frontends))
+    finally:
+        await nc.close()
+    if args.json:
+        document = {"frontends": [with_id_strings(answer) for answer in answers]}
+        print(json.dumps(document, indent=2, sort_keys=True))
+    else:
+        sections = []
+        for answer in answers:
+            body = answer.get("error") or render_status_table(answer["status"])
+            sections.append(f"== frontend {wire_text(answer['frontend'])}\n{body}")
+        print("\n\n".join(sections))
+    silent = [answer["frontend"] for answer in answers if "error" in answer]
+    if silent:
+        print(
+            f"workerset-admission status: {len(silent)} of {len(answers)} live frontend(s) did "
+            f"not answer: {', '.join(wire_text(f) for f in silent)}",
+            file=sys.stderr,
+        )
+        return EXIT_UNREACHABLE
     return 0
 
 

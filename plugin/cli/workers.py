@@ -11,18 +11,67 @@ import asyncio
 import json
 import secrets
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.cli import EXIT_FAILED, positive_seconds
 from workerset_admission.cli.connection import client_options
-from workerset_admission.errors import ConfigError
+from workerset_admission.errors import ConfigError, Unreachable, error_in_words
 from workerset_admission.identity import EndpointId, instance_key, parse_instance_id
 from workerset_admission.ownership import register_writer
 from workerset_admission.settings import Settings
 
-__all__ = ["arguments", "check_card", "main"]
+__all__ = ["DEFAULT_START_TIMEOUT", "arguments", "check_card", "main", "until_accepted"]
+
+T = TypeVar("T")
+
+DEFAULT_START_TIMEOUT = 30.0
+"""Seconds ``register`` keeps trying its first write through an outage of the bucket's leader."""
+
+
+async def until_accepted(
+    write: Callable[[], Awaitable[T]],
+    *,
+    within: float,
+    unavailable: Callable[[BaseException], bool],
+    what: str,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> T:
+    """Await ``write()`` until it succeeds, retrying for ``within`` seconds what ``unavailable``.
+
+    A stream electing a leader refuses writes for a few seconds (docs/operations.md, "What
+    happens when a node dies"): the first write is tried again, waiting a quarter of a second
+    and then longer, up to two; the first refusal is said once on standard error. Past the
+    deadline the last refusal is raised as :class:`~workerset_admission.errors.Unreachable`.
+    """
+    deadline = clock() + within
+    delay = 0.25
+    told = False
+    while True:
+        try:
+            return await write()
+        except Exception as error:
+            if not unavailable(error):
+                raise
+            words = error_in_words(error)
+            if clock() + delay > deadline:
+                raise Unreachable(
+                    f"{what}: the bucket did not accept it within {within:g} s ({words})"
+                ) from None
+            if not told:
+                print(
+                    f"workerset-admission register: {what}: not accepted yet ({words}); "
+                    f"retrying for up to {within:g} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                told = True
+        await sleep(delay)
+        delay = min(2.0, delay * 2)
 
 
 def _instance_id(text: str) -> int:
@@ -79,6 +128,14 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
             action="store_true",
             help="register only the model card, not the endpoint's liveness record",
         )
+        parser.add_argument(
+            "--start-timeout",
+            type=positive_seconds,
+            default=DEFAULT_START_TIMEOUT,
+            help="seconds to keep trying the first write while the bucket does not accept it "
+            "(a cluster electing a leader refuses writes for a few seconds; default "
+            f"{DEFAULT_START_TIMEOUT:g}); then exit 3",
+        )
     elif name == "deregister":
         _add_worker_arguments(parser, id_required=True)
         parser.add_argument(
@@ -130,6 +187,7 @@ def check_card(
 async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.Event) -> int:
     from workerset_admission.adapters.nats.buckets import BucketSpec
     from workerset_admission.adapters.nats.connect import ConnectionCallbacks, connect
+    from workerset_admission.adapters.nats.errors import is_unavailable_for_now
     from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 
     card = _read_card(args.card)
@@ -161,10 +219,21 @@ async def _register(args: argparse.Namespace, settings: Settings, stop: asyncio.
             on_removed="report" if args.exit_on_loss else "reregister",
         )
         publishers.append(publisher)
-        key = await publisher.register(endpoint, instance_id, card, args.suffix)
-        keys = [key]
-        if not args.no_endpoint_record:
-            keys.append(await publisher.register_endpoint(endpoint, instance_id))
+
+        async def first_writes() -> list[str]:
+            # Both again after a refusal: a card written before the endpoint was refused is
+            # the same key and value written twice.
+            keys = [await publisher.register(endpoint, instance_id, card, args.suffix)]
+            if not args.no_endpoint_record:
+                keys.append(await publisher.register_endpoint(endpoint, instance_id))
+            return keys
+
+        keys = await until_accepted(
+            first_writes,
+            within=args.start_timeout,
+            unavailable=is_unavailable_for_now,
+            what="the registration",
+        )
         # The id as a string too: a 64-bit id loses digits as a number in jq 1.6 and JavaScript.
         said = {"registered": keys, "instance_id": instance_id, "instance_id_str": str(instance_id)}
         print(json.dumps(said), flush=True)

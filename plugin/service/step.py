@@ -163,6 +163,9 @@ class StepObserver:
     def worker_drained(self, effect: WorkerDrained) -> None:
         """Hear of a registration a drain set aside, as the step carries the effect out."""
 
+    def drain_changed(self, effect: DrainChanged) -> None:
+        """Hear of a drain begun, changed or lifted, as the step carries the effect out."""
+
     def mutation_refused(self, effect: MutationRefused) -> None:
         """Hear of a refused in-place change, as the step carries the effect out."""
 
@@ -432,6 +435,8 @@ class AdmissionStep:
             self._hops.drain_changed(effect)
         if self._deltas is not None:
             self._deltas.drain_changed(effect)
+        for observer in self.observers:
+            self._tell(observer.drain_changed, effect)
 
     def _reported_only(self, effect: Effect, carried: _Carried) -> None:
         """Nothing to carry out: telemetry reports it, the read models hear it in the delta."""

@@ -55,6 +55,7 @@ from workerset_admission.admission import (
     CommitFailed,
     CommitGroup,
     CoreSettings,
+    DrainChanged,
     Effect,
     GroupView,
     Input,
@@ -292,6 +293,8 @@ class _Replayer(StepObserver):
         self.rejections: list[RejectionReported] = []
         self.invalid: list[tuple[str, str]] = []
         self.history: dict[str, KeyHistory] = {}
+        # The registrations each drained worker's drain set aside, by (namespace, instance id).
+        self._drained: dict[tuple[str, int], set[str]] = {}
         self.effect_count = 0
         self.line = 0
         self.kv_key_of: dict[str, str] = {}
@@ -445,6 +448,17 @@ class _Replayer(StepObserver):
     def worker_drained(self, effect: WorkerDrained) -> None:
         by = f" by {effect.drain.by}" if effect.drain.by else ""
         self._note(effect.key, self.kv_key_of.get(effect.key, effect.key), f"drained{by}")
+        self._drained.setdefault(effect.drain.worker, set()).add(effect.key)
+
+    def drain_changed(self, effect: DrainChanged) -> None:
+        if effect.drain is not None:
+            return  # a drain begun is noted on each registration it sets aside
+        # Lifted: every registration it had set aside rejoins, as a returning member would.
+        for key in sorted(self._drained.pop((effect.namespace, effect.instance_id), ())):
+            if self.core.registration(key) is None:
+                continue  # it left while drained: nothing rejoins
+            kv_key = self.kv_key_of.get(key, key)
+            self._note(key, kv_key, "undrained: rejoins its cohort as a returning member")
 
     def mutation_refused(self, effect: MutationRefused) -> None:
         kv_key = self.kv_key_of.get(effect.key, effect.key)

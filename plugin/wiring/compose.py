@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from workerset_admission.card.entry import EntryDecoder
+from workerset_admission.errors import ConfigError
 from workerset_admission.ports import DiscoverySource
 from workerset_admission.service.admission_service import AdmissionService, PipelineBuilder
 from workerset_admission.settings import Settings, load_settings
@@ -130,6 +131,14 @@ async def create_service(
     )
 
     settings = settings or load_settings()
+    if not (servers or settings.nats_servers):
+        # Only serve (and demo) start an embedded server when none is named; a host process
+        # such as the Dynamo frontend has nobody to start one for it.
+        raise ConfigError(
+            "no NATS server given: set WORKERSET_ADMISSION_NATS_SERVERS (or nats_servers in "
+            "the settings file); only `workerset-admission serve` starts an embedded server "
+            "when none is given, the plugin inside the Dynamo frontend does not"
+        )
     boundary = boundary_settings(settings)
     view = _view_hook(settings, view_files)
     options = connect_options(settings, servers)

@@ -410,3 +410,47 @@ async def test_an_etcd_bridge_heal_whose_reading_failed_is_tried_again() -> None
     assert await bridge.heal_once() is None
 
     assert bucket.data == {KEY_A: b"a"}
+
+
+async def test_the_lag_grows_while_etcd_cannot_be_read_and_the_loop_keeps_beating() -> None:
+    etcd, bucket = FakeEtcd(), FakeBucket()
+    etcd.put(MDC_A, b"a")
+    bridge = EtcdDiscoveryBridge(etcd, bucket, backoff=(0.05,), probe_interval=0.05)
+    stop, task = await _running(bridge)
+    progress = bridge.progress
+    await asyncio.sleep(0.3)
+    # Each answered probe, with nothing left to write, keeps the bucket in sync.
+    assert progress.synced
+    assert progress.lag() < 0.2
+
+    etcd.fail()
+    await asyncio.sleep(0.5)
+    assert progress.lag() >= 0.4
+    assert progress.silent_for() < 0.3  # retrying: alive, not stuck
+    etcd.down = False
+    await _until(lambda: progress.lag() < 0.2)
+
+    stop.set()
+    await task
+
+
+async def test_a_change_etcd_sent_counts_as_unwritten_until_the_bucket_takes_it() -> None:
+    etcd, bucket = FakeEtcd(), FakeBucket()
+    bridge = EtcdDiscoveryBridge(etcd, bucket, retry_interval=0.02, probe_interval=0.05)
+    stop, task = await _running(bridge)
+    progress = bridge.progress
+
+    bucket.failing.add(KEY_A)
+    etcd.put(MDC_A, b"a")
+    await _until(lambda: bridge.stats.write_errors >= 1)
+    await asyncio.sleep(0.3)
+    assert progress.unwritten_for() >= 0.3
+    assert progress.lag() >= 0.3
+    bucket.failing.clear()
+    await _until(lambda: bucket.data == {KEY_A: b"a"})
+    await _until(lambda: progress.unwritten_for() == 0.0)
+    assert progress.lag() < 0.2
+    assert progress.last_write_age() is not None
+
+    stop.set()
+    await task

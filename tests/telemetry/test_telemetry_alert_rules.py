@@ -14,8 +14,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from workerset_admission.adapters.bridge_progress import BridgeProgress
 from workerset_admission.ports import DiscoveryEntry, SourcePut
 from workerset_admission.telemetry import AdmissionStateSummary, AdmissionTelemetry
+from workerset_admission.telemetry.bridge_metrics import observe_bridge
 from workerset_admission.telemetry.names import GROUP_STATUSES, WORKER_STATES
 
 RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
@@ -41,10 +43,14 @@ def exported() -> dict[str, str]:
     """Family name -> type, as the Prometheus exporter renders every instrument of the facade."""
     registry = CollectorRegistry(auto_describe=True)
     reader = PrometheusMetricReader(registry=registry)
+    meter_provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     telemetry = AdmissionTelemetry(
-        tracer_provider=TracerProvider(shutdown_on_exit=False),
-        meter_provider=MeterProvider(metric_readers=[reader], shutdown_on_exit=False),
+        tracer_provider=TracerProvider(shutdown_on_exit=False), meter_provider=meter_provider
     )
+    # The bridge's gauges, as `workerset-admission bridge --prometheus-port` serves them.
+    progress = BridgeProgress()
+    progress.wrote()
+    observe_bridge(meter_provider, progress)
     telemetry.observe_state(
         lambda: AdmissionStateSummary({"ready": 1}, 2, workers={("m", "rejected"): 1})
     )
