@@ -402,6 +402,48 @@ def test_status_0_a_closed_stdout_pipe_ends_a_command_quietly(tmp_path: Path) ->
     assert "Traceback" not in done.stderr
 
 
+_LONG_RUNNING_PIPE = """
+import asyncio, sys, types
+from workerset_admission import cli
+
+service = types.ModuleType("pipe_service")
+service.arguments = lambda name, parser: None
+
+async def main(name, args, stop):
+    while True:  # a service writing its lines until its reader goes away
+        print("a line", flush=True)
+        await asyncio.sleep(0.01)
+
+service.main = main
+sys.modules["pipe_service"] = service
+cli.COMMANDS["pipe-service"] = cli.CommandSpec(
+    "pipe_service", "writes lines", False, runs_until_stopped=True
+)
+sys.exit(cli.main(["pipe-service"]))
+"""
+
+
+def test_status_4_a_service_whose_stdout_closed_stops_to_be_restarted() -> None:
+    # A filter ends quietly (0) on a closed pipe; a service (serve, register, record) that
+    # loses its output has failed: its supervisor's Restart=on-failure must bring it back.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _LONG_RUNNING_PIPE],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == cli.EXIT_FAILED, done.stderr
+    assert "standard output was closed" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_a_broken_pipe_that_is_not_stdout_is_still_reported(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -419,9 +419,14 @@ def run_command(name: str, args: argparse.Namespace) -> int:
     except BrokenPipeError as error:
         if not _stdout_closed():
             return _failed(name, error)
-        # Said only where the command logs at INFO (serve): a service that stops because its
-        # reader left should not vanish without a word.
-        logging.getLogger(__name__).info("%s: standard output was closed; stopping", name)
+        if COMMANDS[name].runs_until_stopped:
+            # A service whose output went away (a log collector restarted) has failed, not
+            # finished: a status its supervisor restarts (4), never the 0 of a filter's end.
+            _quiet_on_closed_stdout()
+            logging.getLogger(__name__).warning(
+                "%s: standard output was closed; stopping to be restarted", name
+            )
+            return EXIT_FAILED
         return _quiet_on_closed_stdout()
     except Exception as error:
         return _failed(name, error)
