@@ -193,8 +193,10 @@ class Pod:
         env |= extra.env
         self.envs[name] = env
         options = [f"--env={key}={value}" for key, value in env.items()]
-        for mount in container.get("volumeMounts", []):
-            options.append(f"--volume={volumes[mount['name']]}:{mount['mountPath']}")
+        options += [
+            f"--volume={volumes[mount['name']]}:{mount['mountPath']}"
+            for mount in container.get("volumeMounts", [])
+        ]
         options += [f"--volume={mount}" for mount in extra.mounts]
         command = [expand(word, env) for word in container.get("command", [])]
         args = [expand(word, env) for word in container.get("args", [])]
