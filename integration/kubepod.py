@@ -211,6 +211,17 @@ class Pod:
             image, *args,
         )  # fmt: skip
 
+    def exited(self) -> list[str]:
+        """The manifest's containers of this pod that are not running (a kubelet would restart
+        them; a test that waits on the pod fails instead)."""
+        gone = []
+        for container in self.spec["containers"]:
+            name = self.container_name(container["name"])
+            state = self.podman("inspect", "--format", "{{.State.Running}}", name, check=False)
+            if state.stdout.strip() != "true":
+                gone.append(name)
+        return gone
+
     def pre_stop(self, container: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         """Run the container's preStop exec hook in it, with no shell, as the kubelet does."""
         command = self.container(container)["lifecycle"]["preStop"]["exec"]["command"]

@@ -7,6 +7,17 @@ integration/container-engine.sh (``$WORKERSET_ADMISSION_ENGINE_DIR``, default th
 on the loopback of its container, so the other containers of a test join that container's network
 (and process) namespace, as a pod's containers share one; the only port published is the
 frontend's, on 127.0.0.1. Every container a test starts is removed by its teardown, failed or not.
+
+The recipes of deploy/kubernetes/ run as a kubelet runs them (integration/kubepod.py: one podman
+pod per manifest, its commands, environment and emptyDir as written, Debian's catatonit as the
+pause process) on a network of the test's own with NATS as the Service ``nats`` and ``bridge``
+mirroring the workers' store: the worker-prestop.yaml pod (the worker image on the mocker) and a
+frontend manifest's pod, which answers /v1/models and a chat completion through the view; the
+worker's preStop hook then runs in its container. The systemd units' ExecStart lines run in the
+tools image (the units' /opt/workerset-admission) with their Environment and EnvironmentFile,
+as their User, serve's Type=notify readiness and watchdog arriving on a real notify socket. And
+both frontend shapes are measured: requests lost when the process that writes the view is
+killed and restarted.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -467,15 +479,22 @@ def instance_ids(store: Path) -> set[int]:
     return found
 
 
-def ask_frontend(port: int) -> tuple[list[str], Any]:
-    """GET /v1/models, then one chat completion through the frontend's published port."""
+def ask_frontend(port: int, *pods: kubepod.Pod) -> tuple[list[str], Any]:
+    """GET /v1/models, then one chat completion through the frontend's published port; fail at
+    once when a container of ``pods`` exits meanwhile."""
     import openai
 
     client = openai.OpenAI(
         base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=20
     )
     frontend = Frontend(port, None, client)  # type: ignore[arg-type]
-    wait_for(lambda: MODEL_NAME in frontend.models(), 240, "the frontend serves the model")
+
+    def serving() -> bool:
+        gone = [name for pod in pods for name in pod.exited()]
+        assert not gone, f"exited: {gone}"
+        return MODEL_NAME in frontend.models()
+
+    wait_for(serving, 240, "the frontend serves the model")
     return frontend.models(), frontend.ask()
 
 
@@ -490,7 +509,7 @@ def test_a_frontend_manifests_pod_serves_a_worker_pod_through_the_view(
         workers_kv = cluster.root / "workers-kv"
         wait_for(lambda: instance_ids(workers_kv), 180, "the worker pod registers")
         frontend, port = cluster.frontend(manifest, "a")
-        models, served = ask_frontend(port)
+        models, served = ask_frontend(port, frontend, worker)
         assert models == [MODEL_NAME]
         (instance,) = instance_ids(workers_kv)
         assert served.decode == instance
@@ -598,39 +617,53 @@ def test_the_systemd_units_run_as_written_and_serve_a_frontend_through_the_view(
     notify_dir = tmp_path / "notify"
     notify_dir.mkdir()
     notify_dir.chmod(0o777)
-    notify = systemdunit.NotifySocket(notify_dir / "notify.sock")
+    sockets = {
+        name: systemdunit.NotifySocket(notify_dir / f"{name}.sock") for name in ("bridge", "serve")
+    }
     try:
         with cluster.explained():
-            serve_and_frontend(cluster, etc, srv, notify)
+            units_and_frontend(cluster, etc, srv, sockets)
     finally:
-        notify.close()
+        for notify in sockets.values():
+            notify.close()
 
 
-def serve_and_frontend(
-    cluster: Cluster, etc: Path, srv: Path, notify: systemdunit.NotifySocket
-) -> None:
-    unit_container(cluster, "bridge", etc, srv, None)
-    serve, unit = unit_container(cluster, "serve", etc, srv, notify.path)
-    assert (unit.one("Type"), unit.one("NotifyAccess")) == ("notify", "main")
+def notified(container: str, unit: systemdunit.Unit, notify: systemdunit.NotifySocket) -> None:
+    """A Type=notify unit's READY=1, then watchdog pings well within WatchdogSec, all from its
+    main process (NotifyAccess=main)."""
     watchdog = float(unit.one("WatchdogSec"))
-    main_pid = int(podman("inspect", "--format", "{{.State.Pid}}", serve).stdout)
-    started = time.monotonic()
+    main_pid = int(podman("inspect", "--format", "{{.State.Pid}}", container).stdout)
 
     def ready_or_gone() -> bool:
-        state = podman("inspect", "--format", "{{.State.Running}}", serve).stdout.strip()
+        state = podman("inspect", "--format", "{{.State.Running}}", container).stdout.strip()
         return bool(notify.times("READY=1")) or state != "true"
 
-    notify.receive(started + 60, stop=ready_or_gone)
+    notify.receive(time.monotonic() + 60, stop=ready_or_gone)
     ready = notify.times("READY=1")
-    assert ready, f"no READY=1 within 60 s: {notify.messages}"
-    # Watchdog pings for a few of serve's beats after it is ready.
+    assert ready, f"{unit.path.name}: no READY=1 within 60 s: {notify.messages}"
     notify.receive(time.monotonic() + 5)
     pings = [at for at, _ in notify.times("WATCHDOG=1") if at >= ready[0][0]]
     assert len(pings) >= 3, notify.messages
     gaps = [b - a for a, b in zip([ready[0][0], *pings], pings, strict=False)]
     assert max(gaps) < watchdog / 2, gaps
-    # NotifyAccess=main: every message comes from the unit's main process.
+    assert unit.one("NotifyAccess") == "main"
     assert {pid for _, pid, _ in notify.messages} == {main_pid}
+
+
+def units_and_frontend(
+    cluster: Cluster, etc: Path, srv: Path, sockets: dict[str, systemdunit.NotifySocket]
+) -> None:
+    started = {}
+    for name in ("bridge", "serve"):
+        unit = systemdunit.read_unit(UNITS / f"workerset-admission-{name}.service")
+        notify = sockets[name] if unit.one("Type") == "notify" else None
+        started[name] = (*unit_container(cluster, name, etc, srv, notify and notify.path), notify)
+    # serve says it is ready and beats (and so does any other unit of Type=notify).
+    assert started["serve"][1].one("Type") == "notify"
+    for container, unit, notify in started.values():
+        if notify is not None:
+            notified(container, unit, notify)
+    serve, unit, _ = started["serve"]
     # A worker pod registers in the workers' store; an unmodified frontend (the frontend
     # image with its plugin off) reads the view serve writes at /srv/dynamo/view-kv.
     cluster.worker("u")
@@ -649,10 +682,120 @@ def serve_and_frontend(
     (instance,) = instance_ids(workers_kv)
     assert (models, served.decode) == ([MODEL_NAME], instance)
     assert instance_ids(srv / "view-kv") == {instance}
-    # KillSignal=SIGTERM stops serve cleanly within TimeoutStopSec, and the watchdog's pings
-    # end with it.
+    # KillSignal=SIGTERM stops serve cleanly within TimeoutStopSec.
     stop_started = time.monotonic()
     podman("stop", "-t", unit.one("TimeoutStopSec"), serve)
     assert time.monotonic() - stop_started < float(unit.one("TimeoutStopSec"))
     code = podman("inspect", "--format", "{{.State.ExitCode}}", serve).stdout.strip()
     assert code == "0", podman("logs", serve).stderr[-2000:]
+
+
+# --- The two shapes measured: what a killed admission process costs through the frontend -------
+
+
+@dataclass
+class Paced:
+    """Chat completions at ``rate`` a second on one frontend, each outcome kept with its time."""
+
+    port: int
+    rate: float = 5.0
+    outcomes: list[tuple[float, bool]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        import openai
+
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0, timeout=5
+        )
+        frontend = Frontend(self.port, None, client)  # type: ignore[arg-type]
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                frontend.ask()
+                ok = True
+            except (openai.OpenAIError, OSError):
+                ok = False
+            self.outcomes.append((time.monotonic(), ok))
+            next_at += 1 / self.rate
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def between(self, start: float, end: float) -> tuple[int, int, float]:
+        """Requests, failed requests, and seconds from the first failure to the next success."""
+        window = [(at, ok) for at, ok in self.outcomes if start <= at < end]
+        failed = [at for at, ok in window if not ok]
+        outage = 0.0
+        if failed:
+            back = [at for at, ok in window if ok and at > failed[0]]
+            outage = (back[0] if back else end) - failed[0]
+        return len(window), len(failed), outage
+
+
+def resident_mb(container: str) -> int:
+    """The resident memory of every process in a container, in MB."""
+    rows = podman("top", container, "rss").stdout.split()[1:]
+    return sum(int(rss) for rss in rows) // 1000
+
+
+def kill_and_restart(container: str) -> None:
+    """SIGKILL a container's process, then start it again, as a kubelet restarts it."""
+    podman("kill", "-s", "KILL", container)
+    podman("wait", container, timeout=30)
+    podman("start", container)
+
+
+@pytest.mark.parametrize("manifest", ["frontend-with-plugin.yaml", "frontend-with-serve.yaml"])
+def test_what_a_killed_admission_process_costs_in_each_shape(
+    cluster: Cluster, manifest: str
+) -> None:
+    """Requests at 5 a second through the pod's frontend while the process that writes the
+    view is killed and restarted: serve beside the frontend, or the frontend itself where the
+    plugin runs inside it; for serve's shape the frontend is killed too, for comparison."""
+    with cluster.explained():
+        cluster.worker("m")
+        workers_kv = cluster.root / "workers-kv"
+        wait_for(lambda: instance_ids(workers_kv), 180, "the worker pod registers")
+        frontend, port = cluster.frontend(manifest, "m")
+        ask_frontend(port, frontend)
+        names = {c["name"] for c in frontend.spec["containers"]}
+        writer = "serve" if "serve" in names else "frontend"
+        victims = [writer] + (["frontend"] if writer == "serve" else [])
+        traffic = Paced(port)
+        thread = threading.Thread(target=traffic.run, daemon=True)
+        thread.start()
+        windows = []
+        try:
+            time.sleep(5)
+            for victim in victims:
+                started = time.monotonic()
+                kill_and_restart(frontend.container_name(victim))
+                # The restarted frontend serves again before the window ends (checked below).
+                time.sleep(40)
+                windows.append((victim, started, time.monotonic()))
+        finally:
+            traffic._stop.set()
+            thread.join(30)
+        memory = ", ".join(
+            f"{name} {resident_mb(frontend.container_name(name))} MB" for name in sorted(names)
+        )
+        before = traffic.between(0, windows[0][1])
+        print(f"{manifest}: before any kill: {before[0]} requests, {before[1]} failed")
+        print(f"{manifest}: memory: {memory}")
+        results = {}
+        for victim, start, end in windows:
+            total, failed, outage = traffic.between(start, end)
+            results[victim] = (total, failed, outage)
+            print(
+                f"{manifest}: {victim} killed and restarted: {failed} of {total} requests "
+                f"failed, {outage:.1f} s from the first failure to the next success"
+            )
+        assert before[1] == 0
+        for victim, _, end in windows:
+            # Served again within the window: the last requests of each window succeeded.
+            assert traffic.between(end - 5, end)[1] == 0, (victim, traffic.outcomes[-30:])
+        if writer == "serve":
+            # The view fails static: the frontend never notices serve's death.
+            assert results["serve"][1] == 0, results
+        else:
+            # The plugin shares the frontend's fate: its death is the frontend's.
+            assert results["frontend"][1] > 0, results
