@@ -315,6 +315,12 @@ SECRETS = {
     "workerset-admission-drain": {"password": "drain-secret"},
 }
 WORKER_NAMESPACE = "dgd-v1"
+# The NATS server's users: the manifests' (their Secrets above) and the bridge's.
+NATS_USERS = {
+    "workerset-admission": SECRETS["workerset-admission"]["password"],
+    "drain-dgd-v1": SECRETS["workerset-admission-drain"]["password"],
+    "bridge": "bridge-secret",
+}
 MODEL_MOUNT = f"{ROOT / 'examples' / 'tiny-model'}:/model:ro"
 
 
@@ -359,9 +365,18 @@ class Cluster:
 
     def start(self, bridge: bool = True) -> None:
         podman("network", "create", self.network)
+        # Users and passwords: the manifests' secrets and the bridge's own, so a password the
+        # pods resolve wrongly is refused.
+        users = ", ".join(
+            f'{{user: "{user}", password: "{password}"}}' for user, password in NATS_USERS.items()
+        )
+        (self.root / "nats.conf").write_text(f"authorization {{ users = [{users}] }}\n")
         nats = self.running.start(
-            "nats", TOOLS, "-js", "-m", "8222",
-            options=("--network", self.network, "--entrypoint", "nats-server"),
+            "nats", TOOLS, "-js", "-m", "8222", "-c", "/etc/nats.conf",
+            options=(
+                "--network", self.network, "--entrypoint", "nats-server",
+                "-v", f"{self.root / 'nats.conf'}:/etc/nats.conf:ro",
+            ),
         )  # fmt: skip
         self.nats_ip = podman(
             "inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
@@ -375,6 +390,8 @@ class Cluster:
             options=(
                 "--network", self.network, "--add-host", f"nats:{self.nats_ip}",
                 "-e", "WORKERSET_ADMISSION_NATS_SERVERS=nats://nats:4222",
+                "-e", "WORKERSET_ADMISSION_NATS_USER=bridge",
+                "-e", f"WORKERSET_ADMISSION_NATS_PASSWORD={NATS_USERS['bridge']}",
                 "-v", f"{self.root / 'workers-kv'}:/workers",
             ),
         )  # fmt: skip
@@ -517,6 +534,11 @@ def test_a_frontend_manifests_pod_serves_a_worker_pod_through_the_view(
 
 
 def views_and_hooks(frontend: kubepod.Pod, port: int, worker: kubepod.Pod, instance: int) -> None:
+    # The pod's identity reached the plugin's settings as the kubelet expands them.
+    for env in frontend.envs.values():
+        if "WORKERSET_ADMISSION_FRONTEND_ID" in env:
+            assert env["WORKERSET_ADMISSION_FRONTEND_ID"] == frontend.name
+            assert env["WORKERSET_ADMISSION_NATS_INBOX_PREFIX"] == f"_INBOX_{frontend.name}"
     # The frontend routes by the view (its DYN_FILE_KV), which holds the admitted worker.
     view = frontend.folder / "view"
     assert instance_ids(view) == {instance}
@@ -605,7 +627,7 @@ def test_the_systemd_units_run_as_written_and_serve_a_frontend_through_the_view(
     )
     (etc / "env").write_text(
         "WORKERSET_ADMISSION_NATS_USER=workerset-admission\n"
-        "WORKERSET_ADMISSION_NATS_PASSWORD=unit-secret\n"
+        f"WORKERSET_ADMISSION_NATS_PASSWORD={NATS_USERS['workerset-admission']}\n"
     )
     (etc / "env").chmod(0o600)
     srv = tmp_path / "host" / "srv" / "dynamo"
