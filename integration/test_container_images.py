@@ -742,6 +742,9 @@ class Paced:
             next_at += 1 / self.rate
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
+    def stop(self) -> None:
+        self._stop.set()
+
     def between(self, start: float, end: float) -> tuple[int, int, float]:
         """Requests, failed requests, and seconds from the first failure to the next success."""
         window = [(at, ok) for at, ok in self.outcomes if start <= at < end]
@@ -795,7 +798,7 @@ def test_what_a_killed_admission_process_costs_in_each_shape(
                 time.sleep(40)
                 windows.append((victim, started, time.monotonic()))
         finally:
-            traffic._stop.set()
+            traffic.stop()
             thread.join(30)
         memory = ", ".join(
             f"{name} {resident_mb(frontend.container_name(name))} MB" for name in sorted(names)
