@@ -28,7 +28,10 @@ from workerset_admission.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
-CONTAINERFILES = sorted((ROOT / "deploy" / "container").glob("Containerfile.*"))
+# The images that carry the package (the mocker image is Dynamo's worker alone).
+CONTAINERFILES = [
+    ROOT / "deploy" / "container" / f"Containerfile.{n}" for n in ("frontend", "tools")
+]
 
 
 def test_the_license_is_the_apache_2_0_text_pyproject_names() -> None:
@@ -122,6 +125,16 @@ def test_a_containerfile_copies_what_the_package_needs_and_runs_what_exists(path
         assert (config.http_port, config.discovery_backend) == (8000, "file")
 
 
+def test_the_mocker_image_runs_the_frontend_images_dynamo_off_the_path() -> None:
+    text = (ROOT / "deploy" / "container" / "Containerfile.mocker").read_text()
+    assert "COPY --from=dynamo /opt/workerset-admission /opt/dynamo" in text
+    assert _json_array(text, "ENTRYPOINT") == ["/opt/dynamo/bin/python", "-m", "dynamo.mocker"]
+    assert not re.search(r"^ENV PATH", text, flags=re.MULTILINE)
+    assert sorted(p.name for p in (ROOT / "deploy" / "container").glob("Containerfile.*")) == [
+        "Containerfile.frontend", "Containerfile.mocker", "Containerfile.tools"
+    ]  # fmt: skip
+
+
 def _verify(units: list[Path]) -> subprocess.CompletedProcess[str]:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
@@ -166,11 +179,120 @@ def test_the_prestop_hook_is_a_command_that_exists_with_nothing_for_a_shell_to_e
     assert {"POD_IP", "DYN_TCP_RPC_PORT"} <= {env["name"] for env in container["env"]}
     # The pod outlives the drain's timeout plus its grace.
     assert pod["terminationGracePeriodSeconds"] > args.timeout + args.grace
+
+
+# Dynamo 1.7's worker shutdown budget (withdraw, a router grace, drain, cleanup) defaults to
+# 30 s; its operator refuses a pod whose grace period is below that budget plus 5 s, and the
+# preStop hook's time counts against the grace period.
+DYNAMO_17_SHUTDOWN_TOTAL = 30.0
+DYNAMO_17_OPERATOR_MARGIN = 5.0
+
+
+def _grace_room(manifest: dict[str, object]) -> float:
+    """Seconds the pod's grace period leaves after its preStop hook and 1.7's SIGTERM budget."""
+    pod = manifest["spec"]["template"]["spec"]  # type: ignore[index]
+    (container,) = pod["containers"]
+    args = cli.build_parser().parse_args(container["lifecycle"]["preStop"]["exec"]["command"][1:])
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    budget = float(env.get("DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS") or DYNAMO_17_SHUTDOWN_TOTAL)
+    hook = float(args.timeout) + float(args.grace)
+    grace_period = float(pod["terminationGracePeriodSeconds"])
+    return grace_period - hook - budget - DYNAMO_17_OPERATOR_MARGIN
+
+
+def test_the_worker_grace_period_leaves_room_for_the_hook_and_dynamo_17s_shutdown_budget() -> None:
+    yaml = pytest.importorskip("yaml", reason="needs pyyaml (the dynamo extra)")
+    text = (ROOT / "deploy" / "kubernetes" / "worker-prestop.yaml").read_text()
+    manifest = yaml.safe_load(text)
+    assert _grace_room(manifest) >= 0
+    # The arithmetic reads the file: a longer drain timeout with the same grace period fails.
+    (container,) = manifest["spec"]["template"]["spec"]["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    longer = command.index("--timeout") + 1
+    command[longer] = str(float(command[longer]) + _grace_room(manifest) + 1)
+    assert _grace_room(manifest) < 0
+    # So does a worker that sets a larger budget of its own.
+    manifest = yaml.safe_load(text)
+    (container,) = manifest["spec"]["template"]["spec"]["containers"]
+    container["env"].append({"name": "DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS", "value": "600"})
+    assert _grace_room(manifest) < 0
+
+
+def test_the_worker_image_is_built_offline_from_build_sh_wheels_and_keeps_its_entrypoint() -> None:
     worker_image = (ROOT / "deploy" / "kubernetes" / "Containerfile.worker").read_text()
-    for folder in ("plugin", "adapters", "telemetry"):
-        assert f"COPY {folder} /opt/workerset-admission-src/{folder}" in worker_image
-    # The worker image's own ENTRYPOINT is kept.
-    assert not re.search(r"^ENTRYPOINT", worker_image, flags=re.MULTILINE)
+    # build.sh's context: the dependencies' wheels and the project's, installed with no index.
+    assert "COPY deps /wheels/deps" in worker_image
+    assert "COPY project /wheels/project" in worker_image
+    installs = [line for line in worker_image.splitlines() if "pip install" in line]
+    assert installs
+    assert all("--no-index" in line for line in installs), installs
+    # No source tree copied in to be built at image build time.
+    assert not re.search(r"^COPY (plugin|adapters|telemetry|pyproject\.toml)", worker_image, re.M)
+    # The worker image's own ENTRYPOINT is kept, and its python is not shadowed.
+    assert not re.search(r"^(ENTRYPOINT|CMD|ENV PATH)", worker_image, flags=re.MULTILINE)
+    build = (ROOT / "deploy" / "container" / "build.sh").read_text()
+    assert "deploy/kubernetes/Containerfile.worker" in build
+    assert "--network=none" in build
+
+
+def _build_sh_images() -> set[str]:
+    """The image names build.sh makes (without registry or tag)."""
+    build = (ROOT / "deploy" / "container" / "build.sh").read_text()
+    return set(re.findall(r"\blocalhost/(workerset-admission(?:-[a-z]+)?)\b", build)) - {
+        "workerset-admission-base"
+    }
+
+
+KUBERNETES = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", KUBERNETES, ids=[p.name for p in KUBERNETES])
+def test_every_manifest_names_images_build_sh_makes(path: Path) -> None:
+    yaml = pytest.importorskip("yaml", reason="needs pyyaml (the dynamo extra)")
+    made = _build_sh_images()
+    assert {"workerset-admission", "workerset-admission-frontend"} <= made
+    pod = yaml.safe_load(path.read_text())["spec"]["template"]["spec"]
+    for container in pod["containers"]:
+        name = container["image"].rsplit("/", 1)[-1].split(":")[0]
+        assert name in made, f"{path.name}: {container['name']} names {name}, not in {made}"
+
+
+def _baked_in(containerfile: str) -> dict[str, str]:
+    """The ENV settings of a Containerfile's final stage (PATH aside), continued lines joined."""
+    text = re.sub(r"\\\n\s*", " ", containerfile)
+    final = text[text.rindex("\nFROM ") :]
+    found: dict[str, str] = {}
+    for line in final.splitlines():
+        if line.startswith("ENV "):
+            for word in shlex.split(line[4:]):
+                name, _, value = word.partition("=")
+                found[name] = value
+    found.pop("PATH", None)
+    return found
+
+
+@pytest.mark.parametrize("path", KUBERNETES, ids=[p.name for p in KUBERNETES])
+def test_a_manifest_states_every_setting_its_frontend_image_bakes_in(path: Path) -> None:
+    """The baked-in settings are for a plain ``podman run``: a manifest says each again."""
+    yaml = pytest.importorskip("yaml", reason="needs pyyaml (the dynamo extra)")
+    baked = _baked_in((ROOT / "deploy" / "container" / "Containerfile.frontend").read_text())
+    assert {"DYN_FILE_KV", "WORKERSET_ADMISSION_VIEW_DIR", "DYN_FRONTEND_ROUTE_EXTENSIONS"} <= set(
+        baked
+    )
+    pod = yaml.safe_load(path.read_text())["spec"]["template"]["spec"]
+    for container in pod["containers"]:
+        if "workerset-admission-frontend:" not in container["image"]:
+            continue
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert set(baked) <= set(env), f"{path.name}: not stated: {set(baked) - set(env)}"
+        # The plugin writes the view only where no serve beside it does.
+        beside = any("serve" in c.get("command", [])[:2] for c in pod["containers"])
+        if beside:
+            assert env["WORKERSET_ADMISSION_VIEW_DIR"] == ""
+            assert env["DYN_FRONTEND_ROUTE_EXTENSIONS"] == ""
+        else:
+            assert env["WORKERSET_ADMISSION_VIEW_DIR"] == env["DYN_FILE_KV"]
+            assert env["DYN_FRONTEND_ROUTE_EXTENSIONS"] == "workerset-admission"
 
 
 def test_the_frontend_recipe_runs_serve_on_the_frontends_store_with_a_liveness_probe() -> None:

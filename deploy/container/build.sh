@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the two images of deploy/container/ with podman, without any container registry.
+# Builds the images of deploy/container/ and deploy/kubernetes/ with podman, without any
+# container registry.
 #
-#   deploy/container/build.sh [tools|frontend ...]     both when none is named
+#   deploy/container/build.sh [tools|frontend|mocker|worker ...]     all four when none is named
 #
 # The base: BASE when it is set (a Python 3.10 to 3.13 image with venv, for example
 # docker.io/library/python:3.11-slim-bookworm where a registry is reachable); otherwise a Debian 12
@@ -23,9 +24,14 @@
 # not ENGINE_DIR's: run the images with the same two variables the script sets (it prints the
 # command at the end), or build with ENGINE_DIR=system to put them in podman's own store.
 #
-# Images: localhost/workerset-admission:<version> (tools: serve, bridge and the other commands)
-# and localhost/workerset-admission-frontend:<version> (the Dynamo 1.6.1 frontend with the plugin
-# as a route extension), each also tagged latest; their build stages are tagged <image>-build.
+# Images: localhost/workerset-admission:<version> (tools: serve, bridge and the other commands),
+# localhost/workerset-admission-frontend:<version> (the Dynamo 1.6.1 frontend with the plugin
+# as a route extension), localhost/workerset-admission-mocker:<version> (Dynamo's mocker worker,
+# a stand-in worker image; needs the frontend image) and localhost/workerset-admission-worker:
+# <version> (deploy/kubernetes/Containerfile.worker: WORKER_IMAGE, default the mocker image, with
+# workerset-admission added for the preStop hook; its wheels are built with $PYTHON, which must
+# have the worker image's Python minor version), each also tagged latest; their build stages
+# are tagged <image>-build.
 # Every step prints how long it took, and each image its size.
 set -euo pipefail
 
@@ -45,11 +51,11 @@ fail() {
 }
 
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(tools frontend)
+[ ${#targets[@]} -gt 0 ] || targets=(tools frontend mocker worker)
 for target in "${targets[@]}"; do
     case "$target" in
-    tools | frontend) ;;
-    *) fail "unknown image '$target' (tools or frontend)" ;;
+    tools | frontend | mocker | worker) ;;
+    *) fail "unknown image '$target' (tools, frontend, mocker or worker)" ;;
     esac
 done
 
@@ -150,7 +156,7 @@ make_project_wheel() {
 make_deps() {
     rm -rf "$3"
     mkdir -p "$3"
-    pip_quiet "$3/../pip.log" wheel -w "$3" "$CACHE/src[$2]" ||
+    pip_quiet "$3/../pip.log" wheel -w "$3" "$CACHE/src${2:+[$2]}" ||
         fail "pip wheel of the $1 dependencies failed"
     if [ "$1" = frontend ]; then
         # ai-dynamo pins aisimulate, which cannot be installed; the frontend never imports it,
@@ -169,6 +175,7 @@ make_context() {
     case "$target" in
     tools) extras="embedded,etcd" ;;
     frontend) extras="dynamo" ;;
+    worker) extras="" ;;
     esac
     context="$CACHE/$target"
     # The dependency lists of pyproject.toml (not its other settings), the extras and Python.
@@ -187,33 +194,70 @@ make_context() {
 
 # The build stage is tagged too ($image-build): its layers (the dependencies installed) stay
 # referenced, so the pruning of the images a rebuild replaced keeps them for the next build.
-# $1: target, $2: image, $3: base.
+# $1: target, $2: image, $3: base (for the worker: the worker image it is built on).
 build_image() {
-    local common=(build --quiet --network=none --build-arg "BASE=$3" --build-arg "VERSION=$VERSION"
-        -f "$HERE/Containerfile.$1")
-    podman "${common[@]}" --target build -t "$2-build:latest" "$CACHE/$1" >/dev/null &&
-        podman "${common[@]}" -t "$2:$VERSION" -t "$2:latest" "$CACHE/$1" >/dev/null
+    local recipe="$HERE/Containerfile.$1" context="$CACHE/$1"
+    local args=(--build-arg "BASE=$3" --build-arg "VERSION=$VERSION")
+    case "$1" in
+    mocker)
+        # Nothing to copy in: the mocker's environment comes from the frontend image.
+        mkdir -p "$context"
+        args+=(--build-arg "FRONTEND=$FRONTEND_IMAGE:$VERSION")
+        podman build --quiet --network=none "${args[@]}" -f "$recipe" \
+            -t "$2:$VERSION" -t "$2:latest" "$context" >/dev/null
+        return
+        ;;
+    worker)
+        recipe="$ROOT/deploy/kubernetes/Containerfile.worker"
+        args=(--build-arg "WORKER_IMAGE=$3" --build-arg "VERSION=$VERSION")
+        ;;
+    esac
+    local common=(build --quiet --network=none "${args[@]}" -f "$recipe")
+    podman "${common[@]}" --target build -t "$2-build:latest" "$context" >/dev/null &&
+        podman "${common[@]}" -t "$2:$VERSION" -t "$2:latest" "$context" >/dev/null
+}
+
+# The Python minor version of an image's python3. $1: the image.
+python_minor() {
+    podman run --rm --network=none --entrypoint python3 "$1" -c \
+        'import sys; print("%d.%d" % sys.version_info[:2])'
 }
 
 VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml" | head -n 1)"
+FRONTEND_IMAGE=localhost/workerset-admission-frontend
+MOCKER_IMAGE=localhost/workerset-admission-mocker
 host_minor="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
     || fail "cannot run $PYTHON"
 
 started=$SECONDS
 base="$(base_image)"
-image_minor="$(podman run --rm --network=none "$base" python3 -c \
-    'import sys; print("%d.%d" % sys.version_info[:2])')" || fail "cannot run python3 in $base"
+image_minor="$(python_minor "$base")" || fail "cannot run python3 in $base"
 [ "$host_minor" = "$image_minor" ] \
     || fail "$PYTHON is Python $host_minor but $base has $image_minor: set PYTHON to a $image_minor"
 
 timed "project wheel (pip wheel on the host)" make_project_wheel
 for target in "${targets[@]}"; do
+    on="$base"
     case "$target" in
     tools) image=localhost/workerset-admission ;;
-    frontend) image=localhost/workerset-admission-frontend ;;
+    frontend) image=$FRONTEND_IMAGE ;;
+    mocker)
+        image=$MOCKER_IMAGE
+        podman image exists "$FRONTEND_IMAGE:$VERSION" ||
+            fail "the mocker image is made from $FRONTEND_IMAGE:$VERSION: build frontend first"
+        ;;
+    worker)
+        image=localhost/workerset-admission-worker
+        on="${WORKER_IMAGE:-$MOCKER_IMAGE:$VERSION}"
+        podman image exists "$on" || fail "no worker image $on here (set WORKER_IMAGE, or build mocker)"
+        worker_minor="$(python_minor "$on")" || fail "cannot run python3 in $on"
+        [ "$host_minor" = "$worker_minor" ] ||
+            fail "$PYTHON is Python $host_minor but $on has $worker_minor: set PYTHON to a $worker_minor"
+        say "worker image built on $on"
+        ;;
     esac
-    make_context "$target" "$image_minor"
-    timed "$target image $image:$VERSION" build_image "$target" "$image" "$base"
+    [ "$target" = mocker ] || make_context "$target" "$image_minor"
+    timed "$target image $image:$VERSION" build_image "$target" "$image" "$on"
     size="$(podman image inspect --format '{{.Size}}' "$image:$VERSION")"
     say "$target image $image:$VERSION: $((size / 1000000)) MB"
 done

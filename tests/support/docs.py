@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = (
     ROOT / "README.md",
     ROOT / "docs" / "operations.md",
+    ROOT / "docs" / "deploying.md",
     ROOT / "docs" / "runbook.md",
     ROOT / "docs" / "benchmarks.md",
     ROOT / "docs" / "faults.md",
