@@ -41,7 +41,7 @@ from workerset_admission.admission import (
 from workerset_admission.card import BoundarySettings, encode_drain_record
 from workerset_admission.card.entry import EntryDecoder
 from workerset_admission.errors import RemoteDataError
-from workerset_admission.identity import AttemptId, Drain, EndpointId, WorkerType
+from workerset_admission.identity import AttemptId, Drain, EndpointId
 from workerset_admission.keys import drain_kv_key
 from workerset_admission.ports import DiscoveryEntry, SourceListing, SourcePut
 from workerset_admission.service.ingest import Ingestor
@@ -55,9 +55,6 @@ __all__ = ["CoreAnswer", "Place", "Served", "core_over"]
 _QUIET = logging.getLogger("workerset_admission.rollout.routable.quiet")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
-
-# The worker types whose hop is not the model's own (Dynamo 1.6.1's prefill and encoder hops).
-_PEER_TYPES = frozenset({WorkerType.PREFILL, WorkerType.ENCODE})
 
 # (model, "namespace/component/endpoint"): where a model is served from.
 Place = tuple[str, str]
@@ -143,7 +140,7 @@ class CoreAnswer:
             endpoint = key.endpoint
             routable = liveness.routable(endpoint, admitted)
             namespace, place = endpoint.namespace, endpoint.path()
-            if key.worker_type not in _PEER_TYPES:
+            if not key.worker_type.is_peer:
                 places.setdefault((key.model, place), set()).update(
                     (namespace, i) for i in routable
                 )
@@ -154,7 +151,7 @@ class CoreAnswer:
                     sorted({_adapter_name(core, a.key, a.model_suffix) for a in worker.adapters})
                 )
                 adapters[(key.id, namespace, worker.instance_id)] = names
-                if key.worker_type in _PEER_TYPES:
+                if key.worker_type.is_peer:
                     continue
                 for name in names:
                     places.setdefault((name, place), set()).add((namespace, worker.instance_id))
