@@ -149,6 +149,7 @@ class AdmissionService:
                 self.settings.publish_interval,
                 self.settings.publish_retry,
                 prepare=self._before_publication,
+                synced=lambda: self._synced.is_set(),
             )
         )
         self._publication_hooks: list[Callable[[], object]] = []

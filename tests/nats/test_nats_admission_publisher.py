@@ -287,7 +287,7 @@ async def test_records_are_refreshed_on_time_even_while_other_records_keep_chang
     await pub.close()
 
 
-async def test_a_record_too_large_for_the_server_is_withdrawn_said_by_key_and_delays_no_other(
+async def test_a_record_too_large_for_the_server_is_marked_said_by_key_and_delays_no_other(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     js = FakeJetStream()
@@ -304,9 +304,12 @@ async def test_a_record_too_large_for_the_server_is_withdrawn_said_by_key_and_de
     await pub.publish_members("ns-a", huge)
     await pub.publish_members("ns-b", ["ns-b/c/e/1", "ns-b/c/e/2"])
     await asyncio.wait_for(pub.flushed(), 5)
-    # ns-b's change landed; ns-a's older record, which no longer holds, is withdrawn.
+    # ns-b's change landed; ns-a's older record, which no longer holds, is replaced by a
+    # marker saying a record could not be published (a drain reads it as not confirmed).
     assert json.loads(js.kv.data[member("ns-b")])["members"] == ["ns-b/c/e/1", "ns-b/c/e/2"]
-    assert member("ns-a") not in js.kv.data
+    marker = json.loads(js.kv.data[member("ns-a")])
+    assert marker["members"] == []
+    assert marker["unpublished"] > 2000
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert member("ns-a") in warnings[0]
