@@ -1,4 +1,4 @@
-"""A frontend whose ``serve`` fell silent still routes by its view: ``drain --wait`` never says safe.
+"""A frontend whose ``serve`` fell silent routes by its view: ``drain --wait`` never says safe.
 
 Real nats-server, real ``serve --view-dir`` processes, the real commands. ``serve`` is killed
 and its heartbeat expires (60 s), while the files of the view it wrote live on for their

@@ -1,4 +1,4 @@
-"""A frontend whose writer fell silent still routes by its last view: the drain and the gate count it."""
+"""A frontend whose writer fell silent routes by its last view: the drain and the gate count it."""
 
 from __future__ import annotations
 
@@ -83,17 +83,17 @@ LISTING = [*worker("dgd", 1, "h1"), *worker("dgd", 2, "h2")]
 WAIT = ("--wait", "--interval", "0.02", "--timeout", "0.5")
 
 
-def test_a_frontend_with_no_heartbeat_and_a_lease_on_its_view_is_silent_and_not_confirmed() -> (
-    None
-):
+def test_a_frontend_with_no_heartbeat_and_a_lease_on_its_view_is_silent_and_not_confirmed() -> None:
     records = parsed([capability("fe-1"), members("fe-1", "dgd", 1, 2)])
     assert silent_frontends(records) == {"fe-1": 1780.0}
     check = check_drained(records, [Worker("dgd", 1)])
     (fe,) = check.frontends
-    assert fe.silent and not fe.confirmed
+    assert fe.silent
+    assert not fe.confirmed
     assert fe.still_serving == ("dgd/backend/generate/1",)
     # Every live frontend let go (there is none), but the silent one still routes: not safe.
-    assert check.settled and not check.safe
+    assert check.settled
+    assert not check.safe
     assert check.silent_routing == ("fe-1",)
     # Its last view does not hold worker 3: for that one it is confirmed.
     assert check_drained(records, [Worker("dgd", 3)]).safe
@@ -115,7 +115,9 @@ def test_a_frontend_whose_lease_ran_out_let_go_and_one_without_a_lease_is_unconf
 
 
 def test_drain_wait_never_answers_safe_while_a_silent_frontends_view_holds_the_worker() -> None:
-    store = MemoryStore(LISTING, [heartbeat("fe-1"), capability("fe-1"), members("fe-1", "dgd", 1, 2)])
+    store = MemoryStore(
+        LISTING, [heartbeat("fe-1"), capability("fe-1"), members("fe-1", "dgd", 1, 2)]
+    )
     # serve was killed: its heartbeat expired, its lease and its last records stay.
     store.later = [capability("fe-1"), members("fe-1", "dgd", 1, 2)]
     status, said = drain(store, "1", *WAIT)
@@ -162,7 +164,8 @@ def test_a_record_too_large_to_publish_is_a_frontend_that_has_not_confirmed() ->
     records = parsed([heartbeat("fe-1"), capability("fe-1"), unpublished("fe-1", "dgd")])
     check = check_drained(records, [Worker("dgd", 1)])
     (fe,) = check.frontends
-    assert not fe.confirmed and not fe.silent
+    assert not fe.confirmed
+    assert not fe.silent
     assert "too large to publish" in fe.still_serving[0]
     assert check_drained(records, [Worker("other", 1)]).safe
     # Live with the marker: still routed to at the timeout (status 1), never safe.

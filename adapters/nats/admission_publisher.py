@@ -362,7 +362,7 @@ class NatsAdmissionPublisher:
         return len(stale)
 
     async def _own_member_keys(self, kv: KeyValue, subject: str) -> list[str]:
-        """The keys this frontend's namespace records have in the bucket now (headers only)."""
+        """Return the keys this frontend's namespace records have in the bucket (headers only)."""
         watcher = await kv.watch(subject, meta_only=True, ignore_deletes=True)
         keys: list[str] = []
         try:

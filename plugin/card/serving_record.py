@@ -164,7 +164,7 @@ class CapabilityRecord:
     view_outlives: float | None = None
 
     def routes_until(self) -> float | None:
-        """The server time until which a silent frontend may route by its last view, if said."""
+        """Return the server time until which a silent frontend may route by its view, if said."""
         if self.routes_for is None or self.published_at is None:
             return None
         return self.published_at + self.routes_for

@@ -379,9 +379,10 @@ async def wait_until_safe(
         if last is None or line.split("] ", 1)[1] != last.split("] ", 1)[1]:
             progress(line)
             last = line
-        if check is not None and read.problem is None and check.settled:
-            if not (wait_for_silent and check.silent_routing):
-                return check
+        # A silent frontend may come back and let go, or its lease run out: worth waiting for.
+        silent = wait_for_silent and check is not None and bool(check.silent_routing)
+        if check is not None and read.problem is None and check.settled and not silent:
+            return check
         if elapsed >= timeout:
             return check
         await sleep(min(interval, max(0.0, timeout - elapsed)))

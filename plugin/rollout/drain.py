@@ -618,7 +618,7 @@ def gone_unconfirmed(
 
 
 def _present(records: Sequence[Record]) -> set[str]:
-    """The frontends that may still route: live ones and silent ones."""
+    """Return the frontends that may still route: live ones and silent ones."""
     return set(live_frontends(records)) | set(silent_frontends(records))
 
 

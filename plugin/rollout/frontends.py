@@ -90,7 +90,7 @@ def silent_frontends(records: Iterable[Record]) -> Mapping[str, float | None]:
 
 
 def leased_frontends(records: Iterable[Record]) -> frozenset[str]:
-    """The frontends whose records say their view outlives them by a stated lease.
+    """Return the frontends whose records say their view outlives them by a stated lease.
 
     When such a frontend leaves the bucket, the server removed its lease: its view expired.
     """

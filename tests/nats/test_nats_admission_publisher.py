@@ -414,9 +414,7 @@ async def test_a_view_that_outlives_the_writer_is_leased_and_a_stop_leaves_what_
     None
 ):
     js = FakeJetStream(per_key_ttl=True)
-    pub = publisher(
-        js, record_ttl=0.3, content_ttl=3600.0, audit_interval=None, view_outlives=2.0
-    )
+    pub = publisher(js, record_ttl=0.3, content_ttl=3600.0, audit_interval=None, view_outlives=2.0)
     capability, member = admission_keys("fe/1")
     beat = heartbeat_key("fe/1")
     await pub.publish_capability()
