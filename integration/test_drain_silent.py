@@ -21,6 +21,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 from natsfixture import NatsServer
 from secfixture import configured_server
 from support.buckets import live_keys
@@ -196,50 +197,73 @@ def test_a_serve_restarted_under_the_same_id_withdraws_what_it_no_longer_serves(
     assert "v1.fe-1.heartbeat" in admission_keys(url, admission)
 
 
+async def publish_oversized(
+    nc: NatsClient, bucket: str, **options: float
+) -> NatsAdmissionPublisher:
+    """Publish fe-1's record of dgd, then grow it past what a 4 KB max_payload server takes."""
+    publisher = NatsAdmissionPublisher(nc.jetstream(), "fe-1", bucket=bucket, **options)
+    await publisher.publish_capability()
+    small = [f"dgd/backend/generate/{i:x}" for i in (A1, A2)]
+    await publisher.publish_members("dgd", small)
+    await asyncio.wait_for(publisher.flushed(), 10)
+    # Grown past what the server takes: hundreds of members of the namespace.
+    huge = small + [f"dgd/backend/generate/{0x1000 + i:x}" for i in range(400)]
+    await publisher.publish_members("dgd", huge)
+    await asyncio.wait_for(publisher.flushed(), 10)
+    return publisher
+
+
 def test_a_record_too_large_to_publish_reads_as_not_confirmed_never_as_let_go(
     tmp_path: Path,
 ) -> None:
     with configured_server(tmp_path, {"max_payload": 4096}) as server:
-        url = server.url
-        suffix = uuid.uuid4().hex[:8]
-        buckets = flags(url, suffix)
+        url, suffix = server.url, uuid.uuid4().hex[:8]
         asyncio.run(register_at(url, f"disc-{suffix}", EP, A1, A2))
 
-        async def publish() -> None:
+        async def scenario() -> subprocess.CompletedProcess[str]:
             nc = await nats.connect(url)
-            publisher = NatsAdmissionPublisher(
-                nc.jetstream(), "fe-1", bucket=f"adm-{suffix}", view_outlives=30.0
-            )
+            publisher = await publish_oversized(nc, f"adm-{suffix}")
             try:
-                await publisher.publish_capability()
-                small = [f"dgd/backend/generate/{i:x}" for i in (A1, A2)]
-                await publisher.publish_members("dgd", small)
-                await asyncio.wait_for(publisher.flushed(), 10)
-                # Grown past what the server takes: thousands of members of the namespace.
-                huge = small + [f"dgd/backend/generate/{0x1000 + i:x}" for i in range(400)]
-                await publisher.publish_members("dgd", huge)
-                await asyncio.wait_for(publisher.flushed(), 10)
                 kv = await nc.jetstream().key_value(f"adm-{suffix}")
                 marker = json.loads((await kv.get("v1.fe-1.members.dgd")).value or b"{}")
                 assert marker["unpublished"] > 4096
                 assert marker["members"] == []
-
                 # Live, with its record unpublished: still routed to at the timeout.
-                live = await asyncio.to_thread(
-                    run, "drain", str(A1), "--wait", "--json", "--timeout", "1.5", *buckets
-                )
-                assert live.returncode == 1, live.stderr
-                (fe,) = json.loads(live.stdout)["frontends"]
-                assert "too large to publish" in fe["still_serving"][0]
-                # Stopped (its view outlives it): could not confirm, never safe.
-                await publisher.withdraw_all()
-                silent = await asyncio.to_thread(
-                    run, "drain", str(A1), "--wait", "--json", "--timeout", "1.5", *buckets
-                )
-                assert silent.returncode == 7, silent.stderr
-                assert json.loads(silent.stdout)["silent_routing"] == ["fe-1"]
+                return await asyncio.to_thread(
+                    run, "drain", str(A1), "--wait", "--json", "--timeout", "1.5",
+                    *flags(url, suffix),
+                )  # fmt: skip
             finally:
                 await publisher.close()
                 await nc.close()
 
-        asyncio.run(publish())
+        live = asyncio.run(scenario())
+        assert live.returncode == 1, live.stderr
+        (fe,) = json.loads(live.stdout)["frontends"]
+        assert "too large to publish" in fe["still_serving"][0]
+
+
+def test_a_stopped_frontends_unpublished_record_reads_as_could_not_confirm(
+    tmp_path: Path,
+) -> None:
+    with configured_server(tmp_path, {"max_payload": 4096}) as server:
+        url, suffix = server.url, uuid.uuid4().hex[:8]
+        asyncio.run(register_at(url, f"disc-{suffix}", EP, A1, A2))
+
+        async def scenario() -> subprocess.CompletedProcess[str]:
+            nc = await nats.connect(url)
+            publisher = await publish_oversized(nc, f"adm-{suffix}", view_outlives=30.0)
+            try:
+                # Stopped, its view outliving it: the marker stays, and the lease with it.
+                await publisher.withdraw_all()
+                return await asyncio.to_thread(
+                    run, "drain", str(A1), "--wait", "--json", "--timeout", "1.5",
+                    *flags(url, suffix),
+                )  # fmt: skip
+            finally:
+                await publisher.close()
+                await nc.close()
+
+        silent = asyncio.run(scenario())
+        assert silent.returncode == 7, silent.stderr
+        assert json.loads(silent.stdout)["silent_routing"] == ["fe-1"]
