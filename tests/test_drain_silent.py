@@ -193,3 +193,17 @@ def test_the_gate_counts_a_silent_frontend_on_its_last_view() -> None:
     # Its lease gone, it no longer routes: the gate opens on the live one.
     gone = [members("fe-2", "old", 1)]
     assert evaluate_gate(parsed([*live, *gone]), model=MODEL, namespace="new").open
+
+
+def test_the_json_of_a_silent_frontend_says_so_and_a_live_ones_is_unchanged() -> None:
+    live = [heartbeat("fe-1"), capability("fe-1"), members("fe-1", "new", 3)]
+    silent = [capability("fe-2"), members("fe-2", "new", 1)]
+    report = evaluate_gate(parsed([*live, *silent]), model=MODEL, namespace="new")
+    shown = {f["frontend"]: f for f in report.as_json()["frontends"]}
+    assert "silent" not in shown["fe-1"]
+    assert shown["fe-2"]["silent"] is True
+    check = check_drained(parsed([*live, *silent]), [Worker("new", 1)])
+    by_frontend = {f["frontend"]: f for f in check.as_json()["frontends"]}
+    assert set(by_frontend["fe-1"]) == {"frontend", "confirmed", "still_serving"}
+    assert by_frontend["fe-2"]["silent"] is True
+    assert by_frontend["fe-2"]["routes_until"] == 1780.0

@@ -215,7 +215,8 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "--allow-unconfirmed",
         action="store_true",
         help="with --wait, count a frontend that went away without confirming (its records "
-        "expired: stopped, or cut off from NATS) as one that let the workers go",
+        "expired: stopped, or cut off from NATS), or a silent one still routing by its last "
+        "view, as one that let the workers go",
     )
     parser.add_argument(
         "--grace",

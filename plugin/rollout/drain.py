@@ -653,13 +653,15 @@ class FrontendConfirmation:
         return not self.still_serving
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        shown: dict[str, Any] = {
             "frontend": self.frontend,
             "confirmed": self.confirmed,
             "still_serving": list(self.still_serving),
-            "silent": self.silent,
-            "routes_until": self.routes_until,
         }
+        if self.silent:
+            # Only a silent frontend says so: a live one's object is as it always was.
+            shown.update(silent=True, routes_until=self.routes_until)
+        return shown
 
 
 @dataclass(frozen=True, slots=True)

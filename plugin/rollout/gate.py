@@ -74,9 +74,8 @@ class FrontendServing:
     silent: bool = False
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        shown: dict[str, Any] = {
             "frontend": self.frontend,
-            "silent": self.silent,
             "serving": self.serving,
             "model_verified": self.model_verified,
             "checksums": list(self.checksums),
@@ -84,6 +83,10 @@ class FrontendServing:
             "members": self.members,
             "previous_namespaces": list(self.previous_namespaces),
         }
+        if self.silent:
+            # Only a silent frontend says so: a live one's object is as it always was.
+            shown["silent"] = True
+        return shown
 
 
 @dataclass(frozen=True, slots=True)
