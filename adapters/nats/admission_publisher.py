@@ -29,9 +29,9 @@ without per-key TTLs) every record is rewritten every third of that age, as befo
 Changes are coalesced: at most one write round per ``min_interval`` (200 ms by default), and the
 last state wins. A round writes only the records that changed since their last successful
 write, each key on its own and all at once: one key that cannot be written (refused, or larger
-than the server takes) delays no other and is said by key. A record too large is withdrawn and
-not tried again until it changes; another failed key is tried again, alone, every
-``retry_interval``, and a round in which every write failed is retried whole.
+than the server takes) delays no other and is said by key. A record too large stands as a
+marker (below) and is not tried again until it changes; another failed key is tried again,
+alone, every ``retry_interval``, and a round in which every write failed is retried whole.
 ``withdraw_all()`` deletes every record this frontend wrote, unless its view outlives it (below).
 
 *A view that outlives its writer.* ``view_outlives`` is how long the frontend may keep routing

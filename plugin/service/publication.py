@@ -104,6 +104,9 @@ class ServingPublication:
                 if not self._capability_published:
                     await publisher.publish_capability(self._resynced_at)
                     self._capability_published = True
+                # Known before what to publish is read: a listing that lands in between is
+                # this round's to miss, and settling must wait for the round that has it.
+                synced = self._synced is not None and self._synced()
                 if self._prepare is not None:
                     self._prepare()
                 wanted = self._wanted()
@@ -116,7 +119,7 @@ class ServingPublication:
                         self._published[namespace] = record
                     else:
                         self._published.pop(namespace, None)
-                if not self._settled and self._synced is not None and self._synced():
+                if synced and not self._settled:
                     await publisher.settle()
                     self._settled = True
             except Exception as exc:  # NATS may be down; try again soon
