@@ -75,10 +75,18 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from nats.aio.client import Client as NatsClient
 from nats.errors import MaxPayloadError
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
+from workerset_admission.adapters.nats.admission_reader import read_keys
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.kv import stream_name
 from workerset_admission.aio import cancel_and_wait
@@ -143,6 +151,7 @@ class NatsAdmissionPublisher:
         audit_interval: float | None = 2.0,
         watch_own_keys: bool = True,
         view_outlives: float | None = None,
+        client: NatsClient | None = None,
     ) -> None:
         self._js = js
         self.frontend_id = frontend_id
@@ -158,6 +167,9 @@ class NatsAdmissionPublisher:
         if view_outlives is not None and not view_outlives > 0:
             raise ValueError("view_outlives must be a positive number of seconds")
         self._view_outlives = view_outlives
+        # The connection behind ``js``: settling lists this frontend's records with a consumer
+        # the server names, which a frontend's NATS user may create (docs/security.md).
+        self._client = client
         # When the capability record's lease on the view is due to be written again.
         self._lease_due: float | None = None
         self._capability_key, self._member_key = admission_keys(frontend_id)
@@ -345,8 +357,14 @@ class NatsAdmissionPublisher:
         records it withdrew.
         """
         kv = await self._bucket()
-        prefix = f"{PROTOCOL}.{escape_token(self.frontend_id)}.members."
-        found = await self._own_member_keys(kv, prefix + ">")
+        subject = f"{PROTOCOL}.{escape_token(self.frontend_id)}.members.>"
+        found: list[str] | None = None
+        if self._client is not None:
+            with contextlib.suppress(BadRequestError):  # a server before 2.10: the watch, below
+                entries = await read_keys(self._client, self.bucket, [subject], 10.0)
+                found = [entry.key for entry in entries]
+        if found is None:
+            found = await self._own_member_keys(kv, subject)
         ours = {self._member_key(n) for n, v in self._desired.items() if v is not None}
         ours |= {self._member_key(n) for n in self._published}
         stale = sorted(key for key in found if key not in ours)

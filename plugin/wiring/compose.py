@@ -175,6 +175,7 @@ async def create_service(
                 replicas=settings.bucket_replicas,
                 # The frontend routes by the view this long after this process last touched it.
                 view_outlives=None if view is None else _view_outlives(settings),
+                client=nc,
             )
             # Withdrawal happens first during shutdown; this only stops its writer.
             closers.insert(0, publisher.close)
