@@ -165,7 +165,18 @@ class AdmissionPublisher(Protocol):
         ...
 
     async def withdraw_all(self) -> None:
-        """Remove every record this frontend published (on shutdown)."""
+        """Remove every record this frontend published (on shutdown).
+
+        A frontend whose view outlives this process keeps what that view still routes by.
+        """
+        ...
+
+    async def settle(self) -> int:
+        """Withdraw records under this frontend's id it does not publish now; return how many.
+
+        Called once, when what it publishes follows its first listing: a predecessor under the
+        same id may have left records this process no longer holds.
+        """
         ...
 
 

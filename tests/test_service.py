@@ -800,3 +800,23 @@ async def test_a_withdrawn_drain_is_logged_by_the_frontend(
                          "routed to again"]  # fmt: skip
     finally:
         await svc.stop()
+
+
+async def test_the_publisher_settles_once_after_the_first_listing_is_published(
+    source: FakeSource,
+) -> None:
+    publisher = FakePublisher()
+    svc = await started(source, publisher=publisher)
+    await asyncio.sleep(0.2)
+    # Before the first listing nothing is settled: a predecessor's records still say the view.
+    assert publisher.settled == 0
+    # An empty first listing changes no group: the publisher settles all the same.
+    source.queue.put_nowait(SourceListing(()))
+    await svc.wait_synced(5)
+    for _ in range(100):
+        if publisher.settled:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+    assert publisher.settled == 1
+    await svc.stop()

@@ -29,10 +29,29 @@ without per-key TTLs) every record is rewritten every third of that age, as befo
 Changes are coalesced: at most one write round per ``min_interval`` (200 ms by default), and the
 last state wins. A round writes only the records that changed since their last successful
 write, each key on its own and all at once: one key that cannot be written (refused, or larger
-than the server takes) delays no other and is said by key. A record too large is withdrawn and
-not tried again until it changes; another failed key is tried again, alone, every
-``retry_interval``, and a round in which every write failed is retried whole.
-``withdraw_all()`` deletes every record this frontend wrote.
+than the server takes) delays no other and is said by key. A record too large stands as a
+marker (below) and is not tried again until it changes; another failed key is tried again,
+alone, every ``retry_interval``, and a round in which every write failed is retried whole.
+``withdraw_all()`` deletes every record this frontend wrote, unless its view outlives it (below).
+
+*A view that outlives its writer.* ``view_outlives`` is how long the frontend may keep routing
+by the admitted view after this process last touched it (the view's horizon and one refresh).
+On a bucket with per-key TTLs the heartbeat says it (``"view_outlives"``), and the capability
+record carries the lease it implies: ``"routes_for"``, the seconds after its publication the
+frontend may still route by its last view if this process writes nothing more, with a per-key
+TTL just as long. It is rewritten every ``lease_every`` (a minute at most, a tenth of the
+horizon), so the lease is never more than that behind the truth, and the server removes the
+record, on its own clock, once the last view has expired. The namespace records outlive it
+(their TTL is at least twice the lease). A reader that finds the heartbeat gone and the lease in
+the bucket takes the frontend for *silent*: still routing by the view its namespace records
+describe. A stop withdraws nothing the view still routes by: it writes the lease afresh,
+deletes the heartbeat and leaves the namespace records; the next process under the same id
+takes them over, and withdraws the ones it does not publish itself once it has settled
+(:meth:`settle`).
+
+*A record too large to publish.* A namespace record larger than the server takes is replaced by
+a small marker under the same key (``"unpublished": <bytes>``, no members): a reader cannot
+tell which of the namespace's workers the frontend routes to, and counts it as routing to any.
 
 A failed write may mean the store lost the bucket (a wiped or re-created store): the bucket is
 bound again (created, with the configured replicas, when absent) and every record is written
@@ -56,10 +75,18 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from nats.aio.client import Client as NatsClient
 from nats.errors import MaxPayloadError
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
+from workerset_admission.adapters.nats.admission_reader import read_keys
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.adapters.nats.kv import stream_name
 from workerset_admission.aio import cancel_and_wait
@@ -123,6 +150,8 @@ class NatsAdmissionPublisher:
         replicas: int = 1,
         audit_interval: float | None = 2.0,
         watch_own_keys: bool = True,
+        view_outlives: float | None = None,
+        client: NatsClient | None = None,
     ) -> None:
         self._js = js
         self.frontend_id = frontend_id
@@ -135,6 +164,14 @@ class NatsAdmissionPublisher:
         self._replicas = replicas
         self._audit_interval = audit_interval
         self._watch_own_keys = watch_own_keys
+        if view_outlives is not None and not view_outlives > 0:
+            raise ValueError("view_outlives must be a positive number of seconds")
+        self._view_outlives = view_outlives
+        # The connection behind ``js``: settling lists this frontend's records with a consumer
+        # the server names, which a frontend's NATS user may create (docs/security.md).
+        self._client = client
+        # When the capability record's lease on the view is due to be written again.
+        self._lease_due: float | None = None
         self._capability_key, self._member_key = admission_keys(frontend_id)
         self._heartbeat_key = heartbeat_key(frontend_id)
         self._kv: KeyValue | None = None
@@ -169,6 +206,30 @@ class NatsAdmissionPublisher:
     def leased(self) -> bool:
         """Whether liveness is the heartbeat alone and content is written when it changes."""
         return self._leased
+
+    @property
+    def lease_every(self) -> float | None:
+        """How often the capability record's lease on the view is written (None: no lease)."""
+        if self._view_outlives is None or not self._record_ttl:
+            return None
+        return max(self._record_ttl / 3, min(60.0, self._view_outlives / 10))
+
+    @property
+    def routes_for(self) -> float | None:
+        """The lease a capability record states: how long its frontend may route unheard."""
+        every = self.lease_every
+        if every is None or self._view_outlives is None or not self._leased:
+            return None
+        # The process may live one rewrite past the last one, and a write may lag one more.
+        return self._view_outlives + 2 * every
+
+    def _content_ttl_now(self) -> float:
+        lease = self.routes_for
+        return self._content_ttl if lease is None else max(self._content_ttl, 2 * lease)
+
+    def _capability_ttl(self) -> float:
+        lease = self.routes_for
+        return self._content_ttl_now() if lease is None else lease
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
@@ -253,6 +314,9 @@ class NatsAdmissionPublisher:
             self._capability_published = False
             self._beat_revision = None
             return
+        if self.routes_for is not None and self._capability_published:
+            await self._leave_view_lease(kv)
+            return
         for namespace in list(self._published):
             await kv.delete(self._member_key(namespace))
             del self._published[namespace]
@@ -263,6 +327,72 @@ class NatsAdmissionPublisher:
         if beating:
             await kv.delete(self._heartbeat_key)
             self._beat_revision = None
+
+    async def _leave_view_lease(self, kv: KeyValue) -> None:
+        """Stop, leaving what the frontend still routes by: the view outlives this process.
+
+        The lease is written afresh (the view was touched until now), the heartbeat deleted (a
+        reader sees the frontend silent at once), and the namespace records left: they say
+        what the view holds until the lease runs out or the next process settles.
+        """
+        await self._put(kv, self._capability_key, self._capability_record(), self._capability_ttl())
+        if self._beat_revision is not None:
+            await kv.delete(self._heartbeat_key)
+            self._beat_revision = None
+        _log.info(
+            "serving records left in place: the frontend routes by its last view for up to "
+            "%g s (%d namespace record(s))",
+            self.routes_for,
+            len(self._published),
+        )
+        self._published.clear()
+        self._capability_published = False
+
+    async def settle(self) -> int:
+        """Withdraw any namespace record under this frontend's id that it does not publish.
+
+        Called once this process has published what it serves after its first listing: a
+        predecessor under the same id (one that crashed, or stopped leaving its records for
+        its view) may have published a namespace this one no longer serves. Returns how many
+        records it withdrew.
+        """
+        kv = await self._bucket()
+        subject = f"{PROTOCOL}.{escape_token(self.frontend_id)}.members.>"
+        found: list[str] | None = None
+        if self._client is not None:
+            with contextlib.suppress(BadRequestError):  # a server before 2.10: the watch, below
+                entries = await read_keys(self._client, self.bucket, [subject], 10.0)
+                found = [entry.key for entry in entries]
+        if found is None:
+            found = await self._own_member_keys(kv, subject)
+        ours = {self._member_key(n) for n, v in self._desired.items() if v is not None}
+        ours |= {self._member_key(n) for n in self._published}
+        stale = sorted(key for key in found if key not in ours)
+        for key in stale:
+            await kv.delete(key)
+        if stale:
+            _log.info(
+                "withdrew %d serving record(s) a predecessor under this frontend id left and "
+                "this one does not publish (%s first)",
+                len(stale),
+                stale[0],
+            )
+        return len(stale)
+
+    async def _own_member_keys(self, kv: KeyValue, subject: str) -> list[str]:
+        """Return the keys this frontend's namespace records have in the bucket (headers only)."""
+        watcher = await kv.watch(subject, meta_only=True, ignore_deletes=True)
+        keys: list[str] = []
+        try:
+            while True:
+                entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
+                if entry is None:
+                    return keys
+                if entry.operation is None or entry.operation == "PUT":
+                    keys.append(entry.key)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
 
     async def _bind_existing(self) -> KeyValue:
         # Withdrawing must never create the bucket it deletes from.
@@ -311,7 +441,7 @@ class NatsAdmissionPublisher:
     def _refresh_every(self) -> float | None:
         """Seconds between rewrites of every record so none outlives its TTL or max age."""
         if self._leased:
-            return self._content_ttl / 3
+            return self._content_ttl_now() / 3
         # An older bucket's own max age, whoever made it with whatever age.
         age = self._max_age or self._record_ttl
         return age / 3 if age else None
@@ -484,6 +614,18 @@ class NatsAdmissionPublisher:
         kv = await self._bucket()
         if self._capability_wanted and self._beat_revision is not None:
             await self._beat(kv)
+            due = self._lease_due
+            if self._capability_published and due is not None and self._clock() >= due:
+                await self._write_lease(kv)
+
+    async def _write_lease(self, kv: KeyValue) -> None:
+        """Write the capability record again, so its lease on the view starts now."""
+        await self._put(kv, self._capability_key, self._capability_record(), self._capability_ttl())
+        self._next_lease()
+
+    def _next_lease(self) -> None:
+        every = self.lease_every if self.routes_for is not None else None
+        self._lease_due = None if every is None else self._clock() + every
 
     def _lost_records(self, what: str) -> None:
         _log.warning(
@@ -498,10 +640,11 @@ class NatsAdmissionPublisher:
     async def _write_capability(self, kv: KeyValue) -> None:
         record = self._capability_record()
         try:
-            revision = await self._put(kv, self._capability_key, record, self._content_ttl)
+            revision = await self._put(kv, self._capability_key, record, self._capability_ttl())
         except Exception as exc:
             raise _KeyFailure(self._capability_key, exc) from exc
         self._capability_published = True
+        self._next_lease()
         if self._resynced_at is not None and self._resynced_server_at is None:
             await self._learn_resync_time(revision)
 
@@ -524,11 +667,12 @@ class NatsAdmissionPublisher:
         try:
             if value is not None:
                 try:
-                    await self._put(kv, key, value, self._content_ttl)
+                    await self._put(kv, key, value, self._content_ttl_now())
                 except MaxPayloadError:
-                    await self._withdraw_oversized(kv, namespace, value)
+                    await self._mark_oversized(kv, namespace, value)
                     return
                 self._published[namespace] = value
+                self._oversized.pop(namespace, None)
                 return
             if namespace in self._published:
                 await kv.delete(key)
@@ -539,19 +683,32 @@ class NatsAdmissionPublisher:
         if namespace in self._desired and self._desired[namespace] is None:
             del self._desired[namespace]
 
-    async def _withdraw_oversized(self, kv: KeyValue, namespace: str, value: bytes) -> None:
-        """Set aside a record the server cannot take; withdraw the older one, no longer true."""
+    async def _mark_oversized(self, kv: KeyValue, namespace: str, value: bytes) -> None:
+        """Set aside a record the server cannot take; publish a marker saying so instead.
+
+        The older record is no longer true, and no record would read as "routes to none of the
+        namespace's workers": the marker reads as "may route to any of them".
+        """
         key = self._member_key(namespace)
         self._oversized[namespace] = value
         _log.warning(
-            "the serving record %s is %d bytes, more than the NATS server takes; it is "
-            "withdrawn and not published until it changes",
+            "the serving record %s is %d bytes, more than the NATS server takes; a marker "
+            "saying so stands in its place (a drain waits for this frontend) until it changes",
             key,
             len(value),
         )
-        if namespace in self._published:
-            await kv.delete(key)
-            del self._published[namespace]
+        marker = _encode(
+            {
+                "protocol": PROTOCOL,
+                "frontend": self.frontend_id,
+                "namespace": namespace,
+                "members": [],
+                "unpublished": len(value),
+                "liveness": LIVENESS_HEARTBEAT,
+            }
+        )
+        await self._put(kv, key, marker, self._content_ttl_now())
+        self._published[namespace] = marker
 
     async def _audit(self) -> None:
         """Check that the bucket holds what was written; what it lost is written next round.
@@ -636,12 +793,20 @@ class NatsAdmissionPublisher:
             if not found or self._desired.get(found[0], b"") is None:
                 return  # a withdrawal of this frontend's own
             self._desired.setdefault(found[0], self._published.pop(found[0]))
+            self._oversized.pop(found[0], None)  # a marker removed: tried, and marked, again
         _log.warning("the serving record %s was removed behind this frontend; writing again", key)
         self._idle.clear()
         self._dirty.set()
 
     def _heartbeat_record(self) -> bytes:
-        return _encode({"protocol": PROTOCOL, "frontend": self.frontend_id, "heartbeat": True})
+        record: dict[str, Any] = {
+            "protocol": PROTOCOL,
+            "frontend": self.frontend_id,
+            "heartbeat": True,
+        }
+        if self.routes_for is not None:
+            record["view_outlives"] = self._view_outlives
+        return _encode(record)
 
     def _capability_record(self) -> bytes:
         record: dict[str, Any] = {
@@ -654,6 +819,8 @@ class NatsAdmissionPublisher:
             record["resynced_at"] = self._resynced_at
         if self._resynced_server_at is not None:
             record["resynced_server_at"] = self._resynced_server_at
+        if self.routes_for is not None:
+            record["routes_for"] = self.routes_for
         return _encode(record)
 
     @staticmethod
@@ -670,6 +837,6 @@ class NatsAdmissionPublisher:
         if self._beat_revision is not None:
             await self._beat(kv)
         if self._capability_published:
-            await self._put(kv, self._capability_key, self._capability_record(), self._content_ttl)
+            await self._write_lease(kv)
         for namespace, value in list(self._published.items()):
-            await self._put(kv, self._member_key(namespace), value, self._content_ttl)
+            await self._put(kv, self._member_key(namespace), value, self._content_ttl_now())

@@ -24,6 +24,20 @@ frontend live" reads the records it returns. The heartbeat decodes as a
 :class:`CapabilityRecord` with ``heartbeat`` set, so a reader that only counts presence needs
 nothing new.
 
+A frontend that routes by a view which outlives its writer (the admitted view fails static)
+says for how long: its capability record carries ``routes_for``, the seconds after the server
+stored that record for which the frontend may still route by its last view if it writes nothing
+more, and the record's per-key TTL is that long, so the server removes it when it stops meaning
+anything. A frontend whose heartbeat is gone while that record is still in the bucket is
+*silent*: it cannot be asked, but it still routes by its last view, which its namespace records
+describe. :func:`routing_records` keeps the records of live and silent frontends: every reader
+that asks "may this frontend still route to the worker" (the drain's wait, the rollout gate)
+reads the records it returns.
+
+A namespace record the server could not take (larger than its maximum payload) is replaced by a
+small marker with ``"unpublished": <bytes>`` and no members: the frontend serves that namespace,
+and nothing can be told of which workers, so a reader takes it for "may route to any of them".
+
 A record counts only under its own frontend's key: ``v1.<frontend>.capability`` and
 ``v1.<frontend>.members.<namespace>`` (tokens escaped as discovery keys are), naming the same
 frontend and namespace as its value. Each frontend's NATS user may write only under its own
@@ -60,6 +74,7 @@ __all__ = [
     "ServedGroup",
     "live_records",
     "parse_record",
+    "routing_records",
 ]
 
 PROTOCOL = "v1"
@@ -117,6 +132,9 @@ class NamespaceRecord:
     published_at: float | None = None
     # The record's frontend is live while its heartbeat is (not while this record is).
     leased: bool = False
+    # A marker for a record too large to publish (its size in bytes): ``members`` says
+    # nothing, and any worker of the namespace may be routed to.
+    unpublished: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +148,9 @@ class CapabilityRecord:
     reader compares with the server's time, so no two hosts' clocks are ever compared.
     ``heartbeat`` marks the frontend's heartbeat record (``v1.<frontend>.heartbeat``);
     ``leased`` a capability record whose frontend is live while its heartbeat is.
+    ``routes_for`` (seconds) is how long after ``published_at`` the frontend may still route by
+    its last view though it writes nothing more (a capability record); a heartbeat says how
+    long its view outlives the writer's last touch (``view_outlives``).
     """
 
     key: str
@@ -139,6 +160,14 @@ class CapabilityRecord:
     heartbeat: bool = False
     leased: bool = False
     resynced_server_at: float | None = None
+    routes_for: float | None = None
+    view_outlives: float | None = None
+
+    def routes_until(self) -> float | None:
+        """Return the server time until which a silent frontend may route by its view, if said."""
+        if self.routes_for is None or self.published_at is None:
+            return None
+        return self.published_at + self.routes_for
 
     def resync_by_server(self) -> float | None:
         """When the server stored this frontend's last resync, by the server's clock.
@@ -250,7 +279,12 @@ def parse_record(key: str, value: bytes, published_at: float | None = None) -> R
     if data.get("heartbeat") is True:
         _check_key(key, frontend, capability=False, heartbeat=True)
         return CapabilityRecord(
-            key=key, frontend=frontend, published_at=published_at, heartbeat=True, leased=True
+            key=key,
+            frontend=frontend,
+            published_at=published_at,
+            heartbeat=True,
+            leased=True,
+            view_outlives=_seconds(key, data.get("view_outlives"), "view_outlives"),
         )
     leased = data.get("liveness") == LIVENESS_HEARTBEAT
     key_namespace = _check_key(key, frontend, data.get("capability") is True)
@@ -263,6 +297,7 @@ def parse_record(key: str, value: bytes, published_at: float | None = None) -> R
             resynced_at=resynced_at,
             leased=leased,
             resynced_server_at=_seconds(key, data.get("resynced_server_at"), "resynced_server_at"),
+            routes_for=_seconds(key, data.get("routes_for"), "routes_for") if leased else None,
         )
     members = _string_list(key, data.get("members"), "members")
     raw_groups = data.get("groups")
@@ -276,6 +311,11 @@ def parse_record(key: str, value: bytes, published_at: float | None = None) -> R
         namespace = _namespace_of(members)
     if namespace is not None and (not namespace or escape_token(namespace) != key_namespace):
         raise _refuse(key, "identity_mismatch", "the value's namespace is not its key's")
+    unpublished = data.get("unpublished")
+    if unpublished is not None and (
+        isinstance(unpublished, bool) or not isinstance(unpublished, int) or unpublished < 0
+    ):
+        raise _refuse(key, "bad_field", "unpublished must be a size in bytes")
     return NamespaceRecord(
         key=key,
         frontend=frontend,
@@ -284,6 +324,7 @@ def parse_record(key: str, value: bytes, published_at: float | None = None) -> R
         groups=groups,
         published_at=published_at,
         leased=leased,
+        unpublished=unpublished,
     )
 
 
@@ -298,3 +339,24 @@ def live_records(records: Iterable[Record]) -> list[Record]:
     beating = {r.frontend for r in listed if isinstance(r, CapabilityRecord) and r.heartbeat}
     leased = {r.frontend for r in listed if r.leased}
     return [r for r in listed if r.frontend in beating or r.frontend not in leased]
+
+
+def routing_records(records: Iterable[Record]) -> list[Record]:
+    """Keep the records of frontends that may still route: live ones, and silent ones.
+
+    A silent frontend said its liveness is its heartbeat, has none in the bucket, and still has
+    a capability record that says how long it routes by its last view (``routes_for``): the
+    server removes that record by its TTL once the view has expired, so its presence is the
+    lease, judged on the server's clock. A frontend without one (an earlier release, or one
+    whose view does not outlive it) drops out with its heartbeat, as :func:`live_records` says.
+    """
+    listed = list(records)
+    beating = {r.frontend for r in listed if isinstance(r, CapabilityRecord) and r.heartbeat}
+    leased = {r.frontend for r in listed if r.leased}
+    lasting = {
+        r.frontend
+        for r in listed
+        if isinstance(r, CapabilityRecord) and not r.heartbeat and r.routes_for
+    }
+    keep = beating | lasting
+    return [r for r in listed if r.frontend in keep or r.frontend not in leased]

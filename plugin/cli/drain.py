@@ -22,8 +22,10 @@ Exit statuses (the command line's table): 0 done, or with ``--wait`` safe to sto
 timed out or was interrupted (the drain stays in place); 2 bad input, such as an instance no
 worker in the bucket has; 3 NATS could not be reached before the timeout; 5 NATS refused this
 user a write it needs (nothing was drained); 6 refused, a model would be left with no routable
-worker; 7 ``--wait``: every live frontend let the workers go, but a frontend live when the drain
-began went away without confirming (``--allow-unconfirmed`` counts it as let go).
+worker; 7 ``--wait``: every live frontend let the workers go, but another could not confirm: a
+silent one (its ``serve`` stopped, stalled or cut off) still routes to them by its last view
+until the timeout passed, or one live when the drain began went away without confirming and
+without a lease on its view (``--allow-unconfirmed`` counts either as let go).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ from workerset_admission.rollout.drain_protocol import (
     Swap,
     Write,
 )
-from workerset_admission.rollout.frontends import record_filters
+from workerset_admission.rollout.frontends import leased_frontends, record_filters
 
 __all__ = [
     "DrainStore",
@@ -231,7 +233,8 @@ def arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "--allow-unconfirmed",
         action="store_true",
         help="with --wait, count a frontend that went away without confirming (its records "
-        "expired: stopped, or cut off from NATS) as one that let the workers go",
+        "expired: stopped, or cut off from NATS), or a silent one still routing by its last "
+        "view, as one that let the workers go",
     )
     parser.add_argument(
         "--grace",
@@ -320,13 +323,24 @@ def _records(read: BucketRead) -> list[Record]:
 
 
 def _progress_line(check: DrainCheck, elapsed: float) -> str:
-    confirmed = sum(f.confirmed for f in check.frontends)
-    line = f"[{elapsed:6.1f}s] {confirmed}/{len(check.frontends)} live frontends let it go"
+    live = [f for f in check.frontends if not f.silent]
+    confirmed = sum(f.confirmed for f in live)
+    line = f"[{elapsed:6.1f}s] {confirmed}/{len(live)} live frontends let it go"
     if check.waiting_for:
         line += f"; waiting for {', '.join(check.waiting_for)}"
+    silent = [f for f in check.frontends if f.silent and not f.confirmed]
+    if silent:
+        line += "; silent, still routing by its last view: " + ", ".join(
+            f.frontend if f.routes_until is None else f"{f.frontend} (until {_utc(f.routes_until)})"
+            for f in silent
+        )
     if check.unconfirmed:
         line += f"; went away without confirming: {', '.join(check.unconfirmed)}"
     return line
+
+
+def _utc(stamp: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(stamp))
 
 
 async def wait_until_safe(
@@ -339,19 +353,25 @@ async def wait_until_safe(
     before: Sequence[Record] = (),
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    wait_for_silent: bool = True,
 ) -> DrainCheck | None:
-    """Look until every live frontend let the workers go or ``timeout`` passes (``None``: unread).
+    """Look until every frontend let the workers go or ``timeout`` passes (``None``: unread).
 
     ``before`` is what the frontends served when the drain was written: a model one of them
     served then and serves no member of now is reported, once, as lost while waiting; a
-    frontend live then that went away before it ever listed none of the workers is reported as
-    unconfirmed (the answer comes as soon as every live frontend let go; it is not "safe").
+    frontend live then that went away before it ever listed none of the workers, and stated no
+    lease on its view, is reported as unconfirmed (the answer comes as soon as every live
+    frontend let go; it is not "safe"). A silent frontend whose last view lists a worker is
+    waited for (unless ``wait_for_silent`` is false): until it comes back and lets go, or the
+    server removes its lease (its view has expired), or the timeout.
     """
     started = clock()
     last: str | None = None
     check: DrainCheck | None = None
     lost: list[tuple[str, str]] = []
     confirmed: set[str] = set()
+    # Frontends seen stating a lease on their view: gone from the bucket, that lease ran out.
+    leased: set[str] = set()
     # Each look reads only what it asks about, not the whole bucket.
     filters = record_filters(wait_namespaces(before, workers))
     before = [r for r in before if key_matches(r.key, filters)]
@@ -369,16 +389,18 @@ async def wait_until_safe(
                     )
             now = check_drained(records, workers)
             confirmed.update(f.frontend for f in now.frontends if f.confirmed)
-            check = dataclasses.replace(
-                now, lost=tuple(lost), unconfirmed=gone_unconfirmed(before, records, confirmed)
-            )
+            leased |= leased_frontends(records)
+            unconfirmed = gone_unconfirmed(before, records, confirmed, leased)
+            check = dataclasses.replace(now, lost=tuple(lost), unconfirmed=unconfirmed)
             line = _progress_line(check, elapsed)
         else:
             line = f"[{elapsed:6.1f}s] cannot read the serving records: {read.problem}"
         if last is None or line.split("] ", 1)[1] != last.split("] ", 1)[1]:
             progress(line)
             last = line
-        if check is not None and read.problem is None and check.settled:
+        # A silent frontend may come back and let go, or its lease run out: worth waiting for.
+        silent = wait_for_silent and check is not None and bool(check.silent_routing)
+        if check is not None and read.problem is None and check.settled and not silent:
             return check
         if elapsed >= timeout:
             return check
@@ -584,6 +606,7 @@ async def run_drain(
             interval=args.interval,
             progress=progress,
             before=before,
+            wait_for_silent=not args.allow_unconfirmed,
         )
     finally:
         await store.close()
@@ -595,14 +618,23 @@ async def run_drain(
         if args.json and check is not None:
             out.write(json.dumps(check.as_json(), indent=2, sort_keys=True) + "\n")
         return EXIT_NO
-    if check.unconfirmed and not args.allow_unconfirmed:
+    if (check.unconfirmed or check.silent_routing) and not args.allow_unconfirmed:
         if args.json:
             out.write(json.dumps(check.as_json(), indent=2, sort_keys=True) + "\n")
-        err.write(
-            f"workerset-admission drain: unconfirmed: {', '.join(check.unconfirmed)} went away "
-            "without confirming (stopped, or cut off from NATS: it may still route to the "
-            "workers); the drain stays in place (--allow-unconfirmed counts it as let go)\n"
-        )
+        if check.silent_routing:
+            err.write(
+                f"workerset-admission drain: could not confirm: {', '.join(check.silent_routing)}"
+                f" fell silent (its serve stopped, stalled or lost NATS) and still routes by its "
+                f"last view, which holds the workers, after {args.timeout:g} s; the drain stays "
+                "in place (--allow-unconfirmed counts it as let go)\n"
+            )
+        if check.unconfirmed:
+            err.write(
+                f"workerset-admission drain: unconfirmed: {', '.join(check.unconfirmed)} went "
+                "away without confirming (stopped, or cut off from NATS: it may still route to "
+                "the workers); the drain stays in place (--allow-unconfirmed counts it as let "
+                "go)\n"
+            )
         return EXIT_UNCONFIRMED
     # A hook run again on workers it drained before, that no live frontend listed even when
     # this run began: no request can be in flight to them, so there is no grace to wait.

@@ -89,8 +89,9 @@ EXIT_STATUSES: dict[int, str] = {
     EXIT_CREDENTIALS: "NATS refused the credentials, or this user's publish or subscription",
     EXIT_LAST_WORKER: "drain refused: a model would be left with no routable worker on a live "
     "frontend; nothing was drained (--allow-empty drains anyway)",
-    EXIT_UNCONFIRMED: "drain --wait: a frontend live when the drain began went away without "
-    "confirming; the drain stays in place (--allow-unconfirmed counts it as let go)",
+    EXIT_UNCONFIRMED: "drain --wait could not confirm: a silent frontend still routes by its "
+    "last view at the timeout, or one live when the drain began went away without confirming; "
+    "the drain stays in place (--allow-unconfirmed counts it as let go)",
 }
 """Every exit status the command line uses, with its meaning (the README shows this table)."""
 

@@ -33,11 +33,20 @@ the last member of a committed incumbent with a successor waiting: then the old 
 serving it until the successor is committed (the handover), and only then drops it. So one
 condition answers both questions the operator has ("does any frontend still route to it?" and
 "does every frontend that did now serve the successor?"): no live frontend lists the worker.
-A frontend that never admitted the worker lists nothing of it and is confirmed at once. One
-that was live when the drain began and whose heartbeat then goes (it stopped, or lost NATS, and
-may still route to the worker: its view fails static) never confirmed: it is *unconfirmed*, and
-the answer is not "safe" unless the operator says a frontend that went away counts as one that
-let go. Which frontends are live is :mod:`workerset_admission.rollout.frontends`'s one reading.
+A frontend that never admitted the worker lists nothing of it and is confirmed at once.
+
+A frontend whose writer went silent still routes by its last view, for as long as its records
+say (:mod:`workerset_admission.rollout.frontends`, ``silent_frontends``): its heartbeat is gone,
+its capability record's lease is not. Its last namespace records are what that view holds, so it
+is asked like a live one: if they list none of the workers it is confirmed, else the drain
+waits for it, until it comes back and lets go, or its lease ends (the server removes the record:
+the frontend's store has expired the view, it routes nowhere), or the timeout passes, and then
+the answer is "could not confirm", never "safe". A namespace record too large to publish stands
+as a marker, and counts as listing every worker of its namespace. One that was live (or silent)
+when the drain began and left the bucket with no lease of its own (an earlier release, a
+frontend whose view does not outlive it; it stopped, or lost NATS) never confirmed: it is
+*unconfirmed*, and the answer is not "safe" unless the operator says a frontend that went away
+counts as one that let go.
 """
 
 from __future__ import annotations
@@ -61,11 +70,17 @@ from workerset_admission.card.serving_record import (
     NamespaceRecord,
     Record,
     live_records,
+    routing_records,
 )
 from workerset_admission.errors import UsageError
 from workerset_admission.identity import EndpointId, GroupKey
 from workerset_admission.keys import ENDPOINT_PREFIX, MODEL_PREFIX, parse_key
-from workerset_admission.rollout.frontends import live_frontends, watched_namespaces
+from workerset_admission.rollout.frontends import (
+    leased_frontends,
+    live_frontends,
+    silent_frontends,
+    watched_namespaces,
+)
 from workerset_admission.rollout.routable import CoreAnswer, core_over
 
 __all__ = [
@@ -673,12 +688,25 @@ def wait_namespaces(before: Sequence[Record], workers: Sequence[Worker]) -> set[
 
 
 def gone_unconfirmed(
-    before: Sequence[Record], now: Sequence[Record], confirmed: Iterable[str]
+    before: Sequence[Record],
+    now: Sequence[Record],
+    confirmed: Iterable[str],
+    leased: Iterable[str] = (),
 ) -> tuple[str, ...]:
-    """Frontends live in ``before``, not live ``now``, that never confirmed the drain."""
-    let_go = set(confirmed)
-    live_now = live_frontends(now)
-    return tuple(sorted(f for f in live_frontends(before) if f not in live_now and f not in let_go))
+    """Frontends that may have routed in ``before``, cannot now, and never confirmed the drain.
+
+    A frontend whose records stated a lease on its last view (in ``before``, or as ``leased``
+    says) and left the bucket is not one of them: the server removed its lease when the view
+    expired, and it routes nowhere.
+    """
+    let_go = set(confirmed) | set(leased) | leased_frontends(before)
+    present = _present(now)
+    return tuple(sorted(f for f in _present(before) if f not in present and f not in let_go))
+
+
+def _present(records: Sequence[Record]) -> set[str]:
+    """Return the frontends that may still route: live ones and silent ones."""
+    return set(live_frontends(records)) | set(silent_frontends(records))
 
 
 def lost_models(before: Sequence[Record], now: Sequence[Record]) -> tuple[tuple[str, str], ...]:
@@ -694,22 +722,33 @@ def lost_models(before: Sequence[Record], now: Sequence[Record]) -> tuple[tuple[
 
 @dataclass(frozen=True, slots=True)
 class FrontendConfirmation:
-    """What one live frontend's serving records say of the drained workers."""
+    """What one frontend's serving records say of the drained workers.
+
+    ``silent`` marks a frontend whose heartbeat is gone and which still routes by its last view
+    (until ``routes_until``, the server time its lease ends, when known): it cannot be asked,
+    and it confirms only by coming back.
+    """
 
     frontend: str
     # The drained workers' instance keys it still lists (it may still route to them).
     still_serving: tuple[str, ...]
+    silent: bool = False
+    routes_until: float | None = None
 
     @property
     def confirmed(self) -> bool:
         return not self.still_serving
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        shown: dict[str, Any] = {
             "frontend": self.frontend,
             "confirmed": self.confirmed,
             "still_serving": list(self.still_serving),
         }
+        if self.silent:
+            # Only a silent frontend says so: a live one's object is as it always was.
+            shown.update(silent=True, routes_until=self.routes_until)
+        return shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -721,22 +760,27 @@ class DrainCheck:
     # (frontend, model): a model a live frontend stopped serving while the drain waited.
     lost: tuple[tuple[str, str], ...] = ()
     # Frontends live when the drain began that went away (their records expired) without
-    # ever listing none of the workers: they may still route to them.
+    # ever listing none of the workers, and stated no lease on a view: they may still route.
     unconfirmed: tuple[str, ...] = ()
 
     @property
     def settled(self) -> bool:
-        """Every live frontend let the workers go; what is left to know cannot be asked."""
-        return all(f.confirmed for f in self.frontends)
+        """Every live frontend let the workers go (silent ones cannot be asked)."""
+        return all(f.confirmed for f in self.frontends if not f.silent)
+
+    @property
+    def silent_routing(self) -> tuple[str, ...]:
+        """Silent frontends whose last view may still route to a drained worker."""
+        return tuple(f.frontend for f in self.frontends if f.silent and not f.confirmed)
 
     @property
     def safe(self) -> bool:
-        """No live frontend lists any drained worker and none went away unconfirmed."""
-        return self.settled and not self.unconfirmed
+        """No frontend that may route lists any drained worker and none went away unconfirmed."""
+        return self.settled and not self.silent_routing and not self.unconfirmed
 
     @property
     def waiting_for(self) -> tuple[str, ...]:
-        return tuple(f.frontend for f in self.frontends if not f.confirmed)
+        return tuple(f.frontend for f in self.frontends if not f.confirmed and not f.silent)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -747,16 +791,30 @@ class DrainCheck:
             "frontends": [f.as_json() for f in self.frontends],
             "lost_models": [{"frontend": f, "model": m} for f, m in self.lost],
             "unconfirmed": list(self.unconfirmed),
+            "silent_routing": list(self.silent_routing),
         }
 
 
+def _unpublished_member(record: NamespaceRecord) -> str:
+    return f"{record.namespace}/* (its record, {record.unpublished} bytes, is too large to publish)"
+
+
 def check_drained(records: Sequence[Record], workers: Sequence[Worker]) -> DrainCheck:
-    """Ask every live frontend's records whether it still lists one of ``workers``."""
-    listed: dict[str, set[str]] = {frontend: set() for frontend in live_frontends(records)}
-    for record in live_records(records):
-        if isinstance(record, CapabilityRecord):
+    """Ask every live or silent frontend's records whether they still list one of ``workers``.
+
+    A marker for a record too large to publish lists every worker of its namespace.
+    """
+    silent = silent_frontends(records)
+    present = set(live_frontends(records)) | set(silent)
+    listed: dict[str, set[str]] = {frontend: set() for frontend in present}
+    for record in routing_records(records):
+        if isinstance(record, CapabilityRecord) or record.frontend not in present:
             continue
         assert isinstance(record, NamespaceRecord)
+        if record.unpublished is not None:
+            if any(worker.namespace == record.namespace for worker in workers):
+                listed[record.frontend].add(_unpublished_member(record))
+            continue
         members: list[str] = list(record.members)
         for group in record.groups or ():
             members.extend(group.members)
@@ -764,7 +822,12 @@ def check_drained(records: Sequence[Record], workers: Sequence[Worker]) -> Drain
             if any(worker.owns(member) for worker in workers):
                 listed[record.frontend].add(member)
     frontends = tuple(
-        FrontendConfirmation(frontend, tuple(sorted(keys)))
+        FrontendConfirmation(
+            frontend,
+            tuple(sorted(keys)),
+            silent=frontend in silent,
+            routes_until=silent.get(frontend),
+        )
         for frontend, keys in sorted(listed.items())
     )
     return DrainCheck(tuple(workers), frontends)

@@ -11,7 +11,8 @@ A deployment generation is a worker namespace. For a model M and a namespace N t
 - *live*: frontends with a heartbeat in the bucket (:mod:`workerset_admission.rollout.frontends`;
   the server removes a stopped frontend's heartbeat by its TTL, so it drops out); a caller that
   knows each record's publication time may also pass ``stale_after`` to drop frontends whose
-  newest record is older.
+  newest record is older. A *silent* frontend (its heartbeat gone, its lease on its last view
+  not) counts beside them, judged on its last records: it still routes by that view.
 - *serving*: live frontends with a WorkerSet of M in N that has admitted members (at least
   ``min_members`` of them, when the caller asks for the new generation's capacity; and, when an
   expected checksum is given, whose incumbent has that checksum).
@@ -38,9 +39,10 @@ from workerset_admission.card.serving_record import (
     Record,
     ServedGroup,
     live_records,
+    routing_records,
 )
 from workerset_admission.errors import TABLE_LINE_LIMIT, UsageError, wire_text
-from workerset_admission.rollout.frontends import live_frontends
+from workerset_admission.rollout.frontends import live_frontends, silent_frontends
 
 # The shortest checksum prefix taken for a whole one (git's own minimum for a short hash).
 _MIN_PREFIX = 4
@@ -68,9 +70,11 @@ class FrontendServing:
     generations: tuple[int, ...]
     members: int
     previous_namespaces: tuple[str, ...]
+    # Its heartbeat is gone; it routes by its last view, which its last records describe.
+    silent: bool = False
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        shown: dict[str, Any] = {
             "frontend": self.frontend,
             "serving": self.serving,
             "model_verified": self.model_verified,
@@ -79,6 +83,10 @@ class FrontendServing:
             "members": self.members,
             "previous_namespaces": list(self.previous_namespaces),
         }
+        if self.silent:
+            # Only a silent frontend says so: a live one's object is as it always was.
+            shown["silent"] = True
+        return shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +232,10 @@ def evaluate_gate(
     not parse, so the report shows them. ``min_members`` is the capacity asked for: a frontend
     counts as serving once it admitted at least that many members of the new generation.
     """
-    all_records = live_records(records)
-    live, stale = _live_frontends(all_records, now, stale_after)
+    all_records = routing_records(records)
+    live, stale = _live_frontends(live_records(all_records), now, stale_after)
+    silent = set(silent_frontends(all_records))
+    live |= silent
     by_frontend: dict[str, list[NamespaceRecord]] = {frontend: [] for frontend in live}
     for record in all_records:
         if isinstance(record, NamespaceRecord) and record.frontend in live:
@@ -245,6 +255,7 @@ def evaluate_gate(
         )
         for frontend in sorted(live)
     ]
+    views = [dataclasses.replace(v, silent=v.frontend in silent) for v in views]
 
     disagreements = tuple(
         Disagreement(
@@ -272,7 +283,8 @@ def evaluate_gate(
             what += f" with checksum {expected_checksum}"
         if min_members > 1:
             what += f" with at least {min_members} members"
-        reasons.append(f"not serving {what}: {', '.join(missing)}")
+        named = [f"{f} (silent: routing by its last view)" if f in silent else f for f in missing]
+        reasons.append(f"not serving {what}: {', '.join(named)}")
     if require_agreement and disagreements:
         # Which frontends serve which configuration: what an operator acts on.
         reasons.extend(
@@ -392,7 +404,7 @@ def render_table(report: GateReport) -> str:
     header = ("FRONTEND", "SERVING", "MEMBERS", "CHECKSUM", "GENERATION", "PREVIOUS")
     rows = [
         (
-            view.frontend,
+            view.frontend + (" (silent)" if view.silent else ""),
             ("yes" if view.serving else "no") + ("" if view.model_verified else " (model?)"),
             str(view.members),
             ",".join(checksum[:12] for checksum in view.checksums) or "-",

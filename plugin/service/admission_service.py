@@ -149,6 +149,7 @@ class AdmissionService:
                 self.settings.publish_interval,
                 self.settings.publish_retry,
                 prepare=self._before_publication,
+                synced=lambda: self._synced.is_set(),
             )
         )
         self._publication_hooks: list[Callable[[], object]] = []
@@ -465,6 +466,8 @@ class AdmissionService:
         if isinstance(event, SourceListing) and not self._synced.is_set():
             self._synced.set()
             self._changed()
+            # A round after the first listing, whatever it changed: the publisher settles then.
+            self._publications_changed()
 
     def _refuse(self, key: str, exc: RemoteDataError, scope: UpdateScope | None) -> None:
         key = bounded_text(key)  # what is reported of a refused key, not what it is counted by

@@ -23,6 +23,9 @@ class ServingPublication:
     ``prepare`` runs before each round reads what to publish: a record says what this
     frontend routes to, so whatever carries routing out (the admitted view's files) must be
     in step first. A ``drain --wait`` that reads "not served" may then stop the worker.
+    After the first round that follows the service's first listing (``synced``), the publisher
+    settles: records a predecessor under the same frontend id left, and this process does not
+    publish, are withdrawn.
     """
 
     def __init__(
@@ -32,10 +35,13 @@ class ServingPublication:
         interval: float,
         retry: float,
         prepare: Callable[[], None] | None = None,
+        synced: Callable[[], bool] | None = None,
     ) -> None:
         self._publisher = publisher
         self._wanted = wanted
         self._prepare = prepare
+        self._synced = synced
+        self._settled = False
         self._interval = interval
         self._retry = retry
         self._wake = asyncio.Event()
@@ -98,6 +104,9 @@ class ServingPublication:
                 if not self._capability_published:
                     await publisher.publish_capability(self._resynced_at)
                     self._capability_published = True
+                # Known before what to publish is read: a listing that lands in between is
+                # this round's to miss, and settling must wait for the round that has it.
+                synced = self._synced is not None and self._synced()
                 if self._prepare is not None:
                     self._prepare()
                 wanted = self._wanted()
@@ -110,6 +119,9 @@ class ServingPublication:
                         self._published[namespace] = record
                     else:
                         self._published.pop(namespace, None)
+                if synced and not self._settled:
+                    await publisher.settle()
+                    self._settled = True
             except Exception as exc:  # NATS may be down; try again soon
                 _log.warning("could not publish serving admissions: %s", wire_text(exc))
                 self._wake.set()

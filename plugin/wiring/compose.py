@@ -41,6 +41,14 @@ def _view_hook(settings: Settings, files: DirectoryFiles | None) -> ViewHook | N
     return ViewHook(DirectoryFiles.open(settings.view_dir), owns_files=True, horizon=horizon)
 
 
+def _view_outlives(settings: Settings) -> float:
+    """How long the view outlives its writer's last touch: its horizon and one refresh."""
+    from workerset_admission.adapters.dynamo.view import Horizon
+
+    horizon = Horizon(settings.view_horizon)
+    return horizon.seconds + horizon.refresh
+
+
 def boundary_settings(settings: Settings) -> BoundarySettings:
     """Translate the validated settings into the card boundary's settings."""
     from workerset_admission.card import BoundarySettings
@@ -175,6 +183,9 @@ async def create_service(
                 settings.frontend_id,
                 bucket=settings.admission_bucket,
                 replicas=settings.bucket_replicas,
+                # The frontend routes by the view this long after this process last touched it.
+                view_outlives=None if view is None else _view_outlives(settings),
+                client=nc,
             )
             # Withdrawal happens first during shutdown; this only stops its writer.
             closers.insert(0, publisher.close)

@@ -287,7 +287,7 @@ async def test_records_are_refreshed_on_time_even_while_other_records_keep_chang
     await pub.close()
 
 
-async def test_a_record_too_large_for_the_server_is_withdrawn_said_by_key_and_delays_no_other(
+async def test_a_record_too_large_for_the_server_is_marked_said_by_key_and_delays_no_other(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     js = FakeJetStream()
@@ -304,9 +304,12 @@ async def test_a_record_too_large_for_the_server_is_withdrawn_said_by_key_and_de
     await pub.publish_members("ns-a", huge)
     await pub.publish_members("ns-b", ["ns-b/c/e/1", "ns-b/c/e/2"])
     await asyncio.wait_for(pub.flushed(), 5)
-    # ns-b's change landed; ns-a's older record, which no longer holds, is withdrawn.
+    # ns-b's change landed; ns-a's older record, which no longer holds, is replaced by a
+    # marker saying a record could not be published (a drain reads it as not confirmed).
     assert json.loads(js.kv.data[member("ns-b")])["members"] == ["ns-b/c/e/1", "ns-b/c/e/2"]
-    assert member("ns-a") not in js.kv.data
+    marker = json.loads(js.kv.data[member("ns-a")])
+    assert marker["members"] == []
+    assert marker["unpublished"] > 2000
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert member("ns-a") in warnings[0]
@@ -405,3 +408,46 @@ async def test_with_per_key_ttls_a_heartbeat_overwritten_elsewhere_is_taken_for_
     # The next heartbeat names the revision it wrote last, fails, and everything is rewritten.
     await eventually(lambda: member("ns") in js.kv.data, "the members written again")
     await pub.withdraw_all()
+
+
+async def test_a_view_that_outlives_the_writer_is_leased_and_a_stop_leaves_what_it_routes_by() -> (
+    None
+):
+    js = FakeJetStream(per_key_ttl=True)
+    pub = publisher(js, record_ttl=0.3, content_ttl=3600.0, audit_interval=None, view_outlives=2.0)
+    capability, member = admission_keys("fe/1")
+    beat = heartbeat_key("fe/1")
+    await pub.publish_capability()
+    await pub.publish_members("ns", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    # The lease: the view's life and two rewrites of it (a tenth of 2 s, at least a beat).
+    assert pub.lease_every == pytest.approx(0.2)
+    assert pub.routes_for == pytest.approx(2.4)
+    assert json.loads(js.kv.data[capability])["routes_for"] == pytest.approx(2.4)
+    assert json.loads(js.kv.data[beat])["view_outlives"] == 2.0
+    assert js.kv.ttls[capability] == pytest.approx(2.4)
+    before = len(js.kv.writes)
+
+    await asyncio.sleep(1.0)  # the lease is written again at the beat after each is due
+    at_rest = js.kv.writes[before:]
+    assert set(at_rest) == {("put", beat), ("put", capability)}
+    assert at_rest.count(("put", capability)) >= 2
+
+    writes = len(js.kv.writes)
+    await pub.withdraw_all()
+    # A stop writes the lease afresh, deletes the heartbeat, and leaves the namespace record.
+    assert js.kv.writes[writes:] == [("put", capability), ("delete", beat)]
+    assert set(js.kv.data) == {capability, member("ns")}
+
+
+async def test_without_a_view_a_stop_withdraws_every_record_as_before() -> None:
+    js = FakeJetStream(per_key_ttl=True)
+    pub = publisher(js, record_ttl=0.3, audit_interval=None)
+    capability, _member = admission_keys("fe/1")
+    await pub.publish_capability()
+    await pub.publish_members("ns", ["ns/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert pub.routes_for is None
+    assert "routes_for" not in json.loads(js.kv.data[capability])
+    await pub.withdraw_all()
+    assert js.kv.data == {}

@@ -87,6 +87,7 @@ class FakePublisher:
         self.records: dict[str, tuple[str, ...]] = {}
         self.capability = False
         self.withdrawn = False
+        self.settled = 0
         self.calls = 0
         self.republished = 0
 
@@ -106,6 +107,10 @@ class FakePublisher:
     async def withdraw_all(self) -> None:
         self.withdrawn = True
         self.records.clear()
+
+    async def settle(self) -> int:
+        self.settled += 1
+        return 0
 
 
 class GroupsPublisher(FakePublisher):
