@@ -116,7 +116,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Literal
@@ -358,7 +358,7 @@ class AdmissionCore:
             if key in self._drains.drained:
                 self._remove_drained(key)
             else:
-                self._remove_lora(key)
+                self._remove_lora(key, outage)
             return
         gk = reg.group
         group = self._groups[(gk.model, gk.worker_set)]
@@ -429,7 +429,7 @@ class AdmissionCore:
         for key in [k for k in self._drains.drained if k not in listed]:
             self._remove(key)
         for key in [k for k in self._lora.registered if k not in listed]:
-            self._remove(key)
+            self._remove(key, outage)
         kept = set(event.retain_drains)
         for worker in [w for w in self._drains.in_force if w not in drains and w not in kept]:
             self._on_drain_lifted(worker)
@@ -452,12 +452,15 @@ class AdmissionCore:
             hold = group.tenure.hold
             if group.key.endpoint.namespace != namespace or hold is None:
                 continue
+            carried = iid in hold.last_known_lora
             if hold.forget(iid):
                 assert group.tenure.checksum is not None
                 group.cohorts[group.tenure.checksum].log.append(~iid)
                 if hold.over:
                     group.tenure.hold = None
                 self._mark_dirty(group)
+                if carried:
+                    self._mark_lora(group)
 
     def _on_drain_lifted(self, worker: tuple[str, int]) -> None:
         returning = self._drains.lift(worker)
@@ -821,6 +824,17 @@ class AdmissionCore:
         if gone is None or gone[0] != outage:
             gone = group.tenure.outage_gone = (outage, {})
         gone[1][reg.instance_id] = reg.key
+        self._note_outage_adapters(group, reg, outage)
+
+    def _note_outage_adapters(self, group: Group, base: Registration, outage: float) -> None:
+        """Remember a member's adapters as they were before an outage's removals took any."""
+        worker = self._lora.project((base,))
+        if not worker:
+            return
+        kept = group.tenure.outage_lora
+        if kept is None or kept[0] != outage:
+            kept = group.tenure.outage_lora = (outage, {})
+        kept[1].setdefault(base.instance_id, worker[0])
 
     def _hold(self, group: Group, outage: float) -> None:
         """Keep an emptied incumbent reserved, serving its last known members for a while.
@@ -835,15 +849,19 @@ class AdmissionCore:
         gone = group.tenure.outage_gone
         members = gone[1] if gone is not None and gone[0] == outage else {}
         group.tenure.outage_gone = None
+        kept = group.tenure.outage_lora
+        adapters = kept[1] if kept is not None and kept[0] == outage else {}
+        group.tenure.outage_lora = None
         old = group.tenure.hold
         if old is not None:
             # A second emptying within an earlier hold's window: those not back stay served.
             members = {**old.last_known, **members}
+            adapters = {**old.last_known_lora, **adapters}
         until = outage + settings.tenure_hold
         last_known_until = min(outage + settings.registration_ttl, until)
         serving = last_known_until > self._now and bool(members)
         served = dict(members) if serving else {}
-        hold = group.tenure.hold = Hold(outage, until, members, served, last_known_until)
+        hold = group.tenure.hold = Hold(outage, until, members, served, last_known_until, adapters)
         self._timer_seq += 1
         heapq.heappush(self._holds, (until, self._timer_seq, group))
         if serving:
@@ -883,6 +901,8 @@ class AdmissionCore:
         cohort = group.cohorts[checksum]
         cohort.members[iid] = reg
         cohort.log.append(iid)
+        # A member back on its own records is projected from its own adapters from now on.
+        carried = iid in hold.last_known_lora
         hold.back(iid)
         self._out.append(fx.WorkerPlaced(key, group.key, checksum, True))
         rejoined = hold.held
@@ -896,7 +916,7 @@ class AdmissionCore:
         if hold.over:
             group.tenure.hold = None
         self._mark_dirty(group)
-        if key in self._lora.by_base or rejoined:
+        if key in self._lora.by_base or rejoined or carried:
             self._mark_lora(group)
         state = group.status.state
         if state is _RETRYING or state is _BLOCKED:
@@ -951,11 +971,14 @@ class AdmissionCore:
         """One registration TTL is over: members not back by now were not alive."""
         assert group.tenure.checksum is not None
         log = group.cohorts[group.tenure.checksum].log
+        carried = bool(hold.last_known_lora)
         for iid in hold.last_known_over():
             log.append(~iid)
         if hold.over:
             group.tenure.hold = None
         self._mark_dirty(group)
+        if carried:
+            self._mark_lora(group)
 
     # ------------------------------------------------------------------ builds and fencing
 
@@ -1170,13 +1193,45 @@ class AdmissionCore:
         if host is not None:
             self._mark_lora(host)
 
-    def _remove_lora(self, key: str) -> None:
+    def _remove_lora(self, key: str, outage: float | None = None) -> None:
+        """Forget an adapter; ``outage``: the reconnect an outage's removal follows."""
+        reg = self._lora.registered.get(key)
+        if reg is not None and self._settings.tenure_hold > 0:
+            base_reg = self._regs.get(base_key(reg))
+            if base_reg is None:
+                if outage is None:
+                    self._drop_last_known_adapter(reg)
+            elif outage is not None:
+                # Its base card may go next in the same outage: a hold then serves it with this.
+                host = self._admitted_host(base_key(reg))
+                if host is not None:
+                    self._note_outage_adapters(host, base_reg, outage)
         base = self._lora.remove(key)
         if base is None:
             return  # an unknown key: removing it again is harmless
         host = self._admitted_host(base)
         if host is not None:
             self._mark_lora(host)
+
+    def _drop_last_known_adapter(self, reg: Registration) -> None:
+        """Stop serving an adapter removed live whose base a hold serves on last known records."""
+        for group in self._groups.values():
+            hold = group.tenure.hold
+            if hold is None or group.key.endpoint != reg.endpoint:
+                continue
+            worker = hold.last_known_lora.get(reg.instance_id)
+            if worker is None:
+                continue
+            rest = tuple(a for a in worker.adapters if a.key != reg.key)
+            if len(rest) == len(worker.adapters):
+                continue
+            if rest:
+                hold.last_known_lora[reg.instance_id] = fx.LoraWorker(
+                    worker.endpoint, worker.instance_id, worker.base_fingerprint, rest
+                )
+            else:
+                del hold.last_known_lora[reg.instance_id]
+            self._mark_lora(group)
 
     def _serving(self, reg: Registration) -> GroupKey | None:
         """Name the group whose tenure serves ``reg`` (a base card or an adapter), if any."""
@@ -1249,7 +1304,11 @@ class AdmissionCore:
                 group.lora_dirty = False
                 tenure = group.tenure
                 assert tenure.checksum is not None
-                projection = self._lora.project(group.cohorts[tenure.checksum].members.values())
+                cohort = group.cohorts[tenure.checksum]
+                projection = self._lora.project(cohort.members.values())
+                hold = tenure.hold
+                if hold is not None and hold.last_known_lora:
+                    projection = _with_last_known(projection, hold, cohort.members)
                 if not same_projection(projection, tenure.lora):
                     tenure.lora = projection
                     assert tenure.receiver is not None
@@ -1382,3 +1441,16 @@ class AdmissionCore:
         if lora is None:
             return None
         return readout.adapter_placement(lora, self._admitted_host(base_key(lora)))
+
+
+_by_instance = attrgetter("instance_id")
+
+
+def _with_last_known(
+    projection: tuple[fx.LoraWorker, ...], hold: Hold, live: Mapping[int, Registration]
+) -> tuple[fx.LoraWorker, ...]:
+    """Add the adapters a hold serves on last known records to its live members' projection."""
+    carried = [w for iid, w in hold.last_known_lora.items() if iid not in live]
+    if not carried:
+        return projection
+    return tuple(sorted((*projection, *carried), key=_by_instance))

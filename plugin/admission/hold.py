@@ -20,10 +20,12 @@ hold: the cohort is gone, the new instances make a cohort in the place the first
 have taken (cohorts carry their creation number, ``seq``), and the oldest remaining cohort
 succeeds. Meanwhile the hold serves: the members the outage's removals took stay admitted on
 their last known records for one ``registration_ttl`` (``PublishAdmissions.last_known`` names
-them, so a hop routes to them without their instance records), then those not back are
-withdrawn while the reservation lasts. A hold builds nothing: a queued build or a due retry
-waits, and the rejoin rebuilds at once. Live removals and other listings never hold: only an
-outage can make a present worker look gone.
+them, so a hop routes to them without their instance records), with the LoRA adapters they
+carried before the outage's removals took any (their adapter records leave with the rest, in
+either order: the projection keeps each one's last known adapters beside its base card), then
+those not back are withdrawn while the reservation lasts. A hold builds nothing: a queued
+build or a due retry waits, and the rejoin rebuilds at once. Live removals and other listings
+never hold: only an outage can make a present worker look gone.
 
 *Starting during an outage.* A frontend that starts (or restarts) while the store is away
 has lived through the outage as much as its peers have, only without state. Ingestion reports
@@ -76,6 +78,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
+from workerset_admission.admission.effects import LoraWorker
 from workerset_admission.errors import TransitionRefused
 from workerset_admission.identity import Registration
 
@@ -136,6 +139,7 @@ class Hold:
         "arrival_seq",
         "arrivals",
         "last_known",
+        "last_known_lora",
         "last_known_until",
         "members",
         "phase",
@@ -150,6 +154,7 @@ class Hold:
         members: dict[int, str],
         last_known: dict[int, str],
         last_known_until: float,
+        last_known_lora: Mapping[int, LoraWorker] | None = None,
     ) -> None:
         # The clock value of the reconnect the hold counts from, and its deadline.
         self.since = since
@@ -160,6 +165,10 @@ class Hold:
         # Those of them not back yet, still admitted on their last known records.
         self.last_known = last_known
         self.last_known_until = last_known_until
+        # Their LoRA adapters as last projected before the outage took any: served with them.
+        self.last_known_lora = {
+            iid: worker for iid, worker in (last_known_lora or {}).items() if iid in last_known
+        }
         self.phase = HoldPhase.HELD if last_known else HoldPhase.HELD_BARE
         # New instances of the incumbent's checksum registered during the hold: tracked, not
         # admitted; they join the incumbent on a rejoin, or the end of the order on expiry.
@@ -208,12 +217,14 @@ class Hold:
 
     def back(self, iid: int) -> None:
         """Take a member served on its last known record off that list: it has a record again."""
+        self.last_known_lora.pop(iid, None)
         if self.last_known.pop(iid, None) is not None and not self.last_known:
             self.process(HoldEvent.LAST_KNOWN_OVER)
 
     def forget(self, iid: int) -> bool:
         """Drop a drained member; return whether it was served on its last known record."""
         self.members.pop(iid, None)
+        self.last_known_lora.pop(iid, None)
         if self.last_known.pop(iid, None) is None:
             return False
         if not self.last_known:
@@ -224,6 +235,7 @@ class Hold:
         """One registration TTL is over: stop serving last known records; return whose."""
         ended = self.last_known
         self.last_known = {}
+        self.last_known_lora = {}
         self.process(HoldEvent.LAST_KNOWN_OVER)
         return ended
 
