@@ -125,7 +125,13 @@ from workerset_admission.admission import effects as fx
 from workerset_admission.admission import readout
 from workerset_admission.admission.drain import Drains, Handover, HandoverEvent
 from workerset_admission.admission.group import Cohort, Group, Tenure, representative_of
-from workerset_admission.admission.hold import Hold, HoldEvent, expiry_outage, listing_outage
+from workerset_admission.admission.hold import (
+    Hold,
+    HoldEvent,
+    expiry_outage,
+    listing_outage,
+    start_outage,
+)
 from workerset_admission.admission.inputs import (
     BuildFinished,
     CommitFailed,
@@ -227,6 +233,11 @@ class AdmissionCore:
         self._drains = Drains()
         # The clock value of the last listing that followed a lost connection (none yet).
         self._last_reconnect: float | None = None
+        # The first listing's clock value and what the live peers served then, per group, while
+        # an outage the peers have not resynced from yet may still reach this frontend; None
+        # after the first listing was judged or once its window is over (``hold.py``).
+        self._listed = False
+        self._start_peers: tuple[float, dict[tuple[str, str], str]] | None = None
 
     # ------------------------------------------------------------------ entry points
 
@@ -349,7 +360,27 @@ class AdmissionCore:
         """
         if at > self._now:
             self._advance(at)
-        self._remove(key, expiry_outage(at, self._last_reconnect, self._settings.tenure_hold))
+        hold_for = self._settings.tenure_hold
+        outage = expiry_outage(at, self._last_reconnect, hold_for)
+        start = self._start_peers
+        if outage is None and start is not None:
+            if not at - start[0] < hold_for:
+                self._start_peers = None  # the first listing's window is over
+            else:
+                base = self._base_of(key)
+                if base is not None:
+                    group = base.group
+                    served = start[1].get((group.model, group.worker_set))
+                    outage = start_outage(at, start[0], hold_for, served, base.mdc_checksum)
+        self._remove(key, outage)
+
+    def _base_of(self, key: str) -> Registration | None:
+        """Return the base registration ``key`` is (a base card) or rides on (an adapter)."""
+        reg = self._regs.get(key)
+        if reg is not None:
+            return reg
+        adapter = self._lora.registered.get(key)
+        return None if adapter is None else self._regs.get(base_key(adapter))
 
     def _remove(self, key: str, outage: float | None = None) -> None:
         """Remove a registration; ``outage``: the reconnect an outage's removal follows."""
@@ -420,6 +451,11 @@ class AdmissionCore:
             self._last_reconnect = outage
             if event.peer_tenures:
                 self._hold_for_peers(event, outage)
+        elif not self._listed and event.peer_tenures and self._settings.tenure_hold > 0:
+            # A first listing the peers may not have resynced from yet (see ``hold.py``).
+            served = {key: tenure.mdc_checksum for key, tenure in event.peer_tenures.items()}
+            self._start_peers = (self._now, served)
+        self._listed = True
         listed: set[str] = set(event.retain)
         for reg in event.registrations:
             listed.add(reg.key)

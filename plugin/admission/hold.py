@@ -39,9 +39,19 @@ with the peer's (:func:`listing_outage`). A cohort the listing already lacks (it
 out while the store was away) cannot be observed at all; so after any outage, a group this
 frontend holds nothing of, whose live peers serve a checksum the listing lacks
 (``Listing.peer_tenures``), is reserved for that checksum at once, held until the outage's
-reconnect plus ``tenure_hold``, and only the members the peers serve end the hold. These rules
-only delay a succession the outage may have faked, as the hold always does; with them a
-frontend restarted during an outage ends on the incumbent its peers keep.
+reconnect plus ``tenure_hold``, and only the members the peers serve end the hold. One that
+starts, or first reaches the store, after the store came back but before any peer has resynced
+(the peers reconnect a moment later) learns of the outage from nobody, and the incumbent's
+records the outage left to run out expire in front of it as if their workers had died, while
+the peers hold them. So within ``tenure_hold`` of a first listing that no outage explains, an
+expiry of a record of the configuration the live peers served at that listing
+(``Listing.peer_tenures``) is judged an outage's too, counted from the first listing
+(:func:`start_outage`): when it empties the incumbent, the tenure is held as the peers hold
+theirs, and ends as theirs does (a returning member, or the deadline). With no live peer there
+is nobody to agree with, and nothing is held. These rules only delay a succession the outage
+may have faked, as the hold always does (a worker that really died is succeeded at most
+``tenure_hold`` later than without them, and only by a frontend that had just started); with
+them a frontend restarted during an outage ends on the incumbent its peers keep.
 
 *Recorded tenures.* A replay of a recording that began mid-rollout starts from what the
 recorded frontend decided: ``TenureRecorded``, before anything else of its group. A tenure
@@ -89,6 +99,7 @@ __all__ = [
     "HoldPhase",
     "expiry_outage",
     "listing_outage",
+    "start_outage",
 ]
 
 
@@ -249,6 +260,21 @@ def expiry_outage(at: float, reconnect: float | None, tenure_hold: float) -> flo
     """
     if reconnect is not None and at - reconnect < tenure_hold:
         return reconnect
+    return None
+
+
+def start_outage(
+    at: float, listed_at: float, tenure_hold: float, peers_serve: str | None, checksum: str
+) -> float | None:
+    """Return the first listing an expiry at ``at`` is judged to follow, or ``None`` (a live one).
+
+    Within ``tenure_hold`` of a frontend's first listing, an expiry of a record of the
+    configuration its live peers served then (``peers_serve``) may be an outage's doing that
+    the peers have not resynced from yet: it counts from the first listing, as if that listing
+    had followed the outage (see "Starting during an outage").
+    """
+    if peers_serve is not None and peers_serve == checksum and at - listed_at < tenure_hold:
+        return listed_at
     return None
 
 
