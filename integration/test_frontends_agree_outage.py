@@ -4,8 +4,10 @@ Two ``serve --view-dir`` processes (registration TTL 3 s) serve incumbent A (two
 cohort B (one worker) waiting. A's workers stop refreshing their registrations (a stalled
 heartbeat), nats-server is killed, a frontend is SIGKILLed and started again while it is down,
 and the server comes back before A's records run out (or after); a restarted frontend may also
-start only once the server is back (a supervisor slower than NATS). A's workers then register
-again. Whatever restarted, both frontends must end on the same incumbent: A.
+start only once the server is back (a supervisor slower than NATS), or be started cold at the
+SIGKILL and so reach NATS first only after it is back, perhaps before any peer has resynced. A's
+workers then register again. Whatever restarted, both frontends must end on the same incumbent:
+A.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ async def one_trial(
     back_after_ttl: bool,
     starts_after_return: bool = False,
     clock_skews: dict[str, float] | None = None,
+    cold: bool = False,
 ) -> None:
     handle = server.handle
     assert handle is not None
@@ -168,9 +171,9 @@ async def one_trial(
             # their predecessors' until they start).
             spares = {
                 name: serve(url, root, name, armed=True, clock_skew=skews.get(name, 0.0))
-                for name in restarted
+                for name in ([] if cold else restarted)
             }
-            for name in restarted:
+            for name in spares:
                 await asyncio.to_thread(spares[name].wait_for_line, "armed", 60)
             await asyncio.sleep(1.0)  # the serving records reach the bucket
 
@@ -183,11 +186,15 @@ async def one_trial(
             await asyncio.to_thread(handle.stop, kill=True)
             for name in restarted:
                 running[name].kill()
+                if cold:
+                    # A supervisor starts a new process at once; loading it takes what it takes.
+                    running[name] = serve(url, root, name, clock_skew=skews.get(name, 0.0))
+                    continue
                 running[name] = spares.pop(name)
                 if not starts_after_return:
                     running[name].fire()
             for name in restarted:
-                if not starts_after_return:
+                if not starts_after_return and not cold:
                     await asyncio.to_thread(
                         running[name].wait_for_line, "cannot reach NATS yet", 30
                     )
@@ -362,3 +369,12 @@ async def test_frontends_agree_when_a_hosts_clock_is_minutes_off(
         starts_after_return=True,
         clock_skews=clock_skews,
     )
+
+
+@pytest.mark.parametrize("restarted", ["fe-1", "fe-2"])
+async def test_frontends_agree_when_one_restarts_cold_during_a_one_second_outage(
+    nats_server_fn: NatsServer, tmp_path: Path, restarted: str
+) -> None:
+    # The restarted process is started when its predecessor dies, with nothing loaded: on a
+    # busy host it reaches NATS only once the server is back, maybe before its peer resynced.
+    await one_trial(nats_server_fn, tmp_path, (restarted,), back_after_ttl=False, cold=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -22,6 +23,8 @@ from workerset_admission.adapters.nats.source import (
     JetStreamDiscoverySource,
     namespace_key_prefixes,
 )
+from workerset_admission.identity import EndpointId
+from workerset_admission.keys import endpoint_kv_key, model_kv_key
 from workerset_admission.ports import SourceEvent, SourceListing, SourcePut
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -112,8 +115,7 @@ async def test_on_a_bucket_whose_keys_expire_without_a_marker_a_silent_expiry_is
     try:
         assert isinstance(await events.next(), SourceListing)
         await asyncio.sleep(0.8)  # the consumer's first idle heartbeat
-        # The first check has nothing to compare the stream with; the next, at rest, does.
-        assert not await events.source.missed_nothing()
+        # The watch's own listing accounts for the stream as it found it: nothing to relist.
         assert await events.source.missed_nothing()
         await asyncio.sleep(5.0)  # the key ages out, and no watch hears of it
         assert events.queue.empty()
@@ -163,6 +165,75 @@ async def test_a_namespace_watch_receives_only_its_namespaces_records(
         await events.close()
 
 
+async def quiet_answer(source: JetStreamDiscoverySource) -> bool:
+    """Wait until the watch's idle heartbeat has confirmed it took in all, then ask once."""
+    for _ in range(100):
+        watch = source._watch
+        if watch is not None and watch.confirmed_idle(time.monotonic(), source._idle_heartbeat):
+            return await source.missed_nothing()
+        await asyncio.sleep(0.1)
+    pytest.fail("the watch was not confirmed idle within 10 s")
+
+
+async def test_a_quiet_check_lists_once_after_any_change_a_removal_without_a_marker_included(
+    nats_server: NatsServer, client: NatsClient, bucket_name: str
+) -> None:
+    js = client.jetstream()
+    kv = (await ensure_bucket(js, BucketSpec(name=bucket_name))).kv
+    stream = stream_name(bucket_name)
+    for n in range(1, 4):
+        await kv.put(f"v1.mdc.ns.c.e.{n}", b"{}")
+    await kv.put("other.key", b"outside the watch's filters, and left alone")
+    events = Events(source_for(nats_server.url, bucket_name, idle_heartbeat=0.5))
+    try:
+        assert isinstance(await events.next(), SourceListing)
+        assert await quiet_answer(events.source)
+        # New keys, a rewrite, a removal with its marker: listed once, then accounted for.
+        await kv.put("v1.mdc.ns.c.e.4", b"{}")
+        await kv.put("v1.mdc.ns.c.e.1", b'{"again": 1}')
+        await kv.delete("v1.mdc.ns.c.e.2")
+        async with time_limit(10):
+            for _ in range(3):
+                await events.next()
+        assert not await quiet_answer(events.source)
+        assert await quiet_answer(events.source)
+        assert await quiet_answer(events.source)
+
+        # A subject purged through the stream's own API leaves no marker and reaches no watch.
+        await js.purge_stream(stream, subject=f"$KV.{bucket_name}.v1.mdc.ns.c.e.3")
+        assert not await quiet_answer(events.source)
+        assert await quiet_answer(events.source)  # accounted for from the relist on
+        # A write outside the watch's filters is not one the watch can account for.
+        await kv.put("other.key", b"rewritten")
+        assert not await quiet_answer(events.source)
+        assert await quiet_answer(events.source)
+        assert events.queue.empty()
+    finally:
+        await events.close()
+
+
+async def test_the_bucket_is_listed_after_the_full_relist_interval_however_quiet_it_is(
+    nats_server: NatsServer, client: NatsClient, bucket_name: str
+) -> None:
+    kv = (await ensure_bucket(client.jetstream(), BucketSpec(name=bucket_name))).kv
+    await kv.put("v1.mdc.ns.c.e.1", b"{}")
+    source = source_for(nats_server.url, bucket_name, idle_heartbeat=0.5, full_relist_interval=2.0)
+    events = Events(source)
+    try:
+        assert isinstance(await events.next(), SourceListing)
+        started = time.monotonic()
+        answers = []
+        while time.monotonic() - started < 3.0:
+            answers.append(await quiet_answer(source))
+            await asyncio.sleep(0.2)
+        # Spared while the interval runs, listed once it has passed, then spared again.
+        assert answers[0]
+        assert answers[-1]
+        assert answers.count(False) == 1
+    finally:
+        await events.close()
+
+
 def test_namespace_prefixes_escape_the_namespace_as_keys_do() -> None:
     assert namespace_key_prefixes("a.b")[0] == "v1.mdc.a=2Eb"
 
@@ -189,5 +260,50 @@ async def test_a_service_at_rest_applies_no_periodic_listing_and_relists_once_on
         assert watch is not None
         await client.jetstream().delete_consumer(stream_name(bucket_name), watch.consumer)
         await eventually(lambda: service.counters.listings > applied, "a relist")
+    finally:
+        await service.stop()
+
+
+@pytest.mark.rollout
+async def test_a_workers_records_purged_without_a_marker_leave_admission_within_the_period(
+    nats_server: NatsServer, client: NatsClient, bucket_name: str
+) -> None:
+    from support.fleet import Fleet, card
+    from workerset_admission.settings import Settings
+    from workerset_admission.wiring.compose import create_service
+
+    js = client.jetstream()
+    kv = (await ensure_bucket(js, BucketSpec(name=bucket_name))).kv
+    ep = EndpointId("ns-purge", "backend", "generate")
+    await Fleet(kv).register(ep, [1, 2], card())
+    settings = Settings(discovery_bucket=bucket_name, reconcile_interval=0.5)
+    service = await create_service(settings, servers=[nats_server.url], publish=False, status=False)
+
+    def members() -> tuple[str, ...]:
+        return service.serving_members().get("ns-purge", ())
+
+    try:
+        await service.wait_synced(10)
+        await eventually(lambda: len(members()) == 2, "both workers served")
+        await asyncio.sleep(6.0)  # the watch consumer's first idle heartbeat (every 5 s)
+        applied = service.counters.listings
+        await asyncio.sleep(2.0)  # four reconciliation periods at rest
+        assert service.counters.listings == applied  # the checks read no listing
+        held = members()
+
+        # An operator purges one worker's records by subject: no marker, no watch event.
+        for key in (model_kv_key(ep, 2), endpoint_kv_key(ep, 2)):
+            await js.purge_stream(stream_name(bucket_name), subject=f"$KV.{bucket_name}.{key}")
+        purged = time.monotonic()
+        await eventually(lambda: len(members()) == 1, "the purged worker leaves admission")
+        # Within a period of the watch's next idle heartbeat (the heartbeat every 5 s).
+        assert time.monotonic() - purged < 5.0 + 2 * 0.5 + 1.0
+        assert set(members()) < set(held)
+        assert service.counters.listings > applied
+        # And at rest again, nothing more is listed.
+        await asyncio.sleep(6.0)
+        relisted = service.counters.listings
+        await asyncio.sleep(2.0)
+        assert service.counters.listings == relisted
     finally:
         await service.stop()

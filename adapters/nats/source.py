@@ -32,18 +32,23 @@ source was made for a frontend that started during an outage (``started_in_outag
 first connection failed, or the connection was lost before the first listing came. That is a
 report, as the reason is; the core decides what it means.
 
-A periodic reconciliation need not read the bucket again when the watch missed nothing:
-:meth:`JetStreamDiscoverySource.missed_nothing` answers from the consumer's idle heartbeat,
-which the server sends only with nothing pending and which names the last consumer sequence it
-sent: the same as the last one that arrived means nothing is pending and nothing was lost. What
-a relist protects against stays covered: a message lost in transit shows as a skipped consumer
-sequence or as a heartbeat naming one that never arrived (either re-creates the watch); a
-consumer that vanished or fell silent, a stream deleted or re-created and a lost connection
-re-create the watch with a listing of their own; and on a bucket whose keys can age out without
-a removal marker (a max age, or per-key TTLs allowed without limit markers), where a silent
-expiry reaches no watch, the stream's own state (last sequence and message count) must also be
-what it was at the previous check: an expiry lowers the count, and any change at all is relisted
-as before.
+A periodic reconciliation need not read the bucket again when the watch missed nothing and the
+stream changed in nothing since the watch last accounted for it:
+:meth:`JetStreamDiscoverySource.missed_nothing` answers from two things. The consumer's idle
+heartbeat, which the server sends only with nothing pending and which names the last consumer
+sequence it sent: the same as the last one that arrived means nothing is pending and nothing
+was lost on the way (a message lost in transit shows as a skipped consumer sequence or as a
+heartbeat naming one that never arrived; either re-creates the watch). And the stream's own
+state, one stream info answer of constant size (creation, last sequence, message count),
+compared with the one the watch last accounted for (read just before its consumer was created,
+then at each check): any write since raises the last sequence, and any removal lowers the count,
+so a record removed without a marker, which no watch hears of (a subject purged, a message
+deleted by sequence, a key aged out under a max age, a marker's own lapse), is listed at the
+next check. A change the watch did hear is listed once too (a constant-size state cannot tell
+the two apart), and the check after it is spared again. A consumer that vanished or fell
+silent, a stream deleted or re-created and a lost connection re-create the watch with a
+listing of their own. Whatever the checks say, the bucket is listed at least every
+``full_relist_interval`` (10 minutes).
 
 With ``key_prefixes`` from :func:`namespace_key_prefixes` the consumer's subject filters hold
 only one worker namespace's records, so a frontend serving one namespace receives no other's.
@@ -79,7 +84,7 @@ from workerset_admission.adapters.nats.connect import (
 )
 from workerset_admission.adapters.nats.kv import stream_name, subject_prefix
 from workerset_admission.adapters.nats.raw_delivery import RawDeliveryClient
-from workerset_admission.adapters.nats.watch import WAKE, Wake, Watch
+from workerset_admission.adapters.nats.watch import WAKE, StreamSummary, Wake, Watch
 from workerset_admission.errors import UsageError
 from workerset_admission.keys import DISCOVERY_BUCKET, escape_token
 from workerset_admission.ports import SourceEvent, SourceListing
@@ -120,6 +125,9 @@ def namespace_key_prefixes(namespace: str) -> tuple[str, ...]:
 
 # Seconds between the server's heartbeats on an idle consumer, unless a source says otherwise.
 IDLE_HEARTBEAT: Final = 5.0
+
+# Seconds after which a reconciliation lists the bucket even when the watch accounts for all.
+FULL_RELIST_INTERVAL: Final = 600.0
 
 # Seconds without a delivery after which a listing stops waiting for keys it was told of.
 LISTING_QUIET: Final = 0.5
@@ -168,12 +176,19 @@ class JetStreamDiscoverySource:
         request_timeout: float = 5.0,
         idle_heartbeat: float = IDLE_HEARTBEAT,
         started_in_outage: bool = False,
+        full_relist_interval: float = FULL_RELIST_INTERVAL,
     ) -> None:
         if options is None and connector is None:
             raise UsageError("JetStreamDiscoverySource needs connect options or a connector")
         if key_prefixes is not None and not key_prefixes:
             raise UsageError("at least one key prefix is required (None watches every key)")
-        if queue_size < 1 or health_interval <= 0 or bind_retry_initial <= 0 or idle_heartbeat <= 0:
+        if (
+            queue_size < 1
+            or health_interval <= 0
+            or bind_retry_initial <= 0
+            or idle_heartbeat <= 0
+            or full_relist_interval <= 0
+        ):
             raise UsageError("queue size and intervals must be positive")
         self._options = options
         self._connector = connector
@@ -201,10 +216,9 @@ class JetStreamDiscoverySource:
         self._iterating = False
         self._ever_bound = False
         self._stream_created: object = None
-        # Whether a key of the bound bucket can age out without a marker a watch would see.
-        self._silent_expiry = True
-        # The stream's (creation, last sequence, messages) at the last quiet check.
-        self._stream_state: tuple[object, int, int] | None = None
+        self._full_relist_interval = full_relist_interval
+        # When a reconciliation was last told to list the bucket (monotonic clock).
+        self._listed_at = time.monotonic()
         self.restarts = 0
         self.relists_spared = 0
         self._disconnects = 0
@@ -348,7 +362,12 @@ class JetStreamDiscoverySource:
             attempts.append(([f"{self._subject_prefix}>"], self._key_prefixes))
         for filters, key_filter in attempts:
             watch = Watch(
-                len(self._subject_prefix), queue_size, info.state.last_seq, key_filter, expected
+                len(self._subject_prefix),
+                queue_size,
+                info.state.last_seq,
+                key_filter,
+                expected,
+                _summary(info),
             )
             if adopt is not None:
                 adopt(watch)
@@ -376,10 +395,6 @@ class JetStreamDiscoverySource:
             watch.consumer = created.name
             if created.num_pending == 0:
                 watch.finish_initial()
-            config_now = info.config
-            self._silent_expiry = config_now.subject_delete_marker_ttl is None and bool(
-                config_now.max_age or config_now.allow_msg_ttl
-            )
             return watch, info.created
         raise AssertionError("unreachable: the last attempt raises or returns")
 
@@ -634,16 +649,30 @@ class JetStreamDiscoverySource:
             yield item
 
     async def missed_nothing(self) -> bool:
-        """Tell whether the live watch has taken in all its consumer sent (see the module).
+        """Tell whether a relist would find nothing the watch has not taken in (see the module).
 
-        The consumer's own idle heartbeat says it: sent while it has nothing pending, it names
-        the last consumer sequence sent, and the watch compares it with what arrived. False
-        whenever that cannot be shown: no watch, a watch being re-created, no such heartbeat
-        within two heartbeat periods since the last delivery (a busy bucket), a bucket whose
-        keys can expire silently and whose stream changed since the last check, a client on
-        which the watch is not the source's own. It asks the server nothing about the consumer
-        (a frontend's user may not read consumers by name: ``docs/security.md``).
+        Two things must show it. The consumer's own idle heartbeat: sent while it has nothing
+        pending, it names the last consumer sequence sent, and the watch compares it with what
+        arrived. And the stream's own state, one stream info answer of constant size (creation,
+        last sequence, message count), the same as the one the watch last accounted for
+        (:meth:`.Watch.accounts_for`): a record removed without a marker, which no watch hears
+        of, changes it. False whenever that cannot be shown: no watch, a watch being
+        re-created, no such heartbeat within two heartbeat periods since the last delivery (a
+        busy bucket), a stream changed since the last check, a client on which the watch is not
+        the source's own, and once ``full_relist_interval`` has passed since the last listing
+        this answered for. It asks the server nothing about the consumer (a frontend's user may
+        not read consumers by name: ``docs/security.md``).
         """
+        answer = await self._missed_nothing()
+        if answer and time.monotonic() - self._listed_at >= self._full_relist_interval:
+            answer = False
+        if answer:
+            self.relists_spared += 1
+        else:
+            self._listed_at = time.monotonic()
+        return answer
+
+    async def _missed_nothing(self) -> bool:
         watch, nc = self._watch, self._nc
         if (
             watch is None
@@ -655,31 +684,19 @@ class JetStreamDiscoverySource:
             or not watch.confirmed_idle(time.monotonic(), self._idle_heartbeat)
         ):
             return False
-        if self._silent_expiry and not await self._stream_unchanged(nc):
-            return False
-        if self._watch is watch and not watch.stopped:
-            self.relists_spared += 1
-            return True
-        return False
-
-    async def _stream_unchanged(self, nc: NatsClient) -> bool:
-        """Tell whether the stream holds what it held at the last check (nothing expired).
-
-        A key that ages out without a marker leaves the stream with fewer messages and the
-        same last sequence: the watch cannot hear it, the stream's state shows it. Any other
-        difference (a change the watch did hear) also answers no: the relist it asks for is
-        the one every period made before, and the next quiet period is spared again.
-        """
         try:
             info = await nc.jetstream(timeout=self._request_timeout).stream_info(
                 stream_name(self.bucket)
             )
         except _RETRYABLE:
             return False
-        state = (info.created, info.state.last_seq, info.state.messages)
-        unchanged = state == self._stream_state
-        self._stream_state = state
-        return unchanged
+        if self._watch is not watch or watch.stopped:
+            return False
+        now = _summary(info)
+        accounted = watch.accounts_for(now)
+        # A change is listed now: from here on, only what happens next needs accounting for.
+        watch.rebase(now)
+        return accounted
 
     async def list_all(self) -> SourceListing:
         """Read the whole bucket now through a separate consumer, for reconciliation."""
@@ -722,6 +739,10 @@ class JetStreamDiscoverySource:
         if nc is not None and not nc.is_closed:
             with contextlib.suppress(Exception):
                 await nc.close()
+
+
+def _summary(info: StreamInfo) -> StreamSummary:
+    return StreamSummary(info.created, info.state.last_seq, info.state.messages)
 
 
 def _expected_keys(

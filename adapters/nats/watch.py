@@ -34,7 +34,7 @@ from nats.js.api import Header
 from workerset_admission.adapters.nats.kv import removal_kind
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceEvent, SourcePut
 
-__all__ = ["WAKE", "Wake", "Watch", "parse_delivery"]
+__all__ = ["WAKE", "StreamSummary", "Wake", "Watch", "parse_delivery"]
 
 # A consumer is given up after this many heartbeat periods without a message or heartbeat, as
 # nats-py's ordered consumer does.
@@ -49,6 +49,14 @@ WAKE: Final = Wake()
 
 _ACK_PREFIX: Final = b"$JS.ACK."
 _CONTROL_STATUS: Final = "100"
+
+
+class StreamSummary(NamedTuple):
+    """What one stream info answer says of the stream, in constant size (no subjects)."""
+
+    created: object
+    last_seq: int
+    messages: int
 
 
 class _Delivery(NamedTuple):
@@ -84,6 +92,7 @@ class Watch:
         last_seq_at_start: int,
         key_prefixes: tuple[str, ...] | None = None,
         expected_keys: Collection[str] | None = None,
+        stream_at_start: StreamSummary | None = None,
     ) -> None:
         self.key_offset = key_offset
         self.key_prefixes = key_prefixes
@@ -117,6 +126,9 @@ class Watch:
         # The consumer sequence the last idle heartbeat confirmed as all sent, and when.
         self.confirmed_seq = -1
         self.confirmed_at = float("-inf")
+        # The stream's state when the watch last accounted for all of it: read just before the
+        # consumer was created (the listing stands for it), then at each quiet check.
+        self.stream_base = stream_at_start
 
     def confirmed_idle(self, now: float, idle_heartbeat: float) -> bool:
         """Whether a recent idle heartbeat said the consumer sent exactly what arrived since."""
@@ -151,6 +163,23 @@ class Watch:
         entries = tuple(self.listing_entries)
         self.listing_entries = []
         return entries
+
+    def accounts_for(self, now: StreamSummary) -> bool:
+        """Whether the stream's state ``now`` holds nothing the watch has not taken in.
+
+        The stream state it last accounted for must be the same: any message stored since
+        raises the last sequence, and any message removed since lowers the count with the last
+        sequence unchanged, a removal that left no marker (a subject purged, a message deleted
+        by sequence, a key aged out under a max age, a marker's own lapse) as much as any other.
+        A change the watch did hear is not told apart from one it could not: both are listed
+        once (a stream's constant-size state cannot say which subjects a count came from), and
+        the state after it is accounted for from then on (:meth:`rebase`).
+        """
+        return self.stream_base is not None and self.stream_base == now
+
+    def rebase(self, now: StreamSummary) -> None:
+        """Take ``now`` as accounted for: the reconciliation this check answered lists it."""
+        self.stream_base = now
 
     def silent_for(self, now: float, idle_heartbeat: float) -> bool:
         """Tell whether a raw consumer has shown no sign of life for too long."""

@@ -116,7 +116,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Literal
@@ -125,7 +125,13 @@ from workerset_admission.admission import effects as fx
 from workerset_admission.admission import readout
 from workerset_admission.admission.drain import Drains, Handover, HandoverEvent
 from workerset_admission.admission.group import Cohort, Group, Tenure, representative_of
-from workerset_admission.admission.hold import Hold, HoldEvent, expiry_outage, listing_outage
+from workerset_admission.admission.hold import (
+    Hold,
+    HoldEvent,
+    expiry_outage,
+    listing_outage,
+    start_outage,
+)
 from workerset_admission.admission.inputs import (
     BuildFinished,
     CommitFailed,
@@ -227,6 +233,11 @@ class AdmissionCore:
         self._drains = Drains()
         # The clock value of the last listing that followed a lost connection (none yet).
         self._last_reconnect: float | None = None
+        # The first listing's clock value and what the live peers served then, per group, while
+        # an outage the peers have not resynced from yet may still reach this frontend; None
+        # after the first listing was judged or once its window is over (``hold.py``).
+        self._listed = False
+        self._start_peers: tuple[float, dict[tuple[str, str], str]] | None = None
 
     # ------------------------------------------------------------------ entry points
 
@@ -349,7 +360,27 @@ class AdmissionCore:
         """
         if at > self._now:
             self._advance(at)
-        self._remove(key, expiry_outage(at, self._last_reconnect, self._settings.tenure_hold))
+        hold_for = self._settings.tenure_hold
+        outage = expiry_outage(at, self._last_reconnect, hold_for)
+        start = self._start_peers
+        if outage is None and start is not None:
+            if not at - start[0] < hold_for:
+                self._start_peers = None  # the first listing's window is over
+            else:
+                base = self._base_of(key)
+                if base is not None:
+                    group = base.group
+                    served = start[1].get((group.model, group.worker_set))
+                    outage = start_outage(at, start[0], hold_for, served, base.mdc_checksum)
+        self._remove(key, outage)
+
+    def _base_of(self, key: str) -> Registration | None:
+        """Return the base registration ``key`` is (a base card) or rides on (an adapter)."""
+        reg = self._regs.get(key)
+        if reg is not None:
+            return reg
+        adapter = self._lora.registered.get(key)
+        return None if adapter is None else self._regs.get(base_key(adapter))
 
     def _remove(self, key: str, outage: float | None = None) -> None:
         """Remove a registration; ``outage``: the reconnect an outage's removal follows."""
@@ -358,7 +389,7 @@ class AdmissionCore:
             if key in self._drains.drained:
                 self._remove_drained(key)
             else:
-                self._remove_lora(key)
+                self._remove_lora(key, outage)
             return
         gk = reg.group
         group = self._groups[(gk.model, gk.worker_set)]
@@ -420,6 +451,11 @@ class AdmissionCore:
             self._last_reconnect = outage
             if event.peer_tenures:
                 self._hold_for_peers(event, outage)
+        elif not self._listed and event.peer_tenures and self._settings.tenure_hold > 0:
+            # A first listing the peers may not have resynced from yet (see ``hold.py``).
+            served = {key: tenure.mdc_checksum for key, tenure in event.peer_tenures.items()}
+            self._start_peers = (self._now, served)
+        self._listed = True
         listed: set[str] = set(event.retain)
         for reg in event.registrations:
             listed.add(reg.key)
@@ -429,7 +465,7 @@ class AdmissionCore:
         for key in [k for k in self._drains.drained if k not in listed]:
             self._remove(key)
         for key in [k for k in self._lora.registered if k not in listed]:
-            self._remove(key)
+            self._remove(key, outage)
         kept = set(event.retain_drains)
         for worker in [w for w in self._drains.in_force if w not in drains and w not in kept]:
             self._on_drain_lifted(worker)
@@ -452,12 +488,15 @@ class AdmissionCore:
             hold = group.tenure.hold
             if group.key.endpoint.namespace != namespace or hold is None:
                 continue
+            carried = iid in hold.last_known_lora
             if hold.forget(iid):
                 assert group.tenure.checksum is not None
                 group.cohorts[group.tenure.checksum].log.append(~iid)
                 if hold.over:
                     group.tenure.hold = None
                 self._mark_dirty(group)
+                if carried:
+                    self._mark_lora(group)
 
     def _on_drain_lifted(self, worker: tuple[str, int]) -> None:
         returning = self._drains.lift(worker)
@@ -821,6 +860,17 @@ class AdmissionCore:
         if gone is None or gone[0] != outage:
             gone = group.tenure.outage_gone = (outage, {})
         gone[1][reg.instance_id] = reg.key
+        self._note_outage_adapters(group, reg, outage)
+
+    def _note_outage_adapters(self, group: Group, base: Registration, outage: float) -> None:
+        """Remember a member's adapters as they were before an outage's removals took any."""
+        worker = self._lora.project((base,))
+        if not worker:
+            return
+        kept = group.tenure.outage_lora
+        if kept is None or kept[0] != outage:
+            kept = group.tenure.outage_lora = (outage, {})
+        kept[1].setdefault(base.instance_id, worker[0])
 
     def _hold(self, group: Group, outage: float) -> None:
         """Keep an emptied incumbent reserved, serving its last known members for a while.
@@ -835,15 +885,19 @@ class AdmissionCore:
         gone = group.tenure.outage_gone
         members = gone[1] if gone is not None and gone[0] == outage else {}
         group.tenure.outage_gone = None
+        kept = group.tenure.outage_lora
+        adapters = kept[1] if kept is not None and kept[0] == outage else {}
+        group.tenure.outage_lora = None
         old = group.tenure.hold
         if old is not None:
             # A second emptying within an earlier hold's window: those not back stay served.
             members = {**old.last_known, **members}
+            adapters = {**old.last_known_lora, **adapters}
         until = outage + settings.tenure_hold
         last_known_until = min(outage + settings.registration_ttl, until)
         serving = last_known_until > self._now and bool(members)
         served = dict(members) if serving else {}
-        hold = group.tenure.hold = Hold(outage, until, members, served, last_known_until)
+        hold = group.tenure.hold = Hold(outage, until, members, served, last_known_until, adapters)
         self._timer_seq += 1
         heapq.heappush(self._holds, (until, self._timer_seq, group))
         if serving:
@@ -883,6 +937,8 @@ class AdmissionCore:
         cohort = group.cohorts[checksum]
         cohort.members[iid] = reg
         cohort.log.append(iid)
+        # A member back on its own records is projected from its own adapters from now on.
+        carried = iid in hold.last_known_lora
         hold.back(iid)
         self._out.append(fx.WorkerPlaced(key, group.key, checksum, True))
         rejoined = hold.held
@@ -896,7 +952,7 @@ class AdmissionCore:
         if hold.over:
             group.tenure.hold = None
         self._mark_dirty(group)
-        if key in self._lora.by_base or rejoined:
+        if key in self._lora.by_base or rejoined or carried:
             self._mark_lora(group)
         state = group.status.state
         if state is _RETRYING or state is _BLOCKED:
@@ -951,11 +1007,14 @@ class AdmissionCore:
         """One registration TTL is over: members not back by now were not alive."""
         assert group.tenure.checksum is not None
         log = group.cohorts[group.tenure.checksum].log
+        carried = bool(hold.last_known_lora)
         for iid in hold.last_known_over():
             log.append(~iid)
         if hold.over:
             group.tenure.hold = None
         self._mark_dirty(group)
+        if carried:
+            self._mark_lora(group)
 
     # ------------------------------------------------------------------ builds and fencing
 
@@ -1170,13 +1229,45 @@ class AdmissionCore:
         if host is not None:
             self._mark_lora(host)
 
-    def _remove_lora(self, key: str) -> None:
+    def _remove_lora(self, key: str, outage: float | None = None) -> None:
+        """Forget an adapter; ``outage``: the reconnect an outage's removal follows."""
+        reg = self._lora.registered.get(key)
+        if reg is not None and self._settings.tenure_hold > 0:
+            base_reg = self._regs.get(base_key(reg))
+            if base_reg is None:
+                if outage is None:
+                    self._drop_last_known_adapter(reg)
+            elif outage is not None:
+                # Its base card may go next in the same outage: a hold then serves it with this.
+                host = self._admitted_host(base_key(reg))
+                if host is not None:
+                    self._note_outage_adapters(host, base_reg, outage)
         base = self._lora.remove(key)
         if base is None:
             return  # an unknown key: removing it again is harmless
         host = self._admitted_host(base)
         if host is not None:
             self._mark_lora(host)
+
+    def _drop_last_known_adapter(self, reg: Registration) -> None:
+        """Stop serving an adapter removed live whose base a hold serves on last known records."""
+        for group in self._groups.values():
+            hold = group.tenure.hold
+            if hold is None or group.key.endpoint != reg.endpoint:
+                continue
+            worker = hold.last_known_lora.get(reg.instance_id)
+            if worker is None:
+                continue
+            rest = tuple(a for a in worker.adapters if a.key != reg.key)
+            if len(rest) == len(worker.adapters):
+                continue
+            if rest:
+                hold.last_known_lora[reg.instance_id] = fx.LoraWorker(
+                    worker.endpoint, worker.instance_id, worker.base_fingerprint, rest
+                )
+            else:
+                del hold.last_known_lora[reg.instance_id]
+            self._mark_lora(group)
 
     def _serving(self, reg: Registration) -> GroupKey | None:
         """Name the group whose tenure serves ``reg`` (a base card or an adapter), if any."""
@@ -1249,7 +1340,11 @@ class AdmissionCore:
                 group.lora_dirty = False
                 tenure = group.tenure
                 assert tenure.checksum is not None
-                projection = self._lora.project(group.cohorts[tenure.checksum].members.values())
+                cohort = group.cohorts[tenure.checksum]
+                projection = self._lora.project(cohort.members.values())
+                hold = tenure.hold
+                if hold is not None and hold.last_known_lora:
+                    projection = _with_last_known(projection, hold, cohort.members)
                 if not same_projection(projection, tenure.lora):
                     tenure.lora = projection
                     assert tenure.receiver is not None
@@ -1382,3 +1477,16 @@ class AdmissionCore:
         if lora is None:
             return None
         return readout.adapter_placement(lora, self._admitted_host(base_key(lora)))
+
+
+_by_instance = attrgetter("instance_id")
+
+
+def _with_last_known(
+    projection: tuple[fx.LoraWorker, ...], hold: Hold, live: Mapping[int, Registration]
+) -> tuple[fx.LoraWorker, ...]:
+    """Add the adapters a hold serves on last known records to its live members' projection."""
+    carried = [w for iid, w in hold.last_known_lora.items() if iid not in live]
+    if not carried:
+        return projection
+    return tuple(sorted((*projection, *carried), key=_by_instance))

@@ -68,6 +68,7 @@ class Tenure:
         "in_flight",
         "lora",
         "outage_gone",
+        "outage_lora",
         "parked",
         "receiver",
         "reported",
@@ -96,6 +97,9 @@ class Tenure:
         # The clock value of the last reconnect whose removals took incumbent members away,
         # and those members: a hold that reconnect causes serves them on last known good.
         self.outage_gone: tuple[float, dict[int, str]] | None = None
+        # The same reconnect's view of those members' LoRA adapters, as projected before its
+        # removals took any of them (an adapter's record may go before its base card's).
+        self.outage_lora: tuple[float, dict[int, LoraWorker]] | None = None
         # Incumbent members drained since the last publication (id to key): the receiver
         # still lists them, so a handover that begins now keeps serving exactly these.
         self.parked: dict[int, str] = {}

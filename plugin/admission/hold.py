@@ -20,10 +20,12 @@ hold: the cohort is gone, the new instances make a cohort in the place the first
 have taken (cohorts carry their creation number, ``seq``), and the oldest remaining cohort
 succeeds. Meanwhile the hold serves: the members the outage's removals took stay admitted on
 their last known records for one ``registration_ttl`` (``PublishAdmissions.last_known`` names
-them, so a hop routes to them without their instance records), then those not back are
-withdrawn while the reservation lasts. A hold builds nothing: a queued build or a due retry
-waits, and the rejoin rebuilds at once. Live removals and other listings never hold: only an
-outage can make a present worker look gone.
+them, so a hop routes to them without their instance records), with the LoRA adapters they
+carried before the outage's removals took any (their adapter records leave with the rest, in
+either order: the projection keeps each one's last known adapters beside its base card), then
+those not back are withdrawn while the reservation lasts. A hold builds nothing: a queued
+build or a due retry waits, and the rejoin rebuilds at once. Live removals and other listings
+never hold: only an outage can make a present worker look gone.
 
 *Starting during an outage.* A frontend that starts (or restarts) while the store is away
 has lived through the outage as much as its peers have, only without state. Ingestion reports
@@ -37,9 +39,19 @@ with the peer's (:func:`listing_outage`). A cohort the listing already lacks (it
 out while the store was away) cannot be observed at all; so after any outage, a group this
 frontend holds nothing of, whose live peers serve a checksum the listing lacks
 (``Listing.peer_tenures``), is reserved for that checksum at once, held until the outage's
-reconnect plus ``tenure_hold``, and only the members the peers serve end the hold. These rules
-only delay a succession the outage may have faked, as the hold always does; with them a
-frontend restarted during an outage ends on the incumbent its peers keep.
+reconnect plus ``tenure_hold``, and only the members the peers serve end the hold. One that
+starts, or first reaches the store, after the store came back but before any peer has resynced
+(the peers reconnect a moment later) learns of the outage from nobody, and the incumbent's
+records the outage left to run out expire in front of it as if their workers had died, while
+the peers hold them. So within ``tenure_hold`` of a first listing that no outage explains, an
+expiry of a record of the configuration the live peers served at that listing
+(``Listing.peer_tenures``) is judged an outage's too, counted from the first listing
+(:func:`start_outage`): when it empties the incumbent, the tenure is held as the peers hold
+theirs, and ends as theirs does (a returning member, or the deadline). With no live peer there
+is nobody to agree with, and nothing is held. These rules only delay a succession the outage
+may have faked, as the hold always does (a worker that really died is succeeded at most
+``tenure_hold`` later than without them, and only by a frontend that had just started); with
+them a frontend restarted during an outage ends on the incumbent its peers keep.
 
 *Recorded tenures.* A replay of a recording that began mid-rollout starts from what the
 recorded frontend decided: ``TenureRecorded``, before anything else of its group. A tenure
@@ -76,6 +88,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
+from workerset_admission.admission.effects import LoraWorker
 from workerset_admission.errors import TransitionRefused
 from workerset_admission.identity import Registration
 
@@ -86,6 +99,7 @@ __all__ = [
     "HoldPhase",
     "expiry_outage",
     "listing_outage",
+    "start_outage",
 ]
 
 
@@ -136,6 +150,7 @@ class Hold:
         "arrival_seq",
         "arrivals",
         "last_known",
+        "last_known_lora",
         "last_known_until",
         "members",
         "phase",
@@ -150,6 +165,7 @@ class Hold:
         members: dict[int, str],
         last_known: dict[int, str],
         last_known_until: float,
+        last_known_lora: Mapping[int, LoraWorker] | None = None,
     ) -> None:
         # The clock value of the reconnect the hold counts from, and its deadline.
         self.since = since
@@ -160,6 +176,10 @@ class Hold:
         # Those of them not back yet, still admitted on their last known records.
         self.last_known = last_known
         self.last_known_until = last_known_until
+        # Their LoRA adapters as last projected before the outage took any: served with them.
+        self.last_known_lora = {
+            iid: worker for iid, worker in (last_known_lora or {}).items() if iid in last_known
+        }
         self.phase = HoldPhase.HELD if last_known else HoldPhase.HELD_BARE
         # New instances of the incumbent's checksum registered during the hold: tracked, not
         # admitted; they join the incumbent on a rejoin, or the end of the order on expiry.
@@ -208,12 +228,14 @@ class Hold:
 
     def back(self, iid: int) -> None:
         """Take a member served on its last known record off that list: it has a record again."""
+        self.last_known_lora.pop(iid, None)
         if self.last_known.pop(iid, None) is not None and not self.last_known:
             self.process(HoldEvent.LAST_KNOWN_OVER)
 
     def forget(self, iid: int) -> bool:
         """Drop a drained member; return whether it was served on its last known record."""
         self.members.pop(iid, None)
+        self.last_known_lora.pop(iid, None)
         if self.last_known.pop(iid, None) is None:
             return False
         if not self.last_known:
@@ -224,6 +246,7 @@ class Hold:
         """One registration TTL is over: stop serving last known records; return whose."""
         ended = self.last_known
         self.last_known = {}
+        self.last_known_lora = {}
         self.process(HoldEvent.LAST_KNOWN_OVER)
         return ended
 
@@ -237,6 +260,21 @@ def expiry_outage(at: float, reconnect: float | None, tenure_hold: float) -> flo
     """
     if reconnect is not None and at - reconnect < tenure_hold:
         return reconnect
+    return None
+
+
+def start_outage(
+    at: float, listed_at: float, tenure_hold: float, peers_serve: str | None, checksum: str
+) -> float | None:
+    """Return the first listing an expiry at ``at`` is judged to follow, or ``None`` (a live one).
+
+    Within ``tenure_hold`` of a frontend's first listing, an expiry of a record of the
+    configuration its live peers served then (``peers_serve``) may be an outage's doing that
+    the peers have not resynced from yet: it counts from the first listing, as if that listing
+    had followed the outage (see "Starting during an outage").
+    """
+    if peers_serve is not None and peers_serve == checksum and at - listed_at < tenure_hold:
+        return listed_at
     return None
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from admission_support import G, finish, group_key, of, one, reg
+from admission_support import EP, G, finish, group_key, lora, of, one, reg
 from workerset_admission.admission import (
     AdmissionCore,
     BuildFinished,
     CoreSettings,
+    Drain,
+    DrainSet,
     GroupStatus,
     Listing,
+    LoraProjectionChanged,
     PublishAdmissions,
     RejectionReported,
     RetireReceiver,
@@ -284,3 +287,77 @@ def test_an_expiry_after_the_hold_would_be_over_succeeds_at_once() -> None:
     effects = core.apply(WorkerRemoved(reg(2, "A").key, expired_at=131.0))
     assert of(effects, TenureHeld) == []
     assert one(effects, Succession).new_checksum == "B"
+
+
+def _adapters(core: AdmissionCore) -> dict[int, tuple[str, ...]]:
+    view = core.group(G)
+    assert view is not None
+    return {w.instance_id: tuple(a.model_suffix for a in w.adapters) for w in view.lora}
+
+
+def _ready_a_with_adapters() -> AdmissionCore:
+    core = _ready_a_with_b_waiting()
+    core.apply_many([WorkerAdded(lora(1)), WorkerAdded(lora(2)), WorkerAdded(lora(2, "second"))])
+    assert _adapters(core) == {1: ("my-lora",), 2: ("my-lora", "second")}
+    return core
+
+
+def test_a_hold_serves_its_members_adapters_beside_their_last_known_base_cards() -> None:
+    core = _ready_a_with_adapters()
+    effects = _outage_lists_only_b(core)  # the listing has neither base cards nor adapters
+    one(effects, TenureHeld)
+    assert of(effects, LoraProjectionChanged) == []  # the projection stays as it was
+    assert _adapters(core) == {1: ("my-lora",), 2: ("my-lora", "second")}
+    # A member back on its own records is projected from its own adapters again.
+    effects = core.apply(WorkerAdded(reg(1, "A")))
+    assert _adapters(core) == {2: ("my-lora", "second")}
+    core.apply(WorkerAdded(lora(1)))
+    assert _adapters(core) == {1: ("my-lora",), 2: ("my-lora", "second")}
+    # Once one TTL is over, the member not back leaves with its adapters.
+    effects = core.apply(Tick(110.0))
+    assert one(effects, PublishAdmissions).admitted == frozenset({1})
+    assert one(effects, LoraProjectionChanged).workers[0].instance_id == 1
+    assert _adapters(core) == {1: ("my-lora",)}
+
+
+def test_adapters_that_expire_before_their_base_card_are_served_by_the_hold_all_the_same() -> None:
+    core = _ready_a_with_adapters()
+    core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B"), lora(1), lora(2)], reconnect=True))
+    # The outage left their records to run out: each worker's adapters go first, one by one.
+    core.apply(WorkerRemoved(lora(2, "second").key, expired_at=101.0))
+    core.apply(WorkerRemoved(lora(1).key, expired_at=101.1))
+    core.apply(WorkerRemoved(lora(2).key, expired_at=101.2))
+    assert _adapters(core) == {}  # their base cards are still registered: nothing is held
+    core.apply(WorkerRemoved(reg(1, "A").key, expired_at=101.3))
+    effects = core.apply(WorkerRemoved(reg(2, "A").key, expired_at=101.4))
+    one(effects, TenureHeld)
+    change = one(effects, LoraProjectionChanged)
+    assert [w.instance_id for w in change.workers] == [1, 2]
+    # As they were before the outage's first removal: those that went first are served too.
+    assert _adapters(core) == {1: ("my-lora",), 2: ("my-lora", "second")}
+    # A drained member stops being served, adapters and all.
+    core.apply(DrainSet(Drain(EP.namespace, 2, "ops", 1_700_000_000.0)))
+    assert _adapters(core) == {1: ("my-lora",)}
+
+
+def test_a_live_removal_of_an_adapter_is_never_held() -> None:
+    core = _ready_a_with_adapters()
+    core.apply(WorkerRemoved(lora(1).key))
+    assert _adapters(core) == {2: ("my-lora", "second")}
+    core.apply_many([WorkerRemoved(reg(1, "A").key), WorkerRemoved(reg(2, "A").key)])
+    view = core.group(G)
+    assert view is not None
+    assert view.incumbent == "B"
+    assert _adapters(core) == {}
+
+
+def test_an_adapter_removed_live_during_a_hold_is_no_longer_served() -> None:
+    core = _ready_a_with_adapters()
+    # The resync lists the adapters' records but neither base card: the tenure is held.
+    adapters = [lora(1), lora(2), lora(2, "second")]
+    one(core.apply(Listing([reg(3, "B"), *adapters], reconnect=True)), TenureHeld)
+    assert _adapters(core) == {1: ("my-lora",), 2: ("my-lora", "second")}
+    # A delete the store reports while reachable is no outage's doing.
+    effects = core.apply(WorkerRemoved(lora(2, "second").key))
+    assert [len(w.adapters) for w in one(effects, LoraProjectionChanged).workers] == [1, 1]
+    assert _adapters(core) == {1: ("my-lora",), 2: ("my-lora",)}

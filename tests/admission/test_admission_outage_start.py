@@ -172,3 +172,48 @@ def test_what_peers_serve_and_the_listing_lacks_is_held_from_the_peers_resync() 
     effects = core.apply(Tick(125.0))
     assert one(effects, TenureHoldEnded).held_for == 30.0
     assert one(effects, Succession).new_checksum == "B"
+
+
+def test_an_expiry_of_what_peers_serve_soon_after_a_first_listing_holds_the_incumbent() -> None:
+    # Started after the store came back, before any peer resynced: nobody said there was an
+    # outage, but the live peers served A when this frontend listed.
+    core = _started_at()
+    peers = {GID: PeerTenure("A", (1, 2))}
+    finish(core, core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], peer_tenures=peers)))
+    core.apply(WorkerRemoved(reg(1).key, expired_at=101.6))
+    effects = core.apply(WorkerRemoved(reg(2).key, expired_at=101.9))
+    held = one(effects, TenureHeld)
+    assert (held.mdc_checksum, held.deadline, held.last_known_until) == ("A", 130.0, 110.0)
+    assert of(effects, Succession) == []
+    # Workers that really died are succeeded once the hold is over, as the peers did.
+    effects = core.apply(Tick(130.0))
+    assert one(effects, TenureHoldEnded).outcome == "expired"
+    assert one(effects, Succession).new_checksum == "B"
+
+
+def test_that_expiry_is_live_once_the_hold_window_is_over_or_peers_served_another() -> None:
+    core = _started_at()
+    peers = {GID: PeerTenure("A", (1, 2))}
+    finish(core, core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], peer_tenures=peers)))
+    core.apply(WorkerRemoved(reg(1).key, expired_at=130.0))
+    effects = core.apply(WorkerRemoved(reg(2).key, expired_at=130.5))
+    assert of(effects, TenureHeld) == []
+    assert one(effects, Succession).new_checksum == "B"
+
+    core = _started_at()
+    peers = {GID: PeerTenure("B", (3,))}
+    finish(core, core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], peer_tenures=peers)))
+    core.apply(WorkerRemoved(reg(1).key, expired_at=101.0))
+    effects = core.apply(WorkerRemoved(reg(2).key, expired_at=101.0))
+    assert of(effects, TenureHeld) == []
+    assert one(effects, Succession).new_checksum == "B"
+
+
+def test_a_later_listing_never_starts_that_window() -> None:
+    core = _started_at()
+    finish(core, core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")])))
+    peers = {GID: PeerTenure("A", (1, 2))}
+    core.apply(Listing([reg(1, "A"), reg(2, "A"), reg(3, "B")], peer_tenures=peers))
+    core.apply(WorkerRemoved(reg(1).key, expired_at=101.0))
+    effects = core.apply(WorkerRemoved(reg(2).key, expired_at=101.0))
+    assert one(effects, Succession).new_checksum == "B"

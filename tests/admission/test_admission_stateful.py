@@ -424,17 +424,21 @@ class AdmissionMachine(RuleBasedStateMachine):
             view = self.core.group(key)
             if view is None:
                 continue
-            # Members served on last known good have no registration for an adapter to ride on.
-            admitted = set(view.admitted) - set(view.last_known)
-            expected = sorted(
+            # Members served on last known good keep the adapters they had when the outage took
+            # their base cards, less those removed live since: never one no longer registered.
+            last_known = set(view.last_known)
+            admitted = set(view.admitted) - last_known
+            registered = {
                 (a.instance_id, a.key, a.lora_fingerprint)
                 for a in self.adapters.values()
-                if a.endpoint == ENDPOINTS[g] and a.instance_id in admitted
-            )
-            got = sorted(
+                if a.endpoint == ENDPOINTS[g]
+            }
+            expected = sorted(a for a in registered if a[0] in admitted)
+            got = [
                 (w.instance_id, a.key, a.lora_fingerprint) for w in view.lora for a in w.adapters
-            )
-            assert got == expected
+            ]
+            assert sorted(a for a in got if a[0] not in last_known) == expected
+            assert {a for a in got if a[0] in last_known} <= registered
 
     @invariant()
     def builds_in_flight_stay_within_the_limit(self) -> None:

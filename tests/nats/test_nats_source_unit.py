@@ -10,7 +10,7 @@ import pytest
 from nats.aio.msg import Msg
 from workerset_admission.adapters.nats.kv import removal_kind
 from workerset_admission.adapters.nats.source import LISTING_QUIET, JetStreamDiscoverySource
-from workerset_admission.adapters.nats.watch import Watch, parse_delivery
+from workerset_admission.adapters.nats.watch import StreamSummary, Watch, parse_delivery
 from workerset_admission.errors import UsageError
 from workerset_admission.ports import SourceDelete, SourcePut
 
@@ -385,3 +385,15 @@ async def test_a_listing_whose_server_cannot_answer_keeps_waiting() -> None:
     await watch.on_message(message("v1.mdc.x", 2, 0, b"X"))
     await asyncio.wait_for(listing, 5)
     assert sorted(e.key for e in watch.listing_entries) == ["v1.mdc.a", "v1.mdc.x"]
+
+
+def test_the_watch_accounts_only_for_a_stream_unchanged_since_it_last_accounted_for_it() -> None:
+    start = StreamSummary(created="c", last_seq=3, messages=3)
+    watch = Watch(len(PREFIX), 16, 3, stream_at_start=start)
+    assert watch.accounts_for(start)
+    assert not watch.accounts_for(StreamSummary("c", 3, 2))  # removed without a marker
+    assert not watch.accounts_for(StreamSummary("c", 4, 3))  # written
+    assert not watch.accounts_for(StreamSummary("another stream", 3, 3))
+    watch.rebase(StreamSummary("c", 4, 3))
+    assert watch.accounts_for(StreamSummary("c", 4, 3))
+    assert not Watch(len(PREFIX), 16, 3).accounts_for(start)  # nothing to compare with
