@@ -1221,6 +1221,11 @@ class AdmissionCore:
                 self._mark_lora(host)
 
     def _add_lora(self, reg: Registration) -> None:
+        if self._settings.tenure_hold > 0 and self._regs.get(base_key(reg)) is None:
+            # A live record of an adapter whose base a hold may serve on last known records:
+            # the held copy is what the worker had before the outage, so another fingerprint
+            # ends it (the new one is served once the base card is back); the same one keeps it.
+            self._drop_last_known_adapter(reg, keep_fingerprint=reg.lora_fingerprint)
         old = self._lora.registered.get(reg.key)
         if old is not None:
             self._update_in_place(old, reg)
@@ -1249,8 +1254,13 @@ class AdmissionCore:
         if host is not None:
             self._mark_lora(host)
 
-    def _drop_last_known_adapter(self, reg: Registration) -> None:
-        """Stop serving an adapter removed live whose base a hold serves on last known records."""
+    def _drop_last_known_adapter(
+        self, reg: Registration, keep_fingerprint: str | None = None
+    ) -> None:
+        """Stop serving an adapter removed live whose base a hold serves on last known records.
+
+        ``keep_fingerprint``: an adapter put live again; a held copy with this fingerprint stays.
+        """
         for group in self._groups.values():
             hold = group.tenure.hold
             if hold is None or group.key.endpoint != reg.endpoint:
@@ -1258,7 +1268,11 @@ class AdmissionCore:
             worker = hold.last_known_lora.get(reg.instance_id)
             if worker is None:
                 continue
-            rest = tuple(a for a in worker.adapters if a.key != reg.key)
+            rest = tuple(
+                a
+                for a in worker.adapters
+                if a.key != reg.key or a.lora_fingerprint == keep_fingerprint
+            )
             if len(rest) == len(worker.adapters):
                 continue
             if rest:

@@ -361,3 +361,16 @@ def test_an_adapter_removed_live_during_a_hold_is_no_longer_served() -> None:
     effects = core.apply(WorkerRemoved(lora(2, "second").key))
     assert [len(w.adapters) for w in one(effects, LoraProjectionChanged).workers] == [1, 1]
     assert _adapters(core) == {1: ("my-lora",), 2: ("my-lora",)}
+
+
+def test_an_adapter_put_again_with_another_fingerprint_during_a_hold_ends_its_held_copy() -> None:
+    core = _ready_a_with_adapters()
+    one(_outage_lists_only_b(core), TenureHeld)
+    assert _adapters(core) == {1: ("my-lora",), 2: ("my-lora", "second")}
+    # Its base card is still gone: the new adapter cannot be projected yet, and the copy held
+    # from before the outage is no longer what the worker registers.
+    core.apply(WorkerAdded(lora(2, "second", fingerprint="other")))
+    assert _adapters(core) == {1: ("my-lora",), 2: ("my-lora",)}
+    # The same fingerprint put again is the same adapter back: its held copy stays.
+    core.apply(WorkerAdded(lora(1)))
+    assert _adapters(core) == {1: ("my-lora",), 2: ("my-lora",)}
