@@ -351,10 +351,13 @@ class DirectoryFiles:
             files._registered = set(read_registry(root))
             if migrating or (root / MANIFEST_NAME).exists():
                 files._migrate()
+            files._remove_own_temp_files()
         except OSError as exc:
             files.release()
             raise _not_writable(root, exc) from None
-        files._remove_own_temp_files()
+        except BaseException:
+            files.release()  # nothing of a writer that did not open is left holding the lock
+            raise
         return files
 
     def release(self) -> None:
