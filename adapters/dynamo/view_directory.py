@@ -484,7 +484,13 @@ class DirectoryFiles:
         return stamped + (at - read_at)
 
     def now(self) -> float:
-        """The earliest of the wall clock, the file system's and the NATS server's (if known)."""
+        """The earliest of the wall clock, the file system's and the NATS server's (if known).
+
+        The server's clock lowers it by at most half the lease: a server whose clock lags the
+        frontend's shortens the view's horizon by that much at worst, and never so far that a
+        file expires between two touches (half any lease, plus the store's 10 s, outlasts a
+        refresh).
+        """
         now = self._wall()
         fs_now = self._fs_now()
         if fs_now is not None:
@@ -492,7 +498,7 @@ class DirectoryFiles:
         if self.server_now is not None:
             server = self.server_now()
             if server is not None:
-                now = min(now, server)
+                now = max(min(now, server), now - self.lease / 2)
         return now
 
     def _stamp(self) -> tuple[float, float] | None:

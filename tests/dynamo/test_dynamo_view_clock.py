@@ -53,6 +53,12 @@ def test_the_nats_servers_clock_bounds_the_stamp_where_the_writer_has_it(tmp_pat
         [Tenure(GROUP, 1, frozenset({A1}))], table_of(worker_records(A1))
     )
     assert max(stamps(tmp_path)) <= time.time() - server_behind + LEASE + 1.0
+    # A server a day behind lowers the stamp by half the lease at most: no file expires
+    # between two touches for it.
+    files.server_now = lambda: time.time() - DAY
+    assert files.touch(mdc_file(A1))
+    stamped = os.stat(tmp_path / "v1" / "mdc" / mdc_file(A1)[1]).st_mtime
+    assert time.time() + LEASE / 2 - 5.0 <= stamped <= time.time() + LEASE / 2 + 1.0
     # A server time not known (yet): the other clocks alone.
     files.server_now = lambda: None
     assert files.touch(mdc_file(A1))
