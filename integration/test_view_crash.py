@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.rollout, pytest.mark.timeout(
 
 EP = EndpointId("crash", "backend", "generate")
 FLEET = 300
-TRIALS = 50
+TRIALS = int(os.environ.get("VIEW_CRASH_TRIALS", "50"))
 # The whole chain is bounded: a slow machine fails the test rather than running on.
 BUDGET = 240.0
 HORIZON = "20"  # a refresh every 2.5 s, so keep-alives come often
@@ -139,7 +139,7 @@ def wait_for_change(view: Path, before: tuple[int, ...], timeout: float) -> bool
     return False
 
 
-def settled(view: Path, timeout: float = 30.0, quiet: float = 0.8) -> Files:
+def settled(view: Path, timeout: float = 30.0, quiet: float = 0.5) -> Files:
     """The view once no bucket folder changed for ``quiet`` seconds."""
     deadline = time.monotonic() + timeout
     last, since = _dir_stamps(view), time.monotonic()
@@ -213,7 +213,7 @@ def fresh_view(bucket: Bucket, folder: Path, state: State) -> Fresh:
         assert wait_for_change(view, _dir_stamps(view), 60), process.output
         began = time.monotonic()
         files = settled(view)
-        pass_seconds = max(0.05, time.monotonic() - began - 0.8)
+        pass_seconds = max(0.05, time.monotonic() - began - 0.5)
     finally:
         process.stop()
     assert len(files) == 2 * FLEET, sorted(files)[:4]
@@ -251,6 +251,7 @@ def test_serve_killed_at_random_points_of_its_passes_restarts_to_a_fresh_view(
     failures: list[str] = []
     kinds: dict[str, int] = {}
     damaged = 0
+    timings: list[tuple[str, float, float]] = []
     try:
         # The first trial: the chain's first serve killed in its first pass over an empty view.
         kind = "first"
@@ -290,9 +291,12 @@ def test_serve_killed_at_random_points_of_its_passes_restarts_to_a_fresh_view(
                 _damage_manifest(view, rng.choice(["emptied", "truncated"]))
                 damaged += 1
 
+            t0 = time.monotonic()
             restarted = chain.start()
             restarted.wait_for_line("synced:", 60)
+            t1 = time.monotonic()
             now = settled(view)
+            timings.append((kind, round(t1 - t0, 2), round(time.monotonic() - t1, 2)))
             assert bucket.state is not None
             want = fresh[bucket.state].files
             if now != want:
@@ -313,4 +317,5 @@ def test_serve_killed_at_random_points_of_its_passes_restarts_to_a_fresh_view(
     )
     for line in failures:
         _announce(line)
+    _announce(f"timings {timings}")
     assert not failures, f"{len(failures)} of {TRIALS} restarted views differ from a fresh one"
