@@ -467,7 +467,7 @@ class DirectoryFiles:
     # -- the clocks ------------------------------------------------------------------------------
 
     def _fs_now(self) -> float | None:
-        """The file system's clock: a probe touched with "now" and read back, extrapolated."""
+        """Read the file system's clock: a probe touched with "now" and read back, extrapolated."""
         at = self._clock()
         if self._probed is None or at - self._probed[1] >= _PROBE_EVERY:
             probe = f"{self.root}/{CLOCK_PROBE_NAME}"
@@ -484,7 +484,7 @@ class DirectoryFiles:
         return stamped + (at - read_at)
 
     def now(self) -> float:
-        """The earliest of the wall clock, the file system's and the NATS server's (if known).
+        """Return the earliest of the wall clock, the file system's and the NATS server's clocks.
 
         The server's clock lowers it by at most half the lease: a server whose clock lags the
         frontend's shortens the view's horizon by that much at worst, and never so far that a

@@ -583,7 +583,6 @@ class AdmittedView:
             if not live and not (owners and owners <= handed_over):
                 ended.append(file)
         withdrawn = self._remove_all(ended)
-        written: list[ViewFile] = []
         to_write = [
             f
             for f in _add_order(f for f in pending if f in self._wanted)
@@ -591,9 +590,7 @@ class AdmittedView:
         ]
         if not self._register(to_write):
             to_write = []  # kept pending: tried again at the next pass or retry
-        for file in to_write:
-            if self._publish(file, self._wanted[file]):
-                written.append(file)
+        written = [file for file in to_write if self._publish(file, self._wanted[file])]
         ending = set(ended)
         # A drained tenure handing over goes only once its successor's files are all written:
         # with a write failed (a full disk), it keeps serving from the view meanwhile.

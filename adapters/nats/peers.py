@@ -164,7 +164,9 @@ class PeerAwareSource:
         return read
 
     def server_now(self) -> float | None:
-        """The NATS server's time now, as the last read of its bucket measured it (or ``None``).
+        """Return the NATS server's time now, as the last read of its bucket measured it.
+
+        ``None`` until a read said it.
 
         Read at every start and resync; between them, this host's clock carries it on.
         """

@@ -49,9 +49,7 @@ def test_the_nats_servers_clock_bounds_the_stamp_where_the_writer_has_it(tmp_pat
     files.lease = LEASE
     server_behind = 120.0
     files.server_now = lambda: time.time() - server_behind
-    AdmittedView(files).sync(
-        [Tenure(GROUP, 1, frozenset({A1}))], table_of(worker_records(A1))
-    )
+    AdmittedView(files).sync([Tenure(GROUP, 1, frozenset({A1}))], table_of(worker_records(A1)))
     assert max(stamps(tmp_path)) <= time.time() - server_behind + LEASE + 1.0
     # A server a day behind lowers the stamp by half the lease at most: no file expires
     # between two touches for it.

@@ -1,4 +1,4 @@
-"""The view directory is crash consistent: a writer killed at any system call, a restart, a fresh view.
+"""The view directory is crash consistent: killed at any system call, a restart is a fresh view.
 
 A writer over a real temporary directory is stopped at its k-th system call that changes the
 directory (:class:`Killing`, for every k over one or two passes), the directory is left exactly
@@ -118,7 +118,7 @@ class State:
         return _table(self)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(state: State) -> RecordTable:
     return table_of(*(worker_records(i, state.block) for i in sorted(state.ids)))
 
@@ -192,7 +192,7 @@ def restart_and_check(root: Path, state: State, fresh: dict[str, bytes]) -> None
     assert listing(root) == {**fresh, **FOREIGN}
     # It accounts for exactly its own files: the registry names them and nothing else.
     assert {f"{b}/{n}" for b, n in read_registry(root)} == set(fresh)
-    assert not [p for p in root.rglob(".tmp_*")]
+    assert not list(root.rglob(".tmp_*"))
 
 
 def count_calls(states: list[State]) -> int:
@@ -381,4 +381,3 @@ def test_a_view_file_is_registered_before_it_appears_and_unregistered_after_it_g
     files.release()
     assert seen == [("appears", True), ("goes", True)]
     assert not (registry / card[1]).exists()
-
