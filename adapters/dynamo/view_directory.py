@@ -8,33 +8,42 @@ loses power), the next writer must be able to tell every record file of the view
 predecessor wrote from the files others put there (a worker registering into the view by
 mistake, a Dynamo 1.7 frontend's own records in its discovery store), because it must remove
 the first kind and never touch the second. So a file names its writer before it appears: the
-view root holds a registry, ``.workerset-admission.d/<bucket>/<name>``, one empty entry per
-record file the writer may have in ``v1/<bucket>/<name>``. The invariant is one inclusion:
+view root holds a registry, ``.workerset-admission.d/<bucket>/<name>``, one entry per record
+file the writer may have in ``v1/<bucket>/<name>``. The invariant is one inclusion:
 
     every record file of ours in a bucket has its entry in the registry.
 
-It is kept by the order of operations alone. A file is published by creating its entry if it
-has none, making the registry folder durable (``fsync``), then writing a ``.tmp_wsa-`` file
-(which the file store ignores), stamping its lease and renaming it into place; a file is
-removed by unlinking it from its bucket, then its entry. A death between any two of these
-steps leaves at worst an entry whose file is missing or an old version (the next writer owns
-the name and settles it at its first sync: rewritten if its plan holds it, removed if not) or a
-temp file (removed at open, by its mark). An entry is a directory entry, not file content, so
-there is nothing to be found empty or half written: the state a host crash can leave is some
-prefix of the operations, and the ``fsync`` before the first rename of a new name makes the
-entry part of every prefix that holds the file. The entries of a pass are made together and
-made durable with one ``fsync`` per registry folder, so a first pass over a large fleet costs
-four ``fsync`` calls, not one per file; a pass that only rewrites or removes names the registry
-already has costs none. Keeping a view alive costs nothing more than before: a touch per file
-per refresh.
+It is kept by the order of operations alone, as a write-ahead log keeps a database's. A file
+is published by writing a ``.tmp_wsa-`` file beside it (the file store ignores ``.tmp_``
+names), stamping its lease, hard-linking it into the registry if its name has no entry yet,
+making the registry folder durable (``fsync``), and only then renaming the temp file into
+place; a file is removed by unlinking it from its bucket, then its entry. A death between any
+two of these steps leaves at worst an entry whose file is missing or an older version (the
+next writer owns the name and settles it at its first sync: rewritten if its plan holds it,
+removed if not) or a temp file (removed at open, by its mark). An entry is a directory entry,
+not file content, so there is nothing to be found empty or half written; a host crash leaves
+the operations' effects up to some point, and the ``fsync`` before the first rename of a new
+name puts its entry before that point whenever the file is there. The Dynamo file store reads
+only ``v1/<bucket>/`` (as ``filestore.py`` does), so the registry, the lock and the clock
+probe beside ``v1`` are never records to it.
+
+A pass stages its files together (:meth:`DirectoryFiles.stage`): every temp file written and
+linked, then one ``fsync`` per registry folder, then the renames in publication order. A first
+pass over a large fleet so costs four ``fsync`` calls, not one per file; a hard link is a
+directory entry, not a new file, so it costs next to nothing (a file's creation costs a
+millisecond on a busy disk, a link some microseconds); a pass that only rewrites or removes
+names the registry has costs no sync. Keeping the view alive costs what it did: a touch per
+file per refresh.
 
 A registry is read once, when a writer opens the directory. A directory a previous release
 wrote has no registry but a manifest (``.workerset-admission.files``, a list and a journal);
-it is migrated then: every name the manifest gives, and every record file stamped further
+it is migrated then: every file the manifest names, and every record file stamped further
 ahead than the file store's own TTL (no Dynamo writer stamps a file in the future: only a
 writer with a lease does, and that is this plugin, the directory's only writer by its lock),
-become entries, made durable, and only then is the manifest removed. So a manifest truncated
-or emptied by a crash of the old release still loses nothing stamped with a lease.
+is linked into the registry, made durable, and only then is the manifest removed. So a
+manifest truncated or emptied by a crash of the old release still loses nothing stamped with a
+lease. (A file system without hard links gets an empty file as the entry: the same order,
+one file creation more per new name.)
 
 The lease's clock. The frontend's file store expires a file ``DEFAULT_FILE_TTL`` after its
 mtime, on the frontend's clock; a stamp is the writer's clock plus the lease. A writer whose
@@ -42,8 +51,11 @@ wall clock runs ahead (a host a day fast, a clock stepped back by NTP after stam
 make the view outlive it by as much, so the stamp is bounded on clocks the writer cannot set:
 the file system's own (a probe file at the view root, ``.workerset-admission.clock``, touched
 with "now" and read back: the kernel, or a network file system's server, stamps it) and, where
-the writer is given one (``server_now``), the NATS server's. The stamp's base is the earliest
-of the writer's wall clock and those; the probe is read again once every ``_PROBE_EVERY``
+the writer is given one (``server_now``: ``serve`` and the route extension take it from the
+peers' bucket read at every start and resync), the NATS server's. The stamp's base is the
+earliest of the writer's wall clock and those, except that the server's clock lowers it by at
+most half the lease (a server whose clock lags shortens the horizon, never so far that a file
+expires between two touches); the probe is read again once every ``_PROBE_EVERY``
 seconds and extrapolated on the monotonic clock meanwhile, so at rest it costs one touch and
 one stat per interval. A file found stamped more than ``lease + _AHEAD_MARGIN`` beyond that
 now (left by a writer whose clock ran ahead) is stamped again to ``lease`` beyond it
@@ -150,8 +162,12 @@ class Horizon:
 class ViewFiles(Protocol):
     """The view directory as the writer needs it (real files, or a test's fake)."""
 
-    def register(self, files: Iterable[ViewFile]) -> None:
-        """Name the files as this writer's, durably, before any of them is published."""
+    def stage(self, files: Iterable[tuple[ViewFile, bytes]]) -> None:
+        """Prepare a pass's publications together: written aside and registered, durably.
+
+        Nothing of them shows yet; :meth:`publish` then makes each appear. Best effort: a file
+        that cannot be staged is written (or refused) by its own :meth:`publish`.
+        """
         ...
 
     def registered(self) -> list[ViewFile]:
@@ -159,7 +175,7 @@ class ViewFiles(Protocol):
         ...
 
     def publish(self, file: ViewFile, value: bytes) -> None:
-        """Replace the file's content atomically (registering it first if need be)."""
+        """Replace the file's content atomically, registered before it appears."""
         ...
 
     def touch(self, file: ViewFile) -> bool:
@@ -185,6 +201,7 @@ class FileOps:
     write = staticmethod(os.write)
     close = staticmethod(os.close)
     fsync = staticmethod(os.fsync)
+    link = staticmethod(os.link)
     utime = staticmethod(os.utime)
     replace = staticmethod(os.replace)
     unlink = staticmethod(os.unlink)
@@ -253,6 +270,10 @@ def _name(entry: os.DirEntry[str]) -> str:
 # that meets one at start fails in a way its supervisor restarts, unlike a directory it may not
 # write at all, which needs an operator.
 _PASSING_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+# What a file system without hard links answers a link with.
+_NO_HARD_LINKS = frozenset(
+    {errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK}
+)
 
 
 def _not_writable(root: Path, exc: OSError) -> ViewDirectoryError:
@@ -303,6 +324,8 @@ class DirectoryFiles:
         self._registered: set[ViewFile] = set()
         # Registry folders with entries not yet made durable.
         self._unsynced: set[str] = set()
+        # Files a pass staged: their temp file (stamped, registered) and its value.
+        self._staged: dict[ViewFile, tuple[str, bytes]] = {}
         # The file system's clock as last read: (its time, the monotonic time it was read).
         self._probed: tuple[float, float] | None = None
 
@@ -378,7 +401,10 @@ class DirectoryFiles:
             if file not in self._registered and (self.modified(file) or 0.0) > ahead
         ]
         claimed = [f for f in dict.fromkeys([*named, *leased]) if f not in self._registered]
-        self.register(claimed)
+        for file in claimed:
+            with contextlib.suppress(FileNotFoundError):  # named, but gone: nothing to own
+                self._link(self._path(file), file)
+        self._sync_registry()
         self._sync_dir(str(self.root / REGISTRY_NAME))
         for leftover in (MANIFEST_NAME, f"{MANIFEST_NAME}.tmp"):
             with contextlib.suppress(FileNotFoundError):
@@ -436,24 +462,29 @@ class DirectoryFiles:
         finally:
             ops.close(fd)
 
-    def register(self, files: Iterable[ViewFile]) -> None:
-        """Make each file's registry entry, then each folder that got one durable (one sync)."""
-        ops = self._ops
-        for file in files:
-            if file in self._registered:
-                continue
-            try:
-                fd = ops.open(self._entry(file), os.O_WRONLY | os.O_CREAT, 0o644)
-            except FileNotFoundError:
-                # Someone removed the registry's folder: make it again (its entries are gone,
-                # so the files they named are no longer told from others').
-                os.makedirs(f"{self._registry}{file[0]}", exist_ok=True)
-                _log.warning("admitted view: made %s%s again: it was gone", self._registry, file[0])
-                fd = ops.open(self._entry(file), os.O_WRONLY | os.O_CREAT, 0o644)
-            ops.close(fd)
-            self._registered.add(file)
-            self._unsynced.add(file[0])
-        self._sync_registry()
+    def _link(self, source: str, file: ViewFile) -> None:
+        """Register ``file`` by a hard link to ``source``; made durable by the next sync."""
+        if file in self._registered:
+            return
+        try:
+            self._ops.link(source, self._entry(file))
+        except FileExistsError:
+            pass  # registered already (by a writer before this one's registry was read)
+        except FileNotFoundError:
+            if not os.path.exists(source):
+                raise
+            # Someone removed the registry's folder: make it again (its entries are gone,
+            # so the files they named are no longer told from others').
+            os.makedirs(f"{self._registry}{file[0]}", exist_ok=True)
+            _log.warning("admitted view: made %s%s again: it was gone", self._registry, file[0])
+            self._ops.link(source, self._entry(file))
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            # A file system without hard links: an empty entry says the same.
+            self._ops.close(self._ops.open(self._entry(file), os.O_WRONLY | os.O_CREAT, 0o644))
+        self._registered.add(file)
+        self._unsynced.add(file[0])
 
     def _sync_registry(self) -> None:
         while self._unsynced:
@@ -540,9 +571,8 @@ class DirectoryFiles:
 
     # -- the files -------------------------------------------------------------------------------
 
-    def publish(self, file: ViewFile, value: bytes) -> None:
-        if file not in self._registered or self._unsynced:
-            self.register((file,))
+    def _write_leased(self, file: ViewFile, value: bytes) -> str:
+        """Write a temp file with the value and the lease's stamp; return its path."""
         try:
             temp = self._write_temp(file, value)
         except FileNotFoundError:
@@ -555,6 +585,50 @@ class DirectoryFiles:
             stamp = self._stamp()
             if stamp is not None:
                 self._ops.utime(temp, stamp)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        return temp
+
+    def stage(self, files: Iterable[tuple[ViewFile, bytes]]) -> None:
+        """Write each file aside, link each new name into the registry, sync once per folder."""
+        self._drop_staged()
+        for file, value in files:
+            try:
+                temp = self._write_leased(file, value)
+            except OSError:
+                continue  # its publish writes it, or reports why not
+            try:
+                self._link(temp, file)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                continue
+            self._staged[file] = (temp, value)
+        with contextlib.suppress(OSError):
+            self._sync_registry()  # else each publish tries again, and fails, on its own
+
+    def _drop_staged(self) -> None:
+        staged, self._staged = self._staged, {}
+        for temp, _value in staged.values():
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+
+    def publish(self, file: ViewFile, value: bytes) -> None:
+        staged = self._staged.pop(file, None)
+        if staged is not None and staged[1] == value:
+            temp = staged[0]
+        else:
+            if staged is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(staged[0])
+            temp = self._write_leased(file, value)
+        try:
+            self._link(temp, file)
+            # The entry is durable before the file appears: whatever instant this writer
+            # dies at, the next one owns the file.
+            self._sync_registry()
             self._ops.replace(temp, self._path(file))
         except OSError:
             with contextlib.suppress(OSError):
@@ -598,7 +672,8 @@ class DirectoryFiles:
     def _remove_own_temp_files(self) -> None:
         for bucket in BUCKETS:
             with contextlib.suppress(OSError):
-                for entry in os.scandir(self.root / "v1" / bucket):
-                    if entry.name.startswith(_TEMP_PREFIX):
+                names = [entry.path for entry in os.scandir(self.root / "v1" / bucket)]
+                for path in names:
+                    if os.path.basename(path).startswith(_TEMP_PREFIX):
                         with contextlib.suppress(OSError):
-                            self._ops.unlink(entry.path)
+                            self._ops.unlink(path)

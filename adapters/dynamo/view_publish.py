@@ -266,8 +266,6 @@ class AdmittedView:
         # and the files whose removal failed, with how many tries.
         self._failing: dict[str, int] = {}
         self._unremovable: dict[ViewFile, int] = {}
-        # Registrations that failed since the last one that worked.
-        self._register_failures = 0
         self._last_touch = clock()
         self._touch_round: list[ViewFile] = []
         self._touch_slice = _TOUCH_SLICE
@@ -588,8 +586,9 @@ class AdmittedView:
             for f in _add_order(f for f in pending if f in self._wanted)
             if self._written.get(f) != self._wanted[f]
         ]
-        if not self._register(to_write):
-            to_write = []  # kept pending: tried again at the next pass or retry
+        if to_write:
+            # Written aside and registered together (one sync), then each made to appear.
+            self._files.stage([(file, self._wanted[file]) for file in to_write])
         written = [file for file in to_write if self._publish(file, self._wanted[file])]
         ending = set(ended)
         # A drained tenure handing over goes only once its successor's files are all written:
@@ -722,36 +721,6 @@ class AdmittedView:
             if len(parts) >= 4:
                 out.setdefault(parts[0], set()).add("/".join(parts[:4]))
         return out
-
-    def _register(self, files: Sequence[ViewFile]) -> bool:
-        """Register a pass's files together (one sync); ``False``, warned once, if it failed.
-
-        Nothing unregistered is published: a pass whose files could not be registered (a full
-        disk) writes none of them, and they stay pending for the next pass or retry.
-        """
-        if not files:
-            return True
-        try:
-            self._files.register(files)
-        except OSError as exc:
-            self.publish_errors += len(files)
-            self._register_failures += 1
-            if self._register_failures == 1:
-                _log.warning(
-                    "admitted view: could not register %d file(s) before writing them: %s "
-                    "(none is written until they are; tried again at every change and "
-                    "retry, reported again only once it works)",
-                    len(files),
-                    exc.strerror or exc,
-                )
-            return False
-        if self._register_failures:
-            _log.info(
-                "admitted view: registered its files after %d failed attempt(s)",
-                self._register_failures,
-            )
-            self._register_failures = 0
-        return True
 
     def keep_alive(self, *, force: bool = False) -> int:
         """Touch the published files when a refresh is due; return how many were touched.

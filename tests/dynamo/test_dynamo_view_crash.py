@@ -12,9 +12,11 @@ kills and restarts (Hypothesis).
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -381,3 +383,26 @@ def test_a_view_file_is_registered_before_it_appears_and_unregistered_after_it_g
     files.release()
     assert seen == [("appears", True), ("goes", True)]
     assert not (registry / card[1]).exists()
+
+
+def test_a_file_system_without_hard_links_registers_by_empty_entries(
+    tmp_path: Path, fresh_view: Fresh
+) -> None:
+    class NoLinks(FileOps):
+        def link(self, *args: Any) -> None:  # type: ignore[override]
+            raise OSError(errno.EPERM, "Operation not permitted")
+
+    add_foreign(tmp_path)
+    run_writer(tmp_path, [FLEET_A], NoLinks())
+    entries = tmp_path / ".workerset-admission.d" / "mdc"
+    assert {p.stat().st_size for p in entries.iterdir()} == {0}
+    restart_and_check(tmp_path, FLEET_B, fresh_view(FLEET_B))
+
+
+def test_a_removed_registry_folder_is_made_again(tmp_path: Path) -> None:
+    files = DirectoryFiles.open(tmp_path)
+    view = AdmittedView(files)
+    shutil.rmtree(tmp_path / ".workerset-admission.d" / "mdc")
+    view.sync(FLEET_A.tenures(), FLEET_A.table())
+    files.release()
+    assert {f"{b}/{n}" for b, n in read_registry(tmp_path)} == set(listing(tmp_path))

@@ -149,15 +149,18 @@ class FakeFiles:
         self.fail_publish = False
         self.fail_remove = False
         self.fail_register = False
+        self.staged: list[list[ViewFile]] = []
         self.inodes: dict[ViewFile, int] = {}
         self.writes = 0
 
-    def register(self, files: Iterable[ViewFile]) -> None:
-        for file in files:
-            if file not in self.registry:
-                if self.fail_register:
-                    raise OSError(28, "No space left on device")
-                self.registry.add(file)
+    def stage(self, files: Iterable[tuple[ViewFile, bytes]]) -> None:
+        self.staged.append([file for file, _value in files])
+
+    def _register(self, file: ViewFile) -> None:
+        if file not in self.registry:
+            if self.fail_register:
+                raise OSError(28, "No space left on device")
+            self.registry.add(file)
 
     def registered(self) -> list[ViewFile]:
         return sorted(self.registry)
@@ -165,7 +168,7 @@ class FakeFiles:
     def publish(self, file: ViewFile, value: bytes) -> None:
         if self.fail_publish:
             raise OSError("disk full")
-        self.register((file,))
+        self._register(file)
         self.content[file] = value
         self.writes += 1
         self.inodes[file] = self.writes
