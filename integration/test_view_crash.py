@@ -4,7 +4,7 @@ A real ``workerset-admission serve --view-dir`` over a real nats-server, a fleet
 workers in the discovery bucket. One chain of ``serve`` processes writes one view directory;
 each trial SIGKILLs the running one at a random point of one of its passes:
 
-* ``first``: its first pass after a restart, over the whole fleet (every file written again);
+* ``first``: its first pass after a restart, over a fleet that changed while it was down;
 * ``succession``: the pass that follows the cohort being replaced in the bucket while it runs;
 * ``keep-alive``: while it touches the view's files (a refresh is under way);
 * ``relisting``: at a random instant while the bucket is listed again every few seconds.
@@ -41,7 +41,7 @@ from workerset_admission.card import (
 )
 from workerset_admission.identity import EndpointId
 
-pytestmark = [pytest.mark.integration, pytest.mark.rollout, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration]
 
 EP = EndpointId("crash", "backend", "generate")
 FLEET = 300
@@ -116,6 +116,11 @@ def listing(view: Path) -> Files:
                 except FileNotFoundError:
                     continue
     return out
+
+
+def _all_names(view: Path) -> list[str]:
+    root = view / "v1"
+    return [name for folder in root.iterdir() for name in os.listdir(folder)]
 
 
 def _dir_stamps(view: Path) -> tuple[int, ...]:
@@ -225,6 +230,8 @@ def _announce(text: str) -> None:
     print(f"\n[view crash] {text}", file=sys.__stderr__)
 
 
+@pytest.mark.rollout
+@pytest.mark.timeout(300)
 def test_serve_killed_at_random_points_of_its_passes_restarts_to_a_fresh_view(
     world: tuple[Bucket, Path],
 ) -> None:
@@ -255,18 +262,21 @@ def test_serve_killed_at_random_points_of_its_passes_restarts_to_a_fresh_view(
             state = bucket.state
             assert state is not None
             if kind == "first":
+                # Down, the fleet changed, back: killed in the first pass over the new fleet.
                 if chain.running is not None:
                     chain.kill()
+                    state = rng.choice([s for s in STATES if s != state])
+                    bucket.become(state)
                 before = _dir_stamps(view)
                 chain.start()
                 wait_for_change(view, before, 30)
-                time.sleep(rng.uniform(0, fresh[state].pass_seconds))
+                time.sleep(rng.uniform(0, 1.5 * fresh[state].pass_seconds))
             elif kind == "succession":
                 other = rng.choice([s for s in STATES if s[0] != state[0]])
                 before = _dir_stamps(view)
                 bucket.become(other)
                 wait_for_change(view, before, 30)
-                time.sleep(rng.uniform(0, fresh[other].pass_seconds))
+                time.sleep(rng.uniform(0, 1.5 * fresh[other].pass_seconds))
             elif kind == "keep-alive":
                 probe = view / "v1" / "mdc" / sorted(os.listdir(view / "v1" / "mdc"))[-1]
                 stamp = probe.stat().st_mtime_ns
@@ -278,9 +288,11 @@ def test_serve_killed_at_random_points_of_its_passes_restarts_to_a_fresh_view(
                 time.sleep(rng.uniform(0, float(RELIST)))
             chain.kill()
             kinds[kind] = kinds.get(kind, 0) + 1
-            # Caught in the middle of a pass: the view is neither the last state's nor empty.
+            # Caught in the middle of a pass: files written aside and not yet renamed, or a
+            # view that is a mix, no state's whole view.
             left = listing(view)
-            if left and left != fresh[bucket.state].files:
+            staged = any(name.startswith(".tmp_") for name in _all_names(view))
+            if staged or (left and all(left != f.files for f in fresh.values())):
                 interrupted += 1
 
             # While it is down: the bucket may change; a manifest may be found damaged.
@@ -317,3 +329,66 @@ def test_serve_killed_at_random_points_of_its_passes_restarts_to_a_fresh_view(
     assert not failures, f"{len(failures)} of {TRIALS} restarted views differ from a fresh one"
     # The kills did land inside passes, not only between them.
     assert interrupted >= TRIALS // 10, interrupted
+
+
+# -- a writer whose clock runs ahead -------------------------------------------------------------
+
+DAY = 86400.0
+LEASE = 600.0 - 10.0 + 60.0  # the default horizon's lease (Horizon().lease)
+
+
+def _stamps(view: Path) -> list[float]:
+    return [p.stat().st_mtime for p in (view / "v1").rglob("*") if p.is_file()]
+
+
+def _unreachable_url() -> str:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"nats://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.mark.timeout(120)
+def test_a_serve_whose_clock_runs_a_day_ahead_stamps_its_view_one_lease_ahead_of_the_hosts(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A real ``serve`` with its wall clock a day fast, then one that starts with NATS down."""
+    bucket = Bucket(nats_server.url, f"clock-{uuid.uuid4().hex[:8]}")
+    asyncio.run(bucket._become(dict(list(bucket_of((16, 0)).items())[:6])))
+    view = tmp_path / "view"
+    view.mkdir()
+    args = [
+        "--nats-server", bucket.url, "--discovery-bucket", bucket.name,
+        "--admission-bucket", f"adm-{uuid.uuid4().hex[:8]}", "--frontend-id", "fe-fast",
+        "--status-subject", f"status-{uuid.uuid4().hex[:8]}", "--view-dir", str(view),
+    ]  # fmt: skip
+    fast = ServeProcess(args, view_dir=view, clock_skew=DAY)
+    try:
+        fast.wait_for_line("synced:", 60)
+        deadline = time.monotonic() + 30
+        while len(_stamps(view)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stamped = _stamps(view)
+        assert len(stamped) == 6
+        # One lease beyond this host's clock (the frontend's), not a day and a lease.
+        assert max(stamped) <= time.time() + LEASE + 2.0, max(stamped) - time.time()
+        assert min(stamped) >= time.time() + LEASE - 30.0
+    finally:
+        fast.kill()
+
+    # Files a day ahead, as a writer whose clock ran ahead left them (stamped by hand: the
+    # writer above could not), and a ``serve`` that starts while NATS is out of reach.
+    for path in (view / "v1").rglob("*"):
+        if path.is_file():
+            os.utime(path, (time.time() + DAY, time.time() + DAY))
+    down = [*args[:1], _unreachable_url(), *args[2:]]
+    keeper = ServeProcess(down, view_dir=view)
+    try:
+        keeper.wait_for_line("cannot reach NATS yet", 60)
+        line = next(x for x in keeper.output.splitlines() if "cannot reach NATS yet" in x)
+        kept_for = float(line.split(" for ")[1].split(" s more")[0])
+        assert 0 < kept_for <= LEASE + 10.0 + 1.0, line
+        assert max(_stamps(view)) <= time.time() + LEASE + 2.0
+    finally:
+        keeper.kill()

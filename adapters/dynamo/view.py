@@ -99,7 +99,8 @@ never deletes a file it did not write.
 A writer that starts while NATS is unreachable has nothing to sync from, and the files a
 predecessor left are the frontend's only view. They are last known good (:class:`LastKnownGood`):
 kept while the writer retries, never touched (their horizon runs from the predecessor's last
-touch, not from a restart that knows nothing newer), and withdrawn when that horizon ends.
+touch, not from a restart that knows nothing newer), and withdrawn when that horizon ends. A
+horizon beyond one lease from now (a predecessor whose clock ran ahead) is cut back to it.
 
 The parts live beside this module: ``view_directory`` (file naming, the lock, the registry, the
 lease's clock, the real directory), ``view_records`` (the record table the deltas fill),

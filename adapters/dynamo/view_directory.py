@@ -71,6 +71,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -364,7 +365,8 @@ class DirectoryFiles:
             lock.truncate()
             lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
             lock.flush()
-            migrating = not (root / REGISTRY_NAME).is_dir()
+            if not (root / REGISTRY_NAME).is_dir():
+                files._migrate()
             for bucket in BUCKETS:
                 (root / "v1" / bucket).mkdir(parents=True, exist_ok=True)
                 (root / REGISTRY_NAME / bucket).mkdir(parents=True, exist_ok=True)
@@ -372,8 +374,14 @@ class DirectoryFiles:
                 probe = (bucket, f"{_TEMP_PREFIX}probe")
                 files._ops.unlink(files._write_temp(probe, b""))
             files._registered = set(read_registry(root))
-            if migrating or (root / MANIFEST_NAME).exists():
-                files._migrate()
+            if (root / MANIFEST_NAME).exists():
+                # Beside a registry (a downgrade and back, or a migration cut short after
+                # its registry was in place): what it names is ours too.
+                for file in read_manifest(root):
+                    with contextlib.suppress(FileNotFoundError):
+                        files._link(files._path(file), file)
+                files._sync_registry()
+                files._drop_manifest()
             files._remove_own_temp_files()
         except OSError as exc:
             files.release()
@@ -392,23 +400,28 @@ class DirectoryFiles:
             lock.close()
 
     def _migrate(self) -> None:
-        """Register what a previous release's manifest names, and its leased files; drop it."""
+        """Make the registry from a previous release's manifest and leased files; drop it.
+
+        Built aside and renamed into place, so a writer killed meanwhile leaves either no
+        registry (the next one migrates again, from the same files) or a whole one.
+        """
         named = read_manifest(self.root)
         ahead = self.now() + _LEASED_AHEAD
-        leased = [
-            file
-            for file in self._bucket_files()
-            if file not in self._registered and (self.modified(file) or 0.0) > ahead
-        ]
-        claimed = [f for f in dict.fromkeys([*named, *leased]) if f not in self._registered]
+        leased = [file for file in self._bucket_files() if (self.modified(file) or 0.0) > ahead]
+        claimed = list(dict.fromkeys([*named, *leased]))
+        building = self.root / f"{REGISTRY_NAME}.new"
+        shutil.rmtree(building, ignore_errors=True)
+        for bucket in BUCKETS:
+            (building / bucket).mkdir(parents=True)
         for file in claimed:
             with contextlib.suppress(FileNotFoundError):  # named, but gone: nothing to own
-                self._link(self._path(file), file)
-        self._sync_registry()
-        self._sync_dir(str(self.root / REGISTRY_NAME))
-        for leftover in (MANIFEST_NAME, f"{MANIFEST_NAME}.tmp"):
-            with contextlib.suppress(FileNotFoundError):
-                self._ops.unlink(str(self.root / leftover))
+                self._make_entry(self._path(file), str(building / file[0] / file[1]))
+        for bucket in BUCKETS:
+            self._sync_dir(str(building / bucket))
+        self._sync_dir(str(building))
+        self._ops.replace(str(building), str(self.root / REGISTRY_NAME))
+        self._sync_dir(str(self.root))
+        self._drop_manifest()
         if claimed:
             _log.info(
                 "admitted view %s: %d file(s) of a previous release's writer registered "
@@ -418,6 +431,11 @@ class DirectoryFiles:
                 len(named),
                 len(leased),
             )
+
+    def _drop_manifest(self) -> None:
+        for leftover in (MANIFEST_NAME, f"{MANIFEST_NAME}.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                self._ops.unlink(str(self.root / leftover))
 
     def _bucket_files(self) -> list[ViewFile]:
         found: list[ViewFile] = []
@@ -467,9 +485,7 @@ class DirectoryFiles:
         if file in self._registered:
             return
         try:
-            self._ops.link(source, self._entry(file))
-        except FileExistsError:
-            pass  # registered already (by a writer before this one's registry was read)
+            self._make_entry(source, self._entry(file))
         except FileNotFoundError:
             if not os.path.exists(source):
                 raise
@@ -477,14 +493,22 @@ class DirectoryFiles:
             # so the files they named are no longer told from others').
             os.makedirs(f"{self._registry}{file[0]}", exist_ok=True)
             _log.warning("admitted view: made %s%s again: it was gone", self._registry, file[0])
-            self._ops.link(source, self._entry(file))
+            self._make_entry(source, self._entry(file))
+        self._registered.add(file)
+        self._unsynced.add(file[0])
+
+    def _make_entry(self, source: str, entry: str) -> None:
+        try:
+            self._ops.link(source, entry)
+        except FileExistsError:
+            pass  # registered already (by a writer before this one's registry was read)
+        except FileNotFoundError:
+            raise
         except OSError as exc:
             if exc.errno not in _NO_HARD_LINKS:
                 raise
             # A file system without hard links: an empty entry says the same.
-            self._ops.close(self._ops.open(self._entry(file), os.O_WRONLY | os.O_CREAT, 0o644))
-        self._registered.add(file)
-        self._unsynced.add(file[0])
+            self._ops.close(self._ops.open(entry, os.O_WRONLY | os.O_CREAT, 0o644))
 
     def _sync_registry(self) -> None:
         while self._unsynced:

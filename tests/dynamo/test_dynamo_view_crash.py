@@ -241,20 +241,10 @@ def test_a_writer_killed_at_every_system_call_leaves_what_a_restart_makes_fresh(
         restart_and_check(root, after, fresh_view(after))
 
 
-@pytest.mark.parametrize("manifest", ["whole", "emptied", "truncated", "missing", "garbage"])
-def test_a_previous_releases_directory_is_adopted_whatever_its_manifest_says(
-    tmp_path: Path, fresh_view: Fresh, manifest: str
-) -> None:
-    """A directory the previous release wrote (a manifest, no registry) is migrated at open.
-
-    The manifest a crash left may be whole, empty, cut anywhere or gone; the files that
-    release's writer stamped with its lease are its own whatever the manifest says.
-    """
-    root = tmp_path
-    add_foreign(root)
-    written = tmp_path.parent / f"{tmp_path.name}-old"
+def write_previous_release(root: Path, folder: Path, manifest: str) -> None:
+    """The files of FLEET_A as the previous release wrote them: leased, with its manifest."""
+    written = folder / f"{root.name}-old"
     written.mkdir()
-    # The files as the previous release wrote them: the same names and bytes, leased.
     files = DirectoryFiles.open(written)
     files.lease = LEASE
     AdmittedView(files).sync(FLEET_A.tenures(), FLEET_A.table())
@@ -265,8 +255,7 @@ def test_a_previous_releases_directory_is_adopted_whatever_its_manifest_says(
         path.write_bytes(value)
         ahead = time.time() + LEASE
         os.utime(path, (ahead, ahead))
-    names = sorted(listing(written))
-    text = json.dumps(names) + "\n"
+    text = json.dumps(sorted(listing(written))) + "\n"
     body = {
         "whole": text,
         "emptied": "",
@@ -276,8 +265,47 @@ def test_a_previous_releases_directory_is_adopted_whatever_its_manifest_says(
     if body is not None:
         (root / MANIFEST_NAME).write_text(body)
 
+
+@pytest.mark.parametrize("manifest", ["whole", "emptied", "truncated", "missing", "garbage"])
+def test_a_previous_releases_directory_is_adopted_whatever_its_manifest_says(
+    tmp_path: Path, fresh_view: Fresh, manifest: str
+) -> None:
+    """A directory the previous release wrote (a manifest, no registry) is migrated at open.
+
+    The manifest a crash left may be whole, empty, cut anywhere or gone; the files that
+    release's writer stamped with its lease are its own whatever the manifest says.
+    """
+    root = tmp_path / "view"
+    root.mkdir()
+    add_foreign(root)
+    write_previous_release(root, tmp_path, manifest)
     restart_and_check(root, FLEET_B, fresh_view(FLEET_B))
     assert not (root / MANIFEST_NAME).exists()
+
+
+@pytest.mark.parametrize("manifest", ["whole", "missing"])
+def test_a_migration_killed_at_every_system_call_is_done_again_by_the_next_writer(
+    folder: Path, fresh_view: Fresh, manifest: str
+) -> None:
+    template = folder / "template"
+    template.mkdir()
+    add_foreign(template)
+    write_previous_release(template, folder, manifest)
+    counting = Killing()
+    first = folder / "counted"
+    shutil.copytree(template, first)
+    run_writer(first, [FLEET_A_CHANGED], counting)
+    for at in range(1, counting.calls + 2):
+        root = folder / f"kill-{at}"
+        shutil.copytree(template, root)  # mtimes kept: the files are still leased
+        killing = Killing(at)
+        try:
+            run_writer(root, [FLEET_A_CHANGED], killing)
+        except Killed:
+            pass
+        finally:
+            killing.bury()
+        restart_and_check(root, FLEET_B, fresh_view(FLEET_B))
 
 
 def test_a_stray_manifest_beside_the_registry_changes_nothing_it_names_wrongly(
