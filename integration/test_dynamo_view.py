@@ -21,7 +21,7 @@ import psutil
 import pytest
 from dynamoview import MODEL_NAME, Deployment, Frontend, Served, Traffic, deployment, wait_for
 from natsfixture import NatsServer
-from workerset_admission.adapters.dynamo.view_directory import read_manifest
+from workerset_admission.adapters.dynamo.view_directory import read_registry
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -270,17 +270,17 @@ def test_the_view_directory_holds_only_files_the_plugin_wrote(cluster: Cluster) 
     view = cluster.deployment.view
 
     def written() -> list[str]:
-        # The manifest is the saved list and a journal of the changes after it.
-        return [f"{bucket}/{name}" for bucket, name in read_manifest(view)]
+        # The registry names every file the writer may hold, before it appears.
+        return [f"{bucket}/{name}" for bucket, name in read_registry(view)]
 
     wait_for(lambda: any(n.startswith("mdc/") for n in written()), 30, "the view is written")
-    manifest = written()
+    registered = written()
     on_disk = sorted(
         f"{p.parent.name}/{p.name}"
         for p in (view / "v1").rglob("*")
         if p.is_file() and not p.name.startswith(".")
     )
-    # Frontends may register records of their own there; the writer's are all in its manifest.
-    assert set(manifest) <= set(on_disk)
-    assert any(name.startswith("mdc/") for name in manifest)
+    # Frontends may register records of their own there; the writer's are all in its registry.
+    assert set(registered) <= set(on_disk)
+    assert any(name.startswith("mdc/") for name in registered)
     assert not list(Path(view).rglob(".tmp_wsa-*"))

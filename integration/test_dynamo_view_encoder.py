@@ -22,7 +22,7 @@ from natsfixture import NatsServer
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.dynamo.bridge import DiscoveryBridge
 from workerset_admission.adapters.dynamo.view import file_name_for
-from workerset_admission.adapters.dynamo.view_directory import read_manifest
+from workerset_admission.adapters.dynamo.view_directory import read_registry
 from workerset_admission.adapters.nats.bucket_writer import JetStreamBucketWriter
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
 from workerset_admission.card import encode_endpoint_record, encode_model_record
@@ -113,7 +113,7 @@ async def test_recorded_encoder_registrations_reach_the_view_only_when_admitted(
         for bucket_name, name in first:
             (store / "v1" / bucket_name / name).unlink()
         await _until(lambda: _view(view) == rival, 20, "the successor encoder is in the view")
-        assert sorted(read_manifest(view)) == sorted(rival)
+        assert sorted(read_registry(view)) == sorted(rival)
     finally:
         await service.stop()
         stop.set()

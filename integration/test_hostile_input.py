@@ -439,7 +439,12 @@ async def test_fuzzed_keys_and_values_from_the_wire_grammar_keep_every_invariant
         assert _files_outside(tmp_path, view_dir) == outside
         for path in view_dir.rglob("*"):
             relative = path.relative_to(view_dir).parts
-            assert relative[0] in ("v1", ".workerset-admission.lock", ".workerset-admission.files")
+            assert relative[0] in (
+                "v1",
+                ".workerset-admission.lock",
+                ".workerset-admission.d",
+                ".workerset-admission.clock",
+            )
             assert len(relative) <= 3
             assert len(path.name.encode()) <= 255
 

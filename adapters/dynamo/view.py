@@ -91,16 +91,19 @@ A file the writer owns is checked, a slice at a time, against what it wrote (its
 inode: a write from outside changes one or the other) and written again when altered.
 
 The writer owns its directory: a lock file held for the process's life refuses a second live
-writer, and a manifest of the files it wrote lets the next writer remove what a crashed one left
-behind. It never deletes a file it did not write.
+writer, and a registry names every file it may hold before the file appears
+(``view_directory``'s theory of operation), so the next writer, whatever instant this one died
+at, adopts exactly what it left and ends its first sync with what a fresh writer writes. It
+never deletes a file it did not write.
 
 A writer that starts while NATS is unreachable has nothing to sync from, and the files a
 predecessor left are the frontend's only view. They are last known good (:class:`LastKnownGood`):
 kept while the writer retries, never touched (their horizon runs from the predecessor's last
-touch, not from a restart that knows nothing newer), and withdrawn when that horizon ends.
+touch, not from a restart that knows nothing newer), and withdrawn when that horizon ends. A
+horizon beyond one lease from now (a predecessor whose clock ran ahead) is cut back to it.
 
-The parts live beside this module: ``view_directory`` (file naming, the lock, the manifest, the
-real directory), ``view_records`` (the record table the deltas fill),
+The parts live beside this module: ``view_directory`` (file naming, the lock, the registry, the
+lease's clock, the real directory), ``view_records`` (the record table the deltas fill),
 ``view_publish`` (the plan and the publication order). This module holds the writer that runs
 them from the service, and every public name of the view is importable from here.
 """
@@ -119,6 +122,7 @@ from workerset_admission.adapters.dynamo.view_directory import (
     BUCKETS,
     LOCK_NAME,
     MANIFEST_NAME,
+    REGISTRY_NAME,
     DirectoryFiles,
     Horizon,
     ViewFile,
@@ -144,6 +148,7 @@ __all__ = [
     "BUCKETS",
     "LOCK_NAME",
     "MANIFEST_NAME",
+    "REGISTRY_NAME",
     "SCOPE_TOPICS",
     "AdmittedView",
     "DirectoryFiles",
@@ -366,24 +371,28 @@ class ViewWriter:
 class LastKnownGood:
     """Keep a predecessor's view files while this writer cannot start (NATS is down).
 
-    The files in the manifest are left as they are, never touched: their mtimes carry the
+    The files in the registry are left as they are, never touched: their mtimes carry the
     horizon their writer promised from its last touch (:class:`Horizon`), and a writer that
-    cannot read discovery has nothing newer to vouch for. When the newest of them is due to
-    expire they are removed, once, and the frontend routes nowhere until a writer syncs.
+    cannot read discovery has nothing newer to vouch for. Only a promise beyond what this
+    writer's ``lease`` could have made (a predecessor whose clock ran ahead) is cut back to
+    ``lease`` from now, on the clocks :meth:`DirectoryFiles.now` reads. When the newest of
+    them is due to expire they are removed, once, and the frontend routes nowhere until a
+    writer syncs.
     """
 
     def __init__(
         self,
         files: DirectoryFiles,
         *,
+        lease: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
     ) -> None:
         self._files = files
         self._clock = clock
-        self.kept = files.load_manifest()
+        self.kept = files.registered()
+        files.restamp_ahead(self.kept, lease)
         stamps = [when for when in map(files.modified, self.kept) if when is not None]
-        left = max(stamps) + DEFAULT_FILE_TTL - wall() if stamps else 0.0
+        left = max(stamps) + DEFAULT_FILE_TTL - files.now() if stamps else 0.0
         self.until = clock() + max(0.0, left)
         self.withdrawn = False
 
@@ -433,6 +442,8 @@ class ViewHook:
         files.lease = horizon.lease
         self.view = AdmittedView(files, refresh_interval=horizon.refresh)
         adopted = self.view.adopt_leftovers()
+        # A predecessor whose clock ran ahead: its stamps cut back before anything else.
+        files.restamp_ahead(self.view.files)
         if adopted:
             _log.info(
                 "admitted view %s: %d file(s) from a previous writer, settled at the first sync",

@@ -266,8 +266,6 @@ class AdmittedView:
         # and the files whose removal failed, with how many tries.
         self._failing: dict[str, int] = {}
         self._unremovable: dict[ViewFile, int] = {}
-        # Manifest saves that failed since the last one that worked.
-        self._manifest_failures = 0
         self._last_touch = clock()
         self._touch_round: list[ViewFile] = []
         self._touch_slice = _TOUCH_SLICE
@@ -307,12 +305,14 @@ class AdmittedView:
         }
 
     def adopt_leftovers(self) -> int:
-        """Take over a previous writer's files from its manifest; the first sync settles them.
+        """Take over the files a previous writer registered; the first sync settles them.
 
-        They are not touched meanwhile: if no sync comes, they expire as the dead writer's
-        would have.
+        Every file the directory's registry names, whatever instant that writer died at: the
+        first sync writes again those the plan holds (their content is not known) and removes
+        the rest. They are not touched meanwhile: if no sync comes, they expire as the dead
+        writer's would have.
         """
-        for file in self._files.load_manifest():
+        for file in self._files.registered():
             self._written.setdefault(file, None)
             self._last_owners.setdefault(file, frozenset())
             self._pending.add(file)
@@ -581,11 +581,15 @@ class AdmittedView:
             if not live and not (owners and owners <= handed_over):
                 ended.append(file)
         withdrawn = self._remove_all(ended)
-        written: list[ViewFile] = []
-        for file in _add_order(f for f in pending if f in self._wanted):
-            value = self._wanted[file]
-            if self._written.get(file) != value and self._publish(file, value):
-                written.append(file)
+        to_write = [
+            f
+            for f in _add_order(f for f in pending if f in self._wanted)
+            if self._written.get(f) != self._wanted[f]
+        ]
+        if to_write:
+            # Written aside and registered together (one sync), then each made to appear.
+            self._files.stage([(file, self._wanted[file]) for file in to_write])
+        written = [file for file in to_write if self._publish(file, self._wanted[file])]
         ending = set(ended)
         # A drained tenure handing over goes only once its successor's files are all written:
         # with a write failed (a full disk), it keeps serving from the view meanwhile.
@@ -612,10 +616,7 @@ class AdmittedView:
         for file in pending - self._pending:
             if file not in self._written:
                 self._last_owners.pop(file, None)
-        report = SyncReport(tuple(written), tuple(withdrawn), tuple(removed))
-        if report.changed:
-            self._save_manifest(report)
-        return report
+        return SyncReport(tuple(written), tuple(withdrawn), tuple(removed))
 
     def _lingering(
         self,
@@ -720,33 +721,6 @@ class AdmittedView:
             if len(parts) >= 4:
                 out.setdefault(parts[0], set()).add("/".join(parts[:4]))
         return out
-
-    def _save_manifest(self, report: SyncReport | None = None) -> None:
-        """Save the manifest, or note a pass's changes in it; a failure is warned about once.
-
-        A full disk fails every pass, and a warning per pass flooded the log. After a failure
-        the next save is a whole one: the changes the failed notes carried are in no manifest.
-        """
-        try:
-            if report is None or self._manifest_failures:
-                self._files.save_manifest(self._written)
-            else:
-                self._files.note_manifest(report.written, report.withdrawn + report.removed)
-        except OSError as exc:
-            self._manifest_failures += 1
-            if self._manifest_failures == 1:
-                _log.warning(
-                    "admitted view: could not save its manifest: %s (tried again at every "
-                    "change; reported again only once it is saved)",
-                    exc.strerror or exc,
-                )
-            return
-        if self._manifest_failures:
-            _log.info(
-                "admitted view: saved its manifest after %d failed attempt(s)",
-                self._manifest_failures,
-            )
-            self._manifest_failures = 0
 
     def keep_alive(self, *, force: bool = False) -> int:
         """Touch the published files when a refresh is due; return how many were touched.

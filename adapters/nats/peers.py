@@ -147,6 +147,8 @@ class PeerAwareSource:
         self._reader = reader
         self._own = own_frontend
         self._wall = wall
+        # The NATS server's clock less this host's, as the last read that said it measured.
+        self._server_offset: float | None = None
 
     async def _read(self) -> BucketRead | None:
         try:
@@ -157,7 +159,19 @@ class PeerAwareSource:
         if read.problem is not None:
             _log.debug("could not read the peers' serving records: %s", read.problem)
             return None
+        if read.server_time is not None:
+            self._server_offset = read.server_time - self._wall()
         return read
+
+    def server_now(self) -> float | None:
+        """Return the NATS server's time now, as the last read of its bucket measured it.
+
+        ``None`` until a read said it.
+
+        Read at every start and resync; between them, this host's clock carries it on.
+        """
+        offset = self._server_offset
+        return None if offset is None else self._wall() + offset
 
     async def events(self) -> AsyncIterator[SourceEvent]:
         async for event in self._source.events():

@@ -297,7 +297,7 @@ async def _start_keeping_the_view(
     connects after a failed one says it started during an outage: its workers could not
     refresh their records either, so the core holds what an outage may have faked.
     """
-    from workerset_admission.adapters.dynamo.view import LastKnownGood
+    from workerset_admission.adapters.dynamo.view import Horizon, LastKnownGood
     from workerset_admission.cli.exits import EXIT_UNREACHABLE, exit_status
 
     keeper = None
@@ -310,7 +310,7 @@ async def _start_keeping_the_view(
             if exit_status(exc) != EXIT_UNREACHABLE or "authorization" in str(exc).lower():
                 raise
             if keeper is None:
-                keeper = LastKnownGood(view_files)
+                keeper = LastKnownGood(view_files, lease=Horizon(settings.view_horizon).lease)
             kept = (
                 f"keeping the previous writer's {len(keeper.kept)} view file(s) for "
                 f"{max(0.0, keeper.until - time.monotonic()):.0f} s more"

@@ -166,7 +166,11 @@ async def create_service(
 
         # Starts and resyncs observe first what the other live frontends already serve.
         peers = NatsRecordSource(options, settings.admission_bucket, timeout=2.0)
-        source = PeerAwareSource(source, peers, settings.frontend_id)
+        peer_source = PeerAwareSource(source, peers, settings.frontend_id)
+        source = peer_source
+        if view is not None:
+            # The view's lease is bounded on the NATS server's clock too, once it is read.
+            view.files.server_now = peer_source.server_now
     closers: list[Callable[[], Awaitable[None]]] = []
     if view is not None:
         # After the withdrawal of the serving records and before the connections close.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
 import os
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -25,7 +24,8 @@ from support.viewworld import (
     worker_records,
 )
 from workerset_admission.adapters.dynamo.view import (
-    MANIFEST_NAME,
+    BUCKETS,
+    LOCK_NAME,
     AdmittedView,
     DirectoryFiles,
     RecordTable,
@@ -35,6 +35,7 @@ from workerset_admission.adapters.dynamo.view import (
     check_frontend_store,
     file_name_for,
 )
+from workerset_admission.adapters.dynamo.view_directory import CLOCK_PROBE_NAME, read_registry
 from workerset_admission.card import (
     BoundarySettings,
     encode_drain_record,
@@ -276,7 +277,7 @@ def test_a_retired_tenure_with_no_successor_yet_empties_the_view() -> None:
 
     assert len(report.withdrawn) == 5
     assert files.content == {}
-    assert files.manifest == []
+    assert files.registry == set()
 
 
 LOAD_TOPICS = ("kv_metrics", "forward-pass-metrics", "active_sequences_events")
@@ -569,7 +570,7 @@ def test_publication_is_atomic_and_a_restart_removes_only_the_previous_writers_f
     view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
     mdc = tmp_path / "v1" / "mdc"
     assert sorted(os.listdir(mdc)) == sorted(f[1] for f in (mdc_file(A1), mdc_file(A2)))
-    assert json.loads((tmp_path / MANIFEST_NAME).read_text())
+    assert read_registry(tmp_path) == sorted(view.files, key=lambda f: (BUCKETS.index(f[0]), f[1]))
     # A worker wrongly registering into the view: never the writer's to delete.
     foreign = mdc / "pns%2Fbackend%2Fgenerate%2Fabc"
     foreign.write_bytes(b"{}")
@@ -586,7 +587,8 @@ def test_publication_is_atomic_and_a_restart_removes_only_the_previous_writers_f
     restarted.sync([], table)
     files.release()
     leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file()]
-    assert sorted(leftovers) == sorted([foreign.name, MANIFEST_NAME, ".workerset-admission.lock"])
+    assert sorted(leftovers) == sorted([foreign.name, CLOCK_PROBE_NAME, LOCK_NAME])
+    assert read_registry(tmp_path) == []
 
 
 def test_a_file_altered_from_outside_is_found_by_its_size_or_inode_and_written_again(

@@ -8,15 +8,27 @@ from workerset_admission.adapters.dynamo.view import LastKnownGood, ViewFile
 
 
 class Files:
-    """The directory as :class:`LastKnownGood` uses it: a manifest, mtimes, touch, remove."""
+    """The directory as :class:`LastKnownGood` uses it: a registry, mtimes, clocks, remove."""
 
     def __init__(self, files: dict[ViewFile, float], clock: list[float]) -> None:
         self.files = files
         self.clock = clock
         self.touched = 0
 
-    def load_manifest(self) -> list[ViewFile]:
+    def registered(self) -> list[ViewFile]:
         return sorted(self.files)
+
+    def now(self) -> float:
+        return self.clock[0]
+
+    def restamp_ahead(self, files: list[ViewFile], lease: float | None = None) -> int:
+        # As the real directory does: a stamp more than the lease and 30 s beyond now is cut
+        # back to the lease.
+        assert lease is not None
+        late = [f for f in files if self.files.get(f, 0.0) > self.clock[0] + lease + 30.0]
+        for file in late:
+            self.files[file] = self.clock[0] + lease
+        return len(late)
 
     def modified(self, file: ViewFile) -> float | None:
         return self.files.get(file)
@@ -32,9 +44,9 @@ class Files:
         self.files.pop(file, None)
 
 
-def keeper(files: Files, clock: list[float]) -> LastKnownGood:
+def keeper(files: Files, clock: list[float], lease: float = 50.0) -> LastKnownGood:
     now = lambda: clock[0]  # noqa: E731
-    return LastKnownGood(files, clock=now, wall=now)  # type: ignore[arg-type]
+    return LastKnownGood(files, lease=lease, clock=now)  # type: ignore[arg-type]
 
 
 def test_the_predecessors_files_are_kept_untouched_until_the_store_would_expire_them() -> None:
@@ -79,3 +91,15 @@ def test_no_predecessor_means_nothing_to_keep() -> None:
     kept = keeper(Files({}, clock), clock)
     assert not kept.serving
     assert kept.keep_alive() == 0
+
+
+def test_a_predecessor_whose_clock_ran_a_day_ahead_is_kept_for_one_lease_not_a_day() -> None:
+    clock = [100.0]
+    day = 86400.0
+    # Stamped by a writer whose clock ran a day ahead: the store would keep them a day.
+    files = Files({("mdc", "a"): 150.0 + day, ("instances", "a"): 149.0 + day}, clock)
+    kept = keeper(files, clock, lease=50.0)
+    assert kept.until == 160.0  # now, the lease, the store's 10 s
+    assert files.files == {("mdc", "a"): 150.0, ("instances", "a"): 150.0}
+    clock[0] = 160.5
+    assert kept.keep_alive() == 2

@@ -133,28 +133,33 @@ def test_the_serving_record_keeps_naming_a_worker_whose_card_the_view_still_hold
     assert "pns" not in service.serving_records()
 
 
-def test_a_manifest_that_cannot_be_saved_is_warned_about_once_until_it_is_saved(
+def test_files_that_cannot_be_registered_are_not_written_and_warned_about_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     files = FakeFiles()
     view = AdmittedView(files)
     table = table_of(worker_records(A1), worker_records(A2))
-    files.fail_manifest = True  # the view's file system is full
+    files.fail_register = True  # the view's file system is full
 
     with caplog.at_level(logging.INFO):
         view.sync([Tenure(GROUP, 1, frozenset({A1, A2}))], table)
-        view.update(ViewChanges({GROUP: Tenure(GROUP, 1, frozenset({A1}))}), table)
-        view.update(ViewChanges({GROUP: Tenure(GROUP, 1, frozenset({A1, A2}))}), table)
+        view.retry(table)
+        view.retry(table)
         warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        # One full disk, one warning: not one per pass.
-        assert len(warned) == 1, warned
-        assert "could not save its manifest" in warned[0]
+        # One warning per record file name (a worker's card and endpoint record share one),
+        # not one per file or per try.
+        assert len(warned) == 6, warned
+        # Nothing the next writer could not account for was written.
+        assert files.content == {}
+        assert view.unsettled == 10
+        assert view.publish_errors == 30
 
-        files.fail_manifest = False
-        caplog.clear()
-        view.update(ViewChanges({GROUP: Tenure(GROUP, 1, frozenset({A1}))}), table)
-    said = [r.getMessage() for r in caplog.records if "manifest" in r.getMessage()]
-    assert said == ["admitted view: saved its manifest after 3 failed attempt(s)"]
+        files.fail_register = False
+        view.retry(table)
+    assert set(files.content) == files.registry
+    assert len(files.content) == 10
+    # A pass stages what it is about to write, together.
+    assert [len(batch) for batch in files.staged] == [10, 10, 10, 10]
 
 
 def test_a_refresh_comes_in_slices_and_is_done_within_half_its_interval() -> None:

@@ -243,3 +243,17 @@ async def test_listings_say_how_long_ago_a_peer_resynced() -> None:
         source = PeerAwareSource(inner, Reader(read), "me", wall=lambda now=now: now)
         seen = [e async for e in source.events()]
         assert [getattr(e, "peers_resynced_ago", None) for e in seen] == [ago, None]
+
+
+async def test_the_servers_clock_is_carried_on_from_the_last_read_that_said_it() -> None:
+    wall = [5000.0]
+    inner = Listed(SourceListing(()))
+    source = PeerAwareSource(
+        inner, Reader(BucketRead(server_time=4000.0)), "me", wall=lambda: wall[0]
+    )
+    assert source.server_now() is None  # not read yet
+    assert [type(e) async for e in source.events()] == [SourceListing]
+    # The server runs 1000 s behind this host; an hour later it still does.
+    assert source.server_now() == 4000.0
+    wall[0] += 3600.0
+    assert source.server_now() == 7600.0

@@ -136,21 +136,39 @@ def table_of(*workers: list[DiscoveryEntry]) -> FedTable:
 
 
 class FakeFiles:
-    """An in-memory view directory that records every operation in order."""
+    """An in-memory view directory that records every operation in order.
+
+    ``registry`` is the set of names registered: a publish of a name not in it registers it
+    first, as the real directory does, and fails when registration does.
+    """
 
     def __init__(self) -> None:
         self.content: dict[ViewFile, bytes] = {}
         self.ops: list[tuple[str, ViewFile]] = []
-        self.manifest: list[ViewFile] = []
+        self.registry: set[ViewFile] = set()
         self.fail_publish = False
         self.fail_remove = False
-        self.fail_manifest = False
+        self.fail_register = False
+        self.staged: list[list[ViewFile]] = []
         self.inodes: dict[ViewFile, int] = {}
         self.writes = 0
+
+    def stage(self, files: Iterable[tuple[ViewFile, bytes]]) -> None:
+        self.staged.append([file for file, _value in files])
+
+    def _register(self, file: ViewFile) -> None:
+        if file not in self.registry:
+            if self.fail_register:
+                raise OSError(28, "No space left on device")
+            self.registry.add(file)
+
+    def registered(self) -> list[ViewFile]:
+        return sorted(self.registry)
 
     def publish(self, file: ViewFile, value: bytes) -> None:
         if self.fail_publish:
             raise OSError("disk full")
+        self._register(file)
         self.content[file] = value
         self.writes += 1
         self.inodes[file] = self.writes
@@ -169,18 +187,5 @@ class FakeFiles:
         if self.fail_remove:
             raise PermissionError(1, "Operation not permitted")
         self.content.pop(file, None)
+        self.registry.discard(file)
         self.ops.append(("remove", file))
-
-    def save_manifest(self, files: Iterable[ViewFile]) -> None:
-        if self.fail_manifest:
-            raise OSError(28, "No space left on device")
-        self.manifest = sorted(files)
-
-    def note_manifest(self, added: Iterable[ViewFile], removed: Iterable[ViewFile]) -> None:
-        if self.fail_manifest:
-            raise OSError(28, "No space left on device")
-        gone = set(removed)
-        self.manifest = sorted({*self.manifest, *added} - gone)
-
-    def load_manifest(self) -> list[ViewFile]:
-        return list(self.manifest)
