@@ -946,13 +946,13 @@ async def test_the_frontends_own_records_and_unknown_kinds_are_left_alone_and_no
             source.queue.put_nowait(SourcePut(entry))
         unknown = "v1.velo-peers.by-instance.0b7a"
         source.queue.put_nowait(SourcePut(entry_of(unknown, b'{"peer":"tcp://127.0.0.1:9"}')))
-        await _until(lambda: mdc_file(A1) in files.load_manifest())
+        await _until(lambda: mdc_file(A1) in files.registered())
         for entry in worker_records(A1):
             source.queue.put_nowait(SourceDelete(entry.key, 3))
-        await _until(lambda: mdc_file(B) in files.load_manifest())
+        await _until(lambda: mdc_file(B) in files.registered())
         for entry in worker_records(B, 32):
             source.queue.put_nowait(SourceDelete(entry.key, 4))
-        await _until(lambda: not files.load_manifest())
+        await _until(lambda: not files.registered())
         await asyncio.sleep(0.5)  # a keep-alive pass or two
         status = service.status()
     finally:
