@@ -235,6 +235,21 @@ def test_the_worker_image_is_built_offline_from_build_sh_wheels_and_keeps_its_en
     assert "--network=none" in build
 
 
+def test_the_drains_pages_excerpt_of_the_prestop_recipe_is_the_manifests_pod() -> None:
+    """docs/drains.md shows the worker pod of worker-prestop.yaml, with its values as they are."""
+    yaml = pytest.importorskip("yaml", reason="needs pyyaml (the dynamo extra)")
+    manifest = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "worker-prestop.yaml").read_text())
+    pod = manifest["spec"]["template"]["spec"]
+    page = (ROOT / "docs" / "drains.md").read_text(encoding="utf-8")
+    (excerpt,) = re.findall(r"^```yaml\n(.*?)^```$", page, flags=re.MULTILINE | re.DOTALL)
+    shown = yaml.safe_load(excerpt)["spec"]
+    assert shown["terminationGracePeriodSeconds"] == pod["terminationGracePeriodSeconds"]
+    (container,) = pod["containers"]
+    (shown_container,) = shown["containers"]
+    for field in ("name", "image", "env", "lifecycle"):
+        assert shown_container[field] == container[field], field
+
+
 def _build_sh_images() -> set[str]:
     """The image names build.sh makes (without registry or tag)."""
     build = (ROOT / "deploy" / "container" / "build.sh").read_text()
