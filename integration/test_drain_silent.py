@@ -267,3 +267,60 @@ def test_a_stopped_frontends_unpublished_record_reads_as_could_not_confirm(
         silent = asyncio.run(scenario())
         assert silent.returncode == 7, silent.stderr
         assert json.loads(silent.stdout)["silent_routing"] == ["fe-1"]
+
+
+def capability_routes_for(url: str, bucket: str) -> float | None:
+    async def read() -> float | None:
+        nc = await nats.connect(url)
+        try:
+            kv = await nc.jetstream().key_value(bucket)
+            entry = await kv.get("v1.fe-1.capability")
+            routes_for = json.loads(entry.value or b"{}").get("routes_for")
+            return None if routes_for is None else float(routes_for)
+        except Exception:
+            return None
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def view_stamps(view: Path) -> list[float]:
+    return [p.stat().st_mtime for p in (view / "v1").rglob("*") if p.is_file()]
+
+
+@pytest.mark.rollout
+def test_a_serve_cut_off_from_nats_lets_its_view_expire_before_the_lease_that_says_it_routes(
+    nats_server_fn: NatsServer, tmp_path: Path
+) -> None:
+    # A drain counts a silent frontend as let go once the server drops its lease, so a serve
+    # that lives on without NATS must not keep its view alive past that lease.
+    url = nats_server_fn.url
+    suffix = uuid.uuid4().hex[:8]
+    serve = Serve([*flags(url, suffix), "--view-horizon", "20"], tmp_path)
+    try:
+        asyncio.run(register_at(url, f"disc-{suffix}", EP, A1, A2))
+        serve.start()
+        wait_for(lambda: {(EP.namespace, A1), (EP.namespace, A2)} <= view_cards(serve.view), "view")
+        wait_for(lambda: capability_routes_for(url, f"adm-{suffix}") is not None, "the lease")
+        routes_for = capability_routes_for(url, f"adm-{suffix}")
+        assert routes_for is not None
+        time.sleep(3.0)  # a lease rewrite or two
+        assert nats_server_fn.handle is not None
+        nats_server_fn.handle.stop(kill=True)
+        cut = time.time()  # the last lease went out before this
+        # Its server's TTL would drop the lease by cut + routes_for: until then serve goes on
+        # touching the view (it is alive), but never so far that the view outlives the lease.
+        deadline = cut + routes_for - 10.0 + 2.0
+        highest = 0.0
+        while time.time() < deadline:
+            stamps = view_stamps(serve.view)
+            assert stamps, "the view is gone early"
+            highest = max(highest, *stamps)
+            time.sleep(0.5)
+        # The file store keeps a file 10 s past its mtime.
+        assert highest + 10.0 <= cut + routes_for + 1.0, (highest + 10.0 - cut, routes_for)
+        assert serve.process is not None
+        assert serve.process.poll() is None
+    finally:
+        serve.stop()

@@ -314,6 +314,9 @@ class DirectoryFiles:
         self.lease = 0.0
         # The NATS server's clock, where the writer has it (``None``: not known).
         self.server_now: Callable[[], float | None] | None = None
+        # How far the writer's lease on the view in the admission bucket is overdue (seconds;
+        # ``None``: no such lease): the stamp is lowered by as much (see ``_stamp``).
+        self.lease_overdue: Callable[[], float | None] | None = None
         self._wall = wall
         self._clock = clock
         self._ops = ops or FileOps()
@@ -561,6 +564,14 @@ class DirectoryFiles:
         if self.lease <= 0:
             return None
         until = self.now() + self.lease
+        if self.lease_overdue is not None:
+            # A writer cut off from the admission bucket cannot renew the lease its records
+            # state there, and a drain counts its frontend as let go once the server drops
+            # them: its view must be gone by then. So a touch stamps no further ahead than a
+            # touch at the last renewal did (the records outlive that stamp by a rewrite).
+            overdue = self.lease_overdue()
+            if overdue is not None and overdue > 0:
+                until -= overdue
         return (until, until)
 
     def restamp_ahead(self, files: Iterable[ViewFile], lease: float | None = None) -> int:

@@ -170,8 +170,10 @@ class NatsAdmissionPublisher:
         # The connection behind ``js``: settling lists this frontend's records with a consumer
         # the server names, which a frontend's NATS user may create (docs/security.md).
         self._client = client
-        # When the capability record's lease on the view is due to be written again.
+        # When the capability record's lease on the view is due to be written again, and when
+        # it was last written (both on ``clock``).
         self._lease_due: float | None = None
+        self._lease_written: float | None = None
         self._capability_key, self._member_key = admission_keys(frontend_id)
         self._heartbeat_key = heartbeat_key(frontend_id)
         self._kv: KeyValue | None = None
@@ -625,7 +627,23 @@ class NatsAdmissionPublisher:
 
     def _next_lease(self) -> None:
         every = self.lease_every if self.routes_for is not None else None
+        self._lease_written = None if every is None else self._clock()
         self._lease_due = None if every is None else self._clock() + every
+
+    def lease_overdue(self) -> float | None:
+        """How many seconds the view's lease is overdue: past its last write and one rewrite.
+
+        ``None`` while no lease is written (no view, or a bucket without per-key TTLs). The view
+        writer stamps its files that much less far ahead, so that a frontend cut off from the
+        bucket stops routing by its view before the server removes the lease that says it may
+        (``routes_for`` is the view's life and two rewrites; a touch at the last write stamps
+        the view's life, and this lets it lag one rewrite more).
+        """
+        every = self.lease_every
+        written = self._lease_written
+        if every is None or written is None or self.routes_for is None:
+            return None
+        return max(0.0, self._clock() - written - every)
 
     def _lost_records(self, what: str) -> None:
         _log.warning(

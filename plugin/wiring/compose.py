@@ -193,6 +193,10 @@ async def create_service(
             )
             # Withdrawal happens first during shutdown; this only stops its writer.
             closers.insert(0, publisher.close)
+            if view is not None:
+                # The view lasts no longer than the lease its serving records state (docstring
+                # of ``admission_publisher``): a writer cut off from NATS lets its view expire.
+                view.files.lease_overdue = publisher.lease_overdue
         if status and nc is not None:
             from workerset_admission.adapters.nats.status import NatsStatusResponder
 

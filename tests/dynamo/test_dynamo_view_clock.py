@@ -122,3 +122,30 @@ def test_files_stamped_within_the_lease_are_left_as_they_are(tmp_path: Path) -> 
     assert files.restamp_ahead(files.registered()) == 0
     assert sorted(stamps(tmp_path)) == before
     files.release()
+
+
+def test_a_writer_whose_lease_in_the_bucket_is_overdue_stamps_that_much_less_far_ahead(
+    tmp_path: Path,
+) -> None:
+    # A writer cut off from the admission bucket cannot renew the lease its serving records
+    # state; once the server drops them a drain counts the frontend as let go, so the view
+    # must have expired by then: each touch stamps as a touch at the last renewal did.
+    files = DirectoryFiles.open(tmp_path)
+    files.lease = LEASE
+    overdue: list[float | None] = [0.0]
+    files.lease_overdue = lambda: overdue[0]
+    AdmittedView(files).sync([Tenure(GROUP, 1, frozenset({A1}))], table_of(worker_records(A1)))
+    assert min(stamps(tmp_path)) >= time.time() + LEASE - 5.0
+    mdc = tmp_path / "v1" / "mdc" / mdc_file(A1)[1]
+    overdue[0] = 300.0
+    assert files.touch(mdc_file(A1))
+    assert time.time() + LEASE - 300.0 - 5.0 <= mdc.stat().st_mtime <= time.time() + LEASE - 299.0
+    # Past the whole lease, a touch leaves the file to the store's own 10 s.
+    overdue[0] = LEASE + 60.0
+    assert files.touch(mdc_file(A1))
+    assert mdc.stat().st_mtime <= time.time() - 59.0
+    # No lease in the bucket (no publisher, or a bucket without per-key TTLs): no bound.
+    overdue[0] = None
+    assert files.touch(mdc_file(A1))
+    assert mdc.stat().st_mtime >= time.time() + LEASE - 5.0
+    files.release()

@@ -451,3 +451,28 @@ async def test_without_a_view_a_stop_withdraws_every_record_as_before() -> None:
     assert "routes_for" not in json.loads(js.kv.data[capability])
     await pub.withdraw_all()
     assert js.kv.data == {}
+
+
+async def test_a_lease_the_bucket_stops_taking_is_overdue_by_what_passed_beyond_one_rewrite() -> (
+    None
+):
+    js = FakeJetStream(per_key_ttl=True)
+    pub = publisher(js, record_ttl=0.3, content_ttl=3600.0, audit_interval=None, view_outlives=2.0)
+    assert pub.lease_overdue() is None  # nothing leased yet: the view is not bounded by it
+    await pub.publish_capability()
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert pub.lease_every == pytest.approx(0.2)
+    assert pub.lease_overdue() == 0.0
+
+    async def cut_off(*args: Any, **kwargs: Any) -> Any:
+        raise NatsTimeoutError
+
+    js.publish = cut_off  # type: ignore[method-assign]
+    await asyncio.sleep(0.8)
+    overdue = pub.lease_overdue()
+    # The last lease went out at most one rewrite before the cut; one rewrite is allowed.
+    assert overdue is not None
+    assert 0.4 <= overdue <= 1.0
+    del js.publish  # the bucket answers again: the next beat renews the lease
+    await eventually(lambda: pub.lease_overdue() == 0.0, "the lease renewed")
+    await pub.withdraw_all()
