@@ -532,3 +532,17 @@ def test_an_unreachable_server_is_said_in_words_not_as_an_exception_repr(
     assert "no NATS server answered" in err
     assert url in err
     assert "Error()" not in err
+
+
+def test_a_refusal_an_earlier_command_of_the_process_heard_does_not_explain_this_ones_failure(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An embedding host (or a test run) may run several commands in one process: a permission
+    # refused to an earlier one must not turn this one's outage into "refused" (status 5).
+    from workerset_admission.adapters.nats import connect
+
+    monkeypatch.setattr(connect._REFUSED_HERE, "count", connect._REFUSED_HERE.count + 1)
+    monkeypatch.setattr(connect._REFUSED_HERE, "last", ("publish", "$KV.elsewhere.v1.x"))
+    argv = ["status", "--nats-server", _closed_port_url(), "--timeout", "5"]
+    assert cli.main(argv) == cli.EXIT_UNREACHABLE
+    assert "refused" not in capsys.readouterr().err

@@ -407,6 +407,8 @@ async def _run(
 def run_command(name: str, args: argparse.Namespace) -> int:
     """Run one parsed command and return its exit status; errors become the table's status."""
     module = _load(name)
+    # Only a refusal this command heard explains its failure (a process may run several).
+    since = _refusals_heard()
     try:
         if COMMANDS[name].connects:
             args.settings = _settings(args)
@@ -418,7 +420,7 @@ def run_command(name: str, args: argparse.Namespace) -> int:
         return COMMANDS[name].interrupted_status
     except BrokenPipeError as error:
         if not _stdout_closed():
-            return _failed(name, error)
+            return _failed(name, error, since)
         if COMMANDS[name].runs_until_stopped:
             # A service whose output went away (a log collector restarted) has failed, not
             # finished: a status its supervisor restarts (4), never the 0 of a filter's end.
@@ -429,12 +431,12 @@ def run_command(name: str, args: argparse.Namespace) -> int:
             return EXIT_FAILED
         return _quiet_on_closed_stdout()
     except Exception as error:
-        return _failed(name, error)
+        return _failed(name, error, since)
 
 
-def _failed(name: str, error: Exception) -> int:
+def _failed(name: str, error: Exception, since: int = 0) -> int:
     """Say on one line what ended a command, and return its status from the table."""
-    error = _refusal_behind(error)
+    error = _refusal_behind(error, since)
     status = exit_status(error)
     text = _in_words(error)
     if status == EXIT_UNREACHABLE and not isinstance(error, (Unreachable, StoreUnavailable)):
@@ -487,7 +489,13 @@ def _quiet_on_closed_stdout() -> int:
 _LINE_LIMIT = 2000
 
 
-def _refusal_behind(error: Exception) -> Exception:
+def _refusals_heard() -> int:
+    """How many permission refusals this process heard before now (none if NATS never loaded)."""
+    connect = sys.modules.get("workerset_admission.adapters.nats.connect")
+    return 0 if connect is None else int(connect.refusal_mark())
+
+
+def _refusal_behind(error: Exception, since: int = 0) -> Exception:
     """Say a failure behind which the server refused a permission as that refusal.
 
     The server never answers a publish or a subscription it refuses; the command then fails on
@@ -496,7 +504,7 @@ def _refusal_behind(error: Exception) -> Exception:
     if exit_status(error) not in (EXIT_UNREACHABLE, EXIT_FAILED):
         return error
     connect = sys.modules.get("workerset_admission.adapters.nats.connect")
-    refusal = connect.permission_refusal() if connect is not None else None
+    refusal = connect.permission_refusal(since) if connect is not None else None
     return error if refusal is None else refusal
 
 
