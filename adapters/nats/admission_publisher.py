@@ -637,13 +637,17 @@ class NatsAdmissionPublisher:
         writer stamps its files that much less far ahead, so that a frontend cut off from the
         bucket stops routing by its view before the server removes the lease that says it may
         (``routes_for`` is the view's life and two rewrites; a touch at the last write stamps
-        the view's life, and this lets it lag one rewrite more).
+        the view's life, and this lets it lag one rewrite and one heartbeat more).
         """
         every = self.lease_every
         written = self._lease_written
         if every is None or written is None or self.routes_for is None:
             return None
-        return max(0.0, self._clock() - written - every)
+        # A rewrite goes out at the first heartbeat after it is due: one beat late at most,
+        # which a healthy writer must not pay for (a beat is never longer than a rewrite, so
+        # the view still ends before the lease: ``lease_every`` is at least a beat).
+        late = self._beat_every() or 0.0
+        return max(0.0, self._clock() - written - every - late)
 
     def _lost_records(self, what: str) -> None:
         _log.warning(

@@ -470,7 +470,7 @@ async def test_a_lease_the_bucket_stops_taking_is_overdue_by_what_passed_beyond_
     js.publish = cut_off  # type: ignore[method-assign]
     await asyncio.sleep(0.8)
     overdue = pub.lease_overdue()
-    # The last lease went out at most one rewrite before the cut; one rewrite is allowed.
+    # The last lease went out at most one rewrite before the cut; a rewrite and a beat are allowed.
     assert overdue is not None
     assert 0.4 <= overdue <= 1.0
     del js.publish  # the bucket answers again: the next beat renews the lease
