@@ -10,7 +10,10 @@ protocol v1", and a heartbeat. A record looks like::
                  "generation": 7, "members": ["prod-v2/backend/generate/1a", ...]}]}
 
 ``members`` is the part Dynamo's own publisher writes; ``groups`` (one entry per admitted
-WorkerSet) is what a gate needs to tell models and configurations apart. A record without
+WorkerSet) is what a gate needs to tell models and configurations apart. A group whose tenure
+is held after an outage with nobody served on it has no ``members`` and names in ``held`` the
+workers whose return ends the hold, so a frontend that starts meanwhile reserves the same
+tenure for the same workers (``adapters/nats/peers.py``); nothing else reads it. A record without
 ``groups`` still counts, by namespace, with the model marked unverified.
 
 Liveness is kept apart from content, as a Kubernetes Lease is kept apart from its object. The
@@ -114,6 +117,9 @@ class ServedGroup:
     checksum: str | None
     generation: int | None
     members: tuple[str, ...]
+    # A tenure held after an outage with nobody served on it: the members whose return ends
+    # the hold (they are not served, so no reader of ``members`` counts them).
+    held: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +225,7 @@ def _parse_group(key: str, raw: Any, index: int) -> ServedGroup:
         checksum=_optional_str(key, raw.get("checksum"), f"{where}.checksum"),
         generation=generation,
         members=_string_list(key, raw.get("members", []), f"{where}.members"),
+        held=_string_list(key, raw.get("held", []), f"{where}.held"),
     )
 
 
