@@ -847,5 +847,10 @@ async def test_a_tenure_held_with_nobody_served_names_whom_it_waits_for_and_serv
         assert held["checksum"] == incumbent
         assert held["held"] == ["dgd-v1/backend/generate/1a"]
         assert svc.serving_members()["dgd-v1"] == ()
+        # The hold runs out: nothing is held, and no entry names held workers any more.
+        clock.now += 30.0
+        svc.wake_timers()
+        await settle(lambda: svc.status().groups[0].held_until is None)
+        await settle(lambda: not any("held" in g for g in publisher.groups.get("dgd-v1") or ()))
     finally:
         await svc.stop()

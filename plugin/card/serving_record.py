@@ -142,6 +142,21 @@ class NamespaceRecord:
     # nothing, and any worker of the namespace may be routed to.
     unpublished: int | None = None
 
+    @property
+    def held_only(self) -> bool:
+        """Whether the record serves no one and only names workers a held tenure waits for.
+
+        Its frontend routes to none of the namespace's workers: a reader that asks what it
+        serves or watches takes it as no record, as a publisher before ``held`` wrote none.
+        """
+        return (
+            self.unpublished is None
+            and not self.members
+            and self.groups is not None
+            and not any(group.members for group in self.groups)
+            and any(group.held for group in self.groups)
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class CapabilityRecord:
