@@ -23,13 +23,14 @@ from workerset_admission.adapters.nats.admission_publisher import (
 from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket, stream_name
 from workerset_admission.adapters.nats.connect import NatsConnectOptions
-from workerset_admission.adapters.nats.peers import peers_resynced_ago
+from workerset_admission.adapters.nats.peers import members_served_by_peers, peers_resynced_ago
 from workerset_admission.adapters.nats.registrar import WorkerRegistrar
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
 from workerset_admission.card import parse_key
 from workerset_admission.card.serving_record import live_records, parse_record
-from workerset_admission.identity import EndpointId
+from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.ports import SourceDelete, SourceListing, SourcePut
+from workerset_admission.rollout.drain import Worker, check_drained
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -400,5 +401,33 @@ async def test_a_resync_is_read_on_the_servers_clock_whatever_the_writers_clock_
                 ago = peers_resynced_ago(read, "fe-new", wall)
                 assert ago is not None
                 assert 0.9 <= ago < 4.0, (skew, wall, ago)
+    finally:
+        await peer.withdraw_all()
+
+
+async def test_a_tenure_held_with_nobody_served_keeps_its_record_for_a_starting_peer(
+    nats_server: NatsServer, client: NatsClient, bucket_name: str
+) -> None:
+    peer = NatsAdmissionPublisher(client.jetstream(), "fe-peer", bucket=bucket_name)
+    options = NatsConnectOptions(servers=(nats_server.url,))
+    ws = GroupKey.build("m", ENDPOINT, "chat", WorkerType.DECODE).worker_set
+    group = {"model": "m", "worker_set": ws, "checksum": "A", "generation": 1, "members": []}
+    held = ["dgd-v1/backend/generate/10", "dgd-v1/backend/generate/11"]
+    try:
+        await peer.publish_capability()
+        await peer.publish_members("dgd-v1", [], groups=[{**group, "held": held}])
+        await asyncio.wait_for(peer.flushed(), 5)
+        read = await NatsRecordSource(options, bucket_name).read()
+        # A frontend starting now reserves A for the workers the peer's hold waits for...
+        assert members_served_by_peers(read, "fe-new") == {("m", ws): {"A": (0x10, 0x11)}}
+        # ...and a drain of them waits for nobody: the peer routes to none.
+        records = [parse_record(e.key, e.value, e.published_at) for e in read.entries]
+        assert check_drained(records, [Worker("dgd-v1", 0x10)]).safe
+        # Once nothing is held, the record is withdrawn.
+        await peer.publish_members("dgd-v1", [], groups=[{**group, "held": []}])
+        await asyncio.wait_for(peer.flushed(), 5)
+        kv = await client.jetstream().key_value(bucket_name)
+        with pytest.raises(KeyNotFoundError):
+            await kv.get("v1.fe-peer.members.dgd-v1")
     finally:
         await peer.withdraw_all()

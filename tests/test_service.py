@@ -820,3 +820,37 @@ async def test_the_publisher_settles_once_after_the_first_listing_is_published(
     await asyncio.sleep(0.2)
     assert publisher.settled == 1
     await svc.stop()
+
+
+async def test_a_tenure_held_with_nobody_served_names_whom_it_waits_for_and_serves_no_one(
+    source: FakeSource,
+) -> None:
+    clock = FakeClock()
+    publisher = GroupsPublisher()
+    svc = await started(
+        source,
+        clock=clock,
+        publisher=publisher,
+        settings=Settings(tenure_hold=30.0, publish_interval=0),
+    )
+    try:
+        source.queue.put_nowait(SourceListing((model_entry(0x1A), model_entry(0x2B, NEW))))
+        await settle(lambda: publisher.groups.get("dgd-v1") is not None)
+        incumbent = svc.status().groups[0].incumbent
+        source.queue.put_nowait(SourceListing((model_entry(0x2B, NEW),), reason="reconnect"))
+        await settle(lambda: svc.status().groups[0].held_until is not None)
+        clock.now += 10.0  # one registration TTL: worker 1a is no longer served
+        svc.wake_timers()
+        await settle(lambda: svc.status().groups[0].admitted == ())
+        await settle(lambda: publisher.groups["dgd-v1"][0]["members"] == [])
+        (held,) = publisher.groups["dgd-v1"]
+        assert held["checksum"] == incumbent
+        assert held["held"] == ["dgd-v1/backend/generate/1a"]
+        assert svc.serving_members()["dgd-v1"] == ()
+        # The hold runs out: nothing is held, and no entry names held workers any more.
+        clock.now += 30.0
+        svc.wake_timers()
+        await settle(lambda: svc.status().groups[0].held_until is None)
+        await settle(lambda: not any("held" in g for g in publisher.groups.get("dgd-v1") or ()))
+    finally:
+        await svc.stop()

@@ -14,9 +14,13 @@ discovery keys:
 
 A namespace record may also carry ``groups`` (one object per admitted WorkerSet: model,
 worker_set, checksum, generation, members) so a rollout gate can tell models and configurations
-apart; ``members`` alone is the shape Dynamo's own publisher writes. The capability and
-namespace records say ``"liveness":"heartbeat"``: a reader takes their frontend for live while
-its heartbeat is in the bucket (:func:`workerset_admission.card.serving_record.live_records`).
+apart; ``members`` alone is the shape Dynamo's own publisher writes. A namespace with no members
+has no record, unless one of its groups holds its tenure after an outage with nobody served:
+then the record stays with no members and the group names the workers it waits for under
+``held`` (no reader of ``members`` counts them); it is withdrawn once nothing is held. The
+capability and namespace records say ``"liveness":"heartbeat"``: a reader takes their frontend
+for live while its heartbeat is in the bucket
+(:func:`workerset_admission.card.serving_record.live_records`).
 
 Liveness is apart from content. On a bucket with per-key TTLs and no max age (what this
 publisher creates on a 2.11+ server) the content records are written when they change, with a
@@ -123,6 +127,11 @@ class _KeyFailure(Exception):
         super().__init__(key, error)
         self.key = key
         self.error = error
+
+
+def _holds(groups: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether a group holds a tenure for workers it does not serve (its ``held`` workers)."""
+    return any(group.get("held") for group in groups or ())
 
 
 def _encode(record: dict[str, object]) -> bytes:
@@ -262,8 +271,12 @@ class NatsAdmissionPublisher:
         *,
         groups: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
-        """Replace the record for ``worker_namespace``; no members removes the record."""
-        if not members:
+        """Replace the record for ``worker_namespace``; no members removes the record.
+
+        Unless a group holds its tenure with nobody served (``"held"``): the record stays, with
+        no members, so a frontend that starts during the hold reserves the same tenure.
+        """
+        if not members and not _holds(groups):
             self._desired[worker_namespace] = None
         else:
             record: dict[str, Any] = {
@@ -713,6 +726,19 @@ class NatsAdmissionPublisher:
         """
         key = self._member_key(namespace)
         self._oversized[namespace] = value
+        if not json.loads(value)["members"]:
+            # Only held workers: the frontend routes to none of them, and a marker would say
+            # it may route to any. Nothing stands instead (a starting peer then sees no hold).
+            _log.warning(
+                "the serving record %s is %d bytes, more than the NATS server takes; it names "
+                "no worker served, so it is withdrawn until it changes",
+                key,
+                len(value),
+            )
+            if namespace in self._published:
+                await kv.delete(key)
+                del self._published[namespace]
+            return
         _log.warning(
             "the serving record %s is %d bytes, more than the NATS server takes; a marker "
             "saying so stands in its place (a drain waits for this frontend) until it changes",

@@ -66,11 +66,11 @@ def _peer_records(read: BucketRead, own_frontend: str) -> Iterator[Record]:
 
 
 def _peer_groups(read: BucketRead, own_frontend: str) -> Iterator[tuple[str, ServedGroup]]:
-    """Yield (frontend, group) for every group another frontend serves with members."""
+    """Yield (frontend, group) for every group another frontend serves with members or holds."""
     for record in _peer_records(read, own_frontend):
         if isinstance(record, NamespaceRecord):
             for group in record.groups or ():
-                if group.checksum is not None and group.members:
+                if group.checksum is not None and (group.members or group.held):
                     yield record.frontend, group
 
 
@@ -123,7 +123,8 @@ def members_served_by_peers(
         ids = found.setdefault((group.model, group.worker_set), {}).setdefault(
             group.checksum, set()
         )
-        for member in group.members:
+        # A tenure held with nobody served names whom it waits for: those are its members here.
+        for member in (*group.members, *group.held):
             spelled = member[len(prefix) :] if member.startswith(prefix) else ""
             with contextlib.suppress(ValueError):
                 ids.add(int(spelled, 16))

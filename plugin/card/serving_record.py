@@ -10,7 +10,10 @@ protocol v1", and a heartbeat. A record looks like::
                  "generation": 7, "members": ["prod-v2/backend/generate/1a", ...]}]}
 
 ``members`` is the part Dynamo's own publisher writes; ``groups`` (one entry per admitted
-WorkerSet) is what a gate needs to tell models and configurations apart. A record without
+WorkerSet) is what a gate needs to tell models and configurations apart. A group whose tenure
+is held after an outage with nobody served on it has no ``members`` and names in ``held`` the
+workers whose return ends the hold, so a frontend that starts meanwhile reserves the same
+tenure for the same workers (``adapters/nats/peers.py``); nothing else reads it. A record without
 ``groups`` still counts, by namespace, with the model marked unverified.
 
 Liveness is kept apart from content, as a Kubernetes Lease is kept apart from its object. The
@@ -114,6 +117,9 @@ class ServedGroup:
     checksum: str | None
     generation: int | None
     members: tuple[str, ...]
+    # A tenure held after an outage with nobody served on it: the members whose return ends
+    # the hold (they are not served, so no reader of ``members`` counts them).
+    held: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +141,21 @@ class NamespaceRecord:
     # A marker for a record too large to publish (its size in bytes): ``members`` says
     # nothing, and any worker of the namespace may be routed to.
     unpublished: int | None = None
+
+    @property
+    def held_only(self) -> bool:
+        """Whether the record serves no one and only names workers a held tenure waits for.
+
+        Its frontend routes to none of the namespace's workers: a reader that asks what it
+        serves or watches takes it as no record, as a publisher before ``held`` wrote none.
+        """
+        return (
+            self.unpublished is None
+            and not self.members
+            and self.groups is not None
+            and not any(group.members for group in self.groups)
+            and any(group.held for group in self.groups)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +240,7 @@ def _parse_group(key: str, raw: Any, index: int) -> ServedGroup:
         checksum=_optional_str(key, raw.get("checksum"), f"{where}.checksum"),
         generation=generation,
         members=_string_list(key, raw.get("members", []), f"{where}.members"),
+        held=_string_list(key, raw.get("held", []), f"{where}.held"),
     )
 
 

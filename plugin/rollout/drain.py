@@ -815,6 +815,11 @@ def check_drained(records: Sequence[Record], workers: Sequence[Worker]) -> Drain
             if any(worker.namespace == record.namespace for worker in workers):
                 listed[record.frontend].add(_unpublished_member(record))
             continue
+        # ``members`` only, never a group's ``held`` workers: a held tenure's last-known
+        # members are served (and listed under ``members``) while its window lasts; once it
+        # ended the view withdrew their files before the record moved them to ``held``
+        # (the record is published after the view is in step), so neither the live view nor
+        # a silent frontend's frozen one routes to them. A frozen view admits nothing new.
         members: list[str] = list(record.members)
         for group in record.groups or ():
             members.extend(group.members)

@@ -67,7 +67,13 @@ def watched_namespaces(records: Iterable[Record]) -> Mapping[str, frozenset[str]
     found: dict[str, set[str]] = {}
     for record in live_records(records):
         namespaces = found.setdefault(record.frontend, set())
-        if isinstance(record, NamespaceRecord) and record.namespace is not None:
+        # A record of held workers only: the frontend routes to none of the namespace, and
+        # the drain judges the namespace on the discovery bucket, as before such records.
+        if (
+            isinstance(record, NamespaceRecord)
+            and record.namespace is not None
+            and not record.held_only
+        ):
             namespaces.add(record.namespace)
     return {frontend: frozenset(names) for frontend, names in found.items()}
 

@@ -200,7 +200,8 @@ def expand_checksum(records: Iterable[Record], model: str, given: str) -> str:
         for record in records
         if isinstance(record, NamespaceRecord)
         for group in record.groups or ()
-        if group.model == model and group.checksum is not None
+        # A tenure held with nobody served serves no configuration yet.
+        if group.model == model and group.checksum is not None and group.members
     }
     if given in served:
         return given

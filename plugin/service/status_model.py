@@ -318,9 +318,19 @@ def serving_group(view: GroupView, served: AttemptId) -> dict[str, Any] | None:
     if handover is not None and handover.generation == served.generation:
         # A drained tenure still serves its drained members until its successor commits.
         admitted = handover.members
-    if not admitted:
-        return None
     endpoint = view.key.endpoint
+    if not admitted:
+        if view.held_until is None or not view.hold_members:
+            return None
+        # Held with nobody served: the record names whom the hold waits for, and serves no one.
+        return {
+            "model": view.key.model,
+            "worker_set": view.key.worker_set,
+            "checksum": served.mdc_checksum,
+            "generation": served.generation,
+            "members": [],
+            "held": [instance_key(endpoint, i) for i in view.hold_members],
+        }
     # A served member's registration key is its instance key: the record names it by that
     # string, not by a copy of it per record kept (a fleet holds one per worker).
     registered = {m.instance_id: m.key for cohort in view.cohorts[:1] for m in cohort.members}

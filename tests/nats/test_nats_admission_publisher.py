@@ -204,6 +204,52 @@ async def test_an_emptied_namespace_loses_its_record() -> None:
     await pub.withdraw_all()
 
 
+def _held_group(held: list[str]) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "worker_set": "ws",
+        "checksum": "A",
+        "generation": 3,
+        "members": [],
+        "held": held,
+    }
+
+
+async def test_a_namespace_whose_group_holds_workers_it_does_not_serve_keeps_its_record() -> None:
+    js = FakeJetStream()
+    pub = publisher(js)
+    member = admission_keys("fe/1")[1]
+    await pub.publish_members("a", ["a/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    # The tenure is held after an outage, and nobody on it is served any more.
+    await pub.publish_members("a", [], groups=[_held_group(["a/c/e/1"])])
+    await asyncio.wait_for(pub.flushed(), 5)
+    record = json.loads(js.kv.data[member("a")])
+    assert record["members"] == []
+    assert record["groups"] == [_held_group(["a/c/e/1"])]
+    # The hold ended (or gave up): nothing is held, and the record is withdrawn.
+    await pub.publish_members("a", [], groups=[_held_group([])])
+    await asyncio.wait_for(pub.flushed(), 5)
+    assert member("a") not in js.kv.data
+    assert js.kv.writes[-1] == ("delete", member("a"))
+    await pub.withdraw_all()
+
+
+async def test_a_record_of_held_workers_only_too_large_is_withdrawn_not_marked() -> None:
+    js = FakeJetStream()
+    js.kv.max_payload = 2000
+    pub = publisher(js)
+    member = admission_keys("fe/1")[1]
+    await pub.publish_members("a", ["a/c/e/1"])
+    await asyncio.wait_for(pub.flushed(), 5)
+    held = [f"a/c/e/{'x' * 100}{n}" for n in range(30)]
+    await pub.publish_members("a", [], groups=[_held_group(held)])
+    await asyncio.wait_for(pub.flushed(), 5)
+    # A marker would read as "may route to any worker of a": this frontend routes to none.
+    assert member("a") not in js.kv.data
+    await pub.withdraw_all()
+
+
 async def test_after_a_failed_write_the_bucket_is_made_again_and_every_record_rewritten() -> None:
     js = FakeJetStream()
     pub = publisher(js, replicas=3)

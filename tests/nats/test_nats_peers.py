@@ -257,3 +257,16 @@ async def test_the_servers_clock_is_carried_on_from_the_last_read_that_said_it()
     assert source.server_now() == 4000.0
     wall[0] += 3600.0
     assert source.server_now() == 7600.0
+
+
+def test_a_peer_holding_a_tenure_with_nobody_served_counts_with_the_members_it_waits_for() -> None:
+    ws = GroupKey.build("m", EndpointId("ns", "c", "e"), "chat", WorkerType.DECODE).worker_set
+    entry = _served("fe-1", ws, "A", [])
+    value = json.loads(entry.value)
+    value["groups"][0]["held"] = ["ns/c/e/10", "ns/c/e/11"]
+    read = BucketRead(entries=(RawEntry(entry.key, json.dumps(value).encode()),))
+    assert served_by_peers(read, "me") == {("m", ws): ("A",)}
+    assert members_served_by_peers(read, "me") == {("m", ws): {"A": (0x10, 0x11)}}
+    # Without them, a group nobody is served on says nothing, as before.
+    bare = BucketRead(entries=(_served("fe-1", ws, "A", []),))
+    assert served_by_peers(bare, "me") == {}
