@@ -314,26 +314,29 @@ def test_a_drain_host_two_minutes_behind_cannot_let_a_second_drain_through(
     assert (value["model"], value["pending"], ttl) == (MODEL, [], "60")
 
 
+async def forge_a1_pending_a_year_ahead(url: str, discovery: str) -> None:
+    """Leave A1 pending in MODEL's budget, stamped a year ahead.
+
+    What another namespace's drain user could write, or a host a year ahead whose drain died
+    between its swap and its write.
+    """
+    ahead = time.time() + 365 * 86400
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(discovery)
+        pending = {"namespace": "dgd", "instance_id": 0xA1, "at": ahead, "since": ahead}
+        value = {"type": "DrainBudget", "model": MODEL, "pending": [pending]}
+        await kv.put(budget_kv_key(MODEL), json.dumps(value).encode())
+    finally:
+        await nc.close()
+
+
 def test_a_budget_entry_stamped_a_year_ahead_counts_for_the_window_only(
     nats_server: NatsServer, buckets: list[str]
 ) -> None:
     url, discovery = nats_server.url, buckets[3]
     asyncio.run(register(url, discovery, [0xA1, 0xA2], base_card(16)))
-    ahead = time.time() + 365 * 86400
-
-    async def forge() -> None:
-        # Another namespace's drain user (or a host a year ahead whose drain died between its
-        # swap and its write) leaves A1 pending, stamped a year ahead.
-        nc = await nats.connect(url)
-        try:
-            kv = await nc.jetstream().key_value(discovery)
-            pending = {"namespace": "dgd", "instance_id": 0xA1, "at": ahead, "since": ahead}
-            value = {"type": "DrainBudget", "model": MODEL, "pending": [pending]}
-            await kv.put(budget_kv_key(MODEL), json.dumps(value).encode())
-        finally:
-            await nc.close()
-
-    asyncio.run(forge())
+    asyncio.run(forge_a1_pending_a_year_ahead(url, discovery))
     window = 2.0
     started = time.monotonic()
     # Within the window (by the server's clock, from the forged record's write) it counts ...
@@ -357,19 +360,7 @@ def test_a_budget_entry_stamped_a_year_ahead_lets_drains_through_after_a_minute(
 ) -> None:
     url, discovery = nats_server.url, buckets[3]
     asyncio.run(register(url, discovery, [0xA1, 0xA2], base_card(16)))
-    ahead = time.time() + 365 * 86400
-
-    async def forge() -> None:
-        nc = await nats.connect(url)
-        try:
-            kv = await nc.jetstream().key_value(discovery)
-            pending = {"namespace": "dgd", "instance_id": 0xA1, "at": ahead, "since": ahead}
-            value = {"type": "DrainBudget", "model": MODEL, "pending": [pending]}
-            await kv.put(budget_kv_key(MODEL), json.dumps(value).encode())
-        finally:
-            await nc.close()
-
-    asyncio.run(forge())
+    asyncio.run(forge_a1_pending_a_year_ahead(url, discovery))
     refused(buckets, 0xA2)
     time.sleep(61.0)
     drained = run("drain", f"{0xA2:#x}", "--timeout", "30", *buckets)
