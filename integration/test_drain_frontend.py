@@ -187,13 +187,13 @@ def test_a_drained_rollout_in_place_never_routes_to_a_stopped_worker(
         assert got is not None, f"{name} never served the successor"
     direct = outcome.flips["direct"]
     assert direct is not None, "Dynamo alone never served the successor"
-    # What is left at the flip is what Dynamo alone pays at its own: the frontend removes the
-    # model and rebuilds it on the successor's card (404, or 503 "not ready"), and a request it
-    # routed in the milliseconds before it saw the incumbent's instance record go fails with
-    # 503 "Service temporarily unavailable" (in place, old and new share one endpoint, so that
-    # record must go at the flip; on Dynamo alone it goes at the SIGTERM). Whether a request
-    # falls into either is chance for every frontend, so one run cannot compare counts (over
-    # 20 rollouts: 8 of 3,745 on the view, 10 of 3,746 on Dynamo alone;
+    # What is left at the flip is what Dynamo alone pays at its own: once the incumbent's last
+    # instance record is gone, the frontend removes the model and rebuilds it on the
+    # successor's card, and a request in between fails with 404, 503 "not ready", or 503
+    # "Service temporarily unavailable" (the frontend logs "no backend worker available": its
+    # incumbent has no instance left and the successor is not built yet). Whether a request
+    # falls into that window is chance for every frontend, so one run cannot compare counts
+    # (over 20 rollouts: 8 of 3,745 on the view, 10 of 3,746 on Dynamo alone;
     # docs/benchmarks.md): it holds each failure to those kinds, and the flip to its length,
     # which a late or wrong view would stretch to seconds.
     flip_kinds = (" 404 ", "not ready", "Service temporarily unavailable")
