@@ -90,6 +90,8 @@ def test_the_counts_agree(measured: dict[str, Any]) -> None:
     # Every stay but each file's first is a return to a file already left.
     assert measured["returns"] == measured["stays"] - measured["file_count"]
     assert sum(measured["stays_per_file"].values()) == measured["stays"]
+    assert [where for where, _entered in measured["stay_calls"]] == stays
+    assert measured["stay_calls"][0][1][0] == measured["first"][2]
     assert measured["events"] >= measured["stays"]
     assert measured["puts"] == 3
     assert 1 <= measured["same_path"] <= 3
@@ -118,6 +120,13 @@ def test_stays_and_returns_are_counted_over_runs_in_one_file() -> None:
     assert counted["stay_files"] == ["a.py", "b.py", "a.py", "c.py", "a.py"]
     assert (counted["stays"], counted["returns"], counted["events"]) == (5, 2, 7)
     assert counted["stays_per_file"] == {"a.py": 3, "b.py": 1, "c.py": 1}
+    assert counted["stay_calls"] == [
+        ("a.py", ["f", "g"]),
+        ("b.py", ["h"]),
+        ("a.py", []),
+        ("c.py", ["k"]),
+        ("a.py", []),
+    ]
     assert counted["first"] == ["call", "a.py", "f"]
     assert counted["last"] == ["return", "a.py", "f"]
 

@@ -1,7 +1,7 @@
 """The path of one discovery put through the package: from the watch to the card file's rename.
 
-``python put_path.py [--url nats://...] [--puts 3] [--warmup 2] [--json]``. Run with another
-tree's venv, it measures that tree: it imports only the package the interpreter imports.
+``python put_path.py [--url nats://...] [--puts 3] [--warmup 2] [--json | --stays]``. Run with
+another tree's venv, it measures that tree: it imports only the package the interpreter imports.
 
 It runs the service as ``serve --view-dir`` does (``create_service``: the JetStream source, the
 serving publisher, the status responder, the view writer on a temporary directory) against a
@@ -160,12 +160,16 @@ def path_of(events: list[tuple[str, str, str]]) -> dict[str, Any]:
     """Files in first-entry order, stays (runs in one file) and returns (stays in a file left)."""
     files: list[str] = []
     stays: list[str] = []
-    for _event, where, _name in events:
-        if stays and stays[-1] == where:
-            continue
-        if where not in files:
-            files.append(where)
-        stays.append(where)
+    # Each stay's file and the functions it entered (a resumed coroutine counts as entered).
+    entered: list[tuple[str, list[str]]] = []
+    for event, where, name in events:
+        if not stays or stays[-1] != where:
+            if where not in files:
+                files.append(where)
+            stays.append(where)
+            entered.append((where, []))
+        if event == "call" and name not in entered[-1][1]:
+            entered[-1][1].append(name)
     returns = sum(1 for i, where in enumerate(stays) if where in stays[:i])
     return {
         "files": files,
@@ -175,6 +179,7 @@ def path_of(events: list[tuple[str, str, str]]) -> dict[str, Any]:
         "events": len(events),
         "stay_files": stays,
         "stays_per_file": {f: stays.count(f) for f in files},
+        "stay_calls": entered,
         "first": list(events[0]) if events else None,
         "last": list(events[-1]) if events else None,
     }
@@ -269,7 +274,7 @@ async def profile(
     }
 
 
-def report(result: dict[str, Any]) -> str:
+def report(result: dict[str, Any], with_stays: bool = False) -> str:
     lines = [
         f"one discovery put, from the watch's handler to the card file's rename "
         f"({result['card_file']}), package at {result['package']}:",
@@ -288,6 +293,10 @@ def report(result: dict[str, Any]) -> str:
             for p in result["per_put"]
         ),
     ]
+    if with_stays:
+        lines.append("  the stays in order, with the functions each entered:")
+        for n, (where, names) in enumerate(result["stay_calls"], 1):
+            lines.append(f"    {n:3}. {where}: {', '.join(names) or '(returns only)'}")
     return "\n".join(lines)
 
 
@@ -313,8 +322,9 @@ if __name__ == "__main__":
     parser.add_argument("--puts", type=int, default=3, help="puts profiled, one at a time")
     parser.add_argument("--warmup", type=int, default=2, help="joining puts before those")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--stays", action="store_true", help="also list every stay")
     options = parser.parse_args()
     if options.puts < 1 or options.warmup < 0:
         parser.error("--puts must be at least 1 and --warmup at least 0")
     result = asyncio.run(main(options))
-    print(json.dumps(result, indent=2) if options.json else report(result))
+    print(json.dumps(result, indent=2) if options.json else report(result, options.stays))
