@@ -29,6 +29,10 @@ SCRIPT = Path(__file__).parent / "bench" / "put_path.py"
 # no return to a file already left; lower these as the path shortens, never raise them.
 MEASURED_FILES = 38
 MEASURED_RETURNS = 112
+# A new model's first worker (``--new-model``: its card decoded in full, the group reserved,
+# built and committed): 50 files, 383 stays, 333 returns (385 and 335 the other way).
+NEW_MODEL_FILES = 50
+NEW_MODEL_RETURNS = 335
 
 
 def _module() -> ModuleType:
@@ -43,13 +47,12 @@ def _module() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def measured(nats_server: NatsServer) -> dict[str, Any]:
+def _run(url: str, *extra: str) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--url", nats_server.url, "--puts", "3", "--json"],
+        [sys.executable, str(SCRIPT), "--url", url, "--puts", "3", "--json", *extra],
         capture_output=True,
         text=True,
-        timeout=50,
+        timeout=25,
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -57,19 +60,31 @@ def measured(nats_server: NatsServer) -> dict[str, Any]:
     return result
 
 
-def test_the_path_starts_at_the_watch_and_ends_at_the_card_files_rename(
-    measured: dict[str, Any],
-) -> None:
+@pytest.fixture(scope="module")
+def measured(nats_server: NatsServer) -> dict[str, Any]:
+    return _run(nats_server.url)
+
+
+@pytest.fixture(scope="module")
+def measured_new_model(nats_server: NatsServer) -> dict[str, Any]:
+    return _run(nats_server.url, "--new-model")
+
+
+def _starts_at_the_watch_and_ends_at_the_rename(measured: dict[str, Any]) -> None:
     event, where, name = measured["first"]
     assert (event, where) == ("call", "adapters/nats/watch.py")
     assert name in ("Watch.on_raw", "Watch.on_message")
-    assert measured["last"] == [
-        "rename",
-        "adapters/dynamo/view_directory.py",
-        "DirectoryFiles.publish",
-    ]
+    last = ["rename", "adapters/dynamo/view_directory.py", "DirectoryFiles.publish"]
+    assert measured["last"] == last
     assert measured["card_file"].startswith("v1/mdc/")
     assert measured["card_file"].endswith("generate%2F" + measured["key"].rsplit(".", 1)[1])
+
+
+def test_the_path_starts_at_the_watch_and_ends_at_the_card_files_rename(
+    measured: dict[str, Any],
+) -> None:
+    _starts_at_the_watch_and_ends_at_the_rename(measured)
+    assert measured["put"] == "a worker joining its WorkerSet"
     # On the way: the step, the core's decision and the view's plan, all of the package.
     for on_the_way in (
         "plugin/service/step.py",
@@ -102,6 +117,21 @@ def test_the_tree_holds_its_measured_path(measured: dict[str, Any]) -> None:
     assert measured["file_count"] <= MEASURED_FILES, measured["files"]
     assert measured["returns"] <= MEASURED_RETURNS
     assert all(p["file_count"] <= MEASURED_FILES for p in measured["per_put"])
+
+
+def test_a_new_models_first_worker_takes_in_its_build(
+    measured: dict[str, Any], measured_new_model: dict[str, Any]
+) -> None:
+    _starts_at_the_watch_and_ends_at_the_rename(measured_new_model)
+    assert measured_new_model["put"] == "a new model's first worker"
+    # Reserved, built and committed on the way: the build task's module is on this path only.
+    assert "plugin/service/builds.py" in measured_new_model["files"]
+    assert "plugin/service/builds.py" not in measured["files"]
+    assert measured_new_model["returns"] == (
+        measured_new_model["stays"] - measured_new_model["file_count"]
+    )
+    assert measured_new_model["file_count"] <= NEW_MODEL_FILES, measured_new_model["files"]
+    assert measured_new_model["returns"] <= NEW_MODEL_RETURNS
 
 
 def test_stays_and_returns_are_counted_over_runs_in_one_file() -> None:

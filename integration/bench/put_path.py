@@ -1,7 +1,8 @@
 """The path of one discovery put through the package: from the watch to the card file's rename.
 
-``python put_path.py [--url nats://...] [--puts 3] [--warmup 2] [--json | --stays]``. Run with
-another tree's venv, it measures that tree: it imports only the package the interpreter imports.
+``python put_path.py [--url nats://...] [--puts 3] [--warmup 2] [--new-model] [--json | --stays]``.
+Run with another tree's venv, it measures that tree: it imports only the package the interpreter
+imports.
 
 It runs the service as ``serve --view-dir`` does (``create_service``: the JetStream source, the
 serving publisher, the status responder, the view writer on a temporary directory) against a
@@ -12,6 +13,8 @@ WorkerSet is put in the bucket by a client of its own, one at a time, with a ``s
 hook in place that starts recording when the watch's handler (``Watch.on_raw``, or
 ``Watch.on_message`` where nats-py cannot deliver raw) takes that worker's message, and stops
 when the view's directory has renamed that worker's card file (``v1/mdc/...``) into place.
+With ``--new-model`` each profiled put is instead the first worker of a model of its own: the
+path then takes in the group's reservation, its build task and the commit.
 
 Recorded are the Python calls and returns (coroutine resumptions and suspensions among them)
 whose code is in the package's own files; the standard library and third parties are left
@@ -185,15 +188,26 @@ def path_of(events: list[tuple[str, str, str]]) -> dict[str, Any]:
     }
 
 
-def _record(index: int) -> tuple[str, bytes]:
-    """A worker's card record."""
-    card = json.dumps(CARD, separators=(",", ":"))
-    return model_kv_key(EP, index), encode_model_record(EP, index, card)
+def _endpoint_of(index: int, new_model: bool) -> EndpointId:
+    # A new model's worker serves in a namespace of its own.
+    return EndpointId(f"putpath{index}", "backend", "generate") if new_model else EP
 
 
-def _endpoint(index: int) -> tuple[str, bytes]:
+def _record(index: int, new_model: bool = False) -> tuple[str, bytes]:
+    """A worker's card record: of the committed WorkerSet's model, or of a model of its own."""
+    card = CARD
+    if new_model:
+        name = f"{CARD['display_name']}-{index}"
+        card = dict(CARD, display_name=name, slug=f"{CARD['slug']}-{index}", source_path=name)
+    text = json.dumps(card, separators=(",", ":"))
+    ep = _endpoint_of(index, new_model)
+    return model_kv_key(ep, index), encode_model_record(ep, index, text)
+
+
+def _endpoint(index: int, new_model: bool = False) -> tuple[str, bytes]:
     """A worker's endpoint record: the worker is live (its card then makes it routable)."""
-    return endpoint_kv_key(EP, index), encode_endpoint_record(EP, index)
+    ep = _endpoint_of(index, new_model)
+    return endpoint_kv_key(ep, index), encode_endpoint_record(ep, index)
 
 
 def _holds(folder: Path, count: int) -> Callable[[], bool]:
@@ -210,9 +224,18 @@ async def _wait(condition: Callable[[], bool], seconds: float, what: str) -> Non
 
 
 async def profile(
-    url: str, scratch: Path, puts: int = 3, warmup: int = 2, base: int = 2
+    url: str,
+    scratch: Path,
+    puts: int = 3,
+    warmup: int = 2,
+    base: int = 2,
+    new_model: bool = False,
 ) -> dict[str, Any]:
-    """Profile ``puts`` joining puts, one at a time, on a service against the server at ``url``."""
+    """Profile ``puts`` puts, one at a time, on a service against the server at ``url``.
+
+    Each is a new worker's card joining the committed WorkerSet or, with ``new_model``, the
+    first worker of a model of its own (reserved, built and committed before its card file).
+    """
     bucket = f"putpath-{uuid.uuid4().hex[:8]}"
     view_dir = scratch / "view"
     view_dir.mkdir(parents=True)
@@ -242,9 +265,9 @@ async def profile(
             await _wait(_holds(cards, index), 10, "a warm-up put")
         for _ in range(puts):
             index += 1
-            await kv.put(*_endpoint(index))
+            await kv.put(*_endpoint(index, new_model))
             await asyncio.sleep(0.3)  # the last pass, its publication and their logs are done
-            key, value = _record(index)
+            key, value = _record(index, new_model)
             recorder = Recorder(key.encode(), frozenset(os.listdir(cards)))
             sys.setprofile(recorder.hook)
             try:
@@ -264,6 +287,7 @@ async def profile(
     same = sum(1 for r in results if r["stay_files"] == best["stay_files"])
     return {
         "package": PACKAGE,
+        "put": "a new model's first worker" if new_model else "a worker joining its WorkerSet",
         "python": sys.version.split()[0],
         "puts": len(results),
         "same_path": same,
@@ -276,8 +300,8 @@ async def profile(
 
 def report(result: dict[str, Any], with_stays: bool = False) -> str:
     lines = [
-        f"one discovery put, from the watch's handler to the card file's rename "
-        f"({result['card_file']}), package at {result['package']}:",
+        f"one discovery put ({result['put']}), from the watch's handler to the card file's "
+        f"rename ({result['card_file']}), package at {result['package']}:",
         f"  files crossed: {result['file_count']}",
     ]
     for n, where in enumerate(result["files"], 1):
@@ -309,7 +333,9 @@ async def main(options: argparse.Namespace) -> dict[str, Any]:
             server = EmbeddedNatsServer(scratch / "jetstream")
             server.start()
             url = server.url
-        return await profile(url, scratch, options.puts, options.warmup)
+        return await profile(
+            url, scratch, options.puts, options.warmup, new_model=options.new_model
+        )
     finally:
         if server is not None:
             server.close()
@@ -323,6 +349,9 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=2, help="joining puts before those")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--stays", action="store_true", help="also list every stay")
+    parser.add_argument(
+        "--new-model", action="store_true", help="profile a new model's first worker instead"
+    )
     options = parser.parse_args()
     if options.puts < 1 or options.warmup < 0:
         parser.error("--puts must be at least 1 and --warmup at least 0")
