@@ -216,5 +216,5 @@ async def _quietly(closing: Any) -> None:
     # Closing a connection that already failed may fail again; it is gone either way.
     try:
         await asyncio.wait_for(closing, timeout=2.0)
-    except (Exception, asyncio.TimeoutError):
+    except _FAILURES:
         return
