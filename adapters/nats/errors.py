@@ -19,8 +19,14 @@ __all__ = [
 
 # What a request to the server (a publish, a KV or JetStream API call) ends with when it fails:
 # the client's own errors (every JetStream error among them: a refusal, no stream, a timeout, a
-# closed connection), the socket's, and a timeout of an ``asyncio.wait_for`` around it.
-REQUEST_FAILURES: tuple[type[Exception], ...] = (NatsError, OSError, asyncio.TimeoutError)
+# closed connection), the socket's, a timeout of an ``asyncio.wait_for`` around it, and a reply
+# that is not the JSON the client decodes (``ValueError``).
+REQUEST_FAILURES: tuple[type[Exception], ...] = (
+    NatsError,
+    OSError,
+    asyncio.TimeoutError,
+    ValueError,
+)
 
 
 def is_unavailable_for_now(error: BaseException) -> bool:
