@@ -64,13 +64,13 @@ class OwnedTask:
         return self._task is not None and not self._task.done()
 
     def start(self) -> None:
-        """Run the loop, unless it runs already (after :meth:`stop` too: the owner asks again)."""
+        """Run the loop, unless it runs already or is to start again after its pause.
+
+        After :meth:`stop` too: the owner asks for it again.
+        """
         self._stopped = False
-        if self.running:
+        if self.running or self._restart is not None:
             return
-        if self._restart is not None:
-            self._restart.cancel()
-            self._restart = None
         self.starts += 1
         task = asyncio.get_running_loop().create_task(self._work(), name=self.name)
         task.add_done_callback(self._ended)

@@ -109,3 +109,16 @@ async def test_a_task_a_call_stopped_has_its_own_failure_said_not_lost(
     assert [r.getMessage() for r in caplog.records] == [
         "the watch had failed as well: OSError('watch lost')"
     ]
+
+
+async def test_a_start_asked_during_the_pause_after_a_failure_waits_for_the_pause() -> None:
+    flaky = Flaky(failures=1)
+    owned = OwnedTask(flaky.work, name="paused loop", log=_log, keeps="-", restart_after=0.2)
+    owned.start()
+    await eventually(lambda: owned.failures == 1, "the failure noted")
+    owned.start()  # the owner has news: still, a failing loop does not run again at once
+    await asyncio.sleep(0.05)
+    assert (flaky.runs, owned.running) == (1, False)
+    await asyncio.wait_for(flaky.steady.wait(), 5)
+    assert (flaky.runs, owned.starts) == (2, 2)
+    await owned.stop()
