@@ -14,14 +14,19 @@ It is shared by the adapters that bridge a store into the bucket and imports non
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from workerset_admission.errors import wire_text
+from workerset_admission.errors import Unreachable, wire_text
 from workerset_admission.mirror import BucketMark, BucketWriter, heal_reason, healed_mirror
 
-__all__ = ["BucketMirror", "MirrorStats"]
+__all__ = ["READ_FAILURES", "BucketMirror", "MirrorStats"]
+
+# What a writer's reading of the bucket (its mark, its contents) ends with when the bucket cannot
+# be read now: the writer's own word for it, the socket's error, or a timeout.
+READ_FAILURES: tuple[type[Exception], ...] = (Unreachable, OSError, asyncio.TimeoutError)
 
 
 @dataclass(slots=True)
@@ -59,6 +64,7 @@ class BucketMirror:
         # a mark taken later compares equal.
         self.heal_pending = False
         self._check_failing = False
+        self._contents_failing = False
         self._failing: set[str] = set()
 
     async def start(self) -> None:
@@ -78,7 +84,7 @@ class BucketMirror:
         """
         try:
             mark = await self.writer.mark()
-        except Exception as exc:
+        except READ_FAILURES as exc:
             self.stats.check_errors += 1
             level = logging.DEBUG if self._check_failing else logging.WARNING
             self._log.log(level, "discovery bridge cannot read the bucket's state: %s", exc)
@@ -103,10 +109,18 @@ class BucketMirror:
         """
         try:
             held = await self.writer.contents()
-        except Exception as exc:  # tried again later: the bridge says when
+        except READ_FAILURES as exc:  # tried again later: the bridge says when
             self.stats.check_errors += 1
-            self._log.debug("discovery bridge cannot read the bucket's contents: %s", exc)
+            level = logging.DEBUG if self._contents_failing else logging.WARNING
+            self._log.log(
+                level,
+                "discovery bridge cannot read the bucket's contents (%s); what it wrote is kept "
+                "as it remembers it, and read again at the next check",
+                exc,
+            )
+            self._contents_failing = True
             return False
+        self._contents_failing = False
         self.stats.reconciles += 1
         self.heal_pending = False
         healed = healed_mirror(live, self.mirrored, held, prune=self.prune)

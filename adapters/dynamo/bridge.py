@@ -55,6 +55,7 @@ from workerset_admission.adapters.dynamo.filestore import (
     SkippedFile,
 )
 from workerset_admission.adapters.dynamo.notify import StoreNotifier, open_notifier
+from workerset_admission.adapters.owned_task import say_unread_failure
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card import event_kv_key
 from workerset_admission.discovery_paths import RecordKind, bucket_key_for_parts
@@ -402,6 +403,7 @@ class DiscoveryBridge:
                     notified = False
         finally:
             await cancel_and_wait([relay])
+            say_unread_failure(relay, log=_log, what="the discovery bridge's stop relay")
             self._notifier = None
             if notifier is not None:
                 notifier.close()

@@ -363,6 +363,7 @@ class DirectoryFiles:
                 ) from None
             raise ViewDirectoryError(f"view directory {root}: cannot lock ({exc})") from None
         files = cls(root, lock, wall=wall, ops=ops, clock=clock)
+        opened = False
         try:
             lock.seek(0)
             lock.truncate()
@@ -386,12 +387,12 @@ class DirectoryFiles:
                 files._sync_registry()
                 files._drop_manifest()
             files._remove_own_temp_files()
+            opened = True
         except OSError as exc:
-            files.release()
             raise _not_writable(root, exc) from None
-        except BaseException:
-            files.release()  # nothing of a writer that did not open is left holding the lock
-            raise
+        finally:
+            if not opened:
+                files.release()  # nothing of a writer that did not open is left holding the lock
         return files
 
     def release(self) -> None:

@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from workerset_admission.adapters.bridge_progress import BridgeProgress
-from workerset_admission.adapters.bucket_mirror import BucketMirror, MirrorStats
+from workerset_admission.adapters.bucket_mirror import READ_FAILURES, BucketMirror, MirrorStats
+from workerset_admission.adapters.owned_task import say_unread_failure
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.discovery_paths import RECORD_KINDS, bucket_key_for_path
 from workerset_admission.errors import (
@@ -236,7 +237,7 @@ class EtcdDiscoveryBridge:
         if not self._started:
             try:
                 await self._mirror.start()
-            except Exception as exc:  # retried like an unreadable store
+            except READ_FAILURES as exc:  # retried like an unreadable store
                 words = error_in_words(exc)
                 raise StoreUnavailable(f"the bucket could not be read: {words}") from exc
             self._started = True
@@ -298,20 +299,26 @@ class EtcdDiscoveryBridge:
     async def follow_once(self) -> None:
         """Resync, then apply the watch until it fails; raise the failure."""
         listing = await self.resync()
+        # Owned by this call: it ends with it, and its failure is raised or said, never lost.
         watching = asyncio.ensure_future(self._watch(listing.revision + 1))
+        ended = False
         try:
             while True:
                 done, _pending = await asyncio.wait({watching}, timeout=self._probe_interval)
                 if done:
-                    watching.result()
-                    # A watch that simply ends (the server closed it) is a failure too.
-                    raise StoreUnavailable("the watch ended")
+                    ended = True
+                    break
                 began = self.progress.now()
                 await self._reader.probe()
                 # etcd answers: with every change it sent written, in sync as of the ask.
                 self._note_progress(began)
         finally:
             await cancel_and_wait([watching])
+            if not ended:  # a probe's failure (or a stop) ends the call: it is the one raised
+                say_unread_failure(watching, log=_log, what="the etcd watch")
+        watching.result()
+        # A watch that simply ends (the server closed it) is a failure too.
+        raise StoreUnavailable("the watch ended")
 
     async def _watch(self, start_revision: int) -> None:
         """Apply the watch's events, each batch that arrived while the last one was written."""
@@ -325,7 +332,10 @@ class EtcdDiscoveryBridge:
                 received.append(change)
                 arrived.set()
 
+        # Owned by this call, as the watch is by ``follow_once``; its end wakes the loop too.
         receiving = asyncio.ensure_future(receive())
+        receiving.add_done_callback(lambda _: arrived.set())
+        ended = False
         try:
             while True:
                 if received:
@@ -334,16 +344,16 @@ class EtcdDiscoveryBridge:
                     await self.apply_all(batch)
                     continue
                 if receiving.done():
-                    receiving.result()  # the watch's failure, if it failed
-                    return
+                    ended = True
+                    break
                 arrived.clear()
-                waiting = asyncio.ensure_future(arrived.wait())
-                try:
-                    await asyncio.wait({receiving, waiting}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiting.cancel()
+                if not (received or receiving.done()):
+                    await arrived.wait()
         finally:
             await cancel_and_wait([receiving])
+            if not ended:
+                say_unread_failure(receiving, log=_log, what="the etcd watch's receiver")
+        receiving.result()  # the watch's failure, if it failed
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow etcd until ``stop`` is set, resyncing after every failure."""

@@ -212,9 +212,14 @@ class AetcdStoreReader:
         await _quietly(client.close())
 
 
+# What closing a channel or a watch that already failed ends with: the store's failures, and
+# gRPC's word for a call or channel already finished or broken.
+_CLOSE_FAILURES = (*_FAILURES, grpc.aio.UsageError, grpc.aio.InternalError)
+
+
 async def _quietly(closing: Any) -> None:
     # Closing a connection that already failed may fail again; it is gone either way.
     try:
         await asyncio.wait_for(closing, timeout=2.0)
-    except (Exception, asyncio.TimeoutError):
+    except _CLOSE_FAILURES:
         return

@@ -80,6 +80,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
+from nats.errors import Error as NatsError
 from nats.errors import MaxPayloadError
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
@@ -92,8 +93,9 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 from workerset_admission.adapters.nats.admission_reader import read_keys
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.adapters.nats.errors import REQUEST_FAILURES
 from workerset_admission.adapters.nats.kv import stream_name
-from workerset_admission.aio import cancel_and_wait
+from workerset_admission.adapters.owned_task import OwnedTask
 from workerset_admission.card.serving_record import LIVENESS_HEARTBEAT
 from workerset_admission.keys import ADMISSION_BUCKET, escape_token
 
@@ -143,6 +145,10 @@ class NatsAdmissionPublisher:
 
     It owns one background task that performs the coalesced writes, and on a bucket with
     per-key TTLs one that watches its own keys; ``withdraw_all()`` (or ``close()``) stops them.
+    A writer that fails on something other than the store's refusals and outages is said at
+    WARNING and started again after ``retry_interval``; a watch of its own keys that fails is
+    said at WARNING and started again with the next binding of the bucket (the heartbeat's
+    audit covers a lost bucket meanwhile).
     """
 
     def __init__(
@@ -200,8 +206,20 @@ class NatsAdmissionPublisher:
         self._dirty = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._task: asyncio.Task[None] | None = None
-        self._own_watch: asyncio.Task[None] | None = None
+        self._task = OwnedTask(
+            self._writer,
+            name=f"admission-publisher {frontend_id}",
+            log=_log,
+            keeps="the records written so far stay, and what changed is written once it runs",
+            restart_after=retry_interval,
+        )
+        self._own_watch = OwnedTask(
+            self._watch_own,
+            name=f"admission-publisher {frontend_id} keys",
+            log=_log,
+            keeps="the heartbeat's audit still finds a lost bucket, and the watch starts again "
+            "when the bucket is bound again",
+        )
         self._last_round = float("-inf")
         self._closed = False
         self.write_rounds = 0
@@ -256,10 +274,8 @@ class NatsAdmissionPublisher:
             self._leased = bool(self._record_ttl and status.per_key_ttl and status.max_age is None)
             self._max_age = status.max_age
             self._kv = status.kv
-            if self._leased and self._watch_own_keys and self._own_watch is None:
-                self._own_watch = asyncio.get_running_loop().create_task(
-                    self._watch_own(status.kv), name=f"admission-publisher {self.frontend_id} keys"
-                )
+            if self._leased and self._watch_own_keys and not self._closed:
+                self._own_watch.start()
         return self._kv
 
     # -- the port ----------------------------------------------------------------------------
@@ -312,13 +328,8 @@ class NatsAdmissionPublisher:
         records then expire by their TTL or the bucket's max age.
         """
         self._closed = True
-        tasks = [t for t in (self._task, self._own_watch) if t is not None]
-        self._task = self._own_watch = None
-        if tasks:
-            await cancel_and_wait(tasks)
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await self._task.stop()
+        await self._own_watch.stop()
         beating = self._beat_revision is not None
         if not (self._published or self._capability_published or beating):
             return
@@ -406,7 +417,7 @@ class NatsAdmissionPublisher:
                 if entry.operation is None or entry.operation == "PUT":
                     keys.append(entry.key)
         finally:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(NatsError):  # a closed connection ends the watch anyway
                 await watcher.stop()  # type: ignore[no-untyped-call]
 
     async def _bind_existing(self) -> KeyValue:
@@ -430,9 +441,7 @@ class NatsAdmissionPublisher:
 
     def _stop_own_watch(self) -> None:
         # Bound again with the bucket: a watch of a deleted or re-created stream hears nothing.
-        task, self._own_watch = self._own_watch, None
-        if task is not None:
-            task.cancel()
+        self._own_watch.detach()
 
     async def close(self) -> None:
         await self.withdraw_all()
@@ -448,10 +457,7 @@ class NatsAdmissionPublisher:
             return
         self._idle.clear()
         self._dirty.set()
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._writer(), name=f"admission-publisher {self.frontend_id}"
-            )
+        self._task.start()
 
     def _refresh_every(self) -> float | None:
         """Seconds between rewrites of every record so none outlives its TTL or max age."""
@@ -465,6 +471,9 @@ class NatsAdmissionPublisher:
         return self._record_ttl / 3 if self._leased and self._record_ttl else None
 
     async def _writer(self) -> None:
+        if not self._idle.is_set():
+            # Started again after a failure: what was owed then is owed still.
+            self._dirty.set()
         now = self._clock()
         next_refresh: float | None = None
         next_beat: float | None = None
@@ -503,7 +512,7 @@ class NatsAdmissionPublisher:
                         continue
                     try:
                         await job()
-                    except Exception as exc:
+                    except REQUEST_FAILURES as exc:
                         self._lost_bucket()
                         self._dirty.set()
                         self._failed(exc)
@@ -515,7 +524,7 @@ class NatsAdmissionPublisher:
             self._last_round = self._clock()
             try:
                 await self._write_round()
-            except Exception as exc:  # any failure is retried on the next round
+            except REQUEST_FAILURES as exc:  # a refusal or an outage: retried next round
                 self._lost_bucket()
                 self._failed(exc)
                 self._dirty.set()
@@ -528,7 +537,7 @@ class NatsAdmissionPublisher:
             if not self._dirty.is_set():
                 self._idle.set()
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: BaseException) -> None:
         # One WARNING per outage, not one per retry: a store that is away for minutes would
         # otherwise fill the log.
         self._failures += 1
@@ -563,7 +572,9 @@ class NatsAdmissionPublisher:
         outcomes = await asyncio.gather(*writes, return_exceptions=True)
         failed = [o for o in outcomes if isinstance(o, _KeyFailure)]
         for outcome in outcomes:
-            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+            # Anything but a key's own refusal or outage (a cancellation, a defect) ends the
+            # round: the writer's owner says it and starts the writer again.
+            if isinstance(outcome, BaseException) and not isinstance(outcome, _KeyFailure):
                 raise outcome
         if failed and len(failed) == len(outcomes):
             raise failed[0].error
@@ -676,7 +687,7 @@ class NatsAdmissionPublisher:
         record = self._capability_record()
         try:
             revision = await self._put(kv, self._capability_key, record, self._capability_ttl())
-        except Exception as exc:
+        except REQUEST_FAILURES as exc:
             raise _KeyFailure(self._capability_key, exc) from exc
         self._capability_published = True
         self._next_lease()
@@ -691,8 +702,12 @@ class NatsAdmissionPublisher:
         """
         try:
             stored = await self._js.get_msg(stream_name(self.bucket), seq=revision)
-        except Exception as exc:  # the record in the bucket still says it by its own time
-            _log.debug("cannot read the server's time of the resync record: %r", exc)
+        except REQUEST_FAILURES as exc:
+            _log.warning(
+                "cannot read the server's time of the resync record (%r); the record says the "
+                "resync by this host's clock, and the next one that says it is read again",
+                exc,
+            )
             return
         if stored.time is not None:
             self._resynced_server_at = stored.time.timestamp()
@@ -712,7 +727,7 @@ class NatsAdmissionPublisher:
             if namespace in self._published:
                 await kv.delete(key)
                 del self._published[namespace]
-        except Exception as exc:
+        except REQUEST_FAILURES as exc:
             raise _KeyFailure(key, exc) from exc
         # The namespace may have gained members while the delete was in flight.
         if namespace in self._desired and self._desired[namespace] is None:
@@ -805,16 +820,23 @@ class NatsAdmissionPublisher:
             self._idle.clear()
             self._dirty.set()
 
-    async def _watch_own(self, kv: KeyValue) -> None:
+    async def _watch_own(self) -> None:
         """Hear of this frontend's records deleted, purged or aged out, and write them again.
 
         Headers only: a put costs the watch its key and revision, whatever the record's size.
         """
+        kv = self._kv
+        if kv is None:
+            return  # started with the bucket's binding; lost with it meanwhile
         own = f"{PROTOCOL}.{escape_token(self.frontend_id)}.>"
         try:
             watcher = await kv.watch(own, meta_only=True)
-        except Exception as exc:  # the heartbeat audit still covers a lost bucket
-            _log.debug("cannot watch this frontend's own serving records: %r", exc)
+        except REQUEST_FAILURES as exc:
+            _log.warning(
+                "cannot watch this frontend's own serving records (%r); the heartbeat's audit "
+                "still finds a lost bucket, and the watch is tried again with the next binding",
+                exc,
+            )
             return
         try:
             async for entry in watcher:
@@ -822,7 +844,7 @@ class NatsAdmissionPublisher:
                     continue
                 self._removed(entry.key)
         finally:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(NatsError):  # a closed connection ends the watch anyway
                 await watcher.stop()  # type: ignore[no-untyped-call]
 
     def _removed(self, key: str) -> None:

@@ -102,7 +102,7 @@ async def read_keys(
             found[key] = RawEntry(key, msg.data, meta.timestamp.timestamp())
         return [found[key] for key in sorted(found)]
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(NatsError, OSError):  # gone with a lost connection
             await subscription.unsubscribe()
 
 

@@ -12,7 +12,8 @@ For healing (:mod:`workerset_admission.mirror`) the writer also reads the bucket
 stream's creation time and sequences, and the connection count the owner keeps with
 :meth:`JetStreamBucketWriter.note_reconnect`), creating the bucket again with its configured
 settings when the stream is gone, and the bucket's whole contents through one ordered consumer
-at the last message of each key.
+at the last message of each key. A mark or a reading that fails raises ``Unreachable`` (the
+NATS error as its cause), or the socket's ``OSError``: what a bridge tries again later.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.js.api import DeliverPolicy, Header, StreamInfo
 from nats.js.errors import (
     APIError,
@@ -41,7 +43,7 @@ from workerset_admission.adapters.nats.kv import (
     stream_name,
     subject_prefix,
 )
-from workerset_admission.errors import ConfigError
+from workerset_admission.errors import ConfigError, Unreachable, error_in_words
 from workerset_admission.mirror import BucketMark, BucketValue, Change, write_in_turn
 from workerset_admission.ownership import WriterId
 
@@ -87,11 +89,13 @@ class _Acks:
         self._waiting[token] = future
         future.add_done_callback(lambda _: self._waiting.pop(token, None))
         reply = self._prefix + token
+        sent = False
         try:
             await self._client.publish(subject, payload, reply=reply, headers=headers)
-        except BaseException:
-            future.cancel()
-            raise
+            sent = True
+        finally:
+            if not sent:  # failed or cancelled: no answer is waited for
+                future.cancel()
         return future
 
     async def _answer(self, msg: Msg) -> None:
@@ -203,7 +207,7 @@ class JetStreamBucketWriter:
                 headers = self._owner.headers() if self._owner is not None else None
             try:
                 sent.append(await acks.send(f"$KV.{bucket}.{key}", payload, headers))
-            except Exception as exc:  # not sent (no connection): reported, the rest still go
+            except (NatsError, OSError) as exc:  # not sent (no connection): reported, the rest go
                 sent.append(exc)
         pending = [ack for ack in sent if isinstance(ack, asyncio.Future)]
         if pending:
@@ -237,6 +241,12 @@ class JetStreamBucketWriter:
     # -- healing -----------------------------------------------------------------------------
 
     async def mark(self) -> BucketMark:
+        try:
+            return await self._mark()
+        except (NatsError, asyncio.TimeoutError) as exc:
+            raise Unreachable(f"cannot read the bucket's state: {error_in_words(exc)}") from exc
+
+    async def _mark(self) -> BucketMark:
         existed = True
         try:
             info = await self._stream_info()
@@ -263,6 +273,12 @@ class JetStreamBucketWriter:
         return status.stream_info
 
     async def contents(self) -> dict[str, BucketValue]:
+        try:
+            return await self._contents()
+        except (NatsError, asyncio.TimeoutError) as exc:
+            raise Unreachable(f"cannot read the bucket: {error_in_words(exc)}") from exc
+
+    async def _contents(self) -> dict[str, BucketValue]:
         if self._js is None or self._bucket is None:
             return await self._contents_by_key()
         prefix = subject_prefix(self._bucket)
@@ -298,7 +314,7 @@ class JetStreamBucketWriter:
                 done.set()
             await asyncio.wait_for(done.wait(), _CONTENTS_TIMEOUT)
         finally:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(NatsError, OSError):  # gone with a lost connection
                 await subscription.unsubscribe()
         return held
 

@@ -233,21 +233,25 @@ async def connect(
     # live connection to a caller that has gone (inside another ``wait_for``, that connection
     # is dropped with its sockets open).
     attempt = asyncio.ensure_future(client.connect(**kwargs))
+    connected = False
     try:
         await asyncio.wait({attempt})
         attempt.result()
         # Connected: from now on a lost connection is retried forever (nats-py reads this
         # option at every reconnect).
         client.options["max_reconnect_attempts"] = -1
-    except BaseException as error:
-        await _abandon(client, attempt)
-        if _refused(error) or (refusals and isinstance(error, Exception)):
+        connected = True
+    except (NatsError, OSError, asyncio.TimeoutError) as error:
+        if _refused(error) or refusals:
             raise CredentialsRefused(
                 f"NATS at {servers_for_display(options.servers)} refused the credentials "
                 f"({refusals[-1] if refusals else error}): check the NATS user and password, "
                 "token, nkey seed or credentials file"
             ) from None
         raise
+    finally:
+        if not connected:  # failed, refused or stopped: no socket of it stays open
+            await _abandon(client, attempt)
     return client
 
 
@@ -416,7 +420,7 @@ def _abort_sockets(client: NatsClient) -> None:
         client._transport = None
     else:
         # Another transport (websocket): its own close is all there is.
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError):
             transport.close()
 
 

@@ -36,6 +36,7 @@ from workerset_admission.adapters.nats.connect import (
 )
 from workerset_admission.adapters.nats.kv import stream_name
 from workerset_admission.adapters.nats.source import JetStreamDiscoverySource
+from workerset_admission.aio import cancel_and_wait
 from workerset_admission.card.drain_record import BudgetRead
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.errors import CredentialsRefused, Unreachable, UsageError, error_in_words
@@ -221,16 +222,19 @@ class NatsDrainStore:
         publish = asyncio.ensure_future(
             js.publish(subject, b"", timeout=_REQUEST_TIMEOUT, headers=headers)
         )
+        answered = False
         try:
             while not publish.done():
                 if any(subject in v for v in self._violations[known:]):
                     break
                 await asyncio.wait({publish}, timeout=0.02)
+            answered = publish.done()
         finally:
-            if not publish.done():
-                publish.cancel()
-        if publish.done() and not publish.cancelled():
-            error = publish.exception()
+            # Refused (never answered) or stopped: the publish ends here, not after this call.
+            await cancel_and_wait([publish])
+        # Read however it ended, so nothing of it is left unread; only an answer counts.
+        error = None if publish.cancelled() else publish.exception()
+        if answered and not publish.cancelled():
             if isinstance(error, APIError) and error.err_code == _WRONG_LAST_SEQUENCE:
                 return
             if error is None:

@@ -7,7 +7,7 @@ from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
 from workerset_admission.adapters.nats.connect import NatsConnectOptions, connect
 from workerset_admission.adapters.nats.status import frontend_subject
 from workerset_admission.card.serving_record import Record, live_records, parse_record
-from workerset_admission.errors import Unreachable, error_in_words
+from workerset_admission.errors import InvalidRecordError, Unreachable, error_in_words
 
 __all__ = ["frontend_status", "live_frontends"]
 
@@ -23,7 +23,7 @@ async def live_frontends(
     for entry in read.entries:
         try:
             records.append(parse_record(entry.key, entry.value, entry.published_at))
-        except Exception:  # noqa: PERF203 - one bad record skips only itself
+        except InvalidRecordError:  # noqa: PERF203 - one bad record skips only itself
             continue
     return tuple(sorted({record.frontend for record in live_records(records)}))
 

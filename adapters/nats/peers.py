@@ -40,6 +40,7 @@ from workerset_admission.card.serving_record import (
     live_records,
     parse_record,
 )
+from workerset_admission.errors import InvalidRecordError
 from workerset_admission.identity import GroupKey
 from workerset_admission.ports import DiscoverySource, SourceEvent, SourceListing
 
@@ -58,7 +59,7 @@ def _peer_records(read: BucketRead, own_frontend: str) -> Iterator[Record]:
     for entry in read.entries:
         try:
             records.append(parse_record(entry.key, entry.value, entry.published_at))
-        except Exception:  # noqa: PERF203 - one bad record skips only itself
+        except InvalidRecordError:  # noqa: PERF203 - one bad record skips only itself
             continue
     for record in live_records(records):
         if record.frontend != own_frontend:
@@ -154,11 +155,21 @@ class PeerAwareSource:
     async def _read(self) -> BucketRead | None:
         try:
             read = await self._reader.read()
-        except Exception as exc:  # a listing must never wait on, or fail for, its peers
-            _log.debug("could not read the peers' serving records: %r", exc)
+        except Exception as exc:
+            # A listing must never wait on, or fail for, its peers: whatever the reading of
+            # their records ends with (a refusal, an outage, a defect), the listing goes on.
+            _log.warning(
+                "could not read the peers' serving records (%r); the listing goes on without "
+                "what they serve",
+                exc,
+            )
             return None
         if read.problem is not None:
-            _log.debug("could not read the peers' serving records: %s", read.problem)
+            _log.warning(
+                "could not read the peers' serving records (%s); the listing goes on without "
+                "what they serve",
+                read.problem,
+            )
             return None
         if read.server_time is not None:
             self._server_offset = read.server_time - self._wall()

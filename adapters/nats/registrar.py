@@ -35,13 +35,14 @@ from nats.js.api import Header
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket
+from workerset_admission.adapters.nats.errors import REQUEST_FAILURES
 from workerset_admission.adapters.nats.kv import (
     delete_headers,
     removal_kind,
     stream_name,
     subject_prefix,
 )
-from workerset_admission.aio import cancel_and_wait
+from workerset_admission.adapters.owned_task import OwnedTask
 from workerset_admission.card import encode_endpoint_record, encode_model_record
 from workerset_admission.errors import UsageError, error_in_words
 from workerset_admission.identity import EndpointId
@@ -52,6 +53,14 @@ __all__ = ["Registration", "WorkerRegistrar", "trace_headers"]
 
 _log = logging.getLogger(__name__)
 _WRONG_LAST_SEQUENCE = (10071, 10164)
+# Seconds before a heartbeat loop that failed starts again (its first refresh waits a beat more).
+_RESTART_AFTER = 1.0
+
+
+class _Propagation:
+    """Whether a failure of the configured trace propagator was said yet (once per process)."""
+
+    failed = False
 
 
 def trace_headers() -> dict[str, str]:
@@ -61,8 +70,19 @@ def trace_headers() -> dict[str, str]:
         from opentelemetry import propagate
     except ImportError:  # pragma: no cover - the API is a dependency, but stay optional here
         return carrier
-    with contextlib.suppress(Exception):
+    try:
         propagate.inject(carrier)
+    except Exception as exc:
+        # The propagator is whatever the deployment configured (OTEL_PROPAGATORS): a broken
+        # one must not stop a worker's registration, which then carries no trace context.
+        if not _Propagation.failed:
+            _Propagation.failed = True
+            _log.warning(
+                "the trace context propagator failed (%r); registrations are written without "
+                "trace headers",
+                exc,
+            )
+        return {}
     return carrier
 
 
@@ -112,7 +132,13 @@ class WorkerRegistrar:
         self._trace_context = trace_context
         self._ready = False
         self._registrations: dict[str, Registration] = {}
-        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._heartbeat = OwnedTask(
+            self._beat,
+            name=f"discovery heartbeat {bucket}",
+            log=_log,
+            keeps="the registrations stay as last written until the heartbeat runs again",
+            restart_after=_RESTART_AFTER,
+        )
         self._writer = writer
         self._on_removed = on_removed
         self._wake = asyncio.Event()
@@ -240,18 +266,20 @@ class WorkerRegistrar:
             return None
         return self.heartbeat if self.heartbeat is not None else max(0.2, min(ttls) / 3)
 
+    @property
+    def heartbeat_failures(self) -> int:
+        """How many times the heartbeat loop failed (each said at WARNING, then started again)."""
+        return self._heartbeat.failures
+
     def _ensure_heartbeat(self) -> None:
-        if self._heartbeat_task is None and self._interval() is not None:
-            self._heartbeat_task = asyncio.get_running_loop().create_task(
-                self._beat(), name=f"discovery heartbeat {self.bucket}"
-            )
+        if self._interval() is not None:
+            self._heartbeat.start()
 
     async def _beat(self) -> None:
-        # Stopping also clears _heartbeat_task: a loop that outlived a lost cancellation ends here.
-        while self._heartbeat_task is asyncio.current_task():
+        # Stopping forgets the loop's task: a loop that outlived a lost cancellation ends here.
+        while self._heartbeat.task is asyncio.current_task():
             interval = self._interval()
             if interval is None:
-                self._heartbeat_task = None
                 return
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=interval)
@@ -277,7 +305,7 @@ class WorkerRegistrar:
                     else:
                         await self._recover(key, registration)
                     continue
-                except Exception as exc:  # a transient outage; the next beat tries again
+                except REQUEST_FAILURES as exc:  # a transient outage; the next beat tries again
                     _log.warning("refreshing %s failed: %s", key, error_in_words(exc))
                     continue
                 if self._registrations.get(key) is registration:
@@ -299,7 +327,7 @@ class WorkerRegistrar:
             return
         try:
             await ensure_bucket(self._js, self._bucket_spec)
-        except Exception as retry:  # the server not ready yet: the next beat tries again
+        except REQUEST_FAILURES as retry:  # the server not ready yet: the next beat tries again
             _log.warning(
                 "the bucket %s is gone and could not be created yet: %s",
                 self.bucket,
@@ -317,7 +345,7 @@ class WorkerRegistrar:
                 revision = await self._write(
                     key, registration.value, registration.ttl, registration.headers
                 )
-            except Exception as failed:  # the next beat's conditional refresh finds out
+            except REQUEST_FAILURES as failed:  # the next beat's conditional refresh finds out
                 _log.warning("registering %s again failed: %s", key, error_in_words(failed))
                 continue
             if self._registrations.get(key) is registration:
@@ -326,7 +354,16 @@ class WorkerRegistrar:
 
     async def _recover(self, key: str, registration: Registration) -> None:
         """Find out why a conditional refresh was refused; write again or give the key up."""
-        fate = await self._fate(key, registration)
+        try:
+            fate = await self._fate(key, registration)
+        except REQUEST_FAILURES as exc:  # asked again when the next beat is refused again
+            _log.warning(
+                "refreshing %s was refused and why cannot be read now: %s; it is kept and "
+                "refreshed again at the next beat",
+                key,
+                error_in_words(exc),
+            )
+            return
         if self._registrations.get(key) is not registration:
             return  # deregistered here meanwhile: the refusal was our own delete
         if fate == "expired" or (fate == "deleted" and self._on_removed == "reregister"):
@@ -336,13 +373,16 @@ class WorkerRegistrar:
                     key,
                 )
             # An outage outlasted the TTL, or someone deleted a live registration.
-            with contextlib.suppress(Exception):
+            try:
                 revision = await self._write(
                     key, registration.value, registration.ttl, registration.headers
                 )
-                if self._registrations.get(key) is registration:
-                    self._registrations[key] = replace(registration, revision=revision)
-                    self.reregistrations += 1
+            except REQUEST_FAILURES as exc:  # the next beat is refused again and finds out
+                _log.warning("registering %s again failed: %s", key, error_in_words(exc))
+                return
+            if self._registrations.get(key) is registration:
+                self._registrations[key] = replace(registration, revision=revision)
+                self.reregistrations += 1
             return
         if fate == "ours":
             return  # written by this publisher after all: the next beat refreshes it
@@ -377,18 +417,19 @@ class WorkerRegistrar:
 
     async def stop_heartbeat(self) -> None:
         """Stop refreshing without deleting anything (what a crash looks like from outside)."""
-        task, self._heartbeat_task = self._heartbeat_task, None
-        if task is None:
-            return
-        await cancel_and_wait([task])
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await self._heartbeat.stop()
 
     async def close(self, *, withdraw: bool = True) -> None:
         """Stop the heartbeat and, unless ``withdraw`` is false, delete every registration."""
         await self.stop_heartbeat()
         if withdraw:
             for key in list(self._registrations):
-                with contextlib.suppress(Exception):
+                try:
                     await self.delete(key)
+                except REQUEST_FAILURES as exc:  # noqa: PERF203 - each key on its own
+                    _log.warning(
+                        "withdrawing %s failed: %s; it stays until its TTL runs out",
+                        key,
+                        error_in_words(exc),
+                    )
         self._registrations.clear()

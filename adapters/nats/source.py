@@ -290,7 +290,7 @@ class JetStreamDiscoverySource:
     async def _client(self) -> NatsClient:
         if self._nc is not None and (self._client_closed or self._nc.is_closed):
             old, self._nc = self._nc, None
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(NatsError, OSError):  # closed or lost already: gone anyway
                 await old.close()
         self._client_closed = False
         if self._nc is None:
@@ -374,16 +374,17 @@ class JetStreamDiscoverySource:
             config = self._consumer_config(nc.new_inbox(), filters)
             assert config.deliver_subject is not None
             raw = await self._subscribe_raw(nc, watch, config.deliver_subject, broken)
+            created = None
             try:
                 created = await jsm.add_consumer(stream, config=config)
             except BadRequestError:
-                await self._unsubscribe(watch)
                 if key_filter is not None or len(attempts) == 1:
                     raise
+            finally:
+                if created is None:  # refused, failed or cancelled: nothing delivers to it
+                    await self._unsubscribe(watch)
+            if created is None:
                 continue
-            except BaseException:
-                await self._unsubscribe(watch)
-                raise
             if not raw:
                 watch.subscription = await js.subscribe_bind(
                     stream=stream,
@@ -440,7 +441,8 @@ class JetStreamDiscoverySource:
             watch.detach = None
         for subscription in (watch.subscription, watch.deletion):
             if subscription is not None:
-                with contextlib.suppress(Exception):
+                # Gone with a lost or closed connection, or unsubscribed already.
+                with contextlib.suppress(NatsError, OSError):
                     await subscription.unsubscribe()
         watch.subscription = watch.deletion = None
 
@@ -737,7 +739,7 @@ class JetStreamDiscoverySource:
     async def _close_client(self) -> None:
         nc, self._nc = self._nc, None
         if nc is not None and not nc.is_closed:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(NatsError, OSError):  # a lost connection: gone anyway
                 await nc.close()
 
 

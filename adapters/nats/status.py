@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from nats.errors import Error as NatsError
 from workerset_admission.keys import STATUS_SUBJECT
 
 __all__ = ["DEFAULT_STATUS_SUBJECT", "NatsStatusResponder", "fitted", "frontend_subject"]
@@ -83,7 +84,12 @@ class NatsStatusResponder:
             try:
                 await msg.respond(fitted(render, nc.max_payload))
             except Exception:
-                _log.warning("could not answer a status request", exc_info=True)
+                # The status is the service's to render, whatever it holds; one request that
+                # cannot be answered must not end the subscription that answers the next.
+                _log.warning(
+                    "could not answer a status request; the next one is answered afresh",
+                    exc_info=True,
+                )
 
         subjects = [self.subject]
         if self.frontend_id is not None:
@@ -93,5 +99,6 @@ class NatsStatusResponder:
             await asyncio.Event().wait()
         finally:
             for subscription in subscriptions:
-                with contextlib.suppress(Exception):
+                # Gone with a lost or closed connection, or unsubscribed already.
+                with contextlib.suppress(NatsError, OSError):
                     await subscription.unsubscribe()

@@ -30,6 +30,7 @@ from typing import Final, NamedTuple
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
 from nats.js.api import Header
 from workerset_admission.adapters.nats.kv import removal_kind
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceEvent, SourcePut
@@ -300,7 +301,9 @@ class Watch:
         held, self.held_replies = self.held_replies, []
         assert self._publish is not None
         for subject in held:
-            with contextlib.suppress(Exception):
+            # On a connection that is gone: the watch is re-created with the connection, and
+            # a consumer left waiting for its answer falls silent, which re-creates it too.
+            with contextlib.suppress(NatsError, OSError):
                 await self._publish(subject)
 
     def _report_broken(self, why: str) -> None:

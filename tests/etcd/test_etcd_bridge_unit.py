@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
 from support.fakebucket import FakeBucket
+from workerset_admission.adapters.etcd import bridge as bridge_module
 from workerset_admission.adapters.etcd.bridge import (
     EtcdDiscoveryBridge,
     StoreChange,
@@ -454,3 +456,32 @@ async def test_a_change_etcd_sent_counts_as_unwritten_until_the_bucket_takes_it(
 
     stop.set()
     await task
+
+
+class DroppedDuringProbe(FakeEtcd):
+    """An etcd whose connection drops while a probe is in flight: the watch fails first."""
+
+    async def probe(self) -> None:
+        self.fail()  # the watch hears it at once
+        await asyncio.sleep(0.05)
+        raise StoreUnavailable("no answer")
+
+
+async def test_a_watch_that_failed_while_the_probe_failed_is_said_and_nothing_stays_pending(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    etcd, bucket = DroppedDuringProbe(), FakeBucket()
+    etcd.put(MDC_A, b"a")
+    bridge = EtcdDiscoveryBridge(etcd, bucket, probe_interval=0.02)
+    before = asyncio.all_tasks()
+    with (
+        caplog.at_level(logging.WARNING, logger=bridge_module.__name__),
+        pytest.raises(StoreUnavailable, match="no answer"),
+    ):
+        await bridge.follow_once()
+    said = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in said] == [
+        "the etcd watch had failed as well: StoreUnavailable('connection lost')"
+    ]
+    assert [t for t in asyncio.all_tasks() - before if not t.done()] == []
+    assert bucket.data == {KEY_A: b"a"}  # what was written stays

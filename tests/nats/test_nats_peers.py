@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import weakref
 from collections.abc import AsyncIterator
 
+import pytest
+from workerset_admission.adapters.nats import peers as peers_module
 from workerset_admission.adapters.nats.peers import (
     PeerAwareSource,
     members_served_by_peers,
@@ -110,6 +113,26 @@ async def test_a_bucket_that_cannot_be_read_leaves_the_listing_without_peers() -
             ).events()
         ]
         assert [e.peers for e in seen] == [None]  # type: ignore[union-attr]
+
+
+async def test_a_bucket_that_cannot_be_read_is_said_at_warning_with_what_the_listing_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for failure in (ConnectionError("away"), BucketRead(problem="no server")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=peers_module.__name__):
+            seen = [
+                e
+                async for e in PeerAwareSource(
+                    Listed(SourceListing(())), Reader(failure), "me"
+                ).events()
+            ]
+        assert [e.peers for e in seen] == [None]  # type: ignore[union-attr]
+        said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(said) == 1
+        assert said[0].startswith("could not read the peers' serving records (")
+        assert said[0].endswith("); the listing goes on without what they serve")
+        assert ("away" in said[0]) == isinstance(failure, Exception)
 
 
 class _Entries(list[DiscoveryEntry]):
