@@ -42,7 +42,7 @@ class FailureGuard:
             return self._unsaid.get(kind, 0)
 
     def _due(self, kind: str) -> int | None:
-        """The failures to report with this one, or None while ``kind`` is quiet."""
+        """Return the failures to report with this one, or None while ``kind`` is quiet."""
         now = self._clock()
         with self._lock:
             last = self._last_said.get(kind)
@@ -54,9 +54,12 @@ class FailureGuard:
             self._last_said[kind] = now
             return self._unsaid.pop(kind, 0)
 
-    @contextlib.contextmanager
-    def guarded(self, kind: str, kept: str) -> Iterator[None]:
+    def guarded(self, kind: str, kept: str) -> contextlib.AbstractContextManager[None, bool]:
         """Run the block; a failure of it is stopped and said as ``kind`` failing, ``kept`` kept."""
+        return self._guarded(kind, kept)  # type: ignore[return-value]  # it may swallow
+
+    @contextlib.contextmanager
+    def _guarded(self, kind: str, kept: str) -> Iterator[None]:
         try:
             yield
         except Exception:  # code of an exporter, a propagator or a callback: see the docstring
@@ -76,6 +79,6 @@ class FailureGuard:
 _GUARD = FailureGuard()
 
 
-def guarded(kind: str, kept: str) -> contextlib.AbstractContextManager[None]:
-    """The process's guard (see the module docstring) around one call of code telemetry calls."""
+def guarded(kind: str, kept: str) -> contextlib.AbstractContextManager[None, bool]:
+    """Guard one call of code telemetry does not own with the process's guard (see above)."""
     return _GUARD.guarded(kind, kept)

@@ -314,10 +314,9 @@ class AdmissionInstruments:
     def _summary(self) -> AdmissionStateSummary | None:
         if self._state is None:
             return None
-        summary = None
         with guarded("the gauges' state callback", "the gauges skip this collection"):
-            summary = self._state()
-        return summary
+            return self._state()
+        return None
 
     def _observe_groups(self, _options: CallbackOptions) -> Iterable[Observation]:
         summary = self._summary()

@@ -8,7 +8,6 @@ never touches the root logger, which belongs to whoever hosts the plugin.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
 import logging

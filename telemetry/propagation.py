@@ -23,12 +23,11 @@ def inject_headers(context: Context | None = None) -> dict[str, str]:
     Empty when there is no active, valid span; never raises.
     """
     carrier: dict[str, str] = {}
-    injected: dict[str, str] = {}
     # Telemetry must never break a publisher: the propagators are the environment's choice.
     with guarded("trace context injection", "the message goes without trace context"):
         propagate.inject(carrier, context=context)
-        injected = carrier
-    return injected
+        return carrier
+    return {}
 
 
 def link_from_headers(
