@@ -148,27 +148,35 @@ class ServiceThread(Generic[S]):
         assert self._stop is not None
         # A start that hangs (an unreachable server) is given up like one that fails, so the
         # health route can say why the service is not up.
-        starting = asyncio.ensure_future(asyncio.wait_for(self._start(), self._start_timeout))
+        starting: asyncio.Task[S] = asyncio.ensure_future(self._start())
         stopping = asyncio.ensure_future(self._stop.wait())
         try:
-            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {starting, stopping},
+                timeout=self._start_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             await cancel_and_wait([stopping])
         if starting.done():
             return starting.result()
         await cancel_and_wait([starting])
-        await self._abandon(starting)
-        return None
+        stopped = self._stop.is_set()
+        await self._abandon(starting, "for a stop" if stopped else "as timed out")
+        if stopped:
+            return None
+        raise asyncio.TimeoutError
 
-    async def _abandon(self, starting: asyncio.Future[S]) -> None:
-        """Say how a start abandoned for a stop ended, and stop what it started, if anything."""
+    async def _abandon(self, starting: asyncio.Task[S], why: str) -> None:
+        """Say how a start given up ended, and stop what it started, if anything."""
         if starting.cancelled():
             return
         error = starting.exception()
         if error is not None:
             _log.warning(
-                "%s: a start abandoned for a stop had failed: %s",
+                "%s: a start abandoned %s had failed: %s",
                 self._name,
+                why,
                 str(error) or type(error).__name__,
             )
             return
