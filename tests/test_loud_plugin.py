@@ -67,7 +67,7 @@ def test_a_frontend_thread_stopped_mid_start_says_how_the_start_ended_and_leaves
             await asyncio.Event().wait()
         finally:
             # Cancelled by the stop: this is what a start does when it fails on the way out.
-            raise OSError("the connection closed while starting")  # noqa: B012
+            raise OSError("the connection closed while starting")
         return Stoppable()
 
     host: ServiceThread[Stoppable] = ServiceThread(start, name="test-host", start_timeout=30)

@@ -1,4 +1,4 @@
-"""What code telemetry does not own raises is stopped at one guard, and said once a minute per kind."""
+"""What code telemetry does not own raises is stopped at one guard, said once a minute a kind."""
 
 from __future__ import annotations
 
@@ -55,9 +55,8 @@ async def test_the_guard_never_stops_a_cancellation() -> None:
     import asyncio
 
     guard = FailureGuard()
-    with pytest.raises(asyncio.CancelledError):
-        with guard.guarded("anything", "nothing"):
-            raise asyncio.CancelledError
+    with pytest.raises(asyncio.CancelledError), guard.guarded("anything", "nothing"):
+        raise asyncio.CancelledError
 
 
 class _Broken:
