@@ -22,7 +22,6 @@ writer in ``adapters/nats`` supply the I/O.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -39,8 +38,6 @@ __all__ = [
     "removal_order",
     "write_in_turn",
 ]
-
-_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,30 +116,16 @@ async def write_in_turn(writer: BucketWriter, changes: Sequence[Change]) -> list
     For a writer that cannot send its writes together: the same contract as
     :meth:`BucketWriter.write`, one round trip per change.
     """
-    outcomes: list[Exception | None] = []
-    for key, value in changes:
-        outcomes.append(await _write_one(writer, key, value, first=not any(outcomes)))
-    return outcomes
+    return [await _write_one(writer, key, value) for key, value in changes]
 
 
-async def _write_one(
-    writer: BucketWriter, key: str, value: bytes | None, *, first: bool
-) -> Exception | None:
+async def _write_one(writer: BucketWriter, key: str, value: bytes | None) -> Exception | None:
     try:
         if value is None:
             await writer.delete(key)
         else:
             await writer.put(key, value)
-    except Exception as exc:  # the writer's client errors cannot be named here (lowest layer)
-        # The outcome goes back to the caller, which retries the change; the first failure of
-        # a call is said here, so one call costs at most one line.
-        if first:
-            _log.warning(
-                "a write of %s to the bucket failed (%s: %s); it is handed back to be retried",
-                key,
-                type(exc).__name__,
-                exc,
-            )
+    except Exception as exc:  # reported to the caller, which retries it
         return exc
     return None
 

@@ -9,12 +9,10 @@ import threading
 from typing import Any
 
 import pytest
-from support.fakebucket import FakeBucket
 from support.fakes import FakePublisher
 from workerset_admission.aio import cancel_and_wait, owned_task
 from workerset_admission.errors import Unreachable
 from workerset_admission.frontend.host import ServiceThread
-from workerset_admission.mirror import write_in_turn
 from workerset_admission.service.publication import ServingPublication
 from workerset_admission.wiring.compose import _close_after_failed_start, _InWords
 
@@ -159,20 +157,3 @@ async def test_a_close_that_fails_after_a_failed_start_is_said_and_a_defect_is_n
     assert "could not close the NATS connection" in warning
     with pytest.raises(AttributeError):
         await _close_after_failed_start("the view", defect)
-
-
-# ----------------------------------------------------------------------- the mirror
-
-
-async def test_writes_that_fail_are_handed_back_and_the_first_of_a_call_is_said(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    bucket = FakeBucket(failing={"k1", "k2"})
-    outcomes = await write_in_turn(bucket, [("k0", b"0"), ("k1", b"1"), ("k2", None)])
-    assert outcomes[0] is None
-    assert isinstance(outcomes[1], ConnectionError)
-    assert isinstance(outcomes[2], ConnectionError)
-    assert bucket.data == {"k0": b"0"}
-    (warning,) = _warnings(caplog, "workerset_admission.mirror")
-    assert "k1" in warning
-    assert "handed back to be retried" in warning
