@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
+from typing import Any
 
-__all__ = ["cancel_and_wait", "collector_paused", "on_loop", "unwrap_group"]
+__all__ = ["cancel_and_wait", "collector_paused", "on_loop", "owned_task", "unwrap_group"]
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]], *, retry: float = 0.5) -> None:
@@ -24,6 +26,29 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]], *, retry: float
         for task in pending:
             task.cancel()
         _done, pending = await asyncio.wait(pending, timeout=retry)
+
+
+def owned_task(
+    coro: Coroutine[Any, Any, object], *, name: str, log: logging.Logger
+) -> asyncio.Task[object]:
+    """Start ``coro`` as a task whose failure is said at WARNING on ``log`` when it ends.
+
+    The caller owns the task: it cancels and awaits it on the way out (``cancel_and_wait``).
+    A failure is read here, so it is never lost as "Task exception was never retrieved";
+    a cancellation is the owner's own doing and says nothing.
+    """
+    task: asyncio.Task[object] = asyncio.ensure_future(coro)
+    task.set_name(name)
+
+    def report(done: asyncio.Task[object]) -> None:
+        if done.cancelled():
+            return
+        error = done.exception()
+        if error is not None:
+            log.warning("%s stopped: %s: %s", name, type(error).__name__, error, exc_info=error)
+
+    task.add_done_callback(report)
+    return task
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 from workerset_admission.errors import REFUSAL_REASONS
 from workerset_admission.telemetry import names as n
+from workerset_admission.telemetry.guard import guarded
 from workerset_admission.telemetry.worker_state_page import (
     COUNTS_DESCRIPTION,
     STATES_DESCRIPTION,
@@ -313,11 +314,9 @@ class AdmissionInstruments:
     def _summary(self) -> AdmissionStateSummary | None:
         if self._state is None:
             return None
-        try:
+        with guarded("the gauges' state callback", "the gauges skip this collection"):
             return self._state()
-        except Exception:
-            _log.debug("the state callback failed", exc_info=True)
-            return None
+        return None
 
     def _observe_groups(self, _options: CallbackOptions) -> Iterable[Observation]:
         summary = self._summary()

@@ -8,7 +8,6 @@ never touches the root logger, which belongs to whoever hosts the plugin.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
 import logging
@@ -19,6 +18,7 @@ from typing import Any, Literal, TextIO
 
 from opentelemetry import trace
 from workerset_admission.errors import UsageError
+from workerset_admission.telemetry.guard import guarded
 from workerset_admission.telemetry.names import PREFIX
 
 __all__ = [
@@ -95,7 +95,7 @@ def install_log_correlation() -> Callable[[], None]:
             record = previous(*args, **kwargs)
             if _in_tree(record.name):
                 # A log line must never fail because of tracing.
-                with contextlib.suppress(Exception):
+                with guarded("stamping a log record with its trace", "the line is unstamped"):
                     _stamp(record)
             return record
 

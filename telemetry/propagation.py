@@ -8,15 +8,13 @@ the frontend deciding about it. Both go through the globally configured propagat
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
+from workerset_admission.telemetry.guard import guarded
 
 __all__ = ["inject_headers", "link_from_headers"]
-
-_log = logging.getLogger(__name__)
 
 
 def inject_headers(context: Context | None = None) -> dict[str, str]:
@@ -25,12 +23,11 @@ def inject_headers(context: Context | None = None) -> dict[str, str]:
     Empty when there is no active, valid span; never raises.
     """
     carrier: dict[str, str] = {}
-    try:
+    # Telemetry must never break a publisher: the propagators are the environment's choice.
+    with guarded("trace context injection", "the message goes without trace context"):
         propagate.inject(carrier, context=context)
-    except Exception:  # telemetry must never break a publisher
-        _log.debug("trace context injection failed", exc_info=True)
-        return {}
-    return carrier
+        return carrier
+    return {}
 
 
 def link_from_headers(
@@ -42,11 +39,9 @@ def link_from_headers(
     """
     if not headers:
         return None
-    try:
+    producer = None
+    with guarded("trace context extraction", "the entry is applied without a span link"):
         producer = trace.get_current_span(propagate.extract(headers)).get_span_context()
-    except Exception:
-        _log.debug("trace context extraction failed", exc_info=True)
-        return None
-    if not producer.is_valid:
+    if producer is None or not producer.is_valid:
         return None
     return trace.Link(producer)

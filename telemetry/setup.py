@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from workerset_admission.errors import ConfigError
+from workerset_admission.telemetry.guard import guarded
 from workerset_admission.telemetry.logs import install_log_correlation
 
 if TYPE_CHECKING:
@@ -93,11 +94,10 @@ class TelemetryHandle:
         for provider in (self.tracer_provider, self.meter_provider):
             if provider is None:
                 continue
-            try:
-                ok = bool(provider.force_flush(timeout_millis)) and ok
-            except Exception:
-                _log.warning("telemetry flush failed", exc_info=True)
-                ok = False
+            flushed = False
+            with guarded("the flush of an exporter", "what it held may be lost"):
+                flushed = bool(provider.force_flush(timeout_millis))
+            ok = flushed and ok
         return ok
 
     def shutdown(self) -> None:
@@ -117,10 +117,8 @@ class TelemetryHandle:
             for provider in (self.tracer_provider, self.meter_provider):
                 if provider is None:
                     continue
-                try:
+                with guarded("the shutdown of an exporter", "the others are still shut down"):
                     provider.shutdown()
-                except Exception:
-                    _log.warning("telemetry shutdown failed", exc_info=True)
         finally:
             deadline.cancel()
         for close in reversed(self._closers):
@@ -132,10 +130,8 @@ class TelemetryHandle:
 
 
 def _quietly(close: Callable[[], None]) -> None:
-    try:
+    with guarded("closing a part of the telemetry", "the other parts are still closed"):
         close()
-    except Exception:
-        _log.warning("telemetry shutdown failed", exc_info=True)
 
 
 def _env_flag(name: str) -> bool:
@@ -300,10 +296,9 @@ def _watched_span_exporter(exporter: SpanExporter, health: _ExportHealth) -> Spa
         def export(self, spans: Any) -> SpanExportResult:
             if health.abandoned:
                 return SpanExportResult.FAILURE
-            try:
+            result = SpanExportResult.FAILURE
+            with guarded("a span export", "those spans are dropped"):
                 result = exporter.export(spans)
-            except Exception:
-                result = SpanExportResult.FAILURE
             health.record(result is SpanExportResult.SUCCESS)
             return result
 
@@ -331,10 +326,9 @@ def _watched_metric_exporter(exporter: MetricExporter, health: _ExportHealth) ->
         ) -> MetricExportResult:
             if health.abandoned:
                 return MetricExportResult.FAILURE
-            try:
+            result = MetricExportResult.FAILURE
+            with guarded("a metric export", "those metrics are dropped"):
                 result = exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-            except Exception:
-                result = MetricExportResult.FAILURE
             health.record(result is MetricExportResult.SUCCESS)
             return result
 
@@ -410,6 +404,7 @@ def _prometheus(
             "the Prometheus endpoint needs opentelemetry-exporter-prometheus"
         ) from exc
     from workerset_admission.telemetry.worker_state_page import PrometheusPage
+    from workerset_admission.telemetry.worker_state_page import stop as stop_page
 
     registry = CollectorRegistry(auto_describe=True)
     reader = PrometheusMetricReader(registry=registry)
@@ -420,9 +415,7 @@ def _prometheus(
         raise ConfigError(f"cannot serve Prometheus metrics on {host}:{port}: {exc}") from exc
 
     def close() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+        stop_page(server, thread)
 
     return reader, page, int(server.server_port), close
 

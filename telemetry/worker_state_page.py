@@ -31,6 +31,7 @@ and the text to what the SDK's Prometheus exporter renders for the same states.
 from __future__ import annotations
 
 import gzip
+import logging
 import threading
 import wsgiref.simple_server
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,7 +62,10 @@ __all__ = [
     "WorkerStateFold",
     "exposition",
     "served_as_text",
+    "stop",
 ]
+
+_log = logging.getLogger(__name__)
 
 # The two families as the SDK's Prometheus exporter names them, and their descriptions.
 COUNTS: Final = n.METRIC_ROUTER_WORKERS.replace(".", "_")
@@ -351,7 +355,11 @@ class PrometheusPage:
         return [output]
 
     def start(self, host: str, port: int) -> tuple[Any, threading.Thread]:
-        """Serve the page on ``host:port`` from a daemon thread; raises ``OSError``."""
+        """Serve the page on ``host:port`` from a daemon thread; raises ``OSError``.
+
+        The caller owns the thread: it stops the server and joins the thread (``stop``). A
+        server that stops serving on its own (its socket failed) says so at WARNING.
+        """
         from prometheus_client.exposition import ThreadingWSGIServer
 
         class Server(ThreadingWSGIServer):
@@ -361,9 +369,37 @@ class PrometheusPage:
         server = wsgiref.simple_server.make_server(
             address, port, self.app, Server, handler_class=_Quiet
         )
-        thread = threading.Thread(target=server.serve_forever, name="prometheus", daemon=True)
+        thread = threading.Thread(
+            target=_serve_until_stopped, args=(server,), name="prometheus", daemon=True
+        )
         thread.start()
         return server, thread
+
+
+def stop(server: Any, thread: threading.Thread, timeout: float = 5.0) -> None:
+    """Stop a server ``PrometheusPage.start`` started, and join its thread."""
+    if thread.is_alive():
+        server.shutdown()
+    server.server_close()
+    thread.join(timeout=timeout)
+    if thread.is_alive():
+        _log.warning(
+            "the Prometheus endpoint's thread did not end within %g s; it is left to end "
+            "with the process",
+            timeout,
+        )
+
+
+def _serve_until_stopped(server: Any) -> None:
+    try:
+        server.serve_forever()
+    except OSError as exc:
+        _log.warning(
+            "the Prometheus endpoint on port %s stopped serving (%s); metrics are no longer "
+            "scraped from it, admission is unaffected",
+            server.server_port,
+            exc,
+        )
 
 
 class _Quiet(wsgiref.simple_server.WSGIRequestHandler):

@@ -54,17 +54,52 @@ def test_silence_is_measured_while_it_lasts_and_stuck_after_the_limit() -> None:
     assert not watch.stuck()
 
 
-def test_a_failing_listener_does_not_stop_the_others() -> None:
+def test_a_listener_whose_supervisor_is_away_is_said_at_warning_and_the_others_still_hear(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     watch = LoopWatch()
     heard: list[str] = []
 
     def broken() -> None:
-        raise RuntimeError("listener failed")
+        raise ConnectionRefusedError("notify socket gone")
 
     watch.on_beat(broken)
     watch.on_beat(lambda: heard.append("second"))
-    watch.beat()
+    with caplog.at_level(logging.DEBUG, logger="workerset_admission.service.loop_watch"):
+        watch.beat()
     assert heard == ["second"]
+    (record,) = [r for r in caplog.records if "listener" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "notify socket gone" in record.getMessage()
+
+
+def test_a_listener_with_a_defect_stops_the_beat_and_its_owner_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from workerset_admission.aio import cancel_and_wait, owned_task
+
+    watch = LoopWatch(interval=0.01, stall_after=10.0)
+
+    def defective() -> None:
+        raise RuntimeError("listener bug")
+
+    watch.on_beat(defective)
+
+    async def owner() -> asyncio.Task[object]:
+        beating = owned_task(watch.run(), name="the loop beat", log=logging.getLogger("owner"))
+        try:
+            await asyncio.wait({beating}, timeout=2.0)
+        finally:
+            await cancel_and_wait([beating])
+        return beating
+
+    with caplog.at_level(logging.WARNING, logger="owner"):
+        beating = asyncio.run(owner())
+    assert beating.done()
+    assert not beating.cancelled()
+    (record,) = [r for r in caplog.records if r.name == "owner"]
+    assert record.levelno == logging.WARNING
+    assert "the loop beat stopped: RuntimeError: listener bug" in record.getMessage()
 
 
 @pytest.mark.parametrize(("interval", "stall_after"), [(0.0, 1.0), (1.0, 0.0), (-1.0, 2.0)])

@@ -10,8 +10,8 @@ from workerset_admission.cli.workers import until_accepted
 from workerset_admission.errors import Unreachable
 
 
-class ForNow(Exception):
-    """A refusal that passes (a stream electing a leader)."""
+class ForNow(ConnectionError):
+    """A refusal that passes (a stream electing a leader): a transport error, as NATS's are."""
 
 
 class Clock:

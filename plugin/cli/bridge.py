@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from workerset_admission.aio import cancel_and_wait, owned_task
 from workerset_admission.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from workerset_admission.settings import Settings
 
 __all__ = ["DEFAULT_MAX_LAG", "arguments", "main", "source_stall_limit"]
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_MAX_LAG = 30.0
 """Seconds the bucket may be behind its source before the bridge says it is not ready."""
@@ -197,8 +201,8 @@ def supervise(
         return progress.synced and progress.lag() < max_lag, figures
 
     watch = LoopWatch()
-    beating = asyncio.ensure_future(watch.run())
-    stack.callback(beating.cancel)
+    beating = owned_task(watch.run(), name="the bridge's loop beat", log=_log)
+    stack.push_async_callback(cancel_and_wait, [beating])
     notifier = SystemdNotifier()
     notifier.follow(watch, healthy=source_turning)
     stack.callback(notifier.close)

@@ -413,7 +413,7 @@ def _default_by() -> str:
 
     try:
         user = getpass.getuser()
-    except Exception:
+    except (OSError, KeyError, ImportError):  # no login name and no password entry for the uid
         user = "unknown"
     return f"{user}@{socket.gethostname()}"[:MAX_BY_LENGTH]
 

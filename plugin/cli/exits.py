@@ -28,6 +28,8 @@ __all__ = [
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
     "exit_status",
+    "transport_errors",
+    "unreachable_errors",
 ]
 
 EXIT_OK = 0
@@ -55,14 +57,20 @@ the drain began went away (its serving records expired) without confirming: it m
 to them. The drain stays in place; ``--allow-unconfirmed`` counts such a frontend as let go."""
 
 
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    errors: tuple[type[BaseException], ...] = (OSError, asyncio.TimeoutError, TimeoutError)
+def transport_errors() -> tuple[type[Exception], ...]:
+    """Return what a round trip to NATS (or etcd) raises when the far side is away or refuses."""
+    errors: tuple[type[Exception], ...] = (OSError, asyncio.TimeoutError, TimeoutError)
     # Only when a command loaded the NATS client: an offline command never imports it.
     if "nats" in sys.modules:
         from workerset_admission.adapters.nats.errors import NatsError
 
         errors += (NatsError,)
     return errors
+
+
+def unreachable_errors() -> tuple[type[Exception], ...]:
+    """Every error that may mean the server is out of reach (exit status 3, or a row above)."""
+    return (Unreachable, StoreUnavailable, *transport_errors())
 
 
 def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
@@ -74,7 +82,7 @@ def _exit_table() -> tuple[tuple[tuple[type[BaseException], ...], int], ...]:
         ((ViewDirectoryUnavailable,), EXIT_FAILED),
         ((RemoteDataError, ViewDirectoryError), EXIT_USAGE),
         ((Unreachable, StoreUnavailable), EXIT_UNREACHABLE),
-        (_transport_errors(), EXIT_UNREACHABLE),
+        (transport_errors(), EXIT_UNREACHABLE),
         ((WorkersetAdmissionError,), EXIT_FAILED),
     )
 

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from workerset_admission.aio import cancel_and_wait
 from workerset_admission.cli.exits import (
     EXIT_CREDENTIALS,
     EXIT_FAILED,
@@ -48,6 +49,7 @@ from workerset_admission.cli.exits import (
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     exit_status,
+    transport_errors,
 )
 from workerset_admission.errors import (
     StoreUnavailable,
@@ -402,6 +404,8 @@ async def _run(
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
+        # The command's task ends with this function, whichever way it leaves.
+        await cancel_and_wait([task])
 
 
 def run_command(name: str, args: argparse.Namespace) -> int:
@@ -430,7 +434,12 @@ def run_command(name: str, args: argparse.Namespace) -> int:
             )
             return EXIT_FAILED
         return _quiet_on_closed_stdout()
-    except Exception as error:
+    except Exception as error:  # the top level: any error becomes words and an exit status
+        if not isinstance(error, (WorkersetAdmissionError, *transport_errors())):
+            # Not one of the package's errors nor a transport's: a defect, shown whole.
+            logging.getLogger(__name__).exception(
+                "%s stopped on an unexpected %s", name, type(error).__name__
+            )
         return _failed(name, error, since)
 
 

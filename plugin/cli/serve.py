@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from workerset_admission.aio import cancel_and_wait, owned_task
 from workerset_admission.card.differences import Difference, summarize
 from workerset_admission.cli import connection, positive_seconds
 from workerset_admission.errors import (
@@ -49,6 +50,8 @@ __all__ = [
     "view_store_mismatch",
     "with_progress",
 ]
+
+_cli_log = logging.getLogger("workerset_admission.cli")
 
 
 def arguments(name: str, parser: argparse.ArgumentParser) -> None:
@@ -219,8 +222,8 @@ async def _serve_service(
                 return 0  # stopped while NATS was still out of reach
         stack.push_async_callback(service.stop)
         running.append(service)
-        stopper = asyncio.ensure_future(_stop_when(stop, service))
-        stack.callback(stopper.cancel)
+        stopper = owned_task(_stop_when(stop, service), name="serve's stop", log=_cli_log)
+        stack.push_async_callback(cancel_and_wait, [stopper])
         say(
             f"watching bucket {settings.discovery_bucket!r}; status on "
             f"{settings.status_subject!r}; publishing to {settings.admission_bucket!r}"
@@ -269,8 +272,8 @@ def _supervise(
     from workerset_admission.service.loop_watch import LoopWatch
 
     watch = LoopWatch()
-    beating = asyncio.ensure_future(watch.run())
-    stack.callback(beating.cancel)
+    beating = owned_task(watch.run(), name="serve's loop beat", log=_cli_log)
+    stack.push_async_callback(cancel_and_wait, [beating])
     notifier = SystemdNotifier()
     notifier.follow(watch)
     stack.callback(notifier.close)
@@ -298,14 +301,14 @@ async def _start_keeping_the_view(
     refresh their records either, so the core holds what an outage may have faked.
     """
     from workerset_admission.adapters.dynamo.view import Horizon, LastKnownGood
-    from workerset_admission.cli.exits import EXIT_UNREACHABLE, exit_status
+    from workerset_admission.cli.exits import EXIT_UNREACHABLE, exit_status, unreachable_errors
 
     keeper = None
     delay = 1.0
     while True:
         try:
             return await with_progress(start(keeper is not None), f"connecting to NATS at {where}")
-        except Exception as exc:
+        except unreachable_errors() as exc:
             # Only an unreachable server is worth waiting for; a refused secret never heals.
             if exit_status(exc) != EXIT_UNREACHABLE or "authorization" in str(exc).lower():
                 raise

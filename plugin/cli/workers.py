@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from workerset_admission.aio import cancel_and_wait
 from workerset_admission.cli import EXIT_FAILED, positive_seconds
 from workerset_admission.cli.connection import client_options
+from workerset_admission.cli.exits import transport_errors
 from workerset_admission.errors import ConfigError, Unreachable, error_in_words
 from workerset_admission.identity import EndpointId, instance_key, parse_instance_id
 from workerset_admission.ownership import register_writer
@@ -54,7 +55,7 @@ async def until_accepted(
     while True:
         try:
             return await write()
-        except Exception as error:
+        except transport_errors() as error:
             if not unavailable(error):
                 raise
             words = error_in_words(error)

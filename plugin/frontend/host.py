@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
 
+from workerset_admission.aio import cancel_and_wait, owned_task
+from workerset_admission.errors import WorkersetAdmissionError
 from workerset_admission.service.loop_watch import LoopWatch
 
 __all__ = ["HostState", "RunningService", "ServiceThread"]
@@ -107,11 +109,11 @@ class ServiceThread(Generic[S]):
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        beating = asyncio.ensure_future(self.watch.run())
+        beating = owned_task(self.watch.run(), name=f"{self._name}'s loop beat", log=_log)
         try:
             await self._run_service()
         finally:
-            beating.cancel()
+            await cancel_and_wait([beating])
 
     async def _run_service(self) -> None:
         assert self._stop is not None
@@ -122,7 +124,7 @@ class ServiceThread(Generic[S]):
             attempts += 1
             try:
                 service = await self._attempt()
-            except Exception as exc:  # any start failure is retried; the error is shown
+            except Exception as exc:  # the start runs parts this thread does not own; retried
                 if isinstance(exc, asyncio.TimeoutError):
                     error = f"start timed out after {self._start_timeout:g} s"
                 else:
@@ -136,8 +138,9 @@ class ServiceThread(Generic[S]):
             await self._stop.wait()
             try:
                 await service.stop()
-            except Exception as exc:  # stopping must finish even when withdrawal fails
-                _log.warning("%s did not stop cleanly: %s", self._name, exc)
+            except (WorkersetAdmissionError, OSError, asyncio.TimeoutError) as exc:
+                # Stopping must finish even when withdrawal fails; the thread ends anyway.
+                _log.warning("%s did not stop cleanly: %s; the thread ends", self._name, exc)
         self._state = HostState("stopped", attempts=attempts)
 
     async def _attempt(self) -> S | None:
@@ -145,18 +148,44 @@ class ServiceThread(Generic[S]):
         assert self._stop is not None
         # A start that hangs (an unreachable server) is given up like one that fails, so the
         # health route can say why the service is not up.
-        starting = asyncio.ensure_future(asyncio.wait_for(self._start(), self._start_timeout))
+        starting: asyncio.Task[S] = asyncio.ensure_future(self._start())
         stopping = asyncio.ensure_future(self._stop.wait())
         try:
-            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {starting, stopping},
+                timeout=self._start_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
-            stopping.cancel()
+            await cancel_and_wait([stopping])
         if starting.done():
             return starting.result()
-        starting.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await starting
-        return None
+        await cancel_and_wait([starting])
+        stopped = self._stop.is_set()
+        await self._abandon(starting, "for a stop" if stopped else "as timed out")
+        if stopped:
+            return None
+        raise asyncio.TimeoutError
+
+    async def _abandon(self, starting: asyncio.Task[S], why: str) -> None:
+        """Say how a start given up ended, and stop what it started, if anything."""
+        if starting.cancelled():
+            return
+        error = starting.exception()
+        if error is not None:
+            _log.warning(
+                "%s: a start abandoned %s had failed: %s",
+                self._name,
+                why,
+                str(error) or type(error).__name__,
+            )
+            return
+        service = starting.result()
+        # The start won the race after all: what it started is stopped, not left running.
+        try:
+            await service.stop()
+        except (WorkersetAdmissionError, OSError, asyncio.TimeoutError) as exc:
+            _log.warning("%s did not stop cleanly: %s; the thread ends", self._name, exc)
 
     async def _wait_stop(self, delay: float) -> None:
         assert self._stop is not None

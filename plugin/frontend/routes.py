@@ -212,7 +212,9 @@ def _frontend_handler(
     def answer(ctx: Any) -> Any:
         try:
             reply = handler(ctx)
-        except Exception as exc:  # a handler error must become a 500, never a frontend fault
+        except WorkersetAdmissionError as exc:
+            # Said in this plugin's words; anything else the frontend answers itself ("frontend
+            # route extension failed", a 500) and logs, so it is never a frontend fault.
             _log.warning("route %s failed: %s", path, exc, exc_info=True)
             return FrontendResponse(500, {"status": "error", "error": str(exc)})
         return FrontendResponse(reply.status, reply.body)
@@ -233,7 +235,8 @@ def start_extension_telemetry(settings: Settings) -> TelemetryHandle | None:
         return None
     try:
         handle = setup_telemetry(otlp=settings.telemetry, prometheus=prometheus, set_global=False)
-    except Exception as exc:  # a bad OTEL_* value or a taken port; admission goes on
+    except (WorkersetAdmissionError, OSError, ValueError, ImportError) as exc:
+        # A bad OTEL_* value, a taken port or a missing exporter; admission goes on.
         _log.warning("workerset-admission telemetry is off: %s", exc)
         return None
     if handle.prometheus_url is not None:

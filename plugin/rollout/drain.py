@@ -72,7 +72,7 @@ from workerset_admission.card.serving_record import (
     live_records,
     routing_records,
 )
-from workerset_admission.errors import UsageError
+from workerset_admission.errors import InvalidRecordError, UsageError
 from workerset_admission.identity import EndpointId, GroupKey
 from workerset_admission.keys import ENDPOINT_PREFIX, MODEL_PREFIX, parse_key
 from workerset_admission.rollout.frontends import (
@@ -224,7 +224,7 @@ def listed_records(entries: Iterable[tuple[str, bytes]]) -> list[ListedRecord]:
             continue
         try:
             parsed = parse_key(key)
-        except Exception:
+        except InvalidRecordError:
             continue
         worker = Worker(parsed.endpoint.namespace, parsed.instance_id)
         component, endpoint = parsed.endpoint.component, parsed.endpoint.endpoint

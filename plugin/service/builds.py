@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workerset_admission.admission import BuildFinished, CommitFailed, CommitGroup, StartBuild
-from workerset_admission.errors import wire_text
+from workerset_admission.errors import WorkersetAdmissionError, wire_text
 from workerset_admission.identity import AttemptId
 from workerset_admission.ports import BuildRequest, PipelineBuilder
 from workerset_admission.routing import FrontendRouting, RoutingSettings
@@ -110,7 +110,7 @@ class Builds:
         except asyncio.CancelledError:
             request.receiver.close()
             raise
-        except Exception as exc:  # any builder failure is a failed attempt
+        except Exception as exc:  # the builder is the host's code: any failure fails the attempt
             ok, error = False, f"{type(exc).__name__}: {exc}"
             _log.warning(
                 "pipeline build failed for %s (generation %d, attempt %d): %s",
@@ -147,8 +147,14 @@ class Builds:
         pipeline = None if build is None else build.pipeline
         try:
             self._hops.commit(effect, pipeline)
-        except Exception as exc:  # refused commit: the core retries the build
-            _log.warning("commit of %s failed: %s", wire_text(effect.group.id), wire_text(exc))
+        except (WorkersetAdmissionError, TypeError, ValueError) as exc:
+            # The hop refused (no open channel, a retired receiver) or the card's routing
+            # config does not read as one: the old binding stays and the core retries.
+            _log.warning(
+                "commit of %s failed: %s; its previous binding stays and the build is retried",
+                wire_text(effect.group.id),
+                wire_text(exc),
+            )
             return CommitFailed(
                 effect.group,
                 effect.mdc_checksum,

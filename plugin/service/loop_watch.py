@@ -48,7 +48,12 @@ class LoopWatch:
         self.longest_stall = 0.0
 
     def on_beat(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` on the loop at every beat (it must not block)."""
+        """Call ``listener`` on the loop at every beat (it must not block).
+
+        A listener tells a supervisor over a socket: its ``OSError`` (the supervisor away) is
+        said at WARNING and the other listeners still hear the beat. Anything else it raises
+        is a defect: it stops the beat, and the beat's owner says so.
+        """
         self._listeners.append(listener)
 
     def silent_for(self) -> float:
@@ -82,8 +87,10 @@ class LoopWatch:
     def _tell(listener: Callable[[], None]) -> None:
         try:
             listener()
-        except Exception:  # a listener's failure must not stop the beat
-            _log.debug("a loop-beat listener failed", exc_info=True)
+        except OSError as exc:  # a supervisor away must not stop the beat
+            _log.warning(
+                "a loop-beat listener could not tell its supervisor (%s); the beat goes on", exc
+            )
 
     async def run(self) -> None:
         """Beat until cancelled."""

@@ -6,13 +6,23 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from workerset_admission.errors import wire_text
+from workerset_admission.errors import WorkersetAdmissionError, wire_text
 from workerset_admission.ports import AdmissionPublisher
 from workerset_admission.service.status_model import ServingRecord
 
-__all__ = ["ServingPublication"]
+__all__ = ["PUBLISH_FAILURES", "ServingPublication"]
 
 _log = logging.getLogger(__name__)
+
+PUBLISH_FAILURES: tuple[type[Exception], ...] = (
+    WorkersetAdmissionError,
+    OSError,
+    asyncio.TimeoutError,
+)
+"""What a round may fail with and be tried again: the publisher's store away or refusing
+(the composition root raises a client's errors as ``Unreachable``), or the view's files not
+written in step (``ViewDirectoryError``, ``OSError``). Anything else is a defect and stops the
+service, loudly."""
 
 
 class ServingPublication:
@@ -62,7 +72,7 @@ class ServingPublication:
         """
         try:
             await asyncio.wait_for(self._publisher.withdraw_all(), timeout=timeout)
-        except Exception as exc:
+        except PUBLISH_FAILURES as exc:
             text = str(exc)
             _log.warning(
                 "could not withdraw the serving-admission records (%s); they expire after the "
@@ -122,8 +132,13 @@ class ServingPublication:
                 if synced and not self._settled:
                     await publisher.settle()
                     self._settled = True
-            except Exception as exc:  # NATS may be down; try again soon
-                _log.warning("could not publish serving admissions: %s", wire_text(exc))
+            except PUBLISH_FAILURES as exc:  # NATS may be down; try again soon
+                _log.warning(
+                    "could not publish serving admissions: %s; the records published before "
+                    "stay, and the round is tried again in %g s",
+                    wire_text(exc),
+                    self._retry,
+                )
                 self._wake.set()
                 await asyncio.sleep(self._retry)
                 continue

@@ -8,14 +8,20 @@ imports no adapter and no part of ``traces/``; what it is told of, it is told as
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from workerset_admission.card.entry import EntryDecoder
-from workerset_admission.errors import ConfigError
-from workerset_admission.ports import DiscoverySource
+from workerset_admission.errors import (
+    ConfigError,
+    Unreachable,
+    WorkersetAdmissionError,
+    error_in_words,
+)
+from workerset_admission.ports import AdmissionPublisher, DiscoverySource
 from workerset_admission.service.admission_service import AdmissionService, PipelineBuilder
 from workerset_admission.settings import Settings, load_settings
 from workerset_admission.telemetry import AdmissionTelemetry, TelemetryHandle
@@ -27,6 +33,9 @@ if TYPE_CHECKING:
     from workerset_admission.card import BoundarySettings
 
 __all__ = ["admission_telemetry", "attach_trace_writer", "boundary_settings", "create_service"]
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 def _view_hook(settings: Settings, files: DirectoryFiles | None) -> ViewHook | None:
@@ -176,13 +185,14 @@ async def create_service(
         # After the withdrawal of the serving records and before the connections close.
         closers.append(view.close)
     nc = None
+    started = False
     try:
         publisher = responder = None
         if publish or status:
             nc = await connect(options)
             closers.append(nc.close)
         if publish and nc is not None:
-            publisher = NatsAdmissionPublisher(
+            nats_publisher = NatsAdmissionPublisher(
                 nc.jetstream(),
                 settings.frontend_id,
                 bucket=settings.admission_bucket,
@@ -192,11 +202,12 @@ async def create_service(
                 client=nc,
             )
             # Withdrawal happens first during shutdown; this only stops its writer.
-            closers.insert(0, publisher.close)
+            closers.insert(0, nats_publisher.close)
             if view is not None:
                 # The view lasts no longer than the lease its serving records state (docstring
                 # of ``admission_publisher``): a writer cut off from NATS lets its view expire.
-                view.files.lease_overdue = publisher.lease_overdue
+                view.files.lease_overdue = nats_publisher.lease_overdue
+            publisher = _InWords(nats_publisher)
         if status and nc is not None:
             from workerset_admission.adapters.nats.status import NatsStatusResponder
 
@@ -217,14 +228,72 @@ async def create_service(
             # The view is a read model: every step's delta, with the records the core accepted.
             view.attach(service)
         await service.start()
-    except BaseException:
-        if view is not None:
-            with contextlib.suppress(Exception):
-                await view.close()
-        if nc is not None:
-            with contextlib.suppress(Exception):
-                await nc.close()
-        with contextlib.suppress(Exception):
-            await source.close()
-        raise
+        started = True
+    finally:
+        if not started:
+            # The start's own error goes on up; a close that fails meanwhile is said here.
+            if view is not None:
+                await _close_after_failed_start("the view", view.close)
+            if nc is not None:
+                await _close_after_failed_start("the NATS connection", nc.close)
+            await _close_after_failed_start("the discovery source", source.close)
     return service
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """Return what a NATS or etcd round trip raises when the far side is away or refuses."""
+    from workerset_admission.adapters.nats.errors import NatsError
+
+    return (NatsError, OSError, asyncio.TimeoutError)
+
+
+async def _close_after_failed_start(what: str, close: Callable[[], Awaitable[None]]) -> None:
+    failures: tuple[type[Exception], ...] = (WorkersetAdmissionError, *_transport_errors())
+    try:
+        await close()
+    except failures as exc:
+        _log.warning(
+            "could not close %s after a failed start (%s); the start's error follows",
+            what,
+            error_in_words(exc),
+        )
+
+
+class _InWords:
+    """The serving-admission publisher, its NATS failures raised as ``Unreachable``.
+
+    The service names no NATS error (it imports no adapter), so what it retries is told in
+    the package's own terms: the client's errors become ``Unreachable`` with their words.
+    """
+
+    def __init__(self, publisher: AdmissionPublisher) -> None:
+        self._publisher = publisher
+
+    async def _call(self, call: Awaitable[_T]) -> _T:
+        try:
+            return await call
+        except _transport_errors() as exc:
+            raise Unreachable(
+                f"the serving-admission store: {type(exc).__name__}: {error_in_words(exc)}"
+            ) from exc
+
+    async def publish_members(
+        self,
+        worker_namespace: str,
+        members: Sequence[str],
+        *,
+        groups: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        await self._call(self._publisher.publish_members(worker_namespace, members, groups=groups))
+
+    async def publish_capability(self, resynced_at: float | None = None) -> None:
+        await self._call(self._publisher.publish_capability(resynced_at))
+
+    async def republish(self) -> None:
+        await self._call(self._publisher.republish())
+
+    async def withdraw_all(self) -> None:
+        await self._call(self._publisher.withdraw_all())
+
+    async def settle(self) -> int:
+        return await self._call(self._publisher.settle())
