@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from types import TracebackType
 
-from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
+from workerset_admission.admission import AdmissionCore, BuildFinished
 from workerset_admission.aio import cancel_and_wait, on_loop, unwrap_group
 from workerset_admission.errors import RemoteDataError, UsageError, bounded_text, wire_text
 from workerset_admission.identity import GroupKey
@@ -42,7 +42,6 @@ from workerset_admission.ports import (
     BuildRequest,
     DiscoverySource,
     PipelineBuilder,
-    ReadModel,
     SourceDelete,
     SourceEvent,
     SourceListing,
@@ -66,7 +65,12 @@ from workerset_admission.service.status_model import (
     ServingRecord,
     state_summary,
 )
-from workerset_admission.service.step import AdmissionStep, StepObserver
+from workerset_admission.service.step import (
+    AdmissionStep,
+    DeltaReader,
+    StepRecord,
+    StepSubscriber,
+)
 from workerset_admission.service.timers import RetryTimers
 from workerset_admission.settings import Settings
 from workerset_admission.telemetry import (
@@ -171,7 +175,6 @@ class AdmissionService:
         # Keys live updates touched while a reconciliation listing is being read.
         self._touched: set[str] | None = None
         self._resyncs = 0
-        self._state_listeners: list[Callable[[], None]] = []
         self.step = AdmissionStep(
             self.core,
             self.ingest,
@@ -183,11 +186,13 @@ class AdmissionService:
             refuse=self._refuse,
             schedule=self._timers.add,
             publications_changed=self._publications_changed,
-            changed=self._changed,
             deltas=DeltaMaker(self.hops, self.liveness),
             log=_log,
         )
-        self.step.read_models.append(self._fold)
+        # The status fold first, then the service's own state change: every other subscriber
+        # hears a step after the status reflects it.
+        self.step.subscribe(DeltaReader(self._fold))
+        self.step.subscribe(_StateChanged(self))
         self._on_stopped: list[Callable[[], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -396,21 +401,18 @@ class AdmissionService:
         """Re-read the clock now (for hosts and tests that inject a clock that jumps)."""
         self._timers.wake()
 
-    def on_effects(self, listener: Callable[[Sequence[Effect]], None]) -> None:
-        """Call ``listener`` with the effects of every core step, before they are carried out."""
-        self.step.observers.append(_EffectListener(listener))
+    def subscribe(self, subscriber: StepSubscriber) -> None:
+        """Hand ``subscriber`` the record of every step from now on (on the loop, at its end).
 
-    def add_read_model(self, model: ReadModel) -> None:
-        """Hand ``model`` the delta of every step from now on (on the loop, once per step)."""
-        self.step.read_models.append(model)
+        This is the one way a step is heard: the trace writer, the read models
+        (:class:`~.step.DeltaReader`), the view and any listener of effects subscribe so.
+        A subscriber that raises is logged at WARNING and the others still hear the step.
+        """
+        self.step.subscribe(subscriber)
 
     def on_stopped(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` once every task has ended (a trace writer closes its file there)."""
         self._on_stopped.append(hook)
-
-    def on_state_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (on the loop) after each step that changed admission state."""
-        self._state_listeners.append(listener)
 
     def before_publication(self, hook: Callable[[], object]) -> None:
         """Call ``hook`` before each serving publication reads what this frontend serves."""
@@ -490,11 +492,6 @@ class AdmissionService:
 
     def _changed(self) -> None:
         self._status_cache = None
-        for listener in self._state_listeners:
-            try:
-                listener()
-            except Exception:  # noqa: PERF203 - one failing listener must not stop the rest
-                _log.debug("a state listener failed", exc_info=True)
 
     # -- timers and reconciliation ----------------------------------------------------------
 
@@ -588,14 +585,20 @@ class AdmissionService:
         return "healthy"
 
 
-class _EffectListener(StepObserver):
-    """Adapts an ``on_effects`` callback to a step observer that hears only the effects."""
+class _StateChanged:
+    """The service's own subscriber: a step that changed admission state drops the status."""
 
-    def __init__(self, listener: Callable[[Sequence[Effect]], None]) -> None:
-        self._listener = listener
+    __slots__ = ("_service",)
 
-    def effects(self, effects: Sequence[Effect]) -> None:
-        self._listener(effects)
+    def __init__(self, service: AdmissionService) -> None:
+        self._service = service
+
+    def heard(self, record: StepRecord) -> None:
+        if record.changed:
+            self._service._changed()
+
+    def __repr__(self) -> str:
+        return "the service's status cache"
 
 
 async def serve_status(
