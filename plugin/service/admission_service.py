@@ -189,8 +189,10 @@ class AdmissionService:
             deltas=DeltaMaker(self.hops, self.liveness),
             log=_log,
         )
-        # The status fold first, then the service's own state change: every other subscriber
-        # hears a step after the status reflects it.
+        # Telemetry first (it reports the effects in the update's span), then the status fold
+        # and the service's own state change: every other subscriber hears a step after the
+        # status reflects it.
+        self.step.subscribe(self._telemetry)
         self.step.subscribe(DeltaReader(self._fold))
         self.step.subscribe(_StateChanged(self))
         self._on_stopped: list[Callable[[], None]] = []

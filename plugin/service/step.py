@@ -308,14 +308,22 @@ class AdmissionStep:
         keep: Collection[str],
         recorded: Mapping[GroupId, Sequence[str]] | None,
     ) -> None:
+        # The step ends inside its update's scope: telemetry, a subscriber, reports the effects
+        # in the update's span, before the update is counted.
         if isinstance(event, SourcePut):
             entry = event.entry
             with self._telemetry.apply_update(event) as scope:
-                self._ingested(self.ingest.put(entry.key, entry.value), scope)
+                try:
+                    self._ingested(self.ingest.put(entry.key, entry.value), scope)
+                finally:
+                    self._ended()
         elif isinstance(event, SourceDelete):
             with self._telemetry.apply_update(event) as scope:
-                result = self.ingest.removal(event, now=now)
-                self._ingested(result, scope)
+                try:
+                    result = self.ingest.removal(event, now=now)
+                    self._ingested(result, scope)
+                finally:
+                    self._ended()
             for lifted in result.inputs:
                 if type(lifted) is DrainLifted:
                     # An operator's undrain, a drain's TTL, or a drain withdrawn: say so, since
@@ -328,9 +336,12 @@ class AdmissionStep:
                     )
         elif isinstance(event, SourceListing):
             with collector_paused(), self._telemetry.apply_update(event) as scope:
-                result = self.ingest.listing(event, keep, now=now, recorded=recorded)
-                # Refusals in a listing are reported one by one, not as the listing's failure.
-                self._ingested(result, scope, refusals_in_scope=False)
+                try:
+                    result = self.ingest.listing(event, keep, now=now, recorded=recorded)
+                    # Refusals in a listing are reported one by one, not as the listing's failure.
+                    self._ingested(result, scope, refusals_in_scope=False)
+                finally:
+                    self._ended()
         else:
             raise UsageError(f"not a discovery event: {type(event).__name__}")
 
@@ -348,7 +359,7 @@ class AdmissionStep:
         if result.refusals and hearing is not None:
             hearing.changed = True
         if result.inputs:
-            self._apply(result.inputs, scope, force=result.liveness_changed)
+            self._apply(result.inputs, force=result.liveness_changed)
             return
         if not result.refusals:
             scope.record_decision(result.decision)
@@ -403,8 +414,10 @@ class AdmissionStep:
 
     def _ended(self) -> None:
         hearing, self._hearing = self._hearing, None
+        if hearing is None:
+            return  # already ended (inside its update's scope)
         delta = None if self._deltas is None else self._deltas.finish()
-        if hearing is None or not self.observers:
+        if not self.observers:
             return
         record = StepRecord(
             came_in=hearing.came_in,
@@ -432,12 +445,7 @@ class AdmissionStep:
     # -- one core step -----------------------------------------------------------------------------
 
     def _apply(
-        self,
-        inputs: Sequence[Input],
-        scope: UpdateScope | None = None,
-        *,
-        force: bool = False,
-        made: Input | None = None,
+        self, inputs: Sequence[Input], *, force: bool = False, made: Input | None = None
     ) -> None:
         effects = self.core.apply_many(inputs)
         hearing = self._hearing
@@ -447,10 +455,6 @@ class AdmissionStep:
                 hearing.changed = True
         if self._deltas is not None:
             self._deltas.effects(effects)
-        if scope is not None:
-            scope.effects(effects)
-        else:
-            self._telemetry.effects(effects)
         self._carry_out(effects)
 
     def _carry_out(self, effects: Sequence[Effect]) -> None:
