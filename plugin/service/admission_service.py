@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
+import concurrent.futures
+import inspect
 import json
 import logging
 import sys
@@ -225,11 +226,13 @@ class AdmissionService:
         if self._runner is None:
             return
         self._stopping.set()
-        await self._stopped.wait()
         runner = self._runner
-        if runner.done() and not runner.cancelled():
-            with contextlib.suppress(Exception):
-                runner.result()
+        if not runner.done():
+            # The runner ends itself once stopping is set: shutdown, then its last lines.
+            await asyncio.wait({runner})
+        if not runner.cancelled() and runner.exception() is not None:
+            # ``_run`` keeps what failed (``run`` raises it); only what escaped it is here.
+            _log.warning("the admission service's runner ended on an error: %r", runner.exception())
 
     async def run(self) -> None:
         """Start (unless started), then run until stopped (signals are the caller's)."""
@@ -306,10 +309,7 @@ class AdmissionService:
             self._tg = None
             self.builds.task_group = None
             for hook in self._on_stopped:
-                try:
-                    hook()
-                except Exception:  # noqa: PERF203 - every hook gets its chance to run
-                    _log.debug("a stop hook failed", exc_info=True)
+                await _attempt("a stop hook", hook)
             started.set()
             self._stopping.set()
             self._stopped.set()
@@ -330,15 +330,10 @@ class AdmissionService:
                 sender = self.channels.sender(view.receiver)
                 if sender is not None:
                     sender.retire()
-        try:
-            await self._source.close()
-        except Exception:
-            _log.debug("closing the discovery source failed", exc_info=True)
+        await _attempt("closing the discovery source", self._source.close)
         for close in self._closers:
-            try:
-                await close()
-            except Exception:  # noqa: PERF203 - every resource gets its chance to close
-                _log.debug("closing a service resource failed", exc_info=True)
+            # Every resource gets its chance to close.
+            await _attempt("closing a service resource", close)
         self._changed()
 
     # -- host API ----------------------------------------------------------------------------
@@ -383,7 +378,7 @@ class AdmissionService:
         future = asyncio.run_coroutine_threadsafe(self._status_async(), loop)
         try:
             return future.result(timeout=1.0)
-        except Exception:
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             future.cancel()
             return self._status_cache or EMPTY_STATUS
 
@@ -502,16 +497,16 @@ class AdmissionService:
         await self._synced.wait()
         # A source that can tell its watch missed nothing spares the relist (adapters/nats).
         missed_nothing = getattr(self._source, "missed_nothing", None)
+
+        async def relist() -> None:
+            if missed_nothing is not None and await missed_nothing():
+                return
+            await self.reconcile()
+
         while True:
             await asyncio.sleep(interval)
-            try:
-                if missed_nothing is not None and await missed_nothing():
-                    continue
-                await self.reconcile()
-            except Exception as exc:  # the live watch keeps going meanwhile
-                _log.warning(
-                    "periodic reconciliation could not list the bucket: %s", wire_text(exc)
-                )
+            # The live watch keeps going meanwhile.
+            await _attempt("periodic reconciliation (listing the bucket)", relist)
 
     async def reconcile(self) -> bool:
         """List the whole bucket and apply it as a listing; tell whether it was applied.
@@ -608,8 +603,20 @@ async def serve_status(
 ) -> None:
     """Answer status requests until cancelled, restarting the responder after a failure."""
     while True:
-        try:
-            await status.serve(render)
-        except Exception as exc:  # NATS may be away: status must not take admission down
-            _log.warning("the status responder failed, retrying: %s", wire_text(exc))
+        # NATS may be away: status must not take admission down.
+        await _attempt("the status responder (retrying)", lambda: status.serve(render))
         await asyncio.sleep(retry)
+
+
+async def _attempt(what: str, call: Callable[[], object]) -> None:
+    """Make one call into a part the service does not own: an adapter, a resource, a hook.
+
+    The one place the service goes on whatever such a part raises: the failure is logged at
+    WARNING, with what was being done, and the service carries on (a retrying loop retries).
+    """
+    try:
+        result = call()
+        if inspect.isawaitable(result):
+            await result
+    except Exception as exc:
+        _log.warning("%s failed: %s", what, wire_text(exc))
