@@ -367,8 +367,8 @@ class ViewWriter:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # Awaited to its end; a failure that ended it was reported at WARNING as it did.
+            await asyncio.wait({task})
         if not self.syncs:
             # Nothing here is this writer's: a predecessor's files expire as its would have.
             _log.info("admitted view left as found: this writer never synced")
