@@ -46,6 +46,7 @@ from workerset_admission.keys import model_kv_key
 from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.bindings import HopBindings
 from workerset_admission.service.status_model import GroupStatusReport
+from workerset_admission.service.step import EffectReader
 from workerset_admission.settings import Settings
 from workerset_admission.traces.format import STEPPED, read_trace, recorded_settings
 from workerset_admission.traces.replay import replay
@@ -70,7 +71,7 @@ async def recorded(
         reports.extend(e for e in effects if isinstance(e, RejectionReported))
 
     async with running(url, builder, trace_out=trace, **overrides) as (service, _watchdog):
-        service.on_effects(collect)
+        service.subscribe(EffectReader(collect))
         yield service, reports
 
 

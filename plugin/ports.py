@@ -20,6 +20,7 @@ __all__ = [
     "AdmissionFeed",
     "AdmissionPublisher",
     "BuildRequest",
+    "DeltaSubscriber",
     "DiscoveryEntry",
     "DiscoverySource",
     "LiveInstances",
@@ -31,6 +32,7 @@ __all__ = [
     "SourcePut",
     "StatusResponder",
     "StepDelta",
+    "SteppedRecord",
     "TenureFacts",
 ]
 
@@ -327,3 +329,20 @@ class ReadModel(Protocol):
 
     def step(self, delta: StepDelta) -> None:
         """Take one step's delta; a read model must not raise, and must not call back."""
+
+
+class SteppedRecord(Protocol):
+    """A step's record as a reader below the service reads it: the step's delta.
+
+    The service's :class:`~workerset_admission.service.step.StepRecord` is one; it carries
+    what came in, the clock and the effects as well.
+    """
+
+    @property
+    def delta(self) -> StepDelta | None: ...
+
+
+class DeltaSubscriber(Protocol):
+    """A subscriber that reads only the delta of each step it hears."""
+
+    def heard(self, record: SteppedRecord) -> None: ...

@@ -22,15 +22,19 @@ or sampled by the SDK's sampler, and update counts are kept in a dict the SDK re
 collects: at tens of thousands of updates a second, even a cheap SDK call per update is a
 measurable share of the work (``integration/bench/bench_telemetry_overhead.py``).
 
-Every public method swallows its own failures: telemetry that breaks admission would be worse
-than no telemetry.
+Telemetry that breaks admission would be worse than no telemetry. The OpenTelemetry API never
+raises; what this package adds is reported through one guarded place, the dispatch over effect
+kinds in :meth:`AdmissionTelemetry.effects`, which logs a failing report at WARNING (once a
+minute per kind of effect) and goes on. The service hands it every step's record
+(:meth:`AdmissionTelemetry.heard`): it is one of the step's subscribers.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind
@@ -53,6 +57,24 @@ from workerset_admission.telemetry.scopes import DEFAULT_DECISION, BuildScope, U
 if TYPE_CHECKING:
     from workerset_admission.telemetry.worker_state_page import PrometheusPage
 
+
+class HeardCoreStep(Protocol):
+    """One core step of a step's record, as telemetry reads it."""
+
+    @property
+    def made(self) -> object | None: ...
+
+    @property
+    def effects(self) -> Sequence[object]: ...
+
+
+class HeardStep(Protocol):
+    """A step's record as telemetry reads it (the service's ``StepRecord`` is one)."""
+
+    @property
+    def steps(self) -> Sequence[HeardCoreStep]: ...
+
+
 __all__ = [
     "DEFAULT_DECISION",
     "MUTATION_REFUSED",
@@ -71,6 +93,8 @@ _MAX_LISTING_LINKS: Final = 16
 _PLACEHOLDERS: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _SDK_RECHECK_EVERY: Final = 1024
 _MAX_CACHED_GROUP_IDS: Final = 4096
+# A failing report of one kind of effect is logged at most this often (seconds).
+_FAILURE_LOG_EVERY: Final = 60.0
 
 
 def _group_id(group: object) -> str:
@@ -120,6 +144,10 @@ class AdmissionTelemetry:
             logging.getLogger(f"{n.PREFIX}.admission")
         )
         self._group_ids: dict[object, str] = {}
+        # When a report of each kind of effect last failed and was logged.
+        self._failed_at: dict[str, float] = {}
+        # The update scope open now: the step ending inside it reports its effects there.
+        self.current_update: UpdateScope | None = None
         self._instruments = AdmissionInstruments(meter, prometheus_page)
 
     # --- discovery updates -------------------------------------------------------------------
@@ -147,9 +175,9 @@ class AdmissionTelemetry:
                     published_at = entry.published_at
                 if self._tracing_updates():
                     span = self._update_span(operation, key, revision, headers)
-        except Exception:
+        except AttributeError:
             # Something not shaped like a discovery event: count it, trace nothing.
-            self._log.debug("unrecognized discovery event %r", type(event), exc_info=True)
+            self._log.warning("not a discovery event: %r; counted as unknown", type(event))
             operation = "unknown"
         return UpdateScope(self, operation, key, published_at, span)
 
@@ -220,19 +248,16 @@ class AdmissionTelemetry:
         self, key: str, reason: str, detail: str = "", *, span: Span | None = None
     ) -> None:
         """Count a refused record by reason and note it on the current (or given) span."""
-        try:
-            self._instruments.invalid.add(1, {n.LABEL_REASON: reason})
-            target = span if span is not None else trace.get_current_span()
-            if target.is_recording():
-                target.add_event(
-                    n.EVENT_INVALID_RECORD,
-                    {n.ATTR_DISCOVERY_KEY: key, n.ATTR_REASON: reason, n.ATTR_DETAIL: detail},
-                )
-            self._log.debug(
-                "invalid discovery record %s: %s %s", wire_text(key), reason, wire_text(detail)
+        self._instruments.invalid.add(1, {n.LABEL_REASON: reason})
+        target = span if span is not None else trace.get_current_span()
+        if target.is_recording():
+            target.add_event(
+                n.EVENT_INVALID_RECORD,
+                {n.ATTR_DISCOVERY_KEY: key, n.ATTR_REASON: reason, n.ATTR_DETAIL: detail},
             )
-        except Exception:
-            self._log.debug("could not report an invalid record", exc_info=True)
+        self._log.debug(
+            "invalid discovery record %s: %s %s", wire_text(key), reason, wire_text(detail)
+        )
 
     # --- builds -------------------------------------------------------------------------------
 
@@ -248,28 +273,52 @@ class AdmissionTelemetry:
                 n.ATTR_GENERATION: int(generation),
                 n.ATTR_BUILD_ATTEMPT: int(attempt),
             }
-        except Exception:
-            self._log.debug("unusable build attributes", exc_info=True)
+        except (TypeError, ValueError) as exc:
+            self._log.warning("build span of %r without attributes: %s", group, exc)
         return BuildScope(self, attrs)
 
     # --- the core's effects -------------------------------------------------------------------
 
+    def heard(self, record: HeardStep) -> None:
+        """Report a step's effects, as a subscriber of the service's steps.
+
+        A source event's step ends inside its update's scope: its first core step's effects
+        are reported there (in the update's span, deciding what the update is counted as),
+        the core steps the step made itself (a refused commit fed back) outside it.
+        """
+        scope = self.current_update
+        for step in record.steps:
+            if scope is not None and step.made is None:
+                scope.effects(step.effects)
+            elif step.effects:
+                self.effects(step.effects)
+
     def effects(self, effects: Iterable[object]) -> None:
-        """Report what the core decided, one effect at a time.
+        """Report what the core decided, one effect at a time, through :data:`EFFECT_HANDLERS`.
 
         Rejections, invalid records, commits, withdrawals and successions are reported; other
         kinds (build requests, publications) are the service's to carry out, not to report.
+        This is the one guarded place of reporting: an effect whose report fails (a broken
+        exporter, a malformed value) is logged at WARNING, once a minute per kind of effect,
+        and the others are still reported.
         """
         for effect in effects:
-            self._effect(effect)
-
-    def _effect(self, effect: object) -> None:
-        try:
             handler = EFFECT_HANDLERS.get(type(effect))
-            if handler is not None:
+            if handler is None:
+                continue
+            try:
                 handler(self, effect)
-        except Exception:
-            self._log.debug("could not report effect %r", type(effect), exc_info=True)
+            except Exception:
+                kind = type(effect).__name__
+                now = time.monotonic()
+                if now - self._failed_at.get(kind, -_FAILURE_LOG_EVERY) >= _FAILURE_LOG_EVERY:
+                    self._failed_at[kind] = now
+                    self._log.warning(
+                        "could not report a %s effect (admission goes on; this is said once "
+                        "a minute per kind of effect)",
+                        kind,
+                        exc_info=True,
+                    )
 
     def cohort_rejected(
         self,
@@ -287,46 +336,43 @@ class AdmissionTelemetry:
         the cards were not at hand); the line shows the first five. The core already
         suppresses unchanged repeats; every call here is logged.
         """
-        try:
-            fields: dict[str, Any] = {
-                "model": model,
-                "worker_set": worker_set,
-                "incumbent_checksum": incumbent_checksum,
-                "rejected_checksum": rejected_checksum,
-                "instance": instance,
-                "differences": differences_json(differences),
+        fields: dict[str, Any] = {
+            "model": model,
+            "worker_set": worker_set,
+            "incumbent_checksum": incumbent_checksum,
+            "rejected_checksum": rejected_checksum,
+            "instance": instance,
+            "differences": differences_json(differences),
+        }
+        said = "" if differences is None else f" differs in: {summarize(differences)}"
+        said = wire_text(said, 4 * DETAIL_LIMIT)
+        # The host forwards only the message text, so every field is in it as well.
+        self._rejection_log.error(
+            "rejected cohort: model=%s worker_set=%s incumbent_checksum=%s "
+            "rejected_checksum=%s instance=%s%s (its configuration differs from the "
+            "incumbent's; it is tracked but not admitted)",
+            wire_text(model),
+            wire_text(worker_set),
+            wire_text(incumbent_checksum),
+            wire_text(rejected_checksum),
+            wire_text(instance),
+            said,
+            extra=fields,
+        )
+        self._instruments.count_rejection(model)
+        span = trace.get_current_span()
+        if span.is_recording():
+            attrs: dict[str, Any] = {
+                n.ATTR_MODEL: model,
+                n.ATTR_WORKER_SET: worker_set,
+                n.ATTR_INCUMBENT_CHECKSUM: incumbent_checksum,
+                n.ATTR_REJECTED_CHECKSUM: rejected_checksum,
+                n.ATTR_INSTANCE: instance,
             }
-            said = "" if differences is None else f" differs in: {summarize(differences)}"
-            said = wire_text(said, 4 * DETAIL_LIMIT)
-            # The host forwards only the message text, so every field is in it as well.
-            self._rejection_log.error(
-                "rejected cohort: model=%s worker_set=%s incumbent_checksum=%s "
-                "rejected_checksum=%s instance=%s%s (its configuration differs from the "
-                "incumbent's; it is tracked but not admitted)",
-                wire_text(model),
-                wire_text(worker_set),
-                wire_text(incumbent_checksum),
-                wire_text(rejected_checksum),
-                wire_text(instance),
-                said,
-                extra=fields,
-            )
-            self._instruments.count_rejection(model)
-            span = trace.get_current_span()
-            if span.is_recording():
-                attrs: dict[str, Any] = {
-                    n.ATTR_MODEL: model,
-                    n.ATTR_WORKER_SET: worker_set,
-                    n.ATTR_INCUMBENT_CHECKSUM: incumbent_checksum,
-                    n.ATTR_REJECTED_CHECKSUM: rejected_checksum,
-                    n.ATTR_INSTANCE: instance,
-                }
-                if differences is not None:
-                    # One "field incumbent -> rejected" string per difference, all of them.
-                    attrs[n.ATTR_DIFFERENCES] = [str(d) for d in differences]
-                span.add_event(n.EVENT_COHORT_REJECTED, attrs)
-        except Exception:
-            self._log.debug("could not report a rejected cohort", exc_info=True)
+            if differences is not None:
+                # One "field incumbent -> rejected" string per difference, all of them.
+                attrs[n.ATTR_DIFFERENCES] = [str(d) for d in differences]
+            span.add_event(n.EVENT_COHORT_REJECTED, attrs)
 
     def group_committed(self, group: object, checksum: str, generation: int) -> None:
         """Mark a group's build committed for routing, with a short span."""
@@ -373,27 +419,21 @@ class AdmissionTelemetry:
         attrs.update({key: value for key, value in sides.items() if value is not None})
         attrs[n.ATTR_DRAINED] = drained
         model = getattr(group, "model", None)
-        try:
-            if new_checksum is not None:
-                self._log.warning(
-                    "succession in %s: incumbent %s %s, %s takes over with generation %s",
-                    wire_text(attrs[n.ATTR_GROUP]),
-                    old_checksum,
-                    "drained by an operator (it serves until the successor is committed)"
-                    if drained
-                    else "has no worker left",
-                    new_checksum,
-                    new_generation,
-                )
-        except Exception:
-            self._log.debug("could not log a succession", exc_info=True)
+        if new_checksum is not None:
+            self._log.warning(
+                "succession in %s: incumbent %s %s, %s takes over with generation %s",
+                wire_text(attrs[n.ATTR_GROUP]),
+                old_checksum,
+                "drained by an operator (it serves until the successor is committed)"
+                if drained
+                else "has no worker left",
+                new_checksum,
+                new_generation,
+            )
         if new_checksum is not None:
             # A group whose last worker left has no successor: that is a withdrawal, not a
             # succession, and counting it would make every scale-to-zero look like an update.
-            try:
-                self._instruments.count_succession("" if model is None else str(model))
-            except Exception:
-                self._log.debug("could not count a succession", exc_info=True)
+            self._instruments.count_succession("" if model is None else str(model))
         self._instant_span(n.SPAN_SUCCEED, attrs)
 
     def worker_drained(
@@ -401,17 +441,14 @@ class AdmissionTelemetry:
     ) -> None:
         """Log and mark a registration a drain took out of its cohort."""
         group_id = self.group_id(group)
-        try:
-            self._log.info(
-                "drained %s in %s (%s, checksum %s)%s",
-                wire_text(key),
-                wire_text(group_id),
-                "was admitted" if was_admitted else "was not admitted",
-                checksum,
-                f" by {wire_text(by)}" if by else "",
-            )
-        except Exception:
-            self._log.debug("could not log a drain", exc_info=True)
+        self._log.info(
+            "drained %s in %s (%s, checksum %s)%s",
+            wire_text(key),
+            wire_text(group_id),
+            "was admitted" if was_admitted else "was not admitted",
+            checksum,
+            f" by {wire_text(by)}" if by else "",
+        )
         self._instant_span(
             n.SPAN_DRAIN,
             {
@@ -425,16 +462,13 @@ class AdmissionTelemetry:
     def handover_ended(self, group: object, checksum: str, generation: int, reason: str) -> None:
         """Log and mark the end of a drained tenure's handover to its successor."""
         group_id = self.group_id(group)
-        try:
-            self._log.info(
-                "handover of %s done (%s): drained incumbent %s generation %s withdrawn",
-                wire_text(group_id),
-                reason,
-                checksum,
-                generation,
-            )
-        except Exception:
-            self._log.debug("could not log a handover", exc_info=True)
+        self._log.info(
+            "handover of %s done (%s): drained incumbent %s generation %s withdrawn",
+            wire_text(group_id),
+            reason,
+            checksum,
+            generation,
+        )
         self._instant_span(
             n.SPAN_HANDOVER,
             {
@@ -456,31 +490,28 @@ class AdmissionTelemetry:
     ) -> None:
         """Log and mark a tenure held after an outage: its incumbent has no member listed."""
         group_id = self.group_id(group)
-        try:
-            if last_known_until is not None:
-                self._log.warning(
-                    "holding the tenure of %s (incumbent %s) after a discovery outage: none of "
-                    "its workers is listed; %d of them (%s) stay admitted on their last known "
-                    "records until clock %.1f, and the hold ends at clock %.1f unless one of "
-                    "them registers again",
-                    wire_text(group_id),
-                    checksum,
-                    len(last_known),
-                    wire_text(", ".join(last_known), 4 * DETAIL_LIMIT),
-                    last_known_until,
-                    deadline,
-                )
-            else:
-                self._log.warning(
-                    "holding the tenure of %s (incumbent %s) after a discovery outage: none of "
-                    "its workers is listed or admitted; the hold ends at clock %.1f unless one "
-                    "of them registers again",
-                    wire_text(group_id),
-                    checksum,
-                    deadline,
-                )
-        except Exception:
-            self._log.debug("could not log a held tenure", exc_info=True)
+        if last_known_until is not None:
+            self._log.warning(
+                "holding the tenure of %s (incumbent %s) after a discovery outage: none of "
+                "its workers is listed; %d of them (%s) stay admitted on their last known "
+                "records until clock %.1f, and the hold ends at clock %.1f unless one of "
+                "them registers again",
+                wire_text(group_id),
+                checksum,
+                len(last_known),
+                wire_text(", ".join(last_known), 4 * DETAIL_LIMIT),
+                last_known_until,
+                deadline,
+            )
+        else:
+            self._log.warning(
+                "holding the tenure of %s (incumbent %s) after a discovery outage: none of "
+                "its workers is listed or admitted; the hold ends at clock %.1f unless one "
+                "of them registers again",
+                wire_text(group_id),
+                checksum,
+                deadline,
+            )
         attrs: dict[str, Any] = {
             n.ATTR_GROUP: group_id,
             n.ATTR_CHECKSUM: checksum,
@@ -489,52 +520,40 @@ class AdmissionTelemetry:
         }
         if last_known_until is not None:
             attrs[n.ATTR_HOLD_LAST_KNOWN_UNTIL] = float(last_known_until)
-        try:
-            model = getattr(group, "model", None)
-            self._instruments.count_hold("" if model is None else str(model))
-        except Exception:
-            self._log.debug("could not count a held tenure", exc_info=True)
+        model = getattr(group, "model", None)
+        self._instruments.count_hold("" if model is None else str(model))
         if generation is not None:
             attrs[n.ATTR_GENERATION] = generation
         self._instant_span(n.SPAN_HOLD, attrs)
 
     def tenure_began(self, group: object, receiver: int | None) -> None:
         """Note the start of a tenure (a receiver opened for the group's incumbent)."""
-        try:
-            self._instruments.tenure_began(group, receiver)
-        except Exception:
-            self._log.debug("could not note a tenure", exc_info=True)
+        self._instruments.tenure_began(group, receiver)
 
     def tenure_ended(self, group: object, receiver: int | None) -> None:
         """Note the end of a tenure (its receiver retired)."""
-        try:
-            self._instruments.tenure_ended(group, receiver)
-        except Exception:
-            self._log.debug("could not note the end of a tenure", exc_info=True)
+        self._instruments.tenure_ended(group, receiver)
 
     def tenure_hold_ended(
         self, group: object, checksum: str, outcome: str, held_for: float
     ) -> None:
         """Log and mark the end of a hold: a member came back, or it ran out (succession next)."""
         group_id = self.group_id(group)
-        try:
-            if outcome == "expired":
-                self._log.warning(
-                    "the hold of %s ended after %.1f s with no worker of incumbent %s back: "
-                    "the succession follows",
-                    wire_text(group_id),
-                    held_for,
-                    checksum,
-                )
-            else:
-                self._log.info(
-                    "a worker of incumbent %s registered again after %.1f s: %s keeps its tenure",
-                    checksum,
-                    held_for,
-                    wire_text(group_id),
-                )
-        except Exception:
-            self._log.debug("could not log the end of a hold", exc_info=True)
+        if outcome == "expired":
+            self._log.warning(
+                "the hold of %s ended after %.1f s with no worker of incumbent %s back: "
+                "the succession follows",
+                wire_text(group_id),
+                held_for,
+                checksum,
+            )
+        else:
+            self._log.info(
+                "a worker of incumbent %s registered again after %.1f s: %s keeps its tenure",
+                checksum,
+                held_for,
+                wire_text(group_id),
+            )
         self._instant_span(
             n.SPAN_HOLD,
             {
@@ -555,29 +574,23 @@ class AdmissionTelemetry:
         error: str,
     ) -> None:
         """Note on the current span that a failed build will be retried after ``delay`` s."""
-        try:
-            span = trace.get_current_span()
-            if span.is_recording():
-                span.add_event(
-                    n.EVENT_RETRY_SCHEDULED,
-                    {
-                        n.ATTR_GROUP: self.group_id(group),
-                        n.ATTR_CHECKSUM: checksum,
-                        n.ATTR_GENERATION: generation,
-                        n.ATTR_BUILD_ATTEMPT: attempt,
-                        n.ATTR_RETRY_DELAY: float(delay),
-                        n.ATTR_DETAIL: error,
-                    },
-                )
-        except Exception:
-            self._log.debug("could not report a retry", exc_info=True)
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event(
+                n.EVENT_RETRY_SCHEDULED,
+                {
+                    n.ATTR_GROUP: self.group_id(group),
+                    n.ATTR_CHECKSUM: checksum,
+                    n.ATTR_GENERATION: generation,
+                    n.ATTR_BUILD_ATTEMPT: attempt,
+                    n.ATTR_RETRY_DELAY: float(delay),
+                    n.ATTR_DETAIL: error,
+                },
+            )
 
     def _instant_span(self, name: str, attrs: dict[str, Any]) -> None:
-        try:
-            span = self.tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
-            span.end()
-        except Exception:
-            self._log.debug("could not record span %s", name, exc_info=True)
+        span = self.tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
+        span.end()
 
     # --- gauges -------------------------------------------------------------------------------
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
@@ -17,14 +16,14 @@ from workerset_admission.telemetry.instruments import AdmissionInstruments
 
 __all__ = ["DEFAULT_DECISION", "BuildScope", "UpdateScope"]
 
-_log = logging.getLogger(__name__)
-
 
 class _Telemetry(Protocol):
     """What a scope reports to: the telemetry facade, named as a shape (it imports this module)."""
 
     tracer: trace.Tracer
     _instruments: AdmissionInstruments
+    # The update scope open now (entered, not yet exited): a step's effects are reported in it.
+    current_update: UpdateScope | None
 
     def group_id(self, group: object) -> str: ...
 
@@ -97,12 +96,9 @@ class UpdateScope:
         span = self._span
         # Attributes are built only for a span that keeps them: this runs for every update.
         if span is not None and span.is_recording():
-            try:
-                span.set_attribute(n.ATTR_DECISION, decision)
-                if group is not None:
-                    span.set_attribute(n.ATTR_GROUP, self._telemetry.group_id(group))
-            except Exception:
-                _log.debug("could not record the decision", exc_info=True)
+            span.set_attribute(n.ATTR_DECISION, decision)
+            if group is not None:
+                span.set_attribute(n.ATTR_GROUP, self._telemetry.group_id(group))
 
     def effects(self, effects: Sequence[object]) -> None:
         """Report the core's effects for this update and take the decision from them.
@@ -110,15 +106,12 @@ class UpdateScope:
         A decision recorded explicitly before wins over the one the effects imply.
         """
         if self._decision == DEFAULT_DECISION:
-            try:
-                if self._operation == "snapshot":
-                    # One listing touches many groups; no single decision describes it.
-                    self.record_decision("reconciled" if effects else "unchanged")
-                else:
-                    decision, group = decision_of(effects)
-                    self.record_decision(decision, group)
-            except Exception:
-                _log.debug("could not derive the decision", exc_info=True)
+            if self._operation == "snapshot":
+                # One listing touches many groups; no single decision describes it.
+                self.record_decision("reconciled" if effects else "unchanged")
+            else:
+                decision, group = decision_of(effects)
+                self.record_decision(decision, group)
         if effects:
             self._telemetry.effects(effects)
 
@@ -130,11 +123,9 @@ class UpdateScope:
         )
 
     def __enter__(self) -> UpdateScope:
+        self._telemetry.current_update = self
         if self._span is not None:
-            try:
-                self._token = otel_context.attach(trace.set_span_in_context(self._span))
-            except Exception:
-                _log.debug("could not activate the update span", exc_info=True)
+            self._token = otel_context.attach(trace.set_span_in_context(self._span))
         return self
 
     def __exit__(
@@ -143,25 +134,24 @@ class UpdateScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        try:
-            if exc is not None:
-                self._decision = "error"
-            self._telemetry._instruments.count_update(
-                self._operation, self._decision, self._published_at
-            )
-            span = self._span
-            if span is not None:
-                if exc is not None and span.is_recording():
-                    span.set_attribute(n.ATTR_DECISION, "error")
-                    span.set_attribute(n.ATTR_ERROR_TYPE, type(exc).__qualname__)
-                    span.record_exception(exc)
-                    span.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
-                if self._token is not None:
-                    otel_context.detach(self._token)  # type: ignore[arg-type]
-                    self._token = None
-                span.end()
-        except Exception:
-            _log.debug("could not close the update span", exc_info=True)
+        if self._telemetry.current_update is self:
+            self._telemetry.current_update = None
+        if exc is not None:
+            self._decision = "error"
+        self._telemetry._instruments.count_update(
+            self._operation, self._decision, self._published_at
+        )
+        span = self._span
+        if span is not None:
+            if exc is not None and span.is_recording():
+                span.set_attribute(n.ATTR_DECISION, "error")
+                span.set_attribute(n.ATTR_ERROR_TYPE, type(exc).__qualname__)
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
+            if self._token is not None:
+                otel_context.detach(self._token)  # type: ignore[arg-type]
+                self._token = None
+            span.end()
 
 
 class BuildScope:
@@ -193,13 +183,10 @@ class BuildScope:
 
     def __enter__(self) -> BuildScope:
         self._started = time.perf_counter()
-        try:
-            self._span = self._telemetry.tracer.start_span(
-                n.SPAN_BUILD, kind=SpanKind.INTERNAL, attributes=self._attrs
-            )
-            self._token = otel_context.attach(trace.set_span_in_context(self._span))
-        except Exception:
-            _log.debug("could not start the build span", exc_info=True)
+        self._span = self._telemetry.tracer.start_span(
+            n.SPAN_BUILD, kind=SpanKind.INTERNAL, attributes=self._attrs
+        )
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
         return self
 
     def __exit__(
@@ -208,27 +195,24 @@ class BuildScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        try:
-            outcome, error_type = self._outcome, self._error_type
-            if exc is not None and outcome is None:
-                # CancelledError is a BaseException: a cancelled build is not a failed one.
-                cancelled = type(exc).__name__ == "CancelledError"
-                outcome = "cancelled" if cancelled else "failed"
-                error_type = None if cancelled else type(exc).__qualname__
-            outcome = outcome or "ok"
-            self._telemetry._instruments.count_build(outcome, time.perf_counter() - self._started)
-            span = self._span
-            if span is not None:
-                if span.is_recording():
-                    span.set_attribute(n.ATTR_BUILD_OUTCOME, outcome)
-                    if error_type is not None:
-                        span.set_attribute(n.ATTR_ERROR_TYPE, error_type)
-                        span.set_status(Status(StatusCode.ERROR, error_type))
-                    if isinstance(exc, Exception):
-                        span.record_exception(exc)
-                if self._token is not None:
-                    otel_context.detach(self._token)  # type: ignore[arg-type]
-                    self._token = None
-                span.end()
-        except Exception:
-            _log.debug("could not close the build span", exc_info=True)
+        outcome, error_type = self._outcome, self._error_type
+        if exc is not None and outcome is None:
+            # CancelledError is a BaseException: a cancelled build is not a failed one.
+            cancelled = type(exc).__name__ == "CancelledError"
+            outcome = "cancelled" if cancelled else "failed"
+            error_type = None if cancelled else type(exc).__qualname__
+        outcome = outcome or "ok"
+        self._telemetry._instruments.count_build(outcome, time.perf_counter() - self._started)
+        span = self._span
+        if span is not None:
+            if span.is_recording():
+                span.set_attribute(n.ATTR_BUILD_OUTCOME, outcome)
+                if error_type is not None:
+                    span.set_attribute(n.ATTR_ERROR_TYPE, error_type)
+                    span.set_status(Status(StatusCode.ERROR, error_type))
+                if isinstance(exc, Exception):
+                    span.record_exception(exc)
+            if self._token is not None:
+                otel_context.detach(self._token)  # type: ignore[arg-type]
+                self._token = None
+            span.end()

@@ -24,6 +24,7 @@ from workerset_admission.ports import (
     TenureFacts,
 )
 from workerset_admission.service.admission_service import AdmissionService
+from workerset_admission.service.step import DeltaReader
 
 OLD = base_card(16)
 NEW = base_card(32)
@@ -101,7 +102,7 @@ async def test_every_delta_read_after_the_history_gives_the_facts_of_its_step() 
     source = FakeSource()
     service = AdmissionService(source)
     recorder = _AtStepEnd(service)
-    service.add_read_model(recorder)
+    service.subscribe(DeltaReader(recorder))
     await service.start()
     try:
         for event, until in HISTORY:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from support.cards import base_card as demo_card
@@ -11,6 +12,7 @@ from workerset_admission.card import encode_model_record, model_kv_key
 from workerset_admission.identity import EndpointId
 from workerset_admission.ports import DiscoveryEntry, SourceListing
 from workerset_admission.service.admission_service import AdmissionService
+from workerset_admission.service.ingest import Ingestor
 
 EP = EndpointId("dynamo", "backend", "generate")
 
@@ -39,12 +41,18 @@ def collector_state() -> Iterator[None]:
 
 
 async def test_the_collector_is_off_while_a_listing_is_applied_and_on_again_after(
-    collector_state: None,
+    collector_state: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gc.enable()
     service = AdmissionService(IdleSource())  # type: ignore[arg-type]
     seen: list[bool] = []
-    service.on_effects(lambda effects: seen.append(gc.isenabled()))
+    listing_of = Ingestor.listing
+
+    def judged(self: Ingestor, *args: Any, **kwargs: Any) -> Any:
+        seen.append(gc.isenabled())
+        return listing_of(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ingestor, "listing", judged)
     service.handle_event(listing(3))
     assert seen == [False]
     assert gc.isenabled()

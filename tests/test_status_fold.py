@@ -35,6 +35,7 @@ from workerset_admission.service.status_model import (
     serving_records,
     standing_rejections,
 )
+from workerset_admission.service.step import EffectReader
 
 ENDPOINTS = (
     EndpointId("ns-a", "backend", "generate"),
@@ -62,8 +63,10 @@ class History:
         self.bucket: dict[str, bytes] = {}
         self.builds: list[StartBuild] = []
         self.revision = 0
-        self.service.on_effects(
-            lambda effects: self.builds.extend(e for e in effects if isinstance(e, StartBuild))
+        self.service.subscribe(
+            EffectReader(
+                lambda effects: self.builds.extend(e for e in effects if isinstance(e, StartBuild))
+            )
         )
 
     def put(self, key: str, value: bytes) -> None:

@@ -142,7 +142,7 @@ from workerset_admission.adapters.dynamo.view_publish import (
 from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable, Tie
 from workerset_admission.errors import wire_text
 from workerset_admission.identity import EndpointId, GroupKey
-from workerset_admission.ports import ReadModel, StepDelta
+from workerset_admission.ports import DeltaSubscriber, StepDelta, SteppedRecord
 
 __all__ = [
     "BUCKETS",
@@ -176,9 +176,9 @@ _LOGGED_TENURES = 5
 
 
 class ViewService(Protocol):
-    """The admission service as the writer uses it: it hands the writer every step's delta."""
+    """The admission service as the writer uses it: it hands the writer every step's record."""
 
-    def add_read_model(self, model: ReadModel) -> None: ...
+    def subscribe(self, subscriber: DeltaSubscriber) -> None: ...
 
     def before_publication(self, hook: Callable[[], object]) -> None: ...
 
@@ -236,21 +236,33 @@ class ViewWriter:
 
     def attach(self, service: ViewService) -> None:
         """Follow ``service`` (call on its loop); the writer starts at once."""
-        service.add_read_model(self)
+        service.subscribe(self)
         # The serving records say what this frontend routes to: the files first.
         service.before_publication(self.sync_now)
         # A card the view could not remove still routes: the serving record keeps naming it.
         service.also_serving(self.view.unremoved_cards)
-        self._task = asyncio.ensure_future(self._run())
+        task = self._task = asyncio.ensure_future(self._run())
+        task.add_done_callback(_report_end)
+
+    def heard(self, record: SteppedRecord) -> None:
+        """Hear one step: its delta, when it changed anything the view keeps, is taken in."""
+        if record.delta is not None:
+            self.step(record.delta)
 
     def step(self, delta: StepDelta) -> None:
-        """Take one step's delta in: file its records, keep its tenures, note what is dirty."""
+        """Take one step's delta in: file its records, keep its tenures, note what is dirty.
+
+        A delta that cannot be taken in raises (the service's delivery logs it at WARNING)
+        and makes the next pass a full one: the next relisting files every record again.
+        """
+        taken = False
         try:
             self._take(delta)
-        except Exception:  # the next relisting files every record again
-            _log.warning("admitted view: a step's delta could not be taken in", exc_info=True)
-            self._planned = False
-        self._wake.set()
+            taken = True
+        finally:
+            if not taken:
+                self._planned = False
+            self._wake.set()
 
     def _take(self, delta: StepDelta) -> None:
         changes = self._changes
@@ -355,8 +367,8 @@ class ViewWriter:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # Awaited to its end; a failure that ended it was reported at WARNING as it did.
+            await asyncio.wait({task})
         if not self.syncs:
             # Nothing here is this writer's: a predecessor's files expire as its would have.
             _log.info("admitted view left as found: this writer never synced")
@@ -365,6 +377,19 @@ class ViewWriter:
             "admitted view left in place (%d file(s)): the frontend keeps it until the next "
             "writer adopts it or its horizon passes",
             len(self.view),
+        )
+
+
+def _report_end(task: asyncio.Task[None]) -> None:
+    """Say at WARNING that the writer's pass loop ended otherwise than by its ``close``."""
+    if task.cancelled():
+        return
+    failure = task.exception()
+    if failure is not None:
+        _log.warning(
+            "admitted view: the writer's pass loop ended on an error; the files are kept "
+            "as last written until the frontend's horizon passes",
+            exc_info=failure,
         )
 
 

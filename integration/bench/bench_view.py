@@ -47,6 +47,7 @@ from workerset_admission.adapters.dynamo.filestore import scan_file_store  # noq
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket  # noqa: E402
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer  # noqa: E402
 from workerset_admission.admission import CommitGroup, PublishAdmissions, RetireReceiver  # noqa: E402
+from workerset_admission.service.step import EffectReader  # noqa: E402
 from workerset_admission.settings import Settings  # noqa: E402
 from workerset_admission.wiring.compose import create_service  # noqa: E402
 
@@ -156,7 +157,7 @@ async def main(changes: int, successions: int) -> dict[str, Any]:
             frontend_id="bench-view",
         )
         service = await create_service(settings, publish=False, status=False)
-        service.on_effects(on_effects)
+        service.subscribe(EffectReader(on_effects))
         await _wait(lambda: "tiny" in frontend.models(), 60, "the frontend serves the model")
         await put(b)
         probe = Probe(frontend)

@@ -36,6 +36,7 @@ from workerset_admission.service.admission_service import (
     GroupStatusReport,
 )
 from workerset_admission.service.receivers import AdmissionReceiver
+from workerset_admission.service.step import StepRecord
 from workerset_admission.settings import Settings
 from workerset_admission.traces.replay import replay
 from workerset_admission.wiring.compose import create_service
@@ -257,7 +258,11 @@ class Watchdog:
     _last: float = float("-inf")
 
     def __post_init__(self) -> None:
-        self.service.on_state_change(self._on_change)
+        self.service.subscribe(self)
+
+    def heard(self, record: StepRecord) -> None:
+        if record.changed:
+            self._on_change()
 
     def _on_change(self) -> None:
         # A full check walks every group; under a burst of thousands of changes it runs at

@@ -20,6 +20,7 @@ from workerset_admission.cli.serve import (
     with_progress,
 )
 from workerset_admission.errors import WorkersetAdmissionError
+from workerset_admission.service.step import EffectReader
 from workerset_admission.settings import Settings
 
 __all__ = ["arguments", "demo_card", "main", "play_demo"]
@@ -164,7 +165,7 @@ async def play_demo(settings: Settings, *, timeout: float, stream: TextIO) -> in
         )
         service = await create_service(demo_settings)
         stack.push_async_callback(service.stop)
-        service.on_effects(_DecisionPrinter(stream))
+        service.subscribe(EffectReader(_DecisionPrinter(stream)))
         nc = await connect(NatsConnectOptions(servers=(server.url,)))
         stack.push_async_callback(nc.close)
         workers = WorkerRegistrar(nc.jetstream(), bucket=settings.discovery_bucket, ttl=None)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
+import concurrent.futures
+import inspect
 import json
 import logging
 import sys
@@ -33,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from types import TracebackType
 
-from workerset_admission.admission import AdmissionCore, BuildFinished, Effect
+from workerset_admission.admission import AdmissionCore, BuildFinished
 from workerset_admission.aio import cancel_and_wait, on_loop, unwrap_group
 from workerset_admission.errors import RemoteDataError, UsageError, bounded_text, wire_text
 from workerset_admission.identity import GroupKey
@@ -42,7 +43,6 @@ from workerset_admission.ports import (
     BuildRequest,
     DiscoverySource,
     PipelineBuilder,
-    ReadModel,
     SourceDelete,
     SourceEvent,
     SourceListing,
@@ -66,7 +66,12 @@ from workerset_admission.service.status_model import (
     ServingRecord,
     state_summary,
 )
-from workerset_admission.service.step import AdmissionStep, StepObserver
+from workerset_admission.service.step import (
+    AdmissionStep,
+    DeltaReader,
+    StepRecord,
+    StepSubscriber,
+)
 from workerset_admission.service.timers import RetryTimers
 from workerset_admission.settings import Settings
 from workerset_admission.telemetry import (
@@ -171,7 +176,6 @@ class AdmissionService:
         # Keys live updates touched while a reconciliation listing is being read.
         self._touched: set[str] | None = None
         self._resyncs = 0
-        self._state_listeners: list[Callable[[], None]] = []
         self.step = AdmissionStep(
             self.core,
             self.ingest,
@@ -183,11 +187,15 @@ class AdmissionService:
             refuse=self._refuse,
             schedule=self._timers.add,
             publications_changed=self._publications_changed,
-            changed=self._changed,
             deltas=DeltaMaker(self.hops, self.liveness),
             log=_log,
         )
-        self.step.read_models.append(self._fold)
+        # Telemetry first (it reports the effects in the update's span), then the status fold
+        # and the service's own state change: every other subscriber hears a step after the
+        # status reflects it.
+        self.step.subscribe(self._telemetry)
+        self.step.subscribe(DeltaReader(self._fold))
+        self.step.subscribe(_StateChanged(self))
         self._on_stopped: list[Callable[[], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -218,11 +226,13 @@ class AdmissionService:
         if self._runner is None:
             return
         self._stopping.set()
-        await self._stopped.wait()
         runner = self._runner
-        if runner.done() and not runner.cancelled():
-            with contextlib.suppress(Exception):
-                runner.result()
+        if not runner.done():
+            # The runner ends itself once stopping is set: shutdown, then its last lines.
+            await asyncio.wait({runner})
+        if not runner.cancelled() and runner.exception() is not None:
+            # ``_run`` keeps what failed (``run`` raises it); only what escaped it is here.
+            _log.warning("the admission service's runner ended on an error: %r", runner.exception())
 
     async def run(self) -> None:
         """Start (unless started), then run until stopped (signals are the caller's)."""
@@ -299,10 +309,7 @@ class AdmissionService:
             self._tg = None
             self.builds.task_group = None
             for hook in self._on_stopped:
-                try:
-                    hook()
-                except Exception:  # noqa: PERF203 - every hook gets its chance to run
-                    _log.debug("a stop hook failed", exc_info=True)
+                await _attempt("a stop hook", hook)
             started.set()
             self._stopping.set()
             self._stopped.set()
@@ -323,15 +330,10 @@ class AdmissionService:
                 sender = self.channels.sender(view.receiver)
                 if sender is not None:
                     sender.retire()
-        try:
-            await self._source.close()
-        except Exception:
-            _log.debug("closing the discovery source failed", exc_info=True)
+        await _attempt("closing the discovery source", self._source.close)
         for close in self._closers:
-            try:
-                await close()
-            except Exception:  # noqa: PERF203 - every resource gets its chance to close
-                _log.debug("closing a service resource failed", exc_info=True)
+            # Every resource gets its chance to close.
+            await _attempt("closing a service resource", close)
         self._changed()
 
     # -- host API ----------------------------------------------------------------------------
@@ -376,7 +378,7 @@ class AdmissionService:
         future = asyncio.run_coroutine_threadsafe(self._status_async(), loop)
         try:
             return future.result(timeout=1.0)
-        except Exception:
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             future.cancel()
             return self._status_cache or EMPTY_STATUS
 
@@ -396,21 +398,18 @@ class AdmissionService:
         """Re-read the clock now (for hosts and tests that inject a clock that jumps)."""
         self._timers.wake()
 
-    def on_effects(self, listener: Callable[[Sequence[Effect]], None]) -> None:
-        """Call ``listener`` with the effects of every core step, before they are carried out."""
-        self.step.observers.append(_EffectListener(listener))
+    def subscribe(self, subscriber: StepSubscriber) -> None:
+        """Hand ``subscriber`` the record of every step from now on (on the loop, at its end).
 
-    def add_read_model(self, model: ReadModel) -> None:
-        """Hand ``model`` the delta of every step from now on (on the loop, once per step)."""
-        self.step.read_models.append(model)
+        This is the one way a step is heard: the trace writer, the read models
+        (:class:`~.step.DeltaReader`), the view and any listener of effects subscribe so.
+        A subscriber that raises is logged at WARNING and the others still hear the step.
+        """
+        self.step.subscribe(subscriber)
 
     def on_stopped(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` once every task has ended (a trace writer closes its file there)."""
         self._on_stopped.append(hook)
-
-    def on_state_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (on the loop) after each step that changed admission state."""
-        self._state_listeners.append(listener)
 
     def before_publication(self, hook: Callable[[], object]) -> None:
         """Call ``hook`` before each serving publication reads what this frontend serves."""
@@ -490,11 +489,6 @@ class AdmissionService:
 
     def _changed(self) -> None:
         self._status_cache = None
-        for listener in self._state_listeners:
-            try:
-                listener()
-            except Exception:  # noqa: PERF203 - one failing listener must not stop the rest
-                _log.debug("a state listener failed", exc_info=True)
 
     # -- timers and reconciliation ----------------------------------------------------------
 
@@ -503,16 +497,16 @@ class AdmissionService:
         await self._synced.wait()
         # A source that can tell its watch missed nothing spares the relist (adapters/nats).
         missed_nothing = getattr(self._source, "missed_nothing", None)
+
+        async def relist() -> None:
+            if missed_nothing is not None and await missed_nothing():
+                return
+            await self.reconcile()
+
         while True:
             await asyncio.sleep(interval)
-            try:
-                if missed_nothing is not None and await missed_nothing():
-                    continue
-                await self.reconcile()
-            except Exception as exc:  # the live watch keeps going meanwhile
-                _log.warning(
-                    "periodic reconciliation could not list the bucket: %s", wire_text(exc)
-                )
+            # The live watch keeps going meanwhile.
+            await _attempt("periodic reconciliation (listing the bucket)", relist)
 
     async def reconcile(self) -> bool:
         """List the whole bucket and apply it as a listing; tell whether it was applied.
@@ -588,14 +582,20 @@ class AdmissionService:
         return "healthy"
 
 
-class _EffectListener(StepObserver):
-    """Adapts an ``on_effects`` callback to a step observer that hears only the effects."""
+class _StateChanged:
+    """The service's own subscriber: a step that changed admission state drops the status."""
 
-    def __init__(self, listener: Callable[[Sequence[Effect]], None]) -> None:
-        self._listener = listener
+    __slots__ = ("_service",)
 
-    def effects(self, effects: Sequence[Effect]) -> None:
-        self._listener(effects)
+    def __init__(self, service: AdmissionService) -> None:
+        self._service = service
+
+    def heard(self, record: StepRecord) -> None:
+        if record.changed:
+            self._service._changed()
+
+    def __repr__(self) -> str:
+        return "the service's status cache"
 
 
 async def serve_status(
@@ -603,8 +603,20 @@ async def serve_status(
 ) -> None:
     """Answer status requests until cancelled, restarting the responder after a failure."""
     while True:
-        try:
-            await status.serve(render)
-        except Exception as exc:  # NATS may be away: status must not take admission down
-            _log.warning("the status responder failed, retrying: %s", wire_text(exc))
+        # NATS may be away: status must not take admission down.
+        await _attempt("the status responder (retrying)", lambda: status.serve(render))
         await asyncio.sleep(retry)
+
+
+async def _attempt(what: str, call: Callable[[], object]) -> None:
+    """Make one call into a part the service does not own: an adapter, a resource, a hook.
+
+    The one place the service goes on whatever such a part raises: the failure is logged at
+    WARNING, with what was being done, and the service carries on (a retrying loop retries).
+    """
+    try:
+        result = call()
+        if inspect.isawaitable(result):
+            await result
+    except Exception as exc:
+        _log.warning("%s failed: %s", what, wire_text(exc))

@@ -78,12 +78,28 @@ from workerset_admission.admission.ordering import GroupId
 from workerset_admission.aio import collector_paused
 from workerset_admission.errors import RemoteDataError, UsageError, wire_text
 from workerset_admission.identity import AttemptId
-from workerset_admission.ports import ReadModel, SourceDelete, SourceEvent, SourceListing, SourcePut
+from workerset_admission.ports import (
+    ReadModel,
+    SourceDelete,
+    SourceEvent,
+    SourceListing,
+    SourcePut,
+    StepDelta,
+)
 from workerset_admission.service.delta import DeltaMaker
 from workerset_admission.service.ingest import Ingested, Ingestor
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 
-__all__ = ["CARRIERS", "AdmissionStep", "BuildRunner", "StepObserver"]
+__all__ = [
+    "CARRIERS",
+    "AdmissionStep",
+    "BuildRunner",
+    "CoreStep",
+    "DeltaReader",
+    "EffectReader",
+    "StepRecord",
+    "StepSubscriber",
+]
 
 _log = logging.getLogger("workerset_admission.service.admission_service")
 
@@ -124,53 +140,99 @@ class Channels(Protocol):
     def retire(self, effect: RetireReceiver) -> None: ...
 
 
-class StepObserver:
-    """Told what a step saw and did; every method does nothing unless overridden.
+@dataclass(frozen=True, slots=True)
+class CoreStep:
+    """One core step: the input the step made itself (``None``: the first) and its effects."""
 
-    An observer must not raise: a failure is logged at DEBUG and admission goes on.
+    made: Input | None
+    effects: tuple[Effect, ...]
+
+
+Arrival = SourceEvent | BuildFinished | Tick | tuple[Input, ...]
+"""What began a step: a source event, a build result, a timer tick, or inputs applied as such."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """Everything one step saw and did, made once at its end and handed to every subscriber.
+
+    ``came_in`` began it, at clock ``now`` (the one reading the whole step used); ``keep`` and
+    ``recorded`` are a listing's kept keys and recorded cohort order, ``ingested`` what
+    ingestion judged of a source event. ``steps`` are its core steps in order: the first, then
+    each input the step made itself (a commit a hop refused), fed back as a core step of its
+    own. ``delta`` is what the read models keep (``None``: nothing changed for them), and
+    ``changed`` tells whether admission state changed.
     """
 
-    def source_event(
-        self,
-        event: SourceEvent,
-        now: float,
-        keep: Collection[str],
-        recorded: Mapping[GroupId, Sequence[str]] | None,
-    ) -> None:
-        """Hear of a source event as the step begins to handle it, at clock ``now``."""
+    came_in: Arrival
+    now: float
+    steps: tuple[CoreStep, ...] = ()
+    keep: tuple[str, ...] = ()
+    recorded: Mapping[GroupId, Sequence[str]] | None = None
+    ingested: Ingested | None = None
+    delta: StepDelta | None = None
+    changed: bool = False
 
-    def build_result(self, result: BuildFinished, now: float) -> None:
-        """Hear of a build result as it is fed back, at clock ``now``."""
+    @property
+    def effects(self) -> tuple[Effect, ...]:
+        """Every effect of the step, core step after core step."""
+        if len(self.steps) == 1:
+            return self.steps[0].effects
+        return tuple(effect for step in self.steps for effect in step.effects)
 
-    def tick(self, now: float) -> None:
-        """Hear of a timer tick at clock ``now``."""
 
-    def ingested(self, result: Ingested) -> None:
-        """Hear what ingestion judged of a source event, before the core steps."""
+class StepSubscriber(Protocol):
+    """Hears every step, once, at its end, on the loop; see :meth:`AdmissionStep.subscribe`."""
 
-    def made(self, event: Input, now: float) -> None:
-        """Hear of an input the step made itself (a commit a hop refused), as it is fed back.
+    def heard(self, record: StepRecord) -> None:
+        """Take one step's record; what raises is logged at WARNING, the others still hear."""
+        ...
 
-        Its core step follows at once; the effects heard next are that step's.
-        """
 
-    def effects(self, effects: Sequence[Effect]) -> None:
-        """Hear the effects of one core step, before they are carried out."""
+class DeltaReader:
+    """Hands a read model the delta of every step that changed something it keeps."""
 
-    def rejection_reported(self, effect: RejectionReported) -> None:
-        """Hear of a rejected cohort, as the step carries the effect out."""
+    __slots__ = ("model",)
 
-    def worker_drained(self, effect: WorkerDrained) -> None:
-        """Hear of a registration a drain set aside, as the step carries the effect out."""
+    def __init__(self, model: ReadModel) -> None:
+        self.model = model
 
-    def drain_changed(self, effect: DrainChanged) -> None:
-        """Hear of a drain begun, changed or lifted, as the step carries the effect out."""
+    def heard(self, record: StepRecord) -> None:
+        if record.delta is not None:
+            self.model.step(record.delta)
 
-    def mutation_refused(self, effect: MutationRefused) -> None:
-        """Hear of a refused in-place change, as the step carries the effect out."""
+    def __repr__(self) -> str:
+        return f"DeltaReader({type(self.model).__name__})"
 
-    def step_ended(self) -> None:
-        """Hear that the step a source event, build result or tick began is over."""
+
+class EffectReader:
+    """Hands a callable the effects of every step (nothing for a step without any)."""
+
+    __slots__ = ("listener",)
+
+    def __init__(self, listener: Callable[[Sequence[Effect]], object]) -> None:
+        self.listener = listener
+
+    def heard(self, record: StepRecord) -> None:
+        effects = record.effects
+        if effects:
+            self.listener(effects)
+
+    def __repr__(self) -> str:
+        return f"EffectReader({self.listener!r})"
+
+
+@dataclass(slots=True)
+class _Hearing:
+    """What the step in progress has seen so far; made into its record at its end."""
+
+    came_in: Arrival
+    now: float
+    keep: tuple[str, ...] = ()
+    recorded: Mapping[GroupId, Sequence[str]] | None = None
+    ingested: Ingested | None = None
+    steps: list[CoreStep] = field(default_factory=list)
+    changed: bool = False
 
 
 class AdmissionStep:
@@ -189,7 +251,6 @@ class AdmissionStep:
         schedule: Callable[[float], None],
         hops: Hops | None = None,
         publications_changed: Callable[[], None] | None = None,
-        changed: Callable[[], None] | None = None,
         deltas: DeltaMaker | None = None,
         log: logging.Logger = _log,
     ) -> None:
@@ -203,15 +264,19 @@ class AdmissionStep:
         self._schedule = schedule
         self._hops = hops
         self._publications_changed = publications_changed
-        self._changed = changed
         self._log = log
-        self.observers: list[StepObserver] = []
-        # The read models, each handed one delta per step (made by ``deltas``) at its end.
+        # The subscribers, each handed every step's record at its end, in this order.
+        self.observers: list[StepSubscriber] = []
+        # Makes the read models' delta from what the step saw, at its end.
         self._deltas = deltas
-        self.read_models: list[ReadModel] = []
         self.notifications = 0
-        # The clock as the current step read it, once, when it began.
+        # The step in progress (``None`` between steps); its clock was read once, as it began.
+        self._hearing: _Hearing | None = None
         self._now = 0.0
+
+    def subscribe(self, subscriber: StepSubscriber) -> None:
+        """Hand ``subscriber`` the record of every step from now on (on the loop, at its end)."""
+        self.observers.append(subscriber)
 
     # -- source events -------------------------------------------------------------------------
 
@@ -228,9 +293,7 @@ class AdmissionStep:
         listing was read; ``recorded`` (listings only) is a recorded frontend's cohort order,
         which the listing is then observed in.
         """
-        now = self._now = self.clock()
-        for observer in self.observers:
-            self._tell(observer.source_event, event, now, keep, recorded)
+        now = self._begin(event, keep=tuple(keep), recorded=recorded)
         if self._deltas is not None:
             self._deltas.source_event(event, keep)
         try:
@@ -245,14 +308,22 @@ class AdmissionStep:
         keep: Collection[str],
         recorded: Mapping[GroupId, Sequence[str]] | None,
     ) -> None:
+        # The step ends inside its update's scope: telemetry, a subscriber, reports the effects
+        # in the update's span, before the update is counted.
         if isinstance(event, SourcePut):
             entry = event.entry
             with self._telemetry.apply_update(event) as scope:
-                self._ingested(self.ingest.put(entry.key, entry.value), scope)
+                try:
+                    self._ingested(self.ingest.put(entry.key, entry.value), scope)
+                finally:
+                    self._ended()
         elif isinstance(event, SourceDelete):
             with self._telemetry.apply_update(event) as scope:
-                result = self.ingest.removal(event, now=now)
-                self._ingested(result, scope)
+                try:
+                    result = self.ingest.removal(event, now=now)
+                    self._ingested(result, scope)
+                finally:
+                    self._ended()
             for lifted in result.inputs:
                 if type(lifted) is DrainLifted:
                     # An operator's undrain, a drain's TTL, or a drain withdrawn: say so, since
@@ -265,81 +336,126 @@ class AdmissionStep:
                     )
         elif isinstance(event, SourceListing):
             with collector_paused(), self._telemetry.apply_update(event) as scope:
-                result = self.ingest.listing(event, keep, now=now, recorded=recorded)
-                # Refusals in a listing are reported one by one, not as the listing's failure.
-                self._ingested(result, scope, refusals_in_scope=False)
+                try:
+                    result = self.ingest.listing(event, keep, now=now, recorded=recorded)
+                    # Refusals in a listing are reported one by one, not as the listing's failure.
+                    self._ingested(result, scope, refusals_in_scope=False)
+                finally:
+                    self._ended()
         else:
             raise UsageError(f"not a discovery event: {type(event).__name__}")
 
     def _ingested(
         self, result: Ingested, scope: UpdateScope, *, refusals_in_scope: bool = True
     ) -> None:
-        for observer in self.observers:
-            self._tell(observer.ingested, result)
+        hearing = self._hearing
+        if hearing is not None:
+            hearing.ingested = result
         if self._deltas is not None:
             self._deltas.ingested(result)
         for verdict in result.refusals:
             assert verdict.refusal is not None
             self._refuse(verdict.key, verdict.refusal, scope if refusals_in_scope else None)
+        if result.refusals and hearing is not None:
+            hearing.changed = True
         if result.inputs:
-            self.apply(result.inputs, scope, force=result.liveness_changed)
+            self._apply(result.inputs, force=result.liveness_changed)
             return
         if not result.refusals:
             scope.record_decision(result.decision)
-        if result.liveness_changed:
-            self._note_change()
+        if result.liveness_changed and hearing is not None:
+            hearing.changed = True
 
     # -- results and timers ----------------------------------------------------------------------
 
     def build_finished(self, result: BuildFinished) -> None:
         """Feed a build's result back in (fenced by the core on checksum and generation)."""
-        now = self._now = self.clock()
-        for observer in self.observers:
-            self._tell(observer.build_result, result, now)
+        now = self._begin(result)
         try:
-            self.apply([Tick(now), result])
+            self._apply([Tick(now), result])
         finally:
             self._ended()
 
     def tick(self, now: float | None = None) -> None:
         """Let the core act on the deadlines due by ``now`` (the clock when not given)."""
-        now = self._now = self.clock() if now is None else now
-        for observer in self.observers:
-            self._tell(observer.tick, now)
+        now = self._begin(None, now=now)
         try:
-            self.apply([Tick(now)])
+            self._apply([Tick(now)])
         finally:
             self._ended()
 
+    def apply(self, inputs: Sequence[Input]) -> None:
+        """Apply ``inputs`` as one core step, then carry out every effect it returns.
+
+        Outside a step (``replay`` restoring a recorded state) this is a step of its own, heard
+        with the inputs as what came in; the clock is not read again.
+        """
+        if self._hearing is not None:
+            self._apply(inputs)
+            return
+        self._hearing = _Hearing(tuple(inputs), self._now)
+        try:
+            self._apply(inputs)
+        finally:
+            self._ended()
+
+    def _begin(
+        self,
+        came_in: SourceEvent | BuildFinished | None,
+        *,
+        now: float | None = None,
+        keep: tuple[str, ...] = (),
+        recorded: Mapping[GroupId, Sequence[str]] | None = None,
+    ) -> float:
+        now = self._now = self.clock() if now is None else now
+        arrival: Arrival = Tick(now) if came_in is None else came_in
+        self._hearing = _Hearing(arrival, now, keep, recorded)
+        return now
+
     def _ended(self) -> None:
-        for observer in self.observers:
-            self._tell(observer.step_ended)
-        if self._deltas is None:
+        hearing, self._hearing = self._hearing, None
+        if hearing is None:
+            return  # already ended (inside its update's scope)
+        delta = None if self._deltas is None else self._deltas.finish()
+        if not self.observers:
             return
-        delta = self._deltas.finish()
-        if delta is None:
-            return
-        for model in self.read_models:
-            self._tell(model.step, delta)
+        record = StepRecord(
+            came_in=hearing.came_in,
+            now=hearing.now,
+            steps=tuple(hearing.steps),
+            keep=hearing.keep,
+            recorded=hearing.recorded,
+            ingested=hearing.ingested,
+            delta=delta,
+            changed=hearing.changed,
+        )
+        for subscriber in self.observers:
+            try:
+                subscriber.heard(record)
+            except Exception:  # noqa: PERF203 - a subscriber must never stop admission
+                self._log.warning(
+                    "step subscriber %r failed on the step of %s at %.3f; "
+                    "the other subscribers still heard it",
+                    subscriber,
+                    _arrival_text(record.came_in),
+                    record.now,
+                    exc_info=True,
+                )
 
     # -- one core step -----------------------------------------------------------------------------
 
-    def apply(
-        self, inputs: Sequence[Input], scope: UpdateScope | None = None, *, force: bool = False
+    def _apply(
+        self, inputs: Sequence[Input], *, force: bool = False, made: Input | None = None
     ) -> None:
-        """Apply ``inputs`` as one core step, then carry out every effect it returns."""
         effects = self.core.apply_many(inputs)
-        for observer in self.observers:
-            self._tell(observer.effects, effects)
+        hearing = self._hearing
+        if hearing is not None:
+            hearing.steps.append(CoreStep(made, tuple(effects)))
+            if effects or force:
+                hearing.changed = True
         if self._deltas is not None:
             self._deltas.effects(effects)
-        if scope is not None:
-            scope.effects(effects)
-        else:
-            self._telemetry.effects(effects)
         self._carry_out(effects)
-        if effects or force:
-            self._note_change()
 
     def _carry_out(self, effects: Sequence[Effect]) -> None:
         carried = _Carried()
@@ -350,12 +466,10 @@ class AdmissionStep:
         if carried.publications and self._publications_changed is not None:
             self._publications_changed()
         for event in carried.refeed:
-            # Each refusal is a core step of its own, heard by the observers (the trace records
-            # it as an input), on the same reading of the clock as the step that led here: a
-            # replay, whose clock stands still within a line, computes the very deadlines.
-            for observer in self.observers:
-                self._tell(observer.made, event, self._now)
-            self.apply([Tick(self._now), event])
+            # Each refusal is a core step of its own, in the record (the trace writes it as an
+            # input), on the same reading of the clock as the step that led here: a replay,
+            # whose clock stands still within a line, computes the very deadlines.
+            self._apply([Tick(self._now), event], made=event)
 
     # -- one method per effect type (see CARRIERS) -----------------------------------------------
 
@@ -417,39 +531,27 @@ class AdmissionStep:
             effect.kept_checksum,
             effect.offered_checksum,
         )
-        for observer in self.observers:
-            self._tell(observer.mutation_refused, effect)
         if self._deltas is not None:
             self._deltas.refused(effect)
-
-    def _rejection(self, effect: RejectionReported, carried: _Carried) -> None:
-        for observer in self.observers:
-            self._tell(observer.rejection_reported, effect)
-
-    def _drained(self, effect: WorkerDrained, carried: _Carried) -> None:
-        for observer in self.observers:
-            self._tell(observer.worker_drained, effect)
 
     def _drain_changed(self, effect: DrainChanged, carried: _Carried) -> None:
         if self._hops is not None:
             self._hops.drain_changed(effect)
         if self._deltas is not None:
             self._deltas.drain_changed(effect)
-        for observer in self.observers:
-            self._tell(observer.drain_changed, effect)
 
     def _reported_only(self, effect: Effect, carried: _Carried) -> None:
-        """Nothing to carry out: telemetry reports it, the read models hear it in the delta."""
+        """Nothing to carry out: the subscribers hear it in the step's record."""
 
-    def _note_change(self) -> None:
-        if self._changed is not None:
-            self._changed()
 
-    def _tell(self, method: Callable[..., None], *args: object) -> None:
-        try:
-            method(*args)
-        except Exception:  # an observer must never stop admission
-            self._log.debug("a step observer failed", exc_info=True)
+def _arrival_text(came_in: Arrival) -> str:
+    if isinstance(came_in, tuple):
+        return f"{len(came_in)} applied inputs"
+    if isinstance(came_in, Tick):
+        return "a tick"
+    if isinstance(came_in, BuildFinished):
+        return f"the build result of {wire_text(came_in.group.id)}"
+    return type(came_in).__name__
 
 
 @dataclass(slots=True)
@@ -467,7 +569,7 @@ _Carry = Callable[[AdmissionStep, Any, _Carried], None]
 CARRIERS: Final[Mapping[type, _Carry]] = {
     WorkerPlaced: AdmissionStep._reported_only,
     WorkerDeparted: AdmissionStep._reported_only,
-    WorkerDrained: AdmissionStep._drained,
+    WorkerDrained: AdmissionStep._reported_only,
     DrainChanged: AdmissionStep._drain_changed,
     HandoverEnded: AdmissionStep._reported_only,
     OpenReceiver: AdmissionStep._open,
@@ -480,7 +582,7 @@ CARRIERS: Final[Mapping[type, _Carry]] = {
     Succession: AdmissionStep._reported_only,
     TenureHeld: AdmissionStep._hold,
     TenureHoldEnded: AdmissionStep._reported_only,
-    RejectionReported: AdmissionStep._rejection,
+    RejectionReported: AdmissionStep._reported_only,
     MutationRefused: AdmissionStep._mutation_refused,
     TaintsUpdated: AdmissionStep._carry_taints,
     RetryScheduled: AdmissionStep._retry,

@@ -45,9 +45,9 @@ import heapq
 import json
 import logging
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from workerset_admission.admission import (
     AdmissionCore,
@@ -84,7 +84,7 @@ from workerset_admission.service.group_json import drained_json, group_json, han
 from workerset_admission.service.ingest import Ingested, Ingestor
 from workerset_admission.service.receivers import AdmissionChannels
 from workerset_admission.service.rejections import StandingRejection, standing_rejections
-from workerset_admission.service.step import AdmissionStep, StepObserver
+from workerset_admission.service.step import AdmissionStep, StepRecord
 from workerset_admission.telemetry import AdmissionTelemetry, UpdateScope
 from workerset_admission.traces.digest import effects_digest
 from workerset_admission.traces.format import (
@@ -236,7 +236,42 @@ class _TraceBuilds:
         return sorted(index for index, _ in self._refusals.values())
 
 
-class _Replayer(StepObserver):
+class _NotingIngestor(Ingestor):
+    """The service's ingestion, noting which removals name a registration the core holds.
+
+    Ingestion judges a source event before its core step, so this is the moment the core still
+    holds what a removal takes away: ``explain`` says "deleted" of those keys alone.
+    """
+
+    def __init__(self, core: AdmissionCore, decoder: EntryDecoder) -> None:
+        super().__init__(decoder)
+        self._core = core
+        self.registered_removed: set[str] = set()
+
+    def _noted(self, result: Ingested) -> Ingested:
+        for event in result.inputs:
+            if isinstance(event, WorkerRemoved) and self._core.registration(event.key) is not None:
+                self.registered_removed.add(event.key)
+        return result
+
+    def put(self, key: str, value: bytes) -> Ingested:
+        return self._noted(super().put(key, value))
+
+    def removal(self, event: SourceDelete, *, now: float) -> Ingested:
+        return self._noted(super().removal(event, now=now))
+
+    def listing(
+        self,
+        event: SourceListing,
+        keep: Collection[str] = (),
+        *,
+        now: float | None = None,
+        recorded: Mapping[GroupId, Sequence[str]] | None = None,
+    ) -> Ingested:
+        return self._noted(super().listing(event, keep, now=now, recorded=recorded))
+
+
+class _Replayer:
     """Drives an :class:`AdmissionStep` with a trace's lines; notes what ``explain`` tells."""
 
     def __init__(
@@ -276,11 +311,12 @@ class _Replayer(StepObserver):
         self._deadlines: list[float] = []
         self.core = AdmissionCore(core_settings)
         telemetry = AdmissionTelemetry(trace_updates=False, rejection_logger=_QUIET)
+        self.ingestor = _NotingIngestor(self.core, EntryDecoder(boundary))
         # The service's own ingestion and step: records are judged, and effects carried out,
         # by the very code that did it live.
         self.step = AdmissionStep(
             self.core,
-            Ingestor(EntryDecoder(boundary)),
+            self.ingestor,
             channels=AdmissionChannels(),
             builds=self.builds,
             clock=lambda: self.now,
@@ -289,7 +325,7 @@ class _Replayer(StepObserver):
             schedule=self._schedule,
             log=_QUIET,
         )
-        self.step.observers.append(self)
+        self.step.subscribe(self)
         self.rejections: list[RejectionReported] = []
         self.invalid: list[tuple[str, str]] = []
         self.history: dict[str, KeyHistory] = {}
@@ -385,14 +421,24 @@ class _Replayer(StepObserver):
             self.builds.answered(result)
             self.step.build_finished(result)
 
-    # -- what the step tells its observers -------------------------------------------------------
+    # -- what the step's record tells -------------------------------------------------------------
 
-    def made(self, event: Input, now: float) -> None:
-        # The line that led here is over; the recorded refusal's own line answers for this step.
-        self._verify()
-        self.checking, self.gathered = self.builds.refused_line, []
-
-    def step_ended(self) -> None:
+    def heard(self, record: StepRecord) -> None:
+        """Check a step's effects against the recorded digests, and note what ``explain`` tells."""
+        if record.ingested is not None:
+            self._ingested(record.ingested)
+        for step in record.steps:
+            if step.made is not None:
+                # The line that led here is over; the recorded refusal's line answers for this.
+                self._verify()
+                self.checking, self.gathered = self.builds.refused_line, []
+            if self.checking is not None:
+                self.gathered.extend(step.effects)
+            self.effect_count += len(step.effects)
+            for effect in step.effects:
+                note = _NOTES.get(type(effect))
+                if note is not None:
+                    note(self, effect)
         self._verify()
 
     def _verify(self) -> None:
@@ -418,7 +464,7 @@ class _Replayer(StepObserver):
             "than the frontend that recorded it",
         )
 
-    def ingested(self, result: Ingested) -> None:
+    def _ingested(self, result: Ingested) -> None:
         for verdict in result.verdicts:
             kv_key = verdict.key
             if verdict.refusal is not None:
@@ -433,24 +479,21 @@ class _Replayer(StepObserver):
                 continue  # a drain is noted on the registrations it sets aside
             elif verdict.ignored:
                 self._note(_instance_key_of(kv_key), kv_key, "ignored by the namespace filter")
+        removed = self.ingestor.registered_removed
         for event in result.inputs:
-            if isinstance(event, WorkerRemoved) and self.core.registration(event.key) is not None:
+            if isinstance(event, WorkerRemoved) and event.key in removed:
                 self._note(event.key, self.kv_key_of.get(event.key, event.key), "deleted")
+        removed.clear()
 
-    def effects(self, effects: Sequence[Effect]) -> None:
-        if self.checking is not None:
-            self.gathered.extend(effects)
-        self.effect_count += len(effects)
-
-    def rejection_reported(self, effect: RejectionReported) -> None:
+    def _rejection_reported(self, effect: RejectionReported) -> None:
         self.rejections.append(effect)
 
-    def worker_drained(self, effect: WorkerDrained) -> None:
+    def _worker_drained(self, effect: WorkerDrained) -> None:
         by = f" by {effect.drain.by}" if effect.drain.by else ""
         self._note(effect.key, self.kv_key_of.get(effect.key, effect.key), f"drained{by}")
         self._drained.setdefault(effect.drain.worker, set()).add(effect.key)
 
-    def drain_changed(self, effect: DrainChanged) -> None:
+    def _drain_changed(self, effect: DrainChanged) -> None:
         if effect.drain is not None:
             return  # a drain begun is noted on each registration it sets aside
         # Lifted: every registration it had set aside rejoins, as a returning member would.
@@ -460,7 +503,7 @@ class _Replayer(StepObserver):
             kv_key = self.kv_key_of.get(key, key)
             self._note(key, kv_key, "undrained: rejoins its cohort as a returning member")
 
-    def mutation_refused(self, effect: MutationRefused) -> None:
+    def _mutation_refused(self, effect: MutationRefused) -> None:
         kv_key = self.kv_key_of.get(effect.key, effect.key)
         self.invalid.append((kv_key, MUTATION_REFUSED))
         note = self._note(effect.key, kv_key, "in-place change refused")
@@ -476,6 +519,15 @@ class _Replayer(StepObserver):
             entry = self.history[instance_key] = KeyHistory(kv_key)
         entry.events.append(f"line {self.line + 1}: {text}")
         return entry
+
+
+_NOTES: Final[Mapping[type, Callable[[_Replayer, Any], None]]] = {
+    RejectionReported: _Replayer._rejection_reported,
+    WorkerDrained: _Replayer._worker_drained,
+    DrainChanged: _Replayer._drain_changed,
+    MutationRefused: _Replayer._mutation_refused,
+}
+"""The effects ``explain`` notes, each with the replayer's method that notes it."""
 
 
 def _refusal(line: Mapping[str, Any]) -> CommitFailed:

@@ -1,18 +1,17 @@
-"""The trace a live frontend writes of what it observes: a step observer that writes lines."""
+"""The trace a live frontend writes of what it observes: a step subscriber that writes lines."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from workerset_admission.admission import BuildFinished, CommitFailed, Effect, Input
-from workerset_admission.admission.ordering import GroupId
+from workerset_admission.admission import BuildFinished, CommitFailed, Effect, Tick
 from workerset_admission.ports import SourceEvent
-from workerset_admission.service.step import StepObserver
+from workerset_admission.service.step import StepRecord
 from workerset_admission.traces.digest import effects_digest
 from workerset_admission.traces.format import (
     build_line,
@@ -26,7 +25,7 @@ __all__ = ["TraceWriter"]
 _log = logging.getLogger(__name__)
 
 
-class TraceWriter(StepObserver):
+class TraceWriter:
     """Writes a version 3 trace: every input a step feeds the core, and its effects' digest.
 
     Times are the step's own clock (``now`` as the step read it), counted from the first line,
@@ -77,37 +76,37 @@ class TraceWriter(StepObserver):
         """Write one source event seen at ``now`` (for a recorder that is not a step)."""
         self._write(event_line(event, self._since(now)))
 
+    def tick(self, now: float) -> None:
+        """Write a tick at ``now`` (for a recorder that is not a step: its recording's end)."""
+        self._begin_line({"kind": "tick", "t": self._since(now)})
+
     def _since(self, now: float) -> float:
         if self._start is None:
             self.begin(now)
         assert self._start is not None
         return max(0.0, now - self._start)
 
-    def source_event(
-        self,
-        event: SourceEvent,
-        now: float,
-        keep: Collection[str],
-        recorded: Mapping[GroupId, Sequence[str]] | None,
-    ) -> None:
-        self._begin_line(event_line(event, self._since(now), keep))
-
-    def build_result(self, result: BuildFinished, now: float) -> None:
-        self._begin_line(build_line(result, self._since(now)))
-
-    def tick(self, now: float) -> None:
-        self._begin_line({"kind": "tick", "t": self._since(now)})
-
-    def made(self, event: Input, now: float) -> None:
-        if isinstance(event, CommitFailed):
-            self._begin_line(commit_failed_line(event, self._since(now)))
-
-    def effects(self, effects: Sequence[Effect]) -> None:
-        if self._pending is not None and not self._failed:
-            self._effects.extend(effects)
-
-    def step_ended(self) -> None:
+    def heard(self, record: StepRecord) -> None:
+        """Write the lines of one step: what came in, then each input the step made itself."""
+        came_in = record.came_in
+        if isinstance(came_in, tuple):
+            return  # inputs applied outside a step (a restored state) are no line of a trace
+        t = self._since(record.now)
+        if isinstance(came_in, BuildFinished):
+            self._begin_line(build_line(came_in, t))
+        elif isinstance(came_in, Tick):
+            self.tick(record.now)
+        else:
+            self._begin_line(event_line(came_in, t, record.keep))
+        for step in record.steps:
+            if isinstance(step.made, CommitFailed):
+                self._begin_line(commit_failed_line(step.made, t))
+            if self._pending is not None and not self._failed:
+                self._effects.extend(step.effects)
         self._end_line()
+
+    def __repr__(self) -> str:
+        return f"TraceWriter({self._observer}, {self.lines} lines)"
 
     def _begin_line(self, line: dict[str, Any]) -> None:
         self._end_line()

@@ -104,7 +104,7 @@ def attach_trace_writer(
     if path is None:
         return None
     writer = TraceWriter.open(path, settings_of(service.settings.core_settings(), boundary))
-    service.step.observers.append(writer)
+    service.subscribe(writer)
     service.on_stopped(writer.close)
     return writer
 

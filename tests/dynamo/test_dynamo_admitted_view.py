@@ -57,6 +57,7 @@ from workerset_admission.ports import (
 from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.delta import accepted_changes
 from workerset_admission.service.ingest import Ingestor
+from workerset_admission.service.step import DeltaReader
 
 A1, A2, B = 0x6030FDDB01885992, 0x11, 0x22
 
@@ -414,7 +415,7 @@ async def test_each_step_hands_a_read_model_one_delta_with_what_the_core_accepte
         def step(self, delta: StepDelta) -> None:
             deltas.append(delta)
 
-    service.add_read_model(_Recorder())
+    service.subscribe(DeltaReader(_Recorder()))
     await service.start()
     try:
         source.queue.put_nowait(SourceListing(worker_records(A1)))
@@ -447,7 +448,7 @@ async def test_an_endpoint_record_leaving_names_the_tenure_at_its_endpoint() -> 
         def step(self, delta: StepDelta) -> None:
             deltas.append(delta)
 
-    service.add_read_model(_Recorder())
+    service.subscribe(DeltaReader(_Recorder()))
     await service.start()
     try:
         source.queue.put_nowait(SourceListing([*worker_records(A1), *worker_records(A2)]))
