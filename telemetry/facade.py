@@ -32,7 +32,6 @@ minute per kind of effect) and goes on. The service hands it every step's record
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -49,6 +48,7 @@ from workerset_admission.telemetry.effect_reports import (
     MUTATION_REFUSED,
     decision_of,
 )
+from workerset_admission.telemetry.guard import FailureGuard
 from workerset_admission.telemetry.instruments import AdmissionInstruments, AdmissionStateSummary
 from workerset_admission.telemetry.logs import named_for_hosts
 from workerset_admission.telemetry.propagation import link_from_headers
@@ -93,8 +93,6 @@ _MAX_LISTING_LINKS: Final = 16
 _PLACEHOLDERS: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _SDK_RECHECK_EVERY: Final = 1024
 _MAX_CACHED_GROUP_IDS: Final = 4096
-# A failing report of one kind of effect is logged at most this often (seconds).
-_FAILURE_LOG_EVERY: Final = 60.0
 
 
 def _group_id(group: object) -> str:
@@ -145,7 +143,7 @@ class AdmissionTelemetry:
         )
         self._group_ids: dict[object, str] = {}
         # When a report of each kind of effect last failed and was logged.
-        self._failed_at: dict[str, float] = {}
+        self._guard = FailureGuard()
         # The update scope open now: the step ending inside it reports its effects there.
         self.current_update: UpdateScope | None = None
         self._instruments = AdmissionInstruments(meter, prometheus_page)
@@ -306,19 +304,11 @@ class AdmissionTelemetry:
             handler = EFFECT_HANDLERS.get(type(effect))
             if handler is None:
                 continue
-            try:
+            kind = type(effect).__name__
+            with self._guard.guarded(
+                f"reporting a {kind} effect", "the step's other effects are still reported"
+            ):
                 handler(self, effect)
-            except Exception:
-                kind = type(effect).__name__
-                now = time.monotonic()
-                if now - self._failed_at.get(kind, -_FAILURE_LOG_EVERY) >= _FAILURE_LOG_EVERY:
-                    self._failed_at[kind] = now
-                    self._log.warning(
-                        "could not report a %s effect (admission goes on; this is said once "
-                        "a minute per kind of effect)",
-                        kind,
-                        exc_info=True,
-                    )
 
     def cohort_rejected(
         self,

@@ -17,6 +17,7 @@ from workerset_admission.admission import RejectionReported, Succession
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
 from workerset_admission.telemetry import AdmissionTelemetry
 from workerset_admission.telemetry import names as n
+from workerset_admission.telemetry.guard import FailureGuard
 
 GROUP = GroupKey.build("llama", EndpointId("ns", "backend", "generate"), "chat", WorkerType.DECODE)
 SUCCESSION = Succession(GROUP, "a", "b", 1, 2, 1, 2)
@@ -24,7 +25,7 @@ REJECTION = RejectionReported(GROUP, "llama", GROUP.worker_set, "a", "b", "ns/b/
 
 
 def _failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if "could not report a Succession" in r.getMessage()]
+    return [r for r in caplog.records if "reporting a Succession effect failed" in r.getMessage()]
 
 
 def test_a_failing_report_is_logged_at_warning_once_a_minute_and_the_others_are_reported(
@@ -35,6 +36,8 @@ def test_a_failing_report_is_logged_at_warning_once_a_minute_and_the_others_are_
 
     monkeypatch.setattr(AdmissionTelemetry, "succession", broken)
     telemetry = harness.telemetry
+    now = [0.0]
+    telemetry._guard = FailureGuard(clock=lambda: now[0])
     with caplog.at_level(logging.WARNING):
         telemetry.effects([SUCCESSION, REJECTION])
         telemetry.effects([SUCCESSION, REJECTION])
@@ -47,7 +50,7 @@ def test_a_failing_report_is_logged_at_warning_once_a_minute_and_the_others_are_
     assert sum(point.value for point in rejected.values()) == 2
 
     # A minute on, the same kind is said again.
-    telemetry._failed_at["Succession"] -= 61.0
+    now[0] += 61.0
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         telemetry.effects([SUCCESSION])
