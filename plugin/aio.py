@@ -4,13 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import gc
 import logging
 import threading
-from collections.abc import Coroutine, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from typing import Any, TypeVar
 
-__all__ = ["cancel_and_wait", "collector_paused", "on_loop", "owned_task", "unwrap_group"]
+__all__ = [
+    "cancel_and_wait",
+    "collector_paused",
+    "off_loop",
+    "on_loop",
+    "owned_task",
+    "serving_loop",
+    "unwrap_group",
+]
+
+_T = TypeVar("_T")
+
+# The loop a call handed to a thread by :func:`off_loop` was made for.
+_SERVING_LOOP: contextvars.ContextVar[asyncio.AbstractEventLoop | None] = contextvars.ContextVar(
+    "serving_loop", default=None
+)
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]], *, retry: float = 0.5) -> None:
@@ -83,3 +99,25 @@ def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return threading.current_thread() is threading.main_thread() and not loop.is_running()
+
+
+async def off_loop(call: Callable[[], _T]) -> _T:
+    """Run ``call`` in a thread and await its result, so the loop keeps turning meanwhile.
+
+    Inside the call :func:`serving_loop` names the loop that handed it over (a status answer
+    rendered in a thread still counts that loop's tasks).
+    """
+    token = _SERVING_LOOP.set(asyncio.get_running_loop())
+    try:
+        # ``to_thread`` runs the call in a copy of this context, the loop set above included.
+        return await asyncio.to_thread(call)
+    finally:
+        _SERVING_LOOP.reset(token)
+
+
+def serving_loop() -> asyncio.AbstractEventLoop | None:
+    """Return the loop running in this thread, or the one that handed this call to a thread."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return _SERVING_LOOP.get()

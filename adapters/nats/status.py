@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nats.errors import Error as NatsError
+from workerset_admission.aio import off_loop
 from workerset_admission.keys import STATUS_SUBJECT
 
 __all__ = ["DEFAULT_STATUS_SUBJECT", "NatsStatusResponder", "fitted", "frontend_subject"]
@@ -65,7 +66,9 @@ class NatsStatusResponder:
     """A :class:`StatusResponder` over NATS request/reply.
 
     It answers on the shared subject (any one frontend replies) and, given its frontend id, on
-    that frontend's own subject too, so a tool can ask one frontend by name (``record``).
+    that frontend's own subject too, so a tool can ask one frontend by name (``record``). The
+    answer is rendered in a thread (``render`` must be safe to call from one), so the loop
+    keeps turning while a large status is put together.
     """
 
     def __init__(
@@ -82,7 +85,9 @@ class NatsStatusResponder:
             if not msg.reply:
                 return
             try:
-                await msg.respond(fitted(render, nc.max_payload))
+                # A fleet's status is large: rendered in a thread, the loop turns meanwhile.
+                body = await off_loop(lambda: fitted(render, nc.max_payload))
+                await msg.respond(body)
             except Exception:
                 # The status is the service's to render, whatever it holds; one request that
                 # cannot be answered must not end the subscription that answers the next.
