@@ -1,12 +1,12 @@
 """Failures in product code are loud: few blanket handlers, and each says what failed.
 
-A blanket handler catches whatever comes (``except Exception``, ``except BaseException``, a
-bare ``except:``, a tuple naming either, ``contextlib.suppress(Exception)``). Each one either
-raises again, returns what it caught to its caller (one outcome per change, as a writer's
-batch reports them), or logs at WARNING or above, in the handler itself, what failed; a ``suppress`` of
+A blanket handler catches whatever comes (``except Exception``, ``except BaseException``, a bare
+``except:``, a tuple naming either, ``contextlib.suppress(Exception)``). Each one either raises
+again, returns what it caught to its caller (one outcome per change, as a writer's batch reports
+them), or logs at WARNING or above, in the handler itself, what failed; a ``suppress`` of
 everything cannot say anything and is not allowed at all. The whole product holds at most
-``BUDGET`` of them, each a place where the process must go on whatever a part it does not
-own does (an observer, an exporter, Dynamo's own code).
+``BUDGET`` of them, each a place where the process must go on whatever a part it does not own
+does (an observer, an exporter, Dynamo's own code).
 """
 
 from __future__ import annotations
