@@ -123,7 +123,7 @@ def assert_replay_matches(
 
 def _trace_start(service: AdmissionService) -> float:
     """The live clock reading the trace counts its times from."""
-    [writer] = [o for o in service.step.observers if isinstance(o, TraceWriter)]
+    [writer] = [o for o in service.step.subscribers if isinstance(o, TraceWriter)]
     start = writer._start
     assert start is not None
     return start

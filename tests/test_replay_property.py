@@ -113,7 +113,7 @@ class _Frontend:
         )
         self.writer = TraceWriter(self.out, settings=settings_of(CORE), wall=lambda: 0.0)
         self.writer.begin(0.0)
-        self.step.observers.append(self.writer)
+        self.step.subscribe(self.writer)
         self.cards: dict[int, str] = {}
         self.adapters: dict[int, int] = {}
         self.drains: set[int] = set()

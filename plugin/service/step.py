@@ -14,26 +14,26 @@ effects.
 
 Effects are dispatched here and nowhere else: :data:`CARRIERS` maps each effect type to the
 step's one method for it, and that method calls one typed method of one part
-(``channels.open``, ``builds.commit``, ``hops.carry_taints``, an observer's
-``worker_drained`` ...). No part looks at an effect's type again. Telemetry is the one other
-reader of a step's effects, and reads them as a list: it reports them, by its own table, inside
-the update's span before they are carried out.
+(``channels.open``, ``builds.commit``, ``hops.carry_taints`` ...). No part looks at an
+effect's type again. Telemetry is the one other reader of a step's effects, and reads them as a
+list: it reports them, by its own table, inside the update's span before they are carried out.
 
 The clock is read once when a step begins (an event, a build result, a timer tick), and that
 one reading is used for everything the step does, so a replay whose clock is the recorded
-reading makes the very decisions the live step made. Observers see what the step saw and did,
-in order: every source event as it is handled (with the clock and the keys a reconciliation
-kept), every build result, every timer tick, every ingestion verdict, every input the step made
-itself (a refused commit, fed back as a core step of its own), every list of effects, and the
-end of each step. The live service's trace writer is one (it records every input and the digest
-of each step's effects); ``replay`` is another (it checks its own effects against those
-digests, and keeps its notes for ``explain``).
+reading makes the very decisions the live step made.
 
-The read models (the admitted view, the status and serving records) are handed one typed delta
-per step, at its end (:class:`~workerset_admission.ports.StepDelta`, made by
-:class:`~.delta.DeltaMaker` from what the step saw: the raw event, ingestion's verdicts, the
-effects, and the two effects it reads, a refused in-place change and a drain changed). One
-delta, one wake-up, per step, and nothing a read model must ask the service back.
+A step is heard one way: at its end, every subscriber (:meth:`AdmissionStep.subscribe`) is
+handed one immutable :class:`StepRecord` through its one method, ``heard``. The record holds
+what came in (a source event, a build result or a clock tick), the clock reading, the keys a
+reconciliation kept, ingestion's verdicts, every core step made (the input, or ``None`` for the
+arrival's own, and its effects; a refused commit fed back is a core step of its own) and the
+step's :class:`~workerset_admission.ports.StepDelta` (made by :class:`~.delta.DeltaMaker` from
+the raw event, the verdicts and the effects). The trace writer records the input and the digest
+of the effects; ``replay`` checks its own effects against those digests and keeps its notes for
+``explain``; the read models (the admitted view, the status and serving records) read the delta
+(:class:`DeltaReader`), and a listener of effects reads them (:class:`EffectReader`). One record,
+one wake-up, per step, and nothing a subscriber must ask the service back. A subscriber that
+raises is logged at WARNING and the others still hear the step.
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ class AdmissionStep:
         self._publications_changed = publications_changed
         self._log = log
         # The subscribers, each handed every step's record at its end, in this order.
-        self.observers: list[StepSubscriber] = []
+        self.subscribers: list[StepSubscriber] = []
         # Makes the read models' delta from what the step saw, at its end.
         self._deltas = deltas
         self.notifications = 0
@@ -276,7 +276,7 @@ class AdmissionStep:
 
     def subscribe(self, subscriber: StepSubscriber) -> None:
         """Hand ``subscriber`` the record of every step from now on (on the loop, at its end)."""
-        self.observers.append(subscriber)
+        self.subscribers.append(subscriber)
 
     # -- source events -------------------------------------------------------------------------
 
@@ -417,7 +417,7 @@ class AdmissionStep:
         if hearing is None:
             return  # already ended (inside its update's scope)
         delta = None if self._deltas is None else self._deltas.finish()
-        if not self.observers:
+        if not self.subscribers:
             return
         record = StepRecord(
             came_in=hearing.came_in,
@@ -429,7 +429,7 @@ class AdmissionStep:
             delta=delta,
             changed=hearing.changed,
         )
-        for subscriber in self.observers:
+        for subscriber in self.subscribers:
             try:
                 subscriber.heard(record)
             except Exception:  # noqa: PERF203 - a subscriber must never stop admission

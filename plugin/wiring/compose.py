@@ -3,7 +3,8 @@
 ``serve`` and the Dynamo frontend's route extension both start the service through
 :func:`create_service` (also the ``workerset_admission.plugins`` entry point). This is the one
 module that sees both the service and the adapters it is plugged into: the service itself
-imports no adapter and no part of ``traces/``; what it is told of, it is told as an observer.
+imports no adapter and no part of ``traces/``; what happens in it, a part hears as a subscriber
+of its steps.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def attach_trace_writer(
 ) -> TraceWriter | None:
     """Record the service's steps to ``settings.trace_out``, if set; return the writer.
 
-    The writer is one of the step's observers, and it closes its file once every task of the
+    The writer subscribes to the service's steps, and it closes its file once every task of the
     service has ended (``serve --trace-out``; ``replay`` checks what it wrote).
     """
     path = service.settings.trace_out
