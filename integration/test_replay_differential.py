@@ -41,7 +41,7 @@ from workerset_admission.admission import CommitGroup, CoreSettings, Effect, Rej
 from workerset_admission.card import encode_model_record
 from workerset_admission.cli.connection import client_options
 from workerset_admission.cli.traces import decision_state_of, record_trace
-from workerset_admission.errors import Unreachable
+from workerset_admission.errors import Unreachable, UsageError
 from workerset_admission.keys import model_kv_key
 from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.bindings import HopBindings
@@ -503,7 +503,7 @@ async def test_a_refused_projection_and_a_refused_commit_replay_where_they_happe
     def first_refused(self: HopBindings, effect: CommitGroup, pipeline: object = None) -> None:
         if not refused:
             refused.append(effect)
-            raise RuntimeError("no open admission channel")
+            raise UsageError("no open admission channel")  # as HopBindings.commit refuses
         commit(self, effect, pipeline)
 
     monkeypatch.setattr(HopBindings, "commit", first_refused)

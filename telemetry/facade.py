@@ -304,11 +304,13 @@ class AdmissionTelemetry:
             handler = EFFECT_HANDLERS.get(type(effect))
             if handler is None:
                 continue
-            kind = type(effect).__name__
-            with self._guard.guarded(
-                f"reporting a {kind} effect", "the step's other effects are still reported"
-            ):
+            try:
                 handler(self, effect)
+            except Exception:  # one report failing must not stop the others
+                self._guard.warning(
+                    f"reporting a {type(effect).__name__} effect",
+                    "the step's other effects are still reported",
+                )
 
     def cohort_rejected(
         self,

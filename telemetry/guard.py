@@ -63,17 +63,24 @@ class FailureGuard:
         try:
             yield
         except Exception:  # code of an exporter, a propagator or a callback: see the docstring
-            more = self._due(kind)
-            if more is not None:
-                since = f" ({more} more since the last warning)" if more else ""
-                _log.warning(
-                    "telemetry: %s failed%s; %s (admission is unaffected; said at most once "
-                    "a minute)",
-                    kind,
-                    since,
-                    kept,
-                    exc_info=True,
-                )
+            self.warning(kind, kept)
+
+    def warning(self, kind: str, kept: str) -> None:
+        """Say at WARNING, with the traceback being handled, that ``kind`` failed and ``kept``.
+
+        For a handler of its own (a hot path that cannot afford a context manager per call):
+        the same rule, once a minute per kind, the failures in between counted.
+        """
+        more = self._due(kind)
+        if more is not None:
+            since = f" ({more} more since the last warning)" if more else ""
+            _log.warning(
+                "telemetry: %s failed%s; %s (admission is unaffected; said at most once a minute)",
+                kind,
+                since,
+                kept,
+                exc_info=True,
+            )
 
 
 _GUARD = FailureGuard()

@@ -20,6 +20,7 @@ from support.cards import base_card, lora_card, model_delete, model_entry, model
 from support.fakes import FakeBuilder, FakeClock, FakeSource, settle
 from workerset_admission.admission import CommitGroup
 from workerset_admission.cli import main
+from workerset_admission.errors import UsageError
 from workerset_admission.ports import SourceDelete, SourceListing
 from workerset_admission.service.admission_service import AdmissionService
 from workerset_admission.service.bindings import HopBindings
@@ -96,7 +97,7 @@ def refusing_first_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def first_refused(self: HopBindings, effect: CommitGroup, pipeline: object = None) -> None:
         if not refused:
             refused.append(effect)
-            raise RuntimeError("no open admission channel")
+            raise UsageError("no open admission channel")  # as HopBindings.commit refuses
         commit(self, effect, pipeline)
 
     monkeypatch.setattr(HopBindings, "commit", first_refused)
@@ -143,7 +144,7 @@ async def test_a_commit_a_hop_refused_is_recorded_and_refused_again_in_replay(
     [refusal] = [json.loads(line) for line in lines if '"commit_failed"' in line]
     assert (refusal["phase"], refusal["error"]) == (
         "commit",
-        "RuntimeError: no open admission channel",
+        "UsageError: no open admission channel",
     )
     _same_state(service, lines)
 

@@ -269,6 +269,8 @@ class _InWords:
 
     def __init__(self, publisher: AdmissionPublisher) -> None:
         self._publisher = publisher
+        # The service names itself by the frontend its publisher writes for.
+        self.frontend_id: str | None = getattr(publisher, "frontend_id", None)
 
     async def _call(self, call: Awaitable[_T]) -> _T:
         try:
