@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,6 +118,14 @@ def test_the_tree_holds_its_measured_path(measured: dict[str, Any]) -> None:
     assert measured["file_count"] <= MEASURED_FILES, measured["files"]
     assert measured["returns"] <= MEASURED_RETURNS
     assert all(p["file_count"] <= MEASURED_FILES for p in measured["per_put"])
+
+
+def test_the_readme_gives_the_path_this_tree_takes(measured: dict[str, Any]) -> None:
+    readme = " ".join((SCRIPT.parents[2] / "README.md").read_text(encoding="utf-8").split())
+    said = re.search(r"One discovery put crosses (\d+) of the package's files", readme)
+    assert said is not None
+    assert int(said.group(1)) == measured["file_count"]
+    assert "integration/bench/put_path.py" in readme
 
 
 def test_a_new_models_first_worker_takes_in_its_build(

@@ -28,6 +28,7 @@ SECTIONS = [
     "Drains and the rollout gate",
     "Configuration",
     "Operating it",
+    "Architecture",
     "Further reading",
 ]
 
@@ -134,21 +135,26 @@ def test_every_file_the_readme_and_the_moved_pages_name_exists(page: Path) -> No
         assert len(named) > 20  # the code map names the files it sends a reader to
 
 
-def test_what_the_readme_quotes_of_the_code_and_the_images_is_there() -> None:
+def test_what_the_deploying_page_quotes_of_the_code_and_the_images_is_there() -> None:
     readme = " ".join(_text(README).split())
+    deploying = " ".join(_text(DOCS / "deploying.md").split())
     serve = _text(ROOT / "plugin" / "cli" / "serve.py")
     frontend_image = _text(ROOT / "deploy" / "container" / "Containerfile.frontend")
     view = _text(ROOT / "adapters" / "dynamo" / "view_directory.py")
+    # The README sends the reader to the two sections that say it.
+    for section in ("Baked-in settings and a manifest", "a containerised serve's embedded NATS"):
+        assert section in readme, section
+        assert section in deploying, section
     # The embedded server's announcement line and the second writer's refusal.
-    assert "embedded nats-server listening on ..." in readme
+    assert "embedded nats-server listening on ..." in deploying
     assert "embedded nats-server listening on {server.url}" in serve
-    assert "is owned by another live writer" in readme
+    assert "is owned by another live writer" in deploying
     assert "is owned by another live writer" in view
-    # The settings the README says the frontend image bakes in.
+    # The settings the page says the frontend image bakes in.
     for setting in (
         "DYN_FILE_KV=/view",
         "WORKERSET_ADMISSION_VIEW_DIR=/view",
         "DYN_FRONTEND_ROUTE_EXTENSIONS=workerset-admission",
     ):
-        assert f"`{setting}`" in readme, setting
+        assert f"`{setting}`" in deploying, setting
         assert setting in frontend_image, setting
