@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.dynamo.view import RecordTable, ViewFile, file_name_for
-from workerset_admission.adapters.dynamo.view_records import Tie
+from workerset_admission.view.records import Tie
 from workerset_admission.admission import AdmissionCore, MutationRefused
 from workerset_admission.card import (
     BoundarySettings,
