@@ -472,8 +472,7 @@ def test_only_a_composition_root_sees_the_adapters_from_above() -> None:
     offenders = [
         f"{modules[name].relative_to(ROOT)} imports {target}"
         for name, targets in _graph().items()
-        if _room(name)
-        in ("service", "traces", "telemetry", "admission", "card", "view", "rollout")
+        if _room(name) in ("service", "traces", "telemetry", "admission", "card", "view", "rollout")
         and not modules[name].relative_to(ROOT).as_posix().startswith(_COMPOSITION_ROOTS)
         for target in sorted(targets)
         if _room(target) == "adapters"

@@ -331,7 +331,9 @@ class AdmittedView:
         if writes:
             # Written aside and registered together (one sync), then each made to appear.
             self._files.stage([(file, value) for file, value, _ in writes])
-        written, unwritten = [], set()
+        written: list[ViewFile] = []
+        # The groups a write failed for: a removal tied to one waits for the next pass.
+        unwritten: set[GroupKey] = set()
         for file, value, groups in writes:
             if self._publish(file, value):
                 written.append(file)
@@ -466,9 +468,7 @@ class AdmittedView:
             self._inodes.pop(file, None)
             failed = self._unremovable.pop(file, 0)
             if failed:
-                _log.info(
-                    "admitted view: removed %s after %d failed attempt(s)", file[1], failed
-                )
+                _log.info("admitted view: removed %s after %d failed attempt(s)", file[1], failed)
             done.append(file)
         return done
 
@@ -528,8 +528,6 @@ class AdmittedView:
     def refreshing(self) -> bool:
         """Whether a refresh is under way (more :meth:`keep_alive` calls are due soon)."""
         return bool(self._touch_round)
-
-
 
 
 class ViewService(Protocol):

@@ -122,6 +122,7 @@ _AHEAD_MARGIN = 30.0
 _LEASED_AHEAD = DEFAULT_FILE_TTL + 5.0
 _log = logging.getLogger("workerset_admission.adapters.dynamo.view")
 
+
 def file_name_for(path: str) -> str:
     """Dynamo's file name for a discovery path: every byte outside ``[A-Za-z0-9]`` as ``%XX``."""
     return store_file_name(path)

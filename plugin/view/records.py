@@ -132,7 +132,9 @@ class RecordTable:
         lookup = self.lookup_last_known if last_known else self.lookup
         own = lookup("worker", namespace, component, instance_id)
         sources = [
-            s for s in lookup("source", namespace, None, instance_id) if s.component in (None, component)
+            s
+            for s in lookup("source", namespace, None, instance_id)
+            if s.component in (None, component)
         ]
         events = list(sources)
         for source in sources:
