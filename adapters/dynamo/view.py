@@ -102,10 +102,13 @@ kept while the writer retries, never touched (their horizon runs from the predec
 touch, not from a restart that knows nothing newer), and withdrawn when that horizon ends. A
 horizon beyond one lease from now (a predecessor whose clock ran ahead) is cut back to it.
 
-The parts live beside this module: ``view_directory`` (file naming, the lock, the registry, the
-lease's clock, the real directory), ``view_records`` (the record table the deltas fill),
-``view_publish`` (the plan and the publication order). This module holds the writer that runs
-them from the service, and every public name of the view is importable from here.
+What the view holds and in what order each change goes is decided by the pure plan
+(``workerset_admission.view``: ``records``, the record table the deltas fill; ``plan``, the
+files each tenure calls for and the phase of each change). This module and ``view_directory``
+(file naming, the lock, the registry, the lease's clock, the real directory) carry it out:
+:class:`AdmittedView` keeps what the directory holds, asks the plan for the changes and applies
+them in the plan's order, and :class:`ViewWriter` runs it from the service. Every public name of
+the view is importable from here.
 """
 
 from __future__ import annotations
