@@ -266,6 +266,20 @@ def test_adopted_files_the_plan_does_not_want_are_withdrawn_and_wanted_ones_rewr
     assert (Phase.WRITE, mdc_file(A1)) in [(c.phase, c.file) for c in changes]
 
 
+def test_a_workers_records_are_its_own_and_its_sources_channels_in_its_component() -> None:
+    table = table_of(worker_records(A1, channels=("kv_metrics",)), worker_records(A2))
+
+    own, events = table.worker_records("pns", "backend", A1)
+
+    assert {r.file for r in own} == {instance_file(A1), query_file(A1), mdc_file(A1)}
+    # Its KV event source, then the channel its publisher published in the same scope; the
+    # endpoint's other channels name no worker and are the scope's.
+    assert [r.file[0] for r in events] == ["event_sources", "event_channels"]
+    assert {r.instance_id for r in events} == {A1 % 1000 + 5000}
+    assert table.worker_records("pns", "frontend", A1) == ([], [])
+    assert table.worker_records("other", "backend", A1) == ([], [])
+
+
 _IMPURE = {"asyncio", "logging", "os", "pathlib", "socket", "threading", "time", "nats"}
 
 
