@@ -176,6 +176,7 @@ _ROOMS = {
     "rollout",
     "service",
     "traces",
+    "view",
     "wiring",
 }
 
@@ -199,7 +200,8 @@ _NO_ADAPTERS = ("plugin/settings.py", "plugin/identity.py", "plugin/keys.py", "p
         p
         for p in _modules()
         if p.relative_to(ROOT).as_posix() in _NO_ADAPTERS
-        or p.relative_to(ROOT).parts[:2] in (("plugin", "admission"), ("plugin", "card"))
+        or p.relative_to(ROOT).parts[:2]
+        in (("plugin", "admission"), ("plugin", "card"), ("plugin", "view"))
     ],
     ids=lambda p: p.relative_to(ROOT).as_posix(),
 )
@@ -294,7 +296,7 @@ def test_the_admission_core_makes_its_values_one_plain_way() -> None:
 # factory, the commands, the frontend's routes) at the top, the only modules that see both the
 # service and the adapters it is plugged into.
 
-_ROOMS_BELOW_ADAPTERS = ("admission", "card")
+_ROOMS_BELOW_ADAPTERS = ("admission", "card", "view")
 # Every other room, a new one included, is above the adapters.
 _ROOMS_ABOVE_ADAPTERS = tuple(sorted(_ROOMS - set(_ROOMS_BELOW_ADAPTERS)))
 # Where the service is put together with its adapters.
@@ -470,7 +472,7 @@ def test_only_a_composition_root_sees_the_adapters_from_above() -> None:
     offenders = [
         f"{modules[name].relative_to(ROOT)} imports {target}"
         for name, targets in _graph().items()
-        if _room(name) in ("service", "traces", "telemetry", "admission", "card", "rollout")
+        if _room(name) in ("service", "traces", "telemetry", "admission", "card", "view", "rollout")
         and not modules[name].relative_to(ROOT).as_posix().startswith(_COMPOSITION_ROOTS)
         for target in sorted(targets)
         if _room(target) == "adapters"
@@ -492,12 +494,14 @@ def test_the_arrow_rules_see_an_arrow_that_runs_back_up() -> None:
 # Every module in a layer, lowest first: an arrow points to a lower layer or within its own.
 # The loose vocabulary is split by what it leans on: most of it on nothing of the project;
 # the settings, Dynamo's store paths and the package's face on the core's and the card's
-# names, below the adapters that read them. The service is told of its trace, view and
+# names, below the adapters that read them. The view's plan reads the card's record keys and is
+# read by the adapter that writes the view's directory. The service is told of its trace, view and
 # publishers as observers and ports, so it imports neither the adapters nor traces/; traces/
 # reads the service's step; the composition roots see everything.
 _LAYERS = (
     ("identity", "errors", "keys", "ports", "aio", "routing", "ownership", "mirror", "examples"),
     ("admission", "card"),
+    ("view",),
     ("settings", "discovery_paths", ""),
     ("adapters", "telemetry"),
     ("service",),

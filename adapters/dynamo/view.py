@@ -102,10 +102,13 @@ kept while the writer retries, never touched (their horizon runs from the predec
 touch, not from a restart that knows nothing newer), and withdrawn when that horizon ends. A
 horizon beyond one lease from now (a predecessor whose clock ran ahead) is cut back to it.
 
-The parts live beside this module: ``view_directory`` (file naming, the lock, the registry, the
-lease's clock, the real directory), ``view_records`` (the record table the deltas fill),
-``view_publish`` (the plan and the publication order). This module holds the writer that runs
-them from the service, and every public name of the view is importable from here.
+What the view holds and in what order each change goes is decided by the pure plan
+(``workerset_admission.view``: ``records``, the record table the deltas fill; ``plan``, the
+files each tenure calls for and the phase of each change). This module and ``view_directory``
+(file naming, the lock, the registry, the lease's clock, the real directory) carry it out:
+:class:`AdmittedView` keeps what the directory holds, asks the plan for the changes and applies
+them in the plan's order, and :class:`ViewWriter` runs it from the service. Every public name of
+the view is importable from here.
 """
 
 from __future__ import annotations
@@ -114,8 +117,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import unquote
 
 from workerset_admission.adapters.dynamo.filestore import DEFAULT_FILE_TTL
 from workerset_admission.adapters.dynamo.view_directory import (
@@ -130,24 +135,25 @@ from workerset_admission.adapters.dynamo.view_directory import (
     check_frontend_store,
     file_name_for,
 )
-from workerset_admission.adapters.dynamo.view_publish import (
-    REFRESH_SLICE_EVERY,
+from workerset_admission.errors import wire_text
+from workerset_admission.identity import GroupKey
+from workerset_admission.ports import DeltaSubscriber, StepDelta, SteppedRecord, TenureFacts
+from workerset_admission.view.plan import (
     SCOPE_TOPICS,
-    AdmittedView,
-    SyncReport,
-    Tenure,
+    FileChange,
+    Phase,
     ViewChanges,
+    ViewPlan,
+    note_ties,
     plan_view,
 )
-from workerset_admission.adapters.dynamo.view_records import PublishableRecord, RecordTable, Tie
-from workerset_admission.errors import wire_text
-from workerset_admission.identity import EndpointId, GroupKey
-from workerset_admission.ports import DeltaSubscriber, StepDelta, SteppedRecord
+from workerset_admission.view.records import PublishableRecord, RecordTable
 
 __all__ = [
     "BUCKETS",
     "LOCK_NAME",
     "MANIFEST_NAME",
+    "REFRESH_SLICE_EVERY",
     "REGISTRY_NAME",
     "SCOPE_TOPICS",
     "AdmittedView",
@@ -174,6 +180,358 @@ _log = logging.getLogger(__name__)
 # How many tenures a pass's log line names; the rest are counted.
 _LOGGED_TENURES = 5
 
+# One committed tenure as the view sees it (the delta's facts): group, build generation,
+# routable ids, those served on last known records, the drained generation it takes over from,
+# and the LoRA adapters its projection serves.
+Tenure = TenureFacts
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    """What one pass did, in the order it did it: write, withdraw, remove.
+
+    ``withdrawn`` are the files of tenures that ended, ``removed`` those of members that left
+    a live tenure.
+    """
+
+    written: tuple[ViewFile, ...] = ()
+    withdrawn: tuple[ViewFile, ...] = ()
+    removed: tuple[ViewFile, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.withdrawn or self.written or self.removed)
+
+
+# Files touched per call of :meth:`AdmittedView.keep_alive`: a refresh of a large view is spread
+# over many calls, so no single one holds the service's loop for long. The writer calls again
+# every ``REFRESH_SLICE_EVERY`` seconds while a refresh is under way; a view too large to refresh
+# in half its interval at this pace takes larger slices, because a file the store expires drops
+# its worker from the frontend.
+_TOUCH_SLICE = 500
+REFRESH_SLICE_EVERY = 0.02
+# Files stat'ed per :meth:`AdmittedView.verify`: a few milliseconds, every second.
+_VERIFY_SLICE = 1000
+# Names whose writes keep failing that the view remembers, to warn once for each.
+_MAX_FAILING = 4096
+
+
+class AdmittedView:
+    """The view's directory and its differ, over any :class:`ViewFiles`.
+
+    What the view must hold, and in what order each change goes, is the pure plan's
+    (:class:`~workerset_admission.view.plan.ViewPlan`); this keeps what the directory holds,
+    asks the plan for the changes, applies them in order, and tells the plan what came of
+    them. Synchronous and clock-injected, so every rule is reachable from a unit test; the
+    :class:`ViewWriter` drives it from the service's loop.
+    """
+
+    def __init__(
+        self,
+        files: ViewFiles,
+        *,
+        refresh_interval: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._files = files
+        self.refresh_interval = refresh_interval
+        self._clock = clock
+        self._plan = ViewPlan()
+        # What the directory holds (``None``: a previous writer's file, content unknown).
+        self._written: dict[ViewFile, bytes | None] = {}
+        self._warned_topics: set[str] = set()
+        # Failed writes by record file name: how many tries failed since the last success;
+        # and the files whose removal failed, with how many tries.
+        self._failing: dict[str, int] = {}
+        self._unremovable: dict[ViewFile, int] = {}
+        self._last_touch = clock()
+        self._touch_round: list[ViewFile] = []
+        self._touch_slice = _TOUCH_SLICE
+        # The inode each written file got, and the files the current verification round has
+        # still to check (see :meth:`verify`).
+        self._inodes: dict[ViewFile, int] = {}
+        self._verify_round: list[ViewFile] = []
+        self.publish_errors = 0
+
+    @property
+    def files(self) -> dict[ViewFile, bytes | None]:
+        """What the view holds now (``None``: a previous writer's file, content unknown)."""
+        return dict(self._written)
+
+    def __len__(self) -> int:
+        """How many files the view holds."""
+        return len(self._written)
+
+    @property
+    def holding(self) -> bool:
+        """Whether a tenure serves members on their last known records (planned in full)."""
+        return self._plan.holding
+
+    @property
+    def unsettled(self) -> int:
+        """Files whose directory state still differs from the plan (failed writes, removals)."""
+        return self._plan.unsettled
+
+    def groups_in(self, namespace: str) -> frozenset[GroupKey]:
+        """Return the groups of the namespace that have a tenure in the view."""
+        return self._plan.groups_in(namespace)
+
+    def wanted(self) -> dict[ViewFile, tuple[bytes, frozenset[tuple[GroupKey, int]]]]:
+        """Return what the plan says the view must hold, shaped as :func:`plan_view` does."""
+        return self._plan.wanted()
+
+    def adopt_leftovers(self) -> int:
+        """Take over the files a previous writer registered; the first sync settles them.
+
+        Every file the directory's registry names, whatever instant that writer died at: the
+        first sync writes again those the plan holds (their content is not known) and removes
+        the rest. They are not touched meanwhile: if no sync comes, they expire as the dead
+        writer's would have.
+        """
+        registered = self._files.registered()
+        for file in registered:
+            self._written.setdefault(file, None)
+        self._plan.adopt(registered)
+        return len(self._written)
+
+    # -- the two paths ---------------------------------------------------------------------------
+
+    def sync(
+        self,
+        tenures: Sequence[Tenure],
+        table: RecordTable,
+        drained: Collection[tuple[str, int]] = (),
+    ) -> SyncReport:
+        """Make the directory equal to the view the tenures and records call for, planned anew.
+
+        The changes go in the plan's phases (:mod:`workerset_admission.view.plan`): the files
+        of tenures that ended first, then the new files, then the departed members of tenures
+        that go on, a drained tenure handing over last and only once its successor's files
+        are written; a drained worker's endpoint records stay while its own are in the bucket.
+        """
+        everything = ViewChanges(tenures={t.group: t for t in tenures}, everything=True)
+        return self.update(everything, table, drained)
+
+    def update(
+        self,
+        changes: ViewChanges,
+        table: RecordTable,
+        drained: Collection[tuple[str, int]] = (),
+    ) -> SyncReport:
+        """Have the plan take ``changes`` in, then apply what it says, in its order."""
+        planned = self._plan.update(changes, table, self._written, drained)
+        self._warn_untied(self._plan.untied)
+        return self._apply(planned)
+
+    def retry(self, table: RecordTable, drained: Collection[tuple[str, int]] = ()) -> SyncReport:
+        """Try again what the last passes could not write or remove (nothing else changed)."""
+        return self._apply(self._plan.publication(self._written, table, drained))
+
+    def _apply(self, changes: Sequence[FileChange]) -> SyncReport:
+        """Apply the plan's changes in order; a removal waits for the writes it is tied to."""
+        withdrawn = self._remove_all(c.file for c in changes if c.phase is Phase.WITHDRAW)
+        writes = [(c.file, c.value, c.groups) for c in changes if c.value is not None]
+        if writes:
+            # Written aside and registered together (one sync), then each made to appear.
+            self._files.stage([(file, value) for file, value, _ in writes])
+        written: list[ViewFile] = []
+        # The groups a write failed for: a removal tied to one waits for the next pass.
+        unwritten: set[GroupKey] = set()
+        for file, value, groups in writes:
+            if self._publish(file, value):
+                written.append(file)
+            else:
+                unwritten |= groups
+        removed = self._remove_all(
+            c.file for c in changes if c.phase is Phase.REMOVE and not c.groups & unwritten
+        )
+        self._plan.settled(self._written)
+        return SyncReport(tuple(written), tuple(withdrawn), tuple(removed))
+
+    # -- files altered from outside --------------------------------------------------------------
+
+    def _note_identity(self, file: ViewFile) -> None:
+        try:
+            identity = self._files.identity(file)
+        except OSError:
+            identity = None
+        if identity is None:
+            self._inodes.pop(file, None)
+        else:
+            self._inodes[file] = identity[1]
+
+    def verify(self) -> int:
+        """Check the next slice of the written files; mark pending any altered from outside.
+
+        A file is checked by a stat: its size against the bytes written, its inode against the
+        one the write made (a write from outside that keeps both, an in-place rewrite of the
+        same length, is not seen). Returns how many of the slice were altered or gone; the
+        caller settles them (:meth:`retry`).
+        """
+        if not self._verify_round:
+            self._verify_round = [f for f, value in self._written.items() if value is not None]
+        batch = self._verify_round[-_VERIFY_SLICE:]
+        del self._verify_round[-_VERIFY_SLICE:]
+        altered = []
+        for file in batch:
+            value = self._written.get(file)
+            if value is None:
+                continue  # gone since the round began, or a previous writer's file
+            try:
+                identity = self._files.identity(file)
+            except OSError:
+                continue
+            if (
+                identity is not None
+                and identity[0] == len(value)
+                and self._inodes.get(file, identity[1]) == identity[1]
+            ):
+                continue
+            altered.append(file)
+            self._written[file] = None  # its content is no longer known: written again
+            self._plan.dirty(file)
+        if altered:
+            _log.warning(
+                "admitted view: %d file(s) altered or removed from outside (first: %s/%s); "
+                "written again",
+                len(altered),
+                *altered[0],
+            )
+        return len(altered)
+
+    # -- carrying the changes out ----------------------------------------------------------------
+
+    def _warn_untied(self, topics: Iterable[str]) -> None:
+        for topic in sorted(set(topics) - self._warned_topics):
+            self._warned_topics.add(topic)
+            _log.warning(
+                "admitted view: event channel topic %r is left out: no record ties its "
+                "publishers to a worker, so the frontend on the view does not hear it (it "
+                "would on the workers' own store)",
+                topic,
+            )
+
+    def _publish(self, file: ViewFile, value: bytes) -> bool:
+        try:
+            self._files.publish(file, value)
+        except OSError as exc:
+            # Kept pending, so the next pass (or the next refresh) tries again.
+            self.publish_errors += 1
+            self._write_failed(file, exc)
+            return False
+        self._written[file] = value
+        self._note_identity(file)
+        self._unremovable.pop(file, None)
+        failed = self._failing.pop(file[1], 0)
+        if failed:
+            _log.info("admitted view: wrote %s after %d failed attempt(s)", file[1], failed)
+        return True
+
+    def _write_failed(self, file: ViewFile, exc: OSError) -> None:
+        """Warn once per record name (a worker's instance and card files share it), counting.
+
+        Every pass tries a failed file again; a warning per try would flood the log with one
+        line per file per pass, so later failures of a name only count, and a write that
+        succeeds at last says how many tries failed.
+        """
+        failing = self._failing
+        count = failing.get(file[1], 0)
+        if not count and len(failing) >= _MAX_FAILING:
+            failing.clear()  # names that are no longer wanted: forget them, bounded
+        failing[file[1]] = count + 1
+        if not count:
+            _log.warning(
+                "admitted view: could not write %s/%s: %s (retried at every pass; "
+                "reported again only once it is written)",
+                file[0],
+                file[1],
+                exc.strerror or exc,
+            )
+
+    def _remove_all(self, files: Iterable[ViewFile]) -> list[ViewFile]:
+        done = []
+        for file in files:
+            try:
+                self._files.remove(file)
+            except OSError as exc:
+                self.publish_errors += 1
+                # Tried again at every refresh; said once, and again when it goes at last.
+                if not self._unremovable.get(file):
+                    _log.warning(
+                        "admitted view: could not remove %s/%s: %s (tried again at every "
+                        "refresh; this frontend's serving record keeps naming the worker "
+                        "meanwhile)",
+                        file[0],
+                        file[1],
+                        exc.strerror or exc,
+                    )
+                self._unremovable[file] = self._unremovable.get(file, 0) + 1
+                continue
+            self._written.pop(file, None)
+            self._inodes.pop(file, None)
+            failed = self._unremovable.pop(file, 0)
+            if failed:
+                _log.info("admitted view: removed %s after %d failed attempt(s)", file[1], failed)
+            done.append(file)
+        return done
+
+    def unremoved_cards(self) -> dict[str, set[str]]:
+        """Return the workers whose cards the view could not remove, per namespace.
+
+        Their instance keys (``ns/component/endpoint/id``): the frontend may still route to
+        them, so this frontend's serving record must keep naming them.
+        """
+        out: dict[str, set[str]] = {}
+        for bucket, name in self._unremovable:
+            if bucket != "mdc":
+                continue
+            parts = unquote(name).split("/")
+            if len(parts) >= 4:
+                out.setdefault(parts[0], set()).add("/".join(parts[:4]))
+        return out
+
+    def keep_alive(self, *, force: bool = False) -> int:
+        """Touch the published files when a refresh is due; return how many were touched.
+
+        A refresh is spread over calls of ``_TOUCH_SLICE`` files each (see :attr:`refreshing`),
+        so a large view never holds the loop for long, and always done within half the refresh
+        interval. A file someone else deleted (an expiry sweep after a stall) is written again.
+        """
+        now = self._clock()
+        if not self._touch_round:
+            if not force and now - self._last_touch < self.refresh_interval:
+                return 0
+            self._last_touch = now
+            self._touch_round = [f for f, value in self._written.items() if value is not None]
+            calls = max(1, int(self.refresh_interval / 2 / REFRESH_SLICE_EVERY))
+            self._touch_slice = max(_TOUCH_SLICE, -(-len(self._touch_round) // calls))
+        size = self._touch_slice
+        batch = self._touch_round[-size:]
+        del self._touch_round[-size:]
+        touched = 0
+        for file in batch:
+            value = self._written.get(file)
+            if value is None:
+                continue  # gone since the round began, or a previous writer's file
+            try:
+                alive = self._files.touch(file)
+            except OSError as exc:
+                _log.debug("admitted view: could not touch %s/%s: %s", file[0], file[1], exc)
+                continue
+            if not alive:
+                del self._written[file]
+                self._plan.dirty(file)
+                self._publish(file, value)
+                if self._written.get(file) == value:
+                    self._plan.clean(file)
+            touched += 1
+        return touched
+
+    @property
+    def refreshing(self) -> bool:
+        """Whether a refresh is under way (more :meth:`keep_alive` calls are due soon)."""
+        return bool(self._touch_round)
+
 
 class ViewService(Protocol):
     """The admission service as the writer uses it: it hands the writer every step's record."""
@@ -183,22 +541,6 @@ class ViewService(Protocol):
     def before_publication(self, hook: Callable[[], object]) -> None: ...
 
     def also_serving(self, provider: Callable[[], Mapping[str, Collection[str]]]) -> None: ...
-
-
-def note_ties(table: RecordTable, ties: Iterable[Tie], changes: ViewChanges) -> None:
-    """Add to ``changes`` the workers and endpoints the records of ``ties`` belong to."""
-    for kind, namespace, component, number in ties:
-        if kind == "scope":
-            assert component is not None
-            assert isinstance(number, str)
-            changes.scopes.add(EndpointId(namespace, component, number))
-        elif kind == "channel":
-            # A channel is its publisher's, and a publisher is the worker its source names.
-            for source in table.lookup("publisher", namespace, None, number):
-                if source.worker_id is not None:
-                    changes.workers.add((namespace, source.worker_id))
-        elif isinstance(number, int):
-            changes.workers.add((namespace, number))
 
 
 class ViewWriter:

@@ -82,6 +82,8 @@ from typing import IO, Protocol
 from workerset_admission.adapters.dynamo.filestore import DEFAULT_FILE_TTL
 from workerset_admission.errors import ViewDirectoryError, ViewDirectoryUnavailable
 from workerset_admission.identity import store_file_name
+from workerset_admission.view.plan import BUCKETS
+from workerset_admission.view.records import ViewFile
 
 __all__ = [
     "BUCKETS",
@@ -100,9 +102,6 @@ __all__ = [
     "read_registry",
 ]
 
-# Publication order inside one pass: the model card last, so the frontend finds the instance
-# and event records already there when the card makes it build the model; removal is reversed.
-BUCKETS: tuple[str, ...] = ("event_sources", "event_channels", "instances", "mdc")
 LOCK_NAME = ".workerset-admission.lock"
 # The registry of the files this writer (or a predecessor) may hold: one entry per file.
 REGISTRY_NAME = ".workerset-admission.d"
@@ -122,9 +121,6 @@ _AHEAD_MARGIN = 30.0
 # writer whose manifest was lost): Dynamo's own writers stamp now.
 _LEASED_AHEAD = DEFAULT_FILE_TTL + 5.0
 _log = logging.getLogger("workerset_admission.adapters.dynamo.view")
-
-ViewFile = tuple[str, str]
-"""A file of the view: (bucket, file name)."""
 
 
 def file_name_for(path: str) -> str:

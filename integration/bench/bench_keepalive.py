@@ -26,9 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workerset_admission.adapters.dynamo.view import AdmittedView, DirectoryFiles, Horizon
+from workerset_admission.adapters.dynamo.view import (
+    REFRESH_SLICE_EVERY,
+    AdmittedView,
+    DirectoryFiles,
+    Horizon,
+)
 from workerset_admission.adapters.dynamo.view_directory import BUCKETS
-from workerset_admission.adapters.dynamo.view_publish import REFRESH_SLICE_EVERY
 
 HORIZONS = (10.0, 600.0)
 

@@ -8,7 +8,8 @@ and ended; drains set and lifted; holds), after every step:
 
 * the live writer's directory equals that of a view planning everything at every step, with
   the same pass reports (what was written, withdrawn and removed, in order);
-* what the live view wants is exactly :func:`plan_view`;
+* what the live view wants is exactly the pure plan's full re-plan (:func:`plan_view`), and
+  a plan started afresh and told what the live directory holds asks for no change at all;
 * a view started afresh on the same records and tenures holds the same files (the drained
   workers' endpoint records a live view keeps until they leave the bucket aside: a fresh
   start never writes them);
@@ -33,7 +34,6 @@ from workerset_admission.adapters.dynamo.view import (
     Tenure,
     ViewWriter,
     file_name_for,
-    plan_view,
 )
 from workerset_admission.admission import AdmissionCore, MutationRefused
 from workerset_admission.identity import GroupKey, WorkerType
@@ -46,6 +46,7 @@ from workerset_admission.ports import (
 )
 from workerset_admission.service.delta import accepted_changes
 from workerset_admission.service.ingest import Ingestor
+from workerset_admission.view import ViewChanges, ViewPlan, plan_view
 
 MODELS = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B")
 SLUGS = ("qwen_qwen3-0_6b", "qwen_qwen3-8b")
@@ -260,6 +261,14 @@ def test_the_live_view_is_the_full_plan_and_a_fresh_start_after_every_step(ops: 
         if not world.live.holding:
             plan = plan_view(world.tenures.values(), world.writer.table)
             assert world.live.wanted() == plan, (step, op)
+        replan = ViewPlan()
+        held = dict(world.live_files.content)
+        replan.adopt(held)
+        everything = ViewChanges(tenures=dict(world.tenures), everything=True)
+        assert replan.update(everything, world.planned_table, held, world.drained) == (), (
+            step,
+            op,
+        )
         fresh = world.fresh().content
         lingering = _drained_endpoint_files(world)
         kept = {f: v for f, v in world.live_files.content.items() if f not in lingering}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from workerset_admission.adapters.dynamo.view import ViewWriter
-from workerset_admission.adapters.dynamo.view_records import RecordTable
+from workerset_admission.view.records import RecordTable
 
 
 class _View:

@@ -7,7 +7,6 @@ from collections.abc import Iterable
 
 from support.cards import base_card as demo_card
 from workerset_admission.adapters.dynamo.view import RecordTable, ViewFile, file_name_for
-from workerset_admission.adapters.dynamo.view_records import Tie
 from workerset_admission.admission import AdmissionCore, MutationRefused
 from workerset_admission.card import (
     BoundarySettings,
@@ -26,6 +25,7 @@ from workerset_admission.ports import (
 )
 from workerset_admission.service.delta import accepted_changes
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor
+from workerset_admission.view.records import Tie
 
 EP = EndpointId("pns", "backend", "generate")
 GROUP = GroupKey.build("Qwen/Qwen3-0.6B", EP, "chat|completions", WorkerType.AGGREGATED)

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from workerset_admission.adapters.dynamo.view_directory import ViewFile, file_name_for
 from workerset_admission.card import is_event_key, parse_event_key, parse_key
 from workerset_admission.card.events import dynamo_event_path
+from workerset_admission.identity import store_file_name
 from workerset_admission.ports import AcceptedRecord
 
-__all__ = ["KV_EVENTS", "PublishableRecord", "RecordTable", "Tie"]
+__all__ = ["KV_EVENTS", "PublishableRecord", "RecordTable", "Tie", "ViewFile"]
+
+ViewFile = tuple[str, str]
+"""A file of the view: (bucket, file name, as Dynamo's file store names it)."""
 
 # The one event topic whose source names its worker; every other channel is tied by scope.
 KV_EVENTS = "kv-events"
@@ -115,6 +118,33 @@ class RecordTable:
         records = {key: self._records[key] for key in held}
         records.update((key, self._removed[key]) for key in gone)
         return [records[key] for key in sorted(records)]
+
+    def worker_records(
+        self, namespace: str, component: str, instance_id: int, last_known: bool = False
+    ) -> tuple[list[PublishableRecord], list[PublishableRecord]]:
+        """Return what ties to one worker of a component: its own records, its event records.
+
+        Its own are its endpoint records (in any endpoint of the component) and its model
+        records; its event records are the event sources naming it in the component (or in
+        none), then the channels each of their publishers published in the same scope. With
+        ``last_known``, as :meth:`lookup_last_known`.
+        """
+        lookup = self.lookup_last_known if last_known else self.lookup
+        own = lookup("worker", namespace, component, instance_id)
+        sources = [
+            s
+            for s in lookup("source", namespace, None, instance_id)
+            if s.component in (None, component)
+        ]
+        events = list(sources)
+        for source in sources:
+            # A channel is the worker's when it shares scope and publisher id with its source.
+            events += [
+                channel
+                for channel in lookup("channel", namespace, None, source.instance_id)
+                if (channel.component, channel.endpoint) == (source.component, source.endpoint)
+            ]
+        return own, events
 
     def forget_unused_removals(self) -> int:
         """Drop the set-aside records no last-known lookup asked for since the last call."""
@@ -275,7 +305,7 @@ def _held(record: AcceptedRecord) -> PublishableRecord | None:
     if is_event_key(key):
         event = parse_event_key(key)
         return PublishableRecord(
-            (event.bucket, file_name_for(dynamo_event_path(event))),
+            (event.bucket, store_file_name(dynamo_event_path(event))),
             record.value,
             event.namespace,
             event.component,
@@ -292,7 +322,7 @@ def _held(record: AcceptedRecord) -> PublishableRecord | None:
     if parsed.kind != kind:
         return None  # a verdict that does not fit its key is not filed
     return PublishableRecord(
-        ("instances" if kind == "endpoint" else "mdc", file_name_for(parsed.instance_key)),
+        ("instances" if kind == "endpoint" else "mdc", store_file_name(parsed.instance_key)),
         record.value,
         endpoint.namespace,
         endpoint.component,
