@@ -963,3 +963,20 @@ async def test_the_frontends_own_records_and_unknown_kinds_are_left_alone_and_no
     assert {k: v for k, v in _on_disk(tmp_path).items() if k in theirs} == theirs
     assert set(_on_disk(tmp_path)) == set(theirs)
     assert [(r.key, r.reason) for r in status.recent_invalid] == [(unknown, "bad_key")]
+
+
+def test_a_workers_card_and_endpoint_files_share_one_name_and_the_sources_bytes() -> None:
+    # Held once per worker: the two files of one name in two folders share one string, and
+    # each record's bytes are the very object the source's put carried, not a copy.
+    endpoint, card = worker_records(A1)[0], worker_records(A1)[2]
+    table = FedTable()
+    table.apply(SourceListing([endpoint]))
+    table.apply(SourcePut(card))
+    held_endpoint, held_card = table.get(endpoint.key), table.get(card.key)
+    assert held_endpoint is not None
+    assert held_card is not None
+    assert held_endpoint.file == instance_file(A1)
+    assert held_card.file == mdc_file(A1)
+    assert held_endpoint.file_name is held_card.file_name
+    assert held_endpoint.value is endpoint.value
+    assert held_card.value is card.value
