@@ -73,7 +73,6 @@ import os
 import secrets
 import shutil
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -129,13 +128,8 @@ ViewFile = tuple[str, str]
 
 
 def file_name_for(path: str) -> str:
-    """Dynamo's file name for a discovery path: every byte outside ``[A-Za-z0-9]`` as ``%XX``.
-
-    The name is interned: a worker's model card and endpoint record are files of one name in
-    two folders, held for as long as the worker is, and one string serves both (the
-    interpreter drops an interned string with its last holder).
-    """
-    return sys.intern(store_file_name(path))
+    """Dynamo's file name for a discovery path: every byte outside ``[A-Za-z0-9]`` as ``%XX``."""
+    return store_file_name(path)
 
 
 @dataclass(frozen=True, slots=True)
