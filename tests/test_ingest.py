@@ -149,3 +149,74 @@ def test_cards_differing_in_model_types_are_two_worksets_and_neither_is_rejected
     assert sorted(json.loads(v.key.worker_set)[3] for v in views) == ["chat", "chat|completions"]
     assert len({v.incumbent for v in views}) == 2
     assert all(len(v.cohorts) == 1 for v in views)
+
+
+class _Counting(CardRecordDecoder):
+    """The card boundary, counting the values it is asked to decode, by key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def decode(self, key: str, value: bytes) -> object:  # type: ignore[override]
+        self.calls.append(key)
+        return super().decode(key, value)
+
+
+def test_a_quiet_relisting_decodes_nothing_and_gives_the_core_the_same_registrations() -> None:
+    # The periodic reconciliation: every listed key hits, and what it hits is what was decoded.
+    decoder = _Counting()
+    ingest = Ingestor(decoder)
+    entries = [(e.key, e.value) for i in (1, 2) for e in (model_entry(i), endpoint_entry(i))]
+    (first,) = ingest.listed(entries).inputs
+    decoder.calls.clear()
+    again = ingest.listed([(key, bytes(bytearray(value))) for key, value in entries])
+    (second,) = again.inputs
+    assert decoder.calls == []
+    assert isinstance(first, Listing)
+    assert isinstance(second, Listing)
+    assert list(second.registrations) == list(first.registrations)
+    assert all(a is b for a, b in zip(first.registrations, second.registrations, strict=True))
+    assert ingest.liveness.live_ids(EP) == {1, 2}
+
+
+def test_a_changed_value_under_a_held_key_is_decoded_again() -> None:
+    decoder = _Counting()
+    ingest = Ingestor(decoder)
+    entry, changed = model_entry(1), model_entry(1, base_card(32))
+    ingest.listed([(entry.key, entry.value)])
+    (listing,) = ingest.listed([(changed.key, changed.value)]).inputs
+    assert decoder.calls == [entry.key, entry.key]
+    assert isinstance(listing, Listing)
+    (fresh,) = Ingestor().put(changed.key, changed.value).inputs
+    assert isinstance(fresh, WorkerAdded)
+    assert list(listing.registrations) == [fresh.registration]
+    (old,) = Ingestor().put(entry.key, entry.value).inputs
+    assert isinstance(old, WorkerAdded)
+    assert old.registration.mdc_checksum != fresh.registration.mdc_checksum
+
+
+def test_the_cache_forgets_a_key_a_listing_omits_a_removal_names_or_a_refusal_replaces() -> None:
+    # It holds no more than the keys last listed or put: each way a key leaves, it is decoded
+    # afresh when it comes back.
+    decoder = _Counting()
+    ingest = Ingestor(decoder)
+    one, two = model_entry(1), model_entry(2)
+    ingest.listed([(one.key, one.value), (two.key, two.value)])
+    ingest.listed([(one.key, one.value)])  # two is gone
+    ingest.delete(one.key)  # one is removed
+    ingest.put(two.key, b"{broken")  # refused: nothing is remembered for two
+    decoder.calls.clear()
+    ingest.listed([(one.key, one.value), (two.key, two.value)])
+    assert sorted(decoder.calls) == sorted([one.key, two.key])
+
+
+def test_a_key_kept_through_a_listing_keeps_its_cached_decode() -> None:
+    decoder = _Counting()
+    ingest = Ingestor(decoder)
+    entry = model_entry(1)
+    ingest.put(entry.key, entry.value)
+    ingest.listed([], keep={entry.key})  # touched while the listing was read
+    decoder.calls.clear()
+    ingest.listed([(entry.key, entry.value)])
+    assert decoder.calls == []

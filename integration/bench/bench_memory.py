@@ -20,7 +20,10 @@ bytes per worker, by line and by owner. ``--rss`` also starts a real ``serve`` p
 fleet (as ``bench_fleet.py`` does) and reads its RSS once the view is complete, and again after
 a few seconds at rest (``--only-rss``: that alone). ``--gets N`` times instead what a view that
 kept no record bytes would pay to write a file: a ``kv.get`` of each record of N workers, one at
-a time and all at once. Results go to ``results/bench_memory.json``.
+a time and all at once. ``--copies`` also lists, for one worker of the smallest fleet, each
+object held for it (its records' bytes, its keys and names, its instance id, and what holds
+those directly) with every path from the service's parts that reaches it: which structure
+holds which copy. Results go to ``results/bench_memory.json``.
 """
 
 from __future__ import annotations
@@ -48,10 +51,12 @@ from bench_fleet import (
     DISCOVERY,
     Frontends,
     cards_in,
+    file_name_for,
     fill,
     free_port,
     records,
     wait_until,
+    worker,
 )
 from nats.js.api import KeyValueConfig
 from workerset_admission.adapters.nats.embedded import EmbeddedNatsServer
@@ -130,6 +135,85 @@ def expand(name: str, obj: Any, depth: int) -> list[tuple[str, Any]]:
     return out
 
 
+def held_paths(
+    parts: Sequence[tuple[str, Any]], depth: int = 10
+) -> dict[int, tuple[Any, set[str]]]:
+    """Every object reachable from each part (to ``depth`` steps), with each path that reaches it.
+
+    A path names the part, then each step: ``.field`` of an object, ``{k}`` a mapping's key,
+    ``[v]`` its value, ``[i]`` a member of a sequence or set; an object held twice is reached
+    by each holder (along the first path to that holder). Unlike :func:`deep_sizes`, an object
+    reached from two parts is listed under both; a walk stops at another part (what that part
+    holds is listed under its own name).
+    """
+    roots = {id(root) for _, root in parts}
+    found: dict[int, tuple[Any, set[str]]] = {}
+    for name, root in parts:
+        todo: list[tuple[Any, str, int]] = [(root, name, 0)]
+        seen: set[int] = set()
+        while todo:
+            obj, path, steps = todo.pop()
+            if steps > depth or isinstance(obj, _OPAQUE) or (steps and id(obj) in roots):
+                continue
+            found.setdefault(id(obj), (obj, set()))[1].add(path)
+            if id(obj) in seen:
+                continue  # each holder of it is listed; what it holds, once
+            seen.add(id(obj))
+            if isinstance(obj, dict):
+                for key, value in obj.items():
+                    todo += [(key, path + "{k}", steps + 1), (value, path + "[v]", steps + 1)]
+            elif isinstance(obj, (list, tuple, set, frozenset)):
+                todo += [(member, path + "[i]", steps + 1) for member in obj]
+            elif not isinstance(obj, (str, bytes, int, float)):
+                todo += [(value, f"{path}.{field}", steps + 1) for field, value in fields(obj)]
+    return found
+
+
+def copies_of(index: int, parts: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """The objects held for the fleet's worker ``index``, largest first, each with its holders.
+
+    Its own objects are its two records' bytes, the strings that end in its instance id (its
+    keys, its instance key, its file names) and the ``int`` of that id; besides them, each
+    object that holds one of those directly and is no collection of the fleet (a tuple of at
+    most a few members, or an object with fields), such as a record, a tie or a registration.
+    """
+    endpoint, instance_id = worker(index)
+    values = {value for _, value in records(index)}
+    suffixes = tuple(f"{sep}{instance_id:x}" for sep in (".", "/", "%2F"))
+    namespaces = (endpoint.namespace, file_name_for(endpoint.namespace))  # a file name escapes it
+    found = held_paths([(name, part) for name, part in parts if "." not in name])
+
+    def own(obj: Any) -> bool:
+        if isinstance(obj, bytes):
+            return obj in values
+        if isinstance(obj, str):
+            return obj.endswith(suffixes) and any(ns in obj for ns in namespaces)
+        return type(obj) is int and obj == instance_id
+
+    mine = {key for key, (obj, _) in found.items() if own(obj)}
+    for key, (obj, _) in found.items():
+        if isinstance(obj, (dict, list, set, frozenset, str, bytes, int)):
+            continue
+        if isinstance(obj, tuple) and len(obj) > 4:
+            continue
+        if any(id(member) in mine for member in gc.get_referents(obj)):
+            mine.add(key)
+    rows = []
+    for key in mine:
+        obj, paths = found[key]
+        text = repr(obj)
+        rows.append(
+            {
+                "size": sys.getsizeof(obj),
+                "type": type(obj).__name__,
+                "value": text if len(text) <= 60 else text[:57] + "...",
+                "held_by": sorted(paths),
+            }
+        )
+    rows.sort(key=lambda row: (-row["size"], row["value"]))
+    return rows
+
+
 def parts_of(service: Any, view: Any) -> list[tuple[str, Any]]:
     """The service's parts, in the order their memory is charged to them.
 
@@ -185,7 +269,9 @@ def grouped(snapshot: tracemalloc.Snapshot, key: str) -> dict[str, list[int]]:
     return out
 
 
-async def measure(workers: int, frames: int, scraped: bool = False) -> dict[str, Any]:
+async def measure(
+    workers: int, frames: int, scraped: bool = False, copies: bool = False
+) -> dict[str, Any]:
     """One fleet of ``workers``, one service under ``tracemalloc``: its heap, by line and part.
 
     ``scraped``: ``/metrics`` is read once before the heap is, so what a scrape keeps (the
@@ -236,7 +322,8 @@ async def measure(workers: int, frames: int, scraped: bool = False) -> dict[str,
             snapshot = tracemalloc.take_snapshot().filter_traces(
                 (tracemalloc.Filter(False, tracemalloc.__file__),)
             )
-            owners = deep_sizes(parts_of(service, view_of(service)), stop=[service])
+            parts = parts_of(service, view_of(service))
+            owners = deep_sizes(parts, stop=[service])
             result = {
                 "workers": workers,
                 "synced_s": round(synced_s, 2),
@@ -246,6 +333,8 @@ async def measure(workers: int, frames: int, scraped: bool = False) -> dict[str,
                 "by_site": grouped(snapshot, "site") if frames > 1 else {},
                 "by_owner": owners,
             }
+            if copies:
+                result["copies"] = copies_of(workers // 2, parts)
         finally:
             tracemalloc.stop()
             await service.stop()
@@ -325,11 +414,12 @@ async def kv_gets(workers: int) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def child(workers: int, frames: int, scraped: bool = False) -> dict[str, Any]:
+def child(workers: int, frames: int, scraped: bool = False, copies: bool = False) -> dict[str, Any]:
     """Measure one size in a fresh interpreter, so no size inherits another's heap."""
     done = subprocess.run(
         [sys.executable, __file__, "--child", str(workers), "--frames", str(frames)]
-        + (["--scraped"] if scraped else []),
+        + (["--scraped"] if scraped else [])
+        + (["--copies"] if copies else []),
         check=True,
         capture_output=True,
         text=True,
@@ -380,6 +470,21 @@ def report(points: Sequence[dict[str, Any]], top: int) -> Iterator[str]:
         yield f"| (the rest) | {rest:,.0f} | |"
 
 
+def copies_report(point: dict[str, Any]) -> Iterator[str]:
+    """The table of one worker's objects and their holders (``--copies``)."""
+    rows = point["copies"]
+    yield ""
+    yield (
+        f"worker {point['workers'] // 2} of {point['workers']:,}: {len(rows)} objects, "
+        f"{sum(row['size'] for row in rows):,} B"
+    )
+    yield "| B | type | object | held by |"
+    yield "|---:|---|---|---|"
+    for row in rows:
+        held = "<br>".join(row["held_by"][:8]) + (" ..." if len(row["held_by"]) > 8 else "")
+        yield f"| {row['size']} | {row['type']} | `{row['value']}` | {held} |"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2000,20000")
@@ -404,10 +509,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--scraped", action="store_true", help="read /metrics once before the heap is measured"
     )
+    parser.add_argument(
+        "--copies",
+        action="store_true",
+        help="list one worker's objects of the smallest fleet and every path that holds each",
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(asyncio.run(measure(args.child, args.frames, args.scraped))), flush=True)
+        found = asyncio.run(measure(args.child, args.frames, args.scraped, args.copies))
+        print(json.dumps(found), flush=True)
         return 0
     if args.gets:
         print(json.dumps(asyncio.run(kv_gets(args.gets))), flush=True)
@@ -415,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = sorted(int(s) for s in args.sizes.split(","))
     points = []
     for size in () if args.only_rss else sizes:
-        point = child(size, args.frames, args.scraped)
+        point = child(size, args.frames, args.scraped, args.copies and size == sizes[0])
         print(
             f"{size:>7,} workers: traced {point['traced_bytes'] / 2**20:.1f} MiB, "
             f"synced in {point['synced_s']} s",
@@ -423,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         points.append(point)
     for line in report(points, args.top) if points else ():
+        print(line)
+    for line in copies_report(points[0]) if points and args.copies else ():
         print(line)
     rss = []
     if args.rss or args.only_rss:

@@ -963,3 +963,19 @@ async def test_the_frontends_own_records_and_unknown_kinds_are_left_alone_and_no
     assert {k: v for k, v in _on_disk(tmp_path).items() if k in theirs} == theirs
     assert set(_on_disk(tmp_path)) == set(theirs)
     assert [(r.key, r.reason) for r in status.recent_invalid] == [(unknown, "bad_key")]
+
+
+def test_the_view_holds_the_very_bytes_the_sources_listing_and_put_carried() -> None:
+    # The raw record is held once: the table files the bytes object the source handed in
+    # (through ingestion, the core's step and the delta), not a copy of it.
+    endpoint, card = worker_records(A1)[0], worker_records(A1)[2]
+    table = FedTable()
+    table.apply(SourceListing([endpoint]))
+    table.apply(SourcePut(card))
+    held_endpoint, held_card = table.get(endpoint.key), table.get(card.key)
+    assert held_endpoint is not None
+    assert held_card is not None
+    assert held_endpoint.file == instance_file(A1)
+    assert held_card.file == mdc_file(A1)
+    assert held_endpoint.value is endpoint.value
+    assert held_card.value is card.value
