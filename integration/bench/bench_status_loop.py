@@ -136,7 +136,9 @@ def _admitted(report: Any) -> int | None:
     return len(admitted) if isinstance(admitted, list) else None
 
 
-async def main(workers: int, changes: int, seconds: float, rate: float) -> dict[str, Any]:
+async def main(
+    workers: int, changes: int, seconds: float, rate: float, clients: str = "both"
+) -> dict[str, Any]:
     listing = SourceListing(tuple(DiscoveryEntry(k, v) for k, v in records(workers, False)))
     source = _Source(listing)
     connection = _Connection()
@@ -224,10 +226,22 @@ async def main(workers: int, changes: int, seconds: float, rate: float) -> dict[
                 await asyncio.sleep(0.001)
             return time.perf_counter() - start
 
+        pauses: list[tuple[int, float]] = []
+        collecting: list[float] = []
+
+        def timed_collection(phase: str, info: dict[str, Any]) -> None:
+            # The cyclic collector stops every thread, the loop's too: its pauses are stalls.
+            if phase == "start":
+                collecting[:] = [time.perf_counter()]
+            elif collecting:
+                pauses.append((info["generation"], time.perf_counter() - collecting[0]))
+
+        gc.callbacks.append(timed_collection)
         ticker = asyncio.create_task(_ticker(lateness, done))
-        asker = asyncio.create_task(ask_nats())
+        asker = asyncio.create_task(ask_nats() if clients in ("both", "nats") else done.wait())
         reader = threading.Thread(target=ask_thread, daemon=True)
-        reader.start()
+        if clients in ("both", "thread"):
+            reader.start()
         try:
             burst_seconds = await asyncio.wait_for(apply_burst(), seconds)
             await asyncio.sleep(0.2)  # answers asked just after the burst count too
@@ -235,7 +249,9 @@ async def main(workers: int, changes: int, seconds: float, rate: float) -> dict[
             done.set()
             stop_thread.set()
             await asyncio.gather(ticker, asker, return_exceptions=True)
-            await asyncio.to_thread(reader.join, 30)
+            if reader.is_alive():
+                await asyncio.to_thread(reader.join, 30)
+            gc.callbacks.remove(timed_collection)
         final = service.status().group(key)
         assert final is not None, "the WorkerSet was lost"
         assert len(final.admitted) == workers, "the burst did not end where it began"
@@ -245,6 +261,7 @@ async def main(workers: int, changes: int, seconds: float, rate: float) -> dict[
             "workers": workers,
             "changes": len(burst),
             "rate": rate or "as fast as taken",
+            "clients": clients,
             "burst_seconds": round(burst_seconds, 3),
             "loop_ticks": len(ordered),
             "loop_stall_max_ms": round(1e3 * ordered[-1], 2),
@@ -257,6 +274,12 @@ async def main(workers: int, changes: int, seconds: float, rate: float) -> dict[
                 "age_max_ms": round(1e3 * max(ages), 1) if ages else None,
             },
             "thread_status": _figures(thread_latency) | {"incomplete": incomplete["thread"]},
+            "gc": {
+                "collections": len(pauses),
+                "oldest": sum(1 for generation, _ in pauses if generation == 2),
+                "pause_max_ms": round(1e3 * max((t for _, t in pauses), default=0.0), 2),
+                "pause_total_ms": round(1e3 * sum(t for _, t in pauses), 1),
+            },
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "load_1m": round(os.getloadavg()[0], 2),
@@ -278,6 +301,8 @@ def _run_one(python: str, workers: int, options: argparse.Namespace) -> dict[str
         str(options.rate),
         "--seconds",
         str(options.seconds),
+        "--clients",
+        options.clients,
         "--one",
     ]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
@@ -295,6 +320,8 @@ def _row(label: str, result: dict[str, Any]) -> str:
         f" bytes {nats['bytes_min']}..{nats['bytes_max']} incomplete {nats['incomplete']}"
         f"  thread {result['thread_status']['answers']:>6} incomplete "
         f"{result['thread_status']['incomplete']}"
+        f"  gc {result['gc']['collections']} ({result['gc']['oldest']} full)"
+        f" max {result['gc']['pause_max_ms']} ms"
     )
 
 
@@ -310,12 +337,19 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=0.0, help="changes a second (0: at once)")
     parser.add_argument("--seconds", type=float, default=300.0, help="bound on the burst")
     parser.add_argument("--compare", metavar="PYTHON", help="another tree's interpreter")
+    parser.add_argument(
+        "--clients",
+        choices=("both", "nats", "thread", "none"),
+        default="both",
+        help="which status clients ask during the burst (none: the burst alone)",
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args()
     sizes = [int(size) for size in options.workers.split(",")]
     if options.one:
         (size,) = sizes
-        print(json.dumps(asyncio.run(main(size, options.changes, options.seconds, options.rate))))
+        figures = main(size, options.changes, options.seconds, options.rate, options.clients)
+        print(json.dumps(asyncio.run(figures)))
         raise SystemExit(0)
     trees = [("this", sys.executable)]
     if options.compare:

@@ -53,6 +53,7 @@ from workerset_admission.admission import AdmissionCore
 from workerset_admission.admission.admitted import routable_ids
 from workerset_admission.admission.readiness import ReadinessUnit
 from workerset_admission.admission.readout import GroupCopy
+from workerset_admission.aio import collector_paused
 from workerset_admission.identity import EndpointId, GroupKey
 from workerset_admission.ports import StepDelta
 from workerset_admission.service.liveness import LivenessIndex
@@ -165,8 +166,15 @@ def _round(
     clock: Callable[[], float],
     as_of: float,
 ) -> tuple[list[_GroupParts | None], FoldSnapshot]:
-    """Build the copied groups' parts and the snapshot they make with ``parts`` (its own)."""
-    built = [_parts_of(copy, clock) for copy in copies]
+    """Build the copied groups' parts and the snapshot they make with ``parts`` (its own).
+
+    The cyclic collector is held off meanwhile: a large group's read-out makes a view per
+    member, alive for the round, which collections would promote to the oldest generation
+    until they set off a full collection; and a full collection stops every thread, the
+    loop's too, for a time that grows with the heap (the fleet).
+    """
+    with collector_paused():
+        built = [_parts_of(copy, clock) for copy in copies]
     for copy, made in zip(copies, built, strict=True):
         if made is None:
             parts.pop(copy.key, None)
