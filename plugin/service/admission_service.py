@@ -59,7 +59,13 @@ from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, Reco
 from workerset_admission.service.process_figures import process_figures
 from workerset_admission.service.publication import ServingPublication
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
-from workerset_admission.service.status_fold import STATUS_INTERVAL, FoldSnapshot, StatusFold
+from workerset_admission.service.status_fold import (
+    ROUND_SHARE,
+    ROUND_WAIT_MAX,
+    STATUS_INTERVAL,
+    FoldSnapshot,
+    StatusFold,
+)
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
     GroupStatusReport,
@@ -99,6 +105,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+# A status answer rendered once for one snapshot: the snapshot, and its JSON but ``process``.
+_Rendered = tuple[ServiceStatus, bytes]
 
 # --------------------------------------------------------------------------- the service
 
@@ -181,6 +190,9 @@ class AdmissionService:
         self._status_stale = True
         self._status_wake = asyncio.Event()
         self._status_wake.set()  # the first round publishes the first picture
+        # The latest status answer rendered, whole and brief: (the snapshot, its JSON but
+        # ``process``) each.
+        self._rendered: tuple[_Rendered | None, _Rendered | None] = (None, None)
         self._failure: BaseException | None = None
         self._shut_down = False
         # Keys live updates touched while a reconciliation listing is being read.
@@ -380,11 +392,12 @@ class AdmissionService:
 
         From any thread but the loop's (the Dynamo frontend's HTTP handlers, a status answer
         rendered in a thread, the gauges' reader) it is the latest published snapshot: it calls
-        nothing on the loop and nothing in the core. It lives until the next status round, and
-        is never more than ``status_interval`` seconds plus one round behind the last change:
-        its ``as_of`` (Unix time) says when it was taken, and every step that ended before then
-        is in it (see :mod:`~.status_fold`). On the loop itself, or with no loop running, the
-        changed groups are rebuilt first, so the picture is exact.
+        nothing on the loop and nothing in the core. It lives until the next status round: a
+        change is in a snapshot published at most ``ROUND_WAIT_MAX`` (1 s; ``status_interval``,
+        0.1 s, while rounds are cheap) plus one round after it. Its ``as_of`` (Unix time) says
+        when it was taken, and every step that ended before then is in it (see
+        :mod:`~.status_fold`). On the loop itself, or with no loop running,
+        the changed groups are rebuilt first, so the picture is exact.
         """
         loop = self._loop
         here = loop is None or on_loop(loop) or not loop.is_running()
@@ -396,11 +409,20 @@ class AdmissionService:
         """Render the status as JSON bytes; ``brief`` gives counts instead of member lists.
 
         ``process`` adds the process's open asyncio tasks, read at the moment of the answer.
-        Called in a thread, it renders the latest snapshot there (see :meth:`status`).
+        Called in a thread, it renders the latest snapshot there (see :meth:`status`); the
+        rest of the answer is rendered once per snapshot and form, and kept until the next.
         """
-        body = self.status().to_json(brief=brief)
-        body["process"] = process_figures()
-        return json.dumps(body, sort_keys=True).encode()
+        current = self.status()
+        forms = self._rendered
+        kept = forms[brief]
+        if kept is None or kept[0] is not current:
+            # The whole answer but ``process``, its keys in order. The pair of forms is one
+            # immutable tuple swapped in whole: a reader in any thread sees one rendering or
+            # another, and a lost race costs only a rendering again.
+            kept = (current, json.dumps(current.to_json(brief=brief), sort_keys=True).encode())
+            self._rendered = (forms[0], kept) if brief else (kept, forms[1])
+        process = json.dumps(process_figures(), sort_keys=True).encode()
+        return b'{"process": ' + process + b", " + kept[1][1:]
 
     def wake_timers(self) -> None:
         """Re-read the clock now (for hosts and tests that inject a clock that jumps)."""
@@ -558,17 +580,22 @@ class AdmissionService:
     # -- status ------------------------------------------------------------------------------
 
     async def _status_rounds(self) -> None:
-        """Keep the status snapshot current: one round after each quiet ``status_interval``.
+        """Keep the status snapshot current: one round per change, after a wait.
 
-        A change wakes it; it waits the interval (the burst's later steps join the same
-        round), then runs one round (:meth:`StatusFold.refresh_off_loop`) and publishes.
+        A change wakes it; it waits ``status_interval``, or ``ROUND_SHARE`` times the CPU
+        time of the last round's read-out if that is longer, at most ``ROUND_WAIT_MAX``: the
+        burst's later steps join the same round, and the round's thread holds the
+        interpreter's lock a bounded share of the time, whatever the fleet's size. Then it
+        runs one round (:meth:`StatusFold.refresh_off_loop`) and publishes it.
         """
+        fold = self._fold
         while True:
             await self._status_wake.wait()
-            await asyncio.sleep(self.status_interval)
+            wait = max(self.status_interval, ROUND_SHARE * fold.round_seconds)
+            await asyncio.sleep(min(wait, ROUND_WAIT_MAX))
             self._status_wake.clear()
-            self._publish_status(await self._fold.refresh_off_loop())
-            if self._fold.dirty:
+            self._publish_status(await fold.refresh_off_loop())
+            if fold.dirty:
                 # Named again during the round: the next round takes it.
                 self._status_wake.set()
 

@@ -31,10 +31,13 @@ Each round ends by publishing one immutable :class:`FoldSnapshot`; a reader in a
 :attr:`StatusFold.snapshot` and renders it in its own thread, reading only frozen objects and
 never calling into the core. A part built from a copy older than the group's current part (an
 inline refresh overtook the round) is dropped, and a group a step named after its copy was
-taken stays dirty for the next round. The service runs a round at most every
-:data:`STATUS_INTERVAL` seconds while changes come (the steps of a burst coalesce), so what a
-snapshot shows is at most that interval plus one round behind the last step; its ``as_of``
-says when its round began, and every step that ended before then is in it.
+taken stays dirty for the next round. The service starts a round :data:`STATUS_INTERVAL`
+seconds after a change (the steps of a burst coalesce), or :data:`ROUND_SHARE` times the CPU
+time the last round's read-out took if that is longer, but never more than
+:data:`ROUND_WAIT_MAX`: so the round's thread holds the interpreter's lock (which the loop's
+thread needs too) at most about a fifth of the time, whatever the fleet's size, and what a
+snapshot shows is at most that wait plus one round behind the last step. Its ``as_of`` says
+when its round began, and every step that ended before then is in it.
 
 The first refresh builds everything, as the full path does; :func:`~.status_model.serving_records`,
 :func:`~.status_model.readiness` and :func:`~.status_model.standing_rejections` are that full
@@ -70,10 +73,24 @@ from workerset_admission.service.status_model import (
     standing_rejections,
 )
 
-__all__ = ["EMPTY_FOLD", "SLICE_SECONDS", "STATUS_INTERVAL", "FoldSnapshot", "StatusFold"]
+__all__ = [
+    "EMPTY_FOLD",
+    "ROUND_SHARE",
+    "ROUND_WAIT_MAX",
+    "SLICE_SECONDS",
+    "STATUS_INTERVAL",
+    "FoldSnapshot",
+    "StatusFold",
+]
 
-STATUS_INTERVAL = 0.05
+STATUS_INTERVAL = 0.1
 """Seconds the service waits after a change before a status round: a burst's steps coalesce."""
+
+ROUND_SHARE = 4
+"""A round waits at least this many times the CPU time the last one's read-out took."""
+
+ROUND_WAIT_MAX = 1.0
+"""The longest a round waits after a change, however long the last one took."""
 
 SLICE_SECONDS = 0.002
 """The most time one slice of a round's copies takes on the loop before it lets others run."""
@@ -85,8 +102,9 @@ class FoldSnapshot:
 
     ``as_of`` (Unix time, ``None`` before the first round) is when the round began: every step
     that ended before then is shown. The service starts a round at most
-    :data:`STATUS_INTERVAL` seconds after a change, so a snapshot is replaced within that
-    interval plus one round of the last change it does not show.
+    :data:`ROUND_WAIT_MAX` seconds after a change (:data:`STATUS_INTERVAL` when rounds are
+    cheap), so a snapshot is replaced within that wait plus one round of the last change it
+    does not show.
     """
 
     groups: tuple[GroupStatusReport, ...]
@@ -165,14 +183,17 @@ def _round(
     parts: dict[GroupKey, _GroupParts],
     clock: Callable[[], float],
     as_of: float,
-) -> tuple[list[_GroupParts | None], FoldSnapshot]:
+) -> tuple[list[_GroupParts | None], FoldSnapshot, float]:
     """Build the copied groups' parts and the snapshot they make with ``parts`` (its own).
+
+    Also return the thread's CPU seconds for it (what the round cost the interpreter).
 
     The cyclic collector is held off meanwhile: a large group's read-out makes a view per
     member, alive for the round, which collections would promote to the oldest generation
     until they set off a full collection; and a full collection stops every thread, the
     loop's too, for a time that grows with the heap (the fleet).
     """
+    began = time.thread_time()
     with collector_paused():
         built = [_parts_of(copy, clock) for copy in copies]
     for copy, made in zip(copies, built, strict=True):
@@ -180,7 +201,8 @@ def _round(
             parts.pop(copy.key, None)
         else:
             parts[copy.key] = made
-    return built, _assembled(parts, as_of)
+    snapshot = _assembled(parts, as_of)
+    return built, snapshot, time.thread_time() - began
 
 
 class StatusFold:
@@ -212,6 +234,8 @@ class StatusFold:
         self._published = 0
         self._snapshot = EMPTY_FOLD
         self.rebuilt = 0
+        # The CPU seconds the last round's read-out took in its thread.
+        self.round_seconds = 0.0
 
     def step(self, delta: StepDelta) -> None:
         """Note the groups one step named, and those at endpoints whose liveness moved."""
@@ -261,7 +285,7 @@ class StatusFold:
                 began = time.perf_counter()
             copies.append(self._copy(key))
         # The kept parts' table is the round's own copy (its values are frozen).
-        built, snapshot = await asyncio.to_thread(
+        built, snapshot, self.round_seconds = await asyncio.to_thread(
             _round, copies, dict(self._parts), self._clock, as_of
         )
         self._merge(copies, built)
