@@ -106,6 +106,9 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+# Seconds without a status read from another thread after which rounds wait the longest.
+READERS_GONE = 10.0
+
 # A status answer rendered once for one snapshot: the snapshot, and its JSON but ``process``.
 _Rendered = tuple[ServiceStatus, bytes]
 
@@ -190,6 +193,9 @@ class AdmissionService:
         self._status_stale = True
         self._status_wake = asyncio.Event()
         self._status_wake.set()  # the first round publishes the first picture
+        # When a thread other than the loop's last read the status (monotonic clock); a start
+        # counts as one, since the host's readers come as soon as it runs.
+        self._read_at = time.monotonic()
         # The latest status answer rendered, whole and brief: (the snapshot, its JSON but
         # ``process``) each.
         self._rendered: tuple[_Rendered | None, _Rendered | None] = (None, None)
@@ -400,9 +406,13 @@ class AdmissionService:
         the changed groups are rebuilt first, so the picture is exact.
         """
         loop = self._loop
-        here = loop is None or on_loop(loop) or not loop.is_running()
-        if here and (self._status_stale or self._fold.dirty):
-            self._publish_status(self._fold.refresh())
+        if loop is None or on_loop(loop) or not loop.is_running():
+            if self._status_stale or self._fold.dirty:
+                self._publish_status(self._fold.refresh())
+        else:
+            # The one thing a reader in another thread writes: when it read (a float, swapped
+            # whole), so the rounds keep their short wait while someone is reading.
+            self._read_at = time.monotonic()
         return self._status_now
 
     def render_status(self, brief: bool = False) -> bytes:
@@ -585,13 +595,17 @@ class AdmissionService:
         A change wakes it; it waits ``status_interval``, or ``ROUND_SHARE`` times the CPU
         time of the last round's read-out if that is longer, at most ``ROUND_WAIT_MAX``: the
         burst's later steps join the same round, and the round's thread holds the
-        interpreter's lock a bounded share of the time, whatever the fleet's size. Then it
-        runs one round (:meth:`StatusFold.refresh_off_loop`) and publishes it.
+        interpreter's lock a bounded share of the time, whatever the fleet's size. When no
+        other thread has read the status for ``READERS_GONE`` seconds it waits the longest.
+        Then it runs one round (:meth:`StatusFold.refresh_off_loop`) and publishes it.
         """
         fold = self._fold
         while True:
             await self._status_wake.wait()
             wait = max(self.status_interval, ROUND_SHARE * fold.round_seconds)
+            if time.monotonic() - self._read_at > READERS_GONE:
+                # Nobody in another thread has read for a while: the longest wait will do.
+                wait = ROUND_WAIT_MAX
             await asyncio.sleep(min(wait, ROUND_WAIT_MAX))
             self._status_wake.clear()
             self._publish_status(await fold.refresh_off_loop())

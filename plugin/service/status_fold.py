@@ -34,9 +34,10 @@ inline refresh overtook the round) is dropped, and a group a step named after it
 taken stays dirty for the next round. The service starts a round :data:`STATUS_INTERVAL`
 seconds after a change (the steps of a burst coalesce), or :data:`ROUND_SHARE` times the CPU
 time the last round's read-out took if that is longer, but never more than
-:data:`ROUND_WAIT_MAX`: so the round's thread holds the interpreter's lock (which the loop's
-thread needs too) at most about a fifth of the time, whatever the fleet's size, and what a
-snapshot shows is at most that wait plus one round behind the last step. Its ``as_of`` says
+:data:`ROUND_WAIT_MAX` (which it waits when no other thread has read the status for a while):
+so the round's thread holds the interpreter's lock (which the loop's thread needs too) at most
+about a fifth of the time, whatever the fleet's size, and what a snapshot shows is at most that
+wait plus one round behind the last step. Its ``as_of`` says
 when its round began, and every step that ended before then is in it.
 
 The first refresh builds everything, as the full path does; :func:`~.status_model.serving_records`,
