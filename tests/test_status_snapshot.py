@@ -210,3 +210,42 @@ def test_a_rendered_answer_is_made_again_for_each_new_snapshot() -> None:
     assert again["groups"][0]["admitted"] == 1
     assert later["groups"][0]["admitted"] == [1, 2]
     assert json.loads(service.render_status(brief=True))["groups"][0]["admitted"] == 2
+
+
+async def test_a_round_overtaken_by_an_inline_refresh_publishes_nothing_older() -> None:
+    service = AdmissionService(FakeSource())
+    fold = service._fold
+    service.handle_event(SourceListing(tuple(model_entry(i) for i in (1, 2))))
+    service.handle_event(model_put(3))
+
+    # The round copies the group (3 members) and reads it out in a thread; meanwhile the loop
+    # applies another step and a reader on the loop refreshes inline.
+    round_ = asyncio.create_task(fold.refresh_off_loop())
+    await asyncio.sleep(0)
+    service.handle_event(model_put(4))
+    inline = fold.refresh()
+    await round_
+
+    assert inline.groups[0].cohorts[0].members == (1, 2, 3, 4)
+    assert fold.snapshot is inline
+    assert not fold.dirty
+    assert service.status().group(KEY).cohorts[0].members == (1, 2, 3, 4)
+
+
+async def test_a_step_during_a_round_leaves_its_group_for_the_next_round() -> None:
+    service = AdmissionService(FakeSource())
+    fold = service._fold
+    service.handle_event(SourceListing(tuple(model_entry(i) for i in (1, 2))))
+    fold.refresh()
+    service.handle_event(model_put(3))
+
+    round_ = asyncio.create_task(fold.refresh_off_loop())
+    await asyncio.sleep(0)
+    service.handle_event(model_put(4))
+    first = await round_
+
+    assert first.groups[0].cohorts[0].members == (1, 2, 3)
+    assert fold.dirty
+    second = await fold.refresh_off_loop()
+    assert second.groups[0].cohorts[0].members == (1, 2, 3, 4)
+    assert not fold.dirty

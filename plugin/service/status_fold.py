@@ -290,11 +290,10 @@ class StatusFold:
             _round, copies, dict(self._parts), self._clock, as_of
         )
         self._merge(copies, built)
+        # Unless an inline refresh published meanwhile, from copies as new or newer (a part of
+        # this round it did not have leaves the fold unassembled: the next refresh assembles).
         if self._published == published:
             self._publish(snapshot)
-        else:
-            # An inline refresh published meanwhile from newer copies: the next one assembles.
-            self._assembled = False
         return self._snapshot
 
     def serving_records(self) -> dict[str, ServingRecord]:
