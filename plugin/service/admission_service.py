@@ -193,9 +193,9 @@ class AdmissionService:
         self._status_stale = True
         self._status_wake = asyncio.Event()
         self._status_wake.set()  # the first round publishes the first picture
-        # When a thread other than the loop's last read the status (monotonic clock); a start
-        # counts as one, since the host's readers come as soon as it runs.
-        self._read_at = time.monotonic()
+        # When a thread other than the loop's last read the status (monotonic clock): until
+        # one does, rounds wait the longest.
+        self._read_at = float("-inf")
         # The latest status answer rendered, whole and brief: (the snapshot, its JSON but
         # ``process``) each.
         self._rendered: tuple[_Rendered | None, _Rendered | None] = (None, None)
@@ -595,8 +595,9 @@ class AdmissionService:
         A change wakes it; it waits ``status_interval``, or ``ROUND_SHARE`` times the CPU
         time of the last round's read-out if that is longer, at most ``ROUND_WAIT_MAX``: the
         burst's later steps join the same round, and the round's thread holds the
-        interpreter's lock a bounded share of the time, whatever the fleet's size. When no
-        other thread has read the status for ``READERS_GONE`` seconds it waits the longest.
+        interpreter's lock a bounded share of the time, whatever the fleet's size. Until a
+        thread other than the loop's reads the status, and ``READERS_GONE`` seconds after the
+        last one did, it waits the longest.
         Then it runs one round (:meth:`StatusFold.refresh_off_loop`) and publishes it.
         """
         fold = self._fold
