@@ -74,6 +74,9 @@ def collector_paused() -> Iterator[None]:
     Decoding a listing builds the fleet's state and no reference cycles; every collection the
     allocations trigger meanwhile would only walk that growing state again (a quarter of a
     large initial sync's time). Nothing awaits inside, so no other task runs while it is off.
+    A status round's read-out in a thread holds it off too (``service/status_fold.py``): the
+    loop's steps go on meanwhile, freed by reference counting, and their cycles wait for the
+    next collection. Whoever found it off leaves it off: the first to pause it turns it back on.
     """
     if not gc.isenabled():
         yield

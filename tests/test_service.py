@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -391,11 +392,21 @@ async def test_the_status_can_be_read_from_another_thread(source: FakeSource) ->
         source.queue.put_nowait(model_put(2))
         await settle(lambda: svc.counters.puts == 1)
         seen: list[Any] = []
-        thread = threading.Thread(target=lambda: seen.append(svc.status()))
+
+        def read_until_shown() -> None:
+            # A thread sees the latest snapshot: the change shows after the next status round.
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                seen[:] = [svc.status()]
+                if seen[0].groups and seen[0].groups[0].admitted == (1, 2):
+                    return
+                time.sleep(0.005)
+
+        thread = threading.Thread(target=read_until_shown)
         thread.start()
-        await settle(lambda: bool(seen))
+        await settle(lambda: not thread.is_alive(), timeout=10)
         thread.join()
-        (group,) = seen[0].groups
+        (group,) = seen[-1].groups
         assert group.admitted == (1, 2)
     finally:
         await svc.stop()

@@ -1437,6 +1437,19 @@ class AdmissionCore:
         group = self._groups.get((key.model, key.worker_set))
         return None if group is None else readout.group_view(group, self._drained_in(group))
 
+    def group_copy(self, key: GroupKey) -> readout.GroupCopy | None:
+        """Copy what :meth:`group` reads of the group: a later step changes none of it.
+
+        The copy's ``view()`` is :meth:`group`'s answer as of now, worked out whenever (and in
+        whichever thread) the reader wants it.
+        """
+        group = self._groups.get((key.model, key.worker_set))
+        return None if group is None else readout.group_copy(group, self._drained_in(group))
+
+    def group_keys(self) -> list[GroupKey]:
+        """Return the key of every group ever seen (idle ones included), in no given order."""
+        return [group.key for group in self._groups.values()]
+
     def groups(self) -> list[GroupView]:
         """Every group ever seen (idle ones included), sorted by model then WorkerSet key."""
         ordered = sorted(self._groups.values(), key=_by_key)

@@ -4,11 +4,18 @@ Nothing here changes state: these functions read a group as ``core.py`` left it 
 frozen snapshots of ``snapshots.py`` for status pages, ``replay`` and ``explain``. They read the
 core's records through the read-only shapes below (``GroupRecord`` and its parts), so this
 module does not import the core that imports it: the arrow runs one way.
+
+:func:`group_copy` takes what :func:`group_view` reads of a group into a :class:`GroupCopy`
+that no later change of the core touches: plain copies of the member tables (one C-level copy
+each) and the tenure's fields, no sorting and no view made. Its :meth:`GroupCopy.view` is
+:func:`group_view` over the copy, the same function, so it can run later, anywhere (the
+status reads a large group out in a thread while the core goes on).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from workerset_admission.admission.effects import LoraWorker
@@ -21,13 +28,15 @@ from workerset_admission.admission.snapshots import (
     PlacementView,
 )
 from workerset_admission.admission.status import GroupStatus
-from workerset_admission.identity import Drain, GroupKey, Registration
+from workerset_admission.identity import AttemptId, Drain, GroupKey, Registration
 
 __all__ = [
+    "GroupCopy",
     "GroupRecord",
     "adapter_placement",
     "base_placement",
     "drained_placement",
+    "group_copy",
     "group_view",
 ]
 
@@ -125,6 +134,8 @@ class GroupRecord(Protocol):
 
     def served_ids(self, cohort: Any) -> Iterable[int]: ...
 
+    def served_attempt(self) -> AttemptId | None: ...
+
 
 def group_view(group: GroupRecord, drained: Iterable[tuple[Registration, Drain]] = ()) -> GroupView:
     """Picture one group: incumbent, status, generations, cohorts in order, any hold.
@@ -181,6 +192,128 @@ def group_view(group: GroupRecord, drained: Iterable[tuple[Registration, Drain]]
             handover.receiver,
             tuple(sorted(handover.members)),
         ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _CohortCopy:
+    checksum: str
+    members: Mapping[int, Registration]
+
+
+@dataclass(frozen=True, slots=True)
+class _StatusCopy:
+    state: GroupStatus
+
+
+@dataclass(frozen=True, slots=True)
+class _HoldCopy:
+    held: bool
+    until: float
+    members: Mapping[int, str]
+    last_known: Mapping[int, str]
+    last_known_until: float
+    arrivals: Mapping[int, Registration]
+
+
+@dataclass(frozen=True, slots=True)
+class _TenureCopy:
+    checksum: str | None
+    committed_generation: int | None
+    receiver: int | None
+    attempt: int
+    deadline: float | None
+    lora: tuple[LoraWorker, ...] | None
+    hold: _HoldCopy | None
+
+
+@dataclass(frozen=True, slots=True)
+class _HandoverCopy:
+    checksum: str
+    generation: int
+    receiver: int
+    members: Mapping[int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCopy:
+    """What :func:`group_view` reads of one group, copied: later steps change none of it.
+
+    ``served`` are the incumbent's admitted ids (``served_ids`` of its cohort), ``drained`` the
+    group's registrations a drain set aside, with their drains, and ``serving`` the attempt
+    whose hop binding served (``served_attempt``), all as they were.
+    """
+
+    key: GroupKey
+    cohorts: Mapping[str, _CohortCopy]
+    status: _StatusCopy
+    tenure: _TenureCopy
+    generation: int | None
+    handover: _HandoverCopy | None
+    served: tuple[int, ...]
+    drained: tuple[tuple[Registration, Drain], ...]
+    serving: AttemptId | None
+
+    def served_ids(self, cohort: Any) -> Iterable[int]:
+        return self.served
+
+    def served_attempt(self) -> AttemptId | None:
+        return self.serving
+
+    def view(self) -> GroupView:
+        """Picture the group as it was copied (:func:`group_view`)."""
+        return group_view(self, self.drained)
+
+    def registration(self, key: str) -> Registration | None:
+        """Return the member registration held for ``key`` in one of the copied cohorts."""
+        for cohort in self.cohorts.values():
+            for reg in cohort.members.values():
+                if reg.key == key:
+                    return reg
+        return None
+
+
+def group_copy(group: GroupRecord, drained: Iterable[tuple[Registration, Drain]] = ()) -> GroupCopy:
+    """Copy what :func:`group_view` reads of ``group``; see the module docstring."""
+    tenure = group.tenure
+    hold = tenure.hold
+    handover = group.handover
+    served: tuple[int, ...] = ()
+    if tenure.checksum is not None:
+        served = tuple(group.served_ids(group.cohorts[tenure.checksum]))
+    return GroupCopy(
+        key=group.key,
+        cohorts={
+            c.checksum: _CohortCopy(c.checksum, dict(c.members)) for c in group.cohorts.values()
+        },
+        status=_StatusCopy(group.status.state),
+        tenure=_TenureCopy(
+            checksum=tenure.checksum,
+            committed_generation=tenure.committed_generation,
+            receiver=tenure.receiver,
+            attempt=tenure.attempt,
+            deadline=tenure.deadline,
+            lora=tenure.lora,
+            hold=None
+            if hold is None
+            else _HoldCopy(
+                held=hold.held,
+                until=hold.until,
+                members=dict(hold.members),
+                last_known=dict(hold.last_known),
+                last_known_until=hold.last_known_until,
+                arrivals=dict(hold.arrivals),
+            ),
+        ),
+        generation=group.generation,
+        handover=None
+        if handover is None
+        else _HandoverCopy(
+            handover.checksum, handover.generation, handover.receiver, dict(handover.members)
+        ),
+        served=served,
+        drained=tuple(drained),
+        serving=group.served_attempt(),
     )
 
 

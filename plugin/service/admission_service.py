@@ -14,7 +14,11 @@ One :class:`AdmissionService` owns every task it runs in a single ``asyncio.Task
 * :mod:`~.builds` runs one task per ``StartBuild`` and feeds the result back as
   ``BuildFinished`` (fenced by checksum and generation);
 * :mod:`~.publication` keeps the serving-admission records in step with the committed groups;
-  the optional *status responder* answers status requests.
+  the optional *status responder* answers status requests;
+* the *status round* keeps the status snapshot current (:mod:`~.status_fold`): at most every
+  ``STATUS_INTERVAL`` seconds while changes come, it copies the changed groups on the loop and
+  reads them out in a thread, so a status read from any other thread takes the latest
+  snapshot and never waits for the loop.
 
 Every core step runs synchronously on the event loop, and its effects are carried out before
 the next one starts, so the core, the receivers and the bindings never disagree for longer than
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import inspect
 import json
 import logging
@@ -56,7 +59,13 @@ from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, Reco
 from workerset_admission.service.process_figures import process_figures
 from workerset_admission.service.publication import ServingPublication
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
-from workerset_admission.service.status_fold import StatusFold
+from workerset_admission.service.status_fold import (
+    ROUND_SHARE,
+    ROUND_WAIT_MAX,
+    STATUS_INTERVAL,
+    FoldSnapshot,
+    StatusFold,
+)
 from workerset_admission.service.status_model import (
     EMPTY_STATUS,
     GroupStatusReport,
@@ -97,6 +106,12 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+# Seconds without a status read from another thread after which rounds wait the longest.
+READERS_GONE = 10.0
+
+# A status answer rendered once for one snapshot: the snapshot, and its JSON but ``process``.
+_Rendered = tuple[ServiceStatus, bytes]
+
 # --------------------------------------------------------------------------- the service
 
 
@@ -135,6 +150,8 @@ class AdmissionService:
         self.hops = HopBindings(self.channels, self.liveness, frontend)
         # The status and the serving records, kept per group as the core's effects name them.
         self._fold = StatusFold(self.core, self.liveness, clock)
+        # Seconds a status round waits after a change, so that a burst's steps coalesce.
+        self.status_interval = STATUS_INTERVAL
         self._summary: tuple[ServiceStatus, AdmissionStateSummary] | None = None
         self.builds = Builds(
             builder or DefaultPipelineBuilder(frontend),
@@ -170,7 +187,18 @@ class AdmissionService:
         self._runner: asyncio.Task[None] | None = None
         self._tg: TaskGroup | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._status_cache: ServiceStatus | None = None
+        # The latest published status (read from any thread), and whether a change since it
+        # (a refusal, the first listing, a step) is not in it yet; a change wakes the round.
+        self._status_now: ServiceStatus = EMPTY_STATUS
+        self._status_stale = True
+        self._status_wake = asyncio.Event()
+        self._status_wake.set()  # the first round publishes the first picture
+        # When a thread other than the loop's last read the status (monotonic clock): until
+        # one does, rounds wait the longest.
+        self._read_at = float("-inf")
+        # The latest status answer rendered, whole and brief: (the snapshot, its JSON but
+        # ``process``) each.
+        self._rendered: tuple[_Rendered | None, _Rendered | None] = (None, None)
         self._failure: BaseException | None = None
         self._shut_down = False
         # Keys live updates touched while a reconciliation listing is being read.
@@ -285,6 +313,7 @@ class AdmissionService:
                 helpers = [
                     tg.create_task(self._timers.run(), name="admission timers"),
                     tg.create_task(self._reconcile_loop(), name="admission reconcile"),
+                    tg.create_task(self._status_rounds(), name="admission status rounds"),
                 ]
                 if self._publication is not None:
                     helpers.append(
@@ -335,6 +364,8 @@ class AdmissionService:
             # Every resource gets its chance to close.
             await _attempt("closing a service resource", close)
         self._changed()
+        # The rounds have stopped: the last snapshot, shutting down, is published here.
+        self._publish_status(self._fold.refresh())
 
     # -- host API ----------------------------------------------------------------------------
 
@@ -363,36 +394,45 @@ class AdmissionService:
         return tuple(self._invalid)
 
     def status(self) -> ServiceStatus:
-        """Return the current state, rebuilt only after a change; safe from any thread.
+        """Return the state as an immutable picture; safe from any thread, never waits.
 
-        On the service's own loop the picture is rebuilt directly; from another thread (the
-        Dynamo frontend's HTTP handler pool) the rebuild runs on the loop and this waits for
-        it briefly, falling back to the last picture.
+        From any thread but the loop's (the Dynamo frontend's HTTP handlers, a status answer
+        rendered in a thread, the gauges' reader) it is the latest published snapshot: it calls
+        nothing on the loop and nothing in the core. It lives until the next status round: a
+        change is in a snapshot published at most ``ROUND_WAIT_MAX`` (1 s; ``status_interval``,
+        0.1 s, while rounds are cheap) plus one round after it. Its ``as_of`` (Unix time) says
+        when it was taken, and every step that ended before then is in it (see
+        :mod:`~.status_fold`). On the loop itself, or with no loop running,
+        the changed groups are rebuilt first, so the picture is exact.
         """
-        cached = self._status_cache
-        if cached is not None:
-            return cached
         loop = self._loop
         if loop is None or on_loop(loop) or not loop.is_running():
-            return self._build_status()
-        future = asyncio.run_coroutine_threadsafe(self._status_async(), loop)
-        try:
-            return future.result(timeout=1.0)
-        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-            future.cancel()
-            return self._status_cache or EMPTY_STATUS
-
-    async def _status_async(self) -> ServiceStatus:
-        return self.status()
+            if self._status_stale or self._fold.dirty:
+                self._publish_status(self._fold.refresh())
+        else:
+            # The one thing a reader in another thread writes: when it read (a float, swapped
+            # whole), so the rounds keep their short wait while someone is reading.
+            self._read_at = time.monotonic()
+        return self._status_now
 
     def render_status(self, brief: bool = False) -> bytes:
         """Render the status as JSON bytes; ``brief`` gives counts instead of member lists.
 
         ``process`` adds the process's open asyncio tasks, read at the moment of the answer.
+        Called in a thread, it renders the latest snapshot there (see :meth:`status`); the
+        rest of the answer is rendered once per snapshot and form, and kept until the next.
         """
-        body = self.status().to_json(brief=brief)
-        body["process"] = process_figures()
-        return json.dumps(body, sort_keys=True).encode()
+        current = self.status()
+        forms = self._rendered
+        kept = forms[brief]
+        if kept is None or kept[0] is not current:
+            # The whole answer but ``process``, its keys in order. The pair of forms is one
+            # immutable tuple swapped in whole: a reader in any thread sees one rendering or
+            # another, and a lost race costs only a rendering again.
+            kept = (current, json.dumps(current.to_json(brief=brief), sort_keys=True).encode())
+            self._rendered = (forms[0], kept) if brief else (kept, forms[1])
+        process = json.dumps(process_figures(), sort_keys=True).encode()
+        return b'{"process": ' + process + b", " + kept[1][1:]
 
     def wake_timers(self) -> None:
         """Re-read the clock now (for hosts and tests that inject a clock that jumps)."""
@@ -488,7 +528,8 @@ class AdmissionService:
         self.counters.notifications = self.step.notifications
 
     def _changed(self) -> None:
-        self._status_cache = None
+        self._status_stale = True
+        self._status_wake.set()
 
     # -- timers and reconciliation ----------------------------------------------------------
 
@@ -548,23 +589,48 @@ class AdmissionService:
 
     # -- status ------------------------------------------------------------------------------
 
-    def _build_status(self) -> ServiceStatus:
+    async def _status_rounds(self) -> None:
+        """Keep the status snapshot current: one round per change, after a wait.
+
+        A change wakes it; it waits ``status_interval``, or ``ROUND_SHARE`` times the CPU
+        time of the last round's read-out if that is longer, at most ``ROUND_WAIT_MAX``: the
+        burst's later steps join the same round, and the round's thread holds the
+        interpreter's lock a bounded share of the time, whatever the fleet's size. Until a
+        thread other than the loop's reads the status, and ``READERS_GONE`` seconds after the
+        last one did, it waits the longest.
+        Then it runs one round (:meth:`StatusFold.refresh_off_loop`) and publishes it.
+        """
         fold = self._fold
-        current = ServiceStatus(
+        while True:
+            await self._status_wake.wait()
+            wait = max(self.status_interval, ROUND_SHARE * fold.round_seconds)
+            if time.monotonic() - self._read_at > READERS_GONE:
+                # Nobody in another thread has read for a while: the longest wait will do.
+                wait = ROUND_WAIT_MAX
+            await asyncio.sleep(min(wait, ROUND_WAIT_MAX))
+            self._status_wake.clear()
+            self._publish_status(await fold.refresh_off_loop())
+            if fold.dirty:
+                # Named again during the round: the next round takes it.
+                self._status_wake.set()
+
+    def _publish_status(self, fold: FoldSnapshot) -> None:
+        """Publish the status made of ``fold`` and the service's own figures (on the loop)."""
+        self._status_stale = False
+        self._status_now = ServiceStatus(
             health=self._health(),
             synced=self._synced.is_set(),
-            groups=fold.groups(),
-            rejections=fold.rejections(),
-            readiness=fold.readiness(),
+            groups=fold.groups,
+            rejections=fold.rejections,
+            readiness=fold.readiness,
             invalid_total=self.counters.invalid,
             recent_invalid=tuple(self._invalid),
             live_instances=len(self.liveness),
             builds_in_flight=self.core.builds_in_flight,
             listings_applied=self.counters.listings,
             frontend=self.frontend_id,
+            as_of=fold.as_of,
         )
-        self._status_cache = current
-        return current
 
     def _state_summary(self) -> AdmissionStateSummary:
         """Return what the gauges report, worked out once per status (each gauge asks)."""
@@ -583,7 +649,7 @@ class AdmissionService:
 
 
 class _StateChanged:
-    """The service's own subscriber: a step that changed admission state drops the status."""
+    """The service's own subscriber: a step that changed admission state wakes the round."""
 
     __slots__ = ("_service",)
 
@@ -591,11 +657,11 @@ class _StateChanged:
         self._service = service
 
     def heard(self, record: StepRecord) -> None:
-        if record.changed:
+        if record.changed or record.delta is not None:
             self._service._changed()
 
     def __repr__(self) -> str:
-        return "the service's status cache"
+        return "the service's status snapshot"
 
 
 async def serve_status(

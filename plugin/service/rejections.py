@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from workerset_admission.admission import AdmissionCore, GroupView, RejectionReported
+from workerset_admission.admission import GroupView, RejectionReported
 from workerset_admission.card.differences import Difference, differences_json, differences_of
-from workerset_admission.identity import GroupKey, group_fields
+from workerset_admission.identity import GroupKey, Registration, group_fields
 
-__all__ = ["StandingRejection", "standing_rejections"]
+__all__ = ["Registrations", "StandingRejection", "standing_rejections"]
+
+
+class Registrations(Protocol):
+    """Where a registration's card is looked up by key: the core, or a group's copy."""
+
+    def registration(self, key: str) -> Registration | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +60,7 @@ class StandingRejection:
 
 
 def standing_rejections(
-    core: AdmissionCore, views: Iterable[GroupView]
+    core: Registrations, views: Iterable[GroupView]
 ) -> tuple[StandingRejection, ...]:
     """Every cohort that stands rejected now, group by group, in cohort order.
 
@@ -83,6 +89,6 @@ def standing_rejections(
     return tuple(out)
 
 
-def _card(core: AdmissionCore, key: str | None) -> object:
+def _card(core: Registrations, key: str | None) -> object:
     registration = None if key is None else core.registration(key)
     return None if registration is None else registration.card

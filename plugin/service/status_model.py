@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from workerset_admission.admission import AdmissionCore, GroupView
 from workerset_admission.admission.readiness import ReadinessUnit, evaluate_readiness
-from workerset_admission.identity import AttemptId, GroupKey, instance_key
+from workerset_admission.identity import AttemptId, EndpointId, GroupKey, instance_key
 from workerset_admission.service.group_json import (
     Serving,
     drained_json,
@@ -18,7 +18,11 @@ from workerset_admission.service.group_json import (
     id_list,
 )
 from workerset_admission.service.liveness import LivenessIndex
-from workerset_admission.service.rejections import StandingRejection, standing_rejections
+from workerset_admission.service.rejections import (
+    Registrations,
+    StandingRejection,
+    standing_rejections,
+)
 from workerset_admission.telemetry import AdmissionStateSummary, HeldGroup
 
 __all__ = [
@@ -27,6 +31,7 @@ __all__ = [
     "GroupStatusReport",
     "InvalidRecord",
     "ModelReadiness",
+    "Routable",
     "ServiceCounters",
     "ServiceStatus",
     "ServingRecord",
@@ -165,6 +170,8 @@ class ServiceStatus:
     frontend: str | None = None
     # Every cohort standing rejected, with what its card differs in from the incumbent's.
     rejections: tuple[StandingRejection, ...] = ()
+    # When the picture was taken (Unix time): it shows every step that ended before then.
+    as_of: float | None = None
 
     def group(self, key: GroupKey) -> GroupStatusReport | None:
         for g in self.groups:
@@ -185,6 +192,7 @@ class ServiceStatus:
             "live_instances": self.live_instances,
             "builds_in_flight": self.builds_in_flight,
             "snapshots_applied": self.listings_applied,  # the key predates the word "listing"
+            "as_of": self.as_of,
         }
 
 
@@ -223,8 +231,16 @@ EMPTY_STATUS = ServiceStatus(
 )
 
 
+class Routable(Protocol):
+    """Which admitted ids of an endpoint a hop may route to (a :class:`LivenessIndex`)."""
+
+    def routable(
+        self, endpoint: EndpointId, admitted: Iterable[int], last_known: Iterable[int] = ()
+    ) -> frozenset[int]: ...
+
+
 def group_status_report(
-    view: GroupView, liveness: LivenessIndex, clock: Callable[[], float] | None = None
+    view: GroupView, liveness: Routable, clock: Callable[[], float] | None = None
 ) -> GroupStatusReport:
     """Picture one group as served: its cohorts, and which admitted ids are routable.
 
@@ -261,7 +277,7 @@ def group_status_report(
 
 
 def readiness_unit(
-    core: AdmissionCore, view: GroupView, liveness: LivenessIndex
+    core: Registrations, view: GroupView, liveness: Routable
 ) -> ReadinessUnit | None:
     """One committed WorkerSet's readiness unit: live = admitted and routable, as the frontend.
 
