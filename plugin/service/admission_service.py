@@ -186,7 +186,8 @@ class AdmissionService:
             telemetry=self._telemetry,
             refuse=self._refuse,
             schedule=self._timers.add,
-            publications_changed=self._publications_changed,
+            # What is served changed: the publication is woken directly, its round runs after.
+            publications_changed=None if self._publication is None else self._publication.wake,
             deltas=DeltaMaker(self.hops, self.liveness),
             log=_log,
         )
