@@ -23,6 +23,7 @@ __all__ = [
     "DeltaSubscriber",
     "DiscoveryEntry",
     "DiscoverySource",
+    "ListingPeers",
     "LiveInstances",
     "PipelineBuilder",
     "ReadModel",
@@ -133,6 +134,18 @@ class DiscoverySource(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ListingPeers(Protocol):
+    """What the other live frontends serve, attached to a listing a frontend starts or resyncs from.
+
+    The service asks it of each initial and reconnect listing before the step takes it; live
+    updates and periodic listings never reach it. The serving-admission bucket's reader
+    (``adapters/nats/peers.py``) is one; it answers, whatever it could read, with a listing.
+    """
+
+    async def attach(self, listing: SourceListing) -> SourceListing: ...
 
 
 @runtime_checkable

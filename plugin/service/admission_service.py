@@ -42,6 +42,7 @@ from workerset_admission.ports import (
     AdmissionPublisher,
     BuildRequest,
     DiscoverySource,
+    ListingPeers,
     PipelineBuilder,
     SourceDelete,
     SourceEvent,
@@ -116,9 +117,12 @@ class AdmissionService:
         settings: Settings | None = None,
         clock: Callable[[], float] = time.monotonic,
         closers: Sequence[Callable[[], Awaitable[None]]] = (),
+        peers: ListingPeers | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self._source = source
+        # Attaches what the other live frontends serve to each initial and reconnect listing.
+        self._peers = peers
         self._publisher = publisher
         # The identity this frontend publishes under; its status shows it too.
         self.frontend_id: str | None = getattr(publisher, "frontend_id", None)
@@ -431,9 +435,15 @@ class AdmissionService:
     # -- the source loop ---------------------------------------------------------------------
 
     async def _source_loop(self) -> None:
+        peers = self._peers
         async for event in self._source.events():
             if self._stopping.is_set():
                 break
+            if peers is not None and isinstance(event, SourceListing):
+                # A start or a resync observes first what the other live frontends serve.
+                event = await peers.attach(event)
+                if self._stopping.is_set():
+                    break
             self.handle_event(event)
             # A listing carries every raw value of the bucket: let it go before waiting.
             del event
