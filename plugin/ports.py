@@ -320,7 +320,10 @@ class TenureFacts:
 
 @dataclass(frozen=True, slots=True)
 class StepDelta:
-    """What one core step changed, for every read model (see the module doc)."""
+    """What one core step changed, for every read model (see the module doc).
+
+    A step that changed nothing a read model keeps has no delta (``None``), never an empty one.
+    """
 
     groups: Mapping[GroupKey, TenureFacts | None] = field(default_factory=dict)
     records: Mapping[str, AcceptedRecord | None] = field(default_factory=dict)
@@ -328,13 +331,6 @@ class StepDelta:
     kept: frozenset[str] = frozenset()
     endpoints: frozenset[EndpointId] = frozenset()
     drained: frozenset[tuple[str, int]] | None = None
-
-    @property
-    def empty(self) -> bool:
-        return (
-            not (self.groups or self.records or self.relisted or self.endpoints)
-            and self.drained is None
-        )
 
 
 class ReadModel(Protocol):

@@ -260,15 +260,17 @@ class DeltaMaker:
             named.update(self._at.get(endpoint, ()))
         read = {group: _read(self._tenures.binding(group)) for group in named}
         self._index(read)
-        delta = StepDelta(
+        drained = self._tenures.drained() if drains else None
+        if not (read or records or relisted or endpoints) and drained is None:
+            return None  # most ticks and repeated values: no delta is made at all
+        return StepDelta(
             groups=TenuresAtStep(read),
             records=records,
             relisted=relisted,
             kept=kept,
             endpoints=endpoints,
-            drained=self._tenures.drained() if drains else None,
+            drained=drained,
         )
-        return None if delta.empty else delta
 
     def _index(self, groups: Mapping[GroupKey, _TenureRead | None]) -> None:
         for group, read in groups.items():
