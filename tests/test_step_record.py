@@ -174,5 +174,6 @@ def test_a_step_that_changed_nothing_a_read_model_keeps_has_no_delta() -> None:
     listing, tick = heard.records
     assert listing.delta is not None
     assert set(listing.delta.records) == {model_entry(1, CARD).key}
-    assert tick.steps and not tick.effects
+    assert tick.steps
+    assert not tick.effects
     assert tick.delta is None
