@@ -7,7 +7,8 @@ One :class:`AdmissionService` owns every task it runs in a single ``asyncio.Task
 
 * the *source loop* hands each source event to the :class:`~.step.AdmissionStep` (the step
   ``replay`` runs too): ingestion, one core step, the effects carried out; a listing is one
-  step, so receivers hear about it once;
+  step, so receivers hear about it once; an initial or reconnect listing first has what the
+  other live frontends serve attached (``peers``: a ``ListingPeers``);
 * the *timer loop* feeds the core a ``Tick`` whenever a deadline it scheduled (a retry, a hold)
   falls due, and the *reconciliation loop* applies a full listing every
   ``reconcile_interval`` seconds, unless the source shows its watch missed nothing;
