@@ -23,6 +23,7 @@ __all__ = [
     "DeltaSubscriber",
     "DiscoveryEntry",
     "DiscoverySource",
+    "ListingPeers",
     "LiveInstances",
     "PipelineBuilder",
     "ReadModel",
@@ -133,6 +134,18 @@ class DiscoverySource(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ListingPeers(Protocol):
+    """What the other live frontends serve, attached to a listing a frontend starts or resyncs from.
+
+    The service asks it of each initial and reconnect listing before the step takes it; live
+    updates and periodic listings never reach it. The serving-admission bucket's reader
+    (``adapters/nats/peers.py``) is one; it answers, whatever it could read, with a listing.
+    """
+
+    async def attach(self, listing: SourceListing) -> SourceListing: ...
 
 
 @runtime_checkable
@@ -307,7 +320,10 @@ class TenureFacts:
 
 @dataclass(frozen=True, slots=True)
 class StepDelta:
-    """What one core step changed, for every read model (see the module doc)."""
+    """What one core step changed, for every read model (see the module doc).
+
+    A step that changed nothing a read model keeps has no delta (``None``), never an empty one.
+    """
 
     groups: Mapping[GroupKey, TenureFacts | None] = field(default_factory=dict)
     records: Mapping[str, AcceptedRecord | None] = field(default_factory=dict)
@@ -315,13 +331,6 @@ class StepDelta:
     kept: frozenset[str] = frozenset()
     endpoints: frozenset[EndpointId] = frozenset()
     drained: frozenset[tuple[str, int]] | None = None
-
-    @property
-    def empty(self) -> bool:
-        return (
-            not (self.groups or self.records or self.relisted or self.endpoints)
-            and self.drained is None
-        )
 
 
 class ReadModel(Protocol):

@@ -163,3 +163,17 @@ def test_the_record_is_immutable() -> None:
     assert all(isinstance(step, CoreStep) for step in record.steps)
     assert isinstance(record.steps[0].effects, tuple)
     assert record.keep == ("a",)
+
+
+def test_a_step_that_changed_nothing_a_read_model_keeps_has_no_delta() -> None:
+    service = AdmissionService(FakeSource())
+    heard = Heard()
+    service.subscribe(heard)
+    service.handle_event(SourceListing((model_entry(1, CARD),)))
+    service.step.tick()  # nothing due
+    listing, tick = heard.records
+    assert listing.delta is not None
+    assert set(listing.delta.records) == {model_entry(1, CARD).key}
+    assert tick.steps
+    assert not tick.effects
+    assert tick.delta is None

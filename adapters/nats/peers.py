@@ -3,13 +3,15 @@
 A frontend that starts, or resyncs after losing its connection, observes a listing with no order
 of its own. The core's observation order (:mod:`workerset_admission.admission.ordering`) then
 puts first, per WorkerSet, the checksum the other live frontends already serve. This adapter
-only reads: before passing an initial or reconnect listing on, it reads the serving-admission
-bucket once (bounded in time) and attaches each other frontend's served checksum per group,
+only reads: the service hands it each initial or reconnect listing before its step takes it
+(:class:`PeerListings`, a :class:`~workerset_admission.ports.ListingPeers`), and it reads the
+serving-admission bucket once (bounded in time) and attaches each other frontend's served
+checksum per group,
 and the instance ids each checksum is served with (what a frontend that starts after an outage
 may hold for them, see the core), and how long ago the latest peer resynced after losing its
 connection (its capability record says when): a frontend that starts within that outage's hold
-takes its first listing as one of that outage. Periodic listings and live events pass through
-untouched.
+takes its first listing as one of that outage. Periodic listings and live events never
+reach it.
 
 "How long ago" is read on the NATS server's clock alone: the server's time when the bucket was
 read, less the server's time when it stored the peer's resync record. No two hosts' clocks are
@@ -28,7 +30,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from workerset_admission.card.serving_record import (
@@ -42,9 +44,9 @@ from workerset_admission.card.serving_record import (
 )
 from workerset_admission.errors import InvalidRecordError
 from workerset_admission.identity import GroupKey
-from workerset_admission.ports import DiscoverySource, SourceEvent, SourceListing
+from workerset_admission.ports import SourceListing
 
-__all__ = ["PeerAwareSource", "members_served_by_peers", "peers_resynced_ago", "served_by_peers"]
+__all__ = ["PeerListings", "members_served_by_peers", "peers_resynced_ago", "served_by_peers"]
 
 _log = logging.getLogger(__name__)
 
@@ -135,17 +137,15 @@ def members_served_by_peers(
     }
 
 
-class PeerAwareSource:
-    """A discovery source whose initial and reconnect listings carry the peers' served checksums."""
+class PeerListings:
+    """Attaches the peers' served checksums to the initial and reconnect listings handed to it."""
 
     def __init__(
         self,
-        source: DiscoverySource,
         reader: _Reader,
         own_frontend: str,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self._source = source
         self._reader = reader
         self._own = own_frontend
         self._wall = wall
@@ -185,33 +185,16 @@ class PeerAwareSource:
         offset = self._server_offset
         return None if offset is None else self._wall() + offset
 
-    async def events(self) -> AsyncIterator[SourceEvent]:
-        async for event in self._source.events():
-            if isinstance(event, SourceListing) and event.reason != "periodic":
-                read = await self._read()
-                if read is None:
-                    event = dataclasses.replace(
-                        event, peers=None, peer_members=None, peers_resynced_ago=None
-                    )
-                else:
-                    event = dataclasses.replace(
-                        event,
-                        peers=served_by_peers(read, self._own),
-                        peer_members=members_served_by_peers(read, self._own),
-                        peers_resynced_ago=peers_resynced_ago(read, self._own, self._wall()),
-                    )
-            yield event
-            # A listing carries every raw value of the bucket: not held while the next event,
-            # perhaps minutes away, is awaited.
-            del event
-
-    async def list_all(self) -> SourceListing:
-        return await self._source.list_all()
-
-    async def missed_nothing(self) -> bool:
-        """Ask the wrapped source whether a relist would find nothing new (False if it cannot)."""
-        check = getattr(self._source, "missed_nothing", None)
-        return bool(check is not None and await check())
-
-    async def close(self) -> None:
-        await self._source.close()
+    async def attach(self, listing: SourceListing) -> SourceListing:
+        """Return ``listing`` with what the other live frontends serve (nothing: unreadable)."""
+        read = await self._read()
+        if read is None:
+            return dataclasses.replace(
+                listing, peers=None, peer_members=None, peers_resynced_ago=None
+            )
+        return dataclasses.replace(
+            listing,
+            peers=served_by_peers(read, self._own),
+            peer_members=members_served_by_peers(read, self._own),
+            peers_resynced_ago=peers_resynced_ago(read, self._own, self._wall()),
+        )

@@ -20,7 +20,12 @@ Recorded are the Python calls and returns (coroutine resumptions and suspensions
 whose code is in the package's own files; the standard library and third parties are left
 out. The path is that sequence of files: the files crossed (in first-entry order), its stays
 (maximal runs of consecutive events in one file) and its returns (stays in a file the path had
-already left; every stay but each file's first is one, so returns = stays - files). Anything
+already left; every stay but each file's first is one, so returns = stays - files). A return
+is told by how the path came back: *to the caller* when control came back into a frame of that
+file (a callee of another file returned, or a coroutine of another file suspended), or a
+*re-entry* when a function of that file was called (or a coroutine of it resumed) from another
+file (a callback, a hook, a subscriber, a value's constructor used again) or from the event
+loop (a task woken, a callback it ran): returns = returns to the caller + re-entries. Anything
 else the service's loop runs meanwhile (a timer, a keep-alive) would lengthen a path; the put
 with the fewest events is the one reported, and the output says how many of the puts crossed
 the same files in the same order.
@@ -37,7 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType, FrameType
@@ -110,7 +115,9 @@ class Recorder:
 
     key: bytes
     known_cards: frozenset[str]
-    events: list[tuple[str, str, str]] = field(default_factory=list)
+    # (event, file, function, caller): the caller is the nearest package file below a call
+    # ("" when none is: the event loop ran it), ``None`` for returns.
+    events: list[tuple[str, str, str, str | None]] = field(default_factory=list)
     recording: bool = False
     done: bool = False
     renamed: str | None = None
@@ -132,18 +139,32 @@ class Recorder:
                 self.recording = True
             else:
                 return
-        if event == "call" or event == "return":
+        if event == "call":
             where = self._file(code.co_filename)
             if where is not None:
-                self.events.append((event, where, _qualname(code)))
+                self.events.append((event, where, _qualname(code), self._caller(frame)))
+        elif event == "return":
+            where = self._file(code.co_filename)
+            if where is not None:
+                self.events.append((event, where, _qualname(code), None))
         elif event == "c_return" and code is _PUBLISH and arg is os.replace:
             file = frame.f_locals.get("file")
             if isinstance(file, tuple) and file[0] == "mdc" and file[1] not in self.known_cards:
                 self.renamed = f"v1/mdc/{file[1]}"
                 where = self._file(code.co_filename)
                 assert where is not None
-                self.events.append(("rename", where, _qualname(code)))
+                self.events.append(("rename", where, _qualname(code), None))
                 self.done = True
+
+    def _caller(self, frame: FrameType) -> str:
+        """The package file of the nearest package frame below ``frame`` ("": none, the loop)."""
+        below = frame.f_back
+        while below is not None:
+            where = self._file(below.f_code.co_filename)
+            if where is not None:
+                return where
+            below = below.f_back
+        return ""
 
     def finished(self) -> bool:
         return self.done
@@ -159,18 +180,36 @@ class Recorder:
         return isinstance(subject, bytes) and subject.endswith(self.key)
 
 
-def path_of(events: list[tuple[str, str, str]]) -> dict[str, Any]:
-    """Files in first-entry order, stays (runs in one file) and returns (stays in a file left)."""
+def path_of(events: Sequence[tuple[str, ...]]) -> dict[str, Any]:
+    """Files in first-entry order, stays (runs in one file), returns and re-entries.
+
+    An event is (event, file, function[, caller]); a call's caller is the package file below
+    it ("" for the event loop). A stay in a file already left is a re-entry when it begins with
+    a call from another file or from the loop, else a return to the caller.
+    """
     files: list[str] = []
     stays: list[str] = []
     # Each stay's file and the functions it entered (a resumed coroutine counts as entered).
     entered: list[tuple[str, list[str]]] = []
-    for event, where, name in events:
+    # How each stay began: "first" (the file's first), "return", "call" or "wake".
+    entries: list[str] = []
+    reentries: list[dict[str, Any]] = []
+    for event, where, name, *rest in events:
         if not stays or stays[-1] != where:
+            caller = rest[0] if rest else (stays[-1] if stays else "")
             if where not in files:
                 files.append(where)
+                entry = "first"
+            elif event != "call" or caller == where:
+                entry = "return"
+            else:
+                entry = "call" if caller else "wake"
+                reentries.append(
+                    {"stay": len(stays) + 1, "file": where, "function": name, "from": caller}
+                )
             stays.append(where)
             entered.append((where, []))
+            entries.append(entry)
         if event == "call" and name not in entered[-1][1]:
             entered[-1][1].append(name)
     returns = sum(1 for i, where in enumerate(stays) if where in stays[:i])
@@ -179,12 +218,22 @@ def path_of(events: list[tuple[str, str, str]]) -> dict[str, Any]:
         "file_count": len(files),
         "stays": len(stays),
         "returns": returns,
+        "returns_to_caller": returns - len(reentries),
+        "reentries": len(reentries),
+        "woken": sum(1 for r in reentries if not r["from"]),
         "events": len(events),
         "stay_files": stays,
         "stays_per_file": {f: stays.count(f) for f in files},
         "stay_calls": entered,
-        "first": list(events[0]) if events else None,
-        "last": list(events[-1]) if events else None,
+        "stay_entries": entries,
+        "reentry_list": reentries,
+        "reentries_per_file": {
+            f: sum(1 for r in reentries if r["file"] == f)
+            for f in files
+            if any(r["file"] == f for r in reentries)
+        },
+        "first": list(events[0][:3]) if events else None,
+        "last": list(events[-1][:3]) if events else None,
     }
 
 
@@ -292,35 +341,53 @@ async def profile(
         "puts": len(results),
         "same_path": same,
         "per_put": [
-            {k: r[k] for k in ("key", "file_count", "stays", "returns", "events")} for r in results
+            {k: r[k] for k in ("key", "file_count", "stays", "returns", "reentries", "events")}
+            for r in results
         ],
         **best,
     }
 
 
 def report(result: dict[str, Any], with_stays: bool = False) -> str:
+    reentered = result["reentries_per_file"]
     lines = [
         f"one discovery put ({result['put']}), from the watch's handler to the card file's "
         f"rename ({result['card_file']}), package at {result['package']}:",
         f"  files crossed: {result['file_count']}",
     ]
     for n, where in enumerate(result["files"], 1):
-        lines.append(f"    {n:2}. {where}  ({result['stays_per_file'][where]} stay(s))")
+        again = f", {reentered[where]} re-entered" if where in reentered else ""
+        lines.append(f"    {n:2}. {where}  ({result['stays_per_file'][where]} stay(s){again})")
     lines += [
         f"  stays: {result['stays']}",
-        f"  returns to a file already left: {result['returns']}",
+        f"  returns to a file already left: {result['returns']} "
+        f"({result['returns_to_caller']} to the caller, {result['reentries']} re-entries)",
+        f"  re-entries: {result['reentries']} ({result['reentries'] - result['woken']} called "
+        f"from another file, {result['woken']} woken by the event loop)",
         f"  events: {result['events']} (first {' '.join(result['first'])}; "
         f"last {' '.join(result['last'])})",
         f"  {result['same_path']} of {result['puts']} puts took this path; per put "
         + ", ".join(
-            f"{p['file_count']} files/{p['stays']} stays/{p['returns']} returns"
+            f"{p['file_count']} files/{p['stays']} stays/{p['returns']} returns/"
+            f"{p['reentries']} re-entries"
             for p in result["per_put"]
         ),
     ]
     if with_stays:
-        lines.append("  the stays in order, with the functions each entered:")
-        for n, (where, names) in enumerate(result["stay_calls"], 1):
-            lines.append(f"    {n:3}. {where}: {', '.join(names) or '(returns only)'}")
+        lines.append(
+            "  the stays in order, how each began (+: the file's first; <: a return to the "
+            "caller; !: a re-entry, with the file it was called from, or the event loop that "
+            "woke it), with the functions each entered:"
+        )
+        callers = {r["stay"]: r["from"] for r in result["reentry_list"]}
+        marks = {"first": "+", "return": "<"}
+        for n, ((where, names), entry) in enumerate(
+            zip(result["stay_calls"], result["stay_entries"], strict=True), 1
+        ):
+            mark = marks.get(entry, "!")
+            came = f" (from {callers[n] or 'the event loop'})" if n in callers else ""
+            entered = ", ".join(names) or "(returns only)"
+            lines.append(f"    {n:3}. {mark} {where}{came}: {entered}")
     return "\n".join(lines)
 
 

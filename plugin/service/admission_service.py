@@ -7,7 +7,8 @@ One :class:`AdmissionService` owns every task it runs in a single ``asyncio.Task
 
 * the *source loop* hands each source event to the :class:`~.step.AdmissionStep` (the step
   ``replay`` runs too): ingestion, one core step, the effects carried out; a listing is one
-  step, so receivers hear about it once;
+  step, so receivers hear about it once; an initial or reconnect listing first has what the
+  other live frontends serve attached (``peers``: a ``ListingPeers``);
 * the *timer loop* feeds the core a ``Tick`` whenever a deadline it scheduled (a retry, a hold)
   falls due, and the *reconciliation loop* applies a full listing every
   ``reconcile_interval`` seconds, unless the source shows its watch missed nothing;
@@ -45,6 +46,7 @@ from workerset_admission.ports import (
     AdmissionPublisher,
     BuildRequest,
     DiscoverySource,
+    ListingPeers,
     PipelineBuilder,
     SourceDelete,
     SourceEvent,
@@ -131,9 +133,12 @@ class AdmissionService:
         settings: Settings | None = None,
         clock: Callable[[], float] = time.monotonic,
         closers: Sequence[Callable[[], Awaitable[None]]] = (),
+        peers: ListingPeers | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self._source = source
+        # Attaches what the other live frontends serve to each initial and reconnect listing.
+        self._peers = peers
         self._publisher = publisher
         # The identity this frontend publishes under; its status shows it too.
         self.frontend_id: str | None = getattr(publisher, "frontend_id", None)
@@ -214,7 +219,8 @@ class AdmissionService:
             telemetry=self._telemetry,
             refuse=self._refuse,
             schedule=self._timers.add,
-            publications_changed=self._publications_changed,
+            # What is served changed: the publication is woken directly, its round runs after.
+            publications_changed=None if self._publication is None else self._publication.wake,
             deltas=DeltaMaker(self.hops, self.liveness),
             log=_log,
         )
@@ -470,9 +476,15 @@ class AdmissionService:
     # -- the source loop ---------------------------------------------------------------------
 
     async def _source_loop(self) -> None:
+        peers = self._peers
         async for event in self._source.events():
             if self._stopping.is_set():
                 break
+            if peers is not None and isinstance(event, SourceListing):
+                # A start or a resync observes first what the other live frontends serve.
+                event = await peers.attach(event)
+                if self._stopping.is_set():
+                    break
             self.handle_event(event)
             # A listing carries every raw value of the bucket: let it go before waiting.
             del event

@@ -1,9 +1,10 @@
 """The step's delta for the read models: made from the core's effects and the inputs it accepted.
 
 One :class:`~workerset_admission.ports.StepDelta` is made per step (a source event, a build
-result, a timer tick) by :class:`DeltaMaker`, which the step tells what it saw: the raw event,
-ingestion's verdicts, and every list of effects the core returned (a refused commit fed back is
-part of the same step). At the step's end it puts them together:
+result, a timer tick) by :class:`DeltaMaker`, once, at the step's end: the step hands it what it
+saw, in one call (:meth:`DeltaMaker.finish`): the raw event, ingestion's verdicts, and every
+list of effects the core returned (a refused commit fed back is part of the same step). It puts
+them together:
 
 * the records: each record ingestion accepted, with its raw bytes, except a card whose
   in-place change the core refused (``MutationRefused``): that key keeps the bytes of the
@@ -30,7 +31,7 @@ every delta's facts, read after later steps, to what the binding itself said at 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Literal, NamedTuple, Protocol
 
 from workerset_admission.admission.admitted import routable_ids
@@ -213,30 +214,16 @@ class Tenures(Protocol):
 
 
 class DeltaMaker:
-    """Gathers what one step saw and did, and makes its :class:`StepDelta` at its end."""
+    """Makes each step's :class:`StepDelta` at its end, from what the step saw and did."""
 
     def __init__(self, tenures: Tenures, liveness: LivenessIndex) -> None:
         self._tenures = tenures
         self._liveness = liveness
-        self._events: list[tuple[SourceEvent, Collection[str], Ingested | None]] = []
-        self._groups: set[GroupKey] = set()
         self._refused: set[str] = set()
         self._drains = False
         # The groups with a committed tenure, by endpoint, as the deltas named them: an
         # endpoint whose liveness moved names its groups without a walk over every binding.
         self._at: dict[EndpointId, set[GroupKey]] = {}
-
-    def source_event(self, event: SourceEvent, keep: Collection[str]) -> None:
-        self._events.append((event, keep, None))
-
-    def ingested(self, result: Ingested) -> None:
-        if self._events:
-            event, keep, _ = self._events[-1]
-            self._events[-1] = (event, keep, result)
-
-    def effects(self, effects: Sequence[object]) -> None:
-        """Hear one core step's effects: the groups they name may have changed."""
-        self._groups |= groups_named(effects)
 
     def refused(self, effect: MutationRefused) -> None:
         """Hear that the core refused an in-place change: the key keeps its first bytes."""
@@ -245,35 +232,45 @@ class DeltaMaker:
     def drain_changed(self, effect: DrainChanged) -> None:
         self._drains = True
 
-    def finish(self) -> StepDelta | None:
-        """Return the step's delta (``None``: it changed nothing a read model keeps)."""
-        events, self._events = self._events, []
-        named, self._groups = self._groups, set()
+    def finish(
+        self,
+        came_in: object,
+        keep: Collection[str],
+        ingested: Ingested | None,
+        effects: Iterable[Sequence[object]],
+    ) -> StepDelta | None:
+        """Return the step's delta (``None``: it changed nothing a read model keeps).
+
+        ``came_in`` began the step (its records count when it is a source event), ``keep``
+        and ``ingested`` are a listing's kept keys and ingestion's verdicts, ``effects`` the
+        effects of each of its core steps: the groups they name may have changed.
+        """
+        named: set[GroupKey] = set()
+        for step in effects:
+            named |= groups_named(step)
         refused, self._refused = self._refused, set()
         drains, self._drains = self._drains, False
         records: dict[str, AcceptedRecord | None] = {}
         kept: frozenset[str] = frozenset()
-        relisted = False
-        for event, keep, ingested in events:
-            changes, kept = accepted_changes(event, keep, ingested, refused)
-            if isinstance(event, SourceListing):
-                relisted, records = True, changes
-            else:
-                records.update(changes)
+        if isinstance(came_in, (SourcePut, SourceDelete, SourceListing)):
+            records, kept = accepted_changes(came_in, keep, ingested, refused)
+        relisted = isinstance(came_in, SourceListing)
         endpoints = frozenset(self._liveness.take_touched())
         for endpoint in endpoints:
             named.update(self._at.get(endpoint, ()))
         read = {group: _read(self._tenures.binding(group)) for group in named}
         self._index(read)
-        delta = StepDelta(
+        drained = self._tenures.drained() if drains else None
+        if not (read or records or relisted or endpoints) and drained is None:
+            return None  # most ticks and repeated values: no delta is made at all
+        return StepDelta(
             groups=TenuresAtStep(read),
             records=records,
             relisted=relisted,
             kept=kept,
             endpoints=endpoints,
-            drained=self._tenures.drained() if drains else None,
+            drained=drained,
         )
-        return None if delta.empty else delta
 
     def _index(self, groups: Mapping[GroupKey, _TenureRead | None]) -> None:
         for group, read in groups.items():

@@ -294,8 +294,6 @@ class AdmissionStep:
         which the listing is then observed in.
         """
         now = self._begin(event, keep=tuple(keep), recorded=recorded)
-        if self._deltas is not None:
-            self._deltas.source_event(event, keep)
         try:
             self._handle(event, now, keep, recorded)
         finally:
@@ -351,8 +349,6 @@ class AdmissionStep:
         hearing = self._hearing
         if hearing is not None:
             hearing.ingested = result
-        if self._deltas is not None:
-            self._deltas.ingested(result)
         for verdict in result.refusals:
             assert verdict.refusal is not None
             self._refuse(verdict.key, verdict.refusal, scope if refusals_in_scope else None)
@@ -416,7 +412,15 @@ class AdmissionStep:
         hearing, self._hearing = self._hearing, None
         if hearing is None:
             return  # already ended (inside its update's scope)
-        delta = None if self._deltas is None else self._deltas.finish()
+        delta = None
+        if self._deltas is not None:
+            # The delta is made once, here, from what the step saw.
+            delta = self._deltas.finish(
+                hearing.came_in,
+                hearing.keep,
+                hearing.ingested,
+                [step.effects for step in hearing.steps],
+            )
         if not self.subscribers:
             return
         record = StepRecord(
@@ -453,8 +457,6 @@ class AdmissionStep:
             hearing.steps.append(CoreStep(made, tuple(effects)))
             if effects or force:
                 hearing.changed = True
-        if self._deltas is not None:
-            self._deltas.effects(effects)
         self._carry_out(effects)
 
     def _carry_out(self, effects: Sequence[Effect]) -> None:

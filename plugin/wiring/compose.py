@@ -170,17 +170,17 @@ async def create_service(
         bucket_spec=BucketSpec(name=settings.discovery_bucket, replicas=settings.bucket_replicas),
         started_in_outage=started_in_outage,
     )
+    peers = None
     if publish:
         from workerset_admission.adapters.nats.admission_reader import NatsRecordSource
-        from workerset_admission.adapters.nats.peers import PeerAwareSource
+        from workerset_admission.adapters.nats.peers import PeerListings
 
         # Starts and resyncs observe first what the other live frontends already serve.
-        peers = NatsRecordSource(options, settings.admission_bucket, timeout=2.0)
-        peer_source = PeerAwareSource(source, peers, settings.frontend_id)
-        source = peer_source
+        reader = NatsRecordSource(options, settings.admission_bucket, timeout=2.0)
+        peers = PeerListings(reader, settings.frontend_id)
         if view is not None:
             # The view's lease is bounded on the NATS server's clock too, once it is read.
-            view.files.server_now = peer_source.server_now
+            view.files.server_now = peers.server_now
     closers: list[Callable[[], Awaitable[None]]] = []
     if view is not None:
         # After the withdrawal of the serving records and before the connections close.
@@ -223,6 +223,7 @@ async def create_service(
             settings=settings,
             closers=closers,
             clock=time.monotonic if clock is None else clock,
+            peers=peers,
         )
         attach_trace_writer(service, boundary)
         if view is not None:

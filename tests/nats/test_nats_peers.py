@@ -10,16 +10,24 @@ import weakref
 from collections.abc import AsyncIterator
 
 import pytest
+from support.fakes import FakeSource, settle
 from workerset_admission.adapters.nats import peers as peers_module
 from workerset_admission.adapters.nats.peers import (
-    PeerAwareSource,
+    PeerListings,
     members_served_by_peers,
     peers_resynced_ago,
     served_by_peers,
 )
 from workerset_admission.card.serving_record import BucketRead, RawEntry
 from workerset_admission.identity import EndpointId, GroupKey, WorkerType
-from workerset_admission.ports import DiscoveryEntry, SourceEvent, SourceListing, SourcePut
+from workerset_admission.ports import (
+    DiscoveryEntry,
+    ListingPeers,
+    SourceEvent,
+    SourceListing,
+    SourcePut,
+)
+from workerset_admission.service.admission_service import AdmissionService
 
 
 def record(frontend: str, checksum: str, members: list[str]) -> RawEntry:
@@ -70,6 +78,8 @@ class Reader:
 
 
 class Listed:
+    """A source that yields the events it was given, then ends."""
+
     def __init__(self, *events: SourceEvent) -> None:
         self._events = events
 
@@ -84,35 +94,74 @@ class Listed:
         return None
 
 
-async def test_initial_and_reconnect_listings_carry_the_peers_and_nothing_else_is_touched() -> None:
-    put = SourcePut(DiscoveryEntry("k", b"v", 1))
-    inner = Listed(
-        SourceListing(()),
-        put,
-        SourceListing((), reason="periodic"),
-        SourceListing((), reason="reconnect"),
-    )
+class Attached:
+    """A ``ListingPeers`` that notes every listing the service hands it."""
+
+    def __init__(self) -> None:
+        self.handed: list[SourceListing] = []
+
+    async def attach(self, listing: SourceListing) -> SourceListing:
+        self.handed.append(listing)
+        return listing
+
+
+def test_peer_listings_are_the_services_listing_peers() -> None:
+    assert isinstance(PeerListings(Reader(BUCKET), "me"), ListingPeers)
+
+
+async def test_initial_and_reconnect_listings_carry_the_peers() -> None:
     reader = Reader(BUCKET)
-    seen = [e async for e in PeerAwareSource(inner, reader, "me").events()]
-    assert [getattr(e, "peers", None) for e in seen] == [
-        {("m", "ws"): ("A", "A", "B")},
-        None,
-        None,
-        {("m", "ws"): ("A", "A", "B")},
-    ]
-    assert seen[1] is put
+    peers = PeerListings(reader, "me")
+    for reason in ("initial", "reconnect"):
+        listing = SourceListing((), reason=reason)  # type: ignore[arg-type]
+        attached = await peers.attach(listing)
+        assert attached.peers == {("m", "ws"): ("A", "A", "B")}
+        assert (attached.reason, attached.entries) == (reason, listing.entries)
     assert reader.reads == 2
+
+
+async def test_only_the_sources_initial_and_reconnect_listings_reach_the_peers() -> None:
+    # Live updates and the periodic reconciliation's listings never wait on the peers.
+    source = FakeSource()
+    source.listing = [DiscoveryEntry("v1.mdc.ns.c.e.1", b"{}", 1)]
+    peers = Attached()
+    service = AdmissionService(source, peers=peers)
+    await service.start()
+    try:
+        initial, reconnect = SourceListing(()), SourceListing((), reason="reconnect")
+        source.queue.put_nowait(initial)
+        source.queue.put_nowait(SourcePut(DiscoveryEntry("k", b"v", 1)))
+        source.queue.put_nowait(reconnect)
+        await settle(lambda: service.counters.listings == 2 and service.counters.puts == 1)
+        assert await service.reconcile()
+        assert service.counters.listings == 3
+        assert peers.handed == [initial, reconnect]
+        assert all(a is b for a, b in zip(peers.handed, (initial, reconnect), strict=True))
+    finally:
+        await service.stop()
+
+
+async def test_the_service_applies_the_listing_with_what_the_peers_attached() -> None:
+    source = FakeSource()
+    service = AdmissionService(source, peers=PeerListings(Reader(BUCKET), "me"))
+    steps: list[object] = []
+    service.subscribe(type("Heard", (), {"heard": lambda self, r: steps.append(r.came_in)})())
+    await service.start()
+    try:
+        source.queue.put_nowait(SourceListing(()))
+        await settle(lambda: service.synced)
+        (listing,) = steps
+        assert isinstance(listing, SourceListing)
+        assert listing.peers == {("m", "ws"): ("A", "A", "B")}
+    finally:
+        await service.stop()
 
 
 async def test_a_bucket_that_cannot_be_read_leaves_the_listing_without_peers() -> None:
     for failure in (ConnectionError("away"), BucketRead(problem="no server")):
-        seen = [
-            e
-            async for e in PeerAwareSource(
-                Listed(SourceListing(())), Reader(failure), "me"
-            ).events()
-        ]
-        assert [e.peers for e in seen] == [None]  # type: ignore[union-attr]
+        attached = await PeerListings(Reader(failure), "me").attach(SourceListing(()))
+        assert attached.peers is None
+        assert (attached.peer_members, attached.peers_resynced_ago) == (None, None)
 
 
 async def test_a_bucket_that_cannot_be_read_is_said_at_warning_with_what_the_listing_does(
@@ -121,13 +170,8 @@ async def test_a_bucket_that_cannot_be_read_is_said_at_warning_with_what_the_lis
     for failure in (ConnectionError("away"), BucketRead(problem="no server")):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger=peers_module.__name__):
-            seen = [
-                e
-                async for e in PeerAwareSource(
-                    Listed(SourceListing(())), Reader(failure), "me"
-                ).events()
-            ]
-        assert [e.peers for e in seen] == [None]  # type: ignore[union-attr]
+            attached = await PeerListings(Reader(failure), "me").attach(SourceListing(()))
+        assert attached.peers is None
         said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(said) == 1
         assert said[0].startswith("could not read the peers' serving records (")
@@ -139,9 +183,9 @@ class _Entries(list[DiscoveryEntry]):
     """A listing's entries that a weak reference can follow."""
 
 
-async def test_a_listing_handed_on_is_not_held_while_the_next_event_is_awaited() -> None:
+async def test_a_listing_applied_is_not_held_while_the_next_event_is_awaited() -> None:
     # A listing carries every raw value of the bucket: kept until the next change arrives, it
-    # would double what a quiet fleet costs.
+    # would double what a quiet fleet costs. The peers' copy of it is let go as well.
     handed = [SourceListing(_Entries([DiscoveryEntry("k", b"v", 1)]))]
     held = weakref.ref(handed[0].entries)
     more = asyncio.Event()
@@ -152,18 +196,17 @@ async def test_a_listing_handed_on_is_not_held_while_the_next_event_is_awaited()
             await more.wait()
             yield SourcePut(DiscoveryEntry("k", b"w", 2))
 
-    events = PeerAwareSource(Waiting(), Reader(BUCKET), "me").events()
-    first = await anext(events)
-    assert isinstance(first, SourceListing)
-    assert first.entries is held()
-    del first
-    following = asyncio.ensure_future(anext(events))
-    await asyncio.sleep(0)
-    gc.collect()
-    assert held() is None
-    more.set()
-    assert isinstance(await following, SourcePut)
-    await events.aclose()
+    service = AdmissionService(Waiting(), peers=PeerListings(Reader(BUCKET), "me"))
+    await service.start()
+    try:
+        await settle(lambda: service.synced)
+        await asyncio.sleep(0)
+        gc.collect()
+        assert held() is None
+        more.set()
+        await settle(lambda: service.counters.puts == 1)
+    finally:
+        await service.stop()
 
 
 def _served(frontend: str, worker_set: str, checksum: str, members: list[str]) -> RawEntry:
@@ -191,9 +234,7 @@ def test_the_members_each_checksum_is_served_with_are_read_as_instance_ids() -> 
 async def test_listings_carry_the_peers_members_beside_their_checksums() -> None:
     ws = GroupKey.build("m", EndpointId("ns", "c", "e"), "chat", WorkerType.DECODE).worker_set
     read = BucketRead(entries=(_served("fe-1", ws, "A", ["ns/c/e/10"]),))
-    inner = Listed(SourceListing((), after_outage=True))
-    (seen,) = [e async for e in PeerAwareSource(inner, Reader(read), "me").events()]
-    assert isinstance(seen, SourceListing)
+    seen = await PeerListings(Reader(read), "me").attach(SourceListing((), after_outage=True))
     assert (seen.peers, seen.peer_members, seen.after_outage) == (
         {("m", ws): ("A",)},
         {("m", ws): {"A": (0x10,)}},
@@ -262,24 +303,19 @@ def test_a_stopped_peer_says_nothing_of_a_resync() -> None:
 async def test_listings_say_how_long_ago_a_peer_resynced() -> None:
     read = BucketRead(entries=(_capability("fe-1", 1000.0),))
     for now, ago in ((1004.0, 4.0), (990.0, 0.0)):  # a peer clock ahead of ours: just now
-        inner = Listed(SourceListing(()), SourceListing((), reason="periodic"))
-        source = PeerAwareSource(inner, Reader(read), "me", wall=lambda now=now: now)
-        seen = [e async for e in source.events()]
-        assert [getattr(e, "peers_resynced_ago", None) for e in seen] == [ago, None]
+        peers = PeerListings(Reader(read), "me", wall=lambda now=now: now)
+        assert (await peers.attach(SourceListing(()))).peers_resynced_ago == ago
 
 
 async def test_the_servers_clock_is_carried_on_from_the_last_read_that_said_it() -> None:
     wall = [5000.0]
-    inner = Listed(SourceListing(()))
-    source = PeerAwareSource(
-        inner, Reader(BucketRead(server_time=4000.0)), "me", wall=lambda: wall[0]
-    )
-    assert source.server_now() is None  # not read yet
-    assert [type(e) async for e in source.events()] == [SourceListing]
+    peers = PeerListings(Reader(BucketRead(server_time=4000.0)), "me", wall=lambda: wall[0])
+    assert peers.server_now() is None  # not read yet
+    await peers.attach(SourceListing(()))
     # The server runs 1000 s behind this host; an hour later it still does.
-    assert source.server_now() == 4000.0
+    assert peers.server_now() == 4000.0
     wall[0] += 3600.0
-    assert source.server_now() == 7600.0
+    assert peers.server_now() == 7600.0
 
 
 def test_a_peer_holding_a_tenure_with_nobody_served_counts_with_the_members_it_waits_for() -> None:
