@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from workerset_admission.card import is_event_key, parse_event_key, parse_key
 from workerset_admission.card.events import dynamo_event_path
@@ -72,14 +72,17 @@ class RecordTable:
 
     def __init__(self) -> None:
         self._records: dict[str, PublishableRecord] = {}
-        # Keys by what ties a record to a worker, so planning a view costs per admitted worker,
-        # not per record held. A tie names one or two keys, and changes as seldom as its
-        # records: a tuple of them, made again on a change, is the smallest holder.
-        self._index: dict[Tie, tuple[str, ...]] = {}
-        # Records that left the bucket, by key and by tie, and the ones a last-known lookup
+        # Keys by the number a record is tied by (its instance, publisher or worker id), or by
+        # its (namespace, component, endpoint) for a scope tie, so planning a view costs per
+        # admitted worker, not per record held. A worker's records share one slot: a lookup
+        # keeps those of the whole tie (:func:`_tied`), a comparison or two per key. A slot
+        # changes as seldom as its records: a tuple of keys, made again on a change, is the
+        # smallest holder, kept sorted.
+        self._index: dict[_Slot, tuple[str, ...]] = {}
+        # Records that left the bucket, by key and by slot, and the ones a last-known lookup
         # asked for since the last forgetting.
         self._removed: dict[str, PublishableRecord] = {}
-        self._removed_index: dict[Tie, tuple[str, ...]] = {}
+        self._removed_index: dict[_Slot, tuple[str, ...]] = {}
         self._wanted: set[str] = set()
         # The ties of the records the current change put, changed or removed.
         self._touched: set[Tie] = set()
@@ -104,19 +107,33 @@ class RecordTable:
         a publisher (these four in any component; pass ``None``); ``scope``: event channels
         other than KV events published at an endpoint (pass its component and endpoint name).
         """
-        keys = self._index.get((kind, namespace, component, number), ())
-        return [self._records[key] for key in sorted(keys)]
+        keys = self._index.get(_slot(kind, namespace, component, number), ())
+        records = self._records
+        # (The keys under a slot are kept in order.)
+        return [
+            record
+            for key in keys
+            if _tied(record := records[key], kind, namespace, component, number)
+        ]
 
     def lookup_last_known(
         self, kind: str, namespace: str, component: str | None, number: int | str | None
     ) -> list[PublishableRecord]:
         """Like :meth:`lookup`, with the records that left the bucket and are still kept."""
-        tie = (kind, namespace, component, number)
-        held = set(self._index.get(tie, ()))
-        gone = set(self._removed_index.get(tie, ())) - held
+        slot = _slot(kind, namespace, component, number)
+        records = {
+            key: record
+            for key in self._index.get(slot, ())
+            if _tied(record := self._records[key], kind, namespace, component, number)
+        }
+        gone = {
+            key: record
+            for key in self._removed_index.get(slot, ())
+            if key not in records
+            and _tied(record := self._removed[key], kind, namespace, component, number)
+        }
         self._wanted.update(gone)
-        records = {key: self._records[key] for key in held}
-        records.update((key, self._removed[key]) for key in gone)
+        records.update(gone)
         return [records[key] for key in sorted(records)]
 
     def worker_records(
@@ -169,6 +186,7 @@ class RecordTable:
         if old is not None:
             self._unindex(key, old)
         if new is not None:
+            new = self._shared(key, new, self._records)
             self._records[key] = new
             self._reindex(key, new)
             self._back(key)
@@ -218,6 +236,7 @@ class RecordTable:
             if new is not old:
                 if old is None:
                     self._touch(None, new)
+                new = fresh[key] = self._shared(key, new, fresh)
                 self._back(key)
                 self._reindex(key, new)
         self._records = fresh
@@ -238,7 +257,7 @@ class RecordTable:
         self._back(key)
         self._removed[key] = record
         for tie in self._ties(record):
-            _index_key(self._removed_index, tie, key)
+            _index_key(self._removed_index, _slot(*tie), key)
 
     def _back(self, key: str) -> None:
         record = self._removed.pop(key, None)
@@ -250,6 +269,7 @@ class RecordTable:
 
     @staticmethod
     def _ties(record: PublishableRecord) -> tuple[Tie, ...]:
+        """Every tie of a record: what :meth:`lookup` finds it by (and :func:`_tied` says)."""
         if record.bucket == "instances":
             return (
                 ("worker", record.namespace, record.component, record.instance_id),
@@ -273,26 +293,99 @@ class RecordTable:
 
     @classmethod
     def _discard(
-        cls, index: dict[Tie, tuple[str, ...]], key: str, record: PublishableRecord
+        cls, index: dict[_Slot, tuple[str, ...]], key: str, record: PublishableRecord
     ) -> None:
         for tie in cls._ties(record):
-            keys = index.get(tie)
+            slot = _slot(*tie)
+            keys = index.get(slot)
             if keys is not None and key in keys:
                 rest = tuple(k for k in keys if k != key)
                 if rest:
-                    index[tie] = rest
+                    index[slot] = rest
                 else:
-                    del index[tie]
+                    del index[slot]
 
     def _reindex(self, key: str, record: PublishableRecord) -> None:
         for tie in self._ties(record):
-            _index_key(self._index, tie, key)
+            _index_key(self._index, _slot(*tie), key)
+
+    def _shared(
+        self, key: str, record: PublishableRecord, records: Mapping[str, PublishableRecord]
+    ) -> PublishableRecord:
+        """Return ``record`` holding its worker's file name and instance id as one object each.
+
+        A worker's card and endpoint record have one file name in two buckets, and one
+        instance id: a record filed after its sibling (in ``records``, indexed) takes the
+        sibling's objects.
+        """
+        if record.bucket not in ("instances", "mdc"):
+            return record
+        name, number = record.file[1], record.instance_id
+        for other_key in self._index.get(number, ()):
+            other = records[other_key]
+            if other_key != key and other.instance_id == number and other.file[1] == name:
+                return replace(
+                    record, file=(record.bucket, other.file[1]), instance_id=other.instance_id
+                )
+        return record
 
 
-def _index_key(index: dict[Tie, tuple[str, ...]], tie: Tie, key: str) -> None:
-    keys = index.get(tie, ())
+_Slot = int | str | tuple[str, str | None, str] | None
+"""Where the index files a key: a tie's number, or a scope tie's whole endpoint."""
+
+
+def _slot(kind: str, namespace: str, component: str | None, number: int | str | None) -> _Slot:
+    if kind == "scope":
+        assert isinstance(number, str)
+        return (namespace, component, number)
+    return number
+
+
+def _tied(
+    record: PublishableRecord,
+    kind: str,
+    namespace: str,
+    component: str | None,
+    number: int | str | None,
+) -> bool:
+    """Whether ``(kind, namespace, component, number)`` is one of the record's ties."""
+    if record.namespace != namespace:
+        return False
+    bucket = record.file[0]
+    if kind == "worker":
+        return (
+            bucket in ("instances", "mdc")
+            and record.instance_id == number
+            and record.component == component
+        )
+    if component is not None and kind != "scope":
+        return False
+    if kind == "instance":
+        return bucket == "instances" and record.instance_id == number
+    if kind == "source":
+        return (
+            bucket == "event_sources"
+            and record.worker_id is not None
+            and record.worker_id == number
+        )
+    if kind == "publisher":
+        return bucket == "event_sources" and record.instance_id == number
+    if kind == "channel":
+        return bucket == "event_channels" and record.instance_id == number
+    return (
+        kind == "scope"
+        and bucket == "event_channels"
+        and record.topic != KV_EVENTS
+        and record.endpoint is not None
+        and record.component == component
+        and record.endpoint == number
+    )
+
+
+def _index_key(index: dict[_Slot, tuple[str, ...]], slot: _Slot, key: str) -> None:
+    keys = index.get(slot, ())
     if key not in keys:
-        index[tie] = (*keys, key)
+        index[slot] = tuple(sorted((*keys, key)))
 
 
 def _held(record: AcceptedRecord) -> PublishableRecord | None:
