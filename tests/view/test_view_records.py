@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import gc
-import sys
 from itertools import product
 
-from support.viewworld import table_of, worker_records
+from support.heap import held_size
+from support.viewworld import GROUP, table_of, worker_records
 from workerset_admission.card import endpoint_kv_key, model_kv_key
 from workerset_admission.identity import EndpointId
-from workerset_admission.ports import AcceptedRecord
+from workerset_admission.ports import AcceptedRecord, TenureFacts
+from workerset_admission.view import ViewChanges, ViewPlan
 from workerset_admission.view.records import PublishableRecord, RecordTable, Tie
 
 A1, A2 = 0x6030FDDB01885992, 0x11
@@ -102,34 +102,31 @@ def test_every_lookup_finds_exactly_the_records_that_have_the_tie() -> None:
         assert table.lookup_last_known(*tie) == expected, tie
 
 
-def _held_size(table: RecordTable, given: list[AcceptedRecord]) -> int:
-    """Bytes of every object the table reaches, less what the records given to it hold."""
-    theirs = {id(x) for record in given for x in (record.key, record.value)}
-    seen: set[int] = set()
-    total = 0
-    todo: list[object] = [vars(table)] if hasattr(table, "__dict__") else [table]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen or id(obj) in theirs or isinstance(obj, type):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, (str, int)) and sys.getsizeof(obj) < 60 and obj in _CONSTANTS:
-            continue  # the bucket names and the endpoint's interned strings are everyone's
-        total += sys.getsizeof(obj)
-        todo.extend(gc.get_referents(obj))
-    return total
-
-
-_CONSTANTS = {"instances", "mdc", "pns", "backend", "generate"}
-
-
-def test_a_table_holds_a_worker_in_at_most_600_bytes_besides_its_keys_and_bytes() -> None:
+def test_a_table_holds_a_worker_in_at_most_520_bytes_besides_its_keys_and_bytes() -> None:
     # A worker's card and endpoint record: two records (104 B each), their two file tuples,
-    # the one file name, the one instance id, two map slots and one index slot: 575 B. The
-    # table held 914 B per worker when it kept a tie per record and each record its own name.
+    # the one file name, the one instance id, two map slots and one index slot: 493 B. The
+    # table held 832 B per worker when it kept a tie per record and each record its own name.
     given = [r for i in range(2000) for r in card_and_endpoint(EP, 0x1000 + i * 7919)]
     table = RecordTable()
     table.listing(given, ())
 
-    per_worker = _held_size(table, given) / 2000
-    assert per_worker <= 600, per_worker
+    per_worker = held_size(table, besides=given) / 2000
+    assert per_worker <= 520, per_worker
+
+
+def test_a_plan_holds_a_worker_in_at_most_260_bytes_besides_the_tables() -> None:
+    # Per file its bytes and its owners (the tenure's one tuple of it, shared), per member
+    # the tuple of its files: 2 x (2 map slots) and a tuple and a slot for the member, 242 B.
+    # Each file held a tuple of its own owner before: 337 B.
+    ids = [0x1000 + i * 7919 for i in range(2000)]
+    table = RecordTable()
+    table.listing([r for i in ids for r in card_and_endpoint(EP, i)], ())
+    tenure = TenureFacts(GROUP, 1, frozenset(ids))
+    plan, written = ViewPlan(), {}
+    for change in plan.update(ViewChanges({GROUP: tenure}, everything=True), table, written):
+        written[change.file] = change.value
+    plan.settled(written)
+    assert len(written) == 4000
+
+    per_worker = held_size(plan, besides=[table, tenure]) / 2000
+    assert per_worker <= 260, per_worker
