@@ -16,6 +16,8 @@ def _reached(roots: Iterable[object]) -> dict[int, object]:
             continue
         seen[id(obj)] = obj
         todo.extend(gc.get_referents(obj))
+        if isinstance(obj, dict):
+            todo.extend(obj)  # a map with str keys does not name them as referents
     return seen
 
 
