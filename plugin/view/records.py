@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from workerset_admission.card import is_event_key, parse_event_key, parse_key
+from workerset_admission.card import ParsedKey, is_event_key, parse_event_key, parse_key
 from workerset_admission.card.events import dynamo_event_path
 from workerset_admission.identity import store_file_name
 from workerset_admission.ports import AcceptedRecord
@@ -179,14 +179,13 @@ class RecordTable:
         A tie is ``(kind, namespace, component, number)`` as :meth:`lookup` takes it.
         """
         old = self._records.get(key)
-        new = None if record is None else _held(record)
+        new = None if record is None else self._held(record, self._records)
         if new == old:
             return set()
         self._touch(old, new)
         if old is not None:
             self._unindex(key, old)
         if new is not None:
-            new = self._shared(key, new, self._records)
             self._records[key] = new
             self._reindex(key, new)
             self._back(key)
@@ -209,12 +208,13 @@ class RecordTable:
         """
         held_now = self._records
         fresh: dict[str, PublishableRecord] = {}
+        made: dict[str, tuple[str, int]] = {}
         for record in records:
             old = held_now.get(record.key)
             if old is not None and old.value == record.value and old.worker_id == record.worker_id:
                 fresh[record.key] = old
                 continue
-            held = _held(record)
+            held = self._held(record, held_now, made)
             if held is not None:
                 fresh[record.key] = held
         for key in retained:
@@ -236,7 +236,6 @@ class RecordTable:
             if new is not old:
                 if old is None:
                     self._touch(None, new)
-                new = fresh[key] = self._shared(key, new, fresh)
                 self._back(key)
                 self._reindex(key, new)
         self._records = fresh
@@ -309,25 +308,83 @@ class RecordTable:
         for tie in self._ties(record):
             _index_key(self._index, _slot(*tie), key)
 
-    def _shared(
-        self, key: str, record: PublishableRecord, records: Mapping[str, PublishableRecord]
-    ) -> PublishableRecord:
-        """Return ``record`` holding its worker's file name and instance id as one object each.
+    def _worker_name(
+        self,
+        parsed: ParsedKey,
+        records: Mapping[str, PublishableRecord],
+        made: dict[str, tuple[str, int]] | None = None,
+    ) -> tuple[str, int]:
+        """Return the file name and instance id a worker's record is filed with.
 
         A worker's card and endpoint record have one file name in two buckets, and one
-        instance id: a record filed after its sibling (in ``records``, indexed) takes the
-        sibling's objects.
+        instance id: a record whose sibling is filed (in ``records``, as indexed, or ``made``
+        in this listing) takes the sibling's objects, and its name is not made again.
         """
-        if record.bucket not in ("instances", "mdc"):
-            return record
-        name, number = record.file[1], record.instance_id
-        for other_key in self._index.get(number, ()):
-            other = records[other_key]
-            if other_key != key and other.instance_id == number and other.file[1] == name:
-                return replace(
-                    record, file=(record.bucket, other.file[1]), instance_id=other.instance_id
-                )
-        return record
+        instance_key = parsed.instance_key
+        known = made.get(instance_key) if made is not None else None
+        if known is None:
+            endpoint, number = parsed.endpoint, parsed.instance_id
+            for key in self._index.get(number, ()):
+                other = records.get(key)
+                if (
+                    other is not None
+                    and other.bucket in ("instances", "mdc")
+                    and other.instance_id == number
+                    and other.suffix == parsed.model_suffix
+                    and other.namespace == endpoint.namespace
+                    and other.component == endpoint.component
+                    and other.endpoint == endpoint.endpoint
+                ):
+                    known = other.file[1], other.instance_id
+                    break
+            else:
+                known = store_file_name(instance_key), number
+            if made is not None:
+                made[instance_key] = known
+        return known
+
+    def _held(
+        self,
+        record: AcceptedRecord,
+        records: Mapping[str, PublishableRecord],
+        made: dict[str, tuple[str, int]] | None = None,
+    ) -> PublishableRecord | None:
+        """File an accepted record by its key: the bucket, the file name and the worker it names.
+
+        Only the key is read (naming, not judging); the value is the boundary's to judge, and
+        is kept as the bytes it accepted. An event source's worker comes with the verdict. A
+        worker's record shares its sibling's name (:meth:`_worker_name`).
+        """
+        key = record.key
+        if is_event_key(key):
+            event = parse_event_key(key)
+            return PublishableRecord(
+                (event.bucket, store_file_name(dynamo_event_path(event))),
+                record.value,
+                event.namespace,
+                event.component,
+                event.endpoint,
+                event.publisher_id,
+                record.worker_id,
+                event.topic,
+            )
+        if record.kind == "event":
+            return None  # not an event key: nothing the view files as an event
+        parsed = parse_key(key)
+        endpoint = parsed.endpoint
+        kind = "endpoint" if record.kind == "instance" else "model"
+        if parsed.kind != kind:
+            return None  # a verdict that does not fit its key is not filed
+        name, instance_id = self._worker_name(parsed, records, made)
+        return PublishableRecord(
+            ("instances" if kind == "endpoint" else "mdc", name),
+            record.value,
+            endpoint.namespace,
+            endpoint.component,
+            endpoint.endpoint,
+            instance_id,
+            suffix=parsed.model_suffix,
+        )
 
 
 _Slot = int | str | tuple[str, str | None, str] | None
@@ -386,40 +443,3 @@ def _index_key(index: dict[_Slot, tuple[str, ...]], slot: _Slot, key: str) -> No
     keys = index.get(slot, ())
     if key not in keys:
         index[slot] = tuple(sorted((*keys, key)))
-
-
-def _held(record: AcceptedRecord) -> PublishableRecord | None:
-    """File an accepted record by its key: the bucket, the file name and the worker it names.
-
-    Only the key is read (naming, not judging); the value is the boundary's to judge, and is
-    kept as the bytes it accepted. An event source's worker comes with the verdict.
-    """
-    key = record.key
-    if is_event_key(key):
-        event = parse_event_key(key)
-        return PublishableRecord(
-            (event.bucket, store_file_name(dynamo_event_path(event))),
-            record.value,
-            event.namespace,
-            event.component,
-            event.endpoint,
-            event.publisher_id,
-            record.worker_id,
-            event.topic,
-        )
-    if record.kind == "event":
-        return None  # not an event key: nothing the view files as an event
-    parsed = parse_key(key)
-    endpoint = parsed.endpoint
-    kind = "endpoint" if record.kind == "instance" else "model"
-    if parsed.kind != kind:
-        return None  # a verdict that does not fit its key is not filed
-    return PublishableRecord(
-        ("instances" if kind == "endpoint" else "mdc", store_file_name(parsed.instance_key)),
-        record.value,
-        endpoint.namespace,
-        endpoint.component,
-        endpoint.endpoint,
-        parsed.instance_id,
-        suffix=parsed.model_suffix,
-    )
