@@ -255,8 +255,10 @@ class ViewPlan:
         self._scopes: dict[GroupKey, tuple[ViewFile, ...]] = {}
         self._wanted: dict[ViewFile, bytes] = {}
         # Owners, one entry per contribution: nearly always a single one, so a tuple made again
-        # on a change; the members of a tenure planned together share one owner tuple.
+        # on a change; a file with one owner holds that tenure's one tuple of it (``_alone``),
+        # so the files of a tenure share it.
         self._owners: dict[ViewFile, tuple[_Owner, ...]] = {}
+        self._alone: dict[_Owner, tuple[_Owner]] = {}
         self._last_owners: dict[ViewFile, frozenset[_Owner]] = {}
         # The owners each file lost since the last publication.
         self._dropped: dict[ViewFile, set[_Owner]] = {}
@@ -392,6 +394,7 @@ class ViewPlan:
             self._set_files(owner, members.pop(instance_id, ()), {})
         self._set_files(owner, self._scopes.pop(group, ()), {})
         del self._tenures[group]
+        self._alone.pop(owner, None)
         namespace = self._by_namespace[group.endpoint.namespace]
         namespace.discard(group)
         if not namespace:
@@ -439,7 +442,7 @@ class ViewPlan:
                 continue
             owners = self._owners[file]
             at = owners.index(owner)
-            owners = owners[:at] + owners[at + 1 :]
+            owners = self._shared(owners[:at] + owners[at + 1 :])
             if owner not in owners:
                 # Who wanted it at the last pass: what an unwanted file is judged by.
                 self._dropped.setdefault(file, set()).add(owner)
@@ -451,11 +454,20 @@ class ViewPlan:
             self._pending.add(file)
         for file, value in new.items():
             if file not in old:
-                self._owners[file] = (*self._owners.get(file, ()), owner)
+                self._owners[file] = self._with(self._owners.get(file, ()), owner)
             if self._wanted.get(file) != value:
                 self._wanted[file] = value
                 self._pending.add(file)
             self._last_owners.pop(file, None)
+
+    def _with(self, owners: tuple[_Owner, ...], owner: _Owner) -> tuple[_Owner, ...]:
+        return self._shared((*owners, owner))
+
+    def _shared(self, owners: tuple[_Owner, ...]) -> tuple[_Owner, ...]:
+        """Return ``owners``, as its tenure's one tuple when it names one tenure alone."""
+        if len(owners) != 1:
+            return owners
+        return self._alone.setdefault(owners[0], owners)
 
     # -- the publication rules -------------------------------------------------------------------
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from workerset_admission.card import is_event_key, parse_event_key, parse_key
+from workerset_admission.card import ParsedKey, is_event_key, parse_event_key, parse_key
 from workerset_admission.card.events import dynamo_event_path
 from workerset_admission.identity import store_file_name
 from workerset_admission.ports import AcceptedRecord
@@ -72,14 +72,17 @@ class RecordTable:
 
     def __init__(self) -> None:
         self._records: dict[str, PublishableRecord] = {}
-        # Keys by what ties a record to a worker, so planning a view costs per admitted worker,
-        # not per record held. A tie names one or two keys, and changes as seldom as its
-        # records: a tuple of them, made again on a change, is the smallest holder.
-        self._index: dict[Tie, tuple[str, ...]] = {}
-        # Records that left the bucket, by key and by tie, and the ones a last-known lookup
+        # Keys by the number a record is tied by (its instance, publisher or worker id), or by
+        # its (namespace, component, endpoint) for a scope tie, so planning a view costs per
+        # admitted worker, not per record held. A worker's records share one slot: a lookup
+        # keeps those of the whole tie (:func:`_tied`), a comparison or two per key. A slot
+        # changes as seldom as its records: a tuple of keys, made again on a change, is the
+        # smallest holder, kept sorted.
+        self._index: dict[_Slot, tuple[str, ...]] = {}
+        # Records that left the bucket, by key and by slot, and the ones a last-known lookup
         # asked for since the last forgetting.
         self._removed: dict[str, PublishableRecord] = {}
-        self._removed_index: dict[Tie, tuple[str, ...]] = {}
+        self._removed_index: dict[_Slot, tuple[str, ...]] = {}
         self._wanted: set[str] = set()
         # The ties of the records the current change put, changed or removed.
         self._touched: set[Tie] = set()
@@ -104,19 +107,33 @@ class RecordTable:
         a publisher (these four in any component; pass ``None``); ``scope``: event channels
         other than KV events published at an endpoint (pass its component and endpoint name).
         """
-        keys = self._index.get((kind, namespace, component, number), ())
-        return [self._records[key] for key in sorted(keys)]
+        keys = self._index.get(_slot(kind, namespace, component, number), ())
+        records = self._records
+        # (The keys under a slot are kept in order.)
+        return [
+            record
+            for key in keys
+            if _tied(record := records[key], kind, namespace, component, number)
+        ]
 
     def lookup_last_known(
         self, kind: str, namespace: str, component: str | None, number: int | str | None
     ) -> list[PublishableRecord]:
         """Like :meth:`lookup`, with the records that left the bucket and are still kept."""
-        tie = (kind, namespace, component, number)
-        held = set(self._index.get(tie, ()))
-        gone = set(self._removed_index.get(tie, ())) - held
+        slot = _slot(kind, namespace, component, number)
+        records = {
+            key: record
+            for key in self._index.get(slot, ())
+            if _tied(record := self._records[key], kind, namespace, component, number)
+        }
+        gone = {
+            key: record
+            for key in self._removed_index.get(slot, ())
+            if key not in records
+            and _tied(record := self._removed[key], kind, namespace, component, number)
+        }
         self._wanted.update(gone)
-        records = {key: self._records[key] for key in held}
-        records.update((key, self._removed[key]) for key in gone)
+        records.update(gone)
         return [records[key] for key in sorted(records)]
 
     def worker_records(
@@ -162,7 +179,7 @@ class RecordTable:
         A tie is ``(kind, namespace, component, number)`` as :meth:`lookup` takes it.
         """
         old = self._records.get(key)
-        new = None if record is None else _held(record)
+        new = None if record is None else self._held(record, self._records)
         if new == old:
             return set()
         self._touch(old, new)
@@ -191,12 +208,13 @@ class RecordTable:
         """
         held_now = self._records
         fresh: dict[str, PublishableRecord] = {}
+        made: dict[str, tuple[str, int]] = {}
         for record in records:
             old = held_now.get(record.key)
             if old is not None and old.value == record.value and old.worker_id == record.worker_id:
                 fresh[record.key] = old
                 continue
-            held = _held(record)
+            held = self._held(record, held_now, made)
             if held is not None:
                 fresh[record.key] = held
         for key in retained:
@@ -238,7 +256,7 @@ class RecordTable:
         self._back(key)
         self._removed[key] = record
         for tie in self._ties(record):
-            _index_key(self._removed_index, tie, key)
+            _index_key(self._removed_index, _slot(*tie), key)
 
     def _back(self, key: str) -> None:
         record = self._removed.pop(key, None)
@@ -250,6 +268,7 @@ class RecordTable:
 
     @staticmethod
     def _ties(record: PublishableRecord) -> tuple[Tie, ...]:
+        """Every tie of a record: what :meth:`lookup` finds it by (and :func:`_tied` says)."""
         if record.bucket == "instances":
             return (
                 ("worker", record.namespace, record.component, record.instance_id),
@@ -273,60 +292,154 @@ class RecordTable:
 
     @classmethod
     def _discard(
-        cls, index: dict[Tie, tuple[str, ...]], key: str, record: PublishableRecord
+        cls, index: dict[_Slot, tuple[str, ...]], key: str, record: PublishableRecord
     ) -> None:
         for tie in cls._ties(record):
-            keys = index.get(tie)
+            slot = _slot(*tie)
+            keys = index.get(slot)
             if keys is not None and key in keys:
                 rest = tuple(k for k in keys if k != key)
                 if rest:
-                    index[tie] = rest
+                    index[slot] = rest
                 else:
-                    del index[tie]
+                    del index[slot]
 
     def _reindex(self, key: str, record: PublishableRecord) -> None:
         for tie in self._ties(record):
-            _index_key(self._index, tie, key)
+            _index_key(self._index, _slot(*tie), key)
 
+    def _worker_name(
+        self,
+        parsed: ParsedKey,
+        records: Mapping[str, PublishableRecord],
+        made: dict[str, tuple[str, int]] | None = None,
+    ) -> tuple[str, int]:
+        """Return the file name and instance id a worker's record is filed with.
 
-def _index_key(index: dict[Tie, tuple[str, ...]], tie: Tie, key: str) -> None:
-    keys = index.get(tie, ())
-    if key not in keys:
-        index[tie] = (*keys, key)
+        A worker's card and endpoint record have one file name in two buckets, and one
+        instance id: a record whose sibling is filed (in ``records``, as indexed, or ``made``
+        in this listing) takes the sibling's objects, and its name is not made again.
+        """
+        instance_key = parsed.instance_key
+        known = made.get(instance_key) if made is not None else None
+        if known is None:
+            endpoint, number = parsed.endpoint, parsed.instance_id
+            for key in self._index.get(number, ()):
+                other = records.get(key)
+                if (
+                    other is not None
+                    and other.bucket in ("instances", "mdc")
+                    and other.instance_id == number
+                    and other.suffix == parsed.model_suffix
+                    and other.namespace == endpoint.namespace
+                    and other.component == endpoint.component
+                    and other.endpoint == endpoint.endpoint
+                ):
+                    known = other.file[1], other.instance_id
+                    break
+            else:
+                known = store_file_name(instance_key), number
+            if made is not None:
+                made[instance_key] = known
+        return known
 
+    def _held(
+        self,
+        record: AcceptedRecord,
+        records: Mapping[str, PublishableRecord],
+        made: dict[str, tuple[str, int]] | None = None,
+    ) -> PublishableRecord | None:
+        """File an accepted record by its key: the bucket, the file name and the worker it names.
 
-def _held(record: AcceptedRecord) -> PublishableRecord | None:
-    """File an accepted record by its key: the bucket, the file name and the worker it names.
-
-    Only the key is read (naming, not judging); the value is the boundary's to judge, and is
-    kept as the bytes it accepted. An event source's worker comes with the verdict.
-    """
-    key = record.key
-    if is_event_key(key):
-        event = parse_event_key(key)
+        Only the key is read (naming, not judging); the value is the boundary's to judge, and
+        is kept as the bytes it accepted. An event source's worker comes with the verdict. A
+        worker's record shares its sibling's name (:meth:`_worker_name`).
+        """
+        key = record.key
+        if is_event_key(key):
+            event = parse_event_key(key)
+            return PublishableRecord(
+                (event.bucket, store_file_name(dynamo_event_path(event))),
+                record.value,
+                event.namespace,
+                event.component,
+                event.endpoint,
+                event.publisher_id,
+                record.worker_id,
+                event.topic,
+            )
+        if record.kind == "event":
+            return None  # not an event key: nothing the view files as an event
+        parsed = parse_key(key)
+        endpoint = parsed.endpoint
+        kind = "endpoint" if record.kind == "instance" else "model"
+        if parsed.kind != kind:
+            return None  # a verdict that does not fit its key is not filed
+        name, instance_id = self._worker_name(parsed, records, made)
         return PublishableRecord(
-            (event.bucket, store_file_name(dynamo_event_path(event))),
+            ("instances" if kind == "endpoint" else "mdc", name),
             record.value,
-            event.namespace,
-            event.component,
-            event.endpoint,
-            event.publisher_id,
-            record.worker_id,
-            event.topic,
+            endpoint.namespace,
+            endpoint.component,
+            endpoint.endpoint,
+            instance_id,
+            suffix=parsed.model_suffix,
         )
-    if record.kind == "event":
-        return None  # not an event key: nothing the view files as an event
-    parsed = parse_key(key)
-    endpoint = parsed.endpoint
-    kind = "endpoint" if record.kind == "instance" else "model"
-    if parsed.kind != kind:
-        return None  # a verdict that does not fit its key is not filed
-    return PublishableRecord(
-        ("instances" if kind == "endpoint" else "mdc", store_file_name(parsed.instance_key)),
-        record.value,
-        endpoint.namespace,
-        endpoint.component,
-        endpoint.endpoint,
-        parsed.instance_id,
-        suffix=parsed.model_suffix,
+
+
+_Slot = int | str | tuple[str, str | None, str] | None
+"""Where the index files a key: a tie's number, or a scope tie's whole endpoint."""
+
+
+def _slot(kind: str, namespace: str, component: str | None, number: int | str | None) -> _Slot:
+    if kind == "scope":
+        assert isinstance(number, str)
+        return (namespace, component, number)
+    return number
+
+
+def _tied(
+    record: PublishableRecord,
+    kind: str,
+    namespace: str,
+    component: str | None,
+    number: int | str | None,
+) -> bool:
+    """Whether ``(kind, namespace, component, number)`` is one of the record's ties."""
+    if record.namespace != namespace:
+        return False
+    bucket = record.file[0]
+    if kind == "worker":
+        return (
+            bucket in ("instances", "mdc")
+            and record.instance_id == number
+            and record.component == component
+        )
+    if component is not None and kind != "scope":
+        return False
+    if kind == "instance":
+        return bucket == "instances" and record.instance_id == number
+    if kind == "source":
+        return (
+            bucket == "event_sources"
+            and record.worker_id is not None
+            and record.worker_id == number
+        )
+    if kind == "publisher":
+        return bucket == "event_sources" and record.instance_id == number
+    if kind == "channel":
+        return bucket == "event_channels" and record.instance_id == number
+    return (
+        kind == "scope"
+        and bucket == "event_channels"
+        and record.topic != KV_EVENTS
+        and record.endpoint is not None
+        and record.component == component
+        and record.endpoint == number
     )
+
+
+def _index_key(index: dict[_Slot, tuple[str, ...]], slot: _Slot, key: str) -> None:
+    keys = index.get(slot, ())
+    if key not in keys:
+        index[slot] = tuple(sorted((*keys, key)))
