@@ -47,8 +47,11 @@ __all__ = [
     "WorkerSetLabels",
     "WorkerSetState",
     "differs_in",
+    "merge_resolved",
     "merged_workers",
     "rejection_reasons",
+    "resolved",
+    "router_states",
     "worker_labels",
     "worker_sets",
     "worker_state",
@@ -270,28 +273,51 @@ def _state(facts: _GroupFacts, worker: int, incumbent_member: bool) -> str:
     return "initializing"
 
 
-def _group_workers(
-    group: GroupLike, reasons: Mapping[tuple[object, str], str]
-) -> dict[int, tuple[str, str]]:
+def router_states(group: GroupLike) -> dict[int, tuple[str, str | None]]:
+    """Every worker of ``group`` the gauges list: its plugin state, and the cohort it waits in.
+
+    The second value is the checksum of the cohort whose ``differs_in`` the worker's series
+    shows (a worker rejected or held behind the incumbent), ``None`` for every other worker.
+    The one rule of a worker's gauge state: the read store keeps its answer per worker.
+    """
     facts = _GroupFacts.of(group)
-    out: dict[int, tuple[str, str]] = {}
+    out: dict[int, tuple[str, str | None]] = {}
     for index, cohort in enumerate(group.cohorts):
         incumbent_member = index == 0 and cohort.mdc_checksum == group.incumbent
-        why = (
-            DIFFERS_IN_NONE
-            if incumbent_member
-            else reasons.get((group.group, cohort.mdc_checksum), DIFFERS_IN_UNKNOWN)
-        )
+        waits_in = None if incumbent_member else cohort.mdc_checksum
         for worker in cohort.members:
             state = _state(facts, worker, incumbent_member)
-            out[worker] = (state, why if state in _WAITING else DIFFERS_IN_NONE)
+            out[worker] = (state, waits_in if state in _WAITING else None)
     # Workers served on their last known records may have no record left to list them, and a
     # drain takes a worker out of its cohort (during a handover it still serves until the
     # successor is committed; it is excluded all the same, as the operator declared it leaving).
     for worker in (*group.admitted, *sorted(facts.drained)):
         if worker not in out:
-            out[worker] = (_state(facts, worker, True), DIFFERS_IN_NONE)
+            out[worker] = (_state(facts, worker, True), None)
     return out
+
+
+def resolved(
+    key: object,
+    states: Mapping[int, tuple[str, str | None]],
+    reasons: Mapping[tuple[object, str], str],
+) -> dict[int, tuple[str, str]]:
+    """Each worker's state and ``differs_in`` from :func:`router_states`' answer for ``key``."""
+    out: dict[int, tuple[str, str]] = {}
+    for worker, (state, waits_in) in states.items():
+        why = (
+            DIFFERS_IN_NONE
+            if waits_in is None
+            else reasons.get((key, waits_in), DIFFERS_IN_UNKNOWN)
+        )
+        out[worker] = (state, why)
+    return out
+
+
+def _group_workers(
+    group: GroupLike, reasons: Mapping[tuple[object, str], str]
+) -> dict[int, tuple[str, str]]:
+    return resolved(group.group, router_states(group), reasons)
 
 
 _REMEMBERED_LIMIT: Final = 1024
@@ -348,9 +374,16 @@ def merged_workers(
     ``reasons`` is :func:`rejection_reasons`' answer; a worker listed by two groups keeps the
     state of the first that ranks highest.
     """
+    return merge_resolved(_group_workers(group, reasons) for group in groups)
+
+
+def merge_resolved(
+    per_group: Iterable[Mapping[int, tuple[str, str]]],
+) -> dict[int, tuple[str, str]]:
+    """Merge groups' resolved workers (status order): each keeps the first highest ranked."""
     pool: dict[int, tuple[str, str]] = {}
-    for group in groups:
-        for worker, found in _group_workers(group, reasons).items():
+    for workers in per_group:
+        for worker, found in workers.items():
             known = pool.get(worker)
             if known is None or _rank(found) > _rank(known):
                 pool[worker] = found

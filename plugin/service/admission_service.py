@@ -58,12 +58,12 @@ from workerset_admission.service.delta import DeltaMaker
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, RecordDecoder
 from workerset_admission.service.process_figures import process_figures
 from workerset_admission.service.publication import ServingPublication
+from workerset_admission.service.read_store import ReadStore
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
 from workerset_admission.service.status_fold import (
     ROUND_SHARE,
     ROUND_WAIT_MAX,
     STATUS_INTERVAL,
-    FoldSnapshot,
     StatusFold,
 )
 from workerset_admission.service.status_model import (
@@ -614,8 +614,8 @@ class AdmissionService:
                 # Named again during the round: the next round takes it.
                 self._status_wake.set()
 
-    def _publish_status(self, fold: FoldSnapshot) -> None:
-        """Publish the status made of ``fold`` and the service's own figures (on the loop)."""
+    def _publish_status(self, fold: ReadStore) -> None:
+        """Publish the status made of the store ``fold`` and the service's own figures."""
         self._status_stale = False
         self._status_now = ServiceStatus(
             health=self._health(),
@@ -630,6 +630,7 @@ class AdmissionService:
             listings_applied=self.counters.listings,
             frontend=self.frontend_id,
             as_of=fold.as_of,
+            store=fold,
         )
 
     def _state_summary(self) -> AdmissionStateSummary:
