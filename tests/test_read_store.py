@@ -191,8 +191,14 @@ def check(service: AdmissionService, fold: WorkerStateFold, remembered: dict[Any
     assert store is service._fold.snapshot
     planned = replan(service)
     assert {key: _timeless(entry) for key, entry in store.entries.items()} == planned
-    assert {name: dict(index) for name, index in store.indexes.items()} == indexes_of(planned)
-    for worker, keys in indexes_of(planned)["worker"].items():
+    plain = indexes_of(planned)
+    for name, index in plain.items():
+        for value, keys in index.items():
+            assert store.by_index(name, value) == keys, (name, value)
+    assert {name: dict(index) for name, index in store.indexes.items()} == {
+        name: index for name, index in plain.items() if name != "worker"
+    }
+    for worker, keys in plain["worker"].items():
         found = store.workers(worker)
         assert [(w.group, w.instance_id) for w in found] == [(k, worker) for k in keys]
         assert [w.state for w in found] == [planned[k].workers[worker].state for k in keys]
@@ -205,11 +211,11 @@ def check(service: AdmissionService, fold: WorkerStateFold, remembered: dict[Any
     assert status.readiness == readiness(core, core.serving(), liveness)
     assert service.serving_records() == serving_records(core, core.serving())
 
-    plain = dataclasses.replace(status, store=None)
-    assert worker_listing(status) == plain_worker_listing(plain)
+    made_otherwise = dataclasses.replace(status, store=None)
+    assert worker_listing(status) == plain_worker_listing(made_otherwise)
     for synced in (True, False):
         assert worker_listing(dataclasses.replace(status, synced=synced)) == plain_worker_listing(
-            dataclasses.replace(plain, synced=synced)
+            dataclasses.replace(made_otherwise, synced=synced)
         )
     # What the whole path would remember at this read: the same memory, before the read.
     whole = worker_sets(status.groups, status.rejections, dict(remembered))

@@ -17,11 +17,13 @@ worker's state runs once, when its group's entry is made (:func:`group_entry`).
 The store is a value, in the manner of client-go's thread-safe store with named indexers
 (``tools/cache/thread_safe_store.go``): entries by group key, and the indexes
 :data:`INDEXES` (by namespace, endpoint, WorkerSet and worker) from an index value to the keys
-of the groups there. :meth:`ReadStore.applied` returns the store with the changed groups'
-entries swapped whole (or gone) and their index entries moved, and leaves the store it was
-called on as it was: so a round applies its changes in its own thread and publishes the new
-store at once, and a reader in any other thread reads only frozen objects (entries are never
-changed after they are made, and neither is any mapping a published store holds).
+of the groups there (:meth:`ReadStore.by_index`; the worker index is each entry's sorted table
+of worker ids, :class:`WorkerTable`, so no table holds a fleet's worker twice).
+:meth:`ReadStore.applied` returns the store with the changed groups' entries swapped whole
+(or gone) and their index entries moved, and leaves the store it was called on as it was:
+so a round applies its changes in its own thread and publishes the new store at once, and a
+reader in any other thread reads only frozen objects (entries are never changed after they
+are made, and neither is any mapping a published store holds).
 
 Each application has a version, and the store keeps which groups the last
 :data:`CHANGE_LOG` applications changed (:meth:`ReadStore.changed_since`): a reader that
@@ -40,7 +42,8 @@ worker records. The plain path, from the core and the status alone, is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from bisect import bisect_left
+from collections.abc import Callable, ItemsView, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType
@@ -73,6 +76,7 @@ __all__ = [
     "Worker",
     "WorkerRecord",
     "WorkerState",
+    "WorkerTable",
     "group_entry",
     "worker_listing",
     "worker_state",
@@ -80,6 +84,9 @@ __all__ = [
 
 INDEXES: Final = ("namespace", "endpoint", "worker_set", "worker")
 """The store's named indexes: a group's namespace, endpoint, WorkerSet key, each worker's id."""
+
+# The indexes kept as tables (value -> keys); the worker index is the entries' own tables.
+_TABLED: Final = INDEXES[:3]
 
 CHANGE_LOG: Final = 64
 """How many applications' changed groups the store remembers for readers that fell behind."""
@@ -160,7 +167,63 @@ class GroupEntry:
     rejections: tuple[StandingRejection, ...]
     unit: ReadinessUnit | None
     serving: dict[str, Any] | None
-    workers: Mapping[int, WorkerRecord]
+    workers: WorkerTable
+
+
+class WorkerTable(Mapping[int, WorkerRecord]):
+    """One group's worker records by instance id: immutable, and small per worker.
+
+    The ids are one sorted tuple, each worker's record a one-byte code into the group's few
+    distinct records (workers whose facts are equal share one): a fleet's worker costs the
+    table about nine bytes. A lookup bisects the ids.
+    """
+
+    __slots__ = ("_codes", "_ids", "_kinds")
+
+    def __init__(self, records: Mapping[int, WorkerRecord]) -> None:
+        ids = tuple(sorted(records))
+        kinds: dict[WorkerRecord, int] = {}
+        codes = [kinds.setdefault(records[i], len(kinds)) for i in ids]
+        self._ids = ids
+        self._kinds = tuple(kinds)
+        self._codes: bytes | tuple[int, ...] = bytes(codes) if len(kinds) <= 256 else tuple(codes)
+
+    def __getitem__(self, instance_id: int) -> WorkerRecord:
+        ids = self._ids
+        at = bisect_left(ids, instance_id)
+        if at == len(ids) or ids[at] != instance_id:
+            raise KeyError(instance_id)
+        return self._kinds[self._codes[at]]
+
+    def __contains__(self, instance_id: object) -> bool:
+        if not isinstance(instance_id, int):
+            return False
+        ids = self._ids
+        at = bisect_left(ids, instance_id)
+        return at < len(ids) and ids[at] == instance_id
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def items(self) -> ItemsView[int, WorkerRecord]:
+        return _Items(self)
+
+    def __repr__(self) -> str:
+        return f"WorkerTable({dict(self.items())!r})"
+
+
+class _Items(ItemsView[int, WorkerRecord]):
+    """The table's (id, record) pairs in id order, without a lookup per worker."""
+
+    _mapping: WorkerTable
+
+    def __iter__(self) -> Iterator[tuple[int, WorkerRecord]]:
+        table = self._mapping
+        kinds = table._kinds
+        return zip(table._ids, (kinds[code] for code in table._codes), strict=True)
 
 
 def group_entry(
@@ -176,12 +239,16 @@ def group_entry(
         rejections=standing_rejections(group, [view]),
         unit=None if served is None else readiness_unit(group, view, live),
         serving=None if served is None else serving_group(view, served),
-        workers=MappingProxyType(_workers(status)),
+        workers=WorkerTable(_workers(status)),
     )
 
 
 def _workers(report: GroupStatusReport) -> dict[int, WorkerRecord]:
-    """Each worker's record: the listing's facts and the gauges' state, worked out once."""
+    """Each worker's record: the listing's facts and the gauges' state, worked out once.
+
+    The one rule of a worker's state: the listing's facts here, the gauges' state by
+    :func:`~workerset_admission.telemetry.worker_states.router_states`.
+    """
     drained = {entry[0] for entry in report.drained}
     admitted = set(report.admitted)
     routed = set(report.routable)
@@ -200,7 +267,6 @@ def _workers(report: GroupStatusReport) -> dict[int, WorkerRecord]:
     for instance, checksum in report.drained_checksums:
         checksums.setdefault(instance, checksum)
     gauged = router_states(report)
-    shared: dict[WorkerRecord, WorkerRecord] = {}
     out: dict[int, WorkerRecord] = {}
     for instance in sorted(checksums.keys() | drained | admitted):
         if instance in drained:
@@ -213,8 +279,7 @@ def _workers(report: GroupStatusReport) -> dict[int, WorkerRecord]:
             admission = "pending"
         router, waits_in = gauged.get(instance, (None, None))
         state = worker_state(admission, instance in routed, instance in last_known, router)
-        record = WorkerRecord(state, checksums.get(instance), waits_in)
-        out[instance] = shared.setdefault(record, record)
+        out[instance] = WorkerRecord(state, checksums.get(instance), waits_in)
     return out
 
 
@@ -222,14 +287,9 @@ def _workers(report: GroupStatusReport) -> dict[int, WorkerRecord]:
 _Index = Mapping[Any, tuple[GroupKey, ...]]
 
 
-def _index_values(key: GroupKey, entry: GroupEntry) -> dict[str, Iterable[Any]]:
+def _index_values(key: GroupKey) -> dict[str, Any]:
     endpoint = key.endpoint
-    return {
-        "namespace": (endpoint.namespace,),
-        "endpoint": (endpoint,),
-        "worker_set": (key.worker_set,),
-        "worker": entry.workers.keys(),
-    }
+    return {"namespace": endpoint.namespace, "endpoint": endpoint, "worker_set": key.worker_set}
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,8 +311,13 @@ class ReadStore:
     def by_index(self, name: str, value: Any) -> tuple[GroupKey, ...]:
         """Return the keys of the groups whose index ``name`` has ``value``, sorted.
 
-        As client-go's ``ByIndex``; a name not in :data:`INDEXES` raises ``KeyError``.
+        As client-go's ``ByIndex``; a name not in :data:`INDEXES` raises ``KeyError``. The
+        worker index is the entries' own sorted tables of ids, searched per group: a table
+        of its own would hold every worker once more.
         """
+        if name == "worker":
+            entries = self.entries
+            return tuple(key for key in sorted(entries) if value in entries[key].workers)
         return self.indexes[name].get(value, ())
 
     def workers(self, instance_id: int) -> tuple[Worker, ...]:
@@ -300,14 +365,15 @@ class ReadStore:
                 continue
             changed.add(key)
             namespaces.add(key.endpoint.namespace)
-            if old is not None:
-                for name, values in _index_values(key, old).items():
-                    _unindex(indexes[name], values, key)
+            if old is None:
+                for name, value in _index_values(key).items():
+                    _index(indexes[name], value, key)
+            if entry is None:
+                for name, value in _index_values(key).items():
+                    _unindex(indexes[name], value, key)
                 del entries[key]
-            if entry is not None:
+            else:
                 entries[key] = entry
-                for name, values in _index_values(key, entry).items():
-                    _index(indexes[name], values, key)
         records = dict(self.records)
         for namespace in namespaces:
             served = [
@@ -337,20 +403,18 @@ class ReadStore:
         )
 
 
-def _index(index: dict[Any, tuple[GroupKey, ...]], values: Iterable[Any], key: GroupKey) -> None:
-    alone = (key,)  # one tuple shared by every value the group alone is at (its workers)
-    for value in values:
-        keys = index.get(value)
-        index[value] = alone if keys is None else tuple(sorted((*keys, key)))
+def _index(index: dict[Any, tuple[GroupKey, ...]], value: Any, key: GroupKey) -> None:
+    keys = index.get(value, ())
+    if key not in keys:
+        index[value] = tuple(sorted((*keys, key)))
 
 
-def _unindex(index: dict[Any, tuple[GroupKey, ...]], values: Iterable[Any], key: GroupKey) -> None:
-    for value in values:
-        keys = tuple(k for k in index[value] if k != key)
-        if keys:
-            index[value] = keys
-        else:
-            del index[value]
+def _unindex(index: dict[Any, tuple[GroupKey, ...]], value: Any, key: GroupKey) -> None:
+    keys = tuple(k for k in index[value] if k != key)
+    if keys:
+        index[value] = keys
+    else:
+        del index[value]
 
 
 def _assembled(
@@ -371,7 +435,7 @@ def _assembled(
 
 EMPTY_STORE: Final = ReadStore(
     entries=MappingProxyType({}),
-    indexes=MappingProxyType({name: MappingProxyType({}) for name in INDEXES}),
+    indexes=MappingProxyType({name: MappingProxyType({}) for name in _TABLED}),
     groups=(),
     rejections=(),
     readiness=(),
