@@ -9,7 +9,7 @@ frontend does: that it waits for a held tenure to end, that it is served on its 
 records during an outage, that an operator drained it. :data:`STATE_TABLE` names each of the
 plugin's states once, with the upstream state a query written for Dynamo counts it in and the
 reason it is shown with. Reasons are unique, so the reason alone tells the plugin state; a new
-state is one line in the table and one branch in :func:`worker_state`.
+state is one line in the table and one branch in the rule :func:`router_states` applies.
 
 :func:`worker_sets` reads the service's group status views (duck-typed, see :class:`GroupLike`) and
 gives one :class:`WorkerSetState` per label set: Dynamo labels a WorkerSet by model, namespace,
@@ -54,7 +54,6 @@ __all__ = [
     "router_states",
     "worker_labels",
     "worker_sets",
-    "worker_state",
 ]
 
 
@@ -248,11 +247,6 @@ class _GroupFacts:
             held=group.held_until is not None,
             status=group.status,
         )
-
-
-def worker_state(group: GroupLike, worker: int, *, incumbent_member: bool) -> str:
-    """Return the plugin state of one worker of ``group`` (a key of :data:`STATE_TABLE`)."""
-    return _state(_GroupFacts.of(group), worker, incumbent_member)
 
 
 def _state(facts: _GroupFacts, worker: int, incumbent_member: bool) -> str:

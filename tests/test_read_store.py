@@ -149,13 +149,13 @@ class History:
         await round_
 
 
-def _timeless(entry: GroupEntry) -> GroupEntry:
+def _timeless(entry: GroupEntry) -> tuple[GroupEntry, dict[int, Any]]:
     # Unix times are worked out from the clock when a group's picture is made.
     status = dataclasses.replace(entry.status, held_until=None, last_known_until=None)
-    return dataclasses.replace(entry, status=status, workers=dict(entry.workers))
+    return dataclasses.replace(entry, status=status), dict(entry.workers)
 
 
-def replan(service: AdmissionService) -> dict[GroupKey, GroupEntry]:
+def replan(service: AdmissionService) -> dict[GroupKey, tuple[GroupEntry, dict[int, Any]]]:
     """Every group's entry read out from scratch from the core and the liveness index."""
     core, liveness = service.core, service.liveness
     out = {}
@@ -166,7 +166,9 @@ def replan(service: AdmissionService) -> dict[GroupKey, GroupEntry]:
     return out
 
 
-def indexes_of(entries: dict[GroupKey, GroupEntry]) -> dict[str, dict[Any, tuple[GroupKey, ...]]]:
+def indexes_of(
+    entries: dict[GroupKey, tuple[GroupEntry, dict[int, Any]]],
+) -> dict[str, dict[Any, tuple[GroupKey, ...]]]:
     """The store's four indexes, built plainly from ``entries``."""
     out: dict[str, dict[Any, list[GroupKey]]] = {
         "namespace": {},
@@ -178,7 +180,7 @@ def indexes_of(entries: dict[GroupKey, GroupEntry]) -> dict[str, dict[Any, tuple
         out["namespace"].setdefault(key.endpoint.namespace, []).append(key)
         out["endpoint"].setdefault(key.endpoint, []).append(key)
         out["worker_set"].setdefault(key.worker_set, []).append(key)
-        for worker in entries[key].workers:
+        for worker in entries[key][1]:
             out["worker"].setdefault(worker, []).append(key)
     return {name: {v: tuple(keys) for v, keys in index.items()} for name, index in out.items()}
 
@@ -201,7 +203,7 @@ def check(service: AdmissionService, fold: WorkerStateFold, remembered: dict[Any
     for worker, keys in plain["worker"].items():
         found = store.workers(worker)
         assert [(w.group, w.instance_id) for w in found] == [(k, worker) for k in keys]
-        assert [w.state for w in found] == [planned[k].workers[worker].state for k in keys]
+        assert [w.state for w in found] == [planned[k][1][worker].state for k in keys]
 
     core, liveness = service.core, service.liveness
     views = core.groups()

@@ -17,8 +17,9 @@ One :class:`AdmissionService` owns every task it runs in a single ``asyncio.Task
   the optional *status responder* answers status requests;
 * the *status round* keeps the status snapshot current (:mod:`~.status_fold`): at most every
   ``STATUS_INTERVAL`` seconds while changes come, it copies the changed groups on the loop and
-  reads them out in a thread, so a status read from any other thread takes the latest
-  snapshot and never waits for the loop.
+  reads them out in a thread into the read store (:mod:`~.read_store`), so a status read from
+  any other thread takes the latest snapshot and never waits for the loop; the status, the
+  serving records, the worker listing and the worker gauges are rendered from that store.
 
 Every core step runs synchronously on the event loop, and its effects are carried out before
 the next one starts, so the core, the receivers and the bindings never disagree for longer than

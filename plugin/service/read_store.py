@@ -43,8 +43,8 @@ worker records. The plain path, from the core and the status alone, is
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, ItemsView, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
 from typing import Any, Final
@@ -161,13 +161,29 @@ class Worker:
 
 @dataclass(frozen=True, slots=True)
 class GroupEntry:
-    """What one group contributes to every reader: made once per change, never changed."""
+    """What one group contributes to every reader: made once per change, never changed.
+
+    Its :attr:`workers` are worked out from its ``status`` by the first reader that asks (the
+    listing, the gauges, a lookup by worker), in that reader's thread, and kept: a round pays
+    nothing per worker for the readers nobody runs, and the serving publication, which reads
+    a round's entries on the service's loop, never pays for them. Two readers that ask at once
+    each work out the same table; either one is kept.
+    """
 
     status: GroupStatusReport
     rejections: tuple[StandingRejection, ...]
     unit: ReadinessUnit | None
     serving: dict[str, Any] | None
-    workers: WorkerTable
+    table: WorkerTable | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def workers(self) -> WorkerTable:
+        """Return the group's worker records by instance id."""
+        table = self.table
+        if table is None:
+            table = _workers(self.status)
+            object.__setattr__(self, "table", table)  # a cache of what status determines
+        return table
 
 
 class WorkerTable(Mapping[int, WorkerRecord]):
@@ -180,12 +196,12 @@ class WorkerTable(Mapping[int, WorkerRecord]):
 
     __slots__ = ("_codes", "_ids", "_kinds")
 
-    def __init__(self, records: Mapping[int, WorkerRecord]) -> None:
-        ids = tuple(sorted(records))
-        kinds: dict[WorkerRecord, int] = {}
-        codes = [kinds.setdefault(records[i], len(kinds)) for i in ids]
+    def __init__(
+        self, ids: tuple[int, ...], codes: Sequence[int], kinds: tuple[WorkerRecord, ...]
+    ) -> None:
+        """Keep ``ids`` (sorted), each one's record ``kinds[codes[i]]``."""
         self._ids = ids
-        self._kinds = tuple(kinds)
+        self._kinds = kinds
         self._codes: bytes | tuple[int, ...] = bytes(codes) if len(kinds) <= 256 else tuple(codes)
 
     def __getitem__(self, instance_id: int) -> WorkerRecord:
@@ -239,15 +255,15 @@ def group_entry(
         rejections=standing_rejections(group, [view]),
         unit=None if served is None else readiness_unit(group, view, live),
         serving=None if served is None else serving_group(view, served),
-        workers=WorkerTable(_workers(status)),
     )
 
 
-def _workers(report: GroupStatusReport) -> dict[int, WorkerRecord]:
+def _workers(report: GroupStatusReport) -> WorkerTable:
     """Each worker's record: the listing's facts and the gauges' state, worked out once.
 
     The one rule of a worker's state: the listing's facts here, the gauges' state by
-    :func:`~workerset_admission.telemetry.worker_states.router_states`.
+    :func:`~workerset_admission.telemetry.worker_states.router_states`. A group's workers
+    share a few distinct sets of facts; each set's record is made once.
     """
     drained = {entry[0] for entry in report.drained}
     admitted = set(report.admitted)
@@ -256,10 +272,11 @@ def _workers(report: GroupStatusReport) -> dict[int, WorkerRecord]:
     checksums: dict[int, str] = {}
     rejected: set[int] = set()
     for index, cohort in enumerate(report.cohorts):
+        checksum = cohort.mdc_checksum
         for member in cohort.members:
-            checksums.setdefault(member, cohort.mdc_checksum)
-            if index > 0:
-                rejected.add(member)
+            checksums.setdefault(member, checksum)
+        if index > 0:
+            rejected.update(cohort.members)
     if report.handover is not None:
         routed.update(report.handover[2])
         for member in report.handover[2]:
@@ -267,8 +284,11 @@ def _workers(report: GroupStatusReport) -> dict[int, WorkerRecord]:
     for instance, checksum in report.drained_checksums:
         checksums.setdefault(instance, checksum)
     gauged = router_states(report)
-    out: dict[int, WorkerRecord] = {}
-    for instance in sorted(checksums.keys() | drained | admitted):
+    ids = tuple(sorted(checksums.keys() | drained | admitted))
+    kinds: dict[tuple[str, bool, bool, str | None, str | None, str | None], int] = {}
+    codes = []
+    nothing = (None, None)
+    for instance in ids:
         if instance in drained:
             admission = "drained"
         elif instance in admitted:
@@ -277,10 +297,24 @@ def _workers(report: GroupStatusReport) -> dict[int, WorkerRecord]:
             admission = "rejected"
         else:
             admission = "pending"
-        router, waits_in = gauged.get(instance, (None, None))
-        state = worker_state(admission, instance in routed, instance in last_known, router)
-        out[instance] = WorkerRecord(state, checksums.get(instance), waits_in)
-    return out
+        router, waits_in = gauged.get(instance, nothing)
+        facts = (
+            admission,
+            instance in routed,
+            instance in last_known,
+            router,
+            checksums.get(instance),
+            waits_in,
+        )
+        code = kinds.get(facts)
+        if code is None:
+            code = kinds[facts] = len(kinds)
+        codes.append(code)
+    records = tuple(
+        WorkerRecord(worker_state(admission, routed_, known, router), checksum, waits_in)
+        for admission, routed_, known, router, checksum, waits_in in kinds
+    )
+    return WorkerTable(ids, codes, records)
 
 
 # An index: value -> the keys of the groups there, sorted; never changed once published.
