@@ -369,3 +369,30 @@ def test_a_serving_record_names_each_member_by_its_registrations_own_key() -> No
     assert [m is registered[i] for i, m in zip((1, 2, 3), group["members"], strict=True)] == [
         True
     ] * 3
+
+
+def test_a_drained_incumbent_handing_over_is_draining_in_the_store_and_its_renderings() -> None:
+    # The incumbent's last worker drained, a successor waiting for its build: the drained
+    # tenure still serves its drained member, which the listing says is draining.
+    history = History()
+    for op in (
+        ("endpoint", 0, 1),
+        ("card", 0, 1, 16),
+        ("builds", True),
+        ("endpoint", 0, 2),
+        ("card", 0, 2, 32),
+        ("drain", 0, 1),
+    ):
+        history.run(op)
+    status = history.service.status()
+    (group,) = status.groups
+    assert group.handover is not None
+    assert 1 in group.handover[2]
+    store = status.store
+    assert store is not None
+    (worker,) = store.workers(1)
+    assert (worker.state.admission, worker.state.routed) == ("drained", True)
+    listed = worker_listing(dataclasses.replace(status, synced=True))
+    rows = {row["instance_id"]: row for row in listed}
+    assert rows[1]["serving_state"] == "draining"
+    check(history.service, WorkerStateFold(), {})
