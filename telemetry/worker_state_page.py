@@ -44,6 +44,8 @@ from workerset_admission import __version__
 from workerset_admission.telemetry import names as n
 from workerset_admission.telemetry.worker_states import (
     COUNT_STATES,
+    DIFFERS_IN_NONE,
+    DIFFERS_IN_UNKNOWN,
     STATE_TABLE,
     GroupLike,
     RejectionLike,
@@ -173,12 +175,30 @@ class StoreLike(Protocol):
     def changed_since(self, version: int) -> frozenset[Any] | None: ...
 
 
-def _store_states(entry: Any) -> dict[int, tuple[str, str | None]]:
-    # A worker record's state names its gauge state (``router``, None: not a gauge worker).
+def _store_workers(
+    key: object, entry: Any, reasons: Mapping[tuple[object, str], str]
+) -> dict[int, tuple[str, str]]:
+    """One group's gauge workers, resolved, from its entry's worker table.
+
+    The table names each worker's record by its index among the group's few distinct records,
+    so each record's state and ``differs_in`` are worked out once, not once per worker. A record
+    whose state has no ``router`` word is no gauge worker.
+    """
+    table = entry.workers
+    resolved_kinds: list[tuple[str, str] | None] = []
+    for record in table.kinds:
+        router = record.state.router
+        waits_in = record.waits_in
+        if router is None:
+            resolved_kinds.append(None)
+        elif waits_in is None:
+            resolved_kinds.append((router, DIFFERS_IN_NONE))
+        else:
+            resolved_kinds.append((router, reasons.get((key, waits_in), DIFFERS_IN_UNKNOWN)))
     return {
-        worker: (router, record.waits_in)
-        for worker, record in entry.workers.items()
-        if (router := record.state.router) is not None
+        worker: found
+        for worker, code in zip(table.ids, table.codes, strict=True)
+        if (found := resolved_kinds[code]) is not None
     }
 
 
@@ -221,7 +241,7 @@ class WorkerStateFold:
                 return
             self._of = (groups, rejections, store)
             reasons = rejection_reasons(rejections, self._remembered)
-            states: Callable[[object], Mapping[int, tuple[str, str | None]]]
+            workers_of: Callable[[object], Mapping[int, tuple[str, str]]]
             if store is None:
                 self._seen = None
                 current = {group.group: group for group in groups}
@@ -229,8 +249,8 @@ class WorkerStateFold:
                 changed: frozenset[object] | None = None
                 present: Mapping[Any, object] = current
 
-                def states(key: object) -> Mapping[int, tuple[str, str | None]]:
-                    return router_states(current[key])
+                def workers_of(key: object) -> Mapping[int, tuple[str, str]]:
+                    return resolved(key, router_states(current[key]), self._reasons)
 
                 def ordered(keys: Iterable[object]) -> list[object]:
                     return sorted(keys, key=position.__getitem__)
@@ -241,8 +261,8 @@ class WorkerStateFold:
                 entries = store.entries
                 present = entries
 
-                def states(key: object) -> Mapping[int, tuple[str, str | None]]:
-                    return _store_states(entries[key])
+                def workers_of(key: object) -> Mapping[int, tuple[str, str]]:
+                    return _store_workers(key, entries[key], self._reasons)
 
                 def ordered(keys: Iterable[object]) -> list[object]:
                     return sorted(keys)  # type: ignore[type-var]  # group keys sort
@@ -265,7 +285,7 @@ class WorkerStateFold:
                     dirty.add(self._labels_of[pair[0]])
             self._reasons = reasons
             for labels in dirty:
-                self._rebuild(labels, states, ordered)
+                self._rebuild(labels, workers_of, ordered)
 
     def sets(self) -> tuple[WorkerSetState, ...]:
         """Every WorkerSet's workers with their states, sorted by labels (as ``worker_sets``)."""
@@ -304,7 +324,7 @@ class WorkerStateFold:
     def _rebuild(
         self,
         labels: WorkerSetLabels,
-        states: Callable[[object], Mapping[int, tuple[str, str | None]]],
+        workers_of: Callable[[object], Mapping[int, tuple[str, str]]],
         ordered: Callable[[Iterable[object]], list[object]],
     ) -> None:
         self._text = None
@@ -314,8 +334,9 @@ class WorkerStateFold:
             if self._kept.pop(labels, None) is not None:
                 self._order = None
             return
-        reasons = self._reasons
-        workers = merge_resolved(resolved(key, states(key), reasons) for key in ordered(keys))
+        per_group = [workers_of(key) for key in ordered(keys)]
+        # One group alone: its workers as they are (a new dict; merging would copy it).
+        workers = dict(per_group[0]) if len(per_group) == 1 else merge_resolved(per_group)
         kept = self._kept.get(labels)
         if kept is None:
             kept = self._kept[labels] = _Kept({}, {}, b"", {}, b"")

@@ -40,7 +40,9 @@ __all__ = [
     "DIFFERS_IN_UNKNOWN",
     "DIFFERS_IN_VALUES",
     "STATE_TABLE",
+    "WAITING",
     "CohortLike",
+    "GroupFacts",
     "GroupLike",
     "RejectionLike",
     "RouterState",
@@ -51,6 +53,7 @@ __all__ = [
     "merged_workers",
     "rejection_reasons",
     "resolved",
+    "router_state",
     "router_states",
     "worker_labels",
     "worker_sets",
@@ -98,7 +101,7 @@ _PRIORITY: Final = {"available": 2, "pending": 1}
 _BUILD_FAILED_STATUSES: Final = frozenset({"retrying"})
 _COMMIT_BLOCKED_STATUSES: Final = frozenset({"blocked", "blocked_ready"})
 # The states of a worker outside the incumbent cohort, whose series say what its card differs in.
-_WAITING: Final = frozenset({"rejected", "held"})
+WAITING: Final = frozenset({"rejected", "held"})
 
 
 class CohortLike(Protocol):
@@ -225,7 +228,7 @@ def differs_in(differences: Sequence[object] | None) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _GroupFacts:
+class GroupFacts:
     """One group's id sets, made once per collection (a group may list thousands of workers)."""
 
     admitted: frozenset[int]
@@ -237,7 +240,7 @@ class _GroupFacts:
     status: str
 
     @classmethod
-    def of(cls, group: GroupLike) -> _GroupFacts:
+    def of(cls, group: GroupLike) -> GroupFacts:
         return cls(
             admitted=frozenset(group.admitted),
             routable=frozenset(group.routable),
@@ -249,7 +252,12 @@ class _GroupFacts:
         )
 
 
-def _state(facts: _GroupFacts, worker: int, incumbent_member: bool) -> str:
+def router_state(facts: GroupFacts, worker: int, incumbent_member: bool) -> str:
+    """Return one worker's plugin state (a key of :data:`STATE_TABLE`): the rule itself.
+
+    It reads only whether the worker is drained, admitted, last known and routable, and
+    whether it is an incumbent cohort's member: workers alike in those share the answer.
+    """
     if worker in facts.drained:
         return "drained"
     if not incumbent_member:
@@ -274,20 +282,20 @@ def router_states(group: GroupLike) -> dict[int, tuple[str, str | None]]:
     shows (a worker rejected or held behind the incumbent), ``None`` for every other worker.
     The one rule of a worker's gauge state: the read store keeps its answer per worker.
     """
-    facts = _GroupFacts.of(group)
+    facts = GroupFacts.of(group)
     out: dict[int, tuple[str, str | None]] = {}
     for index, cohort in enumerate(group.cohorts):
         incumbent_member = index == 0 and cohort.mdc_checksum == group.incumbent
         waits_in = None if incumbent_member else cohort.mdc_checksum
         for worker in cohort.members:
-            state = _state(facts, worker, incumbent_member)
-            out[worker] = (state, waits_in if state in _WAITING else None)
+            state = router_state(facts, worker, incumbent_member)
+            out[worker] = (state, waits_in if state in WAITING else None)
     # Workers served on their last known records may have no record left to list them, and a
     # drain takes a worker out of its cohort (during a handover it still serves until the
     # successor is committed; it is excluded all the same, as the operator declared it leaving).
     for worker in (*group.admitted, *sorted(facts.drained)):
         if worker not in out:
-            out[worker] = (_state(facts, worker, True), None)
+            out[worker] = (router_state(facts, worker, True), None)
     return out
 
 

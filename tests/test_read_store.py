@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import random
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.cards import base_card
@@ -28,13 +30,19 @@ from workerset_admission.card import (
     endpoint_kv_key,
     model_kv_key,
 )
-from workerset_admission.identity import Drain, EndpointId, GroupKey
+from workerset_admission.card.differences import Difference
+from workerset_admission.identity import Drain, EndpointId, GroupKey, WorkerType
 from workerset_admission.keys import drain_kv_key
 from workerset_admission.ports import DiscoveryEntry, SourceDelete, SourceListing, SourcePut
+from workerset_admission.service import read_store
 from workerset_admission.service.admission_service import AdmissionService
-from workerset_admission.service.read_store import GroupEntry, ReadStore, group_entry
+from workerset_admission.service.read_store import EMPTY_STORE, GroupEntry, ReadStore, group_entry
+from workerset_admission.service.rejections import StandingRejection
 from workerset_admission.service.status_fold import _LiveAt
 from workerset_admission.service.status_model import (
+    EMPTY_STATUS,
+    CohortStatusView,
+    GroupStatusReport,
     group_status_report,
     readiness,
     serving_records,
@@ -396,3 +404,143 @@ def test_a_drained_incumbent_handing_over_is_draining_in_the_store_and_its_rende
     rows = {row["instance_id"]: row for row in listed}
     assert rows[1]["serving_state"] == "draining"
     check(history.service, WorkerStateFold(), {})
+
+
+CHECKSUMS = ("a" * 64, "b" * 64, "c" * 64)
+STATUSES = ("ready", "building", "retrying", "blocked", "committed")
+FIELDS = ("kv_cache_block_size", "tokenizer", "router_config.kv_router_config.x")
+
+
+def group_key(namespace: int, types: str, model: str = "Qwen/Qwen3-0.6B") -> GroupKey:
+    return GroupKey.build(
+        model, EndpointId(f"ns-{namespace}", "backend", "generate"), types, WorkerType.AGGREGATED
+    )
+
+
+class Reports:
+    """A random sequence of group reports, one step at a time: shapes the service's history
+    reaches rarely (holds, last known workers, drained workers beside pending ones).
+
+    Keys differ in their model types, which Dynamo's labels leave out, so two groups may be one
+    WorkerSet; a worker may be listed in both.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.keys = [group_key(ns, types) for ns in range(3) for types in ("chat", "chat|embed")]
+        self.groups: dict[GroupKey, GroupStatusReport] = {}
+        self.rejections: dict[GroupKey, tuple[StandingRejection, ...]] = {}
+
+    def report(self, key: GroupKey) -> tuple[GroupStatusReport, tuple[StandingRejection, ...]]:
+        rng = self.rng
+        pool = list(range(1, 25))
+        rng.shuffle(pool)
+        cohorts = []
+        for checksum in rng.sample(CHECKSUMS, rng.randint(1, 3)):
+            take = rng.randint(0, 4)
+            cohorts.append(CohortStatusView(checksum, tuple(sorted(pool[:take]))))
+            del pool[:take]
+        incumbent = rng.choice((cohorts[0].mdc_checksum, cohorts[0].mdc_checksum, None))
+        members = cohorts[0].members
+        committed = rng.random() < 0.7
+        # Mostly the whole incumbent cohort; now and then a member not admitted yet.
+        admitted = (
+            tuple(m for m in members if rng.random() < 0.9)
+            if committed and incumbent is not None
+            else ()
+        )
+        routable = tuple(m for m in admitted if rng.random() < 0.8)
+        held = rng.random() < 0.2
+        drained = tuple(
+            (worker, "ops", None) for worker in sorted(rng.sample(pool, rng.randint(0, 2)))
+        )
+        report = GroupStatusReport(
+            group=key,
+            incumbent=incumbent,
+            status=rng.choice(STATUSES),
+            generation=1,
+            committed_generation=1 if committed else None,
+            receiver=rng.randint(1, 3),
+            admitted=admitted,
+            routable=routable,
+            cohorts=tuple(cohorts),
+            held_until=123.0 if held else None,
+            last_known=tuple(m for m in admitted if rng.random() < 0.2),
+            drained=drained,
+            drained_checksums=tuple((worker, CHECKSUMS[2]) for worker, _, _ in drained),
+            handover=None
+            if not drained or rng.random() < 0.5
+            else (CHECKSUMS[2], 1, tuple(worker for worker, _, _ in drained)),
+        )
+        rejections = tuple(
+            StandingRejection(
+                key,
+                cohorts[0].mdc_checksum,
+                cohort.mdc_checksum,
+                "x",
+                None if rng.random() < 0.4 else (Difference(rng.choice(FIELDS), "1", "2"),),
+            )
+            for cohort in cohorts[1:]
+            if incumbent is not None
+        )
+        return report, rejections
+
+    def step(self) -> None:
+        rng = self.rng
+        for _ in range(rng.choice((0, 1, 1, 2))):
+            key = rng.choice(self.keys)
+            if key in self.groups and rng.random() < 0.25:
+                del self.groups[key]
+                self.rejections.pop(key, None)
+            elif rng.random() < 0.2 and key in self.rejections:
+                # The same group, its rejections' cards now at hand or gone.
+                self.rejections[key] = tuple(
+                    dataclasses.replace(
+                        r, differences=None if r.differences else (Difference(FIELDS[0], "1", "2"),)
+                    )
+                    for r in self.rejections[key]
+                )
+            else:
+                self.groups[key], self.rejections[key] = self.report(key)
+
+    def status(self) -> tuple[tuple[GroupStatusReport, ...], tuple[StandingRejection, ...]]:
+        ordered = sorted(self.groups)
+        return (
+            tuple(self.groups[key] for key in ordered),
+            tuple(r for key in ordered for r in self.rejections.get(key, ())),
+        )
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_renderings_from_the_store_equal_the_plain_path_for_reports_of_every_shape(
+    seed: int,
+) -> None:
+    reports = Reports(seed)
+    store = EMPTY_STORE
+    remembered: dict[Any, str] = {}
+    fold = WorkerStateFold(remembered)
+    for _ in range(40):
+        before = dict(reports.groups), dict(reports.rejections)
+        reports.step()
+        changes: dict[GroupKey, GroupEntry | None] = {}
+        for key in {*before[0], *reports.groups}:
+            report = reports.groups.get(key)
+            if report is None:
+                changes[key] = None
+            elif report is not before[0].get(key) or reports.rejections.get(key) != before[1].get(
+                key
+            ):
+                changes[key] = GroupEntry(report, reports.rejections.get(key, ()), None, None)
+        store = store.applied(changes, None)
+        groups, rejections = reports.status()
+        assert store.groups == groups
+        assert store.rejections == rejections
+        status = dataclasses.replace(EMPTY_STATUS, groups=groups, rejections=rejections)
+        for synced in (True, False):
+            assert read_store.worker_listing(store, synced) == plain_worker_listing(
+                dataclasses.replace(status, synced=synced)
+            )
+        whole = worker_sets(groups, rejections, dict(remembered))
+        fold.refresh(groups, rejections, store)
+        assert fold.sets() == whole
+        assert fold.text() == exposition(whole)

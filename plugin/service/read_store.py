@@ -65,7 +65,7 @@ from workerset_admission.service.status_model import (
     serving_record,
     standing_rejections,
 )
-from workerset_admission.telemetry.worker_states import router_states
+from workerset_admission.telemetry.worker_states import WAITING, GroupFacts, router_state
 
 __all__ = [
     "CHANGE_LOG",
@@ -204,6 +204,21 @@ class WorkerTable(Mapping[int, WorkerRecord]):
         self._kinds = kinds
         self._codes: bytes | tuple[int, ...] = bytes(codes) if len(kinds) <= 256 else tuple(codes)
 
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The workers' instance ids, sorted."""
+        return self._ids
+
+    @property
+    def codes(self) -> Sequence[int]:
+        """Each worker's record as its index in :attr:`kinds`, in :attr:`ids` order."""
+        return self._codes
+
+    @property
+    def kinds(self) -> tuple[WorkerRecord, ...]:
+        """The group's distinct worker records (a reader works each out once, not per worker)."""
+        return self._kinds
+
     def __getitem__(self, instance_id: int) -> WorkerRecord:
         ids = self._ids
         at = bisect_left(ids, instance_id)
@@ -258,63 +273,102 @@ def group_entry(
     )
 
 
+_Facts = tuple[str, bool, bool, "str | None", "str | None", "str | None"]
+
+
 def _workers(report: GroupStatusReport) -> WorkerTable:
     """Each worker's record: the listing's facts and the gauges' state, worked out once.
 
-    The one rule of a worker's state: the listing's facts here, the gauges' state by
-    :func:`~workerset_admission.telemetry.worker_states.router_states`. A group's workers
-    share a few distinct sets of facts; each set's record is made once.
+    The one rule of a worker's state: its admission and whether it is routed here (below),
+    and its gauge state by :func:`~workerset_admission.telemetry.worker_states.router_state`.
+    A worker's facts depend only on its cohort and on whether it is drained, admitted,
+    routable, routed and last known; so a cohort's members are split by those sets (set
+    operations, in C) into a few cells whose members are alike, and the rule runs once per
+    cell, not per worker. Workers outside every cohort (a handover's, a drained worker's, a
+    last known one's) and workers listed in two cohorts are worked out one by one.
     """
     drained = {entry[0] for entry in report.drained}
     admitted = set(report.admitted)
-    routed = set(report.routable)
-    last_known = set(report.last_known)
-    checksums: dict[int, str] = {}
-    rejected: set[int] = set()
-    for index, cohort in enumerate(report.cohorts):
-        checksum = cohort.mdc_checksum
-        for member in cohort.members:
-            checksums.setdefault(member, checksum)
-        if index > 0:
-            rejected.update(cohort.members)
+    routable = set(report.routable)
+    routed = set(routable)
     if report.handover is not None:
         routed.update(report.handover[2])
-        for member in report.handover[2]:
-            checksums.setdefault(member, report.handover[0])
-    for instance, checksum in report.drained_checksums:
-        checksums.setdefault(instance, checksum)
-    gauged = router_states(report)
-    ids = tuple(sorted(checksums.keys() | drained | admitted))
-    kinds: dict[tuple[str, bool, bool, str | None, str | None, str | None], int] = {}
-    codes = []
-    nothing = (None, None)
-    for instance in ids:
-        if instance in drained:
+    last_known = set(report.last_known)
+    facts = GroupFacts.of(report)
+    kinds: dict[_Facts, int] = {}
+    code_of: dict[int, int] = {}
+
+    def kind(facts_: _Facts) -> int:
+        code = kinds.get(facts_)
+        if code is None:
+            code = kinds[facts_] = len(kinds)
+        return code
+
+    def one(worker: int, checksum: str | None, index: int | None, in_cohort: bool) -> _Facts:
+        """Work out one worker's facts (``index``: its cohort's, ``None``: outside every one)."""
+        if worker in drained:
             admission = "drained"
-        elif instance in admitted:
+        elif worker in admitted:
             admission = "admitted"
-        elif instance in rejected:
+        elif index is not None and index > 0:
             admission = "rejected"
         else:
             admission = "pending"
-        router, waits_in = gauged.get(instance, nothing)
-        facts = (
-            admission,
-            instance in routed,
-            instance in last_known,
-            router,
-            checksums.get(instance),
-            waits_in,
-        )
-        code = kinds.get(facts)
-        if code is None:
-            code = kinds[facts] = len(kinds)
-        codes.append(code)
+        router: str | None = None
+        waits_in: str | None = None
+        if in_cohort:
+            cohort = report.cohorts[index or 0]
+            incumbent_member = index == 0 and cohort.mdc_checksum == report.incumbent
+            router = router_state(facts, worker, incumbent_member)
+            if not incumbent_member and router in WAITING:
+                waits_in = cohort.mdc_checksum
+        elif worker in admitted or worker in drained:
+            router = router_state(facts, worker, True)
+        return (admission, worker in routed, worker in last_known, router, checksum, waits_in)
+
+    members = [set(cohort.members) for cohort in report.cohorts]
+    listed: set[int] = set().union(*members)
+    overlap = sum(map(len, members)) != len(listed)
+    if overlap:
+        # A worker in two cohorts: the listing names its first cohort, the gauges its last.
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for index, cohort in enumerate(report.cohorts):
+            for member in cohort.members:
+                first.setdefault(member, index)
+                last[member] = index
+        rejected = set().union(*members[1:])
+        for worker in listed:
+            rest = one(worker, report.cohorts[first[worker]].mdc_checksum, last[worker], True)
+            if rest[0] == "pending" and worker in rejected:
+                rest = ("rejected", *rest[1:])
+            code_of[worker] = kind(rest)
+    else:
+        splits = (drained, admitted, routable, routed, last_known)
+        for index, cohort in enumerate(report.cohorts):
+            for cell in _cells(members[index], splits):
+                code = kind(one(next(iter(cell)), cohort.mdc_checksum, index, True))
+                code_of.update(dict.fromkeys(cell, code))
+    checksums: dict[int, str] = dict(report.drained_checksums)
+    if report.handover is not None:
+        checksums.update(dict.fromkeys(report.handover[2], report.handover[0]))
+    for worker in (*(report.handover[2] if report.handover else ()), *drained, *admitted):
+        if worker not in code_of:
+            code_of[worker] = kind(one(worker, checksums.get(worker), None, False))
+    ids = tuple(sorted(code_of))
     records = tuple(
         WorkerRecord(worker_state(admission, routed_, known, router), checksum, waits_in)
         for admission, routed_, known, router, checksum, waits_in in kinds
     )
-    return WorkerTable(ids, codes, records)
+    return WorkerTable(ids, [code_of[worker] for worker in ids], records)
+
+
+def _cells(workers: set[int], splits: Sequence[set[int]]) -> list[set[int]]:
+    """Split ``workers`` by membership in each of ``splits``: the non-empty cells."""
+    cells = [workers] if workers else []
+    for split in splits:
+        cells = [part for cell in cells for part in (cell & split, cell - split) if part]
+    return cells
 
 
 # An index: value -> the keys of the groups there, sorted; never changed once published.
