@@ -211,6 +211,9 @@ def check(service: AdmissionService, fold: WorkerStateFold, remembered: dict[Any
     for worker, keys in plain["worker"].items():
         found = store.workers(worker)
         assert [(w.group, w.instance_id) for w in found] == [(k, worker) for k in keys]
+        assert [(w.namespace, w.endpoint) for w in found] == [
+            (k.endpoint.namespace, k.endpoint) for k in keys
+        ]
         assert [w.state for w in found] == [planned[k][1][worker].state for k in keys]
 
     core, liveness = service.core, service.liveness

@@ -12,7 +12,8 @@ state is one word of one vocabulary (:class:`WorkerState`) from which each reade
 own: the listing's admission and serving state (:meth:`WorkerState.serving`), the gauges'
 state in Dynamo's router words (``router``, a key of
 :data:`~workerset_admission.telemetry.worker_states.STATE_TABLE`). The rule that picks a
-worker's state runs once, when its group's entry is made (:func:`group_entry`).
+worker's state runs once per entry, for its first reader (:attr:`GroupEntry.workers`), and
+once per cell of alike workers, not per worker.
 
 The store is a value, in the manner of client-go's thread-safe store with named indexers
 (``tools/cache/thread_safe_store.go``): entries by group key, and the indexes
@@ -35,7 +36,7 @@ together from the entries as part of an application (the records of the namespac
 only), so a reader takes them as they are; :func:`worker_listing` renders the listing from the
 worker records. The plain path, from the core and the status alone, is
 :func:`~.status_model.group_status_report`, :func:`~.status_model.serving_records`,
-:func:`~.worker_listing.worker_listing` and
+:func:`~.worker_listing.plain_worker_listing` and
 :func:`~workerset_admission.telemetry.worker_states.worker_sets`; a differential test
 (``tests/test_read_store.py``) holds the store and every rendering from it to them.
 """
@@ -51,7 +52,7 @@ from typing import Any, Final
 
 from workerset_admission.admission.readiness import ReadinessUnit
 from workerset_admission.admission.readout import GroupCopy
-from workerset_admission.identity import GroupKey, group_fields
+from workerset_admission.identity import EndpointId, GroupKey, group_fields
 from workerset_admission.service.status_model import (
     GroupStatusReport,
     ModelReadiness,
@@ -153,7 +154,7 @@ class Worker:
 
     group: GroupKey
     namespace: str
-    endpoint: str
+    endpoint: EndpointId
     instance_id: int
     state: WorkerState
     checksum: str | None
@@ -418,7 +419,7 @@ class ReadStore:
                 Worker(
                     key,
                     endpoint.namespace,
-                    endpoint.endpoint,
+                    endpoint,
                     instance_id,
                     record.state,
                     record.checksum,
