@@ -17,6 +17,7 @@ from workerset_admission.telemetry.guard import guarded
 from workerset_admission.telemetry.worker_state_page import (
     COUNTS_DESCRIPTION,
     STATES_DESCRIPTION,
+    StoreLike,
     WorkerStateFold,
     served_as_text,
 )
@@ -184,6 +185,9 @@ class AdmissionStateSummary:
     # series in Dynamo's vocabulary (``worker_states``).
     groups: Sequence[GroupLike] = ()
     rejections: Sequence[RejectionLike] = ()
+    # The read store they were rendered from (``None``: made otherwise); the worker families
+    # follow the groups it says changed.
+    store: StoreLike | None = None
 
 
 class AdmissionInstruments:
@@ -406,14 +410,14 @@ class AdmissionInstruments:
             del self._tenures[group]
 
     def _worker_sets(self, summary: AdmissionStateSummary) -> tuple[WorkerSetState, ...]:
-        self._fold.refresh(summary.groups, summary.rejections)
+        self._fold.refresh(summary.groups, summary.rejections, summary.store)
         return self._fold.sets()
 
     def _kept_text(self) -> Mapping[str, bytes]:
         summary = self._summary()
         if summary is None:
             return {}
-        self._fold.refresh(summary.groups, summary.rejections)
+        self._fold.refresh(summary.groups, summary.rejections, summary.store)
         return self._fold.text()
 
     def _observe_router_workers(self, _options: CallbackOptions) -> Iterable[Observation]:
@@ -422,7 +426,7 @@ class AdmissionInstruments:
         summary = self._summary()
         if summary is None:
             return []
-        self._fold.refresh(summary.groups, summary.rejections)
+        self._fold.refresh(summary.groups, summary.rejections, summary.store)
         out = []
         for worker_set, counts in self._fold.counts():
             labels = worker_set.as_dict()

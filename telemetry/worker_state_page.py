@@ -8,11 +8,11 @@ all of the Prometheus page; rendered by the OpenTelemetry SDK, every scrape cost
 per series (an observation, an aggregation, a label row, a formatted line) while the service's
 loop waits for the GIL. This module keeps both families instead:
 
-* :class:`WorkerStateFold` is a fold over the group reports the gauges read. The service's
-  status fold keeps a group's report object until that group changes, so a read compares each
-  group's report with the one kept by identity (linear in the groups, not the workers), works
-  out again only the WorkerSets a changed group belongs to (:func:`merged_workers`), and formats
-  the line of only the workers whose state or ``differs_in`` moved. Each WorkerSet's lines are
+* :class:`WorkerStateFold` renders the service's read store (``service/read_store.py``): the
+  store says which groups changed since the version the fold last followed, so a read works
+  out again only the WorkerSets those groups belong to, from the workers' records (each names
+  its gauge state), and formats the line of only the workers whose state or ``differs_in``
+  moved. Each WorkerSet's lines are
   kept joined as one block, beside its per-state counts and their four lines; each family's
   text is the blocks in label order, joined again only after a change.
 * :class:`PrometheusPage` serves the page: the SDK renders every other family as before
@@ -24,8 +24,9 @@ loop waits for the GIL. This module keeps both families instead:
   export) still collects the same gauges through the SDK, read from the same fold.
 
 The plain path is ``worker_states.worker_sets`` and :func:`exposition`; a differential test
-(``tests/telemetry/test_worker_state_page.py``) holds the fold to them after random histories,
-and the text to what the SDK's Prometheus exporter renders for the same states.
+(``tests/test_read_store.py``) holds the fold to them after random histories, and
+``tests/telemetry/test_worker_state_page.py`` the text to what the SDK's Prometheus exporter
+renders for the same states.
 """
 
 from __future__ import annotations
@@ -36,20 +37,24 @@ import threading
 import wsgiref.simple_server
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import parse_qs
 
 from workerset_admission import __version__
 from workerset_admission.telemetry import names as n
 from workerset_admission.telemetry.worker_states import (
     COUNT_STATES,
+    DIFFERS_IN_NONE,
+    DIFFERS_IN_UNKNOWN,
     STATE_TABLE,
     GroupLike,
     RejectionLike,
     WorkerSetLabels,
     WorkerSetState,
-    merged_workers,
+    merge_resolved,
     rejection_reasons,
+    resolved,
+    router_states,
     worker_labels,
 )
 
@@ -59,6 +64,7 @@ __all__ = [
     "STATES",
     "STATES_DESCRIPTION",
     "PrometheusPage",
+    "StoreLike",
     "WorkerStateFold",
     "exposition",
     "served_as_text",
@@ -159,6 +165,43 @@ class _Kept:
     count_lines: bytes
 
 
+class StoreLike(Protocol):
+    """The service's read store, as far as the fold reads it (``service/read_store.py``)."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def entries(self) -> Mapping[Any, Any]: ...  # group key -> entry with ``workers``
+    def changed_since(self, version: int) -> frozenset[Any] | None: ...
+
+
+def _store_workers(
+    key: object, entry: Any, reasons: Mapping[tuple[object, str], str]
+) -> dict[int, tuple[str, str]]:
+    """One group's gauge workers, resolved, from its entry's worker table.
+
+    The table names each worker's record by its index among the group's few distinct records,
+    so each record's state and ``differs_in`` are worked out once, not once per worker. A record
+    whose state has no ``router`` word is no gauge worker.
+    """
+    table = entry.workers
+    resolved_kinds: list[tuple[str, str] | None] = []
+    for record in table.kinds:
+        router = record.state.router
+        waits_in = record.waits_in
+        if router is None:
+            resolved_kinds.append(None)
+        elif waits_in is None:
+            resolved_kinds.append((router, DIFFERS_IN_NONE))
+        else:
+            resolved_kinds.append((router, reasons.get((key, waits_in), DIFFERS_IN_UNKNOWN)))
+    return {
+        worker: found
+        for worker, code in zip(table.ids, table.codes, strict=True)
+        if (found := resolved_kinds[code]) is not None
+    }
+
+
 class WorkerStateFold:
     """Every WorkerSet's worker states and their exposition lines; see the module doc.
 
@@ -169,8 +212,9 @@ class WorkerStateFold:
     def __init__(self, remembered: dict[tuple[str, str], str] | None = None) -> None:
         self._remembered = remembered if remembered is not None else {}
         self._lock = threading.Lock()
-        self._of: tuple[object, object] | None = None
-        self._reports: dict[object, GroupLike] = {}
+        self._of: tuple[object, object, object] | None = None
+        # The store version last followed (None: follow everything at the next refresh).
+        self._seen: int | None = None
         self._labels_of: dict[object, WorkerSetLabels] = {}
         self._members: dict[WorkerSetLabels, set[object]] = {}
         self._reasons: dict[tuple[object, str], str] = {}
@@ -179,33 +223,69 @@ class WorkerStateFold:
         self._text: dict[str, bytes] | None = _families((), ())
         self.lines_written = 0
 
-    def refresh(self, groups: Sequence[GroupLike], rejections: Sequence[RejectionLike]) -> None:
-        """Follow the groups and standing rejections the service shows now."""
+    def refresh(
+        self,
+        groups: Sequence[GroupLike],
+        rejections: Sequence[RejectionLike],
+        store: StoreLike | None = None,
+    ) -> None:
+        """Follow the groups and standing rejections the service shows now.
+
+        With the ``store`` they were rendered from, only the groups it says changed since the
+        last refresh are read again, from its worker records; without one (a picture made
+        otherwise) every group is.
+        """
         with self._lock:
-            if self._of is not None and groups is self._of[0] and rejections is self._of[1]:
+            of = self._of
+            if of is not None and groups is of[0] and rejections is of[1] and store is of[2]:
                 return
-            self._of = (groups, rejections)
+            self._of = (groups, rejections, store)
             reasons = rejection_reasons(rejections, self._remembered)
+            workers_of: Callable[[object], Mapping[int, tuple[str, str]]]
+            if store is None:
+                self._seen = None
+                current = {group.group: group for group in groups}
+                position = {key: index for index, key in enumerate(current)}
+                changed: frozenset[object] | None = None
+                present: Mapping[Any, object] = current
+
+                def workers_of(key: object) -> Mapping[int, tuple[str, str]]:
+                    return resolved(key, router_states(current[key]), self._reasons)
+
+                def ordered(keys: Iterable[object]) -> list[object]:
+                    return sorted(keys, key=position.__getitem__)
+
+            else:
+                changed = None if self._seen is None else store.changed_since(self._seen)
+                self._seen = store.version
+                entries = store.entries
+                present = entries
+
+                def workers_of(key: object) -> Mapping[int, tuple[str, str]]:
+                    return _store_workers(key, entries[key], self._reasons)
+
+                def ordered(keys: Iterable[object]) -> list[object]:
+                    return sorted(keys)  # type: ignore[type-var]  # group keys sort
+
             dirty: set[WorkerSetLabels] = set()
-            position: dict[object, int] = {}
-            current: dict[object, GroupLike] = {}
-            for index, group in enumerate(groups):
-                key = group.group
-                position[key] = index
-                current[key] = group
-                if self._reports.get(key) is not group:
+            if changed is None:
+                dirty.update(self._kept)
+                self._labels_of.clear()
+                self._members.clear()
+                changed = frozenset(present)
+            for key in changed:
+                if key in present:
                     dirty.add(self._index(key))
-            for key in self._reports.keys() - current.keys():
-                labels = self._labels_of.pop(key)
-                self._members[labels].discard(key)
-                dirty.add(labels)
+                elif key in self._labels_of:
+                    labels = self._labels_of.pop(key)
+                    self._members[labels].discard(key)
+                    dirty.add(labels)
             for pair in reasons.keys() | self._reasons.keys():
                 if reasons.get(pair) != self._reasons.get(pair) and pair[0] in self._labels_of:
                     dirty.add(self._labels_of[pair[0]])
-            self._reports = current
             self._reasons = reasons
             for labels in dirty:
-                self._rebuild(labels, current, position)
+                self._rebuild(labels, workers_of, ordered)
 
     def sets(self) -> tuple[WorkerSetState, ...]:
         """Every WorkerSet's workers with their states, sorted by labels (as ``worker_sets``)."""
@@ -244,8 +324,8 @@ class WorkerStateFold:
     def _rebuild(
         self,
         labels: WorkerSetLabels,
-        current: Mapping[object, GroupLike],
-        position: Mapping[object, int],
+        workers_of: Callable[[object], Mapping[int, tuple[str, str]]],
+        ordered: Callable[[Iterable[object]], list[object]],
     ) -> None:
         self._text = None
         keys = self._members.get(labels)
@@ -254,8 +334,9 @@ class WorkerStateFold:
             if self._kept.pop(labels, None) is not None:
                 self._order = None
             return
-        groups = [current[key] for key in sorted(keys, key=position.__getitem__)]
-        workers = merged_workers(groups, self._reasons)
+        per_group = [workers_of(key) for key in ordered(keys)]
+        # One group alone: its workers as they are (a new dict; merging would copy it).
+        workers = dict(per_group[0]) if len(per_group) == 1 else merge_resolved(per_group)
         kept = self._kept.get(labels)
         if kept is None:
             kept = self._kept[labels] = _Kept({}, {}, b"", {}, b"")

@@ -9,7 +9,7 @@ frontend does: that it waits for a held tenure to end, that it is served on its 
 records during an outage, that an operator drained it. :data:`STATE_TABLE` names each of the
 plugin's states once, with the upstream state a query written for Dynamo counts it in and the
 reason it is shown with. Reasons are unique, so the reason alone tells the plugin state; a new
-state is one line in the table and one branch in :func:`worker_state`.
+state is one line in the table and one branch in the rule :func:`router_states` applies.
 
 :func:`worker_sets` reads the service's group status views (duck-typed, see :class:`GroupLike`) and
 gives one :class:`WorkerSetState` per label set: Dynamo labels a WorkerSet by model, namespace,
@@ -40,18 +40,23 @@ __all__ = [
     "DIFFERS_IN_UNKNOWN",
     "DIFFERS_IN_VALUES",
     "STATE_TABLE",
+    "WAITING",
     "CohortLike",
+    "GroupFacts",
     "GroupLike",
     "RejectionLike",
     "RouterState",
     "WorkerSetLabels",
     "WorkerSetState",
     "differs_in",
+    "merge_resolved",
     "merged_workers",
     "rejection_reasons",
+    "resolved",
+    "router_state",
+    "router_states",
     "worker_labels",
     "worker_sets",
-    "worker_state",
 ]
 
 
@@ -96,7 +101,7 @@ _PRIORITY: Final = {"available": 2, "pending": 1}
 _BUILD_FAILED_STATUSES: Final = frozenset({"retrying"})
 _COMMIT_BLOCKED_STATUSES: Final = frozenset({"blocked", "blocked_ready"})
 # The states of a worker outside the incumbent cohort, whose series say what its card differs in.
-_WAITING: Final = frozenset({"rejected", "held"})
+WAITING: Final = frozenset({"rejected", "held"})
 
 
 class CohortLike(Protocol):
@@ -223,7 +228,7 @@ def differs_in(differences: Sequence[object] | None) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class _GroupFacts:
+class GroupFacts:
     """One group's id sets, made once per collection (a group may list thousands of workers)."""
 
     admitted: frozenset[int]
@@ -235,7 +240,7 @@ class _GroupFacts:
     status: str
 
     @classmethod
-    def of(cls, group: GroupLike) -> _GroupFacts:
+    def of(cls, group: GroupLike) -> GroupFacts:
         return cls(
             admitted=frozenset(group.admitted),
             routable=frozenset(group.routable),
@@ -247,12 +252,12 @@ class _GroupFacts:
         )
 
 
-def worker_state(group: GroupLike, worker: int, *, incumbent_member: bool) -> str:
-    """Return the plugin state of one worker of ``group`` (a key of :data:`STATE_TABLE`)."""
-    return _state(_GroupFacts.of(group), worker, incumbent_member)
+def router_state(facts: GroupFacts, worker: int, incumbent_member: bool) -> str:
+    """Return one worker's plugin state (a key of :data:`STATE_TABLE`): the rule itself.
 
-
-def _state(facts: _GroupFacts, worker: int, incumbent_member: bool) -> str:
+    It reads only whether the worker is drained, admitted, last known and routable, and
+    whether it is an incumbent cohort's member: workers alike in those share the answer.
+    """
     if worker in facts.drained:
         return "drained"
     if not incumbent_member:
@@ -270,28 +275,51 @@ def _state(facts: _GroupFacts, worker: int, incumbent_member: bool) -> str:
     return "initializing"
 
 
-def _group_workers(
-    group: GroupLike, reasons: Mapping[tuple[object, str], str]
-) -> dict[int, tuple[str, str]]:
-    facts = _GroupFacts.of(group)
-    out: dict[int, tuple[str, str]] = {}
+def router_states(group: GroupLike) -> dict[int, tuple[str, str | None]]:
+    """Every worker of ``group`` the gauges list: its plugin state, and the cohort it waits in.
+
+    The second value is the checksum of the cohort whose ``differs_in`` the worker's series
+    shows (a worker rejected or held behind the incumbent), ``None`` for every other worker.
+    The one rule of a worker's gauge state: the read store keeps its answer per worker.
+    """
+    facts = GroupFacts.of(group)
+    out: dict[int, tuple[str, str | None]] = {}
     for index, cohort in enumerate(group.cohorts):
         incumbent_member = index == 0 and cohort.mdc_checksum == group.incumbent
-        why = (
-            DIFFERS_IN_NONE
-            if incumbent_member
-            else reasons.get((group.group, cohort.mdc_checksum), DIFFERS_IN_UNKNOWN)
-        )
+        waits_in = None if incumbent_member else cohort.mdc_checksum
         for worker in cohort.members:
-            state = _state(facts, worker, incumbent_member)
-            out[worker] = (state, why if state in _WAITING else DIFFERS_IN_NONE)
+            state = router_state(facts, worker, incumbent_member)
+            out[worker] = (state, waits_in if state in WAITING else None)
     # Workers served on their last known records may have no record left to list them, and a
     # drain takes a worker out of its cohort (during a handover it still serves until the
     # successor is committed; it is excluded all the same, as the operator declared it leaving).
     for worker in (*group.admitted, *sorted(facts.drained)):
         if worker not in out:
-            out[worker] = (_state(facts, worker, True), DIFFERS_IN_NONE)
+            out[worker] = (router_state(facts, worker, True), None)
     return out
+
+
+def resolved(
+    key: object,
+    states: Mapping[int, tuple[str, str | None]],
+    reasons: Mapping[tuple[object, str], str],
+) -> dict[int, tuple[str, str]]:
+    """Each worker's state and ``differs_in`` from :func:`router_states`' answer for ``key``."""
+    out: dict[int, tuple[str, str]] = {}
+    for worker, (state, waits_in) in states.items():
+        why = (
+            DIFFERS_IN_NONE
+            if waits_in is None
+            else reasons.get((key, waits_in), DIFFERS_IN_UNKNOWN)
+        )
+        out[worker] = (state, why)
+    return out
+
+
+def _group_workers(
+    group: GroupLike, reasons: Mapping[tuple[object, str], str]
+) -> dict[int, tuple[str, str]]:
+    return resolved(group.group, router_states(group), reasons)
 
 
 _REMEMBERED_LIMIT: Final = 1024
@@ -348,9 +376,16 @@ def merged_workers(
     ``reasons`` is :func:`rejection_reasons`' answer; a worker listed by two groups keeps the
     state of the first that ranks highest.
     """
+    return merge_resolved(_group_workers(group, reasons) for group in groups)
+
+
+def merge_resolved(
+    per_group: Iterable[Mapping[int, tuple[str, str]]],
+) -> dict[int, tuple[str, str]]:
+    """Merge groups' resolved workers (status order): each keeps the first highest ranked."""
     pool: dict[int, tuple[str, str]] = {}
-    for group in groups:
-        for worker, found in _group_workers(group, reasons).items():
+    for workers in per_group:
+        for worker, found in workers.items():
             known = pool.get(worker)
             if known is None or _rank(found) > _rank(known):
                 pool[worker] = found

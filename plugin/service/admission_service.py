@@ -18,8 +18,9 @@ One :class:`AdmissionService` owns every task it runs in a single ``asyncio.Task
   the optional *status responder* answers status requests;
 * the *status round* keeps the status snapshot current (:mod:`~.status_fold`): at most every
   ``STATUS_INTERVAL`` seconds while changes come, it copies the changed groups on the loop and
-  reads them out in a thread, so a status read from any other thread takes the latest
-  snapshot and never waits for the loop.
+  reads them out in a thread into the read store (:mod:`~.read_store`), so a status read from
+  any other thread takes the latest snapshot and never waits for the loop; the status, the
+  serving records, the worker listing and the worker gauges are rendered from that store.
 
 Every core step runs synchronously on the event loop, and its effects are carried out before
 the next one starts, so the core, the receivers and the bindings never disagree for longer than
@@ -60,12 +61,12 @@ from workerset_admission.service.delta import DeltaMaker
 from workerset_admission.service.ingest import CardRecordDecoder, Ingestor, RecordDecoder
 from workerset_admission.service.process_figures import process_figures
 from workerset_admission.service.publication import ServingPublication
+from workerset_admission.service.read_store import ReadStore
 from workerset_admission.service.receivers import AdmissionChannels, AdmissionReceiver
 from workerset_admission.service.status_fold import (
     ROUND_SHARE,
     ROUND_WAIT_MAX,
     STATUS_INTERVAL,
-    FoldSnapshot,
     StatusFold,
 )
 from workerset_admission.service.status_model import (
@@ -626,8 +627,8 @@ class AdmissionService:
                 # Named again during the round: the next round takes it.
                 self._status_wake.set()
 
-    def _publish_status(self, fold: FoldSnapshot) -> None:
-        """Publish the status made of ``fold`` and the service's own figures (on the loop)."""
+    def _publish_status(self, fold: ReadStore) -> None:
+        """Publish the status made of the store ``fold`` and the service's own figures."""
         self._status_stale = False
         self._status_now = ServiceStatus(
             health=self._health(),
@@ -642,6 +643,7 @@ class AdmissionService:
             listings_applied=self.counters.listings,
             frontend=self.frontend_id,
             as_of=fold.as_of,
+            store=fold,
         )
 
     def _state_summary(self) -> AdmissionStateSummary:

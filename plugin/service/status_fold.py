@@ -1,13 +1,13 @@
-"""The status read-model as a fold: a change rebuilds the groups it names, never the fleet.
+"""The status rounds: a change reads out again the groups it names, never the fleet, into the store.
 
 Theory of operation
 -------------------
 
-What the service shows (its status, its serving records, the gauges read from them) is per
-group: a group's picture, its standing rejections, its readiness unit and its entry in its
-namespace's serving record depend on that group's state in the core and on the liveness of its
-endpoint's instances, and on nothing else. So the fold keeps those four parts per group and
-rebuilds a group's parts only when something named it since they were built:
+What the service shows (its status, its serving records, its worker listing, the gauges read
+from them) is per group: a group's entry in the read store (:mod:`~.read_store`: its picture,
+standing rejections, readiness unit, serving entry and worker records) depends on that group's
+state in the core and on the liveness of its endpoint's instances, and on nothing else. So a
+group's entry is read out again only when something named it since it was made:
 
 * every step's delta (:class:`~workerset_admission.ports.StepDelta`): the groups it names
   (an effect named them) may have changed;
@@ -22,16 +22,18 @@ one), so it is done in *rounds*, apart from the steps, in two halves:
   group_copy`: one C-level copy of each member table, no sorting, no view made) and of its
   endpoint's live ids (a frozen set the liveness index keeps anyway), in slices of at most
   :data:`SLICE_SECONDS` of the loop each;
-* from the copies alone, the group's parts and then the status's tuples (:class:`FoldSnapshot`):
+* from the copies alone, the groups' entries, applied to the store
+  (:meth:`~.read_store.ReadStore.applied`, which puts the status's tuples together):
   in a thread (:meth:`StatusFold.refresh_off_loop`, the service's status round), or inline
   (:meth:`StatusFold.refresh`: a reader on the loop, the serving publication, a service that is
   not running).
 
-Each round ends by publishing one immutable :class:`FoldSnapshot`; a reader in any thread takes
-:attr:`StatusFold.snapshot` and renders it in its own thread, reading only frozen objects and
-never calling into the core. A part built from a copy older than the group's current part (an
-inline refresh overtook the round) is dropped, and a group a step named after its copy was
-taken stays dirty for the next round. The service starts a round :data:`STATUS_INTERVAL`
+Each round ends by publishing one immutable :class:`~.read_store.ReadStore`; a reader in any
+thread takes :attr:`StatusFold.snapshot` and renders it in its own thread, reading only frozen
+objects and never calling into the core. An entry built from a copy older than the group's
+current one (an inline refresh overtook the round) is dropped, the round's newer entries wait
+for the next application, and a group a step named after its copy was taken stays dirty for
+the next round. The service starts a round :data:`STATUS_INTERVAL`
 seconds after a change (the steps of a burst coalesce), or :data:`ROUND_SHARE` times the CPU
 time the last round's read-out took if that is longer, but never more than
 :data:`ROUND_WAIT_MAX` (which it waits when no other thread has read the status for a while):
@@ -42,7 +44,7 @@ when its round began, and every step that ended before then is in it.
 
 The first refresh builds everything, as the full path does; :func:`~.status_model.serving_records`,
 :func:`~.status_model.readiness` and :func:`~.status_model.standing_rejections` are that full
-path, and a differential test (``tests/test_status_fold.py``) holds the fold to them.
+path, and a differential test (``tests/test_read_store.py``) holds the store to them.
 """
 
 from __future__ import annotations
@@ -51,36 +53,27 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from workerset_admission.admission import AdmissionCore
 from workerset_admission.admission.admitted import routable_ids
-from workerset_admission.admission.readiness import ReadinessUnit
 from workerset_admission.admission.readout import GroupCopy
 from workerset_admission.aio import collector_paused
 from workerset_admission.identity import EndpointId, GroupKey
 from workerset_admission.ports import StepDelta
 from workerset_admission.service.liveness import LivenessIndex
-from workerset_admission.service.status_model import (
-    GroupStatusReport,
-    ModelReadiness,
-    ServingRecord,
-    StandingRejection,
-    group_status_report,
-    judge_readiness,
-    readiness_unit,
-    serving_group,
-    serving_record,
-    standing_rejections,
+from workerset_admission.service.read_store import (
+    EMPTY_STORE,
+    GroupEntry,
+    ReadStore,
+    group_entry,
 )
+from workerset_admission.service.status_model import ServingRecord
 
 __all__ = [
-    "EMPTY_FOLD",
     "ROUND_SHARE",
     "ROUND_WAIT_MAX",
     "SLICE_SECONDS",
     "STATUS_INTERVAL",
-    "FoldSnapshot",
     "StatusFold",
 ]
 
@@ -95,36 +88,6 @@ ROUND_WAIT_MAX = 1.0
 
 SLICE_SECONDS = 0.002
 """The most time one slice of a round's copies takes on the loop before it lets others run."""
-
-
-@dataclass(frozen=True, slots=True)
-class FoldSnapshot:
-    """The status's per-group tuples as one round left them; immutable, safe in any thread.
-
-    ``as_of`` (Unix time, ``None`` before the first round) is when the round began: every step
-    that ended before then is shown. The service starts a round at most
-    :data:`ROUND_WAIT_MAX` seconds after a change (:data:`STATUS_INTERVAL` when rounds are
-    cheap), so a snapshot is replaced within that wait plus one round of the last change it
-    does not show.
-    """
-
-    groups: tuple[GroupStatusReport, ...]
-    rejections: tuple[StandingRejection, ...]
-    readiness: tuple[ModelReadiness, ...]
-    as_of: float | None
-
-
-EMPTY_FOLD = FoldSnapshot((), (), (), None)
-
-
-@dataclass(frozen=True, slots=True)
-class _GroupParts:
-    """What one group contributes to the status and the serving records."""
-
-    status: GroupStatusReport
-    rejections: tuple[StandingRejection, ...]
-    unit: ReadinessUnit | None
-    serving: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,42 +113,20 @@ class _Copy:
     seq: int
 
 
-def _parts_of(copy: _Copy, clock: Callable[[], float]) -> _GroupParts | None:
-    """Read one group's parts out of its copy (pure: runs in any thread)."""
+def _entry_of(copy: _Copy, clock: Callable[[], float]) -> GroupEntry | None:
+    """Read one group's entry out of its copy (pure: runs in any thread)."""
     group = copy.group
-    if group is None:
-        return None
-    view = group.view()
-    served = group.serving
-    # Only a committed group (one that serves) has a readiness unit and a serving entry.
-    return _GroupParts(
-        status=group_status_report(view, copy.live, clock),
-        rejections=standing_rejections(group, [view]),
-        unit=None if served is None else readiness_unit(group, view, copy.live),
-        serving=None if served is None else serving_group(view, served),
-    )
-
-
-def _assembled(parts: Mapping[GroupKey, _GroupParts], as_of: float) -> FoldSnapshot:
-    """Put the status's tuples together from the kept parts (linear in the groups)."""
-    keys = sorted(parts)
-    ordered = [parts[key] for key in keys]
-    units = [(key, unit) for key in keys if (unit := parts[key].unit) is not None]
-    return FoldSnapshot(
-        groups=tuple(p.status for p in ordered),
-        rejections=tuple(r for p in ordered for r in p.rejections),
-        readiness=judge_readiness(units),
-        as_of=as_of,
-    )
+    return None if group is None else group_entry(group, copy.live, clock)
 
 
 def _round(
     copies: Sequence[_Copy],
-    parts: dict[GroupKey, _GroupParts],
+    store: ReadStore,
+    pending: Mapping[GroupKey, tuple[int, GroupEntry | None]],
     clock: Callable[[], float],
     as_of: float,
-) -> tuple[list[_GroupParts | None], FoldSnapshot, float]:
-    """Build the copied groups' parts and the snapshot they make with ``parts`` (its own).
+) -> tuple[list[GroupEntry | None], ReadStore, float]:
+    """Build the copied groups' entries and apply them (after ``pending``'s) to ``store``.
 
     Also return the thread's CPU seconds for it (what the round cost the interpreter).
 
@@ -196,18 +137,16 @@ def _round(
     """
     began = time.thread_time()
     with collector_paused():
-        built = [_parts_of(copy, clock) for copy in copies]
+        built = [_entry_of(copy, clock) for copy in copies]
+    changes = {key: entry for key, (_, entry) in pending.items()}
     for copy, made in zip(copies, built, strict=True):
-        if made is None:
-            parts.pop(copy.key, None)
-        else:
-            parts[copy.key] = made
-    snapshot = _assembled(parts, as_of)
-    return built, snapshot, time.thread_time() - began
+        changes[copy.key] = made
+    applied = store.applied(changes, as_of)
+    return built, applied, time.thread_time() - began
 
 
 class StatusFold:
-    """Per-group status parts, rebuilt for the groups a change named; see the module doc.
+    """The read store, its groups read out again as a change names them; see the module doc.
 
     Only the loop's thread calls its methods; :attr:`snapshot` is read from any thread.
     """
@@ -218,22 +157,17 @@ class StatusFold:
         self._core = core
         self._liveness = liveness
         self._clock = clock
-        self._parts: dict[GroupKey, _GroupParts] = {}
-        self._by_endpoint: dict[EndpointId, set[GroupKey]] = {}
-        self._by_namespace: dict[str, set[GroupKey]] = {}
-        self._records: dict[str, ServingRecord] = {}
-        # Namespaces whose serving record must be put together again before it is read.
-        self._stale_records: set[str] = set()
         self._dirty: set[GroupKey] = set()
         self._everything = True
-        # Steps heard, the last step that named each group, the copy each group's parts are from.
+        # Steps heard, the last step that named each group, the copy each group's entry is from.
         self._seq = 0
         self._named: dict[GroupKey, int] = {}
         self._built: dict[GroupKey, int] = {}
-        # Whether the published snapshot shows every kept part, and how many were published.
-        self._assembled = True
+        # Entries newer than the published store's, not applied yet (a round was overtaken),
+        # with the step count of the copy each is from.
+        self._pending: dict[GroupKey, tuple[int, GroupEntry | None]] = {}
         self._published = 0
-        self._snapshot = EMPTY_FOLD
+        self._snapshot = EMPTY_STORE
         self.rebuilt = 0
         # The CPU seconds the last round's read-out took in its thread.
         self.round_seconds = 0.0
@@ -241,38 +175,45 @@ class StatusFold:
     def step(self, delta: StepDelta) -> None:
         """Note the groups one step named, and those at endpoints whose liveness moved."""
         self._seq += 1
+        by_endpoint = self._snapshot.indexes["endpoint"]
         for key in delta.groups:
             self._named_now(key)
         for endpoint in delta.endpoints:
-            for key in self._by_endpoint.get(endpoint, ()):
+            for key in by_endpoint.get(endpoint, ()):
                 self._named_now(key)
+            # A group a round built but has not published yet is at that endpoint too.
+            for key in self._pending:
+                if key.endpoint == endpoint:
+                    self._named_now(key)
 
     def _named_now(self, key: GroupKey) -> None:
         self._dirty.add(key)
         self._named[key] = self._seq
 
     @property
-    def snapshot(self) -> FoldSnapshot:
-        """The latest published snapshot (from any thread; see :class:`FoldSnapshot`)."""
+    def snapshot(self) -> ReadStore:
+        """The latest published store (from any thread; see :class:`~.read_store.ReadStore`)."""
         return self._snapshot
 
     @property
     def dirty(self) -> bool:
-        """Whether a step changed something the published snapshot does not show yet."""
-        return self._everything or bool(self._dirty) or not self._assembled
+        """Whether a step changed something the published store does not show yet."""
+        return self._everything or bool(self._dirty) or bool(self._pending)
 
-    def refresh(self) -> FoldSnapshot:
-        """Rebuild the dirty groups now, inline, and publish the snapshot they make."""
+    def refresh(self) -> ReadStore:
+        """Rebuild the dirty groups now, inline, and publish the store they make."""
         if not self.dirty:
             return self._snapshot
         as_of = time.time()
         copies = [self._copy(key) for key in self._dirty_keys()]
         clock = self._clock
-        self._merge(copies, [_parts_of(copy, clock) for copy in copies])
-        self._publish(_assembled(self._parts, as_of))
+        self._merge(copies, [_entry_of(copy, clock) for copy in copies])
+        pending, self._pending = self._pending, {}
+        changes = {key: entry for key, (_, entry) in pending.items()}
+        self._publish(self._snapshot.applied(changes, as_of))
         return self._snapshot
 
-    async def refresh_off_loop(self) -> FoldSnapshot:
+    async def refresh_off_loop(self) -> ReadStore:
         """Run one round: copies on the loop in slices, the read-out in a thread; publish it."""
         if not self.dirty:
             return self._snapshot
@@ -285,31 +226,35 @@ class StatusFold:
                 await asyncio.sleep(0)
                 began = time.perf_counter()
             copies.append(self._copy(key))
-        # The kept parts' table is the round's own copy (its values are frozen).
-        built, snapshot, self.round_seconds = await asyncio.to_thread(
-            _round, copies, dict(self._parts), self._clock, as_of
+        # The pending entries go to the round as its own table (their values are frozen).
+        pending, self._pending = self._pending, {}
+        built, applied, self.round_seconds = await asyncio.to_thread(
+            _round, copies, self._snapshot, pending, self._clock, as_of
         )
-        self._merge(copies, built)
-        # Unless an inline refresh published meanwhile, from copies as new or newer (a part of
-        # this round it did not have leaves the fold unassembled: the next refresh assembles).
         if self._published == published:
-            self._publish(snapshot)
+            # Nothing built a copy meanwhile: every one of the round's is the newest.
+            self._merge(copies, built)
+            self._pending.clear()
+            self._publish(applied)
+            return self._snapshot
+        # An inline refresh published meanwhile, from copies as new or newer: what the round
+        # had or built that is newer still waits for the next application.
+        for key, (seq, entry) in pending.items():
+            if self._built.get(key) == seq:
+                self._pending.setdefault(key, (seq, entry))
+        self._merge(copies, built)
         return self._snapshot
 
     def serving_records(self) -> dict[str, ServingRecord]:
-        """Return what this frontend serves, per worker namespace (a copy of the kept records)."""
-        self.refresh()
-        stale, self._stale_records = self._stale_records, set()
-        for namespace in stale:
-            self._record(namespace)
-        return dict(self._records)
+        """Return what this frontend serves, per worker namespace (a copy of the store's)."""
+        return dict(self.refresh().records)
 
     # -- the fold ----------------------------------------------------------------------------
 
     def _dirty_keys(self) -> list[GroupKey]:
         if self._everything:
             self._everything = False
-            for key in (*self._core.group_keys(), *self._parts):
+            for key in (*self._core.group_keys(), *self._snapshot.entries):
                 self._named_now(key)
         return list(self._dirty)
 
@@ -322,46 +267,17 @@ class StatusFold:
             self._seq,
         )
 
-    def _merge(self, copies: Sequence[_Copy], built: Sequence[_GroupParts | None]) -> None:
-        """Keep each copied group's new parts, unless newer ones were kept meanwhile."""
-        for copy, parts in zip(copies, built, strict=True):
+    def _merge(self, copies: Sequence[_Copy], built: Sequence[GroupEntry | None]) -> None:
+        """Take each copied group's new entry for the next application (unless newer was)."""
+        for copy, entry in zip(copies, built, strict=True):
             key = copy.key
             if self._named.get(key, 0) <= copy.seq:
                 self._dirty.discard(key)
             if self._built.get(key, -1) >= copy.seq:
                 continue
             self._built[key] = copy.seq
-            self._assembled = False
-            self._stale_records.add(key.endpoint.namespace)
-            if parts is None:
-                if self._parts.pop(key, None) is not None:
-                    _unindex(self._by_endpoint, key.endpoint, key)
-                    _unindex(self._by_namespace, key.endpoint.namespace, key)
-                continue
-            self._parts[key] = parts
-            self._by_endpoint.setdefault(key.endpoint, set()).add(key)
-            self._by_namespace.setdefault(key.endpoint.namespace, set()).add(key)
+            self._pending[key] = (copy.seq, entry)
 
-    def _publish(self, snapshot: FoldSnapshot) -> None:
-        self._snapshot = snapshot
-        self._assembled = True
+    def _publish(self, store: ReadStore) -> None:
+        self._snapshot = store
         self._published += 1
-
-    def _record(self, namespace: str) -> None:
-        parts = self._parts
-        entries = [
-            entry
-            for key in sorted(self._by_namespace.get(namespace, ()))
-            if (entry := parts[key].serving) is not None
-        ]
-        if entries:
-            self._records[namespace] = serving_record(entries)
-        else:
-            self._records.pop(namespace, None)
-
-
-def _unindex(index: dict[Any, set[GroupKey]], at: Any, key: GroupKey) -> None:
-    keys = index[at]
-    keys.discard(key)
-    if not keys:
-        del index[at]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from workerset_admission.admission import AdmissionCore, GroupView
@@ -24,6 +24,7 @@ from workerset_admission.service.rejections import (
     standing_rejections,
 )
 from workerset_admission.telemetry import AdmissionStateSummary, HeldGroup
+from workerset_admission.telemetry.worker_state_page import StoreLike
 
 __all__ = [
     "EMPTY_STATUS",
@@ -172,6 +173,11 @@ class ServiceStatus:
     rejections: tuple[StandingRejection, ...] = ()
     # When the picture was taken (Unix time): it shows every step that ended before then.
     as_of: float | None = None
+    # The read store the picture was rendered from (``None``: a picture made otherwise, as
+    # one read back from JSON); the worker listing and the gauges render from it.
+    # (a ``read_store.ReadStore``; typed by what the gauges read of it, as the store's module
+    # imports this one).
+    store: StoreLike | None = field(default=None, compare=False, repr=False)
 
     def group(self, key: GroupKey) -> GroupStatusReport | None:
         for g in self.groups:
@@ -417,5 +423,12 @@ def state_summary(current: ServiceStatus) -> AdmissionStateSummary:
         for state, count in counts.items():
             workers[(model, state)] = workers.get((model, state), 0) + count
     return AdmissionStateSummary(
-        by_status, admitted, len(held), tuple(held), workers, current.groups, current.rejections
+        by_status,
+        admitted,
+        len(held),
+        tuple(held),
+        workers,
+        current.groups,
+        current.rejections,
+        current.store,
     )

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from workerset_admission.identity import GroupKey, group_fields
+from workerset_admission.service.read_store import ReadStore
+from workerset_admission.service.read_store import worker_listing as store_listing
 from workerset_admission.service.status_model import (
     CohortStatusView,
     GroupStatusReport,
@@ -41,6 +43,7 @@ from workerset_admission.service.status_model import (
 __all__ = [
     "SERVING_STATES",
     "group_view_from_json",
+    "plain_worker_listing",
     "render_worker_table",
     "status_from_json",
     "worker_listing",
@@ -64,7 +67,19 @@ def _serving_state(
 
 
 def worker_listing(status: ServiceStatus) -> list[dict[str, Any]]:
-    """Return one row per (worker, WorkerSet) the status knows, sorted by WorkerSet then id."""
+    """Return one row per (worker, WorkerSet) the status knows, sorted by WorkerSet then id.
+
+    A status rendered from the service's read store is listed from the store's worker records
+    (:func:`~.read_store.worker_listing`); one made otherwise (read back from a status reply)
+    by :func:`plain_worker_listing`, the plain path the store is held to.
+    """
+    if isinstance(status.store, ReadStore):
+        return store_listing(status.store, status.synced)
+    return plain_worker_listing(status)
+
+
+def plain_worker_listing(status: ServiceStatus) -> list[dict[str, Any]]:
+    """Work every row out of the status's groups alone (what ``status --workers`` reads)."""
     rows: list[dict[str, Any]] = []
     for group in status.groups:
         drained = {instance: (by, at) for instance, by, at in group.drained}

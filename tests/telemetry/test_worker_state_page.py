@@ -1,18 +1,15 @@
-"""The worker families kept as a fold and served as text, held to the plain path.
+"""The worker families served as kept text, held to the SDK's exporter and served once.
 
-The fold is driven through random histories of group reports (groups added, changed, left
-alone and removed, WorkerSets shared by groups, rejections with and without their cards) and
-after every step must equal ``worker_sets`` and ``exposition`` worked out whole; the text must
-equal what the SDK's Prometheus exporter renders for the same states; and the page ``serve``
-serves must carry each family once, every worker of it, while another reader still collects
-them.
+The kept text must equal what the SDK's Prometheus exporter renders for the same states, and
+the page ``serve`` serves must carry each family once, every worker of it, while another reader
+still collects them. (The fold itself is held to ``worker_sets`` and ``exposition`` over random
+histories of the service in ``tests/test_read_store.py``.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
-import random
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -40,9 +37,7 @@ from workerset_admission.telemetry.worker_state_page import (
     COUNTS,
     STATES,
     WorkerStateFold,
-    exposition,
 )
-from workerset_admission.telemetry.worker_states import worker_sets
 
 CHECKSUMS = ("a" * 64, "b" * 64, "c" * 64)
 STATUSES = ("ready", "building", "retrying", "blocked", "committed")
@@ -53,110 +48,6 @@ def group_key(namespace: int, types: str, model: str = "Qwen/Qwen3-0.6B") -> Gro
     return GroupKey.build(
         model, EndpointId(f"ns-{namespace}", "backend", "generate"), types, WorkerType.AGGREGATED
     )
-
-
-class History:
-    """A random sequence of what the service's status shows, one step at a time.
-
-    Keys differ in their model types, which Dynamo's labels leave out, so two groups may be one
-    WorkerSet; a worker may be listed in both.
-    """
-
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-        self.keys = [group_key(ns, types) for ns in range(3) for types in ("chat", "chat|embed")]
-        self.groups: dict[GroupKey, GroupStatusReport] = {}
-        self.rejections: dict[GroupKey, tuple[StandingRejection, ...]] = {}
-
-    def report(self, key: GroupKey) -> tuple[GroupStatusReport, tuple[StandingRejection, ...]]:
-        rng = self.rng
-        pool = list(range(1, 25))
-        rng.shuffle(pool)
-        cohorts = []
-        for checksum in rng.sample(CHECKSUMS, rng.randint(1, 3)):
-            take = rng.randint(0, 4)
-            cohorts.append(CohortStatusView(checksum, tuple(sorted(pool[:take]))))
-            del pool[:take]
-        incumbent = rng.choice((cohorts[0].mdc_checksum, cohorts[0].mdc_checksum, None))
-        members = cohorts[0].members
-        committed = rng.random() < 0.7
-        admitted = members if committed and incumbent is not None else ()
-        routable = tuple(m for m in admitted if rng.random() < 0.8)
-        held = rng.random() < 0.2
-        drained = tuple(
-            (worker, "ops", None) for worker in sorted(rng.sample(pool, rng.randint(0, 2)))
-        )
-        report = GroupStatusReport(
-            group=key,
-            incumbent=incumbent,
-            status=rng.choice(STATUSES),
-            generation=1,
-            committed_generation=1 if committed else None,
-            receiver=rng.randint(1, 3),
-            admitted=admitted,
-            routable=routable,
-            cohorts=tuple(cohorts),
-            held_until=123.0 if held else None,
-            last_known=tuple(m for m in admitted if rng.random() < 0.2),
-            drained=drained,
-        )
-        rejections = tuple(
-            StandingRejection(
-                key,
-                cohorts[0].mdc_checksum,
-                cohort.mdc_checksum,
-                "x",
-                None if rng.random() < 0.4 else (Difference(rng.choice(FIELDS), "1", "2"),),
-            )
-            for cohort in cohorts[1:]
-            if incumbent is not None
-        )
-        return report, rejections
-
-    def step(self) -> None:
-        rng = self.rng
-        for _ in range(rng.choice((0, 1, 1, 2))):
-            key = rng.choice(self.keys)
-            if key in self.groups and rng.random() < 0.25:
-                del self.groups[key]
-                self.rejections.pop(key, None)
-            elif rng.random() < 0.2 and key in self.rejections:
-                # The same group, its rejections' cards now at hand or gone.
-                self.rejections[key] = tuple(
-                    dataclasses.replace(
-                        r, differences=None if r.differences else (Difference(FIELDS[0], "1", "2"),)
-                    )
-                    for r in self.rejections[key]
-                )
-            else:
-                self.groups[key], self.rejections[key] = self.report(key)
-
-    def status(self) -> tuple[tuple[GroupStatusReport, ...], tuple[StandingRejection, ...]]:
-        ordered = sorted(self.groups)
-        return (
-            tuple(self.groups[key] for key in ordered),
-            tuple(r for key in ordered for r in self.rejections.get(key, ())),
-        )
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_the_fold_equals_the_whole_rendering_after_every_step_of_a_random_history(
-    seed: int,
-) -> None:
-    history = History(seed)
-    remembered: dict[tuple[str, str], str] = {}
-    fold = WorkerStateFold(remembered)
-    for _ in range(60):
-        history.step()
-        groups, rejections = history.status()
-        # What the whole path would remember at this read: the same memory, before the read.
-        whole = worker_sets(groups, rejections, dict(remembered))
-        fold.refresh(groups, rejections)
-        assert fold.sets() == whole
-        assert [(labels, dict(counts)) for labels, counts in fold.counts()] == [
-            (s.labels, s.counts()) for s in whole
-        ]
-        assert fold.text() == exposition(whole)
 
 
 def fleet(sets: int, per_set: int) -> tuple[GroupStatusReport, ...]:
@@ -177,20 +68,6 @@ def fleet(sets: int, per_set: int) -> tuple[GroupStatusReport, ...]:
             )
         )
     return tuple(reports)
-
-
-def test_a_change_writes_the_lines_of_the_workers_it_moved_and_no_others() -> None:
-    groups = fleet(50, 100)
-    fold = WorkerStateFold()
-    fold.refresh(groups, ())
-    first = fold.text()[STATES]
-    assert fold.lines_written == 5000
-    # Three workers of one WorkerSet become unavailable; a new tuple of the same reports else.
-    changed = dataclasses.replace(groups[7], routable=groups[7].routable[3:])
-    fold.refresh((*groups[:7], changed, *groups[8:]), ())
-    assert fold.lines_written == 5000 + 3
-    assert fold.text()[STATES] != first
-    assert fold.text() == exposition(worker_sets((*groups[:7], changed, *groups[8:])))
 
 
 def sdk_family(status: ServiceStatus, family: str, *, openmetrics: bool = False) -> list[str]:
