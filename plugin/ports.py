@@ -9,7 +9,7 @@ is the card boundary's job, deciding admission is the core's.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -275,10 +275,14 @@ class StatusResponder(Protocol):
     """Answers status requests until cancelled.
 
     ``render(brief)`` gives the current status as JSON bytes; the brief form replaces member
-    lists with counts, for fleets whose full listing exceeds a message.
+    lists with counts, for fleets whose full listing exceeds a message. It may be called in a
+    thread. ``settle()``, awaited on the loop before each answer is rendered, brings the status
+    up to the request (every step before it) without holding the loop.
     """
 
-    async def serve(self, render: Callable[[bool], bytes]) -> None: ...
+    async def serve(
+        self, render: Callable[[bool], bytes], settle: Callable[[], Awaitable[object]]
+    ) -> None: ...
 
 
 # -- what the read models are handed --------------------------------------------------------------

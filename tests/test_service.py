@@ -488,10 +488,11 @@ class FlakyStatus:
         self.starts = 0
         self.rendered: list[bytes] = []
 
-    async def serve(self, render: Any) -> None:
+    async def serve(self, render: Any, settle: Any) -> None:
         self.starts += 1
         if self.starts == 1:
             raise ConnectionError("NATS is away")
+        await settle()
         self.rendered.append(render(False))
         await asyncio.Event().wait()
 
@@ -503,8 +504,9 @@ async def test_a_failing_status_responder_is_restarted_and_admission_goes_on(
     svc = await started(source, status=status, settings=Settings(publish_retry=0.01))
     try:
         source.queue.put_nowait(SourceListing((model_entry(1),)))
-        await settle(lambda: status.starts == 2 and svc.binding(group_key()) is not None)
+        await settle(lambda: bool(status.rendered) and svc.binding(group_key()) is not None)
         assert svc.running
+        assert status.starts == 2
         assert b'"groups"' in status.rendered[0]
     finally:
         await svc.stop()

@@ -249,3 +249,71 @@ async def test_a_step_during_a_round_leaves_its_group_for_the_next_round() -> No
     second = await fold.refresh_off_loop()
     assert second.groups[0].cohorts[0].members == (1, 2, 3, 4)
     assert not fold.dirty
+
+
+async def test_an_answer_the_loop_awaits_shows_every_step_before_it_without_an_inline_rebuild(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service, source = await committed((1,))
+    try:
+        # No reader in another thread for a while: rounds wait their longest.
+        source.queue.put_nowait(model_put(2))
+        await settle(lambda: service.counters.puts == 1)
+        inline: list[int] = []
+        refresh = type(service._fold).refresh
+
+        def counted(fold: Any) -> Any:
+            inline.append(1)
+            return refresh(fold)
+
+        monkeypatch.setattr(type(service._fold), "refresh", counted)
+        began = time.perf_counter()
+        current = await service.fresh_status()
+        took = time.perf_counter() - began
+        group = current.group(KEY)
+        assert group is not None
+        assert group.admitted == (1, 2)
+        # Brought up to date by a round (copies on the loop, read-out in a thread), not by
+        # the inline rebuild, and long before the rounds' own wait would have passed.
+        assert inline == []
+        assert took < ROUND_WAIT_MAX / 2
+    finally:
+        await service.stop()
+
+
+async def test_rounds_asked_for_together_run_one_after_the_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from workerset_admission.service import status_fold
+
+    service, source = await committed((1,))
+    # The first round's read-out is held in its thread until the test lets it go.
+    held = threading.Event()
+    calls: list[int] = []
+    read_out = status_fold._round
+
+    def first_held(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            assert held.wait(10)
+        return read_out(*args)
+
+    monkeypatch.setattr(status_fold, "_round", first_held)
+    try:
+        source.queue.put_nowait(model_put(2))
+        await settle(lambda: service.counters.puts == 1)
+        first = asyncio.ensure_future(service._fold.refresh_off_loop())
+        await settle(lambda: len(calls) == 1)
+        source.queue.put_nowait(model_put(3))
+        await settle(lambda: service.counters.puts == 2)
+        # Asked for after the next put while the first round is still out: it starts once the
+        # first has ended, with copies taken after that put, so it shows it.
+        second = asyncio.ensure_future(service._fold.refresh_off_loop())
+        await asyncio.sleep(0.05)
+        assert len(calls) == 1
+        held.set()
+        assert (await second).entries[KEY].status.admitted == (1, 2, 3)
+        assert (await first).entries[KEY].status.admitted in ((1, 2), (1, 2, 3))
+    finally:
+        held.set()
+        await service.stop()

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.errors import Error as NatsError
@@ -78,14 +78,17 @@ class NatsStatusResponder:
         self.subject = subject
         self.frontend_id = frontend_id
 
-    async def serve(self, render: Callable[[bool], bytes]) -> None:
+    async def serve(
+        self, render: Callable[[bool], bytes], settle: Callable[[], Awaitable[object]]
+    ) -> None:
         nc = self._nc
 
         async def on_request(msg: Any) -> None:
             if not msg.reply:
                 return
             try:
-                # A fleet's status is large: rendered in a thread, the loop turns meanwhile.
+                # Up to the request, then rendered in a thread: the loop turns meanwhile.
+                await settle()
                 body = await off_loop(lambda: fitted(render, nc.max_payload))
                 await msg.respond(body)
             except Exception:

@@ -328,7 +328,9 @@ class AdmissionService:
                     )
                 if self._status is not None:
                     retry = self.settings.publish_retry
-                    status = serve_status(self._status, self.render_status, retry)
+                    status = serve_status(
+                        self._status, self.render_status, self.fresh_status, retry
+                    )
                     helpers.append(tg.create_task(status, name="admission status"))
                 started.set()
                 await self._stopping.wait()
@@ -420,6 +422,18 @@ class AdmissionService:
             # The one thing a reader in another thread writes: when it read (a float, swapped
             # whole), so the rounds keep their short wait while someone is reading.
             self._read_at = time.monotonic()
+        return self._status_now
+
+    async def fresh_status(self) -> ServiceStatus:
+        """Return the status with every step before the call in it, without holding the loop.
+
+        For an answer the loop awaits (the NATS status responder): a picture behind is brought
+        up to date by a round now (the changed groups copied on the loop in slices, read out
+        in a thread), so the answer is exact as of the request, however long ago the last
+        reader in another thread came.
+        """
+        if self._status_stale or self._fold.dirty:
+            self._publish_status(await self._fold.refresh_off_loop())
         return self._status_now
 
     def render_status(self, brief: bool = False) -> bytes:
@@ -679,12 +693,15 @@ class _StateChanged:
 
 
 async def serve_status(
-    status: StatusResponder, render: Callable[[bool], bytes], retry: float
+    status: StatusResponder,
+    render: Callable[[bool], bytes],
+    settle: Callable[[], Awaitable[object]],
+    retry: float,
 ) -> None:
     """Answer status requests until cancelled, restarting the responder after a failure."""
     while True:
         # NATS may be away: status must not take admission down.
-        await _attempt("the status responder (retrying)", lambda: status.serve(render))
+        await _attempt("the status responder (retrying)", lambda: status.serve(render, settle))
         await asyncio.sleep(retry)
 
 

@@ -159,6 +159,9 @@ class StatusFold:
         self._clock = clock
         self._dirty: set[GroupKey] = set()
         self._everything = True
+        # One round at a time: a round asked for while another runs starts when it ends, so
+        # its copies are taken after every step before it was asked for.
+        self._rounds = asyncio.Lock()
         # Steps heard, the last step that named each group, the copy each group's entry is from.
         self._seq = 0
         self._named: dict[GroupKey, int] = {}
@@ -214,7 +217,14 @@ class StatusFold:
         return self._snapshot
 
     async def refresh_off_loop(self) -> ReadStore:
-        """Run one round: copies on the loop in slices, the read-out in a thread; publish it."""
+        """Run one round: copies on the loop in slices, the read-out in a thread; publish it.
+
+        Rounds run one at a time: the store returned shows every step heard before the call.
+        """
+        async with self._rounds:
+            return await self._round_now()
+
+    async def _round_now(self) -> ReadStore:
         if not self.dirty:
             return self._snapshot
         published = self._published

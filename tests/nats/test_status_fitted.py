@@ -90,9 +90,14 @@ def test_the_loop_keeps_turning_while_a_large_answer_is_rendered() -> None:
             sum(range(1000))  # busy, as encoding a fleet's JSON is
         return json.dumps({"brief": brief, "figures": process_figures()}).encode()
 
+    settled: list[int] = []
+
+    async def settle() -> None:
+        settled.append(threading.get_ident())
+
     async def scenario() -> tuple[bytes, list[float]]:
         connection = _Connection()
-        serving = asyncio.ensure_future(NatsStatusResponder(connection).serve(render))
+        serving = asyncio.ensure_future(NatsStatusResponder(connection).serve(render, settle))
         while not connection.handlers:  # noqa: ASYNC110 - the responder subscribes in a turn
             await asyncio.sleep(0)
         (handler,) = connection.handlers
@@ -114,6 +119,8 @@ def test_the_loop_keeps_turning_while_a_large_answer_is_rendered() -> None:
     body, gaps = asyncio.run(asyncio.wait_for(scenario(), 10))
     assert rendered_on
     assert threading.get_ident() not in rendered_on
+    # The status was brought up to the request on the loop before the thread rendered it.
+    assert settled == [threading.get_ident()]
     answer = json.loads(body)
     assert answer["brief"] is False
     # Counted on the loop that asked, though rendered in a thread: this test's tasks.
