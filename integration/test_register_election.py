@@ -6,10 +6,12 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from clusterfixture import NatsCluster, nats_cluster, quiet_client
+from nats.js.errors import ServiceUnavailableError
 from support.cards import base_card
 from workerset_admission.adapters.nats.buckets import BucketSpec, ensure_bucket, stream_name
 
@@ -73,7 +75,16 @@ async def test_register_during_a_leader_election_writes_once_a_leader_is_elected
     assert "not accepted yet" in err.decode()
     client = await quiet_client([survivor])
     try:
-        kv = await client.jetstream(timeout=5).key_value(BUCKET)
-        assert (await kv.get("v1.mdc.ns.backend.generate.1a")).value
+        # The restarted node's return may set off another election: the read waits it out.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                kv = await client.jetstream(timeout=5).key_value(BUCKET)
+                entry = await kv.get("v1.mdc.ns.backend.generate.1a")
+                break
+            except ServiceUnavailableError:
+                assert time.monotonic() < deadline, "JetStream never came back to answer"
+                await asyncio.sleep(0.5)
+        assert entry.value
     finally:
         await client.close()
