@@ -317,3 +317,20 @@ async def test_rounds_asked_for_together_run_one_after_the_other(
     finally:
         held.set()
         await service.stop()
+
+
+async def test_a_reader_in_another_thread_that_settles_sees_every_step_before_its_call() -> None:
+    service, source = await committed((1,))
+    try:
+        await shown(service, (1,))
+        # Long enough ago that rounds wait their longest (nobody else reads meanwhile).
+        service._read_at -= 60
+        source.queue.put_nowait(model_put(2))
+        await settle(lambda: service.counters.puts == 1)
+        (settled, took) = await asyncio.to_thread(in_thread, service.settled_status)
+        group = settled.group(KEY)
+        assert group is not None
+        assert group.admitted == (1, 2)
+        assert took < ROUND_WAIT_MAX / 2
+    finally:
+        await service.stop()

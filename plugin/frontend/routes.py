@@ -100,7 +100,7 @@ class ExtensionContext(Protocol):
 
 
 class StatusService(RunningService, Protocol):
-    def status(self) -> ServiceStatus: ...
+    def settled_status(self, timeout: float = 1.0) -> ServiceStatus: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,8 @@ class AdmissionRoutes:
 
     def _current(self) -> tuple[HostState[StatusService], ServiceStatus | None]:
         state = self._state()
-        return state, None if state.service is None else state.service.status()
+        # Every step before the request, as a NATS status answer has it.
+        return state, None if state.service is None else state.service.settled_status()
 
     def workersets(self, ctx: ExtensionContext) -> Reply:
         state, current = self._current()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import inspect
 import json
 import logging
@@ -435,6 +436,24 @@ class AdmissionService:
         if self._status_stale or self._fold.dirty:
             self._publish_status(await self._fold.refresh_off_loop())
         return self._status_now
+
+    def settled_status(self, timeout: float = 1.0) -> ServiceStatus:
+        """Return the status with every step before the call in it; for a reader in any thread.
+
+        On the loop, or with no loop running, :meth:`status` is exact already. From another
+        thread (the frontend's routes) this thread waits, up to ``timeout`` seconds, for a
+        round the loop runs now (:meth:`fresh_status`: the loop is never held), and falls back
+        to the latest snapshot, whose ``as_of`` says its age, when the round is late.
+        """
+        loop = self._loop
+        if loop is None or on_loop(loop) or not loop.is_running():
+            return self.status()
+        future = asyncio.run_coroutine_threadsafe(self.fresh_status(), loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return self.status()
 
     def render_status(self, brief: bool = False) -> bytes:
         """Render the status as JSON bytes; ``brief`` gives counts instead of member lists.

@@ -56,7 +56,7 @@ def _status(*, health: str = "healthy", synced: bool = True) -> ServiceStatus:
 class _Service:
     current: ServiceStatus
 
-    def status(self) -> ServiceStatus:
+    def settled_status(self, timeout: float = 1.0) -> ServiceStatus:
         return self.current
 
     async def stop(self) -> None:
