@@ -83,6 +83,13 @@ SERVE_FAULTS = {
 }
 
 VIEW = "view"  # the name of the view directory's tmpfs
+# A succession in place flips the view to the new configuration, and the frontend rebuilds the
+# model then (Dynamo alone blends both and has no flip): a request in flight on the last
+# incumbent is cancelled (503) and one may find the model missing (404). As the rollout tests
+# hold it (test_drain_frontend.py), a flip is held to those kinds and to the rebuild's length,
+# not to a count against Dynamo alone.
+FLIP_STATUSES = frozenset({404, 503})
+FLIP_LENGTH = 1.5
 SETTLE = 3.0  # seconds of load after a fault heals, in its window
 
 
@@ -273,7 +280,7 @@ def run_frontend_mode(minutes: float, seed: int, out: Path) -> dict[str, Any]:
     # Per fault of serve: how many, the longest, and the requests each frontend lost to them.
     by_fault: dict[str, dict[str, float]] = {}
     exits: Counter[str] = Counter()
-    rejected_answers = drained_answers = successions = 0
+    rejected_answers = drained_answers = flips = 0
     violations: list[str] = []
     first_round = list(SERVE_FAULTS)
     rng.shuffle(first_round)
@@ -305,11 +312,22 @@ def run_frontend_mode(minutes: float, seed: int, out: Path) -> dict[str, Any]:
                 running.marks = []
                 outcome, detail = _one(lab, rng, kind)
                 faults[kind] += 1
-                successions += kind.endswith("rolling update")
                 for name, figures in outcome.figures.items():
                     failed[name] += figures.failed
                     sent[name] += figures.sent
                 view, direct = outcome.figures["view"], outcome.figures["direct"]
+                if kind.endswith("rolling update") and view.failed > direct.failed:
+                    if {s for s, _ in view.statuses} <= FLIP_STATUSES and (
+                        view.longest_gap <= FLIP_LENGTH
+                    ):
+                        flips += view.failed - direct.failed
+                    else:
+                        violations.append(
+                            f"step {step} ({kind}): the view lost {view.failed} requests, "
+                            f"Dynamo alone {direct.failed}, not as a flip's rebuild does "
+                            f"(by status: {dict(view.statuses)}; longest gap "
+                            f"{view.longest_gap:.2f} s)"
+                        )
                 rejected_answers += view.to_rejected
                 drained_now = _drained_answers(running, outcome)
                 drained_answers += drained_now
@@ -366,10 +384,10 @@ def run_frontend_mode(minutes: float, seed: int, out: Path) -> dict[str, Any]:
         disks.close()
         net.close()
         trace.close()
-    if failed["view"] > failed["direct"] + successions:
+    if failed["view"] > failed["direct"] + flips:
         violations.append(
             f"the view lost {failed['view']} requests, Dynamo alone {failed['direct']} "
-            f"(allowed: one more per succession, {successions})"
+            f"(of them at a flip's rebuild: {flips})"
         )
     return {
         "mode": "frontend",
